@@ -1,0 +1,36 @@
+"""lstm-probe: see what the LSTMs inside a recurrent RL policy do during training."""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    __version__ = version("lstm-probe")
+except PackageNotFoundError:  # running from a source tree that was not installed
+    __version__ = "0+unknown"
+
+from lstm_probe.errors import BadInput, BadLog, Interrupted, OutputError, ProbeError
+from lstm_probe.load import LogInfo, load, pair, read_info, states
+from lstm_probe.tracer import Tracer, trace
+
+__all__ = [
+    "BadInput", "BadLog", "Interrupted", "LogInfo", "OutputError", "ProbeCallback", "ProbeError", "Tracer",
+    "__version__", "load", "pair", "read_info", "run", "states", "summarize", "trace",
+]
+
+
+def __getattr__(name: str) -> object:
+    # sb3 and the trainer load lazily: `import lstm_probe` for reading logs needs neither.
+    if name == "ProbeCallback":
+        from lstm_probe.sb3 import ProbeCallback
+
+        return ProbeCallback
+    if name == "run":
+        from lstm_probe.run import run
+
+        return run
+    if name == "summarize":
+        from lstm_probe.report import summarize
+
+        return summarize
+    raise AttributeError(f"module 'lstm_probe' has no attribute {name!r}")

@@ -1,0 +1,202 @@
+"""Read logs: one file, a dataset directory of parts, or the parts a killed run left behind.
+
+Nothing here imports torch or sb3, and nothing executes code from a log (Parquet + JSON only).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+
+from lstm_probe.errors import BadLog
+from lstm_probe.schema import META_RUN_KEY, META_VERSION_KEY, REQUIRED_COLUMNS, SCHEMA_VERSION
+from lstm_probe.writer import META_FINAL_KEY, partial_dir
+
+KEYS = ["module", "layer", "env", "env_step"]
+
+
+@dataclass
+class LogInfo:
+    """Where a log's rows are and what its metadata says."""
+
+    path: Path
+    files: list[Path]
+    rows: int
+    bytes: int
+    metadata: dict[str, Any]
+    schema: pa.Schema
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def completed(self) -> bool:
+        return bool(self.metadata.get("completed"))
+
+
+def _parts(directory: Path) -> list[Path]:
+    return sorted(directory.glob("part-*.parquet"))
+
+
+def _open(file: Path) -> pq.ParquetFile:
+    try:
+        return pq.ParquetFile(file)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise BadLog(f"{file} is not a readable Parquet file ({str(exc).splitlines()[0]}); "
+                     "if the run was killed, report the directory it left (NAME.partial/)") from None
+
+
+def resolve_files(path: str | os.PathLike[str]) -> tuple[Path, list[Path], list[str]]:
+    """The files of a log and any warnings about how they were found."""
+    p = Path(path)
+    warnings: list[str] = []
+    if p.is_dir():
+        files = _parts(p)
+        if not files:
+            raise BadLog(f"{p}/ holds no part-*.parquet files: it is not an lstm-probe log directory")
+        return p, files, warnings
+    if p.is_file():
+        return p, [p], warnings
+    partial = partial_dir(p)
+    if partial.is_dir() and _parts(partial):
+        warnings.append(f"{p} was never finished (the process was killed): reading the "
+                        f"{len(_parts(partial))} finished part(s) in {partial}/; rows after the last part are lost")
+        return partial, _parts(partial), warnings
+    raise BadLog(f"{p} does not exist; run `lstm-probe run ENV_ID --out {p}` to make a log")
+
+
+def read_info(path: str | os.PathLike[str]) -> LogInfo:
+    """Check a log against the schema and read its metadata (no rows are read)."""
+    root, files, warnings = resolve_files(path)
+    run: dict[str, Any] | None = None
+    final: dict[str, Any] | None = None
+    last_progress: dict[str, Any] = {}
+    rows = 0
+    size = 0
+    schema: pa.Schema | None = None
+    for file in files:
+        pf = _open(file)
+        arrow = pf.schema_arrow
+        meta = arrow.metadata or {}
+        if META_VERSION_KEY not in meta:
+            raise BadLog(f"{file} is a Parquet file but not an lstm-probe log (no {META_VERSION_KEY.decode()} "
+                         "metadata)")
+        try:
+            version = int(meta[META_VERSION_KEY])
+        except ValueError:
+            raise BadLog(f"{file} has an unreadable schema version {meta[META_VERSION_KEY]!r}") from None
+        if version > SCHEMA_VERSION:
+            raise BadLog(f"{file} was written with log schema {version}, newer than this lstm-probe reads "
+                         f"({SCHEMA_VERSION}); upgrade lstm-probe (pip install -U lstm-probe)")
+        missing = REQUIRED_COLUMNS - set(arrow.names)
+        if missing:
+            raise BadLog(f"{file} lacks the column(s) {', '.join(sorted(missing))}: not an lstm-probe log "
+                         f"of schema {SCHEMA_VERSION}")
+        if schema is None:
+            schema = arrow
+            try:
+                run = json.loads(meta.get(META_RUN_KEY, b"{}"))
+            except ValueError:
+                raise BadLog(f"{file} has corrupt run metadata") from None
+        elif arrow.field("h").type != schema.field("h").type:
+            raise BadLog(f"{file} has h vectors of another size than {files[0]}: parts of different logs")
+        kv = pf.metadata.metadata or {}
+        if META_FINAL_KEY in kv:
+            try:
+                doc = json.loads(kv[META_FINAL_KEY])
+            except ValueError:
+                doc = {}
+            if doc.get("final"):
+                final = doc
+            last_progress = doc.get("progress", last_progress)
+        rows += pf.metadata.num_rows
+        size += file.stat().st_size
+    assert schema is not None and run is not None
+    metadata = dict(run)
+    if final is not None:
+        metadata.update(final)
+    else:
+        metadata.update(completed=False, progress=last_progress,
+                        stop_reason=metadata.get("stop_reason") or "the log was never closed (process killed)")
+    if not metadata.get("completed"):
+        warnings.append(f"the run did not complete ({metadata.get('stop_reason') or 'unknown reason'}): "
+                        "the log holds the rows up to the interruption")
+    return LogInfo(root, files, rows, size, metadata, schema, warnings)
+
+
+def dataset(path: str | os.PathLike[str]) -> tuple[ds.Dataset, LogInfo]:
+    """A pyarrow dataset over every file of the log, checked against the schema."""
+    info = read_info(path)
+    return ds.dataset([str(f) for f in info.files], format="parquet", schema=info.schema), info
+
+
+def _filter(**equals: Any) -> ds.Expression | None:
+    expr: ds.Expression | None = None
+    for col, value in equals.items():
+        if value is None:
+            continue
+        values = list(value) if isinstance(value, list | tuple | set) else [value]
+        e = ds.field(col).isin(values)
+        expr = e if expr is None else expr & e
+    return expr
+
+
+def load(path: str | os.PathLike[str], *, phase: str | list[str] | None = None, module: str | list[str] | None = None,
+         iteration: int | list[int] | None = None, layer: int | list[int] | None = None,
+         columns: list[str] | None = None, vectors: bool = True) -> pd.DataFrame:
+    """The log's rows as a pandas DataFrame, optionally filtered; ``vectors=False`` skips h and c."""
+    data, info = dataset(path)
+    if columns is None:
+        columns = [c for c in info.schema.names if vectors or c not in ("h", "c")]
+    else:
+        unknown = set(columns) - set(info.schema.names)
+        if unknown:
+            raise BadLog(f"no column {sorted(unknown)[0]!r} in the log; columns: {', '.join(info.schema.names)}")
+    table = data.to_table(columns=columns, filter=_filter(phase=phase, module=module, iteration=iteration,
+                                                           layer=layer))
+    return table.to_pandas()
+
+
+def states(df: pd.DataFrame, which: str = "h") -> np.ndarray:
+    """The h or c vectors of a loaded DataFrame as one (rows, hidden) float array (NaN rows where null)."""
+    if which not in ("h", "c"):
+        raise ValueError("which must be 'h' or 'c'")
+    if which not in df.columns:
+        raise ValueError(f"the DataFrame has no {which!r} column; load it with vectors=True")
+    col = df[which].to_numpy()
+    width = next((len(v) for v in col if v is not None and not (isinstance(v, float) and np.isnan(v))), 0)
+    out = np.full((len(col), width), np.nan, np.float32)
+    for i, v in enumerate(col):
+        if v is not None and not (isinstance(v, float)):
+            out[i] = v
+    return out
+
+
+def pair(path: str | os.PathLike[str], *, phase: str = "train", iteration: int | list[int] | None = None) -> pd.DataFrame:
+    """Train rows joined to the rollout rows of the same (module, layer, env, env_step), with drift.
+
+    Columns: the train row's provenance, ``h_rollout``/``c_rollout`` and ``h_train``/``c_train`` norms,
+    ``drift_h``/``drift_c`` (relative L2, recomputed from the vectors) and ``max_abs_h``/``max_abs_c``.
+    """
+    cols = ["call", "module", "layer", "iteration", "epoch", "minibatch", "seq", "t", "seq_len", "seq_reason",
+            "env", "env_step", "episode", "episode_step", "path", "h", "c"]
+    train = load(path, phase=phase, iteration=iteration, columns=cols)
+    train = train[train["env"].notna()]
+    roll = load(path, phase="rollout", iteration=iteration, columns=[*KEYS, "h", "c"])
+    roll = roll.drop_duplicates(KEYS, keep="last")
+    merged = train.merge(roll, on=KEYS, how="inner", suffixes=("_train", "_rollout"))
+    for which in ("h", "c"):
+        a = states(merged.rename(columns={f"{which}_train": which}), which)
+        b = states(merged.rename(columns={f"{which}_rollout": which}), which)
+        diff = a - b
+        with np.errstate(divide="ignore", invalid="ignore"):
+            merged[f"drift_{which}"] = np.linalg.norm(diff, axis=1) / np.maximum(np.linalg.norm(b, axis=1), 1e-12)
+        merged[f"max_abs_{which}"] = np.abs(diff).max(axis=1) if diff.size else np.zeros(len(merged))
+    return merged

@@ -1,0 +1,333 @@
+"""sb3-contrib RecurrentPPO integration: tells the tracer each LSTM call's phase and provenance.
+
+Everything here relies on sb3-contrib 2.x behaviour, cited by file:function:
+
+- ``ppo_recurrent.py:RecurrentPPO.collect_rollouts`` calls ``self.policy(obs, states, starts)`` once per
+  env step (actor LSTM, then critic LSTM, batch n_envs, one step): a forward pre-hook on the policy
+  marks those calls as rollout steps. After ``env.step`` it calls ``callback.on_step()``, then
+  ``policy.predict_values`` for each truncated episode's terminal observation (batch 1), and after
+  the loop once more for the last observation (batch n_envs): these are the bootstrap calls.
+  ``EvalCallback`` calls ``model.predict`` inside ``on_step``: actor only, never through the policy's
+  ``__call__``, so those calls become phase "predict" and never move the env step counters.
+- ``common/recurrent/buffers.py:RecurrentRolloutBuffer.get`` is called once per epoch and draws the
+  shuffling split point; ``_get_samples(batch_inds, env_change)`` is the only place a minibatch's
+  flat indices are visible, and it leaves ``seq_start_indices`` on the buffer. Both are wrapped on
+  the buffer *instance* while learn() runs (the buffer is excluded from ``model.save``) and unwrapped
+  afterwards. A flat index i is env i // n_steps, rollout step i % n_steps (``swap_and_flatten``).
+- ``common/recurrent/policies.py:RecurrentActorCriticPolicy._process_sequence`` reshapes a minibatch
+  to (max_len, n_seq, F): batch column = sequence, so train call column s / step t is minibatch
+  element ``seq_start[s] + t`` when t < len(s), padding otherwise.
+"""
+
+from __future__ import annotations
+
+import atexit
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from stable_baselines3.common.callbacks import BaseCallback
+
+from lstm_probe.errors import BadInput
+from lstm_probe.tracer import SEQ_REASON, Grid, Tags, Tracer
+
+HYPERPARAMETERS = ("n_steps", "batch_size", "n_epochs", "gamma", "gae_lambda", "clip_range", "clip_range_vf",
+                   "normalize_advantage", "ent_coef", "vf_coef", "max_grad_norm", "learning_rate", "use_sde",
+                   "sde_sample_freq", "target_kl", "stats_window_size", "seed", "device", "n_envs")
+POLICY_KEYS = ("lstm_hidden_size", "n_lstm_layers", "shared_lstm", "enable_critic_lstm",
+               "share_features_extractor", "net_arch", "activation_fn", "ortho_init", "features_extractor_class",
+               "lstm_kwargs")
+
+
+def _jsonable(v: Any) -> Any:
+    if v is None or isinstance(v, bool | int | float | str):
+        return v
+    if isinstance(v, dict):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, type):
+        return v.__name__
+    return repr(v)
+
+
+def model_metadata(model: Any) -> dict[str, Any]:
+    """What the log's metadata says about a RecurrentPPO model and its env."""
+    policy = model.policy
+    env_id = None
+    try:
+        spec = model.get_env().get_attr("spec")[0]
+        env_id = spec.id if spec is not None else None
+    except Exception:  # a custom VecEnv without specs
+        pass
+    hyper = {k: _jsonable(getattr(model, k, None)) for k in HYPERPARAMETERS}
+    hyper["policy_kwargs"] = _jsonable(getattr(model, "policy_kwargs", {}))
+    for k in POLICY_KEYS:
+        if hasattr(policy, k):
+            hyper.setdefault("policy", {})[k] = _jsonable(getattr(policy, k))
+    shared = bool(getattr(policy, "shared_lstm", False))
+    critic = "lstm" if policy.lstm_critic is not None else ("shared" if shared else "mlp")
+    return {"framework": "sb3", "algorithm": type(model).__name__, "policy": type(policy).__name__,
+            "env_id": env_id, "n_envs": int(model.n_envs), "seed": model.seed, "hyperparameters": hyper,
+            "architecture_sb3": {"shared_lstm": shared, "critic": critic,
+                                 "share_features_extractor": bool(getattr(policy, "share_features_extractor", True)),
+                                 "features_extractor": type(policy.features_extractor).__name__}}
+
+
+class ProbeCallback(BaseCallback):
+    """Record every LSTM call of a RecurrentPPO ``learn()`` into an lstm-probe log.
+
+    ``model.learn(n, callback=ProbeCallback("run.parquet"))``. Works inside a CallbackList. Use it as a
+    context manager (``with ProbeCallback(...) as probe: model.learn(..., callback=probe)``) to be sure
+    the log is closed and the hooks are removed when learn() raises; otherwise that happens at exit.
+    """
+
+    def __init__(self, out: str | Path = "run.parquet", *, capture: str = "full", every: int = 1,
+                 float16: bool = False, force: bool = False, part_seconds: float = 60.0,
+                 metadata: dict[str, Any] | None = None, verbose: int = 0):
+        super().__init__(verbose)
+        self.out = out
+        self.options = {"capture": capture, "every": every, "float16": float16, "force": force,
+                        "part_seconds": part_seconds}
+        self.extra_metadata = dict(metadata or {})
+        self.tracer: Tracer | None = None
+        self.path: Path | None = None
+        self._used = False
+        self._restore: list[tuple[Any, str]] = []
+        self._handles: list[Any] = []
+
+    # -- sb3 callback events ---------------------------------------------------------------------
+    def _on_training_start(self) -> None:
+        if self._used:
+            raise BadInput("this ProbeCallback already wrote its log; pass a new ProbeCallback to each learn()")
+        self._used = True
+        model = self.model
+        policy = model.policy
+        if not hasattr(policy, "lstm_actor") or not hasattr(model, "rollout_buffer"):
+            raise BadInput(f"ProbeCallback needs sb3-contrib's RecurrentPPO, not {type(model).__name__}")
+        modules = {"actor": policy.lstm_actor}
+        if policy.lstm_critic is not None:
+            modules["critic"] = policy.lstm_critic
+        self.shared = bool(getattr(policy, "shared_lstm", False))
+        self.n_envs, self.n_steps = int(model.n_envs), int(model.n_steps)
+        # provenance state
+        self.iteration = -1
+        self.env_step = 0
+        self.episode = np.full(self.n_envs, -1, np.int64)
+        self.episode_step = np.full(self.n_envs, -1, np.int64)
+        self.in_rollout = False
+        self.in_forward = False
+        self.epoch = -1
+        self.minibatch = -1
+        self.current = Tags()
+        self.terminal_queue: list[int] = []
+        self.last_dones = np.zeros(self.n_envs, bool)
+        meta = model_metadata(model)
+        meta["total_timesteps"] = int(self.locals.get("total_timesteps", 0))
+        meta["architecture_sb3"]["lstm_modules"] = list(modules)
+        meta.update(self.extra_metadata)
+        tracer = Tracer(modules, self.out, meta, resolver=self._resolve, reference_window=self.n_steps,
+                        **self.options)  # type: ignore[arg-type]
+        tracer.metadata["architecture"].update(meta.pop("architecture_sb3"))
+        tracer.start()
+        self.tracer = tracer
+        atexit.register(self._at_exit)
+        try:
+            self._handles = [policy.register_forward_pre_hook(self._rollout_step_begin),
+                             policy.register_forward_hook(self._rollout_step_end)]
+            buffer = model.rollout_buffer
+            original_get, original_samples = buffer.get, buffer._get_samples
+
+            def get(batch_size: int | None = None) -> Any:
+                self.epoch += 1
+                self.minibatch = -1
+                yield from original_get(batch_size)
+
+            def get_samples(batch_inds: np.ndarray, env_change: np.ndarray, *args: Any, **kwargs: Any) -> Any:
+                samples = original_samples(batch_inds, env_change, *args, **kwargs)
+                self.minibatch += 1
+                self._train_tags(np.asarray(batch_inds), np.asarray(buffer.seq_start_indices), buffer)
+                return samples
+
+            buffer.get, buffer._get_samples = get, get_samples
+            self._restore = [(buffer, "get"), (buffer, "_get_samples")]
+        except BaseException:
+            self._finish(False, "failed to attach")
+            raise
+
+    def _on_rollout_start(self) -> None:
+        self.iteration += 1
+        self.in_rollout = True
+        self.k = 0
+        self.base_step = self.env_step
+        self.tab_episode = np.full((self.n_steps, self.n_envs), -1, np.int64)
+        self.tab_episode_step = np.full((self.n_steps, self.n_envs), -1, np.int64)
+        self.epoch = -1
+        self.current = Tags()
+        if self.tracer is not None and self.tracer.writer is not None:
+            self.tracer.writer.progress.update(num_timesteps=int(self.model.num_timesteps), iterations=self.iteration)
+
+    def _on_step(self) -> bool:
+        # Same test as ppo_recurrent.py:collect_rollouts uses for its terminal-value bootstrap, so the
+        # k-th critic call that follows belongs to the k-th env listed here.
+        dones, infos = self.locals.get("dones"), self.locals.get("infos")
+        if dones is not None and infos is not None:
+            self.last_dones = np.asarray(dones, bool)
+            self.terminal_queue = [i for i, d in enumerate(dones) if d and infos[i].get("terminal_observation")
+                                   is not None and infos[i].get("TimeLimit.truncated", False)]
+        return True
+
+    def _on_rollout_end(self) -> None:
+        self.in_rollout = False
+        self.current = Tags()
+
+    def _on_training_end(self) -> None:
+        done = int(self.model.num_timesteps) >= int(self.locals.get("total_timesteps", 0))
+        self._finish(done, None if done else "stopped early by a callback")
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def _finish(self, completed: bool, reason: str | None) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        for obj, name in self._restore:
+            obj.__dict__.pop(name, None)
+        self._restore = []
+        tracer, self.tracer = self.tracer, None
+        if tracer is not None:
+            atexit.unregister(self._at_exit)
+            extra = {"progress_num_timesteps": int(self.model.num_timesteps), "iterations": self.iteration + 1}
+            self.path = tracer.close(completed=completed, stop_reason=reason, **extra)
+
+    def _at_exit(self) -> None:
+        self._finish(False, "the process exited before learn() finished")
+
+    def close(self, exc: BaseException | None = None) -> Path | None:
+        """Close the log now (completed only if training reached its end). Idempotent."""
+        if self.tracer is not None:
+            reason = "closed before learn() finished" if exc is None else f"{type(exc).__name__}: {exc}".splitlines()[0]
+            self._finish(False, reason)
+        return self.path
+
+    def __enter__(self) -> ProbeCallback:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc is not None and isinstance(exc, KeyboardInterrupt):
+            self.close(exc if str(exc) else KeyboardInterrupt("interrupted"))
+        else:
+            self.close(exc)
+
+    # -- provenance ------------------------------------------------------------------------------
+    def _rollout_step_begin(self, module: Any, args: Any) -> None:
+        if not self.in_rollout:
+            return
+        # ppo_recurrent.py:collect_rollouts passes self._last_episode_starts (as a tensor) to the policy.
+        starts = np.asarray(self.model._last_episode_starts, bool).reshape(-1)
+        self.episode = np.where(starts, self.episode + 1, np.maximum(self.episode, 0))
+        self.episode_step = np.where(starts, 0, np.where(self.episode_step >= 0, self.episode_step + 1, -1))
+        if self.k < self.n_steps:
+            self.tab_episode[self.k] = self.episode
+            self.tab_episode_step[self.k] = self.episode_step
+        n = self.n_envs
+        grid = Grid(env=np.arange(n, dtype=np.int32)[:, None], env_step=np.full((n, 1), self.env_step, np.int64),
+                    episode=self.episode[:, None].copy(), episode_step=self.episode_step[:, None].copy(),
+                    episode_start=starts.astype(np.int8)[:, None], padding=np.zeros((n, 1), bool))
+        self.current = Tags("rollout", self.iteration, grid=grid)
+        self.in_forward = True
+
+    def _rollout_step_end(self, module: Any, args: Any, output: Any) -> None:
+        if self.in_forward:
+            self.in_forward = False
+            self.k += 1
+            self.env_step += 1
+            self.current = Tags()
+
+    def _train_tags(self, batch_inds: np.ndarray, seq_starts: np.ndarray, buffer: Any) -> None:
+        n_steps = self.n_steps
+        size = len(batch_inds)
+        lens = np.diff(np.append(seq_starts, size))  # (n_seq,) unpadded lengths
+        max_len = int(lens.max())
+        t = np.arange(max_len)
+        valid = t[None, :] < lens[:, None]  # (n_seq, max_len)
+        flat = np.where(valid, batch_inds[np.minimum(seq_starts[:, None] + t[None, :], size - 1)], 0)
+        env, k = flat // n_steps, flat % n_steps
+        null = ~valid
+        episode = np.where(null, -1, self.tab_episode[k, env])
+        episode_step = np.where(null, -1, self.tab_episode_step[k, env])
+        # the buffer's own flattened episode_starts (buffers.py:get swap_and_flatten), as sb3 used them
+        starts = np.asarray(buffer.episode_starts).reshape(-1)[flat] > 0.5
+        first = batch_inds[seq_starts]
+        first_start = np.asarray(buffer.episode_starts).reshape(-1)[first] > 0.5
+        reason = np.where(first_start, SEQ_REASON["episode_start"],
+                          np.where(first % n_steps == 0, SEQ_REASON["env_boundary"],
+                                   SEQ_REASON["split" if self.minibatch == 0 else "minibatch_cut"]))
+        if len(reason) > 1:  # later sequences start only at episode starts or env changes (create_sequencers)
+            reason[1:] = np.where(first_start[1:], SEQ_REASON["episode_start"], SEQ_REASON["env_boundary"])
+        grid = Grid(env=np.where(null, -1, env).astype(np.int32), env_step=np.where(null, -1, self.base_step + k),
+                    episode=episode, episode_step=episode_step,
+                    episode_start=np.where(null, -1, starts).astype(np.int8), padding=null, train=True,
+                    seq_len=lens.astype(np.int32), seq_reason=reason.astype(np.int8))
+        self.current = Tags("train", self.iteration, self.epoch, self.minibatch, grid=grid)
+
+    def _resolve(self, name: str, steps: int, batch: int) -> Tags:
+        if self.in_forward or not self.in_rollout:
+            return self.current  # rollout step, or train minibatch (or untagged outside both)
+        if name == "critic" or (self.shared and _inside("predict_values")):
+            return self._bootstrap_tags(batch)
+        return self._predict_tags(batch)
+
+    def _bootstrap_tags(self, batch: int) -> Tags:
+        """Tags of a predict_values call made by collect_rollouts (terminal or last value)."""
+        n = self.n_envs
+        if self.model.rollout_buffer.full or batch != 1 or not self.terminal_queue:
+            # the last-value call: its input is the next step's observation, its state masked by dones,
+            # exactly as the next rollout's first call will see it
+            d = self.last_dones
+            episode = np.where(d, self.episode + 1, self.episode)
+            episode_step = np.where(d, 0, np.where(self.episode_step >= 0, self.episode_step + 1, -1))
+            grid = Grid(env=np.arange(n, dtype=np.int32)[:, None], env_step=np.full((n, 1), self.env_step, np.int64),
+                        episode=episode[:, None], episode_step=episode_step[:, None],
+                        episode_start=d.astype(np.int8)[:, None], padding=np.zeros((n, 1), bool))
+            return Tags("bootstrap", self.iteration, bootstrap="last", grid=grid)
+        i = self.terminal_queue.pop(0)
+        step = self.episode_step[i] + 1 if self.episode_step[i] >= 0 else -1
+        grid = Grid(env=np.array([[i]], np.int32), env_step=np.array([[self.env_step]], np.int64),
+                    episode=np.array([[self.episode[i]]], np.int64), episode_step=np.array([[step]], np.int64),
+                    episode_start=np.zeros((1, 1), np.int8), padding=np.zeros((1, 1), bool))
+        return Tags("bootstrap", self.iteration, bootstrap="terminal", grid=grid)
+
+    def _predict_tags(self, batch: int) -> Tags:
+        """model.predict from a callback (EvalCallback) or user code during the rollout."""
+        starts = _local_of("predict", "episode_start")
+        start = np.full(batch, -1, np.int8) if starts is None else np.asarray(starts).reshape(-1).astype(np.int8)
+        if len(start) != batch:
+            start = np.full(batch, -1, np.int8)
+        null = np.full((batch, 1), -1, np.int64)
+        grid = Grid(env=np.arange(batch, dtype=np.int32)[:, None], env_step=null, episode=null, episode_step=null,
+                    episode_start=start[:, None], padding=np.zeros((batch, 1), bool))
+        return Tags("predict", self.iteration, grid=grid)
+
+
+def _inside(function: str, depth: int = 12) -> bool:
+    """Whether ``function`` is on the call stack (a few frames up). Used only off the hot path."""
+    frame = sys._getframe(2)
+    for _ in range(depth):
+        if frame is None:
+            return False
+        if frame.f_code.co_name == function:
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
+
+
+def _local_of(function: str, name: str, depth: int = 12) -> Any:
+    frame = sys._getframe(2)
+    for _ in range(depth):
+        if frame is None:
+            return None
+        if frame.f_code.co_name == function and "self" in frame.f_locals:
+            return frame.f_locals.get(name)
+        frame = frame.f_back  # type: ignore[assignment]
+    return None

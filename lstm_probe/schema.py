@@ -1,0 +1,143 @@
+"""The one Arrow schema of an lstm-probe log, its version and its metadata keys.
+
+Every file the writer produces goes through :func:`log_schema`; every reader checks a file against
+:data:`REQUIRED_COLUMNS` and :data:`SCHEMA_VERSION`. docs/schema.md is generated from the same
+tables (``lstm-probe schema --markdown``), so the documentation cannot drift from the code.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pyarrow as pa
+
+SCHEMA_VERSION = 1
+"""Bumped whenever a column is removed, renamed or changes meaning. Readers refuse newer versions."""
+
+META_VERSION_KEY = b"lstm_probe.schema_version"
+META_RUN_KEY = b"lstm_probe.run"
+"""Key of the JSON document with the run's metadata (see :data:`METADATA_KEYS`)."""
+
+# Values of the string columns. Stored as plain strings (Parquet dictionary-encodes them on disk).
+PHASES = ("rollout", "bootstrap", "train", "predict", "other")
+PATHS = ("step", "sequence", "stepwise")
+BOOTSTRAPS = ("terminal", "last")
+SEQ_REASONS = ("episode_start", "env_boundary", "split", "minibatch_cut")
+
+# (name, arrow type or None for the state vectors, nullable, description)
+COLUMNS: list[tuple[str, pa.DataType | None, bool, str]] = [
+    ("call", pa.int64(), False, "Global order of LSTM forward calls (0-based, all modules together)."),
+    ("module", pa.string(), False,
+     "Role of the hooked recurrent module: 'actor' | 'critic' for sb3 (with shared_lstm the one LSTM is "
+     "'actor'), the module's name for the generic tracer."),
+    ("layer", pa.int16(), False, "Layer of the module, 0 = first (closest to the input)."),
+    ("phase", pa.string(), False,
+     "'rollout' (acting in the env), 'bootstrap' (critic-only value calls, see `bootstrap`), 'train' "
+     "(recomputed in a gradient step), 'predict' (model.predict / evaluation), 'other' (untagged)."),
+    ("path", pa.string(), False,
+     "How the module was run in this call: 'step' (one-step call), 'sequence' (one multi-step call; "
+     "per-step states recovered exactly), 'stepwise' (one call per timestep of a sequence batch)."),
+    ("bootstrap", pa.string(), True,
+     "For phase 'bootstrap': 'terminal' (value of a truncated episode's terminal observation) or "
+     "'last' (value of the observation after the rollout's last step). Null otherwise."),
+    ("iteration", pa.int32(), True, "Rollout/update cycle, 0-based; train rows carry the iteration whose rollout they train on."),
+    ("epoch", pa.int32(), True, "Training epoch within the iteration (train rows only)."),
+    ("minibatch", pa.int32(), True, "Minibatch within the epoch (train rows only)."),
+    ("seq", pa.int32(), True, "Sequence index within the minibatch = batch column of the call (train rows only)."),
+    ("t", pa.int32(), False, "Step within the sequence (train rows); 0 otherwise."),
+    ("seq_len", pa.int32(), True, "Unpadded length of the row's sequence (train rows only)."),
+    ("seq_reason", pa.string(), True,
+     "Why the row's sequence starts where it does (train rows only): 'episode_start', 'env_boundary' "
+     "(first step of an env's rollout), 'split' (the rollout buffer's random shuffling split point), "
+     "'minibatch_cut' (the previous minibatch ended there)."),
+    ("padding", pa.bool_(), False, "True for the zero-padding steps appended to short sequences (train)."),
+    ("env", pa.int32(), True, "Env index in the vectorized env. Null on padding rows."),
+    ("env_step", pa.int64(), True,
+     "That env's own step counter since the probe started: the step whose observation went in. For "
+     "bootstrap 'last' rows it is the step after the rollout's last one (whose observation is evaluated; "
+     "the next rollout's first call uses the same input). For bootstrap 'terminal' rows it is the step after "
+     "the episode's last step: the terminal observation stands where the episode's next step would be. "
+     "Null on padding rows."),
+    ("episode", pa.int64(), True, "Per-env episode counter since the probe started. Null on padding rows."),
+    ("episode_step", pa.int64(), True,
+     "Step within the episode (0 at its first observation). Null on padding rows, and for an episode "
+     "that began before the probe did (learn() continued without a reset)."),
+    ("episode_start", pa.bool_(), True, "True when the state was reset before this step (first step of an episode)."),
+    ("h", None, True, "Hidden state AFTER this step, this layer (fixed-size list of float32, or float16 with --float16). Null in summary capture."),
+    ("c", None, True, "Cell state AFTER this step, this layer (LSTM only; null for GRU and in summary capture)."),
+    ("h_norm", pa.float32(), False, "L2 norm of h (computed from the full-precision state)."),
+    ("c_norm", pa.float32(), True, "L2 norm of c (null for GRU)."),
+    ("drift_h", pa.float32(), True,
+     "Train rows: relative L2 distance ||h_train - h_rollout|| / ||h_rollout|| to the rollout state of the "
+     "same (module, layer, env, env_step), computed in the probe. Null when there is no rollout partner."),
+    ("drift_c", pa.float32(), True, "As drift_h, for c."),
+]
+
+COLUMN_NAMES = [name for name, *_ in COLUMNS]
+REQUIRED_COLUMNS = frozenset(COLUMN_NAMES)
+STATE_COLUMNS = ("h", "c")
+
+METADATA_KEYS: dict[str, str] = {
+    "schema_version": "Version of this schema (also stored under its own key).",
+    "lstm_probe_version": "Version of lstm-probe that wrote the log.",
+    "framework": "'sb3' or 'generic'.",
+    "versions": "torch, stable-baselines3, sb3-contrib, gymnasium, numpy, pyarrow versions.",
+    "env_id": "Gymnasium env id (sb3 runs).",
+    "algorithm": "Algorithm class name, e.g. RecurrentPPO.",
+    "policy": "Policy class name.",
+    "hyperparameters": "Every RecurrentPPO hyperparameter actually used (n_steps, batch_size, n_epochs, ...).",
+    "seed": "Seed passed to the algorithm (null when none).",
+    "n_envs": "Number of envs in the vectorized env.",
+    "total_timesteps": "Env steps asked for by learn().",
+    "command": "The command line that made the log (CLI runs).",
+    "architecture": "modules: {name: {kind, hidden_size, num_layers, input_size}}, shared_lstm, critic ('lstm' | 'shared' | 'mlp').",
+    "hidden_size": "Length of the h and c vectors.",
+    "capture": "'full' | 'summary'; with every_k and dtype ('float32' | 'float16').",
+    "start_time": "UTC ISO time the probe started.",
+    "end_time": "UTC ISO time the log was closed (final part only).",
+    "completed": "True only when training ran to its end; false after an error or an interruption.",
+    "stop_reason": "Null when completed, else what stopped the run (the exception's one-line summary).",
+    "progress": "num_timesteps reached, iterations started, calls and rows written.",
+    "final": "True in the metadata of the part that closed the log (absent from parts written before).",
+}
+
+
+def state_type(hidden_size: int, float16: bool = False) -> pa.DataType:
+    """Arrow type of the h and c columns."""
+    return pa.list_(pa.float16() if float16 else pa.float32(), hidden_size)
+
+
+def log_schema(hidden_size: int, float16: bool = False, metadata: dict[str, Any] | None = None) -> pa.Schema:
+    """The schema of a log whose state vectors have ``hidden_size`` entries."""
+    fields = []
+    for name, typ, nullable, doc in COLUMNS:
+        arrow_type = state_type(hidden_size, float16) if typ is None else typ
+        fields.append(pa.field(name, arrow_type, nullable=nullable, metadata={b"doc": doc.encode()}))
+    meta = {META_VERSION_KEY: str(SCHEMA_VERSION).encode()}
+    if metadata is not None:
+        meta[META_RUN_KEY] = json.dumps(metadata, default=str, sort_keys=True).encode()
+    return pa.schema(fields, metadata=meta)
+
+
+def schema_markdown() -> str:
+    """docs/schema.md: every column and metadata key, generated from the tables above."""
+    lines = [
+        "# lstm-probe log schema",
+        "",
+        f"Schema version {SCHEMA_VERSION}. One row per (LSTM call, layer, batch column, timestep).",
+        "The version is in the Parquet key-value metadata under `lstm_probe.schema_version`; the run's",
+        "metadata is a JSON document under `lstm_probe.run`. Generated by `lstm-probe schema --markdown`.",
+        "",
+        "## Columns",
+        "",
+        "| column | type | nullable | meaning |",
+        "| --- | --- | --- | --- |",
+    ]
+    for name, typ, nullable, doc in COLUMNS:
+        tname = "fixed_size_list<float32, hidden_size>" if typ is None else str(typ)
+        lines.append(f"| `{name}` | {tname} | {'yes' if nullable else 'no'} | {doc} |")
+    lines += ["", "## Metadata keys (`lstm_probe.run` JSON)", "", "| key | meaning |", "| --- | --- |"]
+    for key, doc in METADATA_KEYS.items():
+        lines.append(f"| `{key}` | {doc} |")
+    return "\n".join(lines) + "\n"

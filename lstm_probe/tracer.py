@@ -1,0 +1,469 @@
+"""Forward hooks on nn.LSTM / nn.GRU / nn.LSTMCell / nn.GRUCell that stream per-step states to a log.
+
+The tracer knows no RL framework. Before or during each call it asks a *resolver* for the call's
+:class:`Tags` (phase, iteration, epoch, minibatch) and :class:`Grid` (which env, env step and episode
+each batch column and timestep belongs to). An integration (``lstm_probe.sb3``) supplies the resolver;
+users of the generic tracer supply tags with :meth:`Tracer.tag`. The tracer turns a call into rows:
+one per (layer, batch column, timestep), written into columnar buffers (see ``writer.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import platform
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+
+from lstm_probe.errors import BadInput
+from lstm_probe.schema import BOOTSTRAPS, PATHS, PHASES, SCHEMA_VERSION, SEQ_REASONS
+from lstm_probe.recover import gru_sequence_states, lstm_sequence_states
+from lstm_probe.writer import LogWriter, Rows
+
+RECURRENT_TYPES = (nn.LSTM, nn.GRU, nn.LSTMCell, nn.GRUCell)
+CODES: dict[str, tuple[str, ...]] = {"phase": PHASES, "path": PATHS, "bootstrap": BOOTSTRAPS,
+                                     "seq_reason": SEQ_REASONS}
+PHASE = {p: i for i, p in enumerate(PHASES)}
+PATH = {p: i for i, p in enumerate(PATHS)}
+BOOTSTRAP = {b: i for i, b in enumerate(BOOTSTRAPS)}
+SEQ_REASON = {r: i for i, r in enumerate(SEQ_REASONS)}
+CAPTURES = ("full", "summary")
+
+
+@dataclass
+class Grid:
+    """Provenance of one call's batch columns and timesteps: every array is (N, T); -1 means null.
+
+    ``train`` grids also number sequences (seq = batch column, t = timestep) and carry each
+    sequence's unpadded length and start reason, shape (N,).
+    """
+
+    env: np.ndarray
+    env_step: np.ndarray
+    episode: np.ndarray
+    episode_step: np.ndarray
+    episode_start: np.ndarray  # int8: -1 null, 0, 1
+    padding: np.ndarray  # bool
+    train: bool = False
+    seq_len: np.ndarray | None = None
+    seq_reason: np.ndarray | None = None
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        n, t = self.env.shape
+        return n, t
+
+
+@dataclass
+class Tags:
+    """What a call is. ``stepwise`` counts the one-step calls each module made under these tags."""
+
+    phase: str = "other"
+    iteration: int | None = None
+    epoch: int | None = None
+    minibatch: int | None = None
+    bootstrap: str | None = None
+    grid: Grid | None = None
+    stepwise: dict[str, int] = field(default_factory=dict)
+
+
+Resolver = Callable[[str, int, int], Tags]
+
+
+def _opt(v: int | None) -> int:
+    return -1 if v is None else v
+
+
+def find_recurrent(model: nn.Module, names: list[str] | None = None) -> dict[str, nn.Module]:
+    """Every nn.LSTM / nn.GRU / nn.LSTMCell / nn.GRUCell in ``model`` (or those ``names``)."""
+    found = {name or "root": m for name, m in model.named_modules() if isinstance(m, RECURRENT_TYPES)}
+    if names is not None:
+        missing = [n for n in names if n not in found]
+        if missing:
+            raise BadInput(f"no recurrent module named {missing[0]!r}; recurrent modules here: "
+                           f"{', '.join(found) or 'none'}")
+        found = {n: found[n] for n in names}
+    if not found:
+        raise BadInput("the model has no nn.LSTM, nn.GRU, nn.LSTMCell or nn.GRUCell to trace")
+    return found
+
+
+def describe_modules(modules: Mapping[str, nn.Module]) -> dict[str, dict[str, Any]]:
+    out = {}
+    for name, m in modules.items():
+        out[name] = {"kind": type(m).__name__, "hidden_size": int(m.hidden_size),  # type: ignore[arg-type]
+                     "num_layers": int(getattr(m, "num_layers", 1)), "input_size": int(m.input_size)}  # type: ignore[arg-type]
+    return out
+
+
+def base_metadata() -> dict[str, Any]:
+    import pyarrow
+
+    versions = {"torch": torch.__version__, "numpy": np.__version__, "pyarrow": pyarrow.__version__,
+                "python": platform.python_version()}
+    for pkg in ("stable_baselines3", "sb3_contrib", "gymnasium"):
+        try:
+            versions[pkg] = __import__(pkg).__version__
+        except ImportError:
+            pass
+    from lstm_probe import __version__
+
+    return {"schema_version": SCHEMA_VERSION, "lstm_probe_version": __version__, "versions": versions,
+            "start_time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+
+
+class References:
+    """The rollout states of the last ``window`` env steps of each env, for in-probe drift."""
+
+    def __init__(self, window: int, layers: int, hidden: int):
+        self.window, self.layers, self.hidden = window, layers, hidden
+        self.envs = 0
+        self.steps = np.full((layers, 0, window), -1, np.int64)
+        self.h = np.zeros((layers, 0, window, hidden), np.float32)
+        self.c = np.zeros((layers, 0, window, hidden), np.float32)
+
+    def _grow(self, envs: int) -> None:
+        if envs <= self.envs:
+            return
+        extra = envs - self.envs
+        L, W, H = self.layers, self.window, self.hidden
+        self.steps = np.concatenate([self.steps, np.full((L, extra, W), -1, np.int64)], axis=1)
+        self.h = np.concatenate([self.h, np.zeros((L, extra, W, H), np.float32)], axis=1)
+        self.c = np.concatenate([self.c, np.zeros((L, extra, W, H), np.float32)], axis=1)
+        self.envs = envs
+
+    def store(self, layer: np.ndarray, env: np.ndarray, step: np.ndarray, h: np.ndarray, c: np.ndarray) -> None:
+        ok = (env >= 0) & (step >= 0)
+        if not ok.all():
+            layer, env, step, h, c = layer[ok], env[ok], step[ok], h[ok], c[ok]
+        if len(env) == 0:
+            return
+        self._grow(int(env.max()) + 1)
+        slot = step % self.window
+        self.steps[layer, env, slot] = step
+        self.h[layer, env, slot] = h
+        self.c[layer, env, slot] = c
+
+    def drift(self, layer: np.ndarray, env: np.ndarray, step: np.ndarray, h: np.ndarray,
+              c: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        n = len(env)
+        dh = np.zeros(n, np.float32)
+        dc = np.zeros(n, np.float32)
+        ok = (env >= 0) & (step >= 0) & (env < self.envs)
+        idx = np.nonzero(ok)[0]
+        slot = step[idx] % self.window
+        match = self.steps[layer[idx], env[idx], slot] == step[idx]
+        idx, slot = idx[match], slot[match]
+        found = np.zeros(n, np.bool_)
+        found[idx] = True
+        if len(idx):
+            rh = self.h[layer[idx], env[idx], slot]
+            rc = self.c[layer[idx], env[idx], slot]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                dh[idx] = np.linalg.norm(h[idx] - rh, axis=1) / np.maximum(np.linalg.norm(rh, axis=1), 1e-12)
+                dc[idx] = np.linalg.norm(c[idx] - rc, axis=1) / np.maximum(np.linalg.norm(rc, axis=1), 1e-12)
+        return dh, dc, found
+
+
+class Tracer:
+    """Hooks recurrent modules and writes their per-step states to a log.
+
+    Use :func:`trace` (generic) or ``ProbeCallback`` (sb3) rather than building one directly.
+    """
+
+    def __init__(self, modules: Mapping[str, nn.Module], out: str | Path, metadata: dict[str, Any] | None = None,
+                 *, capture: str = "full", every: int = 1, float16: bool = False, force: bool = False,
+                 reference_window: int = 0, part_seconds: float = 60.0, resolver: Resolver | None = None):
+        if capture not in CAPTURES:
+            raise BadInput(f"capture must be one of {', '.join(CAPTURES)}, not {capture!r}")
+        if every < 1:
+            raise BadInput(f"every must be >= 1, not {every}")
+        self.modules = dict(modules)
+        sizes = set()
+        for name, m in self.modules.items():
+            if not isinstance(m, RECURRENT_TYPES):
+                raise BadInput(f"{name} is a {type(m).__name__}, not an nn.LSTM/GRU/LSTMCell/GRUCell")
+            if getattr(m, "bidirectional", False):
+                raise BadInput(f"{name} is bidirectional; lstm-probe traces unidirectional modules only")
+            if getattr(m, "proj_size", 0):
+                raise BadInput(f"{name} has proj_size > 0; lstm-probe needs h and c of the same size")
+            sizes.add(int(m.hidden_size))  # type: ignore[arg-type]
+        if len(sizes) != 1:
+            raise BadInput(f"traced modules have different hidden sizes {sorted(sizes)}; trace each size "
+                           "into its own log (pass modules=[...])")
+        self.hidden = sizes.pop()
+        self.names = list(self.modules)
+        self.module_code = {n: i for i, n in enumerate(self.names)}
+        self.capture, self.every, self.float16 = capture, every, float16
+        self.layers = {n: int(getattr(m, "num_layers", 1)) for n, m in self.modules.items()}
+        self.metadata: dict[str, Any] = {**base_metadata(), "framework": "generic",
+                                         "architecture": {"modules": describe_modules(self.modules)},
+                                         "hidden_size": self.hidden,
+                                         "capture": {"mode": capture, "every": every,
+                                                     "dtype": "float16" if float16 else "float32"},
+                                         **(metadata or {})}
+        self.out, self.force, self.part_seconds = out, force, part_seconds
+        self.reference_window = reference_window
+        self.refs: dict[str, References] = {}
+        self.resolver: Resolver = resolver or self._user_tags
+        self._tag_stack: list[dict[str, Any]] = []
+        self._handles: list[torch.utils.hooks.RemovableHandle] = []
+        self.writer: LogWriter | None = None
+        self.calls = 0
+        self.unsupported_calls = 0
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def start(self) -> Tracer:
+        """Open the log and attach the hooks."""
+        self.writer = LogWriter(self.out, self.hidden, self.names, self.metadata, CODES, float16=self.float16,
+                                force=self.force, part_seconds=self.part_seconds)
+        try:
+            for name, m in self.modules.items():
+                self._handles.append(m.register_forward_hook(self._make_hook(name)))
+        except BaseException:
+            self.detach()
+            raise
+        return self
+
+    def detach(self) -> None:
+        """Remove every hook (idempotent)."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def close(self, completed: bool = True, stop_reason: str | None = None, **extra: Any) -> Path | None:
+        """Detach, drain the writer and record how the run ended. Returns the log's path."""
+        self.detach()
+        if self.writer is None:
+            return None
+        writer, self.writer = self.writer, None
+        writer.progress["calls"] = self.calls
+        final = {"completed": completed, "stop_reason": stop_reason,
+                 "end_time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                 "unsupported_calls": self.unsupported_calls, **extra}
+        return writer.close(final)
+
+    def __enter__(self) -> Tracer:
+        return self.start()
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        reason = None if exc is None else f"{exc_type.__name__}: {exc}".splitlines()[0]
+        self.close(completed=exc is None, stop_reason=reason)
+
+    # -- generic tagging -------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def tag(self, **tags: Any) -> Iterator[None]:
+        """Tag every call inside the block: phase, iteration, epoch, minibatch, env, env_step, episode,
+        episode_step, episode_start (scalars, or arrays with one value per batch column).
+        Nested blocks add to and override the outer ones."""
+        unknown = set(tags) - {"phase", "iteration", "epoch", "minibatch", "env", "env_step", "episode",
+                               "episode_step", "episode_start"}
+        if unknown:
+            raise BadInput(f"unknown tag {sorted(unknown)[0]!r}; tags are phase, iteration, epoch, minibatch, "
+                           "env, env_step, episode, episode_step, episode_start")
+        if "phase" in tags and tags["phase"] not in PHASE:
+            raise BadInput(f"phase must be one of {', '.join(PHASES)}, not {tags['phase']!r}")
+        merged = {**(self._tag_stack[-1] if self._tag_stack else {}), **tags}
+        self._tag_stack.append(merged)
+        try:
+            yield
+        finally:
+            self._tag_stack.pop()
+
+    def _user_tags(self, name: str, steps: int, batch: int) -> Tags:
+        user = self._tag_stack[-1] if self._tag_stack else {}
+        tags = Tags(phase=user.get("phase", "other"), iteration=user.get("iteration"), epoch=user.get("epoch"),
+                    minibatch=user.get("minibatch"))
+        prov = {k: user[k] for k in ("env", "env_step", "episode", "episode_step", "episode_start") if k in user}
+        if prov or tags.phase == "train":
+            def col(key: str, dtype: Any) -> np.ndarray:
+                if key not in prov or prov[key] is None:
+                    return np.full((batch, steps), -1, dtype)
+                v = np.asarray(prov[key]).astype(dtype)
+                if v.ndim == 1:
+                    v = v[:, None]
+                return np.broadcast_to(v, (batch, steps))
+            tags.grid = Grid(env=col("env", np.int32), env_step=col("env_step", np.int64),
+                             episode=col("episode", np.int64), episode_step=col("episode_step", np.int64),
+                             episode_start=col("episode_start", np.int8),
+                             padding=np.zeros((batch, steps), np.bool_), train=tags.phase == "train")
+            if tags.grid.train:
+                tags.grid.seq_len = np.full(batch, steps, np.int32)
+                tags.grid.seq_reason = np.full(batch, -1, np.int8)
+        return tags
+
+    # -- hooks -----------------------------------------------------------------------------------
+    def _make_hook(self, name: str) -> Callable[..., None]:
+        module = self.modules[name]
+        code = self.module_code[name]
+        if isinstance(module, nn.LSTM | nn.GRU):
+            is_lstm = isinstance(module, nn.LSTM)
+
+            def hook(mod: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+                x = args[0]
+                if not isinstance(x, torch.Tensor):  # PackedSequence: no per-step layout to map
+                    self.unsupported_calls += 1
+                    return
+                y, state = output
+                hn, cn = state if is_lstm else (state, None)
+                unbatched = x.dim() == 2
+                if unbatched:
+                    x, y = x.unsqueeze(1), y.unsqueeze(1)
+                    hn = hn.unsqueeze(1)
+                    cn = cn.unsqueeze(1) if cn is not None else None
+                elif module.batch_first:
+                    x, y = x.transpose(0, 1), y.transpose(0, 1)
+                steps, batch = int(x.shape[0]), int(x.shape[1])
+                if steps == 1:
+                    hs = hn.detach().cpu().numpy()[:, :, None, :]  # (L, N, 1, H)
+                    cs = cn.detach().cpu().numpy()[:, :, None, :] if cn is not None else None
+                else:
+                    h0, c0 = self._initial(mod, args, batch, x, unbatched, is_lstm)
+                    if is_lstm:
+                        hs4, cs4 = lstm_sequence_states(module, x, h0, c0, y)  # type: ignore[arg-type]
+                        hs, cs = hs4.transpose(0, 2, 1, 3), cs4.transpose(0, 2, 1, 3)
+                    else:
+                        hs, cs = gru_sequence_states(module, x, h0, y).transpose(0, 2, 1, 3), None  # type: ignore[arg-type]
+                self._emit(name, code, steps, batch, hs, cs)
+        else:
+            is_cell_lstm = isinstance(module, nn.LSTMCell)
+
+            def hook(mod: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+                h, c = output if is_cell_lstm else (output, None)
+                if h.dim() == 1:
+                    h = h.unsqueeze(0)
+                    c = c.unsqueeze(0) if c is not None else None
+                batch = int(h.shape[0])
+                hs = h.detach().cpu().numpy()[None, :, None, :]  # (1, N, 1, H)
+                cs = c.detach().cpu().numpy()[None, :, None, :] if c is not None else None
+                self._emit(name, code, 1, batch, hs, cs)
+
+        return hook
+
+    @staticmethod
+    def _initial(mod: nn.Module, args: tuple[Any, ...], batch: int, x: torch.Tensor, unbatched: bool,
+                 is_lstm: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        layers, hidden = mod.num_layers, mod.hidden_size  # type: ignore[union-attr]
+        hx = args[1] if len(args) > 1 else None
+        zeros = torch.zeros(layers, batch, hidden, dtype=x.dtype, device=x.device)  # type: ignore[arg-type]
+        if hx is None:
+            return zeros, zeros
+        h0, c0 = hx if is_lstm else (hx, zeros)
+        if unbatched:
+            h0, c0 = h0.unsqueeze(1), c0.unsqueeze(1)
+        return h0, c0
+
+    def _emit(self, name: str, code: int, steps: int, batch: int, hs: np.ndarray, cs: np.ndarray | None) -> None:
+        """Write the rows of one call. hs/cs: (L, N, T', H) states after each step of the call."""
+        writer = self.writer
+        if writer is None:
+            return
+        tags = self.resolver(name, steps, batch)
+        layers = hs.shape[0]
+        grid = tags.grid
+        t0 = 0
+        if steps == 1 and grid is not None and grid.shape[1] > 1:
+            t0 = tags.stepwise.get(name, 0)
+            tags.stepwise[name] = t0 + 1
+            path = PATH["stepwise"]
+        else:
+            path = PATH["sequence"] if steps > 1 else PATH["step"]
+        per_layer = batch * steps
+        n = layers * per_layer
+        r, i0 = writer.reserve(n)
+        i1 = i0 + n
+        r.call[i0:i1] = self.calls
+        r.module[i0:i1] = code
+        r.layer[i0:i1] = np.repeat(np.arange(layers, dtype=np.int16), per_layer)
+        r.phase[i0:i1] = PHASE[tags.phase]
+        r.path[i0:i1] = path
+        r.bootstrap[i0:i1] = -1 if tags.bootstrap is None else BOOTSTRAP[tags.bootstrap]
+        r.iteration[i0:i1] = _opt(tags.iteration)
+        r.epoch[i0:i1] = _opt(tags.epoch)
+        r.minibatch[i0:i1] = _opt(tags.minibatch)
+        if grid is not None and grid.shape[0] == batch and t0 + steps <= grid.shape[1]:
+            self._fill_grid(r, i0, i1, grid, t0, steps, layers)
+        else:
+            self._fill_null(r, i0, i1)
+        r.h[i0:i1] = hs.reshape(n, -1)
+        if cs is not None:
+            r.c[i0:i1] = cs.reshape(n, -1)
+            r.has_c[i0:i1] = True
+        else:
+            r.c[i0:i1] = 0.0
+            r.has_c[i0:i1] = False
+        it = tags.iteration
+        r.vectors[i0:i1] = self.capture == "full" and (it is None or it % self.every == 0)
+        r.has_drift[i0:i1] = False
+        if self.reference_window and grid is not None and tags.phase in ("rollout", "train"):
+            self._drift(name, layers, r, i0, i1, tags.phase == "rollout", cs is not None)
+        writer.commit(n)
+        self.calls += 1
+
+    @staticmethod
+    def _fill_grid(r: Rows, i0: int, i1: int, grid: Grid, t0: int, steps: int, layers: int) -> None:
+        def cols(a: np.ndarray) -> np.ndarray:
+            v = a[:, t0 : t0 + steps].reshape(-1)  # (N * T',) column-major order: n, then t
+            return np.tile(v, layers) if layers > 1 else v
+
+        r.env[i0:i1] = cols(grid.env)
+        r.env_step[i0:i1] = cols(grid.env_step)
+        r.episode[i0:i1] = cols(grid.episode)
+        r.episode_step[i0:i1] = cols(grid.episode_step)
+        r.episode_start[i0:i1] = cols(grid.episode_start)
+        r.padding[i0:i1] = cols(grid.padding)
+        if grid.train:
+            batch = grid.shape[0]
+            seq = np.repeat(np.arange(batch, dtype=np.int32), steps)
+            t = np.tile(np.arange(t0, t0 + steps, dtype=np.int32), batch)
+            r.seq[i0:i1] = np.tile(seq, layers)
+            r.t[i0:i1] = np.tile(t, layers)
+            assert grid.seq_len is not None and grid.seq_reason is not None
+            r.seq_len[i0:i1] = np.tile(np.repeat(grid.seq_len, steps), layers)
+            r.seq_reason[i0:i1] = np.tile(np.repeat(grid.seq_reason, steps), layers)
+        else:
+            r.seq[i0:i1] = -1
+            r.t[i0:i1] = 0
+            r.seq_len[i0:i1] = -1
+            r.seq_reason[i0:i1] = -1
+
+    @staticmethod
+    def _fill_null(r: Rows, i0: int, i1: int) -> None:
+        for col in (r.env, r.env_step, r.episode, r.episode_step, r.episode_start, r.seq, r.seq_len, r.seq_reason):
+            col[i0:i1] = -1
+        r.t[i0:i1] = 0
+        r.padding[i0:i1] = False
+
+    def _drift(self, name: str, layers: int, r: Rows, i0: int, i1: int, rollout: bool, has_c: bool) -> None:
+        ref = self.refs.get(name)
+        if ref is None:
+            ref = self.refs[name] = References(self.reference_window, layers, self.hidden)
+        layer = r.layer[i0:i1].astype(np.intp)
+        env, step = r.env[i0:i1].astype(np.intp), r.env_step[i0:i1]
+        if rollout:
+            ref.store(layer, env, step, r.h[i0:i1], r.c[i0:i1])
+            return
+        dh, dc, found = ref.drift(layer, env, step, r.h[i0:i1], r.c[i0:i1])
+        r.drift_h[i0:i1] = dh
+        r.drift_c[i0:i1] = dc
+        r.has_drift[i0:i1] = found
+
+
+def trace(model: nn.Module, out: str | Path = "run.parquet", *, modules: list[str] | None = None,
+          capture: str = "full", every: int = 1, float16: bool = False, force: bool = False,
+          reference_window: int = 0, metadata: dict[str, Any] | None = None) -> Tracer:
+    """Trace every nn.LSTM / nn.GRU / nn.LSTMCell / nn.GRUCell in ``model`` (or those named in ``modules``).
+
+    Use as a context manager; tag calls with ``probe.tag(phase=..., iteration=..., env=..., ...)``.
+    ``reference_window`` > 0 keeps that many env steps of rollout states per env so train rows get
+    ``drift_h`` / ``drift_c`` against the rollout state of the same (env, env_step).
+    """
+    return Tracer(find_recurrent(model, modules), out, metadata, capture=capture, every=every, float16=float16,
+                  force=force, reference_window=reference_window)

@@ -1,0 +1,357 @@
+"""Streams rows into Parquet through the declared schema, in bounded memory, off the training thread.
+
+Rows are filled into preallocated columnar numpy buffers (:class:`Rows`), never one Python object per
+row or per call. A full buffer goes through a bounded queue to one writer thread, which builds the
+Arrow record batch, computes the norms and writes a row group. Row groups go into part files of a
+dataset directory (``part-00000.parquet``, ...); a part is closed (footer written, then renamed
+from a hidden ``.tmp`` name) every ``part_seconds`` or ``part_rows``, so a SIGKILL loses at most the
+part being written.
+
+Two output shapes:
+- a directory (``--out runs/x/``): the parts are the log; any Arrow engine reads it as one table.
+- a file (``--out run.parquet``): parts go to ``run.parquet.partial/`` while training runs and are
+  merged into ``run.parquet`` when the log closes. If the process is killed, ``run.parquet.partial/``
+  stays behind and the readers salvage it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import shutil
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from lstm_probe.errors import OutputError
+from lstm_probe.schema import META_RUN_KEY, log_schema
+
+META_FINAL_KEY = b"lstm_probe.final"
+"""File-level key written when a part closes: the run's progress and, in the last part, its outcome."""
+
+PARTIAL_SUFFIX = ".partial"
+COMPRESSION = "zstd"
+BUFFER_BYTES = 16 << 20
+
+
+def partial_dir(path: Path) -> Path:
+    """Where a single-file log keeps its parts while the run is going."""
+    return path.with_name(path.name + PARTIAL_SUFFIX)
+
+
+class Rows:
+    """Preallocated columns for ``capacity`` rows. Integer -1 (or code -1) means null."""
+
+    def __init__(self, capacity: int, hidden_size: int):
+        self.capacity = capacity
+        self.n = 0
+        self.call = np.empty(capacity, np.int64)
+        self.module = np.empty(capacity, np.int8)
+        self.layer = np.empty(capacity, np.int16)
+        self.phase = np.empty(capacity, np.int8)
+        self.path = np.empty(capacity, np.int8)
+        self.bootstrap = np.empty(capacity, np.int8)
+        self.iteration = np.empty(capacity, np.int32)
+        self.epoch = np.empty(capacity, np.int32)
+        self.minibatch = np.empty(capacity, np.int32)
+        self.seq = np.empty(capacity, np.int32)
+        self.t = np.empty(capacity, np.int32)
+        self.seq_len = np.empty(capacity, np.int32)
+        self.seq_reason = np.empty(capacity, np.int8)
+        self.padding = np.empty(capacity, np.bool_)
+        self.env = np.empty(capacity, np.int32)
+        self.env_step = np.empty(capacity, np.int64)
+        self.episode = np.empty(capacity, np.int64)
+        self.episode_step = np.empty(capacity, np.int64)
+        self.episode_start = np.empty(capacity, np.int8)
+        self.h = np.empty((capacity, hidden_size), np.float32)
+        self.c = np.empty((capacity, hidden_size), np.float32)
+        self.has_c = np.empty(capacity, np.bool_)
+        self.vectors = np.empty(capacity, np.bool_)
+        self.drift_h = np.empty(capacity, np.float32)
+        self.drift_c = np.empty(capacity, np.float32)
+        self.has_drift = np.empty(capacity, np.bool_)
+
+
+def _nullable(values: np.ndarray, null: np.ndarray, typ: pa.DataType) -> pa.Array:
+    return pa.array(values, type=typ, mask=null)
+
+
+def _strings(codes: np.ndarray, names: Sequence[str]) -> pa.Array:
+    dictionary = pa.array(list(names), pa.string())
+    idx = pa.array(codes.astype(np.int32), mask=codes < 0)
+    return dictionary.take(idx)
+
+
+class Encoder:
+    """Turns filled :class:`Rows` into a record batch of the declared schema."""
+
+    def __init__(self, schema: pa.Schema, modules: Sequence[str], codes: dict[str, Sequence[str]],
+                 float16: bool):
+        self.schema = schema
+        self.modules = list(modules)
+        self.codes = codes
+        self.float16 = float16
+        self.hidden = schema.field("h").type.list_size
+
+    def encode(self, r: Rows) -> pa.RecordBatch:
+        n = r.n
+        s = slice(0, n)
+        h = r.h[s]
+        c = r.c[s]
+        has_c = r.has_c[s]
+        with np.errstate(over="ignore", invalid="ignore"):
+            h_norm = np.sqrt(np.einsum("ij,ij->i", h, h, dtype=np.float64)).astype(np.float32)
+            c_norm = np.sqrt(np.einsum("ij,ij->i", c, c, dtype=np.float64)).astype(np.float32)
+        vectors = r.vectors[s]
+        cols: dict[str, pa.Array] = {
+            "call": pa.array(r.call[s], pa.int64()),
+            "module": _strings(r.module[s], self.modules),
+            "layer": pa.array(r.layer[s], pa.int16()),
+            "phase": _strings(r.phase[s], self.codes["phase"]),
+            "path": _strings(r.path[s], self.codes["path"]),
+            "bootstrap": _strings(r.bootstrap[s], self.codes["bootstrap"]),
+            "iteration": _nullable(r.iteration[s], r.iteration[s] < 0, pa.int32()),
+            "epoch": _nullable(r.epoch[s], r.epoch[s] < 0, pa.int32()),
+            "minibatch": _nullable(r.minibatch[s], r.minibatch[s] < 0, pa.int32()),
+            "seq": _nullable(r.seq[s], r.seq[s] < 0, pa.int32()),
+            "t": pa.array(r.t[s], pa.int32()),
+            "seq_len": _nullable(r.seq_len[s], r.seq_len[s] < 0, pa.int32()),
+            "seq_reason": _strings(r.seq_reason[s], self.codes["seq_reason"]),
+            "padding": pa.array(r.padding[s], pa.bool_()),
+            "env": _nullable(r.env[s], r.env[s] < 0, pa.int32()),
+            "env_step": _nullable(r.env_step[s], r.env_step[s] < 0, pa.int64()),
+            "episode": _nullable(r.episode[s], r.episode[s] < 0, pa.int64()),
+            "episode_step": _nullable(r.episode_step[s], r.episode_step[s] < 0, pa.int64()),
+            "episode_start": _nullable(r.episode_start[s] > 0, r.episode_start[s] < 0, pa.bool_()),
+            "h": self._vectors(h, ~vectors),
+            "c": self._vectors(c, ~(vectors & has_c)),
+            "h_norm": pa.array(h_norm, pa.float32()),
+            "c_norm": _nullable(c_norm, ~has_c, pa.float32()),
+            "drift_h": _nullable(r.drift_h[s], ~r.has_drift[s], pa.float32()),
+            "drift_c": _nullable(r.drift_c[s], ~(r.has_drift[s] & has_c), pa.float32()),
+        }
+        return pa.RecordBatch.from_arrays([cols[f.name] for f in self.schema], schema=self.schema)
+
+    def _vectors(self, v: np.ndarray, null: np.ndarray) -> pa.Array:
+        flat = np.ascontiguousarray(v, dtype=np.float16 if self.float16 else np.float32).reshape(-1)
+        values = pa.array(flat)
+        mask = pa.array(null) if null.any() else None
+        return pa.FixedSizeListArray.from_arrays(values, self.hidden, mask=mask)
+
+
+class PartWriter:
+    """Writes record batches into rolling part files of one directory (runs on the writer thread)."""
+
+    def __init__(self, directory: Path, schema: pa.Schema, part_seconds: float, part_rows: int,
+                 start_index: int = 0):
+        self.dir = directory
+        self.schema = schema
+        self.part_seconds = part_seconds
+        self.part_rows = part_rows
+        self.index = start_index
+        self.writer: pq.ParquetWriter | None = None
+        self.tmp: Path | None = None
+        self.opened = 0.0
+        self.part_count = 0
+        self.rows_finished = 0
+        self.parts: list[Path] = []
+
+    def _open(self) -> None:
+        name = f"part-{self.index:05d}.parquet"
+        self.tmp = self.dir / f".{name}.tmp"
+        self.writer = pq.ParquetWriter(self.tmp, self.schema, compression=COMPRESSION)
+        self.opened = time.monotonic()
+        self.part_count = 0
+
+    def write(self, batch: pa.RecordBatch, progress: dict[str, Any]) -> None:
+        if self.writer is None:
+            self._open()
+        assert self.writer is not None
+        self.writer.write_batch(batch)
+        self.part_count += batch.num_rows
+        if self.part_count >= self.part_rows or time.monotonic() - self.opened >= self.part_seconds:
+            self.close_part(progress)
+
+    def close_part(self, final: dict[str, Any]) -> None:
+        """Close the open part (if any) with ``final`` in its key-value metadata, then publish it."""
+        if self.writer is None:
+            return
+        assert self.tmp is not None
+        self.writer.add_key_value_metadata({META_FINAL_KEY.decode(): json.dumps(final, default=str)})
+        self.writer.close()
+        target = self.dir / f"part-{self.index:05d}.parquet"
+        os.replace(self.tmp, target)
+        self.parts.append(target)
+        self.rows_finished += self.part_count
+        self.index += 1
+        self.writer = None
+
+    def abort(self) -> None:
+        if self.writer is not None:
+            try:
+                self.writer.close()
+            except Exception:
+                pass
+            self.writer = None
+
+
+class LogWriter:
+    """Owns the buffers, the queue and the writer thread of one log.
+
+    The training thread calls :meth:`reserve` to get room for rows, fills them in, and the writer
+    encodes and writes full buffers in the background. :meth:`close` drains everything, writes the
+    outcome into the metadata and (for a file output) merges the parts into the final file.
+    """
+
+    def __init__(self, out: str | os.PathLike[str], hidden_size: int, modules: Sequence[str],
+                 metadata: dict[str, Any], codes: dict[str, Sequence[str]], *, float16: bool = False,
+                 force: bool = False, part_seconds: float = 60.0, part_rows: int = 2_000_000,
+                 queue_size: int = 2):
+        out_str = os.fspath(out)
+        self.path = Path(out_str)
+        self.is_dir = out_str.endswith(("/", os.sep)) or self.path.is_dir()
+        check_output(self.path, force=force, is_dir=self.is_dir)
+        self.parts_dir = self.path if self.is_dir else partial_dir(self.path)
+        if not self.is_dir and self.parts_dir.exists():
+            shutil.rmtree(self.parts_dir)
+        self.parts_dir.mkdir(parents=True, exist_ok=True)
+        self.hidden_size = hidden_size
+        self.metadata = dict(metadata)
+        self.schema = log_schema(hidden_size, float16, self.metadata)
+        self.encoder = Encoder(self.schema, modules, codes, float16)
+        row_bytes = 2 * hidden_size * 4 + 80
+        self.capacity = int(max(256, min(65536, BUFFER_BYTES // row_bytes)))
+        self._free: queue.Queue[Rows] = queue.Queue()
+        for _ in range(queue_size + 1):
+            self._free.put(Rows(self.capacity, hidden_size))
+        self._todo: queue.Queue[Rows | None] = queue.Queue(maxsize=queue_size)
+        self.current: Rows = self._free.get()
+        self.rows_written = 0
+        self.progress: dict[str, Any] = {}
+        self.error: BaseException | None = None
+        self.closed = False
+        self.parts = PartWriter(self.parts_dir, self.schema, part_seconds, part_rows)
+        self._thread = threading.Thread(target=self._work, name="lstm-probe-writer", daemon=True)
+        self._thread.start()
+
+    # -- training thread -------------------------------------------------------------------------
+    def reserve(self, n: int) -> tuple[Rows, int]:
+        """Room for ``n`` rows: the buffer and the first index to fill. Fill, then call :meth:`commit`."""
+        if self.error is not None:
+            raise OutputError(f"cannot write the log {self.path}: {self.error}") from self.error
+        if self.current.n + n > self.current.capacity:
+            self.flush()
+            if n > self.current.capacity:  # one call larger than a buffer: a one-off buffer
+                self.current = Rows(n, self.hidden_size)
+        return self.current, self.current.n
+
+    def commit(self, n: int) -> None:
+        self.current.n += n
+        self.rows_written += n
+
+    def flush(self) -> None:
+        """Hand the current buffer to the writer thread (blocks only while the queue is full)."""
+        if self.current.n == 0:
+            return
+        full = self.current
+        self._todo.put(full)
+        self.current = self._free.get()
+        self.current.n = 0
+
+    # -- writer thread ---------------------------------------------------------------------------
+    def _work(self) -> None:
+        while True:
+            rows = self._todo.get()
+            if rows is None:
+                return
+            try:
+                if self.error is None:
+                    self.parts.write(self.encoder.encode(rows), {"progress": dict(self.progress)})
+            except BaseException as exc:  # disk full, path removed: reported on the training thread
+                self.error = exc
+            finally:
+                if rows.capacity == self.capacity:
+                    rows.n = 0
+                    self._free.put(rows)
+
+    # -- end -------------------------------------------------------------------------------------
+    def close(self, final: dict[str, Any]) -> Path:
+        """Write what is left, record ``final`` (completed, stop_reason, ...) and publish the log."""
+        if self.closed:
+            return self.path
+        self.closed = True
+        try:
+            self.flush()
+        finally:
+            self._todo.put(None)
+            self._thread.join()
+        if self.error is not None:
+            self.parts.abort()
+            raise OutputError(f"cannot write the log {self.path}: {self.error}") from self.error
+        final = {**final, "final": True, "progress": {**self.progress, "rows": self.rows_written}}
+        try:
+            if self.parts.writer is None:
+                # Always end with a part that carries the outcome, even when it holds no rows.
+                self.parts._open()
+            self.parts.close_part(final)
+            if not self.is_dir:
+                merge_parts(self.parts.parts, self.path, self.schema, final)
+                shutil.rmtree(self.parts_dir)
+        except OSError as exc:
+            raise OutputError(f"cannot write the log {self.path}: {exc}") from exc
+        return self.path
+
+
+def merge_parts(parts: Sequence[Path], out: Path, schema: pa.Schema, final: dict[str, Any]) -> None:
+    """Copy the row groups of ``parts`` into one file ``out`` (written to a temp name, then renamed)."""
+    tmp = out.with_name(f".{out.name}.tmp")
+    writer = pq.ParquetWriter(tmp, schema, compression=COMPRESSION)
+    try:
+        for part in parts:
+            pf = pq.ParquetFile(part)
+            for i in range(pf.num_row_groups):
+                writer.write_table(pf.read_row_group(i))
+        writer.add_key_value_metadata({META_FINAL_KEY.decode(): json.dumps(final, default=str)})
+    finally:
+        writer.close()
+    os.replace(tmp, out)
+
+
+def check_output(path: Path, *, force: bool, is_dir: bool) -> None:
+    """Refuse to clobber a log without ``force`` and fail early on an unwritable location."""
+    from lstm_probe.errors import BadInput
+
+    if is_dir:
+        if path.exists() and any(path.glob("part-*.parquet")):
+            if not force:
+                raise BadInput(f"{path}/ already holds a log; pass --force to overwrite it or choose another --out")
+            for old in path.glob("part-*.parquet"):
+                old.unlink()
+        parent = path
+    else:
+        if path.exists():
+            if path.is_dir():
+                raise BadInput(f"{path} is a directory; end --out with '/' to write a dataset directory there")
+            if not force:
+                raise BadInput(f"{path} already exists; pass --force to overwrite it or choose another --out")
+        parent = path.parent if str(path.parent) else Path(".")
+    probe_dir = parent
+    while not probe_dir.exists() and probe_dir != probe_dir.parent:
+        probe_dir = probe_dir.parent
+    if not probe_dir.is_dir() or not os.access(probe_dir, os.W_OK | os.X_OK):
+        raise BadInput(f"cannot write to {parent}: the directory is not writable; choose another --out")
+
+
+def run_metadata_bytes(metadata: dict[str, Any]) -> bytes:
+    return json.dumps(metadata, default=str, sort_keys=True).encode()
+
+
+__all__ = ["LogWriter", "Rows", "META_FINAL_KEY", "META_RUN_KEY", "partial_dir", "check_output"]
