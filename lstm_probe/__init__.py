@@ -11,7 +11,6 @@ except PackageNotFoundError:  # running from a source tree that was not installe
 
 from lstm_probe.errors import BadInput, BadLog, Interrupted, OutputError, ProbeError
 from lstm_probe.load import LogInfo, load, pair, read_info, states
-from lstm_probe.tracer import Tracer, trace
 
 __all__ = [
     "BadInput", "BadLog", "Interrupted", "LogInfo", "OutputError", "ProbeCallback", "ProbeError", "Tracer",
@@ -25,6 +24,10 @@ def __getattr__(name: str) -> object:
         from lstm_probe.sb3 import ProbeCallback
 
         return ProbeCallback
+    if name in ("trace", "Tracer"):
+        from lstm_probe import tracer
+
+        return getattr(tracer, name)
     if name == "run":
         from lstm_probe.run import run
 

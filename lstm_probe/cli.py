@@ -1,0 +1,295 @@
+"""The ``lstm-probe`` command: parse, call the library function of the same name, render.
+
+The only module that prints or exits. One error boundary (:func:`main`) turns every expected
+failure into one line on stderr and an exit code; ``--traceback`` re-raises instead.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import shlex
+import signal
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from lstm_probe.errors import BadInput, BadLog, Interrupted, OutputError, ProbeError
+
+out = Console()
+err = Console(stderr=True)
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="See what the LSTMs inside a recurrent RL policy do during training.")
+
+
+class Exit(enum.IntEnum):
+    OK = 0
+    FAILED = 1
+    BAD_INPUT = 2
+    INTERRUPTED = 130
+
+
+def _human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GB"
+
+
+@app.command()
+def run(
+    env_id: Annotated[str, typer.Argument(help="Gymnasium env id, e.g. Pendulum-v1 or CartPole-v1.")],
+    out_path: Annotated[str, typer.Option("--out", "-o", help="Log file, or a directory (ending in /) for a "
+                                          "dataset of part files.")] = "run.parquet",
+    steps: Annotated[int, typer.Option(help="Env steps to train (total_timesteps).")] = 250,
+    seed: Annotated[int, typer.Option(help="Seed for the algorithm and the envs.")] = 0,
+    n_envs: Annotated[int, typer.Option(help="Number of parallel envs.")] = 1,
+    n_steps: Annotated[int | None, typer.Option(help="Rollout length per env [sb3-contrib: 128].")] = None,
+    batch_size: Annotated[int | None, typer.Option(help="Minibatch size [128].")] = None,
+    n_epochs: Annotated[int | None, typer.Option(help="Epochs per update [10].")] = None,
+    learning_rate: Annotated[float | None, typer.Option(help="Learning rate [3e-4].")] = None,
+    hidden_size: Annotated[int | None, typer.Option(help="LSTM hidden size [256].")] = None,
+    lstm_layers: Annotated[int | None, typer.Option(help="LSTM layers [1].")] = None,
+    shared_lstm: Annotated[bool, typer.Option("--shared-lstm", help="One LSTM for actor and critic.")] = False,
+    critic_lstm: Annotated[bool, typer.Option("--critic-lstm/--no-critic-lstm",
+                                              help="Give the critic its own LSTM.")] = True,
+    device: Annotated[str, typer.Option(help="Torch device: auto, cpu, cuda, cuda:1...")] = "auto",
+    force: Annotated[bool, typer.Option("--force", help="Overwrite an existing log.")] = False,
+    hyperparam: Annotated[list[str] | None, typer.Option(help="KEY=VALUE passed to RecurrentPPO; repeatable.")] = None,
+    capture: Annotated[str, typer.Option(help="full: h and c vectors; summary: norms and drift only.")] = "full",
+    every: Annotated[int, typer.Option(help="Keep full vectors every K-th iteration only.")] = 1,
+    float16: Annotated[bool, typer.Option("--float16", help="Store vectors as float16.")] = False,
+    torch_threads: Annotated[int | None, typer.Option(help="torch.set_num_threads (1 is fastest on small "
+                                                       "models and gives reproducible runs).")] = None,
+) -> None:
+    """Train RecurrentPPO on ENV_ID with the probe attached and write the log."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from lstm_probe.run import parse_hyperparams
+    from lstm_probe.run import run as run_
+
+    params = parse_hyperparams(hyperparam or [])
+    command = "lstm-probe " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    bar = Progress(TextColumn("training {task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn(), console=err, transient=True, disable=not err.is_terminal)
+    with bar:
+        task = bar.add_task(env_id, total=steps)
+
+        def progress(done: int, total: int) -> None:
+            bar.update(task, completed=min(done, total))
+
+        result = run_(env_id, out_path, steps=steps, seed=seed, n_envs=n_envs, n_steps=n_steps, batch_size=batch_size,
+                      n_epochs=n_epochs, learning_rate=learning_rate, hidden_size=hidden_size,
+                      lstm_layers=lstm_layers, shared_lstm=shared_lstm, critic_lstm=critic_lstm, device=device,
+                      force=force, hyperparams=params, capture=capture, every=every, float16=float16,
+                      torch_threads=torch_threads, command=command, progress=progress)
+    out.print(f"wrote [bold]{result.path}[/]: {result.rows:,} rows, {_human_bytes(result.bytes)}, "
+              f"{result.num_timesteps:,} env steps in {result.seconds:.1f} s")
+    out.print(f"next: lstm-probe report {shlex.quote(str(result.path))}")
+
+
+@app.command()
+def report(
+    path: Annotated[str, typer.Argument(help="A log file, a dataset directory, or a killed run's log name.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON (stable keys).")] = False,
+) -> None:
+    """Explain, from a log, what the LSTMs did and what is wrong with them."""
+    from lstm_probe.report import summarize
+
+    rep = summarize(path)
+    if as_json:
+        sys.stdout.write(json.dumps(rep.to_dict(), indent=2) + "\n")
+        return
+    _render(rep)
+
+
+@app.command()
+def schema(
+    markdown: Annotated[bool, typer.Option("--markdown", help="Print docs/schema.md.")] = False,
+) -> None:
+    """Print the log's Arrow schema (the contract every log follows)."""
+    from lstm_probe.schema import COLUMNS, METADATA_KEYS, SCHEMA_VERSION, schema_markdown
+
+    if markdown:
+        sys.stdout.write(schema_markdown())
+        return
+    table = Table(title=f"lstm-probe log schema v{SCHEMA_VERSION}", show_lines=False)
+    for col in ("column", "type", "null", "meaning"):
+        table.add_column(col, overflow="fold")
+    for name, typ, nullable, doc in COLUMNS:
+        table.add_row(name, "list<float32>[hidden]" if typ is None else str(typ), "yes" if nullable else "", doc)
+    out.print(table)
+    out.print("metadata keys (JSON under lstm_probe.run): " + ", ".join(METADATA_KEYS))
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.3g}"
+    return str(v)
+
+
+def _render(rep: Any) -> None:
+    from rich.panel import Panel
+
+    for w in rep.warnings:
+        err.print(f"[yellow]warning:[/] {w}")
+    r = rep.run
+    lines = [f"env [bold]{_fmt(r.env_id)}[/], {_fmt(r.algorithm)} / {_fmt(r.policy)}, n_envs {_fmt(r.n_envs)}, "
+             f"seed {_fmt(r.seed)}",
+             f"steps {_fmt(r.steps_done)} of {_fmt(r.steps_asked)} asked, {r.iterations} iterations, "
+             f"{'completed' if r.completed else '[red]NOT completed[/]: ' + _fmt(r.stop_reason)}",
+             f"{r.rows:,} rows in {r.files} file(s), {_human_bytes(r.file_bytes)}, wall {_fmt(r.wall_seconds)} s, "
+             f"capture {r.capture.get('mode', '-')} ({r.capture.get('dtype', '-')})"]
+    hp = r.hyperparameters
+    if hp:
+        keys = ("n_steps", "batch_size", "n_epochs", "learning_rate", "gamma", "gae_lambda", "clip_range")
+        lines.append("hyperparameters: " + ", ".join(f"{k}={_fmt(hp.get(k))}" for k in keys if k in hp))
+    if r.versions:
+        lines.append("versions: " + ", ".join(f"{k} {v}" for k, v in r.versions.items()))
+    out.print(Panel("\n".join(lines), title="1. Run", expand=False))
+
+    a = rep.architecture
+    mods = ", ".join(f"{n}: {m.get('kind')} hidden {m.get('hidden_size')} x {m.get('num_layers')} layer(s)"
+                     for n, m in a.modules.items())
+    out.print(Panel(f"{mods}\n{a.verdict}", title="2. Architecture", expand=False))
+
+    c = rep.calls
+    t = Table(title="3. Calls (per module, phase and path; shapes are steps x batch)")
+    for col in ("module", "phase", "path", "calls", "rows", "shapes"):
+        t.add_column(col)
+    for g in c.groups:
+        shapes = ", ".join(f"{k} ({v})" for k, v in list(g.shapes.items())[:6])
+        if len(g.shapes) > 6:
+            shapes += f", ... {len(g.shapes) - 6} more"
+        t.add_row(g.module, g.phase, g.path, f"{g.calls:,}", f"{g.rows:,}", shapes)
+    out.print(t)
+    if c.sequences_per_minibatch:
+        dist = ", ".join(f"{k} seq: {v}" for k, v in c.sequences_per_minibatch.items())
+        out.print(f"sequences per training minibatch ({c.minibatches} minibatches): {dist}")
+    out.print(c.explanation)
+
+    s = rep.sequences
+    if s.sequences:
+        out.print(Panel(
+            f"{s.sequences:,} training sequences; length (the truncated-BPTT horizon): "
+            f"min {_fmt(s.length.get('min'))}, median {_fmt(s.length.get('median'))}, "
+            f"mean {_fmt(s.length.get('mean'))}, max {_fmt(s.length.get('max'))}\n"
+            f"histogram: {', '.join(f'{k}: {v}' for k, v in s.length_histogram.items())}\n"
+            f"episodes completed: {s.episodes_completed}, length median {_fmt(s.episode_length.get('median'))}, "
+            f"max {_fmt(s.episode_length.get('max'))}\n"
+            f"padding {s.padding_share:.1%} of train rows; {s.stored_state_share:.1%} of sequences start from a "
+            "stored mid-episode state", title="4. Sequences", expand=False))
+
+    st = rep.staleness
+    if st.provenance_ok is not None:
+        status = "[green]OK[/]" if st.provenance_ok else "[red]FAILED[/]"
+        out.print(f"provenance check: max diff {st.provenance_max_drift_h:.2g} (h), "
+                  f"{(st.provenance_max_drift_c or 0.0):.2g} (c) over {st.provenance_check_rows:,} rows {status}")
+        t = Table(title="5. Staleness: relative L2 drift of train states from rollout states, by epoch")
+        for col in ("module", "epoch", "rows", "h mean", "h max", "c mean", "c max"):
+            t.add_column(col)
+        for row in st.by_epoch:
+            t.add_row(row["module"], _fmt(int(row["epoch"])), f"{row['rows']:,}", _fmt(row["drift_h_mean"]),
+                      _fmt(row["drift_h_max"]), _fmt(row["drift_c_mean"]), _fmt(row["drift_c_max"]))
+        out.print(t)
+        pos = ", ".join(f"{r['module']} {r['position']}: {_fmt(r['drift_h_mean'])}" for r in st.by_position)
+        out.print(f"mean h drift by position in sequence: {pos}")
+
+    h = rep.health
+    if h.layers:
+        t = Table(title="6. State health (rollout states)")
+        for col in ("module", "layer", "rows", "max |c|", "saturated", "dead units", "constant units", "NaN/inf"):
+            t.add_column(col)
+        for row in h.layers:
+            t.add_row(row["module"], str(row["layer"]), f"{row['rows']:,}", _fmt(row["c_norm_max"]),
+                      f"{row['saturated_share']:.1%}" if "saturated_share" in row else "-",
+                      str(len(row["dead_units"])) if "dead_units" in row else "-",
+                      str(len(row["constant_units"])) if "constant_units" in row else "-",
+                      str(row["nan_or_inf_rows"]))
+        out.print(t)
+    for u in rep.unavailable:
+        out.print(f"[dim]not in this log: {u}[/]")
+    if rep.findings:
+        out.print(Panel("\n".join(f"- {f}" for f in rep.findings), title="7. Findings", expand=False))
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: one error boundary for the whole CLI."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    show_tb = "--traceback" in args
+    args = [a for a in args if a != "--traceback"]
+    try:
+        signal.signal(signal.SIGTERM, _interrupt)
+    except ValueError:  # not the main thread
+        pass
+    try:
+        app(args=args, prog_name="lstm-probe", standalone_mode=False)
+    except typer.Exit as exc:
+        raise SystemExit(exc.exit_code) from None
+    except typer.Abort:
+        err.print("error: aborted")
+        raise SystemExit(Exit.INTERRUPTED) from None
+    except typer.TyperException as exc:  # usage errors: unknown option, bad type, missing argument
+        if show_tb:
+            raise
+        ctx = getattr(exc, "ctx", None)
+        name = getattr(ctx, "info_name", None)
+        cmd = f"lstm-probe {name} --help" if name and name != "lstm-probe" else "lstm-probe --help"
+        err.print(f"error: {exc.format_message()} (see {cmd})", markup=False, highlight=False)
+        raise SystemExit(Exit.BAD_INPUT) from None
+    except (BadInput, BadLog) as exc:
+        if show_tb:
+            raise
+        err.print(f"error: {exc}", markup=False, highlight=False)
+        raise SystemExit(Exit.BAD_INPUT) from None
+    except (OutputError, Interrupted, ProbeError) as exc:
+        if show_tb:
+            raise
+        err.print(f"error: {exc}", markup=False, highlight=False)
+        raise SystemExit(Exit.FAILED) from None
+    except KeyboardInterrupt as exc:
+        if show_tb:
+            raise
+        err.print(f"interrupted ({exc or 'Ctrl-C'}): {_partial_note(args)}", markup=False, highlight=False)
+        raise SystemExit(Exit.INTERRUPTED) from None
+    except Exception as exc:
+        if show_tb:
+            raise
+        msg = str(exc).splitlines()[0] if str(exc) else ""
+        note = _partial_note(args) if args and args[0] == "run" else "rerun with --traceback for details"
+        err.print(f"error: {type(exc).__name__}: {msg} ({note})", markup=False, highlight=False)
+        raise SystemExit(Exit.FAILED) from None
+
+
+def _partial_note(args: list[str]) -> str:
+    """After a failed or interrupted run: what the log holds now."""
+    path = "run.parquet"
+    for i, a in enumerate(args):
+        if a in ("--out", "-o") and i + 1 < len(args):
+            path = args[i + 1]
+        elif a.startswith("--out="):
+            path = a.split("=", 1)[1]
+    try:
+        from lstm_probe.load import read_info
+
+        info = read_info(path)
+    except Exception:
+        return "no log was written"
+    progress = info.metadata.get("progress") or {}
+    return (f"the log {Path(path)} holds {info.rows:,} rows up to env step "
+            f"{progress.get('num_timesteps', '?')} (completed: false); `lstm-probe report {path}` reads it")
+
+
+if __name__ == "__main__":
+    main()
