@@ -21,7 +21,7 @@ from rich.table import Table
 from lstm_probe.errors import BadInput, BadLog, Interrupted, OutputError, ProbeError
 
 out = Console()
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="See what the LSTMs inside a recurrent RL policy do during training.")
 

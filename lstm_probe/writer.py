@@ -20,6 +20,7 @@ import json
 import os
 import queue
 import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -343,15 +344,13 @@ def check_output(path: Path, *, force: bool, is_dir: bool) -> None:
             if not force:
                 raise BadInput(f"{path} already exists; pass --force to overwrite it or choose another --out")
         parent = path.parent if str(path.parent) else Path(".")
-    probe_dir = parent
-    while not probe_dir.exists() and probe_dir != probe_dir.parent:
-        probe_dir = probe_dir.parent
-    if not probe_dir.is_dir() or not os.access(probe_dir, os.W_OK | os.X_OK):
-        raise BadInput(f"cannot write to {parent}: the directory is not writable; choose another --out")
-
-
-def run_metadata_bytes(metadata: dict[str, Any]) -> bytes:
-    return json.dumps(metadata, default=str, sort_keys=True).encode()
+    try:  # a real write: permission bits say little to root, and nothing about read-only mounts
+        parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=parent, prefix=".lstm-probe-check-"):
+            pass
+    except OSError as exc:
+        raise BadInput(f"cannot write to {parent}: {exc.strerror or exc}; the directory is not writable, "
+                       "choose another --out") from None
 
 
 __all__ = ["LogWriter", "Rows", "META_FINAL_KEY", "META_RUN_KEY", "partial_dir", "check_output"]

@@ -1,0 +1,119 @@
+"""Per-step states recovered from one multi-step call equal a step-by-step run of the same module."""
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import lstm_probe
+from lstm_probe.recover import gru_sequence_states, lstm_sequence_states
+
+
+def stepwise(module, x, h0, c0=None):
+    hs, cs = [], []
+    h, c = h0, c0
+    for t in range(x.shape[0]):
+        if isinstance(module, nn.LSTM):
+            _, (h, c) = module(x[t : t + 1], (h, c))
+            cs.append(c.numpy().copy())
+        else:
+            _, h = module(x[t : t + 1], h)
+        hs.append(h.numpy().copy())
+    hs = np.stack(hs, 1)  # (L, T, N, H)
+    return hs, (np.stack(cs, 1) if cs else None)
+
+
+@pytest.mark.parametrize("layers", [1, 2, 3])
+def test_lstm_sequence_states_exact(layers):
+    torch.manual_seed(0)
+    m = nn.LSTM(5, 7, num_layers=layers)
+    x = torch.randn(13, 4, 5)
+    h0, c0 = torch.randn(layers, 4, 7), torch.randn(layers, 4, 7)
+    with torch.no_grad():
+        y, (hn, cn) = m(x, (h0, c0))
+        hs, cs = lstm_sequence_states(m, x, h0, c0, y)
+        ref_h, ref_c = stepwise(m, x, h0, c0)
+    assert np.abs(hs - ref_h).max() < 1e-6
+    assert np.abs(cs - ref_c).max() < 1e-6
+    assert np.abs(cs[:, -1] - cn.numpy()).max() < 1e-6
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+def test_gru_sequence_states_exact(layers):
+    torch.manual_seed(1)
+    m = nn.GRU(3, 6, num_layers=layers)
+    x = torch.randn(9, 2, 3)
+    h0 = torch.randn(layers, 2, 6)
+    with torch.no_grad():
+        y, _ = m(x, h0)
+        hs = gru_sequence_states(m, x, h0, y)
+        ref_h, _ = stepwise(m, x, h0)
+    assert np.abs(hs - ref_h).max() < 1e-6
+
+
+class CellPolicy(nn.Module):
+    """An r2l-style policy: nn.LSTMCell called one step at a time."""
+
+    def __init__(self, lstm: nn.LSTM):
+        super().__init__()
+        self.cell = nn.LSTMCell(lstm.input_size, lstm.hidden_size)
+        with torch.no_grad():
+            self.cell.weight_ih.copy_(lstm.weight_ih_l0)
+            self.cell.weight_hh.copy_(lstm.weight_hh_l0)
+            self.cell.bias_ih.copy_(lstm.bias_ih_l0)
+            self.cell.bias_hh.copy_(lstm.bias_hh_l0)
+
+
+def test_generic_tracer_cell_loop_equals_sequence_call(tmp_path):
+    """Same weights, same inputs: an LSTMCell loop and one nn.LSTM call log identical h and c rows."""
+    torch.manual_seed(2)
+    lstm = nn.LSTM(4, 8, batch_first=True)
+    cells = CellPolicy(lstm)
+    x = torch.randn(3, 11, 4)  # (N, T, F) batch_first
+    with torch.no_grad(), lstm_probe.trace(lstm, tmp_path / "seq.parquet") as probe:
+        with probe.tag(phase="train", env=np.arange(3)):
+            lstm(x)
+    with torch.no_grad(), lstm_probe.trace(cells, tmp_path / "cell.parquet") as probe:
+        h = c = torch.zeros(3, 8)
+        for t in range(11):
+            with probe.tag(phase="rollout", env=np.arange(3), env_step=t):
+                h, c = cells.cell(x[:, t], (h, c))
+    seq = lstm_probe.load(tmp_path / "seq.parquet")
+    cell = lstm_probe.load(tmp_path / "cell.parquet")
+    assert len(seq) == len(cell) == 33
+    assert set(seq.path) == {"sequence"} and set(cell.path) == {"step"}
+    seq = seq.sort_values(["env", "t"]).reset_index(drop=True)
+    cell = cell.sort_values(["env", "env_step"]).reset_index(drop=True)
+    assert list(seq.t) == list(cell.env_step)
+    for col in ("h", "c"):
+        assert np.abs(lstm_probe.states(seq, col) - lstm_probe.states(cell, col)).max() < 1e-6
+    assert seq.module.iloc[0] == "root" and cell.module.iloc[0] == "cell"
+
+
+def test_generic_tracer_gru_and_drift(tmp_path):
+    """GRU rows carry no c; with a reference window, train rows get drift against rollout rows."""
+    torch.manual_seed(3)
+    gru = nn.GRU(2, 5)
+    x = torch.randn(6, 1, 2)
+    with torch.no_grad(), lstm_probe.trace(gru, tmp_path / "g.parquet", reference_window=16) as probe:
+        h = torch.zeros(1, 1, 5)
+        for t in range(6):
+            with probe.tag(phase="rollout", iteration=0, env=0, env_step=t):
+                _, h = gru(x[t : t + 1], h)
+        with probe.tag(phase="train", iteration=0, epoch=0, minibatch=0, env=0, env_step=np.arange(6)[None, :]):
+            gru(x, torch.zeros(1, 1, 5))
+    df = lstm_probe.load(tmp_path / "g.parquet")
+    assert df.c.isna().all() and df.c_norm.isna().all()
+    train = df[df.phase == "train"]
+    assert len(train) == 6 and train.drift_h.max() < 1e-6
+
+
+def test_tracer_removes_hooks_on_exception(tmp_path):
+    lstm = nn.LSTM(2, 3)
+    with pytest.raises(RuntimeError, match="user error"):
+        with lstm_probe.trace(lstm, tmp_path / "x.parquet"):
+            lstm(torch.randn(4, 1, 2))
+            raise RuntimeError("user error")
+    assert not lstm._forward_hooks
+    info = lstm_probe.read_info(tmp_path / "x.parquet")
+    assert info.rows == 4 and not info.completed and "user error" in info.metadata["stop_reason"]
