@@ -13,8 +13,22 @@ from lstm_probe.errors import BadInput, BadLog, Interrupted, OutputError, ProbeE
 from lstm_probe.load import LogInfo, load, pair, read_info, states
 
 __all__ = [
-    "BadInput", "BadLog", "Interrupted", "LogInfo", "OutputError", "ProbeCallback", "ProbeError", "Tracer",
-    "__version__", "load", "pair", "read_info", "run", "states", "summarize", "trace",
+    "BadInput",
+    "BadLog",
+    "Interrupted",
+    "LogInfo",
+    "OutputError",
+    "ProbeCallback",
+    "ProbeError",
+    "Tracer",
+    "__version__",
+    "load",
+    "pair",
+    "read_info",
+    "run",
+    "states",
+    "summarize",
+    "trace",
 ]
 
 

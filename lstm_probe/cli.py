@@ -22,8 +22,12 @@ from lstm_probe.errors import BadInput, BadLog, Interrupted, OutputError, ProbeE
 
 out = Console()
 err = Console(stderr=True, soft_wrap=True)
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="See what the LSTMs inside a recurrent RL policy do during training.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="See what the LSTMs inside a recurrent RL policy do during training.",
+)
 
 
 class Exit(enum.IntEnum):
@@ -44,8 +48,9 @@ def _human_bytes(n: float) -> str:
 @app.command()
 def run(
     env_id: Annotated[str, typer.Argument(help="Gymnasium env id, e.g. Pendulum-v1 or CartPole-v1.")],
-    out_path: Annotated[str, typer.Option("--out", "-o", help="Log file, or a directory (ending in /) for a "
-                                          "dataset of part files.")] = "run.parquet",
+    out_path: Annotated[
+        str, typer.Option("--out", "-o", help="Log file, or a directory (ending in /) for a dataset of part files.")
+    ] = "run.parquet",
     steps: Annotated[int, typer.Option(help="Env steps to train (total_timesteps).")] = 250,
     seed: Annotated[int, typer.Option(help="Seed for the algorithm and the envs.")] = 0,
     n_envs: Annotated[int, typer.Option(help="Number of parallel envs.")] = 1,
@@ -56,16 +61,19 @@ def run(
     hidden_size: Annotated[int | None, typer.Option(help="LSTM hidden size [256].")] = None,
     lstm_layers: Annotated[int | None, typer.Option(help="LSTM layers [1].")] = None,
     shared_lstm: Annotated[bool, typer.Option("--shared-lstm", help="One LSTM for actor and critic.")] = False,
-    critic_lstm: Annotated[bool, typer.Option("--critic-lstm/--no-critic-lstm",
-                                              help="Give the critic its own LSTM.")] = True,
+    critic_lstm: Annotated[
+        bool, typer.Option("--critic-lstm/--no-critic-lstm", help="Give the critic its own LSTM.")
+    ] = True,
     device: Annotated[str, typer.Option(help="Torch device: auto, cpu, cuda, cuda:1...")] = "auto",
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing log.")] = False,
     hyperparam: Annotated[list[str] | None, typer.Option(help="KEY=VALUE passed to RecurrentPPO; repeatable.")] = None,
     capture: Annotated[str, typer.Option(help="full: h and c vectors; summary: norms and drift only.")] = "full",
     every: Annotated[int, typer.Option(help="Keep full vectors every K-th iteration only.")] = 1,
     float16: Annotated[bool, typer.Option("--float16", help="Store vectors as float16.")] = False,
-    torch_threads: Annotated[int | None, typer.Option(help="torch.set_num_threads (1 is fastest on small "
-                                                       "models and gives reproducible runs).")] = None,
+    torch_threads: Annotated[
+        int | None,
+        typer.Option(help="torch.set_num_threads (1 is fastest on small models and gives reproducible runs)."),
+    ] = None,
 ) -> None:
     """Train RecurrentPPO on ENV_ID with the probe attached and write the log."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -75,21 +83,49 @@ def run(
 
     params = parse_hyperparams(hyperparam or [])
     command = "lstm-probe " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    bar = Progress(TextColumn("training {task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TimeElapsedColumn(), console=err, transient=True, disable=not err.is_terminal)
+    bar = Progress(
+        TextColumn("training {task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+        disable=not err.is_terminal,
+    )
     with bar:
         task = bar.add_task(env_id, total=steps)
 
         def progress(done: int, total: int) -> None:
             bar.update(task, completed=min(done, total))
 
-        result = run_(env_id, out_path, steps=steps, seed=seed, n_envs=n_envs, n_steps=n_steps, batch_size=batch_size,
-                      n_epochs=n_epochs, learning_rate=learning_rate, hidden_size=hidden_size,
-                      lstm_layers=lstm_layers, shared_lstm=shared_lstm, critic_lstm=critic_lstm, device=device,
-                      force=force, hyperparams=params, capture=capture, every=every, float16=float16,
-                      torch_threads=torch_threads, command=command, progress=progress)
-    out.print(f"wrote [bold]{result.path}[/]: {result.rows:,} rows, {_human_bytes(result.bytes)}, "
-              f"{result.num_timesteps:,} env steps in {result.seconds:.1f} s")
+        result = run_(
+            env_id,
+            out_path,
+            steps=steps,
+            seed=seed,
+            n_envs=n_envs,
+            n_steps=n_steps,
+            batch_size=batch_size,
+            n_epochs=n_epochs,
+            learning_rate=learning_rate,
+            hidden_size=hidden_size,
+            lstm_layers=lstm_layers,
+            shared_lstm=shared_lstm,
+            critic_lstm=critic_lstm,
+            device=device,
+            force=force,
+            hyperparams=params,
+            capture=capture,
+            every=every,
+            float16=float16,
+            torch_threads=torch_threads,
+            command=command,
+            progress=progress,
+        )
+    out.print(
+        f"wrote [bold]{result.path}[/]: {result.rows:,} rows, {_human_bytes(result.bytes)}, "
+        f"{result.num_timesteps:,} env steps in {result.seconds:.1f} s"
+    )
     out.print(f"next: lstm-probe report {shlex.quote(str(result.path))}")
 
 
@@ -141,12 +177,14 @@ def _render(rep: Any) -> None:
     for w in rep.warnings:
         err.print(f"[yellow]warning:[/] {w}")
     r = rep.run
-    lines = [f"env [bold]{_fmt(r.env_id)}[/], {_fmt(r.algorithm)} / {_fmt(r.policy)}, n_envs {_fmt(r.n_envs)}, "
-             f"seed {_fmt(r.seed)}",
-             f"steps {_fmt(r.steps_done)} of {_fmt(r.steps_asked)} asked, {r.iterations} iterations, "
-             f"{'completed' if r.completed else '[red]NOT completed[/]: ' + _fmt(r.stop_reason)}",
-             f"{r.rows:,} rows in {r.files} file(s), {_human_bytes(r.file_bytes)}, wall {_fmt(r.wall_seconds)} s, "
-             f"capture {r.capture.get('mode', '-')} ({r.capture.get('dtype', '-')})"]
+    lines = [
+        f"env [bold]{_fmt(r.env_id)}[/], {_fmt(r.algorithm)} / {_fmt(r.policy)}, n_envs {_fmt(r.n_envs)}, "
+        f"seed {_fmt(r.seed)}",
+        f"steps {_fmt(r.steps_done)} of {_fmt(r.steps_asked)} asked, {r.iterations} iterations, "
+        f"{'completed' if r.completed else '[red]NOT completed[/]: ' + _fmt(r.stop_reason)}",
+        f"{r.rows:,} rows in {r.files} file(s), {_human_bytes(r.file_bytes)}, wall {_fmt(r.wall_seconds)} s, "
+        f"capture {r.capture.get('mode', '-')} ({r.capture.get('dtype', '-')})",
+    ]
     hp = r.hyperparameters
     if hp:
         keys = ("n_steps", "batch_size", "n_epochs", "learning_rate", "gamma", "gae_lambda", "clip_range")
@@ -156,8 +194,10 @@ def _render(rep: Any) -> None:
     out.print(Panel("\n".join(lines), title="1. Run", expand=False))
 
     a = rep.architecture
-    mods = ", ".join(f"{n}: {m.get('kind')} hidden {m.get('hidden_size')} x {m.get('num_layers')} layer(s)"
-                     for n, m in a.modules.items())
+    mods = ", ".join(
+        f"{n}: {m.get('kind')} hidden {m.get('hidden_size')} x {m.get('num_layers')} layer(s)"
+        for n, m in a.modules.items()
+    )
     out.print(Panel(f"{mods}\n{a.verdict}", title="2. Architecture", expand=False))
 
     c = rep.calls
@@ -177,27 +217,41 @@ def _render(rep: Any) -> None:
 
     s = rep.sequences
     if s.sequences:
-        out.print(Panel(
-            f"{s.sequences:,} training sequences; length (the truncated-BPTT horizon): "
-            f"min {_fmt(s.length.get('min'))}, median {_fmt(s.length.get('median'))}, "
-            f"mean {_fmt(s.length.get('mean'))}, max {_fmt(s.length.get('max'))}\n"
-            f"histogram: {', '.join(f'{k}: {v}' for k, v in s.length_histogram.items())}\n"
-            f"episodes completed: {s.episodes_completed}, length median {_fmt(s.episode_length.get('median'))}, "
-            f"max {_fmt(s.episode_length.get('max'))}\n"
-            f"padding {s.padding_share:.1%} of train rows; {s.stored_state_share:.1%} of sequences start from a "
-            "stored mid-episode state", title="4. Sequences", expand=False))
+        out.print(
+            Panel(
+                f"{s.sequences:,} training sequences; length (the truncated-BPTT horizon): "
+                f"min {_fmt(s.length.get('min'))}, median {_fmt(s.length.get('median'))}, "
+                f"mean {_fmt(s.length.get('mean'))}, max {_fmt(s.length.get('max'))}\n"
+                f"histogram: {', '.join(f'{k}: {v}' for k, v in s.length_histogram.items())}\n"
+                f"episodes completed: {s.episodes_completed}, length median {_fmt(s.episode_length.get('median'))}, "
+                f"max {_fmt(s.episode_length.get('max'))}\n"
+                f"padding {s.padding_share:.1%} of train rows; {s.stored_state_share:.1%} of sequences start from a "
+                "stored mid-episode state",
+                title="4. Sequences",
+                expand=False,
+            )
+        )
 
     st = rep.staleness
     if st.provenance_ok is not None:
         status = "[green]OK[/]" if st.provenance_ok else "[red]FAILED[/]"
-        out.print(f"provenance check: max diff {st.provenance_max_drift_h:.2g} (h), "
-                  f"{(st.provenance_max_drift_c or 0.0):.2g} (c) over {st.provenance_check_rows:,} rows {status}")
+        out.print(
+            f"provenance check: max diff {st.provenance_max_drift_h:.2g} (h), "
+            f"{(st.provenance_max_drift_c or 0.0):.2g} (c) over {st.provenance_check_rows:,} rows {status}"
+        )
         t = Table(title="5. Staleness: relative L2 drift of train states from rollout states, by epoch")
         for col in ("module", "epoch", "rows", "h mean", "h max", "c mean", "c max"):
             t.add_column(col)
         for row in st.by_epoch:
-            t.add_row(row["module"], _fmt(int(row["epoch"])), f"{row['rows']:,}", _fmt(row["drift_h_mean"]),
-                      _fmt(row["drift_h_max"]), _fmt(row["drift_c_mean"]), _fmt(row["drift_c_max"]))
+            t.add_row(
+                row["module"],
+                _fmt(int(row["epoch"])),
+                f"{row['rows']:,}",
+                _fmt(row["drift_h_mean"]),
+                _fmt(row["drift_h_max"]),
+                _fmt(row["drift_c_mean"]),
+                _fmt(row["drift_c_max"]),
+            )
         out.print(t)
         pos = ", ".join(f"{r['module']} {r['position']}: {_fmt(r['drift_h_mean'])}" for r in st.by_position)
         out.print(f"mean h drift by position in sequence: {pos}")
@@ -208,11 +262,16 @@ def _render(rep: Any) -> None:
         for col in ("module", "layer", "rows", "max |c|", "saturated", "dead units", "constant units", "NaN/inf"):
             t.add_column(col)
         for row in h.layers:
-            t.add_row(row["module"], str(row["layer"]), f"{row['rows']:,}", _fmt(row["c_norm_max"]),
-                      f"{row['saturated_share']:.1%}" if "saturated_share" in row else "-",
-                      str(len(row["dead_units"])) if "dead_units" in row else "-",
-                      str(len(row["constant_units"])) if "constant_units" in row else "-",
-                      str(row["nan_or_inf_rows"]))
+            t.add_row(
+                row["module"],
+                str(row["layer"]),
+                f"{row['rows']:,}",
+                _fmt(row["c_norm_max"]),
+                f"{row['saturated_share']:.1%}" if "saturated_share" in row else "-",
+                str(len(row["dead_units"])) if "dead_units" in row else "-",
+                str(len(row["constant_units"])) if "constant_units" in row else "-",
+                str(row["nan_or_inf_rows"]),
+            )
         out.print(t)
     for u in rep.unavailable:
         out.print(f"[dim]not in this log: {u}[/]")
@@ -287,8 +346,10 @@ def _partial_note(args: list[str]) -> str:
     except Exception:
         return "no log was written"
     progress = info.metadata.get("progress") or {}
-    return (f"the log {Path(path)} holds {info.rows:,} rows up to env step "
-            f"{progress.get('num_timesteps', '?')} (completed: false); `lstm-probe report {path}` reads it")
+    return (
+        f"the log {Path(path)} holds {info.rows:,} rows up to env step "
+        f"{progress.get('num_timesteps', '?')} (completed: false); `lstm-probe report {path}` reads it"
+    )
 
 
 if __name__ == "__main__":

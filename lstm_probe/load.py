@@ -49,8 +49,10 @@ def _open(file: Path) -> pq.ParquetFile:
     try:
         return pq.ParquetFile(file)
     except (pa.ArrowInvalid, OSError) as exc:
-        raise BadLog(f"{file} is not a readable Parquet file ({str(exc).splitlines()[0]}); "
-                     "if the run was killed, report the directory it left (NAME.partial/)") from None
+        raise BadLog(
+            f"{file} is not a readable Parquet file ({str(exc).splitlines()[0]}); "
+            "if the run was killed, report the directory it left (NAME.partial/)"
+        ) from None
 
 
 def resolve_files(path: str | os.PathLike[str]) -> tuple[Path, list[Path], list[str]]:
@@ -66,8 +68,10 @@ def resolve_files(path: str | os.PathLike[str]) -> tuple[Path, list[Path], list[
         return p, [p], warnings
     partial = partial_dir(p)
     if partial.is_dir() and _parts(partial):
-        warnings.append(f"{p} was never finished (the process was killed): reading the "
-                        f"{len(_parts(partial))} finished part(s) in {partial}/; rows after the last part are lost")
+        warnings.append(
+            f"{p} was never finished (the process was killed): reading the "
+            f"{len(_parts(partial))} finished part(s) in {partial}/; rows after the last part are lost"
+        )
         return partial, _parts(partial), warnings
     raise BadLog(f"{p} does not exist; run `lstm-probe run ENV_ID --out {p}` to make a log")
 
@@ -86,19 +90,24 @@ def read_info(path: str | os.PathLike[str]) -> LogInfo:
         arrow = pf.schema_arrow
         meta = arrow.metadata or {}
         if META_VERSION_KEY not in meta:
-            raise BadLog(f"{file} is a Parquet file but not an lstm-probe log (no {META_VERSION_KEY.decode()} "
-                         "metadata)")
+            raise BadLog(
+                f"{file} is a Parquet file but not an lstm-probe log (no {META_VERSION_KEY.decode()} metadata)"
+            )
         try:
             version = int(meta[META_VERSION_KEY])
         except ValueError:
             raise BadLog(f"{file} has an unreadable schema version {meta[META_VERSION_KEY]!r}") from None
         if version > SCHEMA_VERSION:
-            raise BadLog(f"{file} was written with log schema {version}, newer than this lstm-probe reads "
-                         f"({SCHEMA_VERSION}); upgrade lstm-probe (pip install -U lstm-probe)")
+            raise BadLog(
+                f"{file} was written with log schema {version}, newer than this lstm-probe reads "
+                f"({SCHEMA_VERSION}); upgrade lstm-probe (pip install -U lstm-probe)"
+            )
         missing = REQUIRED_COLUMNS - set(arrow.names)
         if missing:
-            raise BadLog(f"{file} lacks the column(s) {', '.join(sorted(missing))}: not an lstm-probe log "
-                         f"of schema {SCHEMA_VERSION}")
+            raise BadLog(
+                f"{file} lacks the column(s) {', '.join(sorted(missing))}: not an lstm-probe log "
+                f"of schema {SCHEMA_VERSION}"
+            )
         if schema is None:
             schema = arrow
             try:
@@ -123,11 +132,16 @@ def read_info(path: str | os.PathLike[str]) -> LogInfo:
     if final is not None:
         metadata.update(final)
     else:
-        metadata.update(completed=False, progress=last_progress,
-                        stop_reason=metadata.get("stop_reason") or "the log was never closed (process killed)")
+        metadata.update(
+            completed=False,
+            progress=last_progress,
+            stop_reason=metadata.get("stop_reason") or "the log was never closed (process killed)",
+        )
     if not metadata.get("completed"):
-        warnings.append(f"the run did not complete ({metadata.get('stop_reason') or 'unknown reason'}): "
-                        "the log holds the rows up to the interruption")
+        warnings.append(
+            f"the run did not complete ({metadata.get('stop_reason') or 'unknown reason'}): "
+            "the log holds the rows up to the interruption"
+        )
     return LogInfo(root, files, rows, size, metadata, schema, warnings)
 
 
@@ -148,9 +162,16 @@ def _filter(**equals: Any) -> ds.Expression | None:
     return expr
 
 
-def load(path: str | os.PathLike[str], *, phase: str | list[str] | None = None, module: str | list[str] | None = None,
-         iteration: int | list[int] | None = None, layer: int | list[int] | None = None,
-         columns: list[str] | None = None, vectors: bool = True) -> pd.DataFrame:
+def load(
+    path: str | os.PathLike[str],
+    *,
+    phase: str | list[str] | None = None,
+    module: str | list[str] | None = None,
+    iteration: int | list[int] | None = None,
+    layer: int | list[int] | None = None,
+    columns: list[str] | None = None,
+    vectors: bool = True,
+) -> pd.DataFrame:
     """The log's rows as a pandas DataFrame, optionally filtered; ``vectors=False`` skips h and c."""
     data, info = dataset(path)
     if columns is None:
@@ -159,8 +180,7 @@ def load(path: str | os.PathLike[str], *, phase: str | list[str] | None = None, 
         unknown = set(columns) - set(info.schema.names)
         if unknown:
             raise BadLog(f"no column {sorted(unknown)[0]!r} in the log; columns: {', '.join(info.schema.names)}")
-    table = data.to_table(columns=columns, filter=_filter(phase=phase, module=module, iteration=iteration,
-                                                           layer=layer))
+    table = data.to_table(columns=columns, filter=_filter(phase=phase, module=module, iteration=iteration, layer=layer))
     return table.to_pandas()
 
 
@@ -179,14 +199,33 @@ def states(df: pd.DataFrame, which: str = "h") -> np.ndarray:
     return out
 
 
-def pair(path: str | os.PathLike[str], *, phase: str = "train", iteration: int | list[int] | None = None) -> pd.DataFrame:
+def pair(
+    path: str | os.PathLike[str], *, phase: str = "train", iteration: int | list[int] | None = None
+) -> pd.DataFrame:
     """Train rows joined to the rollout rows of the same (module, layer, env, env_step), with drift.
 
     Columns: the train row's provenance, ``h_rollout``/``c_rollout`` and ``h_train``/``c_train`` norms,
     ``drift_h``/``drift_c`` (relative L2, recomputed from the vectors) and ``max_abs_h``/``max_abs_c``.
     """
-    cols = ["call", "module", "layer", "iteration", "epoch", "minibatch", "seq", "t", "seq_len", "seq_reason",
-            "env", "env_step", "episode", "episode_step", "path", "h", "c"]
+    cols = [
+        "call",
+        "module",
+        "layer",
+        "iteration",
+        "epoch",
+        "minibatch",
+        "seq",
+        "t",
+        "seq_len",
+        "seq_reason",
+        "env",
+        "env_step",
+        "episode",
+        "episode_step",
+        "path",
+        "h",
+        "c",
+    ]
     train = load(path, phase=phase, iteration=iteration, columns=cols)
     train = train[train["env"].notna()]
     roll = load(path, phase="rollout", iteration=iteration, columns=[*KEYS, "h", "c"])

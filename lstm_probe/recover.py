@@ -29,8 +29,9 @@ def _layer_weights(module: nn.LSTM | nn.GRU, layer: int) -> list[torch.Tensor]:
     return [getattr(module, n).detach() for n in names]
 
 
-def lstm_sequence_states(module: nn.LSTM, x: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor,
-                         y: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+def lstm_sequence_states(
+    module: nn.LSTM, x: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor, y: torch.Tensor
+) -> tuple[np.ndarray, np.ndarray]:
     """Per-step (h, c) of every layer for one multi-step call.
 
     x: (T, N, F) sequence-first input, h0/c0: (L, N, H) initial states, y: (T, N, H) the call's

@@ -75,25 +75,54 @@ def policy_for(observation_space: Any) -> str:
         return "CnnLstmPolicy"
     if isinstance(observation_space, spaces.Box | spaces.Discrete | spaces.MultiDiscrete | spaces.MultiBinary):
         return "MlpLstmPolicy"
-    raise BadInput(f"RecurrentPPO cannot take {type(observation_space).__name__} observations; "
-                   "use an env with Box, Discrete, MultiDiscrete, MultiBinary or Dict observations")
+    raise BadInput(
+        f"RecurrentPPO cannot take {type(observation_space).__name__} observations; "
+        "use an env with Box, Discrete, MultiDiscrete, MultiBinary or Dict observations"
+    )
 
 
-def run(env_id: str, out: str | Path = "run.parquet", *, steps: int = 250, seed: int | None = 0, n_envs: int = 1,
-        n_steps: int | None = None, batch_size: int | None = None, n_epochs: int | None = None,
-        learning_rate: float | None = None, hidden_size: int | None = None, lstm_layers: int | None = None,
-        shared_lstm: bool = False, critic_lstm: bool = True, device: str = "auto", force: bool = False,
-        hyperparams: dict[str, Any] | None = None, capture: str = "full", every: int = 1, float16: bool = False,
-        torch_threads: int | None = None, part_seconds: float = 60.0, command: str | None = None,
-        progress: Progress | None = None) -> RunResult:
+def run(
+    env_id: str,
+    out: str | Path = "run.parquet",
+    *,
+    steps: int = 250,
+    seed: int | None = 0,
+    n_envs: int = 1,
+    n_steps: int | None = None,
+    batch_size: int | None = None,
+    n_epochs: int | None = None,
+    learning_rate: float | None = None,
+    hidden_size: int | None = None,
+    lstm_layers: int | None = None,
+    shared_lstm: bool = False,
+    critic_lstm: bool = True,
+    device: str = "auto",
+    force: bool = False,
+    hyperparams: dict[str, Any] | None = None,
+    capture: str = "full",
+    every: int = 1,
+    float16: bool = False,
+    torch_threads: int | None = None,
+    part_seconds: float = 60.0,
+    command: str | None = None,
+    progress: Progress | None = None,
+) -> RunResult:
     """Train RecurrentPPO on ``env_id`` for ``steps`` env steps with the probe attached; write the log to ``out``.
 
     Every option is checked before training starts. Options left None take sb3-contrib's defaults.
     """
-    for name, value, low in (("steps", steps, 1), ("n_envs", n_envs, 1), ("n_steps", n_steps, 2),
-                             ("batch_size", batch_size, 2), ("n_epochs", n_epochs, 1),
-                             ("hidden_size", hidden_size, 1), ("lstm_layers", lstm_layers, 1),
-                             ("every", every, 1), ("torch_threads", torch_threads, 1)):
+    checks: tuple[tuple[str, int | None, int], ...] = (
+        ("steps", steps, 1),
+        ("n_envs", n_envs, 1),
+        ("n_steps", n_steps, 2),
+        ("batch_size", batch_size, 2),
+        ("n_epochs", n_epochs, 1),
+        ("hidden_size", hidden_size, 1),
+        ("lstm_layers", lstm_layers, 1),
+        ("every", every, 1),
+        ("torch_threads", torch_threads, 1),
+    )
+    for name, value, low in checks:
         if value is not None and value < low:
             raise BadInput(f"--{name.replace('_', '-')} must be >= {low}, got {value}")
     if learning_rate is not None and not learning_rate > 0:
@@ -126,7 +155,9 @@ def run(env_id: str, out: str | Path = "run.parquet", *, steps: int = 250, seed:
     try:
         env = make_vec_env(env_id, n_envs=n_envs, seed=seed)
     except Exception as exc:
-        raise BadInput(f"cannot make env {env_id!r}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+        raise BadInput(
+            f"cannot make env {env_id!r}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+        ) from None
     policy = policy_for(env.observation_space)
     policy_kwargs = dict(kwargs.pop("policy_kwargs", {}) or {})
     if hidden_size is not None:
@@ -135,10 +166,13 @@ def run(env_id: str, out: str | Path = "run.parquet", *, steps: int = 250, seed:
         policy_kwargs["n_lstm_layers"] = lstm_layers
     policy_kwargs["shared_lstm"] = shared_lstm
     policy_kwargs["enable_critic_lstm"] = critic_lstm
-    for key, value in (("n_steps", n_steps), ("batch_size", batch_size), ("n_epochs", n_epochs),
-                       ("learning_rate", learning_rate)):
-        if value is not None:
-            kwargs[key] = value
+    given: dict[str, Any] = {
+        "n_steps": n_steps,
+        "batch_size": batch_size,
+        "n_epochs": n_epochs,
+        "learning_rate": learning_rate,
+    }
+    kwargs.update({k: v for k, v in given.items() if v is not None})
     try:
         model = RecurrentPPO(policy, env, seed=seed, device=device, policy_kwargs=policy_kwargs, **kwargs)
     except ProbeError:
@@ -149,8 +183,15 @@ def run(env_id: str, out: str | Path = "run.parquet", *, steps: int = 250, seed:
         raise BadInput(f"RecurrentPPO cannot be built with these options: {msg}") from None
 
     callbacks: list[BaseCallback] = []
-    probe = ProbeCallback(out, capture=capture, every=every, float16=float16, force=force, part_seconds=part_seconds,
-                          metadata={"command": command, "env_id": env_id})
+    probe = ProbeCallback(
+        out,
+        capture=capture,
+        every=every,
+        float16=float16,
+        force=force,
+        part_seconds=part_seconds,
+        metadata={"command": command, "env_id": env_id},
+    )
     callbacks.append(probe)
     if progress is not None:
         callbacks.append(_ProgressCallback(progress, steps))
@@ -165,8 +206,14 @@ def run(env_id: str, out: str | Path = "run.parquet", *, steps: int = 250, seed:
     from lstm_probe.load import read_info
 
     info = read_info(path)
-    return RunResult(path=path, rows=info.rows, bytes=info.bytes, completed=bool(info.metadata.get("completed")),
-                     num_timesteps=int(model.num_timesteps), seconds=time.monotonic() - start)
+    return RunResult(
+        path=path,
+        rows=info.rows,
+        bytes=info.bytes,
+        completed=bool(info.metadata.get("completed")),
+        num_timesteps=int(model.num_timesteps),
+        seconds=time.monotonic() - start,
+    )
 
 
 class _ProgressCallback:  # built lazily so that importing run.py does not import sb3

@@ -32,12 +32,39 @@ from stable_baselines3.common.callbacks import BaseCallback
 from lstm_probe.errors import BadInput
 from lstm_probe.tracer import SEQ_REASON, Grid, Tags, Tracer
 
-HYPERPARAMETERS = ("n_steps", "batch_size", "n_epochs", "gamma", "gae_lambda", "clip_range", "clip_range_vf",
-                   "normalize_advantage", "ent_coef", "vf_coef", "max_grad_norm", "learning_rate", "use_sde",
-                   "sde_sample_freq", "target_kl", "stats_window_size", "seed", "device", "n_envs")
-POLICY_KEYS = ("lstm_hidden_size", "n_lstm_layers", "shared_lstm", "enable_critic_lstm",
-               "share_features_extractor", "net_arch", "activation_fn", "ortho_init", "features_extractor_class",
-               "lstm_kwargs")
+HYPERPARAMETERS = (
+    "n_steps",
+    "batch_size",
+    "n_epochs",
+    "gamma",
+    "gae_lambda",
+    "clip_range",
+    "clip_range_vf",
+    "normalize_advantage",
+    "ent_coef",
+    "vf_coef",
+    "max_grad_norm",
+    "learning_rate",
+    "use_sde",
+    "sde_sample_freq",
+    "target_kl",
+    "stats_window_size",
+    "seed",
+    "device",
+    "n_envs",
+)
+POLICY_KEYS = (
+    "lstm_hidden_size",
+    "n_lstm_layers",
+    "shared_lstm",
+    "enable_critic_lstm",
+    "share_features_extractor",
+    "net_arch",
+    "activation_fn",
+    "ortho_init",
+    "features_extractor_class",
+    "lstm_kwargs",
+)
 
 
 def _jsonable(v: Any) -> Any:
@@ -68,11 +95,21 @@ def model_metadata(model: Any) -> dict[str, Any]:
             hyper.setdefault("policy", {})[k] = _jsonable(getattr(policy, k))
     shared = bool(getattr(policy, "shared_lstm", False))
     critic = "lstm" if policy.lstm_critic is not None else ("shared" if shared else "mlp")
-    return {"framework": "sb3", "algorithm": type(model).__name__, "policy": type(policy).__name__,
-            "env_id": env_id, "n_envs": int(model.n_envs), "seed": model.seed, "hyperparameters": hyper,
-            "architecture_sb3": {"shared_lstm": shared, "critic": critic,
-                                 "share_features_extractor": bool(getattr(policy, "share_features_extractor", True)),
-                                 "features_extractor": type(policy.features_extractor).__name__}}
+    return {
+        "framework": "sb3",
+        "algorithm": type(model).__name__,
+        "policy": type(policy).__name__,
+        "env_id": env_id,
+        "n_envs": int(model.n_envs),
+        "seed": model.seed,
+        "hyperparameters": hyper,
+        "architecture_sb3": {
+            "shared_lstm": shared,
+            "critic": critic,
+            "share_features_extractor": bool(getattr(policy, "share_features_extractor", True)),
+            "features_extractor": type(policy.features_extractor).__name__,
+        },
+    }
 
 
 class ProbeCallback(BaseCallback):
@@ -83,13 +120,27 @@ class ProbeCallback(BaseCallback):
     the log is closed and the hooks are removed when learn() raises; otherwise that happens at exit.
     """
 
-    def __init__(self, out: str | Path = "run.parquet", *, capture: str = "full", every: int = 1,
-                 float16: bool = False, force: bool = False, part_seconds: float = 60.0,
-                 metadata: dict[str, Any] | None = None, verbose: int = 0):
+    def __init__(
+        self,
+        out: str | Path = "run.parquet",
+        *,
+        capture: str = "full",
+        every: int = 1,
+        float16: bool = False,
+        force: bool = False,
+        part_seconds: float = 60.0,
+        metadata: dict[str, Any] | None = None,
+        verbose: int = 0,
+    ):
         super().__init__(verbose)
         self.out = out
-        self.options = {"capture": capture, "every": every, "float16": float16, "force": force,
-                        "part_seconds": part_seconds}
+        self.options = {
+            "capture": capture,
+            "every": every,
+            "float16": float16,
+            "force": force,
+            "part_seconds": part_seconds,
+        }
         self.extra_metadata = dict(metadata or {})
         self.tracer: Tracer | None = None
         self.path: Path | None = None
@@ -102,8 +153,8 @@ class ProbeCallback(BaseCallback):
         if self._used:
             raise BadInput("this ProbeCallback already wrote its log; pass a new ProbeCallback to each learn()")
         self._used = True
-        model = self.model
-        policy = model.policy
+        model: Any = self.model
+        policy: Any = model.policy
         if not hasattr(policy, "lstm_actor") or not hasattr(model, "rollout_buffer"):
             raise BadInput(f"ProbeCallback needs sb3-contrib's RecurrentPPO, not {type(model).__name__}")
         modules = {"actor": policy.lstm_actor}
@@ -127,15 +178,16 @@ class ProbeCallback(BaseCallback):
         meta["total_timesteps"] = int(self.locals.get("total_timesteps", 0))
         meta["architecture_sb3"]["lstm_modules"] = list(modules)
         meta.update(self.extra_metadata)
-        tracer = Tracer(modules, self.out, meta, resolver=self._resolve, reference_window=self.n_steps,
-                        **self.options)  # type: ignore[arg-type]
+        tracer = Tracer(modules, self.out, meta, resolver=self._resolve, reference_window=self.n_steps, **self.options)  # type: ignore[arg-type]
         tracer.metadata["architecture"].update(meta.pop("architecture_sb3"))
         tracer.start()
         self.tracer = tracer
         atexit.register(self._at_exit)
         try:
-            self._handles = [policy.register_forward_pre_hook(self._rollout_step_begin),
-                             policy.register_forward_hook(self._rollout_step_end)]
+            self._handles = [
+                policy.register_forward_pre_hook(self._rollout_step_begin),
+                policy.register_forward_hook(self._rollout_step_end),
+            ]
             buffer = model.rollout_buffer
             original_get, original_samples = buffer.get, buffer._get_samples
 
@@ -174,8 +226,11 @@ class ProbeCallback(BaseCallback):
         dones, infos = self.locals.get("dones"), self.locals.get("infos")
         if dones is not None and infos is not None:
             self.last_dones = np.asarray(dones, bool)
-            self.terminal_queue = [i for i, d in enumerate(dones) if d and infos[i].get("terminal_observation")
-                                   is not None and infos[i].get("TimeLimit.truncated", False)]
+            self.terminal_queue = [
+                i
+                for i, d in enumerate(dones)
+                if d and infos[i].get("terminal_observation") is not None and infos[i].get("TimeLimit.truncated", False)
+            ]
         return True
 
     def _on_rollout_end(self) -> None:
@@ -231,9 +286,14 @@ class ProbeCallback(BaseCallback):
             self.tab_episode[self.k] = self.episode
             self.tab_episode_step[self.k] = self.episode_step
         n = self.n_envs
-        grid = Grid(env=np.arange(n, dtype=np.int32)[:, None], env_step=np.full((n, 1), self.env_step, np.int64),
-                    episode=self.episode[:, None].copy(), episode_step=self.episode_step[:, None].copy(),
-                    episode_start=starts.astype(np.int8)[:, None], padding=np.zeros((n, 1), bool))
+        grid = Grid(
+            env=np.arange(n, dtype=np.int32)[:, None],
+            env_step=np.full((n, 1), self.env_step, np.int64),
+            episode=self.episode[:, None].copy(),
+            episode_step=self.episode_step[:, None].copy(),
+            episode_start=starts.astype(np.int8)[:, None],
+            padding=np.zeros((n, 1), bool),
+        )
         self.current = Tags("rollout", self.iteration, grid=grid)
         self.in_forward = True
 
@@ -260,15 +320,28 @@ class ProbeCallback(BaseCallback):
         starts = np.asarray(buffer.episode_starts).reshape(-1)[flat] > 0.5
         first = batch_inds[seq_starts]
         first_start = np.asarray(buffer.episode_starts).reshape(-1)[first] > 0.5
-        reason = np.where(first_start, SEQ_REASON["episode_start"],
-                          np.where(first % n_steps == 0, SEQ_REASON["env_boundary"],
-                                   SEQ_REASON["split" if self.minibatch == 0 else "minibatch_cut"]))
+        reason = np.where(
+            first_start,
+            SEQ_REASON["episode_start"],
+            np.where(
+                first % n_steps == 0,
+                SEQ_REASON["env_boundary"],
+                SEQ_REASON["split" if self.minibatch == 0 else "minibatch_cut"],
+            ),
+        )
         if len(reason) > 1:  # later sequences start only at episode starts or env changes (create_sequencers)
             reason[1:] = np.where(first_start[1:], SEQ_REASON["episode_start"], SEQ_REASON["env_boundary"])
-        grid = Grid(env=np.where(null, -1, env).astype(np.int32), env_step=np.where(null, -1, self.base_step + k),
-                    episode=episode, episode_step=episode_step,
-                    episode_start=np.where(null, -1, starts).astype(np.int8), padding=null, train=True,
-                    seq_len=lens.astype(np.int32), seq_reason=reason.astype(np.int8))
+        grid = Grid(
+            env=np.where(null, -1, env).astype(np.int32),
+            env_step=np.where(null, -1, self.base_step + k),
+            episode=episode,
+            episode_step=episode_step,
+            episode_start=np.where(null, -1, starts).astype(np.int8),
+            padding=null,
+            train=True,
+            seq_len=lens.astype(np.int32),
+            seq_reason=reason.astype(np.int8),
+        )
         self.current = Tags("train", self.iteration, self.epoch, self.minibatch, grid=grid)
 
     def _resolve(self, name: str, steps: int, batch: int) -> Tags:
@@ -281,21 +354,32 @@ class ProbeCallback(BaseCallback):
     def _bootstrap_tags(self, batch: int) -> Tags:
         """Tags of a predict_values call made by collect_rollouts (terminal or last value)."""
         n = self.n_envs
-        if self.model.rollout_buffer.full or batch != 1 or not self.terminal_queue:
+        buffer: Any = self.model.rollout_buffer  # type: ignore[attr-defined]
+        if buffer.full or batch != 1 or not self.terminal_queue:
             # the last-value call: its input is the next step's observation, its state masked by dones,
             # exactly as the next rollout's first call will see it
             d = self.last_dones
             episode = np.where(d, self.episode + 1, self.episode)
             episode_step = np.where(d, 0, np.where(self.episode_step >= 0, self.episode_step + 1, -1))
-            grid = Grid(env=np.arange(n, dtype=np.int32)[:, None], env_step=np.full((n, 1), self.env_step, np.int64),
-                        episode=episode[:, None], episode_step=episode_step[:, None],
-                        episode_start=d.astype(np.int8)[:, None], padding=np.zeros((n, 1), bool))
+            grid = Grid(
+                env=np.arange(n, dtype=np.int32)[:, None],
+                env_step=np.full((n, 1), self.env_step, np.int64),
+                episode=episode[:, None],
+                episode_step=episode_step[:, None],
+                episode_start=d.astype(np.int8)[:, None],
+                padding=np.zeros((n, 1), bool),
+            )
             return Tags("bootstrap", self.iteration, bootstrap="last", grid=grid)
         i = self.terminal_queue.pop(0)
         step = self.episode_step[i] + 1 if self.episode_step[i] >= 0 else -1
-        grid = Grid(env=np.array([[i]], np.int32), env_step=np.array([[self.env_step]], np.int64),
-                    episode=np.array([[self.episode[i]]], np.int64), episode_step=np.array([[step]], np.int64),
-                    episode_start=np.zeros((1, 1), np.int8), padding=np.zeros((1, 1), bool))
+        grid = Grid(
+            env=np.array([[i]], np.int32),
+            env_step=np.array([[self.env_step]], np.int64),
+            episode=np.array([[self.episode[i]]], np.int64),
+            episode_step=np.array([[step]], np.int64),
+            episode_start=np.zeros((1, 1), np.int8),
+            padding=np.zeros((1, 1), bool),
+        )
         return Tags("bootstrap", self.iteration, bootstrap="terminal", grid=grid)
 
     def _predict_tags(self, batch: int) -> Tags:
@@ -305,8 +389,14 @@ class ProbeCallback(BaseCallback):
         if len(start) != batch:
             start = np.full(batch, -1, np.int8)
         null = np.full((batch, 1), -1, np.int64)
-        grid = Grid(env=np.arange(batch, dtype=np.int32)[:, None], env_step=null, episode=null, episode_step=null,
-                    episode_start=start[:, None], padding=np.zeros((batch, 1), bool))
+        grid = Grid(
+            env=np.arange(batch, dtype=np.int32)[:, None],
+            env_step=null,
+            episode=null,
+            episode_step=null,
+            episode_start=start[:, None],
+            padding=np.zeros((batch, 1), bool),
+        )
         return Tags("predict", self.iteration, grid=grid)
 
 

@@ -28,49 +28,92 @@ SEQ_REASONS = ("episode_start", "env_boundary", "split", "minibatch_cut")
 # (name, arrow type or None for the state vectors, nullable, description)
 COLUMNS: list[tuple[str, pa.DataType | None, bool, str]] = [
     ("call", pa.int64(), False, "Global order of LSTM forward calls (0-based, all modules together)."),
-    ("module", pa.string(), False,
-     "Role of the hooked recurrent module: 'actor' | 'critic' for sb3 (with shared_lstm the one LSTM is "
-     "'actor'), the module's name for the generic tracer."),
+    (
+        "module",
+        pa.string(),
+        False,
+        "Role of the hooked recurrent module: 'actor' | 'critic' for sb3 (with shared_lstm the one LSTM is "
+        "'actor'), the module's name for the generic tracer.",
+    ),
     ("layer", pa.int16(), False, "Layer of the module, 0 = first (closest to the input)."),
-    ("phase", pa.string(), False,
-     "'rollout' (acting in the env), 'bootstrap' (critic-only value calls, see `bootstrap`), 'train' "
-     "(recomputed in a gradient step), 'predict' (model.predict / evaluation), 'other' (untagged)."),
-    ("path", pa.string(), False,
-     "How the module was run in this call: 'step' (one-step call), 'sequence' (one multi-step call; "
-     "per-step states recovered exactly), 'stepwise' (one call per timestep of a sequence batch)."),
-    ("bootstrap", pa.string(), True,
-     "For phase 'bootstrap': 'terminal' (value of a truncated episode's terminal observation) or "
-     "'last' (value of the observation after the rollout's last step). Null otherwise."),
-    ("iteration", pa.int32(), True, "Rollout/update cycle, 0-based; train rows carry the iteration whose rollout they train on."),
+    (
+        "phase",
+        pa.string(),
+        False,
+        "'rollout' (acting in the env), 'bootstrap' (critic-only value calls, see `bootstrap`), 'train' "
+        "(recomputed in a gradient step), 'predict' (model.predict / evaluation), 'other' (untagged).",
+    ),
+    (
+        "path",
+        pa.string(),
+        False,
+        "How the module was run in this call: 'step' (one-step call), 'sequence' (one multi-step call; "
+        "per-step states recovered exactly), 'stepwise' (one call per timestep of a sequence batch).",
+    ),
+    (
+        "bootstrap",
+        pa.string(),
+        True,
+        "For phase 'bootstrap': 'terminal' (value of a truncated episode's terminal observation) or "
+        "'last' (value of the observation after the rollout's last step). Null otherwise.",
+    ),
+    (
+        "iteration",
+        pa.int32(),
+        True,
+        "Rollout/update cycle, 0-based; train rows carry the iteration whose rollout they train on.",
+    ),
     ("epoch", pa.int32(), True, "Training epoch within the iteration (train rows only)."),
     ("minibatch", pa.int32(), True, "Minibatch within the epoch (train rows only)."),
     ("seq", pa.int32(), True, "Sequence index within the minibatch = batch column of the call (train rows only)."),
     ("t", pa.int32(), False, "Step within the sequence (train rows); 0 otherwise."),
     ("seq_len", pa.int32(), True, "Unpadded length of the row's sequence (train rows only)."),
-    ("seq_reason", pa.string(), True,
-     "Why the row's sequence starts where it does (train rows only): 'episode_start', 'env_boundary' "
-     "(first step of an env's rollout), 'split' (the rollout buffer's random shuffling split point), "
-     "'minibatch_cut' (the previous minibatch ended there)."),
+    (
+        "seq_reason",
+        pa.string(),
+        True,
+        "Why the row's sequence starts where it does (train rows only): 'episode_start', 'env_boundary' "
+        "(first step of an env's rollout), 'split' (the rollout buffer's random shuffling split point), "
+        "'minibatch_cut' (the previous minibatch ended there).",
+    ),
     ("padding", pa.bool_(), False, "True for the zero-padding steps appended to short sequences (train)."),
     ("env", pa.int32(), True, "Env index in the vectorized env. Null on padding rows."),
-    ("env_step", pa.int64(), True,
-     "That env's own step counter since the probe started: the step whose observation went in. For "
-     "bootstrap 'last' rows it is the step after the rollout's last one (whose observation is evaluated; "
-     "the next rollout's first call uses the same input). For bootstrap 'terminal' rows it is the step after "
-     "the episode's last step: the terminal observation stands where the episode's next step would be. "
-     "Null on padding rows."),
+    (
+        "env_step",
+        pa.int64(),
+        True,
+        "That env's own step counter since the probe started: the step whose observation went in. For "
+        "bootstrap 'last' rows it is the step after the rollout's last one (whose observation is evaluated; "
+        "the next rollout's first call uses the same input). For bootstrap 'terminal' rows it is the step after "
+        "the episode's last step: the terminal observation stands where the episode's next step would be. "
+        "Null on padding rows.",
+    ),
     ("episode", pa.int64(), True, "Per-env episode counter since the probe started. Null on padding rows."),
-    ("episode_step", pa.int64(), True,
-     "Step within the episode (0 at its first observation). Null on padding rows, and for an episode "
-     "that began before the probe did (learn() continued without a reset)."),
+    (
+        "episode_step",
+        pa.int64(),
+        True,
+        "Step within the episode (0 at its first observation). Null on padding rows, and for an episode "
+        "that began before the probe did (learn() continued without a reset).",
+    ),
     ("episode_start", pa.bool_(), True, "True when the state was reset before this step (first step of an episode)."),
-    ("h", None, True, "Hidden state AFTER this step, this layer (fixed-size list of float32, or float16 with --float16). Null in summary capture."),
+    (
+        "h",
+        None,
+        True,
+        "Hidden state AFTER this step, this layer (fixed-size list of float32, or float16 with --float16). "
+        "Null in summary capture.",
+    ),
     ("c", None, True, "Cell state AFTER this step, this layer (LSTM only; null for GRU and in summary capture)."),
     ("h_norm", pa.float32(), False, "L2 norm of h (computed from the full-precision state)."),
     ("c_norm", pa.float32(), True, "L2 norm of c (null for GRU)."),
-    ("drift_h", pa.float32(), True,
-     "Train rows: relative L2 distance ||h_train - h_rollout|| / ||h_rollout|| to the rollout state of the "
-     "same (module, layer, env, env_step), computed in the probe. Null when there is no rollout partner."),
+    (
+        "drift_h",
+        pa.float32(),
+        True,
+        "Train rows: relative L2 distance ||h_train - h_rollout|| / ||h_rollout|| to the rollout state of the "
+        "same (module, layer, env, env_step), computed in the probe. Null when there is no rollout partner.",
+    ),
     ("drift_c", pa.float32(), True, "As drift_h, for c."),
 ]
 
@@ -91,7 +134,8 @@ METADATA_KEYS: dict[str, str] = {
     "n_envs": "Number of envs in the vectorized env.",
     "total_timesteps": "Env steps asked for by learn().",
     "command": "The command line that made the log (CLI runs).",
-    "architecture": "modules: {name: {kind, hidden_size, num_layers, input_size}}, shared_lstm, critic ('lstm' | 'shared' | 'mlp').",
+    "architecture": "modules: {name: {kind, hidden_size, num_layers, input_size}}, shared_lstm, "
+    "critic ('lstm' | 'shared' | 'mlp').",
     "hidden_size": "Length of the h and c vectors.",
     "capture": "'full' | 'summary'; with every_k and dtype ('float32' | 'float16').",
     "start_time": "UTC ISO time the probe started.",

@@ -21,15 +21,13 @@ import numpy as np
 import torch
 from torch import nn
 
-
 from lstm_probe.errors import BadInput
-from lstm_probe.schema import BOOTSTRAPS, PATHS, PHASES, SCHEMA_VERSION, SEQ_REASONS
 from lstm_probe.recover import gru_sequence_states, lstm_sequence_states
+from lstm_probe.schema import BOOTSTRAPS, PATHS, PHASES, SCHEMA_VERSION, SEQ_REASONS
 from lstm_probe.writer import LogWriter, Rows
 
 RECURRENT_TYPES = (nn.LSTM, nn.GRU, nn.LSTMCell, nn.GRUCell)
-CODES: dict[str, tuple[str, ...]] = {"phase": PHASES, "path": PATHS, "bootstrap": BOOTSTRAPS,
-                                     "seq_reason": SEQ_REASONS}
+CODES: dict[str, tuple[str, ...]] = {"phase": PHASES, "path": PATHS, "bootstrap": BOOTSTRAPS, "seq_reason": SEQ_REASONS}
 PHASE = {p: i for i, p in enumerate(PHASES)}
 PATH = {p: i for i, p in enumerate(PATHS)}
 BOOTSTRAP = {b: i for i, b in enumerate(BOOTSTRAPS)}
@@ -83,12 +81,15 @@ def _opt(v: int | None) -> int:
 
 def find_recurrent(model: nn.Module, names: list[str] | None = None) -> dict[str, nn.Module]:
     """Every nn.LSTM / nn.GRU / nn.LSTMCell / nn.GRUCell in ``model`` (or those ``names``)."""
-    found = {name or "root": m for name, m in model.named_modules() if isinstance(m, RECURRENT_TYPES)}
+    found: dict[str, nn.Module] = {
+        name or "root": m for name, m in model.named_modules() if isinstance(m, RECURRENT_TYPES)
+    }
     if names is not None:
         missing = [n for n in names if n not in found]
         if missing:
-            raise BadInput(f"no recurrent module named {missing[0]!r}; recurrent modules here: "
-                           f"{', '.join(found) or 'none'}")
+            raise BadInput(
+                f"no recurrent module named {missing[0]!r}; recurrent modules here: {', '.join(found) or 'none'}"
+            )
         found = {n: found[n] for n in names}
     if not found:
         raise BadInput("the model has no nn.LSTM, nn.GRU, nn.LSTMCell or nn.GRUCell to trace")
@@ -98,16 +99,26 @@ def find_recurrent(model: nn.Module, names: list[str] | None = None) -> dict[str
 def describe_modules(modules: Mapping[str, nn.Module]) -> dict[str, dict[str, Any]]:
     out = {}
     for name, m in modules.items():
-        out[name] = {"kind": type(m).__name__, "hidden_size": int(m.hidden_size),  # type: ignore[arg-type]
-                     "num_layers": int(getattr(m, "num_layers", 1)), "input_size": int(m.input_size)}  # type: ignore[arg-type]
+        size: Any = m.hidden_size
+        inputs: Any = m.input_size
+        out[name] = {
+            "kind": type(m).__name__,
+            "hidden_size": int(size),
+            "num_layers": int(getattr(m, "num_layers", 1)),
+            "input_size": int(inputs),
+        }
     return out
 
 
 def base_metadata() -> dict[str, Any]:
     import pyarrow
 
-    versions = {"torch": torch.__version__, "numpy": np.__version__, "pyarrow": pyarrow.__version__,
-                "python": platform.python_version()}
+    versions = {
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "pyarrow": pyarrow.__version__,
+        "python": platform.python_version(),
+    }
     for pkg in ("stable_baselines3", "sb3_contrib", "gymnasium"):
         try:
             versions[pkg] = __import__(pkg).__version__
@@ -115,8 +126,12 @@ def base_metadata() -> dict[str, Any]:
             pass
     from lstm_probe import __version__
 
-    return {"schema_version": SCHEMA_VERSION, "lstm_probe_version": __version__, "versions": versions,
-            "start_time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "lstm_probe_version": __version__,
+        "versions": versions,
+        "start_time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
 
 
 class References:
@@ -151,8 +166,9 @@ class References:
         self.h[layer, env, slot] = h
         self.c[layer, env, slot] = c
 
-    def drift(self, layer: np.ndarray, env: np.ndarray, step: np.ndarray, h: np.ndarray,
-              c: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def drift(
+        self, layer: np.ndarray, env: np.ndarray, step: np.ndarray, h: np.ndarray, c: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         n = len(env)
         dh = np.zeros(n, np.float32)
         dc = np.zeros(n, np.float32)
@@ -178,9 +194,20 @@ class Tracer:
     Use :func:`trace` (generic) or ``ProbeCallback`` (sb3) rather than building one directly.
     """
 
-    def __init__(self, modules: Mapping[str, nn.Module], out: str | Path, metadata: dict[str, Any] | None = None,
-                 *, capture: str = "full", every: int = 1, float16: bool = False, force: bool = False,
-                 reference_window: int = 0, part_seconds: float = 60.0, resolver: Resolver | None = None):
+    def __init__(
+        self,
+        modules: Mapping[str, nn.Module],
+        out: str | Path,
+        metadata: dict[str, Any] | None = None,
+        *,
+        capture: str = "full",
+        every: int = 1,
+        float16: bool = False,
+        force: bool = False,
+        reference_window: int = 0,
+        part_seconds: float = 60.0,
+        resolver: Resolver | None = None,
+    ):
         if capture not in CAPTURES:
             raise BadInput(f"capture must be one of {', '.join(CAPTURES)}, not {capture!r}")
         if every < 1:
@@ -196,19 +223,23 @@ class Tracer:
                 raise BadInput(f"{name} has proj_size > 0; lstm-probe needs h and c of the same size")
             sizes.add(int(m.hidden_size))  # type: ignore[arg-type]
         if len(sizes) != 1:
-            raise BadInput(f"traced modules have different hidden sizes {sorted(sizes)}; trace each size "
-                           "into its own log (pass modules=[...])")
+            raise BadInput(
+                f"traced modules have different hidden sizes {sorted(sizes)}; trace each size "
+                "into its own log (pass modules=[...])"
+            )
         self.hidden = sizes.pop()
         self.names = list(self.modules)
         self.module_code = {n: i for i, n in enumerate(self.names)}
         self.capture, self.every, self.float16 = capture, every, float16
         self.layers = {n: int(getattr(m, "num_layers", 1)) for n, m in self.modules.items()}
-        self.metadata: dict[str, Any] = {**base_metadata(), "framework": "generic",
-                                         "architecture": {"modules": describe_modules(self.modules)},
-                                         "hidden_size": self.hidden,
-                                         "capture": {"mode": capture, "every": every,
-                                                     "dtype": "float16" if float16 else "float32"},
-                                         **(metadata or {})}
+        self.metadata: dict[str, Any] = {
+            **base_metadata(),
+            "framework": "generic",
+            "architecture": {"modules": describe_modules(self.modules)},
+            "hidden_size": self.hidden,
+            "capture": {"mode": capture, "every": every, "dtype": "float16" if float16 else "float32"},
+            **(metadata or {}),
+        }
         self.out, self.force, self.part_seconds = out, force, part_seconds
         self.reference_window = reference_window
         self.refs: dict[str, References] = {}
@@ -222,8 +253,16 @@ class Tracer:
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self) -> Tracer:
         """Open the log and attach the hooks."""
-        self.writer = LogWriter(self.out, self.hidden, self.names, self.metadata, CODES, float16=self.float16,
-                                force=self.force, part_seconds=self.part_seconds)
+        self.writer = LogWriter(
+            self.out,
+            self.hidden,
+            self.names,
+            self.metadata,
+            CODES,
+            float16=self.float16,
+            force=self.force,
+            part_seconds=self.part_seconds,
+        )
         try:
             for name, m in self.modules.items():
                 self._handles.append(m.register_forward_hook(self._make_hook(name)))
@@ -245,9 +284,13 @@ class Tracer:
             return None
         writer, self.writer = self.writer, None
         writer.progress["calls"] = self.calls
-        final = {"completed": completed, "stop_reason": stop_reason,
-                 "end_time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-                 "unsupported_calls": self.unsupported_calls, **extra}
+        final = {
+            "completed": completed,
+            "stop_reason": stop_reason,
+            "end_time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "unsupported_calls": self.unsupported_calls,
+            **extra,
+        }
         return writer.close(final)
 
     def __enter__(self) -> Tracer:
@@ -263,11 +306,22 @@ class Tracer:
         """Tag every call inside the block: phase, iteration, epoch, minibatch, env, env_step, episode,
         episode_step, episode_start (scalars, or arrays with one value per batch column).
         Nested blocks add to and override the outer ones."""
-        unknown = set(tags) - {"phase", "iteration", "epoch", "minibatch", "env", "env_step", "episode",
-                               "episode_step", "episode_start"}
+        unknown = set(tags) - {
+            "phase",
+            "iteration",
+            "epoch",
+            "minibatch",
+            "env",
+            "env_step",
+            "episode",
+            "episode_step",
+            "episode_start",
+        }
         if unknown:
-            raise BadInput(f"unknown tag {sorted(unknown)[0]!r}; tags are phase, iteration, epoch, minibatch, "
-                           "env, env_step, episode, episode_step, episode_start")
+            raise BadInput(
+                f"unknown tag {sorted(unknown)[0]!r}; tags are phase, iteration, epoch, minibatch, "
+                "env, env_step, episode, episode_step, episode_start"
+            )
         if "phase" in tags and tags["phase"] not in PHASE:
             raise BadInput(f"phase must be one of {', '.join(PHASES)}, not {tags['phase']!r}")
         merged = {**(self._tag_stack[-1] if self._tag_stack else {}), **tags}
@@ -279,10 +333,15 @@ class Tracer:
 
     def _user_tags(self, name: str, steps: int, batch: int) -> Tags:
         user = self._tag_stack[-1] if self._tag_stack else {}
-        tags = Tags(phase=user.get("phase", "other"), iteration=user.get("iteration"), epoch=user.get("epoch"),
-                    minibatch=user.get("minibatch"))
+        tags = Tags(
+            phase=user.get("phase", "other"),
+            iteration=user.get("iteration"),
+            epoch=user.get("epoch"),
+            minibatch=user.get("minibatch"),
+        )
         prov = {k: user[k] for k in ("env", "env_step", "episode", "episode_step", "episode_start") if k in user}
         if prov or tags.phase == "train":
+
             def col(key: str, dtype: Any) -> np.ndarray:
                 if key not in prov or prov[key] is None:
                     return np.full((batch, steps), -1, dtype)
@@ -290,10 +349,16 @@ class Tracer:
                 if v.ndim == 1:
                     v = v[:, None]
                 return np.broadcast_to(v, (batch, steps))
-            tags.grid = Grid(env=col("env", np.int32), env_step=col("env_step", np.int64),
-                             episode=col("episode", np.int64), episode_step=col("episode_step", np.int64),
-                             episode_start=col("episode_start", np.int8),
-                             padding=np.zeros((batch, steps), np.bool_), train=tags.phase == "train")
+
+            tags.grid = Grid(
+                env=col("env", np.int32),
+                env_step=col("env_step", np.int64),
+                episode=col("episode", np.int64),
+                episode_step=col("episode_step", np.int64),
+                episode_start=col("episode_start", np.int8),
+                padding=np.zeros((batch, steps), np.bool_),
+                train=tags.phase == "train",
+            )
             if tags.grid.train:
                 tags.grid.seq_len = np.full(batch, steps, np.int32)
                 tags.grid.seq_reason = np.full(batch, -1, np.int8)
@@ -348,11 +413,12 @@ class Tracer:
         return hook
 
     @staticmethod
-    def _initial(mod: nn.Module, args: tuple[Any, ...], batch: int, x: torch.Tensor, unbatched: bool,
-                 is_lstm: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        layers, hidden = mod.num_layers, mod.hidden_size  # type: ignore[union-attr]
+    def _initial(
+        mod: nn.Module, args: tuple[Any, ...], batch: int, x: torch.Tensor, unbatched: bool, is_lstm: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        layers, hidden = int(mod.num_layers), int(mod.hidden_size)  # type: ignore[arg-type]
         hx = args[1] if len(args) > 1 else None
-        zeros = torch.zeros(layers, batch, hidden, dtype=x.dtype, device=x.device)  # type: ignore[arg-type]
+        zeros = torch.zeros(layers, batch, hidden, dtype=x.dtype, device=x.device)
         if hx is None:
             return zeros, zeros
         h0, c0 = hx if is_lstm else (hx, zeros)
@@ -456,14 +522,31 @@ class Tracer:
         r.has_drift[i0:i1] = found
 
 
-def trace(model: nn.Module, out: str | Path = "run.parquet", *, modules: list[str] | None = None,
-          capture: str = "full", every: int = 1, float16: bool = False, force: bool = False,
-          reference_window: int = 0, metadata: dict[str, Any] | None = None) -> Tracer:
+def trace(
+    model: nn.Module,
+    out: str | Path = "run.parquet",
+    *,
+    modules: list[str] | None = None,
+    capture: str = "full",
+    every: int = 1,
+    float16: bool = False,
+    force: bool = False,
+    reference_window: int = 0,
+    metadata: dict[str, Any] | None = None,
+) -> Tracer:
     """Trace every nn.LSTM / nn.GRU / nn.LSTMCell / nn.GRUCell in ``model`` (or those named in ``modules``).
 
     Use as a context manager; tag calls with ``probe.tag(phase=..., iteration=..., env=..., ...)``.
     ``reference_window`` > 0 keeps that many env steps of rollout states per env so train rows get
     ``drift_h`` / ``drift_c`` against the rollout state of the same (env, env_step).
     """
-    return Tracer(find_recurrent(model, modules), out, metadata, capture=capture, every=every, float16=float16,
-                  force=force, reference_window=reference_window)
+    return Tracer(
+        find_recurrent(model, modules),
+        out,
+        metadata,
+        capture=capture,
+        every=every,
+        float16=float16,
+        force=force,
+        reference_window=reference_window,
+    )

@@ -23,7 +23,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -94,8 +94,7 @@ def _strings(codes: np.ndarray, names: Sequence[str]) -> pa.Array:
 class Encoder:
     """Turns filled :class:`Rows` into a record batch of the declared schema."""
 
-    def __init__(self, schema: pa.Schema, modules: Sequence[str], codes: dict[str, Sequence[str]],
-                 float16: bool):
+    def __init__(self, schema: pa.Schema, modules: Sequence[str], codes: Mapping[str, Sequence[str]], float16: bool):
         self.schema = schema
         self.modules = list(modules)
         self.codes = codes
@@ -151,8 +150,7 @@ class Encoder:
 class PartWriter:
     """Writes record batches into rolling part files of one directory (runs on the writer thread)."""
 
-    def __init__(self, directory: Path, schema: pa.Schema, part_seconds: float, part_rows: int,
-                 start_index: int = 0):
+    def __init__(self, directory: Path, schema: pa.Schema, part_seconds: float, part_rows: int, start_index: int = 0):
         self.dir = directory
         self.schema = schema
         self.part_seconds = part_seconds
@@ -212,10 +210,20 @@ class LogWriter:
     outcome into the metadata and (for a file output) merges the parts into the final file.
     """
 
-    def __init__(self, out: str | os.PathLike[str], hidden_size: int, modules: Sequence[str],
-                 metadata: dict[str, Any], codes: dict[str, Sequence[str]], *, float16: bool = False,
-                 force: bool = False, part_seconds: float = 60.0, part_rows: int = 2_000_000,
-                 queue_size: int = 2):
+    def __init__(
+        self,
+        out: str | os.PathLike[str],
+        hidden_size: int,
+        modules: Sequence[str],
+        metadata: dict[str, Any],
+        codes: Mapping[str, Sequence[str]],
+        *,
+        float16: bool = False,
+        force: bool = False,
+        part_seconds: float = 60.0,
+        part_rows: int = 2_000_000,
+        queue_size: int = 2,
+    ):
         out_str = os.fspath(out)
         self.path = Path(out_str)
         self.is_dir = out_str.endswith(("/", os.sep)) or self.path.is_dir()
@@ -349,8 +357,9 @@ def check_output(path: Path, *, force: bool, is_dir: bool) -> None:
         with tempfile.NamedTemporaryFile(dir=parent, prefix=".lstm-probe-check-"):
             pass
     except OSError as exc:
-        raise BadInput(f"cannot write to {parent}: {exc.strerror or exc}; the directory is not writable, "
-                       "choose another --out") from None
+        raise BadInput(
+            f"cannot write to {parent}: {exc.strerror or exc}; the directory is not writable, choose another --out"
+        ) from None
 
 
 __all__ = ["LogWriter", "Rows", "META_FINAL_KEY", "META_RUN_KEY", "partial_dir", "check_output"]

@@ -12,15 +12,36 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 def cli(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "lstm_probe", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, env=ENV, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "lstm_probe", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=ENV,
+        timeout=300,
+    )
 
 
 @pytest.fixture(scope="module")
 def made(tmp_path_factory):
     d = tmp_path_factory.mktemp("cli")
-    r = cli("run", "CartPole-v1", "--steps", "64", "--n-steps", "32", "--batch-size", "16", "--n-epochs", "2",
-            "--hidden-size", "8", "--torch-threads", "1", cwd=d)
+    r = cli(
+        "run",
+        "CartPole-v1",
+        "--steps",
+        "64",
+        "--n-steps",
+        "32",
+        "--batch-size",
+        "16",
+        "--n-epochs",
+        "2",
+        "--hidden-size",
+        "8",
+        "--torch-threads",
+        "1",
+        cwd=d,
+    )
     assert r.returncode == 0, r.stderr
     return d, r
 
@@ -36,14 +57,33 @@ def test_report_text_and_json(made):
     d, _ = made
     r = cli("report", "run.parquet", cwd=d)
     assert r.returncode == 0, r.stderr
-    for title in ("1. Run", "2. Architecture", "3. Calls", "4. Sequences", "5. Staleness", "6. State health",
-                  "7. Findings", "provenance check"):
+    for title in (
+        "1. Run",
+        "2. Architecture",
+        "3. Calls",
+        "4. Sequences",
+        "5. Staleness",
+        "6. State health",
+        "7. Findings",
+        "provenance check",
+    ):
         assert title in r.stdout
     j = cli("report", "run.parquet", "--json", cwd=d)
     assert j.returncode == 0
     rep = json.loads(j.stdout)
-    assert list(rep) == ["path", "schema_version", "warnings", "run", "architecture", "calls", "sequences",
-                         "staleness", "health", "findings", "unavailable"]
+    assert list(rep) == [
+        "path",
+        "schema_version",
+        "warnings",
+        "run",
+        "architecture",
+        "calls",
+        "sequences",
+        "staleness",
+        "health",
+        "findings",
+        "unavailable",
+    ]
     assert rep["run"]["env_id"] == "CartPole-v1" and rep["run"]["completed"] is True
     assert rep["staleness"]["provenance_ok"] is True
 
@@ -55,19 +95,22 @@ def test_schema_command_matches_docs():
     assert r.stdout == docs, "docs/schema.md is stale: regenerate it with `lstm-probe schema --markdown`"
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["run", "Pendulumm-v1"], "unknown env id 'Pendulumm-v1': did you mean Pendulum-v1"),
-    (["run", "Pendulum-v1", "--steps", "0"], "--steps must be >= 1"),
-    (["run", "Pendulum-v1", "--steps", "ten"], "Invalid value for '--steps'"),
-    (["run", "Pendulum-v1", "--hyperparam", "gama=0.9"], "did you mean gamma"),
-    (["run", "Pendulum-v1", "--hyperparam", "gamma"], "is not KEY=VALUE"),
-    (["run", "Pendulum-v1", "--out", "/proc/nope/run.parquet"], "not writable"),
-    (["run", "Pendulum-v1", "--capture", "most"], "--capture must be full or summary"),
-    (["report", "missing.parquet"], "does not exist"),
-    (["report", "notparquet.txt"], "not a readable Parquet file"),
-    (["report", "foreign.parquet"], "not an lstm-probe log"),
-    (["bogus"], "No such command"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["run", "Pendulumm-v1"], "unknown env id 'Pendulumm-v1': did you mean Pendulum-v1"),
+        (["run", "Pendulum-v1", "--steps", "0"], "--steps must be >= 1"),
+        (["run", "Pendulum-v1", "--steps", "ten"], "Invalid value for '--steps'"),
+        (["run", "Pendulum-v1", "--hyperparam", "gama=0.9"], "did you mean gamma"),
+        (["run", "Pendulum-v1", "--hyperparam", "gamma"], "is not KEY=VALUE"),
+        (["run", "Pendulum-v1", "--out", "/proc/nope/run.parquet"], "not writable"),
+        (["run", "Pendulum-v1", "--capture", "most"], "--capture must be full or summary"),
+        (["report", "missing.parquet"], "does not exist"),
+        (["report", "notparquet.txt"], "not a readable Parquet file"),
+        (["report", "foreign.parquet"], "not an lstm-probe log"),
+        (["bogus"], "No such command"),
+    ],
+)
 def test_bad_input_one_line_exit_2(tmp_path, args, needle):
     (tmp_path / "notparquet.txt").write_text("hello")
     pd.DataFrame({"a": [1]}).to_parquet(tmp_path / "foreign.parquet")

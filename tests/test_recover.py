@@ -30,7 +30,7 @@ def test_lstm_sequence_states_exact(layers):
     x = torch.randn(13, 4, 5)
     h0, c0 = torch.randn(layers, 4, 7), torch.randn(layers, 4, 7)
     with torch.no_grad():
-        y, (hn, cn) = m(x, (h0, c0))
+        y, (_hn, cn) = m(x, (h0, c0))
         hs, cs = lstm_sequence_states(m, x, h0, c0, y)
         ref_h, ref_c = stepwise(m, x, h0, c0)
     assert np.abs(hs - ref_h).max() < 1e-6

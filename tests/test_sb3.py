@@ -1,7 +1,6 @@
 """ProbeCallback inside real RecurrentPPO training: never changes it, never leaks into it."""
 
 import gymnasium as gym
-import numpy as np
 import pytest
 import torch
 from sb3_contrib import RecurrentPPO
@@ -23,8 +22,10 @@ def params(model):
     return {k: v.clone() for k, v in model.policy.state_dict().items()}
 
 
-@pytest.mark.parametrize("policy_kwargs", [{"lstm_hidden_size": 16},
-                                           {"lstm_hidden_size": 16, "shared_lstm": True, "enable_critic_lstm": False}])
+@pytest.mark.parametrize(
+    "policy_kwargs",
+    [{"lstm_hidden_size": 16}, {"lstm_hidden_size": 16, "shared_lstm": True, "enable_critic_lstm": False}],
+)
 def test_probe_never_changes_training(tmp_path, policy_kwargs):
     a = make(policy_kwargs=policy_kwargs)
     a.learn(160)
