@@ -70,6 +70,13 @@ def run(
     capture: Annotated[str, typer.Option(help="full: h and c vectors; summary: norms and drift only.")] = "full",
     every: Annotated[int, typer.Option(help="Keep full vectors every K-th iteration only.")] = 1,
     float16: Annotated[bool, typer.Option("--float16", help="Store vectors as float16.")] = False,
+    part_seconds: Annotated[
+        float,
+        typer.Option(
+            help="Close a finished part file this often: a killed run "
+            "loses at most the rows of the last this-many seconds."
+        ),
+    ] = 60.0,
     torch_threads: Annotated[
         int | None,
         typer.Option(help="torch.set_num_threads (1 is fastest on small models and gives reproducible runs)."),
@@ -98,30 +105,34 @@ def run(
         def progress(done: int, total: int) -> None:
             bar.update(task, completed=min(done, total))
 
-        result = run_(
-            env_id,
-            out_path,
-            steps=steps,
-            seed=seed,
-            n_envs=n_envs,
-            n_steps=n_steps,
-            batch_size=batch_size,
-            n_epochs=n_epochs,
-            learning_rate=learning_rate,
-            hidden_size=hidden_size,
-            lstm_layers=lstm_layers,
-            shared_lstm=shared_lstm,
-            critic_lstm=critic_lstm,
-            device=device,
-            force=force,
-            hyperparams=params,
-            capture=capture,
-            every=every,
-            float16=float16,
-            torch_threads=torch_threads,
-            command=command,
-            progress=progress,
-        )
+        try:
+            result = run_(
+                env_id,
+                out_path,
+                steps=steps,
+                seed=seed,
+                n_envs=n_envs,
+                n_steps=n_steps,
+                batch_size=batch_size,
+                n_epochs=n_epochs,
+                learning_rate=learning_rate,
+                hidden_size=hidden_size,
+                lstm_layers=lstm_layers,
+                shared_lstm=shared_lstm,
+                critic_lstm=critic_lstm,
+                device=device,
+                force=force,
+                hyperparams=params,
+                capture=capture,
+                every=every,
+                float16=float16,
+                torch_threads=torch_threads,
+                part_seconds=part_seconds,
+                command=command,
+                progress=progress,
+            )
+        except KeyboardInterrupt as exc:  # Ctrl-C / SIGTERM: the probe already closed the log
+            raise Interrupted(f"interrupted ({exc or 'Ctrl-C'}): {_partial_note(out_path)}") from None
     out.print(
         f"wrote [bold]{result.path}[/]: {result.rows:,} rows, {_human_bytes(result.bytes)}, "
         f"{result.num_timesteps:,} env steps in {result.seconds:.1f} s"
@@ -289,11 +300,16 @@ def main(argv: list[str] | None = None) -> None:
     show_tb = "--traceback" in args
     args = [a for a in args if a != "--traceback"]
     try:
+        # Both stop training and close the log; SIGINT explicitly, since a shell's background job
+        # inherits it ignored.
         signal.signal(signal.SIGTERM, _interrupt)
+        signal.signal(signal.SIGINT, _interrupt)
     except ValueError:  # not the main thread
         pass
     try:
-        app(args=args, prog_name="lstm-probe", standalone_mode=False)
+        code = app(args=args, prog_name="lstm-probe", standalone_mode=False)
+        if isinstance(code, int) and code:
+            raise SystemExit(code)
     except typer.Exit as exc:
         raise SystemExit(exc.exit_code) from None
     except typer.Abort:
@@ -312,7 +328,12 @@ def main(argv: list[str] | None = None) -> None:
             raise
         err.print(f"error: {exc}", markup=False, highlight=False)
         raise SystemExit(Exit.BAD_INPUT) from None
-    except (OutputError, Interrupted, ProbeError) as exc:
+    except Interrupted as exc:
+        if show_tb:
+            raise
+        err.print(str(exc), markup=False, highlight=False)
+        raise SystemExit(Exit.INTERRUPTED) from None
+    except (OutputError, ProbeError) as exc:
         if show_tb:
             raise
         err.print(f"error: {exc}", markup=False, highlight=False)
@@ -320,25 +341,29 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt as exc:
         if show_tb:
             raise
-        err.print(f"interrupted ({exc or 'Ctrl-C'}): {_partial_note(args)}", markup=False, highlight=False)
+        err.print(f"interrupted ({exc or 'Ctrl-C'})", markup=False, highlight=False)
         raise SystemExit(Exit.INTERRUPTED) from None
     except Exception as exc:
         if show_tb:
             raise
         msg = str(exc).splitlines()[0] if str(exc) else ""
-        note = _partial_note(args) if args and args[0] == "run" else "rerun with --traceback for details"
+        note = _partial_note(_out_arg(args)) if args and args[0] == "run" else "rerun with --traceback for details"
         err.print(f"error: {type(exc).__name__}: {msg} ({note})", markup=False, highlight=False)
         raise SystemExit(Exit.FAILED) from None
 
 
-def _partial_note(args: list[str]) -> str:
-    """After a failed or interrupted run: what the log holds now."""
+def _out_arg(args: list[str]) -> str:
     path = "run.parquet"
     for i, a in enumerate(args):
         if a in ("--out", "-o") and i + 1 < len(args):
             path = args[i + 1]
         elif a.startswith("--out="):
             path = a.split("=", 1)[1]
+    return path
+
+
+def _partial_note(path: str) -> str:
+    """After a failed or interrupted run: what the log holds now."""
     try:
         from lstm_probe.load import read_info
 

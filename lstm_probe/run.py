@@ -125,6 +125,8 @@ def run(
     for name, value, low in checks:
         if value is not None and value < low:
             raise BadInput(f"--{name.replace('_', '-')} must be >= {low}, got {value}")
+    if not part_seconds > 0:
+        raise BadInput(f"--part-seconds must be > 0, got {part_seconds}")
     if learning_rate is not None and not learning_rate > 0:
         raise BadInput(f"--learning-rate must be > 0, got {learning_rate}")
     if shared_lstm and critic_lstm:

@@ -243,6 +243,8 @@ class LogWriter:
             self._free.put(Rows(self.capacity, hidden_size))
         self._todo: queue.Queue[Rows | None] = queue.Queue(maxsize=queue_size)
         self.current: Rows = self._free.get()
+        self._flush_seconds = part_seconds / 2
+        self._last_flush = time.monotonic()
         self.rows_written = 0
         self.progress: dict[str, Any] = {}
         self.error: BaseException | None = None
@@ -265,9 +267,14 @@ class LogWriter:
     def commit(self, n: int) -> None:
         self.current.n += n
         self.rows_written += n
+        now = time.monotonic()
+        if now - self._last_flush >= self._flush_seconds:  # small logs too reach disk in bounded time
+            self.flush()
+
 
     def flush(self) -> None:
         """Hand the current buffer to the writer thread (blocks only while the queue is full)."""
+        self._last_flush = time.monotonic()
         if self.current.n == 0:
             return
         full = self.current

@@ -1,0 +1,67 @@
+"""Real signals at real points of a real run: what is left is readable and says how far it got."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import lstm_probe
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+ARGS = ["run", "Pendulum-v1", "--steps", "100000", "--n-steps", "32", "--batch-size", "32", "--n-epochs", "1",
+        "--hidden-size", "8", "--torch-threads", "1", "--part-seconds", "0.3"]
+
+
+def start(tmp_path):
+    return subprocess.Popen([sys.executable, "-m", "lstm_probe", *ARGS], cwd=tmp_path, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_parts(tmp_path, n, timeout=120):
+    partial = tmp_path / "run.parquet.partial"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if len(list(partial.glob("part-*.parquet"))) >= n:
+            return
+        time.sleep(0.05)
+    raise AssertionError("the run wrote no part files")
+
+
+@pytest.mark.parametrize("sig,parts", [(signal.SIGINT, 1), (signal.SIGTERM, 2), (signal.SIGINT, 3)])
+def test_interrupt_closes_a_valid_log(tmp_path, sig, parts):
+    proc = start(tmp_path)
+    wait_for_parts(tmp_path, parts)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert len(err.strip().splitlines()) == 1 and "completed: false" in err and "Traceback" not in err
+    info = lstm_probe.read_info(tmp_path / "run.parquet")
+    assert not info.completed and info.rows > 0
+    assert info.metadata["progress"]["rows"] == info.rows  # every row the probe took was written
+    assert not (tmp_path / "run.parquet.partial").exists()
+    assert len(lstm_probe.load(tmp_path / "run.parquet", vectors=False)) == info.rows
+    rep = lstm_probe.summarize(tmp_path / "run.parquet")
+    assert any("did not complete" in w for w in rep.warnings)
+
+
+@pytest.mark.parametrize("parts", [1, 3])
+def test_sigkill_loses_only_the_open_part(tmp_path, parts):
+    proc = start(tmp_path)
+    wait_for_parts(tmp_path, parts)
+    proc.kill()
+    proc.communicate(timeout=60)
+    assert not (tmp_path / "run.parquet").exists()
+    info = lstm_probe.read_info(tmp_path / "run.parquet")  # salvages run.parquet.partial/
+    assert not info.completed and info.rows > 0 and len(info.files) >= parts
+    assert any("never finished" in w for w in info.warnings)
+    df = lstm_probe.load(tmp_path / "run.parquet", vectors=False)
+    assert len(df) == info.rows
+    # calls are whole: every finished part ends at a call boundary, none is cut in half
+    calls = df.groupby("call").size()
+    assert calls.index.max() + 1 == len(calls)
+    r = subprocess.run([sys.executable, "-m", "lstm_probe", "report", "run.parquet", "--json"], cwd=tmp_path,
+                       env=ENV, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "never finished" in r.stderr + r.stdout

@@ -1,0 +1,150 @@
+"""summarize() on real logs: numbers recomputed independently from the rows, and bad logs."""
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from conftest import probed_run
+from torch import nn
+
+import lstm_probe
+from lstm_probe import summarize
+
+
+@pytest.mark.parametrize(
+    "env_id,opts",
+    [("Pendulum-v1", {"n_envs": 4}), ("CartPole-v1", {}), ("Pendulum-v1", {"shared_lstm": True}),
+     ("CartPole-v1", {"critic_lstm": False}), ("Pendulum-v1", {"lstm_layers": 2, "n_envs": 2})],
+)
+def test_report_numbers_match_rows(runs_dir, env_id, opts):
+    result = probed_run(runs_dir, env_id, **opts)
+    rep = summarize(result.path)
+    df = lstm_probe.load(result.path, vectors=False)
+    assert rep.run.rows == len(df) and rep.run.completed and rep.run.env_id == env_id
+    n_steps, n_envs = 32, opts.get("n_envs", 1)
+    # calls: one rollout call per module per rollout step
+    roll_calls = {g.module: g.calls for g in rep.calls.groups if g.phase == "rollout"}
+    steps = df[(df.phase == "rollout")].env_step.nunique()
+    assert all(v == steps for v in roll_calls.values())
+    rollout_shapes = {k for g in rep.calls.groups if g.phase == "rollout" for k in g.shapes}
+    assert rollout_shapes == {f"1 x {n_envs}"}
+    # sequences per minibatch, recomputed from first principles: 1 + the episode starts and env
+    # boundaries strictly inside the minibatch (sb3-contrib create_sequencers)
+    t = df[(df.phase == "train") & (df.module == "actor") & (df.layer == 0) & ~df.padding]
+    expected: dict[int, int] = {}
+    for _, mb in t.groupby(["iteration", "epoch", "minibatch"]):
+        firsts = mb[mb.t == 0]
+        inner = firsts[firsts.seq > 0]
+        cuts = (inner.episode_start.astype(bool) | (inner.env_step % n_steps == 0)).sum()
+        assert cuts == len(inner)
+        n = 1 + int(cuts)
+        expected[n] = expected.get(n, 0) + 1
+    assert rep.calls.sequences_per_minibatch == dict(sorted(expected.items()))
+    assert rep.calls.minibatches == sum(expected.values())
+    # sequence lengths add up to the rollout size per epoch
+    starts = t[t.t == 0]
+    per_epoch = starts.groupby(["iteration", "epoch"]).seq_len.sum()
+    assert (per_epoch == n_steps * n_envs).all()
+    assert rep.sequences.sequences == len(starts)
+    assert rep.sequences.length["max"] == starts.seq_len.max()
+    assert rep.staleness.provenance_ok is True
+    assert rep.staleness.provenance_max_drift_h < 1e-5
+    assert {r["module"] for r in rep.staleness.by_epoch} == set(df.module)
+    assert [h["layer"] for h in rep.health.layers if h["module"] == "actor"] == list(range(opts.get("lstm_layers", 1)))
+    assert any("provenance check" in f for f in rep.findings)
+    json.dumps(rep.to_dict())  # JSON-able
+
+
+def test_episode_lengths_pendulum(runs_dir):
+    result = probed_run(runs_dir, "Pendulum-v1", steps=256, n_steps=128, batch_size=128, n_epochs=2)
+    rep = summarize(result.path)
+    assert rep.sequences.episodes_completed == 1 and rep.sequences.episode_length["max"] == 200
+    assert rep.calls.sequence_start_reasons["split"] == 4  # one per epoch, 2 iterations x 2 epochs
+    assert rep.architecture.critic == "lstm"
+
+
+def make_log(tmp_path, name="g.parquet", calls=3):
+    torch.manual_seed(0)
+    m = nn.LSTM(2, 4)
+    path = tmp_path / name
+    with torch.no_grad(), lstm_probe.trace(m, path):
+        for _ in range(calls):
+            m(torch.randn(1, 2, 2))
+    return path
+
+
+def test_zero_row_log_reports_with_warning(tmp_path):
+    path = make_log(tmp_path, calls=0)
+    rep = summarize(path)
+    assert rep.run.rows == 0 and any("no rows" in w for w in rep.warnings)
+
+
+def test_newer_schema_is_refused(tmp_path):
+    path = make_log(tmp_path)
+    t = pq.read_table(path)
+    meta = dict(t.schema.metadata)
+    meta[b"lstm_probe.schema_version"] = b"99"
+    pq.write_table(t.replace_schema_metadata(meta), tmp_path / "new.parquet")
+    with pytest.raises(lstm_probe.BadLog, match="newer than this lstm-probe reads"):
+        summarize(tmp_path / "new.parquet")
+
+
+def test_missing_column_is_refused(tmp_path):
+    path = make_log(tmp_path)
+    t = pq.read_table(path).drop_columns(["env_step"])
+    pq.write_table(t, tmp_path / "cut.parquet")
+    with pytest.raises(lstm_probe.BadLog, match="lacks the column"):
+        summarize(tmp_path / "cut.parquet")
+
+
+def test_truncated_file_is_refused(tmp_path):
+    path = make_log(tmp_path)
+    data = path.read_bytes()
+    (tmp_path / "trunc.parquet").write_bytes(data[: len(data) // 2])
+    with pytest.raises(lstm_probe.BadLog, match="not a readable Parquet file"):
+        summarize(tmp_path / "trunc.parquet")
+
+
+def test_log_metadata_is_json_not_pickle(tmp_path):
+    path = make_log(tmp_path)
+    meta = pq.ParquetFile(path).schema_arrow.metadata
+    json.loads(meta[b"lstm_probe.run"])
+    assert b"pandas" not in meta  # nothing but our JSON and the version
+
+
+def test_dataset_directory_output(tmp_path):
+    m = nn.LSTM(2, 4)
+    out = tmp_path / "ds"
+    with torch.no_grad(), lstm_probe.trace(m, str(out) + "/"):
+        for _ in range(5):
+            m(torch.randn(1, 3, 2))
+    parts = sorted(out.glob("part-*.parquet"))
+    assert parts
+    assert len(lstm_probe.load(out)) == 15
+    import pyarrow.dataset as ds
+
+    assert ds.dataset(str(out), format="parquet").count_rows() == 15  # any Arrow engine reads it as one table
+    assert summarize(out).run.rows == 15
+
+
+def test_nan_states_are_data(tmp_path):
+    m = nn.LSTM(2, 4)
+    with torch.no_grad(), lstm_probe.trace(m, tmp_path / "nan.parquet") as probe, probe.tag(phase="rollout"):
+        m(torch.full((1, 1, 2), float("nan")))
+        m(torch.randn(1, 1, 2))
+    df = lstm_probe.load(tmp_path / "nan.parquet")
+    assert np.isnan(lstm_probe.states(df, "h")[0]).all()
+    rep = summarize(tmp_path / "nan.parquet")
+    assert rep.run.rows == 2
+    assert rep.health.layers[0]["nan_or_inf_rows"] == 1
+    assert any("NaN" in f for f in rep.findings)
+
+
+def test_foreign_parquet_with_lstm_like_columns(tmp_path):
+    t = pa.table({"call": [1], "h": [[0.1]]})
+    pq.write_table(t, tmp_path / "f.parquet")
+    with pytest.raises(lstm_probe.BadLog, match="not an lstm-probe log"):
+        summarize(tmp_path / "f.parquet")
