@@ -33,6 +33,8 @@ PATH = {p: i for i, p in enumerate(PATHS)}
 BOOTSTRAP = {b: i for i, b in enumerate(BOOTSTRAPS)}
 SEQ_REASON = {r: i for i, r in enumerate(SEQ_REASONS)}
 CAPTURES = ("full", "summary")
+MAX_PENDING = 256
+"""One-step calls kept before they are written as one block (bounds the memory they hold)."""
 
 
 @dataclass
@@ -57,6 +59,24 @@ class Grid:
     def shape(self) -> tuple[int, int]:
         n, t = self.env.shape
         return n, t
+
+    @staticmethod
+    def concat(grids: list[Grid]) -> Grid:
+        """Grids of non-train calls stacked along the batch axis."""
+        if len(grids) == 1:
+            return grids[0]
+
+        def cat(field: str) -> np.ndarray:
+            return np.concatenate([getattr(g, field) for g in grids])
+
+        return Grid(
+            env=cat("env"),
+            env_step=cat("env_step"),
+            episode=cat("episode"),
+            episode_step=cat("episode_step"),
+            episode_start=cat("episode_start"),
+            padding=cat("padding"),
+        )
 
 
 @dataclass
@@ -249,6 +269,9 @@ class Tracer:
         self.writer: LogWriter | None = None
         self.calls = 0
         self.unsupported_calls = 0
+        self._pending: dict[str, list[tuple[int, Grid | None, np.ndarray, np.ndarray | None]]] = {}
+        self._pending_tags: Tags | None = None
+        self._pending_key: tuple[Any, ...] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self) -> Tracer:
@@ -282,6 +305,10 @@ class Tracer:
         self.detach()
         if self.writer is None:
             return None
+        try:
+            self.flush_pending()
+        except Exception:  # never let a failed flush hide how the run ended
+            pass
         writer, self.writer = self.writer, None
         writer.progress["calls"] = self.calls
         final = {
@@ -427,25 +454,92 @@ class Tracer:
         return h0, c0
 
     def _emit(self, name: str, code: int, steps: int, batch: int, hs: np.ndarray, cs: np.ndarray | None) -> None:
-        """Write the rows of one call. hs/cs: (L, N, T', H) states after each step of the call."""
-        writer = self.writer
-        if writer is None:
+        """Take the states of one call. hs/cs: (L, N, T', H) states after each step of the call.
+
+        One-step calls are kept and written in blocks: the steps of a per-timestep loop over a
+        sequence batch (sb3's 'stepwise' path) along the time axis, consecutive one-step calls with the
+        same tags (rollout steps) along the batch axis. One numpy pass per block instead of one per
+        call is what keeps the hook cheap; a block is written when the tags change, when it holds
+        MAX_PENDING calls, and at close.
+        """
+        if self.writer is None:
             return
         tags = self.resolver(name, steps, batch)
-        layers = hs.shape[0]
         grid = tags.grid
-        t0 = 0
+        call = self.calls
+        self.calls += 1
+        key: tuple[Any, ...] | None = None
         if steps == 1 and grid is not None and grid.shape[1] > 1:
-            t0 = tags.stepwise.get(name, 0)
-            tags.stepwise[name] = t0 + 1
-            path = PATH["stepwise"]
-        else:
+            key = ("stepwise", id(tags))
+            tags.stepwise[name] = tags.stepwise.get(name, 0) + 1
+        elif steps == 1 and (grid is None or (not grid.train and grid.shape == (batch, 1))):
+            key = ("step", tags.phase, tags.iteration, tags.epoch, tags.minibatch, tags.bootstrap, grid is None)
+        if key is None:
+            self.flush_pending()
             path = PATH["sequence"] if steps > 1 else PATH["step"]
+            self._write(name, code, tags, 0, path, np.full(batch * steps, call, np.int64), hs, cs)
+            return
+        if key != self._pending_key:
+            self.flush_pending()
+            self._pending_key, self._pending_tags = key, tags
+        items = self._pending.setdefault(name, [])
+        items.append((call, grid, hs, cs))
+        if len(items) >= MAX_PENDING and key[0] == "step":
+            self.flush_pending()
+
+    def flush_pending(self) -> None:
+        """Write the kept one-step calls (see :meth:`_emit`)."""
+        pending, tags, key = self._pending, self._pending_tags, self._pending_key
+        self._pending, self._pending_tags, self._pending_key = {}, None, None
+        if tags is None or key is None:
+            return
+        for name, items in pending.items():
+            code = self.module_code[name]
+            calls = np.array([c for c, _, _, _ in items], np.int64)
+            with_c = items[0][3] is not None
+            if key[0] == "stepwise":
+                hs = np.concatenate([h for _, _, h, _ in items], axis=2)  # (L, N, T', H)
+                cs = np.concatenate([c for _, _, _, c in items], axis=2) if with_c else None
+                t0 = tags.stepwise.get(name, len(items)) - len(items)
+                per_col = np.tile(calls, hs.shape[1])  # (N * T',) in column-major order: n, then t
+                self._write(name, code, tags, t0, PATH["stepwise"], per_col, hs, cs)
+                continue
+            hs = np.concatenate([h for _, _, h, _ in items], axis=1)  # (L, sum N, 1, H)
+            cs = np.concatenate([c for _, _, _, c in items], axis=1) if with_c else None
+            per_col = np.repeat(calls, [h.shape[1] for _, _, h, _ in items])
+            block = tags
+            if items[0][1] is not None:
+                block = Tags(
+                    tags.phase,
+                    tags.iteration,
+                    tags.epoch,
+                    tags.minibatch,
+                    tags.bootstrap,
+                    grid=Grid.concat([g for _, g, _, _ in items if g is not None]),
+                )
+            self._write(name, code, block, 0, PATH["step"], per_col, hs, cs)
+
+    def _write(
+        self,
+        name: str,
+        code: int,
+        tags: Tags,
+        t0: int,
+        path: int,
+        call: np.ndarray,
+        hs: np.ndarray,
+        cs: np.ndarray | None,
+    ) -> None:
+        """Rows of one call (or of one per-timestep loop): hs/cs (L, N, T', H), rows ordered layer, column, t."""
+        writer = self.writer
+        assert writer is not None
+        grid = tags.grid
+        layers, batch, steps = hs.shape[0], hs.shape[1], hs.shape[2]
         per_layer = batch * steps
         n = layers * per_layer
         r, i0 = writer.reserve(n)
         i1 = i0 + n
-        r.call[i0:i1] = self.calls
+        r.call[i0:i1] = np.tile(call, layers) if layers > 1 else call
         r.module[i0:i1] = code
         r.layer[i0:i1] = np.repeat(np.arange(layers, dtype=np.int16), per_layer)
         r.phase[i0:i1] = PHASE[tags.phase]
@@ -471,7 +565,6 @@ class Tracer:
         if self.reference_window and grid is not None and tags.phase in ("rollout", "train"):
             self._drift(name, layers, r, i0, i1, tags.phase == "rollout", cs is not None)
         writer.commit(n)
-        self.calls += 1
 
     @staticmethod
     def _fill_grid(r: Rows, i0: int, i1: int, grid: Grid, t0: int, steps: int, layers: int) -> None:

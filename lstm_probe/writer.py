@@ -9,9 +9,10 @@ part being written.
 
 Two output shapes:
 - a directory (``--out runs/x/``): the parts are the log; any Arrow engine reads it as one table.
-- a file (``--out run.parquet``): parts go to ``run.parquet.partial/`` while training runs and are
-  merged into ``run.parquet`` when the log closes. If the process is killed, ``run.parquet.partial/``
-  stays behind and the readers salvage it.
+- a file (``--out run.parquet``): the writer thread writes every row group twice, into the parts
+  in ``run.parquet.partial/`` (the crash journal) and into a hidden ``.run.parquet.tmp``, which gets
+  its footer and is renamed to ``run.parquet`` when the log closes (closing costs no copy). If the
+  process is killed, ``run.parquet.partial/`` stays behind and the readers salvage it.
 """
 
 from __future__ import annotations
@@ -150,12 +151,19 @@ class Encoder:
 class PartWriter:
     """Writes record batches into rolling part files of one directory (runs on the writer thread)."""
 
-    def __init__(self, directory: Path, schema: pa.Schema, part_seconds: float, part_rows: int, start_index: int = 0):
+    def __init__(
+        self, directory: Path, schema: pa.Schema, part_seconds: float, part_rows: int, mirror: Path | None = None
+    ):
         self.dir = directory
+        # A single-file log is written alongside the parts (same batches, on this background thread), so
+        # closing it costs only its footer; the parts are its crash journal.
+        self.mirror_path = mirror
+        self.mirror_tmp = mirror.with_name(f".{mirror.name}.tmp") if mirror is not None else None
+        self.mirror: pq.ParquetWriter | None = None
         self.schema = schema
         self.part_seconds = part_seconds
         self.part_rows = part_rows
-        self.index = start_index
+        self.index = 0
         self.writer: pq.ParquetWriter | None = None
         self.tmp: Path | None = None
         self.opened = 0.0
@@ -175,6 +183,10 @@ class PartWriter:
             self._open()
         assert self.writer is not None
         self.writer.write_batch(batch)
+        if self.mirror_tmp is not None:
+            if self.mirror is None:
+                self.mirror = pq.ParquetWriter(self.mirror_tmp, self.schema, compression=COMPRESSION)
+            self.mirror.write_batch(batch)
         self.part_count += batch.num_rows
         if self.part_count >= self.part_rows or time.monotonic() - self.opened >= self.part_seconds:
             self.close_part(progress)
@@ -193,13 +205,24 @@ class PartWriter:
         self.index += 1
         self.writer = None
 
+    def finish_mirror(self, final: dict[str, Any]) -> None:
+        """Close the single-file log with the outcome in its metadata and move it into place."""
+        assert self.mirror_path is not None and self.mirror_tmp is not None
+        if self.mirror is None:
+            self.mirror = pq.ParquetWriter(self.mirror_tmp, self.schema, compression=COMPRESSION)
+        self.mirror.add_key_value_metadata({META_FINAL_KEY.decode(): json.dumps(final, default=str)})
+        self.mirror.close()
+        self.mirror = None
+        os.replace(self.mirror_tmp, self.mirror_path)
+
     def abort(self) -> None:
-        if self.writer is not None:
-            try:
-                self.writer.close()
-            except Exception:
-                pass
-            self.writer = None
+        for w in (self.writer, self.mirror):
+            if w is not None:
+                try:
+                    w.close()
+                except Exception:
+                    pass
+        self.writer = self.mirror = None
 
 
 class LogWriter:
@@ -249,7 +272,9 @@ class LogWriter:
         self.progress: dict[str, Any] = {}
         self.error: BaseException | None = None
         self.closed = False
-        self.parts = PartWriter(self.parts_dir, self.schema, part_seconds, part_rows)
+        self.parts = PartWriter(
+            self.parts_dir, self.schema, part_seconds, part_rows, mirror=None if self.is_dir else self.path
+        )
         self._thread = threading.Thread(target=self._work, name="lstm-probe-writer", daemon=True)
         self._thread.start()
 
@@ -270,7 +295,6 @@ class LogWriter:
         now = time.monotonic()
         if now - self._last_flush >= self._flush_seconds:  # small logs too reach disk in bounded time
             self.flush()
-
 
     def flush(self) -> None:
         """Hand the current buffer to the writer thread (blocks only while the queue is full)."""
@@ -319,26 +343,11 @@ class LogWriter:
                 self.parts._open()
             self.parts.close_part(final)
             if not self.is_dir:
-                merge_parts(self.parts.parts, self.path, self.schema, final)
+                self.parts.finish_mirror(final)
                 shutil.rmtree(self.parts_dir)
         except OSError as exc:
             raise OutputError(f"cannot write the log {self.path}: {exc}") from exc
         return self.path
-
-
-def merge_parts(parts: Sequence[Path], out: Path, schema: pa.Schema, final: dict[str, Any]) -> None:
-    """Copy the row groups of ``parts`` into one file ``out`` (written to a temp name, then renamed)."""
-    tmp = out.with_name(f".{out.name}.tmp")
-    writer = pq.ParquetWriter(tmp, schema, compression=COMPRESSION)
-    try:
-        for part in parts:
-            pf = pq.ParquetFile(part)
-            for i in range(pf.num_row_groups):
-                writer.write_table(pf.read_row_group(i))
-        writer.add_key_value_metadata({META_FINAL_KEY.decode(): json.dumps(final, default=str)})
-    finally:
-        writer.close()
-    os.replace(tmp, out)
 
 
 def check_output(path: Path, *, force: bool, is_dir: bool) -> None:

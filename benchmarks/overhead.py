@@ -1,0 +1,90 @@
+"""Probe overhead, measured side by side: the same RecurrentPPO run with and without the probe.
+
+Runs are interleaved (A B A B ...) so machine noise hits both alike; prints the median ratio
+probed/unprobed with its spread, peak RSS, and the log's bytes per row, for each capture level.
+
+    python benchmarks/overhead.py --steps 20000 --n-envs 1 8 --threads 1 2 --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+CHILD = r"""
+import json, os, resource, sys, time
+import torch
+cfg = json.loads(sys.argv[1])
+torch.set_num_threads(cfg["threads"])
+from sb3_contrib import RecurrentPPO
+from stable_baselines3.common.env_util import make_vec_env
+from lstm_probe import ProbeCallback
+env = make_vec_env(cfg["env"], n_envs=cfg["n_envs"], seed=0)
+model = RecurrentPPO("MlpLstmPolicy", env, seed=0)
+cb = None
+if cfg["capture"] != "none":
+    cb = ProbeCallback(cfg["out"], capture=cfg["capture"].replace("-f16", ""), float16=cfg["capture"].endswith("-f16"),
+                       force=True)
+start = time.perf_counter()
+model.learn(cfg["steps"], callback=cb)
+seconds = time.perf_counter() - start
+rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+size = rows = 0
+if cb is not None:
+    import lstm_probe
+    info = lstm_probe.read_info(cfg["out"])
+    size, rows = info.bytes, info.rows
+print(json.dumps({"seconds": seconds, "rss_mb": rss, "bytes": size, "rows": rows}))
+"""
+
+
+def one(cfg: dict) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": str(cfg["threads"])}
+    r = subprocess.run([sys.executable, "-c", CHILD, json.dumps(cfg)], capture_output=True, text=True, env=env)
+    if r.returncode:
+        raise SystemExit(r.stderr)
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--env", default="Pendulum-v1")
+    ap.add_argument("--steps", type=int, default=20000)
+    ap.add_argument("--n-envs", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--captures", nargs="+", default=["summary", "full", "full-f16"])
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    tmp = tempfile.mkdtemp()
+    print(f"{args.env}, {args.steps} steps, sb3-contrib defaults (hidden 256, n_steps 128), {args.repeats} "
+          "interleaved repeats\n")
+    print(f"{'n_envs':>6} {'thr':>3} {'capture':>9} {'ratio':>7} {'spread':>15} {'base s':>7} {'probe s':>8} "
+          f"{'RSS +MB':>8} {'rows':>9} {'B/row':>6}")
+    for n_envs in args.n_envs:
+        for threads in args.threads:
+            for capture in args.captures:
+                base, probed = [], []
+                for _ in range(args.repeats):
+                    common = {"env": args.env, "steps": args.steps, "n_envs": n_envs, "threads": threads,
+                              "out": os.path.join(tmp, "b.parquet")}
+                    base.append(one({**common, "capture": "none"}))
+                    probed.append(one({**common, "capture": capture}))
+                ratios = [p["seconds"] / b["seconds"] for p, b in zip(probed, base, strict=True)]
+                rss = statistics.median(p["rss_mb"] for p in probed) - statistics.median(b["rss_mb"] for b in base)
+                rows = probed[-1]["rows"]
+                print(f"{n_envs:>6} {threads:>3} {capture:>9} {statistics.median(ratios):>6.3f}x "
+                      f"{min(ratios):>6.3f}-{max(ratios):<6.3f}x {statistics.median(b['seconds'] for b in base):>7.1f} "
+                      f"{statistics.median(p['seconds'] for p in probed):>8.1f} {rss:>8.0f} {rows:>9} "
+                      f"{probed[-1]['bytes'] / max(rows, 1):>6.0f}", flush=True)
+    _ = time
+
+
+if __name__ == "__main__":
+    main()
