@@ -11,13 +11,35 @@ import pytest
 import lstm_probe
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
-ARGS = ["run", "Pendulum-v1", "--steps", "100000", "--n-steps", "32", "--batch-size", "32", "--n-epochs", "1",
-        "--hidden-size", "8", "--torch-threads", "1", "--part-seconds", "0.3"]
+ARGS = [
+    "run",
+    "Pendulum-v1",
+    "--steps",
+    "100000",
+    "--n-steps",
+    "32",
+    "--batch-size",
+    "32",
+    "--n-epochs",
+    "1",
+    "--hidden-size",
+    "8",
+    "--torch-threads",
+    "1",
+    "--part-seconds",
+    "0.3",
+]
 
 
 def start(tmp_path):
-    return subprocess.Popen([sys.executable, "-m", "lstm_probe", *ARGS], cwd=tmp_path, env=ENV,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "lstm_probe", *ARGS],
+        cwd=tmp_path,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def wait_for_parts(tmp_path, n, timeout=120):
@@ -59,9 +81,23 @@ def test_sigkill_loses_only_the_open_part(tmp_path, parts):
     assert any("never finished" in w for w in info.warnings)
     df = lstm_probe.load(tmp_path / "run.parquet", vectors=False)
     assert len(df) == info.rows
-    # calls are whole: every finished part ends at a call boundary, none is cut in half
-    calls = df.groupby("call").size()
-    assert calls.index.max() + 1 == len(calls)
-    r = subprocess.run([sys.executable, "-m", "lstm_probe", "report", "run.parquet", "--json"], cwd=tmp_path,
-                       env=ENV, capture_output=True, text=True, timeout=120)
+    # calls are whole: a call's rows are never split across parts or cut in half
+    roll = df[df.phase == "rollout"]
+    assert (roll.groupby("call").size() == 1).all()  # 1 env, 1 layer: one row per rollout call
+    train = df[df.phase == "train"]
+    per_call = train.groupby("call").agg(rows=("t", "size"), seqs=("seq", "nunique"), steps=("t", "nunique"))
+    assert (per_call.rows == per_call.seqs * per_call.steps).all()
+    parts = [lstm_probe.load(f, vectors=False)[["call"]].assign(part=i) for i, f in enumerate(info.files)]
+    import pandas as pd
+
+    owners = pd.concat(parts).drop_duplicates().groupby("call").size()
+    assert (owners == 1).all()
+    r = subprocess.run(
+        [sys.executable, "-m", "lstm_probe", "report", "run.parquet", "--json"],
+        cwd=tmp_path,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0 and "never finished" in r.stderr + r.stdout

@@ -16,8 +16,13 @@ from lstm_probe import summarize
 
 @pytest.mark.parametrize(
     "env_id,opts",
-    [("Pendulum-v1", {"n_envs": 4}), ("CartPole-v1", {}), ("Pendulum-v1", {"shared_lstm": True}),
-     ("CartPole-v1", {"critic_lstm": False}), ("Pendulum-v1", {"lstm_layers": 2, "n_envs": 2})],
+    [
+        ("Pendulum-v1", {"n_envs": 4}),
+        ("CartPole-v1", {}),
+        ("Pendulum-v1", {"shared_lstm": True}),
+        ("CartPole-v1", {"critic_lstm": False}),
+        ("Pendulum-v1", {"lstm_layers": 2, "n_envs": 2}),
+    ],
 )
 def test_report_numbers_match_rows(runs_dir, env_id, opts):
     result = probed_run(runs_dir, env_id, **opts)
