@@ -156,6 +156,69 @@ def report(
 
 
 @app.command()
+def arch(
+    target: Annotated[
+        str, typer.Argument(help="A gymnasium env id (the policy `run` would build) or a saved model.zip.")
+    ],
+    shared_lstm: Annotated[bool, typer.Option("--shared-lstm", help="One LSTM for actor and critic.")] = False,
+    critic_lstm: Annotated[bool, typer.Option("--critic-lstm/--no-critic-lstm", help="Critic LSTM.")] = True,
+    hidden_size: Annotated[int | None, typer.Option(help="LSTM hidden size [256].")] = None,
+    lstm_layers: Annotated[int | None, typer.Option(help="LSTM layers [1].")] = None,
+    hyperparam: Annotated[list[str] | None, typer.Option(help="KEY=VALUE passed to RecurrentPPO; repeatable.")] = None,
+    env_id: Annotated[str | None, typer.Option("--env", help="With a model.zip: env for a real rollout.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the architecture as JSON.")] = False,
+    dot: Annotated[Path | None, typer.Option(help="Write Graphviz DOT source here.")] = None,
+    svg: Annotated[Path | None, typer.Option(help="Render an SVG here (needs Graphviz's `dot`).")] = None,
+    png: Annotated[Path | None, typer.Option(help="Render a PNG here (needs Graphviz's `dot`).")] = None,
+) -> None:
+    """Show what actor and critic share, and which loss trains which layer (measured gradient flow)."""
+    from lstm_probe.arch import arch as arch_
+    from lstm_probe.arch import load_model, render, to_dot
+    from lstm_probe.run import parse_hyperparams
+
+    model, rollout = load_model(
+        target,
+        env_id=env_id,
+        shared_lstm=shared_lstm,
+        critic_lstm=critic_lstm,
+        hidden_size=hidden_size,
+        lstm_layers=lstm_layers,
+        hyperparams=parse_hyperparams(hyperparam or []),
+    )
+    result = arch_(model, rollout=rollout)
+    source = to_dot(result)
+    if dot is not None:
+        dot.write_text(source)
+    for path, fmt in ((svg, "svg"), (png, "png")):
+        if path is not None:
+            render(source, path, fmt)
+    if as_json:
+        sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")
+        return
+    out.print(f"[bold]{result.policy}[/] ({result.batch})")
+    out.print("actor path:  " + " -> ".join(["obs", *result.actor_path, "action distribution"]))
+    out.print("critic path: " + " -> ".join(["obs", *result.critic_path, "value"]))
+    out.print("shared (same module object on both paths): " + (", ".join(result.shared) or "nothing"))
+    t = Table(title="Gradient flow: which loss reaches each parameter tensor")
+    t.add_column("parameter", overflow="fold", min_width=24)
+    for col in ("shape", "actor", "critic", "policy loss", "value loss", "entropy", "trained by"):
+        t.add_column(col)
+    for p in result.params:
+        t.add_row(
+            p.name,
+            "x".join(map(str, p.shape)),
+            "yes" if p.actor_path else "",
+            "yes" if p.critic_path else "",
+            p.policy_loss,
+            p.value_loss,
+            p.entropy_loss,
+            p.trained_by,
+        )
+    out.print(t)
+    out.print(f"[bold]verdict:[/] {result.verdict}")
+
+
+@app.command()
 def schema(
     markdown: Annotated[bool, typer.Option("--markdown", help="Print docs/schema.md.")] = False,
 ) -> None:

@@ -55,6 +55,8 @@ class ArchitectureSection:
     """Section 2: the recurrent modules and what actor and critic share."""
 
     modules: dict[str, dict[str, Any]]
+    gradient_flow: dict[str, str]
+    """Parameter tensor -> the losses that train it ('policy' | 'value' | 'both' | ...), when recorded."""
     hidden_size: int | None
     shared_lstm: bool | None
     critic: str | None
@@ -290,14 +292,22 @@ def _arch_section(meta: dict[str, Any]) -> ArchitectureSection:
         verdict = "only the actor has an LSTM; the critic is feed-forward (enable_critic_lstm=False)"
     else:
         verdict = f"traced modules: {', '.join(modules) or 'none'}"
-    if arch.get("share_features_extractor") is not None:
+    flow = arch.get("gradient_flow") or {}
+    if flow.get("verdict"):
+        verdict = f"{verdict}. Measured gradient flow ({flow.get('batch', 'one minibatch')}): {flow['verdict']}"
+    elif arch.get("share_features_extractor") is not None:
         verdict += (
             "; the features extractor is shared"
             if arch["share_features_extractor"]
             else "; actor and critic have their own features extractors"
         )
     return ArchitectureSection(
-        modules=modules, hidden_size=meta.get("hidden_size"), shared_lstm=shared, critic=critic, verdict=verdict
+        modules=modules,
+        gradient_flow=flow.get("gradient_flow") or {},
+        hidden_size=meta.get("hidden_size"),
+        shared_lstm=shared,
+        critic=critic,
+        verdict=verdict,
     )
 
 

@@ -81,6 +81,114 @@ def policy_for(observation_space: Any) -> str:
     )
 
 
+def validate(
+    *,
+    steps: int = 1,
+    n_envs: int = 1,
+    n_steps: int | None = None,
+    batch_size: int | None = None,
+    n_epochs: int | None = None,
+    learning_rate: float | None = None,
+    hidden_size: int | None = None,
+    lstm_layers: int | None = None,
+    every: int = 1,
+    torch_threads: int | None = None,
+    part_seconds: float = 60.0,
+    capture: str = "full",
+) -> None:
+    """Check numeric options before anything is built."""
+    checks: tuple[tuple[str, int | None, int], ...] = (
+        ("steps", steps, 1),
+        ("n_envs", n_envs, 1),
+        ("n_steps", n_steps, 2),
+        ("batch_size", batch_size, 2),
+        ("n_epochs", n_epochs, 1),
+        ("hidden_size", hidden_size, 1),
+        ("lstm_layers", lstm_layers, 1),
+        ("every", every, 1),
+        ("torch_threads", torch_threads, 1),
+    )
+    for name, value, low in checks:
+        if value is not None and value < low:
+            raise BadInput(f"--{name.replace('_', '-')} must be >= {low}, got {value}")
+    if not part_seconds > 0:
+        raise BadInput(f"--part-seconds must be > 0, got {part_seconds}")
+    if learning_rate is not None and not learning_rate > 0:
+        raise BadInput(f"--learning-rate must be > 0, got {learning_rate}")
+    if capture not in ("full", "summary"):
+        raise BadInput(f"--capture must be full or summary, got {capture!r}")
+
+
+def build(
+    env_id: str,
+    *,
+    seed: int | None = 0,
+    n_envs: int = 1,
+    n_steps: int | None = None,
+    batch_size: int | None = None,
+    n_epochs: int | None = None,
+    learning_rate: float | None = None,
+    hidden_size: int | None = None,
+    lstm_layers: int | None = None,
+    shared_lstm: bool = False,
+    critic_lstm: bool = True,
+    device: str = "auto",
+    hyperparams: dict[str, Any] | None = None,
+    torch_threads: int | None = None,
+) -> Any:
+    """The RecurrentPPO that ``run`` trains: env, policy class by observation space, sb3-contrib defaults."""
+    check_env_id(env_id)
+    kwargs = dict(hyperparams or {})
+    if shared_lstm and critic_lstm:
+        critic_lstm = False  # sb3-contrib asserts against both; --shared-lstm means the critic reads the actor's LSTM
+
+    import torch
+    from sb3_contrib import RecurrentPPO
+    from stable_baselines3.common.env_util import make_vec_env
+
+    if torch_threads is not None:
+        torch.set_num_threads(torch_threads)
+    if device != "auto":
+        try:
+            torch.device(device)
+        except RuntimeError as exc:
+            raise BadInput(f"--device {device!r}: {exc}") from None
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise BadInput(f"--device {device}: CUDA is not available here; use --device cpu")
+    try:
+        env = make_vec_env(env_id, n_envs=n_envs, seed=seed)
+    except Exception as exc:
+        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise BadInput(f"cannot make env {env_id!r}: {msg}") from None
+    try:
+        policy = policy_for(env.observation_space)
+    except BadInput:
+        env.close()
+        raise
+    policy_kwargs = dict(kwargs.pop("policy_kwargs", {}) or {})
+    if hidden_size is not None:
+        policy_kwargs["lstm_hidden_size"] = hidden_size
+    if lstm_layers is not None:
+        policy_kwargs["n_lstm_layers"] = lstm_layers
+    policy_kwargs["shared_lstm"] = shared_lstm
+    policy_kwargs["enable_critic_lstm"] = critic_lstm
+    given: dict[str, Any] = {
+        "n_steps": n_steps,
+        "batch_size": batch_size,
+        "n_epochs": n_epochs,
+        "learning_rate": learning_rate,
+    }
+    kwargs.update({k: v for k, v in given.items() if v is not None})
+    try:
+        return RecurrentPPO(policy, env, seed=seed, device=device, policy_kwargs=policy_kwargs, **kwargs)
+    except ProbeError:
+        raise
+    except Exception as exc:
+        env.close()
+        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise BadInput(f"RecurrentPPO cannot be built with these options: {msg}") from None
+
+
 def run(
     env_id: str,
     out: str | Path = "run.parquet",
@@ -111,78 +219,43 @@ def run(
 
     Every option is checked before training starts. Options left None take sb3-contrib's defaults.
     """
-    checks: tuple[tuple[str, int | None, int], ...] = (
-        ("steps", steps, 1),
-        ("n_envs", n_envs, 1),
-        ("n_steps", n_steps, 2),
-        ("batch_size", batch_size, 2),
-        ("n_epochs", n_epochs, 1),
-        ("hidden_size", hidden_size, 1),
-        ("lstm_layers", lstm_layers, 1),
-        ("every", every, 1),
-        ("torch_threads", torch_threads, 1),
+    validate(
+        steps=steps,
+        n_envs=n_envs,
+        n_steps=n_steps,
+        batch_size=batch_size,
+        n_epochs=n_epochs,
+        learning_rate=learning_rate,
+        hidden_size=hidden_size,
+        lstm_layers=lstm_layers,
+        every=every,
+        torch_threads=torch_threads,
+        part_seconds=part_seconds,
+        capture=capture,
     )
-    for name, value, low in checks:
-        if value is not None and value < low:
-            raise BadInput(f"--{name.replace('_', '-')} must be >= {low}, got {value}")
-    if not part_seconds > 0:
-        raise BadInput(f"--part-seconds must be > 0, got {part_seconds}")
-    if learning_rate is not None and not learning_rate > 0:
-        raise BadInput(f"--learning-rate must be > 0, got {learning_rate}")
-    if shared_lstm and critic_lstm:
-        critic_lstm = False  # sb3-contrib asserts against both; --shared-lstm means the critic reads the actor's LSTM
-    if capture not in ("full", "summary"):
-        raise BadInput(f"--capture must be full or summary, got {capture!r}")
     out_str = os.fspath(out)
     check_output(Path(out_str), force=force, is_dir=out_str.endswith(("/", os.sep)) or Path(out_str).is_dir())
-    check_env_id(env_id)
-    kwargs = dict(hyperparams or {})
+    model = build(
+        env_id,
+        seed=seed,
+        n_envs=n_envs,
+        n_steps=n_steps,
+        batch_size=batch_size,
+        n_epochs=n_epochs,
+        learning_rate=learning_rate,
+        hidden_size=hidden_size,
+        lstm_layers=lstm_layers,
+        shared_lstm=shared_lstm,
+        critic_lstm=critic_lstm,
+        device=device,
+        hyperparams=hyperparams,
+        torch_threads=torch_threads,
+    )
+    env = model.get_env()
 
-    import torch
-    from sb3_contrib import RecurrentPPO
     from stable_baselines3.common.callbacks import BaseCallback, CallbackList
-    from stable_baselines3.common.env_util import make_vec_env
 
     from lstm_probe.sb3 import ProbeCallback
-
-    if torch_threads is not None:
-        torch.set_num_threads(torch_threads)
-    if device != "auto":
-        try:
-            torch.device(device)
-        except RuntimeError as exc:
-            raise BadInput(f"--device {device!r}: {exc}") from None
-        if device.startswith("cuda") and not torch.cuda.is_available():
-            raise BadInput(f"--device {device}: CUDA is not available here; use --device cpu")
-    try:
-        env = make_vec_env(env_id, n_envs=n_envs, seed=seed)
-    except Exception as exc:
-        raise BadInput(
-            f"cannot make env {env_id!r}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
-        ) from None
-    policy = policy_for(env.observation_space)
-    policy_kwargs = dict(kwargs.pop("policy_kwargs", {}) or {})
-    if hidden_size is not None:
-        policy_kwargs["lstm_hidden_size"] = hidden_size
-    if lstm_layers is not None:
-        policy_kwargs["n_lstm_layers"] = lstm_layers
-    policy_kwargs["shared_lstm"] = shared_lstm
-    policy_kwargs["enable_critic_lstm"] = critic_lstm
-    given: dict[str, Any] = {
-        "n_steps": n_steps,
-        "batch_size": batch_size,
-        "n_epochs": n_epochs,
-        "learning_rate": learning_rate,
-    }
-    kwargs.update({k: v for k, v in given.items() if v is not None})
-    try:
-        model = RecurrentPPO(policy, env, seed=seed, device=device, policy_kwargs=policy_kwargs, **kwargs)
-    except ProbeError:
-        raise
-    except Exception as exc:
-        env.close()
-        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise BadInput(f"RecurrentPPO cannot be built with these options: {msg}") from None
 
     callbacks: list[BaseCallback] = []
     probe = ProbeCallback(

@@ -175,6 +175,10 @@ class ProbeCallback(BaseCallback):
         self.terminal_queue: list[int] = []
         self.last_dones = np.zeros(self.n_envs, bool)
         meta = model_metadata(model)
+        from lstm_probe.arch import summary
+
+        # Measured on a synthetic minibatch with a local RNG: training stays bit-identical.
+        meta["architecture_sb3"]["gradient_flow"] = summary(model)
         meta["total_timesteps"] = int(self.locals.get("total_timesteps", 0))
         meta["architecture_sb3"]["lstm_modules"] = list(modules)
         meta.update(self.extra_metadata)

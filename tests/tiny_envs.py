@@ -1,0 +1,33 @@
+"""Tiny envs with image and Dict observations, for the Cnn and MultiInput policy variants."""
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+
+class TinyImageEnv(gym.Env):
+    observation_space = spaces.Box(0, 255, (36, 36, 3), np.uint8)  # NatureCNN's smallest input
+    action_space = spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self.observation_space.sample(), {}
+
+    def step(self, action):
+        self.t += 1
+        return self.observation_space.sample(), float(action), self.t >= 10, False, {}
+
+
+class TinyDictEnv(gym.Env):
+    observation_space = spaces.Dict({"pos": spaces.Box(-1, 1, (3,), np.float32), "flag": spaces.Discrete(2)})
+    action_space = spaces.Box(-1, 1, (1,), np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self.observation_space.sample(), {}
+
+    def step(self, action):
+        self.t += 1
+        return self.observation_space.sample(), float(action[0]), False, self.t >= 12, {}
