@@ -144,10 +144,30 @@ def run(
 def report(
     path: Annotated[str, typer.Argument(help="A log file, a dataset directory, or a killed run's log name.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON (stable keys).")] = False,
+    html_out: Annotated[
+        Path | None,
+        typer.Option(
+            "--html",
+            help="Also write a self-contained visual report (needs matplotlib: pip install 'lstm-probe[html]').",
+        ),
+    ] = None,
+    iteration: Annotated[int | None, typer.Option(help="--html: the iteration to draw [the last trained].")] = None,
+    env: Annotated[int | None, typer.Option(help="--html: the env whose states to draw [the first].")] = None,
+    episode: Annotated[
+        int | None, typer.Option(help="--html: the episode to draw [the longest of the iteration].")
+    ] = None,
 ) -> None:
     """Explain, from a log, what the LSTMs did and what is wrong with them."""
     from lstm_probe.report import summarize
 
+    if html_out is not None:
+        from lstm_probe.html import build_html
+
+        page = build_html(path, html_out, iteration=iteration, env=env, episode=episode)
+        err.print(
+            f"wrote {page.path}: {len(page.figures)} figures, {_human_bytes(page.bytes)} (iteration "
+            f"{page.iteration}, env {page.env}, episode {page.episode})"
+        )
     rep = summarize(path)
     if as_json:
         sys.stdout.write(json.dumps(rep.to_dict(), indent=2) + "\n")

@@ -1,0 +1,395 @@
+"""``lstm-probe report --html``: one self-contained page with the pictures people read states with.
+
+matplotlib draws static PNGs that are inlined as base64: the file opens anywhere with no network and
+no scripts, and stays small (heat-maps are downsampled, the layout drawing is capped; the page says
+what was sampled). matplotlib is an optional extra: ``pip install 'lstm-probe[html]'``.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from lstm_probe.errors import BadInput
+from lstm_probe.load import load, states
+from lstm_probe.report import Report, summarize
+
+MAX_HEAT_STEPS = 400
+MAX_HEAT_UNITS = 128
+MAX_LAYOUT_EPOCHS = 4
+REASON_MARKERS = {
+    "episode_start": ("o", "episode start"),
+    "env_boundary": ("s", "env boundary"),
+    "split": ("*", "buffer split point"),
+    "minibatch_cut": ("v", "minibatch cut"),
+}
+
+
+@dataclass
+class Page:
+    """What ``build_html`` wrote: the figures it drew and the choices it made."""
+
+    path: str
+    bytes: int
+    figures: list[str]
+    iteration: int | None
+    env: int | None
+    episode: int | None
+    notes: list[str] = field(default_factory=list)
+
+
+def _plt() -> Any:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise BadInput("--html needs matplotlib: pip install 'lstm-probe[html]' (or pip install matplotlib)") from None
+    return plt
+
+
+def _png(fig: Any) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    _plt().close(fig)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def build_html(
+    path: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    iteration: int | None = None,
+    env: int | None = None,
+    episode: int | None = None,
+) -> Page:
+    """Write the visual report of the log at ``path`` to ``out``; defaults show a typical episode of the
+    last iteration."""
+    plt = _plt()
+    rep = summarize(path)
+    scal = load(
+        path,
+        columns=[
+            "call",
+            "module",
+            "layer",
+            "phase",
+            "iteration",
+            "epoch",
+            "minibatch",
+            "seq",
+            "t",
+            "seq_len",
+            "seq_reason",
+            "padding",
+            "env",
+            "env_step",
+            "episode",
+            "episode_step",
+            "h_norm",
+            "c_norm",
+            "drift_h",
+            "drift_c",
+        ],
+    )
+    notes: list[str] = []
+    roll = scal[scal["phase"] == "rollout"]
+    train = scal[(scal["phase"] == "train") & ~scal["padding"].astype(bool)]
+    iters = sorted(roll["iteration"].dropna().unique().astype(int).tolist())
+    if iteration is None and iters:
+        trained = sorted(train["iteration"].dropna().unique().astype(int).tolist())
+        iteration = trained[-1] if trained else iters[-1]
+    elif iteration is not None and iteration not in iters:
+        raise BadInput(f"--iteration {iteration} is not in the log; it holds iterations {iters[:1]}..{iters[-1:]}")
+    if env is None and len(roll):
+        env = int(roll["env"].dropna().min())
+    episode = _pick_episode(roll, env, episode, iteration)
+    figures: list[tuple[str, str, str]] = []
+    layout = _layout_figure(plt, train, iteration, notes)
+    if layout:
+        figures.append(
+            (
+                "Minibatch layout",
+                layout,
+                "Each epoch's minibatches as their sequences on the (env, env "
+                "step) axis, coloured by episode; the marker says why each sequence starts there.",
+            )
+        )
+    heat = _heat_figure(plt, path, roll, train, env, episode, iteration, notes)
+    if heat:
+        figures.append(
+            (
+                "Hidden and cell states",
+                heat,
+                f"Units x time, env {env}, episode {episode}, rollout "
+                "phase; dashed lines: episode start; dotted: where training sequences start.",
+            )
+        )
+    stale = _staleness_figure(plt, train)
+    if stale:
+        figures.append(
+            (
+                "Staleness",
+                stale,
+                "Relative L2 drift ||h_train - h_rollout|| / ||h_rollout|| by epoch and by position in the sequence.",
+            )
+        )
+    hist = _lengths_figure(plt, rep, train)
+    if hist:
+        figures.append(
+            ("Sequence lengths vs episode lengths", hist, "The truncated-BPTT horizon next to the episodes it cuts.")
+        )
+    norms = _norms_figure(plt, roll)
+    if norms:
+        figures.append(("Norms over iterations", norms, "Mean rollout-state norms per module and layer."))
+    page = _page(rep, figures, notes)
+    with open(out, "w", encoding="utf-8") as f:
+        f.write(page)
+    return Page(str(out), len(page.encode()), [t for t, _, _ in figures], iteration, env, episode, notes)
+
+
+def _pick_episode(roll: pd.DataFrame, env: int | None, episode: int | None, iteration: int | None) -> int | None:
+    if env is None or not len(roll):
+        return None
+    mine = roll[roll["env"] == env]
+    eps = sorted(mine["episode"].dropna().unique().astype(int).tolist())
+    if episode is not None:
+        if episode not in eps:
+            raise BadInput(f"--episode {episode} is not in the log for env {env}; it holds episodes {eps}")
+        return episode
+    at = mine[mine["iteration"] == iteration] if iteration is not None else mine
+    lengths = mine.groupby("episode")["episode_step"].max()
+    full = [e for e in eps if e in lengths.index and mine[mine["episode"] == e]["episode_step"].min() == 0]
+    if len(at):
+        candidates = [e for e in at["episode"].dropna().unique().astype(int).tolist() if e in full] or at[
+            "episode"
+        ].dropna().unique().astype(int).tolist()
+        return int(max(candidates, key=lambda e: lengths.get(e, 0)))
+    return eps[-1] if eps else None
+
+
+def _layout_figure(plt: Any, train: pd.DataFrame, iteration: int | None, notes: list[str]) -> str | None:
+    if iteration is None or not len(train):
+        return None
+    t = train[(train["iteration"] == iteration) & (train["layer"] == 0)]
+    if not len(t):
+        return None
+    t = t[t["module"] == t["module"].iloc[0]]
+    starts = t[t["t"] == 0].drop_duplicates(["epoch", "minibatch", "seq"])
+    epochs = sorted(starts["epoch"].dropna().unique().astype(int).tolist())
+    if len(epochs) > MAX_LAYOUT_EPOCHS:
+        notes.append(f"minibatch layout: epochs {epochs[:MAX_LAYOUT_EPOCHS]} of {len(epochs)} drawn")
+        epochs = epochs[:MAX_LAYOUT_EPOCHS]
+    envs = sorted(t["env"].dropna().unique().astype(int).tolist())
+    cmap = plt.get_cmap("tab10")
+    fig, axes = plt.subplots(
+        len(epochs), 1, figsize=(11, 0.6 + 0.45 * len(envs) * len(epochs) + 0.5 * len(epochs)), squeeze=False
+    )
+    for ax, ep in zip(axes[:, 0], epochs, strict=True):
+        s = starts[starts["epoch"] == ep]
+        for _, row in s.iterrows():
+            y = int(row["env"])
+            x0 = int(row["env_step"])
+            ax.barh(
+                y,
+                int(row["seq_len"]),
+                left=x0 - 0.5,
+                height=0.6,
+                color=cmap(int(row["episode"]) % 10),
+                edgecolor="black",
+                linewidth=0.6,
+                alpha=0.85,
+            )
+            marker = REASON_MARKERS.get(str(row["seq_reason"]), ("x", "?"))[0]
+            ax.plot(x0 - 0.5, y, marker=marker, color="black", markersize=7, markerfacecolor="white")
+            ax.text(
+                x0 + int(row["seq_len"]) / 2 - 0.5,
+                y,
+                f"mb{int(row['minibatch'])}",
+                ha="center",
+                va="center",
+                fontsize=7,
+            )
+        ax.set_yticks(envs)
+        ax.set_yticklabels([f"env {e}" for e in envs])
+        ax.set_ylabel(f"epoch {ep}")
+        ax.invert_yaxis()
+    axes[-1, 0].set_xlabel("env step")
+    handles = [
+        plt.Line2D([], [], marker=m, color="black", markerfacecolor="white", linestyle="", label=label)
+        for m, label in REASON_MARKERS.values()
+    ]
+    axes[0, 0].set_title(f"iteration {iteration}: training sequences (bar colour = episode, mbK = minibatch K)")
+    fig.tight_layout()
+    fig.legend(
+        handles=handles,
+        loc="upper center",
+        bbox_to_anchor=(0.5, 0.0),
+        ncol=4,
+        fontsize=9,
+        frameon=False,
+        title="why a sequence starts there",
+    )
+    return _png(fig)
+
+
+def _heat_figure(
+    plt: Any,
+    path: Any,
+    roll: pd.DataFrame,
+    train: pd.DataFrame,
+    env: int | None,
+    episode: int | None,
+    iteration: int | None,
+    notes: list[str],
+) -> str | None:
+    if env is None or episode is None:
+        return None
+    df = load(
+        path, phase="rollout", columns=["module", "layer", "env", "episode", "env_step", "episode_step", "h", "c"]
+    )
+    df = df[(df["env"] == env) & (df["episode"] == episode)]
+    if not len(df) or df["h"].isna().all():
+        notes.append("heat-maps: the log holds no state vectors for that episode (summary capture)")
+        return None
+    keys = sorted({(str(m), int(lv)) for m, lv in zip(df["module"], df["layer"], strict=True)})
+    has_c = df["c"].notna().any()
+    cols = 2 if has_c else 1
+    fig, axes = plt.subplots(len(keys), cols, figsize=(11, 2.6 * len(keys)), squeeze=False)
+    cuts = train[(train["env"] == env) & (train["t"] == 0) & (train["epoch"] == 0)]["env_step"].unique()
+    for row, (module, layer) in enumerate(keys):
+        d = df[(df["module"] == module) & (df["layer"] == layer)].sort_values("env_step")
+        steps = d["env_step"].to_numpy()
+        for col, which in enumerate(["h", "c"][:cols]):
+            m = states(d, which).T  # (units, time)
+            stride_t = max(1, m.shape[1] // MAX_HEAT_STEPS)
+            stride_u = max(1, m.shape[0] // MAX_HEAT_UNITS)
+            if stride_t > 1 or stride_u > 1:
+                notes.append(
+                    f"heat-map {module} layer {layer} {which}: every {stride_t} step(s), every {stride_u} unit(s)"
+                )
+            m = m[::stride_u, ::stride_t]
+            ax = axes[row, col]
+            lim = float(np.nanmax(np.abs(m))) if np.isfinite(m).any() else 1.0
+            im = ax.imshow(
+                m,
+                aspect="auto",
+                cmap="RdBu_r",
+                vmin=-lim,
+                vmax=lim,
+                interpolation="nearest",
+                extent=(steps[0] - 0.5, steps[0] - 0.5 + m.shape[1] * stride_t, m.shape[0] * stride_u, 0),
+            )
+            starts = d[d["episode_step"] == 0]["env_step"]
+            for s in starts:
+                ax.axvline(s - 0.5, color="black", linestyle="--", linewidth=1)
+            for s in cuts:
+                if steps[0] <= s <= steps[-1]:
+                    ax.axvline(s - 0.5, color="green", linestyle=":", linewidth=1.2)
+            ax.set_title(f"{module} layer {layer}: {which}", fontsize=9)
+            ax.set_ylabel("unit")
+            fig.colorbar(im, ax=ax, fraction=0.03)
+    for ax in axes[-1]:
+        ax.set_xlabel("env step")
+    return _png(fig)
+
+
+def _staleness_figure(plt: Any, train: pd.DataFrame) -> str | None:
+    t = train[train["drift_h"].notna()]
+    if not len(t):
+        return None
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3.4))
+    for module, g in t.groupby("module", observed=True):
+        by = g.groupby("epoch")[["drift_h", "drift_c"]].mean()
+        a1.plot(by.index, by["drift_h"], marker="o", label=f"{module} h")
+        if by["drift_c"].notna().any():
+            a1.plot(by.index, by["drift_c"], marker="s", linestyle="--", label=f"{module} c")
+    a1.set_xlabel("epoch")
+    a1.set_ylabel("mean relative drift")
+    a1.legend(fontsize=8)
+    pos = np.where(t["t"] == 0, "first", np.where(t["t"] == t["seq_len"] - 1, "last", "middle"))
+    p = t.assign(position=pos)
+    p = p[p["position"] != "middle"].groupby(["module", "position"], observed=True)["drift_h"].mean().unstack()
+    p.plot.bar(ax=a2, rot=0)
+    a2.set_ylabel("mean relative drift (h)")
+    a2.set_title("by position in sequence", fontsize=9)
+    return _png(fig)
+
+
+def _lengths_figure(plt: Any, rep: Report, train: pd.DataFrame) -> str | None:
+    t = train[(train["t"] == 0) & (train["layer"] == 0)]
+    if not len(t):
+        return None
+    t = t[t["module"] == t["module"].iloc[0]]
+    fig, ax = plt.subplots(figsize=(11, 3))
+    ax.hist(t["seq_len"], bins=30, alpha=0.7, label="training sequence length")
+    ep = rep.sequences.episode_length
+    if ep:
+        ax.axvline(ep["median"], color="red", linestyle="--", label=f"median episode length ({ep['median']:.0f})")
+    ax.set_xlabel("steps")
+    ax.legend(fontsize=8)
+    return _png(fig)
+
+
+def _norms_figure(plt: Any, roll: pd.DataFrame) -> str | None:
+    if not len(roll):
+        return None
+    g = roll.groupby(["module", "layer", "iteration"], observed=True)[["h_norm", "c_norm"]].mean().reset_index()
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3))
+    for (module, layer), d in g.groupby(["module", "layer"], observed=True):
+        a1.plot(d["iteration"], d["h_norm"], marker=".", label=f"{module} L{layer}")
+        a2.plot(d["iteration"], d["c_norm"], marker=".", label=f"{module} L{layer}")
+    a1.set_title("mean ||h||", fontsize=9)
+    a2.set_title("mean ||c||", fontsize=9)
+    for ax in (a1, a2):
+        ax.set_xlabel("iteration")
+        ax.legend(fontsize=8)
+    return _png(fig)
+
+
+def _page(rep: Report, figures: list[tuple[str, str, str]], notes: list[str]) -> str:
+    e = html.escape
+    r = rep.run
+    meta = [
+        ("env", r.env_id),
+        ("algorithm", r.algorithm),
+        ("n_envs", r.n_envs),
+        ("steps", r.steps_done),
+        ("iterations", r.iterations),
+        ("completed", r.completed),
+        ("rows", f"{r.rows:,}"),
+        ("capture", (r.capture or {}).get("mode")),
+    ]
+    parts = [
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>lstm-probe report</title>",
+        "<style>body{font-family:Helvetica,Arial,sans-serif;max-width:1100px;margin:24px auto;color:#222}"
+        "h1{font-size:22px}h2{font-size:17px;margin-top:28px;border-bottom:1px solid #ddd}"
+        "table{border-collapse:collapse}td{padding:2px 10px 2px 0}img{max-width:100%}"
+        ".warn{color:#a33}.note{color:#666;font-size:13px}</style></head><body>",
+        f"<h1>lstm-probe report: {e(str(rep.path))}</h1>",
+    ]
+    for w in rep.warnings:
+        parts.append(f"<p class='warn'>warning: {e(w)}</p>")
+    parts.append(
+        "<table>" + "".join(f"<tr><td><b>{e(k)}</b></td><td>{e(str(v))}</td></tr>" for k, v in meta) + "</table>"
+    )
+    parts.append(f"<p>{e(rep.architecture.verdict)}</p>")
+    parts.append("<h2>Findings</h2><ul>" + "".join(f"<li>{e(f)}</li>" for f in rep.findings) + "</ul>")
+    parts.append(f"<p>{e(rep.calls.explanation)}</p>")
+    for title, png, caption in figures:
+        parts.append(
+            f"<h2>{e(title)}</h2><p class='note'>{e(caption)}</p>"
+            f"<img alt='{e(title)}' src='data:image/png;base64,{png}'>"
+        )
+    if notes:
+        parts.append("<h2>Sampling</h2><ul class='note'>" + "".join(f"<li>{e(n)}</li>" for n in notes) + "</ul>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
