@@ -265,6 +265,7 @@ class Tracer:
         self.refs: dict[str, References] = {}
         self.resolver: Resolver = resolver or self._user_tags
         self._tag_stack: list[dict[str, Any]] = []
+        self._tag_cache: dict[tuple[int, int, int], Tags] = {}
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
         self.writer: LogWriter | None = None
         self.calls = 0
@@ -357,25 +358,45 @@ class Tracer:
             yield
         finally:
             self._tag_stack.pop()
+            self._tag_cache.clear()
 
     def _user_tags(self, name: str, steps: int, batch: int) -> Tags:
+        """Tags of a call from the innermost ``tag()`` block. A tag given as an (N, T) or (1, T) array
+        with T > 1 describes a sequence; one-step calls inside the block then walk along it (a
+        per-timestep loop over a sequence batch, path 'stepwise')."""
         user = self._tag_stack[-1] if self._tag_stack else {}
+        prov = {
+            k: user[k]
+            for k in ("env", "env_step", "episode", "episode_step", "episode_start")
+            if user.get(k) is not None
+        }
+        width = max([steps] + [np.shape(v)[-1] for v in prov.values() if np.ndim(v) == 2])
+        key = (id(user), batch, width)
+        cached = self._tag_cache.get(key)
+        if cached is not None:
+            return cached
         tags = Tags(
             phase=user.get("phase", "other"),
             iteration=user.get("iteration"),
             epoch=user.get("epoch"),
             minibatch=user.get("minibatch"),
         )
-        prov = {k: user[k] for k in ("env", "env_step", "episode", "episode_step", "episode_start") if k in user}
         if prov or tags.phase == "train":
 
             def col(key: str, dtype: Any) -> np.ndarray:
-                if key not in prov or prov[key] is None:
-                    return np.full((batch, steps), -1, dtype)
+                if key not in prov:
+                    return np.full((batch, width), -1, dtype)
                 v = np.asarray(prov[key]).astype(dtype)
                 if v.ndim == 1:
                     v = v[:, None]
-                return np.broadcast_to(v, (batch, steps))
+                try:
+                    return np.broadcast_to(v, (batch, width))
+                except ValueError:
+                    raise BadInput(
+                        f"tag {key} has shape {np.shape(prov[key])}, which does not fit a call of "
+                        f"batch {batch} over {width} step(s); give a scalar, ({batch},), ({batch}, "
+                        f"{width}) or (1, {width})"
+                    ) from None
 
             tags.grid = Grid(
                 env=col("env", np.int32),
@@ -383,12 +404,13 @@ class Tracer:
                 episode=col("episode", np.int64),
                 episode_step=col("episode_step", np.int64),
                 episode_start=col("episode_start", np.int8),
-                padding=np.zeros((batch, steps), np.bool_),
+                padding=np.zeros((batch, width), np.bool_),
                 train=tags.phase == "train",
             )
             if tags.grid.train:
-                tags.grid.seq_len = np.full(batch, steps, np.int32)
+                tags.grid.seq_len = np.full(batch, width, np.int32)
                 tags.grid.seq_reason = np.full(batch, -1, np.int8)
+        self._tag_cache[key] = tags
         return tags
 
     # -- hooks -----------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """ProbeCallback inside real RecurrentPPO training: never changes it, never leaks into it."""
 
 import gymnasium as gym
+import numpy as np
 import pytest
 import torch
 from sb3_contrib import RecurrentPPO
@@ -145,3 +146,58 @@ def test_vecnormalize_three_envs_oracle(tmp_path):
     first = df[(df.phase == "train") & ~df.padding & (df.epoch == 0) & (df.minibatch == 0)]
     assert first.drift_h.notna().all() and first.drift_h.max() < 1e-5 and first.drift_c.max() < 1e-5
     assert sorted(df.env.dropna().unique()) == [0, 1, 2]
+
+
+def test_subproc_vecenv_custom_extractor_progress_bar(tmp_path):
+    import torch.nn as tnn
+    from stable_baselines3.common.callbacks import CheckpointCallback
+    from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
+    from stable_baselines3.common.vec_env import SubprocVecEnv
+
+    class Extractor(BaseFeaturesExtractor):
+        def __init__(self, space, features_dim=12):
+            super().__init__(space, features_dim)
+            self.net = tnn.Sequential(tnn.Linear(space.shape[0], features_dim), tnn.ReLU())
+
+        def forward(self, x):
+            return self.net(x)
+
+    env = make_vec_env("Pendulum-v1", n_envs=2, seed=0, vec_env_cls=SubprocVecEnv)
+    try:
+        model = RecurrentPPO(
+            "MlpLstmPolicy",
+            env,
+            seed=0,
+            **{**KW, "policy_kwargs": {"lstm_hidden_size": 16, "features_extractor_class": Extractor}},
+        )
+        cbs = CallbackList([CheckpointCallback(64, str(tmp_path / "ck")), ProbeCallback(tmp_path / "s.parquet")])
+        model.learn(128, callback=cbs, progress_bar=True)
+    finally:
+        env.close()
+    df = lstm_probe.load(tmp_path / "s.parquet", vectors=False)
+    first = df[(df.phase == "train") & ~df.padding & (df.epoch == 0) & (df.minibatch == 0)]
+    assert first.drift_h.max() < 1e-5 and len(first)
+    meta = lstm_probe.read_info(tmp_path / "s.parquet").metadata
+    assert meta["architecture"]["features_extractor"] == "Extractor"
+    assert meta["architecture"]["modules"]["actor"]["input_size"] == 12
+
+
+def test_callback_log_equals_cli_log(tmp_path):
+    """ProbeCallback in a user's script writes exactly the log `lstm-probe run` writes (one code path)."""
+    from lstm_probe.run import run as cli_run
+
+    cli = cli_run(
+        "CartPole-v1", tmp_path / "cli.parquet", steps=64, seed=0, n_steps=32, batch_size=16, n_epochs=2, hidden_size=16
+    )
+    model = RecurrentPPO(
+        "MlpLstmPolicy",
+        make_vec_env("CartPole-v1", n_envs=1, seed=0),
+        seed=0,
+        **{**KW, "policy_kwargs": {"lstm_hidden_size": 16, "shared_lstm": False, "enable_critic_lstm": True}},
+    )
+    model.learn(64, callback=ProbeCallback(tmp_path / "cb.parquet"))
+    a = lstm_probe.load(cli.path)
+    b = lstm_probe.load(tmp_path / "cb.parquet")
+    assert a.drop(columns=["h", "c"]).equals(b.drop(columns=["h", "c"]))
+    assert np.array_equal(lstm_probe.states(a, "h"), lstm_probe.states(b, "h"))
+    assert np.array_equal(lstm_probe.states(a, "c"), lstm_probe.states(b, "c"))
