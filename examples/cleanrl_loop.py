@@ -58,7 +58,7 @@ with lstm_probe.trace(agent, out=args.out, force=True, reference_window=args.num
     for it in range(args.iterations):
         start_state = (state[0].clone(), state[1].clone())
         buf_obs, buf_done, buf_act = [], [], []
-        for t in range(args.num_steps):
+        for _ in range(args.num_steps):
             with (
                 torch.no_grad(),
                 probe.tag(

@@ -219,6 +219,21 @@ def summarize(path: str | os.PathLike[str]) -> Report:
     seqs = _sequences_section(first_layer)
     stale = _staleness_section(first_layer)
     health = _health_section(data, capture.get("mode") != "summary" and info.rows > 0)
+    # rows are identifiable by (call, module, column, step) only where env or seq names the column
+    tagged = first_layer[first_layer["env"].notna() | first_layer["seq"].notna()]
+    keys = pd.DataFrame(
+        {
+            "call": tagged["call"],
+            "module": tagged["module"].astype(str),
+            **{k: tagged[k].fillna(-1) for k in ("seq", "env", "t")},
+        }
+    )
+    dups = int(keys.duplicated().sum())
+    if dups:
+        warnings.append(
+            f"{dups} duplicate rows (the same call, module, layer, column and step twice): was a part "
+            "file copied or read twice? Sections count them twice"
+        )
     if info.rows == 0:
         warnings.append("the log holds no rows: training made no LSTM call before it stopped")
     if stale.provenance_ok is False:
@@ -505,7 +520,11 @@ def _health_section(data: ds.Dataset, vectors: bool) -> HealthSection:
                 a["c_max"] = max(a["c_max"], float(finite_c.max()))
             if not vectors or hcol.null_count == len(hcol):
                 continue
-            h = np.asarray(hcol.take(sel).flatten().to_numpy(zero_copy_only=False), np.float32).reshape(-1, width)
+            sub = hcol.take(sel)
+            sub = sub.filter(sub.is_valid())
+            if len(sub) == 0:
+                continue
+            h = np.asarray(sub.flatten().to_numpy(zero_copy_only=False), np.float32).reshape(-1, width)
             finite = np.where(np.isfinite(h), h, 0.0)
             a["sat"] += int((np.abs(finite) > SATURATION).sum())
             a["values"] += h.size
@@ -533,7 +552,7 @@ def _health_section(data: ds.Dataset, vectors: bool) -> HealthSection:
 def _findings(r: Report) -> list[str]:
     out: list[str] = []
     s = r.sequences
-    if s.sequences:
+    if s.sequences and s.length:
         ep = s.episode_length
         msg = (
             f"gradients flow back at most {s.length['max']:.0f} steps (median {s.length['median']:.0f}) "

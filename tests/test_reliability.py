@@ -101,3 +101,70 @@ def test_sigkill_loses_only_the_open_part(tmp_path, parts):
         timeout=120,
     )
     assert r.returncode == 0 and "never finished" in r.stderr + r.stdout
+
+
+def _small_fs(path):
+    path.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3M", "tmpfs", str(path)], capture_output=True)
+    if r.returncode:
+        pytest.skip(f"cannot mount a small tmpfs here to fill the disk ({r.stderr.decode().strip()})")
+
+
+def test_disk_full_is_one_line_and_training_stops(tmp_path):
+    disk = tmp_path / "disk"
+    _small_fs(disk)
+    try:
+        args = [
+            "run",
+            "Pendulum-v1",
+            "--steps",
+            "100000",
+            "--n-steps",
+            "32",
+            "--batch-size",
+            "32",
+            "--n-epochs",
+            "1",
+            "--hidden-size",
+            "64",
+            "--torch-threads",
+            "1",
+            "--part-seconds",
+            "0.2",
+            "--out",
+            str(disk / "run.parquet"),
+        ]
+        start = time.monotonic()
+        r = subprocess.run(
+            [sys.executable, "-m", "lstm_probe", *args], env=ENV, capture_output=True, text=True, timeout=300
+        )
+        assert r.returncode == 1, r.stderr
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and "cannot write the log" in lines[0] and "Traceback" not in r.stderr
+        assert time.monotonic() - start < 120  # training stopped instead of running its 100k steps
+        partial = disk / "run.parquet.partial"
+        for part in sorted(partial.glob("part-*.parquet")):  # whatever was finished stays readable
+            assert lstm_probe.read_info(part).rows > 0
+    finally:
+        subprocess.run(["umount", str(disk)])
+
+
+def test_output_removed_mid_run(tmp_path):
+    import shutil
+
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lstm_probe", *ARGS, "--out", f"{out}/"],
+        cwd=tmp_path,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not list(out.glob("part-*.parquet")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    shutil.rmtree(out)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, err
+    assert len(err.strip().splitlines()) == 1 and "cannot write the log" in err

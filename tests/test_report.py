@@ -153,3 +153,16 @@ def test_foreign_parquet_with_lstm_like_columns(tmp_path):
     pq.write_table(t, tmp_path / "f.parquet")
     with pytest.raises(lstm_probe.BadLog, match="not an lstm-probe log"):
         summarize(tmp_path / "f.parquet")
+
+
+def test_duplicate_rows_warn(tmp_path):
+    m = nn.LSTM(2, 4)
+    path = tmp_path / "tagged.parquet"
+    with torch.no_grad(), lstm_probe.trace(m, path) as probe, probe.tag(phase="rollout", env=[0, 1]):
+        for _ in range(3):
+            m(torch.randn(1, 2, 2))
+    t = pq.read_table(path)
+    pq.write_table(pa.concat_tables([t, t]).replace_schema_metadata(t.schema.metadata), tmp_path / "dup.parquet")
+    rep = summarize(tmp_path / "dup.parquet")
+    assert any("6 duplicate rows" in w for w in rep.warnings)
+    assert not any("duplicate" in w for w in summarize(path).warnings)
