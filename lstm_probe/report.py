@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pyarrow.dataset as ds
 
 from lstm_probe.load import LogInfo, dataset
@@ -173,9 +174,70 @@ def _stats(values: pd.Series | np.ndarray) -> dict[str, float]:
     }
 
 
+TRAIN_COLUMNS = [
+    "module",
+    "path",
+    "iteration",
+    "epoch",
+    "minibatch",
+    "seq",
+    "t",
+    "seq_len",
+    "seq_reason",
+    "padding",
+    "drift_h",
+    "drift_c",
+]
+SMALL_INTS = ("iteration", "epoch", "minibatch", "seq", "seq_len", "env", "episode", "episode_step")
+
+
 def _scalars(data: ds.Dataset, columns: list[str], filt: ds.Expression | None) -> pd.DataFrame:
-    table = data.to_table(columns=columns, filter=filt)
-    return table.to_pandas(strings_to_categorical=True)
+    """The scalar columns in compact pandas form, read batch by batch into preallocated arrays: nullable
+    small counters as float32 (NaN = null; exact below 2**24), strings as categoricals. Peak memory is
+    the result plus one batch, whatever the size of the log."""
+    n = data.count_rows(filter=filt)
+    out: dict[str, np.ndarray] = {}
+    vocab: dict[str, dict[str, int]] = {}
+    for name in columns:
+        typ = data.schema.field(name).type
+        if name in SMALL_INTS or pa.types.is_floating(typ):
+            out[name] = np.empty(n, np.float32)
+        elif pa.types.is_string(typ):
+            out[name] = np.empty(n, np.int32)
+            vocab[name] = {}
+        elif pa.types.is_boolean(typ):
+            out[name] = np.empty(n, np.bool_)
+        else:
+            out[name] = np.empty(n, typ.to_pandas_dtype())
+    pos = 0
+    scanner = data.scanner(columns=columns, filter=filt, batch_size=1 << 18, batch_readahead=2, fragment_readahead=1)
+    for batch in scanner.to_batches():
+        k = batch.num_rows
+        for name in columns:
+            arr = batch.column(name)
+            if name in vocab:
+                enc = arr.dictionary_encode()
+                words = vocab[name]
+                remap = np.array(
+                    [words.setdefault(w, len(words)) if w is not None else -1 for w in enc.dictionary.to_pylist()]
+                    + [-1],
+                    np.int32,
+                )
+                idx = enc.indices.fill_null(len(remap) - 1).to_numpy(zero_copy_only=False)
+                out[name][pos : pos + k] = remap[idx]
+            elif out[name].dtype == np.float32:
+                out[name][pos : pos + k] = arr.cast(pa.float32()).fill_null(np.nan).to_numpy(zero_copy_only=False)
+            else:
+                out[name][pos : pos + k] = arr.to_numpy(zero_copy_only=False)
+        pos += k
+    frame: dict[str, Any] = {}
+    for name in columns:
+        col = out[name][:pos]
+        if name in vocab:
+            frame[name] = pd.Categorical.from_codes(col, dtype=pd.CategoricalDtype(list(vocab[name]) or ["-"]))
+        else:
+            frame[name] = col
+    return pd.DataFrame(frame, copy=False)
 
 
 def summarize(path: str | os.PathLike[str]) -> Report:
@@ -196,7 +258,6 @@ def summarize(path: str | os.PathLike[str]) -> Report:
         "layer",
         "phase",
         "path",
-        "bootstrap",
         "iteration",
         "epoch",
         "minibatch",
@@ -206,7 +267,6 @@ def summarize(path: str | os.PathLike[str]) -> Report:
         "seq_reason",
         "padding",
         "env",
-        "env_step",
         "episode",
         "episode_step",
         "drift_h",
@@ -215,9 +275,12 @@ def summarize(path: str | os.PathLike[str]) -> Report:
     first_layer = _scalars(data, cols, ds.field("layer") == 0)
     run = _run_section(info, first_layer)
     arch = _arch_section(meta)
-    calls = _calls_section(first_layer)
-    seqs = _sequences_section(first_layer)
-    stale = _staleness_section(first_layer)
+    # one copy of the train rows (the bulk of a log) with the columns the sections read, shared by them
+    train = first_layer.loc[(first_layer["phase"] == "train").to_numpy(), TRAIN_COLUMNS]
+    roll = first_layer[(first_layer["phase"] == "rollout").to_numpy()]
+    calls = _calls_section(first_layer, train, roll)
+    seqs = _sequences_section(train, roll)
+    stale = _staleness_section(train)
     health = _health_section(data, capture.get("mode") != "summary" and info.rows > 0)
     # rows are identifiable by (call, module, column, step) only where env or seq names the column
     tagged = first_layer[first_layer["env"].notna() | first_layer["seq"].notna()]
@@ -326,32 +389,29 @@ def _arch_section(meta: dict[str, Any]) -> ArchitectureSection:
     )
 
 
-def _calls_section(df: pd.DataFrame) -> CallsSection:
+def _calls_section(df: pd.DataFrame, train: pd.DataFrame, roll: pd.DataFrame) -> CallsSection:
     groups: list[CallGroup] = []
     if len(df):
-        per_call = df.groupby("call", observed=True).agg(
+        per_call = df.groupby("call", observed=True, sort=False).agg(
             module=("module", "first"),
             phase=("phase", "first"),
             path=("path", "first"),
             rows=("t", "size"),
-            steps=("t", "nunique"),
-            seq=("seq", "max"),
+            t0=("t", "min"),
+            t1=("t", "max"),
         )
-        per_call["batch"] = (per_call["rows"] // per_call["steps"]).astype(int)
-        per_call["shape"] = per_call["steps"].astype(str) + " x " + per_call["batch"].astype(str)
-        for (module, phase, path), g in per_call.groupby(["module", "phase", "path"], observed=True):
-            shapes = g["shape"].value_counts().sort_index()
-            groups.append(
-                CallGroup(
-                    str(module),
-                    str(phase),
-                    str(path),
-                    len(g),
-                    int(g["rows"].sum()),
-                    {str(k): int(v) for k, v in shapes.items()},
-                )
-            )
-    train = df[df["phase"] == "train"]
+        per_call["steps"] = per_call["t1"] - per_call["t0"] + 1
+        per_call["batch"] = per_call["rows"] // per_call["steps"]
+        shapes = per_call.groupby(["module", "phase", "path", "steps", "batch"], observed=True).size()
+        shape_counts: dict[tuple[str, ...], dict[str, int]] = {}
+        for key, v in shapes.items():
+            names: Any = key
+            shape_counts.setdefault(tuple(str(x) for x in names[:3]), {})[f"{names[3]} x {names[4]}"] = int(v)
+        totals = per_call.groupby(["module", "phase", "path"], observed=True)["rows"].agg(["size", "sum"])
+        for key, row in totals.iterrows():
+            group: Any = key
+            k = tuple(str(x) for x in group)
+            groups.append(CallGroup(k[0], k[1], k[2], int(row["size"]), int(row["sum"]), shape_counts.get(k, {})))
     spm: dict[int, int] = {}
     reasons: dict[str, int] = {}
     by_path: dict[str, int] = {}
@@ -366,14 +426,13 @@ def _calls_section(df: pd.DataFrame) -> CallsSection:
         by_path = {str(k): int(v) for k, v in mb["path"].first().value_counts().items()}
         starts = t0[t0["t"] == 0].drop_duplicates(["iteration", "epoch", "minibatch", "seq"])
         reasons = {str(k): int(v) for k, v in starts["seq_reason"].value_counts().items() if v}
-    explanation = _explain(df, spm, reasons, by_path)
+    explanation = _explain(roll, spm, reasons, by_path)
     return CallsSection(groups, spm, reasons, n_mb, by_path, explanation)
 
 
-def _explain(df: pd.DataFrame, spm: dict[int, int], reasons: dict[str, int], by_path: dict[str, int]) -> str:
+def _explain(roll: pd.DataFrame, spm: dict[int, int], reasons: dict[str, int], by_path: dict[str, int]) -> str:
     if not spm:
         return "No training calls were recorded."
-    roll = df[df["phase"] == "rollout"]
     batch = int(roll.groupby("call").size().max()) if len(roll) else 0
     words = {
         "split": "the rollout buffer's random split point (its shuffling trick: each epoch the flat "
@@ -400,8 +459,8 @@ def _explain(df: pd.DataFrame, spm: dict[int, int], reasons: dict[str, int], by_
     return text
 
 
-def _episode_lengths(df: pd.DataFrame) -> np.ndarray:
-    roll = df[(df["phase"] == "rollout") & df["episode_step"].notna()]
+def _episode_lengths(roll: pd.DataFrame) -> np.ndarray:
+    roll = roll[roll["episode_step"].notna()]
     if not len(roll):
         return np.array([])
     roll = roll[roll["module"] == roll["module"].iloc[0]]
@@ -411,9 +470,8 @@ def _episode_lengths(df: pd.DataFrame) -> np.ndarray:
     return (done["max"] + 1).to_numpy()
 
 
-def _sequences_section(df: pd.DataFrame) -> SequencesSection:
-    train = df[df["phase"] == "train"]
-    episodes = _episode_lengths(df)
+def _sequences_section(train: pd.DataFrame, roll: pd.DataFrame) -> SequencesSection:
+    episodes = _episode_lengths(roll)
     if not len(train):
         return SequencesSection(0, {}, {}, _stats(episodes), len(episodes), 0.0, 0.0)
     t0 = train[train["module"] == train["module"].iloc[0]]
@@ -437,8 +495,9 @@ def _sequences_section(df: pd.DataFrame) -> SequencesSection:
     )
 
 
-def _staleness_section(df: pd.DataFrame) -> StalenessSection:
-    train = df[(df["phase"] == "train") & ~df["padding"].astype(bool) & df["drift_h"].notna()]
+def _staleness_section(train: pd.DataFrame) -> StalenessSection:
+    cols = ["module", "iteration", "epoch", "minibatch", "t", "seq_len", "drift_h", "drift_c"]
+    train = train.loc[(~train["padding"].astype(bool) & train["drift_h"].notna()).to_numpy(), cols]
     if not len(train):
         return StalenessSection(0, None, None, None, [], [], [])
     first = train[(train["epoch"] == 0) & (train["minibatch"] == 0)]
@@ -457,14 +516,15 @@ def _staleness_section(df: pd.DataFrame) -> StalenessSection:
         return [{k: (str(v) if k == "module" else v) for k, v in r.items()} for r in out.to_dict("records")]
 
     by_epoch = agg(train.groupby(["module", "epoch"], observed=True))
-    order = (
-        train[["iteration", "epoch", "minibatch"]].drop_duplicates().sort_values(["iteration", "epoch", "minibatch"])
-    )
-    order["update"] = order.groupby("iteration").cumcount()
-    train = train.merge(order, on=["iteration", "epoch", "minibatch"])
-    by_update = agg(train.groupby(["module", "update"], observed=True))
-    pos = np.where(train["t"] == 0, "first", np.where(train["t"] == train["seq_len"] - 1, "last", "middle"))
-    by_position = agg(train.assign(position=pos).groupby(["module", "position"], observed=True))
+    # update = order of the minibatch within its iteration (0 = before any optimizer step)
+    mb = train.groupby(["iteration", "epoch", "minibatch"], sort=True).ngroup()
+    update = mb - mb.groupby(train["iteration"].to_numpy()).transform("min")
+    by_update = agg(train.groupby([train["module"], update.rename("update")], observed=True))
+    t, last = train["t"].to_numpy(), (train["seq_len"] - 1).to_numpy()
+    code = pd.Series(np.where(t == 0, 0, np.where(t == last, 2, 1)), index=train.index, name="position")
+    by_position = agg(train.groupby([train["module"], code], observed=True))
+    for row in by_position:
+        row["position"] = ("first", "middle", "last")[int(row["position"])]
     return StalenessSection(len(first), mh, mc, ok, by_epoch, by_update, by_position)
 
 

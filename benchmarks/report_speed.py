@@ -1,0 +1,85 @@
+"""How fast `lstm-probe report` reads a large log, and how much memory it takes.
+
+Builds a large log from a real one: a short real probed run, whose rows are repeated with shifted
+call, iteration and env_step numbers into a dataset directory (the same schema and writer settings),
+then times `summarize` in a fresh process and prints rows/s and peak RSS.
+
+    python benchmarks/report_speed.py --rows 10000000 --hidden 32
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+CHILD = """
+import json, resource, sys, time
+t = time.perf_counter()
+import lstm_probe
+rep = lstm_probe.summarize(sys.argv[1])
+print(json.dumps({"seconds": time.perf_counter() - t, "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "rows": rep.run.rows, "findings": len(rep.findings)}))
+"""
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, default=10_000_000)
+    ap.add_argument("--hidden", type=int, default=32)
+    ap.add_argument("--keep", action="store_true", help="keep the generated log")
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp())
+    from lstm_probe.run import run
+
+    base = run("Pendulum-v1", tmp / "base.parquet", steps=4096, n_envs=4, hidden_size=args.hidden, seed=0,
+               torch_threads=1)
+    table = pq.read_table(base.path)
+    meta = table.schema.metadata
+    out = tmp / "big"
+    out.mkdir()
+    calls = pc.max(table["call"]).as_py() + 1
+    iters = pc.max(table["iteration"]).as_py() + 1
+    steps = pc.max(table["env_step"]).as_py() + 1
+    copies = max(1, args.rows // table.num_rows)
+    start = time.perf_counter()
+    final = pq.ParquetFile(base.path).metadata.metadata[b"lstm_probe.final"]
+    for k in range(copies):
+        t = table.set_column(table.schema.get_field_index("call"), "call", pc.add(table["call"], k * calls))
+        t = t.set_column(t.schema.get_field_index("iteration"), "iteration",
+                         pc.cast(pc.add(t["iteration"], k * iters), pa.int32()))
+        t = t.set_column(t.schema.get_field_index("env_step"), "env_step", pc.add(t["env_step"], k * steps))
+        w = pq.ParquetWriter(out / f"part-{k:05d}.parquet", t.schema.with_metadata(meta), compression="zstd",
+                             use_dictionary=["module", "phase", "path", "bootstrap", "seq_reason"],
+                             write_statistics=[n for n in t.schema.names if n not in ("h", "c")])
+        w.write_table(t, row_group_size=65536)
+        if k == copies - 1:
+            w.add_key_value_metadata({"lstm_probe.final": final.decode()})
+        w.close()
+    size = sum(f.stat().st_size for f in out.iterdir())
+    rows = copies * table.num_rows
+    print(f"log: {rows:,} rows (hidden {args.hidden}), {size / 2**20:.0f} MB, built in {time.perf_counter() - start:.0f} s")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([sys.executable, "-c", CHILD, str(out)], capture_output=True, text=True, env=env)
+    if r.returncode:
+        raise SystemExit(r.stderr)
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    print(f"summarize: {res['seconds']:.1f} s, {rows / res['seconds']:,.0f} rows/s, peak RSS {res['rss_mb']:.0f} MB")
+    if not args.keep:
+        shutil.rmtree(tmp)
+    else:
+        print(f"kept {out}")
+
+
+if __name__ == "__main__":
+    main()
