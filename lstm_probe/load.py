@@ -18,7 +18,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from lstm_probe.errors import BadLog
-from lstm_probe.schema import META_RUN_KEY, META_VERSION_KEY, REQUIRED_COLUMNS, SCHEMA_VERSION
+from lstm_probe.schema import META_RUN_KEY, META_VERSION_KEY, REQUIRED_COLUMNS, SCHEMA_VERSION, log_schema
 from lstm_probe.writer import META_FINAL_KEY, partial_dir
 
 KEYS = ["module", "layer", "env", "env_step"]
@@ -85,6 +85,7 @@ def read_info(path: str | os.PathLike[str]) -> LogInfo:
     rows = 0
     size = 0
     schema: pa.Schema | None = None
+    expected = log_schema(1)
     for file in files:
         pf = _open(file)
         arrow = pf.schema_arrow
@@ -107,6 +108,15 @@ def read_info(path: str | os.PathLike[str]) -> LogInfo:
             raise BadLog(
                 f"{file} lacks the column(s) {', '.join(sorted(missing))}: not an lstm-probe log "
                 f"of schema {SCHEMA_VERSION}"
+            )
+        wrong = [
+            f"{name} is {arrow.field(name).type}, expected {expected.field(name).type}"
+            for name in sorted(REQUIRED_COLUMNS - {"h", "c"})
+            if arrow.field(name).type != expected.field(name).type
+        ]
+        if wrong:
+            raise BadLog(
+                f"{file} has columns of the wrong type ({wrong[0]}): not an lstm-probe log of schema {SCHEMA_VERSION}"
             )
         if schema is None:
             schema = arrow

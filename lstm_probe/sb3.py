@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import atexit
 import sys
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +113,12 @@ def model_metadata(model: Any) -> dict[str, Any]:
     }
 
 
+_ACTIVE: weakref.WeakKeyDictionary[Any, ProbeCallback] = weakref.WeakKeyDictionary()
+"""The probe attached to each model. sb3 calls no callback when learn() raises, so a probe used without
+``with`` stays attached after an exception until the next probe on the same model (which closes it)
+or process exit (atexit closes it)."""
+
+
 class ProbeCallback(BaseCallback):
     """Record every LSTM call of a RecurrentPPO ``learn()`` into an lstm-probe log.
 
@@ -153,6 +160,10 @@ class ProbeCallback(BaseCallback):
         if self._used:
             raise BadInput("this ProbeCallback already wrote its log; pass a new ProbeCallback to each learn()")
         self._used = True
+        stale = _ACTIVE.get(self.model)
+        if stale is not None and stale is not self:
+            stale._finish(False, "learn() ended with an exception (closed by the next ProbeCallback)")
+        _ACTIVE[self.model] = self
         model: Any = self.model
         policy: Any = model.policy
         if not hasattr(policy, "lstm_actor") or not hasattr(model, "rollout_buffer"):
@@ -253,6 +264,8 @@ class ProbeCallback(BaseCallback):
         for obj, name in self._restore:
             obj.__dict__.pop(name, None)
         self._restore = []
+        if _ACTIVE.get(self.model) is self:
+            del _ACTIVE[self.model]
         tracer, self.tracer = self.tracer, None
         if tracer is not None:
             atexit.unregister(self._at_exit)

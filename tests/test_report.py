@@ -166,3 +166,13 @@ def test_duplicate_rows_warn(tmp_path):
     rep = summarize(tmp_path / "dup.parquet")
     assert any("6 duplicate rows" in w for w in rep.warnings)
     assert not any("duplicate" in w for w in summarize(path).warnings)
+
+
+def test_wrong_column_type_is_refused(tmp_path):
+    path = make_log(tmp_path)
+    t = pq.read_table(path)
+    i = t.schema.get_field_index("env_step")
+    t = t.set_column(i, "env_step", t["env_step"].cast(pa.string()))
+    pq.write_table(t, tmp_path / "typed.parquet")
+    with pytest.raises(lstm_probe.BadLog, match="env_step is string, expected int64"):
+        summarize(tmp_path / "typed.parquet")

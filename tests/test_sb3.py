@@ -201,3 +201,16 @@ def test_callback_log_equals_cli_log(tmp_path):
     assert a.drop(columns=["h", "c"]).equals(b.drop(columns=["h", "c"]))
     assert np.array_equal(lstm_probe.states(a, "h"), lstm_probe.states(b, "h"))
     assert np.array_equal(lstm_probe.states(a, "c"), lstm_probe.states(b, "c"))
+
+
+def test_probe_without_with_is_closed_by_the_next_probe(tmp_path):
+    env = make_vec_env("Pendulum-v1", n_envs=1, seed=0, wrapper_class=Boom)
+    model = RecurrentPPO("MlpLstmPolicy", env, seed=0, **KW)
+    with pytest.raises(RuntimeError, match="env exploded"):
+        model.learn(200, callback=ProbeCallback(tmp_path / "a.parquet"))  # no `with`: sb3 gives no signal
+    model.env = make_vec_env("Pendulum-v1", n_envs=1, seed=0)
+    model.learn(32, callback=ProbeCallback(tmp_path / "b.parquet"))
+    assert not model.policy.lstm_actor._forward_hooks and not model.policy._forward_pre_hooks
+    info = lstm_probe.read_info(tmp_path / "a.parquet")
+    assert not info.completed and "ended with an exception" in info.metadata["stop_reason"]
+    assert lstm_probe.read_info(tmp_path / "b.parquet").completed
