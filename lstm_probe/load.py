@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,12 @@ def _open(file: Path) -> pq.ParquetFile:
         ) from None
 
 
+def _shard(file: Path) -> str:
+    """The writer of a part file: ``part-<shard>-00012.parquet``, or "" for ``part-00012.parquet``."""
+    m = re.fullmatch(r"part-(?:(.+)-)?\d{5}\.parquet", file.name)
+    return m.group(1) or "" if m else ""
+
+
 def resolve_files(path: str | os.PathLike[str]) -> tuple[Path, list[Path], list[str]]:
     """The files of a log and any warnings about how they were found."""
     p = Path(path)
@@ -80,8 +87,8 @@ def read_info(path: str | os.PathLike[str]) -> LogInfo:
     """Check a log against the schema and read its metadata (no rows are read)."""
     root, files, warnings = resolve_files(path)
     run: dict[str, Any] | None = None
-    final: dict[str, Any] | None = None
-    last_progress: dict[str, Any] = {}
+    finals: dict[str, dict[str, Any]] = {}  # per shard (one per writing process; "" for a one-process log)
+    progress: dict[str, dict[str, Any]] = {}
     rows = 0
     size = 0
     schema: pa.Schema | None = None
@@ -132,19 +139,30 @@ def read_info(path: str | os.PathLike[str]) -> LogInfo:
                 doc = json.loads(kv[META_FINAL_KEY])
             except ValueError:
                 doc = {}
+            shard = _shard(file)
             if doc.get("final"):
-                final = doc
-            last_progress = doc.get("progress", last_progress)
+                finals[shard] = doc
+            progress[shard] = doc.get("progress", progress.get(shard, {}))
         rows += pf.metadata.num_rows
         size += file.stat().st_size
     assert schema is not None and run is not None
     metadata = dict(run)
-    if final is not None:
-        metadata.update(final)
+    shards = sorted({_shard(f) for f in files})
+    if len(shards) > 1:
+        metadata["shards"] = {
+            s: {"completed": bool(finals.get(s, {}).get("completed")), "progress": progress.get(s, {})} for s in shards
+        }
+    open_shards = [s for s in shards if s not in finals]
+    if not open_shards:
+        last = finals[shards[-1]]
+        metadata.update(last)
+        failed = [finals[s] for s in shards if not finals[s].get("completed")]
+        if failed:
+            metadata.update(completed=False, stop_reason=failed[0].get("stop_reason"))
     else:
         metadata.update(
             completed=False,
-            progress=last_progress,
+            progress=progress.get(open_shards[0], {}),
             stop_reason=metadata.get("stop_reason") or "the log was never closed (process killed)",
         )
     if not metadata.get("completed"):

@@ -227,6 +227,7 @@ class Tracer:
         reference_window: int = 0,
         part_seconds: float = 60.0,
         resolver: Resolver | None = None,
+        shard: str | None = None,
     ):
         if capture not in CAPTURES:
             raise BadInput(f"capture must be one of {', '.join(CAPTURES)}, not {capture!r}")
@@ -262,6 +263,7 @@ class Tracer:
         }
         self.out, self.force, self.part_seconds = out, force, part_seconds
         self.reference_window = reference_window
+        self.shard = shard
         self.refs: dict[str, References] = {}
         self.resolver: Resolver = resolver or self._user_tags
         self._tag_stack: list[dict[str, Any]] = []
@@ -286,6 +288,7 @@ class Tracer:
             float16=self.float16,
             force=self.force,
             part_seconds=self.part_seconds,
+            shard=self.shard,
         )
         try:
             for name, m in self.modules.items():
@@ -648,12 +651,15 @@ def trace(
     force: bool = False,
     reference_window: int = 0,
     metadata: dict[str, Any] | None = None,
+    shard: str | None = None,
 ) -> Tracer:
     """Trace every nn.LSTM / nn.GRU / nn.LSTMCell / nn.GRUCell in ``model`` (or those named in ``modules``).
 
     Use as a context manager; tag calls with ``probe.tag(phase=..., iteration=..., env=..., ...)``.
     ``reference_window`` > 0 keeps that many env steps of rollout states per env so train rows get
     ``drift_h`` / ``drift_c`` against the rollout state of the same (env, env_step).
+    ``shard`` names this process's part files when several processes (workers) write one directory log
+    (``out`` ending in ``/``); readers then take the directory as one log.
     """
     return Tracer(
         find_recurrent(model, modules),
@@ -664,4 +670,5 @@ def trace(
         float16=float16,
         force=force,
         reference_window=reference_window,
+        shard=shard,
     )

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import shutil
 import tempfile
 import threading
@@ -32,7 +33,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from lstm_probe.errors import OutputError
+from lstm_probe.errors import BadInput, OutputError
 from lstm_probe.schema import META_RUN_KEY, log_schema
 
 META_FINAL_KEY = b"lstm_probe.final"
@@ -164,9 +165,16 @@ class PartWriter:
     """Writes record batches into rolling part files of one directory (runs on the writer thread)."""
 
     def __init__(
-        self, directory: Path, schema: pa.Schema, part_seconds: float, part_rows: int, mirror: Path | None = None
+        self,
+        directory: Path,
+        schema: pa.Schema,
+        part_seconds: float,
+        part_rows: int,
+        mirror: Path | None = None,
+        shard: str | None = None,
     ):
         self.dir = directory
+        self.shard = shard
         # A single-file log is written alongside the parts (same batches, on this background thread), so
         # closing it costs only its footer; the parts are its crash journal.
         self.mirror_path = mirror
@@ -183,8 +191,11 @@ class PartWriter:
         self.rows_finished = 0
         self.parts: list[Path] = []
 
+    def part_name(self) -> str:
+        return f"part-{self.shard}-{self.index:05d}.parquet" if self.shard else f"part-{self.index:05d}.parquet"
+
     def _open(self) -> None:
-        name = f"part-{self.index:05d}.parquet"
+        name = self.part_name()
         self.tmp = self.dir / f".{name}.tmp"
         self.writer = _parquet_writer(self.tmp, self.schema)
         self.opened = time.monotonic()
@@ -210,7 +221,7 @@ class PartWriter:
         assert self.tmp is not None
         self.writer.add_key_value_metadata({META_FINAL_KEY.decode(): json.dumps(final, default=str)})
         self.writer.close()
-        target = self.dir / f"part-{self.index:05d}.parquet"
+        target = self.dir / self.part_name()
         os.replace(self.tmp, target)
         self.parts.append(target)
         self.rows_finished += self.part_count
@@ -258,11 +269,18 @@ class LogWriter:
         part_seconds: float = 60.0,
         part_rows: int = 2_000_000,
         queue_size: int = 2,
+        shard: str | None = None,
     ):
         out_str = os.fspath(out)
         self.path = Path(out_str)
         self.is_dir = out_str.endswith(("/", os.sep)) or self.path.is_dir()
-        check_output(self.path, force=force, is_dir=self.is_dir)
+        if shard is not None:
+            if not re.fullmatch(r"[A-Za-z0-9_.]+", shard) or not self.is_dir:
+                raise BadInput(
+                    f"shard {shard!r}: shards need a directory --out (ending in /) and a name of "
+                    "letters, digits, '_' or '.'"
+                )
+        check_output(self.path, force=force, is_dir=self.is_dir, shard=shard)
         self.parts_dir = self.path if self.is_dir else partial_dir(self.path)
         if not self.is_dir and self.parts_dir.exists():
             shutil.rmtree(self.parts_dir)
@@ -285,7 +303,12 @@ class LogWriter:
         self.error: BaseException | None = None
         self.closed = False
         self.parts = PartWriter(
-            self.parts_dir, self.schema, part_seconds, part_rows, mirror=None if self.is_dir else self.path
+            self.parts_dir,
+            self.schema,
+            part_seconds,
+            part_rows,
+            mirror=None if self.is_dir else self.path,
+            shard=shard,
         )
         self._thread = threading.Thread(target=self._work, name="lstm-probe-writer", daemon=True)
         self._thread.start()
@@ -362,15 +385,16 @@ class LogWriter:
         return self.path
 
 
-def check_output(path: Path, *, force: bool, is_dir: bool) -> None:
+def check_output(path: Path, *, force: bool, is_dir: bool, shard: str | None = None) -> None:
     """Refuse to clobber a log without ``force`` and fail early on an unwritable location."""
-    from lstm_probe.errors import BadInput
 
     if is_dir:
-        if path.exists() and any(path.glob("part-*.parquet")):
+        # a shard (one worker of a multi-process run) owns only its own part files
+        pattern = f"part-{shard}-*.parquet" if shard else "part-*.parquet"
+        if path.exists() and any(path.glob(pattern)):
             if not force:
                 raise BadInput(f"{path}/ already holds a log; pass --force to overwrite it or choose another --out")
-            for old in path.glob("part-*.parquet"):
+            for old in path.glob(pattern):
                 old.unlink()
         parent = path
     else:

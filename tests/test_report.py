@@ -176,3 +176,31 @@ def test_wrong_column_type_is_refused(tmp_path):
     pq.write_table(t, tmp_path / "typed.parquet")
     with pytest.raises(lstm_probe.BadLog, match="env_step is string, expected int64"):
         summarize(tmp_path / "typed.parquet")
+
+
+def test_shards_of_several_processes_read_as_one_log(tmp_path):
+    """Each worker process writes its own part files into one directory; readers see one log."""
+    import subprocess
+    import sys
+
+    script = """
+import sys, torch, lstm_probe
+from torch import nn
+torch.manual_seed(int(sys.argv[2]))
+m = nn.LSTM(2, 4)
+with torch.no_grad(), lstm_probe.trace(m, sys.argv[1], shard=f"worker{sys.argv[2]}") as probe:
+    for t in range(5):
+        with probe.tag(phase="rollout", iteration=0, env=[0, 1], env_step=t):
+            m(torch.randn(1, 2, 2))
+"""
+    out = f"{tmp_path}/multi/"
+    procs = [subprocess.Popen([sys.executable, "-c", script, out, str(w)]) for w in range(3)]
+    assert all(p.wait(timeout=120) == 0 for p in procs)
+    names = sorted(p.name for p in (tmp_path / "multi").glob("part-*.parquet"))
+    assert {n.split("-")[1] for n in names} == {"worker0", "worker1", "worker2"}
+    info = lstm_probe.read_info(out)
+    assert info.rows == 3 * 10 and info.completed and set(info.metadata["shards"]) == {"worker0", "worker1", "worker2"}
+    assert len(lstm_probe.load(out)) == 30
+    assert summarize(out).run.rows == 30
+    with pytest.raises(lstm_probe.BadInput, match="shards need a directory"):
+        lstm_probe.trace(nn.LSTM(2, 4), tmp_path / "x.parquet", shard="w0").start()
