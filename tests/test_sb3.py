@@ -214,3 +214,31 @@ def test_probe_without_with_is_closed_by_the_next_probe(tmp_path):
     info = lstm_probe.read_info(tmp_path / "a.parquet")
     assert not info.completed and "ended with an exception" in info.metadata["stop_reason"]
     assert lstm_probe.read_info(tmp_path / "b.parquet").completed
+
+
+class NaNObs(gym.ObservationWrapper):
+    """Observations turn to NaN after 40 steps: the policy's outputs go NaN and torch raises."""
+
+    def __init__(self, env):
+        super().__init__(env)
+        self.n = 0
+
+    def observation(self, obs):
+        self.n += 1
+        return obs * np.nan if self.n > 40 else obs
+
+
+def test_nan_observations_are_recorded_and_the_error_reaches_the_user(tmp_path):
+    env = make_vec_env("Pendulum-v1", n_envs=1, seed=0, wrapper_class=NaNObs)
+    model = RecurrentPPO("MlpLstmPolicy", env, seed=0, **KW)
+    out = tmp_path / "nan.parquet"
+    with pytest.raises(ValueError, match="constraint"):  # torch's own error, unchanged
+        with ProbeCallback(out) as probe:
+            model.learn(200, callback=probe)
+    df = lstm_probe.load(out, phase="rollout", module="actor")
+    h = lstm_probe.states(df, "h")
+    assert np.isfinite(h[:40]).all() and np.isnan(h[-1]).all()  # NaN is data: the last rows hold it
+    info = lstm_probe.read_info(out)
+    assert not info.completed and "ValueError" in info.metadata["stop_reason"]
+    rep = lstm_probe.summarize(out)
+    assert any("NaN or inf" in f for f in rep.findings)
