@@ -152,3 +152,28 @@ def test_hidden_state_shapes(runs_dir):
     h = lstm_probe.states(df, "h")
     assert h.shape == (len(df), 16) and h.dtype == np.float32
     assert np.allclose(np.linalg.norm(h, axis=1), df.h_norm, rtol=1e-5)
+
+
+@pytest.mark.parametrize("env_cls,policy", [("TinyImageEnv", "CnnLstmPolicy"), ("TinyDictEnv", "MultiInputLstmPolicy")])
+def test_policy_follows_observation_space_and_oracle_holds(tmp_path, env_cls, policy):
+    import gymnasium as gym
+    import tiny_envs
+
+    from lstm_probe.run import run
+
+    env_id = f"{env_cls}-v0"
+    if env_id not in gym.registry:
+        gym.register(env_id, entry_point=getattr(tiny_envs, env_cls))
+    result = run(env_id, tmp_path / "t.parquet", steps=64, n_steps=32, batch_size=16, n_epochs=2, hidden_size=8)
+    info = lstm_probe.read_info(result.path)
+    assert info.metadata["architecture"]["modules"]["actor"]["hidden_size"] == 8
+    assert (
+        info.metadata["policy"]
+        == {
+            "CnnLstmPolicy": "RecurrentActorCriticCnnPolicy",
+            "MultiInputLstmPolicy": "RecurrentMultiInputActorCriticPolicy",
+        }[policy]
+    )
+    df = lstm_probe.load(result.path, vectors=False)
+    first = df[(df.phase == "train") & ~df.padding & (df.epoch == 0) & (df.minibatch == 0)]
+    assert len(first) and first.drift_h.max() < 1e-5 and first.drift_c.max() < 1e-5
