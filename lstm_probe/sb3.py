@@ -114,9 +114,28 @@ def model_metadata(model: Any) -> dict[str, Any]:
 
 
 _ACTIVE: weakref.WeakKeyDictionary[Any, ProbeCallback] = weakref.WeakKeyDictionary()
-"""The probe attached to each model. sb3 calls no callback when learn() raises, so a probe used without
-``with`` stays attached after an exception until the next probe on the same model (which closes it)
-or process exit (atexit closes it)."""
+"""The probe attached to each model: a new probe on the same model closes a stale one."""
+
+
+class _LearnGuard:
+    """Closes a probe when the learn() call it was attached in is gone.
+
+    sb3 calls no callback when learn() raises. The guard is stored among the locals of that learn()
+    frame, so it dies with the frame: at once when learn() returns, and when the exception's traceback
+    is released otherwise. By then a normal end has already closed the probe (``_finish`` is
+    idempotent); after an exception this removes the hooks and closes the log as not completed.
+    """
+
+    def __init__(self, probe: ProbeCallback):
+        self.probe = weakref.ref(probe)
+
+    def __del__(self) -> None:
+        probe = self.probe()
+        if probe is not None and probe.tracer is not None:
+            try:
+                probe._finish(False, "learn() ended with an exception")
+            except Exception:
+                pass
 
 
 class ProbeCallback(BaseCallback):
@@ -160,6 +179,10 @@ class ProbeCallback(BaseCallback):
         if self._used:
             raise BadInput("this ProbeCallback already wrote its log; pass a new ProbeCallback to each learn()")
         self._used = True
+        # sb3 hands every callback learn()'s own locals dict; keep a copy so that this probe does not
+        # keep that dict (and the guard in it) alive
+        self.locals = dict(self.locals)
+        _guard_learn_frame(self)
         stale = _ACTIVE.get(self.model)
         if stale is not None and stale is not self:
             stale._finish(False, "learn() ended with an exception (closed by the next ProbeCallback)")
@@ -415,6 +438,18 @@ class ProbeCallback(BaseCallback):
             padding=np.zeros((batch, 1), bool),
         )
         return Tags("predict", self.iteration, grid=grid)
+
+
+def _guard_learn_frame(probe: ProbeCallback) -> None:
+    """Put a :class:`_LearnGuard` among the locals of the learn() frame that is calling us."""
+    frame = sys._getframe(1)
+    for _ in range(16):
+        if frame is None:
+            return
+        if frame.f_code.co_name == "learn" and "callback" in frame.f_code.co_varnames:
+            frame.f_locals["__lstm_probe_guard__"] = _LearnGuard(probe)
+            return
+        frame = frame.f_back  # type: ignore[assignment]
 
 
 def _inside(function: str, depth: int = 12) -> bool:

@@ -242,3 +242,19 @@ def test_nan_observations_are_recorded_and_the_error_reaches_the_user(tmp_path):
     assert not info.completed and "ValueError" in info.metadata["stop_reason"]
     rep = lstm_probe.summarize(out)
     assert any("NaN or inf" in f for f in rep.findings)
+
+
+def test_probe_without_with_is_closed_when_the_exception_is_handled(tmp_path):
+    import gc
+
+    env = make_vec_env("Pendulum-v1", n_envs=1, seed=0, wrapper_class=Boom)
+    model = RecurrentPPO("MlpLstmPolicy", env, seed=0, **KW)
+    try:
+        model.learn(200, callback=ProbeCallback(tmp_path / "g.parquet"))
+    except RuntimeError as exc:
+        assert "env exploded" in str(exc)
+    gc.collect()
+    assert not model.policy.lstm_actor._forward_hooks and not model.policy._forward_pre_hooks
+    assert "_get_samples" not in model.rollout_buffer.__dict__
+    info = lstm_probe.read_info(tmp_path / "g.parquet")
+    assert not info.completed and "ended with an exception" in info.metadata["stop_reason"]
