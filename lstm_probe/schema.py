@@ -119,7 +119,6 @@ COLUMNS: list[tuple[str, pa.DataType | None, bool, str]] = [
 
 COLUMN_NAMES = [name for name, *_ in COLUMNS]
 REQUIRED_COLUMNS = frozenset(COLUMN_NAMES)
-STATE_COLUMNS = ("h", "c")
 
 METADATA_KEYS: dict[str, str] = {
     "schema_version": "Version of this schema (also stored under its own key).",

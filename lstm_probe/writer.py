@@ -188,7 +188,6 @@ class PartWriter:
         self.tmp: Path | None = None
         self.opened = 0.0
         self.part_count = 0
-        self.rows_finished = 0
         self.parts: list[Path] = []
 
     def part_name(self) -> str:
@@ -224,7 +223,6 @@ class PartWriter:
         target = self.dir / self.part_name()
         os.replace(self.tmp, target)
         self.parts.append(target)
-        self.rows_finished += self.part_count
         self.index += 1
         self.writer = None
 
@@ -321,6 +319,7 @@ class LogWriter:
         if self.current.n + n > self.current.capacity:
             self.flush()
             if n > self.current.capacity:  # one call larger than a buffer: a one-off buffer
+                self._free.put(self.current)  # (empty) back to the pool, which must keep its size
                 self.current = Rows(n, self.hidden_size)
         return self.current, self.current.n
 

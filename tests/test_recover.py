@@ -117,3 +117,15 @@ def test_tracer_removes_hooks_on_exception(tmp_path):
     assert not lstm._forward_hooks
     info = lstm_probe.read_info(tmp_path / "x.parquet")
     assert info.rows == 4 and not info.completed and "user error" in info.metadata["stop_reason"]
+
+
+def test_calls_larger_than_a_buffer_never_stall_the_writer(tmp_path):
+    """A call with more rows than one buffer holds gets a one-off buffer; the pool keeps its size."""
+    lstm = nn.LSTM(3, 256)
+    with torch.no_grad(), lstm_probe.trace(lstm, tmp_path / "big.parquet") as probe:
+        capacity = probe.writer.capacity
+        for _ in range(6):  # more one-offs than the pool has buffers
+            lstm(torch.randn(capacity // 50 + 1, 50, 3))
+            lstm(torch.randn(1, 2, 3))
+    info = lstm_probe.read_info(tmp_path / "big.parquet")
+    assert info.completed and info.rows == 6 * ((capacity // 50 + 1) * 50 + 2)
