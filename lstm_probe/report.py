@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from lstm_probe.load import LogInfo, dataset
@@ -174,27 +175,14 @@ def _stats(values: pd.Series | np.ndarray) -> dict[str, float]:
     }
 
 
-TRAIN_COLUMNS = [
-    "module",
-    "path",
-    "iteration",
-    "epoch",
-    "minibatch",
-    "seq",
-    "t",
-    "seq_len",
-    "seq_reason",
-    "padding",
-    "drift_h",
-    "drift_c",
-]
 SMALL_INTS = ("iteration", "epoch", "minibatch", "seq", "seq_len", "env", "episode", "episode_step")
 
 
-def _scalars(data: ds.Dataset, columns: list[str], filt: ds.Expression | None) -> pd.DataFrame:
+def _scalars(data: ds.Dataset, columns: list[str], filt: ds.Expression | None) -> tuple[pd.DataFrame, int]:
     """The scalar columns in compact pandas form, read batch by batch into preallocated arrays: nullable
-    small counters as float32 (NaN = null; exact below 2**24), strings as categoricals. Peak memory is
-    the result plus one batch, whatever the size of the log."""
+    small counters as float32 (NaN = null; exact below 2**24), strings as categoricals. Train rows (the
+    bulk of a log) are packed at the end, so that ``frame.iloc[front:]`` is the train rows without a
+    copy. Peak memory is about the result plus one batch, whatever the size of the log."""
     n = data.count_rows(filter=filt)
     out: dict[str, np.ndarray] = {}
     vocab: dict[str, dict[str, int]] = {}
@@ -209,10 +197,12 @@ def _scalars(data: ds.Dataset, columns: list[str], filt: ds.Expression | None) -
             out[name] = np.empty(n, np.bool_)
         else:
             out[name] = np.empty(n, typ.to_pandas_dtype())
-    pos = 0
+    front, back = 0, n  # other rows fill from the front, train rows from the back
     scanner = data.scanner(columns=columns, filter=filt, batch_size=1 << 18, batch_readahead=2, fragment_readahead=1)
     for batch in scanner.to_batches():
-        k = batch.num_rows
+        is_train = pc.equal(batch.column("phase"), "train").fill_null(False).to_numpy(zero_copy_only=False)
+        k_train = int(is_train.sum())
+        k_other = batch.num_rows - k_train
         for name in columns:
             arr = batch.column(name)
             if name in vocab:
@@ -223,21 +213,24 @@ def _scalars(data: ds.Dataset, columns: list[str], filt: ds.Expression | None) -
                     + [-1],
                     np.int32,
                 )
-                idx = enc.indices.fill_null(len(remap) - 1).to_numpy(zero_copy_only=False)
-                out[name][pos : pos + k] = remap[idx]
+                values = remap[enc.indices.fill_null(len(remap) - 1).to_numpy(zero_copy_only=False)]
             elif out[name].dtype == np.float32:
-                out[name][pos : pos + k] = arr.cast(pa.float32()).fill_null(np.nan).to_numpy(zero_copy_only=False)
+                values = arr.cast(pa.float32()).fill_null(np.nan).to_numpy(zero_copy_only=False)
             else:
-                out[name][pos : pos + k] = arr.to_numpy(zero_copy_only=False)
-        pos += k
+                values = arr.to_numpy(zero_copy_only=False)
+            out[name][front : front + k_other] = values[~is_train]
+            out[name][back - k_train : back] = values[is_train]
+        front += k_other
+        back -= k_train
+    assert front == back, "row count changed while reading"
     frame: dict[str, Any] = {}
     for name in columns:
-        col = out[name][:pos]
+        col = out[name]
         if name in vocab:
             frame[name] = pd.Categorical.from_codes(col, dtype=pd.CategoricalDtype(list(vocab[name]) or ["-"]))
         else:
             frame[name] = col
-    return pd.DataFrame(frame, copy=False)
+    return pd.DataFrame(frame, copy=False), front
 
 
 def summarize(path: str | os.PathLike[str]) -> Report:
@@ -272,33 +265,33 @@ def summarize(path: str | os.PathLike[str]) -> Report:
         "drift_h",
         "drift_c",
     ]
-    first_layer = _scalars(data, cols, ds.field("layer") == 0)
-    run = _run_section(info, first_layer)
-    arch = _arch_section(meta)
-    # one copy of the train rows (the bulk of a log) with the columns the sections read, shared by them
-    train = first_layer.loc[(first_layer["phase"] == "train").to_numpy(), TRAIN_COLUMNS]
-    roll = first_layer[(first_layer["phase"] == "rollout").to_numpy()]
-    calls = _calls_section(first_layer, train, roll)
-    seqs = _sequences_section(train, roll)
-    stale = _staleness_section(train)
-    health = _health_section(data, capture.get("mode") != "summary" and info.rows > 0)
-    # rows are identifiable by (call, module, column, step) only where env or seq names the column;
-    # the key columns alone, compactly, so the check costs ~20 bytes a row
-    tagged = (first_layer["env"].notna() | first_layer["seq"].notna()).to_numpy()
-    keys = pd.DataFrame(
-        {
-            "call": first_layer["call"].to_numpy()[tagged],
-            "module": first_layer["module"].cat.codes.to_numpy()[tagged],
-            **{k: first_layer[k].fillna(-1).to_numpy()[tagged] for k in ("seq", "env", "t")},
-        },
-        copy=False,
-    )
-    dups = int(keys.duplicated().sum())
+    first_layer, front = _scalars(data, cols, ds.field("layer") == 0)
+    # rows are identifiable by (call, batch column, step) only where env or seq names the column (a call
+    # is one module, layer 0 here); one lexsort of compact keys instead of pandas' hashing of 5 columns
+    seq, env = first_layer["seq"].to_numpy(), first_layer["env"].to_numpy()
+    col = np.where(np.isnan(seq), env, seq)
+    tagged = ~np.isnan(col)
+    call, col, t = first_layer["call"].to_numpy()[tagged], col[tagged], first_layer["t"].to_numpy()[tagged]
+    order = np.lexsort((t, col, call))
+    same = np.diff(call[order]) == 0
+    same &= np.diff(col[order]) == 0
+    same &= np.diff(t[order]) == 0
+    dups = int(same.sum())
+    del seq, env, col, tagged, call, t, order, same
     if dups:
         warnings.append(
             f"{dups} duplicate rows (the same call, module, layer, column and step twice): was a part "
             "file copied or read twice? Sections count them twice"
         )
+    run = _run_section(info, first_layer)
+    arch = _arch_section(meta)
+    train = first_layer.iloc[front:]  # no copy: _scalars packed the train rows at the end
+    others = first_layer.iloc[:front]
+    roll = others[(others["phase"] == "rollout").to_numpy()]
+    calls = _calls_section(first_layer, train, roll)
+    seqs = _sequences_section(train, roll)
+    stale = _staleness_section(train)
+    health = _health_section(data, capture.get("mode") != "summary" and info.rows > 0)
     if info.rows == 0:
         warnings.append("the log holds no rows: training made no LSTM call before it stopped")
     if stale.provenance_ok is False:
@@ -394,14 +387,26 @@ def _arch_section(meta: dict[str, Any]) -> ArchitectureSection:
 def _calls_section(df: pd.DataFrame, train: pd.DataFrame, roll: pd.DataFrame) -> CallsSection:
     groups: list[CallGroup] = []
     if len(df):
-        per_call = df.groupby("call", observed=True, sort=False).agg(
-            module=("module", "first"),
-            phase=("phase", "first"),
-            path=("path", "first"),
-            rows=("t", "size"),
-            t0=("t", "min"),
-            t1=("t", "max"),
+        # per-call aggregates with one sort of the call ids (pandas' groupby held ~4 copies of the column)
+        call = df["call"].to_numpy()
+        order = np.argsort(call, kind="stable")
+        sorted_calls = call[order]
+        starts = np.flatnonzero(np.r_[True, sorted_calls[1:] != sorted_calls[:-1]])
+        del sorted_calls
+        t_sorted = df["t"].to_numpy()[order]
+        first = order[starts]
+        del order
+        per_call = pd.DataFrame(
+            {
+                "module": df["module"].iloc[first].to_numpy(),
+                "phase": df["phase"].iloc[first].to_numpy(),
+                "path": df["path"].iloc[first].to_numpy(),
+                "rows": np.diff(np.r_[starts, len(call)]),
+                "t0": np.minimum.reduceat(t_sorted, starts),
+                "t1": np.maximum.reduceat(t_sorted, starts),
+            }
         )
+        del t_sorted
         per_call["steps"] = per_call["t1"] - per_call["t0"] + 1
         per_call["batch"] = per_call["rows"] // per_call["steps"]
         shapes = per_call.groupby(["module", "phase", "path", "steps", "batch"], observed=True).size()
