@@ -367,7 +367,7 @@ def _arch_section(meta: dict[str, Any]) -> ArchitectureSection:
         verdict = f"traced modules: {', '.join(modules) or 'none'}"
     flow = arch.get("gradient_flow") or {}
     if flow.get("verdict"):
-        verdict = f"{verdict}. Measured gradient flow ({flow.get('batch', 'one minibatch')}): {flow['verdict']}"
+        verdict = f"{flow['verdict'].rstrip('.')} (gradient flow measured on {flow.get('batch', 'one minibatch')})"
     elif arch.get("share_features_extractor") is not None:
         verdict += (
             "; the features extractor is shared"

@@ -148,7 +148,8 @@ def test_run_log_records_gradient_flow(tmp_path):
     rep = lstm_probe.summarize(tmp_path / "r.parquet")
     assert rep.architecture.gradient_flow["lstm_critic.weight_hh_l0"] == "value"
     assert rep.architecture.gradient_flow["lstm_actor.weight_hh_l0"] == "policy"
-    assert "Measured gradient flow" in rep.architecture.verdict
+    assert "gradient flow measured on a synthetic minibatch" in rep.architecture.verdict
+    assert "lstm_critic by the value loss only" in rep.architecture.verdict
 
 
 def test_bad_targets(tmp_path):
