@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from lstm_probe.errors import BadInput, BadLog, Interrupted, OutputError, ProbeError
+from lstm_probe.errors import BadInput, BadLog, Interrupted, ProbeError
 
 out = Console()
 err = Console(stderr=True, soft_wrap=True)
@@ -398,41 +398,31 @@ def main(argv: list[str] | None = None) -> None:
     except typer.Abort:
         err.print("error: aborted")
         raise SystemExit(Exit.INTERRUPTED) from None
-    except typer.TyperException as exc:  # usage errors: unknown option, bad type, missing argument
+    except (Exception, KeyboardInterrupt) as exc:
         if show_tb:
             raise
-        ctx = getattr(exc, "ctx", None)
-        name = getattr(ctx, "info_name", None)
+        line, code = _one_line(exc, args)
+        err.print(line, markup=False, highlight=False)
+        raise SystemExit(code) from None
+
+
+def _one_line(exc: BaseException, args: list[str]) -> tuple[str, Exit]:
+    """The one line and the exit code for an error that reached the boundary."""
+    if isinstance(exc, typer.TyperException):  # usage errors: unknown option, bad type, missing argument
+        name = getattr(getattr(exc, "ctx", None), "info_name", None)
         cmd = f"lstm-probe {name} --help" if name and name != "lstm-probe" else "lstm-probe --help"
-        err.print(f"error: {exc.format_message()} (see {cmd})", markup=False, highlight=False)
-        raise SystemExit(Exit.BAD_INPUT) from None
-    except (BadInput, BadLog) as exc:
-        if show_tb:
-            raise
-        err.print(f"error: {exc}", markup=False, highlight=False)
-        raise SystemExit(Exit.BAD_INPUT) from None
-    except Interrupted as exc:
-        if show_tb:
-            raise
-        err.print(str(exc), markup=False, highlight=False)
-        raise SystemExit(Exit.INTERRUPTED) from None
-    except (OutputError, ProbeError) as exc:
-        if show_tb:
-            raise
-        err.print(f"error: {exc}", markup=False, highlight=False)
-        raise SystemExit(Exit.FAILED) from None
-    except KeyboardInterrupt as exc:
-        if show_tb:
-            raise
-        err.print(f"interrupted ({exc or 'Ctrl-C'})", markup=False, highlight=False)
-        raise SystemExit(Exit.INTERRUPTED) from None
-    except Exception as exc:
-        if show_tb:
-            raise
-        msg = str(exc).splitlines()[0] if str(exc) else ""
-        note = _partial_note(_out_arg(args)) if args and args[0] == "run" else "rerun with --traceback for details"
-        err.print(f"error: {type(exc).__name__}: {msg} ({note})", markup=False, highlight=False)
-        raise SystemExit(Exit.FAILED) from None
+        return f"error: {exc.format_message()} (see {cmd})", Exit.BAD_INPUT
+    if isinstance(exc, BadInput | BadLog):
+        return f"error: {exc}", Exit.BAD_INPUT
+    if isinstance(exc, Interrupted):
+        return str(exc), Exit.INTERRUPTED
+    if isinstance(exc, ProbeError):  # OutputError and the rest
+        return f"error: {exc}", Exit.FAILED
+    if isinstance(exc, KeyboardInterrupt):
+        return f"interrupted ({exc or 'Ctrl-C'})", Exit.INTERRUPTED
+    msg = str(exc).splitlines()[0] if str(exc) else ""
+    note = _partial_note(_out_arg(args)) if args and args[0] == "run" else "rerun with --traceback for details"
+    return f"error: {type(exc).__name__}: {msg} ({note})", Exit.FAILED
 
 
 def _out_arg(args: list[str]) -> str:
