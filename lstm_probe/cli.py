@@ -160,15 +160,15 @@ def report(
     """Explain, from a log, what the LSTMs did and what is wrong with them."""
     from lstm_probe.report import summarize
 
+    rep = summarize(path)
     if html_out is not None:
         from lstm_probe.html import build_html
 
-        page = build_html(path, html_out, iteration=iteration, env=env, episode=episode)
+        page = build_html(path, html_out, iteration=iteration, env=env, episode=episode, report=rep)
         err.print(
             f"wrote {page.path}: {len(page.figures)} figures, {_human_bytes(page.bytes)} (iteration "
             f"{page.iteration}, env {page.env}, episode {page.episode})"
         )
-    rep = summarize(path)
     if as_json:
         sys.stdout.write(json.dumps(rep.to_dict(), indent=2) + "\n")
         return

@@ -16,10 +16,11 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow.dataset as ds
 
 from lstm_probe.errors import BadInput
-from lstm_probe.load import load, states
-from lstm_probe.report import Report, summarize
+from lstm_probe.load import dataset, states
+from lstm_probe.report import Report, read_scalars, summarize
 
 MAX_HEAT_STEPS = 400
 MAX_HEAT_UNITS = 128
@@ -70,39 +71,39 @@ def build_html(
     iteration: int | None = None,
     env: int | None = None,
     episode: int | None = None,
+    report: Report | None = None,
 ) -> Page:
     """Write the visual report of the log at ``path`` to ``out``; defaults show a typical episode of the
-    last iteration."""
+    last iteration. Pass the ``report`` of ``summarize(path)`` when you have it, to read the log once less."""
     plt = _plt()
-    rep = summarize(path)
-    scal = load(
-        path,
-        columns=[
-            "call",
-            "module",
-            "layer",
-            "phase",
-            "iteration",
-            "epoch",
-            "minibatch",
-            "seq",
-            "t",
-            "seq_len",
-            "seq_reason",
-            "padding",
-            "env",
-            "env_step",
-            "episode",
-            "episode_step",
-            "h_norm",
-            "c_norm",
-            "drift_h",
-            "drift_c",
-        ],
-    )
+    rep = report if report is not None else summarize(path)
+    data, _ = dataset(path)
+    cols = [
+        "module",
+        "layer",
+        "phase",
+        "iteration",
+        "epoch",
+        "minibatch",
+        "seq",
+        "t",
+        "seq_len",
+        "seq_reason",
+        "padding",
+        "env",
+        "env_step",
+        "episode",
+        "episode_step",
+        "drift_h",
+        "drift_c",
+    ]
+    scal, front = read_scalars(data, cols, ds.field("layer") == 0)  # compact; train rows packed at the end
     notes: list[str] = []
-    roll = scal[scal["phase"] == "rollout"]
-    train = scal[(scal["phase"] == "train") & ~scal["padding"].astype(bool)]
+    others = scal.iloc[:front]
+    roll = others[(others["phase"] == "rollout").to_numpy()]
+    train_all = scal.iloc[front:]
+    train = train_all.loc[~train_all["padding"].to_numpy(), [c for c in cols if c not in ("phase", "padding")]]
+    del scal, train_all, others
     iters = sorted(roll["iteration"].dropna().unique().astype(int).tolist())
     if iteration is None and iters:
         trained = sorted(train["iteration"].dropna().unique().astype(int).tolist())
@@ -147,7 +148,12 @@ def build_html(
         figures.append(
             ("Sequence lengths vs episode lengths", hist, "The truncated-BPTT horizon next to the episodes it cuts.")
         )
-    norms = _norms_figure(plt, roll)
+    norms = _norms_figure(
+        plt,
+        data.to_table(
+            columns=["module", "layer", "iteration", "h_norm", "c_norm"], filter=ds.field("phase") == "rollout"
+        ).to_pandas(),
+    )
     if norms:
         figures.append(("Norms over iterations", norms, "Mean rollout-state norms per module and layer."))
     page = _page(rep, figures, notes)
@@ -253,10 +259,11 @@ def _heat_figure(
 ) -> str | None:
     if env is None or episode is None:
         return None
-    df = load(
-        path, phase="rollout", columns=["module", "layer", "env", "episode", "env_step", "episode_step", "h", "c"]
-    )
-    df = df[(df["env"] == env) & (df["episode"] == episode)]
+    data, _ = dataset(path)
+    df = data.to_table(
+        columns=["module", "layer", "env", "episode", "env_step", "episode_step", "h", "c"],
+        filter=(ds.field("phase") == "rollout") & (ds.field("env") == env) & (ds.field("episode") == episode),
+    ).to_pandas()
     if not len(df) or df["h"].isna().all():
         notes.append("heat-maps: the log holds no state vectors for that episode (summary capture)")
         return None

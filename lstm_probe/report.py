@@ -178,7 +178,7 @@ def _stats(values: pd.Series | np.ndarray) -> dict[str, float]:
 SMALL_INTS = ("iteration", "epoch", "minibatch", "seq", "seq_len", "env", "episode", "episode_step")
 
 
-def _scalars(data: ds.Dataset, columns: list[str], filt: ds.Expression | None) -> tuple[pd.DataFrame, int]:
+def read_scalars(data: ds.Dataset, columns: list[str], filt: ds.Expression | None) -> tuple[pd.DataFrame, int]:
     """The scalar columns in compact pandas form, read batch by batch into preallocated arrays: nullable
     small counters as float32 (NaN = null; exact below 2**24), strings as categoricals. Train rows (the
     bulk of a log) are packed at the end, so that ``frame.iloc[front:]`` is the train rows without a
@@ -195,6 +195,8 @@ def _scalars(data: ds.Dataset, columns: list[str], filt: ds.Expression | None) -
             vocab[name] = {}
         elif pa.types.is_boolean(typ):
             out[name] = np.empty(n, np.bool_)
+        elif pa.types.is_integer(typ) and data.schema.field(name).nullable:
+            out[name] = np.empty(n, np.float64)  # a nullable counter too large for float32: NaN = null
         else:
             out[name] = np.empty(n, typ.to_pandas_dtype())
     front, back = 0, n  # other rows fill from the front, train rows from the back
@@ -214,8 +216,9 @@ def _scalars(data: ds.Dataset, columns: list[str], filt: ds.Expression | None) -
                     np.int32,
                 )
                 values = remap[enc.indices.fill_null(len(remap) - 1).to_numpy(zero_copy_only=False)]
-            elif out[name].dtype == np.float32:
-                values = arr.cast(pa.float32()).fill_null(np.nan).to_numpy(zero_copy_only=False)
+            elif out[name].dtype.kind == "f":
+                target = pa.float32() if out[name].dtype == np.float32 else pa.float64()
+                values = arr.cast(target).fill_null(np.nan).to_numpy(zero_copy_only=False)
             else:
                 values = arr.to_numpy(zero_copy_only=False)
             out[name][front : front + k_other] = values[~is_train]
@@ -265,7 +268,7 @@ def summarize(path: str | os.PathLike[str]) -> Report:
         "drift_h",
         "drift_c",
     ]
-    first_layer, front = _scalars(data, cols, ds.field("layer") == 0)
+    first_layer, front = read_scalars(data, cols, ds.field("layer") == 0)
     # rows are identifiable by (call, batch column, step) only where env or seq names the column (a call
     # is one module, layer 0 here); one lexsort of compact keys instead of pandas' hashing of 5 columns
     seq, env = first_layer["seq"].to_numpy(), first_layer["env"].to_numpy()
@@ -285,7 +288,7 @@ def summarize(path: str | os.PathLike[str]) -> Report:
         )
     run = _run_section(info, first_layer)
     arch = _arch_section(meta)
-    train = first_layer.iloc[front:]  # no copy: _scalars packed the train rows at the end
+    train = first_layer.iloc[front:]  # no copy: read_scalars packed the train rows at the end
     others = first_layer.iloc[:front]
     roll = others[(others["phase"] == "rollout").to_numpy()]
     calls = _calls_section(first_layer, train, roll)
