@@ -20,7 +20,7 @@ import pyarrow.dataset as ds
 
 from lstm_probe.errors import BadInput
 from lstm_probe.load import dataset, states
-from lstm_probe.report import Report, read_scalars, summarize
+from lstm_probe.report import Report, summarize
 
 MAX_HEAT_STEPS = 400
 MAX_HEAT_UNITS = 128
@@ -78,35 +78,32 @@ def build_html(
     plt = _plt()
     rep = report if report is not None else summarize(path)
     data, _ = dataset(path)
-    cols = [
-        "module",
-        "layer",
-        "phase",
-        "iteration",
-        "epoch",
-        "minibatch",
-        "seq",
-        "t",
-        "seq_len",
-        "seq_reason",
-        "padding",
-        "env",
-        "env_step",
-        "episode",
-        "episode_step",
-        "drift_h",
-        "drift_c",
-    ]
-    scal, front = read_scalars(data, cols, ds.field("layer") == 0)  # compact; train rows packed at the end
+    # Only small slices are read: layer-0 rollout rows, and one row per training sequence (its t = 0 row).
+    # Staleness comes from the report's aggregates. Memory stays near the report's, whatever the log's size.
+    first = ds.field("layer") == 0
+    roll = data.to_table(
+        columns=["module", "iteration", "env", "env_step", "episode", "episode_step"],
+        filter=first & (ds.field("phase") == "rollout"),
+    ).to_pandas()
+    starts = data.to_table(
+        columns=[
+            "module",
+            "iteration",
+            "epoch",
+            "minibatch",
+            "seq",
+            "seq_len",
+            "seq_reason",
+            "env",
+            "env_step",
+            "episode",
+        ],
+        filter=first & (ds.field("phase") == "train") & (ds.field("t") == 0),
+    ).to_pandas()
     notes: list[str] = []
-    others = scal.iloc[:front]
-    roll = others[(others["phase"] == "rollout").to_numpy()]
-    train_all = scal.iloc[front:]
-    train = train_all.loc[~train_all["padding"].to_numpy(), [c for c in cols if c not in ("phase", "padding")]]
-    del scal, train_all, others
     iters = sorted(roll["iteration"].dropna().unique().astype(int).tolist())
     if iteration is None and iters:
-        trained = sorted(train["iteration"].dropna().unique().astype(int).tolist())
+        trained = sorted(starts["iteration"].dropna().unique().astype(int).tolist())
         iteration = trained[-1] if trained else iters[-1]
     elif iteration is not None and iteration not in iters:
         raise BadInput(f"--iteration {iteration} is not in the log; it holds iterations {iters[:1]}..{iters[-1:]}")
@@ -114,7 +111,7 @@ def build_html(
         env = int(roll["env"].dropna().min())
     episode = _pick_episode(roll, env, episode, iteration)
     figures: list[tuple[str, str, str]] = []
-    layout = _layout_figure(plt, train, iteration, notes)
+    layout = _layout_figure(plt, starts, iteration, notes)
     if layout:
         figures.append(
             (
@@ -124,7 +121,7 @@ def build_html(
                 "step) axis, coloured by episode; the marker says why each sequence starts there.",
             )
         )
-    heat = _heat_figure(plt, path, roll, train, env, episode, iteration, notes)
+    heat = _heat_figure(plt, path, starts, env, episode, notes)
     if heat:
         figures.append(
             (
@@ -134,7 +131,7 @@ def build_html(
                 "phase; dashed lines: episode start; dotted: where training sequences start.",
             )
         )
-    stale = _staleness_figure(plt, train)
+    stale = _staleness_figure(plt, rep)
     if stale:
         figures.append(
             (
@@ -143,7 +140,7 @@ def build_html(
                 "Relative L2 drift ||h_train - h_rollout|| / ||h_rollout|| by epoch and by position in the sequence.",
             )
         )
-    hist = _lengths_figure(plt, rep, train)
+    hist = _lengths_figure(plt, rep, starts)
     if hist:
         figures.append(
             ("Sequence lengths vs episode lengths", hist, "The truncated-BPTT horizon next to the episodes it cuts.")
@@ -182,14 +179,14 @@ def _pick_episode(roll: pd.DataFrame, env: int | None, episode: int | None, iter
     return eps[-1] if eps else None
 
 
-def _layout_figure(plt: Any, train: pd.DataFrame, iteration: int | None, notes: list[str]) -> str | None:
-    if iteration is None or not len(train):
+def _layout_figure(plt: Any, all_starts: pd.DataFrame, iteration: int | None, notes: list[str]) -> str | None:
+    if iteration is None or not len(all_starts):
         return None
-    t = train[(train["iteration"] == iteration) & (train["layer"] == 0)]
+    t = all_starts[all_starts["iteration"] == iteration]
     if not len(t):
         return None
     t = t[t["module"] == t["module"].iloc[0]]
-    starts = t[t["t"] == 0].drop_duplicates(["epoch", "minibatch", "seq"])
+    starts = t.drop_duplicates(["epoch", "minibatch", "seq"])
     epochs = sorted(starts["epoch"].dropna().unique().astype(int).tolist())
     if len(epochs) > MAX_LAYOUT_EPOCHS:
         notes.append(f"minibatch layout: epochs {epochs[:MAX_LAYOUT_EPOCHS]} of {len(epochs)} drawn")
@@ -248,14 +245,7 @@ def _layout_figure(plt: Any, train: pd.DataFrame, iteration: int | None, notes: 
 
 
 def _heat_figure(
-    plt: Any,
-    path: Any,
-    roll: pd.DataFrame,
-    train: pd.DataFrame,
-    env: int | None,
-    episode: int | None,
-    iteration: int | None,
-    notes: list[str],
+    plt: Any, path: Any, starts: pd.DataFrame, env: int | None, episode: int | None, notes: list[str]
 ) -> str | None:
     if env is None or episode is None:
         return None
@@ -271,7 +261,7 @@ def _heat_figure(
     has_c = df["c"].notna().any()
     cols = 2 if has_c else 1
     fig, axes = plt.subplots(len(keys), cols, figsize=(11, 2.6 * len(keys)), squeeze=False)
-    cuts = train[(train["env"] == env) & (train["t"] == 0) & (train["epoch"] == 0)]["env_step"].unique()
+    cuts = starts[(starts["env"] == env) & (starts["epoch"] == 0)]["env_step"].unique()
     for row, (module, layer) in enumerate(keys):
         d = df[(df["module"] == module) & (df["layer"] == layer)].sort_values("env_step")
         steps = d["env_step"].to_numpy()
@@ -295,8 +285,7 @@ def _heat_figure(
                 interpolation="nearest",
                 extent=(steps[0] - 0.5, steps[0] - 0.5 + m.shape[1] * stride_t, m.shape[0] * stride_u, 0),
             )
-            starts = d[d["episode_step"] == 0]["env_step"]
-            for s in starts:
+            for s in d[d["episode_step"] == 0]["env_step"].to_numpy():
                 ax.axvline(s - 0.5, color="black", linestyle="--", linewidth=1)
             for s in cuts:
                 if steps[0] <= s <= steps[-1]:
@@ -306,33 +295,33 @@ def _heat_figure(
             fig.colorbar(im, ax=ax, fraction=0.03)
     for ax in axes[-1]:
         ax.set_xlabel("env step")
+    fig.tight_layout()
     return _png(fig)
 
 
-def _staleness_figure(plt: Any, train: pd.DataFrame) -> str | None:
-    t = train[train["drift_h"].notna()]
-    if not len(t):
+def _staleness_figure(plt: Any, rep: Report) -> str | None:
+    st = rep.staleness
+    if not st.by_epoch:
         return None
+    by_epoch = pd.DataFrame(st.by_epoch)
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3.4))
-    for module, g in t.groupby("module", observed=True):
-        by = g.groupby("epoch")[["drift_h", "drift_c"]].mean()
-        a1.plot(by.index, by["drift_h"], marker="o", label=f"{module} h")
-        if by["drift_c"].notna().any():
-            a1.plot(by.index, by["drift_c"], marker="s", linestyle="--", label=f"{module} c")
+    for module, g in by_epoch.groupby("module"):
+        a1.plot(g["epoch"], g["drift_h_mean"], marker="o", label=f"{module} h")
+        if g["drift_c_mean"].notna().any():
+            a1.plot(g["epoch"], g["drift_c_mean"], marker="s", linestyle="--", label=f"{module} c")
     a1.set_xlabel("epoch")
     a1.set_ylabel("mean relative drift")
     a1.legend(fontsize=8)
-    pos = np.where(t["t"] == 0, "first", np.where(t["t"] == t["seq_len"] - 1, "last", "middle"))
-    p = t.assign(position=pos)
-    p = p[p["position"] != "middle"].groupby(["module", "position"], observed=True)["drift_h"].mean().unstack()
-    p.plot.bar(ax=a2, rot=0)
+    pos = pd.DataFrame(st.by_position)
+    pos = pos[pos["position"] != "middle"].pivot(index="module", columns="position", values="drift_h_mean")
+    pos.plot.bar(ax=a2, rot=0)
     a2.set_ylabel("mean relative drift (h)")
     a2.set_title("by position in sequence", fontsize=9)
     return _png(fig)
 
 
-def _lengths_figure(plt: Any, rep: Report, train: pd.DataFrame) -> str | None:
-    t = train[(train["t"] == 0) & (train["layer"] == 0)]
+def _lengths_figure(plt: Any, rep: Report, starts: pd.DataFrame) -> str | None:
+    t = starts
     if not len(t):
         return None
     t = t[t["module"] == t["module"].iloc[0]]
