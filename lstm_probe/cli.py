@@ -349,6 +349,15 @@ def _render(rep: Any) -> None:
         out.print(t)
         pos = ", ".join(f"{r['module']} {r['position']}: {_fmt(r['drift_h_mean'])}" for r in st.by_position)
         out.print(f"mean h drift by position in sequence: {pos}")
+        for module in dict.fromkeys(r["module"] for r in st.by_update):
+            steps = [r for r in st.by_update if r["module"] == module]
+            shown = ", ".join(f"{int(r['update'])}: {_fmt(r['drift_h_mean'])}" for r in steps[:12])
+            more = f", ... {len(steps) - 12} more" if len(steps) > 12 else ""
+            out.print(
+                f"mean h drift of {module} by minibatch order in an iteration (0 = before any optimizer "
+                f"step): {shown}{more}",
+                soft_wrap=True,
+            )
 
     h = rep.health
     if h.layers:

@@ -66,6 +66,7 @@ def test_report_text_and_json(made):
         "6. State health",
         "7. Findings",
         "provenance check",
+        "by minibatch order in an iteration (0 = before any optimizer step): 0: ",
     ):
         assert title in r.stdout
     j = cli("report", "run.parquet", "--json", cwd=d)
