@@ -320,20 +320,11 @@ class ProbeCallback(BaseCallback):
             return
         # ppo_recurrent.py:collect_rollouts passes self._last_episode_starts (as a tensor) to the policy.
         starts = np.asarray(self.model._last_episode_starts, bool).reshape(-1)
-        self.episode = np.where(starts, self.episode + 1, np.maximum(self.episode, 0))
-        self.episode_step = np.where(starts, 0, np.where(self.episode_step >= 0, self.episode_step + 1, -1))
+        self.episode, self.episode_step = _advance(self.episode, self.episode_step, starts)
         if self.k < self.n_steps:
             self.tab_episode[self.k] = self.episode
             self.tab_episode_step[self.k] = self.episode_step
-        n = self.n_envs
-        grid = Grid(
-            env=np.arange(n, dtype=np.int32)[:, None],
-            env_step=np.full((n, 1), self.env_step, np.int64),
-            episode=self.episode[:, None].copy(),
-            episode_step=self.episode_step[:, None].copy(),
-            episode_start=starts.astype(np.int8)[:, None],
-            padding=np.zeros((n, 1), bool),
-        )
+        grid = Grid.one_step(np.arange(self.n_envs), self.env_step, self.episode, self.episode_step, starts)
         self.current = Tags("rollout", self.iteration, grid=grid)
         self.in_forward = True
 
@@ -393,33 +384,17 @@ class ProbeCallback(BaseCallback):
 
     def _bootstrap_tags(self, batch: int) -> Tags:
         """Tags of a predict_values call made by collect_rollouts (terminal or last value)."""
-        n = self.n_envs
         buffer: Any = self.model.rollout_buffer  # type: ignore[attr-defined]
         if buffer.full or batch != 1 or not self.terminal_queue:
             # the last-value call: its input is the next step's observation, its state masked by dones,
             # exactly as the next rollout's first call will see it
             d = self.last_dones
-            episode = np.where(d, self.episode + 1, self.episode)
-            episode_step = np.where(d, 0, np.where(self.episode_step >= 0, self.episode_step + 1, -1))
-            grid = Grid(
-                env=np.arange(n, dtype=np.int32)[:, None],
-                env_step=np.full((n, 1), self.env_step, np.int64),
-                episode=episode[:, None],
-                episode_step=episode_step[:, None],
-                episode_start=d.astype(np.int8)[:, None],
-                padding=np.zeros((n, 1), bool),
-            )
+            episode, episode_step = _advance(self.episode, self.episode_step, d)
+            grid = Grid.one_step(np.arange(self.n_envs), self.env_step, episode, episode_step, d)
             return Tags("bootstrap", self.iteration, bootstrap="last", grid=grid)
         i = self.terminal_queue.pop(0)
         step = self.episode_step[i] + 1 if self.episode_step[i] >= 0 else -1
-        grid = Grid(
-            env=np.array([[i]], np.int32),
-            env_step=np.array([[self.env_step]], np.int64),
-            episode=np.array([[self.episode[i]]], np.int64),
-            episode_step=np.array([[step]], np.int64),
-            episode_start=np.zeros((1, 1), np.int8),
-            padding=np.zeros((1, 1), bool),
-        )
+        grid = Grid.one_step(i, self.env_step, self.episode[i], step, 0)
         return Tags("bootstrap", self.iteration, bootstrap="terminal", grid=grid)
 
     def _predict_tags(self, batch: int) -> Tags:
@@ -428,16 +403,16 @@ class ProbeCallback(BaseCallback):
         start = np.full(batch, -1, np.int8) if starts is None else np.asarray(starts).reshape(-1).astype(np.int8)
         if len(start) != batch:
             start = np.full(batch, -1, np.int8)
-        null = np.full((batch, 1), -1, np.int64)
-        grid = Grid(
-            env=np.arange(batch, dtype=np.int32)[:, None],
-            env_step=null,
-            episode=null,
-            episode_step=null,
-            episode_start=start[:, None],
-            padding=np.zeros((batch, 1), bool),
-        )
+        grid = Grid.one_step(np.arange(batch), -1, -1, -1, start)
         return Tags("predict", self.iteration, grid=grid)
+
+
+def _advance(episode: np.ndarray, episode_step: np.ndarray, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-env (episode, episode_step) one step on; ``starts`` marks envs whose state was reset. An
+    episode_step of -1 (an episode begun before the probe) stays unknown until the next reset."""
+    episode = np.where(starts, episode + 1, np.maximum(episode, 0))
+    episode_step = np.where(starts, 0, np.where(episode_step >= 0, episode_step + 1, -1))
+    return episode, episode_step
 
 
 def _guard_learn_frame(probe: ProbeCallback) -> None:

@@ -61,6 +61,24 @@ class Grid:
         return n, t
 
     @staticmethod
+    def one_step(env: Any, env_step: Any, episode: Any, episode_step: Any, episode_start: Any) -> Grid:
+        """The grid of a one-step call from per-column values (length-N arrays or scalars; -1 = null)."""
+        env = np.asarray(env, np.int32).reshape(-1)
+        n = len(env)
+
+        def col(v: Any, dtype: Any) -> np.ndarray:
+            return np.broadcast_to(np.asarray(v, dtype).reshape(-1), (n,))[:, None]
+
+        return Grid(
+            env=env[:, None],
+            env_step=col(env_step, np.int64),
+            episode=col(episode, np.int64),
+            episode_step=col(episode_step, np.int64),
+            episode_start=col(episode_start, np.int8),
+            padding=np.zeros((n, 1), np.bool_),
+        )
+
+    @staticmethod
     def concat(grids: list[Grid]) -> Grid:
         """Grids of non-train calls stacked along the batch axis."""
         if len(grids) == 1:
