@@ -19,7 +19,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from lstm_probe.errors import BadLog
-from lstm_probe.schema import META_RUN_KEY, META_VERSION_KEY, REQUIRED_COLUMNS, SCHEMA_VERSION, log_schema
+from lstm_probe.schema import META_RUN_KEY, META_VERSION_KEY, REQUIRED_COLUMNS, SCHEMA_VERSION, log_schema, relative_l2
 from lstm_probe.writer import META_FINAL_KEY, partial_dir
 
 KEYS = ["module", "layer", "env", "env_step"]
@@ -263,7 +263,6 @@ def pair(
         a = states(merged.rename(columns={f"{which}_train": which}), which)
         b = states(merged.rename(columns={f"{which}_rollout": which}), which)
         diff = a - b
-        with np.errstate(divide="ignore", invalid="ignore"):
-            merged[f"drift_{which}"] = np.linalg.norm(diff, axis=1) / np.maximum(np.linalg.norm(b, axis=1), 1e-12)
+        merged[f"drift_{which}"] = relative_l2(a, b)
         merged[f"max_abs_{which}"] = np.abs(diff).max(axis=1) if diff.size else np.zeros(len(merged))
     return merged

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 SCHEMA_VERSION = 1
@@ -144,6 +145,13 @@ METADATA_KEYS: dict[str, str] = {
     "progress": "num_timesteps reached, iterations started, calls and rows written.",
     "final": "True in the metadata of the part that closed the log (absent from parts written before).",
 }
+
+
+def relative_l2(states: np.ndarray, reference: np.ndarray) -> np.ndarray:
+    """What the drift_h / drift_c columns mean: ||states - reference|| / ||reference|| per row (rows of
+    (n, hidden) arrays); a zero reference norm is floored at 1e-12."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.linalg.norm(states - reference, axis=1) / np.maximum(np.linalg.norm(reference, axis=1), 1e-12)
 
 
 def state_type(hidden_size: int, float16: bool = False) -> pa.DataType:

@@ -23,7 +23,7 @@ from torch import nn
 
 from lstm_probe.errors import BadInput
 from lstm_probe.recover import gru_sequence_states, lstm_sequence_states
-from lstm_probe.schema import BOOTSTRAPS, PATHS, PHASES, SCHEMA_VERSION, SEQ_REASONS
+from lstm_probe.schema import BOOTSTRAPS, PATHS, PHASES, SCHEMA_VERSION, SEQ_REASONS, relative_l2
 from lstm_probe.writer import LogWriter, Rows
 
 RECURRENT_TYPES = (nn.LSTM, nn.GRU, nn.LSTMCell, nn.GRUCell)
@@ -220,9 +220,8 @@ class References:
         if len(idx):
             rh = self.h[layer[idx], env[idx], slot]
             rc = self.c[layer[idx], env[idx], slot]
-            with np.errstate(divide="ignore", invalid="ignore"):
-                dh[idx] = np.linalg.norm(h[idx] - rh, axis=1) / np.maximum(np.linalg.norm(rh, axis=1), 1e-12)
-                dc[idx] = np.linalg.norm(c[idx] - rc, axis=1) / np.maximum(np.linalg.norm(rc, axis=1), 1e-12)
+            dh[idx] = relative_l2(h[idx], rh)
+            dc[idx] = relative_l2(c[idx], rc)
         return dh, dc, found
 
 
