@@ -114,26 +114,8 @@ def test_disk_full_is_one_line_and_training_stops(tmp_path):
     disk = tmp_path / "disk"
     _small_fs(disk)
     try:
-        args = [
-            "run",
-            "Pendulum-v1",
-            "--steps",
-            "100000",
-            "--n-steps",
-            "32",
-            "--batch-size",
-            "32",
-            "--n-epochs",
-            "1",
-            "--hidden-size",
-            "64",
-            "--torch-threads",
-            "1",
-            "--part-seconds",
-            "0.2",
-            "--out",
-            str(disk / "run.parquet"),
-        ]
+        # the usual run with bigger states (fills the disk sooner); a repeated option takes the last value
+        args = [*ARGS, "--hidden-size", "64", "--part-seconds", "0.2", "--out", str(disk / "run.parquet")]
         start = time.monotonic()
         r = subprocess.run(
             [sys.executable, "-m", "lstm_probe", *args], env=ENV, capture_output=True, text=True, timeout=300
