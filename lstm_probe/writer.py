@@ -251,7 +251,7 @@ class LogWriter:
 
     The training thread calls :meth:`reserve` to get room for rows, fills them in, and the writer
     encodes and writes full buffers in the background. :meth:`close` drains everything, writes the
-    outcome into the metadata and (for a file output) merges the parts into the final file.
+    outcome into the metadata and (for a file output) moves the mirrored file into place.
     """
 
     def __init__(
