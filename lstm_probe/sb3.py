@@ -351,6 +351,9 @@ class ProbeCallback(BaseCallback):
         starts = np.asarray(buffer.episode_starts).reshape(-1)[flat] > 0.5
         first = batch_inds[seq_starts]
         first_start = np.asarray(buffer.episode_starts).reshape(-1)[first] > 0.5
+        # Only the first sequence of a minibatch can start at the split point or a minibatch cut: later ones
+        # start at episode starts or env changes only (buffers.py:create_sequencers), which the first two
+        # cases catch.
         reason = np.where(
             first_start,
             SEQ_REASON["episode_start"],
@@ -360,8 +363,6 @@ class ProbeCallback(BaseCallback):
                 SEQ_REASON["split" if self.minibatch == 0 else "minibatch_cut"],
             ),
         )
-        if len(reason) > 1:  # later sequences start only at episode starts or env changes (create_sequencers)
-            reason[1:] = np.where(first_start[1:], SEQ_REASON["episode_start"], SEQ_REASON["env_boundary"])
         grid = Grid(
             env=np.where(null, -1, env).astype(np.int32),
             env_step=np.where(null, -1, self.base_step + k),
