@@ -19,8 +19,17 @@ import tempfile
 import time
 
 CHILD = r"""
-import json, os, resource, sys, time
+import json, os, resource, sys, threading, time
 import torch
+trace = []  # (seconds since start, RSS MB) every 2 s: memory over the run, not only its peak
+def sample():
+    t0 = time.perf_counter()
+    while True:
+        with open("/proc/self/status") as f:
+            kb = next(int(line.split()[1]) for line in f if line.startswith("VmRSS"))
+        trace.append((round(time.perf_counter() - t0), kb // 1024))
+        time.sleep(2)
+threading.Thread(target=sample, daemon=True).start()
 cfg = json.loads(sys.argv[1])
 torch.set_num_threads(cfg["threads"])
 from sb3_contrib import RecurrentPPO
@@ -41,7 +50,8 @@ if cb is not None:
     import lstm_probe
     info = lstm_probe.read_info(cfg["out"])
     size, rows = info.bytes, info.rows
-print(json.dumps({"seconds": seconds, "rss_mb": rss, "bytes": size, "rows": rows}))
+deciles = [trace[min(len(trace) - 1, i * len(trace) // 10)][1] for i in range(1, 11)] if trace else []
+print(json.dumps({"seconds": seconds, "rss_mb": rss, "bytes": size, "rows": rows, "rss_trace": deciles}))
 """
 
 
@@ -61,6 +71,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--captures", nargs="+", default=["summary", "full", "full-f16"])
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--rss-trace", action="store_true", help="print RSS (MB) at each tenth of every run")
     args = ap.parse_args()
     tmp = tempfile.mkdtemp()
     print(f"{args.env}, {args.steps} steps, sb3-contrib defaults (hidden 256, n_steps 128), {args.repeats} "
@@ -83,6 +94,9 @@ def main() -> None:
                       f"{min(ratios):>6.3f}-{max(ratios):<6.3f}x {statistics.median(b['seconds'] for b in base):>7.1f} "
                       f"{statistics.median(p['seconds'] for p in probed):>8.1f} {rss:>8.0f} {rows:>9} "
                       f"{probed[-1]['bytes'] / max(rows, 1):>6.0f}", flush=True)
+                if args.rss_trace:
+                    print(f"{'':>6} RSS MB by tenth of the run, unprobed: {base[-1]['rss_trace']}")
+                    print(f"{'':>6} RSS MB by tenth of the run, probed:   {probed[-1]['rss_trace']}", flush=True)
     _ = time
 
 

@@ -19,7 +19,15 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from lstm_probe.errors import BadLog
-from lstm_probe.schema import META_RUN_KEY, META_VERSION_KEY, REQUIRED_COLUMNS, SCHEMA_VERSION, log_schema, relative_l2
+from lstm_probe.schema import (
+    ADDED_IN_V2,
+    META_RUN_KEY,
+    META_VERSION_KEY,
+    REQUIRED_COLUMNS,
+    SCHEMA_VERSION,
+    log_schema,
+    relative_l2,
+)
 from lstm_probe.writer import META_FINAL_KEY, partial_dir
 
 KEYS = ["module", "layer", "env", "env_step"]
@@ -92,6 +100,7 @@ def read_info(path: str | os.PathLike[str]) -> LogInfo:
     rows = 0
     size = 0
     schema: pa.Schema | None = None
+    seen_shards: set[str] = set()
     expected = log_schema(1)
     for file in files:
         pf = _open(file)
@@ -110,27 +119,32 @@ def read_info(path: str | os.PathLike[str]) -> LogInfo:
                 f"{file} was written with log schema {version}, newer than this lstm-probe reads "
                 f"({SCHEMA_VERSION}); upgrade lstm-probe (pip install -U lstm-probe)"
             )
-        missing = REQUIRED_COLUMNS - set(arrow.names)
+        required = REQUIRED_COLUMNS - ADDED_IN_V2 if version < 2 else REQUIRED_COLUMNS
+        missing = required - set(arrow.names)
         if missing:
             raise BadLog(
                 f"{file} lacks the column(s) {', '.join(sorted(missing))}: not an lstm-probe log "
-                f"of schema {SCHEMA_VERSION}"
+                f"of schema {version}"
             )
         wrong = [
             f"{name} is {arrow.field(name).type}, expected {expected.field(name).type}"
-            for name in sorted(REQUIRED_COLUMNS - {"h", "c"})
+            for name in sorted(required - {"h", "c"})
             if arrow.field(name).type != expected.field(name).type
         ]
         if wrong:
             raise BadLog(
                 f"{file} has columns of the wrong type ({wrong[0]}): not an lstm-probe log of schema {SCHEMA_VERSION}"
             )
-        if schema is None:
-            schema = arrow
+        shard = _shard(file)
+        if shard not in seen_shards:  # each writing process stores its run metadata; merge them
+            seen_shards.add(shard)
             try:
-                run = json.loads(meta.get(META_RUN_KEY, b"{}"))
+                doc = json.loads(meta.get(META_RUN_KEY, b"{}"))
             except ValueError:
                 raise BadLog(f"{file} has corrupt run metadata") from None
+            run = doc if run is None else {**doc, **run}
+        if schema is None:
+            schema = arrow
         elif arrow.field("h").type != schema.field("h").type:
             raise BadLog(f"{file} has h vectors of another size than {files[0]}: parts of different logs")
         kv = pf.metadata.metadata or {}

@@ -13,18 +13,19 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-SCHEMA_VERSION = 1
-"""Bumped whenever a column is removed, renamed or changes meaning. Readers refuse newer versions."""
+SCHEMA_VERSION = 2
+"""Bumped whenever a column is added, removed, renamed or changes meaning. Readers refuse newer versions
+and read older ones (version 1 lacks ``worker`` and ``learner``: read as null)."""
 
 META_VERSION_KEY = b"lstm_probe.schema_version"
 META_RUN_KEY = b"lstm_probe.run"
 """Key of the JSON document with the run's metadata (see :data:`METADATA_KEYS`)."""
 
 # Values of the string columns. Stored as plain strings (Parquet dictionary-encodes them on disk).
-PHASES = ("rollout", "bootstrap", "train", "predict", "other")
+PHASES = ("rollout", "bootstrap", "train", "predict", "other", "value")
 PATHS = ("step", "sequence", "stepwise")
 BOOTSTRAPS = ("terminal", "last")
-SEQ_REASONS = ("episode_start", "env_boundary", "split", "minibatch_cut")
+SEQ_REASONS = ("episode_start", "env_boundary", "split", "minibatch_cut", "max_seq_len")
 
 # (name, arrow type or None for the state vectors, nullable, description)
 COLUMNS: list[tuple[str, pa.DataType | None, bool, str]] = [
@@ -42,7 +43,9 @@ COLUMNS: list[tuple[str, pa.DataType | None, bool, str]] = [
         pa.string(),
         False,
         "'rollout' (acting in the env), 'bootstrap' (critic-only value calls, see `bootstrap`), 'train' "
-        "(recomputed in a gradient step), 'predict' (model.predict / evaluation), 'other' (untagged).",
+        "(recomputed in a gradient step), 'value' (RLlib: the learner's whole-batch critic pass for GAE, "
+        "gradients on, before any optimizer step of the update), 'predict' (model.predict / evaluation), "
+        "'other' (untagged).",
     ),
     (
         "path",
@@ -55,19 +58,44 @@ COLUMNS: list[tuple[str, pa.DataType | None, bool, str]] = [
         "bootstrap",
         pa.string(),
         True,
-        "For phase 'bootstrap': 'terminal' (value of a truncated episode's terminal observation) or "
-        "'last' (value of the observation after the rollout's last step). Null otherwise.",
+        "sb3, phase 'bootstrap': 'terminal' (value of a truncated episode's terminal observation) or "
+        "'last' (value of the observation after the rollout's last step). RLlib: rows whose input is not "
+        "a step the agent acted on: 'terminal' (an episode's terminal observation: the env runner's "
+        "discarded forward pass after the episode ended, and the learner's appended bootstrap timestep "
+        "of a finished episode) or 'last' (the learner's appended timestep of an episode chunk cut at "
+        "the end of a rollout fragment). Null otherwise.",
     ),
     (
         "iteration",
         pa.int32(),
         True,
-        "Rollout/update cycle, 0-based; train rows carry the iteration whose rollout they train on.",
+        "Rollout/update cycle, 0-based; train rows carry the iteration whose rollout they train on. RLlib: "
+        "rollout rows carry the weights version the env runner acted with (weights_seq_no), learner rows "
+        "the learner's update count; equal numbers mean the same policy weights.",
     ),
-    ("epoch", pa.int32(), True, "Training epoch within the iteration (train rows only)."),
-    ("minibatch", pa.int32(), True, "Minibatch within the epoch (train rows only)."),
+    (
+        "epoch",
+        pa.int32(),
+        True,
+        "Training epoch within the iteration (sb3 train rows). Null for RLlib, whose minibatches cycle "
+        "through the batch across epoch boundaries.",
+    ),
+    (
+        "minibatch",
+        pa.int32(),
+        True,
+        "Minibatch within the epoch (sb3 train rows); RLlib: minibatch within the update.",
+    ),
     ("seq", pa.int32(), True, "Sequence index within the minibatch = batch column of the call (train rows only)."),
-    ("t", pa.int32(), False, "Step within the sequence (train rows); 0 otherwise."),
+    (
+        "t",
+        pa.int32(),
+        False,
+        "Step within the sequence (train rows); 0 otherwise. -1 marks a sequence's initial-state row (RLlib "
+        "learner calls): the state the sequence started from (RLlib's STATE_IN), keyed to the step before its "
+        "first step, so it pairs with the rollout row that produced it; env_step is null where the sequence "
+        "starts an episode (the state is the initial zeros).",
+    ),
     ("seq_len", pa.int32(), True, "Unpadded length of the row's sequence (train rows only)."),
     (
         "seq_reason",
@@ -75,10 +103,25 @@ COLUMNS: list[tuple[str, pa.DataType | None, bool, str]] = [
         True,
         "Why the row's sequence starts where it does (train rows only): 'episode_start', 'env_boundary' "
         "(first step of an env's rollout), 'split' (the rollout buffer's random shuffling split point), "
-        "'minibatch_cut' (the previous minibatch ended there).",
+        "'minibatch_cut' (the previous minibatch ended there), 'max_seq_len' (RLlib: the previous chunk of "
+        "the episode reached max_seq_len). RLlib uses 'env_boundary' for a chunk that starts where the "
+        "env runner's previous rollout fragment ended.",
     ),
     ("padding", pa.bool_(), False, "True for the zero-padding steps appended to short sequences (train)."),
-    ("env", pa.int32(), True, "Env index in the vectorized env. Null on padding rows."),
+    (
+        "worker",
+        pa.int32(),
+        True,
+        "RLlib: index of the env runner whose env produced the row's data (0 = the driver's local env "
+        "runner); with `env` it names one env. Null for sb3 and generic logs, and on padding rows.",
+    ),
+    (
+        "learner",
+        pa.int32(),
+        True,
+        "RLlib: rank of the learner that made a train or value call. Null elsewhere.",
+    ),
+    ("env", pa.int32(), True, "Env index in the vectorized env (of that worker). Null on padding rows."),
     (
         "env_step",
         pa.int64(),
@@ -120,14 +163,19 @@ COLUMNS: list[tuple[str, pa.DataType | None, bool, str]] = [
 
 COLUMN_NAMES = [name for name, *_ in COLUMNS]
 REQUIRED_COLUMNS = frozenset(COLUMN_NAMES)
+ADDED_IN_V2 = frozenset({"worker", "learner"})
+"""Columns a version-1 log lacks; readers treat them as null."""
 
 METADATA_KEYS: dict[str, str] = {
     "schema_version": "Version of this schema (also stored under its own key).",
     "lstm_probe_version": "Version of lstm-probe that wrote the log.",
-    "framework": "'sb3' or 'generic'.",
+    "framework": "'sb3', 'rllib' or 'generic'.",
     "versions": "torch, stable-baselines3, sb3-contrib, gymnasium, numpy, pyarrow versions.",
     "env_id": "Gymnasium env id (sb3 runs).",
-    "algorithm": "Algorithm class name, e.g. RecurrentPPO.",
+    "algorithm": "Algorithm class name, e.g. RecurrentPPO (RLlib: PPO).",
+    "rllib": "RLlib runs: env runners, learners, envs per runner, rollout_fragment_length, "
+    "train_batch_size, minibatch_size, num_epochs, max_seq_len, vf_share_layers, lstm_cell_size.",
+    "shards": "Multi-process logs (read back, not stored): per writing process, completed and progress.",
     "policy": "Policy class name.",
     "hyperparameters": "Every RecurrentPPO hyperparameter actually used (n_steps, batch_size, n_epochs, ...).",
     "seed": "Seed passed to the algorithm (null when none).",

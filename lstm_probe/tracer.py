@@ -54,6 +54,8 @@ class Grid:
     train: bool = False
     seq_len: np.ndarray | None = None
     seq_reason: np.ndarray | None = None
+    worker: np.ndarray | None = None  # (N, T) int32, -1 null; None: null everywhere (one-process runs)
+    bootstrap: np.ndarray | None = None  # (N, T) int8 code per cell; None: the call's Tags.bootstrap
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -78,6 +80,25 @@ class Grid:
             padding=np.zeros((n, 1), np.bool_),
         )
 
+    def initial(self) -> Grid:
+        """The one-column grid of the states a train call's sequences started from: the step before each
+        sequence's first step (null env_step and episode_step where the sequence starts an episode)."""
+        first = self.episode_step[:, :1]
+        before = first > 0
+        g = Grid(
+            env=self.env[:, :1],
+            env_step=np.where(before, self.env_step[:, :1] - 1, -1),
+            episode=self.episode[:, :1],
+            episode_step=np.where(before, first - 1, -1),
+            episode_start=np.full_like(self.episode_start[:, :1], -1),
+            padding=self.padding[:, :1],
+            train=True,
+            seq_len=self.seq_len,
+            seq_reason=self.seq_reason,
+            worker=None if self.worker is None else self.worker[:, :1],
+        )
+        return g
+
     @staticmethod
     def concat(grids: list[Grid]) -> Grid:
         """Grids of non-train calls stacked along the batch axis."""
@@ -87,6 +108,13 @@ class Grid:
         def cat(field: str) -> np.ndarray:
             return np.concatenate([getattr(g, field) for g in grids])
 
+        def cat_opt(field: str, fill: int, dtype: Any) -> np.ndarray | None:
+            if all(getattr(g, field) is None for g in grids):
+                return None
+            return np.concatenate(
+                [v if (v := getattr(g, field)) is not None else np.full(g.shape, fill, dtype) for g in grids]
+            )
+
         return Grid(
             env=cat("env"),
             env_step=cat("env_step"),
@@ -94,6 +122,8 @@ class Grid:
             episode_step=cat("episode_step"),
             episode_start=cat("episode_start"),
             padding=cat("padding"),
+            worker=cat_opt("worker", -1, np.int32),
+            bootstrap=cat_opt("bootstrap", -1, np.int8),
         )
 
 
@@ -108,6 +138,7 @@ class Tags:
     bootstrap: str | None = None
     grid: Grid | None = None
     stepwise: dict[str, int] = field(default_factory=dict)
+    learner: int | None = None
 
 
 Resolver = Callable[[str, int, int], Tags]
@@ -242,6 +273,7 @@ class Tracer:
         float16: bool = False,
         force: bool = False,
         reference_window: int = 0,
+        initial_states: bool = False,
         part_seconds: float = 60.0,
         resolver: Resolver | None = None,
         shard: str | None = None,
@@ -280,6 +312,7 @@ class Tracer:
         }
         self.out, self.force, self.part_seconds = out, force, part_seconds
         self.reference_window = reference_window
+        self.initial_states = initial_states
         self.shard = shard
         self.refs: dict[str, References] = {}
         self.resolver: Resolver = resolver or self._user_tags
@@ -455,6 +488,7 @@ class Tracer:
                 elif module.batch_first:
                     x, y = x.transpose(0, 1), y.transpose(0, 1)
                 steps, batch = int(x.shape[0]), int(x.shape[1])
+                initial = None
                 if steps == 1:
                     hs = hn.detach().cpu().numpy()[:, :, None, :]  # (L, N, 1, H)
                     cs = cn.detach().cpu().numpy()[:, :, None, :] if cn is not None else None
@@ -465,7 +499,10 @@ class Tracer:
                         hs, cs = hs4.transpose(0, 2, 1, 3), cs4.transpose(0, 2, 1, 3)
                     else:
                         hs, cs = gru_sequence_states(module, x, h0, y).transpose(0, 2, 1, 3), None  # type: ignore[arg-type]
-                self._emit(name, code, steps, batch, hs, cs)
+                    if self.initial_states:
+                        h0n = h0.detach().cpu().numpy()[:, :, None, :]
+                        initial = (h0n, c0.detach().cpu().numpy()[:, :, None, :] if is_lstm else None)
+                self._emit(name, code, steps, batch, hs, cs, initial)
         else:
             is_cell_lstm = isinstance(module, nn.LSTMCell)
 
@@ -495,7 +532,16 @@ class Tracer:
             h0, c0 = h0.unsqueeze(1), c0.unsqueeze(1)
         return h0, c0
 
-    def _emit(self, name: str, code: int, steps: int, batch: int, hs: np.ndarray, cs: np.ndarray | None) -> None:
+    def _emit(
+        self,
+        name: str,
+        code: int,
+        steps: int,
+        batch: int,
+        hs: np.ndarray,
+        cs: np.ndarray | None,
+        initial: tuple[np.ndarray, np.ndarray | None] | None = None,
+    ) -> None:
         """Take the states of one call. hs/cs: (L, N, T', H) states after each step of the call.
 
         One-step calls are kept and written in blocks: the steps of a per-timestep loop over a
@@ -515,11 +561,25 @@ class Tracer:
             key = ("stepwise", id(tags))
             tags.stepwise[name] = tags.stepwise.get(name, 0) + 1
         elif steps == 1 and (grid is None or (not grid.train and grid.shape == (batch, 1))):
-            key = ("step", tags.phase, tags.iteration, tags.epoch, tags.minibatch, tags.bootstrap, grid is None)
+            key = (
+                "step",
+                tags.phase,
+                tags.iteration,
+                tags.epoch,
+                tags.minibatch,
+                tags.bootstrap,
+                tags.learner,
+                grid is None,
+            )
         if key is None:
             self.flush_pending()
             path = PATH["sequence"] if steps > 1 else PATH["step"]
             self._write(name, code, tags, 0, path, np.full(batch * steps, call, np.int64), hs, cs)
+            if initial is not None and grid is not None and grid.train and grid.shape[0] == batch:
+                # The state each sequence started from, as rows with t = -1 (see the schema's `t`).
+                start = Tags(tags.phase, tags.iteration, tags.epoch, tags.minibatch, grid=grid.initial())
+                start.learner = tags.learner
+                self._write(name, code, start, 0, path, np.full(batch, call, np.int64), initial[0], initial[1], t=-1)
             return
         if key != self._pending_key:
             self.flush_pending()
@@ -558,6 +618,7 @@ class Tracer:
                     tags.minibatch,
                     tags.bootstrap,
                     grid=Grid.concat([g for _, g, _, _ in items if g is not None]),
+                    learner=tags.learner,
                 )
             self._write(name, code, block, 0, PATH["step"], per_col, hs, cs)
 
@@ -571,8 +632,10 @@ class Tracer:
         call: np.ndarray,
         hs: np.ndarray,
         cs: np.ndarray | None,
+        t: int | None = None,
     ) -> None:
-        """Rows of one call (or of one per-timestep loop): hs/cs (L, N, T', H), rows ordered layer, column, t."""
+        """Rows of one call (or of one per-timestep loop): hs/cs (L, N, T', H), rows ordered layer, column, t.
+        ``t`` overrides the rows' step column (-1 for the initial-state rows)."""
         writer = self.writer
         assert writer is not None
         grid = tags.grid
@@ -590,10 +653,13 @@ class Tracer:
         r.iteration[i0:i1] = _opt(tags.iteration)
         r.epoch[i0:i1] = _opt(tags.epoch)
         r.minibatch[i0:i1] = _opt(tags.minibatch)
+        r.learner[i0:i1] = _opt(tags.learner)
         if grid is not None and grid.shape[0] == batch and t0 + steps <= grid.shape[1]:
             self._fill_grid(r, i0, i1, grid, t0, steps, layers)
         else:
             self._fill_null(r, i0, i1)
+        if t is not None:
+            r.t[i0:i1] = t
         r.h[i0:i1] = hs.reshape(n, -1)
         if cs is not None:
             r.c[i0:i1] = cs.reshape(n, -1)
@@ -620,6 +686,9 @@ class Tracer:
         r.episode_step[i0:i1] = cols(grid.episode_step)
         r.episode_start[i0:i1] = cols(grid.episode_start)
         r.padding[i0:i1] = cols(grid.padding)
+        r.worker[i0:i1] = -1 if grid.worker is None else cols(grid.worker)
+        if grid.bootstrap is not None:
+            r.bootstrap[i0:i1] = cols(grid.bootstrap)
         if grid.train:
             batch = grid.shape[0]
             seq = np.repeat(np.arange(batch, dtype=np.int32), steps)
@@ -637,7 +706,17 @@ class Tracer:
 
     @staticmethod
     def _fill_null(r: Rows, i0: int, i1: int) -> None:
-        for col in (r.env, r.env_step, r.episode, r.episode_step, r.episode_start, r.seq, r.seq_len, r.seq_reason):
+        for col in (
+            r.worker,
+            r.env,
+            r.env_step,
+            r.episode,
+            r.episode_step,
+            r.episode_start,
+            r.seq,
+            r.seq_len,
+            r.seq_reason,
+        ):
             col[i0:i1] = -1
         r.t[i0:i1] = 0
         r.padding[i0:i1] = False

@@ -81,6 +81,8 @@ class Rows:
         self.seq_len = np.empty(capacity, np.int32)
         self.seq_reason = np.empty(capacity, np.int8)
         self.padding = np.empty(capacity, np.bool_)
+        self.worker = np.empty(capacity, np.int32)
+        self.learner = np.empty(capacity, np.int32)
         self.env = np.empty(capacity, np.int32)
         self.env_step = np.empty(capacity, np.int64)
         self.episode = np.empty(capacity, np.int64)
@@ -140,6 +142,8 @@ class Encoder:
             "seq_len": _nullable(r.seq_len[s], r.seq_len[s] < 0, pa.int32()),
             "seq_reason": _strings(r.seq_reason[s], self.codes["seq_reason"]),
             "padding": pa.array(r.padding[s], pa.bool_()),
+            "worker": _nullable(r.worker[s], r.worker[s] < 0, pa.int32()),
+            "learner": _nullable(r.learner[s], r.learner[s] < 0, pa.int32()),
             "env": _nullable(r.env[s], r.env[s] < 0, pa.int32()),
             "env_step": _nullable(r.env_step[s], r.env_step[s] < 0, pa.int64()),
             "episode": _nullable(r.episode[s], r.episode[s] < 0, pa.int64()),

@@ -1,0 +1,450 @@
+"""Ray RLlib (new API stack) integration: every env runner and learner process traces its own LSTM calls.
+
+``probe_config(config, "runs/cp/")`` adds three things to a PPOConfig, all picklable so Ray ships them to
+every process:
+
+- an ``on_episode_created`` callback that attaches a tracer to the env runner's RLModule the first time
+  the runner creates an episode, and wraps the module's ``forward_exploration`` / ``forward_inference``
+  on the instance to tag each rollout call (``env/single_agent_env_runner.py:SingleAgentEnvRunner._sample``
+  calls them once per vectorized env step with batch column i = env i and input (n_envs, 1, F));
+- an ``on_episode_end`` callback that marks in ``episode.custom_data`` that the episode really ended;
+- a learner connector piece that runs in each learner, right after PPO's
+  ``connectors/learner/add_one_ts_to_episodes_and_truncate.py:AddOneTsToEpisodesAndTruncate`` (prepended
+  by ``algorithms/ppo/ppo_learner.py:PPOLearner.build``), and adds one int64 column of provenance per
+  timestep. RLlib's own ``AddTimeDimToBatchAndZeroPad`` then chunks it into max_seq_len pieces and
+  zero-pads it exactly like the observations, and the minibatch iterator slices it along with them, so
+  the learner's ``forward_train`` and ``compute_values`` calls receive the provenance of every batch
+  cell with their own batch.
+
+Provenance travels inside the episodes: the env runner writes ``custom_data["lstm_probe"]`` (worker,
+env, per-env episode counter, the env step the episode began at) when it first acts on an episode;
+``SingleAgentEpisode.cut`` deep-copies custom_data into the continuation chunk, and episodes reach the
+learners whole. Nothing goes through the driver: each process writes its own part files
+(``part-runner<k>-*.parquet``, ``part-learner<r>-*.parquet``) into one directory, which the readers
+take as one log.
+
+Facts relied on (RLlib 2.60): after an episode ends, ``_sample`` makes one more forward pass on that
+episode's terminal observation and state (the next episode object is created but not yet reset:
+``SingleAgentEpisode.is_reset`` is False) and throws the action away; those rows are tagged
+``bootstrap='terminal'``. PPO's learner evaluates each episode chunk plus one appended timestep (the
+chunk's last observation again), so its train and value rows at that step are tagged 'terminal' or
+'last' too.
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from ray.rllib.connectors.connector_v2 import ConnectorV2
+from ray.rllib.utils import force_list
+from torch import nn
+
+from lstm_probe.errors import BadInput
+from lstm_probe.tracer import BOOTSTRAP, SEQ_REASON, Grid, Tags, Tracer
+
+KEY = "lstm_probe"
+"""Key of the probe's entry in ``SingleAgentEpisode.custom_data`` and prefix of its batch column."""
+COLUMN = "lstm_probe_provenance"
+# Fields of COLUMN, one int64 vector per timestep. VALID is 0 on RLlib's zero padding.
+VALID, WORKER, ENV, EPISODE, EPISODE_STEP, ENV_STEP, BOOT, CHUNK_START = range(8)
+FIELDS = 8
+
+
+@dataclass
+class Options:
+    """What every process needs to open its shard of the log (pickled to Ray actors)."""
+
+    out: str
+    capture: str = "full"
+    every: int = 1
+    float16: bool = False
+    part_seconds: float = 60.0
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+# Every probe this process opened, so close() reaches them from Ray's foreach_* calls.
+_OPEN: list[Any] = []
+_RUNNER_PROBES: weakref.WeakKeyDictionary[Any, RolloutProbe] = weakref.WeakKeyDictionary()
+_LEARNER_PROBES: weakref.WeakKeyDictionary[Any, LearnerProbe] = weakref.WeakKeyDictionary()
+
+
+def role(name: str, count: int) -> str:
+    """'actor' / 'critic' for RLlib's default encoders (``encoder.actor_encoder.lstm``,
+    ``encoder.critic_encoder.lstm``); with vf_share_layers the one LSTM (``encoder.encoder.lstm``) is
+    'actor', as sb3's shared LSTM is. Other modules keep their names."""
+    if "critic" in name:
+        return "critic"
+    if "actor" in name or count == 1:
+        return "actor"
+    return name
+
+
+def lstms(module: nn.Module) -> dict[str, nn.Module]:
+    found = [(n, m) for n, m in module.named_modules() if isinstance(m, nn.LSTM | nn.GRU)]
+    if not found:
+        raise BadInput(
+            "the RLModule has no nn.LSTM or nn.GRU; set use_lstm=True in the model config "
+            "(DefaultModelConfig(use_lstm=True))"
+        )
+    out: dict[str, nn.Module] = {}
+    for n, m in found:
+        out[role(n, len(found))] = m
+    return out
+
+
+def _tracer(
+    modules: dict[str, nn.Module], opts: Options, shard: str, resolver: Callable[[str, int, int], Tags]
+) -> Tracer:
+    tracer = Tracer(
+        modules,
+        opts.out,
+        {**opts.metadata, "framework": "rllib"},
+        capture=opts.capture,
+        every=opts.every,
+        float16=opts.float16,
+        force=True,  # probe_config() cleared the directory on the driver; a shard owns only its files
+        initial_states=True,
+        part_seconds=opts.part_seconds,
+        resolver=resolver,
+        shard=shard,
+    )
+    return tracer.start()
+
+
+class RolloutProbe:
+    """The tracer of one env runner: tags each rollout call with (worker, env, episode, step)."""
+
+    def __init__(self, env_runner: Any, opts: Options):
+        module = env_runner.module
+        if module is None:
+            raise BadInput("this env runner has no RLModule to trace")
+        self.runner = env_runner
+        self.worker = int(env_runner.worker_index or 0)
+        n = int(env_runner.num_envs)
+        self.env_steps = np.zeros(n, np.int64)  # forward passes made for each env so far
+        self.episodes = np.zeros(n, np.int64)  # episodes begun in each env so far
+        self.last: list[tuple[Any, dict[str, int]] | None] = [None] * n
+        self.tags: Tags | None = None
+        self.tracer = _tracer(lstms(module), opts, f"runner{self.worker}", self.resolve)
+        for name, explore in (("forward_exploration", True), ("forward_inference", False)):
+            setattr(module, name, self._wrap(getattr(module, name), explore))
+        _OPEN.append(self)
+
+    def resolve(self, name: str, steps: int, batch: int) -> Tags:
+        return self.tags if self.tags is not None else Tags()
+
+    def _wrap(self, fn: Callable[..., Any], explore: bool) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            self.tags = self._step_tags("rollout" if explore else "predict")
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.tags = None
+                self.env_steps += 1
+
+        return forward
+
+    def _step_tags(self, phase: str) -> Tags:
+        episodes = self.runner._ongoing_episodes
+        n = len(episodes)
+        if n != len(self.env_steps):
+            raise BadInput(f"the env runner has {n} episodes for {len(self.env_steps)} envs")
+        step = np.empty(n, np.int64)
+        episode = np.empty(n, np.int64)
+        env_step = np.empty(n, np.int64)
+        boot = np.full(n, -1, np.int8)
+        for i, ep in enumerate(episodes):
+            if ep is not None and ep.is_reset:
+                info = ep.custom_data.get(KEY)
+                if info is None:  # first forward pass on this episode
+                    info = {
+                        "worker": self.worker,
+                        "env": i,
+                        "episode": int(self.episodes[i]),
+                        "env_step0": int(self.env_steps[i]) - int(ep.t),
+                    }
+                    self.episodes[i] += 1
+                    ep.custom_data[KEY] = info
+                self.last[i] = (ep, info)
+                t = int(ep.t)
+            else:
+                # The episode in this column ended on the previous step; RLlib evaluates its terminal
+                # observation once more before the autoreset (the action is discarded).
+                last = self.last[i]
+                if last is None:
+                    step[i] = episode[i] = env_step[i] = -1
+                    continue
+                ep, info = last
+                t = int(ep.t)
+                boot[i] = BOOTSTRAP["terminal"]
+            step[i] = t
+            episode[i] = info["episode"]
+            env_step[i] = self.env_steps[i]
+        grid = Grid.one_step(np.arange(n), env_step, episode, step, np.where(step < 0, -1, step == 0))
+        grid.worker = np.full((n, 1), self.worker, np.int32)
+        grid.bootstrap = boot[:, None]
+        return Tags(phase=phase, iteration=int(getattr(self.runner, "_weights_seq_no", 0)), grid=grid)
+
+    def close(self, completed: bool, stop_reason: str | None) -> None:
+        self.tracer.close(completed=completed, stop_reason=stop_reason)
+
+
+class LearnerProbe:
+    """The tracer of one learner: tags the whole-batch value pass and each minibatch's forward_train."""
+
+    def __init__(self, module: Any, opts: Options, rank: int):
+        self.rank = rank
+        self.update = -1
+        self.minibatch = 0
+        self.tags: Tags | None = None
+        self.tracer = _tracer(lstms(module), opts, f"learner{rank}", self.resolve)
+        module.forward_train = self._wrap(module.forward_train, "train")
+        module.compute_values = self._wrap(module.compute_values, "value")
+        _OPEN.append(self)
+
+    def resolve(self, name: str, steps: int, batch: int) -> Tags:
+        return self.tags if self.tags is not None else Tags()
+
+    def new_update(self) -> None:
+        self.update += 1
+        self.minibatch = 0
+
+    def _wrap(self, fn: Callable[..., Any], phase: str) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def forward(batch: Any, *args: Any, **kwargs: Any) -> Any:
+            prov = batch.get(COLUMN) if isinstance(batch, dict) else None
+            outer = self.tags
+            if outer is None:  # compute_values called inside forward_train keeps the train tags
+                self.tags = Tags(
+                    phase=phase,
+                    iteration=self.update,
+                    minibatch=self.minibatch if phase == "train" else None,
+                    grid=None if prov is None else train_grid(prov),
+                    learner=self.rank,
+                )
+            try:
+                return fn(batch, *args, **kwargs)
+            finally:
+                if outer is None:
+                    self.tags = None
+                    if phase == "train":
+                        self.minibatch += 1
+
+        return forward
+
+    def close(self, completed: bool, stop_reason: str | None) -> None:
+        self.tracer.close(completed=completed, stop_reason=stop_reason)
+
+
+def train_grid(prov: Any) -> Grid:
+    """The grid of a learner call from its (B, T, FIELDS) provenance column."""
+    p = prov.detach().cpu().numpy() if isinstance(prov, torch.Tensor) else np.asarray(prov)
+    p = p.astype(np.int64, copy=False)
+    valid = p[..., VALID] == 1
+    pad = ~valid
+
+    def col(i: int, dtype: Any) -> np.ndarray:
+        return np.where(valid, p[..., i], -1).astype(dtype)
+
+    step = col(EPISODE_STEP, np.int64)
+    grid = Grid(
+        env=col(ENV, np.int32),
+        env_step=col(ENV_STEP, np.int64),
+        episode=col(EPISODE, np.int64),
+        episode_step=step,
+        episode_start=np.where(valid, step == 0, -1).astype(np.int8),
+        padding=pad,
+        train=True,
+        worker=col(WORKER, np.int32),
+        bootstrap=np.where(valid, p[..., BOOT], -1).astype(np.int8),
+    )
+    grid.seq_len = valid.sum(axis=1).astype(np.int32)
+    first = p[:, 0]
+    reason = np.where(
+        first[:, EPISODE_STEP] == 0,
+        SEQ_REASON["episode_start"],
+        np.where(first[:, EPISODE_STEP] == first[:, CHUNK_START], SEQ_REASON["env_boundary"], SEQ_REASON["max_seq_len"]),
+    )
+    grid.seq_reason = np.where(valid[:, 0], reason, -1).astype(np.int8)
+    return grid
+
+
+# -- the pieces probe_config() puts into the config ---------------------------------------------------
+def _on_episode_created(opts: Options, *, env_runner: Any = None, **kwargs: Any) -> None:
+    if env_runner is None or env_runner in _RUNNER_PROBES:
+        return
+    _RUNNER_PROBES[env_runner] = RolloutProbe(env_runner, opts)
+
+
+def _on_episode_end(*, episode: Any = None, **kwargs: Any) -> None:
+    info = getattr(episode, "custom_data", {}).get(KEY)
+    if info is not None:
+        info["ended"] = True
+
+
+def _learner_rank() -> int:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return int(torch.distributed.get_rank())
+    return 0
+
+
+def _build_connector(opts: Options, user: Any, obs_space: Any = None, act_space: Any = None) -> list[Any]:
+    ours = ProvenanceConnector(obs_space, act_space, options=opts)
+    return [ours] if user is None else [ours, *force_list(user(obs_space, act_space))]
+
+
+class ProvenanceConnector(ConnectorV2):  # type: ignore[misc]
+    """Adds the probe's provenance column to the train batch (first custom piece of each learner's pipeline)."""
+
+    def __init__(self, input_observation_space: Any = None, input_action_space: Any = None, **kwargs: Any):
+        self.options: Options = kwargs.pop("options")
+        super().__init__(input_observation_space, input_action_space, **kwargs)
+
+    def __call__(
+        self, *, rl_module: Any, batch: dict[str, Any], episodes: list[Any], shared_data: Any = None, **kwargs: Any
+    ) -> Any:
+        probe = _learner_probe(rl_module, self.options)
+        probe.new_update()
+        appended = bool((shared_data or {}).get("_added_loss_mask_for_valid_episode_ts"))
+        for sa in self.single_agent_episode_iterator(episodes, agents_that_stepped_only=False):
+            self.add_n_batch_items(
+                batch, COLUMN, items_to_add=provenance(sa, appended), num_items=len(sa), single_agent_episode=sa
+            )
+        return batch
+
+
+def provenance(sa: Any, appended: bool) -> np.ndarray:
+    """The (len(sa), FIELDS) provenance rows of one episode chunk in a learner batch."""
+    n = len(sa)
+    rows = np.full((n, FIELDS), -1, np.int64)
+    rows[:, VALID] = 1
+    info = sa.custom_data.get(KEY)
+    if info is None:  # collected without the probe's callbacks: provenance unknown, rows stay null
+        return rows
+    steps = int(sa.t_started) + np.arange(n)
+    rows[:, WORKER] = info["worker"]
+    rows[:, ENV] = info["env"]
+    rows[:, EPISODE] = info["episode"]
+    rows[:, EPISODE_STEP] = steps
+    rows[:, ENV_STEP] = info["env_step0"] + steps
+    rows[:, CHUNK_START] = int(sa.t_started)
+    if appended and n:
+        rows[-1, BOOT] = BOOTSTRAP["terminal" if info.get("ended") else "last"]
+    return rows
+
+
+def _learner_probe(rl_module: Any, opts: Options) -> LearnerProbe:
+    probe = _LEARNER_PROBES.get(rl_module)
+    if probe is None:
+        modules = dict(rl_module.items()) if hasattr(rl_module, "items") else {"default_policy": rl_module}
+        if len(modules) != 1:
+            raise BadInput(f"lstm-probe traces single-agent RLlib runs; this one has modules {sorted(modules)}")
+        (module,) = modules.values()
+        if hasattr(module, "unwrapped"):
+            module = module.unwrapped()
+        probe = LearnerProbe(module, opts, _learner_rank())
+        _LEARNER_PROBES[rl_module] = probe
+    return probe
+
+
+def _compose(ours: Callable[..., Any], theirs: Any) -> list[Callable[..., Any]]:
+    if theirs is None:
+        return [ours]
+    return [ours, *(theirs if isinstance(theirs, list | tuple) else [theirs])]
+
+
+def probe_config(
+    config: Any,
+    out: str,
+    *,
+    capture: str = "full",
+    every: int = 1,
+    float16: bool = False,
+    force: bool = False,
+    part_seconds: float = 60.0,
+    metadata: dict[str, Any] | None = None,
+) -> Any:
+    """Add the probe to an RLlib AlgorithmConfig (new API stack, single agent); returns the config.
+
+    ``out`` is a directory (every env runner and learner writes its own part files there). The user's
+    own callbacks and learner connectors are kept. Call :func:`close` with the algorithm when training
+    ends, so each process writes its outcome.
+    """
+    from pathlib import Path
+
+    from lstm_probe.writer import check_output
+
+    if not str(out).endswith("/"):
+        out = f"{out}/"
+    check_output(Path(out), force=force, is_dir=True)
+    opts = Options(
+        out=str(Path(out).resolve()) + "/",
+        capture=capture,
+        every=every,
+        float16=float16,
+        part_seconds=part_seconds,
+        metadata={**config_metadata(config), **(metadata or {})},
+    )
+    config.callbacks(
+        on_episode_created=_compose(functools.partial(_on_episode_created, opts), config.callbacks_on_episode_created),
+        on_episode_end=_compose(_on_episode_end, config.callbacks_on_episode_end),
+    )
+    config.learners(learner_connector=functools.partial(_build_connector, opts, config._learner_connector))
+    return config
+
+
+def config_metadata(config: Any) -> dict[str, Any]:
+    model = getattr(config, "model_config", None) or {}
+    get = model.get if isinstance(model, dict) else lambda k, d=None: getattr(model, k, d)
+    env = config.env if isinstance(config.env, str) else getattr(config.env, "__name__", repr(config.env))
+    return {
+        "algorithm": getattr(config, "algo_class", None).__name__ if getattr(config, "algo_class", None) else None,
+        "env_id": env,
+        "seed": config.seed,
+        "rllib": {
+            "env_runners": config.num_env_runners,
+            "learners": config.num_learners,
+            "envs_per_env_runner": config.num_envs_per_env_runner,
+            "rollout_fragment_length": config.rollout_fragment_length,
+            "train_batch_size": config.train_batch_size_per_learner,
+            "minibatch_size": config.minibatch_size,
+            "num_epochs": config.num_epochs,
+            "max_seq_len": get("max_seq_len"),
+            "lstm_cell_size": get("lstm_cell_size"),
+            "vf_share_layers": get("vf_share_layers"),
+            "lr": config.lr,
+            "gamma": config.gamma,
+            "lambda": getattr(config, "lambda_", None),
+        },
+    }
+
+
+def _close_here(completed: bool, stop_reason: str | None, *_: Any) -> int:
+    """Close every probe of this process; returns how many were closed."""
+    closed = 0
+    while _OPEN:
+        _OPEN.pop().close(completed, stop_reason)
+        closed += 1
+    return closed
+
+
+def close(algo: Any, completed: bool = True, stop_reason: str | None = None) -> int:
+    """Close the probes of every env runner and learner of ``algo`` (and of this process)."""
+    done = functools.partial(_close_here, completed, stop_reason)
+    closed = 0
+    try:
+        closed += sum(algo.env_runner_group.foreach_env_runner(done, local_env_runner=True) or [])
+    except Exception:  # a dead actor must not keep the others from closing
+        pass
+    try:
+        closed += sum(algo.learner_group.foreach_learner(done) or [])
+    except Exception:
+        pass
+    return closed + _close_here(completed, stop_reason)
