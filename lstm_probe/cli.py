@@ -45,6 +45,30 @@ def _human_bytes(n: float) -> str:
     return f"{n:.1f} GB"
 
 
+def _run_rllib(env_id: str, out_path: str, **options: Any) -> None:
+    try:
+        from lstm_probe import rllib
+    except ImportError as exc:
+        raise BadInput(
+            f"--framework rllib needs Ray RLlib ({exc}); install it with: pip install -e '.[rllib]' "
+            "(or pip install 'ray[rllib]')"
+        ) from None
+    if out_path == "run.parquet":
+        out_path = "run/"
+    elif not out_path.endswith("/"):
+        raise BadInput(f"--framework rllib writes one part file per process: end --out with '/', e.g. {out_path}/")
+    command = "lstm-probe " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    try:
+        result = rllib.run(env_id, out_path, command=command, **options)
+    except KeyboardInterrupt as exc:
+        raise Interrupted(f"interrupted ({exc or 'Ctrl-C'}): the log in {out_path} holds the rows up to it") from None
+    out.print(
+        f"wrote [bold]{result.path}/[/]: {result.rows:,} rows, {_human_bytes(result.bytes)}, "
+        f"{result.num_timesteps:,} env steps in {result.seconds:.1f} s"
+    )
+    out.print(f"next: lstm-probe report {out_path}")
+
+
 @app.command()
 def run(
     env_id: Annotated[str, typer.Argument(help="Gymnasium env id, e.g. Pendulum-v1 or CartPole-v1.")],
@@ -81,8 +105,54 @@ def run(
         int | None,
         typer.Option(help="torch.set_num_threads (1 is fastest on small models and gives reproducible runs)."),
     ] = None,
+    framework: Annotated[
+        str, typer.Option(help="sb3 (RecurrentPPO) or rllib (Ray RLlib PPO with use_lstm; needs '.[rllib]').")
+    ] = "sb3",
+    env_runners: Annotated[int, typer.Option(help="rllib: remote env runners (0 = sample in the driver).")] = 0,
+    learners: Annotated[int, typer.Option(help="rllib: remote learners (0 = learn in the driver; at most 1).")] = 0,
+    max_seq_len: Annotated[int | None, typer.Option(help="rllib: max_seq_len of training chunks [20].")] = None,
 ) -> None:
-    """Train RecurrentPPO on ENV_ID with the probe attached and write the log."""
+    """Train RecurrentPPO (or RLlib PPO, --framework rllib) on ENV_ID with the probe attached and write the log."""
+    if framework not in ("sb3", "rllib"):
+        raise BadInput(f"--framework must be sb3 or rllib, not {framework!r}")
+    if framework == "rllib":
+        given = [
+            name
+            for name, value, default in (
+                ("--lstm-layers", lstm_layers, None),
+                ("--no-critic-lstm", critic_lstm, True),
+                ("--hyperparam", hyperparam, None),
+                ("--device", device, "auto"),
+            )
+            if value != default
+        ]
+        if given:
+            raise BadInput(f"{given[0]} applies to --framework sb3 only; RLlib's default LSTM model has one layer")
+        _run_rllib(
+            env_id,
+            out_path,
+            steps=steps,
+            seed=seed,
+            env_runners=env_runners,
+            learners=learners,
+            n_envs=n_envs,
+            n_steps=n_steps,
+            batch_size=batch_size,
+            n_epochs=n_epochs,
+            learning_rate=learning_rate,
+            hidden_size=hidden_size,
+            max_seq_len=max_seq_len,
+            shared_lstm=shared_lstm,
+            capture=capture,
+            every=every,
+            float16=float16,
+            force=force,
+            part_seconds=part_seconds,
+            torch_threads=torch_threads,
+        )
+        return
+    if env_runners or learners or max_seq_len is not None:
+        raise BadInput("--env-runners, --learners and --max-seq-len apply to --framework rllib only")
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from lstm_probe.run import parse_hyperparams

@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from lstm_probe.load import LogInfo, dataset
+from lstm_probe.schema import relative_l2
 
 PROVENANCE_TOLERANCE = 1e-4
 """Relative drift above this in the first minibatch of epoch 0 means a provenance bug."""
@@ -117,6 +118,26 @@ class StalenessSection:
 
 
 @dataclass
+class CrossProcessSection:
+    """RLlib logs: the learners' states checked against the env runners' rollout states (joined by
+    worker, env and env step across the processes' part files)."""
+
+    state_in_rows: int
+    """Chunks that continue an episode: their initial state (rows with t = -1) paired with the rollout row."""
+    state_in_max_abs: dict[str, float]
+    state_in_ok: bool | None
+    zero_starts: int
+    zero_starts_ok: bool | None
+    unpaired: int
+    """Learner rows (not padding, not a 'last' bootstrap step) without a rollout partner."""
+    first_pass: list[dict[str, Any]]
+    """Per module and iteration: the value pass and minibatch 0 (before any optimizer step) vs the rollout
+    states of the same weights version."""
+    by_minibatch: list[dict[str, Any]]
+    vectors: bool
+
+
+@dataclass
 class HealthSection:
     """Section 6: state health per module and layer (rollout states)."""
 
@@ -140,6 +161,7 @@ class Report:
     health: HealthSection
     findings: list[str] = field(default_factory=list)
     unavailable: list[str] = field(default_factory=list)
+    cross_process: CrossProcessSection | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return _clean(dataclasses.asdict(self))
@@ -267,8 +289,14 @@ def summarize(path: str | os.PathLike[str]) -> Report:
         "episode_step",
         "drift_h",
         "drift_c",
+        "bootstrap",
     ]
-    first_layer, front = read_scalars(data, cols, ds.field("layer") == 0)
+    if "worker" in data.schema.names:
+        cols.append("worker")
+    # initial-state rows (t = -1, RLlib learners) are read by the cross-process check only
+    first_layer, front = read_scalars(data, cols, (ds.field("layer") == 0) & (ds.field("t") >= 0))
+    if "worker" not in first_layer:
+        first_layer["worker"] = np.float32(np.nan)
     # rows are identifiable by (call, batch column, step) only where env or seq names the column (a call
     # is one module, layer 0 here); one lexsort of compact keys instead of pandas' hashing of 5 columns
     seq, env = first_layer["seq"].to_numpy(), first_layer["env"].to_numpy()
@@ -295,6 +323,13 @@ def summarize(path: str | os.PathLike[str]) -> Report:
     seqs = _sequences_section(train, roll)
     stale = _staleness_section(train)
     health = _health_section(data, capture.get("mode") != "summary" and info.rows > 0)
+    cross = _cross_process_section(data, capture.get("mode") != "summary") if meta.get("framework") == "rllib" else None
+    if cross is not None and (cross.state_in_ok is False or cross.zero_starts_ok is False):
+        warnings.append(
+            "provenance check FAILED: learner chunks do not start from the env runners' stored states "
+            f"(max |diff| {max(cross.state_in_max_abs.values(), default=0.0):.3g}); the row-to-timestep "
+            "mapping of this log cannot be trusted"
+        )
     if info.rows == 0:
         warnings.append("the log holds no rows: training made no LSTM call before it stopped")
     if stale.provenance_ok is False:
@@ -314,6 +349,7 @@ def summarize(path: str | os.PathLike[str]) -> Report:
         staleness=stale,
         health=health,
         unavailable=unavailable,
+        cross_process=cross,
     )
     report.findings = _findings(report)
     return report
@@ -429,7 +465,7 @@ def _calls_section(df: pd.DataFrame, train: pd.DataFrame, roll: pd.DataFrame) ->
     if len(train):
         module0 = train["module"].iloc[0]
         t0 = train[train["module"] == module0]
-        mb = t0.groupby(["iteration", "epoch", "minibatch"], observed=True)
+        mb = t0.groupby(["iteration", "epoch", "minibatch"], observed=True, dropna=False)
         counts = mb["seq"].nunique()
         n_mb = len(counts)
         spm = {int(k): int(v) for k, v in counts.value_counts().sort_index().items()}
@@ -470,13 +506,15 @@ def _explain(roll: pd.DataFrame, spm: dict[int, int], reasons: dict[str, int], b
 
 
 def _episode_lengths(roll: pd.DataFrame) -> np.ndarray:
-    roll = roll[roll["episode_step"].notna()]
+    # RLlib's extra pass on a terminal observation (bootstrap 'terminal') is not a step of the episode
+    roll = roll[(roll["episode_step"].notna() & roll["bootstrap"].isna()).to_numpy()]
     if not len(roll):
         return np.array([])
     roll = roll[roll["module"] == roll["module"].iloc[0]]
-    per = roll.groupby(["env", "episode"], observed=True)["episode_step"].agg(["max", "min"]).reset_index()
-    later = roll.groupby("env", observed=True)["episode"].max()
-    done = per[(per["episode"] < per["env"].map(later)) & (per["min"] == 0)]
+    roll = roll.assign(env_key=roll["worker"].fillna(-1) * 1e6 + roll["env"])
+    per = roll.groupby(["env_key", "episode"], observed=True)["episode_step"].agg(["max", "min"]).reset_index()
+    later = roll.groupby("env_key", observed=True)["episode"].max()
+    done = per[(per["episode"] < per["env_key"].map(later)) & (per["min"] == 0)]
     return (done["max"] + 1).to_numpy()
 
 
@@ -619,6 +657,147 @@ def _health_section(data: ds.Dataset, vectors: bool) -> HealthSection:
     return HealthSection(layers_out, norms, vectors)
 
 
+CROSS_KEYS = ["module", "layer", "worker", "env", "env_step"]
+CROSS_ITERATIONS = 50
+"""The cross-process check reads at most this many iterations (the first ones), which bounds its memory."""
+
+
+def _vectors(table: pa.Table, name: str) -> np.ndarray:
+    col = table.column(name).combine_chunks()
+    width = col.type.list_size
+    if col.null_count:
+        col = col.fill_null(pa.scalar([np.nan] * width, col.type)) if width else col
+    return np.asarray(col.flatten().to_numpy(zero_copy_only=False), np.float32).reshape(-1, width)
+
+
+def _cross_process_section(data: ds.Dataset, vectors: bool) -> CrossProcessSection:
+    """Join learner rows to env-runner rollout rows of the same (module, layer, worker, env, env_step)."""
+    state = ["h", "c"] if vectors else ["h_norm", "c_norm"]
+    cols = [*CROSS_KEYS, "phase", "iteration", "minibatch", "t", "bootstrap", *state]
+    base = ds.field("env_step").is_valid() & (ds.field("iteration") < CROSS_ITERATIONS)
+    roll_t = data.to_table(columns=cols, filter=base & (ds.field("phase") == "rollout"))
+    learn_t = data.to_table(columns=cols, filter=base & ds.field("phase").isin(["train", "value"]))
+
+    def frame(t: pa.Table) -> pd.DataFrame:
+        return t.drop_columns(state).to_pandas().reset_index(drop=True)
+
+    roll, learn = frame(roll_t), frame(learn_t)
+    if vectors:
+        rh, rc, lh, lc = (_vectors(t, n) for t, n in ((roll_t, "h"), (roll_t, "c"), (learn_t, "h"), (learn_t, "c")))
+    else:  # summary logs: norms only (a weaker check: equal states have equal norms)
+        rh, rc, lh, lc = (
+            t.column(n).to_numpy(zero_copy_only=False).astype(np.float32)[:, None]
+            for t, n in ((roll_t, "h_norm"), (roll_t, "c_norm"), (learn_t, "h_norm"), (learn_t, "c_norm"))
+        )
+    roll = roll.drop_duplicates(CROSS_KEYS, keep="last")
+    m = learn.reset_index().merge(
+        roll[[*CROSS_KEYS, "iteration"]].reset_index(), on=CROSS_KEYS, suffixes=("", "_r"), how="left"
+    )
+    paired = m["index_r"].notna().to_numpy()
+    unpaired = int((~paired & (m["bootstrap"] != "last").to_numpy()).sum())
+    m = m[paired]
+    li, ri = m["index"].to_numpy(), m["index_r"].to_numpy().astype(np.int64)
+    with np.errstate(invalid="ignore"):
+        abs_h = np.nan_to_num(np.abs(lh[li] - rh[ri]), nan=0.0).max(axis=1) if len(li) else np.zeros(0)
+        abs_c = np.nan_to_num(np.abs(lc[li] - rc[ri]), nan=0.0).max(axis=1) if len(li) else np.zeros(0)
+        rel_h = relative_l2(np.nan_to_num(lh[li]), np.nan_to_num(rh[ri])) if len(li) else np.zeros(0)
+        rel_c = relative_l2(np.nan_to_num(lc[li]), np.nan_to_num(rc[ri])) if len(li) else np.zeros(0)
+    m = m.assign(abs_h=abs_h, abs_c=abs_c, rel_h=rel_h, rel_c=rel_c)
+    start = m[m["t"] == -1]
+    state_in = {str(k): float(max(g["abs_h"].max(), g["abs_c"].max())) for k, g in start.groupby("module", observed=True)}
+    state_in_ok = None if not len(start) else bool(max(state_in.values()) <= 1e-6)
+    # chunks that start an episode must start from zeros: their t = -1 rows have no env_step
+    zeros = data.to_table(
+        columns=["h_norm", "c_norm"],
+        filter=(ds.field("t") == -1) & ds.field("env_step").is_null() & (ds.field("padding") == False),  # noqa: E712
+    )
+    norms = np.concatenate(
+        [zeros.column(n).to_numpy(zero_copy_only=False).astype(np.float64) for n in ("h_norm", "c_norm")]
+    )
+    zero_ok = None if not zeros.num_rows else bool(np.nan_to_num(norms).max() == 0.0)
+    steps = m[(m["t"] >= 0) & (m["iteration"] == m["iteration_r"])]
+    first = steps[(steps["phase"] == "value") | (steps["minibatch"] == 0)]
+    first_pass = [
+        {
+            "module": str(mod),
+            "iteration": int(it),
+            "rows": len(g),
+            "max_abs_h": float(g["abs_h"].max()),
+            "max_drift_h": float(g["rel_h"].max()),
+            "max_drift_c": float(g["rel_c"].max()),
+        }
+        for (mod, it), g in first.groupby(["module", "iteration"], observed=True)
+    ]
+    later = steps[steps["phase"] == "train"]
+    by_minibatch = [
+        {
+            "module": str(mod),
+            "minibatch": int(mb),
+            "rows": len(g),
+            "drift_h_mean": float(g["rel_h"].mean()),
+            "drift_h_max": float(g["rel_h"].max()),
+            "drift_c_mean": float(g["rel_c"].mean()),
+        }
+        for (mod, mb), g in later.groupby(["module", "minibatch"], observed=True)
+    ]
+    return CrossProcessSection(
+        state_in_rows=len(start),
+        state_in_max_abs=state_in,
+        state_in_ok=state_in_ok,
+        zero_starts=zeros.num_rows,
+        zero_starts_ok=zero_ok,
+        unpaired=unpaired,
+        first_pass=first_pass,
+        by_minibatch=by_minibatch,
+        vectors=vectors,
+    )
+
+
+def _cross_findings(x: CrossProcessSection) -> list[str]:
+    out: list[str] = []
+    if x.state_in_ok is not None:
+        worst = max(x.state_in_max_abs.values(), default=0.0)
+        out.append(
+            f"RLlib oracle: {x.state_in_rows} learner chunks that continue an episode start from exactly the "
+            f"state the env runner produced one step earlier (max |diff| {worst:.2g} "
+            f"{'OK' if x.state_in_ok else 'FAILED'}); {x.zero_starts} chunks that start an episode start from "
+            f"{'zeros' if x.zero_starts_ok else 'NON-ZERO states'}"
+        )
+    per_module: dict[str, list[dict[str, Any]]] = {}
+    for row in x.first_pass:
+        per_module.setdefault(row["module"], []).append(row)
+    exact = {m: max(r["max_drift_h"] for r in rows) <= PROVENANCE_TOLERANCE for m, rows in per_module.items()}
+    for module, rows in per_module.items():
+        worst = max(r["max_drift_h"] for r in rows)
+        if exact[module]:
+            out.append(
+                f"{module}: before the first optimizer step the learner recomputes the rollout states exactly "
+                f"(max relative drift {worst:.2g} over {sum(r['rows'] for r in rows)} rows)"
+            )
+            continue
+        clean = [r["iteration"] for r in rows if r["max_drift_h"] <= PROVENANCE_TOLERANCE]
+        msg = (
+            f"{module}: the learner's states differ from the env runners' rollout states of the same weights "
+            f"version already before the first optimizer step (max relative drift {worst:.2g})"
+        )
+        if any(exact.values()) and x.state_in_ok:
+            msg += (
+                ", while provenance and stored states check out: the env runners ran this module with other "
+                "weights than the learner"
+            )
+            if clean == [min(r["iteration"] for r in rows)]:
+                msg += (
+                    f" (exact in iteration {clean[0]} only, when both still had the initial weights: the env "
+                    "runners' copy is never synced; RLlib 2.60's inference-only env-runner module keeps the "
+                    "critic at its initial weights, so every stored critic state a chunk starts from comes "
+                    "from an untrained critic)"
+                )
+        out.append(msg)
+    if x.unpaired:
+        out.append(f"{x.unpaired} learner rows found no rollout row of the same worker, env and env step")
+    return out
+
+
 def _findings(r: Report) -> list[str]:
     out: list[str] = []
     s = r.sequences
@@ -676,6 +855,8 @@ def _findings(r: Report) -> list[str]:
             out.append(f"{layer['saturated_share']:.0%} of {name}'s h values are saturated (|h| > {SATURATION})")
         if layer["nan_or_inf_rows"]:
             out.append(f"{layer['nan_or_inf_rows']} rollout rows of {name} hold NaN or inf states")
+    if r.cross_process is not None:
+        out.extend(_cross_findings(r.cross_process))
     if not r.run.completed:
         out.append(f"the run did not complete: {r.run.stop_reason or 'unknown reason'}")
     return out

@@ -98,8 +98,16 @@ def lstms(module: nn.Module) -> dict[str, nn.Module]:
     return out
 
 
+CALL_BLOCK = 10**12
+LEARNER_BLOCK = 1000
+
+
 def _tracer(
-    modules: dict[str, nn.Module], opts: Options, shard: str, resolver: Callable[[str, int, int], Tags]
+    modules: dict[str, nn.Module],
+    opts: Options,
+    shard: str,
+    resolver: Callable[[str, int, int], Tags],
+    call_base: int,
 ) -> Tracer:
     tracer = Tracer(
         modules,
@@ -110,6 +118,7 @@ def _tracer(
         float16=opts.float16,
         force=True,  # probe_config() cleared the directory on the driver; a shard owns only its files
         initial_states=True,
+        call_base=call_base,
         part_seconds=opts.part_seconds,
         resolver=resolver,
         shard=shard,
@@ -131,7 +140,7 @@ class RolloutProbe:
         self.episodes = np.zeros(n, np.int64)  # episodes begun in each env so far
         self.last: list[tuple[Any, dict[str, int]] | None] = [None] * n
         self.tags: Tags | None = None
-        self.tracer = _tracer(lstms(module), opts, f"runner{self.worker}", self.resolve)
+        self.tracer = _tracer(lstms(module), opts, f"runner{self.worker}", self.resolve, self.worker * CALL_BLOCK)
         for name, explore in (("forward_exploration", True), ("forward_inference", False)):
             setattr(module, name, self._wrap(getattr(module, name), explore))
         _OPEN.append(self)
@@ -192,8 +201,8 @@ class RolloutProbe:
         grid.bootstrap = boot[:, None]
         return Tags(phase=phase, iteration=int(getattr(self.runner, "_weights_seq_no", 0)), grid=grid)
 
-    def close(self, completed: bool, stop_reason: str | None) -> None:
-        self.tracer.close(completed=completed, stop_reason=stop_reason)
+    def close(self, completed: bool, stop_reason: str | None, **extra: Any) -> None:
+        self.tracer.close(completed=completed, stop_reason=stop_reason, **extra)
 
 
 class LearnerProbe:
@@ -204,7 +213,9 @@ class LearnerProbe:
         self.update = -1
         self.minibatch = 0
         self.tags: Tags | None = None
-        self.tracer = _tracer(lstms(module), opts, f"learner{rank}", self.resolve)
+        self.tracer = _tracer(
+            lstms(module), opts, f"learner{rank}", self.resolve, (LEARNER_BLOCK + rank) * CALL_BLOCK
+        )
         module.forward_train = self._wrap(module.forward_train, "train")
         module.compute_values = self._wrap(module.compute_values, "value")
         _OPEN.append(self)
@@ -239,8 +250,8 @@ class LearnerProbe:
 
         return forward
 
-    def close(self, completed: bool, stop_reason: str | None) -> None:
-        self.tracer.close(completed=completed, stop_reason=stop_reason)
+    def close(self, completed: bool, stop_reason: str | None, **extra: Any) -> None:
+        self.tracer.close(completed=completed, stop_reason=stop_reason, **extra)
 
 
 def train_grid(prov: Any) -> Grid:
@@ -426,25 +437,158 @@ def config_metadata(config: Any) -> dict[str, Any]:
     }
 
 
-def _close_here(completed: bool, stop_reason: str | None, *_: Any) -> int:
+def _close_here(completed: bool, stop_reason: str | None, extra: dict[str, Any], *_: Any) -> int:
     """Close every probe of this process; returns how many were closed."""
     closed = 0
     while _OPEN:
-        _OPEN.pop().close(completed, stop_reason)
+        _OPEN.pop().close(completed, stop_reason, **extra)
         closed += 1
     return closed
 
 
-def close(algo: Any, completed: bool = True, stop_reason: str | None = None) -> int:
-    """Close the probes of every env runner and learner of ``algo`` (and of this process)."""
-    done = functools.partial(_close_here, completed, stop_reason)
+def _count(results: Any) -> int:
+    total = 0
+    for r in results or []:
+        value = r.get() if hasattr(r, "get") and not isinstance(r, int | dict) else r
+        total += int(value or 0)
+    return total
+
+
+def close(algo: Any, completed: bool = True, stop_reason: str | None = None, num_timesteps: int | None = None) -> int:
+    """Close the probes of every env runner and learner of ``algo`` (and of this process), so each
+    writes its last part with the run's outcome; returns how many probes were closed. Call it before
+    ``algo.stop()``: a probe that is never closed loses the rows of its last ``part_seconds``."""
+    extra = {} if num_timesteps is None else {"progress_num_timesteps": num_timesteps}
+    done = functools.partial(_close_here, completed, stop_reason, extra)
     closed = 0
     try:
-        closed += sum(algo.env_runner_group.foreach_env_runner(done, local_env_runner=True) or [])
+        closed += _count(algo.env_runner_group.foreach_env_runner(done, local_env_runner=True))
     except Exception:  # a dead actor must not keep the others from closing
         pass
     try:
-        closed += sum(algo.learner_group.foreach_learner(done) or [])
+        closed += _count(algo.learner_group.foreach_learner(done))
     except Exception:
         pass
-    return closed + _close_here(completed, stop_reason)
+    return closed + _close_here(completed, stop_reason, extra)
+
+
+def run(
+    env_id: str,
+    out: str,
+    *,
+    steps: int = 4000,
+    seed: int = 0,
+    env_runners: int = 0,
+    learners: int = 0,
+    n_envs: int = 1,
+    n_steps: int | None = None,
+    batch_size: int | None = None,
+    n_epochs: int | None = None,
+    learning_rate: float | None = None,
+    hidden_size: int | None = None,
+    max_seq_len: int | None = None,
+    shared_lstm: bool = False,
+    capture: str = "full",
+    every: int = 1,
+    float16: bool = False,
+    force: bool = False,
+    part_seconds: float = 60.0,
+    torch_threads: int | None = None,
+    command: str | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> Any:
+    """Train RLlib PPO (use_lstm=True) on ``env_id`` with the probe in every process; returns a RunResult.
+
+    Defaults follow the sb3 CLI where RLlib has no single answer: a rollout fragment of ``n_steps`` [128]
+    per env, a train batch of one fragment from every env of every runner, minibatches of ``batch_size``
+    [128] timesteps, ``n_epochs`` [10]; the model is RLlib's default LSTM (lstm_cell_size 256,
+    max_seq_len 20) unless ``hidden_size`` / ``max_seq_len`` are given.
+    """
+    import os
+    import time
+
+    import gymnasium as gym
+    import ray
+    from ray.rllib.algorithms.ppo import PPOConfig
+    from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
+
+    from lstm_probe.load import read_info
+    from lstm_probe.run import RunResult
+
+    for name, value, low in (
+        ("steps", steps, 1),
+        ("env_runners", env_runners, 0),
+        ("learners", learners, 0),
+        ("n_envs", n_envs, 1),
+        ("n_steps", n_steps, 2),
+        ("batch_size", batch_size, 2),
+        ("n_epochs", n_epochs, 1),
+        ("hidden_size", hidden_size, 1),
+        ("max_seq_len", max_seq_len, 1),
+    ):
+        if value is not None and value < low:
+            raise BadInput(f"--{name.replace('_', '-')} must be >= {low}, got {value}")
+    if learners > 1:
+        raise BadInput("--learners above 1 (DDP across learners) is not traced yet; use --learners 0 or 1")
+    try:
+        gym.spec(env_id)
+    except gym.error.Error as exc:
+        raise BadInput(f"unknown env id {env_id!r} ({str(exc).splitlines()[0]})") from None
+    fragment = n_steps or 128
+    config = (
+        PPOConfig()
+        .environment(env_id)
+        .env_runners(num_env_runners=env_runners, num_envs_per_env_runner=n_envs, rollout_fragment_length=fragment)
+        .learners(num_learners=learners)
+        .training(
+            train_batch_size_per_learner=fragment * n_envs * max(1, env_runners),
+            minibatch_size=batch_size or 128,
+            num_epochs=n_epochs or 10,
+            **({"lr": learning_rate} if learning_rate is not None else {}),
+        )
+        .rl_module(
+            model_config=DefaultModelConfig(
+                use_lstm=True,
+                vf_share_layers=shared_lstm,
+                **({"lstm_cell_size": hidden_size} if hidden_size else {}),
+                **({"max_seq_len": max_seq_len} if max_seq_len else {}),
+            )
+        )
+        .debugging(seed=seed)
+    )
+    threads = torch_threads or 1
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))  # RLlib sets it for actors, not for the driver
+    torch.set_num_threads(threads)
+    probe_config(
+        config,
+        out,
+        capture=capture,
+        every=every,
+        float16=float16,
+        force=force,
+        part_seconds=part_seconds,
+        metadata={"command": command, "total_timesteps": steps, "n_envs": n_envs},
+    )
+    os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "error")
+    if not ray.is_initialized():
+        ray.init(include_dashboard=False, log_to_driver=False, logging_level="ERROR", configure_logging=False)
+    start = time.perf_counter()
+    algo = config.build_algo()
+    done = 0
+    completed, reason = False, None
+    try:
+        while done < steps:
+            result = algo.train()
+            done = int(result.get("env_runners", {}).get("num_env_steps_sampled_lifetime", done + 1))
+            if progress is not None:
+                progress(done, steps)
+        completed = True
+    except BaseException as exc:
+        reason = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        raise
+    finally:
+        close(algo, completed=completed, stop_reason=reason, num_timesteps=done)
+        algo.stop()
+    seconds = time.perf_counter() - start
+    info = read_info(out if out.endswith("/") else f"{out}/")
+    return RunResult(info.path, info.rows, info.bytes, completed, done, seconds)

@@ -29,7 +29,14 @@ SEQ_REASONS = ("episode_start", "env_boundary", "split", "minibatch_cut", "max_s
 
 # (name, arrow type or None for the state vectors, nullable, description)
 COLUMNS: list[tuple[str, pa.DataType | None, bool, str]] = [
-    ("call", pa.int64(), False, "Global order of LSTM forward calls (0-based, all modules together)."),
+    (
+        "call",
+        pa.int64(),
+        False,
+        "Order of LSTM forward calls (0-based, all modules together) in the writing process. RLlib logs have "
+        "one writer per process: env runner k numbers its calls from k * 10**12, learner r from "
+        "(1000 + r) * 10**12, so (call, module) names one call across the log.",
+    ),
     (
         "module",
         pa.string(),

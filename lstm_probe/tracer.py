@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import platform
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -193,6 +194,8 @@ def base_metadata() -> dict[str, Any]:
             versions[pkg] = __import__(pkg).__version__
         except ImportError:
             pass
+    if "ray" in sys.modules:  # only when already loaded: importing Ray takes seconds
+        versions["ray"] = sys.modules["ray"].__version__
     from lstm_probe import __version__
 
     return {
@@ -274,6 +277,7 @@ class Tracer:
         force: bool = False,
         reference_window: int = 0,
         initial_states: bool = False,
+        call_base: int = 0,
         part_seconds: float = 60.0,
         resolver: Resolver | None = None,
         shard: str | None = None,
@@ -321,6 +325,7 @@ class Tracer:
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
         self.writer: LogWriter | None = None
         self.calls = 0
+        self.call_base = call_base  # first call id: keeps ids unique across the processes of one log
         self.unsupported_calls = 0
         self._pending: dict[str, list[tuple[int, Grid | None, np.ndarray, np.ndarray | None]]] = {}
         self._pending_tags: Tags | None = None
@@ -554,7 +559,7 @@ class Tracer:
             return
         tags = self.resolver(name, steps, batch)
         grid = tags.grid
-        call = self.calls
+        call = self.call_base + self.calls
         self.calls += 1
         key: tuple[Any, ...] | None = None
         if steps == 1 and grid is not None and grid.shape[1] > 1:

@@ -1,0 +1,252 @@
+"""RLlib on Ray: real PPO (use_lstm=True) on CartPole-v1 with a tiny model, locally and with Ray actors.
+
+The oracle, RLlib's version: every learner chunk that continues an episode starts from exactly the
+state the env runner produced one step earlier (rows with t = -1, joined across the processes' part
+files by worker, env and env step), and before the first optimizer step the learner recomputes the
+actor's rollout states of the same weights version.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+pytest.importorskip("ray.rllib")
+
+import lstm_probe  # noqa: E402
+from lstm_probe import rllib  # noqa: E402
+
+pytestmark = pytest.mark.rllib
+
+SMALL = dict(n_envs=2, n_steps=32, batch_size=32, n_epochs=2, hidden_size=16, max_seq_len=8, seed=0)
+KEYS = ["module", "layer", "worker", "env", "env_step"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_session():
+    import ray
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    ray.init(include_dashboard=False, log_to_driver=False, logging_level="ERROR", num_cpus=2)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("rllib") / "cp/"
+    rllib.run("CartPole-v1", f"{out}/", steps=192, shared_lstm=False, **SMALL)
+    return out
+
+
+def _vectors(col: pd.Series) -> np.ndarray:
+    return np.stack(col.to_numpy())
+
+
+def _pairs(df: pd.DataFrame, sel: pd.DataFrame) -> pd.DataFrame:
+    roll = df[df["phase"] == "rollout"]
+    assert not roll.duplicated(KEYS).any(), "two rollout rows for one (module, layer, worker, env, env_step)"
+    return sel.merge(roll, on=KEYS, suffixes=("", "_r"))
+
+
+def test_chunks_start_from_the_env_runners_stored_states(local_run: Path) -> None:
+    df = lstm_probe.load(local_run)
+    start = df[(df["t"] == -1) & ~df["padding"]]
+    continuing = start[start["env_step"].notna()]
+    assert len(continuing) > 20
+    for module in ("actor", "critic"):
+        m = _pairs(df, continuing[continuing["module"] == module])
+        assert len(m) == (continuing["module"] == module).sum(), "every continuing chunk finds its rollout row"
+        assert np.abs(_vectors(m["h"]) - _vectors(m["h_r"])).max() == 0.0
+        assert np.abs(_vectors(m["c"]) - _vectors(m["c_r"])).max() == 0.0
+        # the partner is the step before the chunk's first step, in the same episode
+        assert (m["episode"] == m["episode_r"]).all()
+    fresh = start[start["env_step"].isna()]
+    assert len(fresh) and (fresh["h_norm"] == 0).all() and (fresh["c_norm"] == 0).all()
+    assert set(fresh["seq_reason"]) == {"episode_start"}
+    assert set(continuing["seq_reason"]) <= {"env_boundary", "max_seq_len"}
+
+
+def test_actor_recomputed_before_the_first_step_equals_rollout(local_run: Path) -> None:
+    df = lstm_probe.load(local_run)
+    first = df[(df["phase"] == "train") & (df["minibatch"] == 0) & (df["t"] >= 0) & df["env"].notna()]
+    m = _pairs(df, first[first["module"] == "actor"])
+    m = m[m["iteration"] == m["iteration_r"]]
+    assert len(m) > 20
+    assert np.abs(_vectors(m["h"]) - _vectors(m["h_r"])).max() < 1e-5
+    assert np.abs(_vectors(m["c"]) - _vectors(m["c_r"])).max() < 1e-5
+    # the same rows with the wrong env step are far apart: the check can fail
+    shifted = first[first["module"] == "actor"].assign(env_step=lambda d: d["env_step"] + 1)
+    s = _pairs(df, shifted)
+    assert np.abs(_vectors(s["h"]) - _vectors(s["h_r"])).max() > 1e-2
+
+
+def test_rows_match_what_rllib_did(local_run: Path) -> None:
+    df = lstm_probe.load(local_run, vectors=False)
+    info = lstm_probe.read_info(local_run)
+    assert info.metadata["framework"] == "rllib"
+    assert info.metadata["rllib"]["max_seq_len"] == 8
+    assert set(info.metadata["shards"]) == {"runner0", "learner0"}
+    roll = df[df["phase"] == "rollout"]
+    acted = roll[roll["bootstrap"].isna()]
+    # one fragment of 32 steps per env per iteration (RLlib stops at >= 64 env steps, counting acted steps
+    # only, so an env may act once more while the other makes its extra pass on a terminal observation)
+    per_iter = acted.groupby(["iteration", "module"]).size().unstack()
+    assert (per_iter["actor"] == per_iter["critic"]).all()
+    assert per_iter["actor"].between(64, 65).all() and len(per_iter) == 3
+    # episodes are numbered per env and their steps run 0, 1, 2, ... without gaps
+    for _, ep in acted[acted["module"] == "actor"].groupby(["env", "episode"]):
+        steps = np.sort(ep["episode_step"].to_numpy())
+        assert (steps == np.arange(steps[0], steps[0] + len(steps))).all()
+    # the value pass sees every acted step of its iteration once, plus one appended step per episode chunk
+    value = df[(df["phase"] == "value") & (df["t"] >= 0) & ~df["padding"]]
+    for it, g in value.groupby("iteration"):
+        real = g[g["bootstrap"].isna()]
+        assert len(real) == per_iter.loc[it, "critic"], it
+        assert len(g) - len(real) == len(g[g["bootstrap"].notna()].groupby(["worker", "env", "episode"]))
+    train = df[(df["phase"] == "train") & (df["t"] >= 0)]
+    assert train["epoch"].isna().all() and train["learner"].eq(0).all()
+    assert (train["seq_len"] <= 8).all() and (train["t"] < 8).all()
+    assert (train.loc[train["padding"], "env"].isna()).all()
+    assert roll["learner"].isna().all() and roll["worker"].eq(0).all()
+
+
+def test_report_prints_the_cross_process_check(local_run: Path) -> None:
+    report = lstm_probe.summarize(local_run)
+    x = report.cross_process
+    assert x is not None
+    assert x.state_in_ok is True and x.zero_starts_ok is True and x.unpaired == 0
+    assert max(r["max_drift_h"] for r in x.first_pass if r["module"] == "actor") < 1e-4
+    assert any(f.startswith("RLlib oracle:") and "OK" in f for f in report.findings)
+    train = lstm_probe.load(local_run, phase="train", vectors=False)
+    pairs = train[["iteration", "minibatch"]].drop_duplicates()
+    assert report.calls.minibatches == len(pairs)
+    for _, g in pairs.groupby("iteration"):  # numbered 0, 1, ... within each update
+        assert sorted(g["minibatch"]) == list(range(len(g)))
+    # RLlib cycles minibatches through the batch: at least epochs x batch / minibatch of them
+    assert (pairs.groupby("iteration").size() >= 2 * 64 // 32).all()
+    assert not any("FAILED" in w for w in report.warnings)
+
+
+def test_probe_does_not_change_training(tmp_path: Path) -> None:
+    import torch
+    from ray.rllib.algorithms.ppo import PPOConfig
+    from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
+
+    def final(probed: bool) -> dict[str, torch.Tensor]:
+        config = (
+            PPOConfig()
+            .environment("CartPole-v1")
+            .env_runners(num_env_runners=0, rollout_fragment_length=32, num_envs_per_env_runner=2)
+            .training(train_batch_size_per_learner=64, minibatch_size=32, num_epochs=2)
+            .rl_module(model_config=DefaultModelConfig(use_lstm=True, max_seq_len=8, lstm_cell_size=16))
+            .debugging(seed=0)
+        )
+        if probed:
+            rllib.probe_config(config, f"{tmp_path}/log/")
+        algo = config.build_algo()
+        for _ in range(2):
+            algo.train()
+        if probed:
+            assert rllib.close(algo) == 2
+        state = {k: v.clone() for k, v in algo.learner_group._learner.module["default_policy"].state_dict().items()}
+        algo.stop()
+        return state
+
+    torch.set_num_threads(1)
+    plain, probed = final(False), final(True)
+    assert plain.keys() == probed.keys()
+    assert all(torch.equal(plain[k], probed[k]) for k in plain)
+    # vf_share_layers=True (the default): one LSTM, traced as 'actor'; its chunks start from stored states
+    report = lstm_probe.summarize(tmp_path / "log")
+    assert report.cross_process is not None and report.cross_process.state_in_ok is True
+    assert set(report.architecture.modules) == {"actor"}
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "lstm_probe", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=600
+    )
+
+
+def test_cli_with_ray_actors(tmp_path: Path) -> None:
+    """One remote env runner and one remote learner, through the CLI; each writes its own part files."""
+    r = _cli(
+        "run",
+        "CartPole-v1",
+        "--framework",
+        "rllib",
+        "--env-runners",
+        "1",
+        "--learners",
+        "1",
+        "--steps",
+        "128",
+        "--n-envs",
+        "2",
+        "--n-steps",
+        "32",
+        "--batch-size",
+        "32",
+        "--n-epochs",
+        "2",
+        "--hidden-size",
+        "16",
+        "--max-seq-len",
+        "8",
+        "--out",
+        "cp/",
+        cwd=tmp_path,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "wrote" in r.stdout and "lstm-probe report cp/" in r.stdout
+    names = sorted(p.name for p in (tmp_path / "cp").glob("part-*.parquet"))
+    assert names and {n.split("-")[1] for n in names} == {"runner1", "learner0"}
+    rep = _cli("report", "cp/", "--json", cwd=tmp_path)
+    assert rep.returncode == 0, rep.stderr
+    doc = json.loads(rep.stdout)
+    x = doc["cross_process"]
+    assert x["state_in_ok"] is True and x["zero_starts_ok"] is True and x["unpaired"] == 0
+    assert doc["run"]["framework"] == "rllib" and doc["run"]["completed"] is True
+    df = lstm_probe.load(tmp_path / "cp", vectors=False)
+    assert set(df.loc[df["phase"] == "rollout", "worker"]) == {1}
+    assert set(df.loc[df["phase"] == "train", "learner"]) == {0}
+    # call ids are unique across processes: learner ids live in their own block
+    assert df.loc[df["phase"] == "train", "call"].min() >= rllib.LEARNER_BLOCK * rllib.CALL_BLOCK
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--out", "x.parquet"], "end --out with '/'"),
+        (["--learners", "2"], "--learners above 1"),
+        (["--lstm-layers", "2"], "--lstm-layers applies to --framework sb3 only"),
+        (["--framework", "tf"], "--framework must be sb3 or rllib"),
+    ],
+)
+def test_cli_rllib_bad_options(tmp_path: Path, args: list[str], message: str) -> None:
+    base = ["run", "CartPole-v1"] + ([] if "--framework" in args else ["--framework", "rllib"])
+    r = _cli(*base, *args, cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert message in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert not list(tmp_path.iterdir())
+
+
+def test_cli_without_ray_says_how_to_install(tmp_path: Path) -> None:
+    code = (
+        "import sys; sys.modules['ray'] = None; "  # as if ray were not installed
+        "from lstm_probe.cli import main; sys.argv = ['lstm-probe', 'run', 'CartPole-v1', '--framework', 'rllib']; "
+        "main()"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert r.returncode == 2
+    assert "pip install -e '.[rllib]'" in r.stderr and "Traceback" not in r.stderr
