@@ -122,7 +122,8 @@ def _synthetic_batch(policy: Any, n_seq: int = 2, steps: int = 4) -> dict[str, A
             high = np.where(np.isfinite(space.high), space.high, 1.0)
             return rng.uniform(low, high, size=(n, *space.shape)).astype(space.dtype)
         if isinstance(space, spaces.Discrete):
-            return rng.integers(space.start, space.start + space.n, size=(n,))
+            start, count = int(space.start), int(space.n)
+            return rng.integers(start, start + count, size=(n,))
         if isinstance(space, spaces.MultiDiscrete):
             return rng.integers(0, space.nvec, size=(n, *space.nvec.shape))
         if isinstance(space, spaces.MultiBinary):

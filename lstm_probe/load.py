@@ -123,8 +123,7 @@ def read_info(path: str | os.PathLike[str]) -> LogInfo:
         missing = required - set(arrow.names)
         if missing:
             raise BadLog(
-                f"{file} lacks the column(s) {', '.join(sorted(missing))}: not an lstm-probe log "
-                f"of schema {version}"
+                f"{file} lacks the column(s) {', '.join(sorted(missing))}: not an lstm-probe log of schema {version}"
             )
         wrong = [
             f"{name} is {arrow.field(name).type}, expected {expected.field(name).type}"

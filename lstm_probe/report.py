@@ -11,7 +11,7 @@ import itertools
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -480,6 +480,22 @@ def _explain(roll: pd.DataFrame, spm: dict[int, int], reasons: dict[str, int], b
     if not spm:
         return "No training calls were recorded."
     batch = int(roll.groupby("call").size().max()) if len(roll) else 0
+    if roll["worker"].notna().any():  # RLlib
+        words = {
+            "episode_start": "an episode start (initial zeros)",
+            "env_boundary": "the start of an env runner's rollout fragment (the state stored at the end of the "
+            "previous fragment)",
+            "max_seq_len": "max_seq_len (the previous piece of the episode chunk was full; the state stored at "
+            "the step before)",
+        }
+        parts = [f"{words.get(k, k)}: {v}" for k, v in sorted(reasons.items(), key=lambda kv: -kv[1])]
+        return (
+            f"Rollout calls have batch {batch} (one column per env of one env runner, one step each). The learner "
+            "cuts each episode chunk (plus one appended bootstrap step) into max_seq_len pieces, zero-padded on the "
+            "right; its minibatches slice whole pieces and cycle through the batch across epoch boundaries, so a "
+            f"training call's batch is the number of pieces in its minibatch: here {min(spm)} to {max(spm)}. "
+            f"Pieces start at: {'; '.join(parts)}. The value pass runs once per update over every piece."
+        )
     words = {
         "split": "the rollout buffer's random split point (its shuffling trick: each epoch the flat "
         "buffer is rotated at a random index, so the first minibatch starts mid-sequence)",
@@ -704,7 +720,9 @@ def _cross_process_section(data: ds.Dataset, vectors: bool) -> CrossProcessSecti
         rel_c = relative_l2(np.nan_to_num(lc[li]), np.nan_to_num(rc[ri])) if len(li) else np.zeros(0)
     m = m.assign(abs_h=abs_h, abs_c=abs_c, rel_h=rel_h, rel_c=rel_c)
     start = m[m["t"] == -1]
-    state_in = {str(k): float(max(g["abs_h"].max(), g["abs_c"].max())) for k, g in start.groupby("module", observed=True)}
+    state_in = {
+        str(k): float(max(g["abs_h"].max(), g["abs_c"].max())) for k, g in start.groupby("module", observed=True)
+    }
     state_in_ok = None if not len(start) else bool(max(state_in.values()) <= 1e-6)
     # chunks that start an episode must start from zeros: their t = -1 rows have no env_step
     zeros = data.to_table(
@@ -720,7 +738,7 @@ def _cross_process_section(data: ds.Dataset, vectors: bool) -> CrossProcessSecti
     first_pass = [
         {
             "module": str(mod),
-            "iteration": int(it),
+            "iteration": int(cast(Any, it)),
             "rows": len(g),
             "max_abs_h": float(g["abs_h"].max()),
             "max_drift_h": float(g["rel_h"].max()),
@@ -732,7 +750,7 @@ def _cross_process_section(data: ds.Dataset, vectors: bool) -> CrossProcessSecti
     by_minibatch = [
         {
             "module": str(mod),
-            "minibatch": int(mb),
+            "minibatch": int(cast(Any, mb)),
             "rows": len(g),
             "drift_h_mean": float(g["rel_h"].mean()),
             "drift_h_max": float(g["rel_h"].max()),

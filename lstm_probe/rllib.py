@@ -46,7 +46,7 @@ from ray.rllib.utils import force_list
 from torch import nn
 
 from lstm_probe.errors import BadInput
-from lstm_probe.tracer import BOOTSTRAP, SEQ_REASON, Grid, Tags, Tracer
+from lstm_probe.tracer import BOOTSTRAP, SEQ_REASON, Grid, Tags, Tracer, describe_modules
 
 KEY = "lstm_probe"
 """Key of the probe's entry in ``SingleAgentEpisode.custom_data`` and prefix of its batch column."""
@@ -205,6 +205,74 @@ class RolloutProbe:
         self.tracer.close(completed=completed, stop_reason=stop_reason, **extra)
 
 
+def gradient_flow(module: Any) -> dict[str, Any]:
+    """Which parameters the policy and the value outputs reach, by autograd on a synthetic batch.
+
+    PPO's losses depend on the parameters only through these outputs: the policy and entropy losses through
+    ``action_dist_inputs`` of ``forward_train``, the value loss through ``compute_values``. Runs before any
+    hook is attached, draws the batch from a local RNG and never touches ``.grad`` (``torch.autograd.grad``),
+    so training is unchanged. Returns the record the report's architecture section reads.
+    """
+    from ray.rllib.core.columns import Columns
+
+    space = module.observation_space
+    shape = getattr(space, "shape", None)
+    if not shape:
+        return {"verdict": None, "batch": f"not measured: synthetic batches need a Box observation space ({space})"}
+    n, t = 2, 3
+    rng = np.random.default_rng(0)
+    obs = torch.as_tensor(rng.uniform(-1, 1, size=(n, t, *shape)), dtype=torch.float32)
+    initial = module.get_initial_state()
+
+    def batched(x: Any) -> Any:
+        if isinstance(x, dict):
+            return {k: batched(v) for k, v in x.items()}
+        x = torch.as_tensor(x, dtype=torch.float32)
+        return x.unsqueeze(0).expand(n, *x.shape).contiguous()
+
+    batch = {Columns.OBS: obs, Columns.STATE_IN: batched(initial)}
+    params = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
+    out = module.forward_train(dict(batch))
+    policy = out[Columns.ACTION_DIST_INPUTS].float().pow(2).sum()
+    value = module.compute_values(dict(batch)).float().pow(2).sum()
+    reach: dict[str, tuple[bool, bool]] = {name: (False, False) for name, _ in params}
+    for which, loss in enumerate((policy, value)):
+        grads = torch.autograd.grad(loss, [p for _, p in params], allow_unused=True, retain_graph=True)
+        for (name, _), g in zip(params, grads, strict=True):
+            if g is not None and bool(g.abs().sum() > 0):
+                pol, val = reach[name]
+                reach[name] = (True, val) if which == 0 else (pol, True)
+    table = {
+        name: {(True, True): "both", (True, False): "policy", (False, True): "value"}.get(r, "neither")
+        for name, r in reach.items()
+    }
+    lstm_names = [name for name, m in module.named_modules() if isinstance(m, nn.LSTM | nn.GRU)]
+    parts = []
+    for name in lstm_names:
+        kinds = {v for k, v in table.items() if k.startswith(name + ".")}
+        by = "both" if "both" in kinds or kinds >= {"policy", "value"} else next(iter(kinds), "neither")
+        words = {
+            "both": "trained by the policy and the value loss",
+            "policy": "trained by the policy loss only",
+            "value": "trained by the value loss only",
+            "neither": "trained by no loss",
+        }
+        parts.append(f"{name} ({role(name, len(lstm_names))}) is {words[by]}")
+    shared = len(lstm_names) == 1
+    verdict = (
+        "actor and critic share one LSTM (vf_share_layers=True): "
+        if shared
+        else "actor and critic have separate LSTMs (vf_share_layers=False): "
+    ) + "; ".join(parts)
+    return {
+        "verdict": verdict,
+        "gradient_flow": table,
+        "batch": f"a synthetic batch of {n} sequences x {t} steps (policy: forward_train's action_dist_inputs; "
+        "value: compute_values)",
+        "shared": shared,
+    }
+
+
 class LearnerProbe:
     """The tracer of one learner: tags the whole-batch value pass and each minibatch's forward_train."""
 
@@ -213,9 +281,27 @@ class LearnerProbe:
         self.update = -1
         self.minibatch = 0
         self.tags: Tags | None = None
-        self.tracer = _tracer(
-            lstms(module), opts, f"learner{rank}", self.resolve, (LEARNER_BLOCK + rank) * CALL_BLOCK
+        modules = lstms(module)
+        try:
+            flow: dict[str, Any] = gradient_flow(module)
+        except Exception as exc:  # the log matters more than the architecture record
+            flow = {"verdict": None, "batch": f"not measured ({type(exc).__name__}: {exc})"}
+        shared = len(modules) == 1
+        opts = Options(
+            **{
+                **opts.__dict__,
+                "metadata": {
+                    **opts.metadata,
+                    "architecture": {
+                        "modules": describe_modules(modules),
+                        "shared_lstm": shared,
+                        "critic": "shared" if shared else "lstm",
+                        "gradient_flow": flow,
+                    },
+                },
+            }
         )
+        self.tracer = _tracer(modules, opts, f"learner{rank}", self.resolve, (LEARNER_BLOCK + rank) * CALL_BLOCK)
         module.forward_train = self._wrap(module.forward_train, "train")
         module.compute_values = self._wrap(module.compute_values, "value")
         _OPEN.append(self)
@@ -281,7 +367,9 @@ def train_grid(prov: Any) -> Grid:
     reason = np.where(
         first[:, EPISODE_STEP] == 0,
         SEQ_REASON["episode_start"],
-        np.where(first[:, EPISODE_STEP] == first[:, CHUNK_START], SEQ_REASON["env_boundary"], SEQ_REASON["max_seq_len"]),
+        np.where(
+            first[:, EPISODE_STEP] == first[:, CHUNK_START], SEQ_REASON["env_boundary"], SEQ_REASON["max_seq_len"]
+        ),
     )
     grid.seq_reason = np.where(valid[:, 0], reason, -1).astype(np.int8)
     return grid
@@ -416,7 +504,7 @@ def config_metadata(config: Any) -> dict[str, Any]:
     get = model.get if isinstance(model, dict) else lambda k, d=None: getattr(model, k, d)
     env = config.env if isinstance(config.env, str) else getattr(config.env, "__name__", repr(config.env))
     return {
-        "algorithm": getattr(config, "algo_class", None).__name__ if getattr(config, "algo_class", None) else None,
+        "algorithm": getattr(getattr(config, "algo_class", None), "__name__", None),
         "env_id": env,
         "seed": config.seed,
         "rllib": {
@@ -504,6 +592,7 @@ def run(
     [128] timesteps, ``n_epochs`` [10]; the model is RLlib's default LSTM (lstm_cell_size 256,
     max_seq_len 20) unless ``hidden_size`` / ``max_seq_len`` are given.
     """
+    import logging
     import os
     import time
 
@@ -535,6 +624,12 @@ def run(
     except gym.error.Error as exc:
         raise BadInput(f"unknown env id {env_id!r} ({str(exc).splitlines()[0]})") from None
     fragment = n_steps or 128
+    training: dict[str, Any] = {} if learning_rate is None else {"lr": learning_rate}
+    model: dict[str, Any] = {"use_lstm": True, "vf_share_layers": shared_lstm}
+    if hidden_size:
+        model["lstm_cell_size"] = hidden_size
+    if max_seq_len:
+        model["max_seq_len"] = max_seq_len
     config = (
         PPOConfig()
         .environment(env_id)
@@ -544,16 +639,9 @@ def run(
             train_batch_size_per_learner=fragment * n_envs * max(1, env_runners),
             minibatch_size=batch_size or 128,
             num_epochs=n_epochs or 10,
-            **({"lr": learning_rate} if learning_rate is not None else {}),
+            **training,
         )
-        .rl_module(
-            model_config=DefaultModelConfig(
-                use_lstm=True,
-                vf_share_layers=shared_lstm,
-                **({"lstm_cell_size": hidden_size} if hidden_size else {}),
-                **({"max_seq_len": max_seq_len} if max_seq_len else {}),
-            )
-        )
+        .rl_module(model_config=DefaultModelConfig(**model))
         .debugging(seed=seed)
     )
     threads = torch_threads or 1
@@ -571,7 +659,7 @@ def run(
     )
     os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "error")
     if not ray.is_initialized():
-        ray.init(include_dashboard=False, log_to_driver=False, logging_level="ERROR", configure_logging=False)
+        ray.init(include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
     start = time.perf_counter()
     algo = config.build_algo()
     done = 0

@@ -84,7 +84,9 @@ def test_report_text_and_json(made):
         "health",
         "findings",
         "unavailable",
+        "cross_process",
     ]
+    assert rep["cross_process"] is None  # RLlib logs only
     assert rep["run"]["env_id"] == "CartPole-v1" and rep["run"]["completed"] is True
     assert rep["staleness"]["provenance_ok"] is True
 

@@ -36,12 +36,18 @@ def logs(draw):
         "epoch": maybe(rng.integers(0, 2, n).tolist(), 0.3),
         "minibatch": maybe(rng.integers(0, 2, n).tolist(), 0.3),
         "seq": maybe(rng.integers(0, 3, n).tolist(), 0.3),
-        "t": rng.integers(0, 5, n).astype(np.int32),
+        "t": rng.integers(-1, 5, n).astype(np.int32),
         "seq_len": maybe(rng.integers(0, 6, n).tolist(), 0.3),
         "seq_reason": maybe(
-            [draw(st.sampled_from(["split", "episode_start", "env_boundary", "minibatch_cut"])) for _ in range(n)], 0.3
+            [
+                draw(st.sampled_from(["split", "episode_start", "env_boundary", "minibatch_cut", "max_seq_len"]))
+                for _ in range(n)
+            ],
+            0.3,
         ),
         "padding": [only_padding or bool(x) for x in rng.integers(0, 2, n)],
+        "worker": maybe(rng.integers(0, 2, n).tolist(), 0.5),
+        "learner": maybe(rng.integers(0, 2, n).tolist(), 0.7),
         "env": maybe(envs.tolist()),
         "env_step": maybe(rng.integers(0, 50, n).tolist()),
         "episode": maybe(rng.integers(0, 3, n).tolist()),
@@ -56,7 +62,17 @@ def logs(draw):
     cols["c_norm"] = maybe(norms.tolist())
     cols["drift_h"] = maybe(rng.random(n).astype(np.float32).tolist(), 0.5)
     cols["drift_c"] = maybe(rng.random(n).astype(np.float32).tolist(), 0.5)
-    meta = draw(st.sampled_from([{}, {"completed": True}, {"capture": {"mode": "summary"}}]))
+    meta = draw(
+        st.sampled_from(
+            [
+                {},
+                {"completed": True},
+                {"capture": {"mode": "summary"}},
+                {"framework": "rllib"},
+                {"framework": "rllib", "capture": {"mode": "summary"}},
+            ]
+        )
+    )
     return cols, hidden, meta
 
 

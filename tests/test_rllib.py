@@ -20,8 +20,8 @@ import pytest
 
 pytest.importorskip("ray.rllib")
 
-import lstm_probe  # noqa: E402
-from lstm_probe import rllib  # noqa: E402
+import lstm_probe
+from lstm_probe import rllib
 
 pytestmark = pytest.mark.rllib
 
@@ -133,6 +133,13 @@ def test_report_prints_the_cross_process_check(local_run: Path) -> None:
     # RLlib cycles minibatches through the batch: at least epochs x batch / minibatch of them
     assert (pairs.groupby("iteration").size() >= 2 * 64 // 32).all()
     assert not any("FAILED" in w for w in report.warnings)
+    # vf_share_layers=False on the new API stack: two towers, each trained by one loss only
+    flow = report.architecture.gradient_flow
+    assert flow and all(
+        v == ("policy" if k.startswith(("encoder.actor_encoder.", "pi.")) else "value") for k, v in flow.items()
+    )
+    assert any(k.startswith("encoder.critic_encoder.tokenizer") for k in flow)  # not shared, unlike the old stack
+    assert report.architecture.shared_lstm is False
 
 
 def test_probe_does_not_change_training(tmp_path: Path) -> None:
@@ -168,6 +175,10 @@ def test_probe_does_not_change_training(tmp_path: Path) -> None:
     report = lstm_probe.summarize(tmp_path / "log")
     assert report.cross_process is not None and report.cross_process.state_in_ok is True
     assert set(report.architecture.modules) == {"actor"}
+    flow = report.architecture.gradient_flow
+    assert {v for k, v in flow.items() if k.startswith("encoder.encoder.lstm.")} == {"both"}
+    assert {flow[k] for k in flow if k.startswith("pi.")} == {"policy"}
+    assert {flow[k] for k in flow if k.startswith("vf.")} == {"value"}
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
