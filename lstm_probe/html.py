@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from lstm_probe.errors import BadInput
@@ -30,6 +31,7 @@ REASON_MARKERS = {
     "env_boundary": ("s", "env boundary"),
     "split": ("*", "buffer split point"),
     "minibatch_cut": ("v", "minibatch cut"),
+    "max_seq_len": ("D", "max_seq_len (RLlib)"),
 }
 
 
@@ -81,6 +83,13 @@ def build_html(
     # Only small slices are read: layer-0 rollout rows, and one row per training sequence (its t = 0 row).
     # Staleness comes from the report's aggregates. Memory stays near the report's, whatever the log's size.
     first = ds.field("layer") == 0
+    worker: int | None = None
+    if "worker" in data.schema.names:  # RLlib: one env runner's envs are drawn (the lowest worker index)
+        workers = data.to_table(columns=["worker"], filter=first & (ds.field("phase") == "rollout"))
+        found = pc.min(workers.column("worker")).as_py() if workers.num_rows else None
+        if found is not None:
+            worker = int(found)
+            first = first & (ds.field("worker") == worker)
     roll = data.to_table(
         columns=["module", "iteration", "env", "env_step", "episode", "episode_step"],
         filter=first & (ds.field("phase") == "rollout"),
@@ -101,6 +110,8 @@ def build_html(
         filter=first & (ds.field("phase") == "train") & (ds.field("t") == 0),
     ).to_pandas()
     notes: list[str] = []
+    if worker is not None:
+        notes.append(f"RLlib log: the envs of env runner {worker} are drawn")
     iters = sorted(roll["iteration"].dropna().unique().astype(int).tolist())
     if iteration is None and iters:
         trained = sorted(starts["iteration"].dropna().unique().astype(int).tolist())
@@ -121,7 +132,7 @@ def build_html(
                 "step) axis, coloured by episode; the marker says why each sequence starts there.",
             )
         )
-    heat = _heat_figure(plt, path, starts, env, episode, notes)
+    heat = _heat_figure(plt, path, starts, env, episode, notes, worker)
     if heat:
         figures.append(
             (
@@ -187,6 +198,11 @@ def _layout_figure(plt: Any, all_starts: pd.DataFrame, iteration: int | None, no
         return None
     t = t[t["module"] == t["module"].iloc[0]]
     starts = t.drop_duplicates(["epoch", "minibatch", "seq"])
+    if starts["epoch"].isna().all():  # RLlib: minibatches cycle across epochs; draw each piece once
+        mbs = starts.groupby(["env", "env_step"])["minibatch"].agg(lambda v: ",".join(str(int(x)) for x in sorted(v)))
+        starts = starts.drop_duplicates(["env", "env_step"]).assign(epoch=0)
+        starts["mb_label"] = [mbs[(e, s)] for e, s in zip(starts["env"], starts["env_step"], strict=True)]
+        notes.append("minibatch layout (RLlib): each training piece once, labelled with every minibatch that held it")
     epochs = sorted(starts["epoch"].dropna().unique().astype(int).tolist())
     if len(epochs) > MAX_LAYOUT_EPOCHS:
         notes.append(f"minibatch layout: epochs {epochs[:MAX_LAYOUT_EPOCHS]} of {len(epochs)} drawn")
@@ -216,14 +232,14 @@ def _layout_figure(plt: Any, all_starts: pd.DataFrame, iteration: int | None, no
             ax.text(
                 x0 + int(row["seq_len"]) / 2 - 0.5,
                 y,
-                f"mb{int(row['minibatch'])}",
+                f"mb{row['mb_label']}" if "mb_label" in row else f"mb{int(row['minibatch'])}",
                 ha="center",
                 va="center",
                 fontsize=7,
             )
         ax.set_yticks(envs)
         ax.set_yticklabels([f"env {e}" for e in envs])
-        ax.set_ylabel(f"epoch {ep}")
+        ax.set_ylabel("all minibatches" if "mb_label" in s else f"epoch {ep}")
         ax.invert_yaxis()
     axes[-1, 0].set_xlabel("env step")
     handles = [
@@ -245,14 +261,22 @@ def _layout_figure(plt: Any, all_starts: pd.DataFrame, iteration: int | None, no
 
 
 def _heat_figure(
-    plt: Any, path: Any, starts: pd.DataFrame, env: int | None, episode: int | None, notes: list[str]
+    plt: Any,
+    path: Any,
+    starts: pd.DataFrame,
+    env: int | None,
+    episode: int | None,
+    notes: list[str],
+    worker: int | None = None,
 ) -> str | None:
     if env is None or episode is None:
         return None
     data, _ = dataset(path)
+    filt = (ds.field("phase") == "rollout") & (ds.field("env") == env) & (ds.field("episode") == episode)
+    if worker is not None:
+        filt = filt & (ds.field("worker") == worker)
     df = data.to_table(
-        columns=["module", "layer", "env", "episode", "env_step", "episode_step", "h", "c"],
-        filter=(ds.field("phase") == "rollout") & (ds.field("env") == env) & (ds.field("episode") == episode),
+        columns=["module", "layer", "env", "episode", "env_step", "episode_step", "h", "c"], filter=filt
     ).to_pandas()
     if not len(df) or df["h"].isna().all():
         notes.append("heat-maps: the log holds no state vectors for that episode (summary capture)")
@@ -261,7 +285,8 @@ def _heat_figure(
     has_c = df["c"].notna().any()
     cols = 2 if has_c else 1
     fig, axes = plt.subplots(len(keys), cols, figsize=(11, 2.6 * len(keys)), squeeze=False)
-    cuts = starts[(starts["env"] == env) & (starts["epoch"] == 0)]["env_step"].unique()
+    epoch0 = starts["epoch"] == 0 if starts["epoch"].notna().any() else starts["epoch"].isna()  # RLlib: no epochs
+    cuts = starts[(starts["env"] == env) & epoch0]["env_step"].unique()
     for row, (module, layer) in enumerate(keys):
         d = df[(df["module"] == module) & (df["layer"] == layer)].sort_values("env_step")
         steps = d["env_step"].to_numpy()

@@ -245,6 +245,9 @@ def pair(
 ) -> pd.DataFrame:
     """Train rows joined to the rollout rows of the same (module, layer, env, env_step), with drift.
 
+    RLlib logs join on the worker too, and ``phase`` may be 'value'; their rows with t = -1 (the state a
+    chunk started from) pair with the rollout row one step before the chunk.
+
     Columns: the train row's provenance, ``h_rollout``/``c_rollout`` and ``h_train``/``c_train`` norms,
     ``drift_h``/``drift_c`` (relative L2, recomputed from the vectors) and ``max_abs_h``/``max_abs_c``.
     """
@@ -267,11 +270,15 @@ def pair(
         "h",
         "c",
     ]
+    keys = list(KEYS)
+    if "worker" in read_info(path).schema.names:  # RLlib: an env is (worker, env)
+        keys.insert(2, "worker")
+        cols.insert(cols.index("env"), "worker")
     train = load(path, phase=phase, iteration=iteration, columns=cols)
     train = train[train["env"].notna()]
-    roll = load(path, phase="rollout", iteration=iteration, columns=[*KEYS, "h", "c"])
-    roll = roll.drop_duplicates(KEYS, keep="last")
-    merged = train.merge(roll, on=KEYS, how="inner", suffixes=("_train", "_rollout"))
+    roll = load(path, phase="rollout", iteration=iteration, columns=[*keys, "h", "c"])
+    roll = roll.drop_duplicates(keys, keep="last")
+    merged = train.merge(roll, on=keys, how="inner", suffixes=("_train", "_rollout"))
     for which in ("h", "c"):
         a = states(merged.rename(columns={f"{which}_train": which}), which)
         b = states(merged.rename(columns={f"{which}_rollout": which}), which)

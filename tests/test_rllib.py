@@ -261,3 +261,16 @@ def test_cli_without_ray_says_how_to_install(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert r.returncode == 2
     assert "pip install -e '.[rllib]'" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_pair_and_html_read_rllib_logs(local_run: Path, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from lstm_probe.html import build_html
+
+    p = lstm_probe.pair(local_run, phase="value")
+    assert len(p) and "worker" in p.columns
+    starts = p[p["t"] == -1]
+    assert len(starts) and starts["max_abs_h"].max() == 0.0 and starts["max_abs_c"].max() == 0.0
+    page = build_html(local_run, tmp_path / "r.html")
+    assert {"Minibatch layout", "Hidden and cell states"} <= set(page.figures)
+    assert any("env runner 0" in n for n in page.notes)
