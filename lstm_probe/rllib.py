@@ -659,7 +659,17 @@ def run(
     )
     os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "error")
     if not ray.is_initialized():
-        ray.init(include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+        # Each env runner and learner actor reserves one logical CPU; with fewer, Ray would wait for them
+        # forever. Logical CPUs may exceed the cores (the actors then share them), so ask for enough.
+        cpus = max(os.cpu_count() or 1, env_runners + learners)
+        ray.init(include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR, num_cpus=cpus)
+    else:
+        have = int(ray.cluster_resources().get("CPU", 0))
+        if env_runners + learners > have:
+            raise BadInput(
+                f"{env_runners} env runner(s) and {learners} learner(s) need {env_runners + learners} CPUs in "
+                f"the running Ray cluster, which has {have}; use fewer or start Ray with more (ray.init(num_cpus=N))"
+            )
     start = time.perf_counter()
     algo = config.build_algo()
     done = 0

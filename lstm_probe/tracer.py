@@ -145,6 +145,14 @@ class Tags:
 Resolver = Callable[[str, int, int], Tags]
 
 
+def _host(t: torch.Tensor) -> np.ndarray:
+    """A detached tensor as a float32 numpy array (one device-to-host copy when it is not on the CPU)."""
+    t = t.detach()
+    if t.dtype != torch.float32:
+        t = t.float()
+    return t.numpy() if t.device.type == "cpu" else t.cpu().numpy()
+
+
 def _opt(v: int | None) -> int:
     return -1 if v is None else v
 
@@ -327,7 +335,8 @@ class Tracer:
         self.calls = 0
         self.call_base = call_base  # first call id: keeps ids unique across the processes of one log
         self.unsupported_calls = 0
-        self._pending: dict[str, list[tuple[int, Grid | None, np.ndarray, np.ndarray | None]]] = {}
+        # one-step calls waiting to be written as one block: (call, grid, h (L, N, H), c) with detached tensors
+        self._pending: dict[str, list[tuple[int, Grid | None, torch.Tensor, torch.Tensor | None]]] = {}
         self._pending_tags: Tags | None = None
         self._pending_key: tuple[Any, ...] | None = None
 
@@ -487,26 +496,34 @@ class Tracer:
                 hn, cn = state if is_lstm else (state, None)
                 unbatched = x.dim() == 2
                 if unbatched:
+                    steps, batch = int(x.shape[0]), 1
+                elif module.batch_first:
+                    batch, steps = int(x.shape[0]), int(x.shape[1])
+                else:
+                    steps, batch = int(x.shape[0]), int(x.shape[1])
+                if steps == 1:
+                    # Kept as (detached) tensors and copied to the host once per block of calls: on a GPU
+                    # that is one device-to-host copy (and sync) per block instead of one per call.
+                    h1 = hn.detach()
+                    c1 = cn.detach() if cn is not None else None
+                    if unbatched:
+                        h1 = h1.unsqueeze(1)
+                        c1 = c1.unsqueeze(1) if c1 is not None else None
+                    self._emit(name, code, 1, batch, h1, c1)
+                    return
+                if unbatched:
                     x, y = x.unsqueeze(1), y.unsqueeze(1)
-                    hn = hn.unsqueeze(1)
-                    cn = cn.unsqueeze(1) if cn is not None else None
                 elif module.batch_first:
                     x, y = x.transpose(0, 1), y.transpose(0, 1)
-                steps, batch = int(x.shape[0]), int(x.shape[1])
                 initial = None
-                if steps == 1:
-                    hs = hn.detach().cpu().numpy()[:, :, None, :]  # (L, N, 1, H)
-                    cs = cn.detach().cpu().numpy()[:, :, None, :] if cn is not None else None
+                h0, c0 = self._initial(mod, args, batch, x, unbatched, is_lstm)
+                if is_lstm:
+                    hs4, cs4 = lstm_sequence_states(module, x, h0, c0, y)  # type: ignore[arg-type]
+                    hs, cs = hs4.transpose(0, 2, 1, 3), cs4.transpose(0, 2, 1, 3)
                 else:
-                    h0, c0 = self._initial(mod, args, batch, x, unbatched, is_lstm)
-                    if is_lstm:
-                        hs4, cs4 = lstm_sequence_states(module, x, h0, c0, y)  # type: ignore[arg-type]
-                        hs, cs = hs4.transpose(0, 2, 1, 3), cs4.transpose(0, 2, 1, 3)
-                    else:
-                        hs, cs = gru_sequence_states(module, x, h0, y).transpose(0, 2, 1, 3), None  # type: ignore[arg-type]
-                    if self.initial_states:
-                        h0n = h0.detach().cpu().numpy()[:, :, None, :]
-                        initial = (h0n, c0.detach().cpu().numpy()[:, :, None, :] if is_lstm else None)
+                    hs, cs = gru_sequence_states(module, x, h0, y).transpose(0, 2, 1, 3), None  # type: ignore[arg-type]
+                if self.initial_states:
+                    initial = (_host(h0)[:, :, None, :], _host(c0)[:, :, None, :] if is_lstm else None)
                 self._emit(name, code, steps, batch, hs, cs, initial)
         else:
             is_cell_lstm = isinstance(module, nn.LSTMCell)
@@ -517,9 +534,7 @@ class Tracer:
                     h = h.unsqueeze(0)
                     c = c.unsqueeze(0) if c is not None else None
                 batch = int(h.shape[0])
-                hs = h.detach().cpu().numpy()[None, :, None, :]  # (1, N, 1, H)
-                cs = c.detach().cpu().numpy()[None, :, None, :] if c is not None else None
-                self._emit(name, code, 1, batch, hs, cs)
+                self._emit(name, code, 1, batch, h.detach()[None], c.detach()[None] if c is not None else None)
 
         return hook
 
@@ -543,8 +558,8 @@ class Tracer:
         code: int,
         steps: int,
         batch: int,
-        hs: np.ndarray,
-        cs: np.ndarray | None,
+        hs: Any,
+        cs: Any,
         initial: tuple[np.ndarray, np.ndarray | None] | None = None,
     ) -> None:
         """Take the states of one call. hs/cs: (L, N, T', H) states after each step of the call.
@@ -578,6 +593,9 @@ class Tracer:
             )
         if key is None:
             self.flush_pending()
+            if steps == 1:  # one-step states arrive as (L, N, H) tensors
+                hs = _host(hs)[:, :, None, :]
+                cs = _host(cs)[:, :, None, :] if cs is not None else None
             path = PATH["sequence"] if steps > 1 else PATH["step"]
             self._write(name, code, tags, 0, path, np.full(batch * steps, call, np.int64), hs, cs)
             if initial is not None and grid is not None and grid.train and grid.shape[0] == batch:
@@ -603,16 +621,17 @@ class Tracer:
         for name, items in pending.items():
             code = self.module_code[name]
             calls = np.array([c for c, _, _, _ in items], np.int64)
-            with_c = items[0][3] is not None
+            c_list = [c for _, _, _, c in items if c is not None]
+            with_c = len(c_list) == len(items)
             if key[0] == "stepwise":
-                hs = np.concatenate([h for _, _, h, _ in items], axis=2)  # (L, N, T', H)
-                cs = np.concatenate([c for _, _, _, c in items], axis=2) if with_c else None
+                hs = _host(torch.stack([h for _, _, h, _ in items], dim=2))  # (L, N, T', H)
+                cs = _host(torch.stack(c_list, dim=2)) if with_c else None
                 t0 = tags.stepwise.get(name, len(items)) - len(items)
                 per_col = np.tile(calls, hs.shape[1])  # (N * T',) in column-major order: n, then t
                 self._write(name, code, tags, t0, PATH["stepwise"], per_col, hs, cs)
                 continue
-            hs = np.concatenate([h for _, _, h, _ in items], axis=1)  # (L, sum N, 1, H)
-            cs = np.concatenate([c for _, _, _, c in items], axis=1) if with_c else None
+            hs = _host(torch.cat([h for _, _, h, _ in items], dim=1))[:, :, None, :]  # (L, sum N, 1, H)
+            cs = _host(torch.cat(c_list, dim=1))[:, :, None, :] if with_c else None
             per_col = np.repeat(calls, [h.shape[1] for _, _, h, _ in items])
             block = tags
             if items[0][1] is not None:
