@@ -274,3 +274,70 @@ def test_pair_and_html_read_rllib_logs(local_run: Path, tmp_path: Path) -> None:
     page = build_html(local_run, tmp_path / "r.html")
     assert {"Minibatch layout", "Hidden and cell states"} <= set(page.figures)
     assert any("env runner 0" in n for n in page.notes)
+
+
+LONG = ["run", "CartPole-v1", "--framework", "rllib", "--steps", "1000000", "--n-envs", "2", "--n-steps", "32"]
+LONG += ["--batch-size", "32", "--n-epochs", "1", "--hidden-size", "8", "--max-seq-len", "8", "--part-seconds", "0.3"]
+
+
+def _start_long(tmp_path: Path) -> subprocess.Popen[str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "lstm_probe", *LONG, "--out", "cp/"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group: the SIGKILL test kills Ray's helpers with it
+    )
+
+
+def _wait_for_shards(log: Path, names: set[str], timeout: float = 240) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if {p.name.split("-")[1] for p in log.glob("part-*.parquet")} >= names:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"no part files from {names} in {log}")
+
+
+def test_ctrl_c_closes_every_process_log(tmp_path: Path) -> None:
+    import signal
+
+    proc = _start_long(tmp_path)
+    _wait_for_shards(tmp_path / "cp", {"runner0", "learner0"})
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == 130, err[-2000:]
+    assert "interrupted" in err and "Traceback" not in err
+    info = lstm_probe.read_info(tmp_path / "cp")
+    assert not info.completed and info.rows > 0
+    assert all(not s["completed"] for s in info.metadata["shards"].values())
+    assert not list((tmp_path / "cp").glob(".*.tmp"))  # every open part was published at the close
+    report = lstm_probe.summarize(tmp_path / "cp")
+    assert any("did not complete" in w for w in report.warnings)
+
+
+def test_sigkill_leaves_readable_shards(tmp_path: Path) -> None:
+    proc = _start_long(tmp_path)
+    _wait_for_shards(tmp_path / "cp", {"runner0", "learner0"})
+    import signal
+
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=60)
+    info = lstm_probe.read_info(tmp_path / "cp")
+    assert not info.completed and info.rows > 0
+    assert "never closed" in info.metadata["stop_reason"]
+    df = lstm_probe.load(tmp_path / "cp", vectors=False)
+    assert len(df) == info.rows
+    # what was published is whole: every learner call has all its rows (sequences x (steps + initial row))
+    train = df[(df["phase"] == "train")]
+    per_call = train.groupby(["call", "module"]).agg(
+        rows=("t", "size"), seqs=("seq", "nunique"), steps=("t", "nunique")
+    )
+    assert (per_call["rows"] == per_call["seqs"] * per_call["steps"]).all()
+    report = lstm_probe.summarize(tmp_path / "cp")
+    assert report.cross_process is not None and report.cross_process.state_in_ok is not False
