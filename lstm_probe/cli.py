@@ -45,6 +45,29 @@ def _human_bytes(n: float) -> str:
     return f"{n:.1f} GB"
 
 
+def _arch_rllib(env_id: str, shared_lstm: bool, hidden_size: int | None, as_json: bool, given: list[Any]) -> None:
+    if any(v for v in given):
+        raise BadInput("with --framework rllib, arch takes an env id, --shared-lstm, --hidden-size and --json only")
+    try:
+        from lstm_probe import rllib
+    except ImportError as exc:
+        raise BadInput(
+            f"--framework rllib needs Ray RLlib ({exc}); install it with: pip install -e '.[rllib]'"
+        ) from None
+    result = rllib.arch(env_id, shared_lstm=shared_lstm, hidden_size=hidden_size)
+    if as_json:
+        sys.stdout.write(json.dumps(result, indent=2) + "\n")
+        return
+    t = Table(title=f"Gradient flow of RLlib PPO's LSTM RLModule on {env_id}: which output reaches each tensor")
+    t.add_column("parameter", overflow="fold", min_width=24)
+    t.add_column("shape")
+    t.add_column("trained by")
+    for name, by in (result.get("gradient_flow") or {}).items():
+        t.add_row(name, "x".join(map(str, result["shapes"].get(name, []))), by)
+    out.print(t)
+    out.print(f"[bold]verdict:[/] {result.get('verdict') or result.get('batch')}")
+
+
 def _run_rllib(env_id: str, out_path: str, **options: Any) -> None:
     try:
         from lstm_probe import rllib
@@ -260,8 +283,14 @@ def arch(
     dot: Annotated[Path | None, typer.Option(help="Write Graphviz DOT source here.")] = None,
     svg: Annotated[Path | None, typer.Option(help="Render an SVG here (needs Graphviz's `dot`).")] = None,
     png: Annotated[Path | None, typer.Option(help="Render a PNG here (needs Graphviz's `dot`).")] = None,
+    framework: Annotated[str, typer.Option(help="sb3 or rllib (RLlib PPO's default LSTM RLModule).")] = "sb3",
 ) -> None:
     """Show what actor and critic share, and which loss trains which layer (measured gradient flow)."""
+    if framework == "rllib":
+        _arch_rllib(target, shared_lstm, hidden_size, as_json, given=[lstm_layers, hyperparam, env_id, dot, svg, png])
+        return
+    if framework != "sb3":
+        raise BadInput(f"--framework must be sb3 or rllib, not {framework!r}")
     from lstm_probe.arch import arch as arch_
     from lstm_probe.arch import load_model, render, to_dot
     from lstm_probe.run import parse_hyperparams

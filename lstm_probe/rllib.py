@@ -273,6 +273,27 @@ def gradient_flow(module: Any) -> dict[str, Any]:
     }
 
 
+def arch(env_id: str, *, shared_lstm: bool = False, hidden_size: int | None = None) -> dict[str, Any]:
+    """The measured gradient flow of RLlib PPO's default LSTM RLModule for ``env_id`` (no Ray, no training)."""
+    import gymnasium as gym
+    from ray.rllib.algorithms.ppo import PPOConfig
+    from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
+
+    try:
+        env = gym.make(env_id)
+    except gym.error.Error as exc:
+        raise BadInput(f"unknown env id {env_id!r} ({str(exc).splitlines()[0]})") from None
+    model: dict[str, Any] = {"use_lstm": True, "vf_share_layers": shared_lstm}
+    if hidden_size:
+        model["lstm_cell_size"] = hidden_size
+    config = PPOConfig().environment(env_id).rl_module(model_config=DefaultModelConfig(**model))
+    module: Any = config.get_rl_module_spec(env=env).build()
+    env.close()
+    flow = gradient_flow(module)
+    shapes = {name: list(p.shape) for name, p in module.named_parameters()}
+    return {"env_id": env_id, "modules": describe_modules(lstms(module)), "shapes": shapes, **flow}
+
+
 class LearnerProbe:
     """The tracer of one learner: tags the whole-batch value pass and each minibatch's forward_train."""
 

@@ -341,3 +341,31 @@ def test_sigkill_leaves_readable_shards(tmp_path: Path) -> None:
     assert (per_call["rows"] == per_call["seqs"] * per_call["steps"]).all()
     report = lstm_probe.summarize(tmp_path / "cp")
     assert report.cross_process is not None and report.cross_process.state_in_ok is not False
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_arch_command_for_rllib(tmp_path: Path, shared: bool) -> None:
+    r = _cli(
+        "arch",
+        "CartPole-v1",
+        "--framework",
+        "rllib",
+        "--hidden-size",
+        "8",
+        "--json",
+        *(["--shared-lstm"] * shared),
+        cwd=tmp_path,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    doc = json.loads(r.stdout)
+    flow = doc["gradient_flow"]
+    if shared:
+        assert set(doc["modules"]) == {"actor"}
+        assert {v for k, v in flow.items() if k.startswith("encoder.encoder.")} == {"both"}
+        assert "share one LSTM" in doc["verdict"]
+    else:
+        assert set(doc["modules"]) == {"actor", "critic"}
+        assert {v for k, v in flow.items() if k.startswith("encoder.critic_encoder.")} == {"value"}
+        assert {v for k, v in flow.items() if k.startswith("encoder.actor_encoder.")} == {"policy"}
+    assert {flow[k] for k in flow if k.startswith("pi.")} == {"policy"}
+    assert doc["shapes"]["encoder." + ("encoder" if shared else "actor_encoder") + ".lstm.weight_hh_l0"] == [32, 8]
