@@ -100,6 +100,7 @@ def lstms(module: nn.Module) -> dict[str, nn.Module]:
 
 CALL_BLOCK = 10**12
 LEARNER_BLOCK = 1000
+EVAL_WORKER = 2000
 
 
 def _tracer(
@@ -134,13 +135,19 @@ class RolloutProbe:
         if module is None:
             raise BadInput("this env runner has no RLModule to trace")
         self.runner = env_runner
-        self.worker = int(env_runner.worker_index or 0)
+        index = int(env_runner.worker_index or 0)
+        # Evaluation env runners number from 1 like the training ones: their own shard names and a worker
+        # id of EVAL_WORKER + k keep (worker, env) unique across the log.
+        evaluation = bool(getattr(env_runner.config, "in_evaluation", False))
+        self.worker = EVAL_WORKER + index if evaluation else index
+        self.evaluation = evaluation
+        shard = f"evalrunner{index}" if evaluation else f"runner{index}"
         n = int(env_runner.num_envs)
         self.env_steps = np.zeros(n, np.int64)  # forward passes made for each env so far
         self.episodes = np.zeros(n, np.int64)  # episodes begun in each env so far
         self.last: list[tuple[Any, dict[str, int]] | None] = [None] * n
         self.tags: Tags | None = None
-        self.tracer = _tracer(lstms(module), opts, f"runner{self.worker}", self.resolve, self.worker * CALL_BLOCK)
+        self.tracer = _tracer(lstms(module), opts, shard, self.resolve, self.worker * CALL_BLOCK)
         for name, explore in (("forward_exploration", True), ("forward_inference", False)):
             setattr(module, name, self._wrap(getattr(module, name), explore))
         _OPEN.append(self)
@@ -151,7 +158,7 @@ class RolloutProbe:
     def _wrap(self, fn: Callable[..., Any], explore: bool) -> Callable[..., Any]:
         @functools.wraps(fn)
         def forward(*args: Any, **kwargs: Any) -> Any:
-            self.tags = self._step_tags("rollout" if explore else "predict")
+            self.tags = self._step_tags("rollout" if explore and not self.evaluation else "predict")
             try:
                 return fn(*args, **kwargs)
             finally:
@@ -570,10 +577,13 @@ def close(algo: Any, completed: bool = True, stop_reason: str | None = None, num
     extra = {} if num_timesteps is None else {"progress_num_timesteps": num_timesteps}
     done = functools.partial(_close_here, completed, stop_reason, extra)
     closed = 0
-    try:
-        closed += _count(algo.env_runner_group.foreach_env_runner(done, local_env_runner=True))
-    except Exception:  # a dead actor must not keep the others from closing
-        pass
+    for group in (algo.env_runner_group, getattr(algo, "eval_env_runner_group", None)):
+        if group is None:
+            continue
+        try:
+            closed += _count(group.foreach_env_runner(done, local_env_runner=True))
+        except Exception:  # a dead actor must not keep the others from closing
+            pass
     try:
         closed += _count(algo.learner_group.foreach_learner(done))
     except Exception:

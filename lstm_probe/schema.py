@@ -35,7 +35,8 @@ COLUMNS: list[tuple[str, pa.DataType | None, bool, str]] = [
         False,
         "Order of LSTM forward calls (0-based, all modules together) in the writing process. RLlib logs have "
         "one writer per process: env runner k numbers its calls from k * 10**12, learner r from "
-        "(1000 + r) * 10**12, so (call, module) names one call across the log.",
+        "(1000 + r) * 10**12, evaluation env runner k from (2000 + k) * 10**12, so (call, module) names one "
+        "call across the log.",
     ),
     (
         "module",
@@ -120,7 +121,8 @@ COLUMNS: list[tuple[str, pa.DataType | None, bool, str]] = [
         pa.int32(),
         True,
         "RLlib: index of the env runner whose env produced the row's data (0 = the driver's local env "
-        "runner); with `env` it names one env. Null for sb3 and generic logs, and on padding rows.",
+        "runner); with `env` it names one env. Evaluation env runners are 2000 + k. Null for sb3 and generic "
+        "logs, and on padding rows.",
     ),
     (
         "learner",

@@ -369,3 +369,30 @@ def test_arch_command_for_rllib(tmp_path: Path, shared: bool) -> None:
         assert {v for k, v in flow.items() if k.startswith("encoder.actor_encoder.")} == {"policy"}
     assert {flow[k] for k in flow if k.startswith("pi.")} == {"policy"}
     assert doc["shapes"]["encoder." + ("encoder" if shared else "actor_encoder") + ".lstm.weight_hh_l0"] == [32, 8]
+
+
+def test_evaluation_runners_get_their_own_shard(tmp_path: Path) -> None:
+    from ray.rllib.algorithms.ppo import PPOConfig
+    from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
+
+    config = (
+        PPOConfig()
+        .environment("CartPole-v1")
+        .env_runners(num_env_runners=0, rollout_fragment_length=32, num_envs_per_env_runner=2)
+        .training(train_batch_size_per_learner=64, minibatch_size=32, num_epochs=1)
+        .rl_module(model_config=DefaultModelConfig(use_lstm=True, max_seq_len=8, lstm_cell_size=8))
+        .evaluation(evaluation_interval=1, evaluation_num_env_runners=1, evaluation_duration=2)
+        .debugging(seed=0)
+    )
+    rllib.probe_config(config, f"{tmp_path}/log/")
+    algo = config.build_algo()
+    algo.train()
+    assert rllib.close(algo) == 3  # training runner, learner, evaluation runner
+    algo.stop()
+    shards = {p.name.split("-")[1] for p in (tmp_path / "log").glob("part-*.parquet")}
+    assert shards == {"runner0", "learner0", "evalrunner1"}
+    df = lstm_probe.load(tmp_path / "log", vectors=False)
+    evaluation = df[df["worker"] == rllib.EVAL_WORKER + 1]
+    assert len(evaluation) and set(evaluation["phase"]) == {"predict"}
+    assert set(df.loc[df["phase"] == "rollout", "worker"]) == {0}
+    assert lstm_probe.summarize(tmp_path / "log").cross_process.state_in_ok is True
