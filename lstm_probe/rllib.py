@@ -689,6 +689,8 @@ def run(
         metadata={"command": command, "total_timesteps": steps, "n_envs": n_envs},
     )
     os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "error")
+    # RLlib's own warnings (new API stack notice, deprecations) would bury the CLI's one-line output
+    logging.getLogger("ray.rllib").setLevel(logging.ERROR)
     if not ray.is_initialized():
         # Each env runner and learner actor reserves one logical CPU; with fewer, Ray would wait for them
         # forever. Logical CPUs may exceed the cores (the actors then share them), so ask for enough.
