@@ -458,6 +458,35 @@ def _render(rep: Any) -> None:
                 soft_wrap=True,
             )
 
+    x = rep.cross_process
+    if x is not None:
+        verdict = {True: "[green]OK[/]", False: "[red]FAILED[/]", None: "-"}
+        worst = max(x.state_in_max_abs.values(), default=0.0)
+        out.print(
+            f"provenance check (RLlib, across processes): {x.state_in_rows:,} chunk initial states vs the env "
+            f"runners' states one step earlier, max |diff| {worst:.2g} {verdict[x.state_in_ok]}; "
+            f"{x.zero_starts:,} episode-start chunks from zeros {verdict[x.zero_starts_ok]}; "
+            f"{x.unpaired:,} learner rows without a rollout partner",
+            soft_wrap=True,
+        )
+        t = Table(title="5. Staleness (RLlib): learner states vs rollout states of the same env step, by minibatch")
+        for col in ("module", "minibatch", "rows", "h mean", "h max", "c mean"):
+            t.add_column(col)
+        for row in x.by_minibatch[:40]:
+            t.add_row(
+                row["module"],
+                str(row["minibatch"]),
+                f"{row['rows']:,}",
+                _fmt(row["drift_h_mean"]),
+                _fmt(row["drift_h_max"]),
+                _fmt(row["drift_c_mean"]),
+            )
+        out.print(t)
+        for module in dict.fromkeys(r["module"] for r in x.first_pass):
+            rows = [r for r in x.first_pass if r["module"] == module]
+            shown = ", ".join(f"{r['iteration']}: {_fmt(r['max_drift_h'])}" for r in rows[:12])
+            out.print(f"max h drift of {module} before the first optimizer step, by iteration: {shown}", soft_wrap=True)
+
     h = rep.health
     if h.layers:
         t = Table(title="6. State health (rollout states)")

@@ -4,11 +4,13 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+ROOT_DIR = Path(__file__).resolve().parents[1]
 
 
 def cli(*args, cwd=None):
@@ -141,3 +143,14 @@ def test_env_with_unsupported_spaces(tmp_path):
     r = cli("run", "Blackjack-v1", "--steps", "8", cwd=tmp_path)
     assert r.returncode == 2 and "cannot take Tuple observations" in r.stderr
     assert not (tmp_path / "run.parquet").exists()
+
+
+def test_report_of_the_rllib_sample_needs_no_ray(tmp_path):
+    """The RLlib sample log (one part file per process) is read as one log, cross-process check included."""
+    r = cli("report", str(ROOT_DIR / "sample_runs" / "cartpole-rllib"), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "provenance check (RLlib, across processes)" in r.stdout and "max |diff| 0 OK" in r.stdout
+    assert "5. Staleness (RLlib)" in r.stdout and "RLlib oracle:" in r.stdout
+    j = json.loads(cli("report", str(ROOT_DIR / "sample_runs" / "cartpole-rllib"), "--json", cwd=tmp_path).stdout)
+    assert j["run"]["framework"] == "rllib" and j["cross_process"]["state_in_ok"] is True
+    assert j["architecture"]["shared_lstm"] is False
