@@ -94,7 +94,8 @@ def lstms(module: nn.Module) -> dict[str, nn.Module]:
         )
     out: dict[str, nn.Module] = {}
     for n, m in found:
-        out[role(n, len(found))] = m
+        name = role(n, len(found))
+        out[n if name in out else name] = m  # two modules of one role keep their full names
     return out
 
 
@@ -127,7 +128,20 @@ def _tracer(
     return tracer.start()
 
 
-class RolloutProbe:
+class _Probe:
+    """One process's tracer; ``tags`` is set around each forward pass of the RLModule and read by the hooks."""
+
+    tags: Tags | None = None
+    tracer: Tracer
+
+    def resolve(self, name: str, steps: int, batch: int) -> Tags:
+        return self.tags if self.tags is not None else Tags()
+
+    def close(self, completed: bool, stop_reason: str | None, **extra: Any) -> None:
+        self.tracer.close(completed=completed, stop_reason=stop_reason, **extra)
+
+
+class RolloutProbe(_Probe):
     """The tracer of one env runner: tags each rollout call with (worker, env, episode, step)."""
 
     def __init__(self, env_runner: Any, opts: Options):
@@ -146,14 +160,10 @@ class RolloutProbe:
         self.env_steps = np.zeros(n, np.int64)  # forward passes made for each env so far
         self.episodes = np.zeros(n, np.int64)  # episodes begun in each env so far
         self.last: list[tuple[Any, dict[str, int]] | None] = [None] * n
-        self.tags: Tags | None = None
         self.tracer = _tracer(lstms(module), opts, shard, self.resolve, self.worker * CALL_BLOCK)
         for name, explore in (("forward_exploration", True), ("forward_inference", False)):
             setattr(module, name, self._wrap(getattr(module, name), explore))
         _OPEN.append(self)
-
-    def resolve(self, name: str, steps: int, batch: int) -> Tags:
-        return self.tags if self.tags is not None else Tags()
 
     def _wrap(self, fn: Callable[..., Any], explore: bool) -> Callable[..., Any]:
         @functools.wraps(fn)
@@ -207,9 +217,6 @@ class RolloutProbe:
         grid.worker = np.full((n, 1), self.worker, np.int32)
         grid.bootstrap = boot[:, None]
         return Tags(phase=phase, iteration=int(getattr(self.runner, "_weights_seq_no", 0)), grid=grid)
-
-    def close(self, completed: bool, stop_reason: str | None, **extra: Any) -> None:
-        self.tracer.close(completed=completed, stop_reason=stop_reason, **extra)
 
 
 def gradient_flow(module: Any) -> dict[str, Any]:
@@ -301,14 +308,13 @@ def arch(env_id: str, *, shared_lstm: bool = False, hidden_size: int | None = No
     return {"env_id": env_id, "modules": describe_modules(lstms(module)), "shapes": shapes, **flow}
 
 
-class LearnerProbe:
+class LearnerProbe(_Probe):
     """The tracer of one learner: tags the whole-batch value pass and each minibatch's forward_train."""
 
     def __init__(self, module: Any, opts: Options, rank: int):
         self.rank = rank
         self.update = -1
         self.minibatch = 0
-        self.tags: Tags | None = None
         modules = lstms(module)
         try:
             flow: dict[str, Any] = gradient_flow(module)
@@ -333,9 +339,6 @@ class LearnerProbe:
         module.forward_train = self._wrap(module.forward_train, "train")
         module.compute_values = self._wrap(module.compute_values, "value")
         _OPEN.append(self)
-
-    def resolve(self, name: str, steps: int, batch: int) -> Tags:
-        return self.tags if self.tags is not None else Tags()
 
     def new_update(self) -> None:
         self.update += 1
@@ -363,9 +366,6 @@ class LearnerProbe:
                         self.minibatch += 1
 
         return forward
-
-    def close(self, completed: bool, stop_reason: str | None, **extra: Any) -> None:
-        self.tracer.close(completed=completed, stop_reason=stop_reason, **extra)
 
 
 def train_grid(prov: Any) -> Grid:
