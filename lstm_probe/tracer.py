@@ -86,7 +86,7 @@ class Grid:
         sequence's first step (null env_step and episode_step where the sequence starts an episode)."""
         first = self.episode_step[:, :1]
         before = first > 0
-        g = Grid(
+        return Grid(
             env=self.env[:, :1],
             env_step=np.where(before, self.env_step[:, :1] - 1, -1),
             episode=self.episode[:, :1],
@@ -98,7 +98,6 @@ class Grid:
             seq_reason=self.seq_reason,
             worker=None if self.worker is None else self.worker[:, :1],
         )
-        return g
 
     @staticmethod
     def concat(grids: list[Grid]) -> Grid:
