@@ -324,6 +324,11 @@ def summarize(path: str | os.PathLike[str]) -> Report:
     stale = _staleness_section(train)
     health = _health_section(data, capture.get("mode") != "summary" and info.rows > 0)
     cross = _cross_process_section(data, capture.get("mode") != "summary") if meta.get("framework") == "rllib" else None
+    if cross is not None and run.iterations > CROSS_ITERATIONS:
+        unavailable.append(
+            f"the cross-process check (RLlib) reads the first {CROSS_ITERATIONS} of {run.iterations} iterations, "
+            "which bounds its memory; load() and pair() read any iteration"
+        )
     if cross is not None and (cross.state_in_ok is False or cross.zero_starts_ok is False):
         warnings.append(
             "provenance check FAILED: learner chunks do not start from the env runners' stored states "
