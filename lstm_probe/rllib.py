@@ -633,17 +633,24 @@ def run(
     from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
 
     from lstm_probe.load import read_info
-    from lstm_probe.run import RunResult
+    from lstm_probe.run import RunResult, validate
 
+    validate(
+        steps=steps,
+        n_envs=n_envs,
+        n_steps=n_steps,
+        batch_size=batch_size,
+        n_epochs=n_epochs,
+        learning_rate=learning_rate,
+        hidden_size=hidden_size,
+        every=every,
+        torch_threads=torch_threads,
+        part_seconds=part_seconds,
+        capture=capture,
+    )
     for name, value, low in (
-        ("steps", steps, 1),
         ("env_runners", env_runners, 0),
         ("learners", learners, 0),
-        ("n_envs", n_envs, 1),
-        ("n_steps", n_steps, 2),
-        ("batch_size", batch_size, 2),
-        ("n_epochs", n_epochs, 1),
-        ("hidden_size", hidden_size, 1),
         ("max_seq_len", max_seq_len, 1),
     ):
         if value is not None and value < low:

@@ -241,6 +241,8 @@ def test_cli_with_ray_actors(tmp_path: Path) -> None:
         (["--learners", "2"], "--learners above 1"),
         (["--lstm-layers", "2"], "--lstm-layers applies to --framework sb3 only"),
         (["--framework", "tf"], "--framework must be sb3 or rllib"),
+        (["--n-epochs", "0"], "--n-epochs must be >= 1, got 0"),
+        (["--max-seq-len", "0"], "--max-seq-len must be >= 1, got 0"),
     ],
 )
 def test_cli_rllib_bad_options(tmp_path: Path, args: list[str], message: str) -> None:
