@@ -33,6 +33,7 @@ chunk's last observation again), so its train and value rows at that step are ta
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import weakref
 from collections.abc import Callable
@@ -321,20 +322,13 @@ class LearnerProbe(_Probe):
         except Exception as exc:  # the log matters more than the architecture record
             flow = {"verdict": None, "batch": f"not measured ({type(exc).__name__}: {exc})"}
         shared = len(modules) == 1
-        opts = Options(
-            **{
-                **opts.__dict__,
-                "metadata": {
-                    **opts.metadata,
-                    "architecture": {
-                        "modules": describe_modules(modules),
-                        "shared_lstm": shared,
-                        "critic": "shared" if shared else "lstm",
-                        "gradient_flow": flow,
-                    },
-                },
-            }
-        )
+        architecture = {
+            "modules": describe_modules(modules),
+            "shared_lstm": shared,
+            "critic": "shared" if shared else "lstm",
+            "gradient_flow": flow,
+        }
+        opts = dataclasses.replace(opts, metadata={**opts.metadata, "architecture": architecture})
         self.tracer = _tracer(modules, opts, f"learner{rank}", self.resolve, (LEARNER_BLOCK + rank) * CALL_BLOCK)
         module.forward_train = self._wrap(module.forward_train, "train")
         module.compute_values = self._wrap(module.compute_values, "value")
