@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -46,12 +45,15 @@ model.learn(cfg["steps"], callback=cb)
 seconds = time.perf_counter() - start
 rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 size = rows = 0
+cost = {}
 if cb is not None:
     import lstm_probe
     info = lstm_probe.read_info(cfg["out"])
     size, rows = info.bytes, info.rows
+    cost = info.metadata.get("probe_cost", {})
 deciles = [trace[min(len(trace) - 1, i * len(trace) // 10)][1] for i in range(1, 11)] if trace else []
-print(json.dumps({"seconds": seconds, "rss_mb": rss, "bytes": size, "rows": rows, "rss_trace": deciles}))
+print(json.dumps({"seconds": seconds, "rss_mb": rss, "bytes": size, "rows": rows, "rss_trace": deciles,
+                  "cost": cost}))
 """
 
 
@@ -61,6 +63,11 @@ def one(cfg: dict) -> dict:
     if r.returncode:
         raise SystemExit(r.stderr)
     return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def share(runs: list[dict], *keys: str) -> float:
+    """Median over runs of the cost keys' sum as a percentage of the run's seconds."""
+    return statistics.median(100 * sum(r["cost"].get(k, 0) for k in keys) / r["seconds"] for r in runs)
 
 
 def main() -> None:
@@ -77,7 +84,9 @@ def main() -> None:
     print(f"{args.env}, {args.steps} steps, sb3-contrib defaults (hidden 256, n_steps 128), {args.repeats} "
           "interleaved repeats\n")
     print(f"{'n_envs':>6} {'thr':>3} {'capture':>9} {'ratio':>7} {'spread':>15} {'base s':>7} {'probe s':>8} "
-          f"{'RSS +MB':>8} {'rows':>9} {'B/row':>6}")
+          f"{'RSS +MB':>8} {'rows':>9} {'B/row':>6} {'train%':>6} {'writer%':>7}")
+    # train%: the probe's own measurement of its time on the training thread (hooks and callbacks) as a
+    # share of the probed run; writer%: the writer thread's CPU time as a share of it (medians)
     for n_envs in args.n_envs:
         for threads in args.threads:
             for capture in args.captures:
@@ -93,7 +102,9 @@ def main() -> None:
                 print(f"{n_envs:>6} {threads:>3} {capture:>9} {statistics.median(ratios):>6.3f}x "
                       f"{min(ratios):>6.3f}-{max(ratios):<6.3f}x {statistics.median(b['seconds'] for b in base):>7.1f} "
                       f"{statistics.median(p['seconds'] for p in probed):>8.1f} {rss:>8.0f} {rows:>9} "
-                      f"{probed[-1]['bytes'] / max(rows, 1):>6.0f}", flush=True)
+                      f"{probed[-1]['bytes'] / max(rows, 1):>6.0f} "
+                      f"{share(probed, 'hook_seconds', 'integration_seconds'):>6.1f} "
+                      f"{share(probed, 'writer_cpu_seconds'):>7.1f}", flush=True)
                 if args.rss_trace:
                     print(f"{'':>6} RSS MB by tenth of the run, unprobed: {base[-1]['rss_trace']}")
                     print(f"{'':>6} RSS MB by tenth of the run, probed:   {probed[-1]['rss_trace']}", flush=True)

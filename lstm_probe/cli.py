@@ -364,6 +364,22 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
+def _cost_line(cost: dict[str, Any], wall: float | None, processes: bool) -> str:
+    """One line on what recording cost, from the log's own measurements."""
+    main = float(cost.get("hook_seconds", 0)) + float(cost.get("integration_seconds", 0))
+    wall = cost.get("seconds") or wall
+    share = f" ({100 * main / wall:.1f}% of the traced {wall:.1f} s)" if wall and not processes else ""
+    where = "the training processes" if processes else "the training thread"
+    line = (
+        f"probe cost: {main:.2f} s on {where} for {int(cost.get('calls', 0)):,} calls{share}, "
+        f"{float(cost.get('writer_cpu_seconds', 0)):.2f} s CPU on the writer thread"
+    )
+    wait = float(cost.get("wait_seconds", 0))
+    if wait >= 0.01:
+        line += f", training waited {wait:.2f} s for the writer"
+    return line
+
+
 def _render(rep: Any) -> None:
     from rich.panel import Panel
 
@@ -378,6 +394,8 @@ def _render(rep: Any) -> None:
         f"{r.rows:,} rows in {r.files} file(s), {_human_bytes(r.file_bytes)}, wall {_fmt(r.wall_seconds)} s, "
         f"capture {r.capture.get('mode', '-')} ({r.capture.get('dtype', '-')})",
     ]
+    if r.probe_cost:
+        lines.append(_cost_line(r.probe_cost, r.wall_seconds, r.framework == "rllib"))
     hp = r.hyperparameters
     if hp:
         keys = ("n_steps", "batch_size", "n_epochs", "learning_rate", "gamma", "gae_lambda", "clip_range")

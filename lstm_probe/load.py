@@ -169,6 +169,12 @@ def read_info(path: str | os.PathLike[str]) -> LogInfo:
     if not open_shards:
         last = finals[shards[-1]]
         metadata.update(last)
+        if len(shards) > 1:  # what the probe cost, summed over the processes that wrote the log
+            cost: dict[str, float] = {}
+            for s in shards:
+                for k, v in (finals[s].get("probe_cost") or {}).items():
+                    cost[k] = cost.get(k, 0) + v
+            metadata["probe_cost"] = cost
         failed = [finals[s] for s in shards if not finals[s].get("completed")]
         if failed:
             metadata.update(completed=False, stop_reason=failed[0].get("stop_reason"))

@@ -29,13 +29,28 @@ def _layer_weights(module: nn.LSTM | nn.GRU, layer: int) -> list[torch.Tensor]:
     return [getattr(module, n).detach() for n in names]
 
 
+def snapshot_weights(module: nn.LSTM | nn.GRU, top: bool = True) -> list[list[torch.Tensor]]:
+    """Copies of each layer's weights as they are now (an optimizer step changes them in place), for a
+    recovery that runs later on the writer thread. ``top=False`` leaves out the top layer (GRU needs
+    only the lower layers' weights)."""
+    layers = int(module.num_layers) if top else int(module.num_layers) - 1
+    with torch.no_grad():
+        return [[w.clone() for w in _layer_weights(module, layer)] for layer in range(layers)]
+
+
 def lstm_sequence_states(
-    module: nn.LSTM, x: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor, y: torch.Tensor
+    module: nn.LSTM,
+    x: torch.Tensor,
+    h0: torch.Tensor,
+    c0: torch.Tensor,
+    y: torch.Tensor,
+    weights: list[list[torch.Tensor]] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per-step (h, c) of every layer for one multi-step call.
 
     x: (T, N, F) sequence-first input, h0/c0: (L, N, H) initial states, y: (T, N, H) the call's
-    output. Returns two float32 arrays of shape (L, T, N, H).
+    output; ``weights`` from :func:`snapshot_weights` (default: the module's current weights).
+    Returns two float32 arrays of shape (L, T, N, H).
     """
     with torch.no_grad():
         steps, batch, _ = x.shape
@@ -44,19 +59,21 @@ def lstm_sequence_states(
         cs = np.empty((layers, steps, batch, hidden), np.float32)
         layer_in = x.detach()
         for layer in range(layers):
-            weights = _layer_weights(module, layer)
+            w = _layer_weights(module, layer) if weights is None else weights[layer]
             h0_l, c0_l = h0[layer : layer + 1].detach(), c0[layer : layer + 1].detach()
             if layer == layers - 1:
                 out = y.detach()
             else:
                 # single fused layer, eval semantics: dropout=0, train=False (no RNG is touched)
-                out = torch.lstm(layer_in, (h0_l, c0_l), weights, module.bias, 1, 0.0, False, False, False)[0]
+                out = torch.lstm(layer_in, (h0_l, c0_l), w, module.bias, 1, 0.0, False, False, False)[0]
             h_prev = torch.cat([h0_l, out[:-1]], dim=0)  # (T, N, H): h_{t-1}
-            # (T, N, 4H): all gates in one batched matmul; PyTorch's gate order is i, f, g, o
-            gates = layer_in @ weights[0].T + h_prev @ weights[1].T
+            # (T, N, 3H): the i, f, g gates (PyTorch's gate order is i, f, g, o; c needs no o) in one
+            # batched matmul
+            g3 = 3 * hidden
+            gates = layer_in @ w[0][:g3].T + h_prev @ w[1][:g3].T
             if module.bias:
-                gates = gates + weights[2] + weights[3]
-            i, f, g, _ = gates.chunk(4, dim=-1)
+                gates = gates + w[2][:g3] + w[3][:g3]
+            i, f, g = gates.chunk(3, dim=-1)
             ig = (torch.sigmoid(i) * torch.tanh(g)).cpu().numpy()
             fg = torch.sigmoid(f).cpu().numpy()
             c = c0_l[0].cpu().numpy()
@@ -69,7 +86,13 @@ def lstm_sequence_states(
         return hs, cs
 
 
-def gru_sequence_states(module: nn.GRU, x: torch.Tensor, h0: torch.Tensor, y: torch.Tensor) -> np.ndarray:
+def gru_sequence_states(
+    module: nn.GRU,
+    x: torch.Tensor,
+    h0: torch.Tensor,
+    y: torch.Tensor,
+    weights: list[list[torch.Tensor]] | None = None,
+) -> np.ndarray:
     """Per-step h of every layer for one multi-step GRU call: (L, T, N, H) float32."""
     with torch.no_grad():
         steps, batch, _ = x.shape
@@ -80,9 +103,9 @@ def gru_sequence_states(module: nn.GRU, x: torch.Tensor, h0: torch.Tensor, y: to
             if layer == layers - 1:
                 out = y.detach()
             else:
-                weights = _layer_weights(module, layer)
+                w = _layer_weights(module, layer) if weights is None else weights[layer]
                 h0_l = h0[layer : layer + 1].detach()
-                out = torch.gru(layer_in, h0_l, weights, module.bias, 1, 0.0, False, False, False)[0]
+                out = torch.gru(layer_in, h0_l, w, module.bias, 1, 0.0, False, False, False)[0]
             hs[layer] = out.cpu().numpy()
             layer_in = out
         return hs

@@ -51,6 +51,10 @@ class RunSection:
     wall_seconds: float | None
     capture: dict[str, Any]
     command: str | None
+    probe_cost: dict[str, Any] | None = None
+    """What recording cost while the run went (absent in older logs): ``calls``,
+    ``hook_seconds`` and ``integration_seconds`` on the training thread, ``writer_cpu_seconds`` of
+    the writer thread, ``wait_seconds`` training waited for the writer; summed over processes."""
 
 
 @dataclass
@@ -391,6 +395,7 @@ def _run_section(info: LogInfo, df: pd.DataFrame) -> RunSection:
         wall_seconds=wall,
         capture=meta.get("capture") or {},
         command=meta.get("command"),
+        probe_cost=meta.get("probe_cost"),
     )
 
 

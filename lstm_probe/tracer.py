@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import functools
 import platform
 import sys
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +25,7 @@ import torch
 from torch import nn
 
 from lstm_probe.errors import BadInput
-from lstm_probe.recover import gru_sequence_states, lstm_sequence_states
+from lstm_probe.recover import gru_sequence_states, lstm_sequence_states, snapshot_weights
 from lstm_probe.schema import BOOTSTRAPS, PATHS, PHASES, SCHEMA_VERSION, SEQ_REASONS, relative_l2
 from lstm_probe.writer import LogWriter, Rows
 
@@ -152,6 +154,10 @@ def _host(t: torch.Tensor) -> np.ndarray:
     return t.numpy() if t.device.type == "cpu" else t.cpu().numpy()
 
 
+def _nbytes(*tensors: torch.Tensor | None) -> int:
+    return sum(t.nelement() * t.element_size() for t in tensors if t is not None)
+
+
 def _opt(v: int | None) -> int:
     return -1 if v is None else v
 
@@ -214,24 +220,35 @@ def base_metadata() -> dict[str, Any]:
 
 
 class References:
-    """The rollout states of the last ``window`` env steps of each env, for in-probe drift."""
+    """The rollout states of the last ``window`` env steps of each env, for in-probe drift.
+
+    One flat (layers * envs * window, hidden) table per state, so that a block's references come out
+    with one ``take`` (numpy's multi-axis fancy indexing is several times slower here)."""
 
     def __init__(self, window: int, layers: int, hidden: int):
         self.window, self.layers, self.hidden = window, layers, hidden
         self.envs = 0
-        self.steps = np.full((layers, 0, window), -1, np.int64)
-        self.h = np.zeros((layers, 0, window, hidden), np.float32)
-        self.c = np.zeros((layers, 0, window, hidden), np.float32)
+        self.steps = np.full(0, -1, np.int64)
+        self.h = np.zeros((0, hidden), np.float32)
+        self.c = np.zeros((0, hidden), np.float32)
 
     def _grow(self, envs: int) -> None:
         if envs <= self.envs:
             return
-        extra = envs - self.envs
-        L, W, H = self.layers, self.window, self.hidden
-        self.steps = np.concatenate([self.steps, np.full((L, extra, W), -1, np.int64)], axis=1)
-        self.h = np.concatenate([self.h, np.zeros((L, extra, W, H), np.float32)], axis=1)
-        self.c = np.concatenate([self.c, np.zeros((L, extra, W, H), np.float32)], axis=1)
+        L, W, H, extra = self.layers, self.window, self.hidden, envs - self.envs
+
+        def grown(a: np.ndarray, fill: float, row: tuple[int, ...]) -> np.ndarray:
+            old = a.reshape(L, self.envs, W, *row)
+            new = np.full((L, extra, W, *row), fill, a.dtype)
+            return np.concatenate([old, new], axis=1).reshape(L * envs * W, *row)
+
+        self.steps = grown(self.steps, -1, ())
+        self.h = grown(self.h, 0.0, (H,))
+        self.c = grown(self.c, 0.0, (H,))
         self.envs = envs
+
+    def _rows(self, layer: np.ndarray, env: np.ndarray, step: np.ndarray) -> np.ndarray:
+        return (layer * self.envs + env) * self.window + step % self.window
 
     def store(self, layer: np.ndarray, env: np.ndarray, step: np.ndarray, h: np.ndarray, c: np.ndarray) -> None:
         ok = (env >= 0) & (step >= 0)
@@ -240,10 +257,10 @@ class References:
         if len(env) == 0:
             return
         self._grow(int(env.max()) + 1)
-        slot = step % self.window
-        self.steps[layer, env, slot] = step
-        self.h[layer, env, slot] = h
-        self.c[layer, env, slot] = c
+        rows = self._rows(layer, env, step)
+        self.steps[rows] = step
+        self.h[rows] = h
+        self.c[rows] = c
 
     def drift(
         self, layer: np.ndarray, env: np.ndarray, step: np.ndarray, h: np.ndarray, c: np.ndarray
@@ -251,18 +268,19 @@ class References:
         n = len(env)
         dh = np.zeros(n, np.float32)
         dc = np.zeros(n, np.float32)
-        ok = (env >= 0) & (step >= 0) & (env < self.envs)
-        idx = np.nonzero(ok)[0]
-        slot = step[idx] % self.window
-        match = self.steps[layer[idx], env[idx], slot] == step[idx]
-        idx, slot = idx[match], slot[match]
         found = np.zeros(n, np.bool_)
+        ok = (env >= 0) & (step >= 0) & (env < self.envs)
+        idx = np.flatnonzero(ok)
+        rows = self._rows(layer[idx], env[idx], step[idx])
+        match = self.steps.take(rows) == step[idx]
+        if not match.all():
+            idx, rows = idx[match], rows[match]
+        if len(idx) == 0:
+            return dh, dc, found
         found[idx] = True
-        if len(idx):
-            rh = self.h[layer[idx], env[idx], slot]
-            rc = self.c[layer[idx], env[idx], slot]
-            dh[idx] = relative_l2(h[idx], rh)
-            dc[idx] = relative_l2(c[idx], rc)
+        whole = len(idx) == n  # the common case: every row has its reference, no gather of h and c
+        dh[idx] = relative_l2(h if whole else h[idx], self.h.take(rows, axis=0))
+        dc[idx] = relative_l2(c if whole else c[idx], self.c.take(rows, axis=0))
         return dh, dc, found
 
 
@@ -334,14 +352,21 @@ class Tracer:
         self.calls = 0
         self.call_base = call_base  # first call id: keeps ids unique across the processes of one log
         self.unsupported_calls = 0
+        # what the probe costs, measured while it runs (see the log's `probe_cost` metadata)
+        self.hook_seconds = 0.0  # training thread, inside the hooks
+        self.integration_seconds = 0.0  # training thread, in an integration's own callbacks (sb3, RLlib)
+        self.started = time.monotonic()
         # one-step calls waiting to be written as one block: (call, grid, h (L, N, H), c) with detached tensors
         self._pending: dict[str, list[tuple[int, Grid | None, torch.Tensor, torch.Tensor | None]]] = {}
         self._pending_tags: Tags | None = None
         self._pending_key: tuple[Any, ...] | None = None
+        self._stepwise_tags: Tags | None = None  # the open per-timestep block's tags (hook fast path)
+        self._resolved: Tags | None = None  # tags the hook already asked the resolver for
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self) -> Tracer:
         """Open the log and attach the hooks."""
+        self.started = time.monotonic()
         self.writer = LogWriter(
             self.out,
             self.hidden,
@@ -383,6 +408,12 @@ class Tracer:
             "stop_reason": stop_reason,
             "end_time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "unsupported_calls": self.unsupported_calls,
+            "probe_cost": {
+                "seconds": round(time.monotonic() - self.started, 3),  # start() to close(), wall
+                "calls": self.calls,
+                "hook_seconds": round(self.hook_seconds, 4),
+                "integration_seconds": round(self.integration_seconds, 4),
+            },
             **extra,
         }
         return writer.close(final)
@@ -481,10 +512,24 @@ class Tracer:
 
     # -- hooks -----------------------------------------------------------------------------------
     def _make_hook(self, name: str) -> Callable[..., None]:
+        inner = self._make_inner_hook(name)
+
+        def hook(mod: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+            start = time.perf_counter()
+            try:
+                inner(mod, args, output)
+            finally:
+                self.hook_seconds += time.perf_counter() - start
+
+        return hook
+
+    def _make_inner_hook(self, name: str) -> Callable[..., None]:
         module = self.modules[name]
         code = self.module_code[name]
         if isinstance(module, nn.LSTM | nn.GRU):
             is_lstm = isinstance(module, nn.LSTM)
+            time_axis = 1 if module.batch_first else 0
+            pending = self._pending
 
             def hook(mod: nn.Module, args: tuple[Any, ...], output: Any) -> None:
                 x = args[0]
@@ -493,13 +538,28 @@ class Tracer:
                     return
                 y, state = output
                 hn, cn = state if is_lstm else (state, None)
-                unbatched = x.dim() == 2
+                shape = x.shape
+                if len(shape) == 3 and shape[time_axis] == 1 and self._stepwise_tags is not None:
+                    # Fast path: the next step of a per-timestep loop whose block is open (sb3's stepwise
+                    # training path makes most of a run's calls); tags is the block's own object.
+                    tags = self.resolver(name, 1, int(shape[1 - time_axis]))
+                    if tags is self._stepwise_tags:
+                        tags.stepwise[name] = tags.stepwise.get(name, 0) + 1
+                        call = self.call_base + self.calls
+                        self.calls += 1
+                        items = pending.get(name)
+                        if items is None:
+                            items = pending[name] = []
+                        items.append((call, None, hn.detach(), cn.detach() if cn is not None else None))
+                        return
+                    self._resolved = tags  # not the open block: _emit takes these tags, no second call
+                unbatched = len(shape) == 2
                 if unbatched:
-                    steps, batch = int(x.shape[0]), 1
+                    steps, batch = int(shape[0]), 1
                 elif module.batch_first:
-                    batch, steps = int(x.shape[0]), int(x.shape[1])
+                    batch, steps = int(shape[0]), int(shape[1])
                 else:
-                    steps, batch = int(x.shape[0]), int(x.shape[1])
+                    steps, batch = int(shape[0]), int(shape[1])
                 if steps == 1:
                     # Kept as (detached) tensors and copied to the host once per block of calls: on a GPU
                     # that is one device-to-host copy (and sync) per block instead of one per call.
@@ -510,20 +570,35 @@ class Tracer:
                         c1 = c1.unsqueeze(1) if c1 is not None else None
                     self._emit(name, code, 1, batch, h1, c1)
                     return
+                x, y = x.detach(), y.detach()
                 if unbatched:
                     x, y = x.unsqueeze(1), y.unsqueeze(1)
                 elif module.batch_first:
                     x, y = x.transpose(0, 1), y.transpose(0, 1)
-                initial = None
                 h0, c0 = self._initial(mod, args, batch, x, unbatched, is_lstm)
-                if is_lstm:
-                    hs4, cs4 = lstm_sequence_states(module, x, h0, c0, y)  # type: ignore[arg-type]
-                    hs, cs = hs4.transpose(0, 2, 1, 3), cs4.transpose(0, 2, 1, 3)
-                else:
-                    hs, cs = gru_sequence_states(module, x, h0, y).transpose(0, 2, 1, 3), None  # type: ignore[arg-type]
-                if self.initial_states:
-                    initial = (_host(h0)[:, :, None, :], _host(c0)[:, :, None, :] if is_lstm else None)
-                self._emit(name, code, steps, batch, hs, cs, initial)
+                # The recovery runs later on the writer thread: copy what the caller may still change in
+                # place (its input and states, the weights an optimizer step updates); y is the call's own
+                # fresh output.
+                x, h0, c0 = x.clone(), h0.detach().clone(), c0.detach().clone()
+                weights = snapshot_weights(module, top=is_lstm)  # type: ignore[arg-type]
+                initial_states = self.initial_states
+
+                def states() -> tuple[np.ndarray, np.ndarray | None, tuple[np.ndarray, np.ndarray | None] | None]:
+                    cs: np.ndarray | None = None
+                    if is_lstm:
+                        hs4, cs4 = lstm_sequence_states(module, x, h0, c0, y, weights)  # type: ignore[arg-type]
+                        hs, cs = hs4.transpose(0, 2, 1, 3), cs4.transpose(0, 2, 1, 3)
+                    else:
+                        hs = gru_sequence_states(module, x, h0, y, weights).transpose(0, 2, 1, 3)  # type: ignore[arg-type]
+                    initial = None
+                    if initial_states:
+                        initial = (_host(h0)[:, :, None, :], _host(c0)[:, :, None, :] if is_lstm else None)
+                    return hs, cs, initial
+
+                layers = int(module.num_layers)
+                nbytes = 2 * layers * _nbytes(y) + _nbytes(x, h0, c0, *(w for ws in weights for w in ws))
+                self._emit(name, code, steps, batch, None, None, states, nbytes)
+
         else:
             is_cell_lstm = isinstance(module, nn.LSTMCell)
 
@@ -557,21 +632,26 @@ class Tracer:
         code: int,
         steps: int,
         batch: int,
-        hs: Any,
-        cs: Any,
-        initial: tuple[np.ndarray, np.ndarray | None] | None = None,
+        h: torch.Tensor | None,
+        c: torch.Tensor | None,
+        states: Callable[[], tuple[np.ndarray, np.ndarray | None, Any]] | None = None,
+        nbytes: int = 0,
     ) -> None:
-        """Take the states of one call. hs/cs: (L, N, T', H) states after each step of the call.
+        """Take one call. One-step calls bring their detached (L, N, H) states ``h``/``c``; multi-step
+        calls bring ``states``, run on the writer thread, which returns (hs, cs, initial): (L, N, T', H)
+        arrays of the states after each step and, when the tracer keeps them, the initial states.
 
         One-step calls are kept and written in blocks: the steps of a per-timestep loop over a
         sequence batch (sb3's 'stepwise' path) along the time axis, consecutive one-step calls with the
-        same tags (rollout steps) along the batch axis. One numpy pass per block instead of one per
-        call is what keeps the hook cheap; a block is written when the tags change, when it holds
-        MAX_PENDING calls, and at close.
+        same tags (rollout steps) along the batch axis. A block is handed to the writer thread when the
+        tags change, when it holds MAX_PENDING calls, and at close; this thread only keeps references.
         """
-        if self.writer is None:
+        tags, self._resolved = self._resolved, None
+        writer = self.writer
+        if writer is None:
             return
-        tags = self.resolver(name, steps, batch)
+        if tags is None:
+            tags = self.resolver(name, steps, batch)
         grid = tags.grid
         call = self.call_base + self.calls
         self.calls += 1
@@ -592,61 +672,82 @@ class Tracer:
             )
         if key is None:
             self.flush_pending()
-            if steps == 1:  # one-step states arrive as (L, N, H) tensors
-                hs = _host(hs)[:, :, None, :]
-                cs = _host(cs)[:, :, None, :] if cs is not None else None
             path = PATH["sequence"] if steps > 1 else PATH["step"]
-            self._write(name, code, tags, 0, path, np.full(batch * steps, call, np.int64), hs, cs)
-            if initial is not None and grid is not None and grid.train and grid.shape[0] == batch:
-                # The state each sequence started from, as rows with t = -1 (see the schema's `t`).
-                start = Tags(tags.phase, tags.iteration, tags.epoch, tags.minibatch, grid=grid.initial())
-                start.learner = tags.learner
-                self._write(name, code, start, 0, path, np.full(batch, call, np.int64), initial[0], initial[1], t=-1)
+
+            def job() -> None:
+                initial = None
+                if states is not None:
+                    hs, cs, initial = states()
+                else:  # a one-step call that fits no block
+                    assert h is not None
+                    hs = _host(h)[:, :, None, :]
+                    cs = _host(c)[:, :, None, :] if c is not None else None
+                self._write(writer, name, code, tags, 0, path, np.full(batch * steps, call, np.int64), hs, cs)
+                if initial is not None and grid is not None and grid.train and grid.shape[0] == batch:
+                    # The state each sequence started from, as rows with t = -1 (see the schema's `t`).
+                    start = Tags(tags.phase, tags.iteration, tags.epoch, tags.minibatch, grid=grid.initial())
+                    start.learner = tags.learner
+                    ids = np.full(batch, call, np.int64)
+                    self._write(writer, name, code, start, 0, path, ids, initial[0], initial[1], t=-1)
+
+            writer.submit(job, nbytes or _nbytes(h, c))
             return
         if key != self._pending_key:
             self.flush_pending()
             self._pending_key, self._pending_tags = key, tags
+            if key[0] == "stepwise":
+                self._stepwise_tags = tags
         items = self._pending.setdefault(name, [])
-        items.append((call, grid, hs, cs))
+        items.append((call, grid, h, c))  # type: ignore[arg-type]
         if len(items) >= MAX_PENDING and key[0] == "step":
             self.flush_pending()
 
     def flush_pending(self) -> None:
-        """Write the kept one-step calls (see :meth:`_emit`)."""
-        pending, tags, key = self._pending, self._pending_tags, self._pending_key
-        self._pending, self._pending_tags, self._pending_key = {}, None, None
-        if tags is None or key is None:
+        """Hand the kept one-step calls to the writer thread (see :meth:`_emit`)."""
+        pending, tags, key = dict(self._pending), self._pending_tags, self._pending_key
+        self._pending.clear()  # the same dict object: the hooks hold it
+        self._pending_tags, self._pending_key, self._stepwise_tags = None, None, None
+        writer = self.writer
+        if tags is None or key is None or writer is None:
             return
+        stepwise = key[0] == "stepwise"
         for name, items in pending.items():
-            code = self.module_code[name]
-            calls = np.array([c for c, _, _, _ in items], np.int64)
-            c_list = [c for _, _, _, c in items if c is not None]
-            with_c = len(c_list) == len(items)
-            if key[0] == "stepwise":
-                hs = _host(torch.stack([h for _, _, h, _ in items], dim=2))  # (L, N, T', H)
-                cs = _host(torch.stack(c_list, dim=2)) if with_c else None
-                t0 = tags.stepwise.get(name, len(items)) - len(items)
-                per_col = np.tile(calls, hs.shape[1])  # (N * T',) in column-major order: n, then t
-                self._write(name, code, tags, t0, PATH["stepwise"], per_col, hs, cs)
-                continue
-            hs = _host(torch.cat([h for _, _, h, _ in items], dim=1))[:, :, None, :]  # (L, sum N, 1, H)
-            cs = _host(torch.cat(c_list, dim=1))[:, :, None, :] if with_c else None
-            per_col = np.repeat(calls, [h.shape[1] for _, _, h, _ in items])
-            block = tags
-            if items[0][1] is not None:
-                block = Tags(
-                    tags.phase,
-                    tags.iteration,
-                    tags.epoch,
-                    tags.minibatch,
-                    tags.bootstrap,
-                    grid=Grid.concat([g for _, g, _, _ in items if g is not None]),
-                    learner=tags.learner,
-                )
-            self._write(name, code, block, 0, PATH["step"], per_col, hs, cs)
+            t0 = tags.stepwise.get(name, len(items)) - len(items) if stepwise else 0
+            _, _, h, c = items[0]
+            job = functools.partial(self._write_block, writer, name, tags, stepwise, t0, items)
+            writer.submit(job, len(items) * _nbytes(h, c))
+
+    def _write_block(self, writer: LogWriter, name: str, tags: Tags, stepwise: bool, t0: int, items: list[Any]) -> None:
+        """Rows of one block of one-step calls (writer thread)."""
+        code = self.module_code[name]
+        calls = np.array([c for c, _, _, _ in items], np.int64)
+        c_list = [c for _, _, _, c in items if c is not None]
+        with_c = len(c_list) == len(items)
+        if stepwise:
+            hs = _host(torch.stack([h for _, _, h, _ in items], dim=2))  # (L, N, T', H)
+            cs = _host(torch.stack(c_list, dim=2)) if with_c else None
+            per_col = np.tile(calls, hs.shape[1])  # (N * T',) in column-major order: n, then t
+            self._write(writer, name, code, tags, t0, PATH["stepwise"], per_col, hs, cs)
+            return
+        hs = _host(torch.cat([h for _, _, h, _ in items], dim=1))[:, :, None, :]  # (L, sum N, 1, H)
+        cs = _host(torch.cat(c_list, dim=1))[:, :, None, :] if with_c else None
+        per_col = np.repeat(calls, [h.shape[1] for _, _, h, _ in items])
+        block = tags
+        if items[0][1] is not None:
+            block = Tags(
+                tags.phase,
+                tags.iteration,
+                tags.epoch,
+                tags.minibatch,
+                tags.bootstrap,
+                grid=Grid.concat([g for _, g, _, _ in items if g is not None]),
+                learner=tags.learner,
+            )
+        self._write(writer, name, code, block, 0, PATH["step"], per_col, hs, cs)
 
     def _write(
         self,
+        writer: LogWriter,
         name: str,
         code: int,
         tags: Tags,
@@ -658,9 +759,7 @@ class Tracer:
         t: int | None = None,
     ) -> None:
         """Rows of one call (or of one per-timestep loop): hs/cs (L, N, T', H), rows ordered layer, column, t.
-        ``t`` overrides the rows' step column (-1 for the initial-state rows)."""
-        writer = self.writer
-        assert writer is not None
+        ``t`` overrides the rows' step column (-1 for the initial-state rows). Writer thread only."""
         grid = tags.grid
         layers, batch, steps = hs.shape[0], hs.shape[1], hs.shape[2]
         per_layer = batch * steps

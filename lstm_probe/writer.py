@@ -1,11 +1,12 @@
 """Streams rows into Parquet through the declared schema, in bounded memory, off the training thread.
 
-Rows are filled into preallocated columnar numpy buffers (:class:`Rows`), never one Python object per
-row or per call. A full buffer goes through a bounded queue to one writer thread, which builds the
-Arrow record batch, computes the norms and writes a row group. Row groups go into part files of a
-dataset directory (``part-00000.parquet``, ...); a part is closed (footer written, then renamed
+The training thread hands over jobs (the detached state tensors of a block of calls and their
+provenance) through a queue bounded by the bytes they hold. One writer thread runs them in order: it
+copies states to the host, fills preallocated columnar numpy buffers (:class:`Rows`; never one Python
+object per row or per call), computes the norms and writes row groups. Row groups go into part files
+of a dataset directory (``part-00000.parquet``, ...); a part is closed (footer written, then renamed
 from a hidden ``.tmp`` name) every ``part_seconds`` or ``part_rows``, so a SIGKILL loses at most the
-part being written.
+part being written and the jobs still queued.
 
 Two output shapes:
 - a directory (``--out runs/x/``): the parts are the log; any Arrow engine reads it as one table.
@@ -17,21 +18,22 @@ Two output shapes:
 
 from __future__ import annotations
 
+import collections
 import json
 import os
-import queue
 import re
 import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import torch
 
 from lstm_probe.errors import BadInput, OutputError
 from lstm_probe.schema import META_RUN_KEY, log_schema
@@ -251,11 +253,15 @@ class PartWriter:
 
 
 class LogWriter:
-    """Owns the buffers, the queue and the writer thread of one log.
+    """Owns the row buffer, the job queue and the writer thread of one log.
 
-    The training thread calls :meth:`reserve` to get room for rows, fills them in, and the writer
-    encodes and writes full buffers in the background. :meth:`close` drains everything, writes the
-    outcome into the metadata and (for a file output) moves the mirrored file into place.
+    The training thread only hands over *jobs* (:meth:`submit`): closures that hold the detached state
+    tensors of a block of calls and their provenance. The writer thread runs them in order: the
+    device-to-host copies, the recovery of per-step states, the row fills (:meth:`reserve` /
+    :meth:`commit`, writer thread only), the in-probe drift, then encoding and writing row groups.
+    The queue is bounded by the bytes its jobs hold, so a slow disk slows training down instead of
+    growing memory. :meth:`close` drains everything, writes the outcome into the metadata and (for a
+    file output) moves the mirrored file into place.
     """
 
     def __init__(
@@ -270,7 +276,7 @@ class LogWriter:
         force: bool = False,
         part_seconds: float = 60.0,
         part_rows: int = 2_000_000,
-        queue_size: int = 2,
+        queue_bytes: int = 32 << 20,
         shard: str | None = None,
     ):
         out_str = os.fspath(out)
@@ -293,17 +299,22 @@ class LogWriter:
         self.encoder = Encoder(self.schema, modules, codes, float16)
         row_bytes = 2 * hidden_size * 4 + 80
         self.capacity = int(max(256, min(65536, BUFFER_BYTES // row_bytes)))
-        self._free: queue.Queue[Rows] = queue.Queue()
-        for _ in range(queue_size + 1):
-            self._free.put(Rows(self.capacity, hidden_size))
-        self._todo: queue.Queue[Rows | None] = queue.Queue(maxsize=queue_size)
-        self.current: Rows = self._free.get()
+        self.current = Rows(self.capacity, hidden_size)
+        self._buffer = self.current
         self._flush_seconds = part_seconds / 2
         self._last_flush = time.monotonic()
         self.rows_written = 0
         self.progress: dict[str, Any] = {}
         self.error: BaseException | None = None
         self.closed = False
+        # jobs waiting for the writer thread, and the bytes their tensors hold
+        self._jobs: collections.deque[_Sized | None] = collections.deque()
+        self._queued_bytes = 0
+        self._queue_bytes = queue_bytes
+        self._cond = threading.Condition()
+        self.busy_seconds = 0.0  # writer thread wall time spent on jobs and writes
+        self.cpu_seconds = 0.0  # writer thread CPU time (set when it ends)
+        self.wait_seconds = 0.0  # training thread time spent waiting for room in the queue
         self.parts = PartWriter(
             self.parts_dir,
             self.schema,
@@ -316,49 +327,87 @@ class LogWriter:
         self._thread.start()
 
     # -- training thread -------------------------------------------------------------------------
-    def reserve(self, n: int) -> tuple[Rows, int]:
-        """Room for ``n`` rows: the buffer and the first index to fill. Fill, then call :meth:`commit`."""
+    def submit(self, job: Callable[[], None], nbytes: int) -> None:
+        """Queue ``job`` for the writer thread; blocks while the queued jobs hold more than the budget."""
         if self.error is not None:
             raise OutputError(f"cannot write the log {self.path}: {self.error}") from self.error
+        if self.closed:
+            raise OutputError(f"the log {self.path} is already closed")
+        with self._cond:
+            if self._queued_bytes and self._queued_bytes + nbytes > self._queue_bytes:
+                start = time.monotonic()
+                while self._queued_bytes and self._queued_bytes + nbytes > self._queue_bytes and self.error is None:
+                    self._cond.wait()
+                self.wait_seconds += time.monotonic() - start
+                if self.error is not None:
+                    raise OutputError(f"cannot write the log {self.path}: {self.error}") from self.error
+            self._queued_bytes += nbytes
+            self._jobs.append(_Sized(job, nbytes))
+            self._cond.notify_all()
+
+    # -- writer thread ---------------------------------------------------------------------------
+    def reserve(self, n: int) -> tuple[Rows, int]:
+        """Room for ``n`` rows: the buffer and the first index to fill. Fill, then call :meth:`commit`.
+        Writer thread only (inside a job)."""
         if self.current.n + n > self.current.capacity:
             self.flush()
             if n > self.current.capacity:  # one call larger than a buffer: a one-off buffer
-                self._free.put(self.current)  # (empty) back to the pool, which must keep its size
                 self.current = Rows(n, self.hidden_size)
         return self.current, self.current.n
 
     def commit(self, n: int) -> None:
         self.current.n += n
         self.rows_written += n
-        now = time.monotonic()
-        if now - self._last_flush >= self._flush_seconds:  # small logs too reach disk in bounded time
-            self.flush()
 
     def flush(self) -> None:
-        """Hand the current buffer to the writer thread (blocks only while the queue is full)."""
+        """Encode the buffered rows and write them as one row group (writer thread only)."""
         self._last_flush = time.monotonic()
-        if self.current.n == 0:
+        rows = self.current
+        if rows.n == 0:
             return
-        full = self.current
-        self._todo.put(full)
-        self.current = self._free.get()
-        self.current.n = 0
+        try:
+            if self.error is None:
+                self.parts.write(self.encoder.encode(rows), {"progress": dict(self.progress)})
+        finally:
+            rows.n = 0
+            self.current = self._buffer  # a one-off buffer is dropped after use
 
-    # -- writer thread ---------------------------------------------------------------------------
     def _work(self) -> None:
         while True:
-            rows = self._todo.get()
-            if rows is None:
+            with self._cond:
+                while not self._jobs:
+                    timeout = self._flush_seconds - (time.monotonic() - self._last_flush)
+                    if timeout <= 0:
+                        break
+                    self._cond.wait(timeout)
+                item = self._jobs.popleft() if self._jobs else _IDLE
+            if item is None:  # close(): write what is left and stop
+                self._run(self.flush)
+                self.cpu_seconds = time.thread_time()  # this thread's CPU time, start to end
                 return
-            try:
-                if self.error is None:
-                    self.parts.write(self.encoder.encode(rows), {"progress": dict(self.progress)})
-            except BaseException as exc:  # disk full, path removed: reported on the training thread
-                self.error = exc
-            finally:
-                if rows.capacity == self.capacity:
-                    rows.n = 0
-                    self._free.put(rows)
+            if item is _IDLE:  # small or idle logs too reach disk in bounded time
+                self._run(self.flush)
+                continue
+            self._run(item.job)
+            with self._cond:
+                self._queued_bytes -= item.nbytes
+                self._cond.notify_all()
+            if time.monotonic() - self._last_flush >= self._flush_seconds:
+                self._run(self.flush)
+
+    def _run(self, fn: Callable[[], None]) -> None:
+        if self.error is not None:
+            return
+        start = time.perf_counter()
+        try:
+            with torch.no_grad():  # grad mode is per thread
+                fn()
+        except BaseException as exc:  # disk full, path removed: reported on the training thread
+            self.error = exc
+            with self._cond:
+                self._cond.notify_all()
+        finally:
+            self.busy_seconds += time.perf_counter() - start
 
     # -- end -------------------------------------------------------------------------------------
     def close(self, final: dict[str, Any]) -> Path:
@@ -366,15 +415,20 @@ class LogWriter:
         if self.closed:
             return self.path
         self.closed = True
-        try:
-            self.flush()
-        finally:
-            self._todo.put(None)
-            self._thread.join()
+        with self._cond:
+            self._jobs.append(None)
+            self._cond.notify_all()
+        self._thread.join()
         if self.error is not None:
             self.parts.abort()
             raise OutputError(f"cannot write the log {self.path}: {self.error}") from self.error
         final = {**final, "final": True, "progress": {**self.progress, "rows": self.rows_written}}
+        final["probe_cost"] = {
+            **final.get("probe_cost", {}),
+            "writer_cpu_seconds": round(self.cpu_seconds, 4),
+            "writer_busy_seconds": round(self.busy_seconds, 4),
+            "wait_seconds": round(self.wait_seconds, 4),
+        }
         try:
             if self.parts.writer is None:
                 # Always end with a part that carries the outcome, even when it holds no rows.
@@ -386,6 +440,16 @@ class LogWriter:
         except OSError as exc:
             raise OutputError(f"cannot write the log {self.path}: {exc}") from exc
         return self.path
+
+
+class _Sized:
+    __slots__ = ("job", "nbytes")
+
+    def __init__(self, job: Callable[[], None], nbytes: int):
+        self.job, self.nbytes = job, nbytes
+
+
+_IDLE: Any = object()
 
 
 def check_output(path: Path, *, force: bool, is_dir: bool, shard: str | None = None) -> None:

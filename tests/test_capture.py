@@ -44,3 +44,15 @@ def test_float16(runs_dir, full):
     assert np.abs(ha - hb).max() < 1e-3 and np.array_equal(a.h_norm, b.h_norm)  # norms from full precision
     rep = lstm_probe.summarize(r.path)
     assert rep.run.capture["dtype"] == "float16"
+
+
+def test_the_log_says_what_recording_cost(runs_dir, full):
+    """Every log records the probe's own cost; the report prints it."""
+    info = lstm_probe.read_info(full.path)
+    cost = info.metadata["probe_cost"]
+    df = lstm_probe.load(full.path, columns=["call"])
+    assert cost["calls"] == df.call.nunique()  # one hook call per LSTM call, each in the log
+    assert 0 < cost["hook_seconds"] < cost["seconds"] and 0 < cost["integration_seconds"] < cost["seconds"]
+    assert cost["writer_cpu_seconds"] > 0 and cost["wait_seconds"] >= 0
+    rep = lstm_probe.summarize(full.path)
+    assert rep.run.probe_cost == cost

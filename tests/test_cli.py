@@ -69,6 +69,8 @@ def test_report_text_and_json(made):
         "7. Findings",
         "provenance check",
         "by minibatch order in an iteration (0 = before any optimizer step): 0: ",
+        "probe cost: ",
+        "CPU on the writer thread",
     ):
         assert title in r.stdout
     j = cli("report", "run.parquet", "--json", cwd=d)

@@ -129,3 +129,92 @@ def test_calls_larger_than_a_buffer_never_stall_the_writer(tmp_path):
             lstm(torch.randn(1, 2, 3))
     info = lstm_probe.read_info(tmp_path / "big.parquet")
     assert info.completed and info.rows == 6 * ((capacity // 50 + 1) * 50 + 2)
+
+
+def _hold_writer(probe):
+    """Keep the writer thread busy until the returned event is set (jobs queue up behind it)."""
+    import threading
+
+    release = threading.Event()
+    probe.writer.submit(release.wait, 0)
+    return release
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_deferred_recovery_uses_the_weights_and_inputs_of_the_call(tmp_path, kind):
+    """States are recovered later on the writer thread: an optimizer step and in-place changes of the
+    input and initial state made right after the call must not change what the log holds."""
+    torch.manual_seed(3)
+    m = nn.LSTM(4, 6, num_layers=2) if kind == "lstm" else nn.GRU(4, 6, num_layers=2)
+    x = torch.randn(7, 3, 4)
+    h0, c0 = torch.randn(2, 3, 6), torch.randn(2, 3, 6)
+    with torch.no_grad():
+        ref_h, ref_c = stepwise(m, x, h0, c0 if kind == "lstm" else None)
+    opt = torch.optim.SGD(m.parameters(), lr=0.5)
+    with lstm_probe.trace(m, tmp_path / "d.parquet") as probe:
+        release = _hold_writer(probe)
+        try:
+            y, _ = m(x, (h0, c0)) if kind == "lstm" else m(x, h0)
+            y.pow(2).sum().backward()
+            opt.step()  # changes every weight in place before the writer thread gets to the call
+            x.zero_(), h0.zero_(), c0.zero_()
+        finally:
+            release.set()
+    df = lstm_probe.load(tmp_path / "d.parquet")
+    hs = np.stack(df.h.to_numpy()).reshape(2, 3, 7, 6).transpose(0, 2, 1, 3)  # rows: layer, column, t
+    assert np.abs(hs - ref_h).max() < 1e-6
+    if kind == "lstm":
+        cs = np.stack(df.c.to_numpy()).reshape(2, 3, 7, 6).transpose(0, 2, 1, 3)
+        assert np.abs(cs - ref_c).max() < 1e-6
+
+
+def test_writer_queue_is_bounded_and_loses_nothing(tmp_path):
+    """While the writer thread is held, training blocks once the queued states exceed the budget; every
+    row arrives once it is released, in call order."""
+    import threading
+
+    lstm = nn.LSTM(3, 64)
+    with torch.no_grad(), lstm_probe.trace(lstm, tmp_path / "q.parquet") as probe:
+        probe.writer._queue_bytes = 64 * 1024  # a small budget: about 40 sequence calls of 5 steps
+        release = _hold_writer(probe)
+        done = threading.Event()
+
+        def train():
+            for _ in range(200):
+                lstm(torch.randn(5, 2, 3))
+            done.set()
+
+        worker = threading.Thread(target=train)
+        worker.start()
+        try:
+            assert not done.wait(2.0), "the queue kept growing while the writer was held"
+            # one call's job (its states and a copy of the weights) is larger than this budget: the first
+            # is queued, the second waits
+            assert probe.calls == 2 and probe.writer._queued_bytes > 0
+        finally:
+            release.set()
+            worker.join()
+        assert probe.writer.wait_seconds > 1.5
+    df = lstm_probe.load(tmp_path / "q.parquet")
+    assert len(df) == 200 * 5 * 2 and df.call.is_monotonic_increasing and df.call.nunique() == 200
+    cost = lstm_probe.read_info(tmp_path / "q.parquet").metadata["probe_cost"]
+    assert cost["calls"] == 200 and cost["wait_seconds"] > 1.5 and cost["hook_seconds"] > 0
+
+
+def test_a_failing_writer_job_stops_training_with_the_error(tmp_path):
+    lstm = nn.LSTM(3, 8)
+    probe = lstm_probe.trace(lstm, tmp_path / "e.parquet").start()
+
+    def boom():
+        raise OSError(28, "No space left on device")
+
+    probe.writer.submit(boom, 0)
+    import time
+
+    deadline = time.monotonic() + 5
+    while probe.writer.error is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    with pytest.raises(lstm_probe.errors.OutputError, match="No space left"):
+        lstm(torch.randn(4, 1, 3))
+    with pytest.raises(lstm_probe.errors.OutputError, match="No space left"):
+        probe.close()
