@@ -373,6 +373,11 @@ class LogWriter:
             self.current = self._buffer  # a one-off buffer is dropped after use
 
     def _work(self) -> None:
+        # Torch ops here (stacking states, the recovery's matmuls) must not start a second team of
+        # intra-op threads next to training's: with two torch threads on two cores that doubled the run
+        # time. The setting is per thread (OpenMP's and MKL's thread counts for the calling thread);
+        # training's own thread count is untouched (tests/test_sb3.py checks results stay identical).
+        torch.set_num_threads(1)
         while True:
             with self._cond:
                 while not self._jobs:

@@ -42,6 +42,23 @@ def test_probe_never_changes_training(tmp_path, policy_kwargs):
         assert torch.equal(sa[k]["exp_avg"], sb[k]["exp_avg"])
 
 
+def test_probe_never_changes_training_on_two_torch_threads(tmp_path):
+    """The writer thread runs its own torch ops on one thread; training keeps its two (and its numbers)."""
+    torch.set_num_threads(2)
+    try:
+        kw = {"policy_kwargs": {"lstm_hidden_size": 128}, "n_steps": 64, "batch_size": 64}
+        a = make(**kw)
+        a.learn(192)
+        b = make(**kw)
+        b.learn(192, callback=ProbeCallback(tmp_path / "p.parquet"))
+        assert torch.get_num_threads() == 2
+        pa_, pb = params(a), params(b)
+        for k in pa_:
+            assert torch.equal(pa_[k], pb[k]), k
+    finally:
+        torch.set_num_threads(1)
+
+
 def test_hooks_and_wrappers_removed_after_learn(tmp_path):
     model = make()
     model.learn(64, callback=ProbeCallback(tmp_path / "p.parquet"))
