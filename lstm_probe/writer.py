@@ -336,7 +336,7 @@ class LogWriter:
     def submit(self, job: Callable[[], None], nbytes: int) -> None:
         """Queue ``job`` for the writer thread; blocks while the queued jobs hold more than the budget."""
         if self.error is not None:
-            raise OutputError(f"cannot write the log {self.path}: {self.error}") from self.error
+            raise self._failed()
         if self.closed:
             raise OutputError(f"the log {self.path} is already closed")
         with self._cond:
@@ -346,10 +346,16 @@ class LogWriter:
                     self._cond.wait()
                 self.wait_seconds += time.monotonic() - start
                 if self.error is not None:
-                    raise OutputError(f"cannot write the log {self.path}: {self.error}") from self.error
+                    raise self._failed()
             self._queued_bytes += nbytes
             self._jobs.append(_Sized(job, nbytes))
             self._cond.notify_all()
+
+    def _failed(self) -> OutputError:
+        """The error to raise on the training thread once the writer thread has failed."""
+        err = OutputError(f"cannot write the log {self.path}: {self.error}")
+        err.__cause__ = self.error
+        return err
 
     # -- writer thread ---------------------------------------------------------------------------
     def reserve(self, n: int) -> tuple[Rows, int]:
@@ -433,7 +439,7 @@ class LogWriter:
         self._thread.join()
         if self.error is not None:
             self.parts.abort()
-            raise OutputError(f"cannot write the log {self.path}: {self.error}") from self.error
+            raise self._failed()
         final = {**final, "final": True, "progress": {**self.progress, "rows": self.rows_written}}
         final["probe_cost"] = {
             **final.get("probe_cost", {}),

@@ -1,5 +1,8 @@
 """Per-step states recovered from one multi-step call equal a step-by-step run of the same module."""
 
+import threading
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -133,8 +136,6 @@ def test_calls_larger_than_a_buffer_never_stall_the_writer(tmp_path):
 
 def _hold_writer(probe):
     """Keep the writer thread busy until the returned event is set (jobs queue up behind it)."""
-    import threading
-
     release = threading.Event()
     probe.writer.submit(release.wait, 0)
     return release
@@ -171,8 +172,6 @@ def test_deferred_recovery_uses_the_weights_and_inputs_of_the_call(tmp_path, kin
 def test_writer_queue_is_bounded_and_loses_nothing(tmp_path):
     """While the writer thread is held, training blocks once the queued states exceed the budget; every
     row arrives once it is released, in call order."""
-    import threading
-
     lstm = nn.LSTM(3, 64)
     with torch.no_grad(), lstm_probe.trace(lstm, tmp_path / "q.parquet") as probe:
         probe.writer._queue_bytes = 64 * 1024  # a small budget: about 40 sequence calls of 5 steps
@@ -209,8 +208,6 @@ def test_a_failing_writer_job_stops_training_with_the_error(tmp_path):
         raise OSError(28, "No space left on device")
 
     probe.writer.submit(boom, 0)
-    import time
-
     deadline = time.monotonic() + 5
     while probe.writer.error is None and time.monotonic() < deadline:
         time.sleep(0.01)
