@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from lstm_probe.errors import BadInput, BadLog, Interrupted, ProbeError
+from lstm_probe.sink import DEFAULT_WRITER
 
 out = Console()
 err = Console(stderr=True, soft_wrap=True)
@@ -117,6 +118,13 @@ def run(
     capture: Annotated[str, typer.Option(help="full: h and c vectors; summary: norms and drift only.")] = "full",
     every: Annotated[int, typer.Option(help="Keep full vectors every K-th iteration only.")] = 1,
     float16: Annotated[bool, typer.Option("--float16", help="Store vectors as float16.")] = False,
+    writer: Annotated[
+        str,
+        typer.Option(
+            help="process: rows are made and written by a writer process (training keeps its interpreter "
+            "lock); thread: by a thread of the training process. Default: process (thread on Windows)."
+        ),
+    ] = DEFAULT_WRITER,
     part_seconds: Annotated[
         float,
         typer.Option(
@@ -221,6 +229,7 @@ def run(
                 float16=float16,
                 torch_threads=torch_threads,
                 part_seconds=part_seconds,
+                writer=writer,
                 command=command,
                 progress=progress,
             )
@@ -372,7 +381,8 @@ def _cost_line(cost: dict[str, Any], wall: float | None, processes: bool) -> str
     where = "the training processes" if processes else "the training thread"
     line = (
         f"probe cost: {main:.2f} s on {where} for {int(cost.get('calls', 0)):,} calls{share}, "
-        f"{float(cost.get('writer_cpu_seconds', 0)):.2f} s CPU on the writer thread"
+        f"{float(cost.get('writer_cpu_seconds', 0)):.2f} s CPU on the writer "
+        f"{'thread' if cost.get('writer') == 'thread' else 'process'}"
     )
     wait = float(cost.get("wait_seconds", 0))
     if wait >= 0.01:

@@ -10,13 +10,15 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
-import pyarrow.dataset as ds
 import pyarrow.parquet as pq
+
+if TYPE_CHECKING:  # both load in ~0.5 s; the writer process (which imports this package) needs neither
+    import pandas as pd
+    import pyarrow.dataset as ds
 
 from lstm_probe.errors import BadLog
 from lstm_probe.schema import (
@@ -170,10 +172,13 @@ def read_info(path: str | os.PathLike[str]) -> LogInfo:
         last = finals[shards[-1]]
         metadata.update(last)
         if len(shards) > 1:  # what the probe cost, summed over the processes that wrote the log
-            cost: dict[str, float] = {}
+            cost: dict[str, Any] = {}
             for s in shards:
                 for k, v in (finals[s].get("probe_cost") or {}).items():
-                    cost[k] = cost.get(k, 0) + v
+                    if isinstance(v, int | float):
+                        cost[k] = cost.get(k, 0) + v
+                    else:  # the writer kind: the same in every process, or "mixed"
+                        cost[k] = v if cost.get(k, v) == v else "mixed"
             metadata["probe_cost"] = cost
         failed = [finals[s] for s in shards if not finals[s].get("completed")]
         if failed:
@@ -195,10 +200,14 @@ def read_info(path: str | os.PathLike[str]) -> LogInfo:
 def dataset(path: str | os.PathLike[str]) -> tuple[ds.Dataset, LogInfo]:
     """A pyarrow dataset over every file of the log, checked against the schema."""
     info = read_info(path)
+    import pyarrow.dataset as ds
+
     return ds.dataset([str(f) for f in info.files], format="parquet", schema=info.schema), info
 
 
 def _filter(**equals: Any) -> ds.Expression | None:
+    import pyarrow.dataset as ds
+
     expr: ds.Expression | None = None
     for col, value in equals.items():
         if value is None:

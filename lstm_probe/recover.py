@@ -21,6 +21,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from lstm_probe.sink import scan_cells
+
 
 def _layer_weights(module: nn.LSTM | nn.GRU, layer: int) -> list[torch.Tensor]:
     names = [f"weight_ih_l{layer}", f"weight_hh_l{layer}"]
@@ -31,32 +33,35 @@ def _layer_weights(module: nn.LSTM | nn.GRU, layer: int) -> list[torch.Tensor]:
 
 def snapshot_weights(module: nn.LSTM | nn.GRU, top: bool = True) -> list[list[torch.Tensor]]:
     """Copies of each layer's weights as they are now (an optimizer step changes them in place), for a
-    recovery that runs later on the writer thread. ``top=False`` leaves out the top layer (GRU needs
+    recovery that runs later (on the writer thread, or in a later hand-over). ``top=False`` leaves out the top layer (GRU needs
     only the lower layers' weights)."""
     layers = int(module.num_layers) if top else int(module.num_layers) - 1
     with torch.no_grad():
         return [[w.clone() for w in _layer_weights(module, layer)] for layer in range(layers)]
 
 
-def lstm_sequence_states(
+def lstm_sequence_gates(
     module: nn.LSTM,
     x: torch.Tensor,
     h0: torch.Tensor,
     c0: torch.Tensor,
     y: torch.Tensor,
     weights: list[list[torch.Tensor]] | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Per-step (h, c) of every layer for one multi-step call.
+) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """The torch part of the recovery for one multi-step LSTM call: per-step h of every layer and what
+    the cell-state scan (:func:`lstm_probe.sink.scan_cells`) needs.
 
     x: (T, N, F) sequence-first input, h0/c0: (L, N, H) initial states, y: (T, N, H) the call's
     output; ``weights`` from :func:`snapshot_weights` (default: the module's current weights).
-    Returns two float32 arrays of shape (L, T, N, H).
+    Returns hs (L, T, N, H) and (fg, ig, c0): the forget gates f_t and the products i_t * g_t, both
+    (L, T, N, H), and c0 (L, N, H); all float32 numpy arrays.
     """
     with torch.no_grad():
         steps, batch, _ = x.shape
         layers, hidden = module.num_layers, module.hidden_size
         hs = np.empty((layers, steps, batch, hidden), np.float32)
-        cs = np.empty((layers, steps, batch, hidden), np.float32)
+        fg = np.empty((layers, steps, batch, hidden), np.float32)
+        ig = np.empty((layers, steps, batch, hidden), np.float32)
         layer_in = x.detach()
         for layer in range(layers):
             w = _layer_weights(module, layer) if weights is None else weights[layer]
@@ -74,16 +79,25 @@ def lstm_sequence_states(
             if module.bias:
                 gates = gates + w[2][:g3] + w[3][:g3]
             i, f, g = gates.chunk(3, dim=-1)
-            ig = (torch.sigmoid(i) * torch.tanh(g)).cpu().numpy()
-            fg = torch.sigmoid(f).cpu().numpy()
-            c = c0_l[0].cpu().numpy()
-            cl = cs[layer]
-            for t in range(steps):  # elementwise scan; numpy's per-op cost is lower than torch's here
-                c = fg[t] * c + ig[t]
-                cl[t] = c
+            ig[layer] = (torch.sigmoid(i) * torch.tanh(g)).cpu().numpy()
+            fg[layer] = torch.sigmoid(f).cpu().numpy()
             hs[layer] = out.cpu().numpy()
             layer_in = out
-        return hs, cs
+        return hs, (fg, ig, c0.detach().float().cpu().numpy())
+
+
+def lstm_sequence_states(
+    module: nn.LSTM,
+    x: torch.Tensor,
+    h0: torch.Tensor,
+    c0: torch.Tensor,
+    y: torch.Tensor,
+    weights: list[list[torch.Tensor]] | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per-step (h, c) of every layer for one multi-step call (arguments as :func:`lstm_sequence_gates`):
+    two float32 arrays of shape (L, T, N, H)."""
+    hs, gates = lstm_sequence_gates(module, x, h0, c0, y, weights)
+    return hs, scan_cells(*gates)
 
 
 def gru_sequence_states(

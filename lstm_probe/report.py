@@ -54,7 +54,7 @@ class RunSection:
     probe_cost: dict[str, Any] | None = None
     """What recording cost while the run went (absent in older logs): ``calls``,
     ``hook_seconds`` and ``integration_seconds`` on the training thread, ``writer_cpu_seconds`` of
-    the writer thread, ``wait_seconds`` training waited for the writer; summed over processes."""
+    the writer (process or thread), ``wait_seconds`` training waited for the writer; summed over processes."""
 
 
 @dataclass

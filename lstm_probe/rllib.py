@@ -47,7 +47,8 @@ from ray.rllib.utils import force_list
 from torch import nn
 
 from lstm_probe.errors import BadInput
-from lstm_probe.tracer import BOOTSTRAP, SEQ_REASON, Grid, Tags, Tracer, describe_modules
+from lstm_probe.sink import BOOTSTRAP, SEQ_REASON, Grid, Tags
+from lstm_probe.tracer import Tracer, describe_modules
 
 KEY = "lstm_probe"
 """Key of the probe's entry in ``SingleAgentEpisode.custom_data`` and prefix of its batch column."""

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from lstm_probe.errors import BadInput, ProbeError
+from lstm_probe.sink import DEFAULT_WRITER, WRITERS
 from lstm_probe.writer import check_output
 
 Progress = Callable[[int, int], None]
@@ -212,6 +213,7 @@ def run(
     float16: bool = False,
     torch_threads: int | None = None,
     part_seconds: float = 60.0,
+    writer: str = DEFAULT_WRITER,
     command: str | None = None,
     progress: Progress | None = None,
 ) -> RunResult:
@@ -219,6 +221,8 @@ def run(
 
     Every option is checked before training starts. Options left None take sb3-contrib's defaults.
     """
+    if writer not in WRITERS:
+        raise BadInput(f"--writer must be one of {', '.join(WRITERS)}, not {writer!r}")
     validate(
         steps=steps,
         n_envs=n_envs,
@@ -266,6 +270,7 @@ def run(
         force=force,
         part_seconds=part_seconds,
         metadata={"command": command, "env_id": env_id},
+        writer=writer,
     )
     callbacks.append(probe)
     if progress is not None:

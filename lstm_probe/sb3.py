@@ -33,7 +33,8 @@ import numpy as np
 from stable_baselines3.common.callbacks import BaseCallback
 
 from lstm_probe.errors import BadInput
-from lstm_probe.tracer import SEQ_REASON, Grid, Tags, Tracer
+from lstm_probe.sink import DEFAULT_WRITER, SEQ_REASON, Grid, Tags
+from lstm_probe.tracer import Tracer
 
 HYPERPARAMETERS = (
     "n_steps",
@@ -176,6 +177,7 @@ class ProbeCallback(BaseCallback):
         force: bool = False,
         part_seconds: float = 60.0,
         metadata: dict[str, Any] | None = None,
+        writer: str = DEFAULT_WRITER,
         verbose: int = 0,
     ):
         super().__init__(verbose)
@@ -186,6 +188,7 @@ class ProbeCallback(BaseCallback):
             "float16": float16,
             "force": force,
             "part_seconds": part_seconds,
+            "writer": writer,
         }
         self.extra_metadata = dict(metadata or {})
         self.tracer: Tracer | None = None

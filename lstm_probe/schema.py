@@ -203,8 +203,9 @@ METADATA_KEYS: dict[str, str] = {
     "final": "True in the metadata of the part that closed the log (absent from parts written before).",
     "probe_cost": "What recording cost, measured by the probe while it ran: seconds (start to close, wall), "
     "calls, hook_seconds and integration_seconds (training thread: hooks, the integration's callbacks), "
-    "writer_cpu_seconds and writer_busy_seconds (the writer thread), wait_seconds (training waiting for "
-    "room in the writer's queue). Summed over processes in multi-process logs.",
+    "writer (process or thread: where rows were made and written), writer_cpu_seconds and "
+    "writer_busy_seconds (that writer process or thread), wait_seconds (training waiting for room in the "
+    "writer's queue or pipe). Summed over processes in multi-process logs.",
 }
 
 

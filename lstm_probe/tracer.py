@@ -16,7 +16,6 @@ import platform
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,125 +24,14 @@ import torch
 from torch import nn
 
 from lstm_probe.errors import BadInput
-from lstm_probe.recover import gru_sequence_states, lstm_sequence_states, snapshot_weights
-from lstm_probe.schema import BOOTSTRAPS, PATHS, PHASES, SCHEMA_VERSION, SEQ_REASONS, relative_l2
-from lstm_probe.writer import LogWriter, Rows
+from lstm_probe.recover import gru_sequence_states, lstm_sequence_gates, snapshot_weights
+from lstm_probe.schema import PHASES, SCHEMA_VERSION
+from lstm_probe.sink import CODES, DEFAULT_WRITER, PATH, PHASE, Grid, LogWriter, Resolver, Tags
 
 RECURRENT_TYPES = (nn.LSTM, nn.GRU, nn.LSTMCell, nn.GRUCell)
-CODES: dict[str, tuple[str, ...]] = {"phase": PHASES, "path": PATHS, "bootstrap": BOOTSTRAPS, "seq_reason": SEQ_REASONS}
-PHASE = {p: i for i, p in enumerate(PHASES)}
-PATH = {p: i for i, p in enumerate(PATHS)}
-BOOTSTRAP = {b: i for i, b in enumerate(BOOTSTRAPS)}
-SEQ_REASON = {r: i for i, r in enumerate(SEQ_REASONS)}
 CAPTURES = ("full", "summary")
 MAX_PENDING = 256
 """One-step calls kept before they are written as one block (bounds the memory they hold)."""
-
-
-@dataclass
-class Grid:
-    """Provenance of one call's batch columns and timesteps: every array is (N, T); -1 means null.
-
-    ``train`` grids also number sequences (seq = batch column, t = timestep) and carry each
-    sequence's unpadded length and start reason, shape (N,).
-    """
-
-    env: np.ndarray
-    env_step: np.ndarray
-    episode: np.ndarray
-    episode_step: np.ndarray
-    episode_start: np.ndarray  # int8: -1 null, 0, 1
-    padding: np.ndarray  # bool
-    train: bool = False
-    seq_len: np.ndarray | None = None
-    seq_reason: np.ndarray | None = None
-    worker: np.ndarray | None = None  # (N, T) int32, -1 null; None: null everywhere (one-process runs)
-    bootstrap: np.ndarray | None = None  # (N, T) int8 code per cell; None: the call's Tags.bootstrap
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        n, t = self.env.shape
-        return n, t
-
-    @staticmethod
-    def one_step(env: Any, env_step: Any, episode: Any, episode_step: Any, episode_start: Any) -> Grid:
-        """The grid of a one-step call from per-column values (length-N arrays or scalars; -1 = null)."""
-        env = np.asarray(env, np.int32).reshape(-1)
-        n = len(env)
-
-        def col(v: Any, dtype: Any) -> np.ndarray:
-            return np.broadcast_to(np.asarray(v, dtype).reshape(-1), (n,))[:, None]
-
-        return Grid(
-            env=env[:, None],
-            env_step=col(env_step, np.int64),
-            episode=col(episode, np.int64),
-            episode_step=col(episode_step, np.int64),
-            episode_start=col(episode_start, np.int8),
-            padding=np.zeros((n, 1), np.bool_),
-        )
-
-    def initial(self) -> Grid:
-        """The one-column grid of the states a train call's sequences started from: the step before each
-        sequence's first step (null env_step and episode_step where the sequence starts an episode)."""
-        first = self.episode_step[:, :1]
-        before = first > 0
-        return Grid(
-            env=self.env[:, :1],
-            env_step=np.where(before, self.env_step[:, :1] - 1, -1),
-            episode=self.episode[:, :1],
-            episode_step=np.where(before, first - 1, -1),
-            episode_start=np.full_like(self.episode_start[:, :1], -1),
-            padding=self.padding[:, :1],
-            train=True,
-            seq_len=self.seq_len,
-            seq_reason=self.seq_reason,
-            worker=None if self.worker is None else self.worker[:, :1],
-        )
-
-    @staticmethod
-    def concat(grids: list[Grid]) -> Grid:
-        """Grids of non-train calls stacked along the batch axis."""
-        if len(grids) == 1:
-            return grids[0]
-
-        def cat(field: str) -> np.ndarray:
-            return np.concatenate([getattr(g, field) for g in grids])
-
-        def cat_opt(field: str, fill: int, dtype: Any) -> np.ndarray | None:
-            if all(getattr(g, field) is None for g in grids):
-                return None
-            return np.concatenate(
-                [v if (v := getattr(g, field)) is not None else np.full(g.shape, fill, dtype) for g in grids]
-            )
-
-        return Grid(
-            env=cat("env"),
-            env_step=cat("env_step"),
-            episode=cat("episode"),
-            episode_step=cat("episode_step"),
-            episode_start=cat("episode_start"),
-            padding=cat("padding"),
-            worker=cat_opt("worker", -1, np.int32),
-            bootstrap=cat_opt("bootstrap", -1, np.int8),
-        )
-
-
-@dataclass
-class Tags:
-    """What a call is. ``stepwise`` counts the one-step calls each module made under these tags."""
-
-    phase: str = "other"
-    iteration: int | None = None
-    epoch: int | None = None
-    minibatch: int | None = None
-    bootstrap: str | None = None
-    grid: Grid | None = None
-    stepwise: dict[str, int] = field(default_factory=dict)
-    learner: int | None = None
-
-
-Resolver = Callable[[str, int, int], Tags]
 
 
 def _host(t: torch.Tensor) -> np.ndarray:
@@ -156,10 +44,6 @@ def _host(t: torch.Tensor) -> np.ndarray:
 
 def _nbytes(*tensors: torch.Tensor | None) -> int:
     return sum(t.nelement() * t.element_size() for t in tensors if t is not None)
-
-
-def _opt(v: int | None) -> int:
-    return -1 if v is None else v
 
 
 def find_recurrent(model: nn.Module, names: list[str] | None = None) -> dict[str, nn.Module]:
@@ -219,71 +103,6 @@ def base_metadata() -> dict[str, Any]:
     }
 
 
-class References:
-    """The rollout states of the last ``window`` env steps of each env, for in-probe drift.
-
-    One flat (layers * envs * window, hidden) table per state, so that a block's references come out
-    with one ``take`` (numpy's multi-axis fancy indexing is several times slower here)."""
-
-    def __init__(self, window: int, layers: int, hidden: int):
-        self.window, self.layers, self.hidden = window, layers, hidden
-        self.envs = 0
-        self.steps = np.full(0, -1, np.int64)
-        self.h = np.zeros((0, hidden), np.float32)
-        self.c = np.zeros((0, hidden), np.float32)
-
-    def _grow(self, envs: int) -> None:
-        if envs <= self.envs:
-            return
-        L, W, H, extra = self.layers, self.window, self.hidden, envs - self.envs
-
-        def grown(a: np.ndarray, fill: float, row: tuple[int, ...]) -> np.ndarray:
-            old = a.reshape(L, self.envs, W, *row)
-            new = np.full((L, extra, W, *row), fill, a.dtype)
-            return np.concatenate([old, new], axis=1).reshape(L * envs * W, *row)
-
-        self.steps = grown(self.steps, -1, ())
-        self.h = grown(self.h, 0.0, (H,))
-        self.c = grown(self.c, 0.0, (H,))
-        self.envs = envs
-
-    def _rows(self, layer: np.ndarray, env: np.ndarray, step: np.ndarray) -> np.ndarray:
-        return (layer * self.envs + env) * self.window + step % self.window
-
-    def store(self, layer: np.ndarray, env: np.ndarray, step: np.ndarray, h: np.ndarray, c: np.ndarray) -> None:
-        ok = (env >= 0) & (step >= 0)
-        if not ok.all():
-            layer, env, step, h, c = layer[ok], env[ok], step[ok], h[ok], c[ok]
-        if len(env) == 0:
-            return
-        self._grow(int(env.max()) + 1)
-        rows = self._rows(layer, env, step)
-        self.steps[rows] = step
-        self.h[rows] = h
-        self.c[rows] = c
-
-    def drift(
-        self, layer: np.ndarray, env: np.ndarray, step: np.ndarray, h: np.ndarray, c: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        n = len(env)
-        dh = np.zeros(n, np.float32)
-        dc = np.zeros(n, np.float32)
-        found = np.zeros(n, np.bool_)
-        ok = (env >= 0) & (step >= 0) & (env < self.envs)
-        idx = np.flatnonzero(ok)
-        rows = self._rows(layer[idx], env[idx], step[idx])
-        match = self.steps.take(rows) == step[idx]
-        if not match.all():
-            idx, rows = idx[match], rows[match]
-        if len(idx) == 0:
-            return dh, dc, found
-        found[idx] = True
-        whole = len(idx) == n  # the common case: every row has its reference, no gather of h and c
-        dh[idx] = relative_l2(h if whole else h[idx], self.h.take(rows, axis=0))
-        dc[idx] = relative_l2(c if whole else c[idx], self.c.take(rows, axis=0))
-        return dh, dc, found
-
-
 class Tracer:
     """Hooks recurrent modules and writes their per-step states to a log.
 
@@ -306,6 +125,7 @@ class Tracer:
         part_seconds: float = 60.0,
         resolver: Resolver | None = None,
         shard: str | None = None,
+        writer: str = DEFAULT_WRITER,
     ):
         if capture not in CAPTURES:
             raise BadInput(f"capture must be one of {', '.join(CAPTURES)}, not {capture!r}")
@@ -343,7 +163,7 @@ class Tracer:
         self.reference_window = reference_window
         self.initial_states = initial_states
         self.shard = shard
-        self.refs: dict[str, References] = {}
+        self.writer_mode = writer
         self.resolver: Resolver = resolver or self._user_tags
         self._tag_stack: list[dict[str, Any]] = []
         self._tag_cache: dict[tuple[int, int, int], Tags] = {}
@@ -374,9 +194,13 @@ class Tracer:
             self.metadata,
             CODES,
             float16=self.float16,
+            capture=self.capture,
+            every=self.every,
+            reference_window=self.reference_window,
             force=self.force,
             part_seconds=self.part_seconds,
             shard=self.shard,
+            writer=self.writer_mode,
         )
         try:
             for name, m in self.modules.items():
@@ -576,24 +400,22 @@ class Tracer:
                 elif module.batch_first:
                     x, y = x.transpose(0, 1), y.transpose(0, 1)
                 h0, c0 = self._initial(mod, args, batch, x, unbatched, is_lstm)
-                # The recovery runs later on the writer thread: copy what the caller may still change in
+                # The recovery runs later (on the writer thread): copy what the caller may still change in
                 # place (its input and states, the weights an optimizer step updates); y is the call's own
                 # fresh output.
                 x, h0, c0 = x.clone(), h0.detach().clone(), c0.detach().clone()
                 weights = snapshot_weights(module, top=is_lstm)  # type: ignore[arg-type]
                 initial_states = self.initial_states
 
-                def states() -> tuple[np.ndarray, np.ndarray | None, tuple[np.ndarray, np.ndarray | None] | None]:
-                    cs: np.ndarray | None = None
+                def states() -> tuple[np.ndarray, Any, tuple[np.ndarray, np.ndarray | None] | None]:
+                    # the torch part of the recovery here; the cell-state scan in the sink
+                    gates: Any = None
                     if is_lstm:
-                        hs4, cs4 = lstm_sequence_states(module, x, h0, c0, y, weights)  # type: ignore[arg-type]
-                        hs, cs = hs4.transpose(0, 2, 1, 3), cs4.transpose(0, 2, 1, 3)
+                        hs, gates = lstm_sequence_gates(module, x, h0, c0, y, weights)  # type: ignore[arg-type]
                     else:
-                        hs = gru_sequence_states(module, x, h0, y, weights).transpose(0, 2, 1, 3)  # type: ignore[arg-type]
-                    initial = None
-                    if initial_states:
-                        initial = (_host(h0)[:, :, None, :], _host(c0)[:, :, None, :] if is_lstm else None)
-                    return hs, cs, initial
+                        hs = gru_sequence_states(module, x, h0, y, weights)  # type: ignore[arg-type]
+                    initial = (_host(h0), _host(c0) if is_lstm else None) if initial_states else None
+                    return hs, gates, initial
 
                 layers = int(module.num_layers)
                 nbytes = 2 * layers * _nbytes(y) + _nbytes(x, h0, c0, *(w for ws in weights for w in ws))
@@ -634,16 +456,16 @@ class Tracer:
         batch: int,
         h: torch.Tensor | None,
         c: torch.Tensor | None,
-        states: Callable[[], tuple[np.ndarray, np.ndarray | None, Any]] | None = None,
+        states: Callable[[], tuple[np.ndarray, Any, Any]] | None = None,
         nbytes: int = 0,
     ) -> None:
         """Take one call. One-step calls bring their detached (L, N, H) states ``h``/``c``; multi-step
-        calls bring ``states``, run on the writer thread, which returns (hs, cs, initial): (L, N, T', H)
-        arrays of the states after each step and, when the tracer keeps them, the initial states.
+        calls bring ``states``, run by the job, which returns the arguments of
+        :meth:`Sink.sequence` (per-step h, the gates for the cell-state scan, the initial states).
 
         One-step calls are kept and written in blocks: the steps of a per-timestep loop over a
         sequence batch (sb3's 'stepwise' path) along the time axis, consecutive one-step calls with the
-        same tags (rollout steps) along the batch axis. A block is handed to the writer thread when the
+        same tags (rollout steps) along the batch axis. A block is handed to the writer (:meth:`LogWriter.submit`) when the
         tags change, when it holds MAX_PENDING calls, and at close; this thread only keeps references.
         """
         tags, self._resolved = self._resolved, None
@@ -672,23 +494,15 @@ class Tracer:
             )
         if key is None:
             self.flush_pending()
-            path = PATH["sequence"] if steps > 1 else PATH["step"]
 
             def job() -> None:
-                initial = None
                 if states is not None:
-                    hs, cs, initial = states()
+                    writer.send("sequence", name, tags, call, *states())
                 else:  # a one-step call that fits no block
                     assert h is not None
                     hs = _host(h)[:, :, None, :]
                     cs = _host(c)[:, :, None, :] if c is not None else None
-                self._write(writer, name, code, tags, 0, path, np.full(batch * steps, call, np.int64), hs, cs)
-                if initial is not None and grid is not None and grid.train and grid.shape[0] == batch:
-                    # The state each sequence started from, as rows with t = -1 (see the schema's `t`).
-                    start = Tags(tags.phase, tags.iteration, tags.epoch, tags.minibatch, grid=grid.initial())
-                    start.learner = tags.learner
-                    ids = np.full(batch, call, np.int64)
-                    self._write(writer, name, code, start, 0, path, ids, initial[0], initial[1], t=-1)
+                    writer.send("rows", name, tags, 0, PATH["step"], np.full(batch, call, np.int64), hs, cs)
 
             writer.submit(job, nbytes or _nbytes(h, c))
             return
@@ -703,7 +517,7 @@ class Tracer:
             self.flush_pending()
 
     def flush_pending(self) -> None:
-        """Hand the kept one-step calls to the writer thread (see :meth:`_emit`)."""
+        """Hand the kept one-step calls to the writer (see :meth:`_emit`)."""
         pending, tags, key = dict(self._pending), self._pending_tags, self._pending_key
         self._pending.clear()  # the same dict object: the hooks hold it
         self._pending_tags, self._pending_key, self._stepwise_tags = None, None, None
@@ -718,8 +532,7 @@ class Tracer:
             writer.submit(job, len(items) * _nbytes(h, c))
 
     def _write_block(self, writer: LogWriter, name: str, tags: Tags, stepwise: bool, t0: int, items: list[Any]) -> None:
-        """Rows of one block of one-step calls (writer thread)."""
-        code = self.module_code[name]
+        """Host arrays of one block of one-step calls, to the sink (a job: see :meth:`LogWriter.submit`)."""
         calls = np.array([c for c, _, _, _ in items], np.int64)
         c_list = [c for _, _, _, c in items if c is not None]
         with_c = len(c_list) == len(items)
@@ -727,7 +540,7 @@ class Tracer:
             hs = _host(torch.stack([h for _, _, h, _ in items], dim=2))  # (L, N, T', H)
             cs = _host(torch.stack(c_list, dim=2)) if with_c else None
             per_col = np.tile(calls, hs.shape[1])  # (N * T',) in column-major order: n, then t
-            self._write(writer, name, code, tags, t0, PATH["stepwise"], per_col, hs, cs)
+            writer.send("rows", name, tags, t0, PATH["stepwise"], per_col, hs, cs)
             return
         hs = _host(torch.cat([h for _, _, h, _ in items], dim=1))[:, :, None, :]  # (L, sum N, 1, H)
         cs = _host(torch.cat(c_list, dim=1))[:, :, None, :] if with_c else None
@@ -743,119 +556,7 @@ class Tracer:
                 grid=Grid.concat([g for _, g, _, _ in items if g is not None]),
                 learner=tags.learner,
             )
-        self._write(writer, name, code, block, 0, PATH["step"], per_col, hs, cs)
-
-    def _write(
-        self,
-        writer: LogWriter,
-        name: str,
-        code: int,
-        tags: Tags,
-        t0: int,
-        path: int,
-        call: np.ndarray,
-        hs: np.ndarray,
-        cs: np.ndarray | None,
-        t: int | None = None,
-    ) -> None:
-        """Rows of one call (or of one per-timestep loop): hs/cs (L, N, T', H), rows ordered layer, column, t.
-        ``t`` overrides the rows' step column (-1 for the initial-state rows). Writer thread only."""
-        grid = tags.grid
-        layers, batch, steps = hs.shape[0], hs.shape[1], hs.shape[2]
-        per_layer = batch * steps
-        n = layers * per_layer
-        r, i0 = writer.reserve(n)
-        i1 = i0 + n
-        r.call[i0:i1] = np.tile(call, layers) if layers > 1 else call
-        r.module[i0:i1] = code
-        r.layer[i0:i1] = np.repeat(np.arange(layers, dtype=np.int16), per_layer)
-        r.phase[i0:i1] = PHASE[tags.phase]
-        r.path[i0:i1] = path
-        r.bootstrap[i0:i1] = -1 if tags.bootstrap is None else BOOTSTRAP[tags.bootstrap]
-        r.iteration[i0:i1] = _opt(tags.iteration)
-        r.epoch[i0:i1] = _opt(tags.epoch)
-        r.minibatch[i0:i1] = _opt(tags.minibatch)
-        r.learner[i0:i1] = _opt(tags.learner)
-        if grid is not None and grid.shape[0] == batch and t0 + steps <= grid.shape[1]:
-            self._fill_grid(r, i0, i1, grid, t0, steps, layers)
-        else:
-            self._fill_null(r, i0, i1)
-        if t is not None:
-            r.t[i0:i1] = t
-        r.h[i0:i1] = hs.reshape(n, -1)
-        if cs is not None:
-            r.c[i0:i1] = cs.reshape(n, -1)
-            r.has_c[i0:i1] = True
-        else:
-            r.c[i0:i1] = 0.0
-            r.has_c[i0:i1] = False
-        it = tags.iteration
-        r.vectors[i0:i1] = self.capture == "full" and (it is None or it % self.every == 0)
-        r.has_drift[i0:i1] = False
-        if self.reference_window and grid is not None and tags.phase in ("rollout", "train"):
-            self._drift(name, layers, r, i0, i1, tags.phase == "rollout", cs is not None)
-        writer.commit(n)
-
-    @staticmethod
-    def _fill_grid(r: Rows, i0: int, i1: int, grid: Grid, t0: int, steps: int, layers: int) -> None:
-        def cols(a: np.ndarray) -> np.ndarray:
-            v = a[:, t0 : t0 + steps].reshape(-1)  # (N * T',) column-major order: n, then t
-            return np.tile(v, layers) if layers > 1 else v
-
-        r.env[i0:i1] = cols(grid.env)
-        r.env_step[i0:i1] = cols(grid.env_step)
-        r.episode[i0:i1] = cols(grid.episode)
-        r.episode_step[i0:i1] = cols(grid.episode_step)
-        r.episode_start[i0:i1] = cols(grid.episode_start)
-        r.padding[i0:i1] = cols(grid.padding)
-        r.worker[i0:i1] = -1 if grid.worker is None else cols(grid.worker)
-        if grid.bootstrap is not None:
-            r.bootstrap[i0:i1] = cols(grid.bootstrap)
-        if grid.train:
-            batch = grid.shape[0]
-            seq = np.repeat(np.arange(batch, dtype=np.int32), steps)
-            t = np.tile(np.arange(t0, t0 + steps, dtype=np.int32), batch)
-            r.seq[i0:i1] = np.tile(seq, layers)
-            r.t[i0:i1] = np.tile(t, layers)
-            assert grid.seq_len is not None and grid.seq_reason is not None
-            r.seq_len[i0:i1] = np.tile(np.repeat(grid.seq_len, steps), layers)
-            r.seq_reason[i0:i1] = np.tile(np.repeat(grid.seq_reason, steps), layers)
-        else:
-            r.seq[i0:i1] = -1
-            r.t[i0:i1] = 0
-            r.seq_len[i0:i1] = -1
-            r.seq_reason[i0:i1] = -1
-
-    @staticmethod
-    def _fill_null(r: Rows, i0: int, i1: int) -> None:
-        for col in (
-            r.worker,
-            r.env,
-            r.env_step,
-            r.episode,
-            r.episode_step,
-            r.episode_start,
-            r.seq,
-            r.seq_len,
-            r.seq_reason,
-        ):
-            col[i0:i1] = -1
-        r.t[i0:i1] = 0
-        r.padding[i0:i1] = False
-
-    def _drift(self, name: str, layers: int, r: Rows, i0: int, i1: int, rollout: bool, has_c: bool) -> None:
-        ref = self.refs.get(name)
-        if ref is None:
-            ref = self.refs[name] = References(self.reference_window, layers, self.hidden)
-        layer = r.layer[i0:i1].astype(np.intp)
-        env, step = r.env[i0:i1].astype(np.intp), r.env_step[i0:i1]
-        if rollout:
-            ref.store(layer, env, step, r.h[i0:i1], r.c[i0:i1])
-            return
-        dh, dc, found = ref.drift(layer, env, step, r.h[i0:i1], r.c[i0:i1])
-        r.drift_h[i0:i1] = dh
-        r.drift_c[i0:i1] = dc
-        r.has_drift[i0:i1] = found
+        writer.send("rows", name, block, 0, PATH["step"], per_col, hs, cs)
 
 
 def trace(
@@ -870,6 +571,7 @@ def trace(
     reference_window: int = 0,
     metadata: dict[str, Any] | None = None,
     shard: str | None = None,
+    writer: str = DEFAULT_WRITER,
 ) -> Tracer:
     """Trace every nn.LSTM / nn.GRU / nn.LSTMCell / nn.GRUCell in ``model`` (or those named in ``modules``).
 
@@ -878,6 +580,8 @@ def trace(
     ``drift_h`` / ``drift_c`` against the rollout state of the same (env, env_step).
     ``shard`` names this process's part files when several processes (workers) write one directory log
     (``out`` ending in ``/``); readers then take the directory as one log.
+    ``writer``: where rows are made and written: "process" (a writer process of its own; the default
+    where pipes can be polled, i.e. not on Windows) or "thread" (a thread of this process).
     """
     return Tracer(
         find_recurrent(model, modules),
@@ -889,4 +593,5 @@ def trace(
         force=force,
         reference_window=reference_window,
         shard=shard,
+        writer=writer,
     )

@@ -1,16 +1,16 @@
-"""Streams rows into Parquet through the declared schema, in bounded memory, off the training thread.
+"""Writes rows into Parquet through the declared schema, in bounded memory; torch-free.
 
-The training thread hands over jobs (the detached state tensors of a block of calls and their
-provenance) through a queue bounded by the bytes they hold. One writer thread runs them in order: it
-copies states to the host, fills preallocated columnar numpy buffers (:class:`Rows`; never one Python
-object per row or per call), computes the norms and writes row groups. Row groups go into part files
+:class:`FileLog` is fed by the sink (``sink.py``: in a writer process, or on a writer thread) and
+fills preallocated columnar numpy buffers (:class:`Rows`; never one Python object per row or per
+call), computes the norms and writes row groups. Row groups go into part files
 of a dataset directory (``part-00000.parquet``, ...); a part is closed (footer written, then renamed
 from a hidden ``.tmp`` name) every ``part_seconds`` or ``part_rows``, so a SIGKILL loses at most the
-part being written and the jobs still queued.
+part being written and what the training process had not yet handed over (a writer process that
+sees its pipe close publishes the rows it holds).
 
 Two output shapes:
 - a directory (``--out runs/x/``): the parts are the log; any Arrow engine reads it as one table.
-- a file (``--out run.parquet``): the writer thread writes every row group twice, into the parts
+- a file (``--out run.parquet``): the writer writes every row group twice, into the parts
   in ``run.parquet.partial/`` (the crash journal) and into a hidden ``.run.parquet.tmp``, which gets
   its footer and is renamed to ``run.parquet`` when the log closes (closing costs no copy). If the
   process is killed, ``run.parquet.partial/`` stays behind and the readers salvage it.
@@ -18,25 +18,20 @@ Two output shapes:
 
 from __future__ import annotations
 
-import collections
 import json
 import os
-import re
 import shutil
-import sys
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-import torch
 
-from lstm_probe.errors import BadInput, OutputError
+from lstm_probe.errors import BadInput
 from lstm_probe.schema import META_RUN_KEY, log_schema
 
 META_FINAL_KEY = b"lstm_probe.final"
@@ -174,7 +169,7 @@ class Encoder:
 
 
 class PartWriter:
-    """Writes record batches into rolling part files of one directory (runs on the writer thread)."""
+    """Writes record batches into rolling part files of one directory."""
 
     def __init__(
         self,
@@ -258,69 +253,41 @@ class PartWriter:
         self.writer = self.mirror = None
 
 
-class LogWriter:
-    """Owns the row buffer, the job queue and the writer thread of one log.
-
-    The training thread only hands over *jobs* (:meth:`submit`): closures that hold the detached state
-    tensors of a block of calls and their provenance. The writer thread runs them in order: the
-    device-to-host copies, the recovery of per-step states, the row fills (:meth:`reserve` /
-    :meth:`commit`, writer thread only), the in-probe drift, then encoding and writing row groups.
-    The queue is bounded by the bytes its jobs hold, so a slow disk slows training down instead of
-    growing memory. :meth:`close` drains everything, writes the outcome into the metadata and (for a
-    file output) moves the mirrored file into place.
-    """
+class FileLog:
+    """Rows of one log, buffered in preallocated columns and written as row groups into rolling parts
+    (and, for a single-file log, into the mirrored file). Synchronous: it runs wherever the rows are
+    made, on the writer thread or in the writer process (``sink.py``); it never imports torch."""
 
     def __init__(
         self,
-        out: str | os.PathLike[str],
+        out: str,
         hidden_size: int,
         modules: Sequence[str],
         metadata: dict[str, Any],
         codes: Mapping[str, Sequence[str]],
         *,
         float16: bool = False,
-        force: bool = False,
         part_seconds: float = 60.0,
         part_rows: int = 2_000_000,
-        queue_bytes: int = 32 << 20,
         shard: str | None = None,
     ):
-        out_str = os.fspath(out)
-        self.path = Path(out_str)
-        self.is_dir = out_str.endswith(("/", os.sep)) or self.path.is_dir()
-        if shard is not None:
-            if not re.fullmatch(r"[A-Za-z0-9_.]+", shard) or not self.is_dir:
-                raise BadInput(
-                    f"shard {shard!r}: shards need a directory --out (ending in /) and a name of "
-                    "letters, digits, '_' or '.'"
-                )
-        check_output(self.path, force=force, is_dir=self.is_dir, shard=shard)
+        self.path = Path(out)
+        self.is_dir = out.endswith(("/", os.sep)) or self.path.is_dir()
         self.parts_dir = self.path if self.is_dir else partial_dir(self.path)
         if not self.is_dir and self.parts_dir.exists():
             shutil.rmtree(self.parts_dir)
         self.parts_dir.mkdir(parents=True, exist_ok=True)
         self.hidden_size = hidden_size
-        self.metadata = dict(metadata)
-        self.schema = log_schema(hidden_size, float16, self.metadata)
+        self.schema = log_schema(hidden_size, float16, dict(metadata))
         self.encoder = Encoder(self.schema, modules, codes, float16)
         row_bytes = 2 * hidden_size * 4 + 80
         self.capacity = int(max(256, min(65536, BUFFER_BYTES // row_bytes)))
         self.current = Rows(self.capacity, hidden_size)
         self._buffer = self.current
-        self._flush_seconds = part_seconds / 2
-        self._last_flush = time.monotonic()
+        self.flush_seconds = part_seconds / 2
+        self.last_flush = time.monotonic()
         self.rows_written = 0
         self.progress: dict[str, Any] = {}
-        self.error: BaseException | None = None
-        self.closed = False
-        # jobs waiting for the writer thread, and the bytes their tensors hold
-        self._jobs: collections.deque[_Sized | None] = collections.deque()
-        self._queued_bytes = 0
-        self._queue_bytes = queue_bytes
-        self._cond = threading.Condition()
-        self.busy_seconds = 0.0  # writer thread wall time spent on jobs and writes
-        self.cpu_seconds = 0.0  # writer thread CPU time (set when it ends)
-        self.wait_seconds = 0.0  # training thread time spent waiting for room in the queue
         self.parts = PartWriter(
             self.parts_dir,
             self.schema,
@@ -329,38 +296,9 @@ class LogWriter:
             mirror=None if self.is_dir else self.path,
             shard=shard,
         )
-        self._thread = threading.Thread(target=self._work, name="lstm-probe-writer", daemon=True)
-        self._thread.start()
 
-    # -- training thread -------------------------------------------------------------------------
-    def submit(self, job: Callable[[], None], nbytes: int) -> None:
-        """Queue ``job`` for the writer thread; blocks while the queued jobs hold more than the budget."""
-        if self.error is not None:
-            raise self._failed()
-        if self.closed:
-            raise OutputError(f"the log {self.path} is already closed")
-        with self._cond:
-            if self._queued_bytes and self._queued_bytes + nbytes > self._queue_bytes:
-                start = time.monotonic()
-                while self._queued_bytes and self._queued_bytes + nbytes > self._queue_bytes and self.error is None:
-                    self._cond.wait()
-                self.wait_seconds += time.monotonic() - start
-                if self.error is not None:
-                    raise self._failed()
-            self._queued_bytes += nbytes
-            self._jobs.append(_Sized(job, nbytes))
-            self._cond.notify_all()
-
-    def _failed(self) -> OutputError:
-        """The error to raise on the training thread once the writer thread has failed."""
-        err = OutputError(f"cannot write the log {self.path}: {self.error}")
-        err.__cause__ = self.error
-        return err
-
-    # -- writer thread ---------------------------------------------------------------------------
     def reserve(self, n: int) -> tuple[Rows, int]:
-        """Room for ``n`` rows: the buffer and the first index to fill. Fill, then call :meth:`commit`.
-        Writer thread only (inside a job)."""
+        """Room for ``n`` rows: the buffer and the first index to fill. Fill, then call :meth:`commit`."""
         if self.current.n + n > self.current.capacity:
             self.flush()
             if n > self.current.capacity:  # one call larger than a buffer: a one-off buffer
@@ -371,115 +309,45 @@ class LogWriter:
         self.current.n += n
         self.rows_written += n
 
+    def flush_due(self) -> bool:
+        """Whether the buffered rows have waited long enough to be written (small or idle logs too reach
+        disk in bounded time)."""
+        return time.monotonic() - self.last_flush >= self.flush_seconds
+
     def flush(self) -> None:
-        """Encode the buffered rows and write them as one row group (writer thread only)."""
-        self._last_flush = time.monotonic()
+        """Encode the buffered rows and write them as one row group."""
+        self.last_flush = time.monotonic()
         rows = self.current
         if rows.n == 0:
             return
         try:
-            if self.error is None:
-                self.parts.write(self.encoder.encode(rows), {"progress": dict(self.progress)})
+            self.parts.write(self.encoder.encode(rows), {"progress": dict(self.progress)})
         finally:
             rows.n = 0
             self.current = self._buffer  # a one-off buffer is dropped after use
 
-    def _work(self) -> None:
-        # Torch ops here (stacking states, the recovery's matmuls) must not start a second team of
-        # intra-op threads next to training's: with two torch threads on two cores that doubled the run
-        # time. The setting is per thread (OpenMP's and MKL's thread counts for the calling thread);
-        # training's own thread count is untouched (tests/test_sb3.py checks results stay identical).
-        torch.set_num_threads(1)
-        _lower_priority()
-        while True:
-            with self._cond:
-                while not self._jobs:
-                    timeout = self._flush_seconds - (time.monotonic() - self._last_flush)
-                    if timeout <= 0:
-                        break
-                    self._cond.wait(timeout)
-                item = self._jobs.popleft() if self._jobs else _IDLE
-            if item is None:  # close(): write what is left and stop
-                self._run(self.flush)
-                self.cpu_seconds = time.thread_time()  # this thread's CPU time, start to end
-                return
-            if item is _IDLE:  # small or idle logs too reach disk in bounded time
-                self._run(self.flush)
-                continue
-            self._run(item.job)
-            with self._cond:
-                self._queued_bytes -= item.nbytes
-                self._cond.notify_all()
-            if time.monotonic() - self._last_flush >= self._flush_seconds:
-                self._run(self.flush)
-
-    def _run(self, fn: Callable[[], None]) -> None:
-        if self.error is not None:
-            return
-        start = time.perf_counter()
-        try:
-            with torch.no_grad():  # grad mode is per thread
-                fn()
-        except BaseException as exc:  # disk full, path removed: reported on the training thread
-            self.error = exc
-            with self._cond:
-                self._cond.notify_all()
-        finally:
-            self.busy_seconds += time.perf_counter() - start
-
-    # -- end -------------------------------------------------------------------------------------
-    def close(self, final: dict[str, Any]) -> Path:
+    def close(self, final: dict[str, Any]) -> None:
         """Write what is left, record ``final`` (completed, stop_reason, ...) and publish the log."""
-        if self.closed:
-            return self.path
-        self.closed = True
-        with self._cond:
-            self._jobs.append(None)
-            self._cond.notify_all()
-        self._thread.join()
-        if self.error is not None:
-            self.parts.abort()
-            raise self._failed()
-        final = {**final, "final": True, "progress": {**self.progress, "rows": self.rows_written}}
-        final["probe_cost"] = {
-            **final.get("probe_cost", {}),
-            "writer_cpu_seconds": round(self.cpu_seconds, 4),
-            "writer_busy_seconds": round(self.busy_seconds, 4),
-            "wait_seconds": round(self.wait_seconds, 4),
-        }
-        try:
-            if self.parts.writer is None:
-                # Always end with a part that carries the outcome, even when it holds no rows.
-                self.parts._open()
-            self.parts.close_part(final)
-            if not self.is_dir:
-                self.parts.finish_mirror(final)
-                shutil.rmtree(self.parts_dir)
-        except OSError as exc:
-            raise OutputError(f"cannot write the log {self.path}: {exc}") from exc
-        return self.path
+        self.flush()
+        final = {**final, "final": True, "progress": {**self.progress, **final.get("progress", {})}}
+        final["progress"]["rows"] = self.rows_written
+        if self.parts.writer is None:
+            # Always end with a part that carries the outcome, even when it holds no rows.
+            self.parts._open()
+        self.parts.close_part(final)
+        if not self.is_dir:
+            self.parts.finish_mirror(final)
+            shutil.rmtree(self.parts_dir)
 
+    def abandon(self) -> None:
+        """The run ended without a close (its process died): publish the rows taken so far as a part of
+        the crash journal, without an outcome; the readers salvage it."""
+        self.flush()
+        self.parts.close_part({"progress": {**self.progress, "rows": self.rows_written}})
+        self.parts.abort()
 
-def _lower_priority() -> None:
-    """Give the calling thread (the writer) the lowest CPU priority, on Linux where that is per thread:
-    when training keeps every core busy (two torch threads on two cores), the writer then runs in the
-    gaps instead of stalling training's intra-op threads; a full queue still makes training wait."""
-    if sys.platform != "linux":
-        return
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-    except OSError:  # not permitted in some sandboxes: keep the normal priority
-        pass
-
-
-class _Sized:
-    __slots__ = ("job", "nbytes")
-
-    def __init__(self, job: Callable[[], None], nbytes: int):
-        self.job, self.nbytes = job, nbytes
-
-
-_IDLE: Any = object()
+    def abort(self) -> None:
+        self.parts.abort()
 
 
 def check_output(path: Path, *, force: bool, is_dir: bool, shard: str | None = None) -> None:
@@ -511,4 +379,4 @@ def check_output(path: Path, *, force: bool, is_dir: bool, shard: str | None = N
         ) from None
 
 
-__all__ = ["LogWriter", "Rows", "META_FINAL_KEY", "META_RUN_KEY", "partial_dir", "check_output"]
+__all__ = ["FileLog", "Rows", "META_FINAL_KEY", "META_RUN_KEY", "partial_dir", "check_output"]

@@ -70,7 +70,7 @@ def test_report_text_and_json(made):
         "provenance check",
         "by minibatch order in an iteration (0 = before any optimizer step): 0: ",
         "probe cost: ",
-        "CPU on the writer thread",
+        "CPU on the writer process",  # the default writer
     ):
         assert title in r.stdout
     j = cli("report", "run.parquet", "--json", cwd=d)

@@ -152,7 +152,7 @@ def test_deferred_recovery_uses_the_weights_and_inputs_of_the_call(tmp_path, kin
     with torch.no_grad():
         ref_h, ref_c = stepwise(m, x, h0, c0 if kind == "lstm" else None)
     opt = torch.optim.SGD(m.parameters(), lr=0.5)
-    with lstm_probe.trace(m, tmp_path / "d.parquet") as probe:
+    with lstm_probe.trace(m, tmp_path / "d.parquet", writer="thread") as probe:
         release = _hold_writer(probe)
         try:
             y, _ = m(x, (h0, c0)) if kind == "lstm" else m(x, h0)
@@ -173,7 +173,7 @@ def test_writer_queue_is_bounded_and_loses_nothing(tmp_path):
     """While the writer thread is held, training blocks once the queued states exceed the budget; every
     row arrives once it is released, in call order."""
     lstm = nn.LSTM(3, 64)
-    with torch.no_grad(), lstm_probe.trace(lstm, tmp_path / "q.parquet") as probe:
+    with torch.no_grad(), lstm_probe.trace(lstm, tmp_path / "q.parquet", writer="thread") as probe:
         probe.writer._queue_bytes = 64 * 1024  # a small budget: about 40 sequence calls of 5 steps
         release = _hold_writer(probe)
         done = threading.Event()
@@ -202,7 +202,7 @@ def test_writer_queue_is_bounded_and_loses_nothing(tmp_path):
 
 def test_a_failing_writer_job_stops_training_with_the_error(tmp_path):
     lstm = nn.LSTM(3, 8)
-    probe = lstm_probe.trace(lstm, tmp_path / "e.parquet").start()
+    probe = lstm_probe.trace(lstm, tmp_path / "e.parquet", writer="thread").start()
 
     def boom():
         raise OSError(28, "No space left on device")

@@ -1,0 +1,852 @@
+"""The writer side of a log: states in, rows out, off the training thread and, by default, out of the
+training process.
+
+The training thread only keeps references to detached state tensors (``tracer.py``) and hands them
+over as *jobs* to :class:`LogWriter`, whose queue is bounded by the bytes the jobs hold. Its thread
+runs them in order: the device-to-host copies and the torch part of recovering per-step states, then a
+message to the :class:`Sink`, which does everything per row: provenance columns, the cell-state scan,
+the in-probe drift against rollout states, norms, encoding and Parquet writes (``writer.py``).
+
+The sink runs in a writer process of its own (``python -m lstm_probe.sink``, spoken to through a
+pipe), or on the writer thread (``writer="thread"``). In-process, every bit of Python the sink runs
+holds the interpreter lock that training needs, so its whole cost lands on training; in its own
+process it uses another core. The sink never imports torch. If the training process dies, the sink sees
+its pipe close and publishes the rows it holds as a part of the crash journal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pickle
+import re
+import select
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lstm_probe.errors import BadInput, OutputError
+from lstm_probe.schema import BOOTSTRAPS, PATHS, PHASES, SEQ_REASONS, relative_l2
+from lstm_probe.writer import FileLog, Rows, check_output
+
+CODES: dict[str, tuple[str, ...]] = {"phase": PHASES, "path": PATHS, "bootstrap": BOOTSTRAPS, "seq_reason": SEQ_REASONS}
+PHASE = {p: i for i, p in enumerate(PHASES)}
+PATH = {p: i for i, p in enumerate(PATHS)}
+BOOTSTRAP = {b: i for i, b in enumerate(BOOTSTRAPS)}
+SEQ_REASON = {r: i for i, r in enumerate(SEQ_REASONS)}
+CAPTURES = ("full", "summary")
+
+
+@dataclass
+class Grid:
+    """Provenance of one call's batch columns and timesteps: every array is (N, T); -1 means null.
+
+    ``train`` grids also number sequences (seq = batch column, t = timestep) and carry each
+    sequence's unpadded length and start reason, shape (N,).
+    """
+
+    env: np.ndarray
+    env_step: np.ndarray
+    episode: np.ndarray
+    episode_step: np.ndarray
+    episode_start: np.ndarray  # int8: -1 null, 0, 1
+    padding: np.ndarray  # bool
+    train: bool = False
+    seq_len: np.ndarray | None = None
+    seq_reason: np.ndarray | None = None
+    worker: np.ndarray | None = None  # (N, T) int32, -1 null; None: null everywhere (one-process runs)
+    bootstrap: np.ndarray | None = None  # (N, T) int8 code per cell; None: the call's Tags.bootstrap
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        n, t = self.env.shape
+        return n, t
+
+    @staticmethod
+    def one_step(env: Any, env_step: Any, episode: Any, episode_step: Any, episode_start: Any) -> Grid:
+        """The grid of a one-step call from per-column values (length-N arrays or scalars; -1 = null)."""
+        env = np.asarray(env, np.int32).reshape(-1)
+        n = len(env)
+
+        def col(v: Any, dtype: Any) -> np.ndarray:
+            return np.broadcast_to(np.asarray(v, dtype).reshape(-1), (n,))[:, None]
+
+        return Grid(
+            env=env[:, None],
+            env_step=col(env_step, np.int64),
+            episode=col(episode, np.int64),
+            episode_step=col(episode_step, np.int64),
+            episode_start=col(episode_start, np.int8),
+            padding=np.zeros((n, 1), np.bool_),
+        )
+
+    def initial(self) -> Grid:
+        """The one-column grid of the states a train call's sequences started from: the step before each
+        sequence's first step (null env_step and episode_step where the sequence starts an episode)."""
+        first = self.episode_step[:, :1]
+        before = first > 0
+        return Grid(
+            env=self.env[:, :1],
+            env_step=np.where(before, self.env_step[:, :1] - 1, -1),
+            episode=self.episode[:, :1],
+            episode_step=np.where(before, first - 1, -1),
+            episode_start=np.full_like(self.episode_start[:, :1], -1),
+            padding=self.padding[:, :1],
+            train=True,
+            seq_len=self.seq_len,
+            seq_reason=self.seq_reason,
+            worker=None if self.worker is None else self.worker[:, :1],
+        )
+
+    @staticmethod
+    def concat(grids: list[Grid]) -> Grid:
+        """Grids of non-train calls stacked along the batch axis."""
+        if len(grids) == 1:
+            return grids[0]
+
+        def cat(field: str) -> np.ndarray:
+            return np.concatenate([getattr(g, field) for g in grids])
+
+        def cat_opt(field: str, fill: int, dtype: Any) -> np.ndarray | None:
+            if all(getattr(g, field) is None for g in grids):
+                return None
+            return np.concatenate(
+                [v if (v := getattr(g, field)) is not None else np.full(g.shape, fill, dtype) for g in grids]
+            )
+
+        return Grid(
+            env=cat("env"),
+            env_step=cat("env_step"),
+            episode=cat("episode"),
+            episode_step=cat("episode_step"),
+            episode_start=cat("episode_start"),
+            padding=cat("padding"),
+            worker=cat_opt("worker", -1, np.int32),
+            bootstrap=cat_opt("bootstrap", -1, np.int8),
+        )
+
+
+@dataclass
+class Tags:
+    """What a call is. ``stepwise`` counts the one-step calls each module made under these tags."""
+
+    phase: str = "other"
+    iteration: int | None = None
+    epoch: int | None = None
+    minibatch: int | None = None
+    bootstrap: str | None = None
+    grid: Grid | None = None
+    stepwise: dict[str, int] = field(default_factory=dict)
+    learner: int | None = None
+
+
+Resolver = Callable[[str, int, int], Tags]
+
+
+class References:
+    """The rollout states of the last ``window`` env steps of each env, for in-probe drift.
+
+    One flat (layers * envs * window, hidden) table per state, so that a block's references come out
+    with one ``take`` (numpy's multi-axis fancy indexing is several times slower here)."""
+
+    def __init__(self, window: int, layers: int, hidden: int):
+        self.window, self.layers, self.hidden = window, layers, hidden
+        self.envs = 0
+        self.steps = np.full(0, -1, np.int64)
+        self.h = np.zeros((0, hidden), np.float32)
+        self.c = np.zeros((0, hidden), np.float32)
+
+    def _grow(self, envs: int) -> None:
+        if envs <= self.envs:
+            return
+        L, W, H, extra = self.layers, self.window, self.hidden, envs - self.envs
+
+        def grown(a: np.ndarray, fill: float, row: tuple[int, ...]) -> np.ndarray:
+            old = a.reshape(L, self.envs, W, *row)
+            new = np.full((L, extra, W, *row), fill, a.dtype)
+            return np.concatenate([old, new], axis=1).reshape(L * envs * W, *row)
+
+        self.steps = grown(self.steps, -1, ())
+        self.h = grown(self.h, 0.0, (H,))
+        self.c = grown(self.c, 0.0, (H,))
+        self.envs = envs
+
+    def _rows(self, layer: np.ndarray, env: np.ndarray, step: np.ndarray) -> np.ndarray:
+        return (layer * self.envs + env) * self.window + step % self.window
+
+    def store(self, layer: np.ndarray, env: np.ndarray, step: np.ndarray, h: np.ndarray, c: np.ndarray) -> None:
+        ok = (env >= 0) & (step >= 0)
+        if not ok.all():
+            layer, env, step, h, c = layer[ok], env[ok], step[ok], h[ok], c[ok]
+        if len(env) == 0:
+            return
+        self._grow(int(env.max()) + 1)
+        rows = self._rows(layer, env, step)
+        self.steps[rows] = step
+        self.h[rows] = h
+        self.c[rows] = c
+
+    def drift(
+        self, layer: np.ndarray, env: np.ndarray, step: np.ndarray, h: np.ndarray, c: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        n = len(env)
+        dh = np.zeros(n, np.float32)
+        dc = np.zeros(n, np.float32)
+        found = np.zeros(n, np.bool_)
+        ok = (env >= 0) & (step >= 0) & (env < self.envs)
+        idx = np.flatnonzero(ok)
+        rows = self._rows(layer[idx], env[idx], step[idx])
+        match = self.steps.take(rows) == step[idx]
+        if not match.all():
+            idx, rows = idx[match], rows[match]
+        if len(idx) == 0:
+            return dh, dc, found
+        found[idx] = True
+        whole = len(idx) == n  # the common case: every row has its reference, no gather of h and c
+        dh[idx] = relative_l2(h if whole else h[idx], self.h.take(rows, axis=0))
+        dc[idx] = relative_l2(c if whole else c[idx], self.c.take(rows, axis=0))
+        return dh, dc, found
+
+
+def _opt(v: int | None) -> int:
+    return -1 if v is None else v
+
+
+def scan_cells(fg: np.ndarray, ig: np.ndarray, c0: np.ndarray) -> np.ndarray:
+    """c_t = f_t * c_{t-1} + i_t * g_t along axis 1: fg, ig (L, T, N, H) (``ig`` holds i_t * g_t), c0
+    (L, N, H). Returns (L, T, N, H) float32."""
+    cs = np.empty(fg.shape, np.float32)
+    for layer in range(fg.shape[0]):
+        c, f, ig_l, out = c0[layer], fg[layer], ig[layer], cs[layer]
+        for t in range(f.shape[0]):  # elementwise scan; numpy's per-op cost is lower than torch's here
+            c = f[t] * c + ig_l[t]
+            out[t] = c
+    return cs
+
+
+class Sink:
+    """Turns blocks of states into rows of one log (see the module docstring); ``config`` is plain data
+    (:meth:`LogWriter.sink_config`), so the sink can be built in another process."""
+
+    def __init__(self, config: Mapping[str, Any]):
+        self.log = FileLog(**config["log"])
+        self.module_code = {n: i for i, n in enumerate(config["log"]["modules"])}
+        self.hidden = int(config["log"]["hidden_size"])
+        self.capture, self.every = config["capture"], int(config["every"])
+        self.reference_window = int(config["reference_window"])
+        self.refs: dict[str, References] = {}
+
+    def progress(self, progress: dict[str, Any]) -> None:
+        self.log.progress = progress
+
+    def sequence(
+        self,
+        name: str,
+        tags: Tags,
+        call: int,
+        hs: np.ndarray,
+        gates: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
+        initial: tuple[np.ndarray, np.ndarray | None] | None,
+    ) -> None:
+        """Rows of one multi-step call: hs (L, T, N, H) per-step h of every layer; ``gates`` (fg, ig, c0)
+        of an LSTM (see :func:`scan_cells`), None for a GRU; ``initial`` the (L, N, H) states the call
+        started from, written as rows with t = -1 when the call is a train call of whole sequences."""
+        cs = scan_cells(*gates).transpose(0, 2, 1, 3) if gates is not None else None
+        hs = hs.transpose(0, 2, 1, 3)  # (L, N, T, H)
+        batch, steps = hs.shape[1], hs.shape[2]
+        path = PATH["sequence"]
+        self.rows(name, tags, 0, path, np.full(batch * steps, call, np.int64), hs, cs)
+        grid = tags.grid
+        if initial is not None and grid is not None and grid.train and grid.shape[0] == batch:
+            # The state each sequence started from, as rows with t = -1 (see the schema's `t`).
+            start = Tags(tags.phase, tags.iteration, tags.epoch, tags.minibatch, grid=grid.initial())
+            start.learner = tags.learner
+            h0, c0 = initial
+            ids = np.full(batch, call, np.int64)
+            self.rows(name, start, 0, path, ids, h0[:, :, None, :], None if c0 is None else c0[:, :, None, :], t=-1)
+
+    def rows(
+        self,
+        name: str,
+        tags: Tags,
+        t0: int,
+        path: int,
+        call: np.ndarray,
+        hs: np.ndarray,
+        cs: np.ndarray | None,
+        t: int | None = None,
+    ) -> None:
+        """Rows of one call (or of one per-timestep loop): hs/cs (L, N, T', H), rows ordered layer, column, t.
+        ``t`` overrides the rows' step column (-1 for the initial-state rows). Writer thread or process."""
+        grid = tags.grid
+        layers, batch, steps = hs.shape[0], hs.shape[1], hs.shape[2]
+        per_layer = batch * steps
+        n = layers * per_layer
+        log = self.log
+        r, i0 = log.reserve(n)
+        i1 = i0 + n
+        r.call[i0:i1] = np.tile(call, layers) if layers > 1 else call
+        r.module[i0:i1] = self.module_code[name]
+        r.layer[i0:i1] = np.repeat(np.arange(layers, dtype=np.int16), per_layer)
+        r.phase[i0:i1] = PHASE[tags.phase]
+        r.path[i0:i1] = path
+        r.bootstrap[i0:i1] = -1 if tags.bootstrap is None else BOOTSTRAP[tags.bootstrap]
+        r.iteration[i0:i1] = _opt(tags.iteration)
+        r.epoch[i0:i1] = _opt(tags.epoch)
+        r.minibatch[i0:i1] = _opt(tags.minibatch)
+        r.learner[i0:i1] = _opt(tags.learner)
+        if grid is not None and grid.shape[0] == batch and t0 + steps <= grid.shape[1]:
+            self._fill_grid(r, i0, i1, grid, t0, steps, layers)
+        else:
+            self._fill_null(r, i0, i1)
+        if t is not None:
+            r.t[i0:i1] = t
+        r.h[i0:i1] = hs.reshape(n, -1)
+        if cs is not None:
+            r.c[i0:i1] = cs.reshape(n, -1)
+            r.has_c[i0:i1] = True
+        else:
+            r.c[i0:i1] = 0.0
+            r.has_c[i0:i1] = False
+        it = tags.iteration
+        r.vectors[i0:i1] = self.capture == "full" and (it is None or it % self.every == 0)
+        r.has_drift[i0:i1] = False
+        if self.reference_window and grid is not None and tags.phase in ("rollout", "train"):
+            self._drift(name, layers, r, i0, i1, tags.phase == "rollout", cs is not None)
+        log.commit(n)
+
+    @staticmethod
+    def _fill_grid(r: Rows, i0: int, i1: int, grid: Grid, t0: int, steps: int, layers: int) -> None:
+        def cols(a: np.ndarray) -> np.ndarray:
+            v = a[:, t0 : t0 + steps].reshape(-1)  # (N * T',) column-major order: n, then t
+            return np.tile(v, layers) if layers > 1 else v
+
+        r.env[i0:i1] = cols(grid.env)
+        r.env_step[i0:i1] = cols(grid.env_step)
+        r.episode[i0:i1] = cols(grid.episode)
+        r.episode_step[i0:i1] = cols(grid.episode_step)
+        r.episode_start[i0:i1] = cols(grid.episode_start)
+        r.padding[i0:i1] = cols(grid.padding)
+        r.worker[i0:i1] = -1 if grid.worker is None else cols(grid.worker)
+        if grid.bootstrap is not None:
+            r.bootstrap[i0:i1] = cols(grid.bootstrap)
+        if grid.train:
+            batch = grid.shape[0]
+            seq = np.repeat(np.arange(batch, dtype=np.int32), steps)
+            t = np.tile(np.arange(t0, t0 + steps, dtype=np.int32), batch)
+            r.seq[i0:i1] = np.tile(seq, layers)
+            r.t[i0:i1] = np.tile(t, layers)
+            assert grid.seq_len is not None and grid.seq_reason is not None
+            r.seq_len[i0:i1] = np.tile(np.repeat(grid.seq_len, steps), layers)
+            r.seq_reason[i0:i1] = np.tile(np.repeat(grid.seq_reason, steps), layers)
+        else:
+            r.seq[i0:i1] = -1
+            r.t[i0:i1] = 0
+            r.seq_len[i0:i1] = -1
+            r.seq_reason[i0:i1] = -1
+
+    @staticmethod
+    def _fill_null(r: Rows, i0: int, i1: int) -> None:
+        for col in (
+            r.worker,
+            r.env,
+            r.env_step,
+            r.episode,
+            r.episode_step,
+            r.episode_start,
+            r.seq,
+            r.seq_len,
+            r.seq_reason,
+        ):
+            col[i0:i1] = -1
+        r.t[i0:i1] = 0
+        r.padding[i0:i1] = False
+
+    def _drift(self, name: str, layers: int, r: Rows, i0: int, i1: int, rollout: bool, has_c: bool) -> None:
+        ref = self.refs.get(name)
+        if ref is None:
+            ref = self.refs[name] = References(self.reference_window, layers, self.hidden)
+        layer = r.layer[i0:i1].astype(np.intp)
+        env, step = r.env[i0:i1].astype(np.intp), r.env_step[i0:i1]
+        if rollout:
+            ref.store(layer, env, step, r.h[i0:i1], r.c[i0:i1])
+            return
+        dh, dc, found = ref.drift(layer, env, step, r.h[i0:i1], r.c[i0:i1])
+        r.drift_h[i0:i1] = dh
+        r.drift_c[i0:i1] = dc
+        r.has_drift[i0:i1] = found
+
+    def flush_if_due(self) -> None:
+        if self.log.flush_due():
+            self.log.flush()
+
+    def close(self, final: dict[str, Any]) -> None:
+        self.log.close(final)
+
+
+# -- the writer thread (training process) ---------------------------------------------------------
+
+WRITERS = ("process", "thread")
+DEFAULT_WRITER = "thread" if os.name == "nt" else "process"  # Windows pipes cannot be polled (select)
+
+
+class LogWriter:
+    """Owns the job queue and the writer thread of one log, and its sink (in a writer process or on the
+    thread, see the module docstring).
+
+    The training thread only hands over *jobs* (:meth:`submit`): closures that hold the detached state
+    tensors of a block of calls and their provenance. The writer thread runs them in order; a job ends
+    by handing its host arrays to the sink with :meth:`send`. The queue is bounded by the bytes its jobs
+    hold, so a slow disk slows training down instead of growing memory. :meth:`close` drains
+    everything, writes the outcome into the metadata and publishes the log.
+    """
+
+    def __init__(
+        self,
+        out: str | os.PathLike[str],
+        hidden_size: int,
+        modules: Sequence[str],
+        metadata: dict[str, Any],
+        codes: Mapping[str, Sequence[str]],
+        *,
+        capture: str = "full",
+        every: int = 1,
+        reference_window: int = 0,
+        float16: bool = False,
+        force: bool = False,
+        part_seconds: float = 60.0,
+        part_rows: int = 2_000_000,
+        queue_bytes: int = 32 << 20,
+        shard: str | None = None,
+        writer: str = DEFAULT_WRITER,
+    ):
+        if writer not in WRITERS:
+            raise BadInput(f"writer must be one of {', '.join(WRITERS)}, not {writer!r}")
+        out_str = os.fspath(out)
+        self.path = Path(out_str)
+        is_dir = out_str.endswith(("/", os.sep)) or self.path.is_dir()
+        if shard is not None and (not re.fullmatch(r"[A-Za-z0-9_.]+", shard) or not is_dir):
+            raise BadInput(
+                f"shard {shard!r}: shards need a directory --out (ending in /) and a name of "
+                "letters, digits, '_' or '.'"
+            )
+        check_output(self.path, force=force, is_dir=is_dir, shard=shard)
+        if is_dir and not out_str.endswith(("/", os.sep)):
+            out_str += os.sep
+        self.config: dict[str, Any] = {
+            "log": {
+                "out": out_str,
+                "hidden_size": hidden_size,
+                "modules": list(modules),
+                # as JSON sees it (plain types): torch.__version__, say, is a str subclass of torch's, and
+                # unpickling it would import torch into the writer process
+                "metadata": json.loads(json.dumps(metadata, default=str)),
+                "codes": {k: list(v) for k, v in codes.items()},
+                "float16": float16,
+                "part_seconds": part_seconds,
+                "part_rows": part_rows,
+                "shard": shard,
+            },
+            "capture": capture,
+            "every": every,
+            "reference_window": reference_window,
+        }
+        self.progress: dict[str, Any] = {}
+        self._sent_progress: dict[str, Any] = {}
+        self.error: BaseException | None = None
+        self.closed = False
+        self._jobs: deque[_Sized | None] = deque()
+        self._queued_bytes = 0
+        self._queue_bytes = queue_bytes
+        self._cond = threading.Condition()
+        self.busy_seconds = 0.0  # writer thread (and writer process) wall time spent on jobs and writes
+        self.cpu_seconds = 0.0  # writer thread (and writer process) CPU time, set at close
+        self.wait_seconds = 0.0  # training thread time spent waiting for room in the queue
+        self.sink: Sink | None = None
+        self._child: _Child | None = None
+        if writer == "process":
+            self._child = _Child.start(self.config)
+        else:
+            self.sink = Sink(self.config)
+        self.mode = writer
+        self._thread: threading.Thread | None = None
+        if self._child is None:
+            self._thread = threading.Thread(target=self._work, name="lstm-probe-writer", daemon=True)
+            self._thread.start()
+
+    @property
+    def capacity(self) -> int:
+        """Rows per row group."""
+        row_bytes = 2 * int(self.config["log"]["hidden_size"]) * 4 + 80
+        return int(max(256, min(65536, BUFFER_BYTES // row_bytes)))
+
+    # -- training thread -------------------------------------------------------------------------
+    def submit(self, job: Callable[[], None], nbytes: int) -> None:
+        """Run ``job``: with a writer process, here and now (its torch ops are few and its messages go
+        into the pipe without waiting; a second Python thread would cost training more in interpreter
+        lock hand-overs than the job itself); with a writer thread, queued for it (this blocks while
+        the queued jobs hold more than the budget)."""
+        if self.error is not None:
+            raise self._failed()
+        if self.closed:
+            raise OutputError(f"the log {self.path} is already closed")
+        if self._child is not None:
+            start = time.perf_counter()
+            self._run(job)
+            self.busy_seconds += time.perf_counter() - start
+            if self.error is not None:
+                raise self._failed()
+            return
+        with self._cond:
+            if self._queued_bytes and self._queued_bytes + nbytes > self._queue_bytes:
+                start = time.monotonic()
+                while self._queued_bytes and self._queued_bytes + nbytes > self._queue_bytes and self.error is None:
+                    self._cond.wait()
+                self.wait_seconds += time.monotonic() - start
+                if self.error is not None:
+                    raise self._failed()
+            self._queued_bytes += nbytes
+            self._jobs.append(_Sized(job, nbytes))
+            self._cond.notify_all()
+
+    def _failed(self) -> OutputError:
+        """The error to raise on the training thread once the writer has failed."""
+        err = OutputError(f"cannot write the log {self.path}: {self.error}")
+        err.__cause__ = self.error
+        return err
+
+    # -- writer thread ---------------------------------------------------------------------------
+    def send(self, method: str, *args: Any) -> None:
+        """Hand host arrays to the sink: ``Sink.<method>(*args)`` (writer thread only, inside a job)."""
+        if self.progress != self._sent_progress:
+            self._sent_progress = dict(self.progress)
+            self._to_sink("progress", self._sent_progress)
+        self._to_sink(method, *args)
+
+    def _to_sink(self, method: str, *args: Any) -> None:
+        if self._child is not None:
+            self.wait_seconds += self._child.send((method, args), self._queue_bytes)
+        else:
+            assert self.sink is not None
+            getattr(self.sink, method)(*args)
+
+    def _work(self) -> None:
+        # Torch ops here (stacking states, the recovery's matmuls) must not start a second team of
+        # intra-op threads next to training's: with two torch threads on two cores that doubled the run
+        # time. The setting is per thread (OpenMP's and MKL's thread counts for the calling thread);
+        # training's own thread count is untouched (tests/test_sb3.py checks results stay identical).
+        import torch
+
+        torch.set_num_threads(1)
+        _lower_priority(threading.get_native_id())
+        flush_seconds = float(self.config["log"]["part_seconds"]) / 2
+        while True:
+            with self._cond:
+                while not self._jobs:
+                    if self._child is not None:  # the writer process keeps its own idle timer
+                        self._cond.wait()
+                        continue
+                    assert self.sink is not None
+                    timeout = flush_seconds - (time.monotonic() - self.sink.log.last_flush)
+                    if timeout <= 0:
+                        break
+                    self._cond.wait(timeout)
+                item = self._jobs.popleft() if self._jobs else _IDLE
+            if item is None:  # close(): stop; close() finishes the log
+                self.cpu_seconds = time.thread_time()  # this thread's CPU time, start to end
+                return
+            if item is _IDLE:  # small or idle logs too reach disk in bounded time
+                self._run(self._flush_if_due)
+                continue
+            self._run(item.job)
+            with self._cond:
+                self._queued_bytes -= item.nbytes
+                self._cond.notify_all()
+            if self.sink is not None:
+                self._run(self._flush_if_due)
+
+    def _flush_if_due(self) -> None:
+        if self.sink is not None:
+            self.sink.flush_if_due()
+
+    def _run(self, fn: Callable[[], None]) -> None:
+        if self.error is not None:
+            return
+        import torch
+
+        start = time.perf_counter()
+        try:
+            with torch.no_grad():  # grad mode is per thread
+                fn()
+        except BaseException as exc:  # disk full, path removed, writer process gone: raised on training's thread
+            self.error = exc
+            with self._cond:
+                self._cond.notify_all()
+        finally:
+            if self._child is None:
+                self.busy_seconds += time.perf_counter() - start
+
+    # -- end -------------------------------------------------------------------------------------
+    def close(self, final: dict[str, Any]) -> Path:
+        """Write what is left, record ``final`` (completed, stop_reason, ...) and publish the log."""
+        if self.closed:
+            return self.path
+        self.closed = True
+        if self._thread is not None:
+            with self._cond:
+                self._jobs.append(None)
+                self._cond.notify_all()
+            self._thread.join()
+        if self.error is None and self.progress != self._sent_progress:
+            self._run(lambda: self._to_sink("progress", dict(self.progress)))
+        cost = {
+            **final.get("probe_cost", {}),
+            "writer": self.mode,
+            # with a writer process, its own (added there); the jobs run inside the hooks and callbacks,
+            # so their time on the training thread is in hook_seconds and integration_seconds
+            "writer_cpu_seconds": self.cpu_seconds if self._thread is not None else 0.0,
+            "writer_busy_seconds": self.busy_seconds if self._thread is not None else 0.0,
+            "wait_seconds": round(self.wait_seconds, 4),
+        }
+        final = {**final, "probe_cost": cost}
+        try:
+            if self.error is not None:
+                raise self.error
+            if self._child is not None:
+                self._child.close(final)
+            else:
+                assert self.sink is not None
+                for key in ("writer_cpu_seconds", "writer_busy_seconds"):
+                    cost[key] = round(cost[key], 4)
+                self.sink.close(final)
+        except BaseException as exc:
+            if self._child is not None:
+                self._child.kill()
+            elif self.sink is not None:
+                self.sink.log.abort()
+            self.error = exc
+            raise self._failed() from None
+        return self.path
+
+
+def _lower_priority(tid: int) -> None:
+    """Give a writer thread or process the lowest CPU priority, on Linux where that is per thread:
+    when training keeps every core busy (two torch threads on two cores), the writer then runs in the
+    gaps instead of stalling training's intra-op threads; a full queue still makes training wait."""
+    if sys.platform != "linux":
+        return
+    try:
+        os.setpriority(os.PRIO_PROCESS, tid, 19)
+    except OSError:  # not permitted in some sandboxes: keep the normal priority
+        pass
+
+
+class _Sized:
+    __slots__ = ("job", "nbytes")
+
+    def __init__(self, job: Callable[[], None], nbytes: int):
+        self.job, self.nbytes = job, nbytes
+
+
+_IDLE: Any = object()
+BUFFER_BYTES = 16 << 20
+_HEADER = struct.Struct("<Q")
+
+
+# -- the writer process ---------------------------------------------------------------------------
+
+
+class WriterGone(RuntimeError):
+    """The writer process ended before the log was closed; the message says why (its own error when it
+    reported one)."""
+
+
+class _Child:
+    """The training side of a writer process: messages are length-prefixed pickles on its stdin, its
+    replies (ready, closed, error) come back on its stdout."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]):
+        self.proc = proc
+        assert proc.stdin is not None and proc.stdout is not None
+        self.stdin, self.stdout = proc.stdin, proc.stdout
+        self.fd = proc.stdin.fileno()
+        os.set_blocking(self.fd, False)
+        with contextlib.suppress(ImportError, AttributeError, OSError):  # Linux: a 1 MB pipe (default 64 kB)
+            import fcntl
+
+            fcntl.fcntl(self.fd, fcntl.F_SETPIPE_SZ, 1 << 20)
+        self.backlog: deque[memoryview] = deque()
+        self.backlog_bytes = 0
+
+    @classmethod
+    def start(cls, config: dict[str, Any]) -> _Child:
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "lstm_probe.sink"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,  # it reports its errors as answers; the training process words them
+                env=env,
+            )
+        except OSError as exc:
+            raise OutputError(
+                f"cannot start the writer process ({exc}); pass writer='thread' (--writer thread) to write "
+                "from a thread of the training process"
+            ) from None
+        child = cls(proc)
+        # No wait for an answer: the process opens the log while training starts (its imports take a
+        # second). An error there (rare: the location was checked above) surfaces at the next hand-over.
+        try:
+            child.send(("open", (config,)), 0)
+        except WriterGone as exc:
+            raise OutputError(f"cannot start the writer process: {exc}") from None
+        return child
+
+    def send(self, message: tuple[str, tuple[Any, ...]], budget: int) -> float:
+        """Write ``message`` into the pipe as far as it takes it without waiting; what does not fit waits
+        in a backlog, written first by the next send. Waits only while the backlog holds more than
+        ``budget`` bytes (the writer process is behind): returns the seconds waited."""
+        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        self.backlog.append(memoryview(_HEADER.pack(len(data))))
+        self.backlog.append(memoryview(data))
+        self.backlog_bytes += _HEADER.size + len(data)
+        return self.pump(budget)
+
+    def pump(self, budget: int) -> float:
+        """Write the backlog into the pipe; wait for room while it holds more than ``budget`` bytes."""
+        waited = 0.0
+        while self.backlog:
+            head = self.backlog[0]
+            try:
+                n = os.write(self.fd, head)
+            except BlockingIOError:
+                if self.backlog_bytes <= budget:
+                    break
+                start = time.monotonic()
+                select.select([], [self.fd], [])
+                waited += time.monotonic() - start
+                continue
+            except OSError:  # a broken pipe: the process ended; say why if it told
+                raise WriterGone(self.reply()[1]) from None
+            self.backlog_bytes -= n
+            if n == len(head):
+                self.backlog.popleft()
+            else:
+                self.backlog[0] = head[n:]
+        return waited
+
+    def reply(self) -> tuple[Any, ...]:
+        head = self.stdout.read(_HEADER.size)
+        if len(head) < _HEADER.size:
+            code = self.proc.wait()
+            return ("error", f"the writer process ended unexpectedly (exit code {code})")
+        reply: tuple[Any, ...] = pickle.loads(self.stdout.read(_HEADER.unpack(head)[0]))
+        return reply
+
+    def close(self, final: dict[str, Any]) -> None:
+        self.send(("close", (final,)), 0)
+        reply = self.reply()
+        self.proc.wait()
+        if reply[0] != "closed":
+            raise RuntimeError(reply[1])
+
+    def kill(self) -> None:
+        with contextlib.suppress(OSError):
+            self.proc.kill()
+        self.proc.wait()
+
+
+def _serve() -> int:
+    """The writer process: one sink, driven by the messages on stdin, until ``close`` or the pipe ends."""
+    # Replies go to the real stdout; anything else that prints goes to stderr.
+    reply_fd = os.dup(1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    # A terminal's Ctrl-C reaches the whole process group; the training process decides when the log
+    # ends (its close, or its death: the pipe closes).
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    _lower_priority(os.getpid())
+    inp = sys.stdin.buffer.fileno()
+    sink: Sink | None = None
+    busy = 0.0
+    cpu0 = time.process_time()
+
+    def answer(*reply: Any) -> None:
+        data = pickle.dumps(reply)
+        os.write(reply_fd, _HEADER.pack(len(data)) + data)
+
+    def read(n: int) -> bytes | None:
+        chunks, got = [], 0
+        while got < n:
+            b = os.read(inp, min(n - got, 1 << 22))
+            if not b:
+                return None
+            chunks.append(b)
+            got += len(b)
+        return b"".join(chunks)
+
+    while True:
+        if sink is not None:
+            timeout = max(0.0, sink.log.flush_seconds - (time.monotonic() - sink.log.last_flush))
+            ready, _, _ = select.select([inp], [], [], timeout)
+            if not ready:
+                try:
+                    sink.flush_if_due()
+                except Exception as exc:
+                    answer("error", _one_line(exc))
+                    os._exit(1)  # no destructors: a half-written Parquet file would complain on stderr
+                continue
+        head = read(_HEADER.size)
+        data = read(_HEADER.unpack(head)[0]) if head is not None else None
+        if data is None:  # the training process is gone: keep what it handed over
+            if sink is not None:
+                with contextlib.suppress(Exception):
+                    sink.log.abandon()
+            return 0
+        method, args = pickle.loads(data)
+        start = time.perf_counter()
+        try:
+            if method == "open":
+                sink = Sink(*args)
+                cpu0 = time.process_time()
+                continue
+            assert sink is not None
+            if method == "close":
+                final = args[0]
+                cost = final["probe_cost"]
+                busy += time.perf_counter() - start
+                cost["writer_busy_seconds"] = round(cost["writer_busy_seconds"] + busy, 4)
+                cost["writer_cpu_seconds"] = round(cost["writer_cpu_seconds"] + time.process_time() - cpu0, 4)
+                sink.close(final)
+                answer("closed")
+                return 0
+            getattr(sink, method)(*args)
+        except Exception as exc:
+            if sink is not None:
+                with contextlib.suppress(Exception):
+                    sink.log.abort()
+            answer("error", _one_line(exc))
+            os._exit(1)  # no destructors: a half-written Parquet file would complain on stderr
+        busy += time.perf_counter() - start
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return text if isinstance(exc, OSError | BadInput) else f"{type(exc).__name__}: {text}"
+
+
+if __name__ == "__main__":
+    sys.exit(_serve())

@@ -1,0 +1,137 @@
+"""The writer process: rows are made and written outside the training process, which only hands over
+host arrays through a pipe. Real processes, real signals, real files."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import lstm_probe
+
+pytestmark = pytest.mark.skipif(os.name == "nt", reason="the writer process needs pollable pipes")
+
+
+def _child(probe):
+    return probe.writer._child.proc
+
+
+@pytest.mark.parametrize("writer", ["process", "thread"])
+def test_both_writers_write_the_same_log(tmp_path, writer):
+    torch.manual_seed(0)
+    m = nn.LSTM(3, 8, num_layers=2)
+    x = torch.randn(6, 2, 3)
+    with torch.no_grad(), lstm_probe.trace(m, tmp_path / f"{writer}.parquet", writer=writer) as probe:
+        with probe.tag(phase="rollout", iteration=0):
+            for t in range(4):
+                m(x[t : t + 1])
+        with probe.tag(phase="train", iteration=0, epoch=0, minibatch=0):
+            m(x)
+    info = lstm_probe.read_info(tmp_path / f"{writer}.parquet")
+    assert info.completed and info.metadata["probe_cost"]["writer"] == writer
+    df = lstm_probe.load(tmp_path / f"{writer}.parquet")
+    assert len(df) == 4 * 2 * 2 + 6 * 2 * 2
+    if writer == "process":  # the same rows and numbers from both writers
+        other = tmp_path / "thread.parquet"
+        with torch.no_grad(), lstm_probe.trace(m, other, writer="thread") as probe:
+            with probe.tag(phase="rollout", iteration=0):
+                for t in range(4):
+                    m(x[t : t + 1])
+            with probe.tag(phase="train", iteration=0, epoch=0, minibatch=0):
+                m(x)
+        ref = lstm_probe.load(other)
+        for col in ("call", "layer", "phase", "path", "seq", "t", "h_norm", "c_norm"):
+            assert df[col].equals(ref[col]), col
+        assert np.array_equal(np.stack(df.c.to_numpy()), np.stack(ref.c.to_numpy()))
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+def test_the_writer_process_never_loads_torch(tmp_path):
+    m = nn.LSTM(3, 8)
+    with torch.no_grad(), lstm_probe.trace(m, tmp_path / "x.parquet") as probe:
+        m(torch.randn(5, 2, 3))
+        m(torch.randn(1, 2, 3))
+        time.sleep(0.5)
+        maps = Path(f"/proc/{_child(probe).pid}/maps").read_text()
+    assert "libtorch" not in maps and "libarrow" in maps
+
+
+def test_a_stalled_writer_process_makes_training_wait_and_loses_nothing(tmp_path):
+    """With the writer process stopped, the pipe and then the backlog fill; past the budget training
+    waits. Resumed, every row arrives, in call order."""
+    m = nn.LSTM(3, 64)
+    with torch.no_grad(), lstm_probe.trace(m, tmp_path / "q.parquet") as probe:
+        probe.writer._queue_bytes = 256 * 1024
+        proc = _child(probe)
+        os.kill(proc.pid, signal.SIGSTOP)
+        try:
+            import threading
+
+            done = threading.Event()
+
+            def train():
+                for _ in range(400):
+                    m(torch.randn(50, 4, 3))
+                done.set()
+
+            worker = threading.Thread(target=train)
+            worker.start()
+            assert not done.wait(3.0), "training never waited for the stopped writer process"
+            assert 0 < probe.calls < 400
+            assert probe.writer._child.backlog_bytes > 256 * 1024
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+        worker.join()
+        assert probe.writer.wait_seconds > 2
+    df = lstm_probe.load(tmp_path / "q.parquet", vectors=False)
+    assert len(df) == 400 * 50 * 4 and df.call.is_monotonic_increasing and df.call.nunique() == 400
+    assert lstm_probe.read_info(tmp_path / "q.parquet").metadata["probe_cost"]["wait_seconds"] > 2
+
+
+def test_a_killed_writer_process_stops_training_with_one_line(tmp_path):
+    m = nn.LSTM(3, 8)
+    probe = lstm_probe.trace(m, tmp_path / "k.parquet").start()
+    with torch.no_grad():
+        m(torch.randn(5, 2, 3))
+        proc = _child(probe)
+        proc.kill()
+        proc.wait()
+        with pytest.raises(lstm_probe.OutputError, match=r"writer process ended unexpectedly \(exit code -9\)"):
+            for _ in range(50):  # the pipe may take a few messages before the kill shows
+                m(torch.randn(5, 2, 3))
+    with pytest.raises(lstm_probe.OutputError, match="ended unexpectedly"):
+        probe.close()
+
+
+KILLED = r"""
+import os, signal, sys, torch
+from torch import nn
+import lstm_probe
+m = nn.LSTM(3, 8)
+probe = lstm_probe.trace(m, sys.argv[1]).start()  # parts close every 60 s: none closes here
+with torch.no_grad():
+    for _ in range(30):
+        m(torch.randn(7, 2, 3))
+assert probe.writer._child.backlog_bytes == 0  # all handed over
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_rows_handed_over_survive_a_sigkill_of_training(tmp_path):
+    """The writer process sees its pipe close and publishes every row it was given as a part of the crash
+    journal (a thread writer would have lost them all: no part closes in this short run)."""
+    out = tmp_path / "killed.parquet"
+    r = subprocess.run([sys.executable, "-c", KILLED, str(out)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == -9, r.stderr
+    deadline = time.monotonic() + 30
+    partial = tmp_path / "killed.parquet.partial"
+    while not list(partial.glob("part-*.parquet")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    info = lstm_probe.read_info(out)
+    assert not info.completed and info.rows == 30 * 7 * 2
