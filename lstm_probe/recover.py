@@ -33,7 +33,7 @@ def _layer_weights(module: nn.LSTM | nn.GRU, layer: int) -> list[torch.Tensor]:
 
 def snapshot_weights(module: nn.LSTM | nn.GRU, top: bool = True) -> list[list[torch.Tensor]]:
     """Copies of each layer's weights as they are now (an optimizer step changes them in place), for a
-    recovery that runs later (on the writer thread, or in a later hand-over). ``top=False`` leaves out the top layer (GRU needs
+    recovery that runs later (on the writer thread). ``top=False`` leaves out the top layer (GRU needs
     only the lower layers' weights)."""
     layers = int(module.num_layers) if top else int(module.num_layers) - 1
     with torch.no_grad():

@@ -465,8 +465,8 @@ class Tracer:
 
         One-step calls are kept and written in blocks: the steps of a per-timestep loop over a
         sequence batch (sb3's 'stepwise' path) along the time axis, consecutive one-step calls with the
-        same tags (rollout steps) along the batch axis. A block is handed to the writer (:meth:`LogWriter.submit`) when the
-        tags change, when it holds MAX_PENDING calls, and at close; this thread only keeps references.
+        same tags (rollout steps) along the batch axis. A block is handed to the writer
+        (:meth:`LogWriter.submit`) when the tags change, when it holds MAX_PENDING calls, and at close.
         """
         tags, self._resolved = self._resolved, None
         writer = self.writer
