@@ -7,11 +7,12 @@ are computed from the module's weights:
 
 - lower layers (l < L-1): their per-step h comes from one fused single-layer ``torch.lstm`` /
   ``torch.gru`` call on that layer's weights (the same kernel, so the same numbers);
-- every layer: all gates in one batched matmul from (x_t, h_{t-1}), where h_{t-1} is known for
-  every step, then c_t = f_t * c_{t-1} + i_t * g_t as an elementwise scan.
+- every layer: the i, f, g gates in one batched matmul from (x_t, h_{t-1}), where h_{t-1} is known
+  for every step, then c_t = f_t * c_{t-1} + i_t * g_t as an elementwise scan. This part runs in the
+  sink (``sink.lstm_cells``, numpy), off the training thread.
 
 Measured on sb3-sized LSTMs this costs about one extra forward, against 7-10x for re-running the
-module step by step, and matches the step-by-step result to ~1e-7 (tests/test_states.py).
+module step by step, and matches the step-by-step result to ~1e-7 (tests/test_recover.py).
 No random numbers are drawn and no dropout runs, so training is untouched.
 """
 
@@ -21,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from lstm_probe.sink import scan_cells
+from lstm_probe.sink import Cells, lstm_cells
 
 
 def _layer_weights(module: nn.LSTM | nn.GRU, layer: int) -> list[torch.Tensor]:
@@ -40,50 +41,51 @@ def snapshot_weights(module: nn.LSTM | nn.GRU, top: bool = True) -> list[list[to
         return [[w.clone() for w in _layer_weights(module, layer)] for layer in range(layers)]
 
 
-def lstm_sequence_gates(
+def lstm_sequence_io(
     module: nn.LSTM,
     x: torch.Tensor,
     h0: torch.Tensor,
     c0: torch.Tensor,
     y: torch.Tensor,
     weights: list[list[torch.Tensor]] | None = None,
-) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """The torch part of the recovery for one multi-step LSTM call: per-step h of every layer and what
-    the cell-state scan (:func:`lstm_probe.sink.scan_cells`) needs.
+) -> tuple[np.ndarray, Cells]:
+    """The torch part of the recovery for one multi-step LSTM call: the per-step h of every layer, and
+    what :func:`lstm_probe.sink.lstm_cells` needs for the per-step c (each layer's input, the i, f, g
+    rows of its weights, the initial states), as host arrays.
 
     x: (T, N, F) sequence-first input, h0/c0: (L, N, H) initial states, y: (T, N, H) the call's
     output; ``weights`` from :func:`snapshot_weights` (default: the module's current weights).
-    Returns hs (L, T, N, H) and (fg, ig, c0): the forget gates f_t and the products i_t * g_t, both
-    (L, T, N, H), and c0 (L, N, H); all float32 numpy arrays.
+    Only the lower layers of a multi-layer module cost a computation here (one fused kernel call each);
+    the gates and the scan run in the sink, off the training thread.
     """
     with torch.no_grad():
         steps, batch, _ = x.shape
         layers, hidden = module.num_layers, module.hidden_size
         hs = np.empty((layers, steps, batch, hidden), np.float32)
-        fg = np.empty((layers, steps, batch, hidden), np.float32)
-        ig = np.empty((layers, steps, batch, hidden), np.float32)
+        inputs: list[np.ndarray] = []
+        gate_weights: list[list[np.ndarray]] = []
         layer_in = x.detach()
+        g3 = 3 * hidden  # PyTorch's gate order is i, f, g, o; c needs no o
         for layer in range(layers):
             w = _layer_weights(module, layer) if weights is None else weights[layer]
-            h0_l, c0_l = h0[layer : layer + 1].detach(), c0[layer : layer + 1].detach()
             if layer == layers - 1:
                 out = y.detach()
             else:
                 # single fused layer, eval semantics: dropout=0, train=False (no RNG is touched)
+                h0_l, c0_l = h0[layer : layer + 1].detach(), c0[layer : layer + 1].detach()
                 out = torch.lstm(layer_in, (h0_l, c0_l), w, module.bias, 1, 0.0, False, False, False)[0]
-            h_prev = torch.cat([h0_l, out[:-1]], dim=0)  # (T, N, H): h_{t-1}
-            # (T, N, 3H): the i, f, g gates (PyTorch's gate order is i, f, g, o; c needs no o) in one
-            # batched matmul
-            g3 = 3 * hidden
-            gates = layer_in @ w[0][:g3].T + h_prev @ w[1][:g3].T
-            if module.bias:
-                gates = gates + w[2][:g3] + w[3][:g3]
-            i, f, g = gates.chunk(3, dim=-1)
-            ig[layer] = (torch.sigmoid(i) * torch.tanh(g)).cpu().numpy()
-            fg[layer] = torch.sigmoid(f).cpu().numpy()
-            hs[layer] = out.cpu().numpy()
+            inputs.append(_np(layer_in))
+            gate_weights.append(
+                [_np(w[0][:g3]), _np(w[1][:g3])] + ([_np(w[2][:g3] + w[3][:g3])] if module.bias else [])
+            )
+            hs[layer] = _np(out)
             layer_in = out
-        return hs, (fg, ig, c0.detach().float().cpu().numpy())
+        return hs, (inputs, gate_weights, _np(h0), _np(c0))
+
+
+def _np(t: torch.Tensor) -> np.ndarray:
+    t = t.detach()
+    return (t if t.dtype == torch.float32 else t.float()).cpu().numpy()
 
 
 def lstm_sequence_states(
@@ -94,10 +96,10 @@ def lstm_sequence_states(
     y: torch.Tensor,
     weights: list[list[torch.Tensor]] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Per-step (h, c) of every layer for one multi-step call (arguments as :func:`lstm_sequence_gates`):
+    """Per-step (h, c) of every layer for one multi-step call (arguments as :func:`lstm_sequence_io`):
     two float32 arrays of shape (L, T, N, H)."""
-    hs, gates = lstm_sequence_gates(module, x, h0, c0, y, weights)
-    return hs, scan_cells(*gates)
+    hs, cells = lstm_sequence_io(module, x, h0, c0, y, weights)
+    return hs, lstm_cells(hs, *cells)
 
 
 def gru_sequence_states(

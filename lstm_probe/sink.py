@@ -223,15 +223,34 @@ def _opt(v: int | None) -> int:
     return -1 if v is None else v
 
 
-def scan_cells(fg: np.ndarray, ig: np.ndarray, c0: np.ndarray) -> np.ndarray:
-    """c_t = f_t * c_{t-1} + i_t * g_t along axis 1: fg, ig (L, T, N, H) (``ig`` holds i_t * g_t), c0
-    (L, N, H). Returns (L, T, N, H) float32."""
-    cs = np.empty(fg.shape, np.float32)
-    for layer in range(fg.shape[0]):
-        c, f, ig_l, out = c0[layer], fg[layer], ig[layer], cs[layer]
-        for t in range(f.shape[0]):  # elementwise scan; numpy's per-op cost is lower than torch's here
-            c = f[t] * c + ig_l[t]
-            out[t] = c
+Cells = tuple[list[np.ndarray], list[list[np.ndarray]], np.ndarray, np.ndarray]
+"""What the per-step c of a multi-step LSTM call is computed from (``recover.lstm_sequence_io``): each
+layer's input (T, N, F_l), each layer's i, f, g weight rows [W_ih (3H, F_l), W_hh (3H, H), (b_ih + b_hh)
+(3H,) when the module has biases], and the initial h0, c0 (L, N, H)."""
+
+
+def lstm_cells(
+    hs: np.ndarray, inputs: list[np.ndarray], weights: list[list[np.ndarray]], h0: np.ndarray, c0: np.ndarray
+) -> np.ndarray:
+    """Per-step c of every layer, (L, T, N, H) float32, from the per-step h ``hs`` (L, T, N, H) and
+    :data:`Cells`: the i, f, g gates of all steps in one matmul from (x_t, h_{t-1}), then
+    c_t = f_t * c_{t-1} + i_t * g_t as an elementwise scan."""
+    cs = np.empty(hs.shape, np.float32)
+    for layer in range(hs.shape[0]):
+        out = hs[layer]
+        h_prev = np.concatenate([h0[layer][None], out[:-1]])  # (T, N, H): h_{t-1}
+        w = weights[layer]
+        gates = inputs[layer] @ w[0].T + h_prev @ w[1].T
+        if len(w) > 2:
+            gates += w[2]
+        i, f, g = np.split(gates, 3, axis=-1)
+        with np.errstate(over="ignore"):  # exp overflow -> sigmoid 0, as it should
+            fg = 1.0 / (1.0 + np.exp(-f))
+            ig = np.tanh(g) / (1.0 + np.exp(-i))
+        c, cl = c0[layer], cs[layer]
+        for t in range(out.shape[0]):  # elementwise scan; numpy's per-op cost is lower than torch's here
+            c = fg[t] * c + ig[t]
+            cl[t] = c
     return cs
 
 
@@ -256,13 +275,14 @@ class Sink:
         tags: Tags,
         call: int,
         hs: np.ndarray,
-        gates: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
+        cells: Cells | None,
         initial: tuple[np.ndarray, np.ndarray | None] | None,
     ) -> None:
-        """Rows of one multi-step call: hs (L, T, N, H) per-step h of every layer; ``gates`` (fg, ig, c0)
-        of an LSTM (see :func:`scan_cells`), None for a GRU; ``initial`` the (L, N, H) states the call
-        started from, written as rows with t = -1 when the call is a train call of whole sequences."""
-        cs = scan_cells(*gates).transpose(0, 2, 1, 3) if gates is not None else None
+        """Rows of one multi-step call: hs (L, T, N, H) per-step h of every layer; ``cells`` what an
+        LSTM's per-step c is computed from (:data:`Cells`), None for a GRU; ``initial`` the (L, N, H)
+        states the call started from, written as rows with t = -1 when the call is a train call of
+        whole sequences."""
+        cs = lstm_cells(hs, *cells).transpose(0, 2, 1, 3) if cells is not None else None
         hs = hs.transpose(0, 2, 1, 3)  # (L, N, T, H)
         batch, steps = hs.shape[1], hs.shape[2]
         path = PATH["sequence"]
@@ -718,10 +738,15 @@ class _Child:
         """Write ``message`` into the pipe as far as it takes it without waiting; what does not fit waits
         in a backlog, written first by the next send. Waits only while the backlog holds more than
         ``budget`` bytes (the writer process is behind): returns the seconds waited."""
-        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-        self.backlog.append(memoryview(_HEADER.pack(len(data))))
-        self.backlog.append(memoryview(data))
-        self.backlog_bytes += _HEADER.size + len(data)
+        # Pickle protocol 5 with out-of-band buffers: the state arrays go into the pipe straight from
+        # their own memory (one copy, into the pipe), not through the pickle's bytes (two).
+        buffers: list[pickle.PickleBuffer] = []
+        data = pickle.dumps(message, protocol=5, buffer_callback=buffers.append)
+        raws = [b.raw() for b in buffers]
+        sizes = [len(data)] + [r.nbytes for r in raws]
+        frame = [memoryview(struct.pack(f"<Q{len(sizes)}Q", len(sizes), *sizes)), memoryview(data), *raws]
+        self.backlog.extend(frame)
+        self.backlog_bytes += sum(f.nbytes for f in frame)
         return self.pump(budget)
 
     def pump(self, budget: int) -> float:
@@ -741,7 +766,7 @@ class _Child:
             except OSError:  # a broken pipe: the process ended; say why if it told
                 raise WriterGone(self.reply()[1]) from None
             self.backlog_bytes -= n
-            if n == len(head):
+            if n == head.nbytes:
                 self.backlog.popleft()
             else:
                 self.backlog[0] = head[n:]
@@ -788,15 +813,31 @@ def _serve() -> int:
         data = pickle.dumps(reply)
         os.write(reply_fd, _HEADER.pack(len(data)) + data)
 
-    def read(n: int) -> bytes | None:
-        chunks, got = [], 0
+    def read(n: int) -> bytearray | None:
+        """Exactly ``n`` bytes (writable: arrays unpickled onto them stay writable), None at the pipe's end."""
+        buf = bytearray(n)
+        view, got = memoryview(buf), 0
         while got < n:
-            b = os.read(inp, min(n - got, 1 << 22))
-            if not b:
+            k = os.readv(inp, [view[got:]])
+            if not k:
                 return None
-            chunks.append(b)
-            got += len(b)
-        return b"".join(chunks)
+            got += k
+        return buf
+
+    def frame() -> tuple[Any, ...] | None:
+        """One message: a count, the sizes, the pickle, its out-of-band buffers (see :meth:`_Child.send`)."""
+        head = read(_HEADER.size)
+        if head is None:
+            return None
+        count = _HEADER.unpack(head)[0]
+        sizes_raw = read(8 * count)
+        if sizes_raw is None:
+            return None
+        parts = [read(size) for size in struct.unpack(f"<{count}Q", sizes_raw)]
+        if any(p is None for p in parts):
+            return None
+        message: tuple[Any, ...] = pickle.loads(parts[0], buffers=parts[1:])  # type: ignore[arg-type]
+        return message
 
     while True:
         if sink is not None:
@@ -809,14 +850,13 @@ def _serve() -> int:
                     answer("error", _one_line(exc))
                     os._exit(1)  # no destructors: a half-written Parquet file would complain on stderr
                 continue
-        head = read(_HEADER.size)
-        data = read(_HEADER.unpack(head)[0]) if head is not None else None
-        if data is None:  # the training process is gone: keep what it handed over
+        message = frame()
+        if message is None:  # the training process is gone: keep what it handed over
             if sink is not None:
                 with contextlib.suppress(Exception):
                     sink.log.abandon()
             return 0
-        method, args = pickle.loads(data)
+        method, args = message
         start = time.perf_counter()
         try:
             if method == "open":

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from lstm_probe.errors import BadInput
-from lstm_probe.recover import gru_sequence_states, lstm_sequence_gates, snapshot_weights
+from lstm_probe.recover import gru_sequence_states, lstm_sequence_io, snapshot_weights
 from lstm_probe.schema import PHASES, SCHEMA_VERSION
 from lstm_probe.sink import CODES, DEFAULT_WRITER, PATH, PHASE, Grid, LogWriter, Resolver, Tags
 
@@ -408,14 +408,14 @@ class Tracer:
                 initial_states = self.initial_states
 
                 def states() -> tuple[np.ndarray, Any, tuple[np.ndarray, np.ndarray | None] | None]:
-                    # the torch part of the recovery here; the cell-state scan in the sink
-                    gates: Any = None
+                    # the torch part of the recovery here (lower layers only); gates and scan in the sink
+                    cells: Any = None
                     if is_lstm:
-                        hs, gates = lstm_sequence_gates(module, x, h0, c0, y, weights)  # type: ignore[arg-type]
+                        hs, cells = lstm_sequence_io(module, x, h0, c0, y, weights)  # type: ignore[arg-type]
                     else:
                         hs = gru_sequence_states(module, x, h0, y, weights)  # type: ignore[arg-type]
                     initial = (_host(h0), _host(c0) if is_lstm else None) if initial_states else None
-                    return hs, gates, initial
+                    return hs, cells, initial
 
                 layers = int(module.num_layers)
                 nbytes = 2 * layers * _nbytes(y) + _nbytes(x, h0, c0, *(w for ws in weights for w in ws))
