@@ -21,11 +21,13 @@ CHILD = r"""
 import json, os, resource, sys, threading, time
 import torch
 trace = []  # (seconds since start, RSS MB) every 2 s: memory over the run, not only its peak
+def rss_kb(pid):
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS"))
 def sample():
     t0 = time.perf_counter()
     while True:
-        with open("/proc/self/status") as f:
-            kb = next(int(line.split()[1]) for line in f if line.startswith("VmRSS"))
+        kb = rss_kb("self")  # the training process; the writer process reports its own peak (probe_cost)
         trace.append((round(time.perf_counter() - t0), kb // 1024))
         time.sleep(2)
 threading.Thread(target=sample, daemon=True).start()
@@ -39,11 +41,11 @@ model = RecurrentPPO("MlpLstmPolicy", env, seed=0)
 cb = None
 if cfg["capture"] != "none":
     cb = ProbeCallback(cfg["out"], capture=cfg["capture"].replace("-f16", ""), float16=cfg["capture"].endswith("-f16"),
-                       force=True)
+                       force=True, writer=cfg["writer"])
 start = time.perf_counter()
 model.learn(cfg["steps"], callback=cb)
 seconds = time.perf_counter() - start
-rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # the training process
 size = rows = 0
 cost = {}
 if cb is not None:
@@ -77,6 +79,7 @@ def main() -> None:
     ap.add_argument("--n-envs", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--captures", nargs="+", default=["summary", "full", "full-f16"])
+    ap.add_argument("--writers", nargs="+", default=["process"], choices=["process", "thread"])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--rss-trace", action="store_true", help="print RSS (MB) at each tenth of every run")
     args = ap.parse_args()
@@ -84,24 +87,30 @@ def main() -> None:
     print(f"{args.env}, {args.steps} steps, sb3-contrib defaults (hidden 256, n_steps 128), {args.repeats} "
           "interleaved repeats\n")
     print(f"{'n_envs':>6} {'thr':>3} {'capture':>9} {'ratio':>7} {'spread':>15} {'base s':>7} {'probe s':>8} "
-          f"{'RSS +MB':>8} {'rows':>9} {'B/row':>6} {'train%':>6} {'writer%':>7}")
-    # train%: the probe's own measurement of its time on the training thread (hooks and callbacks) as a
-    # share of the probed run; writer%: the writer thread's CPU time as a share of it (medians)
+          f"{'RSS +MB':>8} {'wr MB':>6} {'rows':>9} {'B/row':>6} {'train%':>6} {'writer%':>7}")
+    # train%: the probe's own measurement of its time on the training thread (hooks and callbacks, which
+    # include handing states to the writer) as a share of the probed run; writer%: the writer process's
+    # (or thread's, "/thr") CPU time as a share of it (medians)
     for n_envs in args.n_envs:
         for threads in args.threads:
-            for capture in args.captures:
+            for capture, writer in [(c, w) for c in args.captures for w in args.writers]:
+                label = capture if writer == "process" else f"{capture}/thr"
                 base, probed = [], []
                 for _ in range(args.repeats):
                     common = {"env": args.env, "steps": args.steps, "n_envs": n_envs, "threads": threads,
-                              "out": os.path.join(tmp, "b.parquet")}
+                              "out": os.path.join(tmp, "b.parquet"), "writer": writer}
                     base.append(one({**common, "capture": "none"}))
                     probed.append(one({**common, "capture": capture}))
                 ratios = [p["seconds"] / b["seconds"] for p, b in zip(probed, base, strict=True)]
+                # memory over unprobed: the training process's peak RSS, plus the writer process's peak private
+                # memory (the libraries it maps are the training process's too)
+                writer_mb = statistics.median(p["cost"].get("writer_peak_private_mb", 0) for p in probed)
                 rss = statistics.median(p["rss_mb"] for p in probed) - statistics.median(b["rss_mb"] for b in base)
+                rss += writer_mb
                 rows = probed[-1]["rows"]
-                print(f"{n_envs:>6} {threads:>3} {capture:>9} {statistics.median(ratios):>6.3f}x "
+                print(f"{n_envs:>6} {threads:>3} {label:>9} {statistics.median(ratios):>6.3f}x "
                       f"{min(ratios):>6.3f}-{max(ratios):<6.3f}x {statistics.median(b['seconds'] for b in base):>7.1f} "
-                      f"{statistics.median(p['seconds'] for p in probed):>8.1f} {rss:>8.0f} {rows:>9} "
+                      f"{statistics.median(p['seconds'] for p in probed):>8.1f} {rss:>8.0f} {writer_mb:>6.0f} {rows:>9} "
                       f"{probed[-1]['bytes'] / max(rows, 1):>6.0f} "
                       f"{share(probed, 'hook_seconds', 'integration_seconds'):>6.1f} "
                       f"{share(probed, 'writer_cpu_seconds'):>7.1f}", flush=True)

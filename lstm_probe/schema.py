@@ -205,7 +205,9 @@ METADATA_KEYS: dict[str, str] = {
     "calls, hook_seconds and integration_seconds (training thread: hooks, the integration's callbacks), "
     "writer (process or thread: where rows were made and written), writer_cpu_seconds and "
     "writer_busy_seconds (that writer process or thread), wait_seconds (training waiting for room in the "
-    "writer's queue or pipe). Summed over processes in multi-process logs.",
+    "writer's queue or pipe); with a writer process on Linux also writer_peak_rss_mb (its peak RSS, shared "
+    "libraries included) and writer_peak_private_mb (its peak private memory, sampled each second). "
+    "Summed over processes in multi-process logs.",
 }
 
 

@@ -38,7 +38,7 @@ import numpy as np
 
 from lstm_probe.errors import BadInput, OutputError
 from lstm_probe.schema import BOOTSTRAPS, PATHS, PHASES, SEQ_REASONS, relative_l2
-from lstm_probe.writer import FileLog, Rows, check_output
+from lstm_probe.writer import FileLog, Rows, check_output, row_capacity
 
 CODES: dict[str, tuple[str, ...]] = {"phase": PHASES, "path": PATHS, "bootstrap": BOOTSTRAPS, "seq_reason": SEQ_REASONS}
 PHASE = {p: i for i, p in enumerate(PHASES)}
@@ -508,8 +508,7 @@ class LogWriter:
     @property
     def capacity(self) -> int:
         """Rows per row group."""
-        row_bytes = 2 * int(self.config["log"]["hidden_size"]) * 4 + 80
-        return int(max(256, min(65536, BUFFER_BYTES // row_bytes)))
+        return row_capacity(int(self.config["log"]["hidden_size"]))
 
     # -- training thread -------------------------------------------------------------------------
     def submit(self, job: Callable[[], None], nbytes: int) -> None:
@@ -680,7 +679,6 @@ class _Sized:
 
 
 _IDLE: Any = object()
-BUFFER_BYTES = 16 << 20
 _HEADER = struct.Struct("<Q")
 
 
@@ -711,7 +709,16 @@ class _Child:
 
     @classmethod
     def start(cls, config: dict[str, Any]) -> _Child:
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        # One core's worth of threads, and allocators that give memory back: the system allocator for
+        # Arrow (its default mimalloc pool kept ~17 MB more) and one glibc arena.
+        env = {
+            **os.environ,
+            "OMP_NUM_THREADS": "1",
+            "OPENBLAS_NUM_THREADS": "1",
+            "MKL_NUM_THREADS": "1",
+            "ARROW_DEFAULT_MEMORY_POOL": "system",
+            "MALLOC_ARENA_MAX": "1",
+        }
         try:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "lstm_probe.sink"],
@@ -808,6 +815,7 @@ def _serve() -> int:
     sink: Sink | None = None
     busy = 0.0
     cpu0 = time.process_time()
+    memory = _Memory()
 
     def answer(*reply: Any) -> None:
         data = pickle.dumps(reply)
@@ -870,10 +878,13 @@ def _serve() -> int:
                 busy += time.perf_counter() - start
                 cost["writer_busy_seconds"] = round(cost["writer_busy_seconds"] + busy, 4)
                 cost["writer_cpu_seconds"] = round(cost["writer_cpu_seconds"] + time.process_time() - cpu0, 4)
+                memory.sample()
+                cost.update(memory.cost())
                 sink.close(final)
                 answer("closed")
                 return 0
             getattr(sink, method)(*args)
+            memory.sample_now_and_then()
         except Exception as exc:
             if sink is not None:
                 with contextlib.suppress(Exception):
@@ -881,6 +892,36 @@ def _serve() -> int:
             answer("error", _one_line(exc))
             os._exit(1)  # no destructors: a half-written Parquet file would complain on stderr
         busy += time.perf_counter() - start
+
+
+class _Memory:
+    """The writer process's peak memory, for ``probe_cost`` (Linux): its peak RSS (VmHWM, counting the
+    shared libraries it maps like every process that loads them) and its peak private memory (sampled at
+    most once a second: what it adds to the machine, libraries shared with training excluded)."""
+
+    def __init__(self) -> None:
+        self.private_kb = 0
+        self.last = 0.0
+
+    def sample_now_and_then(self) -> None:
+        if time.monotonic() - self.last >= 1.0:
+            self.sample()
+
+    def sample(self) -> None:
+        self.last = time.monotonic()
+        with contextlib.suppress(OSError, ValueError):
+            with open("/proc/self/smaps_rollup") as f:
+                kb = sum(int(line.split()[1]) for line in f if line.startswith(("Private_Clean", "Private_Dirty")))
+            self.private_kb = max(self.private_kb, kb)
+
+    def cost(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        with contextlib.suppress(OSError, ValueError, StopIteration):
+            with open("/proc/self/status") as f:
+                out["writer_peak_rss_mb"] = round(next(int(s.split()[1]) for s in f if s.startswith("VmHWM")) / 1024, 1)
+        if self.private_kb:
+            out["writer_peak_private_mb"] = round(self.private_kb / 1024, 1)
+        return out
 
 
 def _one_line(exc: BaseException) -> str:

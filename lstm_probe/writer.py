@@ -56,7 +56,16 @@ def _parquet_writer(path: Path, schema: pa.Schema, journal: bool = False) -> pq.
     )
 
 
-BUFFER_BYTES = 16 << 20
+BUFFER_BYTES = 4 << 20
+"""Bytes of one row buffer, i.e. of one row group before compression. The writer's memory is a few
+times this (the buffer, its Arrow arrays, the Parquet writers' pages); 16 MB cost the writer process
+~110 MB above its imports, 4 MB ~40 MB; readers stream row group by row group either way."""
+
+
+def row_capacity(hidden_size: int) -> int:
+    """Rows per row buffer (and row group) at this hidden size."""
+    row_bytes = 2 * hidden_size * 4 + 80
+    return int(max(256, min(65536, BUFFER_BYTES // row_bytes)))
 
 
 def partial_dir(path: Path) -> Path:
@@ -280,8 +289,7 @@ class FileLog:
         self.hidden_size = hidden_size
         self.schema = log_schema(hidden_size, float16, dict(metadata))
         self.encoder = Encoder(self.schema, modules, codes, float16)
-        row_bytes = 2 * hidden_size * 4 + 80
-        self.capacity = int(max(256, min(65536, BUFFER_BYTES // row_bytes)))
+        self.capacity = row_capacity(hidden_size)
         self.current = Rows(self.capacity, hidden_size)
         self._buffer = self.current
         self.flush_seconds = part_seconds / 2
