@@ -135,3 +135,32 @@ def test_rows_handed_over_survive_a_sigkill_of_training(tmp_path):
         time.sleep(0.05)
     info = lstm_probe.read_info(out)
     assert not info.completed and info.rows == 30 * 7 * 2
+
+
+def test_ctrl_c_to_the_whole_process_group_still_closes_a_valid_log(tmp_path):
+    """A terminal's Ctrl-C reaches every process of the group: the writer process ignores it and the
+    training process closes the log through it."""
+    args = ["run", "Pendulum-v1", "--steps", "100000", "--n-steps", "32", "--batch-size", "32", "--n-epochs", "1",
+            "--hidden-size", "8", "--torch-threads", "1", "--part-seconds", "0.3"]  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lstm_probe", *args],
+        cwd=tmp_path,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 120
+    while not list((tmp_path / "run.parquet.partial").glob("part-*.parquet")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    info = lstm_probe.read_info(tmp_path / "run.parquet")
+    assert not info.completed and info.rows == info.metadata["progress"]["rows"] > 0
+    cost = info.metadata["probe_cost"]
+    assert cost["writer"] == "process" and cost["writer_cpu_seconds"] > 0
+    if sys.platform == "linux":
+        assert 0 < cost["writer_peak_private_mb"] <= cost["writer_peak_rss_mb"]
