@@ -506,6 +506,11 @@ class LogWriter:
             self._thread.start()
 
     @property
+    def inline(self) -> bool:
+        """Whether :meth:`submit` runs jobs right away on the calling thread (with a writer process)."""
+        return self._child is not None
+
+    @property
     def capacity(self) -> int:
         """Rows per row group."""
         return row_capacity(int(self.config["log"]["hidden_size"]))

@@ -400,11 +400,14 @@ class Tracer:
                 elif module.batch_first:
                     x, y = x.transpose(0, 1), y.transpose(0, 1)
                 h0, c0 = self._initial(mod, args, batch, x, unbatched, is_lstm)
-                # The recovery runs later (on the writer thread): copy what the caller may still change in
-                # place (its input and states, the weights an optimizer step updates); y is the call's own
-                # fresh output.
-                x, h0, c0 = x.clone(), h0.detach().clone(), c0.detach().clone()
-                weights = snapshot_weights(module, top=is_lstm)  # type: ignore[arg-type]
+                h0, c0 = h0.detach(), c0.detach()
+                weights: list[list[torch.Tensor]] | None = None
+                if self.writer is not None and not self.writer.inline:
+                    # The recovery runs later, on the writer thread: copy what the caller may still change
+                    # in place (its input and states, the weights an optimizer step updates); y is the
+                    # call's own fresh output. (A writer process's job runs now, inside this hook.)
+                    x, h0, c0 = x.clone(), h0.clone(), c0.clone()
+                    weights = snapshot_weights(module, top=is_lstm)  # type: ignore[arg-type]
                 initial_states = self.initial_states
 
                 def states() -> tuple[np.ndarray, Any, tuple[np.ndarray, np.ndarray | None] | None]:
@@ -418,7 +421,7 @@ class Tracer:
                     return hs, cells, initial
 
                 layers = int(module.num_layers)
-                nbytes = 2 * layers * _nbytes(y) + _nbytes(x, h0, c0, *(w for ws in weights for w in ws))
+                nbytes = 2 * layers * _nbytes(y) + _nbytes(x, h0, c0, *(w for ws in weights or [] for w in ws))
                 self._emit(name, code, steps, batch, None, None, states, nbytes)
 
         else:

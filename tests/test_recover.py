@@ -141,10 +141,12 @@ def _hold_writer(probe):
     return release
 
 
+@pytest.mark.parametrize("writer", ["thread", "process"])
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
-def test_deferred_recovery_uses_the_weights_and_inputs_of_the_call(tmp_path, kind):
-    """States are recovered later on the writer thread: an optimizer step and in-place changes of the
-    input and initial state made right after the call must not change what the log holds."""
+def test_deferred_recovery_uses_the_weights_and_inputs_of_the_call(tmp_path, kind, writer):
+    """An optimizer step and in-place changes of the input and initial state made right after the call
+    must not change what the log holds: the writer thread recovers states later (from copies), the
+    writer process's hand-over runs inside the hook (from the call's own tensors)."""
     torch.manual_seed(3)
     m = nn.LSTM(4, 6, num_layers=2) if kind == "lstm" else nn.GRU(4, 6, num_layers=2)
     x = torch.randn(7, 3, 4)
@@ -152,8 +154,8 @@ def test_deferred_recovery_uses_the_weights_and_inputs_of_the_call(tmp_path, kin
     with torch.no_grad():
         ref_h, ref_c = stepwise(m, x, h0, c0 if kind == "lstm" else None)
     opt = torch.optim.SGD(m.parameters(), lr=0.5)
-    with lstm_probe.trace(m, tmp_path / "d.parquet", writer="thread") as probe:
-        release = _hold_writer(probe)
+    with lstm_probe.trace(m, tmp_path / "d.parquet", writer=writer) as probe:
+        release = _hold_writer(probe) if writer == "thread" else threading.Event()
         try:
             y, _ = m(x, (h0, c0)) if kind == "lstm" else m(x, h0)
             y.pow(2).sum().backward()
