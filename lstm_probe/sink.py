@@ -527,19 +527,7 @@ class LogWriter:
             raise OutputError(f"the log {self.path} is already closed")
         if self._child is not None:
             start = time.perf_counter()
-            import torch
-
-            # The job's few torch ops (stacking states, copies) on one intra-op thread: with training's
-            # team of two they cost several times more in thread wake-ups. Copies give the same numbers
-            # on any thread count, and training's own count is back before its next op.
-            threads = torch.get_num_threads()
-            if threads > 1:
-                torch.set_num_threads(1)
-            try:
-                self._run(job)
-            finally:
-                if threads > 1:
-                    torch.set_num_threads(threads)
+            self._run(job)
             self.busy_seconds += time.perf_counter() - start
             if self.error is not None:
                 raise self._failed()
