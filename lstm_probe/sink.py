@@ -490,9 +490,9 @@ class LogWriter:
         self._queued_bytes = 0
         self._queue_bytes = queue_bytes
         self._cond = threading.Condition()
-        self.busy_seconds = 0.0  # writer thread (and writer process) wall time spent on jobs and writes
-        self.cpu_seconds = 0.0  # writer thread (and writer process) CPU time, set at close
-        self.wait_seconds = 0.0  # training thread time spent waiting for room in the queue
+        self.busy_seconds = 0.0  # wall time in jobs: the writer thread's, or the training thread's (process)
+        self.cpu_seconds = 0.0  # the writer thread's CPU time, set when it ends
+        self.wait_seconds = 0.0  # training thread time spent waiting for room in the queue or the pipe
         self.sink: Sink | None = None
         self._child: _Child | None = None
         if writer == "process":
@@ -552,7 +552,8 @@ class LogWriter:
 
     # -- writer thread ---------------------------------------------------------------------------
     def send(self, method: str, *args: Any) -> None:
-        """Hand host arrays to the sink: ``Sink.<method>(*args)`` (writer thread only, inside a job)."""
+        """Hand host arrays to the sink: ``Sink.<method>(*args)`` (inside a job: on the writer thread, or
+        on the training thread with a writer process)."""
         if self.progress != self._sent_progress:
             self._sent_progress = dict(self.progress)
             self._to_sink("progress", self._sent_progress)
