@@ -422,13 +422,14 @@ DEFAULT_WRITER = "thread" if os.name == "nt" else "process"  # Windows pipes can
 
 
 class LogWriter:
-    """Owns the job queue and the writer thread of one log, and its sink (in a writer process or on the
-    thread, see the module docstring).
+    """Hands one log's states to its sink: in a writer process, or on a writer thread (see the module
+    docstring).
 
-    The training thread only hands over *jobs* (:meth:`submit`): closures that hold the detached state
-    tensors of a block of calls and their provenance. The writer thread runs them in order; a job ends
-    by handing its host arrays to the sink with :meth:`send`. The queue is bounded by the bytes its jobs
-    hold, so a slow disk slows training down instead of growing memory. :meth:`close` drains
+    The training thread hands over *jobs* (:meth:`submit`): closures that hold the detached state
+    tensors of a block of calls and their provenance; a job ends by handing host arrays to the sink with
+    :meth:`send`. With a writer process a job runs right away and its messages go into the pipe, whose
+    backlog is bounded by bytes; with a writer thread jobs wait in a queue bounded by the bytes they
+    hold. Either way a slow disk slows training down instead of growing memory. :meth:`close` drains
     everything, writes the outcome into the metadata and publishes the log.
     """
 
@@ -490,7 +491,7 @@ class LogWriter:
         self._queued_bytes = 0
         self._queue_bytes = queue_bytes
         self._cond = threading.Condition()
-        self.busy_seconds = 0.0  # wall time in jobs: the writer thread's, or the training thread's (process)
+        self.busy_seconds = 0.0  # the writer thread's wall time in jobs and writes
         self.cpu_seconds = 0.0  # the writer thread's CPU time, set when it ends
         self.wait_seconds = 0.0  # training thread time spent waiting for room in the queue or the pipe
         self.sink: Sink | None = None
@@ -526,9 +527,7 @@ class LogWriter:
         if self.closed:
             raise OutputError(f"the log {self.path} is already closed")
         if self._child is not None:
-            start = time.perf_counter()
             self._run(job)
-            self.busy_seconds += time.perf_counter() - start
             if self.error is not None:
                 raise self._failed()
             return
@@ -575,15 +574,13 @@ class LogWriter:
 
         torch.set_num_threads(1)
         _lower_priority(threading.get_native_id())
+        sink = self.sink  # the thread exists only without a writer process
+        assert sink is not None
         flush_seconds = float(self.config["log"]["part_seconds"]) / 2
         while True:
             with self._cond:
                 while not self._jobs:
-                    if self._child is not None:  # the writer process keeps its own idle timer
-                        self._cond.wait()
-                        continue
-                    assert self.sink is not None
-                    timeout = flush_seconds - (time.monotonic() - self.sink.log.last_flush)
+                    timeout = flush_seconds - (time.monotonic() - sink.log.last_flush)
                     if timeout <= 0:
                         break
                     self._cond.wait(timeout)
@@ -592,18 +589,13 @@ class LogWriter:
                 self.cpu_seconds = time.thread_time()  # this thread's CPU time, start to end
                 return
             if item is _IDLE:  # small or idle logs too reach disk in bounded time
-                self._run(self._flush_if_due)
+                self._run(sink.flush_if_due)
                 continue
             self._run(item.job)
             with self._cond:
                 self._queued_bytes -= item.nbytes
                 self._cond.notify_all()
-            if self.sink is not None:
-                self._run(self._flush_if_due)
-
-    def _flush_if_due(self) -> None:
-        if self.sink is not None:
-            self.sink.flush_if_due()
+            self._run(sink.flush_if_due)
 
     def _run(self, fn: Callable[[], None]) -> None:
         if self.error is not None:
@@ -619,8 +611,7 @@ class LogWriter:
             with self._cond:
                 self._cond.notify_all()
         finally:
-            if self._child is None:
-                self.busy_seconds += time.perf_counter() - start
+            self.busy_seconds += time.perf_counter() - start  # reported for a writer thread only
 
     # -- end -------------------------------------------------------------------------------------
     def close(self, final: dict[str, Any]) -> Path:
@@ -703,7 +694,7 @@ class _Child:
     def __init__(self, proc: subprocess.Popen[bytes]):
         self.proc = proc
         assert proc.stdin is not None and proc.stdout is not None
-        self.stdin, self.stdout = proc.stdin, proc.stdout
+        self.stdout = proc.stdout
         self.fd = proc.stdin.fileno()
         os.set_blocking(self.fd, False)
         with contextlib.suppress(ImportError, AttributeError, OSError):  # Linux: a 1 MB pipe (default 64 kB)
