@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -682,6 +682,18 @@ _HEADER = struct.Struct("<Q")
 # -- the writer process ---------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM (the ones the training process turns into exceptions) for a few lines;
+    they arrive right after."""
+    held = {signal.SIGINT, signal.SIGTERM}
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 class WriterGone(RuntimeError):
     """The writer process ended before the log was closed; the message says why (its own error when it
     reported one)."""
@@ -752,8 +764,9 @@ class _Child:
         raws = [b.raw() for b in buffers]
         sizes = [len(data)] + [r.nbytes for r in raws]
         frame = [memoryview(struct.pack(f"<Q{len(sizes)}Q", len(sizes), *sizes)), memoryview(data), *raws]
-        self.backlog.extend(frame)
-        self.backlog_bytes += sum(f.nbytes for f in frame)
+        with _signals_held():
+            self.backlog.extend(frame)
+            self.backlog_bytes += sum(f.nbytes for f in frame)
         return self.pump(budget)
 
     def pump(self, budget: int) -> float:
@@ -761,22 +774,27 @@ class _Child:
         waited = 0.0
         while self.backlog:
             head = self.backlog[0]
-            try:
-                n = os.write(self.fd, head)
-            except BlockingIOError:
+            # A write and its bookkeeping happen together: a Ctrl-C/SIGTERM handler raising in between
+            # would leave bytes written but still in the backlog, and the stream corrupt for close().
+            with _signals_held():
+                try:
+                    n = os.write(self.fd, head)
+                except BlockingIOError:
+                    n = -1
+                except OSError:  # a broken pipe: the process ended; say why if it told
+                    raise WriterGone(self.reply()[1]) from None
+                if n >= 0:
+                    self.backlog_bytes -= n
+                    if n == head.nbytes:
+                        self.backlog.popleft()
+                    else:
+                        self.backlog[0] = head[n:]
+            if n < 0:  # the pipe is full (waiting here stays interruptible)
                 if self.backlog_bytes <= budget:
                     break
                 start = time.monotonic()
                 select.select([], [self.fd], [])
                 waited += time.monotonic() - start
-                continue
-            except OSError:  # a broken pipe: the process ended; say why if it told
-                raise WriterGone(self.reply()[1]) from None
-            self.backlog_bytes -= n
-            if n == head.nbytes:
-                self.backlog.popleft()
-            else:
-                self.backlog[0] = head[n:]
         return waited
 
     def reply(self) -> tuple[Any, ...]:
