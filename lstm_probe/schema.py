@@ -94,12 +94,19 @@ COLUMNS: list[tuple[str, pa.DataType | None, bool, str]] = [
         True,
         "Minibatch within the epoch (sb3 train rows); RLlib: minibatch within the update.",
     ),
-    ("seq", pa.int32(), True, "Sequence index within the minibatch = batch column of the call (train rows only)."),
+    (
+        "seq",
+        pa.int32(),
+        True,
+        "Sequence index within the minibatch = batch column of the call (train rows). Rows of calls no "
+        "integration tagged (env null) carry their batch column here too; null otherwise.",
+    ),
     (
         "t",
         pa.int32(),
         False,
-        "Step within the sequence (train rows); 0 otherwise. -1 marks a sequence's initial-state row (RLlib "
+        "Step within the sequence (train rows), within the call for calls no integration tagged (env null); "
+        "0 otherwise. -1 marks a sequence's initial-state row (RLlib "
         "learner calls): the state the sequence started from (RLlib's STATE_IN), keyed to the step before its "
         "first step, so it pairs with the rollout row that produced it; env_step is null where the sequence "
         "starts an episode (the state is the initial zeros).",

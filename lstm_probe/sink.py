@@ -329,7 +329,7 @@ class Sink:
         if grid is not None and grid.shape[0] == batch and t0 + steps <= grid.shape[1]:
             self._fill_grid(r, i0, i1, grid, t0, steps, layers)
         else:
-            self._fill_null(r, i0, i1)
+            self._fill_null(r, i0, i1, path, call, t0, steps, layers)
         if t is not None:
             r.t[i0:i1] = t
         r.h[i0:i1] = hs.reshape(n, -1)
@@ -377,7 +377,9 @@ class Sink:
             r.seq_reason[i0:i1] = -1
 
     @staticmethod
-    def _fill_null(r: Rows, i0: int, i1: int) -> None:
+    def _fill_null(r: Rows, i0: int, i1: int, path: int, call: np.ndarray, t0: int, steps: int, layers: int) -> None:
+        """Rows without provenance (a call no integration tagged): no env columns, but each row still says
+        where in its call it sits: ``seq`` the batch column, ``t`` the step."""
         for col in (
             r.worker,
             r.env,
@@ -385,12 +387,19 @@ class Sink:
             r.episode,
             r.episode_step,
             r.episode_start,
-            r.seq,
             r.seq_len,
             r.seq_reason,
         ):
             col[i0:i1] = -1
-        r.t[i0:i1] = 0
+        per_layer = len(call)  # (N * T',) in column-major order: n, then t
+        if path == PATH["step"]:  # one-step calls side by side (T' = 1): the column within each call
+            pos = np.arange(per_layer)
+            seq = pos - np.searchsorted(call, call)
+        else:  # one call (sequence) or one call per step (stepwise): the batch columns
+            seq = np.repeat(np.arange(per_layer // steps), steps)
+        t = np.tile(np.arange(t0, t0 + steps), per_layer // steps)
+        r.seq[i0:i1] = np.tile(seq, layers) if layers > 1 else seq
+        r.t[i0:i1] = np.tile(t, layers) if layers > 1 else t
         r.padding[i0:i1] = False
 
     def _drift(self, name: str, layers: int, r: Rows, i0: int, i1: int, rollout: bool, has_c: bool) -> None:
@@ -767,7 +776,15 @@ class _Child:
         with _signals_held():
             self.backlog.extend(frame)
             self.backlog_bytes += sum(f.nbytes for f in frame)
-        return self.pump(budget)
+        waited = self.pump(budget)
+        # What the pipe did not take yet must not alias the caller's memory: the raw buffers are views of
+        # host arrays that can be views of live tensors (a layer's weights, which the next optimizer step
+        # changes in place; an input buffer the framework reuses). Copied now, they hold this moment's
+        # values. Earlier frames' leftovers were copied by their own send; only this frame's are new.
+        with _signals_held():
+            for i in range(max(0, len(self.backlog) - len(frame)), len(self.backlog)):
+                self.backlog[i] = memoryview(bytes(self.backlog[i]))
+        return waited
 
     def pump(self, budget: int) -> float:
         """Write the backlog into the pipe; wait for room while it holds more than ``budget`` bytes."""

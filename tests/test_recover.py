@@ -93,6 +93,30 @@ def test_generic_tracer_cell_loop_equals_sequence_call(tmp_path):
     assert seq.module.iloc[0] == "root" and cell.module.iloc[0] == "cell"
 
 
+def test_untagged_calls_say_where_each_row_sits_in_its_call(tmp_path):
+    """Without provenance (no env), rows still carry their batch column (seq) and step in the call (t):
+    a 2-layer sequence call, a per-step loop of one-step calls on one batch, one-step calls of varying
+    batch side by side. Each row's h is the matching slice of what the module returned."""
+    torch.manual_seed(4)
+    m = nn.LSTM(3, 5, num_layers=2, batch_first=True)
+    x = torch.randn(4, 6, 3)
+    with torch.no_grad(), lstm_probe.trace(m, tmp_path / "u.parquet"):
+        y, _ = m(x)  # call 0: (N=4, T=6)
+        outs = [m(x[:n, :1])[0] for n in (1, 3, 2)]  # calls 1-3: one step each
+    df = lstm_probe.load(tmp_path / "u.parquet")
+    top = df[df.layer == 1]
+    seq0 = top[top.call == 0]
+    assert sorted(zip(seq0.seq, seq0.t, strict=True)) == [(n, t) for n in range(4) for t in range(6)]
+    for row in seq0.itertuples():
+        assert np.abs(row.h - y[row.seq, row.t].numpy()).max() < 1e-6
+    for call, (n, out) in enumerate(zip((1, 3, 2), outs, strict=True), start=1):
+        rows = top[top.call == call]
+        assert list(rows.seq) == list(range(n)) and set(rows.t) == {0}
+        for row in rows.itertuples():
+            assert np.abs(row.h - out[row.seq, 0].numpy()).max() < 1e-6
+    assert df.env.isna().all() and df.seq_len.isna().all()
+
+
 def test_generic_tracer_gru_and_drift(tmp_path):
     """GRU rows carry no c; with a reference window, train rows get drift against rollout rows."""
     torch.manual_seed(3)

@@ -94,6 +94,38 @@ def test_a_stalled_writer_process_makes_training_wait_and_loses_nothing(tmp_path
     assert lstm_probe.read_info(tmp_path / "q.parquet").metadata["probe_cost"]["wait_seconds"] > 2
 
 
+def test_states_waiting_for_a_stalled_writer_keep_their_values_when_weights_change(tmp_path):
+    """A call's recovery hands over views of the layer's weights; if the pipe cannot take them yet, they
+    wait in the backlog. An optimizer step that changes the weights in place before the writer process
+    catches up must not change the c recovered for the earlier call."""
+    torch.manual_seed(0)
+    m = nn.LSTM(3, 16)
+    big = torch.randn(100, 512, 3)  # ~3.5 MB of states: more than the pipe holds
+    x, h0, c0 = torch.randn(7, 2, 3), torch.randn(1, 2, 16), torch.randn(1, 2, 16)
+    with torch.no_grad():
+        want = []
+        h, c = h0, c0
+        for t in range(7):
+            _, (h, c) = m(x[t : t + 1], (h, c))
+            want.append(c[0].numpy().copy())
+    with torch.no_grad(), lstm_probe.trace(m, tmp_path / "w.parquet") as probe:
+        proc = _child(probe)
+        time.sleep(1.0)  # the process is up and reading
+        os.kill(proc.pid, signal.SIGSTOP)
+        try:
+            m(big)
+            m(x, (h0, c0))
+            assert probe.writer._child.backlog_bytes > 0, "the test call went into the pipe; make `big` larger"
+            for p in m.parameters():  # an optimizer step, in place
+                p.add_(0.5)
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+    df = lstm_probe.load(tmp_path / "w.parquet")
+    last = df[df["call"] == df["call"].max()].sort_values(["t", "seq"])
+    got = np.stack(last["c"].to_numpy()).reshape(7, 2, 16)
+    assert np.abs(got - np.stack(want)).max() < 1e-5
+
+
 def test_a_killed_writer_process_stops_training_with_one_line(tmp_path):
     m = nn.LSTM(3, 8)
     probe = lstm_probe.trace(m, tmp_path / "k.parquet").start()
