@@ -17,6 +17,7 @@ its pipe close and publishes the rows it holds as a part of the crash journal.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import pickle
@@ -229,28 +230,75 @@ layer's input (T, N, F_l), each layer's i, f, g weight rows [W_ih (3H, F_l), W_h
 (3H,) when the module has biases], and the initial h0, c0 (L, N, H)."""
 
 
+class Scratch:
+    """Reused work arrays: a fresh multi-MB array costs page faults on every first touch (more so in the
+    writer process, whose allocator hands large blocks back to the system), which made the gates of one
+    training call cost ~2x their arithmetic. Arrays above ``limit`` bytes are not kept."""
+
+    def __init__(self, limit: int = 16 << 20):
+        self.limit = limit
+        self.flat: dict[str, np.ndarray] = {}
+
+    def get(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        n = int(np.prod(shape))
+        if 4 * n > self.limit:
+            return np.empty(shape, np.float32)
+        flat = self.flat.get(name)
+        if flat is None or flat.size < n:
+            flat = self.flat[name] = np.empty(n, np.float32)
+        return flat[:n].reshape(shape)
+
+
 def lstm_cells(
-    hs: np.ndarray, inputs: list[np.ndarray], weights: list[list[np.ndarray]], h0: np.ndarray, c0: np.ndarray
+    hs: np.ndarray,
+    inputs: list[np.ndarray],
+    weights: list[list[np.ndarray]],
+    h0: np.ndarray,
+    c0: np.ndarray,
+    scratch: Scratch | None = None,
 ) -> np.ndarray:
     """Per-step c of every layer, (L, T, N, H) float32, from the per-step h ``hs`` (L, T, N, H) and
     :data:`Cells`: the i, f, g gates of all steps in one matmul from (x_t, h_{t-1}), then
-    c_t = f_t * c_{t-1} + i_t * g_t as an elementwise scan."""
-    cs = np.empty(hs.shape, np.float32)
-    for layer in range(hs.shape[0]):
+    c_t = f_t * c_{t-1} + i_t * g_t as an elementwise scan. With ``scratch`` the result and the work
+    arrays live in its reused memory (valid until its next use)."""
+    work = scratch or Scratch(limit=0)
+    layers, steps, batch, hidden = hs.shape
+    cs = work.get("cs", hs.shape)
+    rows = steps * batch
+    for layer in range(layers):
         out = hs[layer]
-        h_prev = np.concatenate([h0[layer][None], out[:-1]])  # (T, N, H): h_{t-1}
         w = weights[layer]
-        gates = inputs[layer] @ w[0].T + h_prev @ w[1].T
+        h_prev = work.get("h_prev", (steps, batch, hidden))  # h_{t-1}
+        h_prev[0] = h0[layer]
+        h_prev[1:] = out[:-1]
+        # as 2-D products into reused memory: one BLAS call each (a 3-D operand is one call per step)
+        gates = work.get("gates", (rows, 3 * hidden))
+        np.matmul(inputs[layer].reshape(rows, -1), w[0].T, out=gates)
+        part = work.get("part", (rows, 3 * hidden))
+        np.matmul(h_prev.reshape(rows, hidden), w[1].T, out=part)
+        gates += part
         if len(w) > 2:
             gates += w[2]
-        i, f, g = np.split(gates, 3, axis=-1)
+        g3 = gates.reshape(steps, batch, 3 * hidden)
+        i, f, g = g3[..., :hidden], g3[..., hidden : 2 * hidden], g3[..., 2 * hidden :]
+        fg = work.get("fg", (steps, batch, hidden))
+        ig = work.get("ig", (steps, batch, hidden))
+        tg = work.get("tg", (steps, batch, hidden))
         with np.errstate(over="ignore"):  # exp overflow -> sigmoid 0, as it should
-            fg = 1.0 / (1.0 + np.exp(-f))
-            ig = np.tanh(g) / (1.0 + np.exp(-i))
+            np.negative(f, out=fg)  # fg = 1 / (1 + exp(-f))
+            np.exp(fg, out=fg)
+            fg += 1.0
+            np.divide(1.0, fg, out=fg)
+            np.negative(i, out=ig)  # ig = tanh(g) / (1 + exp(-i))
+            np.exp(ig, out=ig)
+            ig += 1.0
+            np.tanh(g, out=tg)
+            np.divide(tg, ig, out=ig)
         c, cl = c0[layer], cs[layer]
-        for t in range(out.shape[0]):  # elementwise scan; numpy's per-op cost is lower than torch's here
-            c = fg[t] * c + ig[t]
-            cl[t] = c
+        for t in range(steps):  # elementwise scan; numpy's per-op cost is lower than torch's here
+            np.multiply(fg[t], c, out=cl[t])
+            cl[t] += ig[t]
+            c = cl[t]
     return cs
 
 
@@ -265,6 +313,7 @@ class Sink:
         self.capture, self.every = config["capture"], int(config["every"])
         self.reference_window = int(config["reference_window"])
         self.refs: dict[str, References] = {}
+        self.scratch = Scratch()
 
     def progress(self, progress: dict[str, Any]) -> None:
         self.log.progress = progress
@@ -282,7 +331,7 @@ class Sink:
         LSTM's per-step c is computed from (:data:`Cells`), None for a GRU; ``initial`` the (L, N, H)
         states the call started from, written as rows with t = -1 when the call is a train call of
         whole sequences."""
-        cs = lstm_cells(hs, *cells).transpose(0, 2, 1, 3) if cells is not None else None
+        cs = lstm_cells(hs, *cells, scratch=self.scratch).transpose(0, 2, 1, 3) if cells is not None else None
         hs = hs.transpose(0, 2, 1, 3)  # (L, N, T, H)
         batch, steps = hs.shape[1], hs.shape[2]
         path = PATH["sequence"]
@@ -703,6 +752,9 @@ def _signals_held() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
+_IOV_MAX = 512  # buffers per writev (POSIX guarantees 16, Linux takes 1024)
+
+
 class WriterGone(RuntimeError):
     """The writer process ended before the log was closed; the message says why (its own error when it
     reported one)."""
@@ -773,45 +825,54 @@ class _Child:
         raws = [b.raw() for b in buffers]
         sizes = [len(data)] + [r.nbytes for r in raws]
         frame = [memoryview(struct.pack(f"<Q{len(sizes)}Q", len(sizes), *sizes)), memoryview(data), *raws]
-        with _signals_held():
-            self.backlog.extend(frame)
-            self.backlog_bytes += sum(f.nbytes for f in frame)
-        waited = self.pump(budget)
-        # What the pipe did not take yet must not alias the caller's memory: the raw buffers are views of
-        # host arrays that can be views of live tensors (a layer's weights, which the next optimizer step
-        # changes in place; an input buffer the framework reuses). Copied now, they hold this moment's
-        # values. Earlier frames' leftovers were copied by their own send; only this frame's are new.
-        with _signals_held():
-            for i in range(max(0, len(self.backlog) - len(frame)), len(self.backlog)):
-                self.backlog[i] = memoryview(bytes(self.backlog[i]))
-        return waited
+        return self.pump(budget, frame)
 
-    def pump(self, budget: int) -> float:
-        """Write the backlog into the pipe; wait for room while it holds more than ``budget`` bytes."""
+    def pump(self, budget: int, frame: Sequence[memoryview] = ()) -> float:
+        """Add ``frame`` to the backlog and write the backlog into the pipe (one ``writev`` per try); wait
+        for room while it holds more than ``budget`` bytes."""
         waited = 0.0
-        while self.backlog:
-            head = self.backlog[0]
+        added = len(frame)
+        while True:
             # A write and its bookkeeping happen together: a Ctrl-C/SIGTERM handler raising in between
             # would leave bytes written but still in the backlog, and the stream corrupt for close().
             with _signals_held():
+                if frame:
+                    self.backlog.extend(frame)
+                    self.backlog_bytes += sum(f.nbytes for f in frame)
+                    frame = ()
+                if not self.backlog:
+                    break
                 try:
-                    n = os.write(self.fd, head)
+                    n = os.writev(self.fd, list(itertools.islice(self.backlog, _IOV_MAX)))
                 except BlockingIOError:
-                    n = -1
+                    n = 0
                 except OSError:  # a broken pipe: the process ended; say why if it told
                     raise WriterGone(self.reply()[1]) from None
-                if n >= 0:
-                    self.backlog_bytes -= n
-                    if n == head.nbytes:
+                self.backlog_bytes -= n
+                while n:
+                    head = self.backlog[0]
+                    if n >= head.nbytes:
                         self.backlog.popleft()
+                        n -= head.nbytes
                     else:
                         self.backlog[0] = head[n:]
-            if n < 0:  # the pipe is full (waiting here stays interruptible)
-                if self.backlog_bytes <= budget:
+                        n = 0
+                if not self.backlog:
                     break
-                start = time.monotonic()
-                select.select([], [self.fd], [])
-                waited += time.monotonic() - start
+                done = self.backlog_bytes <= budget  # the rest can wait for the next send
+                if done and added:
+                    # What the pipe did not take yet must not alias the caller's memory: raw buffers are
+                    # views of host arrays that can be views of live tensors (a layer's weights, which the
+                    # next optimizer step changes in place; an input buffer the framework reuses). Copied
+                    # now, they keep this moment's values. Older frames' leftovers were copied by their
+                    # own send (the backlog is first in, first out: what is left of this frame is its end).
+                    for i in range(max(0, len(self.backlog) - added), len(self.backlog)):
+                        self.backlog[i] = memoryview(bytes(self.backlog[i]))
+            if done:
+                break
+            start = time.monotonic()  # the pipe is full (waiting here stays interruptible)
+            select.select([], [self.fd], [])
+            waited += time.monotonic() - start
         return waited
 
     def reply(self) -> tuple[Any, ...]:

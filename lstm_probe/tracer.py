@@ -374,7 +374,9 @@ class Tracer:
                         items = pending.get(name)
                         if items is None:
                             items = pending[name] = []
-                        items.append((call, None, hn.detach(), cn.detach() if cn is not None else None))
+                        # Not detached (4 us a call for a tensor that requires grad): the block's job
+                        # stacks them under no_grad, which records nothing.
+                        items.append((call, None, hn, cn))
                         return
                     self._resolved = tags  # not the open block: _emit takes these tags, no second call
                 unbatched = len(shape) == 2
