@@ -42,9 +42,9 @@ cb = None
 if cfg["capture"] != "none":
     cb = ProbeCallback(cfg["out"], capture=cfg["capture"].replace("-f16", ""), float16=cfg["capture"].endswith("-f16"),
                        force=True, writer=cfg["writer"])
-start = time.perf_counter()
+start, cpu0 = time.perf_counter(), time.process_time()
 model.learn(cfg["steps"], callback=cb)
-seconds = time.perf_counter() - start
+seconds, cpu = time.perf_counter() - start, time.process_time() - cpu0  # cpu: this (training) process only
 rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # the training process
 size = rows = 0
 cost = {}
@@ -54,7 +54,7 @@ if cb is not None:
     size, rows = info.bytes, info.rows
     cost = info.metadata.get("probe_cost", {})
 deciles = [trace[min(len(trace) - 1, i * len(trace) // 10)][1] for i in range(1, 11)] if trace else []
-print(json.dumps({"seconds": seconds, "rss_mb": rss, "bytes": size, "rows": rows, "rss_trace": deciles,
+print(json.dumps({"seconds": seconds, "cpu": cpu, "rss_mb": rss, "bytes": size, "rows": rows, "rss_trace": deciles,
                   "cost": cost}))
 """
 
@@ -86,8 +86,10 @@ def main() -> None:
     tmp = tempfile.mkdtemp()
     print(f"{args.env}, {args.steps} steps, sb3-contrib defaults (hidden 256, n_steps 128), {args.repeats} "
           "interleaved repeats\n")
-    print(f"{'n_envs':>6} {'thr':>3} {'capture':>9} {'ratio':>7} {'spread':>15} {'base s':>7} {'probe s':>8} "
+    print(f"{'n_envs':>6} {'thr':>3} {'capture':>9} {'ratio':>7} {'spread':>15} {'cpu':>6} {'base s':>7} {'probe s':>8} "
           f"{'RSS +MB':>8} {'wr MB':>6} {'rows':>9} {'B/row':>6} {'train%':>6} {'writer%':>7}")
+    # ratio: wall time probed / unprobed (median of pairs, spread = min-max); cpu: the training process's
+    # CPU time probed / unprobed (median of pairs; the writer process's CPU is writer%).
     # train%: the probe's own measurement of its time on the training thread (hooks and callbacks, which
     # include handing states to the writer) as a share of the probed run; writer%: the writer process's
     # (or thread's, "/thr") CPU time as a share of it (medians)
@@ -102,6 +104,9 @@ def main() -> None:
                     base.append(one({**common, "capture": "none"}))
                     probed.append(one({**common, "capture": capture}))
                 ratios = [p["seconds"] / b["seconds"] for p, b in zip(probed, base, strict=True)]
+                # the training process's CPU time, probed / unprobed: what the probe costs training itself,
+                # less exposed than wall time to other tenants of a shared machine
+                cpu = statistics.median(p["cpu"] / b["cpu"] for p, b in zip(probed, base, strict=True))
                 # memory over unprobed: the training process's peak RSS, plus the writer process's peak private
                 # memory (the libraries it maps are the training process's too)
                 writer_mb = statistics.median(p["cost"].get("writer_peak_private_mb", 0) for p in probed)
@@ -109,7 +114,7 @@ def main() -> None:
                 rss += writer_mb
                 rows = probed[-1]["rows"]
                 print(f"{n_envs:>6} {threads:>3} {label:>9} {statistics.median(ratios):>6.3f}x "
-                      f"{min(ratios):>6.3f}-{max(ratios):<6.3f}x {statistics.median(b['seconds'] for b in base):>7.1f} "
+                      f"{min(ratios):>6.3f}-{max(ratios):<6.3f}x {cpu:>5.3f}x {statistics.median(b['seconds'] for b in base):>7.1f} "
                       f"{statistics.median(p['seconds'] for p in probed):>8.1f} {rss:>8.0f} {writer_mb:>6.0f} {rows:>9} "
                       f"{probed[-1]['bytes'] / max(rows, 1):>6.0f} "
                       f"{share(probed, 'hook_seconds', 'integration_seconds'):>6.1f} "

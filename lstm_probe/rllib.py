@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -170,7 +171,9 @@ class RolloutProbe(_Probe):
     def _wrap(self, fn: Callable[..., Any], explore: bool) -> Callable[..., Any]:
         @functools.wraps(fn)
         def forward(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
             self.tags = self._step_tags("rollout" if explore and not self.evaluation else "predict")
+            self.tracer.integration_seconds += time.perf_counter() - start
             try:
                 return fn(*args, **kwargs)
             finally:
@@ -345,6 +348,7 @@ class LearnerProbe(_Probe):
             prov = batch.get(COLUMN) if isinstance(batch, dict) else None
             outer = self.tags
             if outer is None:  # compute_values called inside forward_train keeps the train tags
+                start = time.perf_counter()
                 self.tags = Tags(
                     phase=phase,
                     iteration=self.update,
@@ -352,6 +356,7 @@ class LearnerProbe(_Probe):
                     grid=None if prov is None else train_grid(prov),
                     learner=self.rank,
                 )
+                self.tracer.integration_seconds += time.perf_counter() - start
             try:
                 return fn(batch, *args, **kwargs)
             finally:
@@ -433,12 +438,14 @@ class ProvenanceConnector(ConnectorV2):  # type: ignore[misc]
         self, *, rl_module: Any, batch: dict[str, Any], episodes: list[Any], shared_data: Any = None, **kwargs: Any
     ) -> Any:
         probe = _learner_probe(rl_module, self.options)
+        start = time.perf_counter()
         probe.new_update()
         appended = bool((shared_data or {}).get("_added_loss_mask_for_valid_episode_ts"))
         for sa in self.single_agent_episode_iterator(episodes, agents_that_stepped_only=False):
             self.add_n_batch_items(
                 batch, COLUMN, items_to_add=provenance(sa, appended), num_items=len(sa), single_agent_episode=sa
             )
+        probe.tracer.integration_seconds += time.perf_counter() - start
         return batch
 
 

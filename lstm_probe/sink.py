@@ -381,9 +381,11 @@ class Sink:
             self._fill_null(r, i0, i1, path, call, t0, steps, layers)
         if t is not None:
             r.t[i0:i1] = t
-        r.h[i0:i1] = hs.reshape(n, -1)
+        # copied straight into the row buffers (hs/cs are often transposed views: reshaping them to
+        # (n, H) first would be a second copy)
+        r.h[i0:i1].reshape(hs.shape)[...] = hs
         if cs is not None:
-            r.c[i0:i1] = cs.reshape(n, -1)
+            r.c[i0:i1].reshape(cs.shape)[...] = cs
             r.has_c[i0:i1] = True
         else:
             r.c[i0:i1] = 0.0
@@ -631,7 +633,6 @@ class LogWriter:
         import torch
 
         torch.set_num_threads(1)
-        _lower_priority(threading.get_native_id())
         sink = self.sink  # the thread exists only without a writer process
         assert sink is not None
         flush_seconds = float(self.config["log"]["part_seconds"]) / 2
@@ -712,18 +713,6 @@ class LogWriter:
             self.error = exc
             raise self._failed() from None
         return self.path
-
-
-def _lower_priority(tid: int) -> None:
-    """Give a writer thread or process the lowest CPU priority, on Linux where that is per thread:
-    when training keeps every core busy (two torch threads on two cores), the writer then runs in the
-    gaps instead of stalling training's intra-op threads; a full queue still makes training wait."""
-    if sys.platform != "linux":
-        return
-    try:
-        os.setpriority(os.PRIO_PROCESS, tid, 19)
-    except OSError:  # not permitted in some sandboxes: keep the normal priority
-        pass
 
 
 class _Sized:
@@ -906,7 +895,9 @@ def _serve() -> int:
     # ends (its close, or its death: the pipe closes).
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
-    _lower_priority(os.getpid())
+    # Normal priority, on purpose: at the lowest (nice 19) a writer on a machine whose cores were all busy
+    # got ~1.5% of a core, fell behind, and training waited for it: 222 s against 41 s at normal priority
+    # (2048 steps at full capture beside two busy processes on two cores; 133 s of it waiting).
     inp = sys.stdin.buffer.fileno()
     sink: Sink | None = None
     busy = 0.0

@@ -94,6 +94,8 @@ def test_rows_match_what_rllib_did(local_run: Path) -> None:
     assert info.metadata["framework"] == "rllib"
     assert info.metadata["rllib"]["max_seq_len"] == 8
     assert set(info.metadata["shards"]) == {"runner0", "learner0"}
+    cost = info.metadata["probe_cost"]  # summed over the shards
+    assert 0 < cost["integration_seconds"] < cost["seconds"] and 0 < cost["hook_seconds"] < cost["seconds"]
     roll = df[df["phase"] == "rollout"]
     acted = roll[roll["bootstrap"].isna()]
     # one fragment of 32 steps per env per iteration (RLlib stops at >= 64 env steps, counting acted steps
