@@ -32,7 +32,7 @@ from typing import Any, TypeVar, cast
 import numpy as np
 from stable_baselines3.common.callbacks import BaseCallback
 
-from lstm_probe.errors import BadInput
+from lstm_probe.errors import BadInput, OutputError
 from lstm_probe.sink import DEFAULT_WRITER, SEQ_REASON, Grid, Tags
 from lstm_probe.tracer import Tracer
 
@@ -322,7 +322,13 @@ class ProbeCallback(BaseCallback):
             self.path = tracer.close(completed=completed, stop_reason=reason, **extra)
 
     def _at_exit(self) -> None:
-        self._finish(False, "the process exited before learn() finished")
+        tracer = self.tracer
+        failed = tracer is not None and tracer.writer is not None and tracer.writer.error is not None
+        try:
+            self._finish(False, "the process exited before learn() finished")
+        except OutputError:
+            if not failed:  # new at exit: say it; a writer error was already raised inside learn()
+                raise
 
     def close(self, exc: BaseException | None = None) -> Path | None:
         """Close the log now (completed only if training reached its end). Idempotent."""

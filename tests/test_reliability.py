@@ -135,6 +135,39 @@ def test_disk_full_is_one_line_and_training_stops(tmp_path):
         subprocess.run(["umount", str(disk)])
 
 
+SCRIPT = """
+import sys
+from sb3_contrib import RecurrentPPO
+import lstm_probe
+model = RecurrentPPO("MlpLstmPolicy", "Pendulum-v1", n_steps=32, batch_size=32, n_epochs=1, seed=0,
+                     policy_kwargs={"lstm_hidden_size": 64})
+try:
+    model.learn(100_000, callback=lstm_probe.ProbeCallback(sys.argv[1], part_seconds=0.2))
+except lstm_probe.OutputError as exc:
+    print("caught:", exc)
+"""
+
+
+def test_disk_full_in_your_own_script_raises_once(tmp_path):
+    """ProbeCallback in a user's script: the disk-full error comes out of learn() as OutputError, once
+    (the exit-time close of the failed log stays quiet instead of printing it again with a traceback)."""
+    disk = tmp_path / "disk"
+    _small_fs(disk)
+    try:
+        r = subprocess.run(
+            [sys.executable, "-c", SCRIPT, str(disk / "run.parquet")],
+            env=ENV,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.startswith("caught: cannot write the log") and "No space left" in r.stdout
+        assert "Traceback" not in r.stderr and "Exception ignored" not in r.stderr, r.stderr
+    finally:
+        subprocess.run(["umount", str(disk)])
+
+
 def test_output_removed_mid_run(tmp_path):
     import shutil
 
