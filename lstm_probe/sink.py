@@ -666,6 +666,11 @@ class LogWriter:
             with torch.no_grad():  # grad mode is per thread
                 fn()
         except BaseException as exc:  # disk full, path removed, writer process gone: raised on training's thread
+            if self._child is not None and not isinstance(exc, Exception):
+                # Ctrl-C / SIGTERM landing in a job run inline (on the training thread): training's own
+                # interrupt, not a writer failure. The pipe stays whole (each write is signal-held);
+                # the job's rows not yet handed over are lost with it.
+                raise
             self.error = exc
             with self._cond:
                 self._cond.notify_all()
