@@ -79,6 +79,14 @@ def test_sigkill_loses_only_the_open_part(tmp_path, parts):
     wait_for_parts(tmp_path, parts, proc)
     proc.kill()
     proc.communicate(timeout=60)
+    # the writer process outlives training briefly: it publishes what it was handed as a last part
+    partial, seen, deadline = tmp_path / "run.parquet.partial", None, time.monotonic() + 60
+    while time.monotonic() < deadline:
+        now = sorted(p.name for p in partial.iterdir())
+        if now == seen and not any(n.startswith(".") for n in now):
+            break
+        seen = now
+        time.sleep(1.0)
     assert not (tmp_path / "run.parquet").exists()
     info = lstm_probe.read_info(tmp_path / "run.parquet")  # salvages run.parquet.partial/
     assert not info.completed and info.rows > 0 and len(info.files) >= parts
