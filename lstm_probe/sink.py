@@ -890,8 +890,23 @@ class _Child:
         self.proc.wait()
 
 
+class _NoPandas:
+    """Import finder that makes pandas unimportable in the writer process. pyarrow imports pandas on its
+    first array conversion (to check for a Series) when pandas is installed; the writer never hands pandas
+    objects to pyarrow, and the import cost it ~44 MB of private memory (measured with
+    ``/proc/self/smaps_rollup``: 114 MB -> 70 MB for pyarrow alone after one conversion and one write)."""
+
+    @staticmethod
+    def find_spec(name: str, path: Any = None, target: Any = None) -> None:
+        if name == "pandas" or name.startswith("pandas."):
+            raise ModuleNotFoundError(f"No module named {name!r} (kept out of the lstm-probe writer)", name=name)
+        return None
+
+
 def _serve() -> int:
     """The writer process: one sink, driven by the messages on stdin, until ``close`` or the pipe ends."""
+    if "pandas" not in sys.modules:
+        sys.meta_path.insert(0, _NoPandas)  # type: ignore[arg-type]
     # Replies go to the real stdout; anything else that prints goes to stderr.
     reply_fd = os.dup(1)
     os.dup2(2, 1)
