@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 CHILD = r"""
 import json, os, resource, sys, threading, time
@@ -35,11 +36,11 @@ cfg = json.loads(sys.argv[1])
 torch.set_num_threads(cfg["threads"])
 from sb3_contrib import RecurrentPPO
 from stable_baselines3.common.env_util import make_vec_env
-from lstm_probe import ProbeCallback
 env = make_vec_env(cfg["env"], n_envs=cfg["n_envs"], seed=0)
 model = RecurrentPPO("MlpLstmPolicy", env, seed=0)
 cb = None
-if cfg["capture"] != "none":
+if cfg["capture"] != "none":  # unprobed runs never import lstm-probe: their RSS is training's alone
+    from lstm_probe import ProbeCallback
     cb = ProbeCallback(cfg["out"], capture=cfg["capture"].replace("-f16", ""), float16=cfg["capture"].endswith("-f16"),
                        force=True, writer=cfg["writer"])
 start, cpu0 = time.perf_counter(), time.process_time()
@@ -82,6 +83,9 @@ def main() -> None:
     ap.add_argument("--writers", nargs="+", default=["process"], choices=["process", "thread"])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--rss-trace", action="store_true", help="print RSS (MB) at each tenth of every run")
+    ap.add_argument("--concurrent", action="store_true",
+                    help="run each unprobed/probed pair at the same time (memory runs: halves the wall time; "
+                         "the time ratios then mean little)")
     args = ap.parse_args()
     tmp = tempfile.mkdtemp()
     print(f"{args.env}, {args.steps} steps, sb3-contrib defaults (hidden 256, n_steps 128), {args.repeats} "
@@ -101,6 +105,12 @@ def main() -> None:
                 for _ in range(args.repeats):
                     common = {"env": args.env, "steps": args.steps, "n_envs": n_envs, "threads": threads,
                               "out": os.path.join(tmp, "b.parquet"), "writer": writer}
+                    if args.concurrent:
+                        with ThreadPoolExecutor(2) as pool:
+                            b, p = pool.map(one, [{**common, "capture": "none"}, {**common, "capture": capture}])
+                        base.append(b)
+                        probed.append(p)
+                        continue
                     base.append(one({**common, "capture": "none"}))
                     probed.append(one({**common, "capture": capture}))
                 ratios = [p["seconds"] / b["seconds"] for p, b in zip(probed, base, strict=True)]

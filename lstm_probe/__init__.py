@@ -10,7 +10,6 @@ except PackageNotFoundError:  # running from a source tree that was not installe
     __version__ = "0+unknown"
 
 from lstm_probe.errors import BadInput, BadLog, Interrupted, OutputError, ProbeError
-from lstm_probe.load import LogInfo, load, pair, read_info, states
 
 __all__ = [
     "BadInput",
@@ -33,7 +32,12 @@ __all__ = [
 
 
 def __getattr__(name: str) -> object:
-    # sb3 and the trainer load lazily: `import lstm_probe` for reading logs needs neither.
+    # Everything loads lazily: `import lstm_probe` for reading logs needs neither torch nor sb3, and a
+    # training process with a writer process never loads pyarrow (~29 MB of RSS).
+    if name in ("LogInfo", "load", "pair", "read_info", "states"):
+        from lstm_probe import reader
+
+        return getattr(reader, name)
     if name == "ProbeCallback":
         from lstm_probe.sb3 import ProbeCallback
 

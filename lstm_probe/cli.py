@@ -603,7 +603,7 @@ def _out_arg(args: list[str]) -> str:
 def _partial_note(path: str) -> str:
     """After a failed or interrupted run: what the log holds now."""
     try:
-        from lstm_probe.load import read_info
+        from lstm_probe.reader import read_info
 
         info = read_info(path)
     except Exception:

@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from lstm_probe.errors import BadInput
-from lstm_probe.load import dataset, states
+from lstm_probe.reader import dataset, states
 from lstm_probe.report import Report, summarize
 
 MAX_HEAT_STEPS = 400

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from lstm_probe.load import LogInfo, dataset
+from lstm_probe.reader import LogInfo, dataset
 from lstm_probe.schema import relative_l2
 
 PROVENANCE_TOLERANCE = 1e-4

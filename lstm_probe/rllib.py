@@ -508,7 +508,7 @@ def probe_config(
     """
     from pathlib import Path
 
-    from lstm_probe.writer import check_output
+    from lstm_probe.layout import check_output
 
     if not str(out).endswith("/"):
         out = f"{out}/"
@@ -634,7 +634,7 @@ def run(
     from ray.rllib.algorithms.ppo import PPOConfig
     from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
 
-    from lstm_probe.load import read_info
+    from lstm_probe.reader import read_info
     from lstm_probe.run import RunResult, validate
 
     validate(

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from lstm_probe.errors import BadInput, ProbeError
+from lstm_probe.layout import check_output
 from lstm_probe.sink import DEFAULT_WRITER, WRITERS
-from lstm_probe.writer import check_output
 
 Progress = Callable[[int, int], None]
 
@@ -283,7 +283,7 @@ def run(
         env.close()
     path = probe.path
     assert path is not None
-    from lstm_probe.load import read_info
+    from lstm_probe.reader import read_info
 
     info = read_info(path)
     return RunResult(

@@ -8,10 +8,12 @@ tables (``lstm-probe schema --markdown``), so the documentation cannot drift fro
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pyarrow as pa
+
+if TYPE_CHECKING:  # imported where a schema is built: the training process never needs pyarrow
+    import pyarrow as pa
 
 SCHEMA_VERSION = 2
 """Bumped whenever a column is added, removed, renamed or changes meaning. Readers refuse newer versions
@@ -27,11 +29,11 @@ PATHS = ("step", "sequence", "stepwise")
 BOOTSTRAPS = ("terminal", "last")
 SEQ_REASONS = ("episode_start", "env_boundary", "split", "minibatch_cut", "max_seq_len")
 
-# (name, arrow type or None for the state vectors, nullable, description)
-COLUMNS: list[tuple[str, pa.DataType | None, bool, str]] = [
+# (name, Arrow type name (pyarrow.type_for_alias) or None for the state vectors, nullable, description)
+COLUMNS: list[tuple[str, str | None, bool, str]] = [
     (
         "call",
-        pa.int64(),
+        "int64",
         False,
         "Order of LSTM forward calls (0-based, all modules together) in the writing process. RLlib logs have "
         "one writer per process: env runner k numbers its calls from k * 10**12, learner r from "
@@ -40,15 +42,15 @@ COLUMNS: list[tuple[str, pa.DataType | None, bool, str]] = [
     ),
     (
         "module",
-        pa.string(),
+        "string",
         False,
         "Role of the hooked recurrent module: 'actor' | 'critic' for sb3 (with shared_lstm the one LSTM is "
         "'actor'), the module's name for the generic tracer.",
     ),
-    ("layer", pa.int16(), False, "Layer of the module, 0 = first (closest to the input)."),
+    ("layer", "int16", False, "Layer of the module, 0 = first (closest to the input)."),
     (
         "phase",
-        pa.string(),
+        "string",
         False,
         "'rollout' (acting in the env), 'bootstrap' (critic-only value calls, see `bootstrap`), 'train' "
         "(recomputed in a gradient step), 'value' (RLlib: the learner's whole-batch critic pass for GAE, "
@@ -57,14 +59,14 @@ COLUMNS: list[tuple[str, pa.DataType | None, bool, str]] = [
     ),
     (
         "path",
-        pa.string(),
+        "string",
         False,
         "How the module was run in this call: 'step' (one-step call), 'sequence' (one multi-step call; "
         "per-step states recovered exactly), 'stepwise' (one call per timestep of a sequence batch).",
     ),
     (
         "bootstrap",
-        pa.string(),
+        "string",
         True,
         "sb3, phase 'bootstrap': 'terminal' (value of a truncated episode's terminal observation) or "
         "'last' (value of the observation after the rollout's last step). RLlib: rows whose input is not "
@@ -75,7 +77,7 @@ COLUMNS: list[tuple[str, pa.DataType | None, bool, str]] = [
     ),
     (
         "iteration",
-        pa.int32(),
+        "int32",
         True,
         "Rollout/update cycle, 0-based; train rows carry the iteration whose rollout they train on. RLlib: "
         "rollout rows carry the weights version the env runner acted with (weights_seq_no), learner rows "
@@ -83,27 +85,27 @@ COLUMNS: list[tuple[str, pa.DataType | None, bool, str]] = [
     ),
     (
         "epoch",
-        pa.int32(),
+        "int32",
         True,
         "Training epoch within the iteration (sb3 train rows). Null for RLlib, whose minibatches cycle "
         "through the batch across epoch boundaries.",
     ),
     (
         "minibatch",
-        pa.int32(),
+        "int32",
         True,
         "Minibatch within the epoch (sb3 train rows); RLlib: minibatch within the update.",
     ),
     (
         "seq",
-        pa.int32(),
+        "int32",
         True,
         "Sequence index within the minibatch = batch column of the call (train rows). Rows of calls no "
         "integration tagged (env null) carry their batch column here too; null otherwise.",
     ),
     (
         "t",
-        pa.int32(),
+        "int32",
         False,
         "Step within the sequence (train rows), within the call for calls no integration tagged (env null); "
         "0 otherwise. -1 marks a sequence's initial-state row (RLlib "
@@ -111,10 +113,10 @@ COLUMNS: list[tuple[str, pa.DataType | None, bool, str]] = [
         "first step, so it pairs with the rollout row that produced it; env_step is null where the sequence "
         "starts an episode (the state is the initial zeros).",
     ),
-    ("seq_len", pa.int32(), True, "Unpadded length of the row's sequence (train rows only)."),
+    ("seq_len", "int32", True, "Unpadded length of the row's sequence (train rows only)."),
     (
         "seq_reason",
-        pa.string(),
+        "string",
         True,
         "Why the row's sequence starts where it does (train rows only): 'episode_start', 'env_boundary' "
         "(first step of an env's rollout), 'split' (the rollout buffer's random shuffling split point), "
@@ -122,10 +124,10 @@ COLUMNS: list[tuple[str, pa.DataType | None, bool, str]] = [
         "the episode reached max_seq_len). RLlib uses 'env_boundary' for a chunk that starts where the "
         "env runner's previous rollout fragment ended.",
     ),
-    ("padding", pa.bool_(), False, "True for the zero-padding steps appended to short sequences (train)."),
+    ("padding", "bool", False, "True for the zero-padding steps appended to short sequences (train)."),
     (
         "worker",
-        pa.int32(),
+        "int32",
         True,
         "RLlib: index of the env runner whose env produced the row's data (0 = the driver's local env "
         "runner); with `env` it names one env. Evaluation env runners are 2000 + k. Null for sb3 and generic "
@@ -133,14 +135,14 @@ COLUMNS: list[tuple[str, pa.DataType | None, bool, str]] = [
     ),
     (
         "learner",
-        pa.int32(),
+        "int32",
         True,
         "RLlib: rank of the learner that made a train or value call. Null elsewhere.",
     ),
-    ("env", pa.int32(), True, "Env index in the vectorized env (of that worker). Null on padding rows."),
+    ("env", "int32", True, "Env index in the vectorized env (of that worker). Null on padding rows."),
     (
         "env_step",
-        pa.int64(),
+        "int64",
         True,
         "That env's own step counter since the probe started: the step whose observation went in. For "
         "bootstrap 'last' rows it is the step after the rollout's last one (whose observation is evaluated; "
@@ -148,15 +150,15 @@ COLUMNS: list[tuple[str, pa.DataType | None, bool, str]] = [
         "the episode's last step: the terminal observation stands where the episode's next step would be. "
         "Null on padding rows.",
     ),
-    ("episode", pa.int64(), True, "Per-env episode counter since the probe started. Null on padding rows."),
+    ("episode", "int64", True, "Per-env episode counter since the probe started. Null on padding rows."),
     (
         "episode_step",
-        pa.int64(),
+        "int64",
         True,
         "Step within the episode (0 at its first observation). Null on padding rows, and for an episode "
         "that began before the probe did (learn() continued without a reset).",
     ),
-    ("episode_start", pa.bool_(), True, "True when the state was reset before this step (first step of an episode)."),
+    ("episode_start", "bool", True, "True when the state was reset before this step (first step of an episode)."),
     (
         "h",
         None,
@@ -165,16 +167,16 @@ COLUMNS: list[tuple[str, pa.DataType | None, bool, str]] = [
         "Null in summary capture.",
     ),
     ("c", None, True, "Cell state AFTER this step, this layer (LSTM only; null for GRU and in summary capture)."),
-    ("h_norm", pa.float32(), False, "L2 norm of h (computed from the full-precision state)."),
-    ("c_norm", pa.float32(), True, "L2 norm of c (null for GRU)."),
+    ("h_norm", "float32", False, "L2 norm of h (computed from the full-precision state)."),
+    ("c_norm", "float32", True, "L2 norm of c (null for GRU)."),
     (
         "drift_h",
-        pa.float32(),
+        "float32",
         True,
         "Train rows: relative L2 distance ||h_train - h_rollout|| / ||h_rollout|| to the rollout state of the "
         "same (module, layer, env, env_step), computed in the probe. Null when there is no rollout partner.",
     ),
-    ("drift_c", pa.float32(), True, "As drift_h, for c."),
+    ("drift_c", "float32", True, "As drift_h, for c."),
 ]
 
 COLUMN_NAMES = [name for name, *_ in COLUMNS]
@@ -230,14 +232,18 @@ def relative_l2(states: np.ndarray, reference: np.ndarray) -> np.ndarray:
 
 def state_type(hidden_size: int, float16: bool = False) -> pa.DataType:
     """Arrow type of the h and c columns."""
+    import pyarrow as pa
+
     return pa.list_(pa.float16() if float16 else pa.float32(), hidden_size)
 
 
 def log_schema(hidden_size: int, float16: bool = False, metadata: dict[str, Any] | None = None) -> pa.Schema:
     """The schema of a log whose state vectors have ``hidden_size`` entries."""
+    import pyarrow as pa
+
     fields = []
     for name, typ, nullable, doc in COLUMNS:
-        arrow_type = state_type(hidden_size, float16) if typ is None else typ
+        arrow_type = state_type(hidden_size, float16) if typ is None else pa.type_for_alias(typ)
         fields.append(pa.field(name, arrow_type, nullable=nullable, metadata={b"doc": doc.encode()}))
     meta = {META_VERSION_KEY: str(SCHEMA_VERSION).encode()}
     if metadata is not None:

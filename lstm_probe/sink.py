@@ -33,13 +33,16 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from lstm_probe.errors import BadInput, OutputError
+from lstm_probe.layout import check_output, row_capacity
 from lstm_probe.schema import BOOTSTRAPS, PATHS, PHASES, SEQ_REASONS, relative_l2
-from lstm_probe.writer import FileLog, Rows, check_output, row_capacity
+
+if TYPE_CHECKING:  # pyarrow loads only where rows are written (the writer process or thread)
+    from lstm_probe.writer import Rows
 
 CODES: dict[str, tuple[str, ...]] = {"phase": PHASES, "path": PATHS, "bootstrap": BOOTSTRAPS, "seq_reason": SEQ_REASONS}
 PHASE = {p: i for i, p in enumerate(PHASES)}
@@ -307,6 +310,8 @@ class Sink:
     (:meth:`LogWriter.sink_config`), so the sink can be built in another process."""
 
     def __init__(self, config: Mapping[str, Any]):
+        from lstm_probe.writer import FileLog
+
         self.log = FileLog(**config["log"])
         self.module_code = {n: i for i, n in enumerate(config["log"]["modules"])}
         self.hidden = int(config["log"]["hidden_size"])

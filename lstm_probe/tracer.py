@@ -78,12 +78,12 @@ def describe_modules(modules: Mapping[str, nn.Module]) -> dict[str, dict[str, An
 
 
 def base_metadata() -> dict[str, Any]:
-    import pyarrow
+    from importlib.metadata import version
 
     versions = {
         "torch": torch.__version__,
         "numpy": np.__version__,
-        "pyarrow": pyarrow.__version__,
+        "pyarrow": version("pyarrow"),  # not imported: with a writer process, training never loads it
         "python": platform.python_version(),
     }
     for pkg in ("stable_baselines3", "sb3_contrib", "gymnasium"):

@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -31,13 +30,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from lstm_probe.errors import BadInput
+from lstm_probe.layout import partial_dir, row_capacity
 from lstm_probe.schema import META_RUN_KEY, log_schema
 
 META_FINAL_KEY = b"lstm_probe.final"
 """File-level key written when a part closes: the run's progress and, in the last part, its outcome."""
 
-PARTIAL_SUFFIX = ".partial"
 COMPRESSION = "zstd"
 STRING_COLUMNS = ["module", "phase", "path", "bootstrap", "seq_reason"]
 
@@ -54,23 +52,6 @@ def _parquet_writer(path: Path, schema: pa.Schema, journal: bool = False) -> pq.
     return pq.ParquetWriter(
         path, schema, compression=compression, use_dictionary=STRING_COLUMNS, write_statistics=scalars
     )
-
-
-BUFFER_BYTES = 16 << 20
-"""Bytes of one row buffer, i.e. of one row group before compression. The writer's memory is a few
-times this (the buffer, its Arrow arrays, the Parquet writers' pages). Smaller buffers cost less memory
-up front but more row groups, whose footer metadata an open file keeps until it closes."""
-
-
-def row_capacity(hidden_size: int) -> int:
-    """Rows per row buffer (and row group) at this hidden size."""
-    row_bytes = 2 * hidden_size * 4 + 80
-    return int(max(256, min(65536, BUFFER_BYTES // row_bytes)))
-
-
-def partial_dir(path: Path) -> Path:
-    """Where a single-file log keeps its parts while the run is going."""
-    return path.with_name(path.name + PARTIAL_SUFFIX)
 
 
 class Rows:
@@ -358,33 +339,4 @@ class FileLog:
         self.parts.abort()
 
 
-def check_output(path: Path, *, force: bool, is_dir: bool, shard: str | None = None) -> None:
-    """Refuse to clobber a log without ``force`` and fail early on an unwritable location."""
-
-    if is_dir:
-        # a shard (one worker of a multi-process run) owns only its own part files
-        pattern = f"part-{shard}-*.parquet" if shard else "part-*.parquet"
-        if path.exists() and any(path.glob(pattern)):
-            if not force:
-                raise BadInput(f"{path}/ already holds a log; pass --force to overwrite it or choose another --out")
-            for old in path.glob(pattern):
-                old.unlink()
-        parent = path
-    else:
-        if path.exists():
-            if path.is_dir():
-                raise BadInput(f"{path} is a directory; end --out with '/' to write a dataset directory there")
-            if not force:
-                raise BadInput(f"{path} already exists; pass --force to overwrite it or choose another --out")
-        parent = path.parent if str(path.parent) else Path(".")
-    try:  # a real write: permission bits say little to root, and nothing about read-only mounts
-        parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=parent, prefix=".lstm-probe-check-"):
-            pass
-    except OSError as exc:
-        raise BadInput(
-            f"cannot write to {parent}: {exc.strerror or exc}; the directory is not writable, choose another --out"
-        ) from None
-
-
-__all__ = ["FileLog", "Rows", "META_FINAL_KEY", "META_RUN_KEY", "partial_dir", "check_output"]
+__all__ = ["FileLog", "Rows", "META_FINAL_KEY", "META_RUN_KEY"]

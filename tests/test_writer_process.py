@@ -60,6 +60,29 @@ def test_the_writer_process_never_loads_torch(tmp_path):
         time.sleep(0.5)
         maps = Path(f"/proc/{_child(probe).pid}/maps").read_text()
     assert "libtorch" not in maps and "libarrow" in maps
+    # pyarrow imports pandas on its first array conversion; the writer keeps it out (~30 MB private)
+    assert "/pandas/" not in maps
+
+
+TRAIN_WITHOUT_PYARROW = """
+import sys
+from sb3_contrib import RecurrentPPO
+from lstm_probe import ProbeCallback
+model = RecurrentPPO("MlpLstmPolicy", "CartPole-v1", n_steps=32, batch_size=32, n_epochs=1, seed=0,
+                     policy_kwargs=dict(lstm_hidden_size=8))
+model.learn(64, callback=ProbeCallback(sys.argv[1]))
+print(sorted(m for m in ("pyarrow", "pandas") if m in sys.modules))
+"""
+
+
+def test_training_with_the_writer_process_never_loads_pyarrow(tmp_path):
+    """Rows are encoded and written in the writer process; the training process only hands over arrays,
+    so it never pays for pyarrow (~29 MB of RSS) or pandas."""
+    out = tmp_path / "t.parquet"
+    r = subprocess.run([sys.executable, "-c", TRAIN_WITHOUT_PYARROW, str(out)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().splitlines()[-1] == "[]"
+    assert lstm_probe.read_info(out).completed
 
 
 def test_a_stalled_writer_process_makes_training_wait_and_loses_nothing(tmp_path):
@@ -196,3 +219,24 @@ def test_ctrl_c_to_the_whole_process_group_still_closes_a_valid_log(tmp_path):
     assert cost["writer"] == "process" and cost["writer_cpu_seconds"] > 0
     if sys.platform == "linux":
         assert 0 < cost["writer_peak_private_mb"] <= cost["writer_peak_rss_mb"]
+
+
+def test_a_ctrl_c_inside_a_hand_over_is_trainings_interrupt_not_a_writer_failure(tmp_path):
+    """With the writer process, hand-overs run on the training thread. A SIGINT landing inside one is
+    training's KeyboardInterrupt (exit 130 in the CLI), not 'cannot write the log'; the log stays
+    writable and closes with every row handed over before and after."""
+    m = nn.LSTM(3, 8)
+    out = tmp_path / "i.parquet"
+    with torch.no_grad(), lstm_probe.trace(m, out) as probe:
+        m(torch.randn(1, 2, 3))
+
+        def interrupted() -> None:
+            os.kill(os.getpid(), signal.SIGINT)  # delivered at the next bytecode: inside the job
+            time.sleep(1)
+
+        with pytest.raises(KeyboardInterrupt):
+            probe.writer.submit(interrupted, 0)
+        assert probe.writer.error is None
+        m(torch.randn(1, 2, 3))
+    info = lstm_probe.read_info(out)
+    assert info.completed and info.rows == 4

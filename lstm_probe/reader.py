@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # both load in ~0.5 s; the writer process (which imports this
     import pyarrow.dataset as ds
 
 from lstm_probe.errors import BadLog
+from lstm_probe.layout import partial_dir
 from lstm_probe.schema import (
     ADDED_IN_V2,
     META_RUN_KEY,
@@ -30,7 +31,7 @@ from lstm_probe.schema import (
     log_schema,
     relative_l2,
 )
-from lstm_probe.writer import META_FINAL_KEY, partial_dir
+from lstm_probe.writer import META_FINAL_KEY
 
 KEYS = ["module", "layer", "env", "env_step"]
 

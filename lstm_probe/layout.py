@@ -1,0 +1,61 @@
+"""Where a log lives on disk, and the checks before one is written; imports neither torch nor pyarrow
+(the training process uses it; with a writer process it never loads pyarrow).
+
+A log is a Parquet file (``run.parquet``) or a dataset directory of part files (``runs/x/``). While a
+single-file log is being written, its parts wait in ``run.parquet.partial/`` (its crash journal), which
+the readers salvage when the run was killed.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from lstm_probe.errors import BadInput
+
+PARTIAL_SUFFIX = ".partial"
+
+BUFFER_BYTES = 16 << 20
+"""Bytes of one row buffer, i.e. of one row group before compression. The writer's memory is a few
+times this (the buffer, its Arrow arrays, the Parquet writers' pages). Smaller buffers cost less memory
+up front but more row groups, whose footer metadata an open file keeps until it closes."""
+
+
+def row_capacity(hidden_size: int) -> int:
+    """Rows per row buffer (and row group) at this hidden size."""
+    row_bytes = 2 * hidden_size * 4 + 80
+    return int(max(256, min(65536, BUFFER_BYTES // row_bytes)))
+
+
+def partial_dir(path: Path) -> Path:
+    """Where a single-file log keeps its parts while the run is going."""
+    return path.with_name(path.name + PARTIAL_SUFFIX)
+
+
+def check_output(path: Path, *, force: bool, is_dir: bool, shard: str | None = None) -> None:
+    """Refuse to clobber a log without ``force`` and fail early on an unwritable location."""
+
+    if is_dir:
+        # a shard (one worker of a multi-process run) owns only its own part files
+        pattern = f"part-{shard}-*.parquet" if shard else "part-*.parquet"
+        if path.exists() and any(path.glob(pattern)):
+            if not force:
+                raise BadInput(f"{path}/ already holds a log; pass --force to overwrite it or choose another --out")
+            for old in path.glob(pattern):
+                old.unlink()
+        parent = path
+    else:
+        if path.exists():
+            if path.is_dir():
+                raise BadInput(f"{path} is a directory; end --out with '/' to write a dataset directory there")
+            if not force:
+                raise BadInput(f"{path} already exists; pass --force to overwrite it or choose another --out")
+        parent = path.parent if str(path.parent) else Path(".")
+    try:  # a real write: permission bits say little to root, and nothing about read-only mounts
+        parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=parent, prefix=".lstm-probe-check-"):
+            pass
+    except OSError as exc:
+        raise BadInput(
+            f"cannot write to {parent}: {exc.strerror or exc}; the directory is not writable, choose another --out"
+        ) from None
