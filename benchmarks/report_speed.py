@@ -5,6 +5,7 @@ call, iteration and env_step numbers into a dataset directory (the same schema a
 then times `summarize` in a fresh process and prints rows/s and peak RSS.
 
     python benchmarks/report_speed.py --rows 10000000 --hidden 32
+    python benchmarks/report_speed.py --rows 36000000 --hidden 256 --capture summary   # a 1M-step run's rows
 """
 
 from __future__ import annotations
@@ -37,13 +38,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=10_000_000)
     ap.add_argument("--hidden", type=int, default=32)
+    ap.add_argument("--capture", choices=["full", "summary"], default="full",
+                    help="capture of the real run the log is built from (summary: a 1M-step run's 36M rows fit)")
     ap.add_argument("--keep", action="store_true", help="keep the generated log")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp())
     from lstm_probe.run import run
 
     base = run("Pendulum-v1", tmp / "base.parquet", steps=4096, n_envs=4, hidden_size=args.hidden, seed=0,
-               torch_threads=1)
+               torch_threads=1, capture=args.capture)
     table = pq.read_table(base.path)
     meta = table.schema.metadata
     out = tmp / "big"
@@ -68,7 +71,7 @@ def main() -> None:
         w.close()
     size = sum(f.stat().st_size for f in out.iterdir())
     rows = copies * table.num_rows
-    print(f"log: {rows:,} rows (hidden {args.hidden}), {size / 2**20:.0f} MB, built in {time.perf_counter() - start:.0f} s")
+    print(f"log: {rows:,} rows (hidden {args.hidden}, {args.capture}), {size / 2**20:.0f} MB, built in {time.perf_counter() - start:.0f} s")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     r = subprocess.run([sys.executable, "-c", CHILD, str(out)], capture_output=True, text=True, env=env)
     if r.returncode:
