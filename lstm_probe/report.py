@@ -436,10 +436,10 @@ def _arch_section(meta: dict[str, Any]) -> ArchitectureSection:
 def _calls_section(df: pd.DataFrame, train: pd.DataFrame, roll: pd.DataFrame) -> CallsSection:
     groups: list[CallGroup] = []
     if len(df):
-        # Per-call aggregates without sorting the rows: a call's rows are consecutive in its writer's file,
-        # so runs of equal call ids are found in one pass and only the runs (about one per call, plus one
-        # per read batch a call straddles) are grouped. (An argsort of the call column and pandas' groupby
-        # both held several copies of it: +600 MB at 10M rows.)
+        # Per-call aggregates without sorting the rows: the rows of a multi-step call are consecutive in
+        # its writer's file (those of a block of one-step calls interleave by layer or step), so runs of
+        # equal call ids are found in one pass and only the runs are grouped; the result is that of
+        # grouping the rows. (An argsort of the call column held several copies of it: +600 MB at 10M rows.)
         call = df["call"].to_numpy()
         starts = np.flatnonzero(np.r_[True, call[1:] != call[:-1]])
         t = df["t"].to_numpy()
