@@ -1,5 +1,6 @@
-"""Where a log lives on disk, and the checks before one is written; imports neither torch nor pyarrow
-(the training process uses it; with a writer process it never loads pyarrow).
+"""Where a log lives on disk, the checks before one is written, and how many rows a row group holds;
+imports neither torch nor pyarrow (the training process uses it; with a writer process it never loads
+pyarrow).
 
 A log is a Parquet file (``run.parquet``) or a dataset directory of part files (``runs/x/``). While a
 single-file log is being written, its parts wait in ``run.parquet.partial/`` (its crash journal), which
