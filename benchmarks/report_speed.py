@@ -24,6 +24,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from lstm_probe.writer import column_encodings
+
 CHILD = """
 import json, resource, sys, time
 t = time.perf_counter()
@@ -64,7 +66,8 @@ def main() -> None:
         t = t.set_column(t.schema.get_field_index("env_step"), "env_step", pc.add(t["env_step"], k * steps))
         w = pq.ParquetWriter(out / f"part-{k:05d}.parquet", t.schema.with_metadata(meta), compression="zstd",
                              use_dictionary=["module", "phase", "path", "bootstrap", "seq_reason"],
-                             write_statistics=[n for n in t.schema.names if n not in ("h", "c")])
+                             write_statistics=[n for n in t.schema.names if n not in ("h", "c")],
+                             column_encoding=column_encodings(t.schema))
         w.write_table(t, row_group_size=65536)
         if k == copies - 1:
             w.add_key_value_metadata({"lstm_probe.final": final.decode()})
