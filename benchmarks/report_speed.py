@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from lstm_probe.layout import row_capacity
 from lstm_probe.writer import column_encodings
 
 CHILD = """
@@ -68,7 +69,7 @@ def main() -> None:
                              use_dictionary=["module", "phase", "path", "bootstrap", "seq_reason"],
                              write_statistics=[n for n in t.schema.names if n not in ("h", "c")],
                              column_encoding=column_encodings(t.schema))
-        w.write_table(t, row_group_size=65536)
+        w.write_table(t, row_group_size=row_capacity(args.hidden))  # the row groups a real log has
         if k == copies - 1:
             w.add_key_value_metadata({"lstm_probe.final": final.decode()})
         w.close()
