@@ -10,6 +10,7 @@ import dataclasses
 import itertools
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -217,7 +218,7 @@ def read_scalars(data: ds.Dataset, columns: list[str], filt: ds.Expression | Non
         if name in SMALL_INTS or pa.types.is_floating(typ):
             out[name] = np.empty(n, np.float32)
         elif pa.types.is_string(typ):
-            out[name] = np.empty(n, np.int32)
+            out[name] = np.empty(n, np.int8)  # categorical codes: a handful of words (widened if not)
             vocab[name] = {}
         elif pa.types.is_boolean(typ):
             out[name] = np.empty(n, np.bool_)
@@ -242,6 +243,8 @@ def read_scalars(data: ds.Dataset, columns: list[str], filt: ds.Expression | Non
                     np.int32,
                 )
                 values = remap[enc.indices.fill_null(len(remap) - 1).to_numpy(zero_copy_only=False)]
+                if len(words) > np.iinfo(out[name].dtype).max:
+                    out[name] = out[name].astype(np.int32)
             elif out[name].dtype.kind == "f":
                 target = pa.float32() if out[name].dtype == np.float32 else pa.float64()
                 values = arr.cast(target).fill_null(np.nan).to_numpy(zero_copy_only=False)
@@ -301,18 +304,7 @@ def summarize(path: str | os.PathLike[str]) -> Report:
     first_layer, front = read_scalars(data, cols, (ds.field("layer") == 0) & (ds.field("t") >= 0))
     if "worker" not in first_layer:
         first_layer["worker"] = np.float32(np.nan)
-    # rows are identifiable by (call, batch column, step) only where env or seq names the column (a call
-    # is one module, layer 0 here); one lexsort of compact keys instead of pandas' hashing of 5 columns
-    seq, env = first_layer["seq"].to_numpy(), first_layer["env"].to_numpy()
-    col = np.where(np.isnan(seq), env, seq)
-    tagged = ~np.isnan(col)
-    call, col, t = first_layer["call"].to_numpy()[tagged], col[tagged], first_layer["t"].to_numpy()[tagged]
-    order = np.lexsort((t, col, call))
-    same = np.diff(call[order]) == 0
-    same &= np.diff(col[order]) == 0
-    same &= np.diff(t[order]) == 0
-    dups = int(same.sum())
-    del seq, env, col, tagged, call, t, order, same
+    dups = _duplicates(first_layer)
     if dups:
         warnings.append(
             f"{dups} duplicate rows (the same call, module, layer, column and step twice): was a part "
@@ -362,6 +354,26 @@ def summarize(path: str | os.PathLike[str]) -> Report:
     )
     report.findings = _findings(report)
     return report
+
+
+def _duplicates(df: pd.DataFrame) -> int:
+    """Rows that repeat another's (call, batch column, step): rows are identifiable so only where env or
+    seq names the column (a call is one module; layer 0 here). One sort of one int64 key per row."""
+    seq, env = df["seq"].to_numpy(), df["env"].to_numpy()
+    col = np.where(np.isnan(seq), env, seq)
+    tagged = np.flatnonzero(~np.isnan(col))
+    columns = [df["call"].to_numpy()[tagged], col[tagged], df["t"].to_numpy()[tagged]]
+    del seq, env, col, tagged
+    key = _key(columns)
+    if key is None:  # call ids far apart (processes' id blocks): three keys, sorted together
+        order = np.lexsort(columns[::-1])
+        same = np.ones(len(order) - 1 if len(order) else 0, bool)
+        for c in columns:
+            same &= np.diff(c[order]) == 0
+        return int(same.sum())
+    del columns
+    key.sort()
+    return int((key[1:] == key[:-1]).sum())
 
 
 def _run_section(info: LogInfo, df: pd.DataFrame) -> RunSection:
@@ -436,39 +448,11 @@ def _arch_section(meta: dict[str, Any]) -> ArchitectureSection:
 def _calls_section(df: pd.DataFrame, train: pd.DataFrame, roll: pd.DataFrame) -> CallsSection:
     groups: list[CallGroup] = []
     if len(df):
-        # Per-call aggregates without sorting the rows: the rows of a multi-step call are consecutive in
-        # its writer's file (those of a block of one-step calls interleave by layer or step), so runs of
-        # equal call ids are found in one pass and only the runs are grouped; the result is that of
-        # grouping the rows. (An argsort of the call column held several copies of it: +600 MB at 10M rows.)
-        call = df["call"].to_numpy()
-        starts = np.flatnonzero(np.r_[True, call[1:] != call[:-1]])
-        t = df["t"].to_numpy()
-        runs = pd.DataFrame(
-            {
-                "call": call[starts],
-                "rows": np.diff(np.r_[starts, len(call)]),
-                "t0": np.minimum.reduceat(t, starts),
-                "t1": np.maximum.reduceat(t, starts),
-                "first": starts,
-            }
-        )
-        del starts
-        agg = runs.groupby("call", sort=False).agg(
-            rows=("rows", "sum"), t0=("t0", "min"), t1=("t1", "max"), first=("first", "min")
-        )
-        del runs
-        first = agg["first"].to_numpy()
-        per_call = pd.DataFrame(
-            {
-                "module": df["module"].iloc[first].to_numpy(),
-                "phase": df["phase"].iloc[first].to_numpy(),
-                "path": df["path"].iloc[first].to_numpy(),
-                "rows": agg["rows"].to_numpy(),
-                "t0": agg["t0"].to_numpy(),
-                "t1": agg["t1"].to_numpy(),
-            }
-        )
-        del agg
+        # Per-call aggregates without sorting or hashing the rows: call ids are dense (a counter from a
+        # per-process base), so one slot per id takes counts, first/last step and the call's labels.
+        # (An argsort of the call column held several copies of it; runs of equal ids barely shorten
+        # it, since a block of one-step calls interleaves its calls row by row.)
+        per_call = _per_call(df)
         per_call["steps"] = per_call["t1"] - per_call["t0"] + 1
         per_call["batch"] = per_call["rows"] // per_call["steps"]
         shapes = per_call.groupby(["module", "phase", "path", "steps", "batch"], observed=True).size()
@@ -486,20 +470,125 @@ def _calls_section(df: pd.DataFrame, train: pd.DataFrame, roll: pd.DataFrame) ->
     by_path: dict[str, int] = {}
     n_mb = 0
     if len(train):
-        module0 = train["module"].iloc[0]
-        # only the columns used below: a full copy of half the train rows was the section's largest
-        t0 = train.loc[
-            train["module"] == module0, ["iteration", "epoch", "minibatch", "seq", "t", "path", "seq_reason"]
-        ]
-        mb = t0.groupby(["iteration", "epoch", "minibatch"], observed=True, dropna=False)
-        counts = mb["seq"].nunique()
-        n_mb = len(counts)
-        spm = {int(k): int(v) for k, v in counts.value_counts().sort_index().items()}
-        by_path = {str(k): int(v) for k, v in mb["path"].first().value_counts().items()}
-        starts = t0[t0["t"] == 0].drop_duplicates(["iteration", "epoch", "minibatch", "seq"])
-        reasons = {str(k): int(v) for k, v in starts["seq_reason"].value_counts().items() if v}
+        spm, reasons, by_path, n_mb = _minibatches(train)
     explanation = _explain(roll, spm, reasons, by_path)
     return CallsSection(groups, spm, reasons, n_mb, by_path, explanation)
+
+
+def _key(columns: list[np.ndarray]) -> np.ndarray | None:
+    """One int64 per row that orders as the tuple of ``columns`` (integers, or floats with NaN as null,
+    which sorts last), or None when the values do not fit one int64. Keys of small counters are dense:
+    their range is about the number of distinct tuples (see :func:`_groups`)."""
+    key = np.zeros(len(columns[0]), np.int64)
+    room = 1
+    for col in columns:
+        null = np.isnan(col) if col.dtype.kind == "f" else None
+        if null is not None and not null.any():
+            null = None
+        named = len(col) > 0 and (null is None or not null.all())
+        lo = int(np.nanmin(col)) if named else 0
+        hi = int(np.nanmax(col)) if named else 0
+        width = hi - lo + (2 if null is not None else 1)  # the values, and one more for null
+        room *= width
+        if room >= 1 << 62:
+            return None
+        key *= width
+        v = col if null is None else np.where(null, hi + 1, col)
+        # integers before adding: int64 + float would be computed in float64, exact only below 2**53
+        key += v.astype(np.int64) if v.dtype.kind == "f" else v
+        key -= lo
+    return key
+
+
+def _groups(key: np.ndarray) -> tuple[np.ndarray, int]:
+    """The group number of each row (groups in key order) and the number of groups."""
+    top = int(key.max()) + 1 if len(key) else 0
+    if top <= 4 * len(key) + (1 << 16):  # dense keys: counted in place of a sort
+        rank = np.cumsum(np.bincount(key, minlength=top) > 0) - 1
+        return rank[key], int(rank[-1]) + 1 if top else 0
+    uniq, inv = np.unique(key, return_inverse=True)
+    return inv, len(uniq)
+
+
+def _minibatches(train: pd.DataFrame) -> tuple[dict[int, int], dict[str, int], dict[str, int], int]:
+    """Sequences per minibatch (as counts of minibatches), why sequences start, the path of each minibatch's
+    first call, and the number of minibatches: from the train rows of the first module."""
+    module0 = train["module"].iloc[0]
+    sel = (train["module"] == module0).to_numpy()
+    it, ep, mb, seq = (train[c].to_numpy()[sel] for c in ("iteration", "epoch", "minibatch", "seq"))
+    mb_key = _key([it, ep, mb])
+    pair = _key([mb_key, seq]) if mb_key is not None else None
+    if mb_key is None or pair is None:  # keys too large for one int64 (hand-made tags): pandas' grouping
+        t0 = train.loc[sel, ["iteration", "epoch", "minibatch", "seq", "t", "path", "seq_reason"]]
+        groups = t0.groupby(["iteration", "epoch", "minibatch"], observed=True, dropna=False)
+        counts = groups["seq"].nunique()
+        spm = {int(k): int(v) for k, v in counts.value_counts().sort_index().items()}
+        by_path = {str(k): int(v) for k, v in groups["path"].first().value_counts().items()}
+        reason = train["seq_reason"].iloc[_sequence_starts(train)]
+        reasons = {str(k): int(v) for k, v in reason.value_counts().items() if v}
+        return spm, reasons, by_path, len(counts)
+    del it, ep, mb
+    # Integer keys instead of pandas' grouping of float columns (several copies of them): the
+    # minibatches in (iteration, epoch, minibatch) order, each with the index of its first row.
+    mbs, first = np.unique(mb_key, return_index=True)
+    has_seq = ~np.isnan(seq)
+    pairs, pair_first = np.unique(pair[has_seq], return_index=True)
+    # the minibatch of each distinct (minibatch, seq): its position among the minibatches
+    owner = np.searchsorted(mbs, mb_key[np.flatnonzero(has_seq)[pair_first]])
+    counts = np.bincount(owner, minlength=len(mbs))  # nunique of seq; 0 where no row names one
+    del pairs, pair_first, owner
+    values, n = np.unique(counts, return_counts=True)
+    spm = {int(k): int(v) for k, v in zip(values, n, strict=True)}
+    firsts = train["path"].iloc[np.flatnonzero(sel)[first]]
+    by_path = {str(k): int(v) for k, v in firsts.value_counts().items()}
+    starts = train["seq_reason"].iloc[_sequence_starts(train)]
+    reasons = {str(k): int(v) for k, v in starts.value_counts().items() if v}
+    return spm, reasons, by_path, len(mbs)
+
+
+def _sequence_starts(train: pd.DataFrame) -> np.ndarray:
+    """Positions in ``train`` of the sequences' first rows: for the first module, the first t == 0 row of
+    each (iteration, epoch, minibatch, seq), nulls alike (a small subset: no copy of the train rows)."""
+    pos = np.flatnonzero((train["module"] == train["module"].iloc[0]).to_numpy() & (train["t"].to_numpy() == 0))
+    keys = pd.DataFrame({c: train[c].to_numpy()[pos] for c in ("iteration", "epoch", "minibatch", "seq")})
+    return pos[~keys.duplicated().to_numpy()]
+
+
+def _per_call(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per call of ``df``: module, phase, path, rows, first and last step (t0, t1)."""
+    call = df["call"].to_numpy()
+    keep: Any = slice(None)
+    if call.dtype.kind == "f":  # read as float64 (a nullable column); ids are exact below 2**53
+        keep = ~np.isnan(call)
+        if keep.all():
+            keep = slice(None)
+        call = call[keep].astype(np.int64)
+    if not len(call):
+        return pd.DataFrame({"module": [], "phase": [], "path": [], "rows": [], "t0": [], "t1": []})
+    lo, hi = int(call.min()), int(call.max())
+    if hi - lo < 4 * len(call) + (1 << 16):
+        idx = call - lo if lo else call
+        span = hi - lo + 1
+    else:  # sparse ids (processes' id blocks far apart): number them first
+        idx = pd.factorize(call)[0]
+        span = int(idx.max()) + 1
+    rows = np.bincount(idx, minlength=span)
+    t = df["t"].to_numpy()[keep]
+    t0 = np.full(span, np.iinfo(t.dtype).max, t.dtype)
+    t1 = np.full(span, np.iinfo(t.dtype).min, t.dtype)
+    np.minimum.at(t0, idx, t)
+    np.maximum.at(t1, idx, t)
+    present = np.flatnonzero(rows)
+    out: dict[str, Any] = {}
+    for name in ("module", "phase", "path"):
+        codes = df[name].cat.codes.to_numpy()[keep]
+        label = np.empty(span, codes.dtype)
+        label[idx] = codes  # the same for every row of a call
+        cat = pd.Categorical.from_codes(label[present], dtype=cast(pd.CategoricalDtype, df[name].dtype))
+        out[name] = cat.reorder_categories(sorted(cat.categories))  # groups below come in name order
+    del idx
+    out.update(rows=rows[present], t0=t0[present], t1=t1[present])
+    return pd.DataFrame(out)
 
 
 def _explain(roll: pd.DataFrame, spm: dict[int, int], reasons: dict[str, int], by_path: dict[str, int]) -> str:
@@ -564,8 +653,7 @@ def _sequences_section(train: pd.DataFrame, roll: pd.DataFrame) -> SequencesSect
     episodes = _episode_lengths(roll)
     if not len(train):
         return SequencesSection(0, {}, {}, _stats(episodes), len(episodes), 0.0, 0.0)
-    t0 = train[train["module"] == train["module"].iloc[0]]
-    starts = t0[t0["t"] == 0].drop_duplicates(["iteration", "epoch", "minibatch", "seq"])
+    starts = train.iloc[_sequence_starts(train)][["seq_len", "seq_reason"]]
     lens = starts["seq_len"].to_numpy(dtype=np.float64)
     edges = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 10**9]
     hist: dict[str, int] = {}
@@ -580,42 +668,80 @@ def _sequences_section(train: pd.DataFrame, roll: pd.DataFrame) -> SequencesSect
         length_histogram=hist,
         episode_length=_stats(episodes),
         episodes_completed=len(episodes),
-        padding_share=float(t0["padding"].mean()),
+        padding_share=float(
+            train["padding"].to_numpy()[(train["module"] == train["module"].iloc[0]).to_numpy()].mean()
+        ),
         stored_state_share=stored,
     )
 
 
 def _staleness_section(train: pd.DataFrame) -> StalenessSection:
-    cols = ["module", "iteration", "epoch", "minibatch", "t", "seq_len", "drift_h", "drift_c"]
-    train = train.loc[(~train["padding"].astype(bool) & train["drift_h"].notna()).to_numpy(), cols]
-    if not len(train):
+    padding = train["padding"].to_numpy().astype(bool)
+    pos = np.flatnonzero(~padding & ~np.isnan(train["drift_h"].to_numpy()))
+    del padding
+    if not len(pos):
         return StalenessSection(0, None, None, None, [], [], [])
-    first = train[(train["epoch"] == 0) & (train["minibatch"] == 0)]
-    mh = float(first["drift_h"].max()) if len(first) else None
-    mc = float(first["drift_c"].max()) if len(first) and first["drift_c"].notna().any() else None
+    col = {
+        c: train[c].to_numpy()[pos] for c in ("iteration", "epoch", "minibatch", "t", "seq_len", "drift_h", "drift_c")
+    }
+    module = train["module"].cat.codes.to_numpy()[pos]
+    names = train["module"].cat.categories
+    del pos
+    dh, dc = col["drift_h"], col["drift_c"]
+    first = (col["epoch"] == 0) & (col["minibatch"] == 0)
+    n_first = int(first.sum())
+    mh = float(dh[first].max()) if n_first else None
+    mc = float(np.nanmax(dc[first])) if n_first and not np.isnan(dc[first]).all() else None
     ok = None if mh is None else bool(max(mh, mc or 0.0) <= PROVENANCE_TOLERANCE)
 
-    def agg(g: Any) -> list[dict[str, Any]]:
-        out = g.agg(
-            rows=("drift_h", "size"),
-            drift_h_mean=("drift_h", "mean"),
-            drift_h_max=("drift_h", "max"),
-            drift_c_mean=("drift_c", "mean"),
-            drift_c_max=("drift_c", "max"),
-        ).reset_index()
-        return [{k: (str(v) if k == "module" else v) for k, v in r.items()} for r in out.to_dict("records")]
+    def agg(key: np.ndarray, label: str, values: Callable[[np.ndarray], list[Any]]) -> list[dict[str, Any]]:
+        """Rows, mean and max drift per (module, key), in (module, key) order; null keys left out."""
+        keep: Any = slice(None)
+        if key.dtype.kind == "f" and np.isnan(key).any():
+            keep = ~np.isnan(key)
+        mod, key = module[keep], key[keep]
+        by = _key([mod, key])
+        assert by is not None  # a module code and one small key
+        inv, n_groups = _groups(by)
+        del by
+        out: dict[str, Any] = {"rows": np.bincount(inv, minlength=n_groups)}
+        for name, v in (("drift_h", dh[keep]), ("drift_c", dc[keep])):
+            some: Any = slice(None)
+            if np.isnan(v).any():
+                some = ~np.isnan(v)
+            n = np.bincount(inv[some], minlength=n_groups)
+            total = np.bincount(inv[some], weights=v[some], minlength=n_groups)
+            top = np.full(n_groups, -np.inf)
+            np.maximum.at(top, inv[some], v[some])
+            with np.errstate(invalid="ignore", divide="ignore"):
+                out[f"{name}_mean"] = np.where(n > 0, total / np.maximum(n, 1), np.nan)
+            out[f"{name}_max"] = np.where(n > 0, top, np.nan)
+        # each group's labels: every row of a group carries the same ones
+        mod_g, key_g = np.empty(n_groups, mod.dtype), np.empty(n_groups, key.dtype)
+        mod_g[inv], key_g[inv] = mod, key
+        return [
+            {"module": str(names[m]), label: k, **{c: out[c][i] for c in out}}
+            for i, (m, k) in enumerate(zip(mod_g, values(key_g), strict=True))
+        ]
 
-    by_epoch = agg(train.groupby(["module", "epoch"], observed=True))
+    by_epoch = agg(col["epoch"], "epoch", list)
     # update = order of the minibatch within its iteration (0 = before any optimizer step)
-    mb = train.groupby(["iteration", "epoch", "minibatch"], sort=True).ngroup()
-    update = mb - mb.groupby(train["iteration"].to_numpy()).transform("min")
-    by_update = agg(train.groupby([train["module"], update.rename("update")], observed=True))
-    t, last = train["t"].to_numpy(), (train["seq_len"] - 1).to_numpy()
-    code = pd.Series(np.where(t == 0, 0, np.where(t == last, 2, 1)), index=train.index, name="position")
-    by_position = agg(train.groupby([train["module"], code], observed=True))
-    for row in by_position:
-        row["position"] = ("first", "middle", "last")[int(row["position"])]
-    return StalenessSection(len(first), mh, mc, ok, by_epoch, by_update, by_position)
+    by_update: list[dict[str, Any]] = []
+    named = ~(np.isnan(col["iteration"]) | np.isnan(col["epoch"]) | np.isnan(col["minibatch"]))
+    mb_key = _key([col["iteration"], col["epoch"], col["minibatch"]])
+    if mb_key is not None and named.any():
+        inv, n_mb = _groups(mb_key[named])
+        it = np.empty(n_mb, col["iteration"].dtype)
+        it[inv] = col["iteration"][named]  # sorted: minibatches come in iteration order
+        update = np.full(len(mb_key), np.nan, np.float32)
+        update[named] = (np.arange(n_mb) - np.searchsorted(it, it, side="left"))[inv]
+        del mb_key, inv, it
+        by_update = agg(update, "update", lambda k: [int(x) for x in k])
+        del update
+    t, last = col["t"], col["seq_len"] - 1
+    code = np.where(t == 0, 0, np.where(t == last, 2, 1))
+    by_position = agg(code, "position", lambda k: [("first", "middle", "last")[int(x)] for x in k])
+    return StalenessSection(n_first, mh, mc, ok, by_epoch, by_update, by_position)
 
 
 def _health_section(data: ds.Dataset, vectors: bool) -> HealthSection:
@@ -636,9 +762,10 @@ def _health_section(data: ds.Dataset, vectors: bool) -> HealthSection:
         )
         norms = [{k: (str(v) if k == "module" else v) for k, v in r.items()} for r in g.to_dict("records")]
     acc: dict[tuple[str, int], dict[str, Any]] = {}
-    scanner = data.scanner(
-        columns=["module", "layer", "h", "h_norm", "c_norm"], filter=ds.field("phase") == "rollout", batch_size=65536
-    )
+    # h only when the log has vectors: reading an all-null vector column still builds its values
+    # (rows x hidden floats a batch)
+    columns = ["module", "layer", "h_norm", "c_norm"] + (["h"] if vectors else [])
+    scanner = data.scanner(columns=columns, filter=ds.field("phase") == "rollout", batch_size=65536)
     for batch in scanner.to_batches():
         if batch.num_rows == 0:
             continue
@@ -646,8 +773,7 @@ def _health_section(data: ds.Dataset, vectors: bool) -> HealthSection:
         layers = batch.column("layer").to_numpy()
         hn = batch.column("h_norm").to_numpy(zero_copy_only=False).astype(np.float64)
         cn = batch.column("c_norm").to_numpy(zero_copy_only=False).astype(np.float64)
-        hcol = batch.column("h")
-        width = hcol.type.list_size
+        hcol = batch.column("h") if vectors else None
         for key in {(str(m), int(lv)) for m, lv in zip(modules, layers, strict=True)}:
             sel = np.nonzero((modules == key[0]) & (layers == key[1]))[0]
             a = acc.setdefault(
@@ -668,13 +794,13 @@ def _health_section(data: ds.Dataset, vectors: bool) -> HealthSection:
             finite_c = cn[sel][np.isfinite(cn[sel])]
             if finite_c.size:
                 a["c_max"] = max(a["c_max"], float(finite_c.max()))
-            if not vectors or hcol.null_count == len(hcol):
+            if hcol is None or hcol.null_count == len(hcol):
                 continue
             sub = hcol.take(sel)
             sub = sub.filter(sub.is_valid())
             if len(sub) == 0:
                 continue
-            h = np.asarray(sub.flatten().to_numpy(zero_copy_only=False), np.float32).reshape(-1, width)
+            h = np.asarray(sub.flatten().to_numpy(zero_copy_only=False), np.float32).reshape(-1, hcol.type.list_size)
             finite = np.where(np.isfinite(h), h, 0.0)
             a["sat"] += int((np.abs(finite) > SATURATION).sum())
             a["values"] += h.size

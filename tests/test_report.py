@@ -58,6 +58,23 @@ def test_report_numbers_match_rows(runs_dir, env_id, opts):
     assert rep.staleness.provenance_ok is True
     assert rep.staleness.provenance_max_drift_h < 1e-5
     assert {r["module"] for r in rep.staleness.by_epoch} == set(df.module)
+    # drift per module and epoch / update, recomputed with pandas from the rows
+    tr = df[(df.phase == "train") & (df.layer == 0) & ~df.padding & df.drift_h.notna() & (df.t >= 0)]
+    g = tr.groupby([tr.module.astype(str), "epoch"]).agg(
+        rows=("drift_h", "size"), h=("drift_h", "mean"), m=("drift_c", "max")
+    )
+    got = {(r["module"], r["epoch"]): (r["rows"], r["drift_h_mean"], r["drift_c_max"]) for r in rep.staleness.by_epoch}
+    assert set(got) == set(g.index)
+    for key, row in g.iterrows():
+        assert got[key][0] == row.rows and got[key][1] == pytest.approx(row.h, rel=1e-5, abs=1e-12)
+        assert got[key][2] == pytest.approx(row.m, rel=1e-6, abs=1e-12)
+    mb = tr.groupby(["iteration", "epoch", "minibatch"]).ngroup()
+    update = mb - mb.groupby(tr.iteration).transform("min")
+    counts = tr.groupby([tr.module.astype(str), update]).size()
+    assert {(r["module"], r["update"]): r["rows"] for r in rep.staleness.by_update} == counts.to_dict()
+    # calls per (module, phase, path), from the rows
+    calls = df[df.layer == 0].groupby(["module", "phase", "path"], observed=True).call.nunique()
+    assert {(g.module, g.phase, g.path): g.calls for g in rep.calls.groups} == calls.to_dict()
     assert [h["layer"] for h in rep.health.layers if h["module"] == "actor"] == list(range(opts.get("lstm_layers", 1)))
     assert any("provenance check" in f for f in rep.findings)
     json.dumps(rep.to_dict())  # JSON-able
@@ -204,3 +221,24 @@ with torch.no_grad(), lstm_probe.trace(m, sys.argv[1], shard=f"worker{sys.argv[2
     assert summarize(out).run.rows == 30
     with pytest.raises(lstm_probe.BadInput, match="shards need a directory"):
         lstm_probe.trace(nn.LSTM(2, 4), tmp_path / "x.parquet", shard="w0").start()
+
+
+def test_row_keys_are_exact_for_large_call_ids():
+    """Rows are grouped and checked for duplicates by one int64 key per row; call ids of other processes
+    start at multiples of 10**12 (RLlib), beyond float64's exact integers once combined."""
+    import pandas as pd
+
+    from lstm_probe.report import _duplicates, _key
+
+    call = np.array([10**15 + 7, 10**15 + 7, 10**15 + 8, 10**12, 10**15 + 7], np.int64)
+    col = np.array([21, 20, 21, 0, np.nan], np.float32)
+    t = np.array([7, 7, 0, 3, 1], np.int32)
+    key = _key([call, col, t])
+    assert key is not None and len(set(key.tolist())) == 5
+    # orders as the tuples, null (NaN) after every value
+    tuples = [(c, np.inf if np.isnan(x) else x, s) for c, x, s in zip(call, col, t, strict=True)]
+    assert np.argsort(key, kind="stable").tolist() == sorted(range(5), key=lambda i: tuples[i])
+    frame = pd.DataFrame({"call": call, "seq": col, "env": np.float32(np.nan), "t": t})
+    assert _duplicates(frame) == 0
+    assert _duplicates(pd.concat([frame, frame.iloc[[0, 2]]])) == 2
+    assert _key([np.array([0, 2**40]), np.array([0, 2**30]), np.array([0, 2**30])]) is None  # too wide
