@@ -361,9 +361,11 @@ def _duplicates(df: pd.DataFrame) -> int:
     seq names the column (a call is one module; layer 0 here). One sort of one int64 key per row."""
     seq, env = df["seq"].to_numpy(), df["env"].to_numpy()
     col = np.where(np.isnan(seq), env, seq)
-    tagged = np.flatnonzero(~np.isnan(col))
-    columns = [df["call"].to_numpy()[tagged], col[tagged], df["t"].to_numpy()[tagged]]
-    del seq, env, col, tagged
+    columns = [df["call"].to_numpy(), col, df["t"].to_numpy()]
+    if np.isnan(col).any():
+        tagged = ~np.isnan(col)
+        columns = [c[tagged] for c in columns]
+    del seq, env, col
     key = _key(columns)
     if key is None:  # call ids far apart (processes' id blocks): three keys, sorted together
         order = np.lexsort(columns[::-1])
@@ -475,28 +477,38 @@ def _calls_section(df: pd.DataFrame, train: pd.DataFrame, roll: pd.DataFrame) ->
     return CallsSection(groups, spm, reasons, n_mb, by_path, explanation)
 
 
+KEY_CHUNK = 1 << 20
+"""Rows per slice while keys are built: temporaries stay a few MB whatever the log's size."""
+
+
 def _key(columns: list[np.ndarray]) -> np.ndarray | None:
     """One int64 per row that orders as the tuple of ``columns`` (integers, or floats with NaN as null,
     which sorts last), or None when the values do not fit one int64. Keys of small counters are dense:
     their range is about the number of distinct tuples (see :func:`_groups`)."""
-    key = np.zeros(len(columns[0]), np.int64)
+    n = len(columns[0])
+    parts = []  # (column, lowest value, null code or None, width)
     room = 1
     for col in columns:
-        null = np.isnan(col) if col.dtype.kind == "f" else None
-        if null is not None and not null.any():
-            null = None
-        named = len(col) > 0 and (null is None or not null.all())
+        nullable = col.dtype.kind == "f" and bool(np.isnan(col).any())
+        named = n > 0 and not (nullable and bool(np.isnan(col).all()))
         lo = int(np.nanmin(col)) if named else 0
         hi = int(np.nanmax(col)) if named else 0
-        width = hi - lo + (2 if null is not None else 1)  # the values, and one more for null
+        width = hi - lo + (2 if nullable else 1)  # the values, and one more for null
         room *= width
         if room >= 1 << 62:
             return None
-        key *= width
-        v = col if null is None else np.where(null, hi + 1, col)
-        # integers before adding: int64 + float would be computed in float64, exact only below 2**53
-        key += v.astype(np.int64) if v.dtype.kind == "f" else v
-        key -= lo
+        parts.append((col, lo, hi + 1 if nullable else None, width))
+    key = np.zeros(n, np.int64)
+    for start in range(0, n, KEY_CHUNK):
+        k = key[start : start + KEY_CHUNK]
+        for col, lo, null, width in parts:
+            v = col[start : start + KEY_CHUNK]
+            if null is not None:
+                v = np.where(np.isnan(v), null, v)
+            k *= width
+            # integers before adding: int64 + float would be computed in float64, exact only below 2**53
+            k += v.astype(np.int64) if v.dtype.kind == "f" else v
+            k -= lo
     return key
 
 
