@@ -517,6 +517,8 @@ def _groups(key: np.ndarray) -> tuple[np.ndarray, int]:
     top = int(key.max()) + 1 if len(key) else 0
     if top <= 4 * len(key) + (1 << 16):  # dense keys: counted in place of a sort
         rank = np.cumsum(np.bincount(key, minlength=top) > 0) - 1
+        if top and rank[-1] < 1 << 31:
+            rank = rank.astype(np.int32)
         return rank[key], int(rank[-1]) + 1 if top else 0
     uniq, inv = np.unique(key, return_inverse=True)
     return inv, len(uniq)
@@ -540,15 +542,19 @@ def _minibatches(train: pd.DataFrame) -> tuple[dict[int, int], dict[str, int], d
         reasons = {str(k): int(v) for k, v in reason.value_counts().items() if v}
         return spm, reasons, by_path, len(counts)
     del it, ep, mb
-    # Integer keys instead of pandas' grouping of float columns (several copies of them): the
-    # minibatches in (iteration, epoch, minibatch) order, each with the index of its first row.
-    mbs, first = np.unique(mb_key, return_index=True)
-    has_seq = ~np.isnan(seq)
-    pairs, pair_first = np.unique(pair[has_seq], return_index=True)
-    # the minibatch of each distinct (minibatch, seq): its position among the minibatches
-    owner = np.searchsorted(mbs, mb_key[np.flatnonzero(has_seq)[pair_first]])
+    # Integer keys instead of pandas' grouping of float columns (several copies of them). The rows of
+    # one sequence of one minibatch come together (a call's rows are ordered column, then step), so only
+    # the first row of each run of equal (minibatch, seq) keys is looked at.
+    runs = np.flatnonzero(np.r_[True, pair[1:] != pair[:-1]])
+    run_pair, run_mb, named = pair[runs], mb_key[runs], ~np.isnan(seq[runs])
+    del pair, mb_key
+    # the minibatches in (iteration, epoch, minibatch) order; the first run of each starts at its first row
+    mbs, first_run = np.unique(run_mb, return_index=True)
+    first = runs[first_run]
+    _, pair_first = np.unique(run_pair[named], return_index=True)  # distinct (minibatch, seq) with a seq
+    owner = np.searchsorted(mbs, run_mb[named][pair_first])
     counts = np.bincount(owner, minlength=len(mbs))  # nunique of seq; 0 where no row names one
-    del pairs, pair_first, owner
+    del runs, run_pair, run_mb, named, pair_first, owner
     values, n = np.unique(counts, return_counts=True)
     spm = {int(k): int(v) for k, v in zip(values, n, strict=True)}
     firsts = train["path"].iloc[np.flatnonzero(sel)[first]]
@@ -569,36 +575,36 @@ def _sequence_starts(train: pd.DataFrame) -> np.ndarray:
 def _per_call(df: pd.DataFrame) -> pd.DataFrame:
     """One row per call of ``df``: module, phase, path, rows, first and last step (t0, t1)."""
     call = df["call"].to_numpy()
-    keep: Any = slice(None)
-    if call.dtype.kind == "f":  # read as float64 (a nullable column); ids are exact below 2**53
-        keep = ~np.isnan(call)
-        if keep.all():
-            keep = slice(None)
-        call = call[keep].astype(np.int64)
-    if not len(call):
-        return pd.DataFrame({"module": [], "phase": [], "path": [], "rows": [], "t0": [], "t1": []})
-    lo, hi = int(call.min()), int(call.max())
-    if hi - lo < 4 * len(call) + (1 << 16):
-        idx = call - lo if lo else call
-        span = hi - lo + 1
-    else:  # sparse ids (processes' id blocks far apart): number them first
-        idx = pd.factorize(call)[0]
-        span = int(idx.max()) + 1
-    rows = np.bincount(idx, minlength=span)
-    t = df["t"].to_numpy()[keep]
+    empty = pd.DataFrame({"module": [], "phase": [], "path": [], "rows": [], "t0": [], "t1": []})
+    if not len(call) or (call.dtype.kind == "f" and np.isnan(call).all()):
+        return empty
+    lo, hi = int(np.nanmin(call)), int(np.nanmax(call))
+    if hi - lo >= 4 * len(call) + (1 << 16):  # sparse ids (processes' id blocks far apart): number them
+        call, lo = pd.factorize(call, use_na_sentinel=True)[0], 0  # null: -1
+        hi = int(call.max())
+    span = hi - lo + 1
+    t = df["t"].to_numpy()
+    rows = np.zeros(span, np.int64)
     t0 = np.full(span, np.iinfo(t.dtype).max, t.dtype)
     t1 = np.full(span, np.iinfo(t.dtype).min, t.dtype)
-    np.minimum.at(t0, idx, t)
-    np.maximum.at(t1, idx, t)
+    codes = {name: df[name].cat.codes.to_numpy() for name in ("module", "phase", "path")}
+    labels = {name: np.empty(span, c.dtype) for name, c in codes.items()}
+    for start in range(0, len(call), KEY_CHUNK):  # slices: the ids' int64 copy stays small
+        part = slice(start, start + KEY_CHUNK)
+        c = call[part]
+        ok = ~np.isnan(c) if c.dtype.kind == "f" else c >= lo
+        idx = (c[ok] if not ok.all() else c).astype(np.int64) - lo
+        sel = ok if not ok.all() else slice(None)
+        np.add.at(rows, idx, 1)
+        np.minimum.at(t0, idx, t[part][sel])
+        np.maximum.at(t1, idx, t[part][sel])
+        for name, c_codes in codes.items():
+            labels[name][idx] = c_codes[part][sel]  # the same for every row of a call
     present = np.flatnonzero(rows)
     out: dict[str, Any] = {}
-    for name in ("module", "phase", "path"):
-        codes = df[name].cat.codes.to_numpy()[keep]
-        label = np.empty(span, codes.dtype)
-        label[idx] = codes  # the same for every row of a call
+    for name, label in labels.items():
         cat = pd.Categorical.from_codes(label[present], dtype=cast(pd.CategoricalDtype, df[name].dtype))
         out[name] = cat.reorder_categories(sorted(cat.categories))  # groups below come in name order
-    del idx
     out.update(rows=rows[present], t0=t0[present], t1=t1[present])
     return pd.DataFrame(out)
 
@@ -688,23 +694,23 @@ def _sequences_section(train: pd.DataFrame, roll: pd.DataFrame) -> SequencesSect
 
 
 def _staleness_section(train: pd.DataFrame) -> StalenessSection:
-    padding = train["padding"].to_numpy().astype(bool)
-    pos = np.flatnonzero(~padding & ~np.isnan(train["drift_h"].to_numpy()))
-    del padding
-    if not len(pos):
+    kept = ~train["padding"].to_numpy().astype(bool) & ~np.isnan(train["drift_h"].to_numpy())
+    if not kept.any():
         return StalenessSection(0, None, None, None, [], [], [])
-    col = {
-        c: train[c].to_numpy()[pos] for c in ("iteration", "epoch", "minibatch", "t", "seq_len", "drift_h", "drift_c")
-    }
-    module = train["module"].cat.codes.to_numpy()[pos]
+
+    def column(name: str) -> np.ndarray:  # taken when needed and dropped after use: memory is the bound
+        return train[name].to_numpy()[kept]
+
+    dh, dc = column("drift_h"), column("drift_c")
+    module = train["module"].cat.codes.to_numpy()[kept]
     names = train["module"].cat.categories
-    del pos
-    dh, dc = col["drift_h"], col["drift_c"]
-    first = (col["epoch"] == 0) & (col["minibatch"] == 0)
+    epoch, minibatch = column("epoch"), column("minibatch")
+    first = (epoch == 0) & (minibatch == 0)
     n_first = int(first.sum())
     mh = float(dh[first].max()) if n_first else None
     mc = float(np.nanmax(dc[first])) if n_first and not np.isnan(dc[first]).all() else None
     ok = None if mh is None else bool(max(mh, mc or 0.0) <= PROVENANCE_TOLERANCE)
+    del first
 
     def agg(key: np.ndarray, label: str, values: Callable[[np.ndarray], list[Any]]) -> list[dict[str, Any]]:
         """Rows, mean and max drift per (module, key), in (module, key) order; null keys left out."""
@@ -736,22 +742,25 @@ def _staleness_section(train: pd.DataFrame) -> StalenessSection:
             for i, (m, k) in enumerate(zip(mod_g, values(key_g), strict=True))
         ]
 
-    by_epoch = agg(col["epoch"], "epoch", list)
+    by_epoch = agg(epoch, "epoch", list)
     # update = order of the minibatch within its iteration (0 = before any optimizer step)
     by_update: list[dict[str, Any]] = []
-    named = ~(np.isnan(col["iteration"]) | np.isnan(col["epoch"]) | np.isnan(col["minibatch"]))
-    mb_key = _key([col["iteration"], col["epoch"], col["minibatch"]])
+    iteration = column("iteration")
+    named = ~(np.isnan(iteration) | np.isnan(epoch) | np.isnan(minibatch))
+    mb_key = _key([iteration, epoch, minibatch])
+    del epoch, minibatch
     if mb_key is not None and named.any():
         inv, n_mb = _groups(mb_key[named])
-        it = np.empty(n_mb, col["iteration"].dtype)
-        it[inv] = col["iteration"][named]  # sorted: minibatches come in iteration order
+        it = np.empty(n_mb, iteration.dtype)
+        it[inv] = iteration[named]  # sorted: minibatches come in iteration order
         update = np.full(len(mb_key), np.nan, np.float32)
         update[named] = (np.arange(n_mb) - np.searchsorted(it, it, side="left"))[inv]
-        del mb_key, inv, it
+        del mb_key, inv, it, iteration
         by_update = agg(update, "update", lambda k: [int(x) for x in k])
         del update
-    t, last = col["t"], col["seq_len"] - 1
-    code = np.where(t == 0, 0, np.where(t == last, 2, 1))
+    t, seq_len = column("t"), column("seq_len")
+    code = np.where(t == 0, 0, np.where(t == seq_len - 1, 2, 1)).astype(np.int8)
+    del t, seq_len
     by_position = agg(code, "position", lambda k: [("first", "middle", "last")[int(x)] for x in k])
     return StalenessSection(n_first, mh, mc, ok, by_epoch, by_update, by_position)
 
