@@ -31,6 +31,24 @@ CHILD = """
 import json, resource, sys, time
 t = time.perf_counter()
 import lstm_probe
+if len(sys.argv) > 2:  # --sections: each step's time, and the process's RSS and peak after it
+    import lstm_probe.report as R
+
+    def rss():
+        return int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20
+
+    def timed(name, f):
+        def wrapped(*a, **k):
+            s = time.perf_counter()
+            out = f(*a, **k)
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            print(f"  {name:20s} {time.perf_counter() - s:6.1f} s   RSS {rss():6.0f} MB   peak {peak:6.0f} MB", file=sys.stderr)
+            return out
+        return wrapped
+
+    for name in ("read_scalars", "_duplicates", "_calls_section", "_sequences_section", "_staleness_section",
+                 "_health_section"):
+        setattr(R, name, timed(name, getattr(R, name)))
 rep = lstm_probe.summarize(sys.argv[1])
 print(json.dumps({"seconds": time.perf_counter() - t, "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                   "rows": rep.run.rows, "findings": len(rep.findings)}))
@@ -44,6 +62,7 @@ def main() -> None:
     ap.add_argument("--capture", choices=["full", "summary"], default="full",
                     help="capture of the real run the log is built from (summary: a 1M-step run's 36M rows fit)")
     ap.add_argument("--keep", action="store_true", help="keep the generated log")
+    ap.add_argument("--sections", action="store_true", help="print each step of summarize: time, RSS, peak RSS")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp())
     from lstm_probe.run import run
@@ -77,9 +96,16 @@ def main() -> None:
     rows = copies * table.num_rows
     print(f"log: {rows:,} rows (hidden {args.hidden}, {args.capture}), {size / 2**20:.0f} MB, built in {time.perf_counter() - start:.0f} s")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    r = subprocess.run([sys.executable, "-c", CHILD, str(out)], capture_output=True, text=True, env=env)
+    r = subprocess.run(
+        [sys.executable, "-c", CHILD, str(out), *(["sections"] if args.sections else [])],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     if r.returncode:
         raise SystemExit(r.stderr)
+    if args.sections:
+        print(r.stderr, end="")
     res = json.loads(r.stdout.strip().splitlines()[-1])
     print(f"summarize: {res['seconds']:.1f} s, {rows / res['seconds']:,.0f} rows/s, peak RSS {res['rss_mb']:.0f} MB")
     if not args.keep:

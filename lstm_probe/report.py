@@ -202,6 +202,8 @@ def _stats(values: pd.Series | np.ndarray) -> dict[str, float]:
     }
 
 
+SCAN_BATCH = 1 << 18
+"""Rows per batch while the scalar columns are read."""
 SMALL_INTS = ("iteration", "epoch", "minibatch", "seq", "seq_len", "env", "episode", "episode_step")
 
 
@@ -227,7 +229,7 @@ def read_scalars(data: ds.Dataset, columns: list[str], filt: ds.Expression | Non
         else:
             out[name] = np.empty(n, typ.to_pandas_dtype())
     front, back = 0, n  # other rows fill from the front, train rows from the back
-    scanner = data.scanner(columns=columns, filter=filt, batch_size=1 << 18, batch_readahead=2, fragment_readahead=1)
+    scanner = data.scanner(columns=columns, filter=filt, batch_size=SCAN_BATCH, batch_readahead=2, fragment_readahead=1)
     for batch in scanner.to_batches():
         is_train = pc.equal(batch.column("phase"), "train").fill_null(False).to_numpy(zero_copy_only=False)
         k_train = int(is_train.sum())
