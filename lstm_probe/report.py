@@ -317,8 +317,9 @@ def summarize(path: str | os.PathLike[str]) -> Report:
     train = first_layer.iloc[front:]  # no copy: read_scalars packed the train rows at the end
     others = first_layer.iloc[:front]
     roll = others[(others["phase"] == "rollout").to_numpy()]
-    calls = _calls_section(first_layer, train, roll)
-    seqs = _sequences_section(train, roll)
+    starts = _sequence_starts(train) if len(train) else np.zeros(0, np.intp)
+    calls = _calls_section(first_layer, train, roll, starts)
+    seqs = _sequences_section(train, roll, starts)
     stale = _staleness_section(train)
     health = _health_section(data, capture.get("mode") != "summary" and info.rows > 0)
     cross = _cross_process_section(data, capture.get("mode") != "summary") if meta.get("framework") == "rllib" else None
@@ -449,7 +450,7 @@ def _arch_section(meta: dict[str, Any]) -> ArchitectureSection:
     )
 
 
-def _calls_section(df: pd.DataFrame, train: pd.DataFrame, roll: pd.DataFrame) -> CallsSection:
+def _calls_section(df: pd.DataFrame, train: pd.DataFrame, roll: pd.DataFrame, starts: np.ndarray) -> CallsSection:
     groups: list[CallGroup] = []
     if len(df):
         # Per-call aggregates without sorting or hashing the rows: call ids are dense (a counter from a
@@ -474,7 +475,7 @@ def _calls_section(df: pd.DataFrame, train: pd.DataFrame, roll: pd.DataFrame) ->
     by_path: dict[str, int] = {}
     n_mb = 0
     if len(train):
-        spm, reasons, by_path, n_mb = _minibatches(train)
+        spm, reasons, by_path, n_mb = _minibatches(train, starts)
     explanation = _explain(roll, spm, reasons, by_path)
     return CallsSection(groups, spm, reasons, n_mb, by_path, explanation)
 
@@ -526,9 +527,10 @@ def _groups(key: np.ndarray) -> tuple[np.ndarray, int]:
     return inv, len(uniq)
 
 
-def _minibatches(train: pd.DataFrame) -> tuple[dict[int, int], dict[str, int], dict[str, int], int]:
-    """Sequences per minibatch (as counts of minibatches), why sequences start, the path of each minibatch's
-    first call, and the number of minibatches: from the train rows of the first module."""
+def _minibatches(train: pd.DataFrame, starts: np.ndarray) -> tuple[dict[int, int], dict[str, int], dict[str, int], int]:
+    """Sequences per minibatch (as counts of minibatches), why sequences start (``starts``: the sequences'
+    first rows, :func:`_sequence_starts`), the path of each minibatch's first call, and the number of
+    minibatches: from the train rows of the first module."""
     module0 = train["module"].iloc[0]
     sel = (train["module"] == module0).to_numpy()
     it, ep, mb, seq = (train[c].to_numpy()[sel] for c in ("iteration", "epoch", "minibatch", "seq"))
@@ -540,8 +542,7 @@ def _minibatches(train: pd.DataFrame) -> tuple[dict[int, int], dict[str, int], d
         counts = groups["seq"].nunique()
         spm = {int(k): int(v) for k, v in counts.value_counts().sort_index().items()}
         by_path = {str(k): int(v) for k, v in groups["path"].first().value_counts().items()}
-        reason = train["seq_reason"].iloc[_sequence_starts(train)]
-        reasons = {str(k): int(v) for k, v in reason.value_counts().items() if v}
+        reasons = {str(k): int(v) for k, v in train["seq_reason"].iloc[starts].value_counts().items() if v}
         return spm, reasons, by_path, len(counts)
     del it, ep, mb
     # Integer keys instead of pandas' grouping of float columns (several copies of them). The rows of
@@ -561,8 +562,7 @@ def _minibatches(train: pd.DataFrame) -> tuple[dict[int, int], dict[str, int], d
     spm = {int(k): int(v) for k, v in zip(values, n, strict=True)}
     firsts = train["path"].iloc[np.flatnonzero(sel)[first]]
     by_path = {str(k): int(v) for k, v in firsts.value_counts().items()}
-    starts = train["seq_reason"].iloc[_sequence_starts(train)]
-    reasons = {str(k): int(v) for k, v in starts.value_counts().items() if v}
+    reasons = {str(k): int(v) for k, v in train["seq_reason"].iloc[starts].value_counts().items() if v}
     return spm, reasons, by_path, len(mbs)
 
 
@@ -594,14 +594,15 @@ def _per_call(df: pd.DataFrame) -> pd.DataFrame:
     for start in range(0, len(call), KEY_CHUNK):  # slices: the ids' int64 copy stays small
         part = slice(start, start + KEY_CHUNK)
         c = call[part]
-        ok = ~np.isnan(c) if c.dtype.kind == "f" else c >= lo
-        idx = (c[ok] if not ok.all() else c).astype(np.int64) - lo
-        sel = ok if not ok.all() else slice(None)
+        ok: Any = ~np.isnan(c) if c.dtype.kind == "f" else c >= lo
+        if ok.all():
+            ok = slice(None)
+        idx = c[ok].astype(np.int64) - lo
         np.add.at(rows, idx, 1)
-        np.minimum.at(t0, idx, t[part][sel])
-        np.maximum.at(t1, idx, t[part][sel])
+        np.minimum.at(t0, idx, t[part][ok])
+        np.maximum.at(t1, idx, t[part][ok])
         for name, c_codes in codes.items():
-            labels[name][idx] = c_codes[part][sel]  # the same for every row of a call
+            labels[name][idx] = c_codes[part][ok]  # the same for every row of a call
     present = np.flatnonzero(rows)
     out: dict[str, Any] = {}
     for name, label in labels.items():
@@ -669,11 +670,11 @@ def _episode_lengths(roll: pd.DataFrame) -> np.ndarray:
     return (done["max"] + 1).to_numpy()
 
 
-def _sequences_section(train: pd.DataFrame, roll: pd.DataFrame) -> SequencesSection:
+def _sequences_section(train: pd.DataFrame, roll: pd.DataFrame, first_rows: np.ndarray) -> SequencesSection:
     episodes = _episode_lengths(roll)
     if not len(train):
         return SequencesSection(0, {}, {}, _stats(episodes), len(episodes), 0.0, 0.0)
-    starts = train.iloc[_sequence_starts(train)][["seq_len", "seq_reason"]]
+    starts = train.iloc[first_rows][["seq_len", "seq_reason"]]
     lens = starts["seq_len"].to_numpy(dtype=np.float64)
     edges = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 10**9]
     hist: dict[str, int] = {}
