@@ -87,7 +87,8 @@ def main() -> None:
                     help="run each unprobed/probed pair at the same time (memory runs: halves the wall time; "
                          "the time ratios then mean little)")
     args = ap.parse_args()
-    tmp = tempfile.mkdtemp()
+    tmp_dir = tempfile.TemporaryDirectory(prefix="lstm-probe-overhead-")  # removed at exit, even on errors
+    tmp = tmp_dir.name
     print(f"{args.env}, {args.steps} steps, sb3-contrib defaults (hidden 256, n_steps 128), {args.repeats} "
           "interleaved repeats\n")
     print(f"{'n_envs':>6} {'thr':>3} {'capture':>9} {'ratio':>7} {'spread':>15} {'cpu':>6} {'base s':>7} {'probe s':>8} "
