@@ -364,10 +364,8 @@ def _duplicates(df: pd.DataFrame) -> int:
     seq names the column (a call is one module; layer 0 here). One sort of one int64 key per row."""
     seq, env = df["seq"].to_numpy(), df["env"].to_numpy()
     col = np.where(np.isnan(seq), env, seq)
-    columns = [df["call"].to_numpy(), col, df["t"].to_numpy()]
-    if np.isnan(col).any():
-        tagged = ~np.isnan(col)
-        columns = [c[tagged] for c in columns]
+    tagged = _present(col)
+    columns = [c[tagged] for c in (df["call"].to_numpy(), col, df["t"].to_numpy())]
     del seq, env, col
     key = _key(columns)
     if key is None:  # call ids far apart (processes' id blocks): three keys, sorted together
@@ -480,6 +478,14 @@ def _calls_section(df: pd.DataFrame, train: pd.DataFrame, roll: pd.DataFrame, st
     return CallsSection(groups, spm, reasons, n_mb, by_path, explanation)
 
 
+def _present(values: np.ndarray) -> Any:
+    """An index of the values that are not NaN: every row (a slice, no copy) when none is."""
+    if values.dtype.kind != "f":
+        return slice(None)
+    missing = np.isnan(values)
+    return ~missing if missing.any() else slice(None)
+
+
 KEY_CHUNK = 1 << 20
 """Rows per slice while keys are built: temporaries stay a few MB whatever the log's size."""
 
@@ -492,8 +498,10 @@ def _key(columns: list[np.ndarray]) -> np.ndarray | None:
     parts = []  # (column, lowest value, null code or None, width)
     room = 1
     for col in columns:
-        nullable = col.dtype.kind == "f" and bool(np.isnan(col).any())
-        named = n > 0 and not (nullable and bool(np.isnan(col).all()))
+        nulls = np.isnan(col) if col.dtype.kind == "f" else np.zeros(0, bool)
+        nullable = bool(nulls.any())
+        named = n > 0 and not (nullable and bool(nulls.all()))
+        del nulls
         lo = int(np.nanmin(col)) if named else 0
         hi = int(np.nanmax(col)) if named else 0
         width = hi - lo + (2 if nullable else 1)  # the values, and one more for null
@@ -717,9 +725,7 @@ def _staleness_section(train: pd.DataFrame) -> StalenessSection:
 
     def agg(key: np.ndarray, label: str, values: Callable[[np.ndarray], list[Any]]) -> list[dict[str, Any]]:
         """Rows, mean and max drift per (module, key), in (module, key) order; null keys left out."""
-        keep: Any = slice(None)
-        if key.dtype.kind == "f" and np.isnan(key).any():
-            keep = ~np.isnan(key)
+        keep = _present(key)
         mod, key = module[keep], key[keep]
         by = _key([mod, key])
         assert by is not None  # a module code and one small key
@@ -727,9 +733,7 @@ def _staleness_section(train: pd.DataFrame) -> StalenessSection:
         del by
         out: dict[str, Any] = {"rows": np.bincount(inv, minlength=n_groups)}
         for name, v in (("drift_h", dh[keep]), ("drift_c", dc[keep])):
-            some: Any = slice(None)
-            if np.isnan(v).any():
-                some = ~np.isnan(v)
+            some = _present(v)
             n = np.bincount(inv[some], minlength=n_groups)
             total = np.bincount(inv[some], weights=v[some], minlength=n_groups)
             top = np.full(n_groups, -np.inf)
