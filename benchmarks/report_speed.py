@@ -88,7 +88,7 @@ def main() -> None:
                              use_dictionary=["module", "phase", "path", "bootstrap", "seq_reason"],
                              write_statistics=[n for n in t.schema.names if n not in ("h", "c")],
                              column_encoding=column_encodings(t.schema))
-        w.write_table(t, row_group_size=row_capacity(args.hidden))  # the row groups a real log has
+        w.write_table(t, row_group_size=row_capacity(args.hidden, args.capture == "full"))  # a real log's row groups
         if k == copies - 1:
             w.add_key_value_metadata({"lstm_probe.final": final.decode()})
         w.close()

@@ -386,20 +386,37 @@ class Sink:
             self._fill_null(r, i0, i1, path, call, t0, steps, layers)
         if t is not None:
             r.t[i0:i1] = t
-        # copied straight into the row buffers (hs/cs are often transposed views: reshaping them to
-        # (n, H) first would be a second copy)
-        r.h[i0:i1].reshape(hs.shape)[...] = hs
-        if cs is not None:
-            r.c[i0:i1].reshape(cs.shape)[...] = cs
-            r.has_c[i0:i1] = True
+        # (n, H) views of this call's states in row order: copied straight into the row buffers (hs/cs are
+        # often transposed views: reshaping them to (n, H) first would be a second copy); a summary log's
+        # buffers hold no vectors, and a reshape copies only where it must
+        h: np.ndarray
+        c: np.ndarray | None
+        if r.h is not None and r.c is not None:
+            h = r.h[i0:i1]
+            h.reshape(hs.shape)[...] = hs
+            c = r.c[i0:i1]
+            if cs is not None:
+                c.reshape(cs.shape)[...] = cs
+            else:
+                c[...] = 0.0
         else:
-            r.c[i0:i1] = 0.0
-            r.has_c[i0:i1] = False
+            h = hs.reshape(n, self.hidden)
+            c = cs.reshape(n, self.hidden) if cs is not None else None
+        r.has_c[i0:i1] = cs is not None
+        with np.errstate(over="ignore", invalid="ignore"):
+            r.h_norm[i0:i1] = np.sqrt(np.einsum("ij,ij->i", h, h, dtype=np.float64))
+            if cs is not None:
+                assert c is not None
+                r.c_norm[i0:i1] = np.sqrt(np.einsum("ij,ij->i", c, c, dtype=np.float64))
+            else:
+                r.c_norm[i0:i1] = 0.0
         it = tags.iteration
         r.vectors[i0:i1] = self.capture == "full" and (it is None or it % self.every == 0)
         r.has_drift[i0:i1] = False
         if self.reference_window and grid is not None and tags.phase in ("rollout", "train"):
-            self._drift(name, layers, r, i0, i1, tags.phase == "rollout", cs is not None)
+            if c is None:
+                c = np.zeros_like(h)
+            self._drift(name, layers, r, i0, i1, tags.phase == "rollout", h, c)
         log.commit(n)
 
     @staticmethod
@@ -458,16 +475,18 @@ class Sink:
         r.t[i0:i1] = np.tile(t, layers) if layers > 1 else t
         r.padding[i0:i1] = False
 
-    def _drift(self, name: str, layers: int, r: Rows, i0: int, i1: int, rollout: bool, has_c: bool) -> None:
+    def _drift(
+        self, name: str, layers: int, r: Rows, i0: int, i1: int, rollout: bool, h: np.ndarray, c: np.ndarray
+    ) -> None:
         ref = self.refs.get(name)
         if ref is None:
             ref = self.refs[name] = References(self.reference_window, layers, self.hidden)
         layer = r.layer[i0:i1].astype(np.intp)
         env, step = r.env[i0:i1].astype(np.intp), r.env_step[i0:i1]
         if rollout:
-            ref.store(layer, env, step, r.h[i0:i1], r.c[i0:i1])
+            ref.store(layer, env, step, h, c)
             return
-        dh, dc, found = ref.drift(layer, env, step, r.h[i0:i1], r.c[i0:i1])
+        dh, dc, found = ref.drift(layer, env, step, h, c)
         r.drift_h[i0:i1] = dh
         r.drift_c[i0:i1] = dc
         r.has_drift[i0:i1] = found
@@ -543,6 +562,7 @@ class LogWriter:
                 "part_seconds": part_seconds,
                 "part_rows": part_rows,
                 "shard": shard,
+                "vectors": capture == "full",
             },
             "capture": capture,
             "every": every,
@@ -579,7 +599,8 @@ class LogWriter:
     @property
     def capacity(self) -> int:
         """Rows per row group."""
-        return row_capacity(int(self.config["log"]["hidden_size"]))
+        log = self.config["log"]
+        return row_capacity(int(log["hidden_size"]), bool(log["vectors"]))
 
     # -- training thread -------------------------------------------------------------------------
     def submit(self, job: Callable[[], None], nbytes: int) -> None:

@@ -56,3 +56,27 @@ def test_the_log_says_what_recording_cost(runs_dir, full):
     assert cost["writer_cpu_seconds"] > 0 and cost["wait_seconds"] >= 0
     rep = lstm_probe.summarize(full.path)
     assert rep.run.probe_cost == cost
+
+
+def test_summary_logs_write_fewer_larger_row_groups(tmp_path):
+    """A summary log's row buffer holds no vectors: the same calls make one row group where a full capture
+    at hidden 256 needs two, and the norms are the same."""
+    from lstm_probe.layout import row_capacity
+
+    torch = pytest.importorskip("torch")
+    lstm = torch.nn.LSTM(3, 256)
+    torch.manual_seed(0)
+    xs = [torch.randn(50, 5, 3) for _ in range(40)]  # 10,000 rows
+    assert row_capacity(256) < 10_000 <= row_capacity(256, vectors=False)
+    for capture in ("full", "summary"):
+        with torch.no_grad(), lstm_probe.trace(lstm, tmp_path / f"{capture}.parquet", capture=capture):
+            for x in xs:
+                lstm(x)
+    full, summary = (pq.ParquetFile(tmp_path / f"{c}.parquet") for c in ("full", "summary"))
+    assert full.metadata.num_rows == summary.metadata.num_rows == 10_000
+    assert full.metadata.num_row_groups == 2 and summary.metadata.num_row_groups == 1
+    a, b = lstm_probe.load(tmp_path / "full.parquet"), lstm_probe.load(tmp_path / "summary.parquet")
+    assert b.h.isna().all() and b.c.isna().all()
+    expected = np.linalg.norm(lstm_probe.states(a, "h").astype(np.float64), axis=1).astype(np.float32)
+    assert np.array_equal(a.h_norm.to_numpy(), b.h_norm.to_numpy())
+    np.testing.assert_allclose(b.h_norm.to_numpy(), expected, rtol=1e-6)
