@@ -278,6 +278,10 @@ class ProbeCallback(BaseCallback):
         self.base_step = self.env_step
         self.tab_episode = np.full((self.n_steps, self.n_envs), -1, np.int64)
         self.tab_episode_step = np.full((self.n_steps, self.n_envs), -1, np.int64)
+        # (n_steps, n_envs, 1): row k is the env_step column of the rollout's k-th step
+        self.tab_env_step = np.repeat(self.env_step + np.arange(self.n_steps, dtype=np.int64), self.n_envs).reshape(
+            self.n_steps, self.n_envs, 1
+        )
         self.epoch = -1
         self.current = Tags()
         if self.tracer is not None and self.tracer.writer is not None:
@@ -353,17 +357,23 @@ class ProbeCallback(BaseCallback):
             return
         # ppo_recurrent.py:collect_rollouts passes self._last_episode_starts (as a tensor) to the policy.
         starts = np.asarray(self.model._last_episode_starts, bool).reshape(-1)
-        self.episode, self.episode_step = _advance(self.episode, self.episode_step, starts)
-        if self.k < self.n_steps:
-            self.tab_episode[self.k] = self.episode
-            self.tab_episode_step[self.k] = self.episode_step
+        k = self.k
+        if k < self.n_steps:
+            # this step's row of the iteration's tables, written once: the grid below holds views of it
+            episode, episode_step = self.tab_episode[k], self.tab_episode_step[k]
+            env_step = self.tab_env_step[k]
+        else:
+            episode, episode_step = np.empty(self.n_envs, np.int64), np.empty(self.n_envs, np.int64)
+            env_step = np.full((self.n_envs, 1), self.env_step, np.int64)
+        _advance(self.episode, self.episode_step, starts, episode, episode_step)
+        self.episode, self.episode_step = episode, episode_step
         # built from whole columns (Grid.one_step's general broadcasting costs more per step); the shared
         # env and padding columns are never written to, and Grid.concat copies
         grid = Grid(
             env=self._env_column,
-            env_step=np.full((self.n_envs, 1), self.env_step, np.int64),
-            episode=self.episode[:, None],
-            episode_step=self.episode_step[:, None],
+            env_step=env_step,
+            episode=episode[:, None],
+            episode_step=episode_step[:, None],
             episode_start=starts.astype(np.int8)[:, None],
             padding=self._no_padding,
         )
@@ -452,12 +462,23 @@ class ProbeCallback(BaseCallback):
         return Tags("predict", self.iteration, grid=grid)
 
 
-def _advance(episode: np.ndarray, episode_step: np.ndarray, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _advance(
+    episode: np.ndarray,
+    episode_step: np.ndarray,
+    starts: np.ndarray,
+    out_episode: np.ndarray | None = None,
+    out_step: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
     """Per-env (episode, episode_step) one step on; ``starts`` marks envs whose state was reset. An
-    episode_step of -1 (an episode begun before the probe) stays unknown until the next reset."""
-    episode = np.where(starts, episode + 1, np.maximum(episode, 0))
-    episode_step = np.where(starts, 0, np.where(episode_step >= 0, episode_step + 1, -1))
-    return episode, episode_step
+    episode_step of -1 (an episode begun before the probe) stays unknown until the next reset. Written
+    into ``out_episode`` / ``out_step`` when given (never the inputs themselves)."""
+    # episode -1 (begun before the probe) counts as episode 0 from here on: max(episode + start, 0)
+    out_episode = np.add(episode, starts, out=out_episode)
+    np.maximum(out_episode, 0, out=out_episode)
+    out_step = np.add(episode_step, 1, out=out_step)
+    out_step[episode_step < 0] = -1
+    out_step[starts] = 0
+    return out_episode, out_step
 
 
 def _guard_learn_frame(probe: ProbeCallback) -> None:

@@ -182,6 +182,10 @@ class Tracer:
         self._pending_key: tuple[Any, ...] | None = None
         self._stepwise_tags: Tags | None = None  # the open per-timestep block's tags (hook fast path)
         self._resolved: Tags | None = None  # tags the hook already asked the resolver for
+        # the block key of the last one-step call's tags (see _emit); holding the tags keeps their id unique
+        self._key_tags: Tags | None = None
+        self._key_batch = 0
+        self._key: tuple[Any, ...] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self) -> Tracer:
@@ -487,20 +491,26 @@ class Tracer:
         call = self.call_base + self.calls
         self.calls += 1
         key: tuple[Any, ...] | None = None
-        if steps == 1 and grid is not None and grid.shape[1] > 1:
-            key = ("stepwise", id(tags))
-            tags.stepwise[name] = tags.stepwise.get(name, 0) + 1
-        elif steps == 1 and (grid is None or (not grid.train and grid.shape == (batch, 1))):
-            key = (
-                "step",
-                tags.phase,
-                tags.iteration,
-                tags.epoch,
-                tags.minibatch,
-                tags.bootstrap,
-                tags.learner,
-                grid is None,
-            )
+        if steps == 1:
+            if tags is self._key_tags and batch == self._key_batch:
+                key = self._key  # the call before had these tags (a rollout step's actor, then critic)
+            else:
+                if grid is not None and grid.shape[1] > 1:
+                    key = ("stepwise", id(tags))
+                elif grid is None or (not grid.train and grid.shape == (batch, 1)):
+                    key = (
+                        "step",
+                        tags.phase,
+                        tags.iteration,
+                        tags.epoch,
+                        tags.minibatch,
+                        tags.bootstrap,
+                        tags.learner,
+                        grid is None,
+                    )
+                self._key_tags, self._key_batch, self._key = tags, batch, key
+            if key is not None and key[0] == "stepwise":
+                tags.stepwise[name] = tags.stepwise.get(name, 0) + 1
         if key is None:
             self.flush_pending()
 
