@@ -2,7 +2,8 @@
 
 Builds a large log from a real one: a short real probed run, whose rows are repeated with shifted
 call, iteration and env_step numbers into a dataset directory (the same schema and writer settings),
-then times `summarize` in a fresh process and prints rows/s and peak RSS.
+then times `summarize` in a fresh process and prints rows/s and peak RSS: once as the report reads a log
+(runs of whole iterations of up to REPORT_CHUNK_ROWS rows) and once in one read, side by side.
 
     python benchmarks/report_speed.py --rows 10000000 --hidden 32
     python benchmarks/report_speed.py --rows 36000000 --hidden 256 --capture summary   # a 1M-step run's rows
@@ -31,7 +32,7 @@ CHILD = """
 import json, resource, sys, time
 t = time.perf_counter()
 import lstm_probe
-if len(sys.argv) > 2:  # --sections: each step's time, and the process's RSS and peak after it
+if len(sys.argv) > 3:  # --sections: each step's time, and the process's RSS and peak after it
     import lstm_probe.report as R
 
     def rss():
@@ -46,10 +47,10 @@ if len(sys.argv) > 2:  # --sections: each step's time, and the process's RSS and
             return out
         return wrapped
 
-    for name in ("read_scalars", "_duplicates", "_calls_section", "_sequences_section", "_staleness_section",
+    for name in ("read_scalars", "_duplicates", "_chunks", "_per_call", "_minibatches",
                  "_health_section"):
         setattr(R, name, timed(name, getattr(R, name)))
-rep = lstm_probe.summarize(sys.argv[1])
+rep = lstm_probe.summarize(sys.argv[1], chunk_rows=int(sys.argv[2]))
 print(json.dumps({"seconds": time.perf_counter() - t, "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                   "rows": rep.run.rows, "findings": len(rep.findings)}))
 """
@@ -62,55 +63,69 @@ def main() -> None:
     ap.add_argument("--capture", choices=["full", "summary"], default="full",
                     help="capture of the real run the log is built from (summary: a 1M-step run's 36M rows fit)")
     ap.add_argument("--keep", action="store_true", help="keep the generated log")
+    ap.add_argument("--log", type=Path, help="time this log (file or directory) instead of building one")
     ap.add_argument("--sections", action="store_true", help="print each step of summarize: time, RSS, peak RSS")
     args = ap.parse_args()
-    tmp = Path(tempfile.mkdtemp())
-    from lstm_probe.run import run
+    tmp = None
+    if args.log is not None:
+        from lstm_probe.reader import read_info
 
-    base = run("Pendulum-v1", tmp / "base.parquet", steps=4096, n_envs=4, hidden_size=args.hidden, seed=0,
-               torch_threads=1, capture=args.capture)
-    table = pq.read_table(base.path)
-    meta = table.schema.metadata
-    out = tmp / "big"
-    out.mkdir()
-    calls = pc.max(table["call"]).as_py() + 1
-    iters = pc.max(table["iteration"]).as_py() + 1
-    steps = pc.max(table["env_step"]).as_py() + 1
-    copies = max(1, args.rows // table.num_rows)
-    start = time.perf_counter()
-    final = pq.ParquetFile(base.path).metadata.metadata[b"lstm_probe.final"]
-    for k in range(copies):
-        t = table.set_column(table.schema.get_field_index("call"), "call", pc.add(table["call"], k * calls))
-        t = t.set_column(t.schema.get_field_index("iteration"), "iteration",
-                         pc.cast(pc.add(t["iteration"], k * iters), pa.int32()))
-        t = t.set_column(t.schema.get_field_index("env_step"), "env_step", pc.add(t["env_step"], k * steps))
-        w = pq.ParquetWriter(out / f"part-{k:05d}.parquet", t.schema.with_metadata(meta), compression="zstd",
-                             use_dictionary=["module", "phase", "path", "bootstrap", "seq_reason"],
-                             write_statistics=[n for n in t.schema.names if n not in ("h", "c")],
-                             column_encoding=column_encodings(t.schema))
-        w.write_table(t, row_group_size=row_capacity(args.hidden, args.capture == "full"))  # a real log's row groups
-        if k == copies - 1:
-            w.add_key_value_metadata({"lstm_probe.final": final.decode()})
-        w.close()
-    size = sum(f.stat().st_size for f in out.iterdir())
-    rows = copies * table.num_rows
-    print(f"log: {rows:,} rows (hidden {args.hidden}, {args.capture}), {size / 2**20:.0f} MB, built in {time.perf_counter() - start:.0f} s")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    r = subprocess.run(
-        [sys.executable, "-c", CHILD, str(out), *(["sections"] if args.sections else [])],
-        capture_output=True,
-        text=True,
-        env=env,
-    )
-    if r.returncode:
-        raise SystemExit(r.stderr)
-    if args.sections:
-        print(r.stderr, end="")
-    res = json.loads(r.stdout.strip().splitlines()[-1])
-    print(f"summarize: {res['seconds']:.1f} s, {rows / res['seconds']:,.0f} rows/s, peak RSS {res['rss_mb']:.0f} MB")
-    if not args.keep:
-        shutil.rmtree(tmp)
+        out, rows = args.log, read_info(args.log).rows
     else:
+        tmp = Path(tempfile.mkdtemp())
+        from lstm_probe.run import run
+
+        base = run("Pendulum-v1", tmp / "base.parquet", steps=4096, n_envs=4, hidden_size=args.hidden, seed=0,
+                   torch_threads=1, capture=args.capture)
+        table = pq.read_table(base.path)
+        meta = table.schema.metadata
+        out = tmp / "big"
+        out.mkdir()
+        calls = pc.max(table["call"]).as_py() + 1
+        iters = pc.max(table["iteration"]).as_py() + 1
+        steps = pc.max(table["env_step"]).as_py() + 1
+        copies = max(1, args.rows // table.num_rows)
+        start = time.perf_counter()
+        final = pq.ParquetFile(base.path).metadata.metadata[b"lstm_probe.final"]
+        for k in range(copies):
+            t = table.set_column(table.schema.get_field_index("call"), "call", pc.add(table["call"], k * calls))
+            t = t.set_column(t.schema.get_field_index("iteration"), "iteration",
+                             pc.cast(pc.add(t["iteration"], k * iters), pa.int32()))
+            t = t.set_column(t.schema.get_field_index("env_step"), "env_step", pc.add(t["env_step"], k * steps))
+            w = pq.ParquetWriter(out / f"part-{k:05d}.parquet", t.schema.with_metadata(meta), compression="zstd",
+                                 use_dictionary=["module", "phase", "path", "bootstrap", "seq_reason"],
+                                 write_statistics=[n for n in t.schema.names if n not in ("h", "c")],
+                                 column_encoding=column_encodings(t.schema))
+            w.write_table(t, row_group_size=row_capacity(args.hidden, args.capture == "full"))  # a real log's row groups
+            if k == copies - 1:
+                w.add_key_value_metadata({"lstm_probe.final": final.decode()})
+            w.close()
+        size = sum(f.stat().st_size for f in out.iterdir())
+        rows = copies * table.num_rows
+        print(f"log: {rows:,} rows (hidden {args.hidden}, {args.capture}), {size / 2**20:.0f} MB, built in {time.perf_counter() - start:.0f} s")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    from lstm_probe.report import REPORT_CHUNK_ROWS
+
+    results = {}
+    for label, chunk in (("in runs of iterations (default)", REPORT_CHUNK_ROWS), ("in one read", rows + 1)):
+        r = subprocess.run(
+            [sys.executable, "-c", CHILD, str(out), str(chunk), *(["sections"] if args.sections else [])],
+            capture_output=True,
+            text=True,
+            env=env,
+        )
+        if r.returncode:
+            raise SystemExit(r.stderr)
+        if args.sections:
+            print(r.stderr, end="")
+        res = results[label] = json.loads(r.stdout.strip().splitlines()[-1])
+        print(f"summarize {label}: {res['seconds']:.1f} s, {rows / res['seconds']:,.0f} rows/s, "
+              f"peak RSS {res['rss_mb']:.0f} MB")
+    a, b = results.values()
+    print(f"runs of iterations / one read: time {a['seconds'] / b['seconds']:.2f}x, peak RSS {a['rss_mb'] / b['rss_mb']:.2f}x")
+    if tmp is not None and not args.keep:
+        shutil.rmtree(tmp)
+    elif tmp is not None:
         print(f"kept {out}")
 
 

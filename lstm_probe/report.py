@@ -1,7 +1,8 @@
 """``summarize(path) -> Report``: what the LSTMs did and what is wrong with them, from a log's own rows.
 
-Never prints. Reads only the columns a section needs; the h/c vectors are streamed batch by batch
-(bounded memory) and only for the state-health section. Works on torch-free machines.
+Never prints. Reads only the columns a section needs, in bounded memory: the scalar columns in runs of
+whole iterations (:data:`REPORT_CHUNK_ROWS` rows at most, every section added up over the runs), the h/c
+vectors batch by batch and only for the state-health section. Works on torch-free machines.
 """
 
 from __future__ import annotations
@@ -207,12 +208,15 @@ SCAN_BATCH = 1 << 18
 SMALL_INTS = ("iteration", "epoch", "minibatch", "seq", "seq_len", "env", "episode", "episode_step")
 
 
-def read_scalars(data: ds.Dataset, columns: list[str], filt: ds.Expression | None) -> tuple[pd.DataFrame, int]:
+def read_scalars(
+    data: ds.Dataset, columns: list[str], filt: ds.Expression | None, rows: int | None = None
+) -> tuple[pd.DataFrame, int]:
     """The scalar columns in compact pandas form, read batch by batch into preallocated arrays: nullable
     small counters as float32 (NaN = null; exact below 2**24), strings as categoricals. Train rows (the
     bulk of a log) are packed at the end, so that ``frame.iloc[front:]`` is the train rows without a
-    copy. Peak memory is about the result plus one batch, whatever the size of the log."""
-    n = data.count_rows(filter=filt)
+    copy. Peak memory is about the result plus one batch, whatever the size of the log. ``rows``: the
+    number of rows the filter selects, when known (a scan fewer)."""
+    n = data.count_rows(filter=filt) if rows is None else rows
     out: dict[str, np.ndarray] = {}
     vocab: dict[str, dict[str, int]] = {}
     for name in columns:
@@ -267,8 +271,17 @@ def read_scalars(data: ds.Dataset, columns: list[str], filt: ds.Expression | Non
     return pd.DataFrame(frame, copy=False), front
 
 
-def summarize(path: str | os.PathLike[str]) -> Report:
-    """Read a log (file, dataset directory or a killed run's parts) and compute every report section."""
+REPORT_CHUNK_ROWS = 4_000_000
+"""First-layer rows the report reads at once. A larger log is read in runs of whole iterations of up to this
+many rows (~110 bytes a row at the peak), so the report's memory is bounded by this, not by the log's size
+(an iteration larger than this is read whole). Every section adds up over the runs."""
+
+
+def summarize(path: str | os.PathLike[str], *, chunk_rows: int = REPORT_CHUNK_ROWS) -> Report:
+    """Read a log (file, dataset directory or a killed run's parts) and compute every report section.
+    ``chunk_rows``: see :data:`REPORT_CHUNK_ROWS` (the result does not depend on it)."""
+    if chunk_rows < 1:
+        raise ValueError(f"chunk_rows must be at least 1, got {chunk_rows}")
     data, info = dataset(path)
     meta = info.metadata
     warnings = list(info.warnings)
@@ -303,24 +316,23 @@ def summarize(path: str | os.PathLike[str]) -> Report:
     if "worker" in data.schema.names:
         cols.append("worker")
     # initial-state rows (t = -1, RLlib learners) are read by the cross-process check only
-    first_layer, front = read_scalars(data, cols, (ds.field("layer") == 0) & (ds.field("t") >= 0))
-    if "worker" not in first_layer:
-        first_layer["worker"] = np.float32(np.nan)
-    dups = _duplicates(first_layer)
-    if dups:
+    totals = _Totals()
+    for filt, rows in _chunks(data, (ds.field("layer") == 0) & (ds.field("t") >= 0), chunk_rows):
+        first_layer, front = read_scalars(data, cols, filt, rows)
+        if "worker" not in first_layer:
+            first_layer["worker"] = np.float32(np.nan)
+        totals.add(first_layer, front)
+        del first_layer
+    if totals.duplicates:
         warnings.append(
-            f"{dups} duplicate rows (the same call, module, layer, column and step twice): was a part "
-            "file copied or read twice? Sections count them twice"
+            f"{totals.duplicates} duplicate rows (the same call, module, layer, column and step twice): was a "
+            "part file copied or read twice? Sections count them twice"
         )
-    run = _run_section(info, first_layer)
+    run = _run_section(info, totals.iterations)
     arch = _arch_section(meta)
-    train = first_layer.iloc[front:]  # no copy: read_scalars packed the train rows at the end
-    others = first_layer.iloc[:front]
-    roll = others[(others["phase"] == "rollout").to_numpy()]
-    starts = _sequence_starts(train) if len(train) else np.zeros(0, np.intp)
-    calls = _calls_section(first_layer, train, roll, starts)
-    seqs = _sequences_section(train, roll, starts)
-    stale = _staleness_section(train)
+    calls = totals.calls_section()
+    seqs = totals.sequences_section()
+    stale = totals.staleness_section()
     health = _health_section(data, capture.get("mode") != "summary" and info.rows > 0)
     cross = _cross_process_section(data, capture.get("mode") != "summary") if meta.get("framework") == "rllib" else None
     if cross is not None and run.iterations > CROSS_ITERATIONS:
@@ -379,7 +391,7 @@ def _duplicates(df: pd.DataFrame) -> int:
     return int((key[1:] == key[:-1]).sum())
 
 
-def _run_section(info: LogInfo, df: pd.DataFrame) -> RunSection:
+def _run_section(info: LogInfo, iterations: int) -> RunSection:
     meta = info.metadata
     wall = None
     try:
@@ -389,7 +401,6 @@ def _run_section(info: LogInfo, df: pd.DataFrame) -> RunSection:
         pass
     progress = meta.get("progress") or {}
     steps_done = meta.get("progress_num_timesteps", progress.get("num_timesteps"))
-    iterations = int(df["iteration"].max()) + 1 if len(df) and df["iteration"].notna().any() else 0
     return RunSection(
         env_id=meta.get("env_id"),
         algorithm=meta.get("algorithm"),
@@ -446,36 +457,6 @@ def _arch_section(meta: dict[str, Any]) -> ArchitectureSection:
         critic=critic,
         verdict=verdict,
     )
-
-
-def _calls_section(df: pd.DataFrame, train: pd.DataFrame, roll: pd.DataFrame, starts: np.ndarray) -> CallsSection:
-    groups: list[CallGroup] = []
-    if len(df):
-        # Per-call aggregates without sorting or hashing the rows: call ids are dense (a counter from a
-        # per-process base), so one slot per id takes counts, first/last step and the call's labels.
-        # (An argsort of the call column held several copies of it; runs of equal ids barely shorten
-        # it, since a block of one-step calls interleaves its calls row by row.)
-        per_call = _per_call(df)
-        per_call["steps"] = per_call["t1"] - per_call["t0"] + 1
-        per_call["batch"] = per_call["rows"] // per_call["steps"]
-        shapes = per_call.groupby(["module", "phase", "path", "steps", "batch"], observed=True).size()
-        shape_counts: dict[tuple[str, ...], dict[str, int]] = {}
-        for key, v in shapes.items():
-            names: Any = key
-            shape_counts.setdefault(tuple(str(x) for x in names[:3]), {})[f"{names[3]} x {names[4]}"] = int(v)
-        totals = per_call.groupby(["module", "phase", "path"], observed=True)["rows"].agg(["size", "sum"])
-        for key, row in totals.iterrows():
-            group: Any = key
-            k = tuple(str(x) for x in group)
-            groups.append(CallGroup(k[0], k[1], k[2], int(row["size"]), int(row["sum"]), shape_counts.get(k, {})))
-    spm: dict[int, int] = {}
-    reasons: dict[str, int] = {}
-    by_path: dict[str, int] = {}
-    n_mb = 0
-    if len(train):
-        spm, reasons, by_path, n_mb = _minibatches(train, starts)
-    explanation = _explain(roll, spm, reasons, by_path)
-    return CallsSection(groups, spm, reasons, n_mb, by_path, explanation)
 
 
 def _present(values: np.ndarray) -> Any:
@@ -535,23 +516,25 @@ def _groups(key: np.ndarray) -> tuple[np.ndarray, int]:
     return inv, len(uniq)
 
 
-def _minibatches(train: pd.DataFrame, starts: np.ndarray) -> tuple[dict[int, int], dict[str, int], dict[str, int], int]:
+def _minibatches(
+    train: pd.DataFrame, sel: np.ndarray, starts: np.ndarray
+) -> tuple[dict[int, int], dict[str, int], dict[str, int], int]:
     """Sequences per minibatch (as counts of minibatches), why sequences start (``starts``: the sequences'
     first rows, :func:`_sequence_starts`), the path of each minibatch's first call, and the number of
-    minibatches: from the train rows of the first module."""
-    module0 = train["module"].iloc[0]
-    sel = (train["module"] == module0).to_numpy()
+    minibatches: from the train rows ``sel`` selects (one module's)."""
+    if not sel.any():
+        return {}, {}, {}, 0
     it, ep, mb, seq = (train[c].to_numpy()[sel] for c in ("iteration", "epoch", "minibatch", "seq"))
     mb_key = _key([it, ep, mb])
     pair = _key([mb_key, seq]) if mb_key is not None else None
     if mb_key is None or pair is None:  # keys too large for one int64 (hand-made tags): pandas' grouping
         t0 = train.loc[sel, ["iteration", "epoch", "minibatch", "seq", "t", "path", "seq_reason"]]
         groups = t0.groupby(["iteration", "epoch", "minibatch"], observed=True, dropna=False)
-        counts = groups["seq"].nunique()
-        spm = {int(k): int(v) for k, v in counts.value_counts().sort_index().items()}
+        per_mb: Any = groups["seq"].nunique()
+        spm = {int(k): int(v) for k, v in per_mb.value_counts().sort_index().items()}
         by_path = {str(k): int(v) for k, v in groups["path"].first().value_counts().items()}
         reasons = {str(k): int(v) for k, v in train["seq_reason"].iloc[starts].value_counts().items() if v}
-        return spm, reasons, by_path, len(counts)
+        return spm, reasons, by_path, len(per_mb)
     del it, ep, mb
     # Integer keys instead of pandas' grouping of float columns (several copies of them). The rows of
     # one sequence of one minibatch come together (a call's rows are ordered column, then step), so only
@@ -574,10 +557,10 @@ def _minibatches(train: pd.DataFrame, starts: np.ndarray) -> tuple[dict[int, int
     return spm, reasons, by_path, len(mbs)
 
 
-def _sequence_starts(train: pd.DataFrame) -> np.ndarray:
-    """Positions in ``train`` of the sequences' first rows: for the first module, the first t == 0 row of
-    each (iteration, epoch, minibatch, seq), nulls alike (a small subset: no copy of the train rows)."""
-    pos = np.flatnonzero((train["module"] == train["module"].iloc[0]).to_numpy() & (train["t"].to_numpy() == 0))
+def _sequence_starts(train: pd.DataFrame, sel: np.ndarray) -> np.ndarray:
+    """Positions in ``train`` of the sequences' first rows: for the rows ``sel`` selects (one module's), the
+    first t == 0 row of each (iteration, epoch, minibatch, seq), nulls alike (a small subset: no copy)."""
+    pos = np.flatnonzero(sel & (train["t"].to_numpy() == 0))
     keys = pd.DataFrame({c: train[c].to_numpy()[pos] for c in ("iteration", "epoch", "minibatch", "seq")})
     return pos[~keys.duplicated().to_numpy()]
 
@@ -620,11 +603,11 @@ def _per_call(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def _explain(roll: pd.DataFrame, spm: dict[int, int], reasons: dict[str, int], by_path: dict[str, int]) -> str:
+def _explain(batch: int, rllib: bool, spm: dict[int, int], reasons: dict[str, int], by_path: dict[str, int]) -> str:
+    """Why training batches have the shape they have. ``batch``: the largest rollout call's batch."""
     if not spm:
         return "No training calls were recorded."
-    batch = int(roll.groupby("call").size().max()) if len(roll) else 0
-    if roll["worker"].notna().any():  # RLlib
+    if rllib:
         words = {
             "episode_start": "an episode start (initial zeros)",
             "env_boundary": "the start of an env runner's rollout fragment (the state stored at the end of the "
@@ -665,134 +648,299 @@ def _explain(roll: pd.DataFrame, spm: dict[int, int], reasons: dict[str, int], b
     return text
 
 
-def _episode_lengths(roll: pd.DataFrame) -> np.ndarray:
-    # RLlib's extra pass on a terminal observation (bootstrap 'terminal') is not a step of the episode
-    roll = roll[(roll["episode_step"].notna() & roll["bootstrap"].isna()).to_numpy()]
-    if not len(roll):
-        return np.array([])
-    roll = roll[roll["module"] == roll["module"].iloc[0]]
-    roll = roll.assign(env_key=roll["worker"].fillna(-1) * 1e6 + roll["env"])
-    per = roll.groupby(["env_key", "episode"], observed=True)["episode_step"].agg(["max", "min"]).reset_index()
-    later = roll.groupby("env_key", observed=True)["episode"].max()
-    done = per[(per["episode"] < per["env_key"].map(later)) & (per["min"] == 0)]
-    return (done["max"] + 1).to_numpy()
+def _chunks(data: ds.Dataset, filt: ds.Expression, chunk_rows: int) -> list[tuple[ds.Expression, int]]:
+    """Filters that split the rows ``filt`` selects into runs of whole iterations of at most ``chunk_rows``
+    rows (an iteration larger than that alone; rows without an iteration last), each with its row count.
+    One pass over the iteration column; a log of at most ``chunk_rows`` rows is one run, unfiltered."""
+    counts: dict[int, int] = {}
+    nulls = 0
+    for batch in data.scanner(columns=["iteration"], filter=filt, batch_size=SCAN_BATCH).to_batches():
+        col = batch.column("iteration")
+        nulls += col.null_count
+        values, n = np.unique(col.drop_null().to_numpy(), return_counts=True)
+        for v, k in zip(values.tolist(), n.tolist(), strict=True):
+            counts[v] = counts.get(v, 0) + k
+    if sum(counts.values()) + nulls <= chunk_rows:
+        return [(filt, sum(counts.values()) + nulls)]
+    out: list[tuple[ds.Expression, int]] = []
+    iteration = ds.field("iteration")
+    lo = hi = rows = 0
+    for it in sorted(counts):
+        if rows and rows + counts[it] > chunk_rows:
+            out.append((filt & (iteration >= lo) & (iteration <= hi), rows))
+            rows = 0
+        if not rows:
+            lo = it
+        hi, rows = it, rows + counts[it]
+    if rows:
+        out.append((filt & (iteration >= lo) & (iteration <= hi), rows))
+    if nulls:
+        out.append((filt & iteration.is_null(), nulls))
+    return out
 
 
-def _sequences_section(train: pd.DataFrame, roll: pd.DataFrame, first_rows: np.ndarray) -> SequencesSection:
-    episodes = _episode_lengths(roll)
-    if not len(train):
-        return SequencesSection(0, {}, {}, _stats(episodes), len(episodes), 0.0, 0.0)
-    starts = train.iloc[first_rows][["seq_len", "seq_reason"]]
-    lens = starts["seq_len"].to_numpy(dtype=np.float64)
-    edges = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 10**9]
-    hist: dict[str, int] = {}
-    for lo, hi in itertools.pairwise(edges):
-        n = int(((lens >= lo) & (lens < hi)).sum())
-        if n:
-            hist[f"{lo}-{hi - 1}" if hi < 10**9 else f">={lo}"] = n
-    stored = float((starts["seq_reason"] != "episode_start").mean()) if len(starts) else 0.0
-    return SequencesSection(
-        sequences=len(starts),
-        length=_stats(lens),
-        length_histogram=hist,
-        episode_length=_stats(episodes),
-        episodes_completed=len(episodes),
-        padding_share=float(
-            train["padding"].to_numpy()[(train["module"] == train["module"].iloc[0]).to_numpy()].mean()
-        ),
-        stored_state_share=stored,
+DRIFT_STATS = ("rows", "n_h", "sum_h", "max_h", "n_c", "sum_c", "max_c")
+"""What a staleness group keeps while a log is read: its rows, and count, sum and max of each drift."""
+
+
+@dataclass
+class _Totals:
+    """The scalar rows' share of every section, added up over the runs of iterations a log is read in
+    (:func:`_chunks`). Everything here is a count, a sum, a max or one value per sequence or episode:
+    nothing grows with the number of rows."""
+
+    duplicates: int = 0
+    iterations: int = 0
+    train_module: str | None = None
+    """The module whose train rows minibatches and sequences are counted on: the first one to train."""
+    roll_module: str | None = None
+    """The module whose rollout rows episodes are counted on: the first one in the rollout."""
+    shapes: dict[tuple[str, str, str], dict[tuple[int, int], int]] = field(default_factory=dict)
+    calls: dict[tuple[str, str, str], list[int]] = field(default_factory=dict)
+    """(module, phase, path) -> [calls, rows]."""
+    spm: dict[int, int] = field(default_factory=dict)
+    reasons: dict[str, int] = field(default_factory=dict)
+    by_path: dict[str, int] = field(default_factory=dict)
+    minibatches: int = 0
+    roll_batch: int = 0
+    rllib: bool = False
+    episodes: list[pd.DataFrame] = field(default_factory=list)
+    lengths: list[np.ndarray] = field(default_factory=list)
+    stored_starts: int = 0
+    padding: int = 0
+    padding_of: int = 0
+    first_rows: int = 0
+    first_h: float | None = None
+    first_c: float | None = None
+    drift: dict[str, dict[tuple[str, float], np.ndarray]] = field(
+        default_factory=lambda: {"epoch": {}, "update": {}, "position": {}}
     )
 
+    def add(self, df: pd.DataFrame, front: int) -> None:
+        """Add one run of rows, as :func:`read_scalars` returns them (train rows from ``front`` on)."""
+        self.duplicates += _duplicates(df)
+        if len(df) and df["iteration"].notna().any():
+            self.iterations = max(self.iterations, int(df["iteration"].max()) + 1)
+        train = df.iloc[front:]  # no copy: read_scalars packed the train rows at the end
+        others = df.iloc[:front]
+        roll = others[(others["phase"] == "rollout").to_numpy()]
+        if self.train_module is None and len(train):
+            self.train_module = str(train["module"].iloc[0])
+        if self.roll_module is None and len(roll):
+            self.roll_module = str(roll["module"].iloc[0])
+        self._calls(df)
+        if len(roll):
+            self.roll_batch = max(self.roll_batch, int(roll.groupby("call").size().max()))
+            self.rllib = self.rllib or bool(roll["worker"].notna().any())
+            self._episodes(roll)
+        if len(train):
+            sel = (train["module"] == self.train_module).to_numpy()
+            starts = _sequence_starts(train, sel) if sel.any() else np.zeros(0, np.intp)
+            spm, reasons, by_path, n_mb = _minibatches(train, sel, starts)
+            for total, part in ((self.spm, spm), (self.reasons, reasons), (self.by_path, by_path)):
+                into = cast(dict[Any, int], total)
+                for k, v in part.items():
+                    into[k] = into.get(k, 0) + v
+            self.minibatches += n_mb
+            first = train.iloc[starts]
+            self.lengths.append(first["seq_len"].to_numpy(dtype=np.float64))
+            self.stored_starts += int((first["seq_reason"] != "episode_start").sum())
+            self.padding += int(train["padding"].to_numpy()[sel].sum())
+            self.padding_of += int(sel.sum())
+            self._staleness(train)
 
-def _staleness_section(train: pd.DataFrame) -> StalenessSection:
-    kept = ~train["padding"].to_numpy().astype(bool) & ~np.isnan(train["drift_h"].to_numpy())
-    if not kept.any():
-        return StalenessSection(0, None, None, None, [], [], [])
+    def _calls(self, df: pd.DataFrame) -> None:
+        # Per-call aggregates without sorting or hashing the rows: call ids are dense (a counter from a
+        # per-process base), so one slot per id takes counts, first/last step and the call's labels.
+        # (An argsort of the call column held several copies of it; runs of equal ids barely shorten
+        # it, since a block of one-step calls interleaves its calls row by row.)
+        per_call = _per_call(df)
+        if not len(per_call):
+            return
+        per_call["steps"] = per_call["t1"] - per_call["t0"] + 1
+        per_call["batch"] = per_call["rows"] // per_call["steps"]
+        for key, v in per_call.groupby(["module", "phase", "path", "steps", "batch"], observed=True).size().items():
+            names: Any = key
+            group = self.shapes.setdefault((str(names[0]), str(names[1]), str(names[2])), {})
+            shape = (int(names[3]), int(names[4]))
+            group[shape] = group.get(shape, 0) + int(v)
+        totals = per_call.groupby(["module", "phase", "path"], observed=True)["rows"].agg(["size", "sum"])
+        for key, row in totals.iterrows():
+            names = key
+            total = self.calls.setdefault((str(names[0]), str(names[1]), str(names[2])), [0, 0])
+            total[0] += int(row["size"])
+            total[1] += int(row["sum"])
 
-    def column(name: str) -> np.ndarray:  # taken when needed and dropped after use: memory is the bound
-        return train[name].to_numpy()[kept]
+    def _episodes(self, roll: pd.DataFrame) -> None:
+        """First and last step of each (env, episode) of this run's rollout rows (one module's)."""
+        # RLlib's extra pass on a terminal observation (bootstrap 'terminal') is not a step of the episode
+        keep = roll["episode_step"].notna().to_numpy() & roll["bootstrap"].isna().to_numpy()
+        keep &= (roll["module"] == self.roll_module).to_numpy()
+        roll = roll[keep]
+        if not len(roll):
+            return
+        roll = roll.assign(env_key=roll["worker"].fillna(-1).astype(np.float64) * 1e6 + roll["env"])
+        per = roll.groupby(["env_key", "episode"], observed=True)["episode_step"].agg(["max", "min"])
+        self.episodes.append(per.reset_index())
 
-    dh, dc = column("drift_h"), column("drift_c")
-    module = train["module"].cat.codes.to_numpy()[kept]
-    names = train["module"].cat.categories
-    epoch, minibatch = column("epoch"), column("minibatch")
-    first = (epoch == 0) & (minibatch == 0)
-    n_first = int(first.sum())
-    mh = float(dh[first].max()) if n_first else None
-    mc = float(np.nanmax(dc[first])) if n_first and not np.isnan(dc[first]).all() else None
-    ok = None if mh is None else bool(max(mh, mc or 0.0) <= PROVENANCE_TOLERANCE)
-    del first
+    def episode_lengths(self) -> np.ndarray:
+        """Lengths of the episodes that both start in the log and end before a later one of the same env."""
+        if not self.episodes:
+            return np.array([])
+        parts = pd.concat(self.episodes, ignore_index=True)
+        per = parts.groupby(["env_key", "episode"], observed=True).agg({"max": "max", "min": "min"}).reset_index()
+        later = per.groupby("env_key")["episode"].max()
+        done = per[(per["episode"] < per["env_key"].map(later)) & (per["min"] == 0)]
+        return (done["max"] + 1).to_numpy()
 
-    def agg(key: np.ndarray, label: str, values: Callable[[np.ndarray], list[Any]]) -> list[dict[str, Any]]:
-        """Rows, mean and max drift per (module, key), in (module, key) order; null keys left out."""
-        keep = _present(key)
-        mod, key = module[keep], key[keep]
-        by = _key([mod, key])
-        assert by is not None  # a module code and one small key
-        inv, n_groups = _groups(by)
-        del by
-        out: dict[str, Any] = {"rows": np.bincount(inv, minlength=n_groups)}
-        for name, v in (("drift_h", dh[keep]), ("drift_c", dc[keep])):
-            some = _present(v)
-            n = np.bincount(inv[some], minlength=n_groups)
-            total = np.bincount(inv[some], weights=v[some], minlength=n_groups)
-            top = np.full(n_groups, -np.inf)
-            np.maximum.at(top, inv[some], v[some])
-            with np.errstate(invalid="ignore", divide="ignore"):
-                out[f"{name}_mean"] = np.where(n > 0, total / np.maximum(n, 1), np.nan)
-            out[f"{name}_max"] = np.where(n > 0, top, np.nan)
-        # each group's labels: every row of a group carries the same ones
-        mod_g, key_g = np.empty(n_groups, mod.dtype), np.empty(n_groups, key.dtype)
-        mod_g[inv], key_g[inv] = mod, key
-        return [
-            {"module": str(names[m]), label: k, **{c: out[c][i] for c in out}}
-            for i, (m, k) in enumerate(zip(mod_g, values(key_g), strict=True))
+    def _staleness(self, train: pd.DataFrame) -> None:
+        kept = ~train["padding"].to_numpy().astype(bool) & ~np.isnan(train["drift_h"].to_numpy())
+        if not kept.any():
+            return
+
+        def column(name: str) -> np.ndarray:  # taken when needed and dropped after use: memory is the bound
+            return train[name].to_numpy()[kept]
+
+        dh, dc = column("drift_h"), column("drift_c")
+        module = train["module"].cat.codes.to_numpy()[kept]
+        names = train["module"].cat.categories
+        epoch, minibatch = column("epoch"), column("minibatch")
+        first = (epoch == 0) & (minibatch == 0)
+        n_first = int(first.sum())
+        if n_first:
+            self.first_rows += n_first
+            self.first_h = max(self.first_h or 0.0, float(dh[first].max()))
+            if not np.isnan(dc[first]).all():
+                self.first_c = max(self.first_c or 0.0, float(np.nanmax(dc[first])))
+        del first
+
+        def agg(key: np.ndarray, label: str) -> None:
+            """Rows, count, sum and max of each drift per (module, key); null keys left out."""
+            keep = _present(key)
+            mod, key = module[keep], key[keep]
+            by = _key([mod, key])
+            assert by is not None  # a module code and one small key
+            inv, n_groups = _groups(by)
+            del by
+            stats = np.zeros((n_groups, len(DRIFT_STATS)))
+            stats[:, 0] = np.bincount(inv, minlength=n_groups)
+            for col, v in ((1, dh[keep]), (4, dc[keep])):
+                some = _present(v)
+                stats[:, col] = np.bincount(inv[some], minlength=n_groups)
+                stats[:, col + 1] = np.bincount(inv[some], weights=v[some], minlength=n_groups)
+                top = np.full(n_groups, -np.inf)
+                np.maximum.at(top, inv[some], v[some])
+                stats[:, col + 2] = top
+            # each group's labels: every row of a group carries the same ones
+            mod_g, key_g = np.empty(n_groups, mod.dtype), np.empty(n_groups, key.dtype)
+            mod_g[inv], key_g[inv] = mod, key
+            groups = self.drift[label]
+            for m, k, s in zip(mod_g, key_g, stats, strict=True):
+                g = (str(names[m]), float(k))
+                if g in groups:
+                    old = groups[g]
+                    groups[g] = np.r_[old[:3] + s[:3], max(old[3], s[3]), old[4:6] + s[4:6], max(old[6], s[6])]
+                else:
+                    groups[g] = s
+
+        agg(epoch, "epoch")
+        # update = order of the minibatch within its iteration (0 = before any optimizer step); runs hold
+        # whole iterations, so the order is the same as over the whole log
+        iteration = column("iteration")
+        named = ~(np.isnan(iteration) | np.isnan(epoch) | np.isnan(minibatch))
+        mb_key = _key([iteration, epoch, minibatch])
+        del epoch, minibatch
+        if mb_key is not None and named.any():
+            inv, n_mb = _groups(mb_key[named])
+            it = np.empty(n_mb, iteration.dtype)
+            it[inv] = iteration[named]  # sorted: minibatches come in iteration order
+            update = np.full(len(mb_key), np.nan, np.float32)
+            update[named] = (np.arange(n_mb) - np.searchsorted(it, it, side="left"))[inv]
+            del mb_key, inv, it, iteration
+            agg(update, "update")
+            del update
+        t, seq_len = column("t"), column("seq_len")
+        code = np.where(t == 0, 0, np.where(t == seq_len - 1, 2, 1)).astype(np.int8)
+        del t, seq_len
+        agg(code, "position")
+
+    def calls_section(self) -> CallsSection:
+        groups = [
+            CallGroup(
+                key[0],
+                key[1],
+                key[2],
+                calls,
+                rows,
+                {f"{s} x {b}": n for (s, b), n in sorted(self.shapes.get(key, {}).items())},
+            )
+            for key, (calls, rows) in sorted(self.calls.items())
         ]
+        spm = dict(sorted(self.spm.items()))
+        reasons = _by_count(self.reasons)
+        by_path = _by_count(self.by_path)
+        explanation = _explain(self.roll_batch, self.rllib, spm, reasons, by_path)
+        return CallsSection(groups, spm, reasons, self.minibatches, by_path, explanation)
 
-    by_epoch = agg(epoch, "epoch", list)
-    # update = order of the minibatch within its iteration (0 = before any optimizer step)
-    by_update: list[dict[str, Any]] = []
-    iteration = column("iteration")
-    named = ~(np.isnan(iteration) | np.isnan(epoch) | np.isnan(minibatch))
-    mb_key = _key([iteration, epoch, minibatch])
-    del epoch, minibatch
-    if mb_key is not None and named.any():
-        inv, n_mb = _groups(mb_key[named])
-        it = np.empty(n_mb, iteration.dtype)
-        it[inv] = iteration[named]  # sorted: minibatches come in iteration order
-        update = np.full(len(mb_key), np.nan, np.float32)
-        update[named] = (np.arange(n_mb) - np.searchsorted(it, it, side="left"))[inv]
-        del mb_key, inv, it, iteration
-        by_update = agg(update, "update", lambda k: [int(x) for x in k])
-        del update
-    t, seq_len = column("t"), column("seq_len")
-    code = np.where(t == 0, 0, np.where(t == seq_len - 1, 2, 1)).astype(np.int8)
-    del t, seq_len
-    by_position = agg(code, "position", lambda k: [("first", "middle", "last")[int(x)] for x in k])
-    return StalenessSection(n_first, mh, mc, ok, by_epoch, by_update, by_position)
+    def sequences_section(self) -> SequencesSection:
+        episodes = self.episode_lengths()
+        lens = np.concatenate(self.lengths) if self.lengths else np.zeros(0)
+        if not self.padding_of:
+            return SequencesSection(0, {}, {}, _stats(episodes), len(episodes), 0.0, 0.0)
+        edges = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 10**9]
+        hist: dict[str, int] = {}
+        for lo, hi in itertools.pairwise(edges):
+            n = int(((lens >= lo) & (lens < hi)).sum())
+            if n:
+                hist[f"{lo}-{hi - 1}" if hi < 10**9 else f">={lo}"] = n
+        return SequencesSection(
+            sequences=len(lens),
+            length=_stats(lens),
+            length_histogram=hist,
+            episode_length=_stats(episodes),
+            episodes_completed=len(episodes),
+            padding_share=self.padding / self.padding_of,
+            stored_state_share=self.stored_starts / len(lens) if len(lens) else 0.0,
+        )
+
+    def staleness_section(self) -> StalenessSection:
+        if not self.first_rows and not any(self.drift.values()):
+            return StalenessSection(0, None, None, None, [], [], [])
+        ok = None if self.first_h is None else bool(max(self.first_h, self.first_c or 0.0) <= PROVENANCE_TOLERANCE)
+        labels: dict[str, Callable[[float], Any]] = {
+            "epoch": lambda k: k,
+            "update": int,
+            "position": lambda k: ("first", "middle", "last")[int(k)],
+        }
+        out: dict[str, list[dict[str, Any]]] = {}
+        for label, groups in self.drift.items():
+            rows = []
+            for (module, k), s in sorted(groups.items()):
+                row: dict[str, Any] = {"module": module, label: labels[label](k), "rows": int(s[0])}
+                for name, col in (("drift_h", 1), ("drift_c", 4)):
+                    n = s[col]
+                    row[f"{name}_mean"] = s[col + 1] / n if n else math.nan
+                    row[f"{name}_max"] = s[col + 2] if n else math.nan
+                rows.append(row)
+            out[label] = rows
+        return StalenessSection(
+            self.first_rows, self.first_h, self.first_c, ok, out["epoch"], out["update"], out["position"]
+        )
+
+
+def _by_count(counts: dict[str, int]) -> dict[str, int]:
+    """Non-zero counts, the largest first (ties by name)."""
+    return {k: v for k, v in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])) if v}
 
 
 def _health_section(data: ds.Dataset, vectors: bool) -> HealthSection:
-    scal = data.to_table(
-        columns=["module", "layer", "iteration", "h_norm", "c_norm"], filter=ds.field("phase") == "rollout"
-    ).to_pandas(strings_to_categorical=True)
-    norms: list[dict[str, Any]] = []
-    if len(scal):
-        g = (
-            scal.groupby(["module", "layer", "iteration"], observed=True)
-            .agg(
-                h_norm_mean=("h_norm", "mean"),
-                h_norm_max=("h_norm", "max"),
-                c_norm_mean=("c_norm", "mean"),
-                c_norm_max=("c_norm", "max"),
-            )
-            .reset_index()
-        )
-        norms = [{k: (str(v) if k == "module" else v) for k, v in r.items()} for r in g.to_dict("records")]
+    """Rollout rows only, streamed batch by batch: per-iteration norms and per-unit state health."""
+    # (module, layer, iteration) -> count, sum and max of h_norm, then of c_norm (NaN left out)
+    norm_acc: dict[tuple[str, int, int], np.ndarray] = {}
     acc: dict[tuple[str, int], dict[str, Any]] = {}
     # h only when the log has vectors: reading an all-null vector column still builds its values
     # (rows x hidden floats a batch)
-    columns = ["module", "layer", "h_norm", "c_norm"] + (["h"] if vectors else [])
+    columns = ["module", "layer", "iteration", "h_norm", "c_norm"] + (["h"] if vectors else [])
     scanner = data.scanner(columns=columns, filter=ds.field("phase") == "rollout", batch_size=65536)
     for batch in scanner.to_batches():
         if batch.num_rows == 0:
@@ -801,6 +949,7 @@ def _health_section(data: ds.Dataset, vectors: bool) -> HealthSection:
         layers = batch.column("layer").to_numpy()
         hn = batch.column("h_norm").to_numpy(zero_copy_only=False).astype(np.float64)
         cn = batch.column("c_norm").to_numpy(zero_copy_only=False).astype(np.float64)
+        _add_norms(norm_acc, modules, layers, batch.column("iteration"), hn, cn)
         hcol = batch.column("h") if vectors else None
         for key in {(str(m), int(lv)) for m, lv in zip(modules, layers, strict=True)}:
             sel = np.nonzero((modules == key[0]) & (layers == key[1]))[0]
@@ -850,7 +999,40 @@ def _health_section(data: ds.Dataset, vectors: bool) -> HealthSection:
             entry["dead_units"] = [int(i) for i in np.nonzero(a["max_abs"] < DEAD)[0]]
             entry["constant_units"] = [int(i) for i in np.nonzero((a["max"] - a["min"]) < 1e-6)[0]]
         layers_out.append(entry)
+    norms = []
+    for (module, layer, iteration), s in sorted(norm_acc.items()):
+        row: dict[str, Any] = {"module": module, "layer": layer, "iteration": iteration}
+        for name, col in (("h_norm", 0), ("c_norm", 3)):
+            row[f"{name}_mean"] = s[col + 1] / s[col] if s[col] else math.nan
+            row[f"{name}_max"] = s[col + 2] if s[col] else math.nan
+        norms.append(row)
     return HealthSection(layers_out, norms, vectors)
+
+
+def _add_norms(
+    acc: dict[tuple[str, int, int], np.ndarray],
+    modules: np.ndarray,
+    layers: np.ndarray,
+    iterations: pa.Array,
+    hn: np.ndarray,
+    cn: np.ndarray,
+) -> None:
+    """Add one batch of rollout rows to the per-(module, layer, iteration) norm counts, sums and maxima
+    (rows without an iteration left out)."""
+    frame = pd.DataFrame(
+        {"module": modules, "layer": layers, "iteration": iterations.to_numpy(zero_copy_only=False), "h": hn, "c": cn}
+    )
+    g = frame.groupby(["module", "layer", "iteration"]).agg(
+        hn=("h", "count"), hs=("h", "sum"), hm=("h", "max"), cn=("c", "count"), cs=("c", "sum"), cm=("c", "max")
+    )
+    for key, values in zip(g.index, g.to_numpy(np.float64), strict=True):
+        k = (str(key[0]), int(key[1]), int(key[2]))
+        old = acc.get(k)
+        if old is None:
+            acc[k] = values
+        else:
+            top = np.fmax(old[[2, 5]], values[[2, 5]])
+            acc[k] = np.r_[old[:2] + values[:2], top[0], old[3:5] + values[3:5], top[1]]
 
 
 CROSS_KEYS = ["module", "layer", "worker", "env", "env_step"]

@@ -4,6 +4,7 @@ import json
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.dataset  # pa.dataset
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -86,6 +87,56 @@ def test_episode_lengths_pendulum(runs_dir):
     assert rep.sequences.episodes_completed == 1 and rep.sequences.episode_length["max"] == 200
     assert rep.calls.sequence_start_reasons["split"] == 4  # one per epoch, 2 iterations x 2 epochs
     assert rep.architecture.critic == "lstm"
+
+
+def same(a, b, path="report"):
+    """Equal reports: integers, strings and keys exactly; floats to 1e-12 (sums added in another order)."""
+    if isinstance(a, dict):
+        assert list(a) == list(b), path
+        for k in a:
+            same(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, list):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            same(x, y, f"{path}[{i}]")
+    elif isinstance(a, float) and not float(a).is_integer():
+        assert a == pytest.approx(b, rel=1e-12, abs=1e-15), path
+    else:
+        assert a == b, path
+
+
+@pytest.mark.parametrize(
+    "env_id,opts",
+    [
+        ("Pendulum-v1", {"n_envs": 4}),
+        ("CartPole-v1", {}),
+        ("Pendulum-v1", {"lstm_layers": 2, "n_envs": 2}),
+        ("Pendulum-v1", {"steps": 256, "n_steps": 128, "batch_size": 128, "n_epochs": 2}),
+    ],
+)
+def test_report_reads_runs_of_iterations(runs_dir, env_id, opts):
+    """The report reads a large log in runs of whole iterations (its memory bound): any run size gives the
+    same report as one read, episodes that span runs included."""
+    from lstm_probe.reader import dataset
+    from lstm_probe.report import _chunks
+
+    result = probed_run(runs_dir, env_id, **opts)
+    df = lstm_probe.load(result.path, vectors=False)
+    per_iteration = df[(df.layer == 0) & (df.t >= 0)].groupby("iteration").size()
+    data, _ = dataset(result.path)
+    first = (pa.dataset.field("layer") == 0) & (pa.dataset.field("t") >= 0)
+    runs = _chunks(data, first, 1)
+    assert [n for _, n in runs] == per_iteration.tolist()  # one run per iteration, with its row count
+    assert [n for _, n in _chunks(data, first, 10**9)] == [per_iteration.sum()]
+    two = _chunks(data, first, int(per_iteration.iloc[:2].sum()))
+    assert two[0][1] == per_iteration.iloc[:2].sum() and len(two) < len(runs)
+    whole = summarize(result.path).to_dict()
+    for rows in (1, int(per_iteration.max()) + 1, int(per_iteration.sum()) - 1):
+        same(summarize(result.path, chunk_rows=rows).to_dict(), whole)
+    if opts.get("steps") == 256:  # the episode of 200 steps spans iterations 0 and 1
+        assert whole["sequences"]["episodes_completed"] == 1
+    with pytest.raises(ValueError, match="chunk_rows"):
+        summarize(result.path, chunk_rows=0)
 
 
 def make_log(tmp_path, name="g.parquet", calls=3):

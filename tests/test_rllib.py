@@ -121,7 +121,11 @@ def test_rows_match_what_rllib_did(local_run: Path) -> None:
 
 
 def test_report_prints_the_cross_process_check(local_run: Path) -> None:
+    from test_report import same
+
     report = lstm_probe.summarize(local_run)
+    # read one iteration at a time (the report's memory bound), episodes across iterations: the same report
+    same(lstm_probe.summarize(local_run, chunk_rows=1).to_dict(), report.to_dict())
     x = report.cross_process
     assert x is not None
     assert x.state_in_ok is True and x.zero_starts_ok is True and x.unpaired == 0
