@@ -29,8 +29,14 @@ from lstm_probe.layout import row_capacity
 from lstm_probe.writer import column_encodings
 
 CHILD = """
-import json, resource, sys, time
+import json, sys, time
 t = time.perf_counter()
+
+
+def hwm():  # this process's peak RSS (MB); ru_maxrss would also count the parent's RSS at fork time
+    return int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1]) / 1024
+
+
 import lstm_probe
 if len(sys.argv) > 3:  # --sections: each step's time, and the process's RSS and peak after it
     import lstm_probe.report as R
@@ -42,7 +48,7 @@ if len(sys.argv) > 3:  # --sections: each step's time, and the process's RSS and
         def wrapped(*a, **k):
             s = time.perf_counter()
             out = f(*a, **k)
-            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            peak = hwm()
             print(f"  {name:20s} {time.perf_counter() - s:6.1f} s   RSS {rss():6.0f} MB   peak {peak:6.0f} MB", file=sys.stderr)
             return out
         return wrapped
@@ -51,7 +57,7 @@ if len(sys.argv) > 3:  # --sections: each step's time, and the process's RSS and
                  "_health_section"):
         setattr(R, name, timed(name, getattr(R, name)))
 rep = lstm_probe.summarize(sys.argv[1], chunk_rows=int(sys.argv[2]))
-print(json.dumps({"seconds": time.perf_counter() - t, "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+print(json.dumps({"seconds": time.perf_counter() - t, "rss_mb": hwm(),
                   "rows": rep.run.rows, "findings": len(rep.findings)}))
 """
 
