@@ -132,6 +132,13 @@ def run(
             "loses at most the rows of the last this-many seconds."
         ),
     ] = 60.0,
+    part_iterations: Annotated[
+        int | None,
+        typer.Option(
+            help="Dataset directories (--out DIR/): no part file holds rows of two spans of this many "
+            "iterations (0..N-1, N..2N-1, ...), so a span's files can be moved or deleted together."
+        ),
+    ] = None,
     torch_threads: Annotated[
         int | None,
         typer.Option(help="torch.set_num_threads (1 is fastest on small models and gives reproducible runs)."),
@@ -179,6 +186,7 @@ def run(
             float16=float16,
             force=force,
             part_seconds=part_seconds,
+            part_iterations=part_iterations,
             torch_threads=torch_threads,
         )
         return
@@ -229,6 +237,7 @@ def run(
                 float16=float16,
                 torch_threads=torch_threads,
                 part_seconds=part_seconds,
+                part_iterations=part_iterations,
                 writer=writer,
                 command=command,
                 progress=progress,

@@ -68,6 +68,7 @@ class Options:
     every: int = 1
     float16: bool = False
     part_seconds: float = 60.0
+    part_iterations: int | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
 
 
@@ -125,6 +126,7 @@ def _tracer(
         initial_states=True,
         call_base=call_base,
         part_seconds=opts.part_seconds,
+        part_iterations=opts.part_iterations,
         resolver=resolver,
         shard=shard,
     )
@@ -498,6 +500,7 @@ def probe_config(
     float16: bool = False,
     force: bool = False,
     part_seconds: float = 60.0,
+    part_iterations: int | None = None,
     metadata: dict[str, Any] | None = None,
 ) -> Any:
     """Add the probe to an RLlib AlgorithmConfig (new API stack, single agent); returns the config.
@@ -519,6 +522,7 @@ def probe_config(
         every=every,
         float16=float16,
         part_seconds=part_seconds,
+        part_iterations=part_iterations,
         metadata={**config_metadata(config), **(metadata or {})},
     )
     config.callbacks(
@@ -614,6 +618,7 @@ def run(
     float16: bool = False,
     force: bool = False,
     part_seconds: float = 60.0,
+    part_iterations: int | None = None,
     torch_threads: int | None = None,
     command: str | None = None,
     progress: Callable[[int, int], None] | None = None,
@@ -648,6 +653,7 @@ def run(
         every=every,
         torch_threads=torch_threads,
         part_seconds=part_seconds,
+        part_iterations=part_iterations,
         capture=capture,
     )
     for name, value, low in (
@@ -695,6 +701,7 @@ def run(
         float16=float16,
         force=force,
         part_seconds=part_seconds,
+        part_iterations=part_iterations,
         metadata={"command": command, "total_timesteps": steps, "n_envs": n_envs},
     )
     os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "error")

@@ -95,6 +95,7 @@ def validate(
     every: int = 1,
     torch_threads: int | None = None,
     part_seconds: float = 60.0,
+    part_iterations: int | None = None,
     capture: str = "full",
 ) -> None:
     """Check numeric options before anything is built."""
@@ -108,6 +109,7 @@ def validate(
         ("lstm_layers", lstm_layers, 1),
         ("every", every, 1),
         ("torch_threads", torch_threads, 1),
+        ("part_iterations", part_iterations, 1),
     )
     for name, value, low in checks:
         if value is not None and value < low:
@@ -213,6 +215,7 @@ def run(
     float16: bool = False,
     torch_threads: int | None = None,
     part_seconds: float = 60.0,
+    part_iterations: int | None = None,
     writer: str = DEFAULT_WRITER,
     command: str | None = None,
     progress: Progress | None = None,
@@ -235,10 +238,17 @@ def run(
         every=every,
         torch_threads=torch_threads,
         part_seconds=part_seconds,
+        part_iterations=part_iterations,
         capture=capture,
     )
     out_str = os.fspath(out)
-    check_output(Path(out_str), force=force, is_dir=out_str.endswith(("/", os.sep)) or Path(out_str).is_dir())
+    is_dir = out_str.endswith(("/", os.sep)) or Path(out_str).is_dir()
+    if part_iterations is not None and not is_dir:
+        raise BadInput(
+            f"--part-iterations writes one set of part files per span of iterations: it needs a directory "
+            f"--out, e.g. --out {Path(out_str).with_suffix('')}/"
+        )
+    check_output(Path(out_str), force=force, is_dir=is_dir)
     model = build(
         env_id,
         seed=seed,
@@ -269,6 +279,7 @@ def run(
         float16=float16,
         force=force,
         part_seconds=part_seconds,
+        part_iterations=part_iterations,
         metadata={"command": command, "env_id": env_id},
         writer=writer,
     )

@@ -176,6 +176,7 @@ class ProbeCallback(BaseCallback):
         float16: bool = False,
         force: bool = False,
         part_seconds: float = 60.0,
+        part_iterations: int | None = None,
         metadata: dict[str, Any] | None = None,
         writer: str = DEFAULT_WRITER,
         verbose: int = 0,
@@ -188,6 +189,7 @@ class ProbeCallback(BaseCallback):
             "float16": float16,
             "force": force,
             "part_seconds": part_seconds,
+            "part_iterations": part_iterations,
             "writer": writer,
         }
         self.extra_metadata = dict(metadata or {})

@@ -532,6 +532,7 @@ class LogWriter:
         force: bool = False,
         part_seconds: float = 60.0,
         part_rows: int = 2_000_000,
+        part_iterations: int | None = None,
         queue_bytes: int = 32 << 20,
         shard: str | None = None,
         writer: str = DEFAULT_WRITER,
@@ -545,6 +546,11 @@ class LogWriter:
             raise BadInput(
                 f"shard {shard!r}: shards need a directory --out (ending in /) and a name of "
                 "letters, digits, '_' or '.'"
+            )
+        if part_iterations is not None and (part_iterations < 1 or not is_dir):
+            raise BadInput(
+                f"part_iterations {part_iterations}: parts per span of iterations need a directory --out "
+                "(ending in /) and a span of at least 1"
             )
         check_output(self.path, force=force, is_dir=is_dir, shard=shard)
         if is_dir and not out_str.endswith(("/", os.sep)):
@@ -561,6 +567,7 @@ class LogWriter:
                 "float16": float16,
                 "part_seconds": part_seconds,
                 "part_rows": part_rows,
+                "part_iterations": part_iterations,
                 "shard": shard,
                 "vectors": capture == "full",
             },

@@ -123,6 +123,7 @@ class Tracer:
         initial_states: bool = False,
         call_base: int = 0,
         part_seconds: float = 60.0,
+        part_iterations: int | None = None,
         resolver: Resolver | None = None,
         shard: str | None = None,
         writer: str = DEFAULT_WRITER,
@@ -160,6 +161,7 @@ class Tracer:
             **(metadata or {}),
         }
         self.out, self.force, self.part_seconds = out, force, part_seconds
+        self.part_iterations = part_iterations
         self.reference_window = reference_window
         self.initial_states = initial_states
         self.shard = shard
@@ -203,6 +205,7 @@ class Tracer:
             reference_window=self.reference_window,
             force=self.force,
             part_seconds=self.part_seconds,
+            part_iterations=self.part_iterations,
             shard=self.shard,
             writer=self.writer_mode,
         )
@@ -609,6 +612,8 @@ def trace(
     metadata: dict[str, Any] | None = None,
     shard: str | None = None,
     writer: str = DEFAULT_WRITER,
+    part_seconds: float = 60.0,
+    part_iterations: int | None = None,
 ) -> Tracer:
     """Trace every nn.LSTM / nn.GRU / nn.LSTMCell / nn.GRUCell in ``model`` (or those named in ``modules``).
 
@@ -619,6 +624,9 @@ def trace(
     (``out`` ending in ``/``); readers then take the directory as one log.
     ``writer``: where rows are made and written: "process" (a writer process of its own; the default
     where pipes can be polled, i.e. not on Windows) or "thread" (a thread of this process).
+    ``part_seconds``: a finished part file is closed this often (a killed run loses at most that many
+    seconds of rows). ``part_iterations`` N (directory logs): no part file holds rows of two spans of N
+    iterations (by the ``iteration`` tag).
     """
     return Tracer(
         find_recurrent(model, modules),
@@ -629,6 +637,8 @@ def trace(
         float16=float16,
         force=force,
         reference_window=reference_window,
+        part_seconds=part_seconds,
+        part_iterations=part_iterations,
         shard=shard,
         writer=writer,
     )

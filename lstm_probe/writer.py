@@ -6,7 +6,9 @@ call), computes the norms and writes row groups. Row groups go into part files
 of a dataset directory (``part-00000.parquet``, ...); a part is closed (footer written, then renamed
 from a hidden ``.tmp`` name) every ``part_seconds`` or ``part_rows``, so a SIGKILL loses at most the
 part being written and what the training process had not yet handed over (a writer process that
-sees its pipe close publishes the rows it holds).
+sees its pipe close publishes the rows it holds). With ``part_iterations`` N (directories only), a
+part also never holds rows of two spans of N iterations (0..N-1, N..2N-1, ...): the files of a span
+can be moved or deleted together.
 
 Two output shapes:
 - a directory (``--out runs/x/``): the parts are the log; any Arrow engine reads it as one table.
@@ -18,6 +20,7 @@ Two output shapes:
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -200,6 +203,22 @@ class Encoder:
         return pa.FixedSizeListArray.from_arrays(values, self.hidden, mask=pa.array(np.ones(n, np.bool_)))
 
 
+def _spans(iteration: pa.Array, n: int) -> list[tuple[int, int, int]]:
+    """Runs of rows of the same span of ``n`` iterations: (start, stop, span). A row without an iteration
+    belongs to the run before it (span -1 at the start: any part takes it)."""
+    values = iteration.to_numpy(zero_copy_only=False)
+    if len(values) == 0:
+        return []
+    if values.dtype.kind == "f":  # nulls present: NaN
+        named = ~np.isnan(values)
+        last = np.maximum.accumulate(np.where(named, np.arange(len(values)), -1))
+        span = np.where(last >= 0, values[np.maximum(last, 0)] // n, -1).astype(np.int64)
+    else:
+        span = values.astype(np.int64) // n
+    bounds = [0, *(np.flatnonzero(span[1:] != span[:-1]) + 1).tolist(), len(span)]
+    return [(a, b, int(span[a])) for a, b in itertools.pairwise(bounds)]
+
+
 class PartWriter:
     """Writes record batches into rolling part files of one directory."""
 
@@ -211,6 +230,7 @@ class PartWriter:
         part_rows: int,
         mirror: Path | None = None,
         shard: str | None = None,
+        part_iterations: int | None = None,
     ):
         self.dir = directory
         self.shard = shard
@@ -228,6 +248,9 @@ class PartWriter:
         self.opened = 0.0
         self.part_count = 0
         self.parts: list[Path] = []
+        self.part_iterations = part_iterations
+        self.span = -1
+        """The span of iterations (iteration // part_iterations) of the open part's rows; -1: none yet."""
 
     def part_name(self) -> str:
         return f"part-{self.shard}-{self.index:05d}.parquet" if self.shard else f"part-{self.index:05d}.parquet"
@@ -240,9 +263,21 @@ class PartWriter:
         self.part_count = 0
 
     def write(self, batch: pa.RecordBatch, progress: dict[str, Any]) -> None:
+        if self.part_iterations is None:
+            self._write(batch, progress, -1)
+            return
+        for start, stop, span in _spans(batch.column("iteration"), self.part_iterations):
+            if self.writer is not None and span >= 0 and self.span >= 0 and span != self.span:
+                self.close_part(progress)
+            self._write(batch.slice(start, stop - start), progress, span)
+
+    def _write(self, batch: pa.RecordBatch, progress: dict[str, Any], span: int) -> None:
         if self.writer is None:
             self._open()
+            self.span = -1
         assert self.writer is not None
+        if span >= 0:
+            self.span = span
         self.writer.write_batch(batch)
         if self.mirror_tmp is not None:
             if self.mirror is None:
@@ -303,6 +338,7 @@ class FileLog:
         part_rows: int = 2_000_000,
         shard: str | None = None,
         vectors: bool = True,
+        part_iterations: int | None = None,
     ):
         self.path = Path(out)
         self.is_dir = out.endswith(("/", os.sep)) or self.path.is_dir()
@@ -328,6 +364,7 @@ class FileLog:
             part_rows,
             mirror=None if self.is_dir else self.path,
             shard=shard,
+            part_iterations=part_iterations if self.is_dir else None,
         )
 
     def reserve(self, n: int) -> tuple[Rows, int]:

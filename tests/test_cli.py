@@ -112,6 +112,7 @@ def test_schema_command_matches_docs():
         (["run", "Pendulum-v1", "--hyperparam", "gamma"], "is not KEY=VALUE"),
         (["run", "Pendulum-v1", "--out", "/proc/nope/run.parquet"], "not writable"),
         (["run", "Pendulum-v1", "--capture", "most"], "--capture must be full or summary"),
+        (["run", "Pendulum-v1", "--part-iterations", "2"], "it needs a directory --out, e.g. --out run/"),
         (["report", "missing.parquet"], "does not exist"),
         (["report", "notparquet.txt"], "not a readable Parquet file"),
         (["report", "foreign.parquet"], "not an lstm-probe log"),

@@ -42,8 +42,22 @@ def ray_session():
 @pytest.fixture(scope="module")
 def local_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("rllib") / "cp/"
-    rllib.run("CartPole-v1", f"{out}/", steps=192, shared_lstm=False, **SMALL)
+    # one iteration per part file (part_iterations=1): every test below reads the log across them
+    rllib.run("CartPole-v1", f"{out}/", steps=192, shared_lstm=False, part_iterations=1, **SMALL)
     return out
+
+
+def test_part_files_hold_one_iteration_each(local_run: Path) -> None:
+    import pyarrow.parquet as pq
+
+    seen: dict[str, set[int]] = {}
+    for part in sorted(local_run.glob("part-*.parquet")):
+        its = set(pq.read_table(part, columns=["iteration"]).column("iteration").drop_null().to_pylist())
+        assert len(its) <= 1, (part.name, its)
+        shard = part.name.rsplit("-", 1)[0]
+        assert not its & seen.get(shard, set()) or its <= {max(seen[shard])}, part.name  # in iteration order
+        seen.setdefault(shard, set()).update(its)
+    assert len(seen) >= 2 and all(len(v) == 3 for v in seen.values())  # env runner and learner, 3 iterations
 
 
 def _vectors(col: pd.Series) -> np.ndarray:

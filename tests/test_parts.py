@@ -1,0 +1,73 @@
+"""Dataset directories split by iteration (``part_iterations``): real runs, real part files."""
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+from conftest import TINY, probed_run
+from torch import nn
+
+import lstm_probe
+from lstm_probe.errors import BadInput
+from lstm_probe.run import run
+
+
+def spans_of(directory, n):
+    """The span of iterations (iteration // n) of each part file, in file order; None for a part whose
+    rows carry no iteration."""
+    out = []
+    for part in sorted(directory.glob("part-*.parquet")):
+        it = pq.read_table(part, columns=["iteration"]).column("iteration").drop_null().to_numpy()
+        spans = set((it // n).tolist())
+        assert len(spans) <= 1, (part.name, spans)  # never two spans in one file
+        out.append(spans.pop() if spans else None)
+    return out
+
+
+@pytest.mark.parametrize("n", [1, 2, 4])
+def test_sb3_directory_parts_never_span_two_ranges(runs_dir, tmp_path, n):
+    single = probed_run(runs_dir, "Pendulum-v1")  # TINY: 6 iterations of 32 steps
+    res = run("Pendulum-v1", f"{tmp_path}/d/", seed=0, part_iterations=n, **TINY)
+    assert res.completed
+    spans = [s for s in spans_of(tmp_path / "d", n) if s is not None]
+    assert spans == sorted(spans) and set(spans) == set(range((6 + n - 1) // n))
+    # the same rows in the same order as the single-file log of the same run, vectors included
+    a, b = lstm_probe.load(single.path), lstm_probe.load(tmp_path / "d")
+    assert len(a) == len(b) == single.rows
+    for col in ("call", "module", "layer", "phase", "iteration", "epoch", "minibatch", "seq", "t", "env_step"):
+        assert a[col].equals(b[col]), col
+    assert np.array_equal(lstm_probe.states(a, "c"), lstm_probe.states(b, "c"), equal_nan=True)
+    rep = lstm_probe.summarize(tmp_path / "d")
+    assert rep.staleness.provenance_ok is True and rep.run.files == len(spans_of(tmp_path / "d", n))
+
+
+def test_generic_tracer_parts_split_mid_buffer(tmp_path):
+    """Rows of several iterations in one row buffer are split across files at span boundaries; rows
+    without an iteration stay with the rows before them."""
+    torch.manual_seed(0)
+    m = nn.LSTM(2, 4)
+    x = torch.randn(1, 3, 2)
+    with torch.no_grad(), lstm_probe.trace(m, f"{tmp_path}/g/", part_iterations=3) as probe:
+        m(x)  # no iteration: the first part takes it
+        for it in range(7):
+            with probe.tag(phase="rollout", iteration=it):
+                m(x)
+        m(x)  # no iteration: joins iteration 6's part
+    spans = spans_of(tmp_path / "g", 3)
+    assert spans[:3] == [0, 1, 2]  # the last part (the outcome) may be empty
+    counts = [pq.read_metadata(p).num_rows for p in sorted((tmp_path / "g").glob("part-*.parquet"))]
+    assert counts[:3] == [3 * 3 + 3, 3 * 3, 3 + 3] and sum(counts) == 9 * 3
+    assert lstm_probe.read_info(tmp_path / "g").completed
+
+
+def test_part_iterations_needs_a_directory(tmp_path):
+    with pytest.raises(BadInput, match="directory"):
+        run("Pendulum-v1", tmp_path / "r.parquet", steps=32, n_steps=16, part_iterations=2)
+    with pytest.raises(BadInput, match="part-iterations must be >= 1"):
+        run("Pendulum-v1", f"{tmp_path}/d/", steps=32, n_steps=16, part_iterations=0)
+    with (
+        pytest.raises(BadInput, match="directory"),
+        lstm_probe.trace(nn.LSTM(2, 4), tmp_path / "t.parquet", part_iterations=2),
+    ):
+        pass
+    assert not (tmp_path / "r.parquet").exists() and not (tmp_path / "t.parquet").exists()
