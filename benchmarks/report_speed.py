@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -70,6 +71,7 @@ def main() -> None:
                     help="capture of the real run the log is built from (summary: a 1M-step run's 36M rows fit)")
     ap.add_argument("--keep", action="store_true", help="keep the generated log")
     ap.add_argument("--log", type=Path, help="time this log (file or directory) instead of building one")
+    ap.add_argument("--repeats", type=int, default=1, help="interleaved repeats of the two reads")
     ap.add_argument("--sections", action="store_true", help="print each step of summarize: time, RSS, peak RSS")
     args = ap.parse_args()
     tmp = None
@@ -112,23 +114,33 @@ def main() -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     from lstm_probe.report import REPORT_CHUNK_ROWS
 
-    results = {}
-    for label, chunk in (("in runs of iterations (default)", REPORT_CHUNK_ROWS), ("in one read", rows + 1)):
-        r = subprocess.run(
-            [sys.executable, "-c", CHILD, str(out), str(chunk), *(["sections"] if args.sections else [])],
-            capture_output=True,
-            text=True,
-            env=env,
-        )
-        if r.returncode:
-            raise SystemExit(r.stderr)
-        if args.sections:
-            print(r.stderr, end="")
-        res = results[label] = json.loads(r.stdout.strip().splitlines()[-1])
-        print(f"summarize {label}: {res['seconds']:.1f} s, {rows / res['seconds']:,.0f} rows/s, "
-              f"peak RSS {res['rss_mb']:.0f} MB")
-    a, b = results.values()
-    print(f"runs of iterations / one read: time {a['seconds'] / b['seconds']:.2f}x, peak RSS {a['rss_mb'] / b['rss_mb']:.2f}x")
+    results: dict[str, list[dict]] = {}
+    reads = (("in runs of iterations (default)", REPORT_CHUNK_ROWS), ("in one read", rows + 1))
+    for k in range(args.repeats):  # interleaved: A B A B ...
+        for label, chunk in reads:
+            r = subprocess.run(
+                [sys.executable, "-c", CHILD, str(out), str(chunk), *(["sections"] if args.sections else [])],
+                capture_output=True,
+                text=True,
+                env=env,
+            )
+            if r.returncode:
+                raise SystemExit(r.stderr)
+            if args.sections:
+                print(r.stderr, end="")
+            res = json.loads(r.stdout.strip().splitlines()[-1])
+            results.setdefault(label, []).append(res)
+            print(f"  [{k + 1}] {label}: {res['seconds']:.1f} s, peak RSS {res['rss_mb']:.0f} MB")
+    for label, runs in results.items():
+        secs = statistics.median(x["seconds"] for x in runs)
+        print(f"summarize {label}: {secs:.1f} s (median of {len(runs)}; {min(x['seconds'] for x in runs):.1f}-"
+              f"{max(x['seconds'] for x in runs):.1f}), {rows / secs:,.0f} rows/s, "
+              f"peak RSS {max(x['rss_mb'] for x in runs):.0f} MB")
+    a, b = ([x["seconds"] for x in v] for v in results.values())
+    ratios = [x / y for x, y in zip(a, b)]
+    ma, mb = (max(x["rss_mb"] for x in v) for v in results.values())
+    print(f"runs of iterations / one read: time {statistics.median(ratios):.2f}x "
+          f"({min(ratios):.2f}-{max(ratios):.2f}, pairs), peak RSS {ma / mb:.2f}x")
     if tmp is not None and not args.keep:
         shutil.rmtree(tmp)
     elif tmp is not None:
