@@ -679,10 +679,6 @@ def _chunks(data: ds.Dataset, filt: ds.Expression, chunk_rows: int) -> list[tupl
     return out
 
 
-DRIFT_STATS = ("rows", "n_h", "sum_h", "max_h", "n_c", "sum_c", "max_c")
-"""What a staleness group keeps while a log is read: its rows, and count, sum and max of each drift."""
-
-
 @dataclass
 class _Totals:
     """The scalar rows' share of every section, added up over the runs of iterations a log is read in
@@ -715,6 +711,7 @@ class _Totals:
     drift: dict[str, dict[tuple[str, float], np.ndarray]] = field(
         default_factory=lambda: {"epoch": {}, "update": {}, "position": {}}
     )
+    """Staleness groups: (module, key) -> rows, then count, sum and max of drift_h, then of drift_c."""
 
     def add(self, df: pd.DataFrame, front: int) -> None:
         """Add one run of rows, as :func:`read_scalars` returns them (train rows from ``front`` on)."""
@@ -822,26 +819,12 @@ class _Totals:
             assert by is not None  # a module code and one small key
             inv, n_groups = _groups(by)
             del by
-            stats = np.zeros((n_groups, len(DRIFT_STATS)))
-            stats[:, 0] = np.bincount(inv, minlength=n_groups)
-            for col, v in ((1, dh[keep]), (4, dc[keep])):
-                some = _present(v)
-                stats[:, col] = np.bincount(inv[some], minlength=n_groups)
-                stats[:, col + 1] = np.bincount(inv[some], weights=v[some], minlength=n_groups)
-                top = np.full(n_groups, -np.inf, v.dtype)  # v's dtype: ufunc.at is ~30x slower when they differ
-                np.maximum.at(top, inv[some], v[some])
-                stats[:, col + 2] = top
+            stats = np.c_[np.bincount(inv, minlength=n_groups), _group_stats(inv, n_groups, [dh[keep], dc[keep]])]
             # each group's labels: every row of a group carries the same ones
             mod_g, key_g = np.empty(n_groups, mod.dtype), np.empty(n_groups, key.dtype)
             mod_g[inv], key_g[inv] = mod, key
-            groups = self.drift[label]
             for m, k, s in zip(mod_g, key_g, stats, strict=True):
-                g = (str(names[m]), float(k))
-                if g in groups:
-                    old = groups[g]
-                    groups[g] = np.r_[old[:3] + s[:3], max(old[3], s[3]), old[4:6] + s[4:6], max(old[6], s[6])]
-                else:
-                    groups[g] = s
+                _merge_stats(self.drift[label], (str(names[m]), float(k)), s, first=1)
 
         agg(epoch, "epoch")
         # update = order of the minibatch within its iteration (0 = before any optimizer step); runs hold
@@ -916,12 +899,8 @@ class _Totals:
         for label, groups in self.drift.items():
             rows = []
             for (module, k), s in sorted(groups.items()):
-                row: dict[str, Any] = {"module": module, label: labels[label](k), "rows": int(s[0])}
-                for name, col in (("drift_h", 1), ("drift_c", 4)):
-                    n = s[col]
-                    row[f"{name}_mean"] = s[col + 1] / n if n else math.nan
-                    row[f"{name}_max"] = s[col + 2] if n else math.nan
-                rows.append(row)
+                row = {"module": module, label: labels[label](k), "rows": int(s[0])}
+                rows.append(row | _mean_max(s, 1, "drift_h") | _mean_max(s, 4, "drift_c"))
             out[label] = rows
         return StalenessSection(
             self.first_rows, self.first_h, self.first_c, ok, out["epoch"], out["update"], out["position"]
@@ -1001,11 +980,8 @@ def _health_section(data: ds.Dataset, vectors: bool) -> HealthSection:
         layers_out.append(entry)
     norms = []
     for (module, layer, iteration), s in sorted(norm_acc.items()):
-        row: dict[str, Any] = {"module": module, "layer": layer, "iteration": iteration}
-        for name, col in (("h_norm", 0), ("c_norm", 3)):
-            row[f"{name}_mean"] = s[col + 1] / s[col] if s[col] else math.nan
-            row[f"{name}_max"] = s[col + 2] if s[col] else math.nan
-        norms.append(row)
+        row = {"module": module, "layer": layer, "iteration": iteration}
+        norms.append(row | _mean_max(s, 0, "h_norm") | _mean_max(s, 3, "c_norm"))
     return HealthSection(layers_out, norms, vectors)
 
 
@@ -1035,24 +1011,43 @@ def _add_norms(
     if key is None:  # hand-made iteration numbers too far apart for one key
         key = np.unique(np.stack(columns, axis=1), axis=0, return_inverse=True)[1].reshape(-1)
     inv, n = _groups(key)
-    stats = np.zeros((n, 6))
-    for col, v in ((0, hn[keep]), (3, cn[keep])):
-        some = _present(v)
-        stats[:, col] = np.bincount(inv[some], minlength=n)
-        stats[:, col + 1] = np.bincount(inv[some], weights=v[some], minlength=n)
-        top = np.full(n, -np.inf, v.dtype)
-        np.maximum.at(top, inv[some], v[some])
-        stats[:, col + 2] = np.where(stats[:, col] > 0, top, np.nan)
+    stats = _group_stats(inv, n, [hn[keep], cn[keep]])
     labels = np.empty((n, 3))
     labels[inv] = np.stack(columns, axis=1)
     for (m, layer, iteration), values in zip(labels, stats, strict=True):
-        k = (str(names[int(m)]), int(layer), int(iteration))
-        old = acc.get(k)
-        if old is None:
-            acc[k] = values
-        else:
-            top2 = np.fmax(old[[2, 5]], values[[2, 5]])
-            acc[k] = np.r_[old[:2] + values[:2], top2[0], old[3:5] + values[3:5], top2[1]]
+        _merge_stats(acc, (str(names[int(m)]), int(layer), int(iteration)), values)
+
+
+def _group_stats(inv: np.ndarray, n: int, values: list[np.ndarray]) -> np.ndarray:
+    """Per group (``inv``: each row's group, of ``n``): count, sum and max of each array of ``values``
+    (NaN left out; max NaN where a group has none), as columns [count, sum, max] per array."""
+    stats = np.zeros((n, 3 * len(values)))
+    for i, v in enumerate(values):
+        some = _present(v)
+        stats[:, 3 * i] = np.bincount(inv[some], minlength=n)
+        stats[:, 3 * i + 1] = np.bincount(inv[some], weights=v[some], minlength=n)
+        top = np.full(n, -np.inf, v.dtype)  # v's dtype: ufunc.at is ~30x slower when they differ
+        np.maximum.at(top, inv[some], v[some])
+        stats[:, 3 * i + 2] = np.where(stats[:, 3 * i] > 0, top, np.nan)
+    return stats
+
+
+def _mean_max(stats: np.ndarray, col: int, name: str) -> dict[str, Any]:
+    """``name``_mean and ``name``_max from the [count, sum, max] at ``col`` of a :func:`_group_stats` row."""
+    n = stats[col]
+    return {f"{name}_mean": stats[col + 1] / n if n else math.nan, f"{name}_max": stats[col + 2] if n else math.nan}
+
+
+def _merge_stats(acc: dict[Any, np.ndarray], key: Any, stats: np.ndarray, first: int = 0) -> None:
+    """Add one group's row of :func:`_group_stats` (from column ``first`` on; counts before it) into
+    ``acc[key]``: counts and sums add up, maxima keep the larger."""
+    old = acc.get(key)
+    if old is None:
+        acc[key] = stats
+        return
+    merged = old + stats
+    merged[first + 2 :: 3] = np.fmax(old[first + 2 :: 3], stats[first + 2 :: 3])
+    acc[key] = merged
 
 
 CROSS_KEYS = ["module", "layer", "worker", "env", "env_step"]
