@@ -81,7 +81,7 @@ def build_html(
     rep = report if report is not None else summarize(path)
     data, _ = dataset(path)
     # Only small slices are read: layer-0 rollout rows, and one row per training sequence (its t = 0 row).
-    # Staleness comes from the report's aggregates. Memory stays near the report's, whatever the log's size.
+    # Staleness and norms come from the report's aggregates.
     first = ds.field("layer") == 0
     worker: int | None = None
     if "worker" in data.schema.names:  # RLlib: one env runner's envs are drawn (the lowest worker index)
@@ -156,12 +156,7 @@ def build_html(
         figures.append(
             ("Sequence lengths vs episode lengths", hist, "The truncated-BPTT horizon next to the episodes it cuts.")
         )
-    norms = _norms_figure(
-        plt,
-        data.to_table(
-            columns=["module", "layer", "iteration", "h_norm", "c_norm"], filter=ds.field("phase") == "rollout"
-        ).to_pandas(),
-    )
+    norms = _norms_figure(plt, rep)
     if norms:
         figures.append(("Norms over iterations", norms, "Mean rollout-state norms per module and layer."))
     page = _page(rep, figures, notes)
@@ -360,14 +355,15 @@ def _lengths_figure(plt: Any, rep: Report, starts: pd.DataFrame) -> str | None:
     return _png(fig)
 
 
-def _norms_figure(plt: Any, roll: pd.DataFrame) -> str | None:
-    if not len(roll):
+def _norms_figure(plt: Any, rep: Report) -> str | None:
+    """Mean rollout-state norms per iteration, from the report's own per-iteration aggregates."""
+    g = pd.DataFrame(rep.health.norms_by_iteration)
+    if not len(g):
         return None
-    g = roll.groupby(["module", "layer", "iteration"], observed=True)[["h_norm", "c_norm"]].mean().reset_index()
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3))
-    for (module, layer), d in g.groupby(["module", "layer"], observed=True):
-        a1.plot(d["iteration"], d["h_norm"], marker=".", label=f"{module} L{layer}")
-        a2.plot(d["iteration"], d["c_norm"], marker=".", label=f"{module} L{layer}")
+    for (module, layer), d in g.groupby(["module", "layer"]):
+        a1.plot(d["iteration"], d["h_norm_mean"], marker=".", label=f"{module} L{layer}")
+        a2.plot(d["iteration"], d["c_norm_mean"], marker=".", label=f"{module} L{layer}")
     a1.set_title("mean ||h||", fontsize=9)
     a2.set_title("mean ||c||", fontsize=9)
     for ax in (a1, a2):
