@@ -73,13 +73,14 @@ def logs(draw):
             ]
         )
     )
-    return cols, hidden, meta
+    chunk_rows = draw(st.sampled_from([1, 7, 10**9]))  # the report's runs of iterations, one read
+    return cols, hidden, meta, chunk_rows
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(logs())
 def test_summarize_never_raises_unexpectedly(tmp_path_factory, log):
-    cols, hidden, meta = log
+    cols, hidden, meta, chunk_rows = log
     schema = log_schema(hidden, metadata=meta)
     arrays = []
     for name, *_ in COLUMNS:
@@ -91,7 +92,7 @@ def test_summarize_never_raises_unexpectedly(tmp_path_factory, log):
     path = tmp_path_factory.mktemp("fuzz") / "f.parquet"
     pq.write_table(table, path)
     try:
-        rep = lstm_probe.summarize(path)
+        rep = lstm_probe.summarize(path, chunk_rows=chunk_rows)
     except lstm_probe.BadLog:
         return
     assert rep.run.rows == len(cols["call"])
