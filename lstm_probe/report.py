@@ -652,26 +652,30 @@ def _chunks(data: ds.Dataset, filt: ds.Expression, chunk_rows: int) -> list[tupl
     """Filters that split the rows ``filt`` selects into runs of whole iterations of at most ``chunk_rows``
     rows (an iteration larger than that alone; rows without an iteration last), each with its row count.
     One pass over the iteration column; a log of at most ``chunk_rows`` rows is one run, unfiltered."""
-    counts: dict[int, int] = {}
+    parts: list[tuple[np.ndarray, np.ndarray]] = []  # each batch's distinct iterations and their rows
     nulls = 0
     for batch in data.scanner(columns=["iteration"], filter=filt, batch_size=SCAN_BATCH).to_batches():
         col = batch.column("iteration")
         nulls += col.null_count
-        values, n = np.unique(col.drop_null().to_numpy(), return_counts=True)
-        for v, k in zip(values.tolist(), n.tolist(), strict=True):
-            counts[v] = counts.get(v, 0) + k
-    if sum(counts.values()) + nulls <= chunk_rows:
-        return [(filt, sum(counts.values()) + nulls)]
+        parts.append(np.unique(col.drop_null().to_numpy().astype(np.int64), return_counts=True))
+    values = np.concatenate([v for v, _ in parts]) if parts else np.zeros(0, np.int64)
+    counts = np.concatenate([n for _, n in parts]) if parts else np.zeros(0, np.int64)
+    del parts
+    total = int(counts.sum()) + nulls
+    if total <= chunk_rows:
+        return [(filt, total)]
+    iterations, where = np.unique(values, return_inverse=True)
+    per_iteration = np.bincount(where, weights=counts, minlength=len(iterations)).astype(np.int64)
     out: list[tuple[ds.Expression, int]] = []
     iteration = ds.field("iteration")
     lo = hi = rows = 0
-    for it in sorted(counts):
-        if rows and rows + counts[it] > chunk_rows:
+    for it, n in zip(iterations.tolist(), per_iteration.tolist(), strict=True):
+        if rows and rows + n > chunk_rows:
             out.append((filt & (iteration >= lo) & (iteration <= hi), rows))
             rows = 0
         if not rows:
             lo = it
-        hi, rows = it, rows + counts[it]
+        hi, rows = it, rows + n
     if rows:
         out.append((filt & (iteration >= lo) & (iteration <= hi), rows))
     if nulls:
