@@ -265,6 +265,12 @@ def run(
         hyperparams=hyperparams,
         torch_threads=torch_threads,
     )
+    if model.verbose == 0 and model.tensorboard_log is None:
+        # sb3 would make an empty SB3-<time> directory in the temp dir on every learn() for a logger that
+        # writes nowhere (stable_baselines3/common/logger.py:configure); the same logger, without it
+        from stable_baselines3.common.logger import Logger
+
+        model.set_logger(Logger(folder=None, output_formats=[]))
     env = model.get_env()
 
     from stable_baselines3.common.callbacks import BaseCallback, CallbackList

@@ -184,3 +184,20 @@ def test_policy_follows_observation_space_and_oracle_holds(tmp_path, env_cls, po
     df = lstm_probe.load(result.path, vectors=False)
     first = df[(df.phase == "train") & ~df.padding & (df.epoch == 0) & (df.minibatch == 0)]
     assert len(first) and first.drift_h.max() < 1e-5 and first.drift_c.max() < 1e-5
+
+
+def test_run_leaves_no_sb3_logger_directory(tmp_path, monkeypatch):
+    """sb3 makes an empty SB3-<time> directory in the temp dir on every learn(); `lstm-probe run` does not."""
+    import tempfile
+
+    from sb3_contrib import RecurrentPPO
+
+    from lstm_probe.run import run
+
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    RecurrentPPO("MlpLstmPolicy", "CartPole-v1", n_steps=16, batch_size=16, n_epochs=1).learn(16)
+    assert len(list(scratch.glob("SB3-*"))) == 1  # what plain sb3 leaves behind
+    run("CartPole-v1", tmp_path / "r.parquet", steps=32, n_steps=16, batch_size=16, n_epochs=1, hidden_size=8)
+    assert len(list(scratch.glob("SB3-*"))) == 1
