@@ -11,6 +11,13 @@ torch.set_num_threads(1)
 TINY = {"n_steps": 32, "batch_size": 16, "n_epochs": 2, "hidden_size": 16, "steps": 192}
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _sb3_logdir(tmp_path_factory):
+    """sb3's default logger makes a directory per learn() (SB3_LOGDIR, else a new one in the temp dir):
+    tests that build RecurrentPPO themselves put it under pytest's temp dirs."""
+    os.environ.setdefault("SB3_LOGDIR", str(tmp_path_factory.mktemp("sb3-logs")))
+
+
 @pytest.fixture(scope="session")
 def runs_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("runs")

@@ -197,6 +197,7 @@ def test_run_leaves_no_sb3_logger_directory(tmp_path, monkeypatch):
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    monkeypatch.delenv("SB3_LOGDIR", raising=False)  # conftest points it elsewhere
     RecurrentPPO("MlpLstmPolicy", "CartPole-v1", n_steps=16, batch_size=16, n_epochs=1).learn(16)
     assert len(list(scratch.glob("SB3-*"))) == 1  # what plain sb3 leaves behind
     run("CartPole-v1", tmp_path / "r.parquet", steps=32, n_steps=16, batch_size=16, n_epochs=1, hidden_size=8)
