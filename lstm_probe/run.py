@@ -183,13 +183,20 @@ def build(
     }
     kwargs.update({k: v for k, v in given.items() if v is not None})
     try:
-        return RecurrentPPO(policy, env, seed=seed, device=device, policy_kwargs=policy_kwargs, **kwargs)
+        model = RecurrentPPO(policy, env, seed=seed, device=device, policy_kwargs=policy_kwargs, **kwargs)
     except ProbeError:
         raise
     except Exception as exc:
         env.close()
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise BadInput(f"RecurrentPPO cannot be built with these options: {msg}") from None
+    if model.verbose == 0 and model.tensorboard_log is None:
+        # sb3 would make an empty SB3-<time> directory in the temp dir on every learn() for a logger that
+        # writes nowhere (stable_baselines3/common/logger.py:configure); the same logger, without it
+        from stable_baselines3.common.logger import Logger
+
+        model.set_logger(Logger(folder=None, output_formats=[]))
+    return model
 
 
 def run(
@@ -265,12 +272,6 @@ def run(
         hyperparams=hyperparams,
         torch_threads=torch_threads,
     )
-    if model.verbose == 0 and model.tensorboard_log is None:
-        # sb3 would make an empty SB3-<time> directory in the temp dir on every learn() for a logger that
-        # writes nowhere (stable_baselines3/common/logger.py:configure); the same logger, without it
-        from stable_baselines3.common.logger import Logger
-
-        model.set_logger(Logger(folder=None, output_formats=[]))
     env = model.get_env()
 
     from stable_baselines3.common.callbacks import BaseCallback, CallbackList
