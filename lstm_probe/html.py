@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
@@ -26,6 +27,21 @@ from lstm_probe.report import Report, summarize
 MAX_HEAT_STEPS = 400
 MAX_HEAT_UNITS = 128
 MAX_LAYOUT_EPOCHS = 4
+MAX_HEAT_EPISODE_STEPS = 10_000  # a longer episode's heat-map shows its first steps (the page says so)
+ROLLOUT = ds.field("phase") == "rollout"
+STARTS = (ds.field("phase") == "train") & (ds.field("t") == 0)  # one row per training sequence
+START_COLUMNS = [
+    "module",
+    "iteration",
+    "epoch",
+    "minibatch",
+    "seq",
+    "seq_len",
+    "seq_reason",
+    "env",
+    "env_step",
+    "episode",
+]
 REASON_MARKERS = {
     "episode_start": ("o", "episode start"),
     "env_boundary": ("s", "env boundary"),
@@ -80,47 +96,34 @@ def build_html(
     plt = _plt()
     rep = report if report is not None else summarize(path)
     data, _ = dataset(path)
-    # Only small slices are read: layer-0 rollout rows, and one row per training sequence (its t = 0 row).
+    # Reads stay bounded whatever the run's length: scans keep distinct values (iterations, envs, episodes)
+    # or per-length counts, and rows are read only for the drawn iteration and the drawn episode.
     # Staleness and norms come from the report's aggregates.
     first = ds.field("layer") == 0
     worker: int | None = None
     if "worker" in data.schema.names:  # RLlib: one env runner's envs are drawn (the lowest worker index)
-        workers = data.to_table(columns=["worker"], filter=first & (ds.field("phase") == "rollout"))
-        found = pc.min(workers.column("worker")).as_py() if workers.num_rows else None
-        if found is not None:
-            worker = int(found)
+        workers = _distinct(data, ["worker"], first & ROLLOUT)["worker"]
+        if workers:
+            worker = workers[0]
             first = first & (ds.field("worker") == worker)
-    roll = data.to_table(
-        columns=["module", "iteration", "env", "env_step", "episode", "episode_step"],
-        filter=first & (ds.field("phase") == "rollout"),
-    ).to_pandas()
-    starts = data.to_table(
-        columns=[
-            "module",
-            "iteration",
-            "epoch",
-            "minibatch",
-            "seq",
-            "seq_len",
-            "seq_reason",
-            "env",
-            "env_step",
-            "episode",
-        ],
-        filter=first & (ds.field("phase") == "train") & (ds.field("t") == 0),
-    ).to_pandas()
+    seen = _distinct(data, ["iteration", "env"], first & ROLLOUT)
     notes: list[str] = []
     if worker is not None:
         notes.append(f"RLlib log: the envs of env runner {worker} are drawn")
-    iters = sorted(roll["iteration"].dropna().unique().astype(int).tolist())
+    iters = seen["iteration"]
     if iteration is None and iters:
-        trained = sorted(starts["iteration"].dropna().unique().astype(int).tolist())
+        trained = _distinct(data, ["iteration"], first & STARTS)["iteration"]
         iteration = trained[-1] if trained else iters[-1]
     elif iteration is not None and iteration not in iters:
         raise BadInput(f"--iteration {iteration} is not in the log; it holds iterations {iters[:1]}..{iters[-1:]}")
-    if env is None and len(roll):
-        env = int(roll["env"].dropna().min())
-    episode = _pick_episode(roll, env, episode, iteration)
+    if env is None and seen["env"]:
+        env = seen["env"][0]
+    episode, span = _pick_episode(data, first, env, episode, iteration)
+    starts = (
+        data.to_table(columns=START_COLUMNS, filter=first & STARTS & (ds.field("iteration") == iteration)).to_pandas()
+        if iteration is not None
+        else pd.DataFrame(columns=START_COLUMNS)
+    )
     figures: list[tuple[str, str, str]] = []
     layout = _layout_figure(plt, starts, iteration, notes)
     if layout:
@@ -132,7 +135,7 @@ def build_html(
                 "step) axis, coloured by episode; the marker says why each sequence starts there.",
             )
         )
-    heat = _heat_figure(plt, path, starts, env, episode, notes, worker)
+    heat = _heat_figure(plt, data, first, env, episode, span, notes)
     if heat:
         figures.append(
             (
@@ -151,7 +154,7 @@ def build_html(
                 "Relative L2 drift ||h_train - h_rollout|| / ||h_rollout|| by epoch and by position in the sequence.",
             )
         )
-    hist = _lengths_figure(plt, rep, starts)
+    hist = _lengths_figure(plt, rep, _length_counts(data, first & STARTS))
     if hist:
         figures.append(
             ("Sequence lengths vs episode lengths", hist, "The truncated-BPTT horizon next to the episodes it cuts.")
@@ -165,24 +168,63 @@ def build_html(
     return Page(str(out), len(page.encode()), [t for t, _, _ in figures], iteration, env, episode, notes)
 
 
-def _pick_episode(roll: pd.DataFrame, env: int | None, episode: int | None, iteration: int | None) -> int | None:
-    if env is None or not len(roll):
-        return None
-    mine = roll[roll["env"] == env]
-    eps = sorted(mine["episode"].dropna().unique().astype(int).tolist())
+def _distinct(data: ds.Dataset, columns: list[str], filt: ds.Expression) -> dict[str, list[int]]:
+    """The sorted distinct non-null values of integer columns, in one scan that keeps only those values."""
+    seen: dict[str, set[int]] = {c: set() for c in columns}
+    for batch in data.to_batches(columns=columns, filter=filt):
+        for c in columns:
+            seen[c].update(int(v) for v in pc.unique(batch.column(c)).drop_null().to_pylist())
+    return {c: sorted(v) for c, v in seen.items()}
+
+
+def _episode_spans(data: ds.Dataset, filt: ds.Expression) -> dict[int, tuple[int | None, int | None]]:
+    """First and last episode_step of every episode the filter's rows hold, one scan, one pair per episode."""
+    spans: dict[int, tuple[int | None, int | None]] = {}
+    for batch in data.to_batches(columns=["episode", "episode_step"], filter=filt & ds.field("episode").is_valid()):
+        if not batch.num_rows:
+            continue
+        g = (
+            pa.Table.from_batches([batch])
+            .group_by("episode")
+            .aggregate([("episode_step", "min"), ("episode_step", "max")])
+        )
+        for e, lo, hi in zip(
+            g.column("episode").to_pylist(),
+            g.column("episode_step_min").to_pylist(),
+            g.column("episode_step_max").to_pylist(),
+            strict=True,
+        ):
+            old_lo, old_hi = spans.get(e, (lo, hi))
+            spans[e] = (
+                lo if old_lo is None else old_lo if lo is None else min(lo, old_lo),
+                hi if old_hi is None else old_hi if hi is None else max(hi, old_hi),
+            )
+    return spans
+
+
+def _pick_episode(
+    data: ds.Dataset, first: ds.Expression, env: int | None, episode: int | None, iteration: int | None
+) -> tuple[int | None, tuple[int | None, int | None]]:
+    """The episode to draw (the user's, checked, or the longest whole episode of the iteration) and its span."""
+    if env is None:
+        return None, (None, None)
+    mine = first & ROLLOUT & (ds.field("env") == env)
+    spans = _episode_spans(data, mine)
+    eps = sorted(spans)
     if episode is not None:
-        if episode not in eps:
+        if episode not in spans:
             raise BadInput(f"--episode {episode} is not in the log for env {env}; it holds episodes {eps}")
-        return episode
-    at = mine[mine["iteration"] == iteration] if iteration is not None else mine
-    lengths = mine.groupby("episode")["episode_step"].max()
-    full = [e for e in eps if e in lengths.index and mine[mine["episode"] == e]["episode_step"].min() == 0]
-    if len(at):
-        candidates = [e for e in at["episode"].dropna().unique().astype(int).tolist() if e in full] or at[
-            "episode"
-        ].dropna().unique().astype(int).tolist()
-        return int(max(candidates, key=lambda e: lengths.get(e, 0)))
-    return eps[-1] if eps else None
+        return episode, spans[episode]
+    at = (
+        eps
+        if iteration is None
+        else _distinct(data, ["episode"], mine & (ds.field("iteration") == iteration))["episode"]
+    )
+    full = [e for e in at if spans[e][0] == 0]
+    if at:
+        chosen = max(full or at, key=lambda e: spans[e][1] or 0)
+        return chosen, spans[chosen]
+    return (eps[-1], spans[eps[-1]]) if eps else (None, (None, None))
 
 
 def _layout_figure(plt: Any, all_starts: pd.DataFrame, iteration: int | None, notes: list[str]) -> str | None:
@@ -257,31 +299,38 @@ def _layout_figure(plt: Any, all_starts: pd.DataFrame, iteration: int | None, no
 
 def _heat_figure(
     plt: Any,
-    path: Any,
-    starts: pd.DataFrame,
+    data: ds.Dataset,
+    first: ds.Expression,
     env: int | None,
     episode: int | None,
+    span: tuple[int | None, int | None],
     notes: list[str],
-    worker: int | None = None,
 ) -> str | None:
     if env is None or episode is None:
         return None
-    data, _ = dataset(path)
-    filt = (ds.field("phase") == "rollout") & (ds.field("env") == env) & (ds.field("episode") == episode)
-    if worker is not None:
-        filt = filt & (ds.field("worker") == worker)
+    filt = first & ROLLOUT & (ds.field("env") == env) & (ds.field("episode") == episode)
+    last = span[1]
+    if last is not None and last >= MAX_HEAT_EPISODE_STEPS:
+        filt = filt & (ds.field("episode_step") < MAX_HEAT_EPISODE_STEPS)
+        notes.append(f"heat-maps: the first {MAX_HEAT_EPISODE_STEPS:,} steps of the episode's {last + 1:,}")
     df = data.to_table(
         columns=["module", "layer", "env", "episode", "env_step", "episode_step", "h", "c"], filter=filt
     ).to_pandas()
     if not len(df) or df["h"].isna().all():
         notes.append("heat-maps: the log holds no state vectors for that episode (summary capture)")
         return None
+    lo, hi = int(df["env_step"].min()), int(df["env_step"].max())
+    # where training sequences of the first epoch start inside the drawn steps (RLlib: no epochs, all of them)
+    near = data.to_table(
+        columns=["env_step", "epoch"],
+        filter=first & STARTS & (ds.field("env") == env) & (ds.field("env_step") >= lo) & (ds.field("env_step") <= hi),
+    ).to_pandas()
+    epoch0 = near["epoch"] == 0 if near["epoch"].notna().any() else near["epoch"].isna()
+    cuts = near[epoch0]["env_step"].unique()
     keys = sorted({(str(m), int(lv)) for m, lv in zip(df["module"], df["layer"], strict=True)})
     has_c = df["c"].notna().any()
     cols = 2 if has_c else 1
     fig, axes = plt.subplots(len(keys), cols, figsize=(11, 2.6 * len(keys)), squeeze=False)
-    epoch0 = starts["epoch"] == 0 if starts["epoch"].notna().any() else starts["epoch"].isna()  # RLlib: no epochs
-    cuts = starts[(starts["env"] == env) & epoch0]["env_step"].unique()
     for row, (module, layer) in enumerate(keys):
         d = df[(df["module"] == module) & (df["layer"] == layer)].sort_values("env_step")
         steps = d["env_step"].to_numpy()
@@ -340,13 +389,30 @@ def _staleness_figure(plt: Any, rep: Report) -> str | None:
     return _png(fig)
 
 
-def _lengths_figure(plt: Any, rep: Report, starts: pd.DataFrame) -> str | None:
-    t = starts
-    if not len(t):
+def _length_counts(data: ds.Dataset, filt: ds.Expression) -> np.ndarray:
+    """How many training sequences of each length (index = length) the first module in the log has: one
+    scan that keeps one count per length, every epoch's sequences counted."""
+    counts = np.zeros(0, dtype=np.int64)
+    module: str | None = None
+    for batch in data.to_batches(columns=["module", "seq_len"], filter=filt & ds.field("seq_len").is_valid()):
+        if not batch.num_rows:
+            continue
+        if module is None:
+            module = str(batch.column("module")[0].as_py())
+        lens = pc.filter(batch.column("seq_len"), pc.equal(batch.column("module"), module)).to_numpy()
+        found = np.bincount(lens.astype(np.int64))
+        if len(found) > len(counts):
+            counts = np.pad(counts, (0, len(found) - len(counts)))
+        counts[: len(found)] += found
+    return counts
+
+
+def _lengths_figure(plt: Any, rep: Report, counts: np.ndarray) -> str | None:
+    if not counts.sum():
         return None
-    t = t[t["module"] == t["module"].iloc[0]]
     fig, ax = plt.subplots(figsize=(11, 3))
-    ax.hist(t["seq_len"], bins=30, alpha=0.7, label="training sequence length")
+    lengths = np.flatnonzero(counts)
+    ax.hist(lengths, bins=30, weights=counts[lengths], alpha=0.7, label="training sequence length")
     ep = rep.sequences.episode_length
     if ep:
         ax.axvline(ep["median"], color="red", linestyle="--", label=f"median episode length ({ep['median']:.0f})")

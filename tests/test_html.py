@@ -96,3 +96,52 @@ def test_real_browser_renders_without_console_errors(page, tmp_path):
     assert shot.exists() and shot.stat().st_size > 50_000, r.stderr[-2000:]
     console = [line for line in r.stderr.splitlines() if "CONSOLE" in line or "Uncaught" in line]
     assert not console, console
+
+
+@pytest.mark.parametrize("env_id, opts", [("CartPole-v1", {}), ("Pendulum-v1", {"n_envs": 2})])
+def test_bounded_scans_equal_whole_reads(tmp_path, env_id, opts):
+    """The page's scans keep only distinct values, spans and counts; they must equal what a whole read of
+    the log gives. One part file per iteration, so episodes that span iterations are merged across files."""
+    import pyarrow.dataset as ds
+    from conftest import TINY
+
+    import lstm_probe
+    from lstm_probe.html import ROLLOUT, STARTS, _distinct, _episode_spans, _length_counts
+    from lstm_probe.reader import dataset
+    from lstm_probe.run import run
+
+    res = run(env_id, f"{tmp_path}/d/", seed=0, part_iterations=1, **{**TINY, **opts})
+    df = lstm_probe.load(tmp_path / "d", vectors=False)
+    data, _ = dataset(tmp_path / "d")
+    first = ds.field("layer") == 0
+    roll = df[(df["layer"] == 0) & (df["phase"] == "rollout")]
+    ints = lambda s: sorted(int(v) for v in s.dropna().unique())  # noqa: E731
+    assert _distinct(data, ["iteration", "env"], first & ROLLOUT) == {
+        "iteration": ints(roll["iteration"]),
+        "env": ints(roll["env"]),
+    }
+    crossing = 0
+    for env in ints(roll["env"]):
+        mine = roll[roll["env"] == env]
+        g = mine.groupby("episode")["episode_step"].agg(["min", "max"])
+        expect = {int(e): (int(lo), int(hi)) for e, lo, hi in zip(g.index, g["min"], g["max"], strict=True)}
+        assert _episode_spans(data, first & ROLLOUT & (ds.field("env") == env)) == expect
+        crossing += int((mine.groupby("episode")["iteration"].nunique() > 1).sum())
+    assert crossing > 0  # some episode spans two part files
+    starts = df[(df["layer"] == 0) & (df["phase"] == "train") & (df["t"] == 0)]
+    one = starts[starts["module"] == starts["module"].iloc[0]]
+    counts = _length_counts(data, first & STARTS)
+    assert {k: int(v) for k, v in enumerate(counts) if v} == {
+        int(k): int(v) for k, v in one["seq_len"].value_counts().items()
+    }
+    assert res.completed and counts.sum() == len(one) > 6  # 6 iterations, several sequences each
+
+
+def test_long_episode_heat_map_reads_its_first_steps(page, tmp_path, monkeypatch):
+    import lstm_probe.html as h
+
+    _, _, result = page
+    monkeypatch.setattr(h, "MAX_HEAT_EPISODE_STEPS", 40)
+    p = build_html(result.path, tmp_path / "long.html", iteration=2, env=0)
+    assert "Hidden and cell states" in p.figures
+    assert any(n.startswith("heat-maps: the first 40 steps of the episode's 96") for n in p.notes), p.notes
