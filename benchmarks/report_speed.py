@@ -1,7 +1,7 @@
 """How fast `lstm-probe report` reads a large log, and how much memory it takes.
 
 Builds a large log from a real one: a short real probed run, whose rows are repeated with shifted
-call, iteration and env_step numbers into a dataset directory (the same schema and writer settings),
+call, iteration, env_step and episode numbers into a dataset directory (the same schema and writer settings),
 then times `summarize` in a fresh process and prints rows/s and peak RSS: once as the report reads a log
 (runs of whole iterations of up to REPORT_CHUNK_ROWS rows) and once in one read, side by side.
 
@@ -92,6 +92,7 @@ def main() -> None:
         calls = pc.max(table["call"]).as_py() + 1
         iters = pc.max(table["iteration"]).as_py() + 1
         steps = pc.max(table["env_step"]).as_py() + 1
+        episodes = pc.max(table["episode"]).as_py() + 1
         copies = max(1, args.rows // table.num_rows)
         start = time.perf_counter()
         final = pq.ParquetFile(base.path).metadata.metadata[b"lstm_probe.final"]
@@ -100,6 +101,8 @@ def main() -> None:
             t = t.set_column(t.schema.get_field_index("iteration"), "iteration",
                              pc.cast(pc.add(t["iteration"], k * iters), pa.int32()))
             t = t.set_column(t.schema.get_field_index("env_step"), "env_step", pc.add(t["env_step"], k * steps))
+            # each copy's episodes are new ones (episode ids are unique per env in a real log)
+            t = t.set_column(t.schema.get_field_index("episode"), "episode", pc.add(t["episode"], k * episodes))
             w = pq.ParquetWriter(out / f"part-{k:05d}.parquet", t.schema.with_metadata(meta), compression="zstd",
                                  use_dictionary=["module", "phase", "path", "bootstrap", "seq_reason"],
                                  write_statistics=[n for n in t.schema.names if n not in ("h", "c")],

@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from lstm_probe.errors import BadInput
-from lstm_probe.reader import dataset, states
+from lstm_probe.reader import dataset, narrow, states
 from lstm_probe.report import Report, summarize
 
 MAX_HEAT_STEPS = 400
@@ -135,7 +135,7 @@ def build_html(
                 "step) axis, coloured by episode; the marker says why each sequence starts there.",
             )
         )
-    heat = _heat_figure(plt, data, first, env, episode, span, notes)
+    heat = _heat_figure(plt, data, first, env, episode, span, notes, rep.health.vectors_available)
     if heat:
         figures.append(
             (
@@ -305,26 +305,41 @@ def _heat_figure(
     episode: int | None,
     span: tuple[int | None, int | None],
     notes: list[str],
+    vectors: bool = True,
 ) -> str | None:
     if env is None or episode is None:
+        return None
+    if not vectors:  # summary capture: reading the all-null vector columns would still build their values
+        notes.append("heat-maps: the log holds no state vectors for that episode (summary capture)")
         return None
     filt = first & ROLLOUT & (ds.field("env") == env) & (ds.field("episode") == episode)
     last = span[1]
     if last is not None and last >= MAX_HEAT_EPISODE_STEPS:
         filt = filt & (ds.field("episode_step") < MAX_HEAT_EPISODE_STEPS)
         notes.append(f"heat-maps: the first {MAX_HEAT_EPISODE_STEPS:,} steps of the episode's {last + 1:,}")
-    df = data.to_table(
-        columns=["module", "layer", "env", "episode", "env_step", "episode_step", "h", "c"], filter=filt
-    ).to_pandas()
+    # the episode's row groups only: a filter on episode alone would scan every row group's vectors (`narrow`)
+    df = (
+        narrow(data, env=(env, env), episode=(episode, episode))
+        .to_table(columns=["module", "layer", "env", "episode", "env_step", "episode_step", "h", "c"], filter=filt)
+        .to_pandas()
+    )
     if not len(df) or df["h"].isna().all():
         notes.append("heat-maps: the log holds no state vectors for that episode (summary capture)")
         return None
     lo, hi = int(df["env_step"].min()), int(df["env_step"].max())
     # where training sequences of the first epoch start inside the drawn steps (RLlib: no epochs, all of them)
-    near = data.to_table(
-        columns=["env_step", "epoch"],
-        filter=first & STARTS & (ds.field("env") == env) & (ds.field("env_step") >= lo) & (ds.field("env_step") <= hi),
-    ).to_pandas()
+    near = (
+        narrow(data, env_step=(lo, hi))
+        .to_table(
+            columns=["env_step", "epoch"],
+            filter=first
+            & STARTS
+            & (ds.field("env") == env)
+            & (ds.field("env_step") >= lo)
+            & (ds.field("env_step") <= hi),
+        )
+        .to_pandas()
+    )
     epoch0 = near["epoch"] == 0 if near["epoch"].notna().any() else near["epoch"].isna()
     cuts = near[epoch0]["env_step"].unique()
     keys = sorted({(str(m), int(lv)) for m, lv in zip(df["module"], df["layer"], strict=True)})

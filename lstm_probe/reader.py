@@ -206,6 +206,37 @@ def dataset(path: str | os.PathLike[str]) -> tuple[ds.Dataset, LogInfo]:
     return ds.dataset([str(f) for f in info.files], format="parquet", schema=info.schema), info
 
 
+def narrow(data: ds.Dataset, **within: tuple[int, int]) -> ds.Dataset:
+    """The row groups of ``data`` whose footer statistics allow a value of each named integer column in
+    ``lo..hi``: a dataset to scan with a filter on those columns when they hold nulls.
+
+    Arrow prunes row groups by a filter only where the column has no nulls or a single value (its
+    guarantee for a row group with nulls and min < max is ``range or is_null``, which it does not
+    simplify: pyarrow 26 reads every row group for ``episode == 5`` when padding rows leave the column
+    null), so a scan for one episode or one env step range reads the whole log. This keeps the rows
+    the filter needs and drops the row groups that cannot hold them; row groups without statistics are
+    kept."""
+    import pyarrow.dataset as ds
+
+    kept = []
+    for frag in data.get_fragments():
+        frag.ensure_complete_metadata()
+        ids = []
+        for rg in frag.row_groups:
+            stats = rg.statistics or {}
+            if all(_may_hold(stats.get(col), lo, hi) for col, (lo, hi) in within.items()):
+                ids.append(rg.id)
+        if ids:
+            kept.append(frag.subset(row_group_ids=ids))
+    return ds.FileSystemDataset(kept, data.schema, data.format, data.filesystem)
+
+
+def _may_hold(stats: dict[str, Any] | None, lo: int, hi: int) -> bool:
+    if not stats or stats.get("min") is None or stats.get("max") is None:
+        return True  # no statistics: the row group may hold anything
+    return bool(stats["min"] <= hi and stats["max"] >= lo)
+
+
 def _filter(**equals: Any) -> ds.Expression | None:
     import pyarrow.dataset as ds
 

@@ -107,7 +107,7 @@ def test_bounded_scans_equal_whole_reads(tmp_path, env_id, opts):
 
     import lstm_probe
     from lstm_probe.html import ROLLOUT, STARTS, _distinct, _episode_spans, _length_counts
-    from lstm_probe.reader import dataset
+    from lstm_probe.reader import dataset, narrow
     from lstm_probe.run import run
 
     res = run(env_id, f"{tmp_path}/d/", seed=0, part_iterations=1, **{**TINY, **opts})
@@ -135,6 +135,18 @@ def test_bounded_scans_equal_whole_reads(tmp_path, env_id, opts):
         int(k): int(v) for k, v in one["seq_len"].value_counts().items()
     }
     assert res.completed and counts.sum() == len(one) > 6  # 6 iterations, several sequences each
+    # narrow: only the row groups that can hold an episode (or env step range), the same rows as a whole scan
+    whole = sum(f.num_row_groups for f in data.get_fragments())
+    last = int(roll["episode"].max())
+    cases = [({"env_step": (40, 70), "env": (0, 0)}, (ds.field("env_step") >= 40) & (ds.field("env_step") <= 70))]
+    if env_id == "CartPole-v1":  # Pendulum's episodes (200 steps) outlast these runs: one episode per env
+        cases.append(({"episode": (last, last)}, ds.field("episode") == last))
+    for kw, filt in cases:
+        part = narrow(data, **kw)
+        kept = sum(f.num_row_groups for f in part.get_fragments())
+        assert 0 < kept < whole, (kw, kept, whole)
+        a, b = (d.to_table(columns=["call", "module", "layer", "t", "h"], filter=filt) for d in (part, data))
+        assert a.num_rows > 0 and a.equals(b)
 
 
 def test_long_episode_heat_map_reads_its_first_steps(page, tmp_path, monkeypatch):
@@ -145,3 +157,15 @@ def test_long_episode_heat_map_reads_its_first_steps(page, tmp_path, monkeypatch
     p = build_html(result.path, tmp_path / "long.html", iteration=2, env=0)
     assert "Hidden and cell states" in p.figures
     assert any(n.startswith("heat-maps: the first 40 steps of the episode's 96") for n in p.notes), p.notes
+
+
+@pytest.mark.parametrize("opts", [{"capture": "summary"}, {"every": 2}])
+def test_heat_maps_where_the_log_has_vectors(runs_dir, tmp_path, opts):
+    result = probed_run(runs_dir, "Pendulum-v1", n_envs=2, **opts)
+    vectorless = "heat-maps: the log holds no state vectors for that episode (summary capture)"
+    p = build_html(result.path, tmp_path / "s.html")  # the last iteration (2): every=2 keeps its vectors
+    if opts.get("capture") == "summary":
+        assert "Hidden and cell states" not in p.figures and vectorless in p.notes
+    else:
+        assert "Hidden and cell states" in p.figures and vectorless not in p.notes
+    assert "Minibatch layout" in p.figures and "Norms over iterations" in p.figures
