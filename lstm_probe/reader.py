@@ -237,6 +237,10 @@ def _may_hold(stats: dict[str, Any] | None, lo: int, hi: int) -> bool:
     return bool(stats["min"] <= hi and stats["max"] >= lo)
 
 
+def _values(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, list | tuple | set) else [value]
+
+
 def _filter(**equals: Any) -> ds.Expression | None:
     import pyarrow.dataset as ds
 
@@ -244,8 +248,7 @@ def _filter(**equals: Any) -> ds.Expression | None:
     for col, value in equals.items():
         if value is None:
             continue
-        values = list(value) if isinstance(value, list | tuple | set) else [value]
-        e = ds.field(col).isin(values)
+        e = ds.field(col).isin(_values(value))
         expr = e if expr is None else expr & e
     return expr
 
@@ -257,18 +260,31 @@ def load(
     module: str | list[str] | None = None,
     iteration: int | list[int] | None = None,
     layer: int | list[int] | None = None,
+    env: int | list[int] | None = None,
+    episode: int | list[int] | None = None,
     columns: list[str] | None = None,
     vectors: bool = True,
 ) -> pd.DataFrame:
-    """The log's rows as a pandas DataFrame, optionally filtered; ``vectors=False`` skips h and c."""
+    """The log's rows as a pandas DataFrame, optionally filtered; ``vectors=False`` skips h and c.
+
+    Each filter reads only the row groups that can hold its values (``env=0, episode=12``: one episode's
+    rows of a large log, not a scan of every row group; see :func:`narrow`)."""
     data, info = dataset(path)
+    within = {
+        col: (min(values), max(values))
+        for col, value in (("env", env), ("episode", episode))
+        if value is not None and (values := _values(value))
+    }
+    if within:
+        data = narrow(data, **within)
     if columns is None:
         columns = [c for c in info.schema.names if vectors or c not in ("h", "c")]
     else:
         unknown = set(columns) - set(info.schema.names)
         if unknown:
             raise BadLog(f"no column {sorted(unknown)[0]!r} in the log; columns: {', '.join(info.schema.names)}")
-    table = data.to_table(columns=columns, filter=_filter(phase=phase, module=module, iteration=iteration, layer=layer))
+    filt = _filter(phase=phase, module=module, iteration=iteration, layer=layer, env=env, episode=episode)
+    table = data.to_table(columns=columns, filter=filt)
     return table.to_pandas()
 
 

@@ -1,6 +1,7 @@
 """Dataset directories split by iteration (``part_iterations``): real runs, real part files."""
 
 import numpy as np
+import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -71,3 +72,22 @@ def test_part_iterations_needs_a_directory(tmp_path):
     ):
         pass
     assert not (tmp_path / "r.parquet").exists() and not (tmp_path / "t.parquet").exists()
+
+
+def test_load_one_episode_from_a_directory(tmp_path):
+    """load(env=, episode=) reads the row groups that can hold them and returns exactly their rows."""
+    run("CartPole-v1", f"{tmp_path}/d/", seed=0, part_iterations=1, **{**TINY, "n_envs": 2})
+    whole = lstm_probe.load(tmp_path / "d")
+    last = whole.groupby("env")["episode"].max().astype(int).to_dict()
+    assert min(last.values()) >= 2  # several episodes in each env
+    for env, episode in ((0, last[0]), (1, [0, last[1]]), ([0, 1], 1), (None, 2)):
+        got = lstm_probe.load(tmp_path / "d", env=env, episode=episode, phase=["rollout", "train"])
+        keep = whole["phase"].isin(["rollout", "train"]) & whole["episode"].isin(np.atleast_1d(episode))
+        if env is not None:
+            keep &= whole["env"].isin(np.atleast_1d(env))
+        want = whole[keep].reset_index(drop=True)
+        assert len(got) == len(want) > 0, (env, episode)
+        for col in ("call", "module", "layer", "phase", "env", "episode", "episode_step", "t"):
+            # no nulls left in env and episode: integers here, floats in the whole log
+            pd.testing.assert_series_equal(got[col], want[col], check_dtype=False, check_categorical=False)
+        assert np.array_equal(lstm_probe.states(got, "c"), lstm_probe.states(want, "c"), equal_nan=True)
