@@ -30,6 +30,7 @@ MAX_LAYOUT_EPOCHS = 4
 MAX_HEAT_EPISODE_STEPS = 10_000  # a longer episode's heat-map shows its first steps (the page says so)
 ROLLOUT = ds.field("phase") == "rollout"
 STARTS = (ds.field("phase") == "train") & (ds.field("t") == 0)  # one row per training sequence
+NO_VECTORS = "heat-maps: the log holds no state vectors for that episode (summary capture)"
 START_COLUMNS = [
     "module",
     "iteration",
@@ -305,12 +306,12 @@ def _heat_figure(
     episode: int | None,
     span: tuple[int | None, int | None],
     notes: list[str],
-    vectors: bool = True,
+    vectors: bool,
 ) -> str | None:
     if env is None or episode is None:
         return None
     if not vectors:  # summary capture: reading the all-null vector columns would still build their values
-        notes.append("heat-maps: the log holds no state vectors for that episode (summary capture)")
+        notes.append(NO_VECTORS)
         return None
     filt = first & ROLLOUT & (ds.field("env") == env) & (ds.field("episode") == episode)
     last = span[1]
@@ -324,7 +325,7 @@ def _heat_figure(
         .to_pandas()
     )
     if not len(df) or df["h"].isna().all():
-        notes.append("heat-maps: the log holds no state vectors for that episode (summary capture)")
+        notes.append(NO_VECTORS)
         return None
     lo, hi = int(df["env_step"].min()), int(df["env_step"].max())
     # where training sequences of the first epoch start inside the drawn steps (RLlib: no epochs, all of them)

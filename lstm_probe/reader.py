@@ -210,12 +210,12 @@ def narrow(data: ds.Dataset, **within: tuple[int, int]) -> ds.Dataset:
     """The row groups of ``data`` whose footer statistics allow a value of each named integer column in
     ``lo..hi``: a dataset to scan with a filter on those columns when they hold nulls.
 
-    Arrow prunes row groups by a filter only where the column has no nulls or a single value (its
-    guarantee for a row group with nulls and min < max is ``range or is_null``, which it does not
-    simplify: pyarrow 26 reads every row group for ``episode == 5`` when padding rows leave the column
-    null), so a scan for one episode or one env step range reads the whole log. This keeps the rows
-    the filter needs and drops the row groups that cannot hold them; row groups without statistics are
-    kept."""
+    Arrow's scan skips a row group by its statistics only where the filtered column has no nulls in it,
+    or a single value (measured with pyarrow 26: ``episode == 5`` reads every row group whose episode
+    column holds nulls and a range of values, and padding rows leave env, env_step and episode null),
+    so a scan for one episode or one env step range reads the whole log. This keeps the row groups
+    whose min..max meets lo..hi for every named column (and those without statistics for it); the
+    filter still decides which rows are returned."""
     import pyarrow.dataset as ds
 
     kept = []
