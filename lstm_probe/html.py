@@ -228,11 +228,9 @@ def _pick_episode(
     return (eps[-1], spans[eps[-1]]) if eps else (None, (None, None))
 
 
-def _layout_figure(plt: Any, all_starts: pd.DataFrame, iteration: int | None, notes: list[str]) -> str | None:
-    if iteration is None or not len(all_starts):
-        return None
-    t = all_starts[all_starts["iteration"] == iteration]
-    if not len(t):
+def _layout_figure(plt: Any, t: pd.DataFrame, iteration: int | None, notes: list[str]) -> str | None:
+    """``t``: the t = 0 training rows of ``iteration`` (one per sequence and module)."""
+    if iteration is None or not len(t):
         return None
     t = t[t["module"] == t["module"].iloc[0]]
     starts = t.drop_duplicates(["epoch", "minibatch", "seq"])
