@@ -39,7 +39,7 @@ def __getattr__(name: str) -> object:
 
         return getattr(reader, name)
     if name == "ProbeCallback":
-        from lstm_probe.sb3 import ProbeCallback
+        from lstm_probe.integrations.sb3 import ProbeCallback
 
         return ProbeCallback
     if name in ("trace", "Tracer"):
@@ -50,6 +50,10 @@ def __getattr__(name: str) -> object:
         from lstm_probe.run import run
 
         return run
+    if name == "rllib":  # `from lstm_probe import rllib`: the RLlib integration (needs the rllib extra)
+        from lstm_probe.integrations import rllib
+
+        return rllib
     if name == "summarize":
         from lstm_probe.report import summarize
 

@@ -50,7 +50,7 @@ def _arch_rllib(env_id: str, shared_lstm: bool, hidden_size: int | None, as_json
     if any(v for v in given):
         raise BadInput("with --framework rllib, arch takes an env id, --shared-lstm, --hidden-size and --json only")
     try:
-        from lstm_probe import rllib
+        from lstm_probe.integrations import rllib
     except ImportError as exc:
         raise BadInput(
             f"--framework rllib needs Ray RLlib ({exc}); install it with: pip install -e '.[rllib]'"
@@ -71,7 +71,7 @@ def _arch_rllib(env_id: str, shared_lstm: bool, hidden_size: int | None, as_json
 
 def _run_rllib(env_id: str, out_path: str, **options: Any) -> None:
     try:
-        from lstm_probe import rllib
+        from lstm_probe.integrations import rllib
     except ImportError as exc:
         raise BadInput(
             f"--framework rllib needs Ray RLlib ({exc}); install it with: pip install -e '.[rllib]' "

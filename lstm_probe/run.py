@@ -276,7 +276,7 @@ def run(
 
     from stable_baselines3.common.callbacks import BaseCallback, CallbackList
 
-    from lstm_probe.sb3 import ProbeCallback
+    from lstm_probe.integrations.sb3 import ProbeCallback
 
     callbacks: list[BaseCallback] = []
     probe = ProbeCallback(

@@ -31,131 +31,18 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from lstm_probe.contract import BOOTSTRAP, PATH, PHASE, Grid, Tags
 from lstm_probe.errors import BadInput, OutputError
 from lstm_probe.layout import check_output, row_capacity
-from lstm_probe.schema import BOOTSTRAPS, PATHS, PHASES, SEQ_REASONS, relative_l2
+from lstm_probe.schema import relative_l2
 
 if TYPE_CHECKING:  # pyarrow loads only where rows are written (the writer process or thread)
     from lstm_probe.writer import Rows
-
-CODES: dict[str, tuple[str, ...]] = {"phase": PHASES, "path": PATHS, "bootstrap": BOOTSTRAPS, "seq_reason": SEQ_REASONS}
-PHASE = {p: i for i, p in enumerate(PHASES)}
-PATH = {p: i for i, p in enumerate(PATHS)}
-BOOTSTRAP = {b: i for i, b in enumerate(BOOTSTRAPS)}
-SEQ_REASON = {r: i for i, r in enumerate(SEQ_REASONS)}
-CAPTURES = ("full", "summary")
-
-
-@dataclass
-class Grid:
-    """Provenance of one call's batch columns and timesteps: every array is (N, T); -1 means null.
-
-    ``train`` grids also number sequences (seq = batch column, t = timestep) and carry each
-    sequence's unpadded length and start reason, shape (N,).
-    """
-
-    env: np.ndarray
-    env_step: np.ndarray
-    episode: np.ndarray
-    episode_step: np.ndarray
-    episode_start: np.ndarray  # int8: -1 null, 0, 1
-    padding: np.ndarray  # bool
-    train: bool = False
-    seq_len: np.ndarray | None = None
-    seq_reason: np.ndarray | None = None
-    worker: np.ndarray | None = None  # (N, T) int32, -1 null; None: null everywhere (one-process runs)
-    bootstrap: np.ndarray | None = None  # (N, T) int8 code per cell; None: the call's Tags.bootstrap
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        n, t = self.env.shape
-        return n, t
-
-    @staticmethod
-    def one_step(env: Any, env_step: Any, episode: Any, episode_step: Any, episode_start: Any) -> Grid:
-        """The grid of a one-step call from per-column values (length-N arrays or scalars; -1 = null)."""
-        env = np.asarray(env, np.int32).reshape(-1)
-        n = len(env)
-
-        def col(v: Any, dtype: Any) -> np.ndarray:
-            return np.broadcast_to(np.asarray(v, dtype).reshape(-1), (n,))[:, None]
-
-        return Grid(
-            env=env[:, None],
-            env_step=col(env_step, np.int64),
-            episode=col(episode, np.int64),
-            episode_step=col(episode_step, np.int64),
-            episode_start=col(episode_start, np.int8),
-            padding=np.zeros((n, 1), np.bool_),
-        )
-
-    def initial(self) -> Grid:
-        """The one-column grid of the states a train call's sequences started from: the step before each
-        sequence's first step (null env_step and episode_step where the sequence starts an episode)."""
-        first = self.episode_step[:, :1]
-        before = first > 0
-        return Grid(
-            env=self.env[:, :1],
-            env_step=np.where(before, self.env_step[:, :1] - 1, -1),
-            episode=self.episode[:, :1],
-            episode_step=np.where(before, first - 1, -1),
-            episode_start=np.full_like(self.episode_start[:, :1], -1),
-            padding=self.padding[:, :1],
-            train=True,
-            seq_len=self.seq_len,
-            seq_reason=self.seq_reason,
-            worker=None if self.worker is None else self.worker[:, :1],
-        )
-
-    @staticmethod
-    def concat(grids: list[Grid]) -> Grid:
-        """Grids of non-train calls stacked along the batch axis."""
-        if len(grids) == 1:
-            return grids[0]
-
-        def cat(field: str) -> np.ndarray:
-            return np.concatenate([getattr(g, field) for g in grids])
-
-        def cat_opt(field: str, fill: int, dtype: Any) -> np.ndarray | None:
-            if all(getattr(g, field) is None for g in grids):
-                return None
-            return np.concatenate(
-                [v if (v := getattr(g, field)) is not None else np.full(g.shape, fill, dtype) for g in grids]
-            )
-
-        return Grid(
-            env=cat("env"),
-            env_step=cat("env_step"),
-            episode=cat("episode"),
-            episode_step=cat("episode_step"),
-            episode_start=cat("episode_start"),
-            padding=cat("padding"),
-            worker=cat_opt("worker", -1, np.int32),
-            bootstrap=cat_opt("bootstrap", -1, np.int8),
-        )
-
-
-@dataclass
-class Tags:
-    """What a call is. ``stepwise`` counts the one-step calls each module made under these tags."""
-
-    phase: str = "other"
-    iteration: int | None = None
-    epoch: int | None = None
-    minibatch: int | None = None
-    bootstrap: str | None = None
-    grid: Grid | None = None
-    stepwise: dict[str, int] = field(default_factory=dict)
-    learner: int | None = None
-
-
-Resolver = Callable[[str, int, int], Tags]
 
 
 class References:

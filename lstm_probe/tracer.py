@@ -2,7 +2,7 @@
 
 The tracer knows no RL framework. Before or during each call it asks a *resolver* for the call's
 :class:`Tags` (phase, iteration, epoch, minibatch) and :class:`Grid` (which env, env step and episode
-each batch column and timestep belongs to). An integration (``lstm_probe.sb3``) supplies the resolver;
+each batch column and timestep belongs to). An integration (``lstm_probe.integrations.sb3``) supplies the resolver;
 users of the generic tracer supply tags with :meth:`Tracer.tag`. The tracer turns a call into rows:
 one per (layer, batch column, timestep), written into columnar buffers (see ``writer.py``).
 """
@@ -23,10 +23,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from lstm_probe.contract import CODES, PATH, PHASE, Grid, Resolver, Tags
 from lstm_probe.errors import BadInput
 from lstm_probe.recover import gru_sequence_states, lstm_sequence_io, snapshot_weights
 from lstm_probe.schema import PHASES, SCHEMA_VERSION
-from lstm_probe.sink import CODES, DEFAULT_WRITER, PATH, PHASE, Grid, LogWriter, Resolver, Tags
+from lstm_probe.sink import DEFAULT_WRITER, LogWriter
 
 RECURRENT_TYPES = (nn.LSTM, nn.GRU, nn.LSTMCell, nn.GRUCell)
 CAPTURES = ("full", "summary")

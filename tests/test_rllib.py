@@ -21,7 +21,7 @@ import pytest
 pytest.importorskip("ray.rllib")
 
 import lstm_probe
-from lstm_probe import rllib
+from lstm_probe.integrations import rllib
 
 pytestmark = pytest.mark.rllib
 

@@ -47,8 +47,8 @@ from ray.rllib.connectors.connector_v2 import ConnectorV2
 from ray.rllib.utils import force_list
 from torch import nn
 
+from lstm_probe.contract import BOOTSTRAP, SEQ_REASON, Grid, Tags
 from lstm_probe.errors import BadInput
-from lstm_probe.sink import BOOTSTRAP, SEQ_REASON, Grid, Tags
 from lstm_probe.tracer import Tracer, describe_modules
 
 KEY = "lstm_probe"

@@ -32,8 +32,9 @@ from typing import Any, TypeVar, cast
 import numpy as np
 from stable_baselines3.common.callbacks import BaseCallback
 
+from lstm_probe.contract import SEQ_REASON, Grid, Tags
 from lstm_probe.errors import BadInput, OutputError
-from lstm_probe.sink import DEFAULT_WRITER, SEQ_REASON, Grid, Tags
+from lstm_probe.sink import DEFAULT_WRITER
 from lstm_probe.tracer import Tracer
 
 HYPERPARAMETERS = (
