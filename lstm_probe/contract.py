@@ -127,3 +127,45 @@ class Tags:
 
 
 Resolver = Callable[[str, int, int], Tags]
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a framework's logs can hold, declared by its integration and stored in the log's metadata
+    (``capabilities``). Report sections and the HTML page ask these, never the framework's name."""
+
+    framework: str = "generic"
+    shards: bool = False
+    """One writer per process (part files per process): cross-process checks and summed costs apply."""
+    epochs: bool = False
+    """Train rows carry an ``epoch`` (a minibatch belongs to one pass over the rollout)."""
+    rollout_buffer: bool = False
+    """Training sequences are cut from a rollout buffer (sb3): starts at a shuffling split point or a
+    minibatch cut."""
+    max_seq_len: int | None = None
+    """Training chunks are cut at this length (RLlib); None where the framework has no such cut."""
+    stored_states: bool = False
+    """Training sequences start from states stored during the rollout."""
+    replay: bool = False
+    """The integration keeps a rollout's inputs and can re-run a minibatch on a copy of the policy
+    (counterfactual initial states, memory ablations)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+    @staticmethod
+    def from_metadata(meta: dict[str, Any]) -> Capabilities:
+        """A log's capabilities: as stored, or, for logs written before they were, derived from the
+        framework that wrote it (the only place that names frameworks on the reading side)."""
+        stored = meta.get("capabilities")
+        if isinstance(stored, dict):
+            known = {k: v for k, v in stored.items() if k in Capabilities.__dataclass_fields__}
+            return Capabilities(**known)
+        framework = str(meta.get("framework") or "generic")
+        if framework == "sb3":
+            return Capabilities("sb3", epochs=True, rollout_buffer=True, stored_states=True)
+        if framework == "rllib":
+            rl = meta.get("rllib") or {}
+            msl = rl.get("max_seq_len") if isinstance(rl, dict) else None
+            return Capabilities("rllib", shards=True, max_seq_len=msl, stored_states=True)
+        return Capabilities(framework)

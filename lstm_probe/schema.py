@@ -202,6 +202,8 @@ METADATA_KEYS: dict[str, str] = {
     "command": "The command line that made the log (CLI runs).",
     "architecture": "modules: {name: {kind, hidden_size, num_layers, input_size}}, shared_lstm, "
     "critic ('lstm' | 'shared' | 'mlp').",
+    "capabilities": "What the writing integration's logs can hold (framework, shards, epochs, rollout_buffer, "
+    "max_seq_len, stored_states, replay): report sections ask these, never the framework's name.",
     "hidden_size": "Length of the h and c vectors.",
     "capture": "'full' | 'summary'; with every_k and dtype ('float32' | 'float16').",
     "start_time": "UTC ISO time the probe started.",
