@@ -14,6 +14,7 @@ from lstm_probe.errors import BadInput, BadLog, Interrupted, OutputError, ProbeE
 __all__ = [
     "BadInput",
     "BadLog",
+    "CaptureOptions",
     "Interrupted",
     "LogInfo",
     "OutputError",
@@ -42,12 +43,16 @@ def __getattr__(name: str) -> object:
         from lstm_probe.integrations.sb3 import ProbeCallback
 
         return ProbeCallback
-    if name in ("trace", "Tracer"):
-        from lstm_probe import tracer
+    if name in ("trace", "Tracer"):  # the generic torch integration: calls tagged by the user
+        from lstm_probe.integrations import generic
 
-        return getattr(tracer, name)
+        return getattr(generic, name)
+    if name == "CaptureOptions":
+        from lstm_probe.options import CaptureOptions
+
+        return CaptureOptions
     if name == "run":
-        from lstm_probe.run import run
+        from lstm_probe.integrations.sb3_run import run
 
         return run
     if name == "rllib":  # `from lstm_probe import rllib`: the RLlib integration (needs the rllib extra)

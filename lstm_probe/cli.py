@@ -18,8 +18,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from lstm_probe.errors import BadInput, BadLog, Interrupted, ProbeError
-from lstm_probe.sink import DEFAULT_WRITER
+from lstm_probe.errors import BadInput, BadLog, Interrupted, ProbeError, one_line
+from lstm_probe.options import DEFAULT_WRITER
 
 out = Console()
 err = Console(stderr=True, soft_wrap=True)
@@ -44,53 +44,6 @@ def _human_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} GB"
-
-
-def _arch_rllib(env_id: str, shared_lstm: bool, hidden_size: int | None, as_json: bool, given: list[Any]) -> None:
-    if any(v for v in given):
-        raise BadInput("with --framework rllib, arch takes an env id, --shared-lstm, --hidden-size and --json only")
-    try:
-        from lstm_probe.integrations import rllib
-    except ImportError as exc:
-        raise BadInput(
-            f"--framework rllib needs Ray RLlib ({exc}); install it with: pip install -e '.[rllib]'"
-        ) from None
-    result = rllib.arch(env_id, shared_lstm=shared_lstm, hidden_size=hidden_size)
-    if as_json:
-        sys.stdout.write(json.dumps(result, indent=2) + "\n")
-        return
-    t = Table(title=f"Gradient flow of RLlib PPO's LSTM RLModule on {env_id}: which output reaches each tensor")
-    t.add_column("parameter", overflow="fold", min_width=24)
-    t.add_column("shape")
-    t.add_column("trained by")
-    for name, by in (result.get("gradient_flow") or {}).items():
-        t.add_row(name, "x".join(map(str, result["shapes"].get(name, []))), by)
-    out.print(t)
-    out.print(f"[bold]verdict:[/] {result.get('verdict') or result.get('batch')}")
-
-
-def _run_rllib(env_id: str, out_path: str, **options: Any) -> None:
-    try:
-        from lstm_probe.integrations import rllib
-    except ImportError as exc:
-        raise BadInput(
-            f"--framework rllib needs Ray RLlib ({exc}); install it with: pip install -e '.[rllib]' "
-            "(or pip install 'ray[rllib]')"
-        ) from None
-    if out_path == "run.parquet":
-        out_path = "run/"
-    elif not out_path.endswith("/"):
-        raise BadInput(f"--framework rllib writes one part file per process: end --out with '/', e.g. {out_path}/")
-    command = "lstm-probe " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    try:
-        result = rllib.run(env_id, out_path, command=command, **options)
-    except KeyboardInterrupt as exc:
-        raise Interrupted(f"interrupted ({exc or 'Ctrl-C'}): the log in {out_path} holds the rows up to it") from None
-    out.print(
-        f"wrote [bold]{result.path}/[/]: {result.rows:,} rows, {_human_bytes(result.bytes)}, "
-        f"{result.num_timesteps:,} env steps in {result.seconds:.1f} s"
-    )
-    out.print(f"next: lstm-probe report {out_path}")
 
 
 @app.command()
@@ -151,53 +104,41 @@ def run(
     max_seq_len: Annotated[int | None, typer.Option(help="rllib: max_seq_len of training chunks [20].")] = None,
 ) -> None:
     """Train RecurrentPPO (or RLlib PPO, --framework rllib) on ENV_ID with the probe attached and write the log."""
-    if framework not in ("sb3", "rllib"):
-        raise BadInput(f"--framework must be sb3 or rllib, not {framework!r}")
-    if framework == "rllib":
-        given = [
-            name
-            for name, value, default in (
-                ("--lstm-layers", lstm_layers, None),
-                ("--no-critic-lstm", critic_lstm, True),
-                ("--hyperparam", hyperparam, None),
-                ("--device", device, "auto"),
+    from lstm_probe import integrations
+    from lstm_probe.options import CaptureOptions
+
+    fw = integrations.framework(framework)
+    given = _framework_options(
+        fw.run_options,
+        "run",
+        lstm_layers=("--lstm-layers", lstm_layers, None),
+        critic_lstm=("--no-critic-lstm", critic_lstm, True),
+        hyperparams=("--hyperparam", hyperparam, None),
+        device=("--device", device, "auto"),
+        env_runners=("--env-runners", env_runners, 0),
+        learners=("--learners", learners, 0),
+        max_seq_len=("--max-seq-len", max_seq_len, None),
+    )
+    if fw.parts_per_process:  # a directory log: one set of part files per process
+        if out_path == "run.parquet":
+            out_path = "run/"
+        elif not out_path.endswith("/"):
+            raise BadInput(
+                f"--framework {fw.name} writes one part file per process: end --out with '/', e.g. {out_path}/"
             )
-            if value != default
-        ]
-        if given:
-            raise BadInput(f"{given[0]} applies to --framework sb3 only; RLlib's default LSTM model has one layer")
-        _run_rllib(
-            env_id,
-            out_path,
-            steps=steps,
-            seed=seed,
-            env_runners=env_runners,
-            learners=learners,
-            n_envs=n_envs,
-            n_steps=n_steps,
-            batch_size=batch_size,
-            n_epochs=n_epochs,
-            learning_rate=learning_rate,
-            hidden_size=hidden_size,
-            max_seq_len=max_seq_len,
-            shared_lstm=shared_lstm,
-            capture=capture,
-            every=every,
-            float16=float16,
-            force=force,
-            part_seconds=part_seconds,
-            part_iterations=part_iterations,
-            torch_threads=torch_threads,
-        )
-        return
-    if env_runners or learners or max_seq_len is not None:
-        raise BadInput("--env-runners, --learners and --max-seq-len apply to --framework rllib only")
+    options = CaptureOptions(
+        out_path,
+        capture=capture,
+        every=every,
+        float16=float16,
+        force=force,
+        part_seconds=part_seconds,
+        part_iterations=part_iterations,
+        writer=writer,
+    )
+    module = integrations.load(fw)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from lstm_probe.run import parse_hyperparams
-    from lstm_probe.run import run as run_
-
-    params = parse_hyperparams(hyperparam or [])
     command = "lstm-probe " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     bar = Progress(
         TextColumn("training {task.description}"),
@@ -215,9 +156,9 @@ def run(
             bar.update(task, completed=min(done, total))
 
         try:
-            result = run_(
+            result = module.run(
                 env_id,
-                out_path,
+                options=options,
                 steps=steps,
                 seed=seed,
                 n_envs=n_envs,
@@ -226,29 +167,33 @@ def run(
                 n_epochs=n_epochs,
                 learning_rate=learning_rate,
                 hidden_size=hidden_size,
-                lstm_layers=lstm_layers,
                 shared_lstm=shared_lstm,
-                critic_lstm=critic_lstm,
-                device=device,
-                force=force,
-                hyperparams=params,
-                capture=capture,
-                every=every,
-                float16=float16,
                 torch_threads=torch_threads,
-                part_seconds=part_seconds,
-                part_iterations=part_iterations,
-                writer=writer,
                 command=command,
                 progress=progress,
+                **given,
             )
         except KeyboardInterrupt as exc:  # Ctrl-C / SIGTERM: the probe already closed the log
-            raise Interrupted(f"interrupted ({exc or 'Ctrl-C'}): {_partial_note(out_path)}") from None
+            note = f"the log in {out_path} holds the rows up to it" if fw.parts_per_process else _partial_note(out_path)
+            raise Interrupted(f"interrupted ({exc or 'Ctrl-C'}): {note}") from None
+    shown = f"{result.path}/" if fw.parts_per_process else str(result.path)
     out.print(
-        f"wrote [bold]{result.path}[/]: {result.rows:,} rows, {_human_bytes(result.bytes)}, "
+        f"wrote [bold]{shown}[/]: {result.rows:,} rows, {_human_bytes(result.bytes)}, "
         f"{result.num_timesteps:,} env steps in {result.seconds:.1f} s"
     )
-    out.print(f"next: lstm-probe report {shlex.quote(str(result.path))}")
+    out.print(f"next: lstm-probe report {out_path if fw.parts_per_process else shlex.quote(str(result.path))}")
+
+
+def _framework_options(taken: tuple[str, ...], command: str, **options: tuple[str, Any, Any]) -> dict[str, Any]:
+    """The options (name: (flag, value, default)) that only some frameworks take, as keyword arguments for
+    the one that takes ``taken``; one set away from its default that this framework does not take is
+    refused, naming the frameworks that do."""
+    from lstm_probe.integrations import owners
+
+    for name, (flag, value, default) in options.items():
+        if name not in taken and value != default:
+            raise BadInput(f"{flag} applies to --framework {' and '.join(owners(name, command))} only")
+    return {name: value for name, (_, value, _) in options.items() if name in taken}
 
 
 @app.command()
@@ -297,6 +242,14 @@ def arch(
     lstm_layers: Annotated[int | None, typer.Option(help="LSTM layers [1].")] = None,
     hyperparam: Annotated[list[str] | None, typer.Option(help="KEY=VALUE passed to RecurrentPPO; repeatable.")] = None,
     env_id: Annotated[str | None, typer.Option("--env", help="With a model.zip: env for a real rollout.")] = None,
+    trust_model: Annotated[
+        bool,
+        typer.Option(
+            "--trust-model",
+            help="Load the model.zip with SB3's full load, which unpickles it and can run code stored in it "
+            "(only for files whose author you trust; see docs/security.md).",
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the architecture as JSON.")] = False,
     dot: Annotated[Path | None, typer.Option(help="Write Graphviz DOT source here.")] = None,
     svg: Annotated[Path | None, typer.Option(help="Render an SVG here (needs Graphviz's `dot`).")] = None,
@@ -304,25 +257,48 @@ def arch(
     framework: Annotated[str, typer.Option(help="sb3 or rllib (RLlib PPO's default LSTM RLModule).")] = "sb3",
 ) -> None:
     """Show what actor and critic share, and which loss trains which layer (measured gradient flow)."""
-    if framework == "rllib":
-        _arch_rllib(target, shared_lstm, hidden_size, as_json, given=[lstm_layers, hyperparam, env_id, dot, svg, png])
-        return
-    if framework != "sb3":
-        raise BadInput(f"--framework must be sb3 or rllib, not {framework!r}")
-    from lstm_probe.arch import arch as arch_
-    from lstm_probe.arch import load_model, render, to_dot
-    from lstm_probe.run import parse_hyperparams
+    from lstm_probe import integrations
 
-    model, rollout = load_model(
-        target,
-        env_id=env_id,
-        shared_lstm=shared_lstm,
-        critic_lstm=critic_lstm,
-        hidden_size=hidden_size,
-        lstm_layers=lstm_layers,
-        hyperparams=parse_hyperparams(hyperparam or []),
+    fw = integrations.framework(framework)
+    given = _framework_options(
+        fw.arch_options,
+        "arch",
+        critic_lstm=("--no-critic-lstm", critic_lstm, True),
+        lstm_layers=("--lstm-layers", lstm_layers, None),
+        hyperparams=("--hyperparam", hyperparam, None),
+        env_id=("--env", env_id, None),
+        trust_model=("--trust-model", trust_model, False),
+        dot=("--dot", dot, None),
+        svg=("--svg", svg, None),
+        png=("--png", png, None),
     )
-    result = arch_(model, rollout=rollout)
+    drawings = {fmt: given.pop(fmt, None) for fmt in ("dot", "svg", "png")}
+    result = integrations.load(fw).arch(target, shared_lstm=shared_lstm, hidden_size=hidden_size, **given)
+    if isinstance(result, dict):  # a gradient-flow record (RLlib's RLModule)
+        _render_flow(target, result, as_json)
+    else:
+        _render_architecture(result, as_json, **drawings)
+
+
+def _render_flow(env_id: str, result: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        sys.stdout.write(json.dumps(result, indent=2) + "\n")
+        return
+    t = Table(title=f"Gradient flow of RLlib PPO's LSTM RLModule on {env_id}: which output reaches each tensor")
+    t.add_column("parameter", overflow="fold", min_width=24)
+    t.add_column("shape")
+    t.add_column("trained by")
+    for name, by in (result.get("gradient_flow") or {}).items():
+        t.add_row(name, "x".join(map(str, result["shapes"].get(name, []))), by)
+    out.print(t)
+    out.print(f"[bold]verdict:[/] {result.get('verdict') or result.get('batch')}")
+
+
+def _render_architecture(
+    result: Any, as_json: bool, dot: Path | None = None, svg: Path | None = None, png: Path | None = None
+) -> None:
+    from lstm_probe.arch import render, to_dot
+
     source = to_dot(result)
     if dot is not None:
         dot.write_text(source)
@@ -368,8 +344,8 @@ def schema(
     table = Table(title=f"lstm-probe log schema v{SCHEMA_VERSION}", show_lines=False)
     for col in ("column", "type", "null", "meaning"):
         table.add_column(col, overflow="fold")
-    for name, typ, nullable, doc in COLUMNS:
-        table.add_row(name, "list<float32>[hidden]" if typ is None else str(typ), "yes" if nullable else "", doc)
+    for c in COLUMNS:
+        table.add_row(c.name, "list<float32>[hidden]" if c.type is None else c.type, "yes" if c.nullable else "", c.doc)
     out.print(table)
     out.print("metadata keys (JSON under lstm_probe.run): " + ", ".join(METADATA_KEYS))
 
@@ -594,9 +570,8 @@ def _one_line(exc: BaseException, args: list[str]) -> tuple[str, Exit]:
         return f"error: {exc}", Exit.FAILED
     if isinstance(exc, KeyboardInterrupt):
         return f"interrupted ({exc or 'Ctrl-C'})", Exit.INTERRUPTED
-    msg = str(exc).splitlines()[0] if str(exc) else ""
     note = _partial_note(_out_arg(args)) if args and args[0] == "run" else "rerun with --traceback for details"
-    return f"error: {type(exc).__name__}: {msg} ({note})", Exit.FAILED
+    return f"error: {one_line(exc)} ({note})", Exit.FAILED
 
 
 def _out_arg(args: list[str]) -> str:

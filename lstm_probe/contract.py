@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -169,3 +169,32 @@ class Capabilities:
             msl = rl.get("max_seq_len") if isinstance(rl, dict) else None
             return Capabilities("rllib", shards=True, max_seq_len=msl, stored_states=True)
         return Capabilities(framework)
+
+
+# -- the integration contract (what a framework tells the core) ----------------------------------------
+
+
+@runtime_checkable
+class Integration(Protocol):
+    """What a framework tells the tracer core (``lstm_probe.tracer.Tracer``). Each module under
+    ``lstm_probe/integrations/`` meets it (sb3: ``ProbeCallback``; RLlib: each process's probe; the
+    generic tracer: ``GenericIntegration``); the core never imports one."""
+
+    @property
+    def name(self) -> str:
+        """The log's ``framework`` ('sb3', 'rllib', 'generic', ...)."""
+        ...
+
+    def capabilities(self) -> Capabilities:
+        """What this framework's logs hold; stored in the log's metadata under ``capabilities``."""
+        ...
+
+    def metadata(self) -> dict[str, Any]:
+        """What the log's metadata says about the run (model, env, hyperparameters), read when the
+        tracer is made."""
+        ...
+
+    def resolve(self, module: str, steps: int, batch: int) -> Tags:
+        """The :class:`Tags` (phase, place in training, provenance :class:`Grid`) of a call of ``module``
+        over ``steps`` timesteps and ``batch`` columns (the :data:`Resolver`); called from the hooks."""
+        ...

@@ -19,3 +19,13 @@ class OutputError(ProbeError):
 
 class Interrupted(ProbeError):
     """Training was interrupted (Ctrl-C, SIGTERM); the log was closed with completed = false."""
+
+
+def one_line(exc: BaseException, *, kind: bool = True) -> str:
+    """An exception as one line: ``"Type: first line of its message"``; with ``kind=False`` the first line
+    alone (the type's name when the message is empty). For stop reasons and the CLI's error line."""
+    text = str(exc)
+    first = text.splitlines()[0] if text else ""
+    if kind:
+        return f"{type(exc).__name__}: {first}"
+    return first or type(exc).__name__

@@ -1,21 +1,21 @@
 """Forward hooks on nn.LSTM / nn.GRU / nn.LSTMCell / nn.GRUCell that stream per-step states to a log.
 
-The tracer knows no RL framework. Before or during each call it asks a *resolver* for the call's
+The tracer knows no RL framework. It is made with an :class:`~lstm_probe.contract.Integration` (sb3,
+RLlib, or the generic tracer's user tags, all under ``lstm_probe/integrations/``), which names the
+framework, declares its capabilities and, before or during each call, answers with the call's
 :class:`Tags` (phase, iteration, epoch, minibatch) and :class:`Grid` (which env, env step and episode
-each batch column and timestep belongs to). An integration (``lstm_probe.integrations.sb3``) supplies the resolver;
-users of the generic tracer supply tags with :meth:`Tracer.tag`. The tracer turns a call into rows:
-one per (layer, batch column, timestep), written into columnar buffers (see ``writer.py``).
+each batch column and timestep belongs to). The tracer turns a call into rows: one per (layer, batch
+column, timestep), written into columnar buffers (see ``writer.py``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import datetime as _dt
 import functools
 import platform
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,14 +23,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from lstm_probe.contract import CODES, PATH, PHASE, Grid, Resolver, Tags
-from lstm_probe.errors import BadInput
+from lstm_probe.contract import CODES, PATH, Grid, Integration, Resolver, Tags
+from lstm_probe.errors import BadInput, one_line
+from lstm_probe.options import CaptureOptions
 from lstm_probe.recover import gru_sequence_states, lstm_sequence_io, snapshot_weights
-from lstm_probe.schema import PHASES, SCHEMA_VERSION
-from lstm_probe.sink import DEFAULT_WRITER, LogWriter
+from lstm_probe.schema import SCHEMA_VERSION
+from lstm_probe.logwriter import LogWriter
 
 RECURRENT_TYPES = (nn.LSTM, nn.GRU, nn.LSTMCell, nn.GRUCell)
-CAPTURES = ("full", "summary")
 MAX_PENDING = 256
 """One-step calls kept before they are written as one block (bounds the memory they hold)."""
 
@@ -107,32 +107,22 @@ def base_metadata() -> dict[str, Any]:
 class Tracer:
     """Hooks recurrent modules and writes their per-step states to a log.
 
-    Use :func:`trace` (generic) or ``ProbeCallback`` (sb3) rather than building one directly.
+    Made by an integration (``lstm_probe.trace``, ``ProbeCallback``, the RLlib probes), which answers
+    each call's tags. ``initial_states``: also record the states each multi-step call started from.
+    ``call_base``: the first call id (keeps ids unique across the processes of one log); ``shard``: this
+    process's part-file name in a directory log written by several processes.
     """
 
     def __init__(
         self,
         modules: Mapping[str, nn.Module],
-        out: str | Path,
-        metadata: dict[str, Any] | None = None,
+        options: CaptureOptions,
+        integration: Integration,
         *,
-        capture: str = "full",
-        every: int = 1,
-        float16: bool = False,
-        force: bool = False,
-        reference_window: int = 0,
         initial_states: bool = False,
         call_base: int = 0,
-        part_seconds: float = 60.0,
-        part_iterations: int | None = None,
-        resolver: Resolver | None = None,
         shard: str | None = None,
-        writer: str = DEFAULT_WRITER,
     ):
-        if capture not in CAPTURES:
-            raise BadInput(f"capture must be one of {', '.join(CAPTURES)}, not {capture!r}")
-        if every < 1:
-            raise BadInput(f"every must be >= 1, not {every}")
         self.modules = dict(modules)
         sizes = set()
         for name, m in self.modules.items():
@@ -151,25 +141,26 @@ class Tracer:
         self.hidden = sizes.pop()
         self.names = list(self.modules)
         self.module_code = {n: i for i, n in enumerate(self.names)}
-        self.capture, self.every, self.float16 = capture, every, float16
+        self.options = options
         self.layers = {n: int(getattr(m, "num_layers", 1)) for n, m in self.modules.items()}
+        self.integration = integration
+        capture = {
+            "mode": options.capture,
+            "every": options.every,
+            "dtype": "float16" if options.float16 else "float32",
+        }
         self.metadata: dict[str, Any] = {
             **base_metadata(),
-            "framework": "generic",
+            "framework": integration.name,
             "architecture": {"modules": describe_modules(self.modules)},
             "hidden_size": self.hidden,
-            "capture": {"mode": capture, "every": every, "dtype": "float16" if float16 else "float32"},
-            **(metadata or {}),
+            "capture": capture,
+            "capabilities": integration.capabilities().to_dict(),
+            **integration.metadata(),
         }
-        self.out, self.force, self.part_seconds = out, force, part_seconds
-        self.part_iterations = part_iterations
-        self.reference_window = reference_window
         self.initial_states = initial_states
         self.shard = shard
-        self.writer_mode = writer
-        self.resolver: Resolver = resolver or self._user_tags
-        self._tag_stack: list[dict[str, Any]] = []
-        self._tag_cache: dict[tuple[int, int, int], Tags] = {}
+        self.resolver: Resolver = integration.resolve
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
         self.writer: LogWriter | None = None
         self.calls = 0
@@ -194,21 +185,22 @@ class Tracer:
     def start(self) -> Tracer:
         """Open the log and attach the hooks."""
         self.started = time.monotonic()
+        o = self.options
         self.writer = LogWriter(
-            self.out,
+            o.out,
             self.hidden,
             self.names,
             self.metadata,
             CODES,
-            float16=self.float16,
-            capture=self.capture,
-            every=self.every,
-            reference_window=self.reference_window,
-            force=self.force,
-            part_seconds=self.part_seconds,
-            part_iterations=self.part_iterations,
+            float16=o.float16,
+            capture=o.capture,
+            every=o.every,
+            reference_window=o.reference_window,
+            force=o.force,
+            part_seconds=o.part_seconds,
+            part_iterations=o.part_iterations,
             shard=self.shard,
-            writer=self.writer_mode,
+            writer=o.writer,
         )
         try:
             for name, m in self.modules.items():
@@ -235,6 +227,9 @@ class Tracer:
             pass
         writer, self.writer = self.writer, None
         writer.progress["calls"] = self.calls
+        capabilities = self.integration.capabilities().to_dict()
+        if capabilities != self.metadata["capabilities"]:  # learnt while tracing (the generic tracer's tags)
+            extra = {"capabilities": capabilities, **extra}
         final = {
             "completed": completed,
             "stop_reason": stop_reason,
@@ -254,93 +249,8 @@ class Tracer:
         return self.start()
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        reason = None if exc is None else f"{exc_type.__name__}: {exc}".splitlines()[0]
+        reason = None if exc is None else one_line(exc)
         self.close(completed=exc is None, stop_reason=reason)
-
-    # -- generic tagging -------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def tag(self, **tags: Any) -> Iterator[None]:
-        """Tag every call inside the block: phase, iteration, epoch, minibatch, env, env_step, episode,
-        episode_step, episode_start (scalars, or arrays with one value per batch column).
-        Nested blocks add to and override the outer ones."""
-        unknown = set(tags) - {
-            "phase",
-            "iteration",
-            "epoch",
-            "minibatch",
-            "env",
-            "env_step",
-            "episode",
-            "episode_step",
-            "episode_start",
-        }
-        if unknown:
-            raise BadInput(
-                f"unknown tag {sorted(unknown)[0]!r}; tags are phase, iteration, epoch, minibatch, "
-                "env, env_step, episode, episode_step, episode_start"
-            )
-        if "phase" in tags and tags["phase"] not in PHASE:
-            raise BadInput(f"phase must be one of {', '.join(PHASES)}, not {tags['phase']!r}")
-        merged = {**(self._tag_stack[-1] if self._tag_stack else {}), **tags}
-        self._tag_stack.append(merged)
-        try:
-            yield
-        finally:
-            self._tag_stack.pop()
-            self._tag_cache.clear()
-
-    def _user_tags(self, name: str, steps: int, batch: int) -> Tags:
-        """Tags of a call from the innermost ``tag()`` block. A tag given as an (N, T) or (1, T) array
-        with T > 1 describes a sequence; one-step calls inside the block then walk along it (a
-        per-timestep loop over a sequence batch, path 'stepwise')."""
-        user = self._tag_stack[-1] if self._tag_stack else {}
-        prov = {
-            k: user[k]
-            for k in ("env", "env_step", "episode", "episode_step", "episode_start")
-            if user.get(k) is not None
-        }
-        width = max([steps] + [np.shape(v)[-1] for v in prov.values() if np.ndim(v) == 2])
-        key = (id(user), batch, width)
-        cached = self._tag_cache.get(key)
-        if cached is not None:
-            return cached
-        tags = Tags(
-            phase=user.get("phase", "other"),
-            iteration=user.get("iteration"),
-            epoch=user.get("epoch"),
-            minibatch=user.get("minibatch"),
-        )
-        if prov or tags.phase == "train":
-
-            def col(key: str, dtype: Any) -> np.ndarray:
-                if key not in prov:
-                    return np.full((batch, width), -1, dtype)
-                v = np.asarray(prov[key]).astype(dtype)
-                if v.ndim == 1:
-                    v = v[:, None]
-                try:
-                    return np.broadcast_to(v, (batch, width))
-                except ValueError:
-                    raise BadInput(
-                        f"tag {key} has shape {np.shape(prov[key])}, which does not fit a call of "
-                        f"batch {batch} over {width} step(s); give a scalar, ({batch},), ({batch}, "
-                        f"{width}) or (1, {width})"
-                    ) from None
-
-            tags.grid = Grid(
-                env=col("env", np.int32),
-                env_step=col("env_step", np.int64),
-                episode=col("episode", np.int64),
-                episode_step=col("episode_step", np.int64),
-                episode_start=col("episode_start", np.int8),
-                padding=np.zeros((batch, width), np.bool_),
-                train=tags.phase == "train",
-            )
-            if tags.grid.train:
-                tags.grid.seq_len = np.full(batch, width, np.int32)
-                tags.grid.seq_reason = np.full(batch, -1, np.int8)
-        self._tag_cache[key] = tags
-        return tags
 
     # -- hooks -----------------------------------------------------------------------------------
     def _make_hook(self, name: str) -> Callable[..., None]:
@@ -598,48 +508,3 @@ class _Block:
         self.grids: list[Grid] = []
         self.h: list[torch.Tensor] = []
         self.c: list[torch.Tensor | None] = []
-
-
-def trace(
-    model: nn.Module,
-    out: str | Path = "run.parquet",
-    *,
-    modules: list[str] | None = None,
-    capture: str = "full",
-    every: int = 1,
-    float16: bool = False,
-    force: bool = False,
-    reference_window: int = 0,
-    metadata: dict[str, Any] | None = None,
-    shard: str | None = None,
-    writer: str = DEFAULT_WRITER,
-    part_seconds: float = 60.0,
-    part_iterations: int | None = None,
-) -> Tracer:
-    """Trace every nn.LSTM / nn.GRU / nn.LSTMCell / nn.GRUCell in ``model`` (or those named in ``modules``).
-
-    Use as a context manager; tag calls with ``probe.tag(phase=..., iteration=..., env=..., ...)``.
-    ``reference_window`` > 0 keeps that many env steps of rollout states per env so train rows get
-    ``drift_h`` / ``drift_c`` against the rollout state of the same (env, env_step).
-    ``shard`` names this process's part files when several processes (workers) write one directory log
-    (``out`` ending in ``/``); readers then take the directory as one log.
-    ``writer``: where rows are made and written: "process" (a writer process of its own; the default
-    where pipes can be polled, i.e. not on Windows) or "thread" (a thread of this process).
-    ``part_seconds``: a finished part file is closed this often (a killed run loses at most that many
-    seconds of rows). ``part_iterations`` N (directory logs): no part file holds rows of two spans of N
-    iterations (by the ``iteration`` tag).
-    """
-    return Tracer(
-        find_recurrent(model, modules),
-        out,
-        metadata,
-        capture=capture,
-        every=every,
-        float16=float16,
-        force=force,
-        reference_window=reference_window,
-        part_seconds=part_seconds,
-        part_iterations=part_iterations,
-        shard=shard,
-        writer=writer,
-    )

@@ -1,5 +1,80 @@
 """Framework integrations: each module tells the tracer core what a framework's LSTM calls are.
 
-``sb3`` (sb3-contrib RecurrentPPO), ``rllib`` (Ray RLlib's new API stack). Each answers the core's
-contract (``lstm_probe.contract``); the core, the writer and the reader never import this package.
+``sb3`` (sb3-contrib RecurrentPPO: ``ProbeCallback``; ``sb3_run`` builds and trains, ``sb3_arch``
+analyses a policy), ``rllib`` (Ray RLlib's new API stack), ``generic`` (any torch model, tagged by the
+user: ``lstm_probe.trace``). Each meets the core's contract (``lstm_probe.contract.Integration``); the
+core, the writer and the reader never import this package.
+
+:data:`FRAMEWORKS` is what the CLI dispatches on (``--framework``): for each framework, the module that
+offers ``run(env_id, out, *, options, ...)`` and ``arch(target, ...)``, and which of the commands'
+options only it takes.
 """
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from types import ModuleType
+
+from lstm_probe.errors import BadInput
+
+
+@dataclass(frozen=True)
+class Framework:
+    """A framework the CLI can train and analyse (``lstm-probe run/arch --framework NAME``)."""
+
+    name: str
+    module: str
+    """The module offering ``run(env_id, out, *, options, steps, ..., command, progress) -> RunResult`` and
+    ``arch(target, ...)``; imported when the framework is used."""
+    run_options: tuple[str, ...] = ()
+    """Keyword arguments of ``run`` that only this framework takes (the CLI refuses them for the others)."""
+    arch_options: tuple[str, ...] = ()
+    """Keyword arguments of ``arch`` beyond ``shared_lstm`` and ``hidden_size``."""
+    needs: str | None = None
+    """What the module needs installed, and how: named in the error when its import fails."""
+    parts_per_process: bool = False
+    """Every process writes its own part files: the log is a directory (``--out`` ends in '/')."""
+
+
+FRAMEWORKS: dict[str, Framework] = {
+    f.name: f
+    for f in (
+        Framework(
+            "sb3",
+            "lstm_probe.integrations.sb3_commands",
+            run_options=("lstm_layers", "critic_lstm", "hyperparams", "device"),
+            arch_options=("critic_lstm", "lstm_layers", "hyperparams", "env_id", "trust_model", "dot", "svg", "png"),
+        ),
+        Framework(
+            "rllib",
+            "lstm_probe.integrations.rllib",
+            run_options=("env_runners", "learners", "max_seq_len"),
+            needs="Ray RLlib; install it with: pip install -e '.[rllib]' (or pip install 'ray[rllib]')",
+            parts_per_process=True,
+        ),
+    )
+}
+
+
+def framework(name: str) -> Framework:
+    """The framework called ``name``, or :class:`BadInput` listing the known ones."""
+    if name not in FRAMEWORKS:
+        raise BadInput(f"--framework must be {' or '.join(FRAMEWORKS)}, not {name!r}")
+    return FRAMEWORKS[name]
+
+
+def load(fw: Framework) -> ModuleType:
+    """The framework's module (its ``run`` and ``arch``); :class:`BadInput` saying what to install."""
+    try:
+        return importlib.import_module(fw.module)
+    except ImportError as exc:
+        if fw.needs is None:
+            raise
+        what, _, how = fw.needs.partition("; ")
+        raise BadInput(f"--framework {fw.name} needs {what} ({exc}); {how}") from None
+
+
+def owners(option: str, command: str = "run") -> list[str]:
+    """The frameworks that take ``option`` in ``command`` ('run' or 'arch')."""
+    return [f.name for f in FRAMEWORKS.values() if option in (f.run_options if command == "run" else f.arch_options)]

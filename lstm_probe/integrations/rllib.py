@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import time
 import weakref
 from collections.abc import Callable
@@ -47,8 +48,9 @@ from ray.rllib.connectors.connector_v2 import ConnectorV2
 from ray.rllib.utils import force_list
 from torch import nn
 
-from lstm_probe.contract import BOOTSTRAP, SEQ_REASON, Grid, Tags
-from lstm_probe.errors import BadInput
+from lstm_probe.contract import BOOTSTRAP, SEQ_REASON, Capabilities, Grid, Tags
+from lstm_probe.errors import BadInput, one_line
+from lstm_probe.options import CaptureOptions, RunResult, capture_options, validate
 from lstm_probe.tracer import Tracer, describe_modules
 
 KEY = "lstm_probe"
@@ -59,16 +61,11 @@ VALID, WORKER, ENV, EPISODE, EPISODE_STEP, ENV_STEP, BOOT, CHUNK_START = range(8
 FIELDS = 8
 
 
-@dataclass
-class Options:
-    """What every process needs to open its shard of the log (pickled to Ray actors)."""
+@dataclass(frozen=True)
+class Options(CaptureOptions):
+    """What every process needs to open its shard of the log (pickled to Ray actors): the capture
+    settings and the run's metadata."""
 
-    out: str
-    capture: str = "full"
-    every: int = 1
-    float16: bool = False
-    part_seconds: float = 60.0
-    part_iterations: int | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
 
 
@@ -108,36 +105,29 @@ LEARNER_BLOCK = 1000
 EVAL_WORKER = 2000
 
 
-def _tracer(
-    modules: dict[str, nn.Module],
-    opts: Options,
-    shard: str,
-    resolver: Callable[[str, int, int], Tags],
-    call_base: int,
-) -> Tracer:
-    tracer = Tracer(
-        modules,
-        opts.out,
-        {**opts.metadata, "framework": "rllib"},
-        capture=opts.capture,
-        every=opts.every,
-        float16=opts.float16,
-        force=True,  # probe_config() cleared the directory on the driver; a shard owns only its files
-        initial_states=True,
-        call_base=call_base,
-        part_seconds=opts.part_seconds,
-        part_iterations=opts.part_iterations,
-        resolver=resolver,
-        shard=shard,
-    )
+def _tracer(modules: dict[str, nn.Module], probe: _Probe, shard: str, call_base: int) -> Tracer:
+    # force: probe_config() cleared the directory on the driver; a shard owns only its files
+    options = dataclasses.replace(probe.options, force=True)
+    tracer = Tracer(modules, options, probe, initial_states=True, call_base=call_base, shard=shard)
     return tracer.start()
 
 
 class _Probe:
-    """One process's tracer; ``tags`` is set around each forward pass of the RLModule and read by the hooks."""
+    """One process's tracer; ``tags`` is set around each forward pass of the RLModule and read by the hooks.
+    Each probe is the RLlib :class:`~lstm_probe.contract.Integration` of its process."""
 
+    name = "rllib"
     tags: Tags | None = None
     tracer: Tracer
+    options: Options
+
+    def capabilities(self) -> Capabilities:
+        """One writer per process; training chunks are cut at max_seq_len and start from stored states."""
+        rl = self.options.metadata.get("rllib") or {}
+        return Capabilities("rllib", shards=True, max_seq_len=rl.get("max_seq_len"), stored_states=True)
+
+    def metadata(self) -> dict[str, Any]:
+        return dict(self.options.metadata)
 
     def resolve(self, name: str, steps: int, batch: int) -> Tags:
         return self.tags if self.tags is not None else Tags()
@@ -154,6 +144,7 @@ class RolloutProbe(_Probe):
         if module is None:
             raise BadInput("this env runner has no RLModule to trace")
         self.runner = env_runner
+        self.options = opts
         index = int(env_runner.worker_index or 0)
         # Evaluation env runners number from 1 like the training ones: their own shard names and a worker
         # id of EVAL_WORKER + k keep (worker, env) unique across the log.
@@ -165,7 +156,7 @@ class RolloutProbe(_Probe):
         self.env_steps = np.zeros(n, np.int64)  # forward passes made for each env so far
         self.episodes = np.zeros(n, np.int64)  # episodes begun in each env so far
         self.last: list[tuple[Any, dict[str, int]] | None] = [None] * n
-        self.tracer = _tracer(lstms(module), opts, shard, self.resolve, self.worker * CALL_BLOCK)
+        self.tracer = _tracer(lstms(module), self, shard, self.worker * CALL_BLOCK)
         for name, explore in (("forward_exploration", True), ("forward_inference", False)):
             setattr(module, name, self._wrap(getattr(module, name), explore))
         _OPEN.append(self)
@@ -303,7 +294,7 @@ def arch(env_id: str, *, shared_lstm: bool = False, hidden_size: int | None = No
     try:
         env = gym.make(env_id)
     except gym.error.Error as exc:
-        raise BadInput(f"unknown env id {env_id!r} ({str(exc).splitlines()[0]})") from None
+        raise BadInput(f"unknown env id {env_id!r} ({one_line(exc, kind=False)})") from None
     model: dict[str, Any] = {"use_lstm": True, "vf_share_layers": shared_lstm}
     if hidden_size:
         model["lstm_cell_size"] = hidden_size
@@ -334,8 +325,8 @@ class LearnerProbe(_Probe):
             "critic": "shared" if shared else "lstm",
             "gradient_flow": flow,
         }
-        opts = dataclasses.replace(opts, metadata={**opts.metadata, "architecture": architecture})
-        self.tracer = _tracer(modules, opts, f"learner{rank}", self.resolve, (LEARNER_BLOCK + rank) * CALL_BLOCK)
+        self.options = dataclasses.replace(opts, metadata={**opts.metadata, "architecture": architecture})
+        self.tracer = _tracer(modules, self, f"learner{rank}", (LEARNER_BLOCK + rank) * CALL_BLOCK)
         module.forward_train = self._wrap(module.forward_train, "train")
         module.compute_values = self._wrap(module.compute_values, "value")
         _OPEN.append(self)
@@ -491,9 +482,18 @@ def _compose(ours: Callable[..., Any], theirs: Any) -> list[Callable[..., Any]]:
     return [ours, *(theirs if isinstance(theirs, list | tuple) else [theirs])]
 
 
+def _directory(out: Any) -> str | None:
+    return None if out is None or os.fspath(out).endswith("/") else f"{os.fspath(out)}/"
+
+
+def _out(out: Any, options: CaptureOptions | None) -> Any:
+    """``out`` as a directory ('/' appended); ``run/`` when neither it nor ``options`` names one."""
+    return _directory(out) or out or (None if options is not None else "run/")
+
+
 def probe_config(
     config: Any,
-    out: str,
+    out: str | None = None,
     *,
     capture: str = "full",
     every: int = 1,
@@ -502,27 +502,33 @@ def probe_config(
     part_seconds: float = 60.0,
     part_iterations: int | None = None,
     metadata: dict[str, Any] | None = None,
+    options: CaptureOptions | None = None,
 ) -> Any:
     """Add the probe to an RLlib AlgorithmConfig (new API stack, single agent); returns the config.
 
     ``out`` is a directory (every env runner and learner writes its own part files there). The user's
     own callbacks and learner connectors are kept. Call :func:`close` with the algorithm when training
-    ends, so each process writes its outcome.
+    ends, so each process writes its outcome. ``options``: the capture settings as one
+    :class:`~lstm_probe.options.CaptureOptions` (instead of the keyword arguments).
     """
     from pathlib import Path
 
     from lstm_probe.layout import check_output
 
-    if not str(out).endswith("/"):
-        out = f"{out}/"
-    check_output(Path(out), force=force, is_dir=True)
-    opts = Options(
-        out=str(Path(out).resolve()) + "/",
+    given = capture_options(
+        options,
+        _out(out, options),
         capture=capture,
         every=every,
         float16=float16,
+        force=force,
         part_seconds=part_seconds,
         part_iterations=part_iterations,
+    )
+    out = _directory(given.out) or os.fspath(given.out)
+    check_output(Path(out), force=given.force, is_dir=True)
+    opts = Options(
+        **{**given.settings(), "out": str(Path(out).resolve()) + "/"},
         metadata={**config_metadata(config), **(metadata or {})},
     )
     config.callbacks(
@@ -599,7 +605,7 @@ def close(algo: Any, completed: bool = True, stop_reason: str | None = None, num
 
 def run(
     env_id: str,
-    out: str,
+    out: str | None = None,
     *,
     steps: int = 4000,
     seed: int = 0,
@@ -622,17 +628,17 @@ def run(
     torch_threads: int | None = None,
     command: str | None = None,
     progress: Callable[[int, int], None] | None = None,
-) -> Any:
+    options: CaptureOptions | None = None,
+) -> RunResult:
     """Train RLlib PPO (use_lstm=True) on ``env_id`` with the probe in every process; returns a RunResult.
 
     Defaults follow the sb3 CLI where RLlib has no single answer: a rollout fragment of ``n_steps`` [128]
     per env, a train batch of one fragment from every env of every runner, minibatches of ``batch_size``
     [128] timesteps, ``n_epochs`` [10]; the model is RLlib's default LSTM (lstm_cell_size 256,
-    max_seq_len 20) unless ``hidden_size`` / ``max_seq_len`` are given.
+    max_seq_len 20) unless ``hidden_size`` / ``max_seq_len`` are given. ``out`` is a directory [run/];
+    ``options``: the capture settings as one :class:`~lstm_probe.options.CaptureOptions`.
     """
     import logging
-    import os
-    import time
 
     import gymnasium as gym
     import ray
@@ -640,8 +646,17 @@ def run(
     from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
 
     from lstm_probe.reader import read_info
-    from lstm_probe.run import RunResult, validate
 
+    opts = capture_options(
+        options,
+        _out(out, options),
+        capture=capture,
+        every=every,
+        float16=float16,
+        force=force,
+        part_seconds=part_seconds,
+        part_iterations=part_iterations,
+    )
     validate(
         steps=steps,
         n_envs=n_envs,
@@ -650,11 +665,7 @@ def run(
         n_epochs=n_epochs,
         learning_rate=learning_rate,
         hidden_size=hidden_size,
-        every=every,
         torch_threads=torch_threads,
-        part_seconds=part_seconds,
-        part_iterations=part_iterations,
-        capture=capture,
     )
     for name, value, low in (
         ("env_runners", env_runners, 0),
@@ -668,7 +679,7 @@ def run(
     try:
         gym.spec(env_id)
     except gym.error.Error as exc:
-        raise BadInput(f"unknown env id {env_id!r} ({str(exc).splitlines()[0]})") from None
+        raise BadInput(f"unknown env id {env_id!r} ({one_line(exc, kind=False)})") from None
     fragment = n_steps or 128
     training: dict[str, Any] = {} if learning_rate is None else {"lr": learning_rate}
     model: dict[str, Any] = {"use_lstm": True, "vf_share_layers": shared_lstm}
@@ -693,17 +704,7 @@ def run(
     threads = torch_threads or 1
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))  # RLlib sets it for actors, not for the driver
     torch.set_num_threads(threads)
-    probe_config(
-        config,
-        out,
-        capture=capture,
-        every=every,
-        float16=float16,
-        force=force,
-        part_seconds=part_seconds,
-        part_iterations=part_iterations,
-        metadata={"command": command, "total_timesteps": steps, "n_envs": n_envs},
-    )
+    probe_config(config, options=opts, metadata={"command": command, "total_timesteps": steps, "n_envs": n_envs})
     os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "error")
     # RLlib's own warnings (new API stack notice, deprecations) would bury the CLI's one-line output
     logging.getLogger("ray.rllib").setLevel(logging.ERROR)
@@ -731,11 +732,11 @@ def run(
                 progress(done, steps)
         completed = True
     except BaseException as exc:
-        reason = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        reason = one_line(exc)
         raise
     finally:
         close(algo, completed=completed, stop_reason=reason, num_timesteps=done)
         algo.stop()
     seconds = time.perf_counter() - start
-    info = read_info(out if out.endswith("/") else f"{out}/")
+    info = read_info(_directory(opts.out) or os.fspath(opts.out))
     return RunResult(info.path, info.rows, info.bytes, completed, done, seconds)

@@ -22,6 +22,7 @@ Everything here relies on sb3-contrib 2.x behaviour, cited by file:function:
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import functools
 import sys
 import time
@@ -32,9 +33,10 @@ from typing import Any, TypeVar, cast
 import numpy as np
 from stable_baselines3.common.callbacks import BaseCallback
 
-from lstm_probe.contract import SEQ_REASON, Grid, Tags
-from lstm_probe.errors import BadInput, OutputError
-from lstm_probe.sink import DEFAULT_WRITER
+from lstm_probe.contract import SEQ_REASON, Capabilities, Grid, Tags
+from lstm_probe.errors import BadInput, OutputError, one_line
+from lstm_probe.integrations.sb3_arch import summary
+from lstm_probe.options import DEFAULT_WRITER, CaptureOptions, capture_options
 from lstm_probe.tracer import Tracer
 
 HYPERPARAMETERS = (
@@ -166,11 +168,17 @@ class ProbeCallback(BaseCallback):
     ``model.learn(n, callback=ProbeCallback("run.parquet"))``. Works inside a CallbackList. Use it as a
     context manager (``with ProbeCallback(...) as probe: model.learn(..., callback=probe)``) to be sure
     the log is closed and the hooks are removed when learn() raises; otherwise that happens at exit.
+    The capture settings come as keyword arguments or as one ``options=CaptureOptions(...)``.
+
+    It is the sb3 :class:`~lstm_probe.contract.Integration`: it tells the tracer each call's phase and
+    provenance (:meth:`resolve`), from sb3-contrib's rollout loop and rollout buffer.
     """
+
+    name = "sb3"
 
     def __init__(
         self,
-        out: str | Path = "run.parquet",
+        out: str | Path | None = None,
         *,
         capture: str = "full",
         every: int = 1,
@@ -181,18 +189,22 @@ class ProbeCallback(BaseCallback):
         metadata: dict[str, Any] | None = None,
         writer: str = DEFAULT_WRITER,
         verbose: int = 0,
+        options: CaptureOptions | None = None,
     ):
         super().__init__(verbose)
-        self.out = out
-        self.options = {
-            "capture": capture,
-            "every": every,
-            "float16": float16,
-            "force": force,
-            "part_seconds": part_seconds,
-            "part_iterations": part_iterations,
-            "writer": writer,
-        }
+        self.options = capture_options(
+            options,
+            out,
+            capture=capture,
+            every=every,
+            float16=float16,
+            force=force,
+            part_seconds=part_seconds,
+            part_iterations=part_iterations,
+            writer=writer,
+        )
+        self.out = self.options.out
+        self._metadata: dict[str, Any] = {}
         self.extra_metadata = dict(metadata or {})
         self.tracer: Tracer | None = None
         self.path: Path | None = None
@@ -237,14 +249,13 @@ class ProbeCallback(BaseCallback):
         self._env_column = np.arange(self.n_envs, dtype=np.int32)[:, None]
         self._no_padding = np.zeros((self.n_envs, 1), np.bool_)
         meta = model_metadata(model)
-        from lstm_probe.arch import summary
-
         # Measured on a synthetic minibatch with a local RNG: training stays bit-identical.
         meta["architecture_sb3"]["gradient_flow"] = summary(model)
         meta["total_timesteps"] = int(self.locals.get("total_timesteps", 0))
         meta["architecture_sb3"]["lstm_modules"] = list(modules)
         meta.update(self.extra_metadata)
-        tracer = Tracer(modules, self.out, meta, resolver=self._resolve, reference_window=self.n_steps, **self.options)  # type: ignore[arg-type]
+        self._metadata = meta
+        tracer = Tracer(modules, dataclasses.replace(self.options, reference_window=self.n_steps), self)
         tracer.metadata["architecture"].update(meta.pop("architecture_sb3"))
         tracer.start()
         self.tracer = tracer
@@ -340,7 +351,7 @@ class ProbeCallback(BaseCallback):
     def close(self, exc: BaseException | None = None) -> Path | None:
         """Close the log now (completed only if training reached its end). Idempotent."""
         if self.tracer is not None:
-            reason = "closed before learn() finished" if exc is None else f"{type(exc).__name__}: {exc}".splitlines()[0]
+            reason = "closed before learn() finished" if exc is None else one_line(exc)
             self._finish(False, reason)
         return self.path
 
@@ -433,7 +444,17 @@ class ProbeCallback(BaseCallback):
         )
         self.current = Tags("train", self.iteration, self.epoch, self.minibatch, grid=grid)
 
-    def _resolve(self, name: str, steps: int, batch: int) -> Tags:
+    # -- the Integration contract ----------------------------------------------------------------
+    def capabilities(self) -> Capabilities:
+        """Train rows have epochs; sequences are cut from the rollout buffer and start from its stored states."""
+        return Capabilities("sb3", epochs=True, rollout_buffer=True, stored_states=True)
+
+    def metadata(self) -> dict[str, Any]:
+        """The model's, its env's and its hyperparameters' record (made when learn() starts)."""
+        return self._metadata
+
+    def resolve(self, name: str, steps: int, batch: int) -> Tags:
+        """The tags of a call of LSTM ``name`` (see the module docstring for how each kind is told apart)."""
         if self.in_forward or not self.in_rollout:
             return self.current  # rollout step, or train minibatch (or untagged outside both)
         if name == "critic" or (self.shared and _inside("predict_values")):

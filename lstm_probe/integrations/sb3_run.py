@@ -1,0 +1,267 @@
+"""sb3-contrib RecurrentPPO runs (``lstm-probe run``): build a gymnasium env and a RecurrentPPO, train it with
+the probe attached. ``lstm_probe.run`` re-exports these names."""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import inspect
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from lstm_probe.errors import BadInput, ProbeError, one_line
+from lstm_probe.layout import check_output
+from lstm_probe.options import DEFAULT_WRITER, CaptureOptions, Progress, RunResult, capture_options, validate
+
+
+def parse_hyperparams(items: Sequence[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` strings to RecurrentPPO keyword arguments (values as Python literals when they parse)."""
+    from sb3_contrib import RecurrentPPO
+
+    allowed = [p for p in inspect.signature(RecurrentPPO.__init__).parameters if p not in ("self", "policy", "env")]
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise BadInput(f"--hyperparam {item!r} is not KEY=VALUE, e.g. --hyperparam gamma=0.98")
+        if key not in allowed:
+            close = difflib.get_close_matches(key, allowed, n=3)
+            hint = f" (did you mean {', '.join(close)}?)" if close else f"; RecurrentPPO takes {', '.join(allowed)}"
+            raise BadInput(f"--hyperparam {key}: RecurrentPPO has no such argument{hint}")
+        try:
+            out[key] = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            out[key] = raw
+    return out
+
+
+def check_env_id(env_id: str) -> None:
+    import gymnasium as gym
+
+    try:
+        gym.spec(env_id)
+    except Exception:
+        names = list(gym.registry.keys())
+        close = difflib.get_close_matches(env_id, names, n=3, cutoff=0.5)
+        hint = f"did you mean {', '.join(close)}?" if close else "see gymnasium.registry for the ids"
+        raise BadInput(f"unknown env id {env_id!r}: {hint}") from None
+
+
+def policy_for(observation_space: Any) -> str:
+    """The RecurrentPPO policy class that fits an observation space."""
+    from gymnasium import spaces
+    from stable_baselines3.common.preprocessing import is_image_space
+
+    if isinstance(observation_space, spaces.Dict):
+        return "MultiInputLstmPolicy"
+    if isinstance(observation_space, spaces.Box) and is_image_space(observation_space, check_channels=False):
+        return "CnnLstmPolicy"
+    if isinstance(observation_space, spaces.Box | spaces.Discrete | spaces.MultiDiscrete | spaces.MultiBinary):
+        return "MlpLstmPolicy"
+    raise BadInput(
+        f"RecurrentPPO cannot take {type(observation_space).__name__} observations; "
+        "use an env with Box, Discrete, MultiDiscrete, MultiBinary or Dict observations"
+    )
+
+
+def build(
+    env_id: str,
+    *,
+    seed: int | None = 0,
+    n_envs: int = 1,
+    n_steps: int | None = None,
+    batch_size: int | None = None,
+    n_epochs: int | None = None,
+    learning_rate: float | None = None,
+    hidden_size: int | None = None,
+    lstm_layers: int | None = None,
+    shared_lstm: bool = False,
+    critic_lstm: bool = True,
+    device: str = "auto",
+    hyperparams: dict[str, Any] | None = None,
+    torch_threads: int | None = None,
+) -> Any:
+    """The RecurrentPPO that ``run`` trains: env, policy class by observation space, sb3-contrib defaults."""
+    check_env_id(env_id)
+    kwargs = dict(hyperparams or {})
+    if shared_lstm and critic_lstm:
+        critic_lstm = False  # sb3-contrib asserts against both; --shared-lstm means the critic reads the actor's LSTM
+
+    import torch
+    from sb3_contrib import RecurrentPPO
+    from stable_baselines3.common.env_util import make_vec_env
+
+    if torch_threads is not None:
+        torch.set_num_threads(torch_threads)
+    if device != "auto":
+        try:
+            torch.device(device)
+        except RuntimeError as exc:
+            raise BadInput(f"--device {device!r}: {exc}") from None
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise BadInput(f"--device {device}: CUDA is not available here; use --device cpu")
+    try:
+        env = make_vec_env(env_id, n_envs=n_envs, seed=seed)
+    except Exception as exc:
+        msg = one_line(exc, kind=False)
+        raise BadInput(f"cannot make env {env_id!r}: {msg}") from None
+    try:
+        policy = policy_for(env.observation_space)
+    except BadInput:
+        env.close()
+        raise
+    policy_kwargs = dict(kwargs.pop("policy_kwargs", {}) or {})
+    if hidden_size is not None:
+        policy_kwargs["lstm_hidden_size"] = hidden_size
+    if lstm_layers is not None:
+        policy_kwargs["n_lstm_layers"] = lstm_layers
+    policy_kwargs["shared_lstm"] = shared_lstm
+    policy_kwargs["enable_critic_lstm"] = critic_lstm
+    given: dict[str, Any] = {
+        "n_steps": n_steps,
+        "batch_size": batch_size,
+        "n_epochs": n_epochs,
+        "learning_rate": learning_rate,
+    }
+    kwargs.update({k: v for k, v in given.items() if v is not None})
+    try:
+        model = RecurrentPPO(policy, env, seed=seed, device=device, policy_kwargs=policy_kwargs, **kwargs)
+    except ProbeError:
+        raise
+    except Exception as exc:
+        env.close()
+        msg = one_line(exc, kind=False)
+        raise BadInput(f"RecurrentPPO cannot be built with these options: {msg}") from None
+    if model.verbose == 0 and model.tensorboard_log is None:
+        # sb3 would make an empty SB3-<time> directory in the temp dir on every learn() for a logger that
+        # writes nowhere (stable_baselines3/common/logger.py:configure); the same logger, without it
+        from stable_baselines3.common.logger import Logger
+
+        model.set_logger(Logger(folder=None, output_formats=[]))
+    return model
+
+
+def run(
+    env_id: str,
+    out: str | Path | None = None,
+    *,
+    steps: int = 250,
+    seed: int | None = 0,
+    n_envs: int = 1,
+    n_steps: int | None = None,
+    batch_size: int | None = None,
+    n_epochs: int | None = None,
+    learning_rate: float | None = None,
+    hidden_size: int | None = None,
+    lstm_layers: int | None = None,
+    shared_lstm: bool = False,
+    critic_lstm: bool = True,
+    device: str = "auto",
+    force: bool = False,
+    hyperparams: dict[str, Any] | Sequence[str] | None = None,
+    capture: str = "full",
+    every: int = 1,
+    float16: bool = False,
+    torch_threads: int | None = None,
+    part_seconds: float = 60.0,
+    part_iterations: int | None = None,
+    writer: str = DEFAULT_WRITER,
+    command: str | None = None,
+    progress: Progress | None = None,
+    options: CaptureOptions | None = None,
+) -> RunResult:
+    """Train RecurrentPPO on ``env_id`` for ``steps`` env steps with the probe attached; write the log to
+    ``out`` [run.parquet].
+
+    Every option is checked before training starts. Options left None take sb3-contrib's defaults.
+    ``hyperparams``: RecurrentPPO keyword arguments, as a dict or as ``KEY=VALUE`` strings (the CLI's
+    ``--hyperparam``). ``options``: the capture settings as one :class:`~lstm_probe.options.CaptureOptions`
+    (instead of ``out``, ``force``, ``capture``, ``every``, ``float16``, ``part_*`` and ``writer``).
+    """
+    opts = capture_options(
+        options,
+        out,
+        capture=capture,
+        every=every,
+        float16=float16,
+        force=force,
+        part_seconds=part_seconds,
+        part_iterations=part_iterations,
+        writer=writer,
+    )
+    validate(
+        steps=steps,
+        n_envs=n_envs,
+        n_steps=n_steps,
+        batch_size=batch_size,
+        n_epochs=n_epochs,
+        learning_rate=learning_rate,
+        hidden_size=hidden_size,
+        lstm_layers=lstm_layers,
+        torch_threads=torch_threads,
+    )
+    if hyperparams is not None and not isinstance(hyperparams, dict):
+        hyperparams = parse_hyperparams(hyperparams)
+    check_output(Path(os.fspath(opts.out)), force=opts.force, is_dir=opts.directory)
+    model = build(
+        env_id,
+        seed=seed,
+        n_envs=n_envs,
+        n_steps=n_steps,
+        batch_size=batch_size,
+        n_epochs=n_epochs,
+        learning_rate=learning_rate,
+        hidden_size=hidden_size,
+        lstm_layers=lstm_layers,
+        shared_lstm=shared_lstm,
+        critic_lstm=critic_lstm,
+        device=device,
+        hyperparams=hyperparams,
+        torch_threads=torch_threads,
+    )
+    env = model.get_env()
+
+    from stable_baselines3.common.callbacks import BaseCallback, CallbackList
+
+    from lstm_probe.integrations.sb3 import ProbeCallback
+
+    callbacks: list[BaseCallback] = []
+    probe = ProbeCallback(options=opts, metadata={"command": command, "env_id": env_id})
+    callbacks.append(probe)
+    if progress is not None:
+        callbacks.append(_ProgressCallback(progress, steps))
+    start = time.monotonic()
+    try:
+        with probe:
+            model.learn(steps, callback=CallbackList(callbacks))
+    finally:
+        env.close()
+    path = probe.path
+    assert path is not None
+    from lstm_probe.reader import read_info
+
+    info = read_info(path)
+    return RunResult(
+        path=path,
+        rows=info.rows,
+        bytes=info.bytes,
+        completed=bool(info.metadata.get("completed")),
+        num_timesteps=int(model.num_timesteps),
+        seconds=time.monotonic() - start,
+    )
+
+
+class _ProgressCallback:  # built lazily so that importing run.py does not import sb3
+    def __new__(cls, progress: Progress, total: int) -> Any:
+        from stable_baselines3.common.callbacks import BaseCallback
+
+        class _Cb(BaseCallback):
+            def _on_step(self) -> bool:
+                progress(int(self.model.num_timesteps), total)
+                return True
+
+        return _Cb()
