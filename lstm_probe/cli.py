@@ -219,10 +219,11 @@ def report(
     rep = summarize(path)
     if html_out is not None:
         from lstm_probe.html import build_html
+        from lstm_probe.text import safe
 
         page = build_html(path, html_out, iteration=iteration, env=env, episode=episode, report=rep)
         err.print(
-            f"wrote {page.path}: {len(page.figures)} figures, {_human_bytes(page.bytes)} (iteration "
+            f"wrote {safe(page.path)}: {len(page.figures)} figures, {_human_bytes(page.bytes)} (iteration "
             f"{page.iteration}, env {page.env}, episode {page.episode})"
         )
     if as_json:
@@ -350,177 +351,38 @@ def schema(
     out.print("metadata keys (JSON under lstm_probe.run): " + ", ".join(METADATA_KEYS))
 
 
-def _fmt(v: Any) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.3g}"
-    return str(v)
-
-
-def _cost_line(cost: dict[str, Any], wall: float | None, processes: bool) -> str:
-    """One line on what recording cost, from the log's own measurements."""
-    main = float(cost.get("hook_seconds", 0)) + float(cost.get("integration_seconds", 0))
-    wall = cost.get("seconds") or wall
-    share = f" ({100 * main / wall:.1f}% of the traced {wall:.1f} s)" if wall and not processes else ""
-    where = "the training processes" if processes else "the training thread"
-    line = (
-        f"probe cost: {main:.2f} s on {where} for {int(cost.get('calls', 0)):,} calls{share}, "
-        f"{float(cost.get('writer_cpu_seconds', 0)):.2f} s CPU on the writer "
-        f"{'thread' if cost.get('writer') == 'thread' else 'process'}"
-    )
-    wait = float(cost.get("wait_seconds", 0))
-    if wait >= 0.01:
-        line += f", training waited {wait:.2f} s for the writer"
-    return line
-
-
 def _render(rep: Any) -> None:
+    """Print every section the report holds, in order; each section's first titled block is numbered."""
     from rich.panel import Panel
 
+    from lstm_probe.report import Line
+    from lstm_probe.report import Panel as PanelText
+    from lstm_probe.report import Table as TableText
+    from lstm_probe.text import safe
+
     for w in rep.warnings:
-        err.print(f"[yellow]warning:[/] {w}")
-    r = rep.run
-    lines = [
-        f"env [bold]{_fmt(r.env_id)}[/], {_fmt(r.algorithm)} / {_fmt(r.policy)}, n_envs {_fmt(r.n_envs)}, "
-        f"seed {_fmt(r.seed)}",
-        f"steps {_fmt(r.steps_done)} of {_fmt(r.steps_asked)} asked, {r.iterations} iterations, "
-        f"{'completed' if r.completed else '[red]NOT completed[/]: ' + _fmt(r.stop_reason)}",
-        f"{r.rows:,} rows in {r.files} file(s), {_human_bytes(r.file_bytes)}, wall {_fmt(r.wall_seconds)} s, "
-        f"capture {r.capture.get('mode', '-')} ({r.capture.get('dtype', '-')})",
-    ]
-    if r.probe_cost:
-        lines.append(_cost_line(r.probe_cost, r.wall_seconds, r.framework == "rllib"))
-    hp = r.hyperparameters
-    if hp:
-        keys = ("n_steps", "batch_size", "n_epochs", "learning_rate", "gamma", "gae_lambda", "clip_range")
-        lines.append("hyperparameters: " + ", ".join(f"{k}={_fmt(hp.get(k))}" for k in keys if k in hp))
-    if r.versions:
-        lines.append("versions: " + ", ".join(f"{k} {v}" for k, v in r.versions.items()))
-    out.print(Panel("\n".join(lines), title="1. Run", expand=False))
-
-    a = rep.architecture
-    mods = ", ".join(
-        f"{n}: {m.get('kind')} hidden {m.get('hidden_size')} x {m.get('num_layers')} layer(s)"
-        for n, m in a.modules.items()
-    )
-    out.print(Panel(f"{mods}\n{a.verdict}", title="2. Architecture", expand=False))
-
-    c = rep.calls
-    t = Table(title="3. Calls (per module, phase and path; shapes are steps x batch)")
-    for col in ("module", "phase", "path", "calls", "rows", "shapes"):
-        t.add_column(col)
-    for g in c.groups:
-        shapes = ", ".join(f"{k} ({v})" for k, v in list(g.shapes.items())[:6])
-        if len(g.shapes) > 6:
-            shapes += f", ... {len(g.shapes) - 6} more"
-        t.add_row(g.module, g.phase, g.path, f"{g.calls:,}", f"{g.rows:,}", shapes)
-    out.print(t)
-    if c.sequences_per_minibatch:
-        dist = ", ".join(f"{k} seq: {v}" for k, v in c.sequences_per_minibatch.items())
-        out.print(f"sequences per training minibatch ({c.minibatches} minibatches): {dist}")
-    out.print(c.explanation)
-
-    s = rep.sequences
-    if s.sequences:
-        out.print(
-            Panel(
-                f"{s.sequences:,} training sequences; length (the truncated-BPTT horizon): "
-                f"min {_fmt(s.length.get('min'))}, median {_fmt(s.length.get('median'))}, "
-                f"mean {_fmt(s.length.get('mean'))}, max {_fmt(s.length.get('max'))}\n"
-                f"histogram: {', '.join(f'{k}: {v}' for k, v in s.length_histogram.items())}\n"
-                f"episodes completed: {s.episodes_completed}, length median {_fmt(s.episode_length.get('median'))}, "
-                f"max {_fmt(s.episode_length.get('max'))}\n"
-                f"padding {s.padding_share:.1%} of train rows; {s.stored_state_share:.1%} of sequences start from a "
-                "stored mid-episode state",
-                title="4. Sequences",
-                expand=False,
-            )
-        )
-
-    st = rep.staleness
-    if st.provenance_ok is not None:
-        status = "[green]OK[/]" if st.provenance_ok else "[red]FAILED[/]"
-        out.print(
-            f"provenance check: max diff {st.provenance_max_drift_h:.2g} (h), "
-            f"{(st.provenance_max_drift_c or 0.0):.2g} (c) over {st.provenance_check_rows:,} rows {status}"
-        )
-        t = Table(title="5. Staleness: relative L2 drift of train states from rollout states, by epoch")
-        for col in ("module", "epoch", "rows", "h mean", "h max", "c mean", "c max"):
-            t.add_column(col)
-        for row in st.by_epoch:
-            t.add_row(
-                row["module"],
-                _fmt(int(row["epoch"])),
-                f"{row['rows']:,}",
-                _fmt(row["drift_h_mean"]),
-                _fmt(row["drift_h_max"]),
-                _fmt(row["drift_c_mean"]),
-                _fmt(row["drift_c_max"]),
-            )
-        out.print(t)
-        pos = ", ".join(f"{r['module']} {r['position']}: {_fmt(r['drift_h_mean'])}" for r in st.by_position)
-        out.print(f"mean h drift by position in sequence: {pos}")
-        for module in dict.fromkeys(r["module"] for r in st.by_update):
-            steps = [r for r in st.by_update if r["module"] == module]
-            shown = ", ".join(f"{int(r['update'])}: {_fmt(r['drift_h_mean'])}" for r in steps[:12])
-            more = f", ... {len(steps) - 12} more" if len(steps) > 12 else ""
-            out.print(
-                f"mean h drift of {module} by minibatch order in an iteration (0 = before any optimizer "
-                f"step): {shown}{more}",
-                soft_wrap=True,
-            )
-
-    x = rep.cross_process
-    if x is not None:
-        verdict = {True: "[green]OK[/]", False: "[red]FAILED[/]", None: "-"}
-        worst = max(x.state_in_max_abs.values(), default=0.0)
-        out.print(
-            f"provenance check (RLlib, across processes): {x.state_in_rows:,} chunk initial states vs the env "
-            f"runners' states one step earlier, max |diff| {worst:.2g} {verdict[x.state_in_ok]}; "
-            f"{x.zero_starts:,} episode-start chunks from zeros {verdict[x.zero_starts_ok]}; "
-            f"{x.unpaired:,} learner rows without a rollout partner",
-            soft_wrap=True,
-        )
-        t = Table(title="5. Staleness (RLlib): learner states vs rollout states of the same env step, by minibatch")
-        for col in ("module", "minibatch", "rows", "h mean", "h max", "c mean"):
-            t.add_column(col)
-        for row in x.by_minibatch[:40]:
-            t.add_row(
-                row["module"],
-                str(row["minibatch"]),
-                f"{row['rows']:,}",
-                _fmt(row["drift_h_mean"]),
-                _fmt(row["drift_h_max"]),
-                _fmt(row["drift_c_mean"]),
-            )
-        out.print(t)
-        for module in dict.fromkeys(r["module"] for r in x.first_pass):
-            rows = [r for r in x.first_pass if r["module"] == module]
-            shown = ", ".join(f"{r['iteration']}: {_fmt(r['max_drift_h'])}" for r in rows[:12])
-            out.print(f"max h drift of {module} before the first optimizer step, by iteration: {shown}", soft_wrap=True)
-
-    h = rep.health
-    if h.layers:
-        t = Table(title="6. State health (rollout states)")
-        for col in ("module", "layer", "rows", "max |c|", "saturated", "dead units", "constant units", "NaN/inf"):
-            t.add_column(col)
-        for row in h.layers:
-            t.add_row(
-                row["module"],
-                str(row["layer"]),
-                f"{row['rows']:,}",
-                _fmt(row["c_norm_max"]),
-                f"{row['saturated_share']:.1%}" if "saturated_share" in row else "-",
-                str(len(row["dead_units"])) if "dead_units" in row else "-",
-                str(len(row["constant_units"])) if "constant_units" in row else "-",
-                str(row["nan_or_inf_rows"]),
-            )
-        out.print(t)
-    for u in rep.unavailable:
-        out.print(f"[dim]not in this log: {u}[/]")
-    if rep.findings:
-        out.print(Panel("\n".join(f"- {f}" for f in rep.findings), title="7. Findings", expand=False))
+        err.print(f"[yellow]warning:[/] {safe(w)}")
+    number = 0
+    for blocks in rep.text():
+        numbered = False
+        for block in blocks:
+            if isinstance(block, Line):
+                out.print(block.text, soft_wrap=block.soft_wrap)
+                continue
+            title = block.title
+            if not numbered:
+                number += 1
+                numbered = True
+                title = f"{number}. {title}"
+            if isinstance(block, PanelText):
+                out.print(Panel("\n".join(block.lines), title=title, expand=False))
+            elif isinstance(block, TableText):
+                t = Table(title=title)
+                for col in block.columns:
+                    t.add_column(col)
+                for row in block.rows:
+                    t.add_row(*row)
+                out.print(t)
 
 
 def _interrupt(signum: int, frame: Any) -> None:

@@ -118,7 +118,7 @@ def test_report_reads_runs_of_iterations(runs_dir, env_id, opts):
     """The report reads a large log in runs of whole iterations (its memory bound): any run size gives the
     same report as one read, episodes that span runs included."""
     from lstm_probe.reader import dataset
-    from lstm_probe.report import _chunks
+    from lstm_probe.report.scan import chunks as _chunks
 
     result = probed_run(runs_dir, env_id, **opts)
     df = lstm_probe.load(result.path, vectors=False)
@@ -279,7 +279,8 @@ def test_row_keys_are_exact_for_large_call_ids():
     start at multiples of 10**12 (RLlib), beyond float64's exact integers once combined."""
     import pandas as pd
 
-    from lstm_probe.report import _duplicates, _key
+    from lstm_probe.report.numeric import row_key as _key
+    from lstm_probe.report.scan import duplicates as _duplicates
 
     call = np.array([10**15 + 7, 10**15 + 7, 10**15 + 8, 10**12, 10**15 + 7], np.int64)
     col = np.array([21, 20, 21, 0, np.nan], np.float32)

@@ -1,0 +1,274 @@
+"""What a report section is, and the parts every section is built from.
+
+A section (:class:`Section`) is one unit: its data (a dataclass, given in the JSON under the section's
+``key``), its accumulator (how its share of the scalar rows adds up over the runs of whole iterations a
+log is read in), its text (:data:`Block` values the CLI prints, numbered in the order of
+:data:`lstm_probe.report.registry.SECTIONS`), its warnings and its findings.
+
+How an accumulator merges is in its type: an :class:`Accumulator` is a dataclass whose fields are
+mergeable values (:class:`Sum`, :class:`Max`, :class:`Counts`, :class:`Parts`, :class:`Keyed`,
+:class:`GroupStats`, ...), each with an associative ``merge``; the accumulator merges field by field.
+The report is the same whatever the runs are (``summarize(chunk_rows=...)``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+
+import numpy as np
+import pyarrow.dataset as ds
+
+from lstm_probe.contract import Capabilities
+from lstm_probe.report.numeric import clean
+from lstm_probe.text import safe
+
+if TYPE_CHECKING:
+    from lstm_probe.reader import LogInfo
+    from lstm_probe.report.scan import Chunk
+
+T = TypeVar("T")
+K = TypeVar("K")
+D = TypeVar("D")
+M = TypeVar("M", bound="Mergeable")
+
+
+class Mergeable(ABC):
+    """A value that two partial results combine into: ``a.merge(b)`` folds ``b`` into ``a``; merging
+    is associative, so runs of rows may be added up in any grouping (in log order)."""
+
+    @abstractmethod
+    def merge(self, other: Any) -> None: ...
+
+
+@dataclass
+class Sum(Mergeable):
+    """A count or a total."""
+
+    value: int = 0
+
+    def add(self, n: int) -> None:
+        self.value += n
+
+    def merge(self, other: Sum) -> None:
+        self.value += other.value
+
+
+@dataclass
+class Max(Mergeable):
+    """The largest value seen; None before any."""
+
+    value: float | None = None
+
+    def add(self, v: float) -> None:
+        self.value = v if self.value is None else max(self.value, v)
+
+    def merge(self, other: Max) -> None:
+        if other.value is not None:
+            self.add(other.value)
+
+
+@dataclass
+class ArrayMax(Mergeable):
+    """The elementwise maximum of equal-length arrays; None before any."""
+
+    value: np.ndarray | None = None
+
+    def add(self, v: np.ndarray) -> None:
+        self.value = v if self.value is None else np.maximum(self.value, v)
+
+    def merge(self, other: ArrayMax) -> None:
+        if other.value is not None:
+            self.add(other.value)
+
+
+@dataclass
+class ArrayMin(Mergeable):
+    """The elementwise minimum of equal-length arrays; None before any."""
+
+    value: np.ndarray | None = None
+
+    def add(self, v: np.ndarray) -> None:
+        self.value = v if self.value is None else np.minimum(self.value, v)
+
+    def merge(self, other: ArrayMin) -> None:
+        if other.value is not None:
+            self.add(other.value)
+
+
+class Counts(dict[K, int], Mergeable):
+    """Counts per key, added up."""
+
+    def add(self, key: K, n: int = 1) -> None:
+        self[key] = self.get(key, 0) + n
+
+    def merge(self, other: Counts[K]) -> None:
+        for k, n in other.items():
+            self.add(k, n)
+
+
+class Parts(list[T], Mergeable):
+    """Per-run pieces (arrays, frames), concatenated in log order; a piece is one value per sequence or
+    episode, never per row."""
+
+    def merge(self, other: Parts[T]) -> None:
+        self.extend(other)
+
+
+class Keyed(dict[K, M], Mergeable):
+    """One mergeable value per key: values under the same key merge."""
+
+    def merge(self, other: Keyed[K, M]) -> None:
+        for k, v in other.items():
+            if k in self:
+                self[k].merge(v)
+            else:
+                self[k] = v
+
+
+class GroupStats(dict[Any, np.ndarray], Mergeable):
+    """Per group: ``first`` counts, then [count, sum, max] per value (a row of
+    :func:`lstm_probe.report.numeric.group_stats`): counts and sums add up, maxima keep the larger."""
+
+    def __init__(self, first: int = 0) -> None:
+        super().__init__()
+        self.first = first
+
+    def add(self, key: Any, stats: np.ndarray) -> None:
+        old = self.get(key)
+        if old is None:
+            self[key] = stats
+            return
+        merged = old + stats
+        merged[self.first + 2 :: 3] = np.fmax(old[self.first + 2 :: 3], stats[self.first + 2 :: 3])
+        self[key] = merged
+
+    def merge(self, other: GroupStats) -> None:
+        for k, v in other.items():
+            self.add(k, v)
+
+
+class Accumulator(Mergeable, Generic[T]):
+    """A section's running totals: ``add`` takes one part of the rows (a :class:`~lstm_probe.report.scan.Chunk`
+    for sections that read the scalar scan); ``merge`` folds another accumulator of the same type in,
+    field by field. Subclasses are dataclasses whose every field is :class:`Mergeable` and has a default."""
+
+    @abstractmethod
+    def add(self, part: T) -> None: ...
+
+    def merge(self, other: Any) -> None:
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            getattr(self, f.name).merge(getattr(other, f.name))
+
+
+@dataclass(frozen=True)
+class Line:
+    """One line of text (rich markup; strings from the log already passed through ``text.safe``)."""
+
+    text: str
+    soft_wrap: bool = False
+
+
+@dataclass(frozen=True)
+class Panel:
+    """Lines in a box under a title (the CLI numbers the first titled block of each section)."""
+
+    title: str
+    lines: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Table:
+    """A table under a title; every cell is rich markup."""
+
+    title: str
+    columns: tuple[str, ...]
+    rows: tuple[tuple[str, ...], ...]
+
+
+Block = Line | Panel | Table
+
+
+def fmt(v: Any) -> str:
+    """A value as the text shows it: '-' for None, floats to three significant digits; strings from the
+    log made safe to print (``text.safe``)."""
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.3g}"
+    return safe(v)
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GB"
+
+
+@dataclass
+class Log:
+    """What every section may read: the dataset, its info and metadata, its declared capabilities."""
+
+    data: ds.Dataset
+    info: LogInfo
+    caps: Capabilities
+    iterations: int = 0
+    """Iterations in the log (the largest iteration + 1), from the scalar scan."""
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        return self.info.metadata
+
+    @property
+    def vectors(self) -> bool:
+        """The log stores h/c vectors (not ``--capture summary``)."""
+        return (self.meta.get("capture") or {}).get("mode") != "summary"
+
+
+class Section(ABC, Generic[D]):
+    """One report section. Subclasses set ``key`` and implement ``compute`` and ``text``; the rest is
+    optional. Register an instance in :data:`lstm_probe.report.registry.SECTIONS`."""
+
+    key: ClassVar[str]
+    """The JSON key and the :class:`~lstm_probe.report.Report` attribute."""
+    needs: ClassVar[str | None] = None
+    """A :class:`~lstm_probe.contract.Capabilities` field the log must declare for the section to apply.
+    Such sections come after ``findings`` and ``unavailable`` in the JSON (null where they do not apply),
+    so the keys every log has keep their order."""
+    findings_rank: ClassVar[int] = 60
+    """Where the section's findings go in the list (lower first, ties in registry order): what training
+    did first, the run's own state last."""
+
+    def applies(self, caps: Capabilities) -> bool:
+        return self.needs is None or bool(getattr(caps, self.needs))
+
+    def accumulator(self) -> Accumulator[Chunk] | None:
+        """A fresh accumulator of the section's share of the scalar scan; None if it reads none."""
+        return None
+
+    @abstractmethod
+    def compute(self, log: Log, acc: Any) -> D:
+        """The section's data, from the log and the accumulator that added up the whole scan."""
+
+    def warnings(self, data: D, log: Log) -> list[str]:
+        """Warnings the section raises (plain text)."""
+        return []
+
+    def unavailable(self, data: D, log: Log) -> list[str]:
+        """What the section cannot show from this log, and why (plain text)."""
+        return []
+
+    def findings(self, data: D) -> list[str]:
+        """What is worth knowing, as plain sentences."""
+        return []
+
+    @abstractmethod
+    def text(self, data: D, caps: Capabilities) -> list[Block]:
+        """What the CLI prints; empty: nothing (and no number taken)."""
+
+    def to_json(self, data: D) -> Any:
+        return clean(dataclasses.asdict(data))  # type: ignore[call-overload]

@@ -1,0 +1,275 @@
+"""Section 3: calls per module and phase, and why training batches have the shape they have."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, cast
+
+import numpy as np
+import pandas as pd
+
+from lstm_probe.contract import Capabilities
+from lstm_probe.report.numeric import KEY_CHUNK, by_count, row_key
+from lstm_probe.report.scan import Chunk
+from lstm_probe.report.section import Accumulator, Block, Counts, Line, Log, Max, Section, Sum, Table
+from lstm_probe.text import safe
+
+SHOWN_SHAPES = 6
+
+
+@dataclass
+class CallGroup:
+    module: str
+    phase: str
+    path: str
+    calls: int
+    rows: int
+    shapes: dict[str, int]
+    """'T x N' (steps x batch) -> number of calls."""
+
+
+@dataclass
+class CallsSection:
+    """Section 3: calls per module and phase, and why training batches have the shape they have."""
+
+    groups: list[CallGroup]
+    sequences_per_minibatch: dict[int, int]
+    """Number of sequences in a train minibatch -> how many minibatches had that many."""
+    sequence_start_reasons: dict[str, int]
+    minibatches: int
+    minibatches_by_path: dict[str, int]
+    explanation: str
+
+
+def per_call(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per call of ``df``: module, phase, path, rows, first and last step (t0, t1)."""
+    # Per-call aggregates without sorting or hashing the rows: call ids are dense (a counter from a
+    # per-process base), so one slot per id takes counts, first/last step and the call's labels.
+    # (An argsort of the call column held several copies of it; runs of equal ids barely shorten
+    # it, since a block of one-step calls interleaves its calls row by row.)
+    call = df["call"].to_numpy()
+    empty = pd.DataFrame({"module": [], "phase": [], "path": [], "rows": [], "t0": [], "t1": []})
+    if not len(call) or (call.dtype.kind == "f" and np.isnan(call).all()):
+        return empty
+    lo, hi = int(np.nanmin(call)), int(np.nanmax(call))
+    if hi - lo >= 4 * len(call) + (1 << 16):  # sparse ids (processes' id blocks far apart): number them
+        call, lo = pd.factorize(call, use_na_sentinel=True)[0], 0  # null: -1
+        hi = int(call.max())
+    span = hi - lo + 1
+    t = df["t"].to_numpy()
+    rows = np.zeros(span, np.int64)
+    t0 = np.full(span, np.iinfo(t.dtype).max, t.dtype)
+    t1 = np.full(span, np.iinfo(t.dtype).min, t.dtype)
+    codes = {name: df[name].cat.codes.to_numpy() for name in ("module", "phase", "path")}
+    labels = {name: np.empty(span, c.dtype) for name, c in codes.items()}
+    for start in range(0, len(call), KEY_CHUNK):  # slices: the ids' int64 copy stays small
+        part = slice(start, start + KEY_CHUNK)
+        c = call[part]
+        ok: Any = ~np.isnan(c) if c.dtype.kind == "f" else c >= lo
+        if ok.all():
+            ok = slice(None)
+        idx = c[ok].astype(np.int64) - lo
+        np.add.at(rows, idx, 1)
+        np.minimum.at(t0, idx, t[part][ok])
+        np.maximum.at(t1, idx, t[part][ok])
+        for name, c_codes in codes.items():
+            labels[name][idx] = c_codes[part][ok]  # the same for every row of a call
+    present = np.flatnonzero(rows)
+    out: dict[str, Any] = {}
+    for name, label in labels.items():
+        cat = pd.Categorical.from_codes(label[present], dtype=cast(pd.CategoricalDtype, df[name].dtype))
+        out[name] = cat.reorder_categories(sorted(cat.categories))  # groups below come in name order
+    out.update(rows=rows[present], t0=t0[present], t1=t1[present])
+    return pd.DataFrame(out)
+
+
+def minibatches(
+    train: pd.DataFrame, sel: np.ndarray, starts: np.ndarray
+) -> tuple[dict[int, int], dict[str, int], dict[str, int], int]:
+    """Sequences per minibatch (as counts of minibatches), why sequences start (``starts``: the sequences'
+    first rows, :attr:`Chunk.starts`), the path of each minibatch's first call, and the number of
+    minibatches: from the train rows ``sel`` selects (one module's)."""
+    if not sel.any():
+        return {}, {}, {}, 0
+    it, ep, mb, seq = (train[c].to_numpy()[sel] for c in ("iteration", "epoch", "minibatch", "seq"))
+    mb_key = row_key([it, ep, mb])
+    pair = row_key([mb_key, seq]) if mb_key is not None else None
+    if mb_key is None or pair is None:  # keys too large for one int64 (hand-made tags): pandas' grouping
+        t0 = train.loc[sel, ["iteration", "epoch", "minibatch", "seq", "t", "path", "seq_reason"]]
+        grouped = t0.groupby(["iteration", "epoch", "minibatch"], observed=True, dropna=False)
+        per_mb: Any = grouped["seq"].nunique()
+        spm = {int(k): int(v) for k, v in per_mb.value_counts().sort_index().items()}
+        by_path = {str(k): int(v) for k, v in grouped["path"].first().value_counts().items()}
+        reasons = {str(k): int(v) for k, v in train["seq_reason"].iloc[starts].value_counts().items() if v}
+        return spm, reasons, by_path, len(per_mb)
+    del it, ep, mb
+    # Integer keys instead of pandas' grouping of float columns (several copies of them). The rows of
+    # one sequence of one minibatch come together (a call's rows are ordered column, then step), so only
+    # the first row of each run of equal (minibatch, seq) keys is looked at.
+    runs = np.flatnonzero(np.r_[True, pair[1:] != pair[:-1]])
+    run_pair, run_mb, named = pair[runs], mb_key[runs], ~np.isnan(seq[runs])
+    del pair, mb_key
+    # the minibatches in (iteration, epoch, minibatch) order; the first run of each starts at its first row
+    mbs, first_run = np.unique(run_mb, return_index=True)
+    first = runs[first_run]
+    _, pair_first = np.unique(run_pair[named], return_index=True)  # distinct (minibatch, seq) with a seq
+    owner = np.searchsorted(mbs, run_mb[named][pair_first])
+    counts = np.bincount(owner, minlength=len(mbs))  # nunique of seq; 0 where no row names one
+    del runs, run_pair, run_mb, named, pair_first, owner
+    values, n = np.unique(counts, return_counts=True)
+    spm = {int(k): int(v) for k, v in zip(values, n, strict=True)}
+    firsts = train["path"].iloc[np.flatnonzero(sel)[first]]
+    by_path = {str(k): int(v) for k, v in firsts.value_counts().items()}
+    reasons = {str(k): int(v) for k, v in train["seq_reason"].iloc[starts].value_counts().items() if v}
+    return spm, reasons, by_path, len(mbs)
+
+
+def _reasons(words: dict[str, str], reasons: dict[str, int]) -> str:
+    return "; ".join(f"{words.get(k, k)}: {v}" for k, v in sorted(reasons.items(), key=lambda kv: -kv[1]))
+
+
+def explain(
+    batch: int, caps: Capabilities, spm: dict[int, int], reasons: dict[str, int], by_path: dict[str, int]
+) -> str:
+    """Why training batches have the shape they have, in the terms of the log's capabilities (a rollout
+    buffer cut into sequences, or chunks cut at max_seq_len). ``batch``: the largest rollout call's batch."""
+    if not spm:
+        return "No training calls were recorded."
+    lo, hi = min(spm), max(spm)
+    if caps.rollout_buffer:
+        words = {
+            "split": "the rollout buffer's random split point (its shuffling trick: each epoch the flat "
+            "buffer is rotated at a random index, so the first minibatch starts mid-sequence)",
+            "episode_start": "an episode start",
+            "env_boundary": "an env boundary (the buffer is flattened env by env; step 0 of each env starts anew)",
+            "minibatch_cut": "a minibatch cut (the previous minibatch ended there)",
+        }
+        text = (
+            f"Rollout calls have batch {batch} (one column per env, one step each). A training call's batch is the "
+            f"number of sequences in its minibatch, not the number of envs: here {lo} to {hi} sequences per "
+            f"minibatch. A new sequence starts at every episode start, every env boundary and at the start of "
+            f"each minibatch; sequence starts by reason: {_reasons(words, reasons)}."
+        )
+        if by_path:
+            stepwise, total = by_path.get("stepwise", 0), sum(by_path.values())
+            text += (
+                f" {stepwise} of {total} minibatches held an episode start and so ran the LSTM one step at a "
+                "time ('stepwise': batch = sequences, 1 step per call)"
+            )
+            text += "; the others ran it once over the padded sequences ('sequence')." if stepwise < total else "."
+        return text
+    if caps.max_seq_len is not None:
+        words = {
+            "episode_start": "an episode start (initial zeros)",
+            "env_boundary": "the start of an env runner's rollout fragment (the state stored at the end of the "
+            "previous fragment)",
+            "max_seq_len": "max_seq_len (the previous piece of the episode chunk was full; the state stored at "
+            "the step before)",
+        }
+        return (
+            f"Rollout calls have batch {batch} (one column per env of one env runner, one step each). The learner "
+            "cuts each episode chunk (plus one appended bootstrap step) into max_seq_len pieces, zero-padded on the "
+            "right; its minibatches slice whole pieces and cycle through the batch across epoch boundaries, so a "
+            f"training call's batch is the number of pieces in its minibatch: here {lo} to {hi}. "
+            f"Pieces start at: {_reasons(words, reasons)}. The value pass runs once per update over every piece."
+        )
+    return (
+        f"Rollout calls have batch {batch}. A training call's batch is the number of sequences in its minibatch: "
+        f"here {lo} to {hi}; sequence starts by reason: {_reasons({}, reasons)}."
+    )
+
+
+@dataclass
+class CallsTotals(Accumulator[Chunk]):
+    calls: Counts[tuple[str, str, str]] = field(default_factory=Counts)
+    """(module, phase, path) -> calls."""
+    rows: Counts[tuple[str, str, str]] = field(default_factory=Counts)
+    shapes: Counts[tuple[str, str, str, int, int]] = field(default_factory=Counts)
+    """(module, phase, path, steps, batch) -> calls."""
+    roll_batch: Max = field(default_factory=Max)
+    spm: Counts[int] = field(default_factory=Counts)
+    reasons: Counts[str] = field(default_factory=Counts)
+    by_path: Counts[str] = field(default_factory=Counts)
+    minibatches: Sum = field(default_factory=Sum)
+
+    def add(self, part: Chunk) -> None:
+        calls = per_call(part.df)
+        if len(calls):
+            calls["steps"] = calls["t1"] - calls["t0"] + 1
+            calls["batch"] = calls["rows"] // calls["steps"]
+            for key, v in calls.groupby(["module", "phase", "path", "steps", "batch"], observed=True).size().items():
+                k: Any = key
+                self.shapes.add((str(k[0]), str(k[1]), str(k[2]), int(k[3]), int(k[4])), int(v))
+            totals = calls.groupby(["module", "phase", "path"], observed=True)["rows"].agg(["size", "sum"])
+            for key, row in totals.iterrows():
+                k = key
+                self.calls.add((str(k[0]), str(k[1]), str(k[2])), int(row["size"]))
+                self.rows.add((str(k[0]), str(k[1]), str(k[2])), int(row["sum"]))
+        if len(part.roll):
+            self.roll_batch.add(int(part.roll.groupby("call").size().max()))
+        if len(part.train):
+            spm, reasons, by_path, n_mb = minibatches(part.train, part.train_sel, part.starts)
+            for k_spm, n in spm.items():
+                self.spm.add(k_spm, n)
+            for k_r, n in reasons.items():
+                self.reasons.add(k_r, n)
+            for k_p, n in by_path.items():
+                self.by_path.add(k_p, n)
+            self.minibatches.add(n_mb)
+
+
+class Calls(Section[CallsSection]):
+    key = "calls"
+    findings_rank: ClassVar[int] = 20
+
+    def accumulator(self) -> CallsTotals:
+        return CallsTotals()
+
+    def compute(self, log: Log, acc: CallsTotals) -> CallsSection:
+        shapes: dict[tuple[str, str, str], dict[str, int]] = {}
+        for (m, p, path, steps, batch), n in sorted(acc.shapes.items()):
+            shapes.setdefault((m, p, path), {})[f"{steps} x {batch}"] = n
+        groups = [
+            CallGroup(key[0], key[1], key[2], calls, acc.rows[key], shapes.get(key, {}))
+            for key, calls in sorted(acc.calls.items())
+        ]
+        spm = dict(sorted(acc.spm.items()))
+        reasons = by_count(acc.reasons)
+        by_path = by_count(acc.by_path)
+        explanation = explain(int(acc.roll_batch.value or 0), log.caps, spm, reasons, by_path)
+        return CallsSection(groups, spm, reasons, acc.minibatches.value, by_path, explanation)
+
+    def findings(self, data: CallsSection) -> list[str]:
+        out: list[str] = []
+        spm = data.sequences_per_minibatch
+        if spm:
+            out.append(
+                f"training minibatches hold {min(spm)}-{max(spm)} "
+                f"sequences: that is the batch dimension of the LSTM's training-time hidden state"
+            )
+            if data.sequence_start_reasons.get("split"):
+                out.append(
+                    f"{data.sequence_start_reasons['split']} sequences start at the buffer's random split point, "
+                    "cut off from their episode's earlier steps"
+                )
+        return out
+
+    def text(self, data: CallsSection, caps: Capabilities) -> list[Block]:
+        rows = []
+        for g in data.groups:
+            shapes = ", ".join(f"{k} ({v})" for k, v in list(g.shapes.items())[:SHOWN_SHAPES])
+            if len(g.shapes) > SHOWN_SHAPES:
+                shapes += f", ... {len(g.shapes) - SHOWN_SHAPES} more"
+            rows.append((safe(g.module), safe(g.phase), safe(g.path), f"{g.calls:,}", f"{g.rows:,}", shapes))
+        out: list[Block] = [
+            Table(
+                "Calls (per module, phase and path; shapes are steps x batch)",
+                ("module", "phase", "path", "calls", "rows", "shapes"),
+                tuple(rows),
+            )
+        ]
+        if data.sequences_per_minibatch:
+            dist = ", ".join(f"{k} seq: {v}" for k, v in data.sequences_per_minibatch.items())
+            out.append(Line(f"sequences per training minibatch ({data.minibatches} minibatches): {dist}"))
+        out.append(Line(safe(data.explanation)))
+        return out

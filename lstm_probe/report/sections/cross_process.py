@@ -1,0 +1,248 @@
+"""The cross-process check, for logs written by one writer per process (capability ``shards``): the
+learners' states checked against the env runners' rollout states, joined by worker, env and env step
+across the processes' part files."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, cast
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.dataset as ds
+
+from lstm_probe.contract import Capabilities
+from lstm_probe.report.section import Block, Line, Log, Section, Table, fmt
+from lstm_probe.report.sections.staleness import PROVENANCE_TOLERANCE
+from lstm_probe.schema import relative_l2
+from lstm_probe.text import safe
+
+CROSS_KEYS = ["module", "layer", "worker", "env", "env_step"]
+CROSS_ITERATIONS = 50
+"""The cross-process check reads at most this many iterations (the first ones), which bounds its memory."""
+SHOWN_MINIBATCHES = 40
+SHOWN_ITERATIONS = 12
+
+
+@dataclass
+class CrossProcessSection:
+    """RLlib logs: the learners' states checked against the env runners' rollout states (joined by
+    worker, env and env step across the processes' part files)."""
+
+    state_in_rows: int
+    """Chunks that continue an episode: their initial state (rows with t = -1) paired with the rollout row."""
+    state_in_max_abs: dict[str, float]
+    state_in_ok: bool | None
+    zero_starts: int
+    zero_starts_ok: bool | None
+    unpaired: int
+    """Learner rows (not padding, not a 'last' bootstrap step) without a rollout partner."""
+    first_pass: list[dict[str, Any]]
+    """Per module and iteration: the value pass and minibatch 0 (before any optimizer step) vs the rollout
+    states of the same weights version."""
+    by_minibatch: list[dict[str, Any]]
+    vectors: bool
+
+
+def _vectors(table: pa.Table, name: str) -> np.ndarray:
+    col = table.column(name).combine_chunks()
+    width = col.type.list_size
+    if col.null_count:
+        col = col.fill_null(pa.scalar([np.nan] * width, col.type)) if width else col
+    return np.asarray(col.flatten().to_numpy(zero_copy_only=False), np.float32).reshape(-1, width)
+
+
+def cross_process(data: ds.Dataset, vectors: bool) -> CrossProcessSection:
+    """Join learner rows to env-runner rollout rows of the same (module, layer, worker, env, env_step)."""
+    state = ["h", "c"] if vectors else ["h_norm", "c_norm"]
+    cols = [*CROSS_KEYS, "phase", "iteration", "minibatch", "t", "bootstrap", *state]
+    base = ds.field("env_step").is_valid() & (ds.field("iteration") < CROSS_ITERATIONS)
+    roll_t = data.to_table(columns=cols, filter=base & (ds.field("phase") == "rollout"))
+    learn_t = data.to_table(columns=cols, filter=base & ds.field("phase").isin(["train", "value"]))
+
+    def frame(t: pa.Table) -> pd.DataFrame:
+        return t.drop_columns(state).to_pandas().reset_index(drop=True)
+
+    roll, learn = frame(roll_t), frame(learn_t)
+    if vectors:
+        rh, rc, lh, lc = (_vectors(t, n) for t, n in ((roll_t, "h"), (roll_t, "c"), (learn_t, "h"), (learn_t, "c")))
+    else:  # summary logs: norms only (a weaker check: equal states have equal norms)
+        rh, rc, lh, lc = (
+            t.column(n).to_numpy(zero_copy_only=False).astype(np.float32)[:, None]
+            for t, n in ((roll_t, "h_norm"), (roll_t, "c_norm"), (learn_t, "h_norm"), (learn_t, "c_norm"))
+        )
+    roll = roll.drop_duplicates(CROSS_KEYS, keep="last")
+    m = learn.reset_index().merge(
+        roll[[*CROSS_KEYS, "iteration"]].reset_index(), on=CROSS_KEYS, suffixes=("", "_r"), how="left"
+    )
+    paired = m["index_r"].notna().to_numpy()
+    unpaired = int((~paired & (m["bootstrap"] != "last").to_numpy()).sum())
+    m = m[paired]
+    li, ri = m["index"].to_numpy(), m["index_r"].to_numpy().astype(np.int64)
+    with np.errstate(invalid="ignore"):
+        abs_h = np.nan_to_num(np.abs(lh[li] - rh[ri]), nan=0.0).max(axis=1) if len(li) else np.zeros(0)
+        abs_c = np.nan_to_num(np.abs(lc[li] - rc[ri]), nan=0.0).max(axis=1) if len(li) else np.zeros(0)
+        rel_h = relative_l2(np.nan_to_num(lh[li]), np.nan_to_num(rh[ri])) if len(li) else np.zeros(0)
+        rel_c = relative_l2(np.nan_to_num(lc[li]), np.nan_to_num(rc[ri])) if len(li) else np.zeros(0)
+    m = m.assign(abs_h=abs_h, abs_c=abs_c, rel_h=rel_h, rel_c=rel_c)
+    start = m[m["t"] == -1]
+    state_in = {
+        str(k): float(max(g["abs_h"].max(), g["abs_c"].max())) for k, g in start.groupby("module", observed=True)
+    }
+    state_in_ok = None if not len(start) else bool(max(state_in.values()) <= 1e-6)
+    # chunks that start an episode must start from zeros: their t = -1 rows have no env_step
+    zeros = data.to_table(
+        columns=["h_norm", "c_norm"],
+        filter=(ds.field("t") == -1) & ds.field("env_step").is_null() & (ds.field("padding") == False),  # noqa: E712
+    )
+    norms = np.concatenate(
+        [zeros.column(n).to_numpy(zero_copy_only=False).astype(np.float64) for n in ("h_norm", "c_norm")]
+    )
+    zero_ok = None if not zeros.num_rows else bool(np.nan_to_num(norms).max() == 0.0)
+    steps = m[(m["t"] >= 0) & (m["iteration"] == m["iteration_r"])]
+    first = steps[(steps["phase"] == "value") | (steps["minibatch"] == 0)]
+    first_pass = [
+        {
+            "module": str(mod),
+            "iteration": int(cast(Any, it)),
+            "rows": len(g),
+            "max_abs_h": float(g["abs_h"].max()),
+            "max_drift_h": float(g["rel_h"].max()),
+            "max_drift_c": float(g["rel_c"].max()),
+        }
+        for (mod, it), g in first.groupby(["module", "iteration"], observed=True)
+    ]
+    later = steps[steps["phase"] == "train"]
+    by_minibatch = [
+        {
+            "module": str(mod),
+            "minibatch": int(cast(Any, mb)),
+            "rows": len(g),
+            "drift_h_mean": float(g["rel_h"].mean()),
+            "drift_h_max": float(g["rel_h"].max()),
+            "drift_c_mean": float(g["rel_c"].mean()),
+        }
+        for (mod, mb), g in later.groupby(["module", "minibatch"], observed=True)
+    ]
+    return CrossProcessSection(
+        state_in_rows=len(start),
+        state_in_max_abs=state_in,
+        state_in_ok=state_in_ok,
+        zero_starts=zeros.num_rows,
+        zero_starts_ok=zero_ok,
+        unpaired=unpaired,
+        first_pass=first_pass,
+        by_minibatch=by_minibatch,
+        vectors=vectors,
+    )
+
+
+class CrossProcess(Section[CrossProcessSection]):
+    key = "cross_process"
+    needs: ClassVar[str | None] = "shards"
+    findings_rank: ClassVar[int] = 50
+
+    def compute(self, log: Log, acc: Any) -> CrossProcessSection:
+        return cross_process(log.data, log.vectors)
+
+    def warnings(self, data: CrossProcessSection, log: Log) -> list[str]:
+        if data.state_in_ok is not False and data.zero_starts_ok is not False:
+            return []
+        return [
+            "provenance check FAILED: learner chunks do not start from the env runners' stored states "
+            f"(max |diff| {max(data.state_in_max_abs.values(), default=0.0):.3g}); the row-to-timestep "
+            "mapping of this log cannot be trusted"
+        ]
+
+    def unavailable(self, data: CrossProcessSection, log: Log) -> list[str]:
+        if log.iterations <= CROSS_ITERATIONS:
+            return []
+        return [
+            f"the cross-process check (RLlib) reads the first {CROSS_ITERATIONS} of {log.iterations} iterations, "
+            "which bounds its memory; load() and pair() read any iteration"
+        ]
+
+    def findings(self, data: CrossProcessSection) -> list[str]:
+        x = data
+        out: list[str] = []
+        if x.state_in_ok is not None:
+            worst = max(x.state_in_max_abs.values(), default=0.0)
+            out.append(
+                f"RLlib oracle: {x.state_in_rows} learner chunks that continue an episode start from exactly the "
+                f"state the env runner produced one step earlier (max |diff| {worst:.2g} "
+                f"{'OK' if x.state_in_ok else 'FAILED'}); {x.zero_starts} chunks that start an episode start from "
+                f"{'zeros' if x.zero_starts_ok else 'NON-ZERO states'}"
+            )
+        per_module: dict[str, list[dict[str, Any]]] = {}
+        for row in x.first_pass:
+            per_module.setdefault(row["module"], []).append(row)
+        exact = {m: max(r["max_drift_h"] for r in rows) <= PROVENANCE_TOLERANCE for m, rows in per_module.items()}
+        for module, rows in per_module.items():
+            worst = max(r["max_drift_h"] for r in rows)
+            if exact[module]:
+                out.append(
+                    f"{module}: before the first optimizer step the learner recomputes the rollout states exactly "
+                    f"(max relative drift {worst:.2g} over {sum(r['rows'] for r in rows)} rows)"
+                )
+                continue
+            clean = [r["iteration"] for r in rows if r["max_drift_h"] <= PROVENANCE_TOLERANCE]
+            msg = (
+                f"{module}: the learner's states differ from the env runners' rollout states of the same weights "
+                f"version already before the first optimizer step (max relative drift {worst:.2g})"
+            )
+            if any(exact.values()) and x.state_in_ok:
+                msg += (
+                    ", while provenance and stored states check out: the env runners ran this module with other "
+                    "weights than the learner"
+                )
+                if clean == [min(r["iteration"] for r in rows)]:
+                    msg += (
+                        f" (exact in iteration {clean[0]} only, when both still had the initial weights: the env "
+                        "runners' copy is never synced; RLlib 2.60's inference-only env-runner module keeps the "
+                        "critic at its initial weights, so every stored critic state a chunk starts from comes "
+                        "from an untrained critic)"
+                    )
+            out.append(msg)
+        if x.unpaired:
+            out.append(f"{x.unpaired} learner rows found no rollout row of the same worker, env and env step")
+        return out
+
+    def text(self, data: CrossProcessSection, caps: Capabilities) -> list[Block]:
+        x = data
+        verdict = {True: "[green]OK[/]", False: "[red]FAILED[/]", None: "-"}
+        worst = max(x.state_in_max_abs.values(), default=0.0)
+        out: list[Block] = [
+            Line(
+                f"provenance check (RLlib, across processes): {x.state_in_rows:,} chunk initial states vs the env "
+                f"runners' states one step earlier, max |diff| {worst:.2g} {verdict[x.state_in_ok]}; "
+                f"{x.zero_starts:,} episode-start chunks from zeros {verdict[x.zero_starts_ok]}; "
+                f"{x.unpaired:,} learner rows without a rollout partner",
+                soft_wrap=True,
+            ),
+            Table(
+                "Staleness (RLlib): learner states vs rollout states of the same env step, by minibatch",
+                ("module", "minibatch", "rows", "h mean", "h max", "c mean"),
+                tuple(
+                    (
+                        safe(row["module"]),
+                        str(row["minibatch"]),
+                        f"{row['rows']:,}",
+                        fmt(row["drift_h_mean"]),
+                        fmt(row["drift_h_max"]),
+                        fmt(row["drift_c_mean"]),
+                    )
+                    for row in x.by_minibatch[:SHOWN_MINIBATCHES]
+                ),
+            ),
+        ]
+        for module in dict.fromkeys(r["module"] for r in x.first_pass):
+            rows = [r for r in x.first_pass if r["module"] == module]
+            shown = ", ".join(f"{r['iteration']}: {fmt(r['max_drift_h'])}" for r in rows[:SHOWN_ITERATIONS])
+            out.append(
+                Line(
+                    f"max h drift of {safe(module)} before the first optimizer step, by iteration: {shown}",
+                    soft_wrap=True,
+                )
+            )
+        return out

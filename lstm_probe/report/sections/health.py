@@ -1,0 +1,215 @@
+"""Section 6: state health per module and layer (rollout states): norms per iteration, NaN/inf, and where
+the log has vectors, saturated, dead and constant units. Streams the rollout rows batch by batch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as ds
+
+from lstm_probe.contract import Capabilities
+from lstm_probe.report.numeric import group_stats, groups, mean_max, present, row_key
+from lstm_probe.report.section import (
+    Accumulator,
+    ArrayMax,
+    ArrayMin,
+    Block,
+    GroupStats,
+    Keyed,
+    Log,
+    Max,
+    Section,
+    Sum,
+    Table,
+    fmt,
+)
+from lstm_probe.text import safe
+
+SATURATION = 0.95
+DEAD = 1e-3
+HEALTH_BATCH = 65536
+"""Rollout rows per batch: the vectors of one batch are the section's memory."""
+
+
+@dataclass
+class HealthSection:
+    """Section 6: state health per module and layer (rollout states)."""
+
+    layers: list[dict[str, Any]]
+    norms_by_iteration: list[dict[str, Any]]
+    vectors_available: bool
+
+
+@dataclass
+class UnitTotals(Accumulator[tuple[np.ndarray, np.ndarray, pa.Array | None]]):
+    """One (module, layer)'s rollout rows: counts, the largest c norm, and per unit the largest |h|, the
+    lowest and the highest h (non-finite values as 0)."""
+
+    rows: Sum = field(default_factory=Sum)
+    nan_rows: Sum = field(default_factory=Sum)
+    saturated: Sum = field(default_factory=Sum)
+    values: Sum = field(default_factory=Sum)
+    c_max: Max = field(default_factory=Max)
+    max_abs: ArrayMax = field(default_factory=ArrayMax)
+    low: ArrayMin = field(default_factory=ArrayMin)
+    high: ArrayMax = field(default_factory=ArrayMax)
+
+    def add(self, part: tuple[np.ndarray, np.ndarray, pa.Array | None]) -> None:
+        """``part``: the h norms, c norms and (None: no vectors) h vectors of this key's rows of one batch."""
+        hn, cn, h_rows = part
+        self.rows.add(len(hn))
+        self.nan_rows.add(int((~np.isfinite(hn) | ~np.isfinite(np.nan_to_num(cn, nan=0.0))).sum()))
+        finite_c = cn[np.isfinite(cn)]
+        if finite_c.size:
+            self.c_max.add(float(finite_c.max()))
+        if h_rows is None:
+            return
+        sub = h_rows.filter(h_rows.is_valid())
+        if len(sub) == 0:
+            return
+        h = np.asarray(sub.flatten().to_numpy(zero_copy_only=False), np.float32).reshape(-1, h_rows.type.list_size)
+        finite = np.where(np.isfinite(h), h, 0.0)
+        self.saturated.add(int((np.abs(finite) > SATURATION).sum()))
+        self.values.add(h.size)
+        self.max_abs.add(np.abs(finite).max(0))
+        self.low.add(finite.min(0))
+        self.high.add(finite.max(0))
+
+    def result(self, module: str, layer: int) -> dict[str, Any]:
+        entry: dict[str, Any] = {
+            "module": module,
+            "layer": layer,
+            "rows": self.rows.value,
+            "nan_or_inf_rows": self.nan_rows.value,
+            "c_norm_max": self.c_max.value if self.c_max.value is not None else 0.0,
+        }
+        if self.max_abs.value is not None and self.low.value is not None and self.high.value is not None:
+            entry["saturated_share"] = self.saturated.value / max(self.values.value, 1)
+            entry["dead_units"] = [int(i) for i in np.nonzero(self.max_abs.value < DEAD)[0]]
+            entry["constant_units"] = [int(i) for i in np.nonzero((self.high.value - self.low.value) < 1e-6)[0]]
+        return entry
+
+
+def _norm_groups() -> GroupStats:
+    return GroupStats()
+
+
+@dataclass
+class HealthTotals(Accumulator[pa.RecordBatch]):
+    units: Keyed[tuple[str, int], UnitTotals] = field(default_factory=Keyed)
+    norms: GroupStats = field(default_factory=_norm_groups)
+    """(module, layer, iteration) -> count, sum and max of h_norm, then of c_norm (NaN left out)."""
+
+    def add(self, part: pa.RecordBatch) -> None:
+        """One batch of rollout rows (with an ``h`` column where the log has vectors)."""
+        modules = part.column("module").to_numpy(zero_copy_only=False)
+        layers = part.column("layer").to_numpy()
+        hn = part.column("h_norm").to_numpy(zero_copy_only=False).astype(np.float64)
+        cn = part.column("c_norm").to_numpy(zero_copy_only=False).astype(np.float64)
+        self._norms(part.column("module"), layers, part.column("iteration"), hn, cn)
+        hcol = part.column("h") if "h" in part.schema.names else None
+        if hcol is not None and hcol.null_count == len(hcol):
+            hcol = None
+        for key in {(str(m), int(lv)) for m, lv in zip(modules, layers, strict=True)}:
+            sel = np.nonzero((modules == key[0]) & (layers == key[1]))[0]
+            unit = self.units.get(key)
+            if unit is None:
+                unit = self.units[key] = UnitTotals()
+            unit.add((hn[sel], cn[sel], None if hcol is None else hcol.take(sel)))
+
+    def _norms(
+        self, modules: pa.Array, layers: np.ndarray, iterations: pa.Array, hn: np.ndarray, cn: np.ndarray
+    ) -> None:
+        """Add one batch to the per-(module, layer, iteration) norm counts, sums and maxima (rows without an
+        iteration left out; NaN norms not counted)."""
+        it = iterations.to_numpy(zero_copy_only=False)
+        enc = modules.dictionary_encode()
+        codes = enc.indices.to_numpy(zero_copy_only=False).astype(np.float64)  # a null module: NaN, left out
+        names = enc.dictionary.to_pylist()
+        keep = present(it)
+        if not isinstance(keep, slice):
+            keep &= ~np.isnan(codes)
+        elif np.isnan(codes).any():
+            keep = ~np.isnan(codes)
+        columns = [codes[keep], layers[keep].astype(np.float64), it[keep].astype(np.float64)]
+        if not len(columns[0]):
+            return
+        key = row_key(columns)
+        if key is None:  # hand-made iteration numbers too far apart for one key
+            key = np.unique(np.stack(columns, axis=1), axis=0, return_inverse=True)[1].reshape(-1)
+        inv, n = groups(key)
+        stats = group_stats(inv, n, [hn[keep], cn[keep]])
+        labels = np.empty((n, 3))
+        labels[inv] = np.stack(columns, axis=1)
+        for (m, layer, iteration), values in zip(labels, stats, strict=True):
+            self.norms.add((str(names[int(m)]), int(layer), int(iteration)), values)
+
+
+class Health(Section[HealthSection]):
+    key = "health"
+    findings_rank: ClassVar[int] = 40
+
+    def compute(self, log: Log, acc: Any) -> HealthSection:
+        """Rollout rows only, streamed batch by batch: per-iteration norms and per-unit state health."""
+        vectors = log.vectors and log.info.rows > 0
+        totals = HealthTotals()
+        # h only when the log has vectors: reading an all-null vector column still builds its values
+        # (rows x hidden floats a batch)
+        columns = ["module", "layer", "iteration", "h_norm", "c_norm"] + (["h"] if vectors else [])
+        scanner = log.data.scanner(columns=columns, filter=ds.field("phase") == "rollout", batch_size=HEALTH_BATCH)
+        for batch in scanner.to_batches():
+            if batch.num_rows:
+                totals.add(batch)
+        layers = [unit.result(module, layer) for (module, layer), unit in sorted(totals.units.items())]
+        norms = []
+        for (module, layer, iteration), s in sorted(totals.norms.items()):
+            row = {"module": module, "layer": layer, "iteration": iteration}
+            norms.append(row | mean_max(s, 0, "h_norm") | mean_max(s, 3, "c_norm"))
+        return HealthSection(layers, norms, vectors)
+
+    def unavailable(self, data: HealthSection, log: Log) -> list[str]:
+        if log.vectors:
+            return []
+        return [
+            "state health per unit (dead/constant units, saturation): the log was written "
+            "with --capture summary, which stores no h/c vectors"
+        ]
+
+    def findings(self, data: HealthSection) -> list[str]:
+        out: list[str] = []
+        for layer in data.layers:
+            name = f"{layer['module']} layer {layer['layer']}"
+            if layer.get("dead_units"):
+                out.append(f"{len(layer['dead_units'])} dead units in {name} (|h| < {DEAD} on every rollout step)")
+            if layer.get("saturated_share", 0) > 0.05:
+                out.append(f"{layer['saturated_share']:.0%} of {name}'s h values are saturated (|h| > {SATURATION})")
+            if layer["nan_or_inf_rows"]:
+                out.append(f"{layer['nan_or_inf_rows']} rollout rows of {name} hold NaN or inf states")
+        return out
+
+    def text(self, data: HealthSection, caps: Capabilities) -> list[Block]:
+        if not data.layers:
+            return []
+        rows = tuple(
+            (
+                safe(row["module"]),
+                str(row["layer"]),
+                f"{row['rows']:,}",
+                fmt(row["c_norm_max"]),
+                f"{row['saturated_share']:.1%}" if "saturated_share" in row else "-",
+                str(len(row["dead_units"])) if "dead_units" in row else "-",
+                str(len(row["constant_units"])) if "constant_units" in row else "-",
+                str(row["nan_or_inf_rows"]),
+            )
+            for row in data.layers
+        )
+        return [
+            Table(
+                "State health (rollout states)",
+                ("module", "layer", "rows", "max |c|", "saturated", "dead units", "constant units", "NaN/inf"),
+                rows,
+            )
+        ]

@@ -1,0 +1,121 @@
+"""Section 1: the run (what trained, how far, what recording cost), from the log's metadata."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import pandas as pd
+
+from lstm_probe.contract import Capabilities
+from lstm_probe.report.section import Block, Log, Panel, Section, fmt, human_bytes
+from lstm_probe.text import safe
+
+SHOWN_HYPERPARAMETERS = ("n_steps", "batch_size", "n_epochs", "learning_rate", "gamma", "gae_lambda", "clip_range")
+
+
+@dataclass
+class RunSection:
+    """Section 1: the run."""
+
+    env_id: str | None
+    algorithm: str | None
+    policy: str | None
+    framework: str | None
+    n_envs: int | None
+    seed: Any
+    hyperparameters: dict[str, Any]
+    versions: dict[str, str]
+    steps_asked: int | None
+    steps_done: int | None
+    iterations: int
+    completed: bool
+    stop_reason: str | None
+    file_bytes: int
+    files: int
+    rows: int
+    wall_seconds: float | None
+    capture: dict[str, Any]
+    command: str | None
+    probe_cost: dict[str, Any] | None = None
+    """What recording cost while the run went (absent in older logs): ``calls``,
+    ``hook_seconds`` and ``integration_seconds`` on the training thread, ``writer_cpu_seconds`` of
+    the writer (process or thread), ``wait_seconds`` training waited for the writer; summed over processes."""
+
+
+def cost_line(cost: dict[str, Any], wall: float | None, processes: bool) -> str:
+    """One line on what recording cost, from the log's own measurements (``processes``: summed over the
+    processes of a sharded run, where a share of one wall clock means nothing)."""
+    main = float(cost.get("hook_seconds", 0)) + float(cost.get("integration_seconds", 0))
+    wall = cost.get("seconds") or wall
+    share = f" ({100 * main / wall:.1f}% of the traced {wall:.1f} s)" if wall and not processes else ""
+    where = "the training processes" if processes else "the training thread"
+    line = (
+        f"probe cost: {main:.2f} s on {where} for {int(cost.get('calls', 0)):,} calls{share}, "
+        f"{float(cost.get('writer_cpu_seconds', 0)):.2f} s CPU on the writer "
+        f"{'thread' if cost.get('writer') == 'thread' else 'process'}"
+    )
+    wait = float(cost.get("wait_seconds", 0))
+    if wait >= 0.01:
+        line += f", training waited {wait:.2f} s for the writer"
+    return line
+
+
+class Run(Section[RunSection]):
+    key = "run"
+    findings_rank: ClassVar[int] = 100  # the run's own state closes the list
+
+    def compute(self, log: Log, acc: Any) -> RunSection:
+        meta, info = log.meta, log.info
+        wall = None
+        try:
+            start, end = pd.Timestamp(meta["start_time"]), pd.Timestamp(meta["end_time"])
+            wall = float((end - start).total_seconds())
+        except (KeyError, ValueError, TypeError):
+            pass
+        progress = meta.get("progress") or {}
+        return RunSection(
+            env_id=meta.get("env_id"),
+            algorithm=meta.get("algorithm"),
+            policy=meta.get("policy"),
+            framework=meta.get("framework"),
+            n_envs=meta.get("n_envs"),
+            seed=meta.get("seed"),
+            hyperparameters=meta.get("hyperparameters") or {},
+            versions=meta.get("versions") or {},
+            steps_asked=meta.get("total_timesteps"),
+            steps_done=meta.get("progress_num_timesteps", progress.get("num_timesteps")),
+            iterations=log.iterations,
+            completed=bool(meta.get("completed")),
+            stop_reason=meta.get("stop_reason"),
+            file_bytes=info.bytes,
+            files=len(info.files),
+            rows=info.rows,
+            wall_seconds=wall,
+            capture=meta.get("capture") or {},
+            command=meta.get("command"),
+            probe_cost=meta.get("probe_cost"),
+        )
+
+    def findings(self, data: RunSection) -> list[str]:
+        return [] if data.completed else [f"the run did not complete: {data.stop_reason or 'unknown reason'}"]
+
+    def text(self, data: RunSection, caps: Capabilities) -> list[Block]:
+        r = data
+        lines = [
+            f"env [bold]{fmt(r.env_id)}[/], {fmt(r.algorithm)} / {fmt(r.policy)}, n_envs {fmt(r.n_envs)}, "
+            f"seed {fmt(r.seed)}",
+            f"steps {fmt(r.steps_done)} of {fmt(r.steps_asked)} asked, {r.iterations} iterations, "
+            f"{'completed' if r.completed else '[red]NOT completed[/]: ' + fmt(r.stop_reason)}",
+            f"{r.rows:,} rows in {r.files} file(s), {human_bytes(r.file_bytes)}, wall {fmt(r.wall_seconds)} s, "
+            f"capture {safe(r.capture.get('mode', '-'))} ({safe(r.capture.get('dtype', '-'))})",
+        ]
+        if r.probe_cost:
+            lines.append(safe(cost_line(r.probe_cost, r.wall_seconds, caps.shards)))
+        hp = r.hyperparameters
+        if hp:
+            shown = ", ".join(f"{safe(k)}={fmt(hp.get(k))}" for k in SHOWN_HYPERPARAMETERS if k in hp)
+            lines.append("hyperparameters: " + shown)
+        if r.versions:
+            lines.append("versions: " + ", ".join(f"{safe(k)} {safe(v)}" for k, v in r.versions.items()))
+        return [Panel("Run", tuple(lines))]

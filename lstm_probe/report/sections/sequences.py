@@ -1,0 +1,141 @@
+"""Section 4: training sequence lengths (the truncated-BPTT horizon) and episode lengths."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import numpy as np
+import pandas as pd
+
+from lstm_probe.contract import Capabilities
+from lstm_probe.report.numeric import summary_stats
+from lstm_probe.report.scan import Chunk
+from lstm_probe.report.section import Accumulator, Block, Log, Panel, Parts, Section, Sum, fmt
+
+LENGTH_EDGES = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 10**9]
+
+
+@dataclass
+class SequencesSection:
+    """Section 4: training sequence lengths (the truncated-BPTT horizon) and episode lengths."""
+
+    sequences: int
+    length: dict[str, float]
+    length_histogram: dict[str, int]
+    episode_length: dict[str, float]
+    episodes_completed: int
+    padding_share: float
+    stored_state_share: float
+    """Share of sequences that start from a stored mid-episode state rather than a reset."""
+
+
+@dataclass
+class SequenceTotals(Accumulator[Chunk]):
+    episodes: Parts[pd.DataFrame] = field(default_factory=Parts)
+    """Per run: first and last step of each (env, episode) of the rollout rows (one module's)."""
+    lengths: Parts[np.ndarray] = field(default_factory=Parts)
+    """Per run: each training sequence's length."""
+    stored_starts: Sum = field(default_factory=Sum)
+    padding: Sum = field(default_factory=Sum)
+    padding_of: Sum = field(default_factory=Sum)
+
+    def add(self, part: Chunk) -> None:
+        if len(part.roll):
+            self._episodes(part.roll, part.roll_module)
+        if len(part.train):
+            sel = part.train_sel
+            first = part.train.iloc[part.starts]
+            self.lengths.append(first["seq_len"].to_numpy(dtype=np.float64))
+            self.stored_starts.add(int((first["seq_reason"] != "episode_start").sum()))
+            self.padding.add(int(part.train["padding"].to_numpy()[sel].sum()))
+            self.padding_of.add(int(sel.sum()))
+
+    def _episodes(self, roll: pd.DataFrame, module: str | None) -> None:
+        # RLlib's extra pass on a terminal observation (bootstrap 'terminal') is not a step of the episode
+        keep = roll["episode_step"].notna().to_numpy() & roll["bootstrap"].isna().to_numpy()
+        keep &= (roll["module"] == module).to_numpy()
+        roll = roll[keep]
+        if not len(roll):
+            return
+        roll = roll.assign(env_key=roll["worker"].fillna(-1).astype(np.float64) * 1e6 + roll["env"])
+        per = roll.groupby(["env_key", "episode"], observed=True)["episode_step"].agg(["max", "min"])
+        self.episodes.append(per.reset_index())
+
+    def episode_lengths(self) -> np.ndarray:
+        """Lengths of the episodes that both start in the log and end before a later one of the same env."""
+        if not self.episodes:
+            return np.array([])
+        parts = pd.concat(self.episodes, ignore_index=True)
+        per = parts.groupby(["env_key", "episode"], observed=True).agg({"max": "max", "min": "min"}).reset_index()
+        later = per.groupby("env_key")["episode"].max()
+        done = per[(per["episode"] < per["env_key"].map(later)) & (per["min"] == 0)]
+        return (done["max"] + 1).to_numpy()
+
+
+class Sequences(Section[SequencesSection]):
+    key = "sequences"
+    findings_rank: ClassVar[int] = 10
+
+    def accumulator(self) -> SequenceTotals:
+        return SequenceTotals()
+
+    def compute(self, log: Log, acc: SequenceTotals) -> SequencesSection:
+        episodes = acc.episode_lengths()
+        lens = np.concatenate(acc.lengths) if acc.lengths else np.zeros(0)
+        if not acc.padding_of.value:
+            return SequencesSection(0, {}, {}, summary_stats(episodes), len(episodes), 0.0, 0.0)
+        hist: dict[str, int] = {}
+        for lo, hi in itertools.pairwise(LENGTH_EDGES):
+            n = int(((lens >= lo) & (lens < hi)).sum())
+            if n:
+                hist[f"{lo}-{hi - 1}" if hi < 10**9 else f">={lo}"] = n
+        return SequencesSection(
+            sequences=len(lens),
+            length=summary_stats(lens),
+            length_histogram=hist,
+            episode_length=summary_stats(episodes),
+            episodes_completed=len(episodes),
+            padding_share=acc.padding.value / acc.padding_of.value,
+            stored_state_share=acc.stored_starts.value / len(lens) if len(lens) else 0.0,
+        )
+
+    def findings(self, data: SequencesSection) -> list[str]:
+        s = data
+        if not (s.sequences and s.length):
+            return []
+        msg = (
+            f"gradients flow back at most {s.length['max']:.0f} steps (median {s.length['median']:.0f}) "
+            f"through the training sequences"
+        )
+        if s.episode_length:
+            msg += (
+                f", while completed episodes last {s.episode_length['median']:.0f} steps "
+                f"(median of {s.episodes_completed})"
+            )
+        return [
+            msg,
+            f"{s.stored_state_share:.0%} of training sequences start from a stored mid-episode state "
+            f"rather than a reset; {s.padding_share:.0%} of training rows are padding",
+        ]
+
+    def text(self, data: SequencesSection, caps: Capabilities) -> list[Block]:
+        s = data
+        if not s.sequences:
+            return []
+        return [
+            Panel(
+                "Sequences",
+                (
+                    f"{s.sequences:,} training sequences; length (the truncated-BPTT horizon): "
+                    f"min {fmt(s.length.get('min'))}, median {fmt(s.length.get('median'))}, "
+                    f"mean {fmt(s.length.get('mean'))}, max {fmt(s.length.get('max'))}\n"
+                    f"histogram: {', '.join(f'{k}: {v}' for k, v in s.length_histogram.items())}\n"
+                    f"episodes completed: {s.episodes_completed}, length median "
+                    f"{fmt(s.episode_length.get('median'))}, max {fmt(s.episode_length.get('max'))}\n"
+                    f"padding {s.padding_share:.1%} of train rows; {s.stored_state_share:.1%} of sequences start "
+                    "from a stored mid-episode state",
+                ),
+            )
+        ]

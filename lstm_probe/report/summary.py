@@ -1,0 +1,113 @@
+"""``summarize(path) -> Report``: every registered section computed from one log, and the report they make."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from lstm_probe.contract import Capabilities
+from lstm_probe.reader import dataset
+from lstm_probe.report import registry
+from lstm_probe.report.scan import REPORT_CHUNK_ROWS, scan
+from lstm_probe.report.section import Block, Line, Log, Panel, Section
+from lstm_probe.text import safe
+
+
+@dataclass
+class Report:
+    """Everything ``lstm-probe report`` shows. Each section's data is an attribute named by its key
+    (``report.run``, ``report.calls``, ...; None where the section does not apply to the log);
+    ``--json`` prints :meth:`to_dict`."""
+
+    path: str
+    schema_version: int
+    warnings: list[str]
+    sections: dict[str, Any]
+    """Section key -> its data, in registry order."""
+    capabilities: Capabilities
+    findings: list[str] = field(default_factory=list)
+    unavailable: list[str] = field(default_factory=list)
+
+    def __getattr__(self, name: str) -> Any:
+        sections = self.__dict__.get("sections")
+        if sections is not None and name in sections:
+            return sections[name]
+        raise AttributeError(f"'Report' object has no attribute {name!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON: path, schema_version, warnings, the sections every log has, findings, unavailable,
+        then the sections only some logs have (null where they do not apply)."""
+        out: dict[str, Any] = {
+            "path": self.path,
+            "schema_version": self.schema_version,
+            "warnings": list(self.warnings),
+        }
+        for s in _json_order():
+            if s.needs is None:
+                out[s.key] = s.to_json(self.sections[s.key])
+        out["findings"] = list(self.findings)
+        out["unavailable"] = list(self.unavailable)
+        for s in _json_order():
+            if s.needs is not None:
+                data = self.sections[s.key]
+                out[s.key] = None if data is None else s.to_json(data)
+        return out
+
+    def text(self) -> list[list[Block]]:
+        """What the CLI prints, one list of blocks per section (then what this log cannot show, then the
+        findings). Strings from the log are made safe to print here."""
+        out = [s.text(self.sections[s.key], self.capabilities) for s in _present(self)]
+        out.append([Line(f"[dim]not in this log: {safe(u)}[/]") for u in self.unavailable])
+        if self.findings:
+            out.append([Panel("Findings", tuple(f"- {safe(f)}" for f in self.findings))])
+        return out
+
+
+def _json_order() -> list[Section[Any]]:
+    """The sections every log has, then those that need a capability (their keys come last in the JSON)."""
+    return [s for s in registry.SECTIONS if s.needs is None] + [s for s in registry.SECTIONS if s.needs is not None]
+
+
+def _present(rep: Report) -> list[Section[Any]]:
+    return [s for s in registry.SECTIONS if rep.sections.get(s.key) is not None]
+
+
+def summarize(path: str | os.PathLike[str], *, chunk_rows: int = REPORT_CHUNK_ROWS) -> Report:
+    """Read a log (file, dataset directory or a killed run's parts) and compute every report section.
+    ``chunk_rows``: see :data:`REPORT_CHUNK_ROWS` (the result does not depend on it)."""
+    if chunk_rows < 1:
+        raise ValueError(f"chunk_rows must be at least 1, got {chunk_rows}")
+    data, info = dataset(path)
+    log = Log(data, info, Capabilities.from_metadata(info.metadata))
+    sections = [s for s in registry.SECTIONS if s.applies(log.caps)]
+    accumulators = {s.key: acc for s in sections if (acc := s.accumulator()) is not None}
+    totals = scan(data, list(accumulators.values()), chunk_rows)
+    log.iterations = totals.iterations
+    warnings = list(info.warnings)
+    if totals.duplicates:
+        warnings.append(
+            f"{totals.duplicates} duplicate rows (the same call, module, layer, column and step twice): was a "
+            "part file copied or read twice? Sections count them twice"
+        )
+    if info.rows == 0:
+        warnings.append("the log holds no rows: training made no LSTM call before it stopped")
+    results: dict[str, Any] = {s.key: None for s in registry.SECTIONS}
+    for s in sections:
+        results[s.key] = s.compute(log, accumulators.get(s.key))
+    unavailable: list[str] = []
+    for s in _json_order():
+        if results[s.key] is not None:
+            warnings.extend(s.warnings(results[s.key], log))
+            unavailable.extend(s.unavailable(results[s.key], log))
+    ranked = sorted(sections, key=lambda s: s.findings_rank)
+    findings = [f for s in ranked for f in s.findings(results[s.key])]
+    return Report(
+        path=str(info.path),
+        schema_version=int(info.metadata.get("schema_version", 0)),
+        warnings=warnings,
+        sections=results,
+        capabilities=log.caps,
+        findings=findings,
+        unavailable=unavailable,
+    )
