@@ -67,7 +67,8 @@ def test_the_writer_process_never_loads_pandas(tmp_path):
     """pyarrow imports pandas on its first array conversion when pandas is installed (~30 MB private);
     the writer process keeps it out. Rows are encoded when a row group is flushed: a short part time
     makes the writer flush while the test still holds it."""
-    from lstm_probe.tracer import Tracer, find_recurrent
+    from lstm_probe import Tracer
+    from lstm_probe.tracer import find_recurrent
 
     m = nn.LSTM(3, 8)
     with torch.no_grad(), Tracer(find_recurrent(m), tmp_path / "p.parquet", part_seconds=0.2) as probe:

@@ -1,4 +1,4 @@
-"""Ray RLlib (new API stack) integration: every env runner and learner process traces its own LSTM calls.
+"""Ray RLlib (new API stack) probes: every env runner and learner process traces its own LSTM calls.
 
 ``probe_config(config, "runs/cp/")`` adds three things to a PPOConfig, all picklable so Ray ships them to
 every process:
@@ -49,8 +49,9 @@ from ray.rllib.utils import force_list
 from torch import nn
 
 from lstm_probe.contract import BOOTSTRAP, SEQ_REASON, Capabilities, Grid, Tags
-from lstm_probe.errors import BadInput, one_line
-from lstm_probe.options import CaptureOptions, RunResult, capture_options, validate
+from lstm_probe.errors import BadInput
+from lstm_probe.integrations.rllib.model import gradient_flow, lstms
+from lstm_probe.options import CaptureOptions, capture_options
 from lstm_probe.tracer import Tracer, describe_modules
 
 KEY = "lstm_probe"
@@ -73,31 +74,6 @@ class Options(CaptureOptions):
 _OPEN: list[Any] = []
 _RUNNER_PROBES: weakref.WeakKeyDictionary[Any, RolloutProbe] = weakref.WeakKeyDictionary()
 _LEARNER_PROBES: weakref.WeakKeyDictionary[Any, LearnerProbe] = weakref.WeakKeyDictionary()
-
-
-def role(name: str, count: int) -> str:
-    """'actor' / 'critic' for RLlib's default encoders (``encoder.actor_encoder.lstm``,
-    ``encoder.critic_encoder.lstm``); with vf_share_layers the one LSTM (``encoder.encoder.lstm``) is
-    'actor', as sb3's shared LSTM is. Other modules keep their names."""
-    if "critic" in name:
-        return "critic"
-    if "actor" in name or count == 1:
-        return "actor"
-    return name
-
-
-def lstms(module: nn.Module) -> dict[str, nn.Module]:
-    found = [(n, m) for n, m in module.named_modules() if isinstance(m, nn.LSTM | nn.GRU)]
-    if not found:
-        raise BadInput(
-            "the RLModule has no nn.LSTM or nn.GRU; set use_lstm=True in the model config "
-            "(DefaultModelConfig(use_lstm=True))"
-        )
-    out: dict[str, nn.Module] = {}
-    for n, m in found:
-        name = role(n, len(found))
-        out[n if name in out else name] = m  # two modules of one role keep their full names
-    return out
 
 
 CALL_BLOCK = 10**12
@@ -215,95 +191,6 @@ class RolloutProbe(_Probe):
         grid.worker = np.full((n, 1), self.worker, np.int32)
         grid.bootstrap = boot[:, None]
         return Tags(phase=phase, iteration=int(getattr(self.runner, "_weights_seq_no", 0)), grid=grid)
-
-
-def gradient_flow(module: Any) -> dict[str, Any]:
-    """Which parameters the policy and the value outputs reach, by autograd on a synthetic batch.
-
-    PPO's losses depend on the parameters only through these outputs: the policy and entropy losses through
-    ``action_dist_inputs`` of ``forward_train``, the value loss through ``compute_values``. Runs before any
-    hook is attached, draws the batch from a local RNG and never touches ``.grad`` (``torch.autograd.grad``),
-    so training is unchanged. Returns the record the report's architecture section reads.
-    """
-    from ray.rllib.core.columns import Columns
-
-    space = module.observation_space
-    shape = getattr(space, "shape", None)
-    if not shape:
-        return {"verdict": None, "batch": f"not measured: synthetic batches need a Box observation space ({space})"}
-    n, t = 2, 3
-    rng = np.random.default_rng(0)
-    obs = torch.as_tensor(rng.uniform(-1, 1, size=(n, t, *shape)), dtype=torch.float32)
-    initial = module.get_initial_state()
-
-    def batched(x: Any) -> Any:
-        if isinstance(x, dict):
-            return {k: batched(v) for k, v in x.items()}
-        x = torch.as_tensor(x, dtype=torch.float32)
-        return x.unsqueeze(0).expand(n, *x.shape).contiguous()
-
-    batch = {Columns.OBS: obs, Columns.STATE_IN: batched(initial)}
-    params = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
-    out = module.forward_train(dict(batch))
-    policy = out[Columns.ACTION_DIST_INPUTS].float().pow(2).sum()
-    value = module.compute_values(dict(batch)).float().pow(2).sum()
-    reach: dict[str, tuple[bool, bool]] = {name: (False, False) for name, _ in params}
-    for which, loss in enumerate((policy, value)):
-        grads = torch.autograd.grad(loss, [p for _, p in params], allow_unused=True, retain_graph=True)
-        for (name, _), g in zip(params, grads, strict=True):
-            if g is not None and bool(g.abs().sum() > 0):
-                pol, val = reach[name]
-                reach[name] = (True, val) if which == 0 else (pol, True)
-    table = {
-        name: {(True, True): "both", (True, False): "policy", (False, True): "value"}.get(r, "neither")
-        for name, r in reach.items()
-    }
-    lstm_names = [name for name, m in module.named_modules() if isinstance(m, nn.LSTM | nn.GRU)]
-    parts = []
-    for name in lstm_names:
-        kinds = {v for k, v in table.items() if k.startswith(name + ".")}
-        by = "both" if "both" in kinds or kinds >= {"policy", "value"} else next(iter(kinds), "neither")
-        words = {
-            "both": "trained by the policy and the value loss",
-            "policy": "trained by the policy loss only",
-            "value": "trained by the value loss only",
-            "neither": "trained by no loss",
-        }
-        parts.append(f"{name} ({role(name, len(lstm_names))}) is {words[by]}")
-    shared = len(lstm_names) == 1
-    verdict = (
-        "actor and critic share one LSTM (vf_share_layers=True): "
-        if shared
-        else "actor and critic have separate LSTMs (vf_share_layers=False): "
-    ) + "; ".join(parts)
-    return {
-        "verdict": verdict,
-        "gradient_flow": table,
-        "batch": f"a synthetic batch of {n} sequences x {t} steps (policy: forward_train's action_dist_inputs; "
-        "value: compute_values)",
-        "shared": shared,
-    }
-
-
-def arch(env_id: str, *, shared_lstm: bool = False, hidden_size: int | None = None) -> dict[str, Any]:
-    """The measured gradient flow of RLlib PPO's default LSTM RLModule for ``env_id`` (no Ray, no training)."""
-    import gymnasium as gym
-    from ray.rllib.algorithms.ppo import PPOConfig
-    from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
-
-    try:
-        env = gym.make(env_id)
-    except gym.error.Error as exc:
-        raise BadInput(f"unknown env id {env_id!r} ({one_line(exc, kind=False)})") from None
-    model: dict[str, Any] = {"use_lstm": True, "vf_share_layers": shared_lstm}
-    if hidden_size:
-        model["lstm_cell_size"] = hidden_size
-    config = PPOConfig().environment(env_id).rl_module(model_config=DefaultModelConfig(**model))
-    module: Any = config.get_rl_module_spec(env=env).build()
-    env.close()
-    flow = gradient_flow(module)
-    shapes = {name: list(p.shape) for name, p in module.named_parameters()}
-    return {"env_id": env_id, "modules": describe_modules(lstms(module)), "shapes": shapes, **flow}
 
 
 class LearnerProbe(_Probe):
@@ -601,142 +488,3 @@ def close(algo: Any, completed: bool = True, stop_reason: str | None = None, num
     except Exception:
         pass
     return closed + _close_here(completed, stop_reason, extra)
-
-
-def run(
-    env_id: str,
-    out: str | None = None,
-    *,
-    steps: int = 4000,
-    seed: int = 0,
-    env_runners: int = 0,
-    learners: int = 0,
-    n_envs: int = 1,
-    n_steps: int | None = None,
-    batch_size: int | None = None,
-    n_epochs: int | None = None,
-    learning_rate: float | None = None,
-    hidden_size: int | None = None,
-    max_seq_len: int | None = None,
-    shared_lstm: bool = False,
-    capture: str = "full",
-    every: int = 1,
-    float16: bool = False,
-    force: bool = False,
-    part_seconds: float = 60.0,
-    part_iterations: int | None = None,
-    torch_threads: int | None = None,
-    command: str | None = None,
-    progress: Callable[[int, int], None] | None = None,
-    options: CaptureOptions | None = None,
-) -> RunResult:
-    """Train RLlib PPO (use_lstm=True) on ``env_id`` with the probe in every process; returns a RunResult.
-
-    Defaults follow the sb3 CLI where RLlib has no single answer: a rollout fragment of ``n_steps`` [128]
-    per env, a train batch of one fragment from every env of every runner, minibatches of ``batch_size``
-    [128] timesteps, ``n_epochs`` [10]; the model is RLlib's default LSTM (lstm_cell_size 256,
-    max_seq_len 20) unless ``hidden_size`` / ``max_seq_len`` are given. ``out`` is a directory [run/];
-    ``options``: the capture settings as one :class:`~lstm_probe.options.CaptureOptions`.
-    """
-    import logging
-
-    import gymnasium as gym
-    import ray
-    from ray.rllib.algorithms.ppo import PPOConfig
-    from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
-
-    from lstm_probe.reader import read_info
-
-    opts = capture_options(
-        options,
-        _out(out, options),
-        capture=capture,
-        every=every,
-        float16=float16,
-        force=force,
-        part_seconds=part_seconds,
-        part_iterations=part_iterations,
-    )
-    validate(
-        steps=steps,
-        n_envs=n_envs,
-        n_steps=n_steps,
-        batch_size=batch_size,
-        n_epochs=n_epochs,
-        learning_rate=learning_rate,
-        hidden_size=hidden_size,
-        torch_threads=torch_threads,
-    )
-    for name, value, low in (
-        ("env_runners", env_runners, 0),
-        ("learners", learners, 0),
-        ("max_seq_len", max_seq_len, 1),
-    ):
-        if value is not None and value < low:
-            raise BadInput(f"--{name.replace('_', '-')} must be >= {low}, got {value}")
-    if learners > 1:
-        raise BadInput("--learners above 1 (DDP across learners) is not traced yet; use --learners 0 or 1")
-    try:
-        gym.spec(env_id)
-    except gym.error.Error as exc:
-        raise BadInput(f"unknown env id {env_id!r} ({one_line(exc, kind=False)})") from None
-    fragment = n_steps or 128
-    training: dict[str, Any] = {} if learning_rate is None else {"lr": learning_rate}
-    model: dict[str, Any] = {"use_lstm": True, "vf_share_layers": shared_lstm}
-    if hidden_size:
-        model["lstm_cell_size"] = hidden_size
-    if max_seq_len:
-        model["max_seq_len"] = max_seq_len
-    config = (
-        PPOConfig()
-        .environment(env_id)
-        .env_runners(num_env_runners=env_runners, num_envs_per_env_runner=n_envs, rollout_fragment_length=fragment)
-        .learners(num_learners=learners)
-        .training(
-            train_batch_size_per_learner=fragment * n_envs * max(1, env_runners),
-            minibatch_size=batch_size or 128,
-            num_epochs=n_epochs or 10,
-            **training,
-        )
-        .rl_module(model_config=DefaultModelConfig(**model))
-        .debugging(seed=seed)
-    )
-    threads = torch_threads or 1
-    os.environ.setdefault("OMP_NUM_THREADS", str(threads))  # RLlib sets it for actors, not for the driver
-    torch.set_num_threads(threads)
-    probe_config(config, options=opts, metadata={"command": command, "total_timesteps": steps, "n_envs": n_envs})
-    os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "error")
-    # RLlib's own warnings (new API stack notice, deprecations) would bury the CLI's one-line output
-    logging.getLogger("ray.rllib").setLevel(logging.ERROR)
-    if not ray.is_initialized():
-        # Each env runner and learner actor reserves one logical CPU; with fewer, Ray would wait for them
-        # forever. Logical CPUs may exceed the cores (the actors then share them), so ask for enough.
-        cpus = max(os.cpu_count() or 1, env_runners + learners)
-        ray.init(include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR, num_cpus=cpus)
-    else:
-        have = int(ray.cluster_resources().get("CPU", 0))
-        if env_runners + learners > have:
-            raise BadInput(
-                f"{env_runners} env runner(s) and {learners} learner(s) need {env_runners + learners} CPUs in "
-                f"the running Ray cluster, which has {have}; use fewer or start Ray with more (ray.init(num_cpus=N))"
-            )
-    start = time.perf_counter()
-    algo = config.build_algo()
-    done = 0
-    completed, reason = False, None
-    try:
-        while done < steps:
-            result = algo.train()
-            done = int(result.get("env_runners", {}).get("num_env_steps_sampled_lifetime", done + 1))
-            if progress is not None:
-                progress(done, steps)
-        completed = True
-    except BaseException as exc:
-        reason = one_line(exc)
-        raise
-    finally:
-        close(algo, completed=completed, stop_reason=reason, num_timesteps=done)
-        algo.stop()
-    seconds = time.perf_counter() - start
-    info = read_info(_directory(opts.out) or os.fspath(opts.out))
-    return RunResult(info.path, info.rows, info.bytes, completed, done, seconds)

@@ -1,0 +1,156 @@
+"""``lstm-probe run --framework rllib``: train RLlib PPO (use_lstm=True) with the probe in every process."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from lstm_probe.errors import BadInput, one_line
+from lstm_probe.integrations.rllib.model import arch
+from lstm_probe.integrations.rllib.probe import _directory, _out, close, probe_config
+from lstm_probe.options import CaptureOptions, RunResult, capture_options, validate
+
+__all__ = ["arch", "run"]
+
+
+def run(
+    env_id: str,
+    out: str | None = None,
+    *,
+    steps: int = 4000,
+    seed: int = 0,
+    env_runners: int = 0,
+    learners: int = 0,
+    n_envs: int = 1,
+    n_steps: int | None = None,
+    batch_size: int | None = None,
+    n_epochs: int | None = None,
+    learning_rate: float | None = None,
+    hidden_size: int | None = None,
+    max_seq_len: int | None = None,
+    shared_lstm: bool = False,
+    capture: str = "full",
+    every: int = 1,
+    float16: bool = False,
+    force: bool = False,
+    part_seconds: float = 60.0,
+    part_iterations: int | None = None,
+    torch_threads: int | None = None,
+    command: str | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    options: CaptureOptions | None = None,
+) -> RunResult:
+    """Train RLlib PPO (use_lstm=True) on ``env_id`` with the probe in every process; returns a RunResult.
+
+    Defaults follow the sb3 CLI where RLlib has no single answer: a rollout fragment of ``n_steps`` [128]
+    per env, a train batch of one fragment from every env of every runner, minibatches of ``batch_size``
+    [128] timesteps, ``n_epochs`` [10]; the model is RLlib's default LSTM (lstm_cell_size 256,
+    max_seq_len 20) unless ``hidden_size`` / ``max_seq_len`` are given. ``out`` is a directory [run/];
+    ``options``: the capture settings as one :class:`~lstm_probe.options.CaptureOptions`.
+    """
+    import logging
+
+    import gymnasium as gym
+    import ray
+    from ray.rllib.algorithms.ppo import PPOConfig
+    from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
+
+    from lstm_probe.reader import read_info
+
+    opts = capture_options(
+        options,
+        _out(out, options),
+        capture=capture,
+        every=every,
+        float16=float16,
+        force=force,
+        part_seconds=part_seconds,
+        part_iterations=part_iterations,
+    )
+    validate(
+        steps=steps,
+        n_envs=n_envs,
+        n_steps=n_steps,
+        batch_size=batch_size,
+        n_epochs=n_epochs,
+        learning_rate=learning_rate,
+        hidden_size=hidden_size,
+        torch_threads=torch_threads,
+    )
+    for name, value, low in (
+        ("env_runners", env_runners, 0),
+        ("learners", learners, 0),
+        ("max_seq_len", max_seq_len, 1),
+    ):
+        if value is not None and value < low:
+            raise BadInput(f"--{name.replace('_', '-')} must be >= {low}, got {value}")
+    if learners > 1:
+        raise BadInput("--learners above 1 (DDP across learners) is not traced yet; use --learners 0 or 1")
+    try:
+        gym.spec(env_id)
+    except gym.error.Error as exc:
+        raise BadInput(f"unknown env id {env_id!r} ({one_line(exc, kind=False)})") from None
+    fragment = n_steps or 128
+    training: dict[str, Any] = {} if learning_rate is None else {"lr": learning_rate}
+    model: dict[str, Any] = {"use_lstm": True, "vf_share_layers": shared_lstm}
+    if hidden_size:
+        model["lstm_cell_size"] = hidden_size
+    if max_seq_len:
+        model["max_seq_len"] = max_seq_len
+    config = (
+        PPOConfig()
+        .environment(env_id)
+        .env_runners(num_env_runners=env_runners, num_envs_per_env_runner=n_envs, rollout_fragment_length=fragment)
+        .learners(num_learners=learners)
+        .training(
+            train_batch_size_per_learner=fragment * n_envs * max(1, env_runners),
+            minibatch_size=batch_size or 128,
+            num_epochs=n_epochs or 10,
+            **training,
+        )
+        .rl_module(model_config=DefaultModelConfig(**model))
+        .debugging(seed=seed)
+    )
+    threads = torch_threads or 1
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))  # RLlib sets it for actors, not for the driver
+    torch.set_num_threads(threads)
+    probe_config(config, options=opts, metadata={"command": command, "total_timesteps": steps, "n_envs": n_envs})
+    os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "error")
+    # RLlib's own warnings (new API stack notice, deprecations) would bury the CLI's one-line output
+    logging.getLogger("ray.rllib").setLevel(logging.ERROR)
+    if not ray.is_initialized():
+        # Each env runner and learner actor reserves one logical CPU; with fewer, Ray would wait for them
+        # forever. Logical CPUs may exceed the cores (the actors then share them), so ask for enough.
+        cpus = max(os.cpu_count() or 1, env_runners + learners)
+        ray.init(include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR, num_cpus=cpus)
+    else:
+        have = int(ray.cluster_resources().get("CPU", 0))
+        if env_runners + learners > have:
+            raise BadInput(
+                f"{env_runners} env runner(s) and {learners} learner(s) need {env_runners + learners} CPUs in "
+                f"the running Ray cluster, which has {have}; use fewer or start Ray with more (ray.init(num_cpus=N))"
+            )
+    start = time.perf_counter()
+    algo = config.build_algo()
+    done = 0
+    completed, reason = False, None
+    try:
+        while done < steps:
+            result = algo.train()
+            done = int(result.get("env_runners", {}).get("num_env_steps_sampled_lifetime", done + 1))
+            if progress is not None:
+                progress(done, steps)
+        completed = True
+    except BaseException as exc:
+        reason = one_line(exc)
+        raise
+    finally:
+        close(algo, completed=completed, stop_reason=reason, num_timesteps=done)
+        algo.stop()
+    seconds = time.perf_counter() - start
+    info = read_info(_directory(opts.out) or os.fspath(opts.out))
+    return RunResult(info.path, info.rows, info.bytes, completed, done, seconds)
