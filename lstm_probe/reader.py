@@ -1,6 +1,14 @@
 """Read logs: one file, a dataset directory of parts, or the parts a killed run left behind.
 
 Nothing here imports torch or sb3, and nothing executes code from a log (Parquet + JSON only).
+
+A log may come from someone else, so :func:`read_info` bounds what a file can make the reader allocate
+before any row is read, and refuses a file past a bound with one line (:class:`BadLog`): the Parquet
+footer (:data:`MAX_FOOTER_BYTES`), the metadata JSON documents (:data:`MAX_METADATA_BYTES`,
+:data:`MAX_JSON_DEPTH`), the width of the h and c vectors against the ``hidden_size`` the metadata
+declares (:data:`MAX_HIDDEN_SIZE`), and the bytes one row group takes once read into Arrow
+(:data:`MAX_ROW_GROUP_BYTES`; a few KB on disk can hold gigabytes of null vectors). Each bound is far
+above what lstm-probe's writer makes (see each constant).
 """
 
 from __future__ import annotations
@@ -35,6 +43,22 @@ from lstm_probe.writer import META_FINAL_KEY
 
 KEYS = ["module", "layer", "env", "env_step"]
 
+MAX_FOOTER_BYTES = 64 << 20
+"""Largest Parquet footer read. The writer's footers hold the metadata twice (as JSON and inside the
+stored Arrow schema) plus ~5 KB per row group: tens of KB for a run, a few MB for a 10 GB log part."""
+MAX_METADATA_BYTES = 16 << 20
+"""Largest metadata JSON document parsed (the writer's are a few KB)."""
+MAX_JSON_DEPTH = 64
+"""Deepest nesting accepted in a metadata JSON document (the writer's nest 5 levels at most)."""
+MAX_HIDDEN_SIZE = 1 << 16
+"""Widest h and c vectors read (LSTM hidden sizes in RL policies are 32..2048)."""
+MAX_ROW_GROUP_BYTES = 4 << 30
+"""Most bytes one row group may take once read (rows times the columns' widths, h and c counted in full
+even where null, as Arrow allocates them). The writer's row groups are ~16 MiB (``layout.BUFFER_BYTES``);
+a summary log's hold 174,762 rows, 1.4 GiB at hidden size 1024."""
+SCALAR_BYTES = 8
+"""Bytes counted per row for each scalar column (int64, and the offsets of a string)."""
+
 
 @dataclass
 class LogInfo:
@@ -58,6 +82,19 @@ def _parts(directory: Path) -> list[Path]:
 
 
 def _open(file: Path) -> pq.ParquetFile:
+    try:
+        with open(file, "rb") as f:  # the footer's length is the 4 bytes before the closing magic
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(0, size - 8))
+            tail = f.read(8)
+    except OSError as exc:
+        raise BadLog(f"{file} cannot be read ({exc.strerror or exc})") from None
+    footer = int.from_bytes(tail[:4], "little") if len(tail) == 8 and tail[4:] == b"PAR1" else 0
+    if footer > MAX_FOOTER_BYTES:
+        raise BadLog(
+            f"{file} has a Parquet footer of {footer / 2**20:.0f} MiB, over the {MAX_FOOTER_BYTES >> 20} MiB "
+            "lstm-probe reads (its logs' footers are KBs): not an lstm-probe log"
+        )
     try:
         return pq.ParquetFile(file)
     except (pa.ArrowInvalid, OSError) as exc:
@@ -140,11 +177,9 @@ def read_info(path: str | os.PathLike[str]) -> LogInfo:
         shard = _shard(file)
         if shard not in seen_shards:  # each writing process stores its run metadata; merge them
             seen_shards.add(shard)
-            try:
-                doc = json.loads(meta.get(META_RUN_KEY, b"{}"))
-            except ValueError:
-                raise BadLog(f"{file} has corrupt run metadata") from None
+            doc = _json(file, "run metadata", meta.get(META_RUN_KEY, b"{}"))
             run = doc if run is None else {**doc, **run}
+        _check_size(file, pf, arrow, run)
         if schema is None:
             schema = arrow
         elif arrow.field("h").type != schema.field("h").type:
@@ -152,8 +187,8 @@ def read_info(path: str | os.PathLike[str]) -> LogInfo:
         kv = pf.metadata.metadata or {}
         if META_FINAL_KEY in kv:
             try:
-                doc = json.loads(kv[META_FINAL_KEY])
-            except ValueError:
+                doc = _json(file, "final metadata", kv[META_FINAL_KEY])
+            except BadLog:
                 doc = {}
             shard = _shard(file)
             if doc.get("final"):
@@ -196,6 +231,59 @@ def read_info(path: str | os.PathLike[str]) -> LogInfo:
             "the log holds the rows up to the interruption"
         )
     return LogInfo(root, files, rows, size, metadata, schema, warnings)
+
+
+def _json(file: Path, what: str, raw: bytes) -> dict[str, Any]:
+    """A metadata JSON object, within :data:`MAX_METADATA_BYTES` and :data:`MAX_JSON_DEPTH`."""
+    if len(raw) > MAX_METADATA_BYTES:
+        raise BadLog(
+            f"{file} has {what} of {len(raw) / 2**20:.0f} MiB, over the {MAX_METADATA_BYTES >> 20} MiB "
+            "lstm-probe reads (its logs' are KBs): not an lstm-probe log"
+        )
+    try:
+        doc = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise BadLog(f"{file} has corrupt {what}") from None
+    if not isinstance(doc, dict):
+        raise BadLog(f"{file} has corrupt {what} (not a JSON object)")
+    stack: list[tuple[Any, int]] = [(doc, 1)]
+    while stack:  # no recursion: the depth is what is being checked
+        value, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise BadLog(f"{file} has {what} nested over {MAX_JSON_DEPTH} levels deep: not an lstm-probe log")
+        if isinstance(value, dict | list):
+            stack.extend((v, depth + 1) for v in (value.values() if isinstance(value, dict) else value))
+    return doc
+
+
+def _check_size(file: Path, pf: pq.ParquetFile, arrow: pa.Schema, run: dict[str, Any] | None) -> None:
+    """The h and c vectors as wide as the metadata's hidden_size, and no row group larger once read than
+    :data:`MAX_ROW_GROUP_BYTES`."""
+    widths = {}
+    for name in ("h", "c"):
+        typ = arrow.field(name).type
+        if not pa.types.is_fixed_size_list(typ) or typ.value_type not in (pa.float32(), pa.float16()):
+            raise BadLog(f"{file} has an {name} column of type {typ}, not a fixed-size list of floats")
+        widths[name] = typ.list_size
+    width = widths["h"]
+    declared = (run or {}).get("hidden_size")
+    if widths["c"] != width or width > MAX_HIDDEN_SIZE or (isinstance(declared, int) and declared != width):
+        raise BadLog(
+            f"{file} has h vectors of {width} and c vectors of {widths['c']} floats, but its metadata declares "
+            f"hidden_size {declared} (at most {MAX_HIDDEN_SIZE}): not an lstm-probe log"
+        )
+    itemsize = arrow.field("h").type.value_type.byte_width
+    row_bytes = SCALAR_BYTES * (len(arrow.names) - 2) + 2 * width * itemsize
+    meta = pf.metadata
+    for i in range(meta.num_row_groups):
+        rg = meta.row_group(i)
+        need = max(rg.num_rows * row_bytes, rg.total_byte_size)
+        if need > MAX_ROW_GROUP_BYTES:
+            raise BadLog(
+                f"{file} has a row group of {rg.num_rows:,} rows that takes {need / 2**30:.1f} GiB once read, "
+                f"over the {MAX_ROW_GROUP_BYTES / 2**30:.1f} GiB lstm-probe reads at once (its logs' take MBs): "
+                "not an lstm-probe log"
+            )
 
 
 def dataset(path: str | os.PathLike[str]) -> tuple[ds.Dataset, LogInfo]:
