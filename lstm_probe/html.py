@@ -20,9 +20,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
+from lstm_probe.contract import Capabilities
 from lstm_probe.errors import BadInput
 from lstm_probe.reader import dataset, narrow, states
 from lstm_probe.report import Report, summarize
+from lstm_probe.text import plain
 
 MAX_HEAT_STEPS = 400
 MAX_HEAT_UNITS = 128
@@ -48,8 +50,10 @@ REASON_MARKERS = {
     "env_boundary": ("s", "env boundary"),
     "split": ("*", "buffer split point"),
     "minibatch_cut": ("v", "minibatch cut"),
-    "max_seq_len": ("D", "max_seq_len (RLlib)"),
+    "max_seq_len": ("D", "max_seq_len"),
 }
+"""Why a sequence starts where it does -> (marker, legend label); the legend lists those the log's
+capabilities allow (:func:`_reasons`)."""
 
 
 @dataclass
@@ -74,6 +78,12 @@ def _plt() -> Any:
     except ImportError:
         raise BadInput("--html needs matplotlib: pip install 'lstm-probe[html]' (or pip install matplotlib)") from None
     return plt
+
+
+def _label(value: Any) -> str:
+    """A string from the log as a figure label: control characters written out (matplotlib's missing-glyph
+    warnings would print them raw), '$' taken literally (not as mathtext)."""
+    return plain(value).replace("$", r"\$")
 
 
 def _png(fig: Any) -> str:
@@ -101,8 +111,9 @@ def build_html(
     # or per-length counts, and rows are read only for the drawn iteration and the drawn episode.
     # Staleness and norms come from the report's aggregates.
     first = ds.field("layer") == 0
+    caps = rep.capabilities
     worker: int | None = None
-    if "worker" in data.schema.names:  # RLlib: one env runner's envs are drawn (the lowest worker index)
+    if caps.shards and "worker" in data.schema.names:  # one env runner's envs are drawn (the lowest index)
         workers = _distinct(data, ["worker"], first & ROLLOUT)["worker"]
         if workers:
             worker = workers[0]
@@ -110,7 +121,7 @@ def build_html(
     seen = _distinct(data, ["iteration", "env"], first & ROLLOUT)
     notes: list[str] = []
     if worker is not None:
-        notes.append(f"RLlib log: the envs of env runner {worker} are drawn")
+        notes.append(f"one writer per process: the envs of env runner {worker} are drawn")
     iters = seen["iteration"]
     if iteration is None and iters:
         trained = _distinct(data, ["iteration"], first & STARTS)["iteration"]
@@ -126,7 +137,7 @@ def build_html(
         else pd.DataFrame(columns=START_COLUMNS)
     )
     figures: list[tuple[str, str, str]] = []
-    layout = _layout_figure(plt, starts, iteration, notes)
+    layout = _layout_figure(plt, starts, iteration, notes, caps)
     if layout:
         figures.append(
             (
@@ -136,7 +147,7 @@ def build_html(
                 "step) axis, coloured by episode; the marker says why each sequence starts there.",
             )
         )
-    heat = _heat_figure(plt, data, first, env, episode, span, notes, rep.health.vectors_available)
+    heat = _heat_figure(plt, data, first, env, episode, span, notes, rep.health.vectors_available, caps)
     if heat:
         figures.append(
             (
@@ -228,17 +239,29 @@ def _pick_episode(
     return (eps[-1], spans[eps[-1]]) if eps else (None, (None, None))
 
 
-def _layout_figure(plt: Any, t: pd.DataFrame, iteration: int | None, notes: list[str]) -> str | None:
+def _reasons(caps: Capabilities) -> dict[str, tuple[str, str]]:
+    """The sequence-start markers a log with these capabilities can show."""
+    out = {k: REASON_MARKERS[k] for k in ("episode_start", "env_boundary")}
+    if caps.rollout_buffer:
+        out |= {k: REASON_MARKERS[k] for k in ("split", "minibatch_cut")}
+    if caps.max_seq_len is not None:
+        out["max_seq_len"] = (REASON_MARKERS["max_seq_len"][0], f"max_seq_len ({caps.max_seq_len})")
+    return out
+
+
+def _layout_figure(
+    plt: Any, t: pd.DataFrame, iteration: int | None, notes: list[str], caps: Capabilities
+) -> str | None:
     """``t``: the t = 0 training rows of ``iteration`` (one per sequence and module)."""
     if iteration is None or not len(t):
         return None
     t = t[t["module"] == t["module"].iloc[0]]
     starts = t.drop_duplicates(["epoch", "minibatch", "seq"])
-    if starts["epoch"].isna().all():  # RLlib: minibatches cycle across epochs; draw each piece once
+    if not caps.epochs:  # minibatches cycle across epochs: draw each piece once
         mbs = starts.groupby(["env", "env_step"])["minibatch"].agg(lambda v: ",".join(str(int(x)) for x in sorted(v)))
         starts = starts.drop_duplicates(["env", "env_step"]).assign(epoch=0)
         starts["mb_label"] = [mbs[(e, s)] for e, s in zip(starts["env"], starts["env_step"], strict=True)]
-        notes.append("minibatch layout (RLlib): each training piece once, labelled with every minibatch that held it")
+        notes.append("minibatch layout: each training piece once, labelled with every minibatch that held it")
     epochs = sorted(starts["epoch"].dropna().unique().astype(int).tolist())
     if len(epochs) > MAX_LAYOUT_EPOCHS:
         notes.append(f"minibatch layout: epochs {epochs[:MAX_LAYOUT_EPOCHS]} of {len(epochs)} drawn")
@@ -280,7 +303,7 @@ def _layout_figure(plt: Any, t: pd.DataFrame, iteration: int | None, notes: list
     axes[-1, 0].set_xlabel("env step")
     handles = [
         plt.Line2D([], [], marker=m, color="black", markerfacecolor="white", linestyle="", label=label)
-        for m, label in REASON_MARKERS.values()
+        for m, label in _reasons(caps).values()
     ]
     axes[0, 0].set_title(f"iteration {iteration}: training sequences (bar colour = episode, mbK = minibatch K)")
     fig.tight_layout()
@@ -305,6 +328,7 @@ def _heat_figure(
     span: tuple[int | None, int | None],
     notes: list[str],
     vectors: bool,
+    caps: Capabilities,
 ) -> str | None:
     if env is None or episode is None:
         return None
@@ -326,7 +350,7 @@ def _heat_figure(
         notes.append(NO_VECTORS)
         return None
     lo, hi = int(df["env_step"].min()), int(df["env_step"].max())
-    # where training sequences of the first epoch start inside the drawn steps (RLlib: no epochs, all of them)
+    # where training sequences of the first epoch start inside the drawn steps (no epochs: all of them)
     near = (
         narrow(data, env_step=(lo, hi))
         .to_table(
@@ -339,7 +363,7 @@ def _heat_figure(
         )
         .to_pandas()
     )
-    epoch0 = near["epoch"] == 0 if near["epoch"].notna().any() else near["epoch"].isna()
+    epoch0 = near["epoch"] == 0 if caps.epochs else np.ones(len(near), bool)
     cuts = near[epoch0]["env_step"].unique()
     keys = sorted({(str(m), int(lv)) for m, lv in zip(df["module"], df["layer"], strict=True)})
     has_c = df["c"].notna().any()
@@ -373,7 +397,7 @@ def _heat_figure(
             for s in cuts:
                 if steps[0] <= s <= steps[-1]:
                     ax.axvline(s - 0.5, color="green", linestyle=":", linewidth=1.2)
-            ax.set_title(f"{module} layer {layer}: {which}", fontsize=9)
+            ax.set_title(f"{_label(module)} layer {layer}: {which}", fontsize=9)
             ax.set_ylabel("unit")
             fig.colorbar(im, ax=ax, fraction=0.03)
     for ax in axes[-1]:
@@ -389,14 +413,15 @@ def _staleness_figure(plt: Any, rep: Report) -> str | None:
     by_epoch = pd.DataFrame(st.by_epoch)
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3.4))
     for module, g in by_epoch.groupby("module"):
-        a1.plot(g["epoch"], g["drift_h_mean"], marker="o", label=f"{module} h")
+        a1.plot(g["epoch"], g["drift_h_mean"], marker="o", label=f"{_label(module)} h")
         if g["drift_c_mean"].notna().any():
-            a1.plot(g["epoch"], g["drift_c_mean"], marker="s", linestyle="--", label=f"{module} c")
+            a1.plot(g["epoch"], g["drift_c_mean"], marker="s", linestyle="--", label=f"{_label(module)} c")
     a1.set_xlabel("epoch")
     a1.set_ylabel("mean relative drift")
     a1.legend(fontsize=8)
     pos = pd.DataFrame(st.by_position)
     pos = pos[pos["position"] != "middle"].pivot(index="module", columns="position", values="drift_h_mean")
+    pos.index = [_label(m) for m in pos.index]
     pos.plot.bar(ax=a2, rot=0)
     a2.set_ylabel("mean relative drift (h)")
     a2.set_title("by position in sequence", fontsize=9)
@@ -442,8 +467,8 @@ def _norms_figure(plt: Any, rep: Report) -> str | None:
         return None
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3))
     for (module, layer), d in g.groupby(["module", "layer"]):
-        a1.plot(d["iteration"], d["h_norm_mean"], marker=".", label=f"{module} L{layer}")
-        a2.plot(d["iteration"], d["c_norm_mean"], marker=".", label=f"{module} L{layer}")
+        a1.plot(d["iteration"], d["h_norm_mean"], marker=".", label=f"{_label(module)} L{layer}")
+        a2.plot(d["iteration"], d["c_norm_mean"], marker=".", label=f"{_label(module)} L{layer}")
     a1.set_title("mean ||h||", fontsize=9)
     a2.set_title("mean ||c||", fontsize=9)
     for ax in (a1, a2):
@@ -453,7 +478,9 @@ def _norms_figure(plt: Any, rep: Report) -> str | None:
 
 
 def _page(rep: Report, figures: list[tuple[str, str, str]], notes: list[str]) -> str:
-    e = html.escape
+    def e(value: str) -> str:  # strings from the log: HTML-escaped, control characters written out
+        return html.escape(plain(value))
+
     r = rep.run
     meta = [
         ("env", r.env_id),

@@ -294,3 +294,90 @@ def test_row_keys_are_exact_for_large_call_ids():
     assert _duplicates(frame) == 0
     assert _duplicates(pd.concat([frame, frame.iloc[[0, 2]]])) == 2
     assert _key([np.array([0, 2**40]), np.array([0, 2**30]), np.array([0, 2**30])]) is None  # too wide
+
+
+SPOOF = "[bold red on white]SPOOF[/]"
+CONTROL = "\x1b]0;title\x07\x1b[2J"
+SCRIPT = "<script>alert(1)</script>"
+
+
+def hostile_log(tmp_path):
+    """A real log whose metadata and module names hold rich markup, terminal escape sequences and HTML."""
+    from pathlib import Path
+
+    import pyarrow.compute as pc
+
+    src = pq.ParquetFile(Path(__file__).parent.parent / "sample_runs" / "pendulum-1env.parquet")
+    t = src.read()
+    run = json.loads(t.schema.metadata[b"lstm_probe.run"])
+    final = json.loads(src.metadata.metadata[b"lstm_probe.final"])
+    name = f"actor{SPOOF}{CONTROL}"
+    run["env_id"] = SPOOF + CONTROL + SCRIPT
+    run["algorithm"] = SCRIPT + CONTROL
+    run["versions"]["torch"] = SPOOF + CONTROL
+    run["hyperparameters"]["clip_range"] = SPOOF + CONTROL
+    arch = run["architecture"]
+    arch["modules"] = {name if k == "actor" else k: v for k, v in arch["modules"].items()}
+    arch["gradient_flow"]["verdict"] = f"{SCRIPT}{SPOOF}{CONTROL}"
+    final.update(completed=False, stop_reason=CONTROL + SPOOF + SCRIPT)
+    module = pc.if_else(pc.equal(t["module"], "actor"), name, t["module"])
+    t = t.set_column(t.schema.get_field_index("module"), "module", module)
+    meta = {**t.schema.metadata, b"lstm_probe.run": json.dumps(run).encode()}
+    path = tmp_path / "hostile.parquet"
+    with pq.ParquetWriter(path, t.schema.with_metadata(meta)) as w:
+        w.write_table(t)
+        w.add_key_value_metadata({"lstm_probe.final": json.dumps(final)})
+    return path, name
+
+
+def test_strings_from_the_log_cannot_drive_the_terminal(tmp_path):
+    """Markup in the log's strings prints as written and control characters are written out (\\x1b), in
+    every place the text report shows them; --json keeps the exact strings; the HTML page escapes them."""
+    import os
+    import subprocess
+    import sys
+
+    path, name = hostile_log(tmp_path)
+    env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE")}
+    env["COLUMNS"] = "1000"  # no wrapping inside the strings checked below
+
+    def report(*args):
+        r = subprocess.run(
+            [sys.executable, "-m", "lstm_probe", "report", str(path), *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+        )
+        assert r.returncode == 0, r.stderr
+        return r
+
+    r = report()
+    written = CONTROL.replace("\x1b", "\\x1b").replace("\x07", "\\x07")
+    assert "\x1b" not in r.stdout + r.stderr and "\x07" not in r.stdout + r.stderr
+    assert f"env {SPOOF}{written}{SCRIPT}," in r.stdout  # Run: env id as written
+    assert f"NOT completed: {written}{SPOOF}{SCRIPT}" in r.stdout  # Run: stop reason
+    assert f"clip_range={SPOOF}{written}" in r.stdout and f"torch {SPOOF}{written}" in r.stdout
+    assert f"{SCRIPT}{SPOOF}{written} (gradient flow measured" in r.stdout  # Architecture verdict
+    shown = name.replace(CONTROL, written)
+    assert f"{shown}: LSTM hidden" in r.stdout  # Architecture: module names
+    assert r.stdout.count(shown) >= 6  # the calls, staleness and health tables, drift lines
+    assert f"the run did not complete: {written}{SPOOF}{SCRIPT}" in r.stdout  # Findings
+
+    doc = json.loads(report("--json").stdout)
+    assert doc["run"]["env_id"] == SPOOF + CONTROL + SCRIPT
+    assert doc["run"]["stop_reason"] == CONTROL + SPOOF + SCRIPT
+    assert name in doc["architecture"]["modules"] and name in {g["module"] for g in doc["calls"]["groups"]}
+    assert any(f.endswith(CONTROL + SPOOF + SCRIPT) for f in doc["findings"])
+
+    pytest.importorskip("matplotlib")
+    page = tmp_path / "hostile.html"
+    r = report("--html", str(page))
+    assert "\x1b" not in r.stdout + r.stderr
+    html = page.read_text()
+    assert "\x1b" not in html and "\x07" not in html and "<script" not in html
+    escaped = f"{SPOOF}{written}&lt;script&gt;alert(1)&lt;/script&gt;"
+    assert escaped in html  # env id
+    assert f"&lt;script&gt;alert(1)&lt;/script&gt;{written}" in html  # algorithm
+    assert f"the run did not complete: {written}{SPOOF}&lt;script&gt;" in html  # findings
+    assert f"&lt;script&gt;alert(1)&lt;/script&gt;{SPOOF}{written}" in html  # architecture verdict
