@@ -7,114 +7,145 @@ to an env, env step and episode. The core, the writer and the reader never impor
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from lstm_probe.schema import BOOTSTRAPS, PATHS, PHASES, SEQ_REASONS
+from lstm_probe.schema import CODE, COLUMN, COLUMNS, Column
+from lstm_probe.schema import CODES as CODES  # re-exported: the string columns' values
 
-CODES: dict[str, tuple[str, ...]] = {"phase": PHASES, "path": PATHS, "bootstrap": BOOTSTRAPS, "seq_reason": SEQ_REASONS}
-PHASE = {p: i for i, p in enumerate(PHASES)}
-PATH = {p: i for i, p in enumerate(PATHS)}
-BOOTSTRAP = {b: i for i, b in enumerate(BOOTSTRAPS)}
-SEQ_REASON = {r: i for i, r in enumerate(SEQ_REASONS)}
+PHASE = CODE["phase"]
+PATH = CODE["path"]
+BOOTSTRAP = CODE["bootstrap"]
+SEQ_REASON = CODE["seq_reason"]
 CAPTURES = ("full", "summary")
 
+GRID_CELLS: tuple[Column, ...] = tuple(c for c in COLUMNS if c.source == "grid" or c.cell)
+"""The columns a :class:`Grid` carries per batch column and timestep, (N, T)."""
+GRID_SEQUENCES: tuple[Column, ...] = tuple(c for c in COLUMNS if c.source == "sequence")
+"""The columns a train :class:`Grid` carries per sequence, (N,)."""
+_CELL_NAMES = tuple(c.name for c in GRID_CELLS)
+_GRID_NAMES = frozenset(_CELL_NAMES) | {c.name for c in GRID_SEQUENCES}
+USER_TAGS = tuple(c.name for c in COLUMNS if c.user)
+"""The keys of ``Tracer.tag()``: the user-taggable :class:`Tags` fields and :class:`Grid` columns."""
+USER_CALL_TAGS = tuple(c.name for c in COLUMNS if c.user and c.source == "tags")
+"""The ``Tracer.tag()`` keys that are :class:`Tags` fields (one value per call)."""
+USER_GRID_TAGS = tuple(c.name for c in GRID_CELLS if c.user)
+"""The ``Tracer.tag()`` keys that are :class:`Grid` columns (a value per batch column, or per step)."""
 
-@dataclass
+
 class Grid:
-    """Provenance of one call's batch columns and timesteps: every array is (N, T); -1 means null.
+    """Provenance of one call's batch columns and timesteps: one array per :data:`GRID_CELLS` column of
+    the schema (env, env_step, episode, episode_step, episode_start, padding, worker, bootstrap), each
+    (N, T) in that column's buffer dtype and null convention (``schema.Column``: -1 means null). A column
+    the grid does not carry (None) is null in every row (padding: False); for ``bootstrap``, a call-level
+    column a grid may refine per cell, the call's ``Tags.bootstrap`` applies instead.
 
-    ``train`` grids also number sequences (seq = batch column, t = timestep) and carry each
-    sequence's unpadded length and start reason, shape (N,).
+    ``train`` grids also number sequences (seq = batch column, t = timestep) and carry the
+    :data:`GRID_SEQUENCES` columns (each sequence's unpadded length and start reason), shape (N,).
+
+    Built with keywords (``Grid(env=..., env_step=..., padding=..., train=True, seq_len=...)``); every
+    column is an attribute, and can be set later (``grid.worker = ...``).
     """
 
-    env: np.ndarray
-    env_step: np.ndarray
-    episode: np.ndarray
-    episode_step: np.ndarray
-    episode_start: np.ndarray  # int8: -1 null, 0, 1
-    padding: np.ndarray  # bool
-    train: bool = False
-    seq_len: np.ndarray | None = None
-    seq_reason: np.ndarray | None = None
-    worker: np.ndarray | None = None  # (N, T) int32, -1 null; None: null everywhere (one-process runs)
-    bootstrap: np.ndarray | None = None  # (N, T) int8 code per cell; None: the call's Tags.bootstrap
+    train: bool
+
+    def __init__(self, *, train: bool = False, **columns: np.ndarray | None) -> None:
+        unknown = columns.keys() - _GRID_NAMES
+        if unknown:
+            raise TypeError(f"Grid has no column {sorted(unknown)[0]!r}; its columns: {', '.join(sorted(_GRID_NAMES))}")
+        d = self.__dict__
+        d["train"] = train
+        for name in _GRID_NAMES:
+            d[name] = columns.get(name)
+
+    @staticmethod
+    def of(columns: Mapping[str, np.ndarray | None], train: bool = False) -> Grid:
+        """``Grid(train=train, **columns)`` for columns named at run time."""
+        return Grid(train=train, **columns)
+
+    def __getattr__(self, name: str) -> np.ndarray | None:  # for type checkers: the columns are attributes
+        raise AttributeError(f"Grid has no column {name!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name != "train" and name not in _GRID_NAMES:
+            raise AttributeError(f"Grid has no column {name!r}")
+        self.__dict__[name] = value
+
+    def __repr__(self) -> str:
+        carried = ", ".join(name for name in _CELL_NAMES if self.__dict__[name] is not None)
+        return f"Grid({carried}; shape={self.shape}, train={self.train})"
 
     @property
     def shape(self) -> tuple[int, int]:
-        n, t = self.env.shape
-        return n, t
+        d = self.__dict__
+        for name in _CELL_NAMES:
+            v = d[name]
+            if v is not None:
+                n, t = v.shape
+                return n, t
+        raise ValueError("a Grid that carries no column has no shape")
 
     @staticmethod
-    def one_step(env: Any, env_step: Any, episode: Any, episode_step: Any, episode_start: Any) -> Grid:
-        """The grid of a one-step call from per-column values (length-N arrays or scalars; -1 = null)."""
-        env = np.asarray(env, np.int32).reshape(-1)
-        n = len(env)
-
-        def col(v: Any, dtype: Any) -> np.ndarray:
-            return np.broadcast_to(np.asarray(v, dtype).reshape(-1), (n,))[:, None]
-
-        return Grid(
-            env=env[:, None],
-            env_step=col(env_step, np.int64),
-            episode=col(episode, np.int64),
-            episode_step=col(episode_step, np.int64),
-            episode_start=col(episode_start, np.int8),
-            padding=np.zeros((n, 1), np.bool_),
-        )
+    def one_step(env: Any, env_step: Any, episode: Any, episode_step: Any, episode_start: Any, **cells: Any) -> Grid:
+        """The grid of a one-step call from per-column values (length-N arrays or scalars; -1 = null);
+        any other grid column by keyword."""
+        given = {
+            "env": env,
+            "env_step": env_step,
+            "episode": episode,
+            "episode_step": episode_step,
+            "episode_start": episode_start,
+            **cells,
+        }
+        n = np.size(env)
+        columns = {
+            name: np.broadcast_to(np.asarray(v, COLUMN[name].dtype).reshape(-1), (n,))[:, None]
+            for name, v in given.items()
+        }
+        for c in GRID_CELLS:  # padding: none in a one-step call
+            if c.name not in columns and not c.nullable and c.source == "grid":
+                columns[c.name] = np.full((n, 1), c.fill, c.dtype)
+        return Grid.of(columns)
 
     def initial(self) -> Grid:
         """The one-column grid of the states a train call's sequences started from: the step before each
-        sequence's first step (null env_step and episode_step where the sequence starts an episode)."""
-        first = self.episode_step[:, :1]
-        before = first > 0
-        return Grid(
-            env=self.env[:, :1],
-            env_step=np.where(before, self.env_step[:, :1] - 1, -1),
-            episode=self.episode[:, :1],
-            episode_step=np.where(before, first - 1, -1),
-            episode_start=np.full_like(self.episode_start[:, :1], -1),
-            padding=self.padding[:, :1],
-            train=True,
-            seq_len=self.seq_len,
-            seq_reason=self.seq_reason,
-            worker=None if self.worker is None else self.worker[:, :1],
-        )
+        sequence's first step (each column as its ``Column.initial`` says: the first step's value; for
+        step counters the value one step earlier, null where the sequence starts an episode)."""
+        d = self.__dict__
+        first_step = d["episode_step"]
+        before = first_step[:, :1] > 0 if first_step is not None else False
+        columns: dict[str, np.ndarray | None] = {c.name: d[c.name] for c in GRID_SEQUENCES}
+        for c in GRID_CELLS:
+            v = d[c.name]
+            if v is None or c.initial == "null":
+                continue
+            columns[c.name] = v[:, :1] if c.initial == "first" else np.where(before, v[:, :1] - 1, c.fill)
+        return Grid.of(columns, train=True)
 
     @staticmethod
     def concat(grids: list[Grid]) -> Grid:
-        """Grids of non-train calls stacked along the batch axis."""
+        """Grids of non-train calls stacked along the batch axis (a column some grids lack is null there)."""
         if len(grids) == 1:
             return grids[0]
-
-        def cat(field: str) -> np.ndarray:
-            return np.concatenate([getattr(g, field) for g in grids])
-
-        def cat_opt(field: str, fill: int, dtype: Any) -> np.ndarray | None:
-            if all(getattr(g, field) is None for g in grids):
-                return None
-            return np.concatenate(
-                [v if (v := getattr(g, field)) is not None else np.full(g.shape, fill, dtype) for g in grids]
+        columns = {}
+        for c in GRID_CELLS:
+            parts = [g.__dict__[c.name] for g in grids]
+            if all(v is None for v in parts):
+                continue
+            columns[c.name] = np.concatenate(
+                [v if v is not None else np.full(g.shape, c.fill, c.dtype) for v, g in zip(parts, grids, strict=True)]
             )
-
-        return Grid(
-            env=cat("env"),
-            env_step=cat("env_step"),
-            episode=cat("episode"),
-            episode_step=cat("episode_step"),
-            episode_start=cat("episode_start"),
-            padding=cat("padding"),
-            worker=cat_opt("worker", -1, np.int32),
-            bootstrap=cat_opt("bootstrap", -1, np.int8),
-        )
+        return Grid.of(columns)
 
 
 @dataclass
 class Tags:
-    """What a call is. ``stepwise`` counts the one-step calls each module made under these tags."""
+    """What a call is. ``stepwise`` counts the one-step calls each module made under these tags.
+
+    Every ``tags`` column of the schema is a field of the same name (None: null)."""
 
     phase: str = "other"
     iteration: int | None = None
@@ -124,6 +155,11 @@ class Tags:
     grid: Grid | None = None
     stepwise: dict[str, int] = field(default_factory=dict)
     learner: int | None = None
+
+
+_missing = [c.name for c in COLUMNS if c.source == "tags" and c.name not in Tags.__dataclass_fields__]
+if _missing:
+    raise TypeError(f"schema column(s) {_missing} come from the call's tags: declare them as Tags fields")
 
 
 Resolver = Callable[[str, int, int], Tags]

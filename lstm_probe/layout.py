@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 
 from lstm_probe.errors import BadInput
+from lstm_probe.schema import scalar_row_bytes
 
 PARTIAL_SUFFIX = ".partial"
 
@@ -22,8 +23,8 @@ times this (the buffer, its Arrow arrays, the Parquet writers' pages). Smaller b
 up front but more row groups, whose footer metadata an open file keeps until it closes."""
 
 
-SCALAR_ROW_BYTES = 96
-"""Bytes one row's scalar columns take in a row buffer."""
+SCALAR_ROW_BYTES = scalar_row_bytes()
+"""Bytes one row's scalar columns (and row flags) take in a row buffer."""
 
 
 def row_capacity(hidden_size: int, vectors: bool = True) -> int:

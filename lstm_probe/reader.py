@@ -31,12 +31,12 @@ if TYPE_CHECKING:  # both load in ~0.5 s; the writer process (which imports this
 from lstm_probe.errors import BadLog
 from lstm_probe.layout import partial_dir
 from lstm_probe.schema import (
-    ADDED_IN_V2,
     META_RUN_KEY,
     META_VERSION_KEY,
     REQUIRED_COLUMNS,
     SCHEMA_VERSION,
     log_schema,
+    required_columns,
     relative_l2,
 )
 from lstm_probe.writer import META_FINAL_KEY
@@ -159,7 +159,7 @@ def read_info(path: str | os.PathLike[str]) -> LogInfo:
                 f"{file} was written with log schema {version}, newer than this lstm-probe reads "
                 f"({SCHEMA_VERSION}); upgrade lstm-probe (pip install -U lstm-probe)"
             )
-        required = REQUIRED_COLUMNS - ADDED_IN_V2 if version < 2 else REQUIRED_COLUMNS
+        required = required_columns(version)
         missing = required - set(arrow.names)
         if missing:
             raise BadLog(

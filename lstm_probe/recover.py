@@ -3,13 +3,17 @@
 A forward hook on ``nn.LSTM`` sees ``y`` (T, N, H): the top layer's h at every step, and
 ``(h_n, c_n)`` (L, N, H): every layer, after the last step only. The probe must not call the
 module's forward again (a user's own hooks would see a call sb3 never made), so the missing states
-are computed from the module's weights:
+are computed from the module's weights, in two halves:
 
-- lower layers (l < L-1): their per-step h comes from one fused single-layer ``torch.lstm`` /
-  ``torch.gru`` call on that layer's weights (the same kernel, so the same numbers);
-- every layer: the i, f, g gates in one batched matmul from (x_t, h_{t-1}), where h_{t-1} is known
-  for every step, then c_t = f_t * c_{t-1} + i_t * g_t as an elementwise scan. This part runs in the
-  sink (``sink.lstm_cells``, numpy), off the training thread.
+- the torch half (training process, :func:`lstm_sequence_io`): the lower layers' (l < L-1) per-step h
+  from one fused single-layer ``torch.lstm`` / ``torch.gru`` call on that layer's weights (the same
+  kernel, so the same numbers), and each layer's input and gate weights as host arrays (:data:`Cells`);
+- the numpy half (the sink, off the training thread, :func:`lstm_cells`): every layer's i, f, g gates in
+  one batched matmul from (x_t, h_{t-1}), where h_{t-1} is known for every step, then
+  c_t = f_t * c_{t-1} + i_t * g_t as an elementwise scan.
+
+torch is imported inside the torch half's functions only: the writer process imports this module for the
+numpy half and never loads torch (tests/test_writer_process.py).
 
 Measured on sb3-sized LSTMs this costs about one extra forward, against 7-10x for re-running the
 module step by step, and matches the step-by-step result to ~1e-7 (tests/test_recover.py).
@@ -18,11 +22,96 @@ No random numbers are drawn and no dropout runs, so training is untouched.
 
 from __future__ import annotations
 
-import numpy as np
-import torch
-from torch import nn
+from typing import TYPE_CHECKING
 
-from lstm_probe.sink import Cells, lstm_cells
+import numpy as np
+
+if TYPE_CHECKING:  # torch is imported inside the torch half's functions: the writer process never loads it
+    import torch
+    from torch import nn
+
+
+# -- the numpy half: per-step c from the gates (the sink, in the writer process or thread) -------------
+
+Cells = tuple[list[np.ndarray], list[list[np.ndarray]], np.ndarray, np.ndarray]
+"""What the per-step c of a multi-step LSTM call is computed from (:func:`lstm_sequence_io`): each
+layer's input (T, N, F_l), each layer's i, f, g weight rows [W_ih (3H, F_l), W_hh (3H, H), (b_ih + b_hh)
+(3H,) when the module has biases], and the initial h0, c0 (L, N, H)."""
+
+
+class Scratch:
+    """Reused work arrays: a fresh multi-MB array costs page faults on every first touch (more so in the
+    writer process, whose allocator hands large blocks back to the system), which made the gates of one
+    training call cost ~2x their arithmetic. Arrays above ``limit`` bytes are not kept."""
+
+    def __init__(self, limit: int = 16 << 20):
+        self.limit = limit
+        self.flat: dict[str, np.ndarray] = {}
+
+    def get(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        n = int(np.prod(shape))
+        if 4 * n > self.limit:
+            return np.empty(shape, np.float32)
+        flat = self.flat.get(name)
+        if flat is None or flat.size < n:
+            flat = self.flat[name] = np.empty(n, np.float32)
+        return flat[:n].reshape(shape)
+
+
+def lstm_cells(
+    hs: np.ndarray,
+    inputs: list[np.ndarray],
+    weights: list[list[np.ndarray]],
+    h0: np.ndarray,
+    c0: np.ndarray,
+    scratch: Scratch | None = None,
+) -> np.ndarray:
+    """Per-step c of every layer, (L, T, N, H) float32, from the per-step h ``hs`` (L, T, N, H) and
+    :data:`Cells`: the i, f, g gates of all steps in one matmul from (x_t, h_{t-1}), then
+    c_t = f_t * c_{t-1} + i_t * g_t as an elementwise scan. With ``scratch`` the result and the work
+    arrays live in its reused memory (valid until its next use)."""
+    work = scratch or Scratch(limit=0)
+    layers, steps, batch, hidden = hs.shape
+    cs = work.get("cs", hs.shape)
+    rows = steps * batch
+    for layer in range(layers):
+        out = hs[layer]
+        w = weights[layer]
+        h_prev = work.get("h_prev", (steps, batch, hidden))  # h_{t-1}
+        h_prev[0] = h0[layer]
+        h_prev[1:] = out[:-1]
+        # as 2-D products into reused memory: one BLAS call each (a 3-D operand is one call per step)
+        gates = work.get("gates", (rows, 3 * hidden))
+        np.matmul(inputs[layer].reshape(rows, -1), w[0].T, out=gates)
+        part = work.get("part", (rows, 3 * hidden))
+        np.matmul(h_prev.reshape(rows, hidden), w[1].T, out=part)
+        gates += part
+        if len(w) > 2:
+            gates += w[2]
+        g3 = gates.reshape(steps, batch, 3 * hidden)
+        i, f, g = g3[..., :hidden], g3[..., hidden : 2 * hidden], g3[..., 2 * hidden :]
+        fg = work.get("fg", (steps, batch, hidden))
+        ig = work.get("ig", (steps, batch, hidden))
+        tg = work.get("tg", (steps, batch, hidden))
+        with np.errstate(over="ignore"):  # exp overflow -> sigmoid 0, as it should
+            np.negative(f, out=fg)  # fg = 1 / (1 + exp(-f))
+            np.exp(fg, out=fg)
+            fg += 1.0
+            np.divide(1.0, fg, out=fg)
+            np.negative(i, out=ig)  # ig = tanh(g) / (1 + exp(-i))
+            np.exp(ig, out=ig)
+            ig += 1.0
+            np.tanh(g, out=tg)
+            np.divide(tg, ig, out=ig)
+        c, cl = c0[layer], cs[layer]
+        for t in range(steps):  # elementwise scan; numpy's per-op cost is lower than torch's here
+            np.multiply(fg[t], c, out=cl[t])
+            cl[t] += ig[t]
+            c = cl[t]
+    return cs
+
+
+# -- the torch half: what the numpy half needs, from the module (the training process) ---------------
 
 
 def _layer_weights(module: nn.LSTM | nn.GRU, layer: int) -> list[torch.Tensor]:
@@ -36,6 +125,8 @@ def snapshot_weights(module: nn.LSTM | nn.GRU, top: bool = True) -> list[list[to
     """Copies of each layer's weights as they are now (an optimizer step changes them in place), for a
     recovery that runs later (on the writer thread). ``top=False`` leaves out the top layer (GRU needs
     only the lower layers' weights)."""
+    import torch
+
     layers = int(module.num_layers) if top else int(module.num_layers) - 1
     with torch.no_grad():
         return [[w.clone() for w in _layer_weights(module, layer)] for layer in range(layers)]
@@ -50,7 +141,7 @@ def lstm_sequence_io(
     weights: list[list[torch.Tensor]] | None = None,
 ) -> tuple[np.ndarray, Cells]:
     """The torch part of the recovery for one multi-step LSTM call: the per-step h of every layer, and
-    what :func:`lstm_probe.sink.lstm_cells` needs for the per-step c (each layer's input, the i, f, g
+    what :func:`lstm_cells` needs for the per-step c (each layer's input, the i, f, g
     rows of its weights, the initial states), as host arrays.
 
     x: (T, N, F) sequence-first input, h0/c0: (L, N, H) initial states, y: (T, N, H) the call's
@@ -58,6 +149,8 @@ def lstm_sequence_io(
     Only the lower layers of a multi-layer module cost a computation here (one fused kernel call each);
     the gates and the scan run in the sink, off the training thread.
     """
+    import torch
+
     with torch.no_grad():
         steps, batch, _ = x.shape
         layers, hidden = module.num_layers, module.hidden_size
@@ -84,6 +177,8 @@ def lstm_sequence_io(
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
+    import torch
+
     t = t.detach()
     return (t if t.dtype == torch.float32 else t.float()).cpu().numpy()
 
@@ -110,6 +205,8 @@ def gru_sequence_states(
     weights: list[list[torch.Tensor]] | None = None,
 ) -> np.ndarray:
     """Per-step h of every layer for one multi-step GRU call: (L, T, N, H) float32."""
+    import torch
+
     with torch.no_grad():
         steps, batch, _ = x.shape
         layers, hidden = module.num_layers, module.hidden_size

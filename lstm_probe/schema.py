@@ -1,13 +1,32 @@
 """The one Arrow schema of an lstm-probe log, its version and its metadata keys.
 
 Every file the writer produces goes through :func:`log_schema`; every reader checks a file against
-:data:`REQUIRED_COLUMNS` and :data:`SCHEMA_VERSION`. docs/schema.md is generated from the same
-tables (``lstm-probe schema --markdown``), so the documentation cannot drift from the code.
+:func:`required_columns` and :data:`SCHEMA_VERSION`. The declarations below also drive the writer's row
+buffers and encoder (``writer.py``), the sink's row filling and null filling (``sink.py``), the per-cell
+columns of :class:`lstm_probe.contract.Grid`, the keys of ``Tracer.tag()`` and docs/schema.md
+(``lstm-probe schema --markdown``), so none of them lists the columns by hand.
+
+Adding a column
+---------------
+1. Declare it in :data:`COLUMNS` below: name, Arrow type, nullability, doc, ``source`` (who knows its
+   value), ``since=`` the new :data:`SCHEMA_VERSION` (bump it; older logs read the column as null).
+2. Fill it where its value is known, by its source:
+   - ``"tags"`` (one value per call): add a field of the same name to ``contract.Tags`` and set it in
+     the integration (``lstm_probe/integrations/``); ``user=True`` also makes it a ``Tracer.tag()`` key.
+   - ``"grid"`` (one value per batch column and timestep): the integration passes it to its ``Grid``
+     (``Grid(..., name=array)``); a grid that does not carry it writes the column's null.
+   - ``"sequence"`` (one value per sequence of a train grid): as ``"grid"``, an (N,) array.
+   - ``"state"``: computed by the sink from the states (``Sink.rows``).
+   ``"call"`` and ``"position"`` columns are the sink's own (the call, its module, layer and path; the
+   row's place in its call).
+3. Regenerate docs/schema.md: ``lstm-probe schema --markdown > docs/schema.md``.
+Nothing else changes: buffers, encoding, null filling, Grid columns and tag keys follow the declaration.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -17,7 +36,7 @@ if TYPE_CHECKING:  # imported where a schema is built: the training process neve
 
 SCHEMA_VERSION = 2
 """Bumped whenever a column is added, removed, renamed or changes meaning. Readers refuse newer versions
-and read older ones (version 1 lacks ``worker`` and ``learner``: read as null)."""
+and read older ones (a column newer than a log's version, see ``Column.since``, reads as null)."""
 
 META_VERSION_KEY = b"lstm_probe.schema_version"
 META_RUN_KEY = b"lstm_probe.run"
@@ -29,9 +48,91 @@ PATHS = ("step", "sequence", "stepwise")
 BOOTSTRAPS = ("terminal", "last")
 SEQ_REASONS = ("episode_start", "env_boundary", "split", "minibatch_cut", "max_seq_len")
 
-# (name, Arrow type name (pyarrow.type_for_alias) or None for the state vectors, nullable, description)
-COLUMNS: list[tuple[str, str | None, bool, str]] = [
-    (
+SOURCES = ("call", "tags", "grid", "sequence", "position", "state")
+"""Who fills a column (see the recipe above)."""
+
+ROW_FLAGS = {
+    "has_c": "the row's module has a cell state (an LSTM, not a GRU)",
+    "vectors": "the row stores its h and c vectors (full capture, an iteration that every_k keeps)",
+    "has_drift": "a rollout state of the same (module, layer, env, env_step) was found for the drifts",
+}
+"""Per-row booleans of the row buffers that are not columns: a ``valid`` float column is null where one
+of its flags is False."""
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of the log.
+
+    ``type`` is an Arrow type name (``pyarrow.type_for_alias``), or None for the state vectors
+    (fixed-size lists of ``hidden_size`` floats). The row buffers store each column by its :attr:`kind`,
+    with its null convention: integers as themselves, null = -1 (so nullable integer columns hold values
+    >= 0; a non-nullable integer may be negative); strings as int8 codes into ``values`` (the log's
+    modules for ``module``), null = -1; a nullable bool as int8 -1 (null) / 0 / 1; floats (and vectors)
+    null where one of the ``valid`` row flags (:data:`ROW_FLAGS`) is False, or, without flags, where NaN.
+    """
+
+    name: str
+    type: str | None
+    nullable: bool
+    doc: str
+    source: str
+    since: int = 1
+    """The first :data:`SCHEMA_VERSION` that has the column; older logs read it as null."""
+    values: tuple[str, ...] = ()
+    """A string column's values (empty for ``module``: the log's module names)."""
+    valid: tuple[str, ...] = ()
+    """Float and vector columns: the row flags that must all be True for a value (else null)."""
+    user: bool = False
+    """A key of ``Tracer.tag()`` (sources ``tags`` and ``grid``)."""
+    cell: bool = False
+    """A ``tags`` column a Grid may also carry per cell, overriding the call's value (``bootstrap``)."""
+    initial: str = "first"
+    """Grid columns, in the rows of the states train sequences started from (``t = -1``): ``first`` the
+    sequence's first step's value, ``previous`` a step counter's value one step earlier (null where the
+    sequence starts an episode), ``null``."""
+
+    def __post_init__(self) -> None:
+        assert self.source in SOURCES, self.source
+        assert self.initial in ("first", "previous", "null"), self.initial
+
+    @property
+    def kind(self) -> str:
+        """How the row buffers hold it: int, code, bool, tribool, float or vector."""
+        if self.type is None:
+            return "vector"
+        if self.type == "string":
+            return "code"
+        if self.type == "bool":
+            return "tribool" if self.nullable else "bool"
+        return "float" if self.type.startswith(("float", "halffloat", "double")) else "int"
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        """The numpy dtype of its row buffer (and of a Grid's array for it)."""
+        kind = self.kind
+        if kind in ("code", "tribool"):
+            return np.dtype(np.int8)
+        if kind == "bool":
+            return np.dtype(np.bool_)
+        if kind == "vector":
+            return np.dtype(np.float32)
+        return np.dtype(self.type)
+
+    @property
+    def fill(self) -> Any:
+        """What a row without a value holds in its buffer: the null (-1, or NaN for a float without
+        flags) for a nullable column, -1 for a string code, zero otherwise."""
+        kind = self.kind
+        if kind in ("float", "vector"):
+            return np.nan if self.nullable and not self.valid else 0.0
+        if self.nullable or kind == "code":
+            return -1
+        return False if kind == "bool" else 0
+
+
+COLUMNS: tuple[Column, ...] = (
+    Column(
         "call",
         "int64",
         False,
@@ -39,16 +140,18 @@ COLUMNS: list[tuple[str, str | None, bool, str]] = [
         "one writer per process: env runner k numbers its calls from k * 10**12, learner r from "
         "(1000 + r) * 10**12, evaluation env runner k from (2000 + k) * 10**12, so (call, module) names one "
         "call across the log.",
+        "call",
     ),
-    (
+    Column(
         "module",
         "string",
         False,
         "Role of the hooked recurrent module: 'actor' | 'critic' for sb3 (with shared_lstm the one LSTM is "
         "'actor'), the module's name for the generic tracer.",
+        "call",
     ),
-    ("layer", "int16", False, "Layer of the module, 0 = first (closest to the input)."),
-    (
+    Column("layer", "int16", False, "Layer of the module, 0 = first (closest to the input).", "call"),
+    Column(
         "phase",
         "string",
         False,
@@ -56,15 +159,20 @@ COLUMNS: list[tuple[str, str | None, bool, str]] = [
         "(recomputed in a gradient step), 'value' (RLlib: the learner's whole-batch critic pass for GAE, "
         "gradients on, before any optimizer step of the update), 'predict' (model.predict / evaluation), "
         "'other' (untagged).",
+        "tags",
+        values=PHASES,
+        user=True,
     ),
-    (
+    Column(
         "path",
         "string",
         False,
         "How the module was run in this call: 'step' (one-step call), 'sequence' (one multi-step call; "
         "per-step states recovered exactly), 'stepwise' (one call per timestep of a sequence batch).",
+        "call",
+        values=PATHS,
     ),
-    (
+    Column(
         "bootstrap",
         "string",
         True,
@@ -74,36 +182,47 @@ COLUMNS: list[tuple[str, str | None, bool, str]] = [
         "discarded forward pass after the episode ended, and the learner's appended bootstrap timestep "
         "of a finished episode) or 'last' (the learner's appended timestep of an episode chunk cut at "
         "the end of a rollout fragment). Null otherwise.",
+        "tags",
+        values=BOOTSTRAPS,
+        cell=True,
+        initial="null",
     ),
-    (
+    Column(
         "iteration",
         "int32",
         True,
         "Rollout/update cycle, 0-based; train rows carry the iteration whose rollout they train on. RLlib: "
         "rollout rows carry the weights version the env runner acted with (weights_seq_no), learner rows "
         "the learner's update count; equal numbers mean the same policy weights.",
+        "tags",
+        user=True,
     ),
-    (
+    Column(
         "epoch",
         "int32",
         True,
         "Training epoch within the iteration (sb3 train rows). Null for RLlib, whose minibatches cycle "
         "through the batch across epoch boundaries.",
+        "tags",
+        user=True,
     ),
-    (
+    Column(
         "minibatch",
         "int32",
         True,
         "Minibatch within the epoch (sb3 train rows); RLlib: minibatch within the update.",
+        "tags",
+        user=True,
     ),
-    (
+    Column(
         "seq",
         "int32",
         True,
         "Sequence index within the minibatch = batch column of the call (train rows). Rows of calls no "
         "integration tagged (env null) carry their batch column here too; null otherwise.",
+        "position",
     ),
-    (
+    Column(
         "t",
         "int32",
         False,
@@ -112,9 +231,10 @@ COLUMNS: list[tuple[str, str | None, bool, str]] = [
         "learner calls): the state the sequence started from (RLlib's STATE_IN), keyed to the step before its "
         "first step, so it pairs with the rollout row that produced it; env_step is null where the sequence "
         "starts an episode (the state is the initial zeros).",
+        "position",
     ),
-    ("seq_len", "int32", True, "Unpadded length of the row's sequence (train rows only)."),
-    (
+    Column("seq_len", "int32", True, "Unpadded length of the row's sequence (train rows only).", "sequence"),
+    Column(
         "seq_reason",
         "string",
         True,
@@ -123,24 +243,37 @@ COLUMNS: list[tuple[str, str | None, bool, str]] = [
         "'minibatch_cut' (the previous minibatch ended there), 'max_seq_len' (RLlib: the previous chunk of "
         "the episode reached max_seq_len). RLlib uses 'env_boundary' for a chunk that starts where the "
         "env runner's previous rollout fragment ended.",
+        "sequence",
+        values=SEQ_REASONS,
     ),
-    ("padding", "bool", False, "True for the zero-padding steps appended to short sequences (train)."),
-    (
+    Column("padding", "bool", False, "True for the zero-padding steps appended to short sequences (train).", "grid"),
+    Column(
         "worker",
         "int32",
         True,
         "RLlib: index of the env runner whose env produced the row's data (0 = the driver's local env "
         "runner); with `env` it names one env. Evaluation env runners are 2000 + k. Null for sb3 and generic "
         "logs, and on padding rows.",
+        "grid",
+        since=2,
     ),
-    (
+    Column(
         "learner",
         "int32",
         True,
         "RLlib: rank of the learner that made a train or value call. Null elsewhere.",
+        "tags",
+        since=2,
     ),
-    ("env", "int32", True, "Env index in the vectorized env (of that worker). Null on padding rows."),
-    (
+    Column(
+        "env",
+        "int32",
+        True,
+        "Env index in the vectorized env (of that worker). Null on padding rows.",
+        "grid",
+        user=True,
+    ),
+    Column(
         "env_step",
         "int64",
         True,
@@ -149,40 +282,87 @@ COLUMNS: list[tuple[str, str | None, bool, str]] = [
         "the next rollout's first call uses the same input). For bootstrap 'terminal' rows it is the step after "
         "the episode's last step: the terminal observation stands where the episode's next step would be. "
         "Null on padding rows.",
+        "grid",
+        user=True,
+        initial="previous",
     ),
-    ("episode", "int64", True, "Per-env episode counter since the probe started. Null on padding rows."),
-    (
+    Column(
+        "episode",
+        "int64",
+        True,
+        "Per-env episode counter since the probe started. Null on padding rows.",
+        "grid",
+        user=True,
+    ),
+    Column(
         "episode_step",
         "int64",
         True,
         "Step within the episode (0 at its first observation). Null on padding rows, and for an episode "
         "that began before the probe did (learn() continued without a reset).",
+        "grid",
+        user=True,
+        initial="previous",
     ),
-    ("episode_start", "bool", True, "True when the state was reset before this step (first step of an episode)."),
-    (
+    Column(
+        "episode_start",
+        "bool",
+        True,
+        "True when the state was reset before this step (first step of an episode).",
+        "grid",
+        user=True,
+        initial="null",
+    ),
+    Column(
         "h",
         None,
         True,
         "Hidden state AFTER this step, this layer (fixed-size list of float32, or float16 with --float16). "
         "Null in summary capture.",
+        "state",
+        valid=("vectors",),
     ),
-    ("c", None, True, "Cell state AFTER this step, this layer (LSTM only; null for GRU and in summary capture)."),
-    ("h_norm", "float32", False, "L2 norm of h (computed from the full-precision state)."),
-    ("c_norm", "float32", True, "L2 norm of c (null for GRU)."),
-    (
+    Column(
+        "c",
+        None,
+        True,
+        "Cell state AFTER this step, this layer (LSTM only; null for GRU and in summary capture).",
+        "state",
+        valid=("vectors", "has_c"),
+    ),
+    Column("h_norm", "float32", False, "L2 norm of h (computed from the full-precision state).", "state"),
+    Column("c_norm", "float32", True, "L2 norm of c (null for GRU).", "state", valid=("has_c",)),
+    Column(
         "drift_h",
         "float32",
         True,
         "Train rows: relative L2 distance ||h_train - h_rollout|| / ||h_rollout|| to the rollout state of the "
         "same (module, layer, env, env_step), computed in the probe. Null when there is no rollout partner.",
+        "state",
+        valid=("has_drift",),
     ),
-    ("drift_c", "float32", True, "As drift_h, for c."),
-]
+    Column("drift_c", "float32", True, "As drift_h, for c.", "state", valid=("has_drift", "has_c")),
+)
 
-COLUMN_NAMES = [name for name, *_ in COLUMNS]
+
+COLUMN_NAMES = [c.name for c in COLUMNS]
+COLUMN = {c.name: c for c in COLUMNS}
 REQUIRED_COLUMNS = frozenset(COLUMN_NAMES)
-ADDED_IN_V2 = frozenset({"worker", "learner"})
-"""Columns a version-1 log lacks; readers treat them as null."""
+CODES: dict[str, tuple[str, ...]] = {c.name: c.values for c in COLUMNS if c.values}
+"""The values of each string column with fixed values: a row buffer stores their index."""
+CODE: dict[str, dict[str, int]] = {name: {v: i for i, v in enumerate(vals)} for name, vals in CODES.items()}
+
+
+def required_columns(version: int) -> frozenset[str]:
+    """The columns a log of schema ``version`` has; the newer ones read as null."""
+    return frozenset(c.name for c in COLUMNS if c.since <= version)
+
+
+def scalar_row_bytes() -> int:
+    """Bytes one row takes in a row buffer without its vectors: every scalar column and row flag."""
+    scalars = sum(c.dtype.itemsize for c in COLUMNS if c.kind != "vector")
+    return scalars + len(ROW_FLAGS) * np.dtype(np.bool_).itemsize
+
 
 METADATA_KEYS: dict[str, str] = {
     "schema_version": "Version of this schema (also stored under its own key).",
@@ -244,9 +424,9 @@ def log_schema(hidden_size: int, float16: bool = False, metadata: dict[str, Any]
     import pyarrow as pa
 
     fields = []
-    for name, typ, nullable, doc in COLUMNS:
-        arrow_type = state_type(hidden_size, float16) if typ is None else pa.type_for_alias(typ)
-        fields.append(pa.field(name, arrow_type, nullable=nullable, metadata={b"doc": doc.encode()}))
+    for c in COLUMNS:
+        arrow_type = state_type(hidden_size, float16) if c.type is None else pa.type_for_alias(c.type)
+        fields.append(pa.field(c.name, arrow_type, nullable=c.nullable, metadata={b"doc": c.doc.encode()}))
     meta = {META_VERSION_KEY: str(SCHEMA_VERSION).encode()}
     if metadata is not None:
         meta[META_RUN_KEY] = json.dumps(metadata, default=str, sort_keys=True).encode()
@@ -267,9 +447,9 @@ def schema_markdown() -> str:
         "| column | type | nullable | meaning |",
         "| --- | --- | --- | --- |",
     ]
-    for name, typ, nullable, doc in COLUMNS:
-        tname = "fixed_size_list<float32, hidden_size>" if typ is None else str(typ)
-        lines.append(f"| `{name}` | {tname} | {'yes' if nullable else 'no'} | {doc} |")
+    for c in COLUMNS:
+        tname = "fixed_size_list<float32, hidden_size>" if c.type is None else c.type
+        lines.append(f"| `{c.name}` | {tname} | {'yes' if c.nullable else 'no'} | {c.doc} |")
     lines += ["", "## Metadata keys (`lstm_probe.run` JSON)", "", "| key | meaning |", "| --- | --- |"]
     for key, doc in METADATA_KEYS.items():
         lines.append(f"| `{key}` | {doc} |")

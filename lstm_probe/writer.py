@@ -34,13 +34,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from lstm_probe.layout import partial_dir, row_capacity
-from lstm_probe.schema import META_RUN_KEY, log_schema
+from lstm_probe.schema import COLUMNS, META_RUN_KEY, ROW_FLAGS, Column, log_schema
 
 META_FINAL_KEY = b"lstm_probe.final"
 """File-level key written when a part closes: the run's progress and, in the last part, its outcome."""
 
 COMPRESSION = "zstd"
-STRING_COLUMNS = ["module", "phase", "path", "bootstrap", "seq_reason"]
+STRING_COLUMNS = [c.name for c in COLUMNS if c.kind == "code"]
+VECTOR_COLUMNS = [c.name for c in COLUMNS if c.kind == "vector"]
 
 
 def _parquet_writer(path: Path, schema: pa.Schema, journal: bool = False) -> pq.ParquetWriter:
@@ -48,10 +49,10 @@ def _parquet_writer(path: Path, schema: pa.Schema, journal: bool = False) -> pq.
     # never fit a dictionary and nobody filters on a vector. Measured: 2x faster writes, 8% smaller.
     # A journal (the crash parts of a single-file log, which gets the same rows compressed) stores its
     # vectors uncompressed: zstd gains ~20% on float32 states and was half of the writer's CPU time.
-    scalars = [n for n in schema.names if n not in ("h", "c")]
+    scalars = [n for n in schema.names if n not in VECTOR_COLUMNS]
     compression: Any = COMPRESSION
     if journal:
-        compression = {n: ("none" if n in ("h", "c") else COMPRESSION) for n in schema.names}
+        compression = {n: ("none" if n in VECTOR_COLUMNS else COMPRESSION) for n in schema.names}
     return pq.ParquetWriter(
         path,
         schema,
@@ -86,47 +87,36 @@ def column_encodings(schema: pa.Schema, journal: bool = False) -> dict[str, str]
 
 
 class Rows:
-    """Preallocated columns for ``capacity`` rows. Integer -1 (or code -1) means null. Without
-    ``vectors`` (a summary log) there are no h and c columns: the sink stores each row's norms (and
-    drifts) only."""
+    """Preallocated buffers for ``capacity`` rows: one numpy array per column of the schema (its
+    ``Column.dtype``, null as ``Column.kind`` says) and per row flag (:data:`ROW_FLAGS`), as attributes
+    (``rows.env``) and by name (``rows["env"]``). Without ``vectors`` (a summary log) the h and c
+    buffers are None: the sink stores each row's norms (and drifts) only."""
+
+    h: np.ndarray | None
+    c: np.ndarray | None
 
     def __init__(self, capacity: int, hidden_size: int, vectors: bool = True):
         self.capacity = capacity
         self.n = 0
-        self.call = np.empty(capacity, np.int64)
-        self.module = np.empty(capacity, np.int8)
-        self.layer = np.empty(capacity, np.int16)
-        self.phase = np.empty(capacity, np.int8)
-        self.path = np.empty(capacity, np.int8)
-        self.bootstrap = np.empty(capacity, np.int8)
-        self.iteration = np.empty(capacity, np.int32)
-        self.epoch = np.empty(capacity, np.int32)
-        self.minibatch = np.empty(capacity, np.int32)
-        self.seq = np.empty(capacity, np.int32)
-        self.t = np.empty(capacity, np.int32)
-        self.seq_len = np.empty(capacity, np.int32)
-        self.seq_reason = np.empty(capacity, np.int8)
-        self.padding = np.empty(capacity, np.bool_)
-        self.worker = np.empty(capacity, np.int32)
-        self.learner = np.empty(capacity, np.int32)
-        self.env = np.empty(capacity, np.int32)
-        self.env_step = np.empty(capacity, np.int64)
-        self.episode = np.empty(capacity, np.int64)
-        self.episode_step = np.empty(capacity, np.int64)
-        self.episode_start = np.empty(capacity, np.int8)
-        self.h: np.ndarray | None = np.empty((capacity, hidden_size), np.float32) if vectors else None
-        self.c: np.ndarray | None = np.empty((capacity, hidden_size), np.float32) if vectors else None
-        self.h_norm = np.empty(capacity, np.float32)
-        self.c_norm = np.empty(capacity, np.float32)
-        self.has_c = np.empty(capacity, np.bool_)
-        self.vectors = np.empty(capacity, np.bool_)
-        self.drift_h = np.empty(capacity, np.float32)
-        self.drift_c = np.empty(capacity, np.float32)
-        self.has_drift = np.empty(capacity, np.bool_)
+        buffers: dict[str, np.ndarray | None] = {}
+        for col in COLUMNS:
+            if col.kind == "vector":
+                buffers[col.name] = np.empty((capacity, hidden_size), col.dtype) if vectors else None
+            else:
+                buffers[col.name] = np.empty(capacity, col.dtype)
+        for flag in ROW_FLAGS:
+            buffers[flag] = np.empty(capacity, np.bool_)
+        self.buffers = buffers
+        # plain attributes: the sink's fills read them at the speed of any attribute
+        self.__dict__.update(buffers)
 
+    def __getitem__(self, name: str) -> np.ndarray:
+        buffer = self.buffers[name]
+        assert buffer is not None, name
+        return buffer
 
-def _nullable(values: np.ndarray, null: np.ndarray, typ: pa.DataType) -> pa.Array:
-    return pa.array(values, type=typ, mask=null)
+    def __getattr__(self, name: str) -> np.ndarray:  # for type checkers: the buffers are attributes
+        raise AttributeError(f"no row buffer {name!r}")
 
 
 def _strings(codes: np.ndarray, names: Sequence[str]) -> pa.Array:
@@ -136,12 +126,13 @@ def _strings(codes: np.ndarray, names: Sequence[str]) -> pa.Array:
 
 
 class Encoder:
-    """Turns filled :class:`Rows` into a record batch of the declared schema."""
+    """Turns filled :class:`Rows` into a record batch of the declared schema, column by column by its
+    kind and null convention (``schema.Column``)."""
 
     def __init__(self, schema: pa.Schema, modules: Sequence[str], codes: Mapping[str, Sequence[str]], float16: bool):
         self.schema = schema
-        self.modules = list(modules)
-        self.codes = codes
+        # a string column's values: its declared codes, or the log's modules for ``module``
+        self.names = {c.name: list(codes[c.name]) if c.values else list(modules) for c in COLUMNS if c.kind == "code"}
         self.float16 = float16
         self.hidden = schema.field("h").type.list_size
         self._zeros = np.zeros(0, np.float16 if float16 else np.float32)
@@ -149,43 +140,31 @@ class Encoder:
     def encode(self, r: Rows) -> pa.RecordBatch:
         n = r.n
         s = slice(0, n)
-        has_c = r.has_c[s]
-        vectors = r.vectors[s]
-        if r.h is not None and r.c is not None:
-            h_col = self._vectors(r.h[s], ~vectors)
-            c_col = self._vectors(r.c[s], ~(vectors & has_c))
-        else:
-            h_col = c_col = self._no_vectors(n)
-        cols: dict[str, pa.Array] = {
-            "call": pa.array(r.call[s], pa.int64()),
-            "module": _strings(r.module[s], self.modules),
-            "layer": pa.array(r.layer[s], pa.int16()),
-            "phase": _strings(r.phase[s], self.codes["phase"]),
-            "path": _strings(r.path[s], self.codes["path"]),
-            "bootstrap": _strings(r.bootstrap[s], self.codes["bootstrap"]),
-            "iteration": _nullable(r.iteration[s], r.iteration[s] < 0, pa.int32()),
-            "epoch": _nullable(r.epoch[s], r.epoch[s] < 0, pa.int32()),
-            "minibatch": _nullable(r.minibatch[s], r.minibatch[s] < 0, pa.int32()),
-            "seq": _nullable(r.seq[s], r.seq[s] < 0, pa.int32()),
-            "t": pa.array(r.t[s], pa.int32()),
-            "seq_len": _nullable(r.seq_len[s], r.seq_len[s] < 0, pa.int32()),
-            "seq_reason": _strings(r.seq_reason[s], self.codes["seq_reason"]),
-            "padding": pa.array(r.padding[s], pa.bool_()),
-            "worker": _nullable(r.worker[s], r.worker[s] < 0, pa.int32()),
-            "learner": _nullable(r.learner[s], r.learner[s] < 0, pa.int32()),
-            "env": _nullable(r.env[s], r.env[s] < 0, pa.int32()),
-            "env_step": _nullable(r.env_step[s], r.env_step[s] < 0, pa.int64()),
-            "episode": _nullable(r.episode[s], r.episode[s] < 0, pa.int64()),
-            "episode_step": _nullable(r.episode_step[s], r.episode_step[s] < 0, pa.int64()),
-            "episode_start": _nullable(r.episode_start[s] > 0, r.episode_start[s] < 0, pa.bool_()),
-            "h": h_col,
-            "c": c_col,
-            "h_norm": pa.array(r.h_norm[s], pa.float32()),
-            "c_norm": _nullable(r.c_norm[s], ~has_c, pa.float32()),
-            "drift_h": _nullable(r.drift_h[s], ~r.has_drift[s], pa.float32()),
-            "drift_c": _nullable(r.drift_c[s], ~(r.has_drift[s] & has_c), pa.float32()),
-        }
-        return pa.RecordBatch.from_arrays([cols[f.name] for f in self.schema], schema=self.schema)
+        arrays = []
+        for col, field in zip(COLUMNS, self.schema, strict=True):
+            kind, typ = col.kind, field.type
+            if kind == "vector":
+                v = r.buffers[col.name]
+                arrays.append(self._no_vectors(n) if v is None else self._vectors(v[s], ~self._valid(r, col, s)))
+                continue
+            v = r[col.name][s]
+            if kind == "code":
+                arrays.append(_strings(v, self.names[col.name]))
+            elif kind == "tribool":
+                arrays.append(pa.array(v > 0, typ, mask=v < 0))
+            elif not col.nullable:
+                arrays.append(pa.array(v, typ))
+            elif kind == "int":
+                arrays.append(pa.array(v, typ, mask=v < 0))
+            else:  # float
+                arrays.append(pa.array(v, typ, mask=~self._valid(r, col, s) if col.valid else np.isnan(v)))
+        return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+
+    @staticmethod
+    def _valid(r: Rows, col: Column, s: slice) -> np.ndarray:
+        """Where the column's row flags are all True."""
+        flags = [r[f][s] for f in col.valid]
+        return flags[0] if len(flags) == 1 else np.logical_and.reduce(flags)
 
     def _vectors(self, v: np.ndarray, null: np.ndarray) -> pa.Array:
         flat = np.ascontiguousarray(v, dtype=np.float16 if self.float16 else np.float32).reshape(-1)

@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import lstm_probe
-from lstm_probe.schema import COLUMNS, META_RUN_KEY, META_VERSION_KEY, SCHEMA_VERSION, log_schema
+from lstm_probe.schema import COLUMN_NAMES, META_RUN_KEY, META_VERSION_KEY, SCHEMA_VERSION, log_schema
 
 PHASES = ["rollout", "bootstrap", "train", "predict", "other"]
 
@@ -83,7 +83,7 @@ def test_summarize_never_raises_unexpectedly(tmp_path_factory, log):
     cols, hidden, meta, chunk_rows = log
     schema = log_schema(hidden, metadata=meta)
     arrays = []
-    for name, *_ in COLUMNS:
+    for name in COLUMN_NAMES:
         field = schema.field(name)
         arrays.append(pa.array(cols[name], type=field.type))
     table = pa.Table.from_arrays(arrays, schema=schema.remove_metadata()).replace_schema_metadata(

@@ -1,0 +1,286 @@
+"""The training process's side of a log: :class:`LogWriter` takes the states the tracer hands over and
+gets them to the log's :class:`~lstm_probe.sink.Sink`, in a writer process of its own (``writer="process"``,
+:mod:`lstm_probe.writer_process`) or on a writer thread (``writer="thread"``).
+
+The training thread only keeps references to detached state tensors (``tracer.py``) and hands them
+over as *jobs*, whose memory is bounded in bytes. A job does the device-to-host copies and the torch part
+of recovering per-step states (``recover.py``), then hands host arrays to the sink, which does everything
+per row (``sink.py``). In-process, every bit of Python the sink runs holds the interpreter lock that
+training needs, so its whole cost lands on training; in its own process it uses another core.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from lstm_probe.errors import BadInput, OutputError
+from lstm_probe.layout import check_output, row_capacity
+from lstm_probe.options import DEFAULT_WRITER, WRITERS
+from lstm_probe.sink import Sink
+from lstm_probe.writer_process import Child
+
+
+class LogWriter:
+    """Hands one log's states to its sink: in a writer process, or on a writer thread (see the module
+    docstring).
+
+    The training thread hands over *jobs* (:meth:`submit`): closures that hold the detached state
+    tensors of a block of calls and their provenance; a job ends by handing host arrays to the sink with
+    :meth:`send`. With a writer process a job runs right away and its messages go into the pipe, whose
+    backlog is bounded by bytes; with a writer thread jobs wait in a queue bounded by the bytes they
+    hold. Either way a slow disk slows training down instead of growing memory. :meth:`close` drains
+    everything, writes the outcome into the metadata and publishes the log.
+    """
+
+    def __init__(
+        self,
+        out: str | os.PathLike[str],
+        hidden_size: int,
+        modules: Sequence[str],
+        metadata: dict[str, Any],
+        codes: Mapping[str, Sequence[str]],
+        *,
+        capture: str = "full",
+        every: int = 1,
+        reference_window: int = 0,
+        float16: bool = False,
+        force: bool = False,
+        part_seconds: float = 60.0,
+        part_rows: int = 2_000_000,
+        part_iterations: int | None = None,
+        queue_bytes: int = 32 << 20,
+        shard: str | None = None,
+        writer: str = DEFAULT_WRITER,
+    ):
+        if writer not in WRITERS:
+            raise BadInput(f"writer must be one of {', '.join(WRITERS)}, not {writer!r}")
+        out_str = os.fspath(out)
+        self.path = Path(out_str)
+        is_dir = out_str.endswith(("/", os.sep)) or self.path.is_dir()
+        if shard is not None and (not re.fullmatch(r"[A-Za-z0-9_.]+", shard) or not is_dir):
+            raise BadInput(
+                f"shard {shard!r}: shards need a directory --out (ending in /) and a name of "
+                "letters, digits, '_' or '.'"
+            )
+        if part_iterations is not None and (part_iterations < 1 or not is_dir):
+            raise BadInput(
+                f"part_iterations {part_iterations}: parts per span of iterations need a directory --out "
+                "(ending in /) and a span of at least 1"
+            )
+        check_output(self.path, force=force, is_dir=is_dir, shard=shard)
+        if is_dir and not out_str.endswith(("/", os.sep)):
+            out_str += os.sep
+        self.config: dict[str, Any] = {
+            "log": {
+                "out": out_str,
+                "hidden_size": hidden_size,
+                "modules": list(modules),
+                # as JSON sees it (plain types): torch.__version__, say, is a str subclass of torch's, and
+                # unpickling it would import torch into the writer process
+                "metadata": json.loads(json.dumps(metadata, default=str)),
+                "codes": {k: list(v) for k, v in codes.items()},
+                "float16": float16,
+                "part_seconds": part_seconds,
+                "part_rows": part_rows,
+                "part_iterations": part_iterations,
+                "shard": shard,
+                "vectors": capture == "full",
+            },
+            "capture": capture,
+            "every": every,
+            "reference_window": reference_window,
+        }
+        self.progress: dict[str, Any] = {}
+        self._sent_progress: dict[str, Any] = {}
+        self.error: BaseException | None = None
+        self.closed = False
+        self._jobs: deque[_Sized | None] = deque()
+        self._queued_bytes = 0
+        self._queue_bytes = queue_bytes
+        self._cond = threading.Condition()
+        self.busy_seconds = 0.0  # the writer thread's wall time in jobs and writes
+        self.cpu_seconds = 0.0  # the writer thread's CPU time, set when it ends
+        self.wait_seconds = 0.0  # training thread time spent waiting for room in the queue or the pipe
+        self.sink: Sink | None = None
+        self._child: Child | None = None
+        if writer == "process":
+            self._child = Child.start(self.config)
+        else:
+            self.sink = Sink(self.config)
+        self.mode = writer
+        self._thread: threading.Thread | None = None
+        if self._child is None:
+            self._thread = threading.Thread(target=self._work, name="lstm-probe-writer", daemon=True)
+            self._thread.start()
+
+    @property
+    def inline(self) -> bool:
+        """Whether :meth:`submit` runs jobs right away on the calling thread (with a writer process)."""
+        return self._child is not None
+
+    @property
+    def capacity(self) -> int:
+        """Rows per row group."""
+        log = self.config["log"]
+        return row_capacity(int(log["hidden_size"]), bool(log["vectors"]))
+
+    # -- training thread -------------------------------------------------------------------------
+    def submit(self, job: Callable[[], None], nbytes: int) -> None:
+        """Run ``job``: with a writer process, here and now (its torch ops are few and its messages go
+        into the pipe without waiting; a second Python thread would cost training more in interpreter
+        lock hand-overs than the job itself); with a writer thread, queued for it (this blocks while
+        the queued jobs hold more than the budget)."""
+        if self.error is not None:
+            raise self._failed()
+        if self.closed:
+            raise OutputError(f"the log {self.path} is already closed")
+        if self._child is not None:
+            self._run(job)
+            if self.error is not None:
+                raise self._failed()
+            return
+        with self._cond:
+            if self._queued_bytes and self._queued_bytes + nbytes > self._queue_bytes:
+                start = time.monotonic()
+                while self._queued_bytes and self._queued_bytes + nbytes > self._queue_bytes and self.error is None:
+                    self._cond.wait()
+                self.wait_seconds += time.monotonic() - start
+                if self.error is not None:
+                    raise self._failed()
+            self._queued_bytes += nbytes
+            self._jobs.append(_Sized(job, nbytes))
+            self._cond.notify_all()
+
+    def _failed(self) -> OutputError:
+        """The error to raise on the training thread once the writer has failed."""
+        err = OutputError(f"cannot write the log {self.path}: {self.error}")
+        err.__cause__ = self.error
+        return err
+
+    # -- writer thread ---------------------------------------------------------------------------
+    def send(self, method: str, *args: Any) -> None:
+        """Hand host arrays to the sink: ``Sink.<method>(*args)`` (inside a job: on the writer thread, or
+        on the training thread with a writer process)."""
+        if self.progress != self._sent_progress:
+            self._sent_progress = dict(self.progress)
+            self._to_sink("progress", self._sent_progress)
+        self._to_sink(method, *args)
+
+    def _to_sink(self, method: str, *args: Any) -> None:
+        if self._child is not None:
+            self.wait_seconds += self._child.send((method, args), self._queue_bytes)
+        else:
+            assert self.sink is not None
+            getattr(self.sink, method)(*args)
+
+    def _work(self) -> None:
+        # Torch ops here (stacking states, the recovery's matmuls) must not start a second team of
+        # intra-op threads next to training's: with two torch threads on two cores that doubled the run
+        # time. The setting is per thread (OpenMP's and MKL's thread counts for the calling thread);
+        # training's own thread count is untouched (tests/test_sb3.py checks results stay identical).
+        import torch
+
+        torch.set_num_threads(1)
+        sink = self.sink  # the thread exists only without a writer process
+        assert sink is not None
+        flush_seconds = float(self.config["log"]["part_seconds"]) / 2
+        while True:
+            with self._cond:
+                while not self._jobs:
+                    timeout = flush_seconds - (time.monotonic() - sink.log.last_flush)
+                    if timeout <= 0:
+                        break
+                    self._cond.wait(timeout)
+                item = self._jobs.popleft() if self._jobs else _IDLE
+            if item is None:  # close(): stop; close() finishes the log
+                self.cpu_seconds = time.thread_time()  # this thread's CPU time, start to end
+                return
+            if item is _IDLE:  # small or idle logs too reach disk in bounded time
+                self._run(sink.flush_if_due)
+                continue
+            self._run(item.job)
+            with self._cond:
+                self._queued_bytes -= item.nbytes
+                self._cond.notify_all()
+            self._run(sink.flush_if_due)
+
+    def _run(self, fn: Callable[[], None]) -> None:
+        if self.error is not None:
+            return
+        import torch
+
+        start = time.perf_counter()
+        try:
+            with torch.no_grad():  # grad mode is per thread
+                fn()
+        except BaseException as exc:  # disk full, path removed, writer process gone: raised on training's thread
+            if self._child is not None and not isinstance(exc, Exception):
+                # Ctrl-C / SIGTERM landing in a job run inline (on the training thread): training's own
+                # interrupt, not a writer failure. The pipe stays whole (each write is signal-held);
+                # the job's rows not yet handed over are lost with it.
+                raise
+            self.error = exc
+            with self._cond:
+                self._cond.notify_all()
+        finally:
+            self.busy_seconds += time.perf_counter() - start  # reported for a writer thread only
+
+    # -- end -------------------------------------------------------------------------------------
+    def close(self, final: dict[str, Any]) -> Path:
+        """Write what is left, record ``final`` (completed, stop_reason, ...) and publish the log."""
+        if self.closed:
+            return self.path
+        self.closed = True
+        if self._thread is not None:
+            with self._cond:
+                self._jobs.append(None)
+                self._cond.notify_all()
+            self._thread.join()
+        if self.error is None and self.progress != self._sent_progress:
+            self._run(lambda: self._to_sink("progress", dict(self.progress)))
+        cost = {
+            **final.get("probe_cost", {}),
+            "writer": self.mode,
+            # with a writer process, its own (added there); the jobs run inside the hooks and callbacks,
+            # so their time on the training thread is in hook_seconds and integration_seconds
+            "writer_cpu_seconds": self.cpu_seconds if self._thread is not None else 0.0,
+            "writer_busy_seconds": self.busy_seconds if self._thread is not None else 0.0,
+            "wait_seconds": round(self.wait_seconds, 4),
+        }
+        final = {**final, "probe_cost": cost}
+        try:
+            if self.error is not None:
+                raise self.error
+            if self._child is not None:
+                self._child.close(final)
+            else:
+                assert self.sink is not None
+                for key in ("writer_cpu_seconds", "writer_busy_seconds"):
+                    cost[key] = round(cost[key], 4)
+                self.sink.close(final)
+        except BaseException as exc:
+            if self._child is not None:
+                self._child.kill()
+            elif self.sink is not None:
+                self.sink.log.abort()
+            self.error = exc
+            raise self._failed() from None
+        return self.path
+
+
+class _Sized:
+    __slots__ = ("job", "nbytes")
+
+    def __init__(self, job: Callable[[], None], nbytes: int):
+        self.job, self.nbytes = job, nbytes
+
+
+_IDLE: Any = object()

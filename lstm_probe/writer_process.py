@@ -1,0 +1,339 @@
+"""The writer process: the pipe protocol between the training process and the process that writes its
+log, and that process's loop.
+
+The training process starts it with ``python -m lstm_probe.writer_process`` (:meth:`Child.start`) and
+speaks to it through :class:`Child`: each message is a count, the sizes, a pickle (protocol 5) and the
+pickle's out-of-band buffers (the state arrays, written into the pipe from their own memory) on its
+stdin; its replies (closed, error) are length-prefixed pickles on its stdout. The process (:func:`serve`)
+builds one :class:`~lstm_probe.sink.Sink` from the ``open`` message and calls the sink's method each
+message names, until ``close`` or the end of the pipe (the training process died: the rows it handed
+over are published as a part of the crash journal). It never imports torch or pandas.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import pickle
+import select
+import signal
+import struct
+import subprocess
+import sys
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from lstm_probe.errors import BadInput, OutputError, one_line
+from lstm_probe.sink import Sink
+
+_HEADER = struct.Struct("<Q")
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM (the ones the training process turns into exceptions) for a few lines;
+    they arrive right after."""
+    held = {signal.SIGINT, signal.SIGTERM}
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+_IOV_MAX = 512  # buffers per writev (POSIX guarantees 16, Linux takes 1024)
+
+
+class WriterGone(RuntimeError):
+    """The writer process ended before the log was closed; the message says why (its own error when it
+    reported one)."""
+
+
+class Child:
+    """The training side of a writer process: messages are length-prefixed pickles on its stdin, its
+    replies (ready, closed, error) come back on its stdout."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]):
+        self.proc = proc
+        assert proc.stdin is not None and proc.stdout is not None
+        self.stdout = proc.stdout
+        self.fd = proc.stdin.fileno()
+        os.set_blocking(self.fd, False)
+        with contextlib.suppress(ImportError, AttributeError, OSError):  # Linux: a 1 MB pipe (default 64 kB)
+            import fcntl
+
+            fcntl.fcntl(self.fd, fcntl.F_SETPIPE_SZ, 1 << 20)
+        self.backlog: deque[memoryview] = deque()
+        self.backlog_bytes = 0
+
+    @classmethod
+    def start(cls, config: dict[str, Any]) -> Child:
+        # One core's worth of threads, and allocators that give memory back: the system allocator for
+        # Arrow (its default mimalloc pool kept ~17 MB more), one glibc arena, and a fixed mmap threshold
+        # (glibc raises it after large frees, and then row-group-sized buffers fragment its heap: measured,
+        # +10 MB per GB written without it, flat with it).
+        env = {
+            **os.environ,
+            "OMP_NUM_THREADS": "1",
+            "OPENBLAS_NUM_THREADS": "1",
+            "MKL_NUM_THREADS": "1",
+            "ARROW_DEFAULT_MEMORY_POOL": "system",
+            "MALLOC_ARENA_MAX": "1",
+            "MALLOC_MMAP_THRESHOLD_": "65536",
+        }
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "lstm_probe.writer_process"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,  # it reports its errors as answers; the training process words them
+                env=env,
+            )
+        except OSError as exc:
+            raise OutputError(
+                f"cannot start the writer process ({exc}); pass writer='thread' (--writer thread) to write "
+                "from a thread of the training process"
+            ) from None
+        child = cls(proc)
+        # No wait for an answer: the process opens the log while training starts (its imports take a
+        # second). An error there (rare: the location was checked above) surfaces at the next hand-over.
+        try:
+            child.send(("open", (config,)), 0)
+        except WriterGone as exc:
+            raise OutputError(f"cannot start the writer process: {exc}") from None
+        return child
+
+    def send(self, message: tuple[str, tuple[Any, ...]], budget: int) -> float:
+        """Write ``message`` into the pipe as far as it takes it without waiting; what does not fit waits
+        in a backlog, written first by the next send. Waits only while the backlog holds more than
+        ``budget`` bytes (the writer process is behind): returns the seconds waited."""
+        # Pickle protocol 5 with out-of-band buffers: the state arrays go into the pipe straight from
+        # their own memory (one copy, into the pipe), not through the pickle's bytes (two).
+        buffers: list[pickle.PickleBuffer] = []
+        data = pickle.dumps(message, protocol=5, buffer_callback=buffers.append)
+        raws = [b.raw() for b in buffers]
+        sizes = [len(data)] + [r.nbytes for r in raws]
+        frame = [memoryview(struct.pack(f"<Q{len(sizes)}Q", len(sizes), *sizes)), memoryview(data), *raws]
+        return self.pump(budget, frame)
+
+    def pump(self, budget: int, frame: Sequence[memoryview] = ()) -> float:
+        """Add ``frame`` to the backlog and write the backlog into the pipe (one ``writev`` per try); wait
+        for room while it holds more than ``budget`` bytes."""
+        waited = 0.0
+        added = len(frame)
+        while True:
+            # A write and its bookkeeping happen together: a Ctrl-C/SIGTERM handler raising in between
+            # would leave bytes written but still in the backlog, and the stream corrupt for close().
+            with _signals_held():
+                if frame:
+                    self.backlog.extend(frame)
+                    self.backlog_bytes += sum(f.nbytes for f in frame)
+                    frame = ()
+                if not self.backlog:
+                    break
+                try:
+                    n = os.writev(self.fd, list(itertools.islice(self.backlog, _IOV_MAX)))
+                except BlockingIOError:
+                    n = 0
+                except OSError:  # a broken pipe: the process ended; say why if it told
+                    raise WriterGone(self.reply()[1]) from None
+                self.backlog_bytes -= n
+                while n:
+                    head = self.backlog[0]
+                    if n >= head.nbytes:
+                        self.backlog.popleft()
+                        n -= head.nbytes
+                    else:
+                        self.backlog[0] = head[n:]
+                        n = 0
+                if not self.backlog:
+                    break
+                done = self.backlog_bytes <= budget  # the rest can wait for the next send
+                if done and added:
+                    # What the pipe did not take yet must not alias the caller's memory: raw buffers are
+                    # views of host arrays that can be views of live tensors (a layer's weights, which the
+                    # next optimizer step changes in place; an input buffer the framework reuses). Copied
+                    # now, they keep this moment's values. Older frames' leftovers were copied by their
+                    # own send (the backlog is first in, first out: what is left of this frame is its end).
+                    for i in range(max(0, len(self.backlog) - added), len(self.backlog)):
+                        self.backlog[i] = memoryview(bytes(self.backlog[i]))
+            if done:
+                break
+            start = time.monotonic()  # the pipe is full (waiting here stays interruptible)
+            select.select([], [self.fd], [])
+            waited += time.monotonic() - start
+        return waited
+
+    def reply(self) -> tuple[Any, ...]:
+        head = self.stdout.read(_HEADER.size)
+        if len(head) < _HEADER.size:
+            code = self.proc.wait()
+            return ("error", f"the writer process ended unexpectedly (exit code {code})")
+        reply: tuple[Any, ...] = pickle.loads(self.stdout.read(_HEADER.unpack(head)[0]))
+        return reply
+
+    def close(self, final: dict[str, Any]) -> None:
+        self.send(("close", (final,)), 0)
+        reply = self.reply()
+        self.proc.wait()
+        if reply[0] != "closed":
+            raise RuntimeError(reply[1])
+
+    def kill(self) -> None:
+        with contextlib.suppress(OSError):
+            self.proc.kill()
+        self.proc.wait()
+
+
+class _NoPandas:
+    """Import finder that makes pandas unimportable in the writer process. pyarrow imports pandas on its
+    first array conversion (to check for a Series) when pandas is installed; the writer never hands pandas
+    objects to pyarrow, and the import cost it ~44 MB of private memory (measured with
+    ``/proc/self/smaps_rollup``: 114 MB -> 70 MB for pyarrow alone after one conversion and one write)."""
+
+    @staticmethod
+    def find_spec(name: str, path: Any = None, target: Any = None) -> None:
+        if name == "pandas" or name.startswith("pandas."):
+            raise ModuleNotFoundError(f"No module named {name!r} (kept out of the lstm-probe writer)", name=name)
+        return None
+
+
+def serve() -> int:
+    """The writer process: one sink, driven by the messages on stdin, until ``close`` or the pipe ends."""
+    if "pandas" not in sys.modules:
+        sys.meta_path.insert(0, _NoPandas)  # type: ignore[arg-type]
+    # Replies go to the real stdout; anything else that prints goes to stderr.
+    reply_fd = os.dup(1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    # A terminal's Ctrl-C reaches the whole process group; the training process decides when the log
+    # ends (its close, or its death: the pipe closes).
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    # Normal priority, on purpose: at the lowest (nice 19) a writer on a machine whose cores were all busy
+    # got ~1.5% of a core, fell behind, and training waited for it: 222 s against 41 s at normal priority
+    # (2048 steps at full capture beside two busy processes on two cores; 133 s of it waiting).
+    inp = sys.stdin.buffer.fileno()
+    sink: Sink | None = None
+    busy = 0.0
+    cpu0 = time.process_time()
+    memory = _Memory()
+
+    def answer(*reply: Any) -> None:
+        data = pickle.dumps(reply)
+        os.write(reply_fd, _HEADER.pack(len(data)) + data)
+
+    def read(n: int) -> bytearray | None:
+        """Exactly ``n`` bytes (writable: arrays unpickled onto them stay writable), None at the pipe's end."""
+        buf = bytearray(n)
+        view, got = memoryview(buf), 0
+        while got < n:
+            k = os.readv(inp, [view[got:]])
+            if not k:
+                return None
+            got += k
+        return buf
+
+    def frame() -> tuple[Any, ...] | None:
+        """One message: a count, the sizes, the pickle, its out-of-band buffers (see :meth:`Child.send`)."""
+        head = read(_HEADER.size)
+        if head is None:
+            return None
+        count = _HEADER.unpack(head)[0]
+        sizes_raw = read(8 * count)
+        if sizes_raw is None:
+            return None
+        parts = [read(size) for size in struct.unpack(f"<{count}Q", sizes_raw)]
+        if any(p is None for p in parts):
+            return None
+        message: tuple[Any, ...] = pickle.loads(parts[0], buffers=parts[1:])  # type: ignore[arg-type]
+        return message
+
+    while True:
+        if sink is not None:
+            timeout = max(0.0, sink.log.flush_seconds - (time.monotonic() - sink.log.last_flush))
+            ready, _, _ = select.select([inp], [], [], timeout)
+            if not ready:
+                try:
+                    sink.flush_if_due()
+                except Exception as exc:
+                    answer("error", _one_line(exc))
+                    os._exit(1)  # no destructors: a half-written Parquet file would complain on stderr
+                continue
+        message = frame()
+        if message is None:  # the training process is gone: keep what it handed over
+            if sink is not None:
+                with contextlib.suppress(Exception):
+                    sink.log.abandon()
+            return 0
+        method, args = message
+        start = time.perf_counter()
+        try:
+            if method == "open":
+                sink = Sink(*args)
+                cpu0 = time.process_time()
+                continue
+            assert sink is not None
+            if method == "close":
+                final = args[0]
+                cost = final["probe_cost"]
+                busy += time.perf_counter() - start
+                cost["writer_busy_seconds"] = round(cost["writer_busy_seconds"] + busy, 4)
+                cost["writer_cpu_seconds"] = round(cost["writer_cpu_seconds"] + time.process_time() - cpu0, 4)
+                memory.sample()
+                cost.update(memory.cost())
+                sink.close(final)
+                answer("closed")
+                return 0
+            getattr(sink, method)(*args)
+            memory.sample_now_and_then()
+        except Exception as exc:
+            if sink is not None:
+                with contextlib.suppress(Exception):
+                    sink.log.abort()
+            answer("error", _one_line(exc))
+            os._exit(1)  # no destructors: a half-written Parquet file would complain on stderr
+        busy += time.perf_counter() - start
+
+
+class _Memory:
+    """The writer process's peak memory, for ``probe_cost`` (Linux): its peak RSS (VmHWM, counting the
+    shared libraries it maps like every process that loads them) and its peak private memory (sampled at
+    most once a second: what it adds to the machine, libraries shared with training excluded)."""
+
+    def __init__(self) -> None:
+        self.private_kb = 0
+        self.last = 0.0
+
+    def sample_now_and_then(self) -> None:
+        if time.monotonic() - self.last >= 1.0:
+            self.sample()
+
+    def sample(self) -> None:
+        self.last = time.monotonic()
+        with contextlib.suppress(OSError, ValueError):
+            with open("/proc/self/smaps_rollup") as f:
+                kb = sum(int(line.split()[1]) for line in f if line.startswith(("Private_Clean", "Private_Dirty")))
+            self.private_kb = max(self.private_kb, kb)
+
+    def cost(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        with contextlib.suppress(OSError, ValueError, StopIteration):
+            with open("/proc/self/status") as f:
+                out["writer_peak_rss_mb"] = round(next(int(s.split()[1]) for s in f if s.startswith("VmHWM")) / 1024, 1)
+        if self.private_kb:
+            out["writer_peak_private_mb"] = round(self.private_kb / 1024, 1)
+        return out
+
+
+def _one_line(exc: BaseException) -> str:
+    """An error of the writer process as the training process words it (an OSError or a bad input as its
+    message, anything else with its type)."""
+    return one_line(exc, kind=not isinstance(exc, OSError | BadInput))
+
+
+if __name__ == "__main__":
+    sys.exit(serve())
