@@ -33,7 +33,6 @@ from lstm_probe.layout import partial_dir
 from lstm_probe.schema import (
     META_RUN_KEY,
     META_VERSION_KEY,
-    REQUIRED_COLUMNS,
     SCHEMA_VERSION,
     log_schema,
     required_columns,
