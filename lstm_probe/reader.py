@@ -35,8 +35,8 @@ from lstm_probe.schema import (
     META_VERSION_KEY,
     SCHEMA_VERSION,
     log_schema,
-    required_columns,
     relative_l2,
+    required_columns,
 )
 from lstm_probe.writer import META_FINAL_KEY
 
