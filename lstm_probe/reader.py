@@ -372,7 +372,17 @@ def load(
             raise BadLog(f"no column {sorted(unknown)[0]!r} in the log; columns: {', '.join(info.schema.names)}")
     filt = _filter(phase=phase, module=module, iteration=iteration, layer=layer, env=env, episode=episode)
     table = data.to_table(columns=columns, filter=filt)
-    return table.to_pandas()
+    # integer and bool columns as pandas' nullable dtypes (Int64, boolean): null env on padding rows
+    # stays <NA> instead of turning the column into floats
+    return table.to_pandas(types_mapper=_nullable_dtype)
+
+
+def _nullable_dtype(t: pa.DataType) -> Any:
+    import pandas as pd
+
+    if pa.types.is_integer(t) or pa.types.is_boolean(t):
+        return pd.api.types.pandas_dtype(str(t).capitalize() if pa.types.is_integer(t) else "boolean")
+    return None
 
 
 def states(df: pd.DataFrame, which: str = "h") -> np.ndarray:
