@@ -7,6 +7,7 @@ to an env, env step and episode. The core, the writer and the reader never impor
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -157,9 +158,14 @@ class Tags:
     learner: int | None = None
 
 
-_missing = [c.name for c in COLUMNS if c.source == "tags" and c.name not in Tags.__dataclass_fields__]
+TAG_COLUMNS = tuple(c.name for c in COLUMNS if c.source == "tags")
+"""The schema's call-level columns: each is a :class:`Tags` field of the same name."""
+_missing = [name for name in TAG_COLUMNS if name not in Tags.__dataclass_fields__]
 if _missing:
     raise TypeError(f"schema column(s) {_missing} come from the call's tags: declare them as Tags fields")
+tag_values: Callable[[Tags], tuple[Any, ...]] = operator.attrgetter(*TAG_COLUMNS)
+"""The values of a call's :data:`TAG_COLUMNS`, as a tuple (calls with equal values share their rows'
+call-level columns)."""
 
 
 Resolver = Callable[[str, int, int], Tags]

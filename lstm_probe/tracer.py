@@ -10,6 +10,7 @@ column, timestep), written into columnar buffers (see ``writer.py``).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import functools
 import platform
@@ -23,12 +24,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from lstm_probe.contract import CODES, PATH, Grid, Integration, Resolver, Tags
+from lstm_probe.contract import CODES, PATH, Grid, Integration, Resolver, Tags, tag_values
 from lstm_probe.errors import BadInput, one_line
+from lstm_probe.logwriter import LogWriter
 from lstm_probe.options import CaptureOptions
 from lstm_probe.recover import gru_sequence_states, lstm_sequence_io, snapshot_weights
 from lstm_probe.schema import SCHEMA_VERSION
-from lstm_probe.logwriter import LogWriter
 
 RECURRENT_TYPES = (nn.LSTM, nn.GRU, nn.LSTMCell, nn.GRUCell)
 MAX_PENDING = 256
@@ -412,16 +413,7 @@ class Tracer:
                 if grid is not None and grid.shape[1] > 1:
                     key = ("stepwise", id(tags))
                 elif grid is None or (not grid.train and grid.shape == (batch, 1)):
-                    key = (
-                        "step",
-                        tags.phase,
-                        tags.iteration,
-                        tags.epoch,
-                        tags.minibatch,
-                        tags.bootstrap,
-                        tags.learner,
-                        grid is None,
-                    )
+                    key = ("step", tag_values(tags), grid is None)
                 self._key_tags, self._key_batch, self._key = tags, batch, key
             if key is not None and key[0] == "stepwise":
                 tags.stepwise[name] = tags.stepwise.get(name, 0) + 1
@@ -485,15 +477,7 @@ class Tracer:
         per_col = np.repeat(calls, [h.shape[1] for h in block.h])
         sent = tags
         if block.grids:
-            sent = Tags(
-                tags.phase,
-                tags.iteration,
-                tags.epoch,
-                tags.minibatch,
-                tags.bootstrap,
-                grid=Grid.concat(block.grids),
-                learner=tags.learner,
-            )
+            sent = dataclasses.replace(tags, grid=Grid.concat(block.grids), stepwise={})
         writer.send("rows", name, sent, 0, PATH["step"], per_col, hs, cs)
 
 
