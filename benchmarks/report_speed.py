@@ -40,7 +40,8 @@ def hwm():  # this process's peak RSS (MB); ru_maxrss would also count the paren
 
 import lstm_probe
 if len(sys.argv) > 3:  # --sections: each step's time, and the process's RSS and peak after it
-    import lstm_probe.report as R
+    from lstm_probe.report import scan
+    from lstm_probe.report.sections import calls, health
 
     def rss():
         return int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20
@@ -54,9 +55,9 @@ if len(sys.argv) > 3:  # --sections: each step's time, and the process's RSS and
             return out
         return wrapped
 
-    for name in ("read_scalars", "_duplicates", "_chunks", "_per_call", "_minibatches",
-                 "_health_section"):
-        setattr(R, name, timed(name, getattr(R, name)))
+    for owner, name in ((scan, "read_scalars"), (scan, "duplicates"), (scan, "chunks"), (calls, "per_call"),
+                        (calls, "minibatches"), (health.Health, "compute")):
+        setattr(owner, name, timed(name, getattr(owner, name)))
 rep = lstm_probe.summarize(sys.argv[1], chunk_rows=int(sys.argv[2]))
 print(json.dumps({"seconds": time.perf_counter() - t, "rss_mb": hwm(),
                   "rows": rep.run.rows, "findings": len(rep.findings)}))
