@@ -302,7 +302,7 @@ class PartWriter:
 class FileLog:
     """Rows of one log, buffered in preallocated columns and written as row groups into rolling parts
     (and, for a single-file log, into the mirrored file). Synchronous: it runs wherever the rows are
-    made, on the writer thread or in the writer process (``sink.py``); it never imports torch."""
+    made, on the writer thread or in the writer process (``writer_process.py``); it never imports torch."""
 
     def __init__(
         self,

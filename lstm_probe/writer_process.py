@@ -201,6 +201,35 @@ class _NoPandas:
         return None
 
 
+def _read(fd: int, n: int) -> bytearray | None:
+    """Exactly ``n`` bytes (writable: arrays unpickled onto them stay writable), None at the pipe's end."""
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        k = os.readv(fd, [view[got:]])
+        if not k:
+            return None
+        got += k
+    return buf
+
+
+def _read_frame(fd: int) -> tuple[Any, ...] | None:
+    """One message: a count, the sizes, the pickle, its out-of-band buffers (see :meth:`Child.send`);
+    None at the pipe's end."""
+    head = _read(fd, _HEADER.size)
+    if head is None:
+        return None
+    count = _HEADER.unpack(head)[0]
+    sizes_raw = _read(fd, 8 * count)
+    if sizes_raw is None:
+        return None
+    parts = [_read(fd, size) for size in struct.unpack(f"<{count}Q", sizes_raw)]
+    if any(p is None for p in parts):
+        return None
+    message: tuple[Any, ...] = pickle.loads(parts[0], buffers=parts[1:])  # type: ignore[arg-type]
+    return message
+
+
 def serve() -> int:
     """The writer process: one sink, driven by the messages on stdin, until ``close`` or the pipe ends."""
     if "pandas" not in sys.modules:
@@ -226,32 +255,6 @@ def serve() -> int:
         data = pickle.dumps(reply)
         os.write(reply_fd, _HEADER.pack(len(data)) + data)
 
-    def read(n: int) -> bytearray | None:
-        """Exactly ``n`` bytes (writable: arrays unpickled onto them stay writable), None at the pipe's end."""
-        buf = bytearray(n)
-        view, got = memoryview(buf), 0
-        while got < n:
-            k = os.readv(inp, [view[got:]])
-            if not k:
-                return None
-            got += k
-        return buf
-
-    def frame() -> tuple[Any, ...] | None:
-        """One message: a count, the sizes, the pickle, its out-of-band buffers (see :meth:`Child.send`)."""
-        head = read(_HEADER.size)
-        if head is None:
-            return None
-        count = _HEADER.unpack(head)[0]
-        sizes_raw = read(8 * count)
-        if sizes_raw is None:
-            return None
-        parts = [read(size) for size in struct.unpack(f"<{count}Q", sizes_raw)]
-        if any(p is None for p in parts):
-            return None
-        message: tuple[Any, ...] = pickle.loads(parts[0], buffers=parts[1:])  # type: ignore[arg-type]
-        return message
-
     while True:
         if sink is not None:
             timeout = max(0.0, sink.log.flush_seconds - (time.monotonic() - sink.log.last_flush))
@@ -263,7 +266,7 @@ def serve() -> int:
                     answer("error", _one_line(exc))
                     os._exit(1)  # no destructors: a half-written Parquet file would complain on stderr
                 continue
-        message = frame()
+        message = _read_frame(inp)
         if message is None:  # the training process is gone: keep what it handed over
             if sink is not None:
                 with contextlib.suppress(Exception):
