@@ -108,23 +108,28 @@ def _member(archive: zipfile.ZipFile, name: str, limit: int) -> bytes:
 
 
 def _read(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The zip's ``data`` JSON and its policy weights. A file no loader could read is a BadInput that
+    does not suggest --trust-model (SB3's load would fail on it too)."""
     import torch
+
+    def broken(why: str) -> BadInput:
+        return BadInput(f"cannot load {path} as a RecurrentPPO model: {why}")
 
     try:
         with zipfile.ZipFile(path) as archive:
             names = set(archive.namelist())
             if "data" not in names or "policy.pth" not in names:
-                raise Unsafe("it is not an SB3 model.zip (no data or policy.pth)")
+                raise broken("it is not an SB3 model.zip (no data or policy.pth in it)")
             raw = _member(archive, "data", MAX_DATA_BYTES)
             weights = _member(archive, "policy.pth", MAX_WEIGHTS_BYTES)
     except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError) as exc:
-        raise Unsafe(f"it is not a readable zip ({exc})") from None
+        raise broken(f"it is not a readable zip file ({exc})") from None
     try:
         data = json.loads(raw)
     except (ValueError, RecursionError):
-        raise Unsafe("its data is not valid JSON") from None
+        raise broken("its data is not valid JSON") from None
     if not isinstance(data, dict) or _depth(data) > MAX_JSON_DEPTH:
-        raise Unsafe("its data is not the JSON object SB3 writes")
+        raise broken("its data is not the JSON object SB3 writes")
     try:  # tensors and plain containers only: torch's weights_only unpickler refuses any other object
         state = torch.load(io.BytesIO(weights), map_location="cpu", weights_only=True)
     except Exception as exc:
