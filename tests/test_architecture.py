@@ -86,7 +86,7 @@ def test_no_import_cycles_even_inside_functions():
         stack.append(m)
         for d in sorted(edges.get(m, ())):
             if state.get(d) == 1:
-                cycle = stack[stack.index(d) :] + [d]
+                cycle = [*stack[stack.index(d) :], d]
                 pytest.fail("import cycle: " + " -> ".join(cycle))
             if d not in state:
                 visit(d)
