@@ -20,6 +20,7 @@ from rich.table import Table
 
 from lstm_probe.errors import BadInput, BadLog, Interrupted, ProbeError, one_line
 from lstm_probe.options import DEFAULT_WRITER
+from lstm_probe.text import human_bytes
 
 out = Console()
 err = Console(stderr=True, soft_wrap=True)
@@ -36,14 +37,6 @@ class Exit(enum.IntEnum):
     FAILED = 1
     BAD_INPUT = 2
     INTERRUPTED = 130
-
-
-def _human_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GB"
 
 
 @app.command()
@@ -178,7 +171,7 @@ def run(
             raise Interrupted(f"interrupted ({exc or 'Ctrl-C'}): {note}") from None
     shown = f"{result.path}/" if fw.parts_per_process else str(result.path)
     out.print(
-        f"wrote [bold]{shown}[/]: {result.rows:,} rows, {_human_bytes(result.bytes)}, "
+        f"wrote [bold]{shown}[/]: {result.rows:,} rows, {human_bytes(result.bytes)}, "
         f"{result.num_timesteps:,} env steps in {result.seconds:.1f} s"
     )
     out.print(f"next: lstm-probe report {out_path if fw.parts_per_process else shlex.quote(str(result.path))}")
@@ -223,7 +216,7 @@ def report(
 
         page = build_html(path, html_out, iteration=iteration, env=env, episode=episode, report=rep)
         err.print(
-            f"wrote {safe(page.path)}: {len(page.figures)} figures, {_human_bytes(page.bytes)} (iteration "
+            f"wrote {safe(page.path)}: {len(page.figures)} figures, {human_bytes(page.bytes)} (iteration "
             f"{page.iteration}, env {page.env}, episode {page.episode})"
         )
     if as_json:

@@ -1,4 +1,5 @@
-"""Strings from files (log metadata, column values, model zips) made safe to print on a terminal."""
+"""Text helpers shared by the CLI and the report: strings from files (log metadata, column values, model
+zips) made safe to print on a terminal, and sizes in words."""
 
 from __future__ import annotations
 
@@ -20,3 +21,12 @@ def safe(value: Any) -> str:
     from rich.markup import escape
 
     return escape(plain(value))
+
+
+def human_bytes(n: float) -> str:
+    """A size in bytes as people read it: '512 B', '18.7 KB', '3.2 MB', '1.4 GB'."""
+    for unit in ("B", "KB", "MB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GB"

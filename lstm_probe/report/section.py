@@ -201,14 +201,6 @@ def fmt(v: Any) -> str:
     return safe(v)
 
 
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GB"
-
-
 @dataclass
 class Log:
     """What every section may read: the dataset, its info and metadata, its declared capabilities."""

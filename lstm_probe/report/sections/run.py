@@ -8,8 +8,8 @@ from typing import Any, ClassVar
 import pandas as pd
 
 from lstm_probe.contract import Capabilities
-from lstm_probe.report.section import Block, Log, Panel, Section, fmt, human_bytes
-from lstm_probe.text import safe
+from lstm_probe.report.section import Block, Log, Panel, Section, fmt
+from lstm_probe.text import human_bytes, safe
 
 SHOWN_HYPERPARAMETERS = ("n_steps", "batch_size", "n_epochs", "learning_rate", "gamma", "gae_lambda", "clip_range")
 
