@@ -166,9 +166,10 @@ class Sink:
         r.module[i0:i1] = self.module_code[name]
         r.layer[i0:i1] = np.repeat(np.arange(layers, dtype=np.int16), per_layer)
         r.path[i0:i1] = path
+        buffers = r.buffers
         for col, null, codes in _TAG_FILLS:
             v = getattr(tags, col)
-            r[col][i0:i1] = null if v is None else v if codes is None else codes[v]
+            buffers[col][i0:i1] = null if v is None else v if codes is None else codes[v]
         if grid is not None and grid.shape[0] == batch and t0 + steps <= grid.shape[1]:
             self._fill_grid(r, i0, i1, grid, t0, steps, layers)
         else:
@@ -214,12 +215,13 @@ class Sink:
             v = a[:, t0 : t0 + steps].reshape(-1)  # (N * T',) column-major order: n, then t
             return np.tile(v, layers) if layers > 1 else v
 
+        buffers = r.buffers
         for col, null, own in _GRID_FILLS:
             v = getattr(grid, col)
             if v is not None:
-                r[col][i0:i1] = cols(v)
+                buffers[col][i0:i1] = cols(v)
             elif own:
-                r[col][i0:i1] = null
+                buffers[col][i0:i1] = null
         if grid.train:
             batch = grid.shape[0]
             seq = np.repeat(np.arange(batch, dtype=np.int32), steps)
@@ -229,19 +231,19 @@ class Sink:
             for c in GRID_SEQUENCES:
                 v = getattr(grid, c.name)
                 assert v is not None, f"a train grid carries {c.name}"
-                r[c.name][i0:i1] = np.tile(np.repeat(v, steps), layers)
+                buffers[c.name][i0:i1] = np.tile(np.repeat(v, steps), layers)
         else:
             r.seq[i0:i1] = -1
             r.t[i0:i1] = 0
             for c in GRID_SEQUENCES:
-                r[c.name][i0:i1] = c.fill
+                buffers[c.name][i0:i1] = c.fill
 
     @staticmethod
     def _fill_null(r: Rows, i0: int, i1: int, path: int, call: np.ndarray, t0: int, steps: int, layers: int) -> None:
         """Rows without provenance (a call no integration tagged): every grid column null, but each row
         still says where in its call it sits: ``seq`` the batch column, ``t`` the step."""
         for col, null in _NO_GRID:
-            r[col][i0:i1] = null
+            r.buffers[col][i0:i1] = null
         per_layer = len(call)  # (N * T',) in column-major order: n, then t
         if path == PATH["step"]:  # one-step calls side by side (T' = 1): the column within each call
             pos = np.arange(per_layer)

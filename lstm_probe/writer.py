@@ -89,8 +89,9 @@ def column_encodings(schema: pa.Schema, journal: bool = False) -> dict[str, str]
 class Rows:
     """Preallocated buffers for ``capacity`` rows: one numpy array per column of the schema (its
     ``Column.dtype``, null as ``Column.kind`` says) and per row flag (:data:`ROW_FLAGS`), as attributes
-    (``rows.env``) and by name (``rows["env"]``). Without ``vectors`` (a summary log) the h and c
-    buffers are None: the sink stores each row's norms (and drifts) only."""
+    (``rows.env``) and by name (``rows.buffers["env"]``). Without ``vectors`` (a summary log) there
+    are no h and c buffers (the attributes are None): the sink stores each row's norms (and drifts)
+    only."""
 
     h: np.ndarray | None
     c: np.ndarray | None
@@ -98,22 +99,18 @@ class Rows:
     def __init__(self, capacity: int, hidden_size: int, vectors: bool = True):
         self.capacity = capacity
         self.n = 0
-        buffers: dict[str, np.ndarray | None] = {}
+        self.buffers: dict[str, np.ndarray] = {}
         for col in COLUMNS:
-            if col.kind == "vector":
-                buffers[col.name] = np.empty((capacity, hidden_size), col.dtype) if vectors else None
+            if col.kind != "vector":
+                self.buffers[col.name] = np.empty(capacity, col.dtype)
+            elif vectors:
+                self.buffers[col.name] = np.empty((capacity, hidden_size), col.dtype)
             else:
-                buffers[col.name] = np.empty(capacity, col.dtype)
+                setattr(self, col.name, None)
         for flag in ROW_FLAGS:
-            buffers[flag] = np.empty(capacity, np.bool_)
-        self.buffers = buffers
+            self.buffers[flag] = np.empty(capacity, np.bool_)
         # plain attributes: the sink's fills read them at the speed of any attribute
-        self.__dict__.update(buffers)
-
-    def __getitem__(self, name: str) -> np.ndarray:
-        buffer = self.buffers[name]
-        assert buffer is not None, name
-        return buffer
+        self.__dict__.update(self.buffers)
 
     def __getattr__(self, name: str) -> np.ndarray:  # for type checkers: the buffers are attributes
         raise AttributeError(f"no row buffer {name!r}")
@@ -144,10 +141,10 @@ class Encoder:
         for col, field in zip(COLUMNS, self.schema, strict=True):
             kind, typ = col.kind, field.type
             if kind == "vector":
-                v = r.buffers[col.name]
+                v = r.buffers.get(col.name)
                 arrays.append(self._no_vectors(n) if v is None else self._vectors(v[s], ~self._valid(r, col, s)))
                 continue
-            v = r[col.name][s]
+            v = r.buffers[col.name][s]
             if kind == "code":
                 arrays.append(_strings(v, self.names[col.name]))
             elif kind == "tribool":
@@ -163,7 +160,7 @@ class Encoder:
     @staticmethod
     def _valid(r: Rows, col: Column, s: slice) -> np.ndarray:
         """Where the column's row flags are all True."""
-        flags = [r[f][s] for f in col.valid]
+        flags = [r.buffers[f][s] for f in col.valid]
         return flags[0] if len(flags) == 1 else np.logical_and.reduce(flags)
 
     def _vectors(self, v: np.ndarray, null: np.ndarray) -> pa.Array:
