@@ -59,23 +59,35 @@ def test_report_numbers_match_rows(runs_dir, env_id, opts):
     assert rep.staleness.provenance_ok is True
     assert rep.staleness.provenance_max_drift_h < 1e-5
     assert {r["module"] for r in rep.staleness.by_epoch} == set(df.module)
-    # drift per module and epoch / update, recomputed with pandas from the rows
-    tr = df[(df.phase == "train") & (df.layer == 0) & ~df.padding & df.drift_h.notna() & (df.t >= 0)]
-    g = tr.groupby([tr.module.astype(str), "epoch"]).agg(
+    # drift per module, layer and epoch / update, recomputed with pandas from the rows of every layer
+    tr = df[(df.phase == "train") & ~df.padding & df.drift_h.notna() & (df.t >= 0)]
+    g = tr.groupby([tr.module.astype(str), "layer", "epoch"]).agg(
         rows=("drift_h", "size"), h=("drift_h", "mean"), m=("drift_c", "max")
     )
-    got = {(r["module"], r["epoch"]): (r["rows"], r["drift_h_mean"], r["drift_c_max"]) for r in rep.staleness.by_epoch}
+    got = {
+        (r["module"], r["layer"], r["epoch"]): (r["rows"], r["drift_h_mean"], r["drift_c_max"])
+        for r in rep.staleness.by_epoch
+    }
     assert set(got) == set(g.index)
     for key, row in g.iterrows():
         assert got[key][0] == row.rows and got[key][1] == pytest.approx(row.h, rel=1e-5, abs=1e-12)
         assert got[key][2] == pytest.approx(row.m, rel=1e-6, abs=1e-12)
     mb = tr.groupby(["iteration", "epoch", "minibatch"]).ngroup()
     update = mb - mb.groupby(tr.iteration).transform("min")
-    counts = tr.groupby([tr.module.astype(str), update]).size()
-    assert {(r["module"], r["update"]): r["rows"] for r in rep.staleness.by_update} == counts.to_dict()
-    # calls per (module, phase, path), from the rows
+    counts = tr.groupby([tr.module.astype(str), "layer", update]).size()
+    assert {(r["module"], r["layer"], r["update"]): r["rows"] for r in rep.staleness.by_update} == counts.to_dict()
+    # the provenance check: the first minibatch of epoch 0, per layer
+    first = tr[(tr.epoch == 0) & (tr.minibatch == 0)]
+    per_layer = first.groupby("layer").size()
+    assert {r["layer"]: r["rows"] for r in rep.staleness.provenance_by_layer} == per_layer.to_dict()
+    assert rep.staleness.provenance_check_rows == len(first)
+    # calls per (module, phase, path), from the rows; rows per layer
     calls = df[df.layer == 0].groupby(["module", "phase", "path"], observed=True).call.nunique()
     assert {(g.module, g.phase, g.path): g.calls for g in rep.calls.groups} == calls.to_dict()
+    rows = df[df.t >= 0].groupby(["module", "phase", "path", "layer"], observed=True).size()
+    assert {(g.module, g.phase, g.path, k): n for g in rep.calls.groups for k, n in g.rows_by_layer.items()} == (
+        rows.to_dict()
+    )
     assert [h["layer"] for h in rep.health.layers if h["module"] == "actor"] == list(range(opts.get("lstm_layers", 1)))
     assert any("provenance check" in f for f in rep.findings)
     json.dumps(rep.to_dict())  # JSON-able
@@ -381,3 +393,139 @@ def test_strings_from_the_log_cannot_drive_the_terminal(tmp_path):
     assert f"&lt;script&gt;alert(1)&lt;/script&gt;{written}" in html  # algorithm
     assert f"the run did not complete: {written}{SPOOF}&lt;script&gt;" in html  # findings
     assert f"&lt;script&gt;alert(1)&lt;/script&gt;{SPOOF}{written}" in html  # architecture verdict
+
+
+def blocks_of(rep):
+    from lstm_probe.report import Line, Panel, Table
+
+    out = {"lines": [], "tables": {}, "panels": {}}
+    for section in rep.text():
+        for b in section:
+            if isinstance(b, Line):
+                out["lines"].append(b.text)
+            elif isinstance(b, Table):
+                out["tables"][b.title.split(" (")[0].split(":")[0]] = b
+            elif isinstance(b, Panel):
+                out["panels"][b.title] = "\n".join(b.lines)
+    return out
+
+
+def test_two_layer_report_covers_every_layer(runs_dir):
+    """With two LSTM layers the calls table, the provenance check and the staleness table count every
+    layer's rows, per layer (numbers recomputed with pandas)."""
+    result = probed_run(runs_dir, "Pendulum-v1", lstm_layers=2, n_envs=2)
+    rep = summarize(result.path)
+    df = lstm_probe.load(result.path, vectors=False)
+    text = blocks_of(rep)
+    calls = text["tables"]["Calls"]
+    assert calls.columns == ("module", "phase", "path", "calls", "layers", "rows per layer", "shapes")
+    per = df.groupby(["module", "phase", "path", "layer"], observed=True).size()
+    assert len(calls.rows) == 7
+    for row in calls.rows:
+        counts = per.loc[(row[0], row[1], row[2])]
+        assert list(counts.index) == [0, 1] and row[4] == "2"
+        assert counts.nunique() == 1 and row[5] == f"{counts.iloc[0]:,}"
+    tr = df[(df.phase == "train") & ~df.padding & df.drift_h.notna()]
+    first = tr[(tr.epoch == 0) & (tr.minibatch == 0)]
+    line = next(t for t in text["lines"] if t.startswith("provenance check"))
+    for layer in (0, 1):
+        mine = first[first.layer == layer]
+        assert (
+            f"layer {layer}: h {float(mine.drift_h.max()):.2g}, c {float(mine.drift_c.max()):.2g} over "
+            f"{len(mine):,} rows" in line
+        ), line
+    assert "||train - rollout|| / ||rollout||" in line and line.endswith("[green]OK[/] (allowed 0.0001)")
+    stale = text["tables"]["Staleness"]
+    assert stale.columns[:4] == ("module", "layer", "epoch", "rows")
+    expect = tr.groupby([tr.module.astype(str), "layer", "epoch"]).size()
+    assert {(r[0], int(r[1]), int(r[2])): int(r[3].replace(",", "")) for r in stale.rows} == expect.to_dict()
+    assert "of actor layer 1 by minibatch order" in " ".join(text["lines"])
+    health = text["tables"]["State health"]
+    assert [(r[0], r[1]) for r in health.rows] == [("actor", "0"), ("actor", "1"), ("critic", "0"), ("critic", "1")]
+    assert any("(layers 0 and 1)" in f for f in rep.findings)
+
+
+def test_gru_report_says_only_what_the_log_holds(tmp_path):
+    """A GRU traced by the generic tracer (tagged rollout and train calls, no start reasons, no stored
+    states): no cell state, no LSTM, no made-up start reasons or stored-state share."""
+    torch.manual_seed(0)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gru = nn.GRU(3, 8)
+            self.head = nn.Linear(8, 1)
+
+        def forward(self, x, h=None):
+            y, h = self.gru(x, h)
+            return self.head(y), h
+
+    m = Net()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    path = tmp_path / "gru.parquet"
+    with lstm_probe.trace(m, path) as probe:
+        for it in range(2):
+            h = torch.zeros(1, 2, 8)
+            with torch.no_grad():
+                for t in range(6):
+                    tags = dict(env=[0, 1], env_step=it * 6 + t, episode=[it, it], episode_step=t)
+                    with probe.tag(phase="rollout", iteration=it, **tags):
+                        _, h = m(torch.randn(1, 2, 3), h)
+            for epoch in range(2):
+                with probe.tag(phase="train", iteration=it, epoch=epoch, minibatch=0):
+                    y, _ = m(torch.randn(6, 2, 3))  # from zeros
+                    opt.zero_grad()
+                    y.pow(2).mean().backward()
+                    opt.step()
+    rep = summarize(path)
+    text = blocks_of(rep)
+    assert rep.calls.explanation == (
+        "Rollout calls have batch 2. A training call's batch is the number of sequences in its minibatch: here 2; "
+        "why a sequence starts where it does: not recorded (the training calls carry no seq_reason tag)."
+    )
+    assert rep.findings == [
+        "gradients flow back at most 6 steps (median 6) through the training sequences, while completed episodes "
+        "last 6 steps (the median of 2 episodes)",
+        "0% of training rows are padding",
+        "training minibatches hold 2 sequences: that is the batch dimension of the GRU's training-time hidden state",
+    ]
+    assert text["panels"]["Sequences"].splitlines()[-1] == (
+        "padding 0.0% of train rows; whether sequences start from stored states is not recorded (the log declares "
+        "no stored states)"
+    )
+    health = text["tables"]["State health"]
+    assert health.columns == ("module", "layer", "rows", "saturated", "dead units", "constant units", "NaN/inf")
+    assert health.rows[0][:3] == ("gru", "0", "24")
+    everything = json.dumps(
+        [text["lines"], text["panels"], [(t.columns, t.rows) for t in text["tables"].values()], rep.findings]
+    )
+    assert "LSTM" not in everything and "stored mid-episode" not in everything and "by reason: ." not in everything
+    doc = rep.to_dict()
+    assert doc["sequences"]["stored_state_share"] is None and doc["health"]["layers"][0]["c_norm_max"] is None
+    assert doc["calls"]["kind"] == "GRU"
+
+
+def test_findings_in_plain_words():
+    """Wording on the sb3 sample log: one completed episode is one, not 'a median of 1'; a drift ratio says
+    which states are farther from what; the provenance check says what it compares."""
+    from pathlib import Path
+
+    rep = summarize(Path(__file__).parent.parent / "sample_runs" / "pendulum-1env.parquet")
+    f = rep.findings
+    assert f[0] == (
+        "gradients flow back at most 32 steps (median 21) through the training sequences, while the one completed "
+        "episode lasts 200 steps"
+    )
+    assert "training minibatches hold 1 to 3 sequences: that is the batch dimension of the LSTM's training-time " in (
+        " ".join(f)
+    )
+    assert (
+        "provenance check OK: in the first minibatch (before any optimizer step) train states differ from the "
+        "rollout states of the same env step by at most 1.6e-07 (h) and 1.5e-07 (c) relative to the rollout "
+        "state's norm, over 256 rows"
+    ) in f
+    assert (
+        "by the last epoch critic states are 18.3x as far from their rollout states as actor states (mean relative "
+        "drift actor 0.0026, critic 0.048)"
+    ) in f
+    assert rep.sequences.stored_state_share == pytest.approx(0.84, abs=0.005)

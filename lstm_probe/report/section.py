@@ -201,6 +201,17 @@ def fmt(v: Any) -> str:
     return safe(v)
 
 
+def module_word(kinds: dict[str, str]) -> str:
+    """'LSTM' or 'GRU' where every module of ``kinds`` is one (cells included), else 'recurrent module'."""
+    words = {k.removesuffix("Cell") for k in kinds.values()}
+    return words.pop() if len(words) == 1 and words <= {"LSTM", "GRU"} else "recurrent module"
+
+
+def has_cell_state(kind: str | None) -> bool:
+    """Whether a module of this kind has a cell state c (LSTMs do; GRUs do not); unknown kinds: assumed."""
+    return kind is None or not kind.startswith("GRU")
+
+
 @dataclass
 class Log:
     """What every section may read: the dataset, its info and metadata, its declared capabilities."""
@@ -210,10 +221,27 @@ class Log:
     caps: Capabilities
     iterations: int = 0
     """Iterations in the log (the largest iteration + 1), from the scalar scan."""
+    upper_layers: bool = False
+    """Some rows belong to a layer above 0 (stacked LSTM/GRU layers): sections that read more than the scan's
+    first layer read those rows too."""
+    chunk_rows: int = 4_000_000
+    """Rows a section reads at once when it reads rows beyond the scalar scan (``summarize(chunk_rows=...)``)."""
 
     @property
     def meta(self) -> dict[str, Any]:
         return self.info.metadata
+
+    @property
+    def kinds(self) -> dict[str, str]:
+        """Module name -> its kind ('LSTM', 'GRU', 'LSTMCell', 'GRUCell'), as the log's metadata declares it."""
+        modules = (self.meta.get("architecture") or {}).get("modules") or {}
+        return {str(k): str(v.get("kind")) for k, v in modules.items() if isinstance(v, dict) and v.get("kind")}
+
+    @property
+    def kind(self) -> str:
+        """What to call the traced modules in a sentence: 'LSTM' or 'GRU' where every module is one
+        (cells included), else 'recurrent module'."""
+        return module_word(self.kinds)
 
     @property
     def vectors(self) -> bool:

@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow.dataset as ds
+
 from lstm_probe.contract import Capabilities
 from lstm_probe.reader import dataset
 from lstm_probe.report import registry
@@ -79,7 +81,9 @@ def summarize(path: str | os.PathLike[str], *, chunk_rows: int = REPORT_CHUNK_RO
     if chunk_rows < 1:
         raise ValueError(f"chunk_rows must be at least 1, got {chunk_rows}")
     data, info = dataset(path)
-    log = Log(data, info, Capabilities.from_metadata(info.metadata))
+    log = Log(data, info, Capabilities.from_metadata(info.metadata), chunk_rows=chunk_rows)
+    # row-group statistics answer this without reading rows where every layer is 0
+    log.upper_layers = info.rows > 0 and data.count_rows(filter=ds.field("layer") > 0) > 0
     sections = [s for s in registry.SECTIONS if s.applies(log.caps)]
     accumulators = {s.key: acc for s in sections if (acc := s.accumulator()) is not None}
     totals = scan(data, list(accumulators.values()), chunk_rows)

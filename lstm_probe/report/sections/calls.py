@@ -7,6 +7,8 @@ from typing import Any, ClassVar, cast
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.dataset as ds
 
 from lstm_probe.contract import Capabilities
 from lstm_probe.report.numeric import KEY_CHUNK, by_count, row_key
@@ -26,6 +28,8 @@ class CallGroup:
     rows: int
     shapes: dict[str, int]
     """'T x N' (steps x batch) -> number of calls."""
+    rows_by_layer: dict[int, int] = field(default_factory=dict)
+    """Layer -> rows of that layer (``rows`` is layer 0's: every layer of a call has the same rows)."""
 
 
 @dataclass
@@ -39,6 +43,8 @@ class CallsSection:
     minibatches: int
     minibatches_by_path: dict[str, int]
     explanation: str
+    kind: str = "LSTM"
+    """What the traced modules are, in a word ('LSTM', 'GRU', 'recurrent module')."""
 
 
 def per_call(df: pd.DataFrame) -> pd.DataFrame:
@@ -125,14 +131,27 @@ def minibatches(
 
 
 def _reasons(words: dict[str, str], reasons: dict[str, int]) -> str:
+    if not reasons:
+        return "not recorded (the training calls carry no seq_reason tag)"
     return "; ".join(f"{words.get(k, k)}: {v}" for k, v in sorted(reasons.items(), key=lambda kv: -kv[1]))
 
 
+def span(lo: int, hi: int) -> str:
+    """'2' or '1 to 3'."""
+    return str(lo) if lo == hi else f"{lo} to {hi}"
+
+
 def explain(
-    batch: int, caps: Capabilities, spm: dict[int, int], reasons: dict[str, int], by_path: dict[str, int]
+    batch: int,
+    caps: Capabilities,
+    spm: dict[int, int],
+    reasons: dict[str, int],
+    by_path: dict[str, int],
+    kind: str = "LSTM",
 ) -> str:
     """Why training batches have the shape they have, in the terms of the log's capabilities (a rollout
-    buffer cut into sequences, or chunks cut at max_seq_len). ``batch``: the largest rollout call's batch."""
+    buffer cut into sequences, or chunks cut at max_seq_len). ``batch``: the largest rollout call's batch;
+    ``kind``: what the modules are called ('LSTM', 'GRU', 'recurrent module')."""
     if not spm:
         return "No training calls were recorded."
     lo, hi = min(spm), max(spm)
@@ -146,14 +165,14 @@ def explain(
         }
         text = (
             f"Rollout calls have batch {batch} (one column per env, one step each). A training call's batch is the "
-            f"number of sequences in its minibatch, not the number of envs: here {lo} to {hi} sequences per "
+            f"number of sequences in its minibatch, not the number of envs: here {span(lo, hi)} sequences per "
             f"minibatch. A new sequence starts at every episode start, every env boundary and at the start of "
             f"each minibatch; sequence starts by reason: {_reasons(words, reasons)}."
         )
         if by_path:
             stepwise, total = by_path.get("stepwise", 0), sum(by_path.values())
             text += (
-                f" {stepwise} of {total} minibatches held an episode start and so ran the LSTM one step at a "
+                f" {stepwise} of {total} minibatches held an episode start and so ran the {kind} one step at a "
                 "time ('stepwise': batch = sequences, 1 step per call)"
             )
             text += "; the others ran it once over the padded sequences ('sequence')." if stepwise < total else "."
@@ -170,13 +189,36 @@ def explain(
             f"Rollout calls have batch {batch} (one column per env of one env runner, one step each). The learner "
             "cuts each episode chunk (plus one appended bootstrap step) into max_seq_len pieces, zero-padded on the "
             "right; its minibatches slice whole pieces and cycle through the batch across epoch boundaries, so a "
-            f"training call's batch is the number of pieces in its minibatch: here {lo} to {hi}. "
+            f"training call's batch is the number of pieces in its minibatch: here {span(lo, hi)}. "
             f"Pieces start at: {_reasons(words, reasons)}. The value pass runs once per update over every piece."
         )
     return (
         f"Rollout calls have batch {batch}. A training call's batch is the number of sequences in its minibatch: "
-        f"here {lo} to {hi}; sequence starts by reason: {_reasons({}, reasons)}."
+        f"here {span(lo, hi)}; why a sequence starts where it does: {_reasons({}, reasons)}."
     )
+
+
+def layer_rows(g: CallGroup) -> str:
+    """A group's rows per layer: '192' where every layer has as many, else 'L0 192, L1 180'."""
+    counts = set(g.rows_by_layer.values())
+    if len(counts) <= 1:
+        return f"{g.rows:,}"
+    return ", ".join(f"L{layer} {n:,}" for layer, n in sorted(g.rows_by_layer.items()))
+
+
+def upper_layer_rows(log: Log) -> dict[tuple[str, str, str, int], int]:
+    """Rows of every layer above 0 per (module, phase, path, layer), initial-state rows (t = -1) left out as
+    the scan leaves them out: one pass over four small columns, one grouped count per batch."""
+    out: Counts[tuple[str, str, str, int]] = Counts()
+    filt = (ds.field("layer") > 0) & (ds.field("t") >= 0)
+    keys = ["module", "phase", "path", "layer"]
+    for batch in log.data.to_batches(columns=keys, filter=filt):
+        if not batch.num_rows:
+            continue
+        g = pa.Table.from_batches([batch]).group_by(keys).aggregate([([], "count_all")])
+        for m, p, path, layer, n in zip(*(g.column(k).to_pylist() for k in [*keys, "count_all"]), strict=True):
+            out.add((str(m), str(p), str(path), int(layer)), int(n))
+    return out
 
 
 @dataclass
@@ -229,23 +271,25 @@ class Calls(Section[CallsSection]):
         shapes: dict[tuple[str, str, str], dict[str, int]] = {}
         for (m, p, path, steps, batch), n in sorted(acc.shapes.items()):
             shapes.setdefault((m, p, path), {})[f"{steps} x {batch}"] = n
-        groups = [
-            CallGroup(key[0], key[1], key[2], calls, acc.rows[key], shapes.get(key, {}))
-            for key, calls in sorted(acc.calls.items())
-        ]
+        upper = upper_layer_rows(log) if log.upper_layers else {}
+        groups = []
+        for key, calls in sorted(acc.calls.items()):
+            by_layer = {0: acc.rows[key]} | {layer: n for (*k, layer), n in sorted(upper.items()) if tuple(k) == key}
+            groups.append(CallGroup(key[0], key[1], key[2], calls, acc.rows[key], shapes.get(key, {}), by_layer))
         spm = dict(sorted(acc.spm.items()))
         reasons = by_count(acc.reasons)
         by_path = by_count(acc.by_path)
-        explanation = explain(int(acc.roll_batch.value or 0), log.caps, spm, reasons, by_path)
-        return CallsSection(groups, spm, reasons, acc.minibatches.value, by_path, explanation)
+        kind = log.kind
+        explanation = explain(int(acc.roll_batch.value or 0), log.caps, spm, reasons, by_path, kind)
+        return CallsSection(groups, spm, reasons, acc.minibatches.value, by_path, explanation, kind)
 
     def findings(self, data: CallsSection) -> list[str]:
         out: list[str] = []
         spm = data.sequences_per_minibatch
         if spm:
             out.append(
-                f"training minibatches hold {min(spm)}-{max(spm)} "
-                f"sequences: that is the batch dimension of the LSTM's training-time hidden state"
+                f"training minibatches hold {span(min(spm), max(spm))} "
+                f"sequences: that is the batch dimension of the {data.kind}'s training-time hidden state"
             )
             if data.sequence_start_reasons.get("split"):
                 out.append(
@@ -256,20 +300,26 @@ class Calls(Section[CallsSection]):
 
     def text(self, data: CallsSection, caps: Capabilities) -> list[Block]:
         rows = []
+        layered = any(len(g.rows_by_layer) > 1 for g in data.groups)
         for g in data.groups:
             shapes = ", ".join(f"{k} ({v})" for k, v in list(g.shapes.items())[:SHOWN_SHAPES])
             if len(g.shapes) > SHOWN_SHAPES:
                 shapes += f", ... {len(g.shapes) - SHOWN_SHAPES} more"
-            rows.append((safe(g.module), safe(g.phase), safe(g.path), f"{g.calls:,}", f"{g.rows:,}", shapes))
-        out: list[Block] = [
-            Table(
-                "Calls (per module, phase and path; shapes are steps x batch)",
-                ("module", "phase", "path", "calls", "rows", "shapes"),
-                tuple(rows),
-            )
-        ]
+            cells: tuple[str, ...] = (safe(g.module), safe(g.phase), safe(g.path), f"{g.calls:,}")
+            if layered:
+                cells += (str(len(g.rows_by_layer) or 1), layer_rows(g))
+            else:
+                cells += (f"{g.rows:,}",)
+            rows.append((*cells, shapes))
+        columns = ("module", "phase", "path", "calls") + (("layers", "rows per layer") if layered else ("rows",))
+        title = "Calls (per module, phase and path; shapes are steps x batch)"
+        out: list[Block] = [Table(title, (*columns, "shapes"), tuple(rows))]
         if data.sequences_per_minibatch:
             dist = ", ".join(f"{k} seq: {v}" for k, v in data.sequences_per_minibatch.items())
             out.append(Line(f"sequences per training minibatch ({data.minibatches} minibatches): {dist}"))
+            if layered:
+                out.append(
+                    Line("[dim]sequences and minibatches are counted on layer 0: every layer runs the same ones[/]")
+                )
         out.append(Line(safe(data.explanation)))
         return out

@@ -30,6 +30,7 @@ from lstm_probe.text import safe
 
 SATURATION = 0.95
 DEAD = 1e-3
+HEALTH_COLUMNS = ("saturated", "dead units", "constant units", "NaN/inf")
 HEALTH_BATCH = 65536
 """Rollout rows per batch: the vectors of one batch are the section's memory."""
 
@@ -84,7 +85,7 @@ class UnitTotals(Accumulator[tuple[np.ndarray, np.ndarray, pa.Array | None]]):
             "layer": layer,
             "rows": self.rows.value,
             "nan_or_inf_rows": self.nan_rows.value,
-            "c_norm_max": self.c_max.value if self.c_max.value is not None else 0.0,
+            "c_norm_max": self.c_max.value,  # None: the module has no cell state (GRU) or none was finite
         }
         if self.max_abs.value is not None and self.low.value is not None and self.high.value is not None:
             entry["saturated_share"] = self.saturated.value / max(self.values.value, 1)
@@ -193,12 +194,13 @@ class Health(Section[HealthSection]):
     def text(self, data: HealthSection, caps: Capabilities) -> list[Block]:
         if not data.layers:
             return []
+        has_c = any(row["c_norm_max"] is not None for row in data.layers)  # GRUs have no cell state
         rows = tuple(
             (
                 safe(row["module"]),
                 str(row["layer"]),
                 f"{row['rows']:,}",
-                fmt(row["c_norm_max"]),
+                *((fmt(row["c_norm_max"]),) if has_c else ()),
                 f"{row['saturated_share']:.1%}" if "saturated_share" in row else "-",
                 str(len(row["dead_units"])) if "dead_units" in row else "-",
                 str(len(row["constant_units"])) if "constant_units" in row else "-",
@@ -209,7 +211,7 @@ class Health(Section[HealthSection]):
         return [
             Table(
                 "State health (rollout states)",
-                ("module", "layer", "rows", "max |c|", "saturated", "dead units", "constant units", "NaN/inf"),
+                ("module", "layer", "rows", *(("max ||c||",) if has_c else ()), *HEALTH_COLUMNS),
                 rows,
             )
         ]

@@ -12,7 +12,7 @@ import pandas as pd
 from lstm_probe.contract import Capabilities
 from lstm_probe.report.numeric import summary_stats
 from lstm_probe.report.scan import Chunk
-from lstm_probe.report.section import Accumulator, Block, Log, Panel, Parts, Section, Sum, fmt
+from lstm_probe.report.section import Accumulator, Block, Log, Mergeable, Panel, Parts, Section, Sum, fmt
 
 LENGTH_EDGES = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 10**9]
 
@@ -27,8 +27,12 @@ class SequencesSection:
     episode_length: dict[str, float]
     episodes_completed: int
     padding_share: float
-    stored_state_share: float
-    """Share of sequences that start from a stored mid-episode state rather than a reset."""
+    stored_state_share: float | None
+    """Share of sequences that start from a stored mid-episode state rather than a reset; None where the log
+    does not say (its integration declares no ``stored_states``, or no sequence carries a start reason)."""
+    module: str | None = None
+    """The module whose layer-0 train rows the sequences are counted on (every module and layer of an
+    integration that declares ``stored_states`` runs the same sequences)."""
 
 
 @dataclass
@@ -38,8 +42,12 @@ class SequenceTotals(Accumulator[Chunk]):
     lengths: Parts[np.ndarray] = field(default_factory=Parts)
     """Per run: each training sequence's length."""
     stored_starts: Sum = field(default_factory=Sum)
+    """Sequences whose start reason is known and is not an episode start."""
+    known_starts: Sum = field(default_factory=Sum)
+    """Sequences with a start reason."""
     padding: Sum = field(default_factory=Sum)
     padding_of: Sum = field(default_factory=Sum)
+    module: First = field(default_factory=lambda: First())
 
     def add(self, part: Chunk) -> None:
         if len(part.roll):
@@ -48,9 +56,12 @@ class SequenceTotals(Accumulator[Chunk]):
             sel = part.train_sel
             first = part.train.iloc[part.starts]
             self.lengths.append(first["seq_len"].to_numpy(dtype=np.float64))
-            self.stored_starts.add(int((first["seq_reason"] != "episode_start").sum()))
+            known = first["seq_reason"].notna().to_numpy()
+            self.known_starts.add(int(known.sum()))
+            self.stored_starts.add(int((known & (first["seq_reason"] != "episode_start").to_numpy()).sum()))
             self.padding.add(int(part.train["padding"].to_numpy()[sel].sum()))
             self.padding_of.add(int(sel.sum()))
+            self.module.add(part.train_module)
 
     def _episodes(self, roll: pd.DataFrame, module: str | None) -> None:
         # RLlib's extra pass on a terminal observation (bootstrap 'terminal') is not a step of the episode
@@ -74,6 +85,20 @@ class SequenceTotals(Accumulator[Chunk]):
         return (done["max"] + 1).to_numpy()
 
 
+@dataclass
+class First(Mergeable):
+    """The first value seen (in log order)."""
+
+    value: str | None = None
+
+    def add(self, v: str | None) -> None:
+        if self.value is None:
+            self.value = v
+
+    def merge(self, other: First) -> None:
+        self.add(other.value)
+
+
 class Sequences(Section[SequencesSection]):
     key = "sequences"
     findings_rank: ClassVar[int] = 10
@@ -85,7 +110,8 @@ class Sequences(Section[SequencesSection]):
         episodes = acc.episode_lengths()
         lens = np.concatenate(acc.lengths) if acc.lengths else np.zeros(0)
         if not acc.padding_of.value:
-            return SequencesSection(0, {}, {}, summary_stats(episodes), len(episodes), 0.0, 0.0)
+            stored = 0.0 if log.caps.stored_states else None
+            return SequencesSection(0, {}, {}, summary_stats(episodes), len(episodes), 0.0, stored)
         hist: dict[str, int] = {}
         for lo, hi in itertools.pairwise(LENGTH_EDGES):
             n = int(((lens >= lo) & (lens < hi)).sum())
@@ -98,7 +124,12 @@ class Sequences(Section[SequencesSection]):
             episode_length=summary_stats(episodes),
             episodes_completed=len(episodes),
             padding_share=acc.padding.value / acc.padding_of.value,
-            stored_state_share=acc.stored_starts.value / len(lens) if len(lens) else 0.0,
+            stored_state_share=(
+                acc.stored_starts.value / acc.known_starts.value
+                if log.caps.stored_states and acc.known_starts.value
+                else None
+            ),
+            module=acc.module.value,
         )
 
     def findings(self, data: SequencesSection) -> list[str]:
@@ -110,32 +141,46 @@ class Sequences(Section[SequencesSection]):
             f"through the training sequences"
         )
         if s.episode_length:
-            msg += (
-                f", while completed episodes last {s.episode_length['median']:.0f} steps "
-                f"(median of {s.episodes_completed})"
-            )
+            msg += ", while " + episodes_in_words(s.episode_length, s.episodes_completed)
+        padding = f"{s.padding_share:.0%} of training rows are padding"
+        if s.stored_state_share is None:
+            return [msg, padding]
         return [
             msg,
             f"{s.stored_state_share:.0%} of training sequences start from a stored mid-episode state "
-            f"rather than a reset; {s.padding_share:.0%} of training rows are padding",
+            f"rather than a reset; {padding}",
         ]
 
     def text(self, data: SequencesSection, caps: Capabilities) -> list[Block]:
         s = data
         if not s.sequences:
             return []
+        if s.stored_state_share is not None:
+            starts = f"{s.stored_state_share:.1%} of sequences start from a stored mid-episode state"
+        elif caps.stored_states:
+            starts = "where sequences start from is not recorded (no start reasons)"
+        else:
+            starts = "whether sequences start from stored states is not recorded (the log declares no stored states)"
+        counted = f" of {fmt(s.module)} (layer 0)" if s.module else ""
         return [
             Panel(
                 "Sequences",
                 (
-                    f"{s.sequences:,} training sequences; length (the truncated-BPTT horizon): "
+                    f"{s.sequences:,} training sequences{counted}; length (the truncated-BPTT horizon): "
                     f"min {fmt(s.length.get('min'))}, median {fmt(s.length.get('median'))}, "
                     f"mean {fmt(s.length.get('mean'))}, max {fmt(s.length.get('max'))}\n"
                     f"histogram: {', '.join(f'{k}: {v}' for k, v in s.length_histogram.items())}\n"
                     f"episodes completed: {s.episodes_completed}, length median "
                     f"{fmt(s.episode_length.get('median'))}, max {fmt(s.episode_length.get('max'))}\n"
-                    f"padding {s.padding_share:.1%} of train rows; {s.stored_state_share:.1%} of sequences start "
-                    "from a stored mid-episode state",
+                    f"padding {s.padding_share:.1%} of train rows; {starts}",
                 ),
             )
         ]
+
+
+def episodes_in_words(length: dict[str, float], completed: int) -> str:
+    """How long completed episodes last, in words: 'the one completed episode lasts 200 steps', or
+    'completed episodes last 19 steps (the median of 24 episodes)'."""
+    if completed == 1:
+        return f"the one completed episode lasts {length['median']:.0f} steps"
+    return f"completed episodes last {length['median']:.0f} steps (the median of {completed} episodes)"
