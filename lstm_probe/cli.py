@@ -28,8 +28,33 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    # plain help: rich markup would eat bracketed text ('.[html]', '[default: ...]')
+    rich_markup_mode=None,
     help="See what the LSTMs inside a recurrent RL policy do during training.",
 )
+
+
+def _default(text: str, default: str) -> str:
+    """An option's help that names a default click does not show (None: the framework's own, off flags)."""
+    return f"{text}  [default: {default}]"
+
+
+def _version(value: bool) -> None:
+    if value:
+        from lstm_probe import __version__
+
+        sys.stdout.write(f"lstm-probe {__version__}\n")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help=_default("Print the version and exit.", "off")),
+    ] = False,
+) -> None:
+    """See what the LSTMs inside a recurrent RL policy do during training."""
 
 
 class Exit(enum.IntEnum):
@@ -48,22 +73,22 @@ def run(
     steps: Annotated[int, typer.Option(help="Env steps to train (total_timesteps).")] = 250,
     seed: Annotated[int, typer.Option(help="Seed for the algorithm and the envs.")] = 0,
     n_envs: Annotated[int, typer.Option(help="Number of parallel envs.")] = 1,
-    n_steps: Annotated[int | None, typer.Option(help="Rollout length per env [sb3-contrib: 128].")] = None,
-    batch_size: Annotated[int | None, typer.Option(help="Minibatch size [128].")] = None,
-    n_epochs: Annotated[int | None, typer.Option(help="Epochs per update [10].")] = None,
-    learning_rate: Annotated[float | None, typer.Option(help="Learning rate [3e-4].")] = None,
-    hidden_size: Annotated[int | None, typer.Option(help="LSTM hidden size [256].")] = None,
-    lstm_layers: Annotated[int | None, typer.Option(help="LSTM layers [1].")] = None,
-    shared_lstm: Annotated[bool, typer.Option("--shared-lstm", help="One LSTM for actor and critic.")] = False,
+    n_steps: Annotated[int | None, typer.Option(help=_default("Rollout length per env.", "128, sb3-contrib's"))] = None,
+    batch_size: Annotated[int | None, typer.Option(help=_default("Minibatch size.", "128"))] = None,
+    n_epochs: Annotated[int | None, typer.Option(help=_default("Epochs per update.", "10"))] = None,
+    learning_rate: Annotated[float | None, typer.Option(help=_default("Learning rate.", "3e-4"))] = None,
+    hidden_size: Annotated[int | None, typer.Option(help=_default("LSTM hidden size.", "256"))] = None,
+    lstm_layers: Annotated[int | None, typer.Option(help=_default("LSTM layers.", "1"))] = None,
+    shared_lstm: Annotated[bool, typer.Option("--shared-lstm", help=_default("One LSTM for actor and critic.", "off"))] = False,
     critic_lstm: Annotated[
         bool, typer.Option("--critic-lstm/--no-critic-lstm", help="Give the critic its own LSTM.")
     ] = True,
     device: Annotated[str, typer.Option(help="Torch device: auto, cpu, cuda, cuda:1...")] = "auto",
-    force: Annotated[bool, typer.Option("--force", help="Overwrite an existing log.")] = False,
-    hyperparam: Annotated[list[str] | None, typer.Option(help="KEY=VALUE passed to RecurrentPPO; repeatable.")] = None,
+    force: Annotated[bool, typer.Option("--force", help=_default("Overwrite an existing log.", "off"))] = False,
+    hyperparam: Annotated[list[str] | None, typer.Option(help=_default("KEY=VALUE passed to RecurrentPPO; repeatable.", "none"))] = None,
     capture: Annotated[str, typer.Option(help="full: h and c vectors; summary: norms and drift only.")] = "full",
     every: Annotated[int, typer.Option(help="Keep full vectors every K-th iteration only.")] = 1,
-    float16: Annotated[bool, typer.Option("--float16", help="Store vectors as float16.")] = False,
+    float16: Annotated[bool, typer.Option("--float16", help=_default("Store vectors as float16.", "off"))] = False,
     writer: Annotated[
         str,
         typer.Option(
@@ -81,20 +106,34 @@ def run(
     part_iterations: Annotated[
         int | None,
         typer.Option(
-            help="Dataset directories (--out DIR/): no part file holds rows of two spans of this many "
-            "iterations (0..N-1, N..2N-1, ...), so a span's files can be moved or deleted together."
+            help=_default(
+                "Dataset directories (--out DIR/): no part file holds rows of two spans of this many "
+                "iterations (0..N-1, N..2N-1, ...), so a span's files can be moved or deleted together.",
+                "none: one span",
+            )
         ),
     ] = None,
     torch_threads: Annotated[
         int | None,
-        typer.Option(help="torch.set_num_threads (1 is fastest on small models and gives reproducible runs)."),
+        typer.Option(
+            help=_default(
+                "torch.set_num_threads for training.",
+                "sb3 on CPU: 1 (SB3's advice for small policies: faster on MLP-sized LSTMs, and reproducible), "
+                "torch's own for image policies, GPUs and rllib",
+            )
+        ),
     ] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help=_default("No progress display.", "off"))] = False,
+    progress_seconds: Annotated[
+        float,
+        typer.Option(help="When stdout is not a terminal: print a progress line this often (seconds)."),
+    ] = 10.0,
     framework: Annotated[
         str, typer.Option(help="sb3 (RecurrentPPO) or rllib (Ray RLlib PPO with use_lstm; needs '.[rllib]').")
     ] = "sb3",
     env_runners: Annotated[int, typer.Option(help="rllib: remote env runners (0 = sample in the driver).")] = 0,
     learners: Annotated[int, typer.Option(help="rllib: remote learners (0 = learn in the driver; at most 1).")] = 0,
-    max_seq_len: Annotated[int | None, typer.Option(help="rllib: max_seq_len of training chunks [20].")] = None,
+    max_seq_len: Annotated[int | None, typer.Option(help=_default("rllib: max_seq_len of training chunks.", "20"))] = None,
 ) -> None:
     """Train RecurrentPPO (or RLlib PPO, --framework rllib) on ENV_ID with the probe attached and write the log."""
     from lstm_probe import integrations
@@ -192,23 +231,29 @@ def _framework_options(taken: tuple[str, ...], command: str, **options: tuple[st
 @app.command()
 def report(
     path: Annotated[str, typer.Argument(help="A log file, a dataset directory, or a killed run's log name.")],
-    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON (stable keys).")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help=_default("Print the report as JSON (stable keys).", "off"))] = False,
     html_out: Annotated[
         Path | None,
         typer.Option(
             "--html",
-            help="Also write a self-contained visual report (needs matplotlib: pip install 'lstm-probe[html]').",
+            help=_default(
+                "Also write a self-contained visual report (needs matplotlib: pip install 'lstm-probe[html]').", "none"
+            ),
         ),
     ] = None,
-    iteration: Annotated[int | None, typer.Option(help="--html: the iteration to draw [the last trained].")] = None,
-    env: Annotated[int | None, typer.Option(help="--html: the env whose states to draw [the first].")] = None,
+    iteration: Annotated[int | None, typer.Option(help=_default("--html: the iteration to draw.", "the last trained"))] = None,
+    env: Annotated[int | None, typer.Option(help=_default("--html: the env whose states to draw.", "the first"))] = None,
     episode: Annotated[
-        int | None, typer.Option(help="--html: the episode to draw [the longest of the iteration].")
+        int | None, typer.Option(help=_default("--html: the episode to draw.", "the longest of the iteration"))
     ] = None,
 ) -> None:
     """Explain, from a log, what the LSTMs did and what is wrong with them."""
     from lstm_probe.report import summarize
 
+    if html_out is not None:  # a page that cannot be written is refused before the log is read
+        from lstm_probe.html import check_out
+
+        check_out(html_out)
     rep = summarize(path)
     if html_out is not None:
         from lstm_probe.html import build_html
@@ -230,24 +275,27 @@ def arch(
     target: Annotated[
         str, typer.Argument(help="A gymnasium env id (the policy `run` would build) or a saved model.zip.")
     ],
-    shared_lstm: Annotated[bool, typer.Option("--shared-lstm", help="One LSTM for actor and critic.")] = False,
+    shared_lstm: Annotated[bool, typer.Option("--shared-lstm", help=_default("One LSTM for actor and critic.", "off"))] = False,
     critic_lstm: Annotated[bool, typer.Option("--critic-lstm/--no-critic-lstm", help="Critic LSTM.")] = True,
-    hidden_size: Annotated[int | None, typer.Option(help="LSTM hidden size [256].")] = None,
-    lstm_layers: Annotated[int | None, typer.Option(help="LSTM layers [1].")] = None,
-    hyperparam: Annotated[list[str] | None, typer.Option(help="KEY=VALUE passed to RecurrentPPO; repeatable.")] = None,
-    env_id: Annotated[str | None, typer.Option("--env", help="With a model.zip: env for a real rollout.")] = None,
+    hidden_size: Annotated[int | None, typer.Option(help=_default("LSTM hidden size.", "256"))] = None,
+    lstm_layers: Annotated[int | None, typer.Option(help=_default("LSTM layers.", "1"))] = None,
+    hyperparam: Annotated[list[str] | None, typer.Option(help=_default("KEY=VALUE passed to RecurrentPPO; repeatable.", "none"))] = None,
+    env_id: Annotated[str | None, typer.Option("--env", help=_default("With a model.zip: env for a real rollout.", "none: a synthetic minibatch"))] = None,
     trust_model: Annotated[
         bool,
         typer.Option(
             "--trust-model",
-            help="Load the model.zip with SB3's full load, which unpickles it and can run code stored in it "
-            "(only for files whose author you trust; see docs/security.md).",
+            help=_default(
+                "Load the model.zip with SB3's full load, which unpickles it and can run code stored in it "
+                "(only for files whose author you trust; see docs/security.md).",
+                "off",
+            ),
         ),
     ] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the architecture as JSON.")] = False,
-    dot: Annotated[Path | None, typer.Option(help="Write Graphviz DOT source here.")] = None,
-    svg: Annotated[Path | None, typer.Option(help="Render an SVG here (needs Graphviz's `dot`).")] = None,
-    png: Annotated[Path | None, typer.Option(help="Render a PNG here (needs Graphviz's `dot`).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help=_default("Print the architecture as JSON.", "off"))] = False,
+    dot: Annotated[Path | None, typer.Option(help=_default("Write Graphviz DOT source here.", "none"))] = None,
+    svg: Annotated[Path | None, typer.Option(help=_default("Render an SVG here (needs Graphviz's `dot`).", "none"))] = None,
+    png: Annotated[Path | None, typer.Option(help=_default("Render a PNG here (needs Graphviz's `dot`).", "none"))] = None,
     framework: Annotated[str, typer.Option(help="sb3 or rllib (RLlib PPO's default LSTM RLModule).")] = "sb3",
 ) -> None:
     """Show what actor and critic share, and which loss trains which layer (measured gradient flow)."""
@@ -327,7 +375,7 @@ def _render_architecture(
 
 @app.command()
 def schema(
-    markdown: Annotated[bool, typer.Option("--markdown", help="Print docs/schema.md.")] = False,
+    markdown: Annotated[bool, typer.Option("--markdown", help=_default("Print docs/schema.md.", "off"))] = False,
 ) -> None:
     """Print the log's Arrow schema (the contract every log follows)."""
     from lstm_probe.schema import COLUMNS, METADATA_KEYS, SCHEMA_VERSION, schema_markdown

@@ -3,6 +3,9 @@
 matplotlib draws static PNGs that are inlined as base64: the file opens anywhere with no network and
 no scripts, and stays small (heat-maps are downsampled, the layout drawing is capped; the page says
 what was sampled). matplotlib is an optional extra: ``pip install 'lstm-probe[html]'``.
+
+One function per figure (layout, heat-maps, staleness, lengths, norms) and the bounded scans they read
+keep the page's drawing in one place, a little over 600 lines.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from lstm_probe.text import plain
 MAX_HEAT_STEPS = 400
 MAX_HEAT_UNITS = 128
 MAX_LAYOUT_EPOCHS = 4
+MAX_COLOUR_LEGEND = 10  # tab10 repeats after ten episodes
 MAX_HEAT_EPISODE_STEPS = 10_000  # a longer episode's heat-map shows its first steps (the page says so)
 ROLLOUT = ds.field("phase") == "rollout"
 STARTS = (ds.field("phase") == "train") & (ds.field("t") == 0)  # one row per training sequence
@@ -67,6 +71,8 @@ class Page:
     env: int | None
     episode: int | None
     notes: list[str] = field(default_factory=list)
+    markers: list[str] = field(default_factory=list)
+    """The layout drawing's legend: why a sequence starts where it does (those the log's capabilities allow)."""
 
 
 def _plt() -> Any:
@@ -103,7 +109,10 @@ def build_html(
     report: Report | None = None,
 ) -> Page:
     """Write the visual report of the log at ``path`` to ``out``; defaults show a typical episode of the
-    last iteration. Pass the ``report`` of ``summarize(path)`` when you have it, to read the log once less."""
+    last iteration. Pass the ``report`` of ``summarize(path)`` when you have it, to read the log once less.
+    Raises BadInput (one line, with the fix) for an ``out`` whose directory does not exist and for an
+    iteration, env or episode the log does not hold."""
+    check_out(out)
     plt = _plt()
     rep = report if report is not None else summarize(path)
     data, _ = dataset(path)
@@ -130,6 +139,9 @@ def build_html(
         raise BadInput(f"--iteration {iteration} is not in the log; it holds iterations {iters[:1]}..{iters[-1:]}")
     if env is None and seen["env"]:
         env = seen["env"][0]
+    elif env is not None and env not in seen["env"]:
+        held = ", ".join(map(str, seen["env"][:20])) + (", ..." if len(seen["env"]) > 20 else "")
+        raise BadInput(f"--env {env} is not in the log; it holds envs {held or 'none'} (drop --env for the first)")
     episode, span = _pick_episode(data, first, env, episode, iteration)
     starts = (
         data.to_table(columns=START_COLUMNS, filter=first & STARTS & (ds.field("iteration") == iteration)).to_pandas()
@@ -138,6 +150,7 @@ def build_html(
     )
     figures: list[tuple[str, str, str]] = []
     layout = _layout_figure(plt, starts, iteration, notes, caps)
+    markers = [label for _, label in _reasons(caps).values()] if layout else []
     if layout:
         figures.append(
             (
@@ -151,10 +164,16 @@ def build_html(
     if heat:
         figures.append(
             (
-                "Hidden and cell states",
+                "Hidden and cell states"
+                if any(r["c_norm_max"] is not None for r in rep.health.layers)
+                else "Hidden states",
                 heat,
-                f"Units x time, env {env}, episode {episode}, rollout "
-                "phase; dashed lines: episode start; dotted: where training sequences start.",
+                f"Units x time, env {env}, episode {episode}, rollout phase; dashed lines: episode start; dotted: "
+                + (
+                    "where epoch 0's training sequences start (later epochs cut the same rollout elsewhere)."
+                    if caps.epochs
+                    else "where training sequences start."
+                ),
             )
         )
     stale = _staleness_figure(plt, rep)
@@ -163,7 +182,10 @@ def build_html(
             (
                 "Staleness",
                 stale,
-                "Relative L2 drift ||h_train - h_rollout|| / ||h_rollout|| by epoch and by position in the sequence.",
+                "Relative L2 drift ||h_train - h_rollout|| / ||h_rollout|| of train states from the rollout states of "
+                "the same env step, "
+                + ("by epoch and by position in the sequence" if rep.staleness.by_epoch else "by minibatch")
+                + " (log scale: a drift of 0.001 next to 0.4 stays visible).",
             )
         )
     hist = _lengths_figure(plt, rep, _length_counts(data, first & STARTS))
@@ -177,7 +199,22 @@ def build_html(
     page = _page(rep, figures, notes)
     with open(out, "w", encoding="utf-8") as f:
         f.write(page)
-    return Page(str(out), len(page.encode()), [t for t, _, _ in figures], iteration, env, episode, notes)
+    return Page(str(out), len(page.encode()), [t for t, _, _ in figures], iteration, env, episode, notes, markers)
+
+
+def check_out(out: str | os.PathLike[str]) -> None:
+    """BadInput unless ``out`` can be created: its directory exists and it is not a directory itself."""
+    target = os.path.abspath(os.fspath(out))
+    parent = os.path.dirname(target)
+    if not os.path.isdir(parent):
+        raise BadInput(
+            f"cannot write --html {plain(out)}: the directory {plain(parent)} does not exist (create it: mkdir -p "
+            f"{plain(parent)})"
+        )
+    if os.path.isdir(target):
+        raise BadInput(
+            f"cannot write --html {plain(out)}: it is a directory; give a file name, e.g. {plain(out)}/report.html"
+        )
 
 
 def _distinct(data: ds.Dataset, columns: list[str], filt: ds.Expression) -> dict[str, list[int]]:
@@ -256,6 +293,10 @@ def _layout_figure(
     if iteration is None or not len(t):
         return None
     t = t[t["module"] == t["module"].iloc[0]]
+    t = t[t["env"].notna() & t["env_step"].notna()]
+    if not len(t):  # untagged training calls (generic tracer): nothing to place on the (env, env step) axis
+        notes.append("minibatch layout: the training calls carry no env and env_step tags")
+        return None
     starts = t.drop_duplicates(["epoch", "minibatch", "seq"])
     if not caps.epochs:  # minibatches cycle across epochs: draw each piece once
         mbs = starts.groupby(["env", "env_step"])["minibatch"].agg(lambda v: ",".join(str(int(x)) for x in sorted(v)))
@@ -305,6 +346,15 @@ def _layout_figure(
         plt.Line2D([], [], marker=m, color="black", markerfacecolor="white", linestyle="", label=label)
         for m, label in _reasons(caps).values()
     ]
+    episodes = sorted(int(e) for e in starts["episode"].dropna().unique())
+    colours = [
+        plt.Rectangle((0, 0), 1, 1, color=cmap(e % 10), alpha=0.85, label=f"episode {e}")
+        for e in episodes[:MAX_COLOUR_LEGEND]
+    ]
+    if len(episodes) > MAX_COLOUR_LEGEND:
+        notes.append(
+            f"minibatch layout: the colour legend lists episodes {episodes[:MAX_COLOUR_LEGEND]} of {len(episodes)}"
+        )
     axes[0, 0].set_title(f"iteration {iteration}: training sequences (bar colour = episode, mbK = minibatch K)")
     fig.tight_layout()
     fig.legend(
@@ -316,6 +366,15 @@ def _layout_figure(
         frameon=False,
         title="why a sequence starts there",
     )
+    if colours:
+        axes[0, 0].legend(
+            handles=colours,
+            loc="upper left",
+            bbox_to_anchor=(1.01, 1.0),
+            fontsize=8,
+            frameon=False,
+            title="bar colour (env's episode)",
+        )
     return _png(fig)
 
 
@@ -407,25 +466,56 @@ def _heat_figure(
 
 
 def _staleness_figure(plt: Any, rep: Report) -> str | None:
+    """Drift by epoch and by position in the sequence (per module and layer), or where the log has no drift
+    columns but the cross-process check paired learner and rollout states, drift by minibatch; log scale."""
     st = rep.staleness
+    cross = rep.sections.get("cross_process")
     if not st.by_epoch:
-        return None
+        return _cross_staleness_figure(plt, cross.by_minibatch) if cross is not None and cross.by_minibatch else None
     by_epoch = pd.DataFrame(st.by_epoch)
+    layered = bool((by_epoch["layer"] > 0).any())
+
+    def name(module: Any, layer: Any) -> str:
+        return f"{_label(module)} L{layer}" if layered else _label(module)
+
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3.4))
-    for module, g in by_epoch.groupby("module"):
-        a1.plot(g["epoch"], g["drift_h_mean"], marker="o", label=f"{_label(module)} h")
+    for (module, layer), g in by_epoch.groupby(["module", "layer"]):
+        a1.plot(g["epoch"], g["drift_h_mean"], marker="o", label=f"{name(module, layer)} h")
         if g["drift_c_mean"].notna().any():
-            a1.plot(g["epoch"], g["drift_c_mean"], marker="s", linestyle="--", label=f"{_label(module)} c")
+            a1.plot(g["epoch"], g["drift_c_mean"], marker="s", linestyle="--", label=f"{name(module, layer)} c")
     a1.set_xlabel("epoch")
     a1.set_ylabel("mean relative drift")
+    a1.set_yscale("log", nonpositive="mask")
+    a1.xaxis.set_major_locator(_integer_ticks())
     a1.legend(fontsize=8)
     pos = pd.DataFrame(st.by_position)
-    pos = pos[pos["position"] != "middle"].pivot(index="module", columns="position", values="drift_h_mean")
-    pos.index = [_label(m) for m in pos.index]
-    pos.plot.bar(ax=a2, rot=0)
+    pos = pos[pos["position"] != "middle"]
+    pos = pos.assign(name=[name(m, lv) for m, lv in zip(pos["module"], pos["layer"], strict=True)])
+    pos.pivot(index="name", columns="position", values="drift_h_mean").plot.bar(ax=a2, rot=0, logy=True)
+    a2.set_xlabel("")
     a2.set_ylabel("mean relative drift (h)")
     a2.set_title("by position in sequence", fontsize=9)
     return _png(fig)
+
+
+def _cross_staleness_figure(plt: Any, by_minibatch: list[dict[str, Any]]) -> str:
+    g = pd.DataFrame(by_minibatch)
+    fig, ax = plt.subplots(figsize=(11, 3.4))
+    for module, d in g.groupby("module"):
+        ax.plot(d["minibatch"], d["drift_h_mean"], marker="o", label=f"{_label(module)} h")
+        ax.plot(d["minibatch"], d["drift_c_mean"], marker="s", linestyle="--", label=f"{_label(module)} c")
+    ax.set_xlabel("minibatch (0 = before any optimizer step)")
+    ax.set_ylabel("mean relative drift")
+    ax.set_yscale("log", nonpositive="mask")
+    ax.xaxis.set_major_locator(_integer_ticks())
+    ax.legend(fontsize=8)
+    return _png(fig)
+
+
+def _integer_ticks() -> Any:
+    from matplotlib.ticker import MaxNLocator
+
+    return MaxNLocator(integer=True)
 
 
 def _length_counts(data: ds.Dataset, filt: ds.Expression) -> np.ndarray:
@@ -456,6 +546,7 @@ def _lengths_figure(plt: Any, rep: Report, counts: np.ndarray) -> str | None:
     if ep:
         ax.axvline(ep["median"], color="red", linestyle="--", label=f"median episode length ({ep['median']:.0f})")
     ax.set_xlabel("steps")
+    ax.set_ylabel("training sequences")
     ax.legend(fontsize=8)
     return _png(fig)
 
@@ -465,14 +556,16 @@ def _norms_figure(plt: Any, rep: Report) -> str | None:
     g = pd.DataFrame(rep.health.norms_by_iteration)
     if not len(g):
         return None
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3))
+    has_c = bool(g["c_norm_mean"].notna().any())  # GRUs have no cell state
+    fig, axes = plt.subplots(1, 2 if has_c else 1, figsize=(11, 3), squeeze=False)
     for (module, layer), d in g.groupby(["module", "layer"]):
-        a1.plot(d["iteration"], d["h_norm_mean"], marker=".", label=f"{_label(module)} L{layer}")
-        a2.plot(d["iteration"], d["c_norm_mean"], marker=".", label=f"{_label(module)} L{layer}")
-    a1.set_title("mean ||h||", fontsize=9)
-    a2.set_title("mean ||c||", fontsize=9)
-    for ax in (a1, a2):
+        for ax, which in zip(axes[0], ("h", "c"), strict=False):
+            ax.plot(d["iteration"], d[f"{which}_norm_mean"], marker=".", label=f"{_label(module)} L{layer}")
+    for ax, which in zip(axes[0], ("h", "c"), strict=False):
+        ax.set_title(f"mean ||{which}||", fontsize=9)
+        ax.set_ylabel(f"mean ||{which}|| (rollout)")
         ax.set_xlabel("iteration")
+        ax.xaxis.set_major_locator(_integer_ticks())
         ax.legend(fontsize=8)
     return _png(fig)
 

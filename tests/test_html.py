@@ -169,3 +169,63 @@ def test_heat_maps_where_the_log_has_vectors(runs_dir, tmp_path, opts):
     else:
         assert "Hidden and cell states" in p.figures and vectorless not in p.notes
     assert "Minibatch layout" in p.figures and "Norms over iterations" in p.figures
+
+
+def test_page_words_and_markers(page):
+    """sb3 pages: no max_seq_len marker (RLlib only); the heat-map's cut lines are said to be epoch 0's; the
+    staleness figure says it is drawn on a log scale."""
+    p, out, _ = page
+    assert p.markers == ["episode start", "env boundary", "buffer split point", "minibatch cut"]
+    text = out.read_text()
+    assert "dotted: where epoch 0&#x27;s training sequences start" in text
+    assert "(log scale: a drift of 0.001 next to 0.4 stays visible)" in text
+
+
+def test_rllib_page_has_staleness_and_its_marker(tmp_path):
+    from pathlib import Path
+
+    p = build_html(Path(__file__).parent.parent / "sample_runs" / "cartpole-rllib", tmp_path / "r.html")
+    assert "Staleness" in p.figures and "max_seq_len (8)" in p.markers
+    assert "by minibatch (log scale" in (tmp_path / "r.html").read_text()
+
+
+def test_gru_page(tmp_path):
+    """A GRU log of the generic tracer (untagged training calls): hidden states only, no layout drawing."""
+    import torch
+    from torch import nn
+
+    import lstm_probe
+
+    m = nn.GRU(3, 8)
+    with torch.no_grad(), lstm_probe.trace(m, tmp_path / "g.parquet") as probe:
+        for t in range(5):
+            with probe.tag(phase="rollout", iteration=0, env=[0, 1], env_step=t, episode=0, episode_step=t):
+                m(torch.randn(1, 2, 3))
+        with probe.tag(phase="train", iteration=0, epoch=0, minibatch=0):
+            m(torch.randn(5, 2, 3))
+    p = build_html(tmp_path / "g.parquet", tmp_path / "g.html")
+    assert p.figures == ["Hidden states", "Sequence lengths vs episode lengths", "Norms over iterations"]
+    assert "minibatch layout: the training calls carry no env and env_step tags" in p.notes and p.markers == []
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--html", "{tmp}/no/such/dir/r.html"], "cannot write --html {tmp}/no/such/dir/r.html: the directory "),
+        (["--html", "{tmp}/r.html", "--env", "5"], "--env 5 is not in the log; it holds envs 0, 1"),
+    ],
+)
+def test_cli_html_errors_are_one_line(page, tmp_path, args, needle):
+    """A missing output directory and an env the log lacks: one line with the fix, exit 2, no traceback."""
+    _, _, result = page
+    r = subprocess.run(
+        [sys.executable, "-m", "lstm_probe", "report", str(result.path), *(a.format(tmp=tmp_path) for a in args)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert needle.format(tmp=tmp_path) in lines[0], lines[0]
+    assert not (tmp_path / "r.html").exists()
