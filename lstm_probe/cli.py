@@ -51,7 +51,9 @@ def _version(value: bool) -> None:
 def _root(
     version: Annotated[
         bool,
-        typer.Option("--version", callback=_version, is_eager=True, help=_default("Print the version and exit.", "off")),
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help=_default("Print the version and exit.", "off")
+        ),
     ] = False,
 ) -> None:
     """See what the LSTMs inside a recurrent RL policy do during training."""
@@ -79,13 +81,17 @@ def run(
     learning_rate: Annotated[float | None, typer.Option(help=_default("Learning rate.", "3e-4"))] = None,
     hidden_size: Annotated[int | None, typer.Option(help=_default("LSTM hidden size.", "256"))] = None,
     lstm_layers: Annotated[int | None, typer.Option(help=_default("LSTM layers.", "1"))] = None,
-    shared_lstm: Annotated[bool, typer.Option("--shared-lstm", help=_default("One LSTM for actor and critic.", "off"))] = False,
+    shared_lstm: Annotated[
+        bool, typer.Option("--shared-lstm", help=_default("One LSTM for actor and critic.", "off"))
+    ] = False,
     critic_lstm: Annotated[
         bool, typer.Option("--critic-lstm/--no-critic-lstm", help="Give the critic its own LSTM.")
     ] = True,
     device: Annotated[str, typer.Option(help="Torch device: auto, cpu, cuda, cuda:1...")] = "auto",
     force: Annotated[bool, typer.Option("--force", help=_default("Overwrite an existing log.", "off"))] = False,
-    hyperparam: Annotated[list[str] | None, typer.Option(help=_default("KEY=VALUE passed to RecurrentPPO; repeatable.", "none"))] = None,
+    hyperparam: Annotated[
+        list[str] | None, typer.Option(help=_default("KEY=VALUE passed to RecurrentPPO; repeatable.", "none"))
+    ] = None,
     capture: Annotated[str, typer.Option(help="full: h and c vectors; summary: norms and drift only.")] = "full",
     every: Annotated[int, typer.Option(help="Keep full vectors every K-th iteration only.")] = 1,
     float16: Annotated[bool, typer.Option("--float16", help=_default("Store vectors as float16.", "off"))] = False,
@@ -133,11 +139,13 @@ def run(
     ] = "sb3",
     env_runners: Annotated[int, typer.Option(help="rllib: remote env runners (0 = sample in the driver).")] = 0,
     learners: Annotated[int, typer.Option(help="rllib: remote learners (0 = learn in the driver; at most 1).")] = 0,
-    max_seq_len: Annotated[int | None, typer.Option(help=_default("rllib: max_seq_len of training chunks.", "20"))] = None,
+    max_seq_len: Annotated[
+        int | None, typer.Option(help=_default("rllib: max_seq_len of training chunks.", "20"))
+    ] = None,
 ) -> None:
     """Train RecurrentPPO (or RLlib PPO, --framework rllib) on ENV_ID with the probe attached and write the log."""
     from lstm_probe import integrations
-    from lstm_probe.options import CaptureOptions
+    from lstm_probe.options import CaptureOptions, validate
 
     fw = integrations.framework(framework)
     given = _framework_options(
@@ -158,6 +166,21 @@ def run(
             raise BadInput(
                 f"--framework {fw.name} writes one part file per process: end --out with '/', e.g. {out_path}/"
             )
+    # Every option that can be checked without torch or the framework is checked here, before either is
+    # imported (seconds): a typo is refused at once.
+    validate(
+        steps=steps,
+        n_envs=n_envs,
+        n_steps=n_steps,
+        batch_size=batch_size,
+        n_epochs=n_epochs,
+        learning_rate=learning_rate,
+        hidden_size=hidden_size,
+        lstm_layers=lstm_layers,
+        torch_threads=torch_threads,
+    )
+    if not progress_seconds > 0:
+        raise BadInput(f"--progress-seconds must be > 0, got {progress_seconds}")
     options = CaptureOptions(
         out_path,
         capture=capture,
@@ -169,24 +192,9 @@ def run(
         writer=writer,
     )
     module = integrations.load(fw)
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     command = "lstm-probe " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    bar = Progress(
-        TextColumn("training {task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err,
-        transient=True,
-        disable=not err.is_terminal,
-    )
-    with bar:
-        task = bar.add_task(env_id, total=steps)
-
-        def progress(done: int, total: int) -> None:
-            bar.update(task, completed=min(done, total))
-
+    display = _RunDisplay(env_id, steps, out_path, getattr(module, "live", None), quiet, progress_seconds)
+    with display:
         try:
             result = module.run(
                 env_id,
@@ -202,7 +210,7 @@ def run(
                 shared_lstm=shared_lstm,
                 torch_threads=torch_threads,
                 command=command,
-                progress=progress,
+                progress=display.update,
                 **given,
             )
         except KeyboardInterrupt as exc:  # Ctrl-C / SIGTERM: the probe already closed the log
@@ -214,6 +222,106 @@ def run(
         f"{result.num_timesteps:,} env steps in {result.seconds:.1f} s"
     )
     out.print(f"next: lstm-probe report {out_path if fw.parts_per_process else shlex.quote(str(result.path))}")
+
+
+class _RunDisplay:
+    """What `run` shows while it trains: a live line on a terminal (rich), else a plain line on stdout every
+    ``every`` seconds; nothing with ``--quiet``. Env steps, steps/s, iteration, rows handed to the writer
+    (``live()``: the framework's figures, where it has them), bytes on disk, elapsed time and ETA."""
+
+    def __init__(
+        self, env_id: str, total: int, out_path: str, live: Any, quiet: bool, every: float, console: Console = out
+    ):
+        self.env_id, self.total, self.out_path, self.live = env_id, total, out_path, live
+        self.quiet, self.every, self.console = quiet, every, console
+        self.terminal = console.is_terminal
+        self.start = 0.0
+        self.due = 0.0
+        self.bar: Any = None
+        self.task: Any = None
+
+    def __enter__(self) -> _RunDisplay:
+        import time
+
+        self.start = time.monotonic()
+        self.due = self.start + (0.25 if self.terminal else self.every)
+        if self.terminal and not self.quiet:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(
+                TextColumn("training {task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[line]}"),
+                TimeElapsedColumn(),
+                console=self.console,
+                transient=True,
+                refresh_per_second=4,
+            )
+            self.bar.__enter__()
+            self.task = self.bar.add_task(self.env_id, total=self.total, line="")
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(*exc)
+
+    def update(self, done: int, total: int) -> None:
+        """The run's progress callback (every env step: cheap unless a refresh is due)."""
+        import time
+
+        if self.quiet:
+            return
+        now = time.monotonic()
+        if now < self.due:
+            return
+        self.due = now + (0.25 if self.terminal else self.every)
+        line = self.line(min(done, total), total, now - self.start)
+        if self.bar is not None:
+            self.bar.update(self.task, completed=min(done, total), line=line)
+        else:
+            self.console.print(
+                f"training {self.env_id}: {min(done, total):,}/{total:,} env steps, {line}, "
+                f"{_clock(now - self.start)} elapsed",
+                markup=False,
+                highlight=False,
+                soft_wrap=True,
+            )
+
+    def line(self, done: int, total: int, elapsed: float) -> str:
+        """steps/s, iteration, rows, bytes and ETA."""
+        rate = done / elapsed if elapsed > 0 else 0.0
+        parts = [f"{rate:,.0f} steps/s"]
+        live = self.live() if self.live is not None else {}
+        if "iteration" in live:
+            parts.append(f"iteration {live['iteration']}")
+        if "rows" in live:
+            parts.append(f"{live['rows']:,} rows")
+        parts.append(f"{human_bytes(_bytes_on_disk(self.out_path))} on disk")
+        if rate > 0:
+            parts.append(f"ETA {_clock((total - done) / rate)}")
+        return ", ".join(parts)
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(seconds)
+    return (
+        f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+        if seconds >= 3600
+        else f"{seconds // 60}:{seconds % 60:02d}"
+    )
+
+
+def _bytes_on_disk(out_path: str) -> int:
+    """Bytes of a log being written: its part files (a directory log, or a file log's crash journal)."""
+    from lstm_probe.layout import partial_dir
+
+    path = Path(out_path)
+    where = path if out_path.endswith("/") or path.is_dir() else partial_dir(path)
+    try:
+        return sum(f.stat().st_size for f in where.glob("*.parquet"))
+    except OSError:
+        return 0
 
 
 def _framework_options(taken: tuple[str, ...], command: str, **options: tuple[str, Any, Any]) -> dict[str, Any]:
@@ -231,7 +339,9 @@ def _framework_options(taken: tuple[str, ...], command: str, **options: tuple[st
 @app.command()
 def report(
     path: Annotated[str, typer.Argument(help="A log file, a dataset directory, or a killed run's log name.")],
-    as_json: Annotated[bool, typer.Option("--json", help=_default("Print the report as JSON (stable keys).", "off"))] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help=_default("Print the report as JSON (stable keys).", "off"))
+    ] = False,
     html_out: Annotated[
         Path | None,
         typer.Option(
@@ -241,8 +351,12 @@ def report(
             ),
         ),
     ] = None,
-    iteration: Annotated[int | None, typer.Option(help=_default("--html: the iteration to draw.", "the last trained"))] = None,
-    env: Annotated[int | None, typer.Option(help=_default("--html: the env whose states to draw.", "the first"))] = None,
+    iteration: Annotated[
+        int | None, typer.Option(help=_default("--html: the iteration to draw.", "the last trained"))
+    ] = None,
+    env: Annotated[
+        int | None, typer.Option(help=_default("--html: the env whose states to draw.", "the first"))
+    ] = None,
     episode: Annotated[
         int | None, typer.Option(help=_default("--html: the episode to draw.", "the longest of the iteration"))
     ] = None,
@@ -275,12 +389,21 @@ def arch(
     target: Annotated[
         str, typer.Argument(help="A gymnasium env id (the policy `run` would build) or a saved model.zip.")
     ],
-    shared_lstm: Annotated[bool, typer.Option("--shared-lstm", help=_default("One LSTM for actor and critic.", "off"))] = False,
+    shared_lstm: Annotated[
+        bool, typer.Option("--shared-lstm", help=_default("One LSTM for actor and critic.", "off"))
+    ] = False,
     critic_lstm: Annotated[bool, typer.Option("--critic-lstm/--no-critic-lstm", help="Critic LSTM.")] = True,
     hidden_size: Annotated[int | None, typer.Option(help=_default("LSTM hidden size.", "256"))] = None,
     lstm_layers: Annotated[int | None, typer.Option(help=_default("LSTM layers.", "1"))] = None,
-    hyperparam: Annotated[list[str] | None, typer.Option(help=_default("KEY=VALUE passed to RecurrentPPO; repeatable.", "none"))] = None,
-    env_id: Annotated[str | None, typer.Option("--env", help=_default("With a model.zip: env for a real rollout.", "none: a synthetic minibatch"))] = None,
+    hyperparam: Annotated[
+        list[str] | None, typer.Option(help=_default("KEY=VALUE passed to RecurrentPPO; repeatable.", "none"))
+    ] = None,
+    env_id: Annotated[
+        str | None,
+        typer.Option(
+            "--env", help=_default("With a model.zip: env for a real rollout.", "none: a synthetic minibatch")
+        ),
+    ] = None,
     trust_model: Annotated[
         bool,
         typer.Option(
@@ -294,8 +417,12 @@ def arch(
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help=_default("Print the architecture as JSON.", "off"))] = False,
     dot: Annotated[Path | None, typer.Option(help=_default("Write Graphviz DOT source here.", "none"))] = None,
-    svg: Annotated[Path | None, typer.Option(help=_default("Render an SVG here (needs Graphviz's `dot`).", "none"))] = None,
-    png: Annotated[Path | None, typer.Option(help=_default("Render a PNG here (needs Graphviz's `dot`).", "none"))] = None,
+    svg: Annotated[
+        Path | None, typer.Option(help=_default("Render an SVG here (needs Graphviz's `dot`).", "none"))
+    ] = None,
+    png: Annotated[
+        Path | None, typer.Option(help=_default("Render a PNG here (needs Graphviz's `dot`).", "none"))
+    ] = None,
     framework: Annotated[str, typer.Option(help="sb3 or rllib (RLlib PPO's default LSTM RLModule).")] = "sb3",
 ) -> None:
     """Show what actor and critic share, and which loss trains which layer (measured gradient flow)."""

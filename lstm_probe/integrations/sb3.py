@@ -35,6 +35,7 @@ from stable_baselines3.common.callbacks import BaseCallback
 
 from lstm_probe.contract import SEQ_REASON, Capabilities, Grid, Tags
 from lstm_probe.errors import BadInput, OutputError, one_line
+from lstm_probe.integrations import sb3_metrics
 from lstm_probe.integrations.sb3_arch import summary
 from lstm_probe.options import DEFAULT_WRITER, CaptureOptions, capture_options
 from lstm_probe.tracer import Tracer
@@ -281,6 +282,7 @@ class ProbeCallback(BaseCallback):
 
             buffer.get, buffer._get_samples = get, get_samples
             self._restore = [(buffer, "get"), (buffer, "_get_samples")]
+            self._handles += sb3_metrics.attach(self)  # live figures through SB3's logger (sb3_metrics.py)
         except BaseException:
             self._finish(False, "failed to attach")
             raise

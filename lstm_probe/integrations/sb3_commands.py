@@ -1,14 +1,53 @@
-"""The sb3 framework's ``run`` and ``arch`` as the CLI calls them (see ``lstm_probe.integrations.FRAMEWORKS``)."""
+"""The sb3 framework's ``run``, ``arch`` and ``live`` as the CLI calls them (see
+``lstm_probe.integrations.FRAMEWORKS``)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
+from lstm_probe.errors import BadInput
+from lstm_probe.integrations import sb3_run
 from lstm_probe.integrations.sb3_arch import Architecture
 from lstm_probe.integrations.sb3_arch import arch as analyse
-from lstm_probe.integrations.sb3_run import parse_hyperparams, run
+from lstm_probe.integrations.sb3_metrics import live
+from lstm_probe.integrations.sb3_run import parse_hyperparams
+from lstm_probe.options import RunResult
 
-__all__ = ["arch", "run"]
+__all__ = ["arch", "default_threads", "live", "run"]
+
+
+def run(env_id: str, *, torch_threads: int | None = None, device: str = "auto", **kwargs: Any) -> RunResult:
+    """``lstm_probe.run`` with the CLI's thread default: ``torch_threads`` None takes
+    :func:`default_threads`."""
+    if torch_threads is None:
+        torch_threads = default_threads(env_id, device)
+    return sb3_run.run(env_id, torch_threads=torch_threads, device=device, **kwargs)
+
+
+def default_threads(env_id: str, device: str) -> int | None:
+    """1 when training runs on the CPU with an MLP-sized policy (no image observations): SB3's advice for
+    small policies on CPU, where torch's default team of threads costs more in hand-overs than it computes
+    (and a 1-thread run is reproducible). None (torch's own) on a GPU or for image observations."""
+    import torch
+
+    if device != "cpu" and (device != "auto" or torch.cuda.is_available()):
+        return None
+    try:
+        import gymnasium as gym
+
+        env = gym.make(env_id)
+        space = env.observation_space
+        env.close()
+    except Exception:  # an unknown or broken env: run() says what is wrong with it
+        return None
+    from gymnasium import spaces
+    from stable_baselines3.common.preprocessing import is_image_space
+
+    subspaces = space.spaces.values() if isinstance(space, spaces.Dict) else [space]
+    if any(isinstance(s, spaces.Box) and is_image_space(s, check_channels=False) for s in subspaces):
+        return None
+    return 1
 
 
 def arch(
@@ -37,4 +76,11 @@ def arch(
         lstm_layers=lstm_layers,
         hyperparams=parse_hyperparams(hyperparams or []),
     )
+    policy = getattr(model, "policy", None)
+    if not hasattr(policy, "lstm_actor"):
+        raise BadInput(
+            f"{target} holds a {type(model).__name__} with a {type(policy).__name__}, which has no LSTM: "
+            "lstm-probe arch reads sb3-contrib RecurrentPPO models (RecurrentActorCriticPolicy); "
+            "train one with RecurrentPPO('MlpLstmPolicy', ...) or lstm-probe run"
+        )
     return analyse(model, rollout=rollout)

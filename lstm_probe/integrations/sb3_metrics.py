@@ -1,0 +1,204 @@
+"""Live metrics: a probed RecurrentPPO's per-iteration figures, recorded through SB3's own logger.
+
+SB3 users watch TensorBoard, wandb or CSV through ``model.logger``; :func:`attach` (called by
+``ProbeCallback`` when learn() starts) records there, under ``lstm_probe/``, what the log's report would
+say of each iteration, so every output format SB3 supports gets them:
+
+- ``lstm_probe/<module>_drift_first_epoch`` and ``..._drift_last_epoch``: mean relative drift of the train
+  states from the rollout states of the same (env, env step), ||h_train - h_rollout|| / ||h_rollout||, in
+  the iteration's first and last epoch (the top layer's h: the LSTM output both training paths return);
+- ``lstm_probe/padding_share``: padded cells of all train minibatch cells;
+- ``lstm_probe/sequences_per_minibatch``: mean sequences (batch columns) per minibatch;
+- ``lstm_probe/stepwise_share``: share of minibatches trained through sb3-contrib's per-step loop;
+- ``lstm_probe/<module>_h_norm``, ``..._c_norm``: mean state norm of the rollout rows (every layer);
+- ``lstm_probe/<module>_saturation``: share of rollout h values with |h| > 0.95 (the report's threshold).
+
+The probe's rows are made in a writer process, so these are computed here, in the training process,
+from the tensors LSTM forward hooks see: each hook keeps a reference and counts rows (~1 us a call);
+the few torch reductions run once per minibatch and once per rollout. Rollout figures are recorded when
+the rollout's last step has run, train figures when the next rollout starts: both land in the
+``_dump_logs`` after that rollout (sb3's own ``train/`` figures lag the same way; the last iteration's
+train figures, like sb3's, are recorded but never dumped by learn()).
+
+Relies on sb3-contrib 2.x: ``ppo_recurrent.py:RecurrentPPO.collect_rollouts`` calls the policy's
+``forward`` once per env step (and nowhere else), then ``OnPolicyAlgorithm.learn`` dumps the logger, then
+``train()`` runs the minibatches (``ProbeCallback`` tags them); ``policies.py:_process_sequence`` returns
+the LSTM output of one multi-step call or of one call per step.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+if TYPE_CHECKING:
+    from lstm_probe.integrations.sb3 import ProbeCallback
+
+SATURATION = 0.95
+"""|h| above this counts as saturated (the report's health section uses the same threshold)."""
+
+_CURRENT: weakref.ref[LiveMetrics] | None = None
+
+
+def attach(probe: ProbeCallback) -> list[Any]:
+    """Start live metrics for a probe whose learn() is starting; returns the hook handles (removed with the
+    probe's own)."""
+    global _CURRENT
+    metrics = LiveMetrics(probe)
+    _CURRENT = weakref.ref(metrics)
+    return metrics.handles
+
+
+def live() -> dict[str, Any]:
+    """The latest figures of this process's most recent probed run, for a progress display: iteration and
+    rows handed to the writer (empty before a run starts)."""
+    metrics = _CURRENT() if _CURRENT is not None else None
+    return {} if metrics is None else metrics.live()
+
+
+class _Module:
+    """One LSTM's figures of the current iteration."""
+
+    def __init__(self) -> None:
+        self.rollout_y: list[torch.Tensor | None] = []  # per rollout step: the top layer's h, (n_envs, H)
+        self.rollout_h: list[torch.Tensor] = []  # per rollout step: h of every layer, (L, n_envs, H)
+        self.rollout_c: list[torch.Tensor] = []
+        self.train_y: list[torch.Tensor] = []  # the pending minibatch's outputs, (T, n_seq, H) each
+        self.drift = {"first": [0.0, 0], "last": [0.0, 0]}  # sum, count
+        self.last_epoch = -1
+
+
+class LiveMetrics:
+    """Forward hooks on a probe's LSTMs and its policy; records each iteration's figures (module docstring)."""
+
+    def __init__(self, probe: ProbeCallback):
+        self.probe = probe
+        model: Any = probe.model
+        self.logger = model.logger
+        self.modules = {name: _Module() for name in probe.tracer.names} if probe.tracer is not None else {}
+        self.rows = 0
+        self.pending: Any = None  # the tags of the minibatch whose outputs the modules hold
+        self.pending_stepwise = False
+        self.pending_base = 0  # the env step of the pending minibatch's rollout's first step
+        self.reference: dict[str, torch.Tensor] = {}
+        self._train_reset()
+        policy: Any = model.policy
+        lstms = {"actor": policy.lstm_actor, "critic": policy.lstm_critic}
+        self.handles = [m.register_forward_hook(self._hook(name)) for name, m in lstms.items() if name in self.modules]
+        self.handles.append(policy.register_forward_hook(self._step_end))
+
+    def live(self) -> dict[str, Any]:
+        return {"iteration": max(self.probe.iteration, 0), "rows": self.rows}
+
+    # -- hooks (training thread) -----------------------------------------------------------------
+    def _hook(self, name: str) -> Any:
+        mine = self.modules[name]
+        probe = self.probe
+
+        def hook(mod: Any, args: Any, output: Any) -> None:
+            y, (h, c) = output
+            steps, batch = int(y.shape[0]), int(y.shape[1])
+            self.rows += int(h.shape[0]) * batch * steps
+            if probe.in_forward:  # a rollout step (ProbeCallback's policy pre-hook set it)
+                mine.rollout_y.append(y[-1])
+                mine.rollout_h.append(h)
+                mine.rollout_c.append(c)
+            elif not probe.in_rollout:
+                tags = probe.current
+                if tags.phase != "train" or tags.grid is None:
+                    return
+                if tags is not self.pending:
+                    self._minibatch_end()
+                    self.pending, self.pending_base = tags, probe.base_step
+                    self.pending_stepwise = steps == 1 and tags.grid.shape[1] > 1
+                mine.train_y.append(y)
+
+        return hook
+
+    def _step_end(self, module: Any, args: Any, output: Any) -> None:
+        probe = self.probe
+        if not probe.in_rollout:
+            return
+        if probe.k == 1:  # the first step of an iteration: the previous one's training is over
+            self._train_end()
+        if probe.k == probe.n_steps:
+            self._rollout_end()
+
+    # -- figures ---------------------------------------------------------------------------------
+    def _train_reset(self) -> None:
+        self.minibatches = 0
+        self.stepwise = 0
+        self.cells = 0
+        self.padded = 0
+        self.sequences = 0
+
+    @torch.no_grad()
+    def _minibatch_end(self) -> None:
+        tags, self.pending = self.pending, None
+        if tags is None:
+            return
+        grid = tags.grid
+        padding = np.asarray(grid.padding, bool)
+        self.minibatches += 1
+        self.stepwise += self.pending_stepwise
+        self.cells += padding.size
+        self.padded += int(padding.sum())
+        self.sequences += padding.shape[0]
+        valid = ~padding
+        env = np.asarray(grid.env)[valid].astype(np.int64)
+        k = np.asarray(grid.env_step)[valid].astype(np.int64) - int(self.pending_base)
+        for name, mine in self.modules.items():
+            ys, mine.train_y = mine.train_y, []
+            ref = self.reference.get(name)
+            if not ys or ref is None:
+                continue
+            states = torch.cat(ys, 0).detach().transpose(0, 1)  # (n_seq, T, H)
+            if states.shape[:2] != padding.shape:
+                continue
+            ok = (k >= 0) & (k < ref.shape[0]) & (env >= 0) & (env < ref.shape[1])
+            mask = torch.from_numpy(valid).to(states.device)
+            got = states[mask][torch.from_numpy(ok).to(states.device)]
+            want = ref[torch.from_numpy(k[ok]).to(ref.device), torch.from_numpy(env[ok]).to(ref.device)]
+            drift = (got - want).norm(dim=1) / want.norm(dim=1).clamp_min(1e-12)
+            epoch = int(tags.epoch if tags.epoch is not None else 0)
+            if epoch != mine.last_epoch:
+                mine.drift["last"] = [0.0, 0]
+                mine.last_epoch = epoch
+            total, n = float(drift.sum()), int(drift.numel())
+            for which in ("first", "last") if epoch == 0 else ("last",):
+                mine.drift[which][0] += total
+                mine.drift[which][1] += n
+
+    def _train_end(self) -> None:
+        self._minibatch_end()
+        if self.minibatches:
+            record = self.logger.record
+            record("lstm_probe/padding_share", self.padded / max(self.cells, 1))
+            record("lstm_probe/sequences_per_minibatch", self.sequences / self.minibatches)
+            record("lstm_probe/stepwise_share", self.stepwise / self.minibatches)
+            for name, mine in self.modules.items():
+                for which, (total, n) in mine.drift.items():
+                    if n:
+                        record(f"lstm_probe/{name}_drift_{which}_epoch", total / n)
+        self._train_reset()
+        for mine in self.modules.values():
+            mine.drift = {"first": [0.0, 0], "last": [0.0, 0]}
+            mine.last_epoch = -1
+
+    @torch.no_grad()
+    def _rollout_end(self) -> None:
+        record = self.logger.record
+        for name, mine in self.modules.items():
+            if not mine.rollout_h:
+                continue
+            ys = [y for y in mine.rollout_y if y is not None]
+            self.reference[name] = torch.stack(ys).detach()  # (n_steps, n_envs, H): the drifts' reference
+            h = torch.stack(mine.rollout_h).detach()  # (n_steps, L, n_envs, H)
+            c = torch.stack(mine.rollout_c).detach()
+            record(f"lstm_probe/{name}_h_norm", float(h.norm(dim=-1).mean()))
+            record(f"lstm_probe/{name}_c_norm", float(c.norm(dim=-1).mean()))
+            record(f"lstm_probe/{name}_saturation", float((h.abs() > SATURATION).float().mean()))
+            mine.rollout_y, mine.rollout_h, mine.rollout_c = [], [], []
