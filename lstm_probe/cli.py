@@ -481,12 +481,10 @@ def _render_architecture(
     out.print("actor path:  " + " -> ".join(["obs", *result.actor_path, "action distribution"]))
     out.print("critic path: " + " -> ".join(["obs", *result.critic_path, "value"]))
     out.print("shared (same module object on both paths): " + (", ".join(result.shared) or "nothing"))
-    t = Table(title="Gradient flow: which loss reaches each parameter tensor")
-    t.add_column("parameter", overflow="fold", min_width=24)
-    for col in ("shape", "actor", "critic", "policy loss", "value loss", "entropy", "trained by"):
-        t.add_column(col)
-    for p in result.params:
-        t.add_row(
+    title = "Gradient flow: which loss reaches each parameter tensor"
+    columns = ("parameter", "shape", "actor", "critic", "policy loss", "value loss", "entropy", "trained by")
+    rows = [
+        (
             p.name,
             "x".join(map(str, p.shape)),
             "yes" if p.actor_path else "",
@@ -496,7 +494,23 @@ def _render_architecture(
             p.entropy_loss,
             p.trained_by,
         )
-    out.print(t)
+        for p in result.params
+    ]
+    t = Table(title=title)
+    for col in columns:
+        t.add_column(col, no_wrap=True)
+    for row in rows:
+        t.add_row(*row)
+    # the table's natural width: each column's widest cell, plus its borders and padding
+    natural = sum(max(len(str(r[i])) for r in [columns, *rows]) + 3 for i in range(len(columns))) + 1
+    if natural <= out.width:
+        out.print(t)
+    else:  # too narrow for the table (a pipe, 80 columns): one line per parameter, wrapped, never cut
+        out.print(title, soft_wrap=True)
+        for row in rows:
+            paths = " and ".join(c for c, v in zip(("actor", "critic"), row[2:4], strict=True) if v) or "no"
+            losses = ", ".join(f"{c} {v}" for c, v in zip(columns[4:7], row[4:7], strict=True))
+            out.print(f"  {row[0]} ({row[1]}): on the {paths} path; {losses}; trained by {row[7]}", soft_wrap=True)
     out.print(f"[bold]verdict:[/] {result.verdict}")
 
 
@@ -622,10 +636,10 @@ def _partial_note(path: str) -> str:
         info = read_info(path)
     except Exception:
         return "no log was written"
-    progress = info.metadata.get("progress") or {}
+    steps = info.num_timesteps
     return (
         f"the log {Path(path)} holds {info.rows:,} rows up to env step "
-        f"{progress.get('num_timesteps', '?')} (completed: false); `lstm-probe report {path}` reads it"
+        f"{'?' if steps is None else steps} (completed: false); `lstm-probe report {path}` reads it"
     )
 
 

@@ -97,10 +97,15 @@ def _open(file: Path) -> pq.ParquetFile:
     try:
         return pq.ParquetFile(file)
     except (pa.ArrowInvalid, OSError) as exc:
-        raise BadLog(
-            f"{file} is not a readable Parquet file ({str(exc).splitlines()[0]}); "
-            "if the run was killed, report the directory it left (NAME.partial/)"
-        ) from None
+        journal = partial_dir(file)
+        hint = (
+            f"the run was killed: report the directory it left, {journal}/"
+            if journal.is_dir()
+            else "lstm-probe reports the Parquet logs `lstm-probe run` or ProbeCallback write"
+            if tail[4:] != b"PAR1"
+            else "the file is cut short (a copy still going, or a full disk?)"
+        )
+        raise BadLog(f"{file} is not a readable Parquet file ({str(exc).splitlines()[0]}); {hint}") from None
 
 
 def _shard(file: Path) -> str:
