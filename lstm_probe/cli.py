@@ -510,7 +510,9 @@ def _render_architecture(
         for row in rows:
             paths = " and ".join(c for c, v in zip(("actor", "critic"), row[2:4], strict=True) if v) or "no"
             losses = ", ".join(f"{c} {v}" for c, v in zip(columns[4:7], row[4:7], strict=True))
-            out.print(f"  {row[0]} ({row[1]}): on the {paths} path; {losses}; trained by {row[7]}", soft_wrap=True)
+            out.print(
+                f"  {row[0]} (shape {row[1]}): on the {paths} path; {losses}; trained by {row[7]}", soft_wrap=True
+            )
     out.print(f"[bold]verdict:[/] {result.verdict}")
 
 

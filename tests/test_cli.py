@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -42,6 +43,8 @@ def made(tmp_path_factory):
         "8",
         "--torch-threads",
         "1",
+        "--progress-seconds",
+        "0.05",
         cwd=d,
     )
     assert r.returncode == 0, r.stderr
@@ -157,3 +160,183 @@ def test_report_of_the_rllib_sample_needs_no_ray(tmp_path):
     j = json.loads(cli("report", str(ROOT_DIR / "sample_runs" / "cartpole-rllib"), "--json", cwd=tmp_path).stdout)
     assert j["run"]["framework"] == "rllib" and j["cross_process"]["state_in_ok"] is True
     assert j["architecture"]["shared_lstm"] is False
+
+
+def test_run_prints_plain_progress_lines_off_a_terminal(made):
+    _, r = made
+    lines = [line for line in r.stdout.splitlines() if line.startswith("training CartPole-v1: ")]
+    assert lines, r.stdout
+    for word in ("/64 env steps", "steps/s", "iteration ", " rows", "on disk", "elapsed"):
+        assert word in lines[-1], lines[-1]
+
+
+def test_progress_display_terminal_quiet_and_eta():
+    import io
+
+    from rich.console import Console
+
+    from lstm_probe.cli import _RunDisplay
+
+    def shown(quiet, terminal):
+        buf = io.StringIO()
+        console = Console(file=buf, force_terminal=terminal, width=200)
+        live = lambda: {"iteration": 3, "rows": 12345}  # noqa: E731
+        with _RunDisplay("Pendulum-v1", 100, "nowhere.parquet", live, quiet, 0.0, console) as d:
+            d.start -= 10.0  # 10 s in, a refresh due
+            d.due = 0.0
+            d.update(50, 100)
+            if d.bar is not None:
+                d.bar.refresh()
+        return buf.getvalue()
+
+    plain = shown(False, False)
+    assert "50/100 env steps, 5 steps/s, iteration 3, 12,345 rows, 0 B on disk, ETA 0:10" in plain
+    assert "12,345 rows" in shown(False, True) and "ETA 0:10" in shown(False, True)
+    assert shown(True, False) == "" and shown(True, True) == ""
+
+
+def test_bad_options_are_refused_before_torch_loads():
+    code = (
+        "import sys\nfrom lstm_probe.cli import main\n"
+        "try:\n    main(['run', 'Pendulum-v1', '--steps', '0'])\n"
+        "except SystemExit as e:\n    print(e.code, sorted(m for m in ('torch', 'stable_baselines3', 'gymnasium') "
+        "if m in sys.modules))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=120)
+    assert r.stdout.strip() == "2 []", (r.stdout, r.stderr)
+    assert "--steps must be >= 1" in r.stderr
+
+
+def test_version():
+    from lstm_probe import __version__
+
+    r = cli("--version")
+    assert r.returncode == 0 and r.stdout.strip() == f"lstm-probe {__version__}"
+
+
+@pytest.mark.parametrize("command", ["run", "report", "arch", "schema"])
+def test_help_shows_every_default_and_extra(command):
+    r = subprocess.run(
+        [sys.executable, "-m", "lstm_probe", command, "--help"],
+        capture_output=True,
+        text=True,
+        env={**ENV, "COLUMNS": "100"},
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    entries = re.split(r"\n(?=  -)", r.stdout.split("Options:", 1)[1])
+    for entry in entries:
+        if not entry.strip() or entry.strip().startswith("--help"):
+            continue
+        assert "[default:" in entry, entry
+    text = " ".join(r.stdout.split())
+    if command == "run":
+        assert "'.[rllib]'" in text and "Rollout length per env. [default: 128, sb3-contrib's]" in text
+        assert "--torch-threads" in text and "sb3 on CPU: 1" in text
+    if command == "report":
+        assert "'lstm-probe[html]'" in text
+
+
+def test_one_torch_thread_by_default_on_cpu(monkeypatch):
+    from lstm_probe.integrations import sb3_commands, sb3_run
+
+    assert os.environ.get("OMP_NUM_THREADS") == "1"  # conftest, before torch: pytest alone behaves as CI
+    import torch
+
+    assert torch.get_num_threads() == 1
+    assert sb3_commands.default_threads("CartPole-v1", "cpu") == 1
+    assert sb3_commands.default_threads("CartPole-v1", "cuda") is None
+    seen = {}
+    monkeypatch.setattr(sb3_run, "run", lambda env_id, **kw: seen.update(kw))
+    sb3_commands.run("CartPole-v1", device="cpu")
+    assert seen["torch_threads"] == 1
+    sb3_commands.run("CartPole-v1", device="cpu", torch_threads=2)
+    assert seen["torch_threads"] == 2
+
+
+def test_arch_refuses_a_non_recurrent_model_in_one_line(tmp_path):
+    from stable_baselines3 import PPO
+
+    PPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=16).save(tmp_path / "ppo.zip")
+    for extra in ([], ["--trust-model"]):
+        r = cli("arch", "ppo.zip", *extra, cwd=tmp_path)
+        assert r.returncode == 2, r.stderr
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and "ActorCriticPolicy" in lines[0] and "no LSTM" in lines[0], r.stderr
+        assert "RecurrentPPO" in lines[0] and "lstm_actor" not in lines[0] and "--trust-model" not in lines[0]
+
+
+def test_arch_at_80_columns_shows_every_column(tmp_path):
+    args = ["arch", "CartPole-v1", "--hidden-size", "8"]
+    j = json.loads(cli(*args, "--json", cwd=tmp_path).stdout)
+    r = subprocess.run(
+        [sys.executable, "-m", "lstm_probe", *args],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**ENV, "COLUMNS": "80"},
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "…" not in r.stdout
+    for header in ("parameter", "shape", "actor", "critic", "policy loss", "value loss", "entropy", "trained by"):
+        assert header in r.stdout
+    lines = r.stdout.splitlines()
+    for p in j["params"]:
+        line = next(x for x in lines if f" {p['name']} " in x)
+        for value in ("x".join(map(str, p["shape"])), p["policy_loss"], p["value_loss"], p["trained_by"]):
+            assert str(value) in line, (value, line)
+
+
+def test_report_hint_fits_the_file(tmp_path):
+    (tmp_path / "runs.csv").write_text("a,b\n1,2\n")
+    r = cli("report", "runs.csv", cwd=tmp_path)
+    assert r.returncode == 2 and "partial" not in r.stderr and "Parquet logs" in r.stderr, r.stderr
+    (tmp_path / "run.parquet").write_text("not parquet")
+    (tmp_path / "run.parquet.partial").mkdir()
+    r = cli("report", "run.parquet", cwd=tmp_path)
+    assert r.returncode == 2 and "run.parquet.partial/" in r.stderr, r.stderr
+
+
+def test_probe_beside_progress_bar_and_tensorboard(tmp_path):
+    """SB3's progress_bar=True and a ProbeCallback together: training completes, the log is complete, and the
+    probe's per-iteration figures reach TensorBoard through SB3's logger (read back with TensorBoard's reader)."""
+    from sb3_contrib import RecurrentPPO
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from lstm_probe import ProbeCallback, read_info
+
+    model = RecurrentPPO(
+        "MlpLstmPolicy",
+        "CartPole-v1",
+        n_steps=32,
+        batch_size=16,
+        n_epochs=2,
+        seed=0,
+        policy_kwargs={"lstm_hidden_size": 8},
+        tensorboard_log=str(tmp_path / "tb"),
+    )
+    with ProbeCallback(tmp_path / "run.parquet") as probe:
+        model.learn(32 * 4, callback=probe, progress_bar=True)
+    info = read_info(tmp_path / "run.parquet")
+    assert info.metadata["completed"] is True and info.rows > 0
+    (run_dir,) = (tmp_path / "tb").iterdir()
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    for module in ("actor", "critic"):
+        for figure in ("drift_first_epoch", "drift_last_epoch", "h_norm", "c_norm", "saturation"):
+            assert f"lstm_probe/{module}_{figure}" in tags, sorted(tags)
+    for figure in ("padding_share", "sequences_per_minibatch", "stepwise_share"):
+        assert f"lstm_probe/{figure}" in tags
+    # the first epoch's drift is the log's own (train rows against the rollout rows of the same env step)
+    df = pd.read_parquet(tmp_path / "run.parquet")
+    train = df[(df.phase == "train") & df.drift_h.notna() & (df.module == "actor") & (df.epoch == 0)]
+    logged = {s.step: s.value for s in events.Scalars("lstm_probe/actor_drift_first_epoch")}
+    assert len(logged) == 3  # iterations 0-2: each dumped after the next rollout (the last one never is, as sb3's)
+    by_iteration = train.groupby("iteration").drift_h.mean()
+    for it, step in enumerate(sorted(logged)):
+        assert logged[step] == pytest.approx(by_iteration[it], rel=1e-3)
+    padding = df[(df.phase == "train") & (df.module == "actor")].groupby("iteration").padding.mean()
+    shares = [s.value for s in events.Scalars("lstm_probe/padding_share")]
+    assert shares == pytest.approx(list(padding[:3]), rel=1e-6)

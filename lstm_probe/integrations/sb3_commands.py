@@ -66,6 +66,7 @@ def arch(
     unpickles the zip)."""
     from lstm_probe.arch import load_model
 
+    _refuse_non_recurrent(target)
     model, rollout = load_model(
         target,
         env_id=env_id,
@@ -78,9 +79,34 @@ def arch(
     )
     policy = getattr(model, "policy", None)
     if not hasattr(policy, "lstm_actor"):
-        raise BadInput(
-            f"{target} holds a {type(model).__name__} with a {type(policy).__name__}, which has no LSTM: "
-            "lstm-probe arch reads sb3-contrib RecurrentPPO models (RecurrentActorCriticPolicy); "
-            "train one with RecurrentPPO('MlpLstmPolicy', ...) or lstm-probe run"
-        )
+        raise BadInput(f"{target} holds the policy {type(policy).__name__}, which has no LSTM; {_NO_LSTM}")
     return analyse(model, rollout=rollout)
+
+
+_NO_LSTM = (
+    "lstm-probe arch reads sb3-contrib RecurrentPPO models (MlpLstmPolicy, CnnLstmPolicy, MultiInputLstmPolicy): "
+    "train one with sb3_contrib.RecurrentPPO or `lstm-probe run`"
+)
+
+
+def _refuse_non_recurrent(target: str) -> None:
+    """A model.zip of a policy without an LSTM (SB3's PPO, say) is refused in one line that says what
+    ``arch`` reads, before either loader tries it (SB3's would fail on the missing ``lstm_actor``)."""
+    import json
+    import re
+    import zipfile
+
+    from lstm_probe.integrations.sb3_zip import MAX_DATA_BYTES
+
+    try:
+        with zipfile.ZipFile(target) as archive:
+            if archive.getinfo("data").file_size > MAX_DATA_BYTES:
+                return
+            entry = json.loads(archive.read("data")).get("policy_class")
+    except Exception:  # not a zip, no data, not JSON: the loaders say what is wrong
+        return
+    if not isinstance(entry, dict) or str(entry.get("__module__", "")).startswith("sb3_contrib."):
+        return
+    m = re.match(r"<function (\w+)\.", str(entry.get("__init__", "")))
+    name = m.group(1) if m else "policy"
+    raise BadInput(f"{target} holds the policy {name} ({entry.get('__module__')}), which has no LSTM; {_NO_LSTM}")
