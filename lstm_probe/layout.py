@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 
 from lstm_probe.errors import BadInput
+from lstm_probe.lock import lock_path, refuse_if_held
 from lstm_probe.schema import scalar_row_bytes
 
 PARTIAL_SUFFIX = ".partial"
@@ -43,9 +44,28 @@ def partial_dir(path: Path) -> Path:
     return path.with_name(path.name + PARTIAL_SUFFIX)
 
 
-def check_output(path: Path, *, force: bool, is_dir: bool, shard: str | None = None) -> None:
-    """Refuse to clobber a log without ``force`` and fail early on an unwritable location."""
+def journal_rows(journal: Path) -> int:
+    """Rows in the finished parts of a crash journal (read from their footers; pyarrow is imported only
+    here, when a journal is found)."""
+    parts = sorted(journal.glob("part-*.parquet"))
+    if not parts:
+        return 0
+    import pyarrow.parquet as pq
 
+    rows = 0
+    for part in parts:
+        try:
+            rows += pq.read_metadata(part).num_rows
+        except Exception:  # an unreadable part: its rows count as one, so the journal is kept
+            rows += 1
+    return rows
+
+
+def check_output(path: Path, *, force: bool, is_dir: bool, shard: str | None = None) -> None:
+    """Refuse to clobber a log without ``force`` and fail early on an unwritable location. A log another
+    live run is writing is refused even with ``force`` (its lock, ``lock.py``); so is, without ``force``,
+    a killed run's crash journal (``NAME.partial/``) that holds rows: they are never deleted unasked."""
+    refuse_if_held(lock_path(path, is_dir=is_dir, shard=shard), path)
     if is_dir:
         # a shard (one worker of a multi-process run) owns only its own part files
         pattern = f"part-{shard}-*.parquet" if shard else "part-*.parquet"
@@ -61,6 +81,14 @@ def check_output(path: Path, *, force: bool, is_dir: bool, shard: str | None = N
                 raise BadInput(f"{path} is a directory; end --out with '/' to write a dataset directory there")
             if not force:
                 raise BadInput(f"{path} already exists; pass --force to overwrite it or choose another --out")
+        journal = partial_dir(path)
+        if not force and journal.is_dir():
+            rows = journal_rows(journal)
+            if rows:
+                raise BadInput(
+                    f"{journal}/ holds {rows:,} rows a killed run left (read them: lstm-probe report {journal}/); "
+                    "pass --force to delete them or choose another --out"
+                )
         parent = path.parent if str(path.parent) else Path(".")
     try:  # a real write: permission bits say little to root, and nothing about read-only mounts
         parent.mkdir(parents=True, exist_ok=True)

@@ -11,21 +11,25 @@ training needs, so its whole cost lands on training; in its own process it uses 
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import re
 import threading
 import time
+import warnings
+import weakref
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from lstm_probe.errors import BadInput, OutputError
+from lstm_probe.errors import BadInput, OutputError, one_line
 from lstm_probe.layout import check_output, row_capacity
+from lstm_probe.lock import OutputLock, StaleLockWarning
 from lstm_probe.options import DEFAULT_WRITER, WRITERS
 from lstm_probe.sink import Sink
-from lstm_probe.writer_process import Child
+from lstm_probe.writer_process import Child, WriterGone
 
 
 class LogWriter:
@@ -75,7 +79,16 @@ class LogWriter:
                 f"part_iterations {part_iterations}: parts per span of iterations need a directory --out "
                 "(ending in /) and a span of at least 1"
             )
-        check_output(self.path, force=force, is_dir=is_dir, shard=shard)
+        # the lock first: the check below (and the writer's removal of an old log under --force) then runs
+        # with no other run writing here
+        self.lock = OutputLock.take(self.path, is_dir=is_dir, shard=shard)
+        if self.lock.note is not None:
+            warnings.warn(self.lock.note, StaleLockWarning, stacklevel=3)
+        try:
+            check_output(self.path, force=force, is_dir=is_dir, shard=shard)
+        except BaseException:
+            self.lock.release()
+            raise
         if is_dir and not out_str.endswith(("/", os.sep)):
             out_str += os.sep
         self.config: dict[str, Any] = {
@@ -97,6 +110,8 @@ class LogWriter:
             "capture": capture,
             "every": every,
             "reference_window": reference_window,
+            # a writer process that outlives training frees the output once it has published its rows
+            "lock": {"path": str(self.lock.path), "pid": os.getpid()},
         }
         self.progress: dict[str, Any] = {}
         self._sent_progress: dict[str, Any] = {}
@@ -111,15 +126,21 @@ class LogWriter:
         self.wait_seconds = 0.0  # training thread time spent waiting for room in the queue or the pipe
         self.sink: Sink | None = None
         self._child: Child | None = None
-        if writer == "process":
-            self._child = Child.start(self.config)
-        else:
-            self.sink = Sink(self.config)
+        self._final: dict[str, Any] | None = None  # a close() asked for on the writer thread itself
         self.mode = writer
         self._thread: threading.Thread | None = None
-        if self._child is None:
-            self._thread = threading.Thread(target=self._work, name="lstm-probe-writer", daemon=True)
-            self._thread.start()
+        try:
+            if writer == "process":
+                self._child = Child.start(self.config)
+                self.lock.set_writer(self._child.proc.pid)
+            else:
+                self.sink = Sink(self.config)
+                self._thread = threading.Thread(target=self._work, name="lstm-probe-writer", daemon=True)
+                self._thread.start()
+        except BaseException:
+            self.lock.release()
+            raise
+        _OPEN.add(self)
 
     @property
     def inline(self) -> bool:
@@ -160,10 +181,26 @@ class LogWriter:
             self._cond.notify_all()
 
     def _failed(self) -> OutputError:
-        """The error to raise on the training thread once the writer has failed."""
-        err = OutputError(f"cannot write the log {self.path}: {self.error}")
+        """The error to raise on the training thread once the writer has failed: "cannot write" for a
+        disk's or the system's error, else the writer's own failure with its cause."""
+        if _is_write_error(self.error):
+            err = OutputError(f"cannot write the log {self.path}: {self.error}")
+        else:
+            err = OutputError(
+                f"the lstm-probe writer failed ({self.reason()}); the log {self.path} keeps the rows written "
+                "before it (completed: false)"
+            )
         err.__cause__ = self.error
         return err
+
+    def reason(self) -> str:
+        """The writer's error in one line, its type named unless it is a disk's or the system's error."""
+        exc = self.error
+        if exc is None:
+            return ""
+        if isinstance(exc, WriterGone):
+            return str(exc)
+        return one_line(exc, kind=not isinstance(exc, OSError))
 
     # -- writer thread ---------------------------------------------------------------------------
     def send(self, method: str, *args: Any) -> None:
@@ -202,6 +239,13 @@ class LogWriter:
                 item = self._jobs.popleft() if self._jobs else _IDLE
             if item is None:  # close(): stop; close() finishes the log
                 self.cpu_seconds = time.thread_time()  # this thread's CPU time, start to end
+                if self._final is not None:  # close() was called on this thread: finish here
+                    try:
+                        self._finish(self._final)
+                    except BaseException:
+                        pass  # self.error holds it; the log was published as failed
+                    finally:
+                        self.lock.release()
                 return
             if item is _IDLE:  # small or idle logs too reach disk in bounded time
                 self._run(sink.flush_if_due)
@@ -235,15 +279,33 @@ class LogWriter:
 
     # -- end -------------------------------------------------------------------------------------
     def close(self, final: dict[str, Any]) -> Path:
-        """Write what is left, record ``final`` (completed, stop_reason, ...) and publish the log."""
+        """Write what is left, record ``final`` (completed, stop_reason, ...) and publish the log. After a
+        writer error: publish what was finished, marked not completed with the cause, and raise it."""
         if self.closed:
             return self.path
         self.closed = True
-        if self._thread is not None:
+        _OPEN.discard(self)
+        if self._thread is not None and threading.current_thread() is self._thread:
+            # Asked on the writer thread itself: an object's __del__ the garbage collector happened to run
+            # here (sb3's learn() guard). The thread cannot join itself: it closes the log once the job it
+            # is in returns, and the interpreter waits for that at exit.
+            self._final = final
             with self._cond:
                 self._jobs.append(None)
                 self._cond.notify_all()
-            self._thread.join()
+            _CLOSING.add(self._thread)
+            return self.path
+        try:
+            if self._thread is not None:
+                with self._cond:
+                    self._jobs.append(None)
+                    self._cond.notify_all()
+                self._thread.join()
+            return self._finish(final)
+        finally:
+            self.lock.release()
+
+    def _finish(self, final: dict[str, Any]) -> Path:
         if self.error is None and self.progress != self._sent_progress:
             self._run(lambda: self._to_sink("progress", dict(self.progress)))
         cost = {
@@ -256,24 +318,52 @@ class LogWriter:
             "wait_seconds": round(self.wait_seconds, 4),
         }
         final = {**final, "probe_cost": cost}
+        for key in ("writer_cpu_seconds", "writer_busy_seconds"):
+            cost[key] = round(cost[key], 4)
+        if self.error is None:
+            try:
+                if self._child is not None:
+                    self._child.close(final)
+                else:
+                    assert self.sink is not None
+                    self.sink.close(final)
+                return self.path
+            except BaseException as exc:
+                self.error = exc
+        self._publish_failed(final)
+        raise self._failed() from None
+
+    def _publish_failed(self, final: dict[str, Any]) -> None:
+        """Publish what was finished, marked not completed with the writer's error (best effort)."""
+        final = {**final, "completed": False, "stop_reason": f"lstm-probe writer error: {self.reason()}"}
         try:
-            if self.error is not None:
-                raise self.error
             if self._child is not None:
-                self._child.close(final)
-            else:
-                assert self.sink is not None
-                for key in ("writer_cpu_seconds", "writer_busy_seconds"):
-                    cost[key] = round(cost[key], 4)
-                self.sink.close(final)
-        except BaseException as exc:
+                self._child.fail(final)
+            elif self.sink is not None:
+                self.sink.fail(final)
+        except BaseException:
             if self._child is not None:
                 self._child.kill()
             elif self.sink is not None:
                 self.sink.log.abort()
-            self.error = exc
-            raise self._failed() from None
-        return self.path
+
+
+def _is_write_error(exc: BaseException | None) -> bool:
+    """Whether the writer's error is the disk's or the system's (disk full, path removed)."""
+    if isinstance(exc, WriterGone):
+        return exc.write_error
+    return isinstance(exc, OSError)
+
+
+_OPEN: weakref.WeakSet[LogWriter] = weakref.WeakSet()
+_CLOSING: set[threading.Thread] = set()
+
+
+@atexit.register
+def _wait_for_closing() -> None:
+    """A log whose close was left to its writer thread is finished before the interpreter ends."""
+    for thread in list(_CLOSING):
+        thread.join()
 
 
 class _Sized:

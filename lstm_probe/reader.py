@@ -29,7 +29,8 @@ if TYPE_CHECKING:  # both load in ~0.5 s; the writer process (which imports this
     import pyarrow.dataset as ds
 
 from lstm_probe.errors import BadLog
-from lstm_probe.layout import partial_dir
+from lstm_probe.layout import PARTIAL_SUFFIX, partial_dir
+from lstm_probe.lock import Holder, live_holder, lock_path
 from lstm_probe.schema import (
     META_RUN_KEY,
     META_VERSION_KEY,
@@ -70,10 +71,21 @@ class LogInfo:
     metadata: dict[str, Any]
     schema: pa.Schema
     warnings: list[str] = field(default_factory=list)
+    writing: Holder | None = None
+    """The run still writing this log (its lock names a live process), or None."""
 
     @property
     def completed(self) -> bool:
         return bool(self.metadata.get("completed"))
+
+    @property
+    def num_timesteps(self) -> int | None:
+        """The env steps the run reached: its outcome's count, else the last progress a part recorded (the
+        number the report's Run section shows)."""
+        done = self.metadata.get("progress_num_timesteps")
+        if done is None:
+            done = (self.metadata.get("progress") or {}).get("num_timesteps")
+        return done if isinstance(done, int) else None
 
 
 def _parts(directory: Path) -> list[Path]:
@@ -114,37 +126,78 @@ def _shard(file: Path) -> str:
     return m.group(1) or "" if m else ""
 
 
+def writing(path: str | os.PathLike[str]) -> Holder | None:
+    """The live run writing the log at ``path`` (its lock, ``lock.py``), or None: for a directory, its
+    own lock or any shard's."""
+    p = Path(path)
+    if p.is_dir():
+        locks = [lock_path(p, is_dir=True), *sorted(p.glob(".lstm-probe-*.lock"))]
+    elif p.name.endswith(PARTIAL_SUFFIX):
+        locks = [lock_path(p.with_name(p.name[: -len(PARTIAL_SUFFIX)]), is_dir=False)]
+    else:
+        locks = [lock_path(p, is_dir=False)]
+    for lock in locks:
+        h = live_holder(lock)
+        if h is not None:
+            return h
+    return None
+
+
+def _not_yet(p: Path, h: Holder) -> BadLog:
+    return BadLog(
+        f"{p} is being written by {h.describe()}; no part of it is finished yet (one is every --part-seconds, "
+        "60 s by default): report it again in a minute"
+    )
+
+
 def resolve_files(path: str | os.PathLike[str]) -> tuple[Path, list[Path], list[str]]:
     """The files of a log and any warnings about how they were found."""
     p = Path(path)
     warnings: list[str] = []
+    live = writing(p)
     if p.is_dir():
         files = _parts(p)
         if not files:
+            if live is not None:
+                raise _not_yet(p, live)
             raise BadLog(f"{p}/ holds no part-*.parquet files: it is not an lstm-probe log directory")
+        if live is not None:
+            warnings.append(_live_note(p, live, len(files)))
         return p, files, warnings
     if p.is_file():
         return p, [p], warnings
     partial = partial_dir(p)
-    if partial.is_dir() and _parts(partial):
+    parts = _parts(partial) if partial.is_dir() else []
+    if live is not None:
+        if not parts:
+            raise _not_yet(p, live)
+        warnings.append(_live_note(p, live, len(parts)))
+        return partial, parts, warnings
+    if parts:
         warnings.append(
-            f"{p} was never finished (the process was killed): reading the "
-            f"{len(_parts(partial))} finished part(s) in {partial}/; rows after the last part are lost"
+            f"{p} was never finished (the process was killed or its writer failed): reading the "
+            f"{len(parts)} finished part(s) in {partial}/; rows after the last part are lost"
         )
-        return partial, _parts(partial), warnings
+        return partial, parts, warnings
     raise BadLog(f"{p} does not exist; run `lstm-probe run ENV_ID --out {p}` to make a log")
+
+
+def _live_note(p: Path, h: Holder, parts: int) -> str:
+    return (
+        f"{p} is being written by {h.describe()}: this reads the {parts} part(s) flushed so far "
+        "(partial: the run is still going)"
+    )
 
 
 def read_info(path: str | os.PathLike[str]) -> LogInfo:
     """Check a log against the schema and read its metadata (no rows are read)."""
     root, files, warnings = resolve_files(path)
-    run: dict[str, Any] | None = None
+    runs: dict[str, dict[str, Any]] = {}  # each shard's run metadata (each writing process stores its own)
     finals: dict[str, dict[str, Any]] = {}  # per shard (one per writing process; "" for a one-process log)
     progress: dict[str, dict[str, Any]] = {}
     rows = 0
     size = 0
     schema: pa.Schema | None = None
-    seen_shards: set[str] = set()
     expected = log_schema(1)
     for file in files:
         pf = _open(file)
@@ -179,11 +232,9 @@ def read_info(path: str | os.PathLike[str]) -> LogInfo:
                 f"{file} has columns of the wrong type ({wrong[0]}): not an lstm-probe log of schema {SCHEMA_VERSION}"
             )
         shard = _shard(file)
-        if shard not in seen_shards:  # each writing process stores its run metadata; merge them
-            seen_shards.add(shard)
-            doc = _json(file, "run metadata", meta.get(META_RUN_KEY, b"{}"))
-            run = doc if run is None else {**doc, **run}
-        _check_size(file, pf, arrow, run)
+        if shard not in runs:
+            runs[shard] = _json(file, "run metadata", meta.get(META_RUN_KEY, b"{}"))
+        _check_size(file, pf, arrow, runs[shard])
         if schema is None:
             schema = arrow
         elif arrow.field("h").type != schema.field("h").type:
@@ -200,17 +251,16 @@ def read_info(path: str | os.PathLike[str]) -> LogInfo:
             progress[shard] = doc.get("progress", progress.get(shard, {}))
         rows += pf.metadata.num_rows
         size += file.stat().st_size
-    assert schema is not None and run is not None
-    metadata = dict(run)
-    shards = sorted({_shard(f) for f in files})
+    assert schema is not None and runs
+    metadata = merge_shards(runs)
+    shards = sorted(runs, key=lambda s: (_shard_rank(s, False), s))  # the most authoritative first
     if len(shards) > 1:
         metadata["shards"] = {
             s: {"completed": bool(finals.get(s, {}).get("completed")), "progress": progress.get(s, {})} for s in shards
         }
     open_shards = [s for s in shards if s not in finals]
     if not open_shards:
-        last = finals[shards[-1]]
-        metadata.update(last)
+        metadata.update(merge_shards(finals))
         if len(shards) > 1:  # what the probe cost, summed over the processes that wrote the log
             cost: dict[str, Any] = {}
             for s in shards:
@@ -224,17 +274,57 @@ def read_info(path: str | os.PathLike[str]) -> LogInfo:
         if failed:
             metadata.update(completed=False, stop_reason=failed[0].get("stop_reason"))
     else:
+        open_shards.sort(key=lambda s: (_shard_rank(s, True), s))
         metadata.update(
             completed=False,
             progress=progress.get(open_shards[0], {}),
             stop_reason=metadata.get("stop_reason") or "the log was never closed (process killed)",
         )
-    if not metadata.get("completed"):
+    live = writing(path) if root != Path(path) or root.is_dir() else None
+    if live is not None and open_shards:
+        metadata.update(
+            stop_reason=f"still being written by {live.describe()}: the rows flushed so far (partial)",
+            writing={"pid": live.pid, "host": live.host, "started": live.started},
+        )
+    elif not metadata.get("completed"):  # (a live run's warning came from resolve_files)
         warnings.append(
             f"the run did not complete ({metadata.get('stop_reason') or 'unknown reason'}): "
             "the log holds the rows up to the interruption"
         )
-    return LogInfo(root, files, rows, size, metadata, schema, warnings)
+    return LogInfo(root, files, rows, size, metadata, schema, warnings, live if open_shards else None)
+
+
+ROLLOUT_KEYS = frozenset({"n_envs", "progress"})
+"""Metadata keys that are rollout facts: env runners' shards are authoritative for them."""
+
+
+def _shard_rank(shard: str, rollout: bool) -> int:
+    """How authoritative a shard's metadata is (0 first): learners for everything (the gradient-flow and
+    architecture verdicts are computed there), env runners for the rollout facts (:data:`ROLLOUT_KEYS`),
+    then any other shard, and evaluation runners last (never over a training process's)."""
+    kind = re.sub(r"\d+$", "", shard)
+    if kind.startswith("eval"):
+        return 3
+    if kind == "learner":
+        return 1 if rollout else 0
+    if kind == "runner":
+        return 0 if rollout else 1
+    return 2
+
+
+def merge_shards(docs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """One metadata document from each shard's: each key from the most authoritative shard that has it
+    (:func:`_shard_rank`; ties by shard name)."""
+    if len(docs) == 1:
+        return dict(next(iter(docs.values())))
+    order = {r: sorted(docs, key=lambda s: (_shard_rank(s, r), s)) for r in (False, True)}
+    out: dict[str, Any] = {}
+    for key in dict.fromkeys(k for s in order[False] for k in docs[s]):
+        for s in order[key in ROLLOUT_KEYS]:
+            if key in docs[s]:
+                out[key] = docs[s][key]
+                break
+    return out
 
 
 def _json(file: Path, what: str, raw: bytes) -> dict[str, Any]:

@@ -276,3 +276,7 @@ class Sink:
 
     def close(self, final: dict[str, Any]) -> None:
         self.log.close(final)
+
+    def fail(self, final: dict[str, Any]) -> None:
+        """The writer failed: publish what was finished, marked not completed with the cause."""
+        self.log.fail(final)

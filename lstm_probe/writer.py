@@ -20,6 +20,7 @@ Two output shapes:
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -224,6 +225,8 @@ class PartWriter:
         self.opened = 0.0
         self.part_count = 0
         self.parts: list[Path] = []
+        self.rows = 0  # rows written into parts (open or published)
+        self.mirror_rows = 0  # rows written into the single-file log
         self.part_iterations = part_iterations
         self.span = -1
         """The span of iterations (iteration // part_iterations) of the open part's rows; -1: none yet."""
@@ -255,13 +258,19 @@ class PartWriter:
         if span >= 0:
             self.span = span
         self.writer.write_batch(batch)
+        self.rows += batch.num_rows
         if self.mirror_tmp is not None:
             if self.mirror is None:
                 self.mirror = _parquet_writer(self.mirror_tmp, self.schema)
             self.mirror.write_batch(batch)
+            self.mirror_rows += batch.num_rows
         self.part_count += batch.num_rows
-        if self.part_count >= self.part_rows or time.monotonic() - self.opened >= self.part_seconds:
+        if self.part_count >= self.part_rows or self.part_due():
             self.close_part(progress)
+
+    def part_due(self) -> bool:
+        """Whether the open part has been open ``part_seconds``: time to publish it."""
+        return self.writer is not None and time.monotonic() - self.opened >= self.part_seconds
 
     def close_part(self, final: dict[str, Any]) -> None:
         """Close the open part (if any) with ``final`` in its key-value metadata, then publish it."""
@@ -294,6 +303,16 @@ class PartWriter:
                 except Exception:
                     pass
         self.writer = self.mirror = None
+
+    def drop_mirror(self) -> None:
+        """Give up the single-file log (the journal keeps the rows): close and remove its temp file."""
+        if self.mirror is not None:
+            with contextlib.suppress(Exception):
+                self.mirror.close()
+            self.mirror = None
+        if self.mirror_tmp is not None:
+            with contextlib.suppress(OSError):
+                self.mirror_tmp.unlink()
 
 
 class FileLog:
@@ -361,10 +380,13 @@ class FileLog:
         return time.monotonic() - self.last_flush >= self.flush_seconds
 
     def flush(self) -> None:
-        """Encode the buffered rows and write them as one row group."""
+        """Encode the buffered rows and write them as one row group; publish the open part once it has
+        been open ``part_seconds`` (an idle run's rows too reach a finished part in bounded time)."""
         self.last_flush = time.monotonic()
         rows = self.current
         if rows.n == 0:
+            if self.parts.part_due():
+                self.parts.close_part({"progress": dict(self.progress)})
             return
         try:
             self.parts.write(self.encoder.encode(rows), {"progress": dict(self.progress)})
@@ -384,6 +406,34 @@ class FileLog:
         if not self.is_dir:
             self.parts.finish_mirror(final)
             shutil.rmtree(self.parts_dir)
+
+    def fail(self, final: dict[str, Any]) -> None:
+        """The writer failed (a write or a job raised): publish what was finished, with ``final`` (completed
+        false, the cause) in the last part. A single-file log is finished too when it holds every row the
+        parts hold; else its journal stays, its last part saying how the run ended."""
+        with contextlib.suppress(Exception):
+            self.flush()
+        final = {**final, "final": True, "completed": False}
+        final["progress"] = {**self.progress, **final.get("progress", {}), "rows": self.parts.rows}
+        try:
+            if self.parts.writer is None:
+                self.parts._open()
+            self.parts.close_part(final)
+        except Exception:
+            self.parts.abort()
+            self.parts.drop_mirror()
+            return
+        if self.is_dir:
+            return
+        if self.parts.mirror_rows != self.parts.rows:
+            self.parts.drop_mirror()
+            return
+        try:
+            self.parts.finish_mirror(final)
+        except Exception:
+            self.parts.drop_mirror()
+            return
+        shutil.rmtree(self.parts_dir, ignore_errors=True)
 
     def abandon(self) -> None:
         """The run ended without a close (its process died): publish the rows taken so far as a part of

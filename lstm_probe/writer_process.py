@@ -16,17 +16,21 @@ import contextlib
 import itertools
 import os
 import pickle
+import re
 import select
 import signal
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 from lstm_probe.errors import BadInput, OutputError, one_line
+from lstm_probe.lock import release_file
 from lstm_probe.sink import Sink
 
 _HEADER = struct.Struct("<Q")
@@ -49,15 +53,30 @@ _IOV_MAX = 512  # buffers per writev (POSIX guarantees 16, Linux takes 1024)
 
 class WriterGone(RuntimeError):
     """The writer process ended before the log was closed; the message says why (its own error when it
-    reported one)."""
+    reported one). ``write_error``: the error was the disk's or the system's (an OSError)."""
+
+    def __init__(self, message: str, write_error: bool = False):
+        super().__init__(message)
+        self.write_error = write_error
+
+
+FIX = (
+    "the writer process (python -m lstm_probe.writer_process) must import lstm_probe and pyarrow like the "
+    "training process: install lstm-probe into this environment, or pass writer='thread' (--writer thread)"
+)
+"""The fix named when the writer process cannot start."""
+
+STDERR_LINES = 20
+"""Lines of the writer process's stderr kept (in a temp file) to explain a failed start."""
 
 
 class Child:
     """The training side of a writer process: messages are length-prefixed pickles on its stdin, its
     replies (ready, closed, error) come back on its stdout."""
 
-    def __init__(self, proc: subprocess.Popen[bytes]):
+    def __init__(self, proc: subprocess.Popen[bytes], stderr: Any = None):
         self.proc = proc
+        self.stderr = stderr  # a temp file: what the process printed (a traceback when it failed to start)
         assert proc.stdin is not None and proc.stdout is not None
         self.stdout = proc.stdout
         self.fd = proc.stdin.fileno()
@@ -84,20 +103,29 @@ class Child:
             "MALLOC_ARENA_MAX": "1",
             "MALLOC_MMAP_THRESHOLD_": "65536",
         }
+        # The same lstm_probe as this process's, also when it was found through a sys.path edit
+        # (a checkout next to a script) rather than installed.
+        package_parent = str(Path(__file__).resolve().parent.parent)
+        if package_parent not in _site_dirs():
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), package_parent) if p)
+        # It reports its errors as answers, which the training process words; its stderr (a traceback if it
+        # cannot even start) goes to a temp file whose last lines explain an unexpected end.
+        stderr = tempfile.TemporaryFile()
         try:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "lstm_probe.writer_process"],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,  # it reports its errors as answers; the training process words them
+                stderr=stderr,
                 env=env,
             )
         except OSError as exc:
+            stderr.close()
             raise OutputError(
                 f"cannot start the writer process ({exc}); pass writer='thread' (--writer thread) to write "
                 "from a thread of the training process"
             ) from None
-        child = cls(proc)
+        child = cls(proc, stderr)
         # No wait for an answer: the process opens the log while training starts (its imports take a
         # second). An error there (rare: the location was checked above) surfaces at the next hand-over.
         try:
@@ -139,7 +167,7 @@ class Child:
                 except BlockingIOError:
                     n = 0
                 except OSError:  # a broken pipe: the process ended; say why if it told
-                    raise WriterGone(self.reply()[1]) from None
+                    raise self.gone() from None
                 self.backlog_bytes -= n
                 while n:
                     head = self.backlog[0]
@@ -168,24 +196,71 @@ class Child:
         return waited
 
     def reply(self) -> tuple[Any, ...]:
+        """The process's answer: ("closed",) or ("error", message, write_error)."""
         head = self.stdout.read(_HEADER.size)
         if len(head) < _HEADER.size:
             code = self.proc.wait()
-            return ("error", f"the writer process ended unexpectedly (exit code {code})")
+            message = f"the writer process ended unexpectedly (exit code {code})"
+            last = self.last_error()
+            if last:
+                message += f": {last}; {FIX}"
+            return ("error", message, False)
         reply: tuple[Any, ...] = pickle.loads(self.stdout.read(_HEADER.unpack(head)[0]))
         return reply
 
-    def close(self, final: dict[str, Any]) -> None:
-        self.send(("close", (final,)), 0)
+    def last_error(self) -> str:
+        """The last line the process wrote to its stderr that names an error ("" if none)."""
+        if self.stderr is None:
+            return ""
+        try:
+            self.stderr.seek(0, os.SEEK_END)
+            size = self.stderr.tell()
+            self.stderr.seek(max(0, size - 8192))
+            lines = self.stderr.read().decode(errors="replace").splitlines()[-STDERR_LINES:]
+        except (OSError, ValueError):
+            return ""
+        lines = [line.strip() for line in lines if line.strip()]
+        errors = [line for line in lines if re.match(r"[\w.]*(Error|Exception)\b", line)]
+        return (errors or lines or [""])[-1]
+
+    def gone(self) -> WriterGone:
+        """The error for a process that ended: its own reply when it sent one."""
+        reply = self.reply()
+        return WriterGone(str(reply[1]), bool(reply[2]) if len(reply) > 2 else False)
+
+    def close(self, final: dict[str, Any], method: str = "close") -> None:
+        """Close the log (``method`` "fail": publish what was finished, marked failed) and wait for the
+        process to end."""
+        self.send((method, (final,)), 0)
         reply = self.reply()
         self.proc.wait()
         if reply[0] != "closed":
-            raise RuntimeError(reply[1])
+            raise WriterGone(str(reply[1]), bool(reply[2]) if len(reply) > 2 else False)
 
     def kill(self) -> None:
         with contextlib.suppress(OSError):
             self.proc.kill()
         self.proc.wait()
+
+    def fail(self, final: dict[str, Any]) -> None:
+        """The training side failed (a job raised): have the process publish what it has, marked failed.
+        A process that already ended (it failed itself) published on its own."""
+        if self.proc.poll() is not None:
+            return
+        try:
+            self.close(final, "fail")
+        except WriterGone:
+            self.kill()
+
+
+def _site_dirs() -> set[str]:
+    """Directories every Python of this environment finds packages in."""
+    import site
+
+    dirs = set(site.getsitepackages())
+    with contextlib.suppress(AttributeError):
+        dirs.add(site.getusersitepackages())
+    return {str(Path(d).resolve()) for d in dirs}
 
 
 class _NoPandas:
@@ -201,33 +276,64 @@ class _NoPandas:
         return None
 
 
-def _read(fd: int, n: int) -> bytearray | None:
-    """Exactly ``n`` bytes (writable: arrays unpickled onto them stay writable), None at the pipe's end."""
-    buf = bytearray(n)
-    view, got = memoryview(buf), 0
-    while got < n:
-        k = os.readv(fd, [view[got:]])
-        if not k:
+class _Frames:
+    """Reads messages (see :meth:`Child.send`) from a non-blocking pipe as its bytes arrive, never waiting
+    for a frame's end: the training process may hold a frame's tail in its backlog until its next send,
+    and meanwhile the writer's flush timer must keep running."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        os.set_blocking(fd, False)
+        self.ended = False
+        self._start()
+
+    def _start(self) -> None:
+        self.stage = 0  # 0: the count; 1: the sizes; 2: the pickle and its buffers
+        self.want = [_HEADER.size]
+        self.parts: list[bytearray] = [bytearray(_HEADER.size)]
+        self.got = 0
+
+    def read(self) -> tuple[Any, ...] | None:
+        """What the pipe holds now, read into the frame being assembled; a whole message once it is
+        complete, else None (``ended`` set at the pipe's end)."""
+        while True:
+            k = len(self.parts) - 1
+            buf = self.parts[k]
+            if self.got < len(buf):
+                try:
+                    n = os.readv(self.fd, [memoryview(buf)[self.got :]])
+                except BlockingIOError:
+                    return None
+                if not n:
+                    self.ended = True
+                    return None
+                self.got += n
+                if self.got < len(buf):
+                    return None
+            message = self._advance()
+            if message is not None:
+                return message
+
+    def _advance(self) -> tuple[Any, ...] | None:
+        """The current piece is complete: start the next one, or return the finished message."""
+        if self.stage == 0:
+            count = _HEADER.unpack(self.parts[0])[0]
+            self.stage, self.parts, self.got = 1, [bytearray(8 * count)], 0
             return None
-        got += k
-    return buf
-
-
-def _read_frame(fd: int) -> tuple[Any, ...] | None:
-    """One message: a count, the sizes, the pickle, its out-of-band buffers (see :meth:`Child.send`);
-    None at the pipe's end."""
-    head = _read(fd, _HEADER.size)
-    if head is None:
+        if self.stage == 1:
+            raw = self.parts[0]
+            self.sizes = list(struct.unpack(f"<{len(raw) // 8}Q", raw))
+            self.stage, self.parts, self.got = 2, [bytearray(self.sizes[0])], 0
+        elif len(self.parts) < len(self.sizes):
+            # writable buffers: arrays unpickled onto them stay writable
+            self.parts.append(bytearray(self.sizes[len(self.parts)]))
+            self.got = 0
+        if len(self.parts) == len(self.sizes) and self.got == len(self.parts[-1]):
+            parts = self.parts
+            self._start()
+            message: tuple[Any, ...] = pickle.loads(parts[0], buffers=parts[1:])  # type: ignore[arg-type]
+            return message
         return None
-    count = _HEADER.unpack(head)[0]
-    sizes_raw = _read(fd, 8 * count)
-    if sizes_raw is None:
-        return None
-    parts = [_read(fd, size) for size in struct.unpack(f"<{count}Q", sizes_raw)]
-    if any(p is None for p in parts):
-        return None
-    message: tuple[Any, ...] = pickle.loads(parts[0], buffers=parts[1:])  # type: ignore[arg-type]
-    return message
 
 
 def serve() -> int:
@@ -246,7 +352,9 @@ def serve() -> int:
     # got ~1.5% of a core, fell behind, and training waited for it: 222 s against 41 s at normal priority
     # (2048 steps at full capture beside two busy processes on two cores; 133 s of it waiting).
     inp = sys.stdin.buffer.fileno()
+    frames = _Frames(inp)
     sink: Sink | None = None
+    lock: dict[str, Any] = {}
     busy = 0.0
     cpu0 = time.process_time()
     memory = _Memory()
@@ -255,32 +363,47 @@ def serve() -> int:
         data = pickle.dumps(reply)
         os.write(reply_fd, _HEADER.pack(len(data)) + data)
 
+    def failed(exc: BaseException) -> int:
+        """Publish what was finished, marked failed with the cause; tell the training process; end."""
+        if sink is not None:
+            with contextlib.suppress(Exception):
+                sink.fail({"stop_reason": f"lstm-probe writer error: {_one_line(exc)}"})
+        message = _one_line(exc)
+        if isinstance(exc, ImportError):
+            message += f"; {FIX}"
+        answer("error", message, isinstance(exc, OSError))
+        os._exit(1)  # no destructors: a half-written Parquet file would complain on stderr
+
     while True:
+        timeout = None
         if sink is not None:
             timeout = max(0.0, sink.log.flush_seconds - (time.monotonic() - sink.log.last_flush))
-            ready, _, _ = select.select([inp], [], [], timeout)
-            if not ready:
+        ready, _, _ = select.select([inp], [], [], timeout)
+        message = frames.read() if ready else None
+        if message is None:
+            if frames.ended:  # the training process is gone: keep what it handed over
+                if sink is not None:
+                    with contextlib.suppress(Exception):
+                        sink.log.abandon()
+                if lock:
+                    release_file(Path(lock["path"]), int(lock["pid"]))
+                return 0
+            if sink is not None:
                 try:
                     sink.flush_if_due()
                 except Exception as exc:
-                    answer("error", _one_line(exc))
-                    os._exit(1)  # no destructors: a half-written Parquet file would complain on stderr
-                continue
-        message = _read_frame(inp)
-        if message is None:  # the training process is gone: keep what it handed over
-            if sink is not None:
-                with contextlib.suppress(Exception):
-                    sink.log.abandon()
-            return 0
+                    return failed(exc)
+            continue
         method, args = message
         start = time.perf_counter()
         try:
             if method == "open":
+                lock = dict(args[0].get("lock") or {})
                 sink = Sink(*args)
                 cpu0 = time.process_time()
                 continue
             assert sink is not None
-            if method == "close":
+            if method in ("close", "fail"):
                 final = args[0]
                 cost = final["probe_cost"]
                 busy += time.perf_counter() - start
@@ -288,17 +411,13 @@ def serve() -> int:
                 cost["writer_cpu_seconds"] = round(cost["writer_cpu_seconds"] + time.process_time() - cpu0, 4)
                 memory.sample()
                 cost.update(memory.cost())
-                sink.close(final)
+                getattr(sink, method)(final)
                 answer("closed")
                 return 0
             getattr(sink, method)(*args)
             memory.sample_now_and_then()
         except Exception as exc:
-            if sink is not None:
-                with contextlib.suppress(Exception):
-                    sink.log.abort()
-            answer("error", _one_line(exc))
-            os._exit(1)  # no destructors: a half-written Parquet file would complain on stderr
+            return failed(exc)
         busy += time.perf_counter() - start
 
 

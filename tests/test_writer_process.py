@@ -22,6 +22,15 @@ def _child(probe):
     return probe.writer._child.proc
 
 
+def wait_for(condition, what, timeout=60.0):
+    """Poll ``condition`` until it holds; fail with ``what`` after ``timeout`` seconds (a deadline for a
+    loaded machine, never a delay the test relies on)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+
+
 @pytest.mark.parametrize("writer", ["process", "thread"])
 def test_both_writers_write_the_same_log(tmp_path, writer):
     torch.manual_seed(0)
@@ -125,16 +134,17 @@ def test_a_stalled_writer_process_makes_training_wait_and_loses_nothing(tmp_path
 
             worker = threading.Thread(target=train)
             worker.start()
-            assert not done.wait(3.0), "training never waited for the stopped writer process"
+            # past the budget the next hand-over waits: the backlog over it means training is stuck there
+            wait_for(lambda: probe.writer._child.backlog_bytes > 256 * 1024, "the backlog never filled")
+            assert not done.is_set(), "training never waited for the stopped writer process"
             assert 0 < probe.calls < 400
-            assert probe.writer._child.backlog_bytes > 256 * 1024
         finally:
             os.kill(proc.pid, signal.SIGCONT)
         worker.join()
-        assert probe.writer.wait_seconds > 2
+        assert probe.writer.wait_seconds > 0
     df = lstm_probe.load(tmp_path / "q.parquet", vectors=False)
     assert len(df) == 400 * 50 * 4 and df.call.is_monotonic_increasing and df.call.nunique() == 400
-    assert lstm_probe.read_info(tmp_path / "q.parquet").metadata["probe_cost"]["wait_seconds"] > 2
+    assert lstm_probe.read_info(tmp_path / "q.parquet").metadata["probe_cost"]["wait_seconds"] > 0
 
 
 def test_states_waiting_for_a_stalled_writer_keep_their_values_when_weights_change(tmp_path):
@@ -153,7 +163,7 @@ def test_states_waiting_for_a_stalled_writer_keep_their_values_when_weights_chan
             want.append(c[0].numpy().copy())
     with torch.no_grad(), lstm_probe.trace(m, tmp_path / "w.parquet") as probe:
         proc = _child(probe)
-        time.sleep(1.0)  # the process is up and reading
+        wait_for(lambda: (tmp_path / "w.parquet.partial").is_dir(), "the writer process never opened the log")
         os.kill(proc.pid, signal.SIGSTOP)
         try:
             m(big)
@@ -204,10 +214,8 @@ def test_rows_handed_over_survive_a_sigkill_of_training(tmp_path):
     out = tmp_path / "killed.parquet"
     r = subprocess.run([sys.executable, "-c", KILLED, str(out)], capture_output=True, text=True, timeout=120)
     assert r.returncode == -9, r.stderr
-    deadline = time.monotonic() + 30
-    partial = tmp_path / "killed.parquet.partial"
-    while not list(partial.glob("part-*.parquet")) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    # the writer process frees the output's lock once it has published what it was handed
+    wait_for(lambda: not (tmp_path / "killed.parquet.lock").exists(), "the writer process never finished")
     info = lstm_probe.read_info(out)
     assert not info.completed and info.rows == 30 * 7 * 2
 
@@ -260,3 +268,130 @@ def test_a_ctrl_c_inside_a_hand_over_is_trainings_interrupt_not_a_writer_failure
         m(torch.randn(1, 2, 3))
     info = lstm_probe.read_info(out)
     assert info.completed and info.rows == 4
+
+
+# -- the writer's own failures and timers (issue 24: items 3, 5, 8) ----------------------------------
+
+
+def _rows_of(path):
+    return sum(lstm_probe.read_info(f).rows for f in sorted(path.glob("part-*.parquet")))
+
+
+@pytest.mark.parametrize("writer,where", [("process", "writer"), ("process", "job"), ("thread", "job")])
+def test_an_exception_in_the_writer_publishes_what_was_finished_and_names_it(tmp_path, writer, where):
+    """A bug in the writer process (a message it cannot handle) or in a job on the training side: the rows
+    handed over before it are published, the log says it did not complete and why, and the error names
+    the real cause (not "cannot write the log")."""
+    m = nn.LSTM(3, 8)
+    out = tmp_path / "e.parquet"
+    probe = lstm_probe.trace(m, out, writer=writer).start()
+    with torch.no_grad():
+        for _ in range(3):
+            m(torch.randn(5, 2, 3))  # 3 calls x 5 steps x 2 columns: 30 rows handed over
+    expected = 3 * 5 * 2
+
+    def bug():
+        raise ValueError("a bug in a job")
+
+    with pytest.raises(lstm_probe.OutputError) as caught:
+        if where == "writer":
+            probe.writer.send("no_such_method")  # raises in the writer process: seen at the next hand-over
+            wait_for(lambda: _child(probe).poll() is not None, "the writer process did not fail")
+            with torch.no_grad():
+                m(torch.randn(5, 2, 3))
+        else:
+            probe.writer.submit(bug, 0)
+            if writer == "thread":
+                with torch.no_grad():
+                    wait_for(lambda: probe.writer.error is not None, "the job never ran")
+                    m(torch.randn(5, 2, 3))
+    cause = "AttributeError" if where == "writer" else "ValueError: a bug in a job"
+    assert cause in str(caught.value) and "cannot write" not in str(caught.value)
+    with pytest.raises(lstm_probe.OutputError, match=cause):
+        probe.close()
+    info = lstm_probe.read_info(out)
+    assert info.rows == expected and not info.completed
+    assert cause in info.metadata["stop_reason"]
+    assert not list(tmp_path.glob(".*.tmp")) and not list(tmp_path.glob("*/.*.tmp"))
+    assert not (tmp_path / "e.parquet.lock").exists()
+
+
+@pytest.mark.parametrize("package", ["numpy", "pyarrow"])
+def test_a_writer_process_that_cannot_start_says_why(tmp_path, monkeypatch, package):
+    """The writer process's stderr is kept: when it dies at start (its imports fail: a
+    traceback on its stderr), or reports that it cannot open the log (pyarrow), the last error line and
+    the fix come with the error."""
+    broken = tmp_path / "broken" / package
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text(f"raise ImportError('{package} is broken here')\n")
+    monkeypatch.setenv("PYTHONPATH", str(broken.parent))
+    m = nn.LSTM(3, 8)
+    probe = lstm_probe.trace(m, tmp_path / "s.parquet").start()
+    wait_for(lambda: _child(probe).poll() is not None, "the writer process started after all")
+    with pytest.raises(lstm_probe.OutputError) as caught, torch.no_grad():
+        m(torch.randn(5, 2, 3))
+    text = str(caught.value)
+    assert f"ImportError: {package} is broken here" in text and "--writer thread" in text, text
+    with pytest.raises(lstm_probe.OutputError):
+        probe.close()
+
+
+def test_the_writer_process_keeps_flushing_while_training_holds_a_frames_tail(tmp_path):
+    """Training hands over a call larger than the pipe and goes idle with the frame's tail in its backlog.
+    The writer process must not block reading that frame: its flush timer publishes the earlier rows
+    within --part-seconds (what "SIGKILL loses at most --part-seconds" rests on)."""
+    from lstm_probe import Tracer
+    from lstm_probe.tracer import find_recurrent
+
+    m = nn.LSTM(3, 64)
+    out = tmp_path / "tail.parquet"
+    probe = Tracer(find_recurrent(m), out, part_seconds=0.5).start()
+    try:
+        with torch.no_grad():
+            for _ in range(4):
+                m(torch.randn(5, 2, 3))  # 40 rows
+            m(torch.randn(100, 64, 3))  # ~5 MB of states: more than the pipe takes at once
+        assert probe.writer._child.backlog_bytes > 0, "the big call went into the pipe whole; make it larger"
+        partial = tmp_path / "tail.parquet.partial"
+        wait_for(lambda: _rows_of(partial) >= 40, "the writer process stopped flushing while training was idle")
+    finally:
+        probe.close()
+    assert lstm_probe.read_info(out).rows == 40 + 100 * 64
+
+
+@pytest.mark.parametrize("writer", ["process", "thread"])
+def test_an_idle_run_publishes_its_rows_within_part_seconds(tmp_path, writer):
+    from lstm_probe import Tracer
+    from lstm_probe.tracer import find_recurrent
+
+    m = nn.LSTM(3, 8)
+    probe = Tracer(find_recurrent(m), tmp_path / "idle.parquet", part_seconds=0.5, writer=writer).start()
+    try:
+        with torch.no_grad():
+            m(torch.randn(5, 2, 3))  # then nothing: training is idle (an evaluation, a checkpoint)
+        partial = tmp_path / "idle.parquet.partial"
+        wait_for(lambda: _rows_of(partial) == 10, "an idle run's rows never reached a finished part")
+    finally:
+        probe.close()
+
+
+def test_a_close_on_the_writer_thread_closes_the_log_instead_of_joining_itself(tmp_path):
+    """An object whose __del__ closes the probe (sb3's learn() guard) can be collected on the writer
+    thread; the thread cannot join itself: it closes the log once its job returns."""
+    m = nn.LSTM(3, 8)
+    out = tmp_path / "g.parquet"
+    probe = lstm_probe.trace(m, out, writer="thread").start()
+    with torch.no_grad():
+        m(torch.randn(5, 2, 3))
+
+    class Guard:
+        def __del__(self):
+            probe.close(completed=False, stop_reason="closed by a guard")
+
+    held = [Guard()]
+    probe.writer.submit(held.clear, 0)  # the guard dies on the writer thread
+    del held
+    wait_for(lambda: out.exists(), "the log was never closed")
+    info = lstm_probe.read_info(out)
+    assert info.rows == 10 and info.metadata["stop_reason"] == "closed by a guard"
+    assert not (tmp_path / "g.parquet.lock").exists()

@@ -378,6 +378,10 @@ def _out(out: Any, options: CaptureOptions | None) -> Any:
     return _directory(out) or out or (None if options is not None else "run/")
 
 
+_DRIVER_LOCKS: list[Any] = []
+"""The locks probe_config() took on its output directories (``lock.py``); close() releases them."""
+
+
 def probe_config(
     config: Any,
     out: str | None = None,
@@ -401,6 +405,7 @@ def probe_config(
     from pathlib import Path
 
     from lstm_probe.layout import check_output
+    from lstm_probe.lock import OutputLock
 
     given = capture_options(
         options,
@@ -414,6 +419,7 @@ def probe_config(
     )
     out = _directory(given.out) or os.fspath(given.out)
     check_output(Path(out), force=given.force, is_dir=True)
+    _DRIVER_LOCKS.append(OutputLock.take(Path(out), is_dir=True, reentrant=True))  # released by close()
     opts = Options(
         **{**given.settings(), "out": str(Path(out).resolve()) + "/"},
         metadata={**config_metadata(config), **(metadata or {})},
@@ -487,4 +493,7 @@ def close(algo: Any, completed: bool = True, stop_reason: str | None = None, num
         closed += _count(algo.learner_group.foreach_learner(done))
     except Exception:
         pass
-    return closed + _close_here(completed, stop_reason, extra)
+    closed += _close_here(completed, stop_reason, extra)
+    while _DRIVER_LOCKS:  # the run's lock on its directory (probe_config)
+        _DRIVER_LOCKS.pop().release()
+    return closed
