@@ -14,6 +14,7 @@ from lstm_probe.report.sections.architecture import Architecture
 from lstm_probe.report.sections.calls import Calls
 from lstm_probe.report.sections.cross_process import CrossProcess
 from lstm_probe.report.sections.health import Health
+from lstm_probe.report.sections.memory import Memory
 from lstm_probe.report.sections.run import Run
 from lstm_probe.report.sections.sequences import Sequences
 from lstm_probe.report.sections.staleness import Staleness
@@ -26,4 +27,5 @@ SECTIONS: list[Section[Any]] = [
     Staleness(),
     CrossProcess(),
     Health(),
+    Memory(),
 ]

@@ -1,0 +1,192 @@
+"""The "Memory" section: does the policy use its recurrent state, and how far back (the memory horizon measured
+during the run, ``--memory``), beside the training's BPTT horizon and the episode lengths.
+
+The records come from the log's ``memory`` metadata (written by ``integrations/sb3_memory.py``): effect(k) per
+(iteration, module, k), the effect on the policy's outputs at a step t of replacing the state after step t-k by
+zero (the policy then sees its last k inputs only). The horizon of a curve is the smallest k whose effect is below
+5% of effect(1); "unused" when effect(1) itself is negligible; "beyond" when it never drops within the measured k.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from lstm_probe.contract import Capabilities
+from lstm_probe.report.numeric import summary_stats
+from lstm_probe.report.scan import Chunk
+from lstm_probe.report.section import Accumulator, Block, Log, Panel, Parts, Section, Table, fmt
+
+FRACTION = 0.05
+"""The horizon is the smallest k whose effect is below this fraction of effect(1)."""
+NEGLIGIBLE = {"kl": 1e-8, "value_rel": 1e-5}
+"""effect(1) below this (KL in nats; value difference in units of the rollout's value spread): memory unused."""
+METRIC = {"actor": "kl", "critic": "value_rel"}
+"""The output each module's horizon is read from (the actor: the action distribution; the critic: the value)."""
+
+
+def horizon(
+    ks: list[int], effects: list[float | None], negligible: float, fraction: float = FRACTION
+) -> dict[str, Any]:
+    """The horizon of one effect curve (k ascending, k = 1 first): ``horizon`` (k; 0 when unused; None when beyond
+    or unmeasured), ``unused`` (effect(1) below ``negligible``), ``beyond`` (never below ``fraction`` of effect(1)
+    within the measured k, the largest in ``max_k``)."""
+    pairs = [(k, e) for k, e in zip(ks, effects, strict=True) if e is not None]
+    max_k = pairs[-1][0] if pairs else None
+    out: dict[str, Any] = {"horizon": None, "unused": False, "beyond": False, "max_k": max_k}
+    if not pairs or pairs[0][0] != 1:
+        return out
+    e1 = pairs[0][1]
+    if e1 < negligible:
+        return out | {"horizon": 0, "unused": True}
+    for k, e in pairs[1:]:
+        if e < fraction * e1:
+            return out | {"horizon": k}
+    return out | {"beyond": True}
+
+
+@dataclass
+class MemorySection:
+    """The memory horizon by iteration and module, the latest curves, and the horizons beside them."""
+
+    measured: bool
+    modules: list[str] = field(default_factory=list)
+    critic: str | None = None
+    lags: list[int] = field(default_factory=list)
+    horizons: list[dict[str, Any]] = field(default_factory=list)
+    """Per measured (iteration, module): horizon, unused, beyond, max_k, metric, effect_1."""
+    latest: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Module -> the last measured iteration's curve: iteration, metric, k, effect, pairs, and its horizon."""
+    bptt: dict[str, float] = field(default_factory=dict)
+    """Training sequence lengths (longest and median: how far back gradients flow)."""
+    episode_length: dict[str, Any] = field(default_factory=dict)
+    rollout_length: int | None = None
+    sampling: dict[str, Any] = field(default_factory=dict)
+    seconds: float | None = None
+
+
+@dataclass
+class SequenceLengths(Accumulator[Chunk]):
+    lengths: Parts[np.ndarray] = field(default_factory=Parts)
+
+    def add(self, part: Chunk) -> None:
+        if len(part.train):
+            self.lengths.append(part.train.iloc[part.starts]["seq_len"].to_numpy(dtype=np.float64))
+
+
+def _curves(records: dict[str, list[Any]]) -> dict[tuple[int, str], list[tuple[int, dict[str, Any]]]]:
+    out: dict[tuple[int, str], list[tuple[int, dict[str, Any]]]] = {}
+    n = len(records.get("k", []))
+    for i in range(n):
+        row = {c: v[i] for c, v in records.items()}
+        out.setdefault((int(row["iteration"]), str(row["module"])), []).append((int(row["k"]), row))
+    for v in out.values():
+        v.sort(key=lambda kr: kr[0])
+    return out
+
+
+class Memory(Section[MemorySection]):
+    key = "memory"
+    findings_rank: ClassVar[int] = 12
+
+    def accumulator(self) -> SequenceLengths:
+        return SequenceLengths()
+
+    def compute(self, log: Log, acc: SequenceLengths) -> MemorySection:
+        meta = log.meta.get("memory")
+        if not isinstance(meta, dict) or not isinstance(meta.get("records"), dict):
+            return MemorySection(measured=False)
+        lens = np.concatenate(acc.lengths) if acc is not None and acc.lengths else np.zeros(0)
+        data = MemorySection(
+            measured=True,
+            modules=[str(m) for m in meta.get("modules") or []],
+            critic=meta.get("critic"),
+            lags=[int(k) for k in meta.get("lags") or []],
+            bptt=summary_stats(lens) if len(lens) else {},
+            episode_length=dict(meta.get("episode_lengths") or {}),
+            rollout_length=meta.get("rollout_length"),
+            sampling=dict(meta.get("sampling") or {}),
+            seconds=meta.get("seconds"),
+        )
+        for (iteration, module), curve in sorted(_curves(meta["records"]).items()):
+            metric = METRIC.get(module, "kl")
+            ks = [k for k, _ in curve]
+            effects = [row.get(metric) for _, row in curve]
+            h = horizon(ks, effects, NEGLIGIBLE[metric])
+            data.horizons.append(
+                {"iteration": iteration, "module": module, "metric": metric, "effect_1": effects[0], **h}
+            )
+            data.latest[module] = {
+                "iteration": iteration,
+                "metric": metric,
+                "k": ks,
+                "effect": effects,
+                "pairs": [row.get("pairs") for _, row in curve],
+                **h,
+            }
+        return data
+
+    def findings(self, data: MemorySection) -> list[str]:
+        if not data.measured:
+            return []
+        out = []
+        for module, c in data.latest.items():
+            what = "actions" if c["metric"] == "kl" else "values"
+            if c["unused"]:
+                out.append(
+                    f"{module}: the policy's {what} do not depend on its recurrent state (iteration {c['iteration']}): "
+                    "a feed-forward policy (or frame stacking) would do"
+                )
+                continue
+            if c["beyond"]:
+                reach = f"further back than the {c['max_k']} steps measured"
+            elif c["horizon"] is None:
+                continue
+            else:
+                reach = f"on the last ~{c['horizon']} steps"
+            msg = f"{module}: {what} depend {reach} (iteration {c['iteration']})"
+            if data.bptt:
+                msg += f"; gradients flow back at most {data.bptt['max']:.0f} (median {data.bptt['median']:.0f})"
+            if data.episode_length.get("median") is not None:
+                msg += f"; episodes last {data.episode_length['median']:.0f}"
+            out.append(msg)
+        return out
+
+    def text(self, data: MemorySection, caps: Capabilities) -> list[Block]:
+        if not data.measured:
+            return []
+        rows = []
+        for module, c in data.latest.items():
+            curve = ", ".join(f"{k}: {fmt(e)}" for k, e in zip(c["k"], c["effect"], strict=True))
+            rows.append((fmt(module), fmt(c["metric"]), _horizon_words(c), curve))
+        by_iteration: dict[str, list[str]] = {}
+        for h in data.horizons:
+            by_iteration.setdefault(h["module"], []).append(f"{h['iteration']}: {_horizon_words(h)}")
+        sampled = data.sampling
+        lines = (
+            f"state zeroed k steps back at {len(sampled.get('steps_per_env') or [])} steps per env, every "
+            f"{sampled.get('every')} iteration(s) ({sampled.get('iterations_measured')} measured, "
+            f"{fmt(data.seconds)} s)\n"
+            f"training sequences (BPTT): median {fmt(data.bptt.get('median'))}, max {fmt(data.bptt.get('max'))}; "
+            f"episodes: median {fmt(data.episode_length.get('median'))}, max {fmt(data.episode_length.get('max'))}; "
+            f"rollout {fmt(data.rollout_length)} steps\n"
+            + "\n".join(f"horizon by iteration, {fmt(m)}: {'; '.join(v[-8:])}" for m, v in by_iteration.items())
+        )
+        return [
+            Panel("Memory", (lines,)),
+            Table(
+                "Memory: effect(k) at the last measured iteration",
+                ("module", "metric", "horizon", "k: effect"),
+                tuple(rows),
+            ),
+        ]
+
+
+def _horizon_words(h: dict[str, Any]) -> str:
+    if h.get("unused"):
+        return "unused"
+    if h.get("beyond"):
+        return f"> {h.get('max_k')}"
+    return fmt(h.get("horizon"))
