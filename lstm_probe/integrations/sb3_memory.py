@@ -172,8 +172,8 @@ class Memory:
             theirs = dict(self.policy.named_parameters()) | dict(self.policy.named_buffers())
             self._pairs = [(mine[n], theirs[n]) for n in mine]
         with torch.no_grad():
-            for mine, theirs in self._pairs:
-                mine.copy_(theirs)
+            for a, b in self._pairs:
+                a.copy_(b)
         self.shadow.set_training_mode(False)
         return self.shadow
 
