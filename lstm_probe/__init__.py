@@ -24,6 +24,7 @@ __all__ = [
     "__version__",
     "load",
     "pair",
+    "probe",
     "read_info",
     "run",
     "states",
@@ -59,6 +60,10 @@ def __getattr__(name: str) -> object:
         from lstm_probe.integrations import rllib
 
         return rllib
+    if name == "probe":  # linear probes from a log (numpy only)
+        from lstm_probe.probes import probe
+
+        return probe
     if name == "summarize":
         from lstm_probe.report import summarize
 

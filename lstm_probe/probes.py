@@ -1,0 +1,192 @@
+"""Linear probes from a log: how well a ridge regression reads a target out of the hidden states h (each module
+and layer), by iteration, scored on held-out episodes (``lstm_probe.probe``, ``lstm-probe probe``).
+
+A target is a column of the rollout rows (``episode_step``, ``env_step``, or a column some integration declares,
+e.g. an observation component ``obs:1`` where the log has an ``obs`` vector column), or the user's own values as
+a DataFrame with ``env``, ``env_step`` and ``value`` (``worker`` too for RLlib logs). At lag L the target of the row
+at env step t is its value at t - L in the same episode (rows whose episode is shorter than L so far are left out).
+
+Closed-form ridge in numpy, not a library: the read side stays free of heavy dependencies (no scikit-learn, no
+torch), a probe on a few hundred hidden units is one small linear solve, and the result is deterministic. The
+episodes are split without an RNG: every ``round(1 / holdout)``-th (env, episode) in sorted order is held out
+(contiguous runs of 16 steps of an episode where a rollout holds too few episodes).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+
+from lstm_probe.errors import BadInput
+from lstm_probe.reader import dataset
+
+MAX_ITERATIONS = 8
+"""Iterations probed by default (evenly spaced over the log, the first and last included)."""
+SEGMENT = 16
+"""Env steps per held-out unit where episodes are too few to hold out whole ones."""
+COLUMN_TARGETS = ("episode_step", "env_step")
+
+
+def ridge(x: np.ndarray, y: np.ndarray, alpha: float = 1e-3) -> tuple[np.ndarray, float]:
+    """Weights and intercept of a ridge regression of ``y`` (n,) on ``x`` (n, d); the penalty is ``alpha`` times
+    the mean variance of the columns (scale-free)."""
+    x = np.asarray(x, np.float64)
+    y = np.asarray(y, np.float64)
+    mx, my = x.mean(0), y.mean()
+    xc = x - mx
+    gram = xc.T @ xc
+    penalty = alpha * max(float(np.trace(gram)) / max(gram.shape[0], 1), 1e-12)
+    w = np.linalg.solve(gram + penalty * np.eye(gram.shape[0]), xc.T @ (y - my))
+    return w, float(my - mx @ w)
+
+
+def r2(y: np.ndarray, pred: np.ndarray) -> float | None:
+    """Coefficient of determination (None where ``y`` is constant)."""
+    y = np.asarray(y, np.float64)
+    total = float(((y - y.mean()) ** 2).sum())
+    if total <= 0:
+        return None
+    return 1.0 - float(((y - pred) ** 2).sum()) / total
+
+
+def split(episode_keys: np.ndarray, holdout: float) -> np.ndarray:
+    """Held-out mask per row: every ``round(1 / holdout)``-th distinct key (sorted) is held out."""
+    if not 0 < holdout < 1:
+        raise BadInput(f"holdout must be between 0 and 1, got {holdout}")
+    stride = max(2, round(1 / holdout))
+    _, inverse = np.unique(episode_keys, return_inverse=True)
+    return inverse % stride == stride - 1
+
+
+def _units(env: np.ndarray, episode: np.ndarray, step: np.ndarray, holdout: float) -> np.ndarray:
+    """What the split holds out whole: (env, episode), or, where a rollout holds too few episodes for the split
+    (long episodes, short rollouts), contiguous runs of :data:`SEGMENT` env steps of one episode."""
+    ep = np.nan_to_num(episode, nan=-1).astype(np.int64)
+    units = env * 1_000_000_000 + ep
+    if len(np.unique(units)) >= 2 * max(2, round(1 / holdout)):
+        return units
+    return (units * 1_000_000 + step // SEGMENT).astype(np.int64)
+
+
+def score(x: np.ndarray, y: np.ndarray, held_out: np.ndarray, alpha: float = 1e-3) -> dict[str, Any]:
+    """Fit on the rows not held out, R² on the held-out ones."""
+    fit, test = ~held_out, held_out
+    if fit.sum() < 2 or test.sum() < 2:
+        return {"r2": None, "n_fit": int(fit.sum()), "n_test": int(test.sum())}
+    w, b = ridge(x[fit], y[fit], alpha)
+    return {"r2": r2(y[test], x[test] @ w + b), "n_fit": int(fit.sum()), "n_test": int(test.sum())}
+
+
+def _iterations(data: ds.Dataset, asked: Iterable[int] | None) -> list[int]:
+    if asked is not None:
+        return sorted({int(i) for i in asked})
+    its = pc.unique(data.to_table(columns=["iteration"], filter=ds.field("phase") == "rollout")["iteration"])
+    values = sorted(int(v) for v in its.to_pylist() if v is not None)
+    if len(values) <= MAX_ITERATIONS:
+        return values
+    idx = np.unique(np.round(np.linspace(0, len(values) - 1, MAX_ITERATIONS)).astype(int))
+    return [values[i] for i in idx]
+
+
+def _target_values(rows: pd.DataFrame, table: pa.Table, target: Any) -> np.ndarray:
+    """The target's value at each row (at lag 0)."""
+    if isinstance(target, pd.DataFrame):
+        keys = ["worker", "env", "env_step"] if "worker" in target.columns else ["env", "env_step"]
+        missing = {"env", "env_step", "value"} - set(target.columns)
+        if missing:
+            raise BadInput(f"a target DataFrame needs columns env, env_step and value (missing {sorted(missing)})")
+        merged = rows[keys].merge(target[[*keys, "value"]].drop_duplicates(keys), on=keys, how="left")
+        return merged["value"].to_numpy(np.float64)
+    name = str(target)
+    if name in COLUMN_TARGETS:
+        return rows[name].to_numpy(np.float64)
+    column, _, index = name.partition(":")
+    if column not in table.column_names:
+        have = ", ".join(COLUMN_TARGETS)
+        raise BadInput(
+            f"target {name!r}: the log has no {column!r} column (targets: {have}; obs:i needs a log written with "
+            "--capture-obs; or pass your own values as a DataFrame with env, env_step, value)"
+        )
+    col = table[column].combine_chunks()
+    if pa.types.is_fixed_size_list(col.type) or pa.types.is_list(col.type):
+        if not index.isdigit():
+            raise BadInput(f"target {name!r}: {column} is a vector column, name a component: {column}:0")
+        values = pc.list_element(col, int(index))
+        return values.to_numpy(zero_copy_only=False).astype(np.float64)
+    return col.to_numpy(zero_copy_only=False).astype(np.float64)
+
+
+def probe(
+    path: str | os.PathLike[str],
+    target: Any = "episode_step",
+    *,
+    lags: Sequence[int] = (0,),
+    iterations: Iterable[int] | None = None,
+    modules: Iterable[str] | None = None,
+    alpha: float = 1e-3,
+    holdout: float = 0.3,
+) -> pd.DataFrame:
+    """R² of linear probes from h to ``target`` at each lag, per (iteration, module, layer), on held-out episodes.
+
+    ``target``: 'episode_step', 'env_step', 'COLUMN' or 'COLUMN:i' (a vector column's component), or a DataFrame
+    with env, env_step, value. ``iterations``: default up to :data:`MAX_ITERATIONS` evenly spaced. Returns one
+    row per (iteration, module, layer, lag): r2, n_fit, n_test."""
+    if any(int(lag) < 0 for lag in lags):
+        raise BadInput(f"lags must be >= 0, got {list(lags)}")
+    data, info = dataset(path)
+    if (info.metadata.get("capture") or {}).get("mode") == "summary":
+        raise BadInput("probes need the h vectors: this log was written with --capture summary")
+    its = _iterations(data, iterations)
+    extra = [] if isinstance(target, pd.DataFrame) else [str(target).partition(":")[0]]
+    names = set(data.schema.names)
+    keys = ["iteration", "module", "layer", "env", "env_step", "episode", "episode_step"]
+    worker = ["worker"] if "worker" in names else []
+    columns = list(dict.fromkeys([*keys, *worker, "h", *(c for c in extra if c in names)]))
+    out: list[dict[str, Any]] = []
+    want = None if modules is None else set(modules)
+    for it in its:
+        table = data.to_table(
+            columns=columns,
+            filter=(ds.field("phase") == "rollout") & (ds.field("iteration") == it) & ds.field("h").is_valid(),
+        )
+        if table.num_rows == 0:
+            continue
+        rows = table.drop_columns([c for c in ("h", *extra) if c in table.column_names and c not in keys]).to_pandas()
+        value = _target_values(rows, table, target)
+        h = table["h"].combine_chunks()
+        hidden = h.type.list_size
+        x = h.flatten().to_numpy(zero_copy_only=False).astype(np.float64).reshape(-1, hidden)
+        env_key = (
+            rows["env"].to_numpy(np.int64) + (rows["worker"].fillna(-1).to_numpy(np.int64) + 1) * 1_000_000
+            if worker
+            else rows["env"].to_numpy(np.int64)
+        )
+        for (module, layer), group in rows.groupby(["module", "layer"], observed=True, sort=True):
+            if want is not None and module not in want:
+                continue
+            idx = group.index.to_numpy()
+            env, step = env_key[idx], rows["env_step"].to_numpy(np.int64)[idx]
+            episode_step = rows["episode_step"].to_numpy(np.float64)[idx]
+            episode = rows["episode"].to_numpy(np.float64)[idx]
+            held = split(_units(env, episode, step, holdout), holdout)
+            lookup = pd.Series(value[idx], index=pd.MultiIndex.from_arrays([env, step]))
+            lookup = lookup[~lookup.index.duplicated()]
+            for lag in lags:
+                if lag == 0:
+                    y = value[idx]
+                else:
+                    y = lookup.reindex(pd.MultiIndex.from_arrays([env, step - int(lag)])).to_numpy(
+                        np.float64, copy=True
+                    )
+                    y[~(episode_step >= lag)] = np.nan  # t - L must lie in the same episode
+                ok = np.isfinite(y)
+                result = score(x[idx][ok], y[ok], held[ok], alpha)
+                out.append({"iteration": it, "module": str(module), "layer": int(layer), "lag": int(lag), **result})
+    return pd.DataFrame(out, columns=["iteration", "module", "layer", "lag", "r2", "n_fit", "n_test"])
