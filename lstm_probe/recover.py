@@ -33,10 +33,11 @@ if TYPE_CHECKING:  # torch is imported inside the torch half's functions: the wr
 
 # -- the numpy half: per-step c from the gates (the sink, in the writer process or thread) -------------
 
-Cells = tuple[list[np.ndarray], list[list[np.ndarray]], np.ndarray, np.ndarray]
+Cells = tuple[list[np.ndarray], list[list[np.ndarray]], np.ndarray, np.ndarray, np.ndarray | None]
 """What the per-step c of a multi-step LSTM call is computed from (:func:`lstm_sequence_io`): each
 layer's input (T, N, F_l), each layer's i, f, g weight rows [W_ih (3H, F_l), W_hh (3H, H), (b_ih + b_hh)
-(3H,) when the module has biases], and the initial h0, c0 (L, N, H)."""
+(3H,) when the module has biases], the initial h0, c0 (L, N, H), and for a call on a PackedSequence the
+(T, N) mask of real steps (None: every step is real)."""
 
 
 class Scratch:
@@ -64,12 +65,15 @@ def lstm_cells(
     weights: list[list[np.ndarray]],
     h0: np.ndarray,
     c0: np.ndarray,
+    valid: np.ndarray | None = None,
     scratch: Scratch | None = None,
 ) -> np.ndarray:
     """Per-step c of every layer, (L, T, N, H) float32, from the per-step h ``hs`` (L, T, N, H) and
     :data:`Cells`: the i, f, g gates of all steps in one matmul from (x_t, h_{t-1}), then
     c_t = f_t * c_{t-1} + i_t * g_t as an elementwise scan. With ``scratch`` the result and the work
-    arrays live in its reused memory (valid until its next use)."""
+    arrays live in its reused memory (valid until its next use). ``valid`` (T, N): c is 0 where it is
+    False (the steps after a packed sequence's end, which the module never ran; each earlier step's c
+    depends only on earlier steps, so a sequence's last real c is the module's c_n)."""
     work = scratch or Scratch(limit=0)
     layers, steps, batch, hidden = hs.shape
     cs = work.get("cs", hs.shape)
@@ -108,6 +112,8 @@ def lstm_cells(
             np.multiply(fg[t], c, out=cl[t])
             cl[t] += ig[t]
             c = cl[t]
+    if valid is not None:
+        cs[:, ~valid] = 0.0
     return cs
 
 
@@ -139,6 +145,7 @@ def lstm_sequence_io(
     c0: torch.Tensor,
     y: torch.Tensor,
     weights: list[list[torch.Tensor]] | None = None,
+    valid: np.ndarray | None = None,
 ) -> tuple[np.ndarray, Cells]:
     """The torch part of the recovery for one multi-step LSTM call: the per-step h of every layer, and
     what :func:`lstm_cells` needs for the per-step c (each layer's input, the i, f, g
@@ -146,8 +153,9 @@ def lstm_sequence_io(
 
     x: (T, N, F) sequence-first input, h0/c0: (L, N, H) initial states, y: (T, N, H) the call's
     output; ``weights`` from :func:`snapshot_weights` (default: the module's current weights).
-    Only the lower layers of a multi-layer module cost a computation here (one fused kernel call each);
-    the gates and the scan run in the sink, off the training thread.
+    ``valid`` (T, N): a call on a PackedSequence, padded (x and y zero after each sequence's end); h and c
+    are 0 where it is False. Only the lower layers of a multi-layer module cost a computation here (one
+    fused kernel call each); the gates and the scan run in the sink, off the training thread.
     """
     import torch
 
@@ -173,7 +181,9 @@ def lstm_sequence_io(
             )
             hs[layer] = _np(out)
             layer_in = out
-        return hs, (inputs, gate_weights, _np(h0), _np(c0))
+        if valid is not None:
+            hs[:, ~valid] = 0.0  # the lower layers ran on past a sequence's end; the module did not
+        return hs, (inputs, gate_weights, _np(h0), _np(c0), valid)
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
@@ -190,10 +200,11 @@ def lstm_sequence_states(
     c0: torch.Tensor,
     y: torch.Tensor,
     weights: list[list[torch.Tensor]] | None = None,
+    valid: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per-step (h, c) of every layer for one multi-step call (arguments as :func:`lstm_sequence_io`):
     two float32 arrays of shape (L, T, N, H)."""
-    hs, cells = lstm_sequence_io(module, x, h0, c0, y, weights)
+    hs, cells = lstm_sequence_io(module, x, h0, c0, y, weights, valid)
     return hs, lstm_cells(hs, *cells)
 
 
@@ -203,8 +214,10 @@ def gru_sequence_states(
     h0: torch.Tensor,
     y: torch.Tensor,
     weights: list[list[torch.Tensor]] | None = None,
+    valid: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Per-step h of every layer for one multi-step GRU call: (L, T, N, H) float32."""
+    """Per-step h of every layer for one multi-step GRU call: (L, T, N, H) float32 (``valid``: as
+    :func:`lstm_sequence_io`)."""
     import torch
 
     with torch.no_grad():
@@ -221,4 +234,6 @@ def gru_sequence_states(
                 out = torch.gru(layer_in, h0_l, w, module.bias, 1, 0.0, False, False, False)[0]
             hs[layer] = out.cpu().numpy()
             layer_in = out
+        if valid is not None:
+            hs[:, ~valid] = 0.0
         return hs

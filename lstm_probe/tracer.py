@@ -23,8 +23,9 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 
-from lstm_probe.contract import CODES, PATH, Grid, Integration, Resolver, Tags, tag_values
+from lstm_probe.contract import CODES, GRID_CELLS, GRID_SEQUENCES, PATH, Grid, Integration, Resolver, Tags, tag_values
 from lstm_probe.errors import BadInput, one_line
 from lstm_probe.logwriter import LogWriter
 from lstm_probe.options import CaptureOptions
@@ -34,6 +35,8 @@ from lstm_probe.schema import SCHEMA_VERSION
 RECURRENT_TYPES = (nn.LSTM, nn.GRU, nn.LSTMCell, nn.GRUCell)
 MAX_PENDING = 256
 """One-step calls kept before they are written as one block (bounds the memory they hold)."""
+_grad_enabled = torch.is_grad_enabled
+_set_grad_enabled = torch._C._set_grad_enabled  # a function call; torch.no_grad() as a context costs ~4 us
 
 
 def _host(t: torch.Tensor) -> np.ndarray:
@@ -46,6 +49,27 @@ def _host(t: torch.Tensor) -> np.ndarray:
 
 def _nbytes(*tensors: torch.Tensor | None) -> int:
     return sum(t.nelement() * t.element_size() for t in tensors if t is not None)
+
+
+def _padded(tags: Tags, valid: np.ndarray) -> Tags:
+    """The tags of a call on a PackedSequence, from the integration's: ``valid`` (T, N) is False after a
+    sequence's end. Those steps become padding rows (``padding`` True, every nullable grid column null
+    there); the batch columns are numbered as sequences (``seq``, ``t``) with their unpadded lengths."""
+    pad = ~valid.T  # (N, T)
+    steps = pad.shape[1]
+    grid = tags.grid
+    columns: dict[str, np.ndarray | None] = {}
+    for col in GRID_CELLS:
+        v = getattr(grid, col.name) if grid is not None else None
+        if v is not None and col.nullable:
+            columns[col.name] = np.where(pad, col.fill, v[:, :steps]).astype(col.dtype, copy=False)
+    columns["padding"] = pad
+    columns["seq_len"] = valid.sum(axis=0).astype(np.int32)
+    for col in GRID_SEQUENCES:
+        v = getattr(grid, col.name) if grid is not None and grid.train else None
+        if col.name != "seq_len":
+            columns[col.name] = v if v is not None else np.full(pad.shape[0], col.fill, col.dtype)
+    return dataclasses.replace(tags, grid=Grid.of(columns, train=True), stepwise={})
 
 
 def find_recurrent(model: nn.Module, names: list[str] | None = None) -> dict[str, nn.Module]:
@@ -259,9 +283,16 @@ class Tracer:
 
         def hook(mod: nn.Module, args: tuple[Any, ...], output: Any) -> None:
             start = time.perf_counter()
+            # Without autograd inside the hook: the copies of the states it keeps (see _Block) must not
+            # join the caller's graph.
+            grad = _grad_enabled()
+            if grad:
+                _set_grad_enabled(False)
             try:
                 inner(mod, args, output)
             finally:
+                if grad:
+                    _set_grad_enabled(True)
                 self.hook_seconds += time.perf_counter() - start
 
         return hook
@@ -276,8 +307,11 @@ class Tracer:
 
             def hook(mod: nn.Module, args: tuple[Any, ...], output: Any) -> None:
                 x = args[0]
-                if not isinstance(x, torch.Tensor):  # PackedSequence: no per-step layout to map
-                    self.unsupported_calls += 1
+                if not isinstance(x, torch.Tensor):
+                    if isinstance(x, PackedSequence):
+                        packed(mod, args, x, output)
+                    else:  # no per-step layout to map (the log's metadata counts them; the report says so)
+                        self.unsupported_calls += 1
                     return
                 y, state = output
                 hn, cn = state if is_lstm else (state, None)
@@ -293,13 +327,11 @@ class Tracer:
                         block = pending.get(name)
                         if block is None:
                             block = pending[name] = _Block()
-                        # Not detached (4 us a call for a tensor that requires grad): the block's job
-                        # stacks them under no_grad, which records nothing. Appended to lists, not kept as a
-                        # tuple per call: a new container per call made Python's cyclic garbage collector
-                        # run more often and longer (measured: 10 -> 4 us a call in sb3's stepwise path).
+                        # Copied now: a loop may change the returned states in place (`h[:, done] = 0`).
+                        # h and c as one tensor: one copy per call. (Lists, not a tuple per call: a new
+                        # container per call made Python's cyclic garbage collector run more often.)
                         block.calls.append(call)
-                        block.h.append(hn)
-                        block.c.append(cn)
+                        block.states.append(hn.clone() if cn is None else torch.cat((hn, cn)))
                         return
                     self._resolved = tags  # not the open block: _emit takes these tags, no second call
                 unbatched = len(shape) == 2
@@ -310,28 +342,50 @@ class Tracer:
                 else:
                     steps, batch = int(shape[0]), int(shape[1])
                 if steps == 1:
-                    # Kept as (detached) tensors and copied to the host once per block of calls: on a GPU
-                    # that is one device-to-host copy (and sync) per block instead of one per call.
-                    h1 = hn.detach()
-                    c1 = cn.detach() if cn is not None else None
+                    # Copied now (see _Block), to the host once per block of calls: on a GPU that is one
+                    # device-to-host copy (and sync) per block instead of one per call.
                     if unbatched:
-                        h1 = h1.unsqueeze(1)
-                        c1 = c1.unsqueeze(1) if c1 is not None else None
-                    self._emit(name, code, 1, batch, h1, c1)
+                        hn = hn.unsqueeze(1)
+                        cn = cn.unsqueeze(1) if cn is not None else None
+                    self._emit(name, code, 1, batch, hn, cn)
                     return
                 x, y = x.detach(), y.detach()
                 if unbatched:
                     x, y = x.unsqueeze(1), y.unsqueeze(1)
                 elif module.batch_first:
                     x, y = x.transpose(0, 1), y.transpose(0, 1)
+                sequence(mod, args, x, y, unbatched, None)
+
+            def packed(mod: nn.Module, args: tuple[Any, ...], xp: PackedSequence, output: Any) -> None:
+                # Rows per (sequence, step) in the caller's batch order (pad_packed_sequence undoes the
+                # packing's sort by length); the steps after a sequence's end are padding rows.
+                x, lengths = pad_packed_sequence(xp)  # (T, N, F) sequence-first, whatever batch_first says
+                y = pad_packed_sequence(output[0])[0]  # (T, N, H), zeros after each sequence's end
+                steps, batch = int(x.shape[0]), int(x.shape[1])
+                valid = np.arange(steps)[:, None] < lengths.numpy()[None, :]  # (T, N)
+                self._resolved = _padded(self.resolver(name, steps, batch), valid)
+                sequence(mod, args, x, y, False, valid)
+
+            def sequence(
+                mod: nn.Module,
+                args: tuple[Any, ...],
+                x: torch.Tensor,
+                y: torch.Tensor,
+                unbatched: bool,
+                valid: np.ndarray | None,
+            ) -> None:
+                # x, y: (T, N, .) sequence-first; valid: (T, N) False on a packed call's padding steps
+                steps, batch = int(x.shape[0]), int(x.shape[1])
                 h0, c0 = self._initial(mod, args, batch, x, unbatched, is_lstm)
                 h0, c0 = h0.detach(), c0.detach()
                 weights: list[list[torch.Tensor]] | None = None
                 if self.writer is not None and not self.writer.inline:
                     # The recovery runs later, on the writer thread: copy what the caller may still change
                     # in place (its input and states, the weights an optimizer step updates); y is the
-                    # call's own fresh output. (A writer process's job runs now, inside this hook.)
-                    x, h0, c0 = x.clone(), h0.clone(), c0.clone()
+                    # call's own fresh output, a packed call's x a fresh padded copy. (A writer process's
+                    # job runs now, inside this hook.)
+                    x = x if valid is not None else x.clone()
+                    h0, c0 = h0.clone(), c0.clone()
                     weights = snapshot_weights(module, top=is_lstm)  # type: ignore[arg-type]
                 initial_states = self.initial_states
 
@@ -339,9 +393,9 @@ class Tracer:
                     # the torch part of the recovery here (lower layers only); gates and scan in the sink
                     cells: Any = None
                     if is_lstm:
-                        hs, cells = lstm_sequence_io(module, x, h0, c0, y, weights)  # type: ignore[arg-type]
+                        hs, cells = lstm_sequence_io(module, x, h0, c0, y, weights, valid)  # type: ignore[arg-type]
                     else:
-                        hs = gru_sequence_states(module, x, h0, y, weights)  # type: ignore[arg-type]
+                        hs = gru_sequence_states(module, x, h0, y, weights, valid)  # type: ignore[arg-type]
                     initial = (_host(h0), _host(c0) if is_lstm else None) if initial_states else None
                     return hs, cells, initial
 
@@ -358,7 +412,7 @@ class Tracer:
                     h = h.unsqueeze(0)
                     c = c.unsqueeze(0) if c is not None else None
                 batch = int(h.shape[0])
-                self._emit(name, code, 1, batch, h.detach()[None], c.detach()[None] if c is not None else None)
+                self._emit(name, code, 1, batch, h[None], c[None] if c is not None else None)
 
         return hook
 
@@ -387,7 +441,8 @@ class Tracer:
         states: Callable[[], tuple[np.ndarray, Any, Any]] | None = None,
         nbytes: int = 0,
     ) -> None:
-        """Take one call. One-step calls bring their detached (L, N, H) states ``h``/``c``; multi-step
+        """Take one call. One-step calls bring their (L, N, H) states ``h``/``c`` as the module returned them
+        (copied here: the caller may change them in place once the call returns); multi-step
         calls bring ``states``, run by the job, which returns the arguments of
         :meth:`Sink.sequence` (per-step h, the gates for the cell-state scan, the initial states).
 
@@ -419,6 +474,8 @@ class Tracer:
                 tags.stepwise[name] = tags.stepwise.get(name, 0) + 1
         if key is None:
             self.flush_pending()
+            if h is not None and not writer.inline:  # the job runs later, on the writer thread
+                h, c = h.clone(), c.clone() if c is not None else None
 
             def job() -> None:
                 if states is not None:
@@ -439,9 +496,9 @@ class Tracer:
         block = self._pending.get(name)
         if block is None:
             block = self._pending[name] = _Block()
+        assert h is not None  # a one-step call brings its states
         block.calls.append(call)
-        block.h.append(h)  # type: ignore[arg-type]
-        block.c.append(c)
+        block.states.append(h.clone() if c is None else torch.cat((h, c)))
         if grid is not None:
             block.grids.append(grid)
         if len(block.calls) >= MAX_PENDING and key[0] == "step":
@@ -460,35 +517,34 @@ class Tracer:
             n = len(block.calls)
             t0 = tags.stepwise.get(name, n) - n if stepwise else 0
             job = functools.partial(self._write_block, writer, name, tags, stepwise, t0, block)
-            writer.submit(job, n * _nbytes(block.h[0], block.c[0]))
+            writer.submit(job, _nbytes(*block.states))
 
     def _write_block(self, writer: LogWriter, name: str, tags: Tags, stepwise: bool, t0: int, block: _Block) -> None:
         """Host arrays of one block of one-step calls, to the sink (a job: see :meth:`LogWriter.submit`)."""
         calls = np.array(block.calls, np.int64)
-        with_c = all(c is not None for c in block.c)
+        layers = self.layers[name]
+        with_c = block.states[0].shape[0] == 2 * layers  # h and c of each call as one (2L, N, H) tensor
         if stepwise:
-            hs = _host(torch.stack(block.h, dim=2))  # (L, N, T', H)
-            cs = _host(torch.stack(block.c, dim=2)) if with_c else None  # type: ignore[arg-type]
-            per_col = np.tile(calls, hs.shape[1])  # (N * T',) in column-major order: n, then t
-            writer.send("rows", name, tags, t0, PATH["stepwise"], per_col, hs, cs)
+            hc = _host(torch.stack(block.states, dim=2))  # (L or 2L, N, T', H)
+            per_col = np.tile(calls, hc.shape[1])  # (N * T',) in column-major order: n, then t
+            writer.send("rows", name, tags, t0, PATH["stepwise"], per_col, hc[:layers], hc[layers:] if with_c else None)
             return
-        hs = _host(torch.cat(block.h, dim=1))[:, :, None, :]  # (L, sum N, 1, H)
-        cs = _host(torch.cat(block.c, dim=1))[:, :, None, :] if with_c else None  # type: ignore[arg-type]
-        per_col = np.repeat(calls, [h.shape[1] for h in block.h])
+        hc = _host(torch.cat(block.states, dim=1))[:, :, None, :]  # (L or 2L, sum N, 1, H)
+        per_col = np.repeat(calls, [s.shape[1] for s in block.states])
         sent = tags
         if block.grids:
             sent = dataclasses.replace(tags, grid=Grid.concat(block.grids), stepwise={})
-        writer.send("rows", name, sent, 0, PATH["step"], per_col, hs, cs)
+        writer.send("rows", name, sent, 0, PATH["step"], per_col, hc[:layers], hc[layers:] if with_c else None)
 
 
 class _Block:
     """The one-step calls of one module kept for one block: their call ids, grids (rollout steps) and
-    detached (L, N, H) states, as parallel lists."""
+    states, as parallel lists. The states are copies made as each call returned (a loop may change
+    what the module returned in place, ``h[:, done] = 0``): h (L, N, H), or h and c as one (2L, N, H)."""
 
-    __slots__ = ("c", "calls", "grids", "h")
+    __slots__ = ("calls", "grids", "states")
 
     def __init__(self) -> None:
         self.calls: list[int] = []
         self.grids: list[Grid] = []
-        self.h: list[torch.Tensor] = []
-        self.c: list[torch.Tensor | None] = []
+        self.states: list[torch.Tensor] = []
