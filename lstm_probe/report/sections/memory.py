@@ -89,6 +89,7 @@ def _curves(records: dict[str, list[Any]]) -> dict[tuple[int, str], list[tuple[i
 
 class Memory(Section[MemorySection]):
     key = "memory"
+    needs: ClassVar[str | None] = "rollout_buffer"  # the measurement re-runs the policy over a rollout buffer
     findings_rank: ClassVar[int] = 12
 
     def accumulator(self) -> SequenceLengths:
