@@ -75,7 +75,8 @@ class LiveMetrics:
     """Forward hooks on a probe's LSTMs and its policy; records each iteration's figures (module docstring)."""
 
     def __init__(self, probe: ProbeCallback):
-        self.probe = probe
+        # held weakly, as everything a probe puts on the model (sb3_attach.py): the hooks must not keep it alive
+        self.probe = weakref.ref(probe)
         model: Any = probe.model
         self.logger = model.logger
         self.modules = {name: _Module() for name in probe.tracer.names} if probe.tracer is not None else {}
@@ -91,14 +92,18 @@ class LiveMetrics:
         self.handles.append(policy.register_forward_hook(self._step_end))
 
     def live(self) -> dict[str, Any]:
-        return {"iteration": max(self.probe.iteration, 0), "rows": self.rows}
+        probe = self.probe()
+        return {} if probe is None else {"iteration": max(probe.iteration, 0), "rows": self.rows}
 
     # -- hooks (training thread) -----------------------------------------------------------------
     def _hook(self, name: str) -> Any:
         mine = self.modules[name]
-        probe = self.probe
+        ref = self.probe
 
         def hook(mod: Any, args: Any, output: Any) -> None:
+            probe = ref()
+            if probe is None:
+                return
             y, (h, c) = output
             steps, batch = int(y.shape[0]), int(y.shape[1])
             self.rows += int(h.shape[0]) * batch * steps
@@ -119,8 +124,8 @@ class LiveMetrics:
         return hook
 
     def _step_end(self, module: Any, args: Any, output: Any) -> None:
-        probe = self.probe
-        if not probe.in_rollout:
+        probe = self.probe()
+        if probe is None or not probe.in_rollout:
             return
         if probe.k == 1:  # the first step of an iteration: the previous one's training is over
             self._train_end()
