@@ -18,6 +18,7 @@ from lstm_probe.report.sections.memory import Memory
 from lstm_probe.report.sections.run import Run
 from lstm_probe.report.sections.sequences import Sequences
 from lstm_probe.report.sections.staleness import Staleness
+from lstm_probe.report.sections.what_if import WhatIf
 
 SECTIONS: list[Section[Any]] = [
     Run(),
@@ -28,4 +29,5 @@ SECTIONS: list[Section[Any]] = [
     CrossProcess(),
     Health(),
     Memory(),
+    WhatIf(),
 ]
