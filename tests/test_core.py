@@ -48,7 +48,7 @@ def test_oracle_first_minibatch_equals_rollout(runs_dir, env_id, opts):
     for col in ("h", "c"):
         a = lstm_probe.states(merged, col)
         b = lstm_probe.states(merged.drop(columns=[col]).rename(columns={f"{col}_r": col}), col)
-        assert np.abs(a - b).max() < 1e-5
+        assert (np.abs(a - b) <= 1e-5 * np.maximum(1.0, np.abs(b))).all()  # relative where |c| is large
     # the in-probe drift says the same
     assert first.drift_h.notna().all() and first.drift_h.max() < 1e-5 and first.drift_c.max() < 1e-5
     # later minibatches ran on moved weights: they differ

@@ -251,3 +251,39 @@ def test_cell_loop_with_in_place_resets(tmp_path, cell):
     assert_close(lstm_probe.states(df, "h"), torch.stack(want_h).reshape(-1, HIDDEN).double().numpy())
     if is_lstm:
         assert_close(lstm_probe.states(df, "c"), torch.stack(want_c).reshape(-1, HIDDEN).double().numpy())
+
+
+def test_untagged_packed_call_batch_first(tmp_path):
+    """A PackedSequence call outside any tag block: rows per (sequence, step) in the caller's order, padding
+    rows after each sequence's end, each sequence's last c the module's c_n."""
+    from torch.nn.utils.rnn import pad_packed_sequence
+
+    torch.manual_seed(5)
+    m = nn.LSTM(3, 6, num_layers=2, batch_first=True)
+    lengths = [4, 7, 2]  # unsorted: the packing sorts, the log keeps the caller's order
+    packed = pack_sequence([torch.randn(n, 3) for n in lengths], enforce_sorted=False)
+    h0, c0 = torch.randn(2, 3, 6), torch.randn(2, 3, 6)
+    with torch.no_grad(), lstm_probe.trace(m, tmp_path / "p.parquet") as probe:
+        out, (hn, cn) = m(packed, (h0, c0))
+    assert probe.unsupported_calls == 0
+    y = pad_packed_sequence(out, batch_first=True)[0].numpy()  # (N, T, H)
+    df = lstm_probe.load(tmp_path / "p.parquet")
+    assert len(df) == 2 * 3 * 7 and set(df.path) == {"sequence"}
+    seq, t = df.seq.to_numpy(), df.t.to_numpy()
+    real = t < np.array(lengths)[seq]
+    assert (df.padding.to_numpy() == ~real).all() and (df.seq_len.to_numpy() == np.array(lengths)[seq]).all()
+    top = (df.layer == 1).to_numpy()
+    assert_close(lstm_probe.states(df, "h")[top], y[seq[top], t[top]].astype(np.float64))
+    ends = real & (t == np.array(lengths)[seq] - 1)
+    layer = df.layer.to_numpy()
+    for col, last in (("h", hn), ("c", cn)):
+        assert_close(lstm_probe.states(df, col)[ends], last.double().numpy()[layer[ends], seq[ends]])
+
+
+def test_report_says_when_calls_were_not_traced(tmp_path):
+    m = nn.LSTM(3, 4)
+    with torch.no_grad(), lstm_probe.trace(m, tmp_path / "u.parquet") as probe:
+        m(torch.randn(2, 1, 3))
+        probe.unsupported_calls = 2  # calls on an input the tracer cannot lay out (none is known today)
+    warnings = lstm_probe.summarize(tmp_path / "u.parquet").warnings
+    assert any("2 LSTM call(s)" in w and "not in the log" in w for w in warnings)

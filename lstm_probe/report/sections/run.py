@@ -97,6 +97,10 @@ class Run(Section[RunSection]):
             probe_cost=meta.get("probe_cost"),
         )
 
+    def warnings(self, data: RunSection, log: Log) -> list[str]:
+        n = int(log.meta.get("unsupported_calls") or 0)  # calls on inputs the tracer cannot lay out
+        return [f"{n:,} LSTM call(s) on inputs lstm-probe cannot map to rows are not in the log"] if n else []
+
     def findings(self, data: RunSection) -> list[str]:
         return [] if data.completed else [f"the run did not complete: {data.stop_reason or 'unknown reason'}"]
 
