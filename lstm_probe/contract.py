@@ -156,6 +156,9 @@ class Tags:
     grid: Grid | None = None
     stepwise: dict[str, int] = field(default_factory=dict)
     learner: int | None = None
+    path: str | None = None
+    """How the framework ran a one-step train call when its shape cannot tell: 'sequence' (one call over
+    sequences that all have one step) or 'stepwise' (its per-step loop, one step long); None: 'step'."""
 
 
 TAG_COLUMNS = tuple(c.name for c in COLUMNS if c.source == "tags")

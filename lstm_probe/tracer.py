@@ -484,7 +484,8 @@ class Tracer:
                     assert h is not None
                     hs = _host(h)[:, :, None, :]
                     cs = _host(c)[:, :, None, :] if c is not None else None
-                    writer.send("rows", name, tags, 0, PATH["step"], np.full(batch, call, np.int64), hs, cs)
+                    path = PATH[tags.path or "step"]  # a train call of one step names its branch
+                    writer.send("rows", name, tags, 0, path, np.full(batch, call, np.int64), hs, cs)
 
             writer.submit(job, nbytes or _nbytes(h, c))
             return

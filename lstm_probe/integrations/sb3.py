@@ -6,14 +6,21 @@ Everything here relies on sb3-contrib 2.x behaviour, cited by file:function:
   env step (actor LSTM, then critic LSTM, batch n_envs, one step): a forward pre-hook on the policy
   marks those calls as rollout steps. After ``env.step`` it calls ``callback.on_step()``, then
   ``policy.predict_values`` for each truncated episode's terminal observation (batch 1), and after
-  the loop once more for the last observation (batch n_envs): these are the bootstrap calls.
-  ``EvalCallback`` calls ``model.predict`` inside ``on_step``: actor only, never through the policy's
-  ``__call__``, so those calls become phase "predict" and never move the env step counters.
+  the loop once more for the last observation (batch n_envs): these are the bootstrap calls, told
+  apart by a wrapper of ``policy.predict_values``. ``EvalCallback`` calls ``model.predict`` (which calls
+  ``policy.predict``) inside ``on_step``: actor only, never through the policy's ``__call__``; a wrapper
+  of ``policy.predict`` makes those calls phase "predict", and they never move the env step counters.
+  The wrappers are instance attributes set while learn() runs (``sb3_attach.Attachment.wrap``; the
+  policy is saved by its state_dict, never pickled) and removed on every way out of learn().
 - ``common/recurrent/buffers.py:RecurrentRolloutBuffer.get`` is called once per epoch and draws the
   shuffling split point; ``_get_samples(batch_inds, env_change)`` is the only place a minibatch's
   flat indices are visible, and it leaves ``seq_start_indices`` on the buffer. Both are wrapped on
   the buffer *instance* while learn() runs (the buffer is excluded from ``model.save``) and unwrapped
   afterwards. A flat index i is env i // n_steps, rollout step i % n_steps (``swap_and_flatten``).
+- ``common/recurrent/policies.py:RecurrentActorCriticPolicy._process_sequence`` runs one call over the
+  padded sequences when ``th.all(episode_starts == 0.0)`` over the minibatch, else one call per step:
+  a train call's ``path`` says which ('sequence' or 'stepwise'), also when every sequence has length 1
+  and both branches make calls of one step.
 - ``common/recurrent/policies.py:RecurrentActorCriticPolicy._process_sequence`` reshapes a minibatch
   to (max_len, n_seq, F): batch column = sequence, so train call column s / step t is minibatch
   element ``seq_start[s] + t`` when t < len(s), padding otherwise.
@@ -21,10 +28,8 @@ Everything here relies on sb3-contrib 2.x behaviour, cited by file:function:
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import functools
-import sys
 import time
 import weakref
 from pathlib import Path
@@ -34,9 +39,10 @@ import numpy as np
 from stable_baselines3.common.callbacks import BaseCallback
 
 from lstm_probe.contract import SEQ_REASON, Capabilities, Grid, Tags
-from lstm_probe.errors import BadInput, OutputError, one_line
-from lstm_probe.integrations import sb3_metrics
+from lstm_probe.errors import BadInput, one_line
+from lstm_probe.integrations import sb3_memory, sb3_metrics, sb3_whatif
 from lstm_probe.integrations.sb3_arch import summary
+from lstm_probe.integrations.sb3_attach import ACTIVE, Attachment, WeakIntegration, weak
 from lstm_probe.options import DEFAULT_WRITER, CaptureOptions, capture_options
 from lstm_probe.tracer import Tracer
 
@@ -138,37 +144,14 @@ def _timed(method: F) -> F:
     return cast(F, wrapper)
 
 
-_ACTIVE: weakref.WeakKeyDictionary[Any, ProbeCallback] = weakref.WeakKeyDictionary()
-"""The probe attached to each model: a new probe on the same model closes a stale one."""
-
-
-class _LearnGuard:
-    """Closes a probe when the learn() call it was attached in is gone.
-
-    sb3 calls no callback when learn() raises. The guard is stored among the locals of that learn()
-    frame, so it dies with the frame: at once when learn() returns, and when the exception's traceback
-    is released otherwise. By then a normal end has already closed the probe (``_finish`` is
-    idempotent); after an exception this removes the hooks and closes the log as not completed.
-    """
-
-    def __init__(self, probe: ProbeCallback):
-        self.probe = weakref.ref(probe)
-
-    def __del__(self) -> None:
-        probe = self.probe()
-        if probe is not None and probe.tracer is not None:
-            try:
-                probe._finish(False, "learn() ended with an exception")
-            except Exception:
-                pass
-
-
 class ProbeCallback(BaseCallback):
     """Record every LSTM call of a RecurrentPPO ``learn()`` into an lstm-probe log.
 
     ``model.learn(n, callback=ProbeCallback("run.parquet"))``. Works inside a CallbackList. Use it as a
     context manager (``with ProbeCallback(...) as probe: model.learn(..., callback=probe)``) to be sure
-    the log is closed and the hooks are removed when learn() raises; otherwise that happens at exit.
+    the log is closed and the hooks are removed at once when learn() raises. Without it that happens
+    when the probe is collected (nothing but learn() held it), when the next learn() on the model
+    starts, or at exit.
     The capture settings come as keyword arguments or as one ``options=CaptureOptions(...)``.
 
     It is the sb3 :class:`~lstm_probe.contract.Integration`: it tells the tracer each call's phase and
@@ -191,8 +174,17 @@ class ProbeCallback(BaseCallback):
         writer: str = DEFAULT_WRITER,
         verbose: int = 0,
         options: CaptureOptions | None = None,
+        memory: bool = False,
+        memory_every: int | None = None,
+        what_if: bool = False,
+        what_if_every: int = 1,
+        burn_in: tuple[int, ...] | list[int] = (),
     ):
         super().__init__(verbose)
+        self.memory_settings = sb3_memory.memory_settings(memory, memory_every)  # sb3_memory.py
+        self.memory: sb3_memory.Memory | None = None
+        self.what_if_settings = sb3_whatif.what_if_settings(what_if, what_if_every, burn_in)  # sb3_whatif.py
+        self.what_if: sb3_whatif.WhatIf | None = None
         self.options = capture_options(
             options,
             out,
@@ -207,26 +199,30 @@ class ProbeCallback(BaseCallback):
         self.out = self.options.out
         self._metadata: dict[str, Any] = {}
         self.extra_metadata = dict(metadata or {})
-        self.tracer: Tracer | None = None
         self.path: Path | None = None
         self._used = False
-        self._restore: list[tuple[Any, str]] = []
-        self._handles: list[Any] = []
+        self._attachment: Attachment | None = None
+        self._handles: list[Any] = []  # the attachment's hook handles (the same list)
+        self.entry: str | None = None  # the wrapped entry point running now: 'bootstrap' or 'predict'
+        self.predict_start: Any = None  # the episode_start passed to policy.predict
+
+    @property
+    def tracer(self) -> Tracer | None:
+        """The tracer while the log is open."""
+        return self._attachment.tracer if self._attachment is not None else None
 
     # -- sb3 callback events ---------------------------------------------------------------------
     def _on_training_start(self) -> None:
         if self._used:
             raise BadInput("this ProbeCallback already wrote its log; pass a new ProbeCallback to each learn()")
         self._used = True
-        # sb3 hands every callback learn()'s own locals dict; keep a copy so that this probe does not
-        # keep that dict (and the guard in it) alive
-        self.locals = dict(self.locals)
-        _guard_learn_frame(self)
-        stale = _ACTIVE.get(self.model)
-        if stale is not None and stale is not self:
-            stale._finish(False, "learn() ended with an exception (closed by the next ProbeCallback)")
-        _ACTIVE[self.model] = self
+        stale = ACTIVE.get(self.model)
+        if stale is not None:
+            stale.finish(False, "learn() ended with an exception (closed by the next ProbeCallback)")
         model: Any = self.model
+        attachment = self._attachment = ACTIVE[model] = Attachment(model)
+        self._handles = attachment.handles
+        self._start_time = model.start_time  # set by every learn() (base_class.py:_setup_learn)
         policy: Any = model.policy
         if not hasattr(policy, "lstm_actor") or not hasattr(model, "rollout_buffer"):
             raise BadInput(f"ProbeCallback needs sb3-contrib's RecurrentPPO, not {type(model).__name__}")
@@ -256,33 +252,50 @@ class ProbeCallback(BaseCallback):
         meta["architecture_sb3"]["lstm_modules"] = list(modules)
         meta.update(self.extra_metadata)
         self._metadata = meta
-        tracer = Tracer(modules, dataclasses.replace(self.options, reference_window=self.n_steps), self)
+        options = dataclasses.replace(self.options, reference_window=self.n_steps)
+        tracer = Tracer(modules, options, WeakIntegration(self))
         tracer.metadata["architecture"].update(meta.pop("architecture_sb3"))
         tracer.start()
-        self.tracer = tracer
-        atexit.register(self._at_exit)
+        attachment.open(self, tracer)
         try:
-            self._handles = [
-                policy.register_forward_pre_hook(self._rollout_step_begin),
-                policy.register_forward_hook(self._rollout_step_end),
+            # Everything put on the model reaches this probe through a weak reference (sb3_attach.py).
+            self._handles += [
+                policy.register_forward_pre_hook(weak(self._rollout_step_begin)),
+                policy.register_forward_hook(weak(self._rollout_step_end)),
             ]
+            me = weakref.ref(self)
             buffer = model.rollout_buffer
-            original_get, original_samples = buffer.get, buffer._get_samples
 
-            def get(batch_size: int | None = None) -> Any:
-                self.epoch += 1
-                self.minibatch = -1
-                yield from original_get(batch_size)
+            def get(inner: Any, batch_size: int | None = None) -> Any:
+                probe = me()
+                if probe is not None:
+                    probe.epoch += 1
+                    probe.minibatch = -1
+                yield from inner(batch_size)
 
-            def get_samples(batch_inds: np.ndarray, env_change: np.ndarray, *args: Any, **kwargs: Any) -> Any:
-                samples = original_samples(batch_inds, env_change, *args, **kwargs)
-                self.minibatch += 1
-                self._train_tags(np.asarray(batch_inds), np.asarray(buffer.seq_start_indices), buffer)
+            def get_samples(inner: Any, batch_inds: np.ndarray, env_change: np.ndarray, *args: Any, **kw: Any) -> Any:
+                samples = inner(batch_inds, env_change, *args, **kw)
+                probe = me()
+                if probe is not None:
+                    probe.minibatch += 1
+                    probe._train_tags(np.asarray(batch_inds), np.asarray(buffer.seq_start_indices), buffer)
+                    if probe.what_if is not None:
+                        where = (probe.iteration, probe.epoch, probe.minibatch)
+                        probe.what_if.on_samples(probe.model, samples, np.asarray(batch_inds), buffer, *where)
                 return samples
 
-            buffer.get, buffer._get_samples = get, get_samples
-            self._restore = [(buffer, "get"), (buffer, "_get_samples")]
+            attachment.wrap(buffer, "get", get)
+            attachment.wrap(buffer, "_get_samples", get_samples)
+            attachment.wrap(policy, "predict_values", _entry(me, "bootstrap"))
+            attachment.wrap(policy, "predict", _entry(me, "predict"))
             self._handles += sb3_metrics.attach(self)  # live figures through SB3's logger (sb3_metrics.py)
+            if self.memory_settings is not None:  # the memory horizon, on a copy of the policy (sb3_memory.py)
+                self.memory = sb3_memory.Memory(model, **self.memory_settings)
+                attachment.extra["memory"] = self.memory.metadata
+            if self.what_if_settings is not None:  # counterfactual initial states, on a copy (sb3_whatif.py)
+                self.what_if = sb3_whatif.WhatIf(model, **self.what_if_settings)
+                attachment.extra["what_if"] = self.what_if.metadata
+                self._handles.append(policy.optimizer.register_step_pre_hook(self.what_if.step_hook))
         except BaseException:
             self._finish(False, "failed to attach")
             raise
@@ -300,6 +313,8 @@ class ProbeCallback(BaseCallback):
         )
         self.epoch = -1
         self.current = Tags()
+        if self._attachment is not None:
+            self._attachment.iterations = self.iteration + 1
         if self.tracer is not None and self.tracer.writer is not None:
             self.tracer.writer.progress.update(num_timesteps=int(self.model.num_timesteps), iterations=self.iteration)
 
@@ -320,6 +335,8 @@ class ProbeCallback(BaseCallback):
     def _on_rollout_end(self) -> None:
         self.in_rollout = False
         self.current = Tags()
+        if self.memory is not None:
+            self.memory.measure(self.model.rollout_buffer, self.iteration)  # type: ignore[attr-defined]
 
     def _on_training_end(self) -> None:
         done = int(self.model.num_timesteps) >= int(self.locals.get("total_timesteps", 0))
@@ -327,28 +344,8 @@ class ProbeCallback(BaseCallback):
 
     # -- lifecycle -------------------------------------------------------------------------------
     def _finish(self, completed: bool, reason: str | None) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
-        for obj, name in self._restore:
-            obj.__dict__.pop(name, None)
-        self._restore = []
-        if _ACTIVE.get(self.model) is self:
-            del _ACTIVE[self.model]
-        tracer, self.tracer = self.tracer, None
-        if tracer is not None:
-            atexit.unregister(self._at_exit)
-            extra = {"progress_num_timesteps": int(self.model.num_timesteps), "iterations": self.iteration + 1}
-            self.path = tracer.close(completed=completed, stop_reason=reason, **extra)
-
-    def _at_exit(self) -> None:
-        tracer = self.tracer
-        failed = tracer is not None and tracer.writer is not None and tracer.writer.error is not None
-        try:
-            self._finish(False, "the process exited before learn() finished")
-        except OutputError:
-            if not failed:  # new at exit: say it; a writer error was already raised inside learn()
-                raise
+        if self._attachment is not None:
+            self.path = self._attachment.finish(completed, reason)
 
     def close(self, exc: BaseException | None = None) -> Path | None:
         """Close the log now (completed only if training reached its end). Idempotent."""
@@ -369,6 +366,10 @@ class ProbeCallback(BaseCallback):
     # -- provenance ------------------------------------------------------------------------------
     @_timed
     def _rollout_step_begin(self, module: Any, args: Any) -> None:
+        if self.model.start_time != self._start_time:  # type: ignore[union-attr]
+            # a later learn() without this probe: the one it was attached in raised
+            self._finish(False, "learn() ended with an exception")
+            return
         if not self.in_rollout:
             return
         # ppo_recurrent.py:collect_rollouts passes self._last_episode_starts (as a tensor) to the policy.
@@ -419,6 +420,8 @@ class ProbeCallback(BaseCallback):
         episode_step = np.where(null, -1, self.tab_episode_step[k, env])
         # the buffer's own flattened episode_starts (buffers.py:get swap_and_flatten), as sb3 used them
         starts = np.asarray(buffer.episode_starts).reshape(-1)[flat] > 0.5
+        # ``_process_sequence`` runs one call per step when the minibatch holds an episode start
+        path = "stepwise" if starts[valid].any() else "sequence"
         first = batch_inds[seq_starts]
         first_start = np.asarray(buffer.episode_starts).reshape(-1)[first] > 0.5
         # Only the first sequence of a minibatch can start at the split point or a minibatch cut: later ones
@@ -444,12 +447,12 @@ class ProbeCallback(BaseCallback):
             seq_len=lens.astype(np.int32),
             seq_reason=reason.astype(np.int8),
         )
-        self.current = Tags("train", self.iteration, self.epoch, self.minibatch, grid=grid)
+        self.current = Tags("train", self.iteration, self.epoch, self.minibatch, grid=grid, path=path)
 
     # -- the Integration contract ----------------------------------------------------------------
     def capabilities(self) -> Capabilities:
         """Train rows have epochs; sequences are cut from the rollout buffer and start from its stored states."""
-        return Capabilities("sb3", epochs=True, rollout_buffer=True, stored_states=True)
+        return Capabilities("sb3", epochs=True, rollout_buffer=True, stored_states=True, replay=True)
 
     def metadata(self) -> dict[str, Any]:
         """The model's, its env's and its hyperparameters' record (made when learn() starts)."""
@@ -457,11 +460,12 @@ class ProbeCallback(BaseCallback):
 
     def resolve(self, name: str, steps: int, batch: int) -> Tags:
         """The tags of a call of LSTM ``name`` (see the module docstring for how each kind is told apart)."""
-        if self.in_forward or not self.in_rollout:
+        entry = self.entry
+        if entry is None or self.in_forward:
             return self.current  # rollout step, or train minibatch (or untagged outside both)
-        if name == "critic" or (self.shared and _inside("predict_values")):
-            return self._bootstrap_tags(batch)
-        return self._predict_tags(batch)
+        if entry == "predict":
+            return self._predict_tags(batch)
+        return self._bootstrap_tags(batch) if self.in_rollout else self.current
 
     def _bootstrap_tags(self, batch: int) -> Tags:
         """Tags of a predict_values call made by collect_rollouts (terminal or last value)."""
@@ -479,8 +483,8 @@ class ProbeCallback(BaseCallback):
         return Tags("bootstrap", self.iteration, bootstrap="terminal", grid=grid)
 
     def _predict_tags(self, batch: int) -> Tags:
-        """model.predict from a callback (EvalCallback) or user code during the rollout."""
-        starts = _local_of("predict", "episode_start")
+        """policy.predict (model.predict) from a callback (EvalCallback) or user code."""
+        starts = self.predict_start
         start = np.full(batch, -1, np.int8) if starts is None else np.asarray(starts).reshape(-1).astype(np.int8)
         if len(start) != batch:
             start = np.full(batch, -1, np.int8)
@@ -507,36 +511,21 @@ def _advance(
     return out_episode, out_step
 
 
-def _guard_learn_frame(probe: ProbeCallback) -> None:
-    """Put a :class:`_LearnGuard` among the locals of the learn() frame that is calling us."""
-    frame = sys._getframe(1)
-    for _ in range(16):
-        if frame is None:
-            return
-        if frame.f_code.co_name == "learn" and "callback" in frame.f_code.co_varnames:
-            frame.f_locals["__lstm_probe_guard__"] = _LearnGuard(probe)
-            return
-        frame = frame.f_back  # type: ignore[assignment]
+def _entry(probe_ref: weakref.ref[ProbeCallback], kind: str) -> Any:
+    """The wrapper body of an entry point whose LSTM calls are ``kind`` ('bootstrap': predict_values,
+    'predict': predict); nests (an entry inside another restores the outer one on return)."""
 
+    def around(inner: Any, *args: Any, **kwargs: Any) -> Any:
+        probe = probe_ref()
+        if probe is None:
+            return inner(*args, **kwargs)
+        saved = probe.entry, probe.predict_start
+        probe.entry = kind
+        if kind == "predict":  # policies.py:predict(observation, state, episode_start, deterministic)
+            probe.predict_start = kwargs.get("episode_start", args[2] if len(args) > 2 else None)
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            probe.entry, probe.predict_start = saved
 
-def _inside(function: str, depth: int = 12) -> bool:
-    """Whether ``function`` is on the call stack (a few frames up). Used only off the hot path."""
-    frame = sys._getframe(2)
-    for _ in range(depth):
-        if frame is None:
-            return False
-        if frame.f_code.co_name == function:
-            return True
-        frame = frame.f_back  # type: ignore[assignment]
-    return False
-
-
-def _local_of(function: str, name: str, depth: int = 12) -> Any:
-    frame = sys._getframe(2)
-    for _ in range(depth):
-        if frame is None:
-            return None
-        if frame.f_code.co_name == function and "self" in frame.f_locals:
-            return frame.f_locals.get(name)
-        frame = frame.f_back  # type: ignore[assignment]
-    return None
+    return around

@@ -7,15 +7,22 @@ module identity, not by name. Gradient flow is measured: sb3-contrib's policy, v
 losses (as ``ppo_recurrent.py:RecurrentPPO.train`` computes them) are built on one minibatch and
 differentiated separately with ``torch.autograd.grad`` (no ``.grad`` is touched, no optimizer step).
 
-The minibatch is a short real rollout when an env is at hand (``arch(model, rollout=True)``). Inside a
-probed run it is a synthetic one drawn from a local RNG with deterministic actions: the global torch
-and NumPy RNGs and the env are never touched, so the run stays bit-identical to an unprobed one.
+Everything runs on a private copy of the policy, made without its hooks (:func:`private_policy`): the
+caller's modules are never called, so a user's forward hook sees nothing and no module attribute,
+buffer or gradient of theirs changes. The minibatch is a short real rollout when an env is at hand
+(``arch(model, rollout=True)``), run by a shallow copy of the model on deep copies of its env and
+rollout buffer (only an env that runs in this process is copied; otherwise the minibatch is synthetic).
+Inside a probed run it is a synthetic one drawn from a local RNG with deterministic actions. The
+global torch, NumPy and ``random`` RNG states are restored afterwards (:func:`_rng_kept`): the caller's
+counters, env, RNGs and training stay as they were, bit for bit.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import itertools
+import random
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -104,6 +111,99 @@ def _recording(policy: nn.Module, calls: list[str]) -> Iterator[None]:
             h.remove()
 
 
+_GLOBAL_HOOKS = (
+    "_global_forward_pre_hooks",
+    "_global_forward_hooks",
+    "_global_forward_hooks_always_called",
+    "_global_backward_pre_hooks",
+    "_global_backward_hooks",
+)
+"""torch.nn.modules.module's hooks on every module (``register_module_forward_hook`` and the like)."""
+
+
+def private_policy(policy: Any) -> Any:
+    """A copy of ``policy`` that runs none of the caller's code: without the hooks on its modules (torch's
+    own weight/spectral-norm hooks, which compute weights, stay), without instance attributes that shadow
+    its methods (a user's wrappers), without its optimizer. A deep copy; a policy that cannot be
+    deep-copied is rebuilt as sb3 loads one (``common/policies.py:BaseModel.load``) and given the very
+    parameter and buffer values. The RNG draws of a rebuild are the caller's to undo (:func:`_rng_kept`)."""
+    try:
+        fresh = _deep_copy(policy)
+    except Exception:
+        fresh = _rebuilt(policy)
+    fresh.optimizer = None
+    for m in fresh.modules():
+        own = vars(m)
+        for name, value in list(own.items()):
+            if "hooks" in name and isinstance(value, dict):
+                kept = {k: h for k, h in value.items() if type(h).__module__.startswith("torch.nn.utils")}
+                value.clear()
+                value.update(kept)
+            elif callable(value) and not isinstance(value, type) and callable(getattr(type(m), name, None)):
+                del own[name]
+    return fresh
+
+
+def _deep_copy(policy: Any) -> Any:
+    memo: dict[int, Any] = {}
+    skip = [getattr(policy, "optimizer", None)]  # its state: not needed, and as large as the parameters
+    dist = getattr(policy, "action_dist", None)
+    if dist is not None:  # the last distribution and latents it keeps hold non-leaf tensors (no deepcopy)
+        skip += [v for v in vars(dist).values() if not isinstance(v, int | float | bool | str | nn.Module)]
+    for obj in skip:
+        if obj is not None:
+            memo[id(obj)] = None
+    for m in policy.modules():
+        for name, hooks in vars(m).items():
+            if "hooks" in name and isinstance(hooks, dict) and hooks:
+                memo[id(hooks)] = type(hooks)()  # not copied: the caller's hooks and what they hold
+    return copy.deepcopy(policy, memo)
+
+
+def _rebuilt(policy: Any) -> Any:
+    kwargs = dict(policy._get_constructor_parameters())
+    if hasattr(policy, "lstm_actor"):  # RecurrentActorCriticPolicy leaves its own out (policies.py)
+        kwargs.update(
+            lstm_hidden_size=policy.lstm_actor.hidden_size,
+            n_lstm_layers=policy.lstm_actor.num_layers,
+            shared_lstm=policy.shared_lstm,
+            enable_critic_lstm=policy.enable_critic_lstm,
+            lstm_kwargs=policy.lstm_kwargs,
+        )
+    fresh = type(policy)(**kwargs).to(policy.device)
+    source = dict(itertools.chain(policy.named_parameters(), policy.named_buffers()))
+    with torch.no_grad():
+        for name, tensor in itertools.chain(fresh.named_parameters(), fresh.named_buffers()):
+            tensor.copy_(source[name])
+            if isinstance(tensor, nn.Parameter):
+                tensor.requires_grad_(source[name].requires_grad)
+    return fresh
+
+
+@contextlib.contextmanager
+def _rng_kept(device: torch.device) -> Iterator[None]:
+    """Restore the global torch (CPU and ``device``), NumPy and ``random`` RNG states on the way out, and
+    keep torch's global module hooks (a user's) out of the calls made meanwhile."""
+    import torch.nn.modules.module as torch_module
+
+    np_state, py_state = np.random.get_state(), random.getstate()
+    saved = {}
+    for name in _GLOBAL_HOOKS:
+        hooks = getattr(torch_module, name, None)
+        if isinstance(hooks, dict) and hooks:
+            saved[name] = dict(hooks)
+            hooks.clear()
+    devices = [device.index or 0] if device.type == "cuda" else []
+    try:
+        with torch.random.fork_rng(devices=devices):
+            yield
+    finally:
+        np.random.set_state(np_state)
+        random.setstate(py_state)
+        for name, kept in saved.items():
+            getattr(torch_module, name).update(kept)
+
+
 def _dedupe(seq: list[str]) -> list[str]:
     return list(dict.fromkeys(seq))
 
@@ -153,12 +253,38 @@ def _synthetic_batch(policy: Any, n_seq: int = 2, steps: int = 4) -> dict[str, A
     }
 
 
-def _rollout_batch(model: Any) -> dict[str, Any]:
-    """One minibatch of a short real rollout, exactly as RecurrentPPO.train would see it."""
-    _, callback = model._setup_learn(model.n_steps * model.n_envs, None)
+def _in_process(env: Any) -> bool:
+    """Whether a VecEnv (under its wrappers) steps its envs in this process, so a deep copy is its own."""
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    while hasattr(env, "venv"):  # VecEnvWrapper
+        env = env.venv
+    return isinstance(env, DummyVecEnv)
+
+
+def _rollout_batch(model: Any, policy: Any) -> dict[str, Any] | None:
+    """One minibatch of a short real rollout, exactly as RecurrentPPO.train would see it, collected by a
+    copy of ``model`` (its own env, buffer, counters and logger; ``policy`` the private copy). None when
+    the env cannot be copied."""
+    from stable_baselines3.common.logger import Logger
+    from stable_baselines3.common.vec_env import unwrap_vec_normalize
+
+    if model.env is None or not _in_process(model.env):
+        return None
+    try:
+        env = copy.deepcopy(model.env)
+        buffer = copy.deepcopy(model.rollout_buffer)
+    except Exception:
+        return None
+    clone = copy.copy(model)  # attributes are rebound on the clone, never changed in place (ppo_recurrent.py)
+    clone.env, clone._vec_normalize_env = env, unwrap_vec_normalize(env)
+    clone.policy, clone.rollout_buffer = policy, buffer
+    clone._custom_logger, clone._logger = True, Logger(folder=None, output_formats=[])
+    # reset_num_timesteps (the default) gives the clone new episode-info buffers and resets its env
+    _, callback = clone._setup_learn(clone.n_steps * clone.n_envs, None)
     callback.on_training_start(locals(), globals())
-    model.collect_rollouts(model.env, callback, model.rollout_buffer, n_rollout_steps=model.n_steps)
-    data = next(iter(model.rollout_buffer.get(model.batch_size)))
+    clone.collect_rollouts(env, callback, buffer, n_rollout_steps=clone.n_steps)
+    data = next(iter(buffer.get(clone.batch_size)))
     return {
         "observations": data.observations,
         "actions": data.actions,
@@ -171,11 +297,10 @@ def _rollout_batch(model: Any) -> dict[str, Any]:
     }
 
 
-def _losses(model: Any, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """sb3-contrib's three loss terms, computed as ppo_recurrent.py:RecurrentPPO.train does."""
+def _losses(model: Any, policy: Any, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """sb3-contrib's three loss terms, computed as ppo_recurrent.py:RecurrentPPO.train does (on ``policy``)."""
     from gymnasium import spaces
 
-    policy = model.policy
     actions = batch["actions"]
     if isinstance(policy.action_space, spaces.Discrete):
         actions = actions.long().flatten()
@@ -201,27 +326,30 @@ def _losses(model: Any, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
 
 def arch(model: Any, *, rollout: bool = False) -> Architecture:
     """Architecture and measured gradient flow of a RecurrentPPO model (see the module docstring)."""
-    policy = model.policy
-    was_training = policy.training
+    with _rng_kept(model.policy.device):
+        return _arch(model, rollout)
+
+
+def _arch(model: Any, rollout: bool) -> Architecture:
+    policy = private_policy(model.policy)
     policy.set_training_mode(False)
-    try:
-        batch = _rollout_batch(model) if rollout else _synthetic_batch(policy)
-        n = int(batch["mask"].sum())
-        actor_calls: list[str] = []
-        critic_calls: list[str] = []
-        obs = batch["observations"]
-        one = (lambda x: x[:1]) if not isinstance(obs, dict) else (lambda x: {k: v[:1] for k, v in x.items()})
-        shape = (policy.lstm_actor.num_layers, 1, policy.lstm_actor.hidden_size)
-        z = torch.zeros(shape, device=policy.device)
-        start = torch.zeros(1, device=policy.device)
-        with torch.no_grad():
-            with _recording(policy, actor_calls):
-                policy.get_distribution(one(obs), (z, z), start)
-            with _recording(policy, critic_calls):
-                policy.predict_values(one(obs), (z, z), start)
-        losses = _losses(model, batch)
-    finally:
-        policy.set_training_mode(was_training)
+    real = _rollout_batch(model, policy) if rollout else None
+    batch = real if real is not None else _synthetic_batch(policy)
+    note = "" if real is not None or not rollout else " (the env could not be copied)"
+    n = int(batch["mask"].sum())
+    actor_calls: list[str] = []
+    critic_calls: list[str] = []
+    obs = batch["observations"]
+    one = (lambda x: x[:1]) if not isinstance(obs, dict) else (lambda x: {k: v[:1] for k, v in x.items()})
+    shape = (policy.lstm_actor.num_layers, 1, policy.lstm_actor.hidden_size)
+    z = torch.zeros(shape, device=policy.device)
+    start = torch.zeros(1, device=policy.device)
+    with torch.no_grad():
+        with _recording(policy, actor_calls):
+            policy.get_distribution(one(obs), (z, z), start)
+        with _recording(policy, critic_calls):
+            policy.predict_values(one(obs), (z, z), start)
+    losses = _losses(model, policy, batch)
     named = [(n_, p) for n_, p in policy.named_parameters() if p.requires_grad]
     params = [p for _, p in named]
     flows = {}
@@ -264,7 +392,7 @@ def arch(model: Any, *, rollout: bool = False) -> Architecture:
         shared=shared,
         modules=infos,
         params=rows,
-        batch=f"{'a real rollout' if rollout else 'a synthetic'} minibatch of {n} steps",
+        batch=f"{'a real rollout' if real is not None else 'a synthetic'} minibatch of {n} steps{note}",
         verdict="",
         lstm=_lstm_info(policy),
     )
