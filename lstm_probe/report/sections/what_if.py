@@ -229,12 +229,11 @@ class WhatIf(Section[WhatIfSection]):
             rows.append(
                 (
                     str(r["epoch"]),
-                    fmt(r["alternative"]),
+                    fmt(str(r["alternative"]).replace("burn_in_", "burn-in ")),
                     states,
                     _pct(r["value_rel"]),
                     fmt(r["kl"]),
                     _pct(r["ratio_change"]),
-                    fmt(r["clip_fraction_delta"]),
                     " / ".join(fmt(r.get(c)) for c in ("grad_cos_policy", "grad_cos_value")),
                     _pct(r["reached"]) if r["reached"] is not None else "-",
                 )
@@ -249,16 +248,18 @@ class WhatIf(Section[WhatIfSection]):
                 "What if: against refreshed states, mean over the measured minibatches",
                 (
                     "epoch",
-                    "initial states",
-                    f"state Δ ({' / '.join(data.modules)})",
-                    "value Δ / spread",
+                    "states",
+                    f"state Δ {' / '.join(data.modules)}",
+                    "value Δ/spread",
                     "KL",
                     "ratio Δ",
-                    "clip frac Δ",
-                    "grad cos (π / V)",
-                    "reaches ep. start",
+                    "grad cos π / V",
+                    "reach",
                 ),
                 tuple(rows),
             ),
-            Line(f"burn-in within {_pct(WITHIN)} of refreshed (values and policy): {within}"),
+            Line(
+                f"burn-in within {_pct(WITHIN)} of refreshed (values and policy): {within}; reach: sequences whose "
+                "burn-in reaches back to an episode start (equal to refreshed there)"
+            ),
         ]
