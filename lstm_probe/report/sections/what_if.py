@@ -136,7 +136,11 @@ def _pct(v: Any) -> str:
 
 class WhatIf(Section[WhatIfSection]):
     key = "what_if"
+    needs: ClassVar[str | None] = "replay"  # the measurement re-runs minibatches on a copy of the policy
     findings_rank: ClassVar[int] = 35  # right after staleness: how stale, then whether it matters
+
+    def applies(self, caps: Capabilities) -> bool:
+        return True  # computed for every log, so that one without ``replay`` says what it would need
 
     def compute(self, log: Log, acc: Any) -> WhatIfSection:
         meta = log.meta.get("what_if")
