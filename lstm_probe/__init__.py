@@ -30,6 +30,7 @@ __all__ = [
     "states",
     "summarize",
     "trace",
+    "watch",
 ]
 
 
@@ -52,6 +53,10 @@ def __getattr__(name: str) -> object:
         from lstm_probe.options import CaptureOptions
 
         return CaptureOptions
+    if name == "watch":  # the doctor over an sb3 model's predict calls outside learn()
+        from lstm_probe.integrations.sb3_doctor import watch
+
+        return watch
     if name == "run":
         from lstm_probe.integrations.sb3_run import run
 

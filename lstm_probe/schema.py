@@ -34,7 +34,7 @@ import numpy as np
 if TYPE_CHECKING:  # imported where a schema is built: the training process never needs pyarrow
     import pyarrow as pa
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """Bumped whenever a column is added, removed, renamed or changes meaning. Readers refuse newer versions
 and read older ones (a column newer than a log's version, see ``Column.since``, reads as null)."""
 
@@ -47,6 +47,7 @@ PHASES = ("rollout", "bootstrap", "train", "predict", "other", "value")
 PATHS = ("step", "sequence", "stepwise")
 BOOTSTRAPS = ("terminal", "last")
 SEQ_REASONS = ("episode_start", "env_boundary", "split", "minibatch_cut", "max_seq_len")
+INITS = ("zero", "previous", "reset", "stored", "other", "other_env")
 
 SOURCES = ("call", "tags", "grid", "sequence", "position", "state")
 """Who fills a column (see the recipe above)."""
@@ -330,6 +331,32 @@ COLUMNS: tuple[Column, ...] = (
         "state",
         valid=("vectors", "has_c"),
     ),
+    Column(
+        "init",
+        "string",
+        True,
+        "Where the state this row's batch column started the call from came from, at the column's first step "
+        "of the call (null at t > 0, on padding and on initial-state rows), computed by the tracer in the "
+        "training process from the call's input state: 'zero' (all zeros, no episode start tagged), 'reset' "
+        "(all zeros at a tagged episode start, or the first state the probe saw for that env column), "
+        "'previous' (bit-equal to the state this module last returned for the same env column in the same "
+        "phase; bootstrap calls: in the rollout), 'stored' (train: bit-equal to the rollout state of the same "
+        "env one env step before the sequence's first step; RLlib learners and logs whose rollout states the "
+        "training process does not hold: any non-zero state, which the framework takes from its stored "
+        "states), 'other_env' (bit-equal to the state another env column last returned), 'other' (none of "
+        "these).",
+        "state",
+        since=3,
+        values=INITS,
+    ),
+    Column(
+        "init_norm",
+        "float32",
+        True,
+        "L2 norm of this layer's input state (h and c together) where `init` is set; null elsewhere.",
+        "state",
+        since=3,
+    ),
     Column("h_norm", "float32", False, "L2 norm of h (computed from the full-precision state).", "state"),
     Column("c_norm", "float32", True, "L2 norm of c (null for GRU).", "state", valid=("has_c",)),
     Column(
@@ -392,6 +419,10 @@ METADATA_KEYS: dict[str, str] = {
     "stop_reason": "Null when completed, else what stopped the run (the exception's one-line summary).",
     "progress": "num_timesteps reached, iterations started, calls and rows written.",
     "final": "True in the metadata of the part that closed the log (absent from parts written before).",
+    "minibatch_paths": "sb3 runs: per path of sb3-contrib's _process_sequence ('sequence': one call over "
+    "the minibatch, 'stepwise': one call per step because the minibatch holds an episode start), the "
+    "minibatches and the training wall seconds the probe measured for them (from one minibatch's "
+    "_get_samples to the next, or to the end of train()).",
     "probe_cost": "What recording cost, measured by the probe while it ran: seconds (start to close, wall), "
     "calls, hook_seconds and integration_seconds (training thread: hooks, the integration's callbacks), "
     "writer (process or thread: where rows were made and written), writer_cpu_seconds and "

@@ -124,16 +124,17 @@ class Sink:
         hs: np.ndarray,
         cells: Cells | None,
         initial: tuple[np.ndarray, np.ndarray | None] | None,
+        init: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> None:
         """Rows of one multi-step call: hs (L, T, N, H) per-step h of every layer; ``cells`` what an
         LSTM's per-step c is computed from (:data:`Cells`), None for a GRU; ``initial`` the (L, N, H)
         states the call started from, written as rows with t = -1 when the call is a train call of
-        whole sequences."""
+        whole sequences; ``init`` the `init` codes and norms of the call's first step (see :meth:`rows`)."""
         cs = lstm_cells(hs, *cells, scratch=self.scratch).transpose(0, 2, 1, 3) if cells is not None else None
         hs = hs.transpose(0, 2, 1, 3)  # (L, N, T, H)
         batch, steps = hs.shape[1], hs.shape[2]
         path = PATH["sequence"]
-        self.rows(name, tags, 0, path, np.full(batch * steps, call, np.int64), hs, cs)
+        self.rows(name, tags, 0, path, np.full(batch * steps, call, np.int64), hs, cs, None, init)
         grid = tags.grid
         if initial is not None and grid is not None and grid.train and grid.shape[0] == batch:
             # The state each sequence started from, as rows with t = -1 (see the schema's `t`).
@@ -152,9 +153,12 @@ class Sink:
         hs: np.ndarray,
         cs: np.ndarray | None,
         t: int | None = None,
+        init: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> None:
         """Rows of one call (or of one per-timestep loop): hs/cs (L, N, T', H), rows ordered layer, column, t.
-        ``t`` overrides the rows' step column (-1 for the initial-state rows). Writer thread or process."""
+        ``t`` overrides the rows' step column (-1 for the initial-state rows). ``init``: where each column's
+        input state came from, (N,) `init` codes and (L, N) norms, for the rows of each column's first step
+        (the tracer computes them, ``inputs.py``); the other rows' are null. Writer thread or process."""
         grid = tags.grid
         layers, batch, steps = hs.shape[0], hs.shape[1], hs.shape[2]
         per_layer = batch * steps
@@ -200,6 +204,12 @@ class Sink:
                 r.c_norm[i0:i1] = np.sqrt(np.einsum("ij,ij->i", c, c, dtype=np.float64))
             else:
                 r.c_norm[i0:i1] = 0.0
+        r.init[i0:i1] = -1
+        r.init_norm[i0:i1] = np.nan
+        if init is not None:
+            first = i0 + np.arange(layers)[:, None] * per_layer + np.arange(batch)[None, :] * steps  # (L, N)
+            r.init[first] = init[0]
+            r.init_norm[first] = init[1]
         it = tags.iteration
         r.vectors[i0:i1] = self.capture == "full" and (it is None or it % self.every == 0)
         r.has_drift[i0:i1] = False

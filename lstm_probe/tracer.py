@@ -27,6 +27,7 @@ from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 
 from lstm_probe.contract import CODES, GRID_CELLS, GRID_SEQUENCES, PATH, Grid, Integration, Resolver, Tags, tag_values
 from lstm_probe.errors import BadInput, one_line
+from lstm_probe.inputs import Inputs, cell_input, host_codes, module_input
 from lstm_probe.logwriter import LogWriter
 from lstm_probe.options import CaptureOptions
 from lstm_probe.recover import gru_sequence_states, lstm_sequence_io, snapshot_weights
@@ -185,6 +186,9 @@ class Tracer:
         }
         self.initial_states = initial_states
         self.shard = shard
+        # where each call's input state came from (the `init` columns): the returned states the probe holds
+        window = options.reference_window + 2 if options.reference_window else 0
+        self.inputs = Inputs(window, integration.capabilities().stored_states)
         self.resolver: Resolver = integration.resolve
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
         self.writer: LogWriter | None = None
@@ -304,6 +308,7 @@ class Tracer:
             is_lstm = isinstance(module, nn.LSTM)
             time_axis = 1 if module.batch_first else 0
             pending = self._pending
+            layers = int(module.num_layers)
 
             def hook(mod: nn.Module, args: tuple[Any, ...], output: Any) -> None:
                 x = args[0]
@@ -321,12 +326,16 @@ class Tracer:
                     # training path makes most of a run's calls); tags is the block's own object.
                     tags = self.resolver(name, 1, int(shape[1 - time_axis]))
                     if tags is self._stepwise_tags:
-                        tags.stepwise[name] = tags.stepwise.get(name, 0) + 1
+                        done = tags.stepwise.get(name, 0)
+                        tags.stepwise[name] = done + 1
                         call = self.call_base + self.calls
                         self.calls += 1
                         block = pending.get(name)
                         if block is None:
                             block = pending[name] = _Block()
+                        if done == 0:  # this module's first step of the loop: where its state came from
+                            x0 = module_input(mod, args, int(shape[1 - time_axis]), x, False, is_lstm)
+                            block.inits.append(self.inputs.ask(name, tags.phase, tags.grid, 0, x0, layers)[:2])
                         # Copied now: a loop may change the returned states in place (`h[:, done] = 0`).
                         # h and c as one tensor: one copy per call. (Lists, not a tuple per call: a new
                         # container per call made Python's cyclic garbage collector run more often.)
@@ -347,14 +356,15 @@ class Tracer:
                     if unbatched:
                         hn = hn.unsqueeze(1)
                         cn = cn.unsqueeze(1) if cn is not None else None
-                    self._emit(name, code, 1, batch, hn, cn)
+                    x0 = module_input(mod, args, batch, x, unbatched, is_lstm)
+                    self._emit(name, code, 1, batch, hn, cn, x0=x0)
                     return
                 x, y = x.detach(), y.detach()
                 if unbatched:
                     x, y = x.unsqueeze(1), y.unsqueeze(1)
                 elif module.batch_first:
                     x, y = x.transpose(0, 1), y.transpose(0, 1)
-                sequence(mod, args, x, y, unbatched, None)
+                sequence(mod, args, x, y, unbatched, None, output)
 
             def packed(mod: nn.Module, args: tuple[Any, ...], xp: PackedSequence, output: Any) -> None:
                 # Rows per (sequence, step) in the caller's batch order (pad_packed_sequence undoes the
@@ -364,7 +374,7 @@ class Tracer:
                 steps, batch = int(x.shape[0]), int(x.shape[1])
                 valid = np.arange(steps)[:, None] < lengths.numpy()[None, :]  # (T, N)
                 self._resolved = _padded(self.resolver(name, steps, batch), valid)
-                sequence(mod, args, x, y, False, valid)
+                sequence(mod, args, x, y, False, valid, output)
 
             def sequence(
                 mod: nn.Module,
@@ -373,11 +383,17 @@ class Tracer:
                 y: torch.Tensor,
                 unbatched: bool,
                 valid: np.ndarray | None,
+                output: Any,
             ) -> None:
                 # x, y: (T, N, .) sequence-first; valid: (T, N) False on a packed call's padding steps
                 steps, batch = int(x.shape[0]), int(x.shape[1])
                 h0, c0 = self._initial(mod, args, batch, x, unbatched, is_lstm)
                 h0, c0 = h0.detach(), c0.detach()
+                x0 = torch.cat((h0, c0)) if is_lstm else h0
+                hn, cn = output[1] if is_lstm else (output[1], None)
+                if unbatched:
+                    hn, cn = hn.unsqueeze(1), cn.unsqueeze(1) if cn is not None else None
+                out = torch.cat((hn, cn)) if cn is not None else hn
                 weights: list[list[torch.Tensor]] | None = None
                 if self.writer is not None and not self.writer.inline:
                     # The recovery runs later, on the writer thread: copy what the caller may still change
@@ -399,9 +415,8 @@ class Tracer:
                     initial = (_host(h0), _host(c0) if is_lstm else None) if initial_states else None
                     return hs, cells, initial
 
-                layers = int(module.num_layers)
                 nbytes = 2 * layers * _nbytes(y) + _nbytes(x, h0, c0, *(w for ws in weights or [] for w in ws))
-                self._emit(name, code, steps, batch, None, None, states, nbytes)
+                self._emit(name, code, steps, batch, None, None, states, nbytes, x0=x0, out=out)
 
         else:
             is_cell_lstm = isinstance(module, nn.LSTMCell)
@@ -412,7 +427,8 @@ class Tracer:
                     h = h.unsqueeze(0)
                     c = c.unsqueeze(0) if c is not None else None
                 batch = int(h.shape[0])
-                self._emit(name, code, 1, batch, h[None], c[None] if c is not None else None)
+                x0 = cell_input(args, batch, h, is_cell_lstm)
+                self._emit(name, code, 1, batch, h[None], c[None] if c is not None else None, x0=x0)
 
         return hook
 
@@ -440,6 +456,9 @@ class Tracer:
         c: torch.Tensor | None,
         states: Callable[[], tuple[np.ndarray, Any, Any]] | None = None,
         nbytes: int = 0,
+        *,
+        x0: torch.Tensor,
+        out: torch.Tensor | None = None,
     ) -> None:
         """Take one call. One-step calls bring their (L, N, H) states ``h``/``c`` as the module returned them
         (copied here: the caller may change them in place once the call returns); multi-step
@@ -450,6 +469,9 @@ class Tracer:
         sequence batch (sb3's 'stepwise' path) along the time axis, consecutive one-step calls with the
         same tags (rollout steps) along the batch axis. A block is handed to the writer
         (:meth:`LogWriter.submit`) when the tags change, when it holds MAX_PENDING calls, and at close.
+
+        ``x0`` (R, N, H): the states the call was given (h of every layer, then c), where the `init`
+        columns come from (:class:`~lstm_probe.inputs.Inputs`); ``out``: a multi-step call's returned states.
         """
         tags, self._resolved = self._resolved, None
         writer = self.writer
@@ -461,6 +483,7 @@ class Tracer:
         call = self.call_base + self.calls
         self.calls += 1
         key: tuple[Any, ...] | None = None
+        t = 0  # the call's first step in its grid
         if steps == 1:
             if tags is self._key_tags and batch == self._key_batch:
                 key = self._key  # the call before had these tags (a rollout step's actor, then critic)
@@ -471,21 +494,29 @@ class Tracer:
                     key = ("step", tag_values(tags), grid is None)
                 self._key_tags, self._key_batch, self._key = tags, batch, key
             if key is not None and key[0] == "stepwise":
-                tags.stepwise[name] = tags.stepwise.get(name, 0) + 1
+                t = tags.stepwise.get(name, 0)
+                tags.stepwise[name] = t + 1
+        if h is not None:
+            out = h if c is None else torch.cat((h, c))  # a copy: the caller may change h and c in place
+        init = self.inputs.ask(name, tags.phase, grid, t, x0, self.layers[name]) if t == 0 else None
+        if init is not None and out is not None and (key is None or key[0] == "step"):
+            self.inputs.keep(init[2], out, steps > 1)  # a per-timestep loop's first step is not its last
+        stored = self.inputs.stored_states
         if key is None:
             self.flush_pending()
             if h is not None and not writer.inline:  # the job runs later, on the writer thread
                 h, c = h.clone(), c.clone() if c is not None else None
 
             def job() -> None:
+                first = host_codes(init[0], init[1], grid, 0, stored) if init is not None else None
                 if states is not None:
-                    writer.send("sequence", name, tags, call, *states())
+                    writer.send("sequence", name, tags, call, *states(), first)
                 else:  # a one-step call that fits no block
                     assert h is not None
                     hs = _host(h)[:, :, None, :]
                     cs = _host(c)[:, :, None, :] if c is not None else None
                     path = PATH[tags.path or "step"]  # a train call of one step names its branch
-                    writer.send("rows", name, tags, 0, path, np.full(batch, call, np.int64), hs, cs)
+                    writer.send("rows", name, tags, 0, path, np.full(batch, call, np.int64), hs, cs, None, first)
 
             writer.submit(job, nbytes or _nbytes(h, c))
             return
@@ -497,11 +528,13 @@ class Tracer:
         block = self._pending.get(name)
         if block is None:
             block = self._pending[name] = _Block()
-        assert h is not None  # a one-step call brings its states
+        assert h is not None and out is not None  # a one-step call brings its states
         block.calls.append(call)
-        block.states.append(h.clone() if c is None else torch.cat((h, c)))
+        block.states.append(out.clone() if c is None else out)
         if grid is not None:
             block.grids.append(grid)
+        if init is not None:
+            block.inits.append(init[:2])
         if len(block.calls) >= MAX_PENDING and key[0] == "step":
             self.flush_pending()
 
@@ -528,24 +561,36 @@ class Tracer:
         if stepwise:
             hc = _host(torch.stack(block.states, dim=2))  # (L or 2L, N, T', H)
             per_col = np.tile(calls, hc.shape[1])  # (N * T',) in column-major order: n, then t
-            writer.send("rows", name, tags, t0, PATH["stepwise"], per_col, hc[:layers], hc[layers:] if with_c else None)
+            init = None
+            if t0 == 0 and block.inits:  # the loop's first step: where each column's state came from
+                init = host_codes(*block.inits[0], tags.grid, 0, self.inputs.stored_states)
+            cs = hc[layers:] if with_c else None
+            writer.send("rows", name, tags, t0, PATH["stepwise"], per_col, hc[:layers], cs, None, init)
             return
         hc = _host(torch.cat(block.states, dim=1))[:, :, None, :]  # (L or 2L, sum N, 1, H)
         per_col = np.repeat(calls, [s.shape[1] for s in block.states])
         sent = tags
         if block.grids:
             sent = dataclasses.replace(tags, grid=Grid.concat(block.grids), stepwise={})
-        writer.send("rows", name, sent, 0, PATH["step"], per_col, hc[:layers], hc[layers:] if with_c else None)
+        init = None
+        if len(block.inits) == len(block.calls):  # every call's input state (see Inputs)
+            flags = torch.cat([f for f, _ in block.inits])
+            norms = torch.cat([n for _, n in block.inits], dim=1)
+            init = host_codes(flags, norms, sent.grid, 0, self.inputs.stored_states)
+        path = PATH["step"]
+        writer.send("rows", name, sent, 0, path, per_col, hc[:layers], hc[layers:] if with_c else None, None, init)
 
 
 class _Block:
-    """The one-step calls of one module kept for one block: their call ids, grids (rollout steps) and
-    states, as parallel lists. The states are copies made as each call returned (a loop may change
+    """The one-step calls of one module kept for one block: their call ids, grids (rollout steps), states
+    and input-state answers (``inits``, see :class:`~lstm_probe.inputs.Inputs`; a per-timestep loop's first
+    step only), as parallel lists. The states are copies made as each call returned (a loop may change
     what the module returned in place, ``h[:, done] = 0``): h (L, N, H), or h and c as one (2L, N, H)."""
 
-    __slots__ = ("calls", "grids", "states")
+    __slots__ = ("calls", "grids", "inits", "states")
 
     def __init__(self) -> None:
         self.calls: list[int] = []
         self.grids: list[Grid] = []
+        self.inits: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.states: list[torch.Tensor] = []

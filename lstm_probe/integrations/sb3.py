@@ -40,7 +40,7 @@ from stable_baselines3.common.callbacks import BaseCallback
 
 from lstm_probe.contract import SEQ_REASON, Capabilities, Grid, Tags
 from lstm_probe.errors import BadInput, one_line
-from lstm_probe.integrations import sb3_memory, sb3_metrics, sb3_whatif
+from lstm_probe.integrations import sb3_doctor, sb3_memory, sb3_metrics, sb3_whatif
 from lstm_probe.integrations.sb3_arch import summary
 from lstm_probe.integrations.sb3_attach import ACTIVE, Attachment, WeakIntegration, weak
 from lstm_probe.options import DEFAULT_WRITER, CaptureOptions, capture_options
@@ -205,6 +205,7 @@ class ProbeCallback(BaseCallback):
         self._handles: list[Any] = []  # the attachment's hook handles (the same list)
         self.entry: str | None = None  # the wrapped entry point running now: 'bootstrap' or 'predict'
         self.predict_start: Any = None  # the episode_start passed to policy.predict
+        self.clock = sb3_doctor.PathClock()  # training time per _process_sequence path (sb3_doctor.py)
 
     @property
     def tracer(self) -> Tracer | None:
@@ -279,6 +280,7 @@ class ProbeCallback(BaseCallback):
                 if probe is not None:
                     probe.minibatch += 1
                     probe._train_tags(np.asarray(batch_inds), np.asarray(buffer.seq_start_indices), buffer)
+                    probe.clock.sample(probe.current.path)
                     if probe.what_if is not None:
                         where = (probe.iteration, probe.epoch, probe.minibatch)
                         probe.what_if.on_samples(probe.model, samples, np.asarray(batch_inds), buffer, *where)
@@ -288,6 +290,7 @@ class ProbeCallback(BaseCallback):
             attachment.wrap(buffer, "_get_samples", get_samples)
             attachment.wrap(policy, "predict_values", _entry(me, "bootstrap"))
             attachment.wrap(policy, "predict", _entry(me, "predict"))
+            attachment.extra["minibatch_paths"] = self.clock.metadata
             self._handles += sb3_metrics.attach(self)  # live figures through SB3's logger (sb3_metrics.py)
             if self.memory_settings is not None:  # the memory horizon, on a copy of the policy (sb3_memory.py)
                 self.memory = sb3_memory.Memory(model, **self.memory_settings)
@@ -301,6 +304,7 @@ class ProbeCallback(BaseCallback):
             raise
 
     def _on_rollout_start(self) -> None:
+        self.clock.stop()  # train() ended
         self.iteration += 1
         self.in_rollout = True
         self.k = 0

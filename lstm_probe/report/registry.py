@@ -13,6 +13,7 @@ from lstm_probe.report.section import Section
 from lstm_probe.report.sections.architecture import Architecture
 from lstm_probe.report.sections.calls import Calls
 from lstm_probe.report.sections.cross_process import CrossProcess
+from lstm_probe.report.sections.doctor import Doctor
 from lstm_probe.report.sections.health import Health
 from lstm_probe.report.sections.memory import Memory
 from lstm_probe.report.sections.run import Run
@@ -28,6 +29,7 @@ SECTIONS: list[Section[Any]] = [
     Staleness(),
     CrossProcess(),
     Health(),
+    Doctor(),
     Memory(),
     WhatIf(),
 ]

@@ -1,0 +1,314 @@
+"""The "Doctor" section: the classic recurrent-policy bugs, found from where each call's input state came from.
+
+It reads the ``init`` column (schema 3; the tracer fills it at each batch column's first step of a call,
+``lstm_probe/inputs.py``) with the phase, env, env step and episode start of those rows, in bounded runs,
+and names, each with its count and first occurrence (call, module, env, env_step):
+
+- calls that started from zeros without an episode start: in a phase that never carried its state, the
+  state is not being passed back (``model.predict(obs)`` without ``state=`` and ``episode_start=``);
+  elsewhere, a state reset where no episode started;
+- episode starts whose state was not reset (the loop forgot ``h[:, done] = 0``), and, in the same calls as
+  resets without an episode start, a reset of the wrong env column;
+- states taken from another env column (a shuffled or mis-indexed state batch);
+- training sequences that start from zeros although the rollout carried its state (or the reverse).
+
+And, as a fact where the log's ``minibatch_paths`` metadata has it (sb3), the share of the measured training
+time that sb3-contrib's per-step path took (every minibatch holding an episode start takes it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as ds
+
+from lstm_probe.contract import Capabilities
+from lstm_probe.report.section import Block, Line, Log, Section, Table
+from lstm_probe.schema import INITS
+from lstm_probe.text import safe
+
+COLUMNS = ["call", "module", "phase", "env", "env_step", "episode_start", "init"]
+ACTING = ("rollout", "predict", "other", "bootstrap")
+TRAINING = ("train", "value")
+BATCH = 1 << 17
+NOT_RESET = ("previous", "other")
+"""Sources that, at an episode start, mean the state was not reset."""
+
+
+@dataclass
+class Problem:
+    """One kind of bug seen: ``kind``, how many batch columns showed it, where it was first seen."""
+
+    kind: str
+    phase: str
+    count: int
+    first: dict[str, Any]
+    """call, module, phase, env, env_step (and, for a wrong-column reset, reset_env: the column reset instead)."""
+    text: str = ""
+
+
+@dataclass
+class DoctorSection:
+    """Where each call's input state came from, per module and phase, and the problems that shows."""
+
+    available: bool
+    sources: dict[str, dict[str, int]] = field(default_factory=dict)
+    """'module/phase' -> init value -> batch columns (first steps of calls)."""
+    problems: list[Problem] = field(default_factory=list)
+    findings: list[str] = field(default_factory=list)
+    minibatch_paths: dict[str, Any] | None = None
+    """sb3: per path ('sequence', 'stepwise') the minibatches and training seconds the probe measured."""
+    stepwise_share: float | None = None
+    """Share of the measured training time the per-step path took (sb3)."""
+    facts: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _First:
+    """The earliest (by call) row of one kind, and the count."""
+
+    count: int = 0
+    call: float = np.inf
+    row: dict[str, Any] = field(default_factory=dict)
+
+    def add(self, cols: dict[str, np.ndarray], mask: np.ndarray, extra: dict[str, Any] | None = None) -> None:
+        n = int(mask.sum())
+        if not n:
+            return
+        self.count += n
+        idx = np.flatnonzero(mask)
+        i = int(idx[np.argmin(cols["call"][idx])])
+        if cols["call"][i] < self.call:
+            self.call = float(cols["call"][i])
+            self.row = {k: _py(cols[k][i]) for k in ("call", "module", "phase", "env", "env_step")}
+            if extra:
+                self.row.update({k: _py(v[i]) if isinstance(v, np.ndarray) else v for k, v in extra.items()})
+
+
+def _py(v: Any) -> Any:
+    if isinstance(v, np.generic):
+        v = v.item()
+    if isinstance(v, float) and np.isnan(v):
+        return None
+    return int(v) if isinstance(v, float) and v.is_integer() else v
+
+
+class _Tally:
+    """Counts over the init rows, batch by batch; a call's rows are kept together (the rows of the last
+    call of a batch wait for the next batch), so calls with both kinds of reset error are seen whole."""
+
+    def __init__(self) -> None:
+        self.sources: dict[str, dict[str, int]] = {}
+        self.carried: dict[str, int] = {}  # phase -> columns that started from the previous state
+        self.zero: dict[str, _First] = {}  # phase -> zero without an episode start
+        self.not_reset: dict[str, _First] = {}
+        self.wrong_column = _First()
+        self.other_env = _First()
+        self.train_zero = _First()
+        self.train_state = _First()
+        self.rollout_zero = 0
+
+    def add(self, c: dict[str, np.ndarray]) -> None:
+        phase, module, init = c["phase"], c["module"], c["init"]
+        keys = np.char.add(np.char.add(module.astype(str), "/"), phase.astype(str))
+        pairs, counts = np.unique(np.stack([keys, init.astype(str)]), axis=1, return_counts=True)
+        for (key, value), n in zip(pairs.T.tolist(), counts.tolist(), strict=True):
+            d = self.sources.setdefault(key, {})
+            d[value] = d.get(value, 0) + n
+        start = c["episode_start"] == 1
+        acting = np.isin(phase, ACTING)
+        zero = acting & (init == "zero")
+        kept = acting & start & np.isin(init, NOT_RESET)
+        # a call that kept a state at an episode start and zeroed another column: the wrong column was reset
+        call = c["call"]
+        both = np.intersect1d(call[zero], call[kept])
+        if len(both):
+            in_both = np.isin(call, both)
+            # the first such call: which column kept its state, which was reset instead
+            first = both.min()
+            at = call == first
+            reset_env = c["env"][at & zero][0]
+            self.wrong_column.add(c, in_both & kept, {"reset_env": np.full(len(call), reset_env)})
+            zero &= ~in_both
+            kept &= ~in_both
+        for p in np.unique(phase[acting]).tolist():
+            here = phase == p
+            self.carried[p] = self.carried.get(p, 0) + int((here & (init == "previous")).sum())
+            self.zero.setdefault(p, _First()).add(c, here & zero)
+            self.not_reset.setdefault(p, _First()).add(c, here & kept)
+        self.rollout_zero += int(((phase == "rollout") & (init == "zero")).sum())
+        self.other_env.add(c, init == "other_env")
+        training = np.isin(phase, TRAINING)
+        self.train_zero.add(c, training & (init == "zero"))
+        self.train_state.add(c, training & np.isin(init, ("stored", "previous", "other", "other_env")))
+
+
+def _where(first: dict[str, Any]) -> str:
+    env = first.get("env")
+    step = first.get("env_step")
+    at = f"call {first.get('call')} ({safe(first.get('module'))}"
+    at += f", env {env}" if env is not None else ""
+    at += f", env_step {step}" if step is not None and step >= 0 else ""
+    return at + ")"
+
+
+def _problems(t: _Tally) -> list[Problem]:
+    out: list[Problem] = []
+    for phase, f in t.zero.items():
+        if not f.count:
+            continue
+        if t.carried.get(phase, 0) == 0:
+            hint = (
+                "model.predict(obs, state=..., episode_start=...)"
+                if phase == "predict"
+                else "pass the state the module returns into its next call"
+            )
+            text = (
+                f"{phase} calls started from a zero state {f.count} times without an episode start: the state is "
+                f"not being passed back ({hint}); first at {_where(f.row)}"
+            )
+            out.append(Problem("not_passed_back", phase, f.count, f.row, text))
+        else:
+            text = f"a state was reset where no episode started {f.count} times ({phase}); first at {_where(f.row)}"
+            out.append(Problem("reset_without_start", phase, f.count, f.row, text))
+    for phase, f in t.not_reset.items():
+        if f.count:
+            text = (
+                f"the state was not reset at {f.count} episode starts ({phase}: the loop does not zero the state "
+                f"where an episode ended, h[:, done] = 0); first at {_where(f.row)}"
+            )
+            out.append(Problem("not_reset", phase, f.count, f.row, text))
+    f = t.wrong_column
+    if f.count:
+        text = (
+            f"the state was reset in the wrong env column at {f.count} episode starts: the column whose episode "
+            f"started kept its state while another column was zeroed; first at {_where(f.row)}, where env "
+            f"{f.row.get('reset_env')} was reset instead"
+        )
+        out.append(Problem("wrong_column", str(f.row.get("phase")), f.count, f.row, text))
+    f = t.other_env
+    if f.count:
+        text = (
+            f"a column's state came from another env column {f.count} times (a shuffled or mis-indexed state "
+            f"batch); first at {_where(f.row)}"
+        )
+        out.append(Problem("other_env", str(f.row.get("phase")), f.count, f.row, text))
+    carried = t.carried.get("rollout", 0)
+    f = t.train_zero
+    if f.count and carried:
+        text = (
+            f"training sequences start from zeros {f.count} times (not at an episode start) although the rollout "
+            f"carried its state from step to step; first at {_where(f.row)}"
+        )
+        out.append(Problem("train_from_zeros", str(f.row.get("phase")), f.count, f.row, text))
+    f = t.train_state
+    if f.count and not carried and t.rollout_zero:
+        text = (
+            f"training sequences start from non-zero states {f.count} times although the rollout started every "
+            f"step from zeros; first at {_where(f.row)}"
+        )
+        out.append(Problem("train_from_states", str(f.row.get("phase")), f.count, f.row, text))
+    return out
+
+
+def _columns(batch: pa.RecordBatch) -> dict[str, np.ndarray]:
+    out: dict[str, np.ndarray] = {}
+    for name in COLUMNS:
+        col = batch.column(name)
+        if pa.types.is_string(col.type) or pa.types.is_dictionary(col.type):
+            out[name] = np.asarray(col.cast(pa.string()).fill_null("").to_numpy(zero_copy_only=False), dtype=object)
+        elif pa.types.is_boolean(col.type):  # tribool: -1 null, 0, 1
+            values = col.fill_null(False).to_numpy(zero_copy_only=False).astype(np.int8)
+            out[name] = np.where(col.is_null().to_numpy(zero_copy_only=False), np.int8(-1), values)
+        else:
+            out[name] = col.cast(pa.float64()).fill_null(np.nan).to_numpy(zero_copy_only=False)
+    return out
+
+
+def _cut(c: dict[str, np.ndarray], n: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    return {k: v[:n] for k, v in c.items()}, {k: v[n:] for k, v in c.items()}
+
+
+class Doctor(Section[DoctorSection]):
+    key = "doctor"
+    findings_rank = 20
+
+    def compute(self, log: Log, acc: Any) -> DoctorSection:
+        meta_paths = log.meta.get("minibatch_paths")
+        data = DoctorSection(available="init" in log.data.schema.names)
+        if isinstance(meta_paths, dict):
+            data.minibatch_paths = meta_paths
+            self._fact(data, meta_paths)
+        if not data.available:
+            return data
+        tally = _Tally()
+        filt = (ds.field("layer") == 0) & ds.field("init").is_valid()
+        held: dict[str, np.ndarray] | None = None
+        for batch in log.data.scanner(columns=COLUMNS, filter=filt, batch_size=BATCH).to_batches():
+            if not batch.num_rows:
+                continue
+            c = _columns(batch)
+            if held is not None:
+                c = {k: np.concatenate([held[k], v]) for k, v in c.items()}
+            call = c["call"]
+            other = np.flatnonzero(call != call[-1])
+            if not len(other):  # one call so far: it may go on in the next batch
+                held = c
+                continue
+            # the last call's rows wait for the next batch (a call's rows come together)
+            c, held = _cut(c, int(other[-1]) + 1)
+            tally.add(c)
+        if held is not None and len(held["call"]):
+            tally.add(held)
+        data.sources = {k: dict(sorted(v.items())) for k, v in sorted(tally.sources.items())}
+        data.problems = _problems(tally)
+        data.findings = [p.text for p in data.problems]
+        return data
+
+    @staticmethod
+    def _fact(data: DoctorSection, paths: dict[str, Any]) -> None:
+        def get(path: str, what: str) -> float:
+            v = (paths.get(path) or {}).get(what)
+            return float(v) if isinstance(v, int | float) else 0.0
+
+        slow, fast = get("stepwise", "minibatches"), get("sequence", "minibatches")
+        secs_slow, secs = get("stepwise", "seconds"), get("stepwise", "seconds") + get("sequence", "seconds")
+        if not slow + fast:
+            return
+        data.stepwise_share = secs_slow / secs if secs > 0 else None
+        share = f"{100 * data.stepwise_share:.0f}%" if data.stepwise_share is not None else "-"
+        data.facts.append(
+            f"{int(slow)} of {int(slow + fast)} minibatches held an episode start and ran sb3-contrib's per-step "
+            f"path (one LSTM call per step: every minibatch with an episode start does; sb3-contrib #113); they "
+            f"took {share} of the training time the probe measured ({secs_slow:.2f} s of {secs:.2f} s)"
+        )
+
+    def unavailable(self, data: DoctorSection, log: Log) -> list[str]:
+        if data.available:
+            return []
+        return ["where each call's input state came from (the doctor's checks): the log predates schema 3"]
+
+    def findings(self, data: DoctorSection) -> list[str]:
+        return list(data.findings)
+
+    def text(self, data: DoctorSection, caps: Capabilities) -> list[Block]:
+        if not data.available and not data.facts:
+            return []
+        blocks: list[Block] = []
+        if data.sources:
+            values = [v for v in INITS if any(v in d for d in data.sources.values())]
+            rows = tuple((safe(k), *(f"{d.get(v, 0):,}" for v in values)) for k, d in data.sources.items())
+            blocks.append(Table("Doctor: where each call's input state came from", ("module/phase", *values), rows))
+        else:
+            blocks.append(Line("[bold]Doctor[/]: no call recorded where its input state came from"))
+        if data.problems:
+            blocks += [Line(f"[yellow]problem:[/] {safe(p.text)}") for p in data.problems]
+        elif data.sources:
+            blocks.append(
+                Line("no problem found: every call started from its previous state, a reset or a stored state")
+            )
+        blocks += [Line(safe(f)) for f in data.facts]
+        return blocks
