@@ -280,6 +280,7 @@ def read_info(path: str | os.PathLike[str]) -> LogInfo:
             progress=progress.get(open_shards[0], {}),
             stop_reason=metadata.get("stop_reason") or "the log was never closed (process killed)",
         )
+    _check_types(metadata, warnings)
     live = writing(path) if root != Path(path) or root.is_dir() else None
     if live is not None and open_shards:
         metadata.update(
@@ -292,6 +293,29 @@ def read_info(path: str | os.PathLike[str]) -> LogInfo:
             "the log holds the rows up to the interruption"
         )
     return LogInfo(root, files, rows, size, metadata, schema, warnings, live if open_shards else None)
+
+
+METADATA_TYPES: dict[str, type | tuple[type, ...]] = {
+    **dict.fromkeys(
+        ("capture", "architecture", "progress", "probe_cost", "capabilities", "rllib", "versions", "hyperparameters"),
+        dict,
+    ),
+    **dict.fromkeys(("hidden_size", "n_envs", "total_timesteps", "progress_num_timesteps", "iterations"), int),
+    **dict.fromkeys(("framework", "env_id", "stop_reason", "start_time", "end_time"), str),
+}
+"""The types the readers rely on for the metadata keys lstm-probe writes (None allowed for each)."""
+
+
+def _check_types(metadata: dict[str, Any], warnings: list[str]) -> None:
+    """Drop metadata values of the wrong type (a foreign or damaged log), each with a warning, so that
+    nothing downstream trips on them."""
+    for key, typ in METADATA_TYPES.items():
+        value = metadata.get(key)
+        if value is not None and (not isinstance(value, typ) or (typ is int and isinstance(value, bool))):
+            del metadata[key]
+            warnings.append(f"metadata {key!r} is a {type(value).__name__}, not a {typ.__name__}: ignored")  # type: ignore[union-attr]
+    if "completed" in metadata and not isinstance(metadata["completed"], bool):
+        metadata["completed"] = False
 
 
 ROLLOUT_KEYS = frozenset({"n_envs", "progress"})

@@ -91,3 +91,55 @@ def test_load_one_episode_from_a_directory(tmp_path):
             # no nulls left in env and episode: integers here, floats in the whole log
             pd.testing.assert_series_equal(got[col], want[col], check_dtype=False, check_categorical=False)
         assert np.array_equal(lstm_probe.states(got, "c"), lstm_probe.states(want, "c"), equal_nan=True)
+
+
+def _shard_copy(src, dst, run=None, final=None):
+    """A shard file made from a real part: the same rows, its run (and final) metadata edited."""
+    import json
+
+    from lstm_probe.schema import META_RUN_KEY
+    from lstm_probe.writer import META_FINAL_KEY
+
+    pf = pq.ParquetFile(src)
+    meta = dict(pf.schema_arrow.metadata)
+    doc = json.loads(meta[META_RUN_KEY])
+    if run:
+        doc.update(run)
+    meta[META_RUN_KEY] = json.dumps(doc).encode()
+    fin = json.loads((pf.metadata.metadata or {})[META_FINAL_KEY])
+    if final:
+        fin.update(final)
+    meta[META_FINAL_KEY] = json.dumps(fin).encode()
+    pq.write_table(pf.read().replace_schema_metadata(meta), dst)
+    return fin
+
+
+def test_rllib_shard_metadata_each_key_from_its_authoritative_shard(tmp_path):
+    """An evaluation runner's shard sorts first by name but never wins over training processes: the
+    learner's architecture (its gradient-flow verdict) and the env runner's rollout facts stand."""
+    from pathlib import Path
+
+    sample = Path(__file__).parent.parent / "sample_runs" / "cartpole-rllib"
+    d = tmp_path / "log"
+    d.mkdir()
+    _shard_copy(sample / "part-learner0-00000.parquet", d / "part-learner0-00000.parquet")
+    runner = _shard_copy(
+        sample / "part-runner1-00000.parquet",
+        d / "part-runner1-00000.parquet",
+        final={"progress": {"num_timesteps": 512}},
+    )
+    _shard_copy(
+        sample / "part-runner1-00000.parquet",
+        d / "part-evalrunner1-00000.parquet",
+        run={"n_envs": 7, "architecture": {"modules": {}}, "seed": 99},
+        final={"progress": {"num_timesteps": 3}, "end_time": "eval"},
+    )
+    info = lstm_probe.read_info(d)
+    meta = info.metadata
+    assert "gradient_flow" in meta["architecture"]  # the learner's
+    assert meta["n_envs"] == 2 and meta["seed"] == 0  # training processes', not the evaluation runner's
+    assert meta["progress"] == runner["progress"]  # a rollout fact: the env runner's
+    assert meta["end_time"] != "eval"
+    assert set(meta["shards"]) == {"learner0", "runner1", "evalrunner1"}
+    rep = lstm_probe.summarize(d)
+    assert rep.run.n_envs == 2
