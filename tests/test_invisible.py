@@ -75,8 +75,19 @@ def test_seed_users_hook_sees_the_same_training(tmp_path, policy_kwargs, n_envs)
     # the user's hook is the only one left
     assert len(b.policy.lstm_actor._forward_hooks) == 1 and not b.policy._forward_pre_hooks
     # and the log holds what the hook saw: one row set per actor call
-    df = lstm_probe.load(tmp_path / "p.parquet", module="actor", layer=0, vectors=False)
-    assert df.call.nunique() == len(calls_a)
+    actor = lstm_probe.load(tmp_path / "p.parquet", module="actor", layer=0, vectors=False)
+    assert actor.call.nunique() == len(calls_a)
+    # the oracle: before an update's first optimizer step, train states equal the rollout's (relative)
+    df = lstm_probe.load(tmp_path / "p.parquet")
+    keys = ["module", "layer", "env", "env_step"]
+    roll = df[df.phase == "rollout"]
+    first = df[(df.phase == "train") & ~df.padding & (df.epoch == 0) & (df.minibatch == 0)]
+    merged = first.merge(roll, on=keys, suffixes=("", "_r"))
+    assert len(merged) == len(first) > 0 and first.iteration.nunique() == roll.iteration.nunique()
+    for col in ("h", "c"):
+        a = lstm_probe.states(merged, col)
+        b = lstm_probe.states(merged.drop(columns=[col]).rename(columns={f"{col}_r": col}), col)
+        assert (np.abs(a - b) <= 1e-6 * np.maximum(np.abs(b), 1.0)).all(), np.abs(a - b).max()
 
 
 def env_state(model):

@@ -221,12 +221,12 @@ class ProbeCallback(BaseCallback):
         if stale is not None:
             stale.finish(False, "learn() ended with an exception (closed by the next ProbeCallback)")
         model: Any = self.model
-        attachment = self._attachment = ACTIVE[model] = Attachment(model)
-        self._handles = attachment.handles
-        self._start_time = model.start_time  # set by every learn() (base_class.py:_setup_learn)
         policy: Any = model.policy
         if not hasattr(policy, "lstm_actor") or not hasattr(model, "rollout_buffer"):
             raise BadInput(f"ProbeCallback needs sb3-contrib's RecurrentPPO, not {type(model).__name__}")
+        attachment = self._attachment = ACTIVE[model] = Attachment(model)
+        self._handles = attachment.handles
+        self._start_time = model.start_time  # set by every learn() (base_class.py:_setup_learn)
         modules = {"actor": policy.lstm_actor}
         if policy.lstm_critic is not None:
             modules["critic"] = policy.lstm_critic
@@ -247,7 +247,7 @@ class ProbeCallback(BaseCallback):
         self._env_column = np.arange(self.n_envs, dtype=np.int32)[:, None]
         self._no_padding = np.zeros((self.n_envs, 1), np.bool_)
         meta = model_metadata(model)
-        # Measured on a synthetic minibatch with a local RNG: training stays bit-identical.
+        # Measured on a private copy of the policy, RNG states restored: the user's modules never run.
         meta["architecture_sb3"]["gradient_flow"] = summary(model)
         meta["total_timesteps"] = int(self.locals.get("total_timesteps", 0))
         meta["architecture_sb3"]["lstm_modules"] = list(modules)
@@ -356,6 +356,8 @@ class ProbeCallback(BaseCallback):
         if self.tracer is not None:
             reason = "closed before learn() finished" if exc is None else one_line(exc)
             self._finish(False, reason)
+        elif self._attachment is not None:  # finished meanwhile (the next probe on the model, at exit)
+            self.path = self._attachment.path
         return self.path
 
     def __enter__(self) -> ProbeCallback:
