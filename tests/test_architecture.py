@@ -43,6 +43,9 @@ def _imports(path: Path) -> set[str]:
     me = _module_name(path)
     package = me if path.name == "__init__.py" else me.rpartition(".")[0]
     found: set[str] = set()
+    # imports under `if TYPE_CHECKING:` never run: they name types for the checker only
+    for block in [n for n in ast.walk(tree) if isinstance(n, ast.If) and ast.unparse(n.test).endswith("TYPE_CHECKING")]:
+        block.body = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name.startswith("lstm_probe"))
