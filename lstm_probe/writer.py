@@ -35,7 +35,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from lstm_probe.layout import partial_dir, row_capacity
-from lstm_probe.schema import COLUMNS, META_RUN_KEY, ROW_FLAGS, Column, log_schema
+from lstm_probe.schema import COLUMNS, META_RUN_KEY, ROW_FLAGS, Column, log_schema, vector_width
 
 META_FINAL_KEY = b"lstm_probe.final"
 """File-level key written when a part closes: the run's progress and, in the last part, its outcome."""
@@ -92,18 +92,21 @@ class Rows:
     ``Column.dtype``, null as ``Column.kind`` says) and per row flag (:data:`ROW_FLAGS`), as attributes
     (``rows.env``) and by name (``rows.buffers["env"]``). Without ``vectors`` (a summary log) there
     are no h and c buffers (the attributes are None): the sink stores each row's norms (and drifts)
-    only."""
+    only. Vector columns of their own width (``Column.width``: obs, info) always have a buffer, as wide as
+    ``widths`` says (1 where absent: all null)."""
 
     h: np.ndarray | None
     c: np.ndarray | None
 
-    def __init__(self, capacity: int, hidden_size: int, vectors: bool = True):
+    def __init__(self, capacity: int, hidden_size: int, vectors: bool = True, widths: Mapping[str, int] | None = None):
         self.capacity = capacity
         self.n = 0
         self.buffers: dict[str, np.ndarray] = {}
         for col in COLUMNS:
             if col.kind != "vector":
                 self.buffers[col.name] = np.empty(capacity, col.dtype)
+            elif col.width is not None:
+                self.buffers[col.name] = np.empty((capacity, (widths or {}).get(col.name, 1)), col.dtype)
             elif vectors:
                 self.buffers[col.name] = np.empty((capacity, hidden_size), col.dtype)
             else:
@@ -141,6 +144,12 @@ class Encoder:
         arrays = []
         for col, field in zip(COLUMNS, self.schema, strict=True):
             kind, typ = col.kind, field.type
+            if kind == "vector" and col.width is not None:  # float32, null where every entry is NaN
+                v = r.buffers[col.name][s]
+                null = np.isnan(v).all(axis=1)
+                values = pa.array(np.ascontiguousarray(v, np.float32).reshape(-1))
+                arrays.append(pa.FixedSizeListArray.from_arrays(values, v.shape[1], mask=pa.array(null)))
+                continue
             if kind == "vector":
                 v = r.buffers.get(col.name)
                 arrays.append(self._no_vectors(n) if v is None else self._vectors(v[s], ~self._valid(r, col, s)))
@@ -257,7 +266,11 @@ class PartWriter:
         assert self.writer is not None
         if span >= 0:
             self.span = span
-        self.writer.write_batch(batch)
+        try:
+            self.writer.write_batch(batch)
+        except BaseException:  # a half-written row group: the part cannot be finished (disk full)
+            self.discard()
+            raise
         self.rows += batch.num_rows
         if self.mirror_tmp is not None:
             if self.mirror is None:
@@ -277,13 +290,17 @@ class PartWriter:
         if self.writer is None:
             return
         assert self.tmp is not None
-        self.writer.add_key_value_metadata({META_FINAL_KEY.decode(): json.dumps(final, default=str)})
-        self.writer.close()
+        writer, self.writer = self.writer, None
+        try:
+            writer.add_key_value_metadata({META_FINAL_KEY.decode(): json.dumps(final, default=str)})
+            writer.close()
+        except BaseException:  # a part whose footer was not written is not published (disk full)
+            self.discard()
+            raise
         target = self.dir / self.part_name()
         os.replace(self.tmp, target)
         self.parts.append(target)
         self.index += 1
-        self.writer = None
 
     def finish_mirror(self, final: dict[str, Any]) -> None:
         """Close the single-file log with the outcome in its metadata and move it into place."""
@@ -303,6 +320,19 @@ class PartWriter:
                 except Exception:
                     pass
         self.writer = self.mirror = None
+
+    def discard(self) -> None:
+        """Give up the open part after a failed write: close it quietly and remove its temp file (its rows
+        are lost; the parts published before it stay)."""
+        if self.writer is not None:
+            with contextlib.suppress(Exception):
+                self.writer.close()
+            self.writer = None
+        self.rows -= self.part_count
+        self.part_count = 0
+        if self.tmp is not None:
+            with contextlib.suppress(OSError):
+                self.tmp.unlink()
 
     def drop_mirror(self) -> None:
         """Give up the single-file log (the journal keeps the rows): close and remove its temp file."""
@@ -346,7 +376,8 @@ class FileLog:
         self.encoder = Encoder(self.schema, modules, codes, float16)
         self.vectors = vectors  # whether any row may store its vectors (not a summary log)
         self.capacity = row_capacity(hidden_size, vectors)
-        self.current = Rows(self.capacity, hidden_size, vectors)
+        self.widths = {c.name: vector_width(c, hidden_size, metadata) for c in COLUMNS if c.width is not None}
+        self.current = Rows(self.capacity, hidden_size, vectors, self.widths)
         self._buffer = self.current
         self.flush_seconds = part_seconds / 2
         self.last_flush = time.monotonic()
@@ -367,7 +398,7 @@ class FileLog:
         if self.current.n + n > self.current.capacity:
             self.flush()
             if n > self.current.capacity:  # one call larger than a buffer: a one-off buffer
-                self.current = Rows(n, self.hidden_size, self.vectors)
+                self.current = Rows(n, self.hidden_size, self.vectors, self.widths)
         return self.current, self.current.n
 
     def commit(self, n: int) -> None:

