@@ -142,6 +142,47 @@ def run(
     max_seq_len: Annotated[
         int | None, typer.Option(help=_default("rllib: max_seq_len of training chunks.", "20"))
     ] = None,
+    what_if: Annotated[
+        bool,
+        typer.Option(
+            "--what-if",
+            help=_default(
+                "sb3: do stale stored states matter? Re-evaluate sampled minibatches from refreshed, zero and "
+                "burn-in initial states on a copy of the policy (the report's 'What if' section).",
+                "off",
+            ),
+        ),
+    ] = False,
+    what_if_every: Annotated[int, typer.Option(help="sb3 --what-if: measure every K-th iteration.")] = 1,
+    burn_in: Annotated[
+        list[int] | None,
+        typer.Option(help=_default("sb3 --what-if: another burn-in length to measure (repeatable).", "4, 16, 64")),
+    ] = None,
+    memory: Annotated[
+        bool,
+        typer.Option(
+            "--memory",
+            help=_default(
+                "sb3: does the policy use its LSTM, and how far back? Zero the state k steps back at sampled "
+                "steps on a copy of the policy (the report's 'Memory' section).",
+                "off",
+            ),
+        ),
+    ] = False,
+    memory_every: Annotated[
+        int | None, typer.Option(help=_default("sb3 --memory: measure every K-th iteration.", "1"))
+    ] = None,
+    capture_obs: Annotated[
+        bool,
+        typer.Option(
+            "--capture-obs",
+            help=_default("sb3: store the observation the policy saw in rollout rows (probe targets obs:i).", "off"),
+        ),
+    ] = False,
+    info: Annotated[
+        list[str] | None,
+        typer.Option(help="sb3: store info[KEY] of each step in rollout rows (probe target info:KEY; repeatable)."),
+    ] = None,
 ) -> None:
     """Train RecurrentPPO (or RLlib PPO, --framework rllib) on ENV_ID with the probe attached and write the log."""
     from lstm_probe import integrations
@@ -158,6 +199,13 @@ def run(
         env_runners=("--env-runners", env_runners, 0),
         learners=("--learners", learners, 0),
         max_seq_len=("--max-seq-len", max_seq_len, None),
+        what_if=("--what-if", what_if, False),
+        what_if_every=("--what-if-every", what_if_every, 1),
+        burn_in=("--burn-in", burn_in, None),
+        memory=("--memory", memory, False),
+        memory_every=("--memory-every", memory_every, None),
+        capture_obs=("--capture-obs", capture_obs, False),
+        info_keys=("--info", info, None),
     )
     if fw.parts_per_process:  # a directory log: one set of part files per process
         if out_path == "run.parquet":
@@ -533,6 +581,43 @@ def schema(
         table.add_row(c.name, "list<float32>[hidden]" if c.type is None else c.type, "yes" if c.nullable else "", c.doc)
     out.print(table)
     out.print("metadata keys (JSON under lstm_probe.run): " + ", ".join(METADATA_KEYS))
+
+
+@app.command()
+def probe(
+    path: Annotated[str, typer.Argument(help="A log written with full capture (h vectors).")],
+    target: Annotated[
+        str, typer.Option(help="episode_step, env_step, or COLUMN:i (obs:1 needs a log with observations).")
+    ] = "episode_step",
+    lags: Annotated[str, typer.Option(help="Comma-separated lags L: the target at t - L in the same episode.")] = "0",
+    iteration: Annotated[
+        list[int] | None, typer.Option(help=_default("Iteration to probe (repeatable).", "up to 8, evenly spaced"))
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help=_default("Print the rows as JSON.", "off"))] = False,
+) -> None:
+    """Linear probes: R² of a ridge regression from h (each module and layer) to a target, on held-out episodes."""
+    import json
+
+    from lstm_probe.probes import probe as run_probe
+    from lstm_probe.text import safe
+
+    try:
+        lag_list = [int(x) for x in lags.split(",") if x.strip()]
+    except ValueError:
+        raise BadInput(f"--lags takes comma-separated integers, e.g. 0,1,2,4, got {lags!r}") from None
+    res = run_probe(path, target, lags=lag_list or [0], iterations=iteration)
+    if as_json:
+        sys.stdout.write(json.dumps(res.to_dict(orient="records"), default=str) + "\n")
+        return
+    table = Table(title=f"linear probes of {safe(target)} (R² on held-out episodes)")
+    for col in ("iteration", "module", "layer", "lag", "R²", "fit / test rows"):
+        table.add_column(col)
+    for r in res.to_dict(orient="records"):
+        value = r["r2"]
+        r2 = "-" if value is None or not value == value else f"{float(value):.3f}"
+        row = (str(r["iteration"]), safe(r["module"]), str(r["layer"]), str(r["lag"]), r2)
+        table.add_row(*row, f"{r['n_fit']} / {r['n_test']}")
+    out.print(table)
 
 
 def _render(rep: Any) -> None:

@@ -40,7 +40,8 @@ USER_GRID_TAGS = tuple(c.name for c in GRID_CELLS if c.user)
 class Grid:
     """Provenance of one call's batch columns and timesteps: one array per :data:`GRID_CELLS` column of
     the schema (env, env_step, episode, episode_step, episode_start, padding, worker, bootstrap), each
-    (N, T) in that column's buffer dtype and null convention (``schema.Column``: -1 means null). A column
+    (N, T) in that column's buffer dtype and null convention (``schema.Column``: -1 means null; a vector
+    column, obs or info, (N, T, width) float32, NaN means null). A column
     the grid does not carry (None) is null in every row (padding: False); for ``bootstrap``, a call-level
     column a grid may refine per cell, the call's ``Tags.bootstrap`` applies instead.
 
@@ -85,7 +86,7 @@ class Grid:
         for name in _CELL_NAMES:
             v = d[name]
             if v is not None:
-                n, t = v.shape
+                n, t = v.shape[:2]
                 return n, t
         raise ValueError("a Grid that carries no column has no shape")
 
@@ -136,8 +137,12 @@ class Grid:
             parts = [g.__dict__[c.name] for g in grids]
             if all(v is None for v in parts):
                 continue
+            tail = next(v for v in parts if v is not None).shape[2:]  # a vector column's width
             columns[c.name] = np.concatenate(
-                [v if v is not None else np.full(g.shape, c.fill, c.dtype) for v, g in zip(parts, grids, strict=True)]
+                [
+                    v if v is not None else np.full(g.shape + tail, c.fill, c.dtype)
+                    for v, g in zip(parts, grids, strict=True)
+                ]
             )
         return Grid.of(columns)
 

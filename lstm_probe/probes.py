@@ -1,9 +1,9 @@
 """Linear probes from a log: how well a ridge regression reads a target out of the hidden states h (each module
 and layer), by iteration, scored on held-out episodes (``lstm_probe.probe``, ``lstm-probe probe``).
 
-A target is a column of the rollout rows (``episode_step``, ``env_step``, or a column some integration declares,
-e.g. an observation component ``obs:1`` where the log has an ``obs`` vector column), or the user's own values as
-a DataFrame with ``env``, ``env_step`` and ``value`` (``worker`` too for RLlib logs). At lag L the target of the row
+A target is a column of the rollout rows (``episode_step``, ``env_step``, an observation component ``obs:1`` of a
+log written with ``--capture-obs``, ``info:KEY`` of one written with ``--info KEY``), or the user's own values as a
+DataFrame with ``env``, ``env_step`` and ``value`` (``worker`` too for RLlib logs). At lag L the target of the row
 at env step t is its value at t - L in the same episode (rows whose episode is shorter than L so far are left out).
 
 Closed-form ridge in numpy, not a library: the read side stays free of heavy dependencies (no scikit-learn, no
@@ -95,8 +95,11 @@ def _iterations(data: ds.Dataset, asked: Iterable[int] | None) -> list[int]:
     return [values[i] for i in idx]
 
 
-def _target_values(rows: pd.DataFrame, table: pa.Table, target: Any) -> np.ndarray:
-    """The target's value at each row (at lag 0)."""
+def _target_values(
+    rows: pd.DataFrame, table: pa.Table, target: Any, info_keys: Sequence[str] = (), strict: bool = True
+) -> np.ndarray:
+    """The target's value at each row (at lag 0). ``info:KEY`` names an entry of the info vectors by its key
+    (``info_keys`` in the metadata)."""
     if isinstance(target, pd.DataFrame):
         keys = ["worker", "env", "env_step"] if "worker" in target.columns else ["env", "env_step"]
         missing = {"env", "env_step", "value"} - set(target.columns)
@@ -115,6 +118,15 @@ def _target_values(rows: pd.DataFrame, table: pa.Table, target: Any) -> np.ndarr
             "--capture-obs; or pass your own values as a DataFrame with env, env_step, value)"
         )
     col = table[column].combine_chunks()
+    if column in ("obs", "info") and col.null_count == len(col):
+        if not strict:  # nothing captured in these rows: no value
+            return np.full(len(rows), np.nan)
+        flag = "--capture-obs" if column == "obs" else "--info KEY"
+        raise BadInput(f"target {name!r}: the log's {column!r} column is empty (a log written with {flag} has it)")
+    if column == "info" and not index.isdigit():
+        if index not in info_keys:
+            raise BadInput(f"target {name!r}: the log's info keys are {', '.join(info_keys) or 'none'}")
+        index = str(list(info_keys).index(index))
     if pa.types.is_fixed_size_list(col.type) or pa.types.is_list(col.type):
         if not index.isdigit():
             raise BadInput(f"target {name!r}: {column} is a vector column, name a component: {column}:0")
@@ -135,20 +147,42 @@ def probe(
 ) -> pd.DataFrame:
     """R² of linear probes from h to ``target`` at each lag, per (iteration, module, layer), on held-out episodes.
 
-    ``target``: 'episode_step', 'env_step', 'COLUMN' or 'COLUMN:i' (a vector column's component), or a DataFrame
-    with env, env_step, value. ``iterations``: default up to :data:`MAX_ITERATIONS` evenly spaced. Returns one
-    row per (iteration, module, layer, lag): r2, n_fit, n_test."""
+    ``target``: 'episode_step', 'env_step', 'COLUMN' or 'COLUMN:i' (a vector column's component: ``obs:1``; an
+    info key stored with ``--info KEY``: ``info:KEY``), or a DataFrame with env, env_step, value. ``iterations``:
+    default up to :data:`MAX_ITERATIONS` evenly spaced. Returns one row per (iteration, module, layer, lag): r2,
+    n_fit, n_test."""
+    out = probe_targets(path, [target], lags=lags, iterations=iterations, modules=modules, alpha=alpha, holdout=holdout)
+    return out.drop(columns=["target"])
+
+
+def probe_targets(
+    path: str | os.PathLike[str],
+    targets: Sequence[Any],
+    *,
+    lags: Sequence[int] = (0,),
+    iterations: Iterable[int] | None = None,
+    modules: Iterable[str] | None = None,
+    alpha: float = 1e-3,
+    holdout: float = 0.3,
+    max_rows: int | None = None,
+    strict: bool = True,
+) -> pd.DataFrame:
+    """:func:`probe` for several targets, reading each iteration's rows once; a ``target`` column names each
+    row's target (its string; 'values' for a DataFrame). ``max_rows``: at most about this many rows per
+    (iteration, module, layer), whole held-out units (episodes) kept evenly (the report's bounded cost).
+    ``strict=False``: an obs or info target without values scores None instead of raising."""
     if any(int(lag) < 0 for lag in lags):
         raise BadInput(f"lags must be >= 0, got {list(lags)}")
     data, info = dataset(path)
     if (info.metadata.get("capture") or {}).get("mode") == "summary":
         raise BadInput("probes need the h vectors: this log was written with --capture summary")
     its = _iterations(data, iterations)
-    extra = [] if isinstance(target, pd.DataFrame) else [str(target).partition(":")[0]]
     names = set(data.schema.names)
+    extra = list(dict.fromkeys(str(t).partition(":")[0] for t in targets if not isinstance(t, pd.DataFrame)))
     keys = ["iteration", "module", "layer", "env", "env_step", "episode", "episode_step"]
     worker = ["worker"] if "worker" in names else []
     columns = list(dict.fromkeys([*keys, *worker, "h", *(c for c in extra if c in names)]))
+    info_keys = info.metadata.get("info_keys") or ()
     out: list[dict[str, Any]] = []
     want = None if modules is None else set(modules)
     for it in its:
@@ -159,7 +193,7 @@ def probe(
         if table.num_rows == 0:
             continue
         rows = table.drop_columns([c for c in ("h", *extra) if c in table.column_names and c not in keys]).to_pandas()
-        value = _target_values(rows, table, target)
+        values = [_target_values(rows, table, t, info_keys, strict) for t in targets]
         h = table["h"].combine_chunks()
         hidden = h.type.list_size
         x = h.flatten().to_numpy(zero_copy_only=False).astype(np.float64).reshape(-1, hidden)
@@ -175,18 +209,33 @@ def probe(
             env, step = env_key[idx], rows["env_step"].to_numpy(np.int64)[idx]
             episode_step = rows["episode_step"].to_numpy(np.float64)[idx]
             episode = rows["episode"].to_numpy(np.float64)[idx]
-            held = split(_units(env, episode, step, holdout), holdout)
-            lookup = pd.Series(value[idx], index=pd.MultiIndex.from_arrays([env, step]))
-            lookup = lookup[~lookup.index.duplicated()]
-            for lag in lags:
-                if lag == 0:
-                    y = value[idx]
-                else:
-                    y = lookup.reindex(pd.MultiIndex.from_arrays([env, step - int(lag)])).to_numpy(
-                        np.float64, copy=True
-                    )
-                    y[~(episode_step >= lag)] = np.nan  # t - L must lie in the same episode
-                ok = np.isfinite(y)
-                result = score(x[idx][ok], y[ok], held[ok], alpha)
-                out.append({"iteration": it, "module": str(module), "layer": int(layer), "lag": int(lag), **result})
-    return pd.DataFrame(out, columns=["iteration", "module", "layer", "lag", "r2", "n_fit", "n_test"])
+            units = _units(env, episode, step, holdout)
+            keep = _sample(units, max_rows)
+            held = np.zeros(len(units), bool)
+            held[keep] = split(units[keep], holdout)  # among the kept units: the two strides never align
+            for target, value in zip(targets, values, strict=True):
+                lookup = pd.Series(value[idx], index=pd.MultiIndex.from_arrays([env, step]))
+                lookup = lookup[~lookup.index.duplicated()]
+                for lag in lags:
+                    if lag == 0:
+                        y = value[idx]
+                    else:
+                        y = lookup.reindex(pd.MultiIndex.from_arrays([env, step - int(lag)])).to_numpy(
+                            np.float64, copy=True
+                        )
+                        y[~(episode_step >= lag)] = np.nan  # t - L must lie in the same episode
+                    ok = np.isfinite(y) & keep
+                    result = score(x[idx][ok], y[ok], held[ok], alpha)
+                    name = "values" if isinstance(target, pd.DataFrame) else str(target)
+                    row = {"iteration": it, "module": str(module), "layer": int(layer), "target": name}
+                    out.append({**row, "lag": int(lag), **result})
+    return pd.DataFrame(out, columns=["iteration", "module", "layer", "target", "lag", "r2", "n_fit", "n_test"])
+
+
+def _sample(units: np.ndarray, max_rows: int | None) -> np.ndarray:
+    """Rows to keep: all, or whole units evenly spread (every k-th distinct unit) down to about ``max_rows``."""
+    if max_rows is None or len(units) <= max_rows:
+        return np.ones(len(units), bool)
+    stride = -(-len(units) // max_rows)
+    _, inverse = np.unique(units, return_inverse=True)
+    return inverse % stride == 0

@@ -32,6 +32,7 @@ from lstm_probe.errors import BadLog
 from lstm_probe.layout import PARTIAL_SUFFIX, partial_dir
 from lstm_probe.lock import Holder, live_holder, lock_path
 from lstm_probe.schema import (
+    COLUMNS,
     META_RUN_KEY,
     META_VERSION_KEY,
     SCHEMA_VERSION,
@@ -42,6 +43,8 @@ from lstm_probe.schema import (
 from lstm_probe.writer import META_FINAL_KEY
 
 KEYS = ["module", "layer", "env", "env_step"]
+VECTORS = frozenset(c.name for c in COLUMNS if c.kind == "vector")
+"""The vector columns (h, c, obs, info): skipped by ``load(vectors=False)``."""
 
 MAX_FOOTER_BYTES = 64 << 20
 """Largest Parquet footer read. The writer's footers hold the metadata twice (as JSON and inside the
@@ -224,7 +227,7 @@ def read_info(path: str | os.PathLike[str]) -> LogInfo:
             )
         wrong = [
             f"{name} is {arrow.field(name).type}, expected {expected.field(name).type}"
-            for name in sorted(required - {"h", "c"})
+            for name in sorted(required - VECTORS)
             if arrow.field(name).type != expected.field(name).type
         ]
         if wrong:
@@ -471,7 +474,8 @@ def load(
     columns: list[str] | None = None,
     vectors: bool = True,
 ) -> pd.DataFrame:
-    """The log's rows as a pandas DataFrame, optionally filtered; ``vectors=False`` skips h and c.
+    """The log's rows as a pandas DataFrame, optionally filtered; ``vectors=False`` skips the vector columns
+    (h, c, obs, info).
 
     Each filter reads only the row groups that can hold its values (``env=0, episode=12``: one episode's
     rows of a large log, not a scan of every row group; see :func:`narrow`)."""
@@ -484,7 +488,7 @@ def load(
     if within:
         data = narrow(data, **within)
     if columns is None:
-        columns = [c for c in info.schema.names if vectors or c not in ("h", "c")]
+        columns = [c for c in info.schema.names if vectors or c not in VECTORS]
     else:
         unknown = set(columns) - set(info.schema.names)
         if unknown:

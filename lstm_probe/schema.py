@@ -34,7 +34,7 @@ import numpy as np
 if TYPE_CHECKING:  # imported where a schema is built: the training process never needs pyarrow
     import pyarrow as pa
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """Bumped whenever a column is added, removed, renamed or changes meaning. Readers refuse newer versions
 and read older ones (a column newer than a log's version, see ``Column.since``, reads as null)."""
 
@@ -66,7 +66,8 @@ class Column:
     """One column of the log.
 
     ``type`` is an Arrow type name (``pyarrow.type_for_alias``), or None for the state vectors
-    (fixed-size lists of ``hidden_size`` floats). The row buffers store each column by its :attr:`kind`,
+    (fixed-size lists of ``hidden_size`` floats, or of the length :attr:`width` names; a grid vector column
+    is (N, T, width) in a :class:`~lstm_probe.contract.Grid`). The row buffers store each column by its :attr:`kind`,
     with its null convention: integers as themselves, null = -1 (so nullable integer columns hold values
     >= 0; a non-nullable integer may be negative); strings as int8 codes into ``values`` (the log's
     modules for ``module``), null = -1; a nullable bool as int8 -1 (null) / 0 / 1; floats (and vectors)
@@ -88,6 +89,9 @@ class Column:
     """A key of ``Tracer.tag()`` (sources ``tags`` and ``grid``)."""
     cell: bool = False
     """A ``tags`` column a Grid may also carry per cell, overriding the call's value (``bootstrap``)."""
+    width: str | None = None
+    """Vector columns: the metadata key whose value gives the vector's length (an int, or a list: its
+    length; at least 1, all null where the key is absent); None: ``hidden_size`` (the states)."""
     initial: str = "first"
     """Grid columns, in the rows of the states train sequences started from (``t = -1``): ``first`` the
     sequence's first step's value, ``previous`` a step counter's value one step earlier (null where the
@@ -357,6 +361,30 @@ COLUMNS: tuple[Column, ...] = (
         "state",
         since=3,
     ),
+    Column(
+        "obs",
+        None,
+        True,
+        "Rollout rows with --capture-obs: the observation the policy saw at this step, flattened (fixed-size "
+        "list of float32, length `obs_size` in the metadata; sb3: the model's last observation passed to the "
+        "policy, after any VecNormalize). Null on other rows and without --capture-obs (then of length 1).",
+        "grid",
+        since=4,
+        width="obs_size",
+        initial="null",
+    ),
+    Column(
+        "info",
+        None,
+        True,
+        "Rollout rows with --info KEY: info[KEY] of the env step whose observation went in (the reset info "
+        "at an episode's first step), one float per key in the order of `info_keys` in the metadata (NaN "
+        "where the info lacks the key or its value is not a number). Null on other rows and without --info.",
+        "grid",
+        since=4,
+        width="info_keys",
+        initial="null",
+    ),
     Column("h_norm", "float32", False, "L2 norm of h (computed from the full-precision state).", "state"),
     Column("c_norm", "float32", True, "L2 norm of c (null for GRU).", "state", valid=("has_c",)),
     Column(
@@ -383,6 +411,15 @@ CODE: dict[str, dict[str, int]] = {name: {v: i for i, v in enumerate(vals)} for 
 def required_columns(version: int) -> frozenset[str]:
     """The columns a log of schema ``version`` has; the newer ones read as null."""
     return frozenset(c.name for c in COLUMNS if c.since <= version)
+
+
+def vector_width(column: Column, hidden_size: int, metadata: dict[str, Any] | None) -> int:
+    """Length of a vector column's lists in a log with this ``hidden_size`` and run metadata."""
+    if column.width is None:
+        return hidden_size
+    value = (metadata or {}).get(column.width)
+    n = len(value) if isinstance(value, list | tuple) else int(value) if isinstance(value, int) else 0
+    return max(n, 1)
 
 
 def scalar_row_bytes() -> int:
@@ -423,6 +460,8 @@ METADATA_KEYS: dict[str, str] = {
     "the minibatch, 'stepwise': one call per step because the minibatch holds an episode start), the "
     "minibatches and the training wall seconds the probe measured for them (from one minibatch's "
     "_get_samples to the next, or to the end of train()).",
+    "obs_size": "--capture-obs: length of the `obs` vectors (the flattened observation).",
+    "info_keys": "--info: the info keys stored in the `info` vectors, in their order.",
     "probe_cost": "What recording cost, measured by the probe while it ran: seconds (start to close, wall), "
     "calls, hook_seconds and integration_seconds (training thread: hooks, the integration's callbacks), "
     "writer (process or thread: where rows were made and written), writer_cpu_seconds and "
@@ -456,7 +495,11 @@ def log_schema(hidden_size: int, float16: bool = False, metadata: dict[str, Any]
 
     fields = []
     for c in COLUMNS:
-        arrow_type = state_type(hidden_size, float16) if c.type is None else pa.type_for_alias(c.type)
+        if c.type is None:  # the states (float16 with --float16), or float32 vectors of their own width
+            width = vector_width(c, hidden_size, metadata)
+            arrow_type = pa.list_(pa.float32(), width) if c.width else state_type(hidden_size, float16)
+        else:
+            arrow_type = pa.type_for_alias(c.type)
         fields.append(pa.field(c.name, arrow_type, nullable=c.nullable, metadata={b"doc": c.doc.encode()}))
     meta = {META_VERSION_KEY: str(SCHEMA_VERSION).encode()}
     if metadata is not None:
@@ -479,7 +522,8 @@ def schema_markdown() -> str:
         "| --- | --- | --- | --- |",
     ]
     for c in COLUMNS:
-        tname = "fixed_size_list<float32, hidden_size>" if c.type is None else c.type
+        size = c.width or "hidden_size"
+        tname = f"fixed_size_list<float32, {size}>" if c.type is None else c.type
         lines.append(f"| `{c.name}` | {tname} | {'yes' if c.nullable else 'no'} | {c.doc} |")
     lines += ["", "## Metadata keys (`lstm_probe.run` JSON)", "", "| key | meaning |", "| --- | --- |"]
     for key, doc in METADATA_KEYS.items():

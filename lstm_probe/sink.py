@@ -222,8 +222,10 @@ class Sink:
     @staticmethod
     def _fill_grid(r: Rows, i0: int, i1: int, grid: Grid, t0: int, steps: int, layers: int) -> None:
         def cols(a: np.ndarray) -> np.ndarray:
-            v = a[:, t0 : t0 + steps].reshape(-1)  # (N * T',) column-major order: n, then t
-            return np.tile(v, layers) if layers > 1 else v
+            v = a[:, t0 : t0 + steps]
+            # (N * T',) column-major order: n, then t; vector columns (N, T, width) -> (N * T', width)
+            v = v.reshape(-1) if v.ndim == 2 else v.reshape(-1, v.shape[2])
+            return v if layers == 1 else np.tile(v, layers) if v.ndim == 1 else np.tile(v, (layers, 1))
 
         buffers = r.buffers
         for col, null, own in _GRID_FILLS:

@@ -145,10 +145,10 @@ class Encoder:
         for col, field in zip(COLUMNS, self.schema, strict=True):
             kind, typ = col.kind, field.type
             if kind == "vector" and col.width is not None:  # float32, null where every entry is NaN
-                v = r.buffers[col.name][s]
-                null = np.isnan(v).all(axis=1)
-                values = pa.array(np.ascontiguousarray(v, np.float32).reshape(-1))
-                arrays.append(pa.FixedSizeListArray.from_arrays(values, v.shape[1], mask=pa.array(null)))
+                own = r.buffers[col.name][s]
+                null = np.isnan(own).all(axis=1)
+                values = pa.array(np.ascontiguousarray(own, np.float32).reshape(-1))
+                arrays.append(pa.FixedSizeListArray.from_arrays(values, own.shape[1], mask=pa.array(null)))
                 continue
             if kind == "vector":
                 v = r.buffers.get(col.name)

@@ -92,6 +92,9 @@ def test_report_text_and_json(made):
         "findings",
         "unavailable",
         "cross_process",
+        "memory",
+        "probes",
+        "what_if",
     ]
     assert rep["cross_process"] is None  # RLlib logs only
     assert rep["run"]["env_id"] == "CartPole-v1" and rep["run"]["completed"] is True

@@ -43,7 +43,10 @@ FRAMEWORKS: dict[str, Framework] = {
         Framework(
             "sb3",
             "lstm_probe.integrations.sb3_commands",
-            run_options=("lstm_layers", "critic_lstm", "hyperparams", "device"),
+            run_options=(
+                *("lstm_layers", "critic_lstm", "hyperparams", "device", "what_if", "what_if_every", "burn_in"),
+                *("memory", "memory_every", "capture_obs", "info_keys"),
+            ),
             arch_options=("critic_lstm", "lstm_layers", "hyperparams", "env_id", "trust_model", "dot", "svg", "png"),
         ),
         Framework(

@@ -40,7 +40,7 @@ from stable_baselines3.common.callbacks import BaseCallback
 
 from lstm_probe.contract import SEQ_REASON, Capabilities, Grid, Tags
 from lstm_probe.errors import BadInput, one_line
-from lstm_probe.integrations import sb3_doctor, sb3_memory, sb3_metrics, sb3_whatif
+from lstm_probe.integrations import sb3_doctor, sb3_memory, sb3_metrics, sb3_obs, sb3_whatif
 from lstm_probe.integrations.sb3_arch import summary
 from lstm_probe.integrations.sb3_attach import ACTIVE, Attachment, WeakIntegration, weak
 from lstm_probe.options import DEFAULT_WRITER, CaptureOptions, capture_options
@@ -179,8 +179,12 @@ class ProbeCallback(BaseCallback):
         what_if: bool = False,
         what_if_every: int = 1,
         burn_in: tuple[int, ...] | list[int] = (),
+        capture_obs: bool = False,
+        info_keys: tuple[str, ...] | list[str] = (),
     ):
         super().__init__(verbose)
+        # rollout rows' obs and info columns (sb3_obs.py)
+        self.observations = sb3_obs.Observations(capture_obs, info_keys)
         self.memory_settings = sb3_memory.memory_settings(memory, memory_every)  # sb3_memory.py
         self.memory: sb3_memory.Memory | None = None
         self.what_if_settings = sb3_whatif.what_if_settings(what_if, what_if_every, burn_in)  # sb3_whatif.py
@@ -251,6 +255,7 @@ class ProbeCallback(BaseCallback):
         meta["architecture_sb3"]["gradient_flow"] = summary(model)
         meta["total_timesteps"] = int(self.locals.get("total_timesteps", 0))
         meta["architecture_sb3"]["lstm_modules"] = list(modules)
+        meta.update(self.observations.start(model))
         meta.update(self.extra_metadata)
         self._metadata = meta
         options = dataclasses.replace(self.options, reference_window=self.n_steps)
@@ -334,6 +339,8 @@ class ProbeCallback(BaseCallback):
                 for i, d in enumerate(dones)
                 if d and infos[i].get("terminal_observation") is not None and infos[i].get("TimeLimit.truncated", False)
             ]
+            if self.observations.keys:
+                self.observations.step(self.model, self.last_dones, infos)
         return True
 
     def _on_rollout_end(self) -> None:
@@ -400,6 +407,8 @@ class ProbeCallback(BaseCallback):
             episode_start=starts.astype(np.int8)[:, None],
             padding=self._no_padding,
         )
+        if self.observations.active:
+            self.observations.fill(grid, self.model)
         self.current = Tags("rollout", self.iteration, grid=grid)
         self.in_forward = True
 

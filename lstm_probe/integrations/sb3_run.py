@@ -173,6 +173,13 @@ def run(
     command: str | None = None,
     progress: Progress | None = None,
     options: CaptureOptions | None = None,
+    what_if: bool = False,
+    what_if_every: int = 1,
+    burn_in: Sequence[int] | None = None,
+    memory: bool = False,
+    memory_every: int | None = None,
+    capture_obs: bool = False,
+    info_keys: Sequence[str] | None = None,
 ) -> RunResult:
     """Train RecurrentPPO on ``env_id`` for ``steps`` env steps with the probe attached; write the log to
     ``out`` [run.parquet].
@@ -207,6 +214,12 @@ def run(
     if hyperparams is not None and not isinstance(hyperparams, dict):
         hyperparams = parse_hyperparams(hyperparams)
     check_output(Path(os.fspath(opts.out)), force=opts.force, is_dir=opts.directory)
+    from lstm_probe.integrations.sb3_whatif import what_if_settings
+
+    what_if_settings(what_if, what_if_every, burn_in or ())  # checked before the model is built
+    from lstm_probe.integrations.sb3_memory import memory_settings
+
+    memory_settings(memory, memory_every)
     model = build(
         env_id,
         seed=seed,
@@ -230,7 +243,17 @@ def run(
     from lstm_probe.integrations.sb3 import ProbeCallback
 
     callbacks: list[BaseCallback] = []
-    probe = ProbeCallback(options=opts, metadata={"command": command, "env_id": env_id})
+    probe = ProbeCallback(
+        options=opts,
+        metadata={"command": command, "env_id": env_id},
+        what_if=what_if,
+        what_if_every=what_if_every,
+        burn_in=tuple(burn_in or ()),
+        memory=memory,
+        memory_every=memory_every,
+        capture_obs=capture_obs,
+        info_keys=tuple(info_keys or ()),
+    )
     callbacks.append(probe)
     if progress is not None:
         callbacks.append(_ProgressCallback(progress, steps))

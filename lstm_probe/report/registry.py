@@ -16,6 +16,7 @@ from lstm_probe.report.sections.cross_process import CrossProcess
 from lstm_probe.report.sections.doctor import Doctor
 from lstm_probe.report.sections.health import Health
 from lstm_probe.report.sections.memory import Memory
+from lstm_probe.report.sections.probes import Probes
 from lstm_probe.report.sections.run import Run
 from lstm_probe.report.sections.sequences import Sequences
 from lstm_probe.report.sections.staleness import Staleness
@@ -31,5 +32,6 @@ SECTIONS: list[Section[Any]] = [
     Health(),
     Doctor(),
     Memory(),
+    Probes(),
     WhatIf(),
 ]

@@ -1,0 +1,109 @@
+"""The "Linear probes" section: what the hidden state encodes, for logs whose rollout rows carry observations
+(``--capture-obs``) or info values (``--info KEY``): R² of ridge probes from h (each module and layer) to each
+observation component and info key, at lags 0 and 1, on held-out episodes, at a few iterations spread over the
+run (:func:`lstm_probe.probes.probe_targets`; ``lstm-probe probe`` gives any target, lag and iteration).
+
+Bounded cost: at most :data:`ITERATIONS` iterations, :data:`MAX_OBS` observation components and about
+:data:`MAX_ROWS` rows per (iteration, module, layer), whole episodes sampled evenly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from lstm_probe.contract import Capabilities
+from lstm_probe.probes import probe_targets
+from lstm_probe.report.section import Block, Log, Section, Table, fmt
+
+ITERATIONS = 4
+"""Iterations probed (evenly spaced, the first and last included)."""
+MAX_OBS = 8
+"""Observation components probed (the first ones)."""
+MAX_ROWS = 4096
+"""About this many rows per (iteration, module, layer) at most."""
+LAGS = (0, 1)
+
+
+@dataclass
+class ProbesSection:
+    """R² by (target, lag, module, layer) and iteration."""
+
+    targets: list[str] = field(default_factory=list)
+    lags: list[int] = field(default_factory=list)
+    iterations: list[int] = field(default_factory=list)
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    """One per (iteration, module, layer, target, lag): r2 (None where the target is constant), n_fit, n_test."""
+    max_rows: int = MAX_ROWS
+
+
+def _spread(values: list[int], n: int) -> list[int]:
+    if len(values) <= n:
+        return values
+    idx = np.unique(np.round(np.linspace(0, len(values) - 1, n)).astype(int))
+    return [values[i] for i in idx]
+
+
+class Probes(Section[ProbesSection | None]):
+    key = "probes"
+    # the integrations that fill obs and info (sb3) cut training sequences from a rollout buffer; the key comes
+    # after the keys every log has, null where the log holds no observations or info values
+    needs: ClassVar[str | None] = "rollout_buffer"
+    findings_rank: ClassVar[int] = 13
+
+    def compute(self, log: Log, acc: Any) -> ProbesSection | None:
+        meta = log.meta
+        obs_size = meta.get("obs_size")
+        keys = [str(k) for k in meta.get("info_keys") or []]
+        if not isinstance(obs_size, int) and not keys:
+            return None
+        if (meta.get("capture") or {}).get("mode") == "summary" or log.iterations == 0:
+            return None
+        targets = [f"obs:{i}" for i in range(min(obs_size, MAX_OBS))] if isinstance(obs_size, int) else []
+        targets += [f"info:{k}" for k in keys]
+        iterations = _spread(list(range(log.iterations)), ITERATIONS)
+        table = probe_targets(log.info.path, targets, lags=LAGS, iterations=iterations, max_rows=MAX_ROWS, strict=False)
+        rows: list[dict[str, Any]] = [
+            {str(k): (None if isinstance(v, float) and not np.isfinite(v) else v) for k, v in r.items()}
+            for r in table.to_dict("records")
+        ]
+        return ProbesSection(
+            targets, list(LAGS), sorted({int(r["iteration"]) for r in rows if r["iteration"] is not None}), rows
+        )
+
+    def findings(self, data: ProbesSection | None) -> list[str]:
+        """How well h reads each info key (quantities the policy does not observe) at the last iteration."""
+        if data is None or not data.iterations:
+            return []
+        first, last = data.iterations[0], data.iterations[-1]
+        out = []
+        for target in (t for t in data.targets if t.startswith("info:")):
+            r2 = {
+                (r["iteration"], r["module"]): r["r2"]
+                for r in data.rows
+                if r["target"] == target and r["lag"] == 0 and r["layer"] == 0
+            }
+            for module in dict.fromkeys(m for _, m in r2):
+                end, begin = r2.get((last, module)), r2.get((first, module))
+                if end is None:
+                    continue
+                msg = f"{module}: h reads {target} with R² {end:.2f} at iteration {last}"
+                if begin is not None and first != last:
+                    msg += f" ({begin:.2f} at iteration {first})"
+                out.append(msg)
+        return out
+
+    def text(self, data: ProbesSection | None, caps: Capabilities) -> list[Block]:
+        if data is None or not data.rows:
+            return []
+        cells: dict[tuple[str, int, str, int], dict[int, Any]] = {}
+        for r in data.rows:
+            cells.setdefault((r["module"], r["layer"], r["target"], r["lag"]), {})[r["iteration"]] = r["r2"]
+        header = ("module", "layer", "target", "lag", *(f"it {i}" for i in data.iterations))
+        body = tuple(
+            (fmt(m), fmt(layer), fmt(t), fmt(lag), *(fmt(v.get(i)) for i in data.iterations))
+            for (m, layer, t, lag), v in sorted(cells.items())
+        )
+        return [Table("Linear probes: R² from h on held-out episodes, by iteration", header, body)]
