@@ -1,11 +1,11 @@
 """Where each traced call's input state came from: the ``init`` and ``init_norm`` columns.
 
-The tracer (training process) asks :class:`Inputs` about every call at the first step of each batch
-column: it compares the state the call was given with what the probe already holds, the state each
-module last returned for each env column (per phase group) and, for training calls, the rollout states
-of the last ``window`` env steps of each env. One compare of the input against those states per call,
-on the states' own device, with no host copy (a call's answer stays a small tensor until its block is
-written, :func:`decode`). The schema's ``init`` column says what each answer means.
+The tracer keeps a copy of each call's input state (one ``torch.cat`` per call in the hook) and, when
+it writes the call's block (a writer job, in call order), asks :class:`Inputs` about each batch column's
+first step: it compares the input with what the probe already holds, the state the module last returned
+for that env column (per phase group; earlier columns of the same env in the block, else the store) and,
+for training calls, the rollout states of the last ``window`` env steps of each env. Host numpy, one
+vectorized compare per block. The schema's ``init`` column says what each answer means.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from lstm_probe.schema import CODE
 ZERO, PREVIOUS, STORED, OTHER_ENV, FIRST, UNCHECKED = 1, 2, 4, 8, 16, 32
 """Bits of a column's answer (:func:`decode` turns them into the ``init`` codes): the input is all zeros;
 bit-equal to the state the module last returned for this env column; bit-equal to the stored rollout
-state (train); bit-equal to another env column's last state; no state known for this env column yet;
+state (train); bit-equal to a state another env column returned; no state known for this env column yet;
 train input whose rollout state the probe does not hold."""
 INIT = CODE["init"]
 GROUP = {"rollout": "rollout", "bootstrap": "rollout", "train": "rollout", "value": "rollout", "predict": "predict"}
@@ -30,141 +30,156 @@ GROUP = {"rollout": "rollout", "bootstrap": "rollout", "train": "rollout", "valu
 keep their returned states in their own store (an evaluation's env columns are not the rollout's)."""
 ACTING = frozenset({"rollout", "predict", "other"})
 """Phases whose returned states are what the next step of the same env column should start from."""
-FULL_COMPARE = 256
-"""Columns x known env columns up to which every column is compared with every env column's state at once
-(no host sync); above it only the columns that matched nothing are, after one sync."""
 
 
 class _Store:
-    """One module's returned states in one phase group: the last per env column (``last`` (R, E, H), R =
-    layers for h, then layers for c) and, with a ``window``, a ring of the last ``window`` env steps per
-    env column (``ring`` (R, E * W, H), ``steps`` the env step each slot holds, -1 none)."""
+    """One module's returned states in one phase group, host arrays of rows (R * H floats: h of every
+    layer, then c): the last per env column (``last``, ``has``) and, with a ``window``, a ring of the last
+    ``window`` env steps per env column (``ring``, ``steps``: the env step each slot holds, -1 none)."""
 
-    def __init__(self, like: torch.Tensor, window: int):
-        rows, _, hidden = like.shape
+    def __init__(self, width: int, window: int):
         self.window = window
         self.envs = 0
-        self.last = like.new_zeros((rows, 0, hidden))
-        self.has = torch.zeros(0, dtype=torch.bool, device=like.device)
-        self.ring = like.new_zeros((rows, 0, hidden))
-        self.steps = torch.full((0,), -1, dtype=torch.int64, device=like.device)
+        self.last = np.zeros((0, width), np.float32)
+        self.has = np.zeros(0, np.bool_)
+        self.ring = np.zeros((0, width), np.float32)
+        self.steps = np.full(0, -1, np.int64)
+        self.zero_in = np.zeros(0, np.bool_)  # the rollout call at that slot's step started from zeros
 
     def grow(self, envs: int) -> None:
         if envs <= self.envs:
             return
-        extra = envs - self.envs
-        rows, _, hidden = self.last.shape
-        self.last = torch.cat((self.last, self.last.new_zeros((rows, extra, hidden))), 1)
-        self.has = torch.cat((self.has, self.has.new_zeros(extra)))
+        extra, width = envs - self.envs, self.last.shape[1]
+        self.last = np.concatenate([self.last, np.zeros((extra, width), np.float32)])
+        self.has = np.concatenate([self.has, np.zeros(extra, np.bool_)])
         if self.window:
             w = self.window
-            self.ring = torch.cat((self.ring, self.ring.new_zeros((rows, extra * w, hidden))), 1)
-            self.steps = torch.cat((self.steps, self.steps.new_full((extra * w,), -1)))
+            self.ring = np.concatenate([self.ring, np.zeros((extra * w, width), np.float32)])
+            self.steps = np.concatenate([self.steps, np.full(extra * w, -1, np.int64)])
+            self.zero_in = np.concatenate([self.zero_in, np.zeros(extra * w, np.bool_)])
         self.envs = envs
-
-    def put(self, env: torch.Tensor, step: np.ndarray | None, out: torch.Tensor) -> None:
-        """Keep ``out`` (R, N, H), the states a call returned, as the last of env columns ``env``."""
-        self.last[:, env] = out
-        self.has[env] = True
-        if self.window and step is not None:
-            ok = step >= 0
-            if not ok.all():
-                keep = torch.from_numpy(ok).to(env.device)
-                env, out, step = env[keep], out[:, keep], step[ok]
-            slots = env * self.window + torch.from_numpy(step % self.window).to(env.device)
-            self.ring[:, slots] = out
-            self.steps[slots] = torch.from_numpy(step).to(env.device)
 
 
 class Inputs:
     """The probe's memory of returned states, per (module, phase group); see the module docstring.
     ``window``: env steps of rollout states kept per env column for the training calls' 'stored' check
     (0: none; then a training call's non-zero input is 'stored' where ``stored_states`` says the framework
-    takes it from its stored states, else 'other')."""
+    takes it from its stored states, else 'other'). Used by the writer jobs only, in call order."""
 
     def __init__(self, window: int, stored_states: bool):
         self.window = window
         self.stored_states = stored_states
         self.stores: dict[tuple[str, str], _Store] = {}
 
-    def ask(
-        self, name: str, phase: str, grid: Grid | None, t: int, x0: torch.Tensor, layers: int
-    ) -> tuple[torch.Tensor, torch.Tensor, Any]:
-        """Answer one call: ``x0`` (R, N, H) the input states of every layer (h, then c), ``t`` the grid
-        step of the call's first step. Returns the answer bits (N,), the input norm per layer (L, N), and
-        what :meth:`keep` needs."""
-        n = x0.shape[1]
-        sq = (x0 * x0).sum(-1)  # (R, N)
-        norms = (sq[:layers] + sq[layers:]).sqrt() if x0.shape[0] > layers else sq.sqrt()
-        zero = ~(x0 != 0).flatten(2).any(-1).any(0)  # (N,)
-        env_np = step_np = None
-        if grid is not None and grid.shape[0] != n:  # a grid that does not fit the call: no env columns
-            pass
-        elif grid is not None and grid.env is not None:
-            env_np = grid.env[:, t].astype(np.int64)
-            if grid.env_step is not None:
-                step_np = grid.env_step[:, t].astype(np.int64)
+    def answer(
+        self,
+        name: str,
+        phase: str,
+        grid: Grid | None,
+        t: int,
+        x0: np.ndarray,
+        out: np.ndarray | None,
+        layers: int,
+        multistep: bool = False,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The `init` codes (M,) and input norms (L, M) of M batch columns in call order (one call, or a
+        block of one-step calls side by side): ``x0`` (R, M, H) their input states, ``out`` (R, M, H) the
+        states they returned (None: not kept, e.g. a per-timestep loop's first step), ``t`` the grid step
+        of their first step. Columns of one env later in the block compare with the earlier ones' states."""
+        m = x0.shape[1]
+        xs = np.ascontiguousarray(x0.transpose(1, 0, 2)).reshape(m, -1)  # (M, R * H)
+        sq = np.einsum("rmh,rmh->rm", x0, x0, dtype=np.float64)
+        norms = np.sqrt(sq[:layers] + sq[layers:] if x0.shape[0] > layers else sq).astype(np.float32)
+        zero = ~xs.any(axis=1)
+        flags: np.ndarray = np.where(zero, ZERO, 0).astype(np.int8)
+        env = step = start = None
+        if grid is not None and grid.shape[0] == m:
+            env = grid.env[:, t].astype(np.int64) if grid.env is not None else None
+            step = grid.env_step[:, t].astype(np.int64) if grid.env_step is not None else None
+            start = grid.episode_start[:, t] if grid.episode_start is not None else None
         elif grid is None:
-            env_np = np.arange(n, dtype=np.int64)
+            env = np.arange(m, dtype=np.int64)
+        training = phase in ("train", "value")
         group = GROUP.get(phase, "other")
         store = self.stores.get((name, group))
         if store is None:
-            window = self.window if group == "rollout" else 0
-            store = self.stores[(name, group)] = _Store(x0, window)
-        flags = zero.to(torch.int8) * ZERO
-        if env_np is None or (env_np < 0).any():  # columns without an env: nothing to compare with
-            flags |= FIRST
-            if phase in ("train", "value"):
-                flags |= UNCHECKED
-            return flags, norms, None
-        store.grow(int(env_np.max()) + 1)
-        env = torch.from_numpy(env_np).to(x0.device)
-        if phase in ("train", "value"):
-            flags |= self._stored(store, x0, env, step_np)
-            return flags, norms, None
-        has = store.has[env]
-        flags |= (~has).to(torch.int8) * FIRST
-        same = has & (x0 == store.last[:, env]).flatten(2).all(-1).all(0)
-        flags |= same.to(torch.int8) * PREVIOUS
-        if store.envs > 1:
-            flags |= self._other_env(store, x0, env, zero | same | ~has) * OTHER_ENV
-        return flags, norms, (store, env, step_np) if phase in ACTING else None
+            store = self.stores[(name, group)] = _Store(xs.shape[1], self.window if group == "rollout" else 0)
+        if env is None or (env < 0).any():  # columns without an env: nothing to compare with
+            flags |= FIRST | (UNCHECKED if training else 0)
+            return decode(flags, start, self.stored_states), norms
+        store.grow(int(env.max()) + 1)
+        if training:
+            flags |= self._stored(store, xs, env, step, zero)
+            return decode(flags, start, self.stored_states), norms
+        outs = np.ascontiguousarray(out.transpose(1, 0, 2)).reshape(m, -1) if out is not None else None
+        acting = phase in ACTING and outs is not None
+        # each column's previous state: the same env's earlier column in the block, else the store's
+        order = np.argsort(env, kind="stable")
+        sorted_env = env[order]
+        new_env = np.r_[True, sorted_env[1:] != sorted_env[:-1]]
+        prev = np.full(m, -1, np.int64)
+        if acting:
+            prev[order[1:]] = order[:-1]
+            prev[order[new_env]] = -1
+        held = (prev >= 0) | store.has[env]
+        candidate = store.last[env]
+        if acting and (prev >= 0).any():
+            inner = prev >= 0
+            candidate[inner] = outs[prev[inner]]  # type: ignore[index]
+        same = held & (xs == candidate).all(axis=1)
+        flags |= (~held) * np.int8(FIRST) | same * np.int8(PREVIOUS)
+        rest = ~(zero | same) & held
+        if rest.any():
+            flags |= self._other_env(store, xs, env, rest, outs) * np.int8(OTHER_ENV)
+        if acting:
+            assert outs is not None
+            last = order[np.r_[sorted_env[1:] != sorted_env[:-1], True]]
+            store.last[env[last]] = outs[last]
+            store.has[env[last]] = True
+            if store.window and step is not None and not multistep:
+                ok = step >= 0
+                slots = env[ok] * store.window + step[ok] % store.window
+                store.ring[slots] = outs[ok]
+                store.steps[slots] = step[ok]
+                store.zero_in[slots] = zero[ok]
+        return decode(flags, start, self.stored_states), norms
 
     @staticmethod
-    def keep(kept: Any, out: torch.Tensor, multistep: bool = False) -> None:
-        """After the call: ``out`` (R, N, H), the states it returned, as the last of its env columns (a
-        multi-step call's are not kept in the ring: their env step is not the call's first)."""
-        if kept is not None:
-            store, env, step = kept
-            store.put(env, None if multistep else step, out)
+    def _other_env(
+        store: _Store, xs: np.ndarray, env: np.ndarray, rest: np.ndarray, outs: np.ndarray | None
+    ) -> np.ndarray:
+        """Columns ``rest`` whose input is bit-equal to a state another env column returned (held in the
+        store, or returned in this block)."""
+        owner: dict[bytes, int] = {}
+        for e in np.flatnonzero(store.has).tolist():
+            owner.setdefault(store.last[e].tobytes(), e)
+        if outs is not None:
+            for i, row in enumerate(outs):
+                owner.setdefault(row.tobytes(), int(env[i]))
+        found = np.zeros(len(xs), np.bool_)
+        for i in np.flatnonzero(rest).tolist():
+            other = owner.get(xs[i].tobytes())
+            found[i] = other is not None and other != env[i]
+        return found
 
     @staticmethod
-    def _other_env(store: _Store, x0: torch.Tensor, env: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
-        n, envs = x0.shape[1], store.envs
-        cols = torch.arange(n, device=x0.device)
-        if n * envs > FULL_COMPARE:  # only the columns that matched nothing
-            rest = torch.nonzero(~done).flatten()
-            if len(rest) == 0:
-                return torch.zeros(n, dtype=torch.int8, device=x0.device)
-            cols = rest
-        eq = (x0[:, cols, None] == store.last[:, None]).flatten(3).all(-1).all(0)  # (n', E)
-        eq &= store.has[None, :]
-        eq[torch.arange(len(cols), device=x0.device), env[cols]] = False
-        out = torch.zeros(n, dtype=torch.int8, device=x0.device)
-        out[cols] = (eq.any(1) & ~done[cols]).to(torch.int8)
-        return out
-
-    def _stored(self, store: _Store, x0: torch.Tensor, env: torch.Tensor, step: np.ndarray | None) -> torch.Tensor:
-        n = x0.shape[1]
+    def _stored(
+        store: _Store, xs: np.ndarray, env: np.ndarray, step: np.ndarray | None, zero: np.ndarray
+    ) -> np.ndarray:
+        """Train columns: bit-equal to the rollout state of the step before (what sb3 stores), or zeros
+        where the rollout's own call at that step started from zeros (what a CleanRL-style loop stores)."""
+        m = len(xs)
         if not store.window or step is None:
-            return torch.full((n,), UNCHECKED, dtype=torch.int8, device=x0.device)
+            return np.full(m, UNCHECKED, np.int8)
         before = step - 1
-        slots = env * store.window + torch.from_numpy(before % store.window).to(x0.device)
-        held = (store.steps[slots] == torch.from_numpy(before).to(x0.device)) & torch.from_numpy(before >= 0).to(
-            x0.device
-        )
-        same = held & (x0 == store.ring[:, slots]).flatten(2).all(-1).all(0)
-        return same.to(torch.int8) * STORED | (~held).to(torch.int8) * UNCHECKED
+        slots = env * store.window + before % store.window
+        held = (store.steps[slots] == before) & (before >= 0)
+        same = held & (xs == store.ring[slots]).all(axis=1)
+        here = env * store.window + step % store.window
+        same |= zero & (store.steps[here] == step) & store.zero_in[here]
+        held |= same
+        # an env's first step has no earlier state: zeros there are its initial state (a reset)
+        return same * np.int8(STORED) | (~held) * np.int8(UNCHECKED) | (before < 0) * np.int8(FIRST)
 
 
 def decode(flags: np.ndarray, start: np.ndarray | None, stored_states: bool) -> np.ndarray:
@@ -177,24 +192,12 @@ def decode(flags: np.ndarray, start: np.ndarray | None, stored_states: bool) -> 
     if stored_states:
         out[unchecked] = INIT["stored"]
     out[(flags & OTHER_ENV) != 0] = INIT["other_env"]
-    out[(flags & STORED) != 0] = INIT["stored"]
-    out[(flags & PREVIOUS) != 0] = INIT["previous"]
     out[zero] = INIT["zero"]
-    # a zero state at a tagged episode start, or the first state the probe saw for an env column (an
-    # acting call; a training call's zeros are a reset only at an episode start)
-    out[zero & (starts | (((flags & FIRST) != 0) & ~unchecked))] = INIT["reset"]
+    out[(flags & STORED) != 0] = INIT["stored"]  # zeros too, where the rollout's own call started from them
+    out[(flags & PREVIOUS) != 0] = INIT["previous"]
+    # a zero state at a tagged episode start, or where no earlier state of the env column is known
+    out[zero & (starts | ((flags & FIRST) != 0))] = INIT["reset"]
     return out
-
-
-def host_codes(
-    flags: torch.Tensor, norms: torch.Tensor, grid: Grid | None, t: int, stored_states: bool
-) -> tuple[np.ndarray, np.ndarray]:
-    """What the sink takes for the `init` columns: the codes of answer bits ``flags`` (N,) (the episode
-    starts at step ``t`` of ``grid``) and the norms (L, N), as host arrays."""
-    flags_np = flags.cpu().numpy()
-    start = grid.episode_start if grid is not None and grid.shape[0] == len(flags_np) else None
-    codes = decode(flags_np, start[:, t] if start is not None else None, stored_states)
-    return codes, norms.float().cpu().numpy()
 
 
 def module_input(
@@ -206,8 +209,8 @@ def module_input(
     if hx is None:
         layers, hidden = int(mod.num_layers), int(mod.hidden_size)  # type: ignore[arg-type]
         return torch.zeros((2 if is_lstm else 1) * layers, batch, hidden, dtype=x.dtype, device=x.device)
-    x0 = torch.cat(hx) if is_lstm else hx
-    return x0.detach().unsqueeze(1) if unbatched else x0.detach()
+    x0 = torch.cat(hx).detach() if is_lstm else hx.detach().clone()  # a copy: callers change states in place
+    return x0.unsqueeze(1) if unbatched else x0
 
 
 def cell_input(args: tuple[Any, ...], batch: int, h: torch.Tensor, is_lstm: bool) -> torch.Tensor:

@@ -27,7 +27,7 @@ from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 
 from lstm_probe.contract import CODES, GRID_CELLS, GRID_SEQUENCES, PATH, Grid, Integration, Resolver, Tags, tag_values
 from lstm_probe.errors import BadInput, one_line
-from lstm_probe.inputs import Inputs, cell_input, host_codes, module_input
+from lstm_probe.inputs import Inputs, cell_input, module_input
 from lstm_probe.logwriter import LogWriter
 from lstm_probe.options import CaptureOptions
 from lstm_probe.recover import gru_sequence_states, lstm_sequence_io, snapshot_weights
@@ -334,8 +334,7 @@ class Tracer:
                         if block is None:
                             block = pending[name] = _Block()
                         if done == 0:  # this module's first step of the loop: where its state came from
-                            x0 = module_input(mod, args, int(shape[1 - time_axis]), x, False, is_lstm)
-                            block.inits.append(self.inputs.ask(name, tags.phase, tags.grid, 0, x0, layers)[:2])
+                            block.inputs.append(module_input(mod, args, int(shape[1 - time_axis]), x, False, is_lstm))
                         # Copied now: a loop may change the returned states in place (`h[:, done] = 0`).
                         # h and c as one tensor: one copy per call. (Lists, not a tuple per call: a new
                         # container per call made Python's cyclic garbage collector run more often.)
@@ -389,11 +388,11 @@ class Tracer:
                 steps, batch = int(x.shape[0]), int(x.shape[1])
                 h0, c0 = self._initial(mod, args, batch, x, unbatched, is_lstm)
                 h0, c0 = h0.detach(), c0.detach()
-                x0 = torch.cat((h0, c0)) if is_lstm else h0
+                x0 = torch.cat((h0, c0)) if is_lstm else h0.clone()  # copies: states change in place
                 hn, cn = output[1] if is_lstm else (output[1], None)
                 if unbatched:
                     hn, cn = hn.unsqueeze(1), cn.unsqueeze(1) if cn is not None else None
-                out = torch.cat((hn, cn)) if cn is not None else hn
+                out = torch.cat((hn.detach(), cn.detach())) if cn is not None else hn.detach().clone()
                 weights: list[list[torch.Tensor]] | None = None
                 if self.writer is not None and not self.writer.inline:
                     # The recovery runs later, on the writer thread: copy what the caller may still change
@@ -498,17 +497,14 @@ class Tracer:
                 tags.stepwise[name] = t + 1
         if h is not None:
             out = h if c is None else torch.cat((h, c))  # a copy: the caller may change h and c in place
-        init = self.inputs.ask(name, tags.phase, grid, t, x0, self.layers[name]) if t == 0 else None
-        if init is not None and out is not None and (key is None or key[0] == "step"):
-            self.inputs.keep(init[2], out, steps > 1)  # a per-timestep loop's first step is not its last
-        stored = self.inputs.stored_states
         if key is None:
             self.flush_pending()
             if h is not None and not writer.inline:  # the job runs later, on the writer thread
                 h, c = h.clone(), c.clone() if c is not None else None
 
             def job() -> None:
-                first = host_codes(init[0], init[1], grid, 0, stored) if init is not None else None
+                returned = _host(out) if out is not None else None
+                first = self.inputs.answer(name, tags.phase, grid, 0, _host(x0), returned, self.layers[name], steps > 1)
                 if states is not None:
                     writer.send("sequence", name, tags, call, *states(), first)
                 else:  # a one-step call that fits no block
@@ -533,8 +529,8 @@ class Tracer:
         block.states.append(out.clone() if c is None else out)
         if grid is not None:
             block.grids.append(grid)
-        if init is not None:
-            block.inits.append(init[:2])
+        if t == 0:  # a per-timestep loop's first step, or a one-step call: its input state (see Inputs)
+            block.inputs.append(x0)
         if len(block.calls) >= MAX_PENDING and key[0] == "step":
             self.flush_pending()
 
@@ -562,8 +558,8 @@ class Tracer:
             hc = _host(torch.stack(block.states, dim=2))  # (L or 2L, N, T', H)
             per_col = np.tile(calls, hc.shape[1])  # (N * T',) in column-major order: n, then t
             init = None
-            if t0 == 0 and block.inits:  # the loop's first step: where each column's state came from
-                init = host_codes(*block.inits[0], tags.grid, 0, self.inputs.stored_states)
+            if t0 == 0 and block.inputs:  # the loop's first step: where each column's state came from
+                init = self.inputs.answer(name, tags.phase, tags.grid, 0, _host(block.inputs[0]), None, layers)
             cs = hc[layers:] if with_c else None
             writer.send("rows", name, tags, t0, PATH["stepwise"], per_col, hc[:layers], cs, None, init)
             return
@@ -573,24 +569,26 @@ class Tracer:
         if block.grids:
             sent = dataclasses.replace(tags, grid=Grid.concat(block.grids), stepwise={})
         init = None
-        if len(block.inits) == len(block.calls):  # every call's input state (see Inputs)
-            flags = torch.cat([f for f, _ in block.inits])
-            norms = torch.cat([n for _, n in block.inits], dim=1)
-            init = host_codes(flags, norms, sent.grid, 0, self.inputs.stored_states)
+        if len(block.inputs) == len(block.calls):  # every call's input state: where it came from (Inputs)
+            grid = sent.grid
+            if grid is None:  # untagged calls: env column = batch column
+                grid = Grid.one_step(np.concatenate([np.arange(s.shape[1]) for s in block.states]), -1, -1, -1, -1)
+            x0 = _host(torch.cat(block.inputs, dim=1))
+            init = self.inputs.answer(name, tags.phase, grid, 0, x0, hc[:, :, 0], layers)
         path = PATH["step"]
         writer.send("rows", name, sent, 0, path, per_col, hc[:layers], hc[layers:] if with_c else None, None, init)
 
 
 class _Block:
     """The one-step calls of one module kept for one block: their call ids, grids (rollout steps), states
-    and input-state answers (``inits``, see :class:`~lstm_probe.inputs.Inputs`; a per-timestep loop's first
+    and input states (``inputs``, copies; see :class:`~lstm_probe.inputs.Inputs`; a per-timestep loop's first
     step only), as parallel lists. The states are copies made as each call returned (a loop may change
     what the module returned in place, ``h[:, done] = 0``): h (L, N, H), or h and c as one (2L, N, H)."""
 
-    __slots__ = ("calls", "grids", "inits", "states")
+    __slots__ = ("calls", "grids", "inputs", "states")
 
     def __init__(self) -> None:
         self.calls: list[int] = []
         self.grids: list[Grid] = []
-        self.inits: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.inputs: list[torch.Tensor] = []
         self.states: list[torch.Tensor] = []

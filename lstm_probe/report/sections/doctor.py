@@ -30,7 +30,7 @@ from lstm_probe.report.section import Block, Line, Log, Section, Table
 from lstm_probe.schema import INITS
 from lstm_probe.text import safe
 
-COLUMNS = ["call", "module", "phase", "env", "env_step", "episode_start", "init"]
+COLUMNS = ["call", "module", "phase", "env", "env_step", "episode_start", "init", "init_norm"]
 ACTING = ("rollout", "predict", "other", "bootstrap")
 TRAINING = ("train", "value")
 BATCH = 1 << 17
@@ -143,7 +143,7 @@ class _Tally:
         self.other_env.add(c, init == "other_env")
         training = np.isin(phase, TRAINING)
         self.train_zero.add(c, training & (init == "zero"))
-        self.train_state.add(c, training & np.isin(init, ("stored", "previous", "other", "other_env")))
+        self.train_state.add(c, training & (c["init_norm"] > 0))
 
 
 def _where(first: dict[str, Any]) -> str:

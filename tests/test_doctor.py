@@ -1,0 +1,158 @@
+"""The Doctor (issue 30): bugs planted on purpose in real loops are named, with their first occurrence, and
+correct loops (and sb3's own training) raise nothing."""
+
+import numpy as np
+import pytest
+import torch
+from sb3_contrib import RecurrentPPO
+from stable_baselines3.common.env_util import make_vec_env
+
+import lstm_probe
+from lstm_probe import ProbeCallback, summarize
+
+N, H = 4, 8
+SHUFFLED: list[int] = []
+
+
+def _loop(tmp_path, bug, steps=40):
+    """A CleanRL-style loop over N toy envs (episodes end at random), one LSTM, two iterations of a rollout
+    of ``steps`` env steps and a per-step training pass from the rollout's first state; ``bug`` plants one
+    mistake."""
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    lstm = torch.nn.LSTM(3, H)
+    out = tmp_path / f"{bug}.parquet"
+    xs = torch.randn(2 * steps, N, 3)
+    zeros = (torch.zeros(1, N, H), torch.zeros(1, N, H))
+    with lstm_probe.trace(lstm, out, force=True, writer="thread", reference_window=steps) as probe, torch.no_grad():
+        h, done = zeros, np.zeros(N, bool)
+        for it in range(2):
+            first = it * steps
+            initial = zeros if h is None else (h[0].clone(), h[1].clone())
+            dones = np.zeros((N, steps), bool)
+            for step in range(first, first + steps):
+                if bug == "shuffled" and step >= 45 and not SHUFFLED and not done[:2].any():
+                    SHUFFLED.append(step)  # envs 0 and 1 swap states (neither was just reset)
+                    h = (h[0][:, [1, 0, 2, 3]], h[1][:, [1, 0, 2, 3]])
+                dones[:, step - first] = done
+                with probe.tag(phase="rollout", iteration=it, env=np.arange(N), env_step=step, episode_start=done):
+                    _, h = lstm(xs[step : step + 1], h)
+                done = rng.random(N) < 0.1
+                if bug in ("ok", "shuffled", "train_zeros"):
+                    h[0][:, done] = 0
+                    h[1][:, done] = 0
+                elif bug == "wrong_column":
+                    j = (np.flatnonzero(done) + 1) % N
+                    h[0][:, j] = 0
+                    h[1][:, j] = 0
+                elif bug == "no_state":
+                    h = None
+            # CleanRL's get_states: one step at a time from the rollout's first state, masked by the dones
+            state = zeros if bug == "train_zeros" else initial
+            env_step = np.broadcast_to(np.arange(first, first + steps), (N, steps))
+            with probe.tag(phase="train", iteration=it, env=np.arange(N), env_step=env_step, episode_start=dones):
+                for t in range(steps):
+                    keep = torch.tensor(1.0 - dones[:, t], dtype=torch.float32).view(1, -1, 1)
+                    _, state = lstm(xs[first + t : first + t + 1], (keep * state[0], keep * state[1]))
+    return summarize(out)
+
+
+def test_correct_loop_raises_nothing(tmp_path):
+    rep = _loop(tmp_path, "ok")
+    assert rep.doctor.findings == []
+    assert set(rep.doctor.sources["root/rollout"]) == {"previous", "reset"}
+    assert set(rep.doctor.sources["root/train"]) <= {"stored", "reset"}
+    assert rep.doctor.sources["root/train"].get("stored", 0) > 0
+
+
+@pytest.mark.parametrize(
+    "bug,kind,first",
+    [
+        ("no_state", "not_passed_back", {"call": 1, "env": 0, "env_step": 1}),
+        ("noreset", "not_reset", {"call": 1, "env": 2, "env_step": 1}),
+        ("wrong_column", "wrong_column", {"call": 1, "env": 2, "env_step": 1, "reset_env": 0}),
+        ("shuffled", "other_env", {"env": 0}),
+        ("train_zeros", "train_from_zeros", {"env_step": 40}),
+    ],
+)
+def test_each_planted_bug_is_named_with_its_first_occurrence(tmp_path, bug, kind, first):
+    SHUFFLED.clear()
+    rep = _loop(tmp_path, bug)
+    problems = rep.doctor.problems
+    if bug == "shuffled":
+        first = {**first, "env_step": SHUFFLED[0], "call": SHUFFLED[0] + 40}  # 40 train calls before it
+    assert [p.kind for p in problems] == [kind], rep.doctor.findings
+    for key, value in first.items():
+        assert problems[0].first[key] == value, problems[0].first
+    assert rep.findings.count(problems[0].text) == 1  # in the report's findings, once
+
+
+def test_watch_names_a_predict_loop_that_drops_the_state():
+    env = make_vec_env("CartPole-v1", n_envs=2, seed=0)
+    model = RecurrentPPO("MlpLstmPolicy", env, seed=0, n_steps=16, batch_size=16, policy_kwargs={"lstm_hidden_size": 8})
+    for bug in (True, False):
+        obs, state, starts = env.reset(), None, np.ones(2, bool)
+        with pytest.warns(UserWarning) if bug else _no_warning():
+            with lstm_probe.watch(model) as w:
+                for _ in range(60):
+                    if bug:
+                        action, _ = model.predict(obs)
+                    else:
+                        action, state = model.predict(obs, state=state, episode_start=starts)
+                    obs, _, starts, _ = env.step(action)
+        if bug:
+            assert [p.kind for p in w.doctor.problems] == ["not_passed_back"]
+            assert "model.predict(obs, state=..., episode_start=...)" in w.findings[0]
+            assert w.doctor.problems[0].first == {
+                "call": 1,
+                "module": "actor",
+                "phase": "predict",
+                "env": 0,
+                "env_step": 1,
+            }
+        else:
+            assert w.findings == []
+            assert set(w.doctor.sources["actor/predict"]) == {"previous", "reset"}
+    assert "predict" not in vars(model.policy)  # the wrapper is gone
+
+
+class _no_warning:
+    def __enter__(self):
+        import warnings
+
+        self._cm = warnings.catch_warnings()
+        self._cm.__enter__()
+        warnings.simplefilter("error")
+
+    def __exit__(self, *exc):
+        self._cm.__exit__(*exc)
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        {},
+        {"shared_lstm": True, "enable_critic_lstm": False},
+        {"enable_critic_lstm": False},
+        {"n_lstm_layers": 2},
+        {"n_envs": 2},
+    ],
+)
+def test_no_false_alarm_over_sb3_training(tmp_path, variant):
+    kw = dict(variant)
+    n_envs = kw.pop("n_envs", 1)
+    env = make_vec_env("CartPole-v1", n_envs=n_envs, seed=0)
+    model = RecurrentPPO(
+        "MlpLstmPolicy", env, seed=0, n_steps=64, batch_size=32, n_epochs=1, policy_kwargs={"lstm_hidden_size": 8, **kw}
+    )
+    out = tmp_path / "run.parquet"
+    model.learn(2000, callback=ProbeCallback(out))
+    doc = summarize(out).doctor
+    assert doc.findings == []
+    for key, sources in doc.sources.items():
+        allowed = {"stored", "reset"} if key.endswith("/train") else {"previous", "reset"}
+        assert set(sources) <= allowed, (key, sources)
+    assert any(s.get("stored") for k, s in doc.sources.items() if k.endswith("/train"))
+    paths = doc.minibatch_paths
+    assert paths["stepwise"]["minibatches"] + paths["sequence"]["minibatches"] > 0
+    assert doc.facts and "per-step path" in doc.facts[0]
