@@ -196,6 +196,9 @@ def build_html(
     norms = _norms_figure(plt, rep)
     if norms:
         figures.append(("Norms over iterations", norms, "Mean rollout-state norms per module and layer."))
+    what_if = _what_if_figure(plt, rep)
+    if what_if:
+        figures.append(("What if: other initial states", what_if, "Against refreshed states, by epoch."))
     page = _page(rep, figures, notes)
     with open(out, "w", encoding="utf-8") as f:
         f.write(page)
@@ -565,6 +568,25 @@ def _norms_figure(plt: Any, rep: Report) -> str | None:
         ax.set_title(f"mean ||{which}||", fontsize=9)
         ax.set_ylabel(f"mean ||{which}|| (rollout)")
         ax.set_xlabel("iteration")
+        ax.xaxis.set_major_locator(_integer_ticks())
+        ax.legend(fontsize=8)
+    return _png(fig)
+
+
+def _what_if_figure(plt: Any, rep: Report) -> str | None:
+    """Value difference (share of the return spread) and KL by epoch for stored, zero and burn-in initial states."""
+    w = getattr(rep, "what_if", None)
+    if w is None or not w.measured or not w.by_epoch:
+        return None
+    g = pd.DataFrame(w.by_epoch)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3), squeeze=False)
+    for alt, d in g.groupby("alternative", sort=False):
+        for ax, col in zip(axes[0], ("value_rel", "kl"), strict=True):
+            ax.plot(d["epoch"], d[col].astype(float), marker="o", label=_label(alt))
+    for ax, title in zip(axes[0], ("|value difference| / return spread", "KL(refreshed || alternative)"), strict=True):
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("epoch")
+        ax.set_yscale("symlog", linthresh=1e-6)
         ax.xaxis.set_major_locator(_integer_ticks())
         ax.legend(fontsize=8)
     return _png(fig)
