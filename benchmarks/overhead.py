@@ -42,7 +42,8 @@ cb = None
 if cfg["capture"] != "none":  # unprobed runs never import lstm-probe: their RSS is training's alone
     from lstm_probe import ProbeCallback
     cb = ProbeCallback(cfg["out"], capture=cfg["capture"].replace("-f16", ""), float16=cfg["capture"].endswith("-f16"),
-                       force=True, writer=cfg["writer"], what_if=cfg.get("what_if", False))
+                       force=True, writer=cfg["writer"], what_if=cfg.get("what_if", False),
+                       memory=cfg.get("memory", False), capture_obs=cfg.get("memory", False))
 start, cpu0 = time.perf_counter(), time.process_time()
 model.learn(cfg["steps"], callback=cb)
 seconds, cpu = time.perf_counter() - start, time.process_time() - cpu0  # cpu: this (training) process only
@@ -55,6 +56,7 @@ if cb is not None:
     size, rows = info.bytes, info.rows
     cost = info.metadata.get("probe_cost", {})
     cost["what_if_seconds"] = (info.metadata.get("what_if") or {}).get("seconds", 0)
+    cost["memory_seconds"] = (info.metadata.get("memory") or {}).get("seconds", 0)
 deciles = [trace[min(len(trace) - 1, i * len(trace) // 10)][1] for i in range(1, 11)] if trace else []
 print(json.dumps({"seconds": seconds, "cpu": cpu, "rss_mb": rss, "bytes": size, "rows": rows, "rss_trace": deciles,
                   "cost": cost}))
@@ -87,6 +89,10 @@ def main() -> None:
     ap.add_argument("--what-if", action="store_true",
                     help="probed runs also measure counterfactual initial states (ProbeCallback(what_if=True), "
                          "default sampling); prints the measurement's own share of the run")
+    ap.add_argument("--memory", action="store_true",
+                    help="probed runs also measure the memory horizon and capture observations "
+                         "(ProbeCallback(memory=True, capture_obs=True), default sampling); prints the measurement's "
+                         "own share of the run")
     ap.add_argument("--concurrent", action="store_true",
                     help="run each unprobed/probed pair at the same time (memory runs: halves the wall time; "
                          "the time ratios then mean little)")
@@ -109,7 +115,8 @@ def main() -> None:
                 base, probed = [], []
                 for _ in range(args.repeats):
                     common = {"env": args.env, "steps": args.steps, "n_envs": n_envs, "threads": threads,
-                              "out": os.path.join(tmp, "b.parquet"), "writer": writer, "what_if": args.what_if}
+                              "out": os.path.join(tmp, "b.parquet"), "writer": writer, "what_if": args.what_if,
+                              "memory": args.memory}
                     if args.concurrent:
                         with ThreadPoolExecutor(2) as pool:
                             b, p = pool.map(one, [{**common, "capture": "none"}, {**common, "capture": capture}])
@@ -136,6 +143,9 @@ def main() -> None:
                       f"{share(probed, 'writer_cpu_seconds'):>7.1f}", flush=True)
                 if args.what_if:
                     print(f"{'':>6} what-if: {share(probed, 'what_if_seconds'):.1f}% of the probed run measuring",
+                          flush=True)
+                if args.memory:
+                    print(f"{'':>6} memory: {share(probed, 'memory_seconds'):.1f}% of the probed run measuring",
                           flush=True)
                 if args.rss_trace:
                     print(f"{'':>6} RSS MB by tenth of the run, unprobed: {base[-1]['rss_trace']}")

@@ -64,3 +64,33 @@ def test_lstmcell_policy(tmp_path):
     assert len(df) == 2 * 20 and list(df[df.module == "cells.0"].env_step) == list(range(20))
     h = lstm_probe.states(df, "h")
     assert h.shape == (40, 16) and np.isfinite(h).all() and df.c.notna().all()
+
+
+def test_pendulum_no_velocity(tmp_path):
+    r = run(
+        "pendulum_no_velocity.py",
+        "--steps",
+        "512",
+        "--n-envs",
+        "2",
+        "--n-steps",
+        "64",
+        "--out",
+        "p.parquet",
+        cwd=tmp_path,
+    )
+    assert "R² velocity" in r.stdout
+    df = lstm_probe.load(tmp_path / "p.parquet")
+    roll = df[(df.phase == "rollout") & (df.module == "actor")]
+    obs, velocity = np.stack(roll.obs.to_numpy()), np.stack(roll["info"].to_numpy())[:, 0]
+    assert obs.shape == (512, 2)  # cos and sin only
+    # the stored velocity belongs to the observation of its row: Pendulum moves the angle by velocity * dt
+    roll = roll.assign(theta=np.arctan2(obs[:, 1], obs[:, 0]), velocity=velocity).sort_values(["env", "env_step"])
+    step = roll.groupby("env").theta.diff()
+    moved = (np.angle(np.exp(1j * step)) / 0.05)[~roll.episode_start.astype(bool)].dropna()
+    np.testing.assert_allclose(moved, roll.velocity[moved.index], atol=1e-3)
+    assert lstm_probe.summarize(tmp_path / "p.parquet").to_dict()["probes"]["targets"] == [
+        "obs:0",
+        "obs:1",
+        "info:velocity",
+    ]
