@@ -4,15 +4,13 @@ matplotlib draws static PNGs that are inlined as base64: the file opens anywhere
 no scripts, and stays small (heat-maps are downsampled, the layout drawing is capped; the page says
 what was sampled). matplotlib is an optional extra: ``pip install 'lstm-probe[html]'``.
 
-One function per figure (layout, heat-maps, staleness, lengths, norms) and the bounded scans they read
-keep the page's drawing in one place, a little over 600 lines.
+The figures drawn from the report are in ``html_figures.py``; this module builds the page and does the
+bounded reads the heat-maps and the minibatch layout need.
 """
 
 from __future__ import annotations
 
-import base64
 import html
-import io
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,14 +23,23 @@ import pyarrow.dataset as ds
 
 from lstm_probe.contract import Capabilities
 from lstm_probe.errors import BadInput
+from lstm_probe.html_figures import (
+    _label,
+    _layout_figure,
+    _lengths_figure,
+    _norms_figure,
+    _plt,
+    _png,
+    _reasons,
+    _staleness_figure,
+    _what_if_figure,
+)
 from lstm_probe.reader import dataset, narrow, states
 from lstm_probe.report import Report, summarize
 from lstm_probe.text import plain
 
 MAX_HEAT_STEPS = 400
 MAX_HEAT_UNITS = 128
-MAX_LAYOUT_EPOCHS = 4
-MAX_COLOUR_LEGEND = 10  # tab10 repeats after ten episodes
 MAX_HEAT_EPISODE_STEPS = 10_000  # a longer episode's heat-map shows its first steps (the page says so)
 ROLLOUT = ds.field("phase") == "rollout"
 STARTS = (ds.field("phase") == "train") & (ds.field("t") == 0)  # one row per training sequence
@@ -49,13 +56,6 @@ START_COLUMNS = [
     "env_step",
     "episode",
 ]
-REASON_MARKERS = {
-    "episode_start": ("o", "episode start"),
-    "env_boundary": ("s", "env boundary"),
-    "split": ("*", "buffer split point"),
-    "minibatch_cut": ("v", "minibatch cut"),
-    "max_seq_len": ("D", "max_seq_len"),
-}
 """Why a sequence starts where it does -> (marker, legend label); the legend lists those the log's
 capabilities allow (:func:`_reasons`)."""
 
@@ -73,30 +73,6 @@ class Page:
     notes: list[str] = field(default_factory=list)
     markers: list[str] = field(default_factory=list)
     """The layout drawing's legend: why a sequence starts where it does (those the log's capabilities allow)."""
-
-
-def _plt() -> Any:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise BadInput("--html needs matplotlib: pip install 'lstm-probe[html]' (or pip install matplotlib)") from None
-    return plt
-
-
-def _label(value: Any) -> str:
-    """A string from the log as a figure label: control characters written out (matplotlib's missing-glyph
-    warnings would print them raw), '$' taken literally (not as mathtext)."""
-    return plain(value).replace("$", r"\$")
-
-
-def _png(fig: Any) -> str:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
-    _plt().close(fig)
-    return base64.b64encode(buf.getvalue()).decode()
 
 
 def build_html(
@@ -279,108 +255,6 @@ def _pick_episode(
     return (eps[-1], spans[eps[-1]]) if eps else (None, (None, None))
 
 
-def _reasons(caps: Capabilities) -> dict[str, tuple[str, str]]:
-    """The sequence-start markers a log with these capabilities can show."""
-    out = {k: REASON_MARKERS[k] for k in ("episode_start", "env_boundary")}
-    if caps.rollout_buffer:
-        out |= {k: REASON_MARKERS[k] for k in ("split", "minibatch_cut")}
-    if caps.max_seq_len is not None:
-        out["max_seq_len"] = (REASON_MARKERS["max_seq_len"][0], f"max_seq_len ({caps.max_seq_len})")
-    return out
-
-
-def _layout_figure(
-    plt: Any, t: pd.DataFrame, iteration: int | None, notes: list[str], caps: Capabilities
-) -> str | None:
-    """``t``: the t = 0 training rows of ``iteration`` (one per sequence and module)."""
-    if iteration is None or not len(t):
-        return None
-    t = t[t["module"] == t["module"].iloc[0]]
-    t = t[t["env"].notna() & t["env_step"].notna()]
-    if not len(t):  # untagged training calls (generic tracer): nothing to place on the (env, env step) axis
-        notes.append("minibatch layout: the training calls carry no env and env_step tags")
-        return None
-    starts = t.drop_duplicates(["epoch", "minibatch", "seq"])
-    if not caps.epochs:  # minibatches cycle across epochs: draw each piece once
-        mbs = starts.groupby(["env", "env_step"])["minibatch"].agg(lambda v: ",".join(str(int(x)) for x in sorted(v)))
-        starts = starts.drop_duplicates(["env", "env_step"]).assign(epoch=0)
-        starts["mb_label"] = [mbs[(e, s)] for e, s in zip(starts["env"], starts["env_step"], strict=True)]
-        notes.append("minibatch layout: each training piece once, labelled with every minibatch that held it")
-    epochs = sorted(starts["epoch"].dropna().unique().astype(int).tolist())
-    if len(epochs) > MAX_LAYOUT_EPOCHS:
-        notes.append(f"minibatch layout: epochs {epochs[:MAX_LAYOUT_EPOCHS]} of {len(epochs)} drawn")
-        epochs = epochs[:MAX_LAYOUT_EPOCHS]
-    envs = sorted(t["env"].dropna().unique().astype(int).tolist())
-    cmap = plt.get_cmap("tab10")
-    fig, axes = plt.subplots(
-        len(epochs), 1, figsize=(11, 0.6 + 0.45 * len(envs) * len(epochs) + 0.5 * len(epochs)), squeeze=False
-    )
-    for ax, ep in zip(axes[:, 0], epochs, strict=True):
-        s = starts[starts["epoch"] == ep]
-        for _, row in s.iterrows():
-            y = int(row["env"])
-            x0 = int(row["env_step"])
-            ax.barh(
-                y,
-                int(row["seq_len"]),
-                left=x0 - 0.5,
-                height=0.6,
-                color=cmap(int(row["episode"]) % 10),
-                edgecolor="black",
-                linewidth=0.6,
-                alpha=0.85,
-            )
-            marker = REASON_MARKERS.get(str(row["seq_reason"]), ("x", "?"))[0]
-            ax.plot(x0 - 0.5, y, marker=marker, color="black", markersize=7, markerfacecolor="white")
-            ax.text(
-                x0 + int(row["seq_len"]) / 2 - 0.5,
-                y,
-                f"mb{row['mb_label']}" if "mb_label" in row else f"mb{int(row['minibatch'])}",
-                ha="center",
-                va="center",
-                fontsize=7,
-            )
-        ax.set_yticks(envs)
-        ax.set_yticklabels([f"env {e}" for e in envs])
-        ax.set_ylabel("all minibatches" if "mb_label" in s else f"epoch {ep}")
-        ax.invert_yaxis()
-    axes[-1, 0].set_xlabel("env step")
-    handles = [
-        plt.Line2D([], [], marker=m, color="black", markerfacecolor="white", linestyle="", label=label)
-        for m, label in _reasons(caps).values()
-    ]
-    episodes = sorted(int(e) for e in starts["episode"].dropna().unique())
-    colours = [
-        plt.Rectangle((0, 0), 1, 1, color=cmap(e % 10), alpha=0.85, label=f"episode {e}")
-        for e in episodes[:MAX_COLOUR_LEGEND]
-    ]
-    if len(episodes) > MAX_COLOUR_LEGEND:
-        notes.append(
-            f"minibatch layout: the colour legend lists episodes {episodes[:MAX_COLOUR_LEGEND]} of {len(episodes)}"
-        )
-    axes[0, 0].set_title(f"iteration {iteration}: training sequences (bar colour = episode, mbK = minibatch K)")
-    fig.tight_layout()
-    fig.legend(
-        handles=handles,
-        loc="upper center",
-        bbox_to_anchor=(0.5, 0.0),
-        ncol=4,
-        fontsize=9,
-        frameon=False,
-        title="why a sequence starts there",
-    )
-    if colours:
-        axes[0, 0].legend(
-            handles=colours,
-            loc="upper left",
-            bbox_to_anchor=(1.01, 1.0),
-            fontsize=8,
-            frameon=False,
-            title="bar colour (env's episode)",
-        )
-    return _png(fig)
-
-
 def _heat_figure(
     plt: Any,
     data: ds.Dataset,
@@ -468,59 +342,6 @@ def _heat_figure(
     return _png(fig)
 
 
-def _staleness_figure(plt: Any, rep: Report) -> str | None:
-    """Drift by epoch and by position in the sequence (per module and layer), or where the log has no drift
-    columns but the cross-process check paired learner and rollout states, drift by minibatch; log scale."""
-    st = rep.staleness
-    cross = rep.sections.get("cross_process")
-    if not st.by_epoch:
-        return _cross_staleness_figure(plt, cross.by_minibatch) if cross is not None and cross.by_minibatch else None
-    by_epoch = pd.DataFrame(st.by_epoch)
-    layered = bool((by_epoch["layer"] > 0).any())
-
-    def name(module: Any, layer: Any) -> str:
-        return f"{_label(module)} L{layer}" if layered else _label(module)
-
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3.4))
-    for (module, layer), g in by_epoch.groupby(["module", "layer"]):
-        a1.plot(g["epoch"], g["drift_h_mean"], marker="o", label=f"{name(module, layer)} h")
-        if g["drift_c_mean"].notna().any():
-            a1.plot(g["epoch"], g["drift_c_mean"], marker="s", linestyle="--", label=f"{name(module, layer)} c")
-    a1.set_xlabel("epoch")
-    a1.set_ylabel("mean relative drift")
-    a1.set_yscale("log", nonpositive="mask")
-    a1.xaxis.set_major_locator(_integer_ticks())
-    a1.legend(fontsize=8)
-    pos = pd.DataFrame(st.by_position)
-    pos = pos[pos["position"] != "middle"]
-    pos = pos.assign(name=[name(m, lv) for m, lv in zip(pos["module"], pos["layer"], strict=True)])
-    pos.pivot(index="name", columns="position", values="drift_h_mean").plot.bar(ax=a2, rot=0, logy=True)
-    a2.set_xlabel("")
-    a2.set_ylabel("mean relative drift (h)")
-    a2.set_title("by position in sequence", fontsize=9)
-    return _png(fig)
-
-
-def _cross_staleness_figure(plt: Any, by_minibatch: list[dict[str, Any]]) -> str:
-    g = pd.DataFrame(by_minibatch)
-    fig, ax = plt.subplots(figsize=(11, 3.4))
-    for module, d in g.groupby("module"):
-        ax.plot(d["minibatch"], d["drift_h_mean"], marker="o", label=f"{_label(module)} h")
-        ax.plot(d["minibatch"], d["drift_c_mean"], marker="s", linestyle="--", label=f"{_label(module)} c")
-    ax.set_xlabel("minibatch (0 = before any optimizer step)")
-    ax.set_ylabel("mean relative drift")
-    ax.set_yscale("log", nonpositive="mask")
-    ax.xaxis.set_major_locator(_integer_ticks())
-    ax.legend(fontsize=8)
-    return _png(fig)
-
-
-def _integer_ticks() -> Any:
-    from matplotlib.ticker import MaxNLocator
-
-    return MaxNLocator(integer=True)
-
-
 def _length_counts(data: ds.Dataset, filt: ds.Expression) -> np.ndarray:
     """How many training sequences of each length (index = length) the first module in the log has: one
     scan that keeps one count per length, every epoch's sequences counted."""
@@ -537,59 +358,6 @@ def _length_counts(data: ds.Dataset, filt: ds.Expression) -> np.ndarray:
             counts = np.pad(counts, (0, len(found) - len(counts)))
         counts[: len(found)] += found
     return counts
-
-
-def _lengths_figure(plt: Any, rep: Report, counts: np.ndarray) -> str | None:
-    if not counts.sum():
-        return None
-    fig, ax = plt.subplots(figsize=(11, 3))
-    lengths = np.flatnonzero(counts)
-    ax.hist(lengths, bins=30, weights=counts[lengths], alpha=0.7, label="training sequence length")
-    ep = rep.sequences.episode_length
-    if ep:
-        ax.axvline(ep["median"], color="red", linestyle="--", label=f"median episode length ({ep['median']:.0f})")
-    ax.set_xlabel("steps")
-    ax.set_ylabel("training sequences")
-    ax.legend(fontsize=8)
-    return _png(fig)
-
-
-def _norms_figure(plt: Any, rep: Report) -> str | None:
-    """Mean rollout-state norms per iteration, from the report's own per-iteration aggregates."""
-    g = pd.DataFrame(rep.health.norms_by_iteration)
-    if not len(g):
-        return None
-    has_c = bool(g["c_norm_mean"].notna().any())  # GRUs have no cell state
-    fig, axes = plt.subplots(1, 2 if has_c else 1, figsize=(11, 3), squeeze=False)
-    for (module, layer), d in g.groupby(["module", "layer"]):
-        for ax, which in zip(axes[0], ("h", "c"), strict=False):
-            ax.plot(d["iteration"], d[f"{which}_norm_mean"], marker=".", label=f"{_label(module)} L{layer}")
-    for ax, which in zip(axes[0], ("h", "c"), strict=False):
-        ax.set_title(f"mean ||{which}||", fontsize=9)
-        ax.set_ylabel(f"mean ||{which}|| (rollout)")
-        ax.set_xlabel("iteration")
-        ax.xaxis.set_major_locator(_integer_ticks())
-        ax.legend(fontsize=8)
-    return _png(fig)
-
-
-def _what_if_figure(plt: Any, rep: Report) -> str | None:
-    """Value difference (share of the return spread) and KL by epoch for stored, zero and burn-in initial states."""
-    w = getattr(rep, "what_if", None)
-    if w is None or not w.measured or not w.by_epoch:
-        return None
-    g = pd.DataFrame(w.by_epoch)
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3), squeeze=False)
-    for alt, d in g.groupby("alternative", sort=False):
-        for ax, col in zip(axes[0], ("value_rel", "kl"), strict=True):
-            ax.plot(d["epoch"], d[col].astype(float), marker="o", label=_label(alt))
-    for ax, title in zip(axes[0], ("|value difference| / return spread", "KL(refreshed || alternative)"), strict=True):
-        ax.set_title(title, fontsize=9)
-        ax.set_xlabel("epoch")
-        ax.set_yscale("symlog", linthresh=1e-6)
-        ax.xaxis.set_major_locator(_integer_ticks())
-        ax.legend(fontsize=8)
-    return _png(fig)
 
 
 def _page(rep: Report, figures: list[tuple[str, str, str]], notes: list[str]) -> str:
