@@ -54,7 +54,7 @@ def __getattr__(name: str) -> object:
 
         return CaptureOptions
     if name == "watch":  # the doctor over an sb3 model's predict calls outside learn()
-        from lstm_probe.integrations.sb3_doctor import watch
+        from lstm_probe.integrations.sb3_watch import watch
 
         return watch
     if name == "run":

@@ -90,13 +90,15 @@ class Inputs:
         xs = np.ascontiguousarray(x0.transpose(1, 0, 2)).reshape(m, -1)  # (M, R * H)
         sq = np.einsum("rmh,rmh->rm", x0, x0, dtype=np.float64)
         norms = np.sqrt(sq[:layers] + sq[layers:] if x0.shape[0] > layers else sq).astype(np.float32)
-        zero = ~xs.any(axis=1)
+        zero: np.ndarray = np.logical_not(xs.any(axis=1))
         flags: np.ndarray = np.where(zero, ZERO, 0).astype(np.int8)
         env = step = start = None
         if grid is not None and grid.shape[0] == m:
             env = grid.env[:, t].astype(np.int64) if grid.env is not None else None
             step = grid.env_step[:, t].astype(np.int64) if grid.env_step is not None else None
-            start = grid.episode_start[:, t] if grid.episode_start is not None else None
+            start = grid.episode_start[:, t] if grid.episode_start is not None else np.full(m, -1, np.int8)
+            if grid.episode_step is not None:  # untagged episode starts: an episode's step 0 starts one
+                start = np.where((start < 0) & (grid.episode_step[:, t] == 0), np.int8(1), start)
         elif grid is None:
             env = np.arange(m, dtype=np.int64)
         training = phase in ("train", "value")

@@ -30,7 +30,7 @@ from lstm_probe.report.section import Block, Line, Log, Section, Table
 from lstm_probe.schema import INITS
 from lstm_probe.text import safe
 
-COLUMNS = ["call", "module", "phase", "env", "env_step", "episode_start", "init", "init_norm"]
+COLUMNS = ["call", "module", "phase", "env", "env_step", "episode_start", "episode_step", "init", "init_norm"]
 ACTING = ("rollout", "predict", "other", "bootstrap")
 TRAINING = ("train", "value")
 BATCH = 1 << 17
@@ -118,7 +118,8 @@ class _Tally:
         for (key, value), n in zip(pairs.T.tolist(), counts.tolist(), strict=True):
             d = self.sources.setdefault(key, {})
             d[value] = d.get(value, 0) + n
-        start = c["episode_start"] == 1
+        # an episode start: tagged, or (untagged) an episode's step 0
+        start = (c["episode_start"] == 1) | ((c["episode_start"] < 0) & (c["episode_step"] == 0))
         acting = np.isin(phase, ACTING)
         zero = acting & (init == "zero")
         kept = acting & start & np.isin(init, NOT_RESET)
