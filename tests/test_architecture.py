@@ -26,8 +26,12 @@ CORE = {
     "tracer",
     "reader",
     "html",
+    "html_figures",
+    "lock",
+    "inputs",
+    "probes",
 }
-READ_SIDE = {"reader", "html", "text", "schema", "contract", "layout", "errors"}
+READ_SIDE = {"reader", "html", "html_figures", "probes", "text", "schema", "contract", "layout", "lock", "errors"}
 MAX_LINES = 600
 
 
