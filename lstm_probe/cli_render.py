@@ -1,0 +1,220 @@
+"""What the ``lstm-probe`` command shows: the run's live progress display and the rendering of reports and
+architectures. Part of the CLI layer (with cli.py, the only modules that print): the library returns data,
+these functions draw it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from lstm_probe.text import human_bytes
+
+out = Console()
+err = Console(stderr=True, soft_wrap=True)
+
+
+class _RunDisplay:
+    """What `run` shows while it trains: a live line on a terminal (rich), else a plain line on stdout every
+    ``every`` seconds; nothing with ``--quiet``. Env steps, steps/s, iteration, rows handed to the writer
+    (``live()``: the framework's figures, where it has them), bytes on disk, elapsed time and ETA."""
+
+    def __init__(
+        self, env_id: str, total: int, out_path: str, live: Any, quiet: bool, every: float, console: Console = out
+    ):
+        self.env_id, self.total, self.out_path, self.live = env_id, total, out_path, live
+        self.quiet, self.every, self.console = quiet, every, console
+        self.terminal = console.is_terminal
+        self.start = 0.0
+        self.due = 0.0
+        self.bar: Any = None
+        self.task: Any = None
+
+    def __enter__(self) -> _RunDisplay:
+        import time
+
+        self.start = time.monotonic()
+        self.due = self.start + (0.25 if self.terminal else self.every)
+        if self.terminal and not self.quiet:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(
+                TextColumn("training {task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[line]}"),
+                TimeElapsedColumn(),
+                console=self.console,
+                transient=True,
+                refresh_per_second=4,
+            )
+            self.bar.__enter__()
+            self.task = self.bar.add_task(self.env_id, total=self.total, line="")
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(*exc)
+
+    def update(self, done: int, total: int) -> None:
+        """The run's progress callback (every env step: cheap unless a refresh is due)."""
+        import time
+
+        if self.quiet:
+            return
+        now = time.monotonic()
+        if now < self.due:
+            return
+        self.due = now + (0.25 if self.terminal else self.every)
+        line = self.line(min(done, total), total, now - self.start)
+        if self.bar is not None:
+            self.bar.update(self.task, completed=min(done, total), line=line)
+        else:
+            self.console.print(
+                f"training {self.env_id}: {min(done, total):,}/{total:,} env steps, {line}, "
+                f"{_clock(now - self.start)} elapsed",
+                markup=False,
+                highlight=False,
+                soft_wrap=True,
+            )
+
+    def line(self, done: int, total: int, elapsed: float) -> str:
+        """steps/s, iteration, rows, bytes and ETA."""
+        rate = done / elapsed if elapsed > 0 else 0.0
+        parts = [f"{rate:,.0f} steps/s"]
+        live = self.live() if self.live is not None else {}
+        if "iteration" in live:
+            parts.append(f"iteration {live['iteration']}")
+        if "rows" in live:
+            parts.append(f"{live['rows']:,} rows")
+        parts.append(f"{human_bytes(_bytes_on_disk(self.out_path))} on disk")
+        if rate > 0:
+            parts.append(f"ETA {_clock((total - done) / rate)}")
+        return ", ".join(parts)
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(seconds)
+    return (
+        f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+        if seconds >= 3600
+        else f"{seconds // 60}:{seconds % 60:02d}"
+    )
+
+
+def _bytes_on_disk(out_path: str) -> int:
+    """Bytes of a log being written: its part files (a directory log, or a file log's crash journal)."""
+    from lstm_probe.layout import partial_dir
+
+    path = Path(out_path)
+    where = path if out_path.endswith("/") or path.is_dir() else partial_dir(path)
+    try:
+        return sum(f.stat().st_size for f in where.glob("*.parquet"))
+    except OSError:
+        return 0
+
+
+def _render_flow(env_id: str, result: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        sys.stdout.write(json.dumps(result, indent=2) + "\n")
+        return
+    t = Table(title=f"Gradient flow of RLlib PPO's LSTM RLModule on {env_id}: which output reaches each tensor")
+    t.add_column("parameter", overflow="fold", min_width=24)
+    t.add_column("shape")
+    t.add_column("trained by")
+    for name, by in (result.get("gradient_flow") or {}).items():
+        t.add_row(name, "x".join(map(str, result["shapes"].get(name, []))), by)
+    out.print(t)
+    out.print(f"[bold]verdict:[/] {result.get('verdict') or result.get('batch')}")
+
+
+def _render_architecture(
+    result: Any, as_json: bool, dot: Path | None = None, svg: Path | None = None, png: Path | None = None
+) -> None:
+    from lstm_probe.arch import render, to_dot
+
+    source = to_dot(result)
+    if dot is not None:
+        dot.write_text(source)
+    for path, fmt in ((svg, "svg"), (png, "png")):
+        if path is not None:
+            render(source, path, fmt)
+    if as_json:
+        sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")
+        return
+    out.print(f"[bold]{result.policy}[/] ({result.batch})")
+    out.print("actor path:  " + " -> ".join(["obs", *result.actor_path, "action distribution"]))
+    out.print("critic path: " + " -> ".join(["obs", *result.critic_path, "value"]))
+    out.print("shared (same module object on both paths): " + (", ".join(result.shared) or "nothing"))
+    title = "Gradient flow: which loss reaches each parameter tensor"
+    columns = ("parameter", "shape", "actor", "critic", "policy loss", "value loss", "entropy", "trained by")
+    rows = [
+        (
+            p.name,
+            "x".join(map(str, p.shape)),
+            "yes" if p.actor_path else "",
+            "yes" if p.critic_path else "",
+            p.policy_loss,
+            p.value_loss,
+            p.entropy_loss,
+            p.trained_by,
+        )
+        for p in result.params
+    ]
+    t = Table(title=title)
+    for col in columns:
+        t.add_column(col, no_wrap=True)
+    for row in rows:
+        t.add_row(*row)
+    # the table's natural width: each column's widest cell, plus its borders and padding
+    natural = sum(max(len(str(r[i])) for r in [columns, *rows]) + 3 for i in range(len(columns))) + 1
+    if natural <= out.width:
+        out.print(t)
+    else:  # too narrow for the table (a pipe, 80 columns): one line per parameter, wrapped, never cut
+        out.print(title, soft_wrap=True)
+        for row in rows:
+            paths = " and ".join(c for c, v in zip(("actor", "critic"), row[2:4], strict=True) if v) or "no"
+            losses = ", ".join(f"{c} {v}" for c, v in zip(columns[4:7], row[4:7], strict=True))
+            out.print(
+                f"  {row[0]} (shape {row[1]}): on the {paths} path; {losses}; trained by {row[7]}", soft_wrap=True
+            )
+    out.print(f"[bold]verdict:[/] {result.verdict}")
+
+
+def _render(rep: Any) -> None:
+    """Print every section the report holds, in order; each section's first titled block is numbered."""
+    from rich.panel import Panel
+
+    from lstm_probe.report import Line
+    from lstm_probe.report import Panel as PanelText
+    from lstm_probe.report import Table as TableText
+    from lstm_probe.text import safe
+
+    for w in rep.warnings:
+        err.print(f"[yellow]warning:[/] {safe(w)}")
+    number = 0
+    for blocks in rep.text():
+        numbered = False
+        for block in blocks:
+            if isinstance(block, Line):
+                out.print(block.text, soft_wrap=block.soft_wrap)
+                continue
+            title = block.title
+            if not numbered:
+                number += 1
+                numbered = True
+                title = f"{number}. {title}"
+            if isinstance(block, PanelText):
+                out.print(Panel("\n".join(block.lines), title=title, expand=False))
+            elif isinstance(block, TableText):
+                t = Table(title=title)
+                for col in block.columns:
+                    t.add_column(col)
+                for row in block.rows:
+                    t.add_row(*row)
+                out.print(t)
