@@ -44,9 +44,13 @@ if cfg["capture"] != "none":  # unprobed runs never import lstm-probe: their RSS
     cb = ProbeCallback(cfg["out"], capture=cfg["capture"].replace("-f16", ""), float16=cfg["capture"].endswith("-f16"),
                        force=True, writer=cfg["writer"], what_if=cfg.get("what_if", False),
                        memory=cfg.get("memory", False), capture_obs=cfg.get("memory", False))
-start, cpu0 = time.perf_counter(), time.process_time()
-model.learn(cfg["steps"], callback=cb)
+def children_cpu():  # CPU of reaped child processes: the writer process, once the probe closed the log
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+start, cpu0, kids0 = time.perf_counter(), time.process_time(), children_cpu()
+model.learn(cfg["steps"], callback=cb)  # the probe closes at the end of learn(): its writer process is reaped
 seconds, cpu = time.perf_counter() - start, time.process_time() - cpu0  # cpu: this (training) process only
+total_cpu = cpu + children_cpu() - kids0  # training process plus writer process: what a user pays
 rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # the training process
 size = rows = 0
 cost = {}
@@ -58,7 +62,7 @@ if cb is not None:
     cost["what_if_seconds"] = (info.metadata.get("what_if") or {}).get("seconds", 0)
     cost["memory_seconds"] = (info.metadata.get("memory") or {}).get("seconds", 0)
 deciles = [trace[min(len(trace) - 1, i * len(trace) // 10)][1] for i in range(1, 11)] if trace else []
-print(json.dumps({"seconds": seconds, "cpu": cpu, "rss_mb": rss, "bytes": size, "rows": rows, "rss_trace": deciles,
+print(json.dumps({"seconds": seconds, "cpu": cpu, "total_cpu": total_cpu, "rss_mb": rss, "bytes": size, "rows": rows, "rss_trace": deciles,
                   "cost": cost}))
 """
 
@@ -101,8 +105,10 @@ def main() -> None:
     tmp = tmp_dir.name
     print(f"{args.env}, {args.steps} steps, sb3-contrib defaults (hidden 256, n_steps 128), {args.repeats} "
           "interleaved repeats\n")
-    print(f"{'n_envs':>6} {'thr':>3} {'capture':>9} {'ratio':>7} {'spread':>15} {'cpu':>6} {'base s':>7} {'probe s':>8} "
+    print(f"{'n_envs':>6} {'thr':>3} {'capture':>9} {'totcpu':>7} {'ratio':>7} {'spread':>15} {'cpu':>6} {'base s':>7} {'probe s':>8} "
           f"{'RSS +MB':>8} {'wr MB':>6} {'rows':>9} {'B/row':>6} {'train%':>6} {'writer%':>7}")
+    # totcpu (the headline): CPU time of the training process plus its writer process (reaped children),
+    # probed / unprobed, median of pairs: what a sweep of many seeds on one node pays.
     # ratio: wall time probed / unprobed (median of pairs, spread = min-max); cpu: the training process's
     # CPU time probed / unprobed (median of pairs; the writer process's CPU is writer%).
     # train%: the probe's own measurement of its time on the training thread (hooks and callbacks, which
@@ -129,13 +135,14 @@ def main() -> None:
                 # the training process's CPU time, probed / unprobed: what the probe costs training itself,
                 # less exposed than wall time to other tenants of a shared machine
                 cpu = statistics.median(p["cpu"] / b["cpu"] for p, b in zip(probed, base, strict=True))
+                total = statistics.median(p["total_cpu"] / b["total_cpu"] for p, b in zip(probed, base, strict=True))
                 # memory over unprobed: the training process's peak RSS, plus the writer process's peak private
                 # memory (the libraries it maps are the training process's too)
                 writer_mb = statistics.median(p["cost"].get("writer_peak_private_mb", 0) for p in probed)
                 rss = statistics.median(p["rss_mb"] for p in probed) - statistics.median(b["rss_mb"] for b in base)
                 rss += writer_mb
                 rows = probed[-1]["rows"]
-                print(f"{n_envs:>6} {threads:>3} {label:>9} {statistics.median(ratios):>6.3f}x "
+                print(f"{n_envs:>6} {threads:>3} {label:>9} {total:>6.3f}x {statistics.median(ratios):>6.3f}x "
                       f"{min(ratios):>6.3f}-{max(ratios):<6.3f}x {cpu:>5.3f}x {statistics.median(b['seconds'] for b in base):>7.1f} "
                       f"{statistics.median(p['seconds'] for p in probed):>8.1f} {rss:>8.0f} {writer_mb:>6.0f} {rows:>9} "
                       f"{probed[-1]['bytes'] / max(rows, 1):>6.0f} "
