@@ -100,7 +100,7 @@ if args.png:
             )
         if beyond:
             right.scatter(*zip(*beyond, strict=True), marker="^", label=f"{module}: beyond")
-    right.set(xlabel="iteration", ylabel="steps back", title="memory horizon (state zeroed k steps back)")
+    right.set(xlabel="iteration", ylabel="steps back", title="memory horizon")
     right.set_yscale("log", base=2)
     right.legend()
     fig.suptitle(f"Pendulum-v1 without velocity, RecurrentPPO, {args.steps} steps", fontsize=9)

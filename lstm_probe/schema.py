@@ -14,7 +14,9 @@ Adding a column
    - ``"tags"`` (one value per call): add a field of the same name to ``contract.Tags`` and set it in
      the integration (``lstm_probe/integrations/``); ``user=True`` also makes it a ``Tracer.tag()`` key.
    - ``"grid"`` (one value per batch column and timestep): the integration passes it to its ``Grid``
-     (``Grid(..., name=array)``); a grid that does not carry it writes the column's null.
+     (``Grid(..., name=array)``); a grid that does not carry it writes the column's null. A vector of its
+     own length (``type=None, width=KEY``: obs, info) is (N, T, width) in the grid; the writer reads the
+     length from the run metadata's KEY, which the integration sets before the log opens.
    - ``"sequence"`` (one value per sequence of a train grid): as ``"grid"``, an (N,) array.
    - ``"state"``: computed by the sink from the states (``Sink.rows``).
    ``"call"`` and ``"position"`` columns are the sink's own (the call, its module, layer and path; the
