@@ -86,9 +86,11 @@ def test_pendulum_no_velocity(tmp_path):
     assert obs.shape == (512, 2)  # cos and sin only
     # the stored velocity belongs to the observation of its row: Pendulum moves the angle by velocity * dt
     roll = roll.assign(theta=np.arctan2(obs[:, 1], obs[:, 0]), velocity=velocity).sort_values(["env", "env_step"])
-    step = roll.groupby("env").theta.diff()
-    moved = (np.angle(np.exp(1j * step)) / 0.05)[~roll.episode_start.astype(bool)].dropna()
-    np.testing.assert_allclose(moved, roll.velocity[moved.index], atol=1e-3)
+    step = roll.groupby("env").theta.diff().to_numpy()
+    moved = np.angle(np.exp(1j * step)) / 0.05  # the angle's change over one step, wrapped
+    inside = ~roll.episode_start.astype(bool).to_numpy() & np.isfinite(step)
+    assert inside.sum() > 400
+    np.testing.assert_allclose(moved[inside], roll.velocity.to_numpy()[inside], atol=1e-3)
     assert lstm_probe.summarize(tmp_path / "p.parquet").to_dict()["probes"]["targets"] == [
         "obs:0",
         "obs:1",
