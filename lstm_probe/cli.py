@@ -180,7 +180,11 @@ def run(
     ] = False,
     info: Annotated[
         list[str] | None,
-        typer.Option(help="sb3: store info[KEY] of each step in rollout rows (probe target info:KEY; repeatable)."),
+        typer.Option(
+            help=_default(
+                "sb3: store info[KEY] of each step in rollout rows (probe target info:KEY; repeatable).", "none"
+            )
+        ),
     ] = None,
 ) -> None:
     """Train RecurrentPPO (or RLlib PPO, --framework rllib) on ENV_ID with the probe attached and write the log."""
@@ -419,7 +423,7 @@ def schema(
 def probe(
     path: Annotated[str, typer.Argument(help="A log written with full capture (h vectors).")],
     target: Annotated[
-        str, typer.Option(help="episode_step, env_step, or COLUMN:i (obs:1 needs a log with observations).")
+        str, typer.Option(help="episode_step, env_step, obs:i (a log run with --capture-obs) or info:KEY (--info KEY).")
     ] = "episode_step",
     lags: Annotated[str, typer.Option(help="Comma-separated lags L: the target at t - L in the same episode.")] = "0",
     iteration: Annotated[
