@@ -122,6 +122,17 @@ def _small_fs(path):
         pytest.skip(f"cannot mount a small tmpfs here to fill the disk ({r.stderr.decode().strip()})")
 
 
+def _unmount(path):
+    """Unmount once nothing holds a file there any more (a writer process may still be closing its last
+    part after the trainer exited); a lazy unmount if that takes over a minute."""
+    deadline = time.monotonic() + 60
+    while subprocess.run(["umount", str(path)], capture_output=True).returncode:
+        if time.monotonic() > deadline:
+            subprocess.run(["umount", "-l", str(path)], capture_output=True)
+            return
+        time.sleep(0.2)
+
+
 def test_disk_full_is_one_line_and_training_stops(tmp_path):
     disk = tmp_path / "disk"
     _small_fs(disk)
@@ -140,7 +151,7 @@ def test_disk_full_is_one_line_and_training_stops(tmp_path):
         for part in sorted(partial.glob("part-*.parquet")):  # whatever was published stays readable
             lstm_probe.read_info(part)
     finally:
-        subprocess.run(["umount", str(disk)])
+        _unmount(disk)
 
 
 SCRIPT = """
@@ -173,7 +184,7 @@ def test_disk_full_in_your_own_script_raises_once(tmp_path):
         assert r.stdout.startswith("caught: cannot write the log") and "No space left" in r.stdout
         assert "Traceback" not in r.stderr and "Exception ignored" not in r.stderr, r.stderr
     finally:
-        subprocess.run(["umount", str(disk)])
+        _unmount(disk)
 
 
 def test_output_removed_mid_run(tmp_path):

@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -350,6 +351,14 @@ def test_sigkill_leaves_readable_shards(tmp_path: Path) -> None:
 
     os.killpg(proc.pid, signal.SIGKILL)
     proc.communicate(timeout=60)
+    # Ray's worker processes are not in the driver's process group: each notices the driver is gone and
+    # exits, and until then its shard's lock says the log is still being written (as it should)
+    from lstm_probe.reader import writing
+
+    deadline = time.monotonic() + 120
+    while writing(tmp_path / "cp") is not None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert writing(tmp_path / "cp") is None, "a Ray worker kept writing the log 120 s after the driver was killed"
     info = lstm_probe.read_info(tmp_path / "cp")
     assert not info.completed and info.rows > 0
     assert "never closed" in info.metadata["stop_reason"]
