@@ -30,16 +30,15 @@ modules and without its optimizer; weights copied in before each measurement), u
 
 from __future__ import annotations
 
-import copy
 import math
 import time
 from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
 from lstm_probe.errors import BadInput
+from lstm_probe.integrations.sb3_arch import private_policy as shadow_policy
 
 MAX_ITERATIONS = 500
 """Sampled iterations kept in the log: past this, every other one is dropped and the stride doubles."""
@@ -49,7 +48,6 @@ DEFAULT_EVERY = 1
 """Measure every iteration by default: one measurement costs a few batched LSTM runs over the rollout's inputs
 (about as many LSTM steps as one rollout, in a few calls; see docs/performance.md)."""
 KEYS = ("iteration", "module", "k", "pairs", "kl", "value_rel")
-_HOOK_DICTS = ("_forward_", "_backward_")
 
 
 def memory_settings(memory: bool, every: int | None = None) -> dict[str, Any] | None:
@@ -85,19 +83,6 @@ def reach(episode_starts: np.ndarray) -> np.ndarray:
     t = np.arange(n)[:, None]
     last = np.maximum.accumulate(np.where(episode_starts > 0.5, t, -1), axis=0)
     return t - last
-
-
-def shadow_policy(policy: nn.Module) -> nn.Module:
-    """A copy of ``policy`` without its optimizer and without the forward/backward hooks of any of its modules."""
-    memo: dict[int, Any] = {}
-    optimizer = getattr(policy, "optimizer", None)
-    if optimizer is not None:
-        memo[id(optimizer)] = None
-    for m in policy.modules():
-        for name, value in vars(m).items():
-            if name.startswith(_HOOK_DICTS) and "hook" in name and isinstance(value, dict):
-                memo[id(value)] = type(value)()
-    return copy.deepcopy(policy, memo)
 
 
 def _kl(p: Any, q: Any) -> torch.Tensor | None:

@@ -23,7 +23,7 @@ It relies on sb3-contrib 2.x, cited by file:function:
 - ``ppo_recurrent/ppo_recurrent.py:RecurrentPPO.train``: the loss terms (clipped surrogate, value loss with
   ``clip_range_vf``, entropy), the advantage normalisation and the clipped fraction, computed the same way.
 
-Training is untouched: everything runs on one copy of the policy (:func:`shadow_policy`: built once, without
+Training is untouched: everything runs on one copy of the policy (``sb3_arch.private_policy``: built once, without
 the hooks of the original's modules and without its optimizer; weights copied in before each measurement),
 inside ``torch.random.fork_rng`` (reseeded before each evaluation, so dropout, if any, draws alike for every
 alternative), drawing from no NumPy RNG; gradients come from ``torch.autograd.grad`` on the copy.
@@ -31,7 +31,6 @@ alternative), drawing from no NumPy RNG; gradients come from ``torch.autograd.gr
 
 from __future__ import annotations
 
-import copy
 import math
 import time
 from collections.abc import Iterable
@@ -42,6 +41,7 @@ import torch
 from torch import nn
 
 from lstm_probe.errors import BadInput
+from lstm_probe.integrations.sb3_arch import private_policy as shadow_policy
 
 BURN_IN = (4, 16, 64)
 """Burn-in lengths always measured (``burn_in=`` adds more)."""
@@ -65,7 +65,6 @@ METRICS = (
     "grad_cos_value",
     "return_spread",
 )
-_HOOK_DICTS = ("_forward_", "_backward_")
 
 
 def what_if_settings(what_if: bool, every: int = 1, burn_in: Iterable[int] = ()) -> dict[str, Any] | None:
@@ -80,20 +79,6 @@ def what_if_settings(what_if: bool, every: int = 1, burn_in: Iterable[int] = ())
             raise BadInput("--what-if-every and --burn-in need --what-if (ProbeCallback(what_if=True))")
         return None
     return {"every": every, "burn_in": tuple(sorted(set(BURN_IN) | set(extra)))}
-
-
-def shadow_policy(policy: nn.Module) -> nn.Module:
-    """A copy of ``policy`` without its optimizer and without the forward/backward hooks of any of its modules
-    (the tracer's and anyone else's: they would see the copy's calls)."""
-    memo: dict[int, Any] = {}
-    optimizer = getattr(policy, "optimizer", None)
-    if optimizer is not None:
-        memo[id(optimizer)] = None
-    for m in policy.modules():
-        for name, value in vars(m).items():
-            if name.startswith(_HOOK_DICTS) and "hook" in name and isinstance(value, dict):
-                memo[id(value)] = type(value)()
-    return copy.deepcopy(policy, memo)
 
 
 def last_starts(episode_starts: np.ndarray, n_envs: int, n_steps: int) -> np.ndarray:
