@@ -74,6 +74,10 @@ def main() -> None:
     ap.add_argument("--log", type=Path, help="time this log (file or directory) instead of building one")
     ap.add_argument("--repeats", type=int, default=1, help="interleaved repeats of the two reads")
     ap.add_argument("--sections", action="store_true", help="print each step of summarize: time, RSS, peak RSS")
+    ap.add_argument("--layout", choices=["phase", "mixed"], default="phase",
+                    help="phase: train rows and all other rows in separate row groups (the writer's layout); "
+                         "mixed: row groups in call order, phases mixed (logs written before it)")
+    ap.add_argument("--build-only", type=Path, help="build the log into this (new) directory, keep it, time nothing")
     args = ap.parse_args()
     tmp = None
     if args.log is not None:
@@ -88,7 +92,7 @@ def main() -> None:
                    torch_threads=1, capture=args.capture)
         table = pq.read_table(base.path)
         meta = table.schema.metadata
-        out = tmp / "big"
+        out = args.build_only or tmp / "big"
         out.mkdir()
         calls = pc.max(table["call"]).as_py() + 1
         iters = pc.max(table["iteration"]).as_py() + 1
@@ -108,13 +112,24 @@ def main() -> None:
                                  use_dictionary=["module", "phase", "path", "bootstrap", "seq_reason"],
                                  write_statistics=[n for n in t.schema.names if n not in ("h", "c")],
                                  column_encoding=column_encodings(t.schema))
-            w.write_table(t, row_group_size=row_capacity(args.hidden, args.capture == "full"))  # a real log's row groups
+            group = row_capacity(args.hidden, args.capture == "full")  # a real log's row groups
+            if args.layout == "mixed":
+                w.write_table(t, row_group_size=group)
+            else:  # phase-pure row groups: each write_table call starts new row groups
+                train = pc.equal(t["phase"], "train").fill_null(False)
+                w.write_table(t.filter(pc.invert(train)), row_group_size=group)
+                w.write_table(t.filter(train), row_group_size=group)
             if k == copies - 1:
                 w.add_key_value_metadata({"lstm_probe.final": final.decode()})
             w.close()
         size = sum(f.stat().st_size for f in out.iterdir())
         rows = copies * table.num_rows
-        print(f"log: {rows:,} rows (hidden {args.hidden}, {args.capture}), {size / 2**20:.0f} MB, built in {time.perf_counter() - start:.0f} s")
+        print(f"log: {rows:,} rows (hidden {args.hidden}, {args.capture}, {args.layout} row groups), "
+              f"{size / 2**20:.0f} MB, built in {time.perf_counter() - start:.0f} s")
+        if args.build_only:
+            shutil.rmtree(tmp)
+            print(f"kept {out}")
+            return
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     from lstm_probe.report import REPORT_CHUNK_ROWS
 

@@ -9,7 +9,6 @@ import math
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 KEY_CHUNK = 1 << 20
 """Rows per slice while keys are built: temporaries stay a few MB whatever the log's size."""
@@ -56,6 +55,21 @@ def row_key(columns: list[np.ndarray]) -> np.ndarray | None:
     return key
 
 
+def dense_key(columns: list[np.ndarray]) -> np.ndarray:
+    """One int64 per row that orders as the tuple of ``columns`` (as :func:`row_key`, NaN as null, sorted
+    last), whatever the values' range: where they do not fit one int64 together, each column is replaced
+    by its rank among its distinct values and the ranks are combined two at a time (each pair's product
+    stays below the rows squared)."""
+    key = row_key(columns)
+    if key is not None:
+        return key
+    ranks = [np.unique(c, return_inverse=True)[1].reshape(-1).astype(np.int64) for c in columns]  # NaN: one rank, last
+    key = ranks[0]
+    for r in ranks[1:]:
+        key = np.unique(key * (int(r.max()) + 1 if len(r) else 1) + r, return_inverse=True)[1].reshape(-1)
+    return key.astype(np.int64)
+
+
 def groups(key: np.ndarray) -> tuple[np.ndarray, int]:
     """The group number of each row (groups in key order) and the number of groups."""
     top = int(key.max()) + 1 if len(key) else 0
@@ -88,7 +102,7 @@ def mean_max(stats: np.ndarray, col: int, name: str) -> dict[str, Any]:
     return {f"{name}_mean": stats[col + 1] / n if n else math.nan, f"{name}_max": stats[col + 2] if n else math.nan}
 
 
-def summary_stats(values: pd.Series | np.ndarray) -> dict[str, float]:
+def summary_stats(values: np.ndarray) -> dict[str, float]:
     """count, min, median, mean, p90 and max of the finite values ({} when there are none)."""
     arr = np.asarray(values, dtype=np.float64)
     arr = arr[np.isfinite(arr)]

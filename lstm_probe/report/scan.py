@@ -2,7 +2,8 @@
 
 :func:`scan` reads each run (:func:`chunks`) with :func:`read_scalars` and hands it, as a :class:`Chunk`,
 to every section's accumulator; each run adds into a fresh accumulator that is then merged into the
-total, so the result does not depend on where the runs are cut.
+total, so the result does not depend on where the runs are cut. The rows are a :class:`Frame` of numpy
+arrays (no pandas: ``lstm-probe report`` starts without importing it).
 """
 
 from __future__ import annotations
@@ -13,12 +14,11 @@ from functools import cached_property
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from lstm_probe.report.numeric import present, row_key
+from lstm_probe.report.numeric import dense_key, present, row_key
 
 SCAN_BATCH = 1 << 18
 """Rows per batch while the scalar columns are read."""
@@ -53,12 +53,63 @@ FIRST_LAYER = (ds.field("layer") == 0) & (ds.field("t") >= 0)
 """The rows the scan reads: initial-state rows (t = -1, RLlib learners) are read by the cross-process check only."""
 
 
+class Frame:
+    """Named numpy columns of equal length. A string column is held as integer codes (-1: null) into its
+    words (:meth:`words`); the others as their values (nullable counters as floats, NaN = null)."""
+
+    def __init__(self, columns: dict[str, np.ndarray], words: dict[str, list[str]] | None = None) -> None:
+        self.columns = columns
+        self._words = words or {}
+        self._n = len(next(iter(columns.values()))) if columns else 0
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.columns
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        """The column's values (a string column's codes)."""
+        return self.columns[name]
+
+    def __setitem__(self, name: str, values: Any) -> None:
+        self.columns[name] = np.broadcast_to(values, (self._n,)) if np.ndim(values) == 0 else values
+
+    def words(self, name: str) -> list[str]:
+        """A string column's words: code i is ``words[i]``."""
+        return self._words[name]
+
+    def equals(self, name: str, word: str | None) -> np.ndarray:
+        """Rows whose string column ``name`` holds ``word`` (null rows never)."""
+        words = self._words[name]
+        if word not in words:
+            return np.zeros(self._n, bool)
+        return self.columns[name] == words.index(word)
+
+    def word(self, name: str, i: int) -> str | None:
+        """The string at row ``i`` (None: null)."""
+        code = int(self.columns[name][i])
+        return self._words[name][code] if code >= 0 else None
+
+    def counts(self, name: str, rows: Any = slice(None)) -> dict[str, int]:
+        """How often each word of string column ``name`` occurs in ``rows`` (nulls left out; words that do
+        not occur left out)."""
+        codes = self.columns[name][rows]
+        codes = codes[codes >= 0]
+        n = np.bincount(codes.astype(np.intp), minlength=len(self._words[name]))
+        return {w: int(k) for w, k in zip(self._words[name], n.tolist(), strict=True) if k}
+
+    def take(self, rows: Any) -> Frame:
+        """The rows a slice (views, no copy), a boolean mask or positions select."""
+        return Frame({k: v[rows] for k, v in self.columns.items()}, self._words)
+
+
 def read_scalars(
     data: ds.Dataset, columns: list[str], filt: ds.Expression | None, rows: int | None = None
-) -> tuple[pd.DataFrame, int]:
-    """The scalar columns in compact pandas form, read batch by batch into preallocated arrays: nullable
-    small counters as float32 (NaN = null; exact below 2**24), strings as categoricals. Train rows (the
-    bulk of a log) are packed at the end, so that ``frame.iloc[front:]`` is the train rows without a
+) -> tuple[Frame, int]:
+    """The scalar columns in compact form, read batch by batch into preallocated arrays: nullable
+    small counters as float32 (NaN = null; exact below 2**24), strings as codes into their words. Train rows (the
+    bulk of a log) are packed at the end, so that ``frame.take(slice(front, None))`` is the train rows without a
     copy. Peak memory is about the result plus one batch, whatever the size of the log. ``rows``: the
     number of rows the filter selects, when known (a scan fewer)."""
     n = data.count_rows(filter=filt) if rows is None else rows
@@ -106,14 +157,7 @@ def read_scalars(
         front += k_other
         back -= k_train
     assert front == back, "row count changed while reading"
-    frame: dict[str, Any] = {}
-    for name in columns:
-        col = out[name]
-        if name in vocab:
-            frame[name] = pd.Categorical.from_codes(col, dtype=pd.CategoricalDtype(list(vocab[name]) or ["-"]))
-        else:
-            frame[name] = col
-    return pd.DataFrame(frame, copy=False), front
+    return Frame(out, {name: list(words) for name, words in vocab.items()}), front
 
 
 def chunks(data: ds.Dataset, filt: ds.Expression, chunk_rows: int) -> list[tuple[ds.Expression, int]]:
@@ -151,13 +195,13 @@ def chunks(data: ds.Dataset, filt: ds.Expression, chunk_rows: int) -> list[tuple
     return out
 
 
-def duplicates(df: pd.DataFrame) -> int:
+def duplicates(df: Frame | dict[str, np.ndarray]) -> int:
     """Rows that repeat another's (call, batch column, step): rows are identifiable so only where env or
     seq names the column (a call is one module; layer 0 here). One sort of one int64 key per row."""
-    seq, env = df["seq"].to_numpy(), df["env"].to_numpy()
+    seq, env = np.asarray(df["seq"]), np.asarray(df["env"])
     col = np.where(np.isnan(seq), env, seq)
     tagged = present(col)
-    columns = [c[tagged] for c in (df["call"].to_numpy(), col, df["t"].to_numpy())]
+    columns = [np.asarray(c)[tagged] for c in (df["call"], col, df["t"])]
     del seq, env, col
     key = row_key(columns)
     if key is None:  # call ids far apart (processes' id blocks): three keys, sorted together
@@ -176,7 +220,7 @@ class Chunk:
     """One run of whole iterations of first-layer rows, as :func:`read_scalars` returns them (train rows
     from ``front`` on), with the views sections share (computed once, on first use; no copies of the rows)."""
 
-    df: pd.DataFrame
+    df: Frame
     front: int
     train_module: str | None
     """The module whose train rows minibatches and sequences are counted on: the first one to train in the log."""
@@ -184,18 +228,18 @@ class Chunk:
     """The module whose rollout rows episodes are counted on: the first one in the rollout in the log."""
 
     @cached_property
-    def train(self) -> pd.DataFrame:
-        return self.df.iloc[self.front :]  # no copy: read_scalars packed the train rows at the end
+    def train(self) -> Frame:
+        return self.df.take(slice(self.front, None))  # no copy: read_scalars packed the train rows at the end
 
     @cached_property
-    def roll(self) -> pd.DataFrame:
-        others = self.df.iloc[: self.front]
-        return others[(others["phase"] == "rollout").to_numpy()]
+    def roll(self) -> Frame:
+        others = self.df.take(slice(None, self.front))
+        return others.take(others.equals("phase", "rollout"))
 
     @cached_property
     def train_sel(self) -> np.ndarray:
         """The train rows of :attr:`train_module`."""
-        return (self.train["module"] == self.train_module).to_numpy()
+        return self.train.equals("module", self.train_module)
 
     @cached_property
     def starts(self) -> np.ndarray:
@@ -205,9 +249,11 @@ class Chunk:
         if not sel.any():
             return np.zeros(0, np.intp)
         train = self.train
-        pos = np.flatnonzero(sel & (train["t"].to_numpy() == 0))
-        keys = pd.DataFrame({c: train[c].to_numpy()[pos] for c in ("iteration", "epoch", "minibatch", "seq")})
-        return pos[~keys.duplicated().to_numpy()]
+        pos = np.flatnonzero(sel & (train["t"] == 0))
+        key = dense_key([train[c][pos] for c in ("iteration", "epoch", "minibatch", "seq")])
+        first = np.unique(key, return_index=True)[1]  # each key's first row (nulls alike)
+        first.sort()
+        return pos[first]
 
 
 @dataclass
@@ -230,13 +276,14 @@ def scan(data: ds.Dataset, accumulators: Sequence[Any], chunk_rows: int) -> Scan
         if "worker" not in df:
             df["worker"] = np.float32(np.nan)
         totals.duplicates += duplicates(df)
-        if len(df) and df["iteration"].notna().any():
-            totals.iterations = max(totals.iterations, int(df["iteration"].max()) + 1)
+        iteration = df["iteration"]
+        if len(df) and not np.isnan(iteration).all():
+            totals.iterations = max(totals.iterations, int(np.nanmax(iteration)) + 1)
         chunk = Chunk(df, front, totals.train_module, totals.roll_module)
         if totals.train_module is None and len(chunk.train):
-            chunk.train_module = totals.train_module = str(chunk.train["module"].iloc[0])
+            chunk.train_module = totals.train_module = str(chunk.train.word("module", 0))
         if totals.roll_module is None and len(chunk.roll):
-            chunk.roll_module = totals.roll_module = str(chunk.roll["module"].iloc[0])
+            chunk.roll_module = totals.roll_module = str(chunk.roll.word("module", 0))
         for acc in accumulators:
             part = type(acc)()
             part.add(chunk)

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.dataset as ds
 
 from lstm_probe.contract import Capabilities
-from lstm_probe.report.numeric import KEY_CHUNK, by_count, row_key
-from lstm_probe.report.scan import Chunk
+from lstm_probe.report.numeric import KEY_CHUNK, by_count, dense_key
+from lstm_probe.report.scan import Chunk, Frame
 from lstm_probe.report.section import Accumulator, Block, Counts, Line, Log, Max, Section, Sum, Table
 from lstm_probe.text import safe
 
@@ -47,26 +46,31 @@ class CallsSection:
     """What the traced modules are, in a word ('LSTM', 'GRU', 'recurrent module')."""
 
 
-def per_call(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per call of ``df``: module, phase, path, rows, first and last step (t0, t1)."""
+def per_call(df: Frame) -> dict[str, np.ndarray]:
+    """One entry per call of ``df``: the codes of its module, phase and path (``df``'s words), its rows,
+    first and last step (t0, t1)."""
     # Per-call aggregates without sorting or hashing the rows: call ids are dense (a counter from a
     # per-process base), so one slot per id takes counts, first/last step and the call's labels.
     # (An argsort of the call column held several copies of it; runs of equal ids barely shorten
     # it, since a block of one-step calls interleaves its calls row by row.)
-    call = df["call"].to_numpy()
-    empty = pd.DataFrame({"module": [], "phase": [], "path": [], "rows": [], "t0": [], "t1": []})
+    call = df["call"]
+    t = df["t"]
+    empty = {name: np.zeros(0, np.int64) for name in ("module", "phase", "path", "rows", "t0", "t1")}
     if not len(call) or (call.dtype.kind == "f" and np.isnan(call).all()):
         return empty
     lo, hi = int(np.nanmin(call)), int(np.nanmax(call))
     if hi - lo >= 4 * len(call) + (1 << 16):  # sparse ids (processes' id blocks far apart): number them
-        call, lo = pd.factorize(call, use_na_sentinel=True)[0], 0  # null: -1
+        ids, inv = np.unique(call, return_inverse=True)
+        inv = inv.reshape(-1)
+        if ids.dtype.kind == "f" and len(ids) and np.isnan(ids[-1]):
+            inv[inv == len(ids) - 1] = -1  # null: -1, left out below
+        call, lo = inv, 0
         hi = int(call.max())
     span = hi - lo + 1
-    t = df["t"].to_numpy()
     rows = np.zeros(span, np.int64)
     t0 = np.full(span, np.iinfo(t.dtype).max, t.dtype)
     t1 = np.full(span, np.iinfo(t.dtype).min, t.dtype)
-    codes = {name: df[name].cat.codes.to_numpy() for name in ("module", "phase", "path")}
+    codes = {name: df[name] for name in ("module", "phase", "path")}
     labels = {name: np.empty(span, c.dtype) for name, c in codes.items()}
     for start in range(0, len(call), KEY_CHUNK):  # slices: the ids' int64 copy stays small
         part = slice(start, start + KEY_CHUNK)
@@ -81,37 +85,26 @@ def per_call(df: pd.DataFrame) -> pd.DataFrame:
         for name, c_codes in codes.items():
             labels[name][idx] = c_codes[part][ok]  # the same for every row of a call
     present = np.flatnonzero(rows)
-    out: dict[str, Any] = {}
-    for name, label in labels.items():
-        cat = pd.Categorical.from_codes(label[present], dtype=cast(pd.CategoricalDtype, df[name].dtype))
-        out[name] = cat.reorder_categories(sorted(cat.categories))  # groups below come in name order
+    out = {name: label[present] for name, label in labels.items()}
     out.update(rows=rows[present], t0=t0[present], t1=t1[present])
-    return pd.DataFrame(out)
+    return out
 
 
 def minibatches(
-    train: pd.DataFrame, sel: np.ndarray, starts: np.ndarray
+    train: Frame, sel: np.ndarray, starts: np.ndarray
 ) -> tuple[dict[int, int], dict[str, int], dict[str, int], int]:
     """Sequences per minibatch (as counts of minibatches), why sequences start (``starts``: the sequences'
     first rows, :attr:`Chunk.starts`), the path of each minibatch's first call, and the number of
     minibatches: from the train rows ``sel`` selects (one module's)."""
     if not sel.any():
         return {}, {}, {}, 0
-    it, ep, mb, seq = (train[c].to_numpy()[sel] for c in ("iteration", "epoch", "minibatch", "seq"))
-    mb_key = row_key([it, ep, mb])
-    pair = row_key([mb_key, seq]) if mb_key is not None else None
-    if mb_key is None or pair is None:  # keys too large for one int64 (hand-made tags): pandas' grouping
-        t0 = train.loc[sel, ["iteration", "epoch", "minibatch", "seq", "t", "path", "seq_reason"]]
-        grouped = t0.groupby(["iteration", "epoch", "minibatch"], observed=True, dropna=False)
-        per_mb: Any = grouped["seq"].nunique()
-        spm = {int(k): int(v) for k, v in per_mb.value_counts().sort_index().items()}
-        by_path = {str(k): int(v) for k, v in grouped["path"].first().value_counts().items()}
-        reasons = {str(k): int(v) for k, v in train["seq_reason"].iloc[starts].value_counts().items() if v}
-        return spm, reasons, by_path, len(per_mb)
+    it, ep, mb, seq = (train[c][sel] for c in ("iteration", "epoch", "minibatch", "seq"))
+    # Integer keys instead of grouping float columns (several copies of them). The rows of one sequence
+    # of one minibatch come together (a call's rows are ordered column, then step), so only the first row
+    # of each run of equal (minibatch, seq) keys is looked at.
+    mb_key = dense_key([it, ep, mb])
+    pair = dense_key([mb_key, seq])
     del it, ep, mb
-    # Integer keys instead of pandas' grouping of float columns (several copies of them). The rows of
-    # one sequence of one minibatch come together (a call's rows are ordered column, then step), so only
-    # the first row of each run of equal (minibatch, seq) keys is looked at.
     runs = np.flatnonzero(np.r_[True, pair[1:] != pair[:-1]])
     run_pair, run_mb, named = pair[runs], mb_key[runs], ~np.isnan(seq[runs])
     del pair, mb_key
@@ -124,9 +117,8 @@ def minibatches(
     del runs, run_pair, run_mb, named, pair_first, owner
     values, n = np.unique(counts, return_counts=True)
     spm = {int(k): int(v) for k, v in zip(values, n, strict=True)}
-    firsts = train["path"].iloc[np.flatnonzero(sel)[first]]
-    by_path = {str(k): int(v) for k, v in firsts.value_counts().items()}
-    reasons = {str(k): int(v) for k, v in train["seq_reason"].iloc[starts].value_counts().items() if v}
+    by_path = train.counts("path", np.flatnonzero(sel)[first])
+    reasons = train.counts("seq_reason", starts)
     return spm, reasons, by_path, len(mbs)
 
 
@@ -236,19 +228,31 @@ class CallsTotals(Accumulator[Chunk]):
 
     def add(self, part: Chunk) -> None:
         calls = per_call(part.df)
-        if len(calls):
-            calls["steps"] = calls["t1"] - calls["t0"] + 1
-            calls["batch"] = calls["rows"] // calls["steps"]
-            for key, v in calls.groupby(["module", "phase", "path", "steps", "batch"], observed=True).size().items():
-                k: Any = key
-                self.shapes.add((str(k[0]), str(k[1]), str(k[2]), int(k[3]), int(k[4])), int(v))
-            totals = calls.groupby(["module", "phase", "path"], observed=True)["rows"].agg(["size", "sum"])
-            for key, row in totals.iterrows():
-                k = key
-                self.calls.add((str(k[0]), str(k[1]), str(k[2])), int(row["size"]))
-                self.rows.add((str(k[0]), str(k[1]), str(k[2])), int(row["sum"]))
+        # calls without a module, phase or path are not counted (as a grouping leaves null keys out)
+        named = (calls["module"] >= 0) & (calls["phase"] >= 0) & (calls["path"] >= 0)
+        if named.any():
+            labels = [calls[name][named].astype(np.int64) for name in ("module", "phase", "path")]
+            steps = calls["t1"][named].astype(np.int64) - calls["t0"][named] + 1
+            rows = calls["rows"][named]
+            words = [part.df.words(name) for name in ("module", "phase", "path")]
+            shape_key = dense_key([*labels, steps, rows // steps])
+            _, first, per_shape = np.unique(shape_key, return_index=True, return_counts=True)
+            for i, k in zip(first.tolist(), per_shape.tolist(), strict=True):
+                m, p, path = (w[c[i]] for w, c in zip(words, labels, strict=True))
+                self.shapes.add((m, p, path, int(steps[i]), int(rows[i] // steps[i])), k)
+            _, first, inv = np.unique(dense_key(labels), return_index=True, return_inverse=True)
+            inv = inv.reshape(-1)
+            size = np.bincount(inv, minlength=len(first))
+            total = np.bincount(inv, weights=rows, minlength=len(first))
+            for g, i in enumerate(first.tolist()):
+                key = (words[0][labels[0][i]], words[1][labels[1][i]], words[2][labels[2][i]])
+                self.calls.add(key, int(size[g]))
+                self.rows.add(key, int(total[g]))
         if len(part.roll):
-            self.roll_batch.add(int(part.roll.groupby("call").size().max()))
+            call = part.roll["call"]
+            call = call[~np.isnan(call)] if call.dtype.kind == "f" else call
+            if len(call):
+                self.roll_batch.add(int(np.unique(call, return_counts=True)[1].max()))
         if len(part.train):
             spm, reasons, by_path, n_mb = minibatches(part.train, part.train_sel, part.starts)
             for k_spm, n in spm.items():

@@ -5,10 +5,9 @@ across the processes' part files."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.dataset as ds
 
@@ -17,6 +16,9 @@ from lstm_probe.report.section import Block, Line, Log, Section, Table, fmt
 from lstm_probe.report.sections.staleness import PROVENANCE_TOLERANCE
 from lstm_probe.schema import relative_l2
 from lstm_probe.text import safe
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 CROSS_KEYS = ["module", "layer", "worker", "env", "env_step"]
 CROSS_ITERATIONS = 50
@@ -61,7 +63,8 @@ def _vectors(table: pa.Table, name: str) -> np.ndarray:
 
 
 def cross_process(data: ds.Dataset, vectors: bool) -> CrossProcessSection:
-    """Join learner rows to env-runner rollout rows of the same (module, layer, worker, env, env_step)."""
+    """Join learner rows to env-runner rollout rows of the same (module, layer, worker, env, env_step).
+    Only logs of several processes (RLlib) have it: ``to_pandas`` imports pandas here, not for every report."""
     state = ["h", "c"] if vectors else ["h_norm", "c_norm"]
     cols = [*CROSS_KEYS, "phase", "iteration", "minibatch", "t", "bootstrap", *state]
     base = ds.field("env_step").is_valid() & (ds.field("iteration") < CROSS_ITERATIONS)

@@ -73,7 +73,7 @@ class SequenceLengths(Accumulator[Chunk]):
 
     def add(self, part: Chunk) -> None:
         if len(part.train):
-            self.lengths.append(part.train.iloc[part.starts]["seq_len"].to_numpy(dtype=np.float64))
+            self.lengths.append(part.train["seq_len"][part.starts].astype(np.float64))
 
 
 def _curves(records: dict[str, list[Any]]) -> dict[tuple[int, str], list[tuple[int, dict[str, Any]]]]:

@@ -15,7 +15,6 @@ from typing import Any, ClassVar
 import numpy as np
 
 from lstm_probe.contract import Capabilities
-from lstm_probe.probes import probe_targets
 from lstm_probe.report.section import Block, Log, Section, Table, fmt
 
 ITERATIONS = 4
@@ -64,6 +63,8 @@ class Probes(Section[ProbesSection | None]):
         targets = [f"obs:{i}" for i in range(min(obs_size, MAX_OBS))] if isinstance(obs_size, int) else []
         targets += [f"info:{k}" for k in keys]
         iterations = _spread(list(range(log.iterations)), ITERATIONS)
+        from lstm_probe.probes import probe_targets  # imports pandas: only for logs this section reads
+
         table = probe_targets(log.info.path, targets, lags=LAGS, iterations=iterations, max_rows=MAX_ROWS, strict=False)
         rows: list[dict[str, Any]] = [
             {str(k): (None if isinstance(v, float) and not np.isfinite(v) else v) for k, v in r.items()}

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, ClassVar
-
-import pandas as pd
 
 from lstm_probe.contract import Capabilities
 from lstm_probe.report.section import Block, Log, Panel, Section, fmt
@@ -69,7 +68,7 @@ class Run(Section[RunSection]):
         meta, info = log.meta, log.info
         wall = None
         try:
-            start, end = pd.Timestamp(meta["start_time"]), pd.Timestamp(meta["end_time"])
+            start, end = datetime.fromisoformat(meta["start_time"]), datetime.fromisoformat(meta["end_time"])
             wall = float((end - start).total_seconds())
         except (KeyError, ValueError, TypeError):
             pass

@@ -7,11 +7,10 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
-import pandas as pd
 
 from lstm_probe.contract import Capabilities
-from lstm_probe.report.numeric import summary_stats
-from lstm_probe.report.scan import Chunk
+from lstm_probe.report.numeric import dense_key, summary_stats
+from lstm_probe.report.scan import Chunk, Frame
 from lstm_probe.report.section import Accumulator, Block, Log, Mergeable, Panel, Parts, Section, Sum, fmt
 
 LENGTH_EDGES = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 10**9]
@@ -37,8 +36,9 @@ class SequencesSection:
 
 @dataclass
 class SequenceTotals(Accumulator[Chunk]):
-    episodes: Parts[pd.DataFrame] = field(default_factory=Parts)
-    """Per run: first and last step of each (env, episode) of the rollout rows (one module's)."""
+    episodes: Parts[np.ndarray] = field(default_factory=Parts)
+    """Per run: (env key, episode, last step, first step) of each (env, episode) of the rollout rows (one
+    module's), one row each."""
     lengths: Parts[np.ndarray] = field(default_factory=Parts)
     """Per run: each training sequence's length."""
     stored_starts: Sum = field(default_factory=Sum)
@@ -54,35 +54,52 @@ class SequenceTotals(Accumulator[Chunk]):
             self._episodes(part.roll, part.roll_module)
         if len(part.train):
             sel = part.train_sel
-            first = part.train.iloc[part.starts]
-            self.lengths.append(first["seq_len"].to_numpy(dtype=np.float64))
-            known = first["seq_reason"].notna().to_numpy()
+            first = part.train.take(part.starts)
+            self.lengths.append(first["seq_len"].astype(np.float64))
+            known = first["seq_reason"] >= 0
             self.known_starts.add(int(known.sum()))
-            self.stored_starts.add(int((known & (first["seq_reason"] != "episode_start").to_numpy()).sum()))
-            self.padding.add(int(part.train["padding"].to_numpy()[sel].sum()))
+            self.stored_starts.add(int((known & ~first.equals("seq_reason", "episode_start")).sum()))
+            self.padding.add(int(part.train["padding"][sel].sum()))
             self.padding_of.add(int(sel.sum()))
             self.module.add(part.train_module)
 
-    def _episodes(self, roll: pd.DataFrame, module: str | None) -> None:
+    def _episodes(self, roll: Frame, module: str | None) -> None:
         # RLlib's extra pass on a terminal observation (bootstrap 'terminal') is not a step of the episode
-        keep = roll["episode_step"].notna().to_numpy() & roll["bootstrap"].isna().to_numpy()
-        keep &= (roll["module"] == module).to_numpy()
-        roll = roll[keep]
-        if not len(roll):
+        keep = ~np.isnan(roll["episode_step"]) & (roll["bootstrap"] < 0) & roll.equals("module", module)
+        env_key = np.where(np.isnan(roll["worker"]), -1, roll["worker"]).astype(np.float64) * 1e6 + roll["env"]
+        episode = roll["episode"]
+        keep &= ~np.isnan(env_key) & ~np.isnan(episode)  # rows without an env or episode are in none
+        if not keep.any():
             return
-        roll = roll.assign(env_key=roll["worker"].fillna(-1).astype(np.float64) * 1e6 + roll["env"])
-        per = roll.groupby(["env_key", "episode"], observed=True)["episode_step"].agg(["max", "min"])
-        self.episodes.append(per.reset_index())
+        self.episodes.append(_per_episode(env_key[keep], episode[keep], roll["episode_step"][keep]))
 
     def episode_lengths(self) -> np.ndarray:
         """Lengths of the episodes that both start in the log and end before a later one of the same env."""
         if not self.episodes:
             return np.array([])
-        parts = pd.concat(self.episodes, ignore_index=True)
-        per = parts.groupby(["env_key", "episode"], observed=True).agg({"max": "max", "min": "min"}).reset_index()
-        later = per.groupby("env_key")["episode"].max()
-        done = per[(per["episode"] < per["env_key"].map(later)) & (per["min"] == 0)]
-        return (done["max"] + 1).to_numpy()
+        parts = np.concatenate(self.episodes)
+        per = _per_episode(parts[:, 0], parts[:, 1], parts[:, 2], parts[:, 3])  # in (env key, episode) order
+        env_key, episode, last, first = per.T
+        envs = np.flatnonzero(np.r_[True, env_key[1:] != env_key[:-1]])  # each env's first row
+        later = np.repeat(np.maximum.reduceat(episode, envs), np.diff(np.r_[envs, len(per)]))  # its last episode
+        done = (episode < later) & (first == 0)
+        return (last[done] + 1).astype(np.float32)
+
+
+def _per_episode(
+    env_key: np.ndarray, episode: np.ndarray, last: np.ndarray, first: np.ndarray | None = None
+) -> np.ndarray:
+    """Per (env key, episode), in that order: [env key, episode, largest ``last``, smallest ``first``
+    (``last`` where no ``first`` is given)], one row each (float64)."""
+    _, inv = np.unique(dense_key([env_key, episode]), return_inverse=True)
+    inv = inv.reshape(-1)
+    n = int(inv.max()) + 1
+    out = np.empty((n, 4))
+    out[inv, 0], out[inv, 1] = env_key, episode
+    out[:, 2], out[:, 3] = -np.inf, np.inf
+    np.maximum.at(out[:, 2], inv, last)
+    np.minimum.at(out[:, 3], inv, last if first is None else first)
+    return out
 
 
 @dataclass

@@ -10,12 +10,11 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
-import pandas as pd
 import pyarrow.dataset as ds
 
 from lstm_probe.contract import Capabilities
 from lstm_probe.report.numeric import group_stats, groups, mean_max, present, row_key
-from lstm_probe.report.scan import Chunk, chunks, read_scalars
+from lstm_probe.report.scan import Chunk, Frame, chunks, read_scalars
 from lstm_probe.report.section import Accumulator, Block, Counts, GroupStats, Keyed, Line, Log, Max, Section, Table, fmt
 from lstm_probe.text import safe
 
@@ -70,20 +69,20 @@ class StalenessTotals(Accumulator[Chunk]):
     def add(self, part: Chunk) -> None:
         self.add_train(part.train)
 
-    def add_train(self, train: pd.DataFrame) -> None:
+    def add_train(self, train: Frame) -> None:
         """Train rows as :func:`~lstm_probe.report.scan.read_scalars` reads them (any layers)."""
         if not len(train):
             return
-        kept = ~train["padding"].to_numpy().astype(bool) & ~np.isnan(train["drift_h"].to_numpy())
+        kept = ~train["padding"].astype(bool) & ~np.isnan(train["drift_h"])
         if not kept.any():
             return
 
         def column(name: str) -> np.ndarray:  # taken when needed and dropped after use: memory is the bound
-            return train[name].to_numpy()[kept]
+            return train[name][kept]
 
         dh, dc = column("drift_h"), column("drift_c")
-        module = train["module"].cat.codes.to_numpy()[kept]
-        names = train["module"].cat.categories
+        module = train["module"][kept]
+        names = train.words("module")
         layer = column("layer")
         epoch, minibatch = column("epoch"), column("minibatch")
         first = (epoch == 0) & (minibatch == 0)
@@ -119,7 +118,7 @@ class StalenessTotals(Accumulator[Chunk]):
 
 def _agg(
     into: GroupStats,
-    names: pd.Index,
+    names: list[str],
     module: np.ndarray,
     layer: np.ndarray,
     key: np.ndarray,
@@ -160,7 +159,7 @@ class Staleness(Section[StalenessSection]):
             for filt, n_rows in chunks(log.data, UPPER_TRAIN, log.chunk_rows):
                 df, front = read_scalars(log.data, STALENESS_COLUMNS, filt, n_rows)
                 part = StalenessTotals()
-                part.add_train(df.iloc[front:])
+                part.add_train(df.take(slice(front, None)))
                 acc.merge(part)
                 del df, part
         drift = {"epoch": acc.epoch, "update": acc.update, "position": acc.position}
