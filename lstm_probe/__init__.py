@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
-
-try:
-    __version__ = version("lstm-probe")
-except PackageNotFoundError:  # running from a source tree that was not installed
-    __version__ = "0+unknown"
+from typing import TYPE_CHECKING
 
 from lstm_probe.errors import BadInput, BadLog, Interrupted, OutputError, ProbeError
+
+if TYPE_CHECKING:  # the checker sees the real names; at run time __getattr__ imports each on first use
+    from lstm_probe.integrations.generic import Tracer, trace
+    from lstm_probe.integrations.sb3 import ProbeCallback
+    from lstm_probe.integrations.sb3_run import run
+    from lstm_probe.integrations.sb3_watch import watch
+    from lstm_probe.options import CaptureOptions
+    from lstm_probe.probes import probe
+    from lstm_probe.reader import LogInfo, load, pair, read_info, states
+    from lstm_probe.report import summarize
+
+    __version__: str
 
 __all__ = [
     "BadInput",
@@ -36,7 +43,17 @@ __all__ = [
 
 def __getattr__(name: str) -> object:
     # Everything loads lazily: `import lstm_probe` for reading logs needs neither torch nor sb3, and a
-    # training process with a writer process never loads pyarrow (~29 MB of RSS).
+    # training process with a writer process never loads pyarrow (~29 MB of RSS). Even the version is
+    # looked up on first use: importlib.metadata costs ~20-30 ms of every command's start-up otherwise.
+    if name == "__version__":
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            found = version("lstm-probe")
+        except PackageNotFoundError:  # running from a source tree that was not installed
+            found = "0+unknown"
+        globals()["__version__"] = found  # looked up once
+        return found
     if name in ("LogInfo", "load", "pair", "read_info", "states"):
         from lstm_probe import reader
 

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
 from lstm_probe.cli_render import _render, _render_architecture, _render_flow, _RunDisplay, err, out
 from lstm_probe.errors import BadInput, BadLog, Interrupted, ProbeError, one_line
@@ -268,11 +267,11 @@ def run(
             note = f"the log in {out_path} holds the rows up to it" if fw.parts_per_process else _partial_note(out_path)
             raise Interrupted(f"interrupted ({exc or 'Ctrl-C'}): {note}") from None
     shown = f"{result.path}/" if fw.parts_per_process else str(result.path)
-    out.print(
+    out().print(
         f"wrote [bold]{shown}[/]: {result.rows:,} rows, {human_bytes(result.bytes)}, "
         f"{result.num_timesteps:,} env steps in {result.seconds:.1f} s"
     )
-    out.print(f"next: lstm-probe report {out_path if fw.parts_per_process else shlex.quote(str(result.path))}")
+    out().print(f"next: lstm-probe report {out_path if fw.parts_per_process else shlex.quote(str(result.path))}")
 
 
 def _framework_options(taken: tuple[str, ...], command: str, **options: tuple[str, Any, Any]) -> dict[str, Any]:
@@ -313,6 +312,8 @@ def report(
     ] = None,
 ) -> None:
     """Explain, from a log, what the LSTMs did and what is wrong with them."""
+    if html_out is None:  # the page draws with pandas; the text and JSON reports need none
+        _pyarrow_without_pandas()
     from lstm_probe.report import summarize
 
     if html_out is not None:  # a page that cannot be written is refused before the log is read
@@ -325,7 +326,7 @@ def report(
         from lstm_probe.text import safe
 
         page = build_html(path, html_out, iteration=iteration, env=env, episode=episode, report=rep)
-        err.print(
+        err().print(
             f"wrote {safe(page.path)}: {len(page.figures)} figures, {human_bytes(page.bytes)} (iteration "
             f"{page.iteration}, env {page.env}, episode {page.episode})"
         )
@@ -333,6 +334,35 @@ def report(
         sys.stdout.write(json.dumps(rep.to_dict(), indent=2) + "\n")
         return
     _render(rep)
+
+
+class _NoPandas:
+    """A meta path finder under which ``import pandas`` fails (see :func:`_pyarrow_without_pandas`)."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> None:
+        if fullname == "pandas":
+            raise ModuleNotFoundError("pandas is not imported while pyarrow.dataset loads", name=fullname)
+
+
+def _pyarrow_without_pandas() -> None:
+    """Import pyarrow.dataset without importing pandas (0.2-0.6 s, most of a small log's ``report``).
+
+    Loading pyarrow/_dataset.pyx evaluates ``Expression._scalar(True)``; ``pa.scalar`` asks whether its value
+    is array-like (pyarrow/array.pxi: ``_is_array_like``), and pyarrow's pandas shim answers by importing
+    pandas when it is installed (pyarrow/pandas-shim.pxi: ``_PandasAPIShim._check_import``). While the import
+    runs here, ``import pandas`` fails, so the shim notes pandas as absent; its first call that needs pandas
+    (``Table.to_pandas``, where a report section builds a DataFrame) imports it after all. Until that call
+    pyarrow would not recognise a pandas object handed to ``pa.array``; the report hands it none. The CLI
+    does this in its own fresh process only (nothing happens once pandas or pyarrow.dataset is loaded); the
+    library never changes how pyarrow sees pandas in a user's process."""
+    if "pandas" in sys.modules or "pyarrow.dataset" in sys.modules:
+        return
+    finder = _NoPandas()
+    sys.meta_path.insert(0, finder)
+    try:
+        import pyarrow.dataset  # noqa: F401
+    finally:
+        sys.meta_path.remove(finder)
 
 
 @app.command()
@@ -405,6 +435,8 @@ def schema(
     markdown: Annotated[bool, typer.Option("--markdown", help=_default("Print docs/schema.md.", "off"))] = False,
 ) -> None:
     """Print the log's Arrow schema (the contract every log follows)."""
+    from rich.table import Table
+
     from lstm_probe.schema import COLUMNS, METADATA_KEYS, SCHEMA_VERSION, schema_markdown
 
     if markdown:
@@ -415,8 +447,8 @@ def schema(
         table.add_column(col, overflow="fold")
     for c in COLUMNS:
         table.add_row(c.name, "list<float32>[hidden]" if c.type is None else c.type, "yes" if c.nullable else "", c.doc)
-    out.print(table)
-    out.print("metadata keys (JSON under lstm_probe.run): " + ", ".join(METADATA_KEYS))
+    out().print(table)
+    out().print("metadata keys (JSON under lstm_probe.run): " + ", ".join(METADATA_KEYS))
 
 
 @app.command()
@@ -432,7 +464,7 @@ def probe(
     as_json: Annotated[bool, typer.Option("--json", help=_default("Print the rows as JSON.", "off"))] = False,
 ) -> None:
     """Linear probes: R² of a ridge regression from h (each module and layer) to a target, on held-out episodes."""
-    import json
+    from rich.table import Table
 
     from lstm_probe.probes import probe as run_probe
     from lstm_probe.text import safe
@@ -453,7 +485,7 @@ def probe(
         r2 = "-" if value is None or not value == value else f"{float(value):.3f}"
         row = (str(r["iteration"]), safe(r["module"]), str(r["layer"]), str(r["lag"]), r2)
         table.add_row(*row, f"{r['n_fit']} / {r['n_test']}")
-    out.print(table)
+    out().print(table)
 
 
 def _interrupt(signum: int, frame: Any) -> None:
@@ -479,13 +511,13 @@ def main(argv: list[str] | None = None) -> None:
     except typer.Exit as exc:
         raise SystemExit(exc.exit_code) from None
     except typer.Abort:
-        err.print("error: aborted")
+        err().print("error: aborted")
         raise SystemExit(Exit.INTERRUPTED) from None
     except (Exception, KeyboardInterrupt) as exc:
         if show_tb:
             raise
         line, code = _one_line(exc, args)
-        err.print(line, markup=False, highlight=False)
+        err().print(line, markup=False, highlight=False)
         raise SystemExit(code) from None
 
 

@@ -1,22 +1,39 @@
 """What the ``lstm-probe`` command shows: the run's live progress display and the rendering of reports and
 architectures. Part of the CLI layer (with cli.py, the only modules that print): the library returns data,
 these functions draw it.
+
+rich is imported where something is drawn, and the two consoles are made on first use: ``report --json``,
+``--help`` and ``--version`` never load it.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from functools import cache
 from pathlib import Path
-from typing import Any
-
-from rich.console import Console
-from rich.table import Table
+from typing import TYPE_CHECKING, Any
 
 from lstm_probe.text import human_bytes
 
-out = Console()
-err = Console(stderr=True, soft_wrap=True)
+if TYPE_CHECKING:
+    from rich.console import Console
+
+
+@cache
+def out() -> Console:
+    """The console on stdout (made on first use)."""
+    from rich.console import Console
+
+    return Console()
+
+
+@cache
+def err() -> Console:
+    """The console on stderr (made on first use)."""
+    from rich.console import Console
+
+    return Console(stderr=True, soft_wrap=True)
 
 
 class _RunDisplay:
@@ -25,11 +42,19 @@ class _RunDisplay:
     (``live()``: the framework's figures, where it has them), bytes on disk, elapsed time and ETA."""
 
     def __init__(
-        self, env_id: str, total: int, out_path: str, live: Any, quiet: bool, every: float, console: Console = out
+        self,
+        env_id: str,
+        total: int,
+        out_path: str,
+        live: Any,
+        quiet: bool,
+        every: float,
+        console: Console | None = None,
     ):
         self.env_id, self.total, self.out_path, self.live = env_id, total, out_path, live
-        self.quiet, self.every, self.console = quiet, every, console
-        self.terminal = console.is_terminal
+        self.quiet, self.every = quiet, every
+        self.console = out() if console is None else console
+        self.terminal = self.console.is_terminal
         self.start = 0.0
         self.due = 0.0
         self.bar: Any = None
@@ -123,19 +148,23 @@ def _render_flow(env_id: str, result: dict[str, Any], as_json: bool) -> None:
     if as_json:
         sys.stdout.write(json.dumps(result, indent=2) + "\n")
         return
+    from rich.table import Table
+
     t = Table(title=f"Gradient flow of RLlib PPO's LSTM RLModule on {env_id}: which output reaches each tensor")
     t.add_column("parameter", overflow="fold", min_width=24)
     t.add_column("shape")
     t.add_column("trained by")
     for name, by in (result.get("gradient_flow") or {}).items():
         t.add_row(name, "x".join(map(str, result["shapes"].get(name, []))), by)
-    out.print(t)
-    out.print(f"[bold]verdict:[/] {result.get('verdict') or result.get('batch')}")
+    out().print(t)
+    out().print(f"[bold]verdict:[/] {result.get('verdict') or result.get('batch')}")
 
 
 def _render_architecture(
     result: Any, as_json: bool, dot: Path | None = None, svg: Path | None = None, png: Path | None = None
 ) -> None:
+    from rich.table import Table
+
     from lstm_probe.arch import render, to_dot
 
     source = to_dot(result)
@@ -147,10 +176,10 @@ def _render_architecture(
     if as_json:
         sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")
         return
-    out.print(f"[bold]{result.policy}[/] ({result.batch})")
-    out.print("actor path:  " + " -> ".join(["obs", *result.actor_path, "action distribution"]))
-    out.print("critic path: " + " -> ".join(["obs", *result.critic_path, "value"]))
-    out.print("shared (same module object on both paths): " + (", ".join(result.shared) or "nothing"))
+    out().print(f"[bold]{result.policy}[/] ({result.batch})")
+    out().print("actor path:  " + " -> ".join(["obs", *result.actor_path, "action distribution"]))
+    out().print("critic path: " + " -> ".join(["obs", *result.critic_path, "value"]))
+    out().print("shared (same module object on both paths): " + (", ".join(result.shared) or "nothing"))
     title = "Gradient flow: which loss reaches each parameter tensor"
     columns = ("parameter", "shape", "actor", "critic", "policy loss", "value loss", "entropy", "trained by")
     rows = [
@@ -173,22 +202,23 @@ def _render_architecture(
         t.add_row(*row)
     # the table's natural width: each column's widest cell, plus its borders and padding
     natural = sum(max(len(str(r[i])) for r in [columns, *rows]) + 3 for i in range(len(columns))) + 1
-    if natural <= out.width:
-        out.print(t)
+    if natural <= out().width:
+        out().print(t)
     else:  # too narrow for the table (a pipe, 80 columns): one line per parameter, wrapped, never cut
-        out.print(title, soft_wrap=True)
+        out().print(title, soft_wrap=True)
         for row in rows:
             paths = " and ".join(c for c, v in zip(("actor", "critic"), row[2:4], strict=True) if v) or "no"
             losses = ", ".join(f"{c} {v}" for c, v in zip(columns[4:7], row[4:7], strict=True))
-            out.print(
+            out().print(
                 f"  {row[0]} (shape {row[1]}): on the {paths} path; {losses}; trained by {row[7]}", soft_wrap=True
             )
-    out.print(f"[bold]verdict:[/] {result.verdict}")
+    out().print(f"[bold]verdict:[/] {result.verdict}")
 
 
 def _render(rep: Any) -> None:
     """Print every section the report holds, in order; each section's first titled block is numbered."""
     from rich.panel import Panel
+    from rich.table import Table
 
     from lstm_probe.report import Line
     from lstm_probe.report import Panel as PanelText
@@ -196,13 +226,13 @@ def _render(rep: Any) -> None:
     from lstm_probe.text import safe
 
     for w in rep.warnings:
-        err.print(f"[yellow]warning:[/] {safe(w)}")
+        err().print(f"[yellow]warning:[/] {safe(w)}")
     number = 0
     for blocks in rep.text():
         numbered = False
         for block in blocks:
             if isinstance(block, Line):
-                out.print(block.text, soft_wrap=block.soft_wrap)
+                out().print(block.text, soft_wrap=block.soft_wrap)
                 continue
             title = block.title
             if not numbered:
@@ -210,11 +240,11 @@ def _render(rep: Any) -> None:
                 numbered = True
                 title = f"{number}. {title}"
             if isinstance(block, PanelText):
-                out.print(Panel("\n".join(block.lines), title=title, expand=False))
+                out().print(Panel("\n".join(block.lines), title=title, expand=False))
             elif isinstance(block, TableText):
                 t = Table(title=title)
                 for col in block.columns:
                     t.add_column(col)
                 for row in block.rows:
                     t.add_row(*row)
-                out.print(t)
+                out().print(t)

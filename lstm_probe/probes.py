@@ -10,22 +10,28 @@ Closed-form ridge in numpy, not a library: the read side stays free of heavy dep
 torch), a probe on a few hundred hidden units is one small linear solve, and the result is deterministic. The
 episodes are split without an RNG: every ``round(1 / holdout)``-th (env, episode) in sorted order is held out
 (contiguous runs of 16 steps of an episode where a rollout holds too few episodes).
+
+pandas is imported by the functions that build a DataFrame, not by this module: the report imports it (for
+:func:`probe_targets`) and needs pandas only where a log carries probe targets.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from lstm_probe.errors import BadInput
 from lstm_probe.reader import dataset
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 MAX_ITERATIONS = 8
 """Iterations probed by default (evenly spaced over the log, the first and last included)."""
@@ -95,12 +101,18 @@ def _iterations(data: ds.Dataset, asked: Iterable[int] | None) -> list[int]:
     return [values[i] for i in idx]
 
 
+def _is_frame(target: Any) -> bool:
+    """Whether ``target`` is a DataFrame (the user's own values); no DataFrame exists unless pandas is loaded."""
+    pd = sys.modules.get("pandas")
+    return pd is not None and isinstance(target, pd.DataFrame)
+
+
 def _target_values(
     rows: pd.DataFrame, table: pa.Table, target: Any, info_keys: Sequence[str] = (), strict: bool = True
 ) -> np.ndarray:
     """The target's value at each row (at lag 0). ``info:KEY`` names an entry of the info vectors by its key
     (``info_keys`` in the metadata)."""
-    if isinstance(target, pd.DataFrame):
+    if _is_frame(target):
         keys = ["worker", "env", "env_step"] if "worker" in target.columns else ["env", "env_step"]
         missing = {"env", "env_step", "value"} - set(target.columns)
         if missing:
@@ -171,6 +183,8 @@ def probe_targets(
     row's target (its string; 'values' for a DataFrame). ``max_rows``: at most about this many rows per
     (iteration, module, layer), whole held-out units (episodes) kept evenly (the report's bounded cost).
     ``strict=False``: an obs or info target without values scores None instead of raising."""
+    import pandas as pd
+
     if any(int(lag) < 0 for lag in lags):
         raise BadInput(f"lags must be >= 0, got {list(lags)}")
     data, info = dataset(path)
@@ -178,7 +192,7 @@ def probe_targets(
         raise BadInput("probes need the h vectors: this log was written with --capture summary")
     its = _iterations(data, iterations)
     names = set(data.schema.names)
-    extra = list(dict.fromkeys(str(t).partition(":")[0] for t in targets if not isinstance(t, pd.DataFrame)))
+    extra = list(dict.fromkeys(str(t).partition(":")[0] for t in targets if not _is_frame(t)))
     keys = ["iteration", "module", "layer", "env", "env_step", "episode", "episode_step"]
     worker = ["worker"] if "worker" in names else []
     columns = list(dict.fromkeys([*keys, *worker, "h", *(c for c in extra if c in names)]))
@@ -226,7 +240,7 @@ def probe_targets(
                         y[~(episode_step >= lag)] = np.nan  # t - L must lie in the same episode
                     ok = np.isfinite(y) & keep
                     result = score(x[idx][ok], y[ok], held[ok], alpha)
-                    name = "values" if isinstance(target, pd.DataFrame) else str(target)
+                    name = "values" if _is_frame(target) else str(target)
                     row = {"iteration": it, "module": str(module), "layer": int(layer), "target": name}
                     out.append({**row, "lag": int(lag), **result})
     return pd.DataFrame(out, columns=["iteration", "module", "layer", "target", "lag", "r2", "n_fit", "n_test"])

@@ -139,3 +139,49 @@ def test_modules_are_readable_in_one_sitting():
         if lines > MAX_LINES and "must be this long" not in text:
             long[str(path.relative_to(PACKAGE))] = lines
     assert not long, f"modules over {MAX_LINES} lines without a docstring saying why: {long}"
+
+
+# `import lstm_probe` and the CLI's start-up: what runs before a command does loads no framework, pandas or rich
+# (each command imports what it needs inside its function: `lstm-probe report` starts in a fraction of a second).
+LIGHT = ("lstm_probe", "lstm_probe.cli", "lstm_probe.integrations")
+HEAVY = ("torch", "stable_baselines3", "sb3_contrib", "gymnasium", "ray", "pandas", "rich", "matplotlib")
+
+
+def _top_level_imports(path: Path) -> set[str]:
+    """The modules ``path`` imports when it is imported: module-level statements, not function bodies nor
+    ``if TYPE_CHECKING:`` blocks."""
+    found: set[str] = set()
+    todo = list(ast.parse(path.read_text()).body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.If) and not ast.unparse(node.test).endswith("TYPE_CHECKING"):
+            todo += [*node.body, *node.orelse]
+        elif isinstance(node, ast.Try):
+            todo += [*node.body, *node.orelse, *node.finalbody, *(s for h in node.handlers for s in h.body)]
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module)
+            found.update(f"{node.module}.{a.name}" for a in node.names if _exists(f"{node.module}.{a.name}"))
+    return found
+
+
+def test_package_and_cli_start_light():
+    seen: set[str] = set()
+    todo = list(LIGHT)
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        rel = Path(*name.split(".")[1:])
+        path = (
+            PACKAGE / rel / "__init__.py"
+            if (PACKAGE / rel / "__init__.py").exists()
+            else (PACKAGE / rel).with_suffix(".py")
+        )
+        imports = _top_level_imports(path)
+        heavy = sorted(m for m in imports if m.split(".")[0] in HEAVY)
+        assert not heavy, f"{name} imports {heavy} when imported: import it inside the function that needs it"
+        todo += [m for m in imports if m.startswith("lstm_probe") and _exists(m)]
+    assert "lstm_probe.cli_render" in seen and not any(m.startswith("lstm_probe.integrations.") for m in seen)

@@ -345,3 +345,82 @@ def test_probe_beside_progress_bar_and_tensorboard(tmp_path):
     padding = df[(df.phase == "train") & (df.module == "actor")].groupby("iteration").padding.mean()
     shares = [s.value for s in events.Scalars("lstm_probe/padding_share")]
     assert shares == pytest.approx(list(padding[:3]), rel=1e-6)
+
+
+# What each command loads: a read command runs on a machine without torch or a framework, and starts in a
+# fraction of a second (benchmarks/startup.py measures it). sys.modules is read when the command is done.
+AUDIT = """
+import json, sys
+from lstm_probe.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit:
+    pass
+heavy = ("torch", "stable_baselines3", "sb3_contrib", "gymnasium", "ray", "pandas", "rich", "matplotlib")
+print("loaded: " + json.dumps(sorted(m for m in heavy if m in sys.modules)), file=sys.stderr)
+"""
+FRAMEWORK_MODULES = {"torch", "stable_baselines3", "sb3_contrib", "gymnasium", "ray"}
+SAMPLES = ROOT_DIR / "sample_runs"
+
+
+def loaded_by(*args, cwd=None):
+    """The heavy modules ``lstm-probe ARGS`` imported (its exit code must be 0)."""
+    r = subprocess.run(
+        [sys.executable, "-c", AUDIT, *map(str, args)], capture_output=True, text=True, cwd=cwd, env=ENV, timeout=300
+    )
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("loaded: ") and "error" not in r.stderr, r.stderr
+    return set(json.loads(last.removeprefix("loaded: ")))
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--help"],
+        ["--version"],
+        ["report", "--help"],
+        ["report", SAMPLES / "pendulum-1env.parquet", "--json"],
+        ["report", SAMPLES / "cartpole-4env.parquet", "--json"],
+        ["report", SAMPLES / "cartpole-rllib", "--json"],
+    ],
+    ids=lambda a: " ".join(str(x).rpartition("/")[2] for x in a),
+)
+def test_read_commands_load_no_framework_and_no_rich(tmp_path, args):
+    assert loaded_by(*args, cwd=tmp_path) & (FRAMEWORK_MODULES | {"rich", "matplotlib"}) == set()
+
+
+@pytest.mark.parametrize("log", ["pendulum-1env.parquet", "cartpole-4env.parquet"])
+def test_report_of_an_sb3_log_loads_no_pandas(tmp_path, log):
+    """pandas is most of a small log's report start-up; text and JSON reports of a one-process log need none
+    (an RLlib log's cross-process check builds a DataFrame)."""
+    assert loaded_by("report", SAMPLES / log, cwd=tmp_path) & (FRAMEWORK_MODULES | {"pandas"}) == set()
+    assert loaded_by("report", SAMPLES / log, "--json", cwd=tmp_path) & (FRAMEWORK_MODULES | {"pandas"}) == set()
+
+
+def test_report_json_without_pandas_is_the_library_report(tmp_path):
+    """The CLI loads pyarrow with pandas hidden from it (cli._pyarrow_without_pandas); the report is the
+    same as the library's in a process where pyarrow knows pandas (this one)."""
+    from lstm_probe import summarize
+
+    for log in [*sorted(SAMPLES.glob("*.parquet")), SAMPLES / "cartpole-rllib"]:
+        r = cli("report", log, "--json", cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout) == json.loads(json.dumps(summarize(log).to_dict())), log.name
+
+
+def test_import_lstm_probe_is_cheap_and_lazy():
+    """`import lstm_probe` loads only the exceptions; each re-exported name loads its module on first use."""
+    code = (
+        "import sys\nimport lstm_probe\n"
+        "print(sorted(m for m in ('numpy', 'pyarrow', 'pandas', 'torch', 'rich', 'typer', 'importlib.metadata') "
+        "if m in sys.modules))\n"
+        "from lstm_probe import __version__, load, summarize, CaptureOptions\n"
+        "print(type(__version__).__name__, load.__module__, summarize.__module__, CaptureOptions.__module__)\n"
+        "print(sorted(m for m in ('torch', 'stable_baselines3', 'gymnasium') if m in sys.modules))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=120)
+    assert r.stdout.splitlines() == [
+        "[]",
+        "str lstm_probe.reader lstm_probe.report.summary lstm_probe.options",
+        "[]",
+    ], r.stderr
