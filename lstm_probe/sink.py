@@ -164,7 +164,7 @@ class Sink:
         per_layer = batch * steps
         n = layers * per_layer
         log = self.log
-        r, i0 = log.reserve(n)
+        r, i0 = log.reserve(n, tags.phase == "train", tags.iteration)
         i1 = i0 + n
         r.call[i0:i1] = np.tile(call, layers) if layers > 1 else call
         r.module[i0:i1] = self.module_code[name]

@@ -41,6 +41,15 @@ META_FINAL_KEY = b"lstm_probe.final"
 """File-level key written when a part closes: the run's progress and, in the last part, its outcome."""
 
 COMPRESSION = "zstd"
+ENCODING: dict[str, Any] = {
+    "compression_level": None,
+    "vector_bss": True,
+    "vector_compression": COMPRESSION,
+    "journal_bss": False,
+    "journal_compression": "none",
+}
+"""Encoding knobs (benchmarks/writer_profile.py measures variants of them side by side): the zstd level
+(None: Arrow's default), byte-stream-split on the state vectors, the vectors' codec."""
 STRING_COLUMNS = [c.name for c in COLUMNS if c.kind == "code"]
 VECTOR_COLUMNS = [c.name for c in COLUMNS if c.kind == "vector"]
 
@@ -51,13 +60,21 @@ def _parquet_writer(path: Path, schema: pa.Schema, journal: bool = False) -> pq.
     # A journal (the crash parts of a single-file log, which gets the same rows compressed) stores its
     # vectors uncompressed: zstd gains ~20% on float32 states and was half of the writer's CPU time.
     scalars = [n for n in schema.names if n not in VECTOR_COLUMNS]
-    compression: Any = COMPRESSION
-    if journal:
-        compression = {n: ("none" if n in VECTOR_COLUMNS else COMPRESSION) for n in schema.names}
+    vector_codec = ENCODING["journal_compression"] if journal else ENCODING["vector_compression"]
+    # per leaf column (a vector's values are "h.list.element"; a name Arrow does not know is uncompressed)
+    compression: Any = {
+        f"{n}.list.element" if pa.types.is_fixed_size_list(schema.field(n).type) else n: (
+            vector_codec if n in VECTOR_COLUMNS else COMPRESSION
+        )
+        for n in schema.names
+    }
+    level = ENCODING["compression_level"]
+    levels = None if level is None else {n: level for n, codec in compression.items() if codec == "zstd"} or None
     return pq.ParquetWriter(
         path,
         schema,
         compression=compression,
+        compression_level=levels,
         use_dictionary=STRING_COLUMNS,
         write_statistics=scalars,
         column_encoding=column_encodings(schema, journal),
@@ -78,7 +95,7 @@ def column_encodings(schema: pa.Schema, journal: bool = False) -> dict[str, str]
     for f in schema:
         typ = f.type
         if pa.types.is_fixed_size_list(typ):
-            if not journal:
+            if ENCODING["journal_bss" if journal else "vector_bss"]:
                 out[f"{f.name}.list.element"] = "BYTE_STREAM_SPLIT"
         elif pa.types.is_floating(typ):
             out[f.name] = "BYTE_STREAM_SPLIT"
@@ -345,6 +362,10 @@ class PartWriter:
                 self.mirror_tmp.unlink()
 
 
+LANE_TRAIN, LANE_OTHER = 0, 1
+"""The row buffers' lanes (:class:`FileLog`): train rows, and every other row."""
+
+
 class FileLog:
     """Rows of one log, buffered in preallocated columns and written as row groups into rolling parts
     (and, for a single-file log, into the mirrored file). Synchronous: it runs wherever the rows are
@@ -377,8 +398,16 @@ class FileLog:
         self.vectors = vectors  # whether any row may store its vectors (not a summary log)
         self.capacity = row_capacity(hidden_size, vectors)
         self.widths = {c.name: vector_width(c, hidden_size, metadata) for c in COLUMNS if c.width is not None}
-        self.current = Rows(self.capacity, hidden_size, vectors, self.widths)
-        self._buffer = self.current
+        # Two lanes of row buffers, so that every row group is phase-pure: train rows (LANE_TRAIN) and all
+        # others (rollout, bootstrap, ...; LANE_OTHER). A phase filter then skips the other lane's row groups
+        # by their statistics (the report reads the rollout rows' vectors alone). A lane's pages are touched
+        # only as far as it fills (see _limit).
+        self._buffers = [Rows(self.capacity, hidden_size, vectors, self.widths) for _ in range(2)]
+        self.lanes = list(self._buffers)
+        self.part_iterations = part_iterations if self.is_dir else None
+        self.span = -1  # the span of iterations (part_iterations) of the buffered rows; -1: none yet
+        self._lane = LANE_OTHER  # the lane of the last reserve
+        self._trained = False  # whether a train row came: the other lane then holds a quarter (_limit)
         self.flush_seconds = part_seconds / 2
         self.last_flush = time.monotonic()
         self.rows_written = 0
@@ -390,19 +419,43 @@ class FileLog:
             part_rows,
             mirror=None if self.is_dir else self.path,
             shard=shard,
-            part_iterations=part_iterations if self.is_dir else None,
+            part_iterations=self.part_iterations,
         )
 
-    def reserve(self, n: int) -> tuple[Rows, int]:
-        """Room for ``n`` rows: the buffer and the first index to fill. Fill, then call :meth:`commit`."""
-        if self.current.n + n > self.current.capacity:
-            self.flush()
-            if n > self.current.capacity:  # one call larger than a buffer: a one-off buffer
-                self.current = Rows(n, self.hidden_size, self.vectors, self.widths)
-        return self.current, self.current.n
+    def reserve(self, n: int, train: bool = False, iteration: int | None = None) -> tuple[Rows, int]:
+        """Room for ``n`` rows of one call in its lane (``train``: a train call's rows): the buffer and the
+        first index to fill. Fill, then call :meth:`commit`. ``iteration``: the call's, so that with
+        ``part_iterations`` the rows of a new span of iterations start after every older row is written."""
+        if self.part_iterations is not None and iteration is not None:
+            span = iteration // self.part_iterations
+            if span != self.span:
+                if self.span >= 0:
+                    self._write_lanes()
+                self.span = span
+        lane = LANE_TRAIN if train else LANE_OTHER
+        if train and not self._trained:  # from now on the other lane holds a quarter of a buffer
+            self._trained = True
+            if self.lanes[LANE_OTHER].n > self.capacity // 4:
+                self._write_lane(LANE_OTHER)
+        rows = self.lanes[lane]
+        if rows.n + n > self._limit(lane):
+            self._write_lane(lane)
+            if n > self.capacity:  # one call larger than a buffer: a one-off buffer
+                self.lanes[lane] = Rows(n, self.hidden_size, self.vectors, self.widths)
+            rows = self.lanes[lane]
+        self._lane = lane
+        return rows, rows.n
+
+    def _limit(self, lane: int) -> int:
+        """Rows a lane holds before it is written: ``capacity``, but a quarter of it for the other lane of
+        a log with train rows (sb3: ~6% of rows are not train rows; their row groups then hold ~15
+        iterations' rollout rows at 1 env, ~2 at 8 envs, and the buffers' memory grows by a quarter, not
+        twice). A log without train rows (the generic tracer's, untagged) writes row groups of ``capacity``
+        rows, as with one buffer."""
+        return self.capacity // 4 if lane == LANE_OTHER and self._trained else self.capacity
 
     def commit(self, n: int) -> None:
-        self.current.n += n
+        self.lanes[self._lane].n += n
         self.rows_written += n
 
     def flush_due(self) -> bool:
@@ -411,19 +464,29 @@ class FileLog:
         return time.monotonic() - self.last_flush >= self.flush_seconds
 
     def flush(self) -> None:
-        """Encode the buffered rows and write them as one row group; publish the open part once it has
+        """Encode the buffered rows and write each lane's as one row group; publish the open part once it has
         been open ``part_seconds`` (an idle run's rows too reach a finished part in bounded time)."""
         self.last_flush = time.monotonic()
-        rows = self.current
-        if rows.n == 0:
+        if not any(rows.n for rows in self.lanes):
             if self.parts.part_due():
                 self.parts.close_part({"progress": dict(self.progress)})
+            return
+        self._write_lanes()
+
+    def _write_lanes(self) -> None:
+        for lane in (LANE_OTHER, LANE_TRAIN):
+            self._write_lane(lane)
+
+    def _write_lane(self, lane: int) -> None:
+        """Write one lane's buffered rows as one row group."""
+        rows = self.lanes[lane]
+        if rows.n == 0:
             return
         try:
             self.parts.write(self.encoder.encode(rows), {"progress": dict(self.progress)})
         finally:
             rows.n = 0
-            self.current = self._buffer  # a one-off buffer is dropped after use
+            self.lanes[lane] = self._buffers[lane]  # a one-off buffer is dropped after use
 
     def close(self, final: dict[str, Any]) -> None:
         """Write what is left, record ``final`` (completed, stop_reason, ...) and publish the log."""

@@ -1,0 +1,277 @@
+"""The writer's CPU per row beside the log's bytes per row, for encoding choices, on identical input.
+
+Records once what a real run hands its writer (every ``Sink`` message of a probed RecurrentPPO run,
+Pendulum-v1, sb3-contrib defaults), then replays the recording in this process through a fresh
+``Sink`` per variant, interleaved (A B C A B C ...), timing the replay's CPU (``time.process_time``:
+row making, the c recovery, drift and norms, Arrow arrays, Parquet encoding, zstd, the file write).
+
+    python benchmarks/writer_profile.py record --steps 1024 --n-envs 1 --capture full --rec full.rec
+    python benchmarks/writer_profile.py replay full.rec --repeats 5
+    python benchmarks/writer_profile.py replay full.rec --profile      # cProfile of one replay
+    python benchmarks/writer_profile.py replay full.rec --stages       # CPU per stage of one replay
+
+A variant sets ``lstm_probe.writer``'s encoding knobs (``ENCODING``) for its replays; the log written
+is read back and compared value by value with the first variant's (only encodings may differ).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import os
+import pickle
+import pstats
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+VARIANTS: dict[str, dict[str, Any]] = {
+    "current": {},
+    "zstd1": {"compression_level": 1},
+    "zstd3": {"compression_level": 3},
+    "zstd-1": {"compression_level": -1},
+    "vec-plain": {"vector_bss": False},
+    "vec-lz4": {"vector_compression": "lz4"},
+    "vec-none": {"vector_compression": "none"},
+    "jr-bss": {"journal_bss": True},
+    "jr-lz4": {"journal_compression": "lz4"},
+    "jr-bss-lz4": {"journal_bss": True, "journal_compression": "lz4"},
+    "jr-snappy": {"journal_compression": "snappy"},
+    "jr-bss-zstd": {"journal_bss": True, "journal_compression": "zstd"},
+}
+"""Encoding variants: overrides of ``lstm_probe.writer.ENCODING`` (see there)."""
+
+
+def record(args: argparse.Namespace) -> None:
+    """Run a probed training with a writer thread and keep every message its sink gets, in order."""
+    import torch
+
+    torch.set_num_threads(1)
+    from sb3_contrib import RecurrentPPO
+    from stable_baselines3.common.env_util import make_vec_env
+
+    from lstm_probe import ProbeCallback
+    from lstm_probe.logwriter import LogWriter
+
+    messages: list[bytes] = []
+    config: dict[str, Any] = {}
+    original_init = LogWriter.__init__
+    original = LogWriter._to_sink
+
+    def init(self: LogWriter, *a: Any, **k: Any) -> None:
+        original_init(self, *a, **k)
+        config.update(pickle.loads(pickle.dumps(self.config)))
+
+    def to_sink(self: LogWriter, method: str, *a: Any) -> None:
+        messages.append(pickle.dumps((method, a), protocol=5))  # a copy: the arrays as they are now
+        original(self, method, *a)
+
+    LogWriter.__init__ = init  # type: ignore[method-assign]
+    LogWriter._to_sink = to_sink  # type: ignore[method-assign]
+    with tempfile.TemporaryDirectory(prefix="writer-profile-") as tmp:
+        env = make_vec_env(args.env, n_envs=args.n_envs, seed=0)
+        model = RecurrentPPO("MlpLstmPolicy", env, seed=0)
+        cb = ProbeCallback(os.path.join(tmp, "log.parquet"), capture=args.capture, force=True, writer="thread")
+        model.learn(args.steps, callback=cb)
+    with open(args.rec, "wb") as f:
+        pickle.dump({"config": config, "messages": messages}, f, protocol=5)
+    print(f"{len(messages)} messages, {sum(map(len, messages)) / 1e6:.1f} MB -> {args.rec}")
+
+
+def replay_once(rec: dict[str, Any], out: str, overrides: dict[str, Any], stages: bool = False) -> dict[str, Any]:
+    """One replay into ``out`` with ``overrides`` of the writer's encoding: CPU seconds, rows, bytes."""
+    from lstm_probe import sink, writer
+
+    encoding: dict[str, Any] = getattr(writer, "ENCODING", {})  # absent before the knobs existed
+    if overrides and not encoding:
+        raise SystemExit("this lstm_probe has no encoding knobs (writer.ENCODING): replay the current variant only")
+    saved = dict(encoding)
+    encoding.update(overrides)
+    try:
+        messages = [pickle.loads(m) for m in rec["messages"]]  # unpickled before the clock starts
+        config = pickle.loads(pickle.dumps(rec["config"]))
+        config["log"]["out"] = out
+        timers = _Stages() if stages else None
+        cpu0 = time.process_time()
+        s = sink.Sink(config)
+        if timers is not None:
+            timers.install(s)
+        for method, args in messages:
+            getattr(s, method)(*args)
+        cost = {"probe_cost": {"writer_cpu_seconds": 0.0, "writer_busy_seconds": 0.0}}
+        s.close({"completed": True, **cost})
+        cpu = time.process_time() - cpu0
+    finally:
+        encoding.clear()
+        encoding.update(saved)
+    size = (
+        sum(p.stat().st_size for p in Path(out).rglob("*") if p.is_file())
+        if os.path.isdir(out)
+        else os.path.getsize(out)
+    )
+    result = {"cpu": cpu, "rows": s.log.rows_written, "bytes": size}
+    if timers is not None:
+        result["stages"] = timers.seconds
+    return result
+
+
+class _Stages:
+    """CPU time per stage of a replay, by wrapping the sink's and the writer's functions on the instance."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    def wrap(self, obj: Any, name: str, label: str) -> None:
+        fn = getattr(obj, name)
+
+        def timed(*a: Any, **k: Any) -> Any:
+            t0 = time.process_time()
+            try:
+                return fn(*a, **k)
+            finally:
+                self.seconds[label] = self.seconds.get(label, 0.0) + time.process_time() - t0
+
+        setattr(obj, name, timed)
+
+    def install(self, s: Any) -> None:
+        from lstm_probe import sink
+
+        original = sink.lstm_cells
+        seconds = self.seconds
+
+        def cells(*a: Any, **k: Any) -> Any:
+            t0 = time.process_time()
+            try:
+                return original(*a, **k)
+            finally:
+                seconds["c recovery"] = seconds.get("c recovery", 0.0) + time.process_time() - t0
+
+        sink.lstm_cells = cells  # restored by the process ending (stages runs once)
+        self.wrap(s, "_drift", "drift")
+        self.wrap(s.log.encoder, "encode", "arrow arrays")
+        self.wrap(s.log.parts, "write", "parquet write (encode, zstd, file)")
+        self.wrap(s.log.parts, "close_part", "part close")
+        from lstm_probe import writer
+
+        make = writer._parquet_writer
+
+        def parquet_writer(path: Any, schema: Any, journal: bool = False) -> Any:
+            w = make(path, schema, journal)
+            label = "  of which the journal's" if journal else "  of which the single file's"
+            self.wrap(w, "write_batch", label)
+            return w
+
+        writer._parquet_writer = parquet_writer  # type: ignore[assignment]
+
+
+def compare(a: str, b: str) -> str:
+    """'same' when two logs hold the same rows with the same values (order by call, layer, seq, t...)."""
+    import pyarrow.parquet as pq
+
+    ta, tb = pq.read_table(a), pq.read_table(b)
+    if ta.num_rows != tb.num_rows:
+        return f"rows differ: {ta.num_rows} vs {tb.num_rows}"
+    keys = [
+        ("call", "ascending"),
+        ("layer", "ascending"),
+        ("seq", "ascending"),
+        ("t", "ascending"),
+        ("env", "ascending"),
+    ]
+    ta, tb = ta.sort_by(keys), tb.sort_by(keys)
+    for name in ta.column_names:
+        if not ta.column(name).equals(tb.column(name)):
+            return f"column {name} differs"
+    return "same"
+
+
+def replay(args: argparse.Namespace) -> None:
+    from lstm_probe.writer_process import _NoPandas
+
+    sys.meta_path.insert(0, _NoPandas)  # type: ignore[arg-type]  # as in the writer process
+    with open(args.rec, "rb") as f:
+        rec = pickle.load(f)
+    names = args.variants or list(VARIANTS)
+    tmp = tempfile.mkdtemp(prefix="writer-profile-")
+    try:
+        replay_once(rec, os.path.join(tmp, "warm.parquet"), {})  # imports and first-use costs, not timed
+        if args.profile or args.stages:
+            out = os.path.join(tmp, "p.parquet")
+            if args.profile:
+                prof = cProfile.Profile()
+                with prof:
+                    r = replay_once(rec, out, VARIANTS[names[0]])
+                pstats.Stats(prof).sort_stats("tottime").print_stats(args.top)
+                pstats.Stats(prof).sort_stats("cumulative").print_stats(args.top)
+            else:
+                r = replay_once(rec, out, VARIANTS[names[0]], stages=True)
+                print(f"{r['rows']} rows, {r['cpu']:.3f} s CPU in all ({1e6 * r['cpu'] / r['rows']:.2f} us/row)")
+                for k, v in r["stages"].items():
+                    print(f"  {k:<40} {v:7.3f} s  {1e6 * v / r['rows']:6.2f} us/row  {100 * v / r['cpu']:5.1f}%")
+            return
+        results: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+        first = os.path.join(tmp, f"{names[0]}.parquet")
+        for rep in range(args.repeats):
+            for n in names:
+                out = os.path.join(tmp, f"{n}.parquet")
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(out)
+                results[n].append(replay_once(rec, out, VARIANTS[n]))
+                if rep == 0 and n != names[0]:
+                    results[n][0]["same"] = compare(first, out)
+        base = statistics.median(r["cpu"] for r in results[names[0]])
+        print(f"{results[names[0]][0]['rows']} rows, {args.repeats} interleaved repeats; CPU of the whole replay")
+        print(f"{'variant':<12} {'us/row':>7} {'spread':>13} {'vs first':>8} {'B/row':>8} {'values':>8}")
+        for n in names:
+            rs = results[n]
+            us = [1e6 * r["cpu"] / r["rows"] for r in rs]
+            ratio = statistics.median(r["cpu"] for r in rs) / base
+            print(
+                f"{n:<12} {statistics.median(us):7.2f} {min(us):6.2f}-{max(us):<6.2f} {ratio:8.3f} "
+                f"{rs[0]['bytes'] / rs[0]['rows']:8.1f} {rs[0].get('same', '-'):>8}"
+            )
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def write(args: argparse.Namespace) -> None:
+    """Replay once into ``out`` (a file, or a dataset directory when it ends in /) and keep the log."""
+    from lstm_probe.writer_process import _NoPandas
+
+    sys.meta_path.insert(0, _NoPandas)  # type: ignore[arg-type]
+    with open(args.rec, "rb") as f:
+        rec = pickle.load(f)
+    r = replay_once(rec, args.out, {})
+    print(f"{r['rows']} rows, {1e6 * r['cpu'] / r['rows']:.2f} us/row CPU, {r['bytes'] / r['rows']:.1f} B/row")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("record")
+    r.add_argument("--env", default="Pendulum-v1")
+    r.add_argument("--steps", type=int, default=1024)
+    r.add_argument("--n-envs", type=int, default=1)
+    r.add_argument("--capture", default="full", choices=["full", "summary"])
+    r.add_argument("--rec", required=True)
+    p = sub.add_parser("replay")
+    p.add_argument("rec")
+    p.add_argument("--variants", nargs="+", choices=list(VARIANTS))
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--profile", action="store_true")
+    p.add_argument("--stages", action="store_true")
+    p.add_argument("--top", type=int, default=25)
+    w = sub.add_parser("write")
+    w.add_argument("rec")
+    w.add_argument("out")
+    args = ap.parse_args()
+    {"record": record, "replay": replay, "write": write}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
