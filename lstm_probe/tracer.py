@@ -6,6 +6,10 @@ framework, declares its capabilities and, before or during each call, answers wi
 :class:`Tags` (phase, iteration, epoch, minibatch) and :class:`Grid` (which env, env step and episode
 each batch column and timestep belongs to). The tracer turns a call into rows: one per (layer, batch
 column, timestep), written into columnar buffers (see ``writer.py``).
+
+The module must be this long: the ways a call reaches the log (one step, a sequence, a packed
+sequence, a per-timestep loop recorded whole: :meth:`Tracer.loop_begin`) share the hook's state and
+its blocks of one-step calls, and are read together.
 """
 
 from __future__ import annotations
@@ -204,6 +208,8 @@ class Tracer:
         self._pending_tags: Tags | None = None
         self._pending_key: tuple[Any, ...] | None = None
         self._stepwise_tags: Tags | None = None  # the open per-timestep block's tags (hook fast path)
+        self._loop: _Loop | None = None  # a per-timestep loop recorded whole (see loop_begin)
+        self._by_module = {id(m): n for n, m in self.modules.items()}
         self._resolved: Tags | None = None  # tags the hook already asked the resolver for
         # the block key of the last one-step call's tags (see _emit); holding the tags keeps their id unique
         self._key_tags: Tags | None = None
@@ -287,6 +293,17 @@ class Tracer:
 
         def hook(mod: nn.Module, args: tuple[Any, ...], output: Any) -> None:
             start = time.perf_counter()
+            loop = self._loop
+            if loop is not None and loop.module is mod and args[0].shape[0] == 1:
+                # a step of a loop recorded whole (see loop_begin): keep the returned states only
+                if not loop.steps:  # and the first step's input states (the `init` columns, see Inputs)
+                    with torch.no_grad():
+                        loop.x0 = module_input(mod, args, int(args[0].shape[1]), args[0], False, loop.lstm)
+                loop.calls.append(self.call_base + self.calls)
+                self.calls += 1
+                loop.steps.append(output[1])
+                self.hook_seconds += time.perf_counter() - start
+                return
             # Without autograd inside the hook: the copies of the states it keeps (see _Block) must not
             # join the caller's graph.
             grad = _grad_enabled()
@@ -534,6 +551,54 @@ class Tracer:
         if len(block.calls) >= MAX_PENDING and key[0] == "step":
             self.flush_pending()
 
+    def loop_begin(self, module: nn.Module, batch: int) -> _Loop | None:
+        """Record the one-step calls of ``module`` that follow, until :meth:`loop_end`, as one block: the
+        steps of a per-timestep loop over ``batch`` sequences under the same tags (sb3's stepwise
+        training path, bracketed by its integration). The hook only keeps each step's returned states;
+        the block is tagged and written once, as the same rows the call-by-call path writes (the
+        integration guarantees nothing changes those states in place before loop_end). None (call by
+        call) unless the tags, asked now, give a grid of ``batch`` columns and several steps."""
+        name = self._by_module.get(id(module))
+        if name is None or self._loop is not None or self.writer is None or getattr(module, "batch_first", True):
+            return None  # (LSTMCell and GRUCell have no batch_first: they make no loops to record)
+        start = time.perf_counter()
+        tags = self.resolver(name, 1, batch)
+        grid = tags.grid
+        if grid is not None and grid.shape[0] == batch and grid.shape[1] > 1:
+            self.flush_pending()  # what came before is written first, as the call-by-call path does
+            self._loop = _Loop(module, name, tags)
+        self.hook_seconds += time.perf_counter() - start
+        return self._loop
+
+    def loop_end(self, loop: _Loop) -> None:
+        """Hand the steps recorded since :meth:`loop_begin` to the writer as one block (also after an
+        exception inside the loop: the steps that ran are written, as the call-by-call path does)."""
+        if self._loop is loop:
+            self._loop = None
+        writer, steps, name = self.writer, loop.steps, loop.name
+        if writer is None or not steps:
+            return
+        start = time.perf_counter()
+        grad = _grad_enabled()
+        _set_grad_enabled(False)
+        try:
+            if loop.lstm:  # (h, c) of each step -> (2L, N, T, H)
+                hs = torch.stack([s[0] for s in steps], dim=2)
+                stacked = torch.cat((hs, torch.stack([s[1] for s in steps], dim=2)))
+            else:
+                stacked = torch.stack(steps, dim=2)
+        finally:
+            _set_grad_enabled(grad)
+        block = _Block()
+        block.calls, block.stacked = loop.calls, stacked
+        tags = loop.tags
+        t0 = tags.stepwise.get(name, 0)
+        tags.stepwise[name] = t0 + len(steps)
+        if t0 == 0 and loop.x0 is not None:
+            block.inputs.append(loop.x0)
+        writer.submit(functools.partial(self._write_block, writer, name, tags, True, t0, block), _nbytes(stacked))
+        self.hook_seconds += time.perf_counter() - start
+
     def flush_pending(self) -> None:
         """Hand the kept one-step calls to the writer (see :meth:`_emit`)."""
         pending, tags, key = dict(self._pending), self._pending_tags, self._pending_key
@@ -553,9 +618,10 @@ class Tracer:
         """Host arrays of one block of one-step calls, to the sink (a job: see :meth:`LogWriter.submit`)."""
         calls = np.array(block.calls, np.int64)
         layers = self.layers[name]
-        with_c = block.states[0].shape[0] == 2 * layers  # h and c of each call as one (2L, N, H) tensor
         if stepwise:
-            hc = _host(torch.stack(block.states, dim=2))  # (L or 2L, N, T', H)
+            stacked = block.stacked if block.stacked is not None else torch.stack(block.states, dim=2)
+            hc = _host(stacked)  # (L or 2L, N, T', H)
+            with_c = hc.shape[0] == 2 * layers
             per_col = np.tile(calls, hc.shape[1])  # (N * T',) in column-major order: n, then t
             init = None
             if t0 == 0 and block.inputs:  # the loop's first step: where each column's state came from
@@ -564,6 +630,7 @@ class Tracer:
             writer.send("rows", name, tags, t0, PATH["stepwise"], per_col, hc[:layers], cs, None, init)
             return
         hc = _host(torch.cat(block.states, dim=1))[:, :, None, :]  # (L or 2L, sum N, 1, H)
+        with_c = hc.shape[0] == 2 * layers  # h and c of each call as one (2L, N, H) tensor
         per_col = np.repeat(calls, [s.shape[1] for s in block.states])
         sent = tags
         if block.grids:
@@ -585,10 +652,24 @@ class _Block:
     step only), as parallel lists. The states are copies made as each call returned (a loop may change
     what the module returned in place, ``h[:, done] = 0``): h (L, N, H), or h and c as one (2L, N, H)."""
 
-    __slots__ = ("calls", "grids", "inputs", "states")
+    __slots__ = ("calls", "grids", "inputs", "stacked", "states")
 
     def __init__(self) -> None:
         self.calls: list[int] = []
+        self.stacked: torch.Tensor | None = None  # a loop recorded whole: its states, (L or 2L, N, T, H)
         self.grids: list[Grid] = []
         self.inputs: list[torch.Tensor] = []
         self.states: list[torch.Tensor] = []
+
+
+class _Loop:
+    """A per-timestep loop recorded whole (:meth:`Tracer.loop_begin`): its module and tags, and per step
+    the call id and the states the module returned ((h, c), or h); ``x0``: the first step's input states."""
+
+    __slots__ = ("calls", "lstm", "module", "name", "steps", "tags", "x0")
+
+    def __init__(self, module: nn.Module, name: str, tags: Tags) -> None:
+        self.module, self.name, self.tags, self.lstm = module, name, tags, isinstance(module, nn.LSTM)
+        self.calls: list[int] = []
+        self.steps: list[Any] = []
+        self.x0: torch.Tensor | None = None

@@ -279,3 +279,31 @@ def test_user_instance_attribute_is_left_as_it_was(tmp_path):
     assert seen and set(names) == {("predict", True)}
     boot = lstm_probe.load(tmp_path / "p.parquet", phase="bootstrap", vectors=False)
     assert len(boot) == len(seen) == 2  # the shared LSTM's last-value calls, through the user's attribute
+
+
+def test_stepwise_loops_recorded_whole_are_invisible(tmp_path):
+    """#28: while learn() runs, the probe records sb3's per-step training loops whole (an instance wrapper
+    of ``_process_sequence``); the LSTMs are called exactly as before: the user's hooks on both see every
+    call with the same shapes, and training, counters and RNGs are the same as without the probe."""
+
+    def train(probe):
+        model = make({}, 2, env_id="CartPole-v1")  # CartPole's episodes end often: most minibatches step
+        calls = {"actor": [], "critic": []}
+        model.policy.lstm_actor.register_forward_hook(seed_hook(calls["actor"]))
+        model.policy.lstm_critic.register_forward_hook(seed_hook(calls["critic"]))
+        model.learn(128, callback=ProbeCallback(tmp_path / "p.parquet", force=True) if probe else None)
+        return model, calls, rng_state()
+
+    a, calls_a, rng_a = train(False)
+    b, calls_b, rng_b = train(True)
+    assert calls_b == calls_a
+    assert a.num_timesteps == b.num_timesteps == 128
+    sa, sb = a.policy.state_dict(), b.policy.state_dict()
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    oa, ob = a.policy.optimizer.state_dict()["state"], b.policy.optimizer.state_dict()["state"]
+    assert all(torch.equal(oa[k][s], ob[k][s]) for k in oa for s in ("exp_avg", "exp_avg_sq"))
+    assert_same_rng(rng_a, rng_b)
+    assert "_process_sequence" not in vars(b.policy)
+    info = lstm_probe.read_info(tmp_path / "p.parquet")
+    assert info.metadata["minibatch_paths"]["stepwise"]["minibatches"] > 0
+    assert info.metadata["probe_cost"]["calls"] == sum(len(c) for c in calls_a.values())

@@ -66,6 +66,7 @@ def test_hooks_and_wrappers_removed_after_learn(tmp_path):
     assert not p.lstm_actor._forward_hooks and not p.lstm_critic._forward_hooks
     assert not p._forward_hooks and not p._forward_pre_hooks
     assert "get" not in model.rollout_buffer.__dict__ and "_get_samples" not in model.rollout_buffer.__dict__
+    assert "_process_sequence" not in p.__dict__
 
 
 class Boom(gym.Wrapper):
@@ -275,3 +276,181 @@ def test_probe_without_with_is_closed_when_the_exception_is_handled(tmp_path):
     assert "_get_samples" not in model.rollout_buffer.__dict__
     info = lstm_probe.read_info(tmp_path / "g.parquet")
     assert not info.completed and "ended with an exception" in info.metadata["stop_reason"]
+
+
+def _rows(path):
+    """Every column of every row of a log, NaN-safe (NaN as a string), in the order it was written."""
+    import math
+
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path)
+
+    def plain(v):
+        if isinstance(v, float) and math.isnan(v):
+            return "nan"
+        return [plain(x) for x in v] if isinstance(v, list) else v
+
+    return {name: plain(table.column(name).to_pylist()) for name in table.column_names}
+
+
+# the sample logs' sb3 configurations (sample_runs/README.md), shortened; Pendulum's episodes end every 200
+# steps and CartPole's often: minibatches hold episode starts, and sb3 trains them one step per call
+LOOP_CONFIGS = [
+    pytest.param("Pendulum-v1", {"steps": 256, "n_steps": 64, "batch_size": 32, "n_epochs": 4}, id="pendulum-1env"),
+    pytest.param(
+        "CartPole-v1", {"steps": 256, "n_envs": 4, "n_steps": 32, "batch_size": 64, "n_epochs": 2}, id="cartpole"
+    ),
+    pytest.param("Pendulum-v1", {"steps": 512, "n_steps": 256, "n_epochs": 1, "lstm_layers": 2}, id="two-layers"),
+    pytest.param(
+        "Pendulum-v1",
+        {"steps": 256, "n_steps": 128, "n_epochs": 2, "shared_lstm": True, "critic_lstm": False},
+        id="shared",
+    ),
+]
+
+
+@pytest.mark.parametrize("capture", ["full", "summary"])
+@pytest.mark.parametrize("env_id,kw", LOOP_CONFIGS)
+def test_stepwise_loops_recorded_whole_write_the_same_log(tmp_path, monkeypatch, env_id, kw, capture):
+    """#28: sb3's per-step training loops, recorded whole (one block per loop), give the very rows the
+    call-by-call path gives: every column, vectors included."""
+    from lstm_probe.run import run
+
+    def log(name, whole):
+        monkeypatch.setattr(ProbeCallback, "_loop_blocks", whole)
+        out = tmp_path / f"{name}.parquet"
+        run(env_id, out, seed=0, hidden_size=16, capture=capture, torch_threads=1, **kw)
+        return out
+
+    old, new = log("calls", False), log("loops", True)
+    a, b = _rows(old), _rows(new)
+    assert a["path"].count("stepwise") > len(a["path"]) // 8  # the loops are a good part of the log
+    assert a.keys() == b.keys()
+    for name in a:
+        assert a[name] == b[name], name
+    ia, ib = lstm_probe.read_info(old), lstm_probe.read_info(new)
+    assert ia.metadata["probe_cost"]["calls"] == ib.metadata["probe_cost"]["calls"]
+    assert ia.metadata["minibatch_paths"]["stepwise"]["minibatches"] > 0
+
+
+def test_copies_and_pickles_during_learn_carry_no_loop_wrapper(tmp_path):
+    """#28: the _process_sequence wrapper is an instance attribute while learn() runs: a deep copy, a
+    pickle, model.save() and the probe's own private copies made meanwhile get sb3's function, never the
+    wrapper (nor the probe it reaches)."""
+    import copy
+    import pickle
+
+    from sb3_contrib.common.recurrent.policies import RecurrentActorCriticPolicy
+
+    from lstm_probe.integrations.sb3_arch import private_policy
+
+    sb3_function = RecurrentActorCriticPolicy._process_sequence
+    seen = {}
+
+    class Copying(ProbeCallback):
+        def _on_rollout_end(self):
+            super()._on_rollout_end()
+            if self.iteration == 1:  # iteration 0 trained already: the wrapper has run
+                policy = self.model.policy
+                seen["wrapped"] = vars(policy).get("_process_sequence")
+                seen["deep"] = copy.deepcopy(policy)
+                # (the policy itself does not pickle while hooks are on it: the wrapper alone does)
+                seen["pickled"] = pickle.loads(pickle.dumps(seen["wrapped"]))
+                seen["private"] = private_policy(policy)
+                self.model.save(tmp_path / "mid.zip")
+
+    model = make("CartPole-v1", n_envs=2)
+    model.learn(96, callback=Copying(tmp_path / "p.parquet"))
+    assert seen["wrapped"] is not None and seen["wrapped"] is not sb3_function
+    assert seen["wrapped"].__name__ == "_process_sequence"
+    assert vars(seen["deep"]).get("_process_sequence", sb3_function) is sb3_function
+    assert seen["pickled"] is sb3_function
+    assert "_process_sequence" not in vars(seen["private"])
+    assert "_process_sequence" not in vars(model.policy)
+    loaded = RecurrentPPO.load(tmp_path / "mid.zip", env=make_vec_env("CartPole-v1", n_envs=2, seed=0))
+    loaded.learn(64, callback=ProbeCallback(tmp_path / "again.parquet"))
+    assert lstm_probe.read_info(tmp_path / "again.parquet").completed
+    # the copies train as sb3 does (no probe left in them)
+    deep = seen["deep"]
+    obs, starts = torch.zeros(4, 4), torch.tensor([0.0, 1.0, 0.0, 0.0])
+    states = (torch.zeros(1, 2, 16), torch.zeros(1, 2, 16))
+    assert torch.equal(
+        deep._process_sequence(obs, states, starts, deep.lstm_actor)[0],
+        sb3_function(obs, states, starts, deep.lstm_actor)[0],
+    )
+
+
+def test_two_probes_and_a_second_learn_with_loops_recorded_whole(tmp_path):
+    """Two ProbeCallbacks in one learn() (the second closes the first, as before) and a second learn()
+    on the same model: each wraps and unwraps _process_sequence, and the logs hold sb3's stepwise rows."""
+    model = make("CartPole-v1", n_envs=2)
+    first, second = ProbeCallback(tmp_path / "a.parquet"), ProbeCallback(tmp_path / "b.parquet")
+    model.learn(64, callback=CallbackList([first, second]))
+    assert "_process_sequence" not in vars(model.policy)
+    model.learn(64, callback=ProbeCallback(tmp_path / "c.parquet"), reset_num_timesteps=True)
+    assert "_process_sequence" not in vars(model.policy)
+    assert not lstm_probe.read_info(tmp_path / "a.parquet").completed  # closed by the second probe
+    for name in ("b", "c"):  # reset_num_timesteps: the episodes start anew (an episode start in minibatch 0)
+        info = lstm_probe.read_info(tmp_path / f"{name}.parquet")
+        assert info.completed and info.metadata["minibatch_paths"]["stepwise"]["minibatches"] > 0
+        df = lstm_probe.load(tmp_path / f"{name}.parquet", phase="train", vectors=False)
+        assert (df.path == "stepwise").any()
+
+
+def test_live_metrics_are_the_same_with_loops_recorded_whole(tmp_path, monkeypatch):
+    """The figures sb3_metrics records through SB3's logger take a loop's outputs whole: the same values."""
+    from stable_baselines3.common.logger import Logger
+
+    from lstm_probe.integrations import sb3_metrics
+
+    class Recording(Logger):
+        def __init__(self):
+            super().__init__(None, [])
+            self.seen = []
+
+        def record(self, key, value, exclude=None):
+            if key.startswith("lstm_probe/"):
+                self.seen.append((key, value))
+            super().record(key, value, exclude)
+
+    def figures(whole):
+        monkeypatch.setattr(ProbeCallback, "_loop_blocks", whole)
+        model = make("CartPole-v1", n_envs=2)
+        model.set_logger(Recording())
+        model.learn(128, callback=ProbeCallback(tmp_path / f"{whole}.parquet"))
+        return model.logger.seen, sb3_metrics.live()["rows"]
+
+    (a, rows_a), (b, rows_b) = figures(False), figures(True)
+    assert a == b and rows_a == rows_b
+    assert any(key == "lstm_probe/stepwise_share" and value > 0 for key, value in a)
+
+
+def test_exception_inside_a_recorded_loop_writes_the_steps_that_ran(tmp_path, monkeypatch):
+    """A user's hook raising in the middle of a per-step training loop: the exception reaches the user,
+    the wrapper comes off, and the log holds the same rows as call by call (the loop's steps that ran)."""
+
+    def log(name, whole):
+        monkeypatch.setattr(ProbeCallback, "_loop_blocks", whole)
+        model = make("CartPole-v1", n_envs=2)
+        seen = []
+
+        def raising(module, args, output):
+            if torch.is_grad_enabled() and args[0].shape[0] == 1 and args[0].shape[1] < 2 * 16:  # train, one step
+                seen.append(1)
+                if len(seen) == 40:
+                    raise RuntimeError("user hook failed")
+
+        model.policy.lstm_actor.register_forward_hook(raising)
+        with pytest.raises(RuntimeError, match="user hook failed"):
+            with ProbeCallback(tmp_path / f"{name}.parquet") as probe:
+                model.learn(128, callback=probe)
+        assert "_process_sequence" not in vars(model.policy)
+        return tmp_path / f"{name}.parquet"
+
+    old, new = log("calls", False), log("loops", True)
+    assert not lstm_probe.read_info(new).completed
+    a, b = _rows(old), _rows(new)
+    assert "stepwise" in a["path"]
+    for name in a:
+        assert a[name] == b[name], name

@@ -20,7 +20,8 @@ Everything here relies on sb3-contrib 2.x behaviour, cited by file:function:
 - ``common/recurrent/policies.py:RecurrentActorCriticPolicy._process_sequence`` runs one call over the
   padded sequences when ``th.all(episode_starts == 0.0)`` over the minibatch, else one call per step:
   a train call's ``path`` says which ('sequence' or 'stepwise'), also when every sequence has length 1
-  and both branches make calls of one step.
+  and both branches make calls of one step. While learn() runs, an instance wrapper of that staticmethod
+  (:func:`_loops`) has the tracer record a stepwise minibatch's per-step loop whole, as one block.
 - ``common/recurrent/policies.py:RecurrentActorCriticPolicy._process_sequence`` reshapes a minibatch
   to (max_len, n_seq, F): batch column = sequence, so train call column s / step t is minibatch
   element ``seq_start[s] + t`` when t < len(s), padding otherwise.
@@ -159,6 +160,7 @@ class ProbeCallback(BaseCallback):
     """
 
     name = "sb3"
+    _loop_blocks = True  # record sb3's per-step training loops whole (_loops); False: call by call (tests)
 
     def __init__(
         self,
@@ -210,6 +212,8 @@ class ProbeCallback(BaseCallback):
         self.entry: str | None = None  # the wrapped entry point running now: 'bootstrap' or 'predict'
         self.predict_start: Any = None  # the episode_start passed to policy.predict
         self.clock = sb3_doctor.PathClock()  # training time per _process_sequence path (sb3_doctor.py)
+        self.loop_module: Any = None  # the LSTM of the per-step loop recorded whole now (_loops)
+        self.metrics: sb3_metrics.LiveMetrics | None = None
 
     @property
     def tracer(self) -> Tracer | None:
@@ -293,10 +297,13 @@ class ProbeCallback(BaseCallback):
 
             attachment.wrap(buffer, "get", get)
             attachment.wrap(buffer, "_get_samples", get_samples)
+            if self._loop_blocks:
+                attachment.wrap(policy, "_process_sequence", _loops(me))
             attachment.wrap(policy, "predict_values", _entry(me, "bootstrap"))
             attachment.wrap(policy, "predict", _entry(me, "predict"))
             attachment.extra["minibatch_paths"] = self.clock.metadata
-            self._handles += sb3_metrics.attach(self)  # live figures through SB3's logger (sb3_metrics.py)
+            self.metrics = sb3_metrics.attach(self)  # live figures through SB3's logger (sb3_metrics.py)
+            self._handles += self.metrics.handles
             if self.memory_settings is not None:  # the memory horizon, on a copy of the policy (sb3_memory.py)
                 self.memory = sb3_memory.Memory(model, **self.memory_settings)
                 attachment.extra["memory"] = self.memory.metadata
@@ -542,5 +549,39 @@ def _entry(probe_ref: weakref.ref[ProbeCallback], kind: str) -> Any:
             return inner(*args, **kwargs)
         finally:
             probe.entry, probe.predict_start = saved
+
+    return around
+
+
+def _loops(probe_ref: weakref.ref[ProbeCallback]) -> Any:
+    """The wrapper body of ``policies.py:RecurrentActorCriticPolicy._process_sequence`` (a staticmethod:
+    ``(features, lstm_states, episode_starts, lstm)``). For a train minibatch that holds an episode start
+    (path 'stepwise') it runs the per-step loop as a block the tracer records whole
+    (:meth:`Tracer.loop_begin`): the LSTM is called exactly as before (every hook sees every step), and
+    sb3 changes no state the loop returns in place (it masks each step's input into a new tensor)."""
+
+    def around(inner: Any, *args: Any, **kwargs: Any) -> Any:
+        probe = probe_ref()
+        tracer = probe.tracer if probe is not None else None
+        if probe is None or tracer is None or probe.entry is not None or probe.current.path != "stepwise":
+            return inner(*args, **kwargs)
+        lstm: Any = args[3] if len(args) > 3 else kwargs.get("lstm")
+        states: Any = args[1] if len(args) > 1 else kwargs.get("lstm_states")
+        layers, n_seq = (int(n) for n in states[0].shape[:2])
+        loop = tracer.loop_begin(lstm, n_seq)
+        if loop is None:
+            return inner(*args, **kwargs)
+        probe.loop_module = lstm  # sb3_metrics takes the loop's outputs whole too (LiveMetrics.loop)
+        try:
+            out = inner(*args, **kwargs)
+        finally:
+            probe.loop_module = None
+            tracer.loop_end(loop)
+        if probe.metrics is not None:  # the top layer's h of every step (T, n_seq, H), from sb3's own output
+            start = time.perf_counter()
+            y = out[0].detach().reshape(n_seq, len(loop.steps), -1).transpose(0, 1)
+            probe.metrics.loop(loop.name, y, layers)
+            tracer.integration_seconds += time.perf_counter() - start
+        return out
 
     return around

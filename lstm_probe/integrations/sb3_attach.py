@@ -2,10 +2,10 @@
 
 A probe attaches forward hooks (the tracer's on the LSTMs, its own on the policy) and instance-attribute
 wrappers of a few entry points (the rollout buffer's ``get`` / ``_get_samples``, the policy's
-``predict_values`` / ``predict``). An :class:`Attachment` holds them and the tracer, and takes them off
-in :meth:`Attachment.finish`: when learn() ends (``_on_training_end``), when the probe is closed (its
-``with`` block, ``close()``), when the next probe attaches to the same model, at process exit, and when
-the probe object itself is gone.
+``predict_values`` / ``predict`` and its staticmethod ``_process_sequence``). An :class:`Attachment` holds
+them and the tracer, and takes them off in :meth:`Attachment.finish`: when learn() ends
+(``_on_training_end``), when the probe is closed (its ``with`` block, ``close()``), when the next probe
+attaches to the same model, at process exit, and when the probe object itself is gone.
 
 That last one covers learn() raising without a ``with``: sb3 calls no callback then. Nothing the probe
 puts on the model refers to the probe itself (hooks and wrappers reach it through weak references, the
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import inspect
 import types
 import weakref
 from collections.abc import Callable
@@ -69,6 +70,26 @@ class WeakIntegration:
         return self._metadata
 
 
+class _Static:
+    """The instance attribute that routes a staticmethod ``cls.<name>`` through ``around(inner, *args,
+    **kwargs)`` (:meth:`Attachment.wrap`). A deep copy or a pickle of the object gets the class's own
+    function in its place: a copy never carries the wrapper (nor what it references)."""
+
+    def __init__(self, cls: type, name: str, around: Callable[..., Any]):
+        self.inner = getattr(cls, name)
+        self.cls, self.name, self.around = cls, name, around
+        functools.update_wrapper(self, self.inner)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.around(self.inner, *args, **kwargs)
+
+    def __deepcopy__(self, memo: Any) -> Any:
+        return self.inner
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return getattr, (self.cls, self.name)
+
+
 class Attachment:
     """The hooks, instance wrappers and tracer of one probed learn() (see the module docstring). Holds
     no reference to its probe."""
@@ -94,11 +115,14 @@ class Attachment:
         """Route ``obj.<name>(...)`` through ``around(inner, *args, **kwargs)`` until :meth:`finish`, with
         an instance attribute that looks like what it wraps (``functools.wraps``). A user's own instance
         attribute is wrapped, and put back as it was; ``copy.deepcopy(obj)`` meanwhile gives a copy that
-        runs its class's method, unwrapped."""
+        runs its class's method, unwrapped. A staticmethod is wrapped by a :class:`_Static` (``around``
+        sees no object then: a shallow copy of ``obj`` calls the same wrapper)."""
         own = vars(obj)
         had, previous = name in own, own.get(name)
         installed: Any
-        if had:
+        if not had and isinstance(inspect.getattr_static(type(obj), name, None), staticmethod):
+            installed = _Static(type(obj), name, around)
+        elif had:
 
             @functools.wraps(previous)
             def wrapper(*args: Any, **kwargs: Any) -> Any:

@@ -43,13 +43,13 @@ SATURATION = 0.95
 _CURRENT: weakref.ref[LiveMetrics] | None = None
 
 
-def attach(probe: ProbeCallback) -> list[Any]:
-    """Start live metrics for a probe whose learn() is starting; returns the hook handles (removed with the
-    probe's own)."""
+def attach(probe: ProbeCallback) -> LiveMetrics:
+    """Start live metrics for a probe whose learn() is starting; its ``handles`` are the hook handles (removed
+    with the probe's own)."""
     global _CURRENT
     metrics = LiveMetrics(probe)
     _CURRENT = weakref.ref(metrics)
-    return metrics.handles
+    return metrics
 
 
 def live() -> dict[str, Any]:
@@ -102,7 +102,7 @@ class LiveMetrics:
 
         def hook(mod: Any, args: Any, output: Any) -> None:
             probe = ref()
-            if probe is None:
+            if probe is None or probe.loop_module is mod:  # a loop recorded whole: its outputs come in one (loop)
                 return
             y, (h, c) = output
             steps, batch = int(y.shape[0]), int(y.shape[1])
@@ -112,16 +112,28 @@ class LiveMetrics:
                 mine.rollout_h.append(h)
                 mine.rollout_c.append(c)
             elif not probe.in_rollout:
-                tags = probe.current
-                if tags.phase != "train" or tags.grid is None:
-                    return
-                if tags is not self.pending:
-                    self._minibatch_end()
-                    self.pending, self.pending_base = tags, probe.base_step
-                    self.pending_stepwise = steps == 1 and tags.grid.shape[1] > 1
-                mine.train_y.append(y)
+                self._train(probe, mine, y, steps == 1)
 
         return hook
+
+    def loop(self, name: str, y: Any, layers: int) -> None:
+        """The outputs of a per-step training loop the tracer recorded whole (``sb3._loops``): ``y`` (T, n_seq,
+        H) the top layer's h of every step, as the hook would have kept them one step at a time."""
+        probe, mine = self.probe(), self.modules.get(name)
+        if probe is None or mine is None or probe.in_rollout:
+            return
+        self.rows += layers * int(y.shape[1]) * int(y.shape[0])
+        self._train(probe, mine, y, True)
+
+    def _train(self, probe: Any, mine: _Module, y: Any, one_step: bool) -> None:
+        tags = probe.current
+        if tags.phase != "train" or tags.grid is None:
+            return
+        if tags is not self.pending:
+            self._minibatch_end()
+            self.pending, self.pending_base = tags, probe.base_step
+            self.pending_stepwise = one_step and tags.grid.shape[1] > 1
+        mine.train_y.append(y)
 
     def _step_end(self, module: Any, args: Any, output: Any) -> None:
         probe = self.probe()
