@@ -395,3 +395,48 @@ def test_a_close_on_the_writer_thread_closes_the_log_instead_of_joining_itself(t
     info = lstm_probe.read_info(out)
     assert info.rows == 10 and info.metadata["stop_reason"] == "closed by a guard"
     assert not (tmp_path / "g.parquet.lock").exists()
+
+
+def test_row_groups_are_phase_pure_and_a_phase_filter_skips_the_others(tmp_path):
+    """Train rows and the other rows are buffered apart and written as row groups of their own: a filter
+    on phase prunes row groups by their statistics. Rows stay in call order within each phase; the other
+    lane's row groups hold a quarter of a buffer once train rows came."""
+    import pyarrow.dataset as ds
+    import pyarrow.parquet as pq
+
+    from lstm_probe.layout import row_capacity
+
+    torch.manual_seed(0)
+    m = nn.LSTM(3, 256)
+    xs = torch.randn(64, 8, 3)
+    capacity = row_capacity(256)
+    iterations = 2 * capacity // 512 + 1  # 512 train rows an iteration: three train row groups
+    with torch.no_grad(), lstm_probe.trace(m, tmp_path / "log.parquet") as probe:
+        for it in range(iterations):
+            with probe.tag(phase="rollout", iteration=it):
+                for t in range(16):  # 8 envs, 16 steps: 128 rollout rows an iteration
+                    m(xs[t : t + 1])
+            with probe.tag(phase="train", iteration=it, epoch=0, minibatch=0):
+                m(xs)
+    meta = pq.ParquetFile(tmp_path / "log.parquet").metadata
+    column = meta.schema.to_arrow_schema().get_field_index("phase")
+    groups = []
+    for i in range(meta.num_row_groups):
+        stats = meta.row_group(i).column(column).statistics
+        assert stats.min == stats.max, (i, stats.min, stats.max)  # one phase per row group
+        groups.append((stats.min, meta.row_group(i).num_rows))
+    train = [n for phase, n in groups if phase == "train"]
+    rollout = [n for phase, n in groups if phase == "rollout"]
+    assert sum(train) == 512 * iterations and sum(rollout) == 128 * iterations
+    assert len(train) == 3 and max(train) <= capacity
+    assert len(rollout) >= 2 and max(rollout) <= capacity // 4
+    df = lstm_probe.load(tmp_path / "log.parquet")
+    for phase in ("rollout", "train"):
+        calls = df[df.phase == phase].call.to_numpy()
+        assert (np.diff(calls) >= 0).all(), phase  # call order within each phase
+    data = ds.dataset(tmp_path / "log.parquet")
+    rollout_only = ds.field("phase") == "rollout"
+    kept = sum(len(f.split_by_row_group(rollout_only)) for f in data.get_fragments())
+    assert kept == len(rollout)  # the train row groups are skipped by their statistics
+    read = data.to_table(columns=["call", "h"], filter=rollout_only)
+    assert read.column("call").to_pylist() == df[df.phase == "rollout"].call.tolist()
