@@ -31,7 +31,7 @@ from lstm_probe.writer import column_encodings
 
 CHILD = """
 import json, sys, time
-t = time.perf_counter()
+t, cpu = time.perf_counter(), time.process_time()
 
 
 def hwm():  # this process's peak RSS (MB); ru_maxrss would also count the parent's RSS at fork time
@@ -41,7 +41,7 @@ def hwm():  # this process's peak RSS (MB); ru_maxrss would also count the paren
 import lstm_probe
 if len(sys.argv) > 3:  # --sections: each step's time, and the process's RSS and peak after it
     from lstm_probe.report import scan
-    from lstm_probe.report.sections import calls, health
+    from lstm_probe.report.sections import calls
 
     def rss():
         return int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20
@@ -56,10 +56,16 @@ if len(sys.argv) > 3:  # --sections: each step's time, and the process's RSS and
         return wrapped
 
     for owner, name in ((scan, "read_scalars"), (scan, "duplicates"), (scan, "chunks"), (calls, "per_call"),
-                        (calls, "minibatches"), (health.Health, "compute")):
+                        (calls, "minibatches")):
         setattr(owner, name, timed(name, getattr(owner, name)))
+    from lstm_probe.report import registry
+    for sec in registry.SECTIONS:  # each section's share of every run, and its own reads after the scan
+        acc = sec.accumulator()
+        if acc is not None:
+            type(acc).add = timed(sec.key + ".add", type(acc).add)
+        type(sec).compute = timed(sec.key + ".compute", type(sec).compute)
 rep = lstm_probe.summarize(sys.argv[1], chunk_rows=int(sys.argv[2]))
-print(json.dumps({"seconds": time.perf_counter() - t, "rss_mb": hwm(),
+print(json.dumps({"seconds": time.perf_counter() - t, "cpu": time.process_time() - cpu, "rss_mb": hwm(),
                   "rows": rep.run.rows, "findings": len(rep.findings)}))
 """
 
@@ -77,6 +83,9 @@ def main() -> None:
     ap.add_argument("--layout", choices=["phase", "mixed"], default="phase",
                     help="phase: train rows and all other rows in separate row groups (the writer's layout); "
                          "mixed: row groups in call order, phases mixed (logs written before it)")
+    ap.add_argument("--compare", type=Path, metavar="CHECKOUT",
+                    help="time the report of this checkout (e.g. a git worktree of an earlier commit) against "
+                         "this one's, both reading in runs of iterations, instead of runs against one read")
     ap.add_argument("--build-only", type=Path, help="build the log into this (new) directory, keep it, time nothing")
     args = ap.parse_args()
     tmp = None
@@ -134,14 +143,20 @@ def main() -> None:
     from lstm_probe.report import REPORT_CHUNK_ROWS
 
     results: dict[str, list[dict]] = {}
-    reads = (("in runs of iterations (default)", REPORT_CHUNK_ROWS), ("in one read", rows + 1))
+    reads: tuple[tuple[str, int, dict[str, str]], ...] = (
+        ("in runs of iterations (default)", REPORT_CHUNK_ROWS, env),
+        ("in one read", rows + 1, env),
+    )
+    if args.compare is not None:
+        reads = (("this checkout", REPORT_CHUNK_ROWS, env),
+                 (str(args.compare), REPORT_CHUNK_ROWS, {**env, "PYTHONPATH": str(args.compare.resolve())}))
     for k in range(args.repeats):  # interleaved: A B A B ...
-        for label, chunk in reads:
+        for label, chunk, child_env in reads:
             r = subprocess.run(
                 [sys.executable, "-c", CHILD, str(out), str(chunk), *(["sections"] if args.sections else [])],
                 capture_output=True,
                 text=True,
-                env=env,
+                env=child_env,
             )
             if r.returncode:
                 raise SystemExit(r.stderr)
@@ -149,16 +164,18 @@ def main() -> None:
                 print(r.stderr, end="")
             res = json.loads(r.stdout.strip().splitlines()[-1])
             results.setdefault(label, []).append(res)
-            print(f"  [{k + 1}] {label}: {res['seconds']:.1f} s, peak RSS {res['rss_mb']:.0f} MB")
+            print(f"  [{k + 1}] {label}: {res['seconds']:.1f} s ({res['cpu']:.1f} s CPU), peak RSS {res['rss_mb']:.0f} MB")
     for label, runs in results.items():
         secs = statistics.median(x["seconds"] for x in runs)
+        cpus = [x["cpu"] for x in runs]
         print(f"summarize {label}: {secs:.1f} s (median of {len(runs)}; {min(x['seconds'] for x in runs):.1f}-"
-              f"{max(x['seconds'] for x in runs):.1f}), {rows / secs:,.0f} rows/s, "
-              f"peak RSS {max(x['rss_mb'] for x in runs):.0f} MB")
+              f"{max(x['seconds'] for x in runs):.1f}), CPU {statistics.median(cpus):.1f} s "
+              f"({min(cpus):.1f}-{max(cpus):.1f}), {rows / secs:,.0f} rows/s, "
+              f"peak RSS {min(x['rss_mb'] for x in runs):.0f}-{max(x['rss_mb'] for x in runs):.0f} MB")
     a, b = ([x["seconds"] for x in v] for v in results.values())
     ratios = [x / y for x, y in zip(a, b)]
     ma, mb = (max(x["rss_mb"] for x in v) for v in results.values())
-    print(f"runs of iterations / one read: time {statistics.median(ratios):.2f}x "
+    print(f"{' / '.join(results)}: time {statistics.median(ratios):.2f}x "
           f"({min(ratios):.2f}-{max(ratios):.2f}, pairs), peak RSS {ma / mb:.2f}x")
     if tmp is not None and not args.keep:
         shutil.rmtree(tmp)

@@ -15,7 +15,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from lstm_probe.report.numeric import dense_key, present, row_key
@@ -104,6 +103,34 @@ class Frame:
         return Frame({k: v[rows] for k, v in self.columns.items()}, self._words)
 
 
+def with_dictionaries(data: ds.Dataset, names: Sequence[str]) -> ds.Dataset:
+    """``data`` (a dataset of whole Parquet files, as :func:`lstm_probe.reader.dataset` opens a log) reading
+    its string columns among ``names`` as dictionaries, the form the writer stores them in: the scan then
+    skips building every row's string (the scalar scan of a 9.9M-row log: 1.5 s -> 0.65 s CPU).
+    Any other dataset is returned as it is."""
+    if not isinstance(data, ds.FileSystemDataset) or not isinstance(data.format, ds.ParquetFileFormat):
+        return data
+    strings = [n for n in names if n in data.schema.names and pa.types.is_string(data.schema.field(n).type)]
+    if not strings:
+        return data
+    schema = pa.schema(
+        [f.with_type(pa.dictionary(pa.int32(), pa.string())) if f.name in strings else f for f in data.schema],
+        metadata=data.schema.metadata,
+    )
+    fmt = ds.ParquetFileFormat(read_options=ds.ParquetReadOptions(dictionary_columns=strings))
+    return ds.FileSystemDataset.from_paths(data.files, schema=schema, format=fmt, filesystem=data.filesystem)
+
+
+def _codes(arr: pa.Array, words: dict[str, int]) -> np.ndarray:
+    """A string (or dictionary) array as codes into ``words`` (new words added; null: -1)."""
+    enc = arr if pa.types.is_dictionary(arr.type) else arr.dictionary_encode()
+    remap = np.array(
+        [words.setdefault(w, len(words)) if w is not None else -1 for w in enc.dictionary.to_pylist()] + [-1],
+        np.int32,
+    )
+    return remap[enc.indices.fill_null(len(remap) - 1).to_numpy(zero_copy_only=False)]
+
+
 def read_scalars(
     data: ds.Dataset, columns: list[str], filt: ds.Expression | None, rows: int | None = None
 ) -> tuple[Frame, int]:
@@ -111,7 +138,8 @@ def read_scalars(
     small counters as float32 (NaN = null; exact below 2**24), strings as codes into their words. Train rows (the
     bulk of a log) are packed at the end, so that ``frame.take(slice(front, None))`` is the train rows without a
     copy. Peak memory is about the result plus one batch, whatever the size of the log. ``rows``: the
-    number of rows the filter selects, when known (a scan fewer)."""
+    number of rows the filter selects, when known (a scan fewer). ``data`` may read strings as
+    dictionaries (:func:`with_dictionaries`)."""
     n = data.count_rows(filter=filt) if rows is None else rows
     out: dict[str, np.ndarray] = {}
     vocab: dict[str, dict[str, int]] = {}
@@ -119,7 +147,7 @@ def read_scalars(
         typ = data.schema.field(name).type
         if name in SMALL_INTS or pa.types.is_floating(typ):
             out[name] = np.empty(n, np.float32)
-        elif pa.types.is_string(typ):
+        elif pa.types.is_string(typ) or pa.types.is_dictionary(typ):
             out[name] = np.empty(n, np.int8)  # categorical codes: a handful of words (widened if not)
             vocab[name] = {}
         elif pa.types.is_boolean(typ):
@@ -131,29 +159,34 @@ def read_scalars(
     front, back = 0, n  # other rows fill from the front, train rows from the back
     scanner = data.scanner(columns=columns, filter=filt, batch_size=SCAN_BATCH, batch_readahead=2, fragment_readahead=1)
     for batch in scanner.to_batches():
-        is_train = pc.equal(batch.column("phase"), "train").fill_null(False).to_numpy(zero_copy_only=False)
+        m = batch.num_rows
+        if not m:
+            continue
+        phase = _codes(batch.column("phase"), vocab["phase"])
+        is_train = phase == vocab["phase"].get("train", -2)
         k_train = int(is_train.sum())
-        k_other = batch.num_rows - k_train
+        k_other = m - k_train
+        # where: a phase-pure batch (the writer's row groups) is copied whole, without masks
+        into: list[tuple[slice, Any]] = []
+        if k_other:
+            into.append((slice(front, front + k_other), slice(None) if not k_train else ~is_train))
+        if k_train:
+            into.append((slice(back - k_train, back), slice(None) if not k_other else is_train))
         for name in columns:
             arr = batch.column(name)
-            if name in vocab:
-                enc = arr.dictionary_encode()
-                words = vocab[name]
-                remap = np.array(
-                    [words.setdefault(w, len(words)) if w is not None else -1 for w in enc.dictionary.to_pylist()]
-                    + [-1],
-                    np.int32,
-                )
-                values = remap[enc.indices.fill_null(len(remap) - 1).to_numpy(zero_copy_only=False)]
-                if len(words) > np.iinfo(out[name].dtype).max:
-                    out[name] = out[name].astype(np.int32)
+            if name == "phase":
+                values = phase
+            elif name in vocab:
+                values = _codes(arr, vocab[name])
             elif out[name].dtype.kind == "f":
                 target = pa.float32() if out[name].dtype == np.float32 else pa.float64()
                 values = arr.cast(target).fill_null(np.nan).to_numpy(zero_copy_only=False)
             else:
                 values = arr.to_numpy(zero_copy_only=False)
-            out[name][front : front + k_other] = values[~is_train]
-            out[name][back - k_train : back] = values[is_train]
+            if name in vocab and len(vocab[name]) > np.iinfo(out[name].dtype).max:
+                out[name] = out[name].astype(np.int32)
+            for dest, sel in into:
+                out[name][dest] = values[sel]
         front += k_other
         back -= k_train
     assert front == back, "row count changed while reading"
@@ -271,8 +304,9 @@ def scan(data: ds.Dataset, accumulators: Sequence[Any], chunk_rows: int) -> Scan
     accumulator (a fresh one per run, merged into the total)."""
     cols = COLUMNS + (["worker"] if "worker" in data.schema.names else [])
     totals = ScanTotals()
+    strings = with_dictionaries(data, cols)
     for filt, rows in chunks(data, FIRST_LAYER, chunk_rows):
-        df, front = read_scalars(data, cols, filt, rows)
+        df, front = read_scalars(strings, cols, filt, rows)
         if "worker" not in df:
             df["worker"] = np.float32(np.nan)
         totals.duplicates += duplicates(df)

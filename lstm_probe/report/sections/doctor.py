@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 
 from lstm_probe.contract import Capabilities
+from lstm_probe.report.scan import with_dictionaries
 from lstm_probe.report.section import Block, Line, Log, Section, Table
 from lstm_probe.schema import INITS
 from lstm_probe.text import safe
@@ -111,13 +112,25 @@ class _Tally:
         self.train_state = _First()
         self.rollout_zero = 0
 
+    def count_sources(self, batch: pa.RecordBatch) -> None:
+        """The init sources per module and phase of one batch of init rows (nulls as ''): each column's
+        dictionary codes combined into one small key and counted (the batches are small, a few thousand
+        rows: Arrow's group_by costs ~4 ms a call here, sorting the rows' strings with numpy ~2.5 ms)."""
+        key = np.zeros(batch.num_rows, np.int64)
+        words: list[list[str]] = []
+        for name in ("module", "phase", "init"):
+            enc = batch.column(name).cast(pa.string()).fill_null("").dictionary_encode()
+            words.append(enc.dictionary.to_pylist())
+            key = key * len(words[-1]) + enc.indices.to_numpy(zero_copy_only=False)
+        counts = np.bincount(key, minlength=1)
+        for flat in np.flatnonzero(counts).tolist():
+            rest, v = divmod(flat, len(words[2]))
+            m, p = divmod(rest, len(words[1]))
+            d = self.sources.setdefault(f"{words[0][m]}/{words[1][p]}", {})
+            d[words[2][v]] = d.get(words[2][v], 0) + int(counts[flat])
+
     def add(self, c: dict[str, np.ndarray]) -> None:
-        phase, module, init = c["phase"], c["module"], c["init"]
-        keys = np.char.add(np.char.add(module.astype(str), "/"), phase.astype(str))
-        pairs, counts = np.unique(np.stack([keys, init.astype(str)]), axis=1, return_counts=True)
-        for (key, value), n in zip(pairs.T.tolist(), counts.tolist(), strict=True):
-            d = self.sources.setdefault(key, {})
-            d[value] = d.get(value, 0) + n
+        phase, init = c["phase"], c["init"]
         # an episode start: tagged, or (untagged) an episode's step 0
         start = (c["episode_start"] == 1) | ((c["episode_start"] < 0) & (c["episode_step"] == 0))
         acting = np.isin(phase, ACTING)
@@ -248,9 +261,11 @@ class Doctor(Section[DoctorSection]):
         tally = _Tally()
         filt = (ds.field("layer") == 0) & ds.field("init").is_valid()
         held: dict[str, np.ndarray] | None = None
-        for batch in log.data.scanner(columns=COLUMNS, filter=filt, batch_size=BATCH).to_batches():
+        rows = with_dictionaries(log.data, COLUMNS)  # strings as stored: no string built per row
+        for batch in rows.scanner(columns=COLUMNS, filter=filt, batch_size=BATCH).to_batches():
             if not batch.num_rows:
                 continue
+            tally.count_sources(batch)
             c = _columns(batch)
             if held is not None:
                 c = {k: np.concatenate([held[k], v]) for k, v in c.items()}

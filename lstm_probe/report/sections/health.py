@@ -106,7 +106,10 @@ class HealthTotals(Accumulator[pa.RecordBatch]):
 
     def add(self, part: pa.RecordBatch) -> None:
         """One batch of rollout rows (with an ``h`` column where the log has vectors)."""
-        modules = part.column("module").to_numpy(zero_copy_only=False)
+        enc = part.column("module").dictionary_encode()
+        names = enc.dictionary.to_pylist()
+        codes = enc.indices.fill_null(len(names)).to_numpy(zero_copy_only=False).astype(np.int64)
+        names.append(None)  # a null module: str(None), as a row's own value would give
         layers = part.column("layer").to_numpy()
         hn = part.column("h_norm").to_numpy(zero_copy_only=False).astype(np.float64)
         cn = part.column("c_norm").to_numpy(zero_copy_only=False).astype(np.float64)
@@ -114,11 +117,13 @@ class HealthTotals(Accumulator[pa.RecordBatch]):
         hcol = part.column("h") if "h" in part.schema.names else None
         if hcol is not None and hcol.null_count == len(hcol):
             hcol = None
-        for key in {(str(m), int(lv)) for m, lv in zip(modules, layers, strict=True)}:
-            sel = np.nonzero((modules == key[0]) & (layers == key[1]))[0]
-            unit = self.units.get(key)
+        key = codes * (1 << 16) + (layers.astype(np.int64) - np.iinfo(np.int16).min)  # (module, layer) per row
+        for k in np.unique(key).tolist():  # each (module, layer) of the batch: its rows, in log order
+            sel = np.flatnonzero(key == k)
+            name = (str(names[k >> 16]), int(layers[sel[0]]))
+            unit = self.units.get(name)
             if unit is None:
-                unit = self.units[key] = UnitTotals()
+                unit = self.units[name] = UnitTotals()
             unit.add((hn[sel], cn[sel], None if hcol is None else hcol.take(sel)))
 
     def _norms(
