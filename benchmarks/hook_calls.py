@@ -1,0 +1,188 @@
+"""The probe's training-thread cost with sb3's per-step training loops recorded whole, side by side with
+call by call (issue #28 item 3).
+
+The same probed RecurrentPPO run twice per repeat, interleaved (A B A B ...): once with each per-step loop
+recorded as one block (the default), once call by call (``ProbeCallback._loop_blocks = False``, the path
+before). ``--before DIR`` adds a third variant: the same run on another checkout of lstm-probe (put first
+on PYTHONPATH), e.g. a ``git worktree`` of an older commit. Per configuration it prints medians and
+min-max spreads of the probe's own time on the training thread (the log's ``probe_cost.hook_seconds`` +
+``integration_seconds``) and of the training process's CPU seconds (``time.process_time``; the writer
+process is not counted here, see benchmarks/overhead.py for total CPU).
+
+    python benchmarks/hook_calls.py --steps 2048 --n-envs 1 8 --capture summary full --repeats 3
+    python benchmarks/hook_calls.py --per-call --repeats 5   # the hook alone, per loop step
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+CHILD = r"""
+import json, sys, time
+cfg = json.loads(sys.argv[1])
+import torch
+torch.set_num_threads(1)
+from sb3_contrib import RecurrentPPO
+from stable_baselines3.common.env_util import make_vec_env
+from lstm_probe import ProbeCallback, read_info
+env = make_vec_env(cfg["env"], n_envs=cfg["n_envs"], seed=0)
+model = RecurrentPPO("MlpLstmPolicy", env, seed=0)
+cb = ProbeCallback(cfg["out"], capture=cfg["capture"], force=True)
+if cfg["variant"] == "calls":
+    cb._loop_blocks = False
+cpu0, wall0 = time.process_time(), time.perf_counter()
+model.learn(cfg["steps"], callback=cb)
+cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+meta = read_info(cb.path).metadata
+cost, paths = meta["probe_cost"], meta.get("minibatch_paths", {})
+print(json.dumps({
+    "probe": cost["hook_seconds"] + cost["integration_seconds"], "cpu": cpu, "wall": wall, "calls": cost["calls"],
+    "stepwise": paths.get("stepwise", {}).get("minibatches", 0),
+    "minibatches": sum(p["minibatches"] for p in paths.values()),
+}))
+"""
+
+PER_CALL = r"""
+import json, sys, time
+import numpy as np, torch
+from torch import nn
+from lstm_probe.contract import Capabilities, Grid, Tags
+from lstm_probe.options import capture_options
+from lstm_probe.tracer import Tracer
+torch.set_num_threads(1)
+cfg = json.loads(sys.argv[1])
+hidden, n, steps = cfg["hidden"], cfg["batch"], 128
+lstm = nn.LSTM(3, hidden)
+
+class Fixed:  # an integration whose every call is the next step of one per-step training loop
+    name = "bench"
+    def capabilities(self): return Capabilities("bench")
+    def metadata(self): return {}
+    tags = Tags()
+    def resolve(self, name, steps_, batch): return self.tags
+
+zero = np.zeros((n, steps), np.int64)
+grid = Grid(env=zero.astype(np.int32), env_step=zero, episode=zero, episode_step=zero,
+            episode_start=zero.astype(np.int8), padding=zero.astype(bool), train=True,
+            seq_len=np.full(n, steps, np.int32), seq_reason=np.zeros(n, np.int8))
+fixed = Fixed()
+tracer = Tracer({"actor": lstm}, capture_options(None, cfg["out"], capture="summary", force=True), fixed).start()
+tracer.writer.submit = lambda *a, **k: None  # hand-overs are neither made nor timed: the hook alone is
+hook = tracer._make_hook("actor")
+x, h = torch.randn(1, n, 3), torch.zeros(1, n, hidden)
+with torch.no_grad():
+    out = lstm(x, (h, h))  # (through the tracer's hook too: one untagged call)
+args = (x, (h, h))
+whole = cfg["variant"] == "loops"
+
+def block():  # one minibatch's loop of `steps` steps: new tags, then every step's hook
+    fixed.tags = Tags("train", 0, 0, 0, grid=grid, path="stepwise")
+    loop = tracer.loop_begin(lstm, n) if whole else None
+    for _ in range(steps):
+        hook(lstm, args, out)
+    if loop is not None:
+        tracer.loop_end(loop)  # its torch.stack is timed here (call by call: in the hand-over, not timed)
+    else:
+        tracer.flush_pending()
+
+block()
+blocks = 150
+cpu = time.process_time()
+for _ in range(blocks):
+    block()
+cpu = time.process_time() - cpu
+print(json.dumps({"us": cpu / blocks / steps * 1e6}))
+tracer.close()
+"""
+
+VARIANTS = {"loops": "recorded whole (now)", "calls": "call by call", "before": "the --before checkout"}
+
+
+def one(cfg: dict, before: str | None) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    if cfg["variant"] == "before":
+        assert before is not None
+        env["PYTHONPATH"] = before + os.pathsep + env.get("PYTHONPATH", "")
+        cfg = {**cfg, "variant": "loops"}  # an older checkout has no switch: it runs its own path
+    out = subprocess.run([sys.executable, "-c", CHILD, json.dumps(cfg)], env=env, capture_output=True, text=True)
+    if out.returncode:
+        raise SystemExit(out.stderr[-3000:])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def per_call(repeats: int, hidden: int, batch: int, tmp: str) -> None:
+    """The hook's own CPU time per step of a per-step loop (128 steps a block; the hand-over of the kept
+    steps apart), call by call (sb3's path before: tags asked, states copied per call) against recorded
+    whole (the block's one torch.stack included)."""
+    got: dict[str, list[float]] = {"calls": [], "loops": []}
+    for r in range(repeats):
+        for v in ("calls", "loops") if r % 2 == 0 else ("loops", "calls"):
+            cfg = {"variant": v, "hidden": hidden, "batch": batch, "out": os.path.join(tmp, f"{v}.parquet")}
+            out = subprocess.run([sys.executable, "-c", PER_CALL, json.dumps(cfg)], capture_output=True, text=True)
+            if out.returncode:
+                raise SystemExit(out.stderr[-3000:])
+            got[v].append(json.loads(out.stdout.strip().splitlines()[-1])["us"])
+    print(
+        f"hook CPU per loop step, hidden {hidden}, {batch} sequences, {repeats} interleaved repeats: median (min-max)"
+    )
+    for v, us in got.items():
+        print(f"{VARIANTS[v]:>22} {statistics.median(us):6.2f} us ({min(us):.2f}-{max(us):.2f})")
+
+
+def spread(values: list[float]) -> str:
+    return f"{statistics.median(values):7.3f} ({min(values):.3f}-{max(values):.3f})"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--env", default="Pendulum-v1")
+    ap.add_argument("--steps", type=int, default=2048)
+    ap.add_argument("--n-envs", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--capture", nargs="+", default=["summary", "full"])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--before", help="another lstm-probe checkout to run as a third variant")
+    ap.add_argument("--per-call", action="store_true", help="time the hook alone per loop step (no training)")
+    ap.add_argument("--hidden", type=int, default=256, help="with --per-call: the LSTM's hidden size")
+    ap.add_argument("--batch", type=int, default=4, help="with --per-call: sequences per minibatch")
+    args = ap.parse_args()
+    if args.per_call:
+        with tempfile.TemporaryDirectory() as tmp:
+            per_call(args.repeats, args.hidden, args.batch, tmp)
+        return
+    variants = ["calls", "loops"] + (["before"] if args.before else [])
+    print(f"{args.env}, {args.steps} steps, one torch thread, {args.repeats} interleaved repeats; medians (min-max)")
+    print("probe s: hook_seconds + integration_seconds (training thread); cpu s: training process")
+    header = f"{'n_envs':>6} {'capture':>8} {'variant':>22} {'calls':>7} {'stepwise mb':>11} {'probe s':>22}"
+    print(header + f" {'cpu s':>22} {'probe ratio':>11} {'cpu ratio':>9}")
+    with tempfile.TemporaryDirectory() as tmp:
+        for n_envs in args.n_envs:
+            for capture in args.capture:
+                runs: dict[str, list[dict]] = {v: [] for v in variants}
+                for r in range(args.repeats):
+                    order = variants if r % 2 == 0 else variants[::-1]
+                    for v in order:
+                        cfg = {"env": args.env, "n_envs": n_envs, "steps": args.steps, "capture": capture}
+                        cfg.update(variant=v, out=os.path.join(tmp, f"{v}.parquet"))
+                        runs[v].append(one(cfg, args.before))
+                base = runs["calls"]
+                for v in variants:
+                    got = runs[v]
+                    probe, cpu = [x["probe"] for x in got], [x["cpu"] for x in got]
+                    # ratios per repeat (the runs of one repeat ran next to each other), then their median
+                    pr = [g["probe"] / b["probe"] for g, b in zip(got, base, strict=True)]
+                    cr = [g["cpu"] / b["cpu"] for g, b in zip(got, base, strict=True)]
+                    row = f"{n_envs:>6} {capture:>8} {VARIANTS[v]:>22} {got[0]['calls']:>7} "
+                    row += (
+                        f"{got[0]['stepwise']:>4} of {got[0]['minibatches']:<4} {spread(probe):>22} {spread(cpu):>22} "
+                    )
+                    print(row + f"{statistics.median(pr):>11.3f} {statistics.median(cr):>9.3f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
