@@ -1,7 +1,8 @@
 """How long the `lstm-probe` command takes to start and answer: `report` on each sample log (text and
 --json), `--help` and `--version`, each in a fresh process, two source trees side by side.
 
-"before" is another checkout of lstm-probe (e.g. `git worktree add --detach DIR <commit>`), "after" this one;
+"before" is another checkout of lstm-probe (e.g. `git worktree add --detach DIR <commit>`), "after" this one
+(or --after DIR);
 each runs the installed `lstm-probe` script with PYTHONPATH set to its tree, in the order A B A B ... so
 that other load on the machine falls on both alike. Wall time is what a user waits for; CPU time (the child's
 user + system, from RUSAGE_CHILDREN) is less disturbed by other processes. Prints medians with min-max and
@@ -63,12 +64,14 @@ def spread(values: list[float]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--before", type=Path, required=True, help="the source tree to compare against")
+    ap.add_argument("--after", type=Path, default=ROOT, help="the source tree measured (default: this one)")
     ap.add_argument("--repeats", type=int, default=9, help="runs of each command on each side (>= 7)")
     ap.add_argument("--only", default="", help="only the commands whose label contains this")
     args = ap.parse_args()
-    if not (args.before / "lstm_probe" / "__init__.py").exists():
-        raise SystemExit(f"--before {args.before}: no lstm_probe package there")
-    trees = {"before": args.before.resolve(), "after": ROOT}
+    for flag, tree in (("--before", args.before), ("--after", args.after)):
+        if not (tree / "lstm_probe" / "__init__.py").exists():
+            raise SystemExit(f"{flag} {tree}: no lstm_probe package there")
+    trees = {"before": args.before.resolve(), "after": args.after.resolve()}
     todo = [(label, argv) for label, argv in commands() if args.only in label]
     for _, argv in todo:  # warm the file cache and the bytecode caches of both trees
         for tree in trees.values():

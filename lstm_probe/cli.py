@@ -466,23 +466,29 @@ def probe(
     """Linear probes: R² of a ridge regression from h (each module and layer) to a target, on held-out episodes."""
     from rich.table import Table
 
-    from lstm_probe.probes import probe as run_probe
     from lstm_probe.text import safe
 
     try:
         lag_list = [int(x) for x in lags.split(",") if x.strip()]
     except ValueError:
         raise BadInput(f"--lags takes comma-separated integers, e.g. 0,1,2,4, got {lags!r}") from None
-    res = run_probe(path, target, lags=lag_list or [0], iterations=iteration)
+    _pyarrow_without_pandas()
+    from lstm_probe.probes import probe_rows
+
+    # lstm_probe.probe's rows (its DataFrame less the target column) without pandas; r2 None: constant target
+    res = [
+        {k: v for k, v in r.items() if k != "target"}
+        for r in probe_rows(path, [target], lags=lag_list or [0], iterations=iteration)
+    ]
     if as_json:
-        sys.stdout.write(json.dumps(res.to_dict(orient="records"), default=str) + "\n")
+        sys.stdout.write(json.dumps(res, default=str) + "\n")
         return
     table = Table(title=f"linear probes of {safe(target)} (R² on held-out episodes)")
     for col in ("iteration", "module", "layer", "lag", "R²", "fit / test rows"):
         table.add_column(col)
-    for r in res.to_dict(orient="records"):
+    for r in res:
         value = r["r2"]
-        r2 = "-" if value is None or not value == value else f"{float(value):.3f}"
+        r2 = "-" if value is None else f"{float(value):.3f}"
         row = (str(r["iteration"]), safe(r["module"]), str(r["layer"]), str(r["lag"]), r2)
         table.add_row(*row, f"{r['n_fit']} / {r['n_test']}")
     out().print(table)

@@ -107,21 +107,29 @@ def _is_frame(target: Any) -> bool:
     return pd is not None and isinstance(target, pd.DataFrame)
 
 
+def _column(table: pa.Table, name: str) -> np.ndarray:
+    """A scalar column as numpy, as ``to_pandas`` gives it: integers with nulls as float64 with NaN."""
+    return table[name].to_numpy()
+
+
 def _target_values(
-    rows: pd.DataFrame, table: pa.Table, target: Any, info_keys: Sequence[str] = (), strict: bool = True
+    rows: dict[str, np.ndarray], table: pa.Table, target: Any, info_keys: Sequence[str] = (), strict: bool = True
 ) -> np.ndarray:
     """The target's value at each row (at lag 0). ``info:KEY`` names an entry of the info vectors by its key
     (``info_keys`` in the metadata)."""
-    if _is_frame(target):
+    if _is_frame(target):  # the user's DataFrame: pandas is loaded
+        import pandas as pd
+
         keys = ["worker", "env", "env_step"] if "worker" in target.columns else ["env", "env_step"]
         missing = {"env", "env_step", "value"} - set(target.columns)
         if missing:
             raise BadInput(f"a target DataFrame needs columns env, env_step and value (missing {sorted(missing)})")
-        merged = rows[keys].merge(target[[*keys, "value"]].drop_duplicates(keys), on=keys, how="left")
+        ours = pd.DataFrame({k: rows[k] for k in keys})
+        merged = ours.merge(target[[*keys, "value"]].drop_duplicates(keys), on=keys, how="left")
         return merged["value"].to_numpy(np.float64)
     name = str(target)
     if name in COLUMN_TARGETS:
-        return rows[name].to_numpy(np.float64)
+        return rows[name].astype(np.float64)
     column, _, index = name.partition(":")
     if column not in table.column_names:
         have = ", ".join(COLUMN_TARGETS)
@@ -132,7 +140,7 @@ def _target_values(
     col = table[column].combine_chunks()
     if column in ("obs", "info") and col.null_count == len(col):
         if not strict:  # nothing captured in these rows: no value
-            return np.full(len(rows), np.nan)
+            return np.full(table.num_rows, np.nan)
         flag = "--capture-obs" if column == "obs" else "--info KEY"
         raise BadInput(f"target {name!r}: the log's {column!r} column is empty (a log written with {flag} has it)")
     if column == "info" and not index.isdigit():
@@ -185,6 +193,37 @@ def probe_targets(
     ``strict=False``: an obs or info target without values scores None instead of raising."""
     import pandas as pd
 
+    rows = probe_rows(
+        path,
+        targets,
+        lags=lags,
+        iterations=iterations,
+        modules=modules,
+        alpha=alpha,
+        holdout=holdout,
+        max_rows=max_rows,
+        strict=strict,
+    )
+    return pd.DataFrame(rows, columns=list(ROW_KEYS))
+
+
+ROW_KEYS = ("iteration", "module", "layer", "target", "lag", "r2", "n_fit", "n_test")
+
+
+def probe_rows(
+    path: str | os.PathLike[str],
+    targets: Sequence[Any],
+    *,
+    lags: Sequence[int] = (0,),
+    iterations: Iterable[int] | None = None,
+    modules: Iterable[str] | None = None,
+    alpha: float = 1e-3,
+    holdout: float = 0.3,
+    max_rows: int | None = None,
+    strict: bool = True,
+) -> list[dict[str, Any]]:
+    """:func:`probe_targets`' rows as dicts (keys :data:`ROW_KEYS`; r2 None where the target is constant), in
+    numpy: without pandas unless a target is the user's DataFrame (the report and ``lstm-probe probe``)."""
     if any(int(lag) < 0 for lag in lags):
         raise BadInput(f"lags must be >= 0, got {list(lags)}")
     data, info = dataset(path)
@@ -206,44 +245,63 @@ def probe_targets(
         )
         if table.num_rows == 0:
             continue
-        rows = table.drop_columns([c for c in ("h", *extra) if c in table.column_names and c not in keys]).to_pandas()
+        rows = {c: _column(table, c) for c in [*keys, *worker]}
         values = [_target_values(rows, table, t, info_keys, strict) for t in targets]
         h = table["h"].combine_chunks()
         hidden = h.type.list_size
         x = h.flatten().to_numpy(zero_copy_only=False).astype(np.float64).reshape(-1, hidden)
-        env_key = (
-            rows["env"].to_numpy(np.int64) + (rows["worker"].fillna(-1).to_numpy(np.int64) + 1) * 1_000_000
-            if worker
-            else rows["env"].to_numpy(np.int64)
-        )
-        for (module, layer), group in rows.groupby(["module", "layer"], observed=True, sort=True):
+        env_key = rows["env"].astype(np.int64)
+        if worker:  # RLlib: env numbers repeat across env runners (worker null: the driver)
+            env_key = (
+                env_key + (np.nan_to_num(rows["worker"].astype(np.float64), nan=-1).astype(np.int64) + 1) * 1_000_000
+            )
+        all_steps = rows["env_step"].astype(np.int64)
+        for module, layer, idx in _groups(rows["module"], rows["layer"]):
             if want is not None and module not in want:
                 continue
-            idx = group.index.to_numpy()
-            env, step = env_key[idx], rows["env_step"].to_numpy(np.int64)[idx]
-            episode_step = rows["episode_step"].to_numpy(np.float64)[idx]
-            episode = rows["episode"].to_numpy(np.float64)[idx]
+            env, step = env_key[idx], all_steps[idx]
+            episode_step = rows["episode_step"].astype(np.float64)[idx]
+            episode = rows["episode"].astype(np.float64)[idx]
             units = _units(env, episode, step, holdout)
             keep = _sample(units, max_rows)
             held = np.zeros(len(units), bool)
             held[keep] = split(units[keep], holdout)  # among the kept units: the two strides never align
             for target, value in zip(targets, values, strict=True):
-                lookup = pd.Series(value[idx], index=pd.MultiIndex.from_arrays([env, step]))
-                lookup = lookup[~lookup.index.duplicated()]
                 for lag in lags:
                     if lag == 0:
                         y = value[idx]
                     else:
-                        y = lookup.reindex(pd.MultiIndex.from_arrays([env, step - int(lag)])).to_numpy(
-                            np.float64, copy=True
-                        )
+                        y = _at(env, step, value[idx], step - int(lag))
                         y[~(episode_step >= lag)] = np.nan  # t - L must lie in the same episode
                     ok = np.isfinite(y) & keep
                     result = score(x[idx][ok], y[ok], held[ok], alpha)
                     name = "values" if _is_frame(target) else str(target)
-                    row = {"iteration": it, "module": str(module), "layer": int(layer), "target": name}
+                    row = {"iteration": it, "module": module, "layer": layer, "target": name}
                     out.append({**row, "lag": int(lag), **result})
-    return pd.DataFrame(out, columns=["iteration", "module", "layer", "target", "lag", "r2", "n_fit", "n_test"])
+    return out
+
+
+def _groups(module: np.ndarray, layer: np.ndarray) -> list[tuple[str, int, np.ndarray]]:
+    """(module, layer, row positions) of each pair present, sorted by module name, then layer; rows without
+    either are in none."""
+    present = np.array([m is not None for m in module], bool) & ~np.isnan(layer.astype(np.float64))
+    names, code = np.unique(module[present].astype(str), return_inverse=True)
+    where = np.flatnonzero(present)
+    layers = layer[present].astype(np.int64)
+    pairs = np.unique(np.stack([code.astype(np.int64), layers], axis=1), axis=0)
+    return [(str(names[m]), int(lv), where[(code == m) & (layers == lv)]) for m, lv in pairs]
+
+
+def _at(env: np.ndarray, step: np.ndarray, value: np.ndarray, asked: np.ndarray) -> np.ndarray:
+    """``value`` at (env, asked step) for each row: the first row of that (env, step); NaN where there is none."""
+    keys = np.unique(
+        np.stack([np.concatenate([env, env]), np.concatenate([step, asked])], axis=1), axis=0, return_inverse=True
+    )[1].reshape(-1)
+    have, want = keys[: len(env)], keys[len(env) :]
+    lut = np.full(int(keys.max()) + 1, np.nan)
+    _, first = np.unique(have, return_index=True)
+    lut[have[first]] = value[first]
+    return lut[want]
 
 
 def _sample(units: np.ndarray, max_rows: int | None) -> np.ndarray:

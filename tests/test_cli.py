@@ -397,6 +397,17 @@ def test_report_of_an_sb3_log_loads_no_pandas(tmp_path, log):
     assert loaded_by("report", SAMPLES / log, "--json", cwd=tmp_path) & (FRAMEWORK_MODULES | {"pandas"}) == set()
 
 
+def test_probe_loads_no_pandas_and_prints_the_library_rows(tmp_path):
+    log = SAMPLES / "pendulum-1env.parquet"
+    assert loaded_by("probe", log, "--lags", "0,1", cwd=tmp_path) & (FRAMEWORK_MODULES | {"pandas"}) == set()
+    r = cli("probe", log, "--lags", "0,1", "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    import lstm_probe
+
+    want = lstm_probe.probe(log, "episode_step", lags=[0, 1]).to_dict(orient="records")
+    assert json.loads(r.stdout) == [{k: None if v != v else v for k, v in row.items()} for row in want]
+
+
 def test_report_json_without_pandas_is_the_library_report(tmp_path):
     """The CLI loads pyarrow with pandas hidden from it (cli._pyarrow_without_pandas); the report is the
     same as the library's in a process where pyarrow knows pandas (this one)."""
