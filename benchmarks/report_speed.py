@@ -39,6 +39,7 @@ def hwm():  # this process's peak RSS (MB); ru_maxrss would also count the paren
 
 
 import lstm_probe
+print(json.dumps({"code": lstm_probe.__file__}), file=sys.stderr)
 if len(sys.argv) > 3:  # --sections: each step's time, and the process's RSS and peak after it
     from lstm_probe.report import scan
     from lstm_probe.report.sections import calls
@@ -147,6 +148,7 @@ def main() -> None:
         ("in runs of iterations (default)", REPORT_CHUNK_ROWS, env),
         ("in one read", rows + 1, env),
     )
+    here = Path(__file__).resolve().parent.parent
     if args.compare is not None:
         reads = (("this checkout", REPORT_CHUNK_ROWS, env),
                  (str(args.compare), REPORT_CHUNK_ROWS, {**env, "PYTHONPATH": str(args.compare.resolve())}))
@@ -157,14 +159,19 @@ def main() -> None:
                 capture_output=True,
                 text=True,
                 env=child_env,
+                # the checkout's own directory: `python -c` puts the working directory first on sys.path
+                cwd=child_env.get("PYTHONPATH", here),
             )
             if r.returncode:
                 raise SystemExit(r.stderr)
+            code, *steps = r.stderr.splitlines(keepends=True)
             if args.sections:
-                print(r.stderr, end="")
+                print("".join(steps), end="")
             res = json.loads(r.stdout.strip().splitlines()[-1])
+            res["code"] = json.loads(code)["code"]
             results.setdefault(label, []).append(res)
-            print(f"  [{k + 1}] {label}: {res['seconds']:.1f} s ({res['cpu']:.1f} s CPU), peak RSS {res['rss_mb']:.0f} MB")
+            print(f"  [{k + 1}] {label}: {res['seconds']:.1f} s ({res['cpu']:.1f} s CPU), peak RSS {res['rss_mb']:.0f} MB"
+                  f"  ({Path(res['code']).parent.parent})")
     for label, runs in results.items():
         secs = statistics.median(x["seconds"] for x in runs)
         cpus = [x["cpu"] for x in runs]

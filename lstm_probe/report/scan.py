@@ -178,10 +178,7 @@ def read_scalars(
                 values = phase
             elif name in vocab:
                 values = _codes(arr, vocab[name])
-            elif out[name].dtype.kind == "f":
-                target = pa.float32() if out[name].dtype == np.float32 else pa.float64()
-                values = arr.cast(target).fill_null(np.nan).to_numpy(zero_copy_only=False)
-            else:
+            else:  # numbers: nulls come as NaN (integers with nulls as float64), cast on assignment below
                 values = arr.to_numpy(zero_copy_only=False)
             if name in vocab and len(vocab[name]) > np.iinfo(out[name].dtype).max:
                 out[name] = out[name].astype(np.int32)

@@ -233,7 +233,10 @@ def _columns(batch: pa.RecordBatch) -> dict[str, np.ndarray]:
     for name in COLUMNS:
         col = batch.column(name)
         if pa.types.is_string(col.type) or pa.types.is_dictionary(col.type):
-            out[name] = np.asarray(col.cast(pa.string()).fill_null("").to_numpy(zero_copy_only=False), dtype=object)
+            # fixed-width numpy strings from the column's few words: compared without a Python call per row
+            enc = col if pa.types.is_dictionary(col.type) else col.dictionary_encode()
+            words = np.array([*(w or "" for w in enc.dictionary.to_pylist()), ""], dtype=str)
+            out[name] = words[enc.indices.fill_null(len(words) - 1).to_numpy(zero_copy_only=False)]
         elif pa.types.is_boolean(col.type):  # tribool: -1 null, 0, 1
             values = col.fill_null(False).to_numpy(zero_copy_only=False).astype(np.int8)
             out[name] = np.where(col.is_null().to_numpy(zero_copy_only=False), np.int8(-1), values)
