@@ -306,6 +306,18 @@ def test_row_keys_are_exact_for_large_call_ids():
     assert _duplicates(frame) == 0
     assert _duplicates(pd.concat([frame, frame.iloc[[0, 2]]])) == 2
     assert _key([np.array([0, 2**40]), np.array([0, 2**30]), np.array([0, 2**30])]) is None  # too wide
+    # dense_key: the same order whatever the range (ranks of each column, combined two at a time)
+    from lstm_probe.report.numeric import dense_key
+
+    wide = [
+        np.array([2**40, 0, 2**40, 5, 2**40]),
+        np.array([np.nan, 1, 2**30, 2**31, np.nan]),
+        np.array([1, 0, 0, 9, 1]),
+    ]
+    tuples = [tuple(np.inf if np.isnan(x) else x for x in row) for row in zip(*wide, strict=True)]
+    key = dense_key(wide)
+    assert key.dtype == np.int64 and key[0] == key[4] and len(set(key.tolist())) == 4
+    assert np.argsort(key, kind="stable").tolist() == sorted(range(5), key=lambda i: tuples[i])
 
 
 SPOOF = "[bold red on white]SPOOF[/]"
@@ -529,3 +541,76 @@ def test_findings_in_plain_words():
         "drift actor 0.0026, critic 0.048)"
     ) in f
     assert rep.sequences.stored_state_share == pytest.approx(0.84, abs=0.005)
+
+
+def test_report_needs_neither_pandas_nor_torch():
+    """`lstm-probe report` starts fast: the report's own code imports neither pandas nor torch. pyarrow
+    imports pandas by itself where it can (pyarrow.dataset converts a Python scalar on import), so the
+    check runs where pandas cannot be imported, and the report is the same there."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    sample = Path(__file__).parent.parent / "sample_runs" / "pendulum-1env.parquet"
+    script = """
+import json, sys
+
+class NoPandas:  # pandas is not installed, as far as this process can tell
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "pandas":
+            raise ImportError("no pandas here")
+
+sys.meta_path.insert(0, NoPandas())
+import lstm_probe.report
+
+doc = lstm_probe.report.summarize(sys.argv[1]).to_dict()
+print(json.dumps({"doc": doc, "modules": [m for m in ("pandas", "torch") if m in sys.modules]}))
+"""
+    r = subprocess.run([sys.executable, "-c", script, str(sample)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["modules"] == []
+    assert out["doc"] == json.loads(json.dumps(summarize(sample).to_dict()))
+
+
+def test_phase_pure_row_groups_report_the_same(tmp_path):
+    """Row groups that hold train rows apart from all other phases (the writer's layout) let the health
+    section skip the train row groups by their statistics; the report is the same as on row groups of mixed
+    phases, and the same again when strings are read as dictionaries or as strings."""
+    from pathlib import Path
+
+    import pyarrow.compute as pc
+
+    from lstm_probe.reader import dataset
+    from lstm_probe.report.scan import COLUMNS, FIRST_LAYER, read_scalars, with_dictionaries
+
+    src = Path(__file__).parent.parent / "sample_runs" / "pendulum-1env.parquet"
+    table = pq.read_table(src)
+    train = pc.equal(table["phase"], "train").fill_null(False)
+    mixed, pure = tmp_path / "mixed.parquet", tmp_path / "pure.parquet"
+    pq.write_table(table, mixed, row_group_size=1000)
+    with pq.ParquetWriter(pure, table.schema) as w:
+        w.write_table(table.filter(pc.invert(train)), row_group_size=1000)  # each call starts new row groups
+        w.write_table(table.filter(train), row_group_size=1000)
+    rollout = pa.dataset.field("phase") == "rollout"
+    kept = {
+        name: sum(len(f.split_by_row_group(rollout)) for f in pa.dataset.dataset(path).get_fragments())
+        for name, path in (("mixed", mixed), ("pure", pure))
+    }
+    groups = pq.ParquetFile(pure).metadata.num_row_groups
+    train_groups = (int(pc.sum(train).as_py()) + 999) // 1000
+    assert kept["pure"] == groups - train_groups < kept["mixed"]  # every train row group skipped
+    a, b = summarize(mixed).to_dict(), summarize(pure).to_dict()
+    for doc in (a, b):
+        doc.pop("path"), doc["run"].pop("file_bytes")
+    assert json.dumps(a) == json.dumps(b)
+    data, _ = dataset(pure)
+    plain, front = read_scalars(data, COLUMNS, FIRST_LAYER)
+    coded, front2 = read_scalars(with_dictionaries(data, COLUMNS), COLUMNS, FIRST_LAYER)
+    assert front == front2 and 0 < front < len(plain)
+    for name in COLUMNS:
+        if name in ("module", "phase", "path", "seq_reason", "bootstrap"):
+            words = [plain.words(name)[c] if c >= 0 else None for c in plain[name]]
+            assert words == [coded.words(name)[c] if c >= 0 else None for c in coded[name]], name
+        else:
+            assert np.array_equal(plain[name], coded[name], equal_nan=True), name
