@@ -250,6 +250,68 @@ def write(args: argparse.Namespace) -> None:
     print(f"{r['rows']} rows, {1e6 * r['cpu'] / r['rows']:.2f} us/row CPU, {r['bytes'] / r['rows']:.1f} B/row")
 
 
+def pipe_once(rec: dict[str, Any], out: str, times: int = 1) -> dict[str, Any]:
+    """One replay through a real writer process (the pipe, unpickling, the process's loop): its own CPU
+    (``probe_cost.writer_cpu_seconds``: from the open message to the close), the whole process's CPU
+    (``RUSAGE_CHILDREN``: its start and imports too), its peak private memory, the log's bytes."""
+    import resource
+
+    import lstm_probe
+    from lstm_probe.writer_process import Child
+
+    config = pickle.loads(pickle.dumps(rec["config"]))
+    config["log"]["out"] = out
+    config["lock"] = None
+    messages = [pickle.loads(m) for m in rec["messages"]]
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    child = Child.start(config)
+    for _ in range(times):  # the same messages again: more rows into the same log (memory over GBs)
+        for message in messages:
+            child.send(message, 32 << 20)
+    child.close({"completed": True, "probe_cost": {"writer_cpu_seconds": 0.0, "writer_busy_seconds": 0.0}})
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    info = lstm_probe.read_info(out)
+    cost = info.metadata["probe_cost"]
+    return {
+        "cpu": cost["writer_cpu_seconds"],
+        "process_cpu": after.ru_utime + after.ru_stime - kids.ru_utime - kids.ru_stime,
+        "private_mb": cost.get("writer_peak_private_mb", 0.0),
+        "rows": info.rows,
+        "bytes": info.bytes,
+    }
+
+
+def pipe(args: argparse.Namespace) -> None:
+    """Replays through a real writer process, ``--repeats`` times: medians and spreads."""
+    from lstm_probe import writer_process
+
+    for item in args.env or []:
+        key, _, value = item.partition("=")
+        writer_process.WRITER_ENV[key] = value or None
+    with open(args.rec, "rb") as f:
+        rec = pickle.load(f)
+    tmp = tempfile.mkdtemp(prefix="writer-profile-")
+    try:
+        out = os.path.join(tmp, "log/" if args.dir else "log.parquet")
+        rs = []
+        for _ in range(args.repeats):
+            shutil.rmtree(os.path.join(tmp, "log"), ignore_errors=True)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(tmp, "log.parquet"))
+            rs.append(pipe_once(rec, out, args.times))
+        n = rs[0]["rows"]
+        us = [1e6 * r["cpu"] / n for r in rs]
+        whole = [1e6 * r["process_cpu"] / n for r in rs]
+        mb = [r["private_mb"] for r in rs]
+        print(
+            f"{n} rows: writer CPU {statistics.median(us):.2f} us/row ({min(us):.2f}-{max(us):.2f}), whole process "
+            f"{statistics.median(whole):.2f} ({min(whole):.2f}-{max(whole):.2f}), {rs[0]['bytes'] / n:.1f} B/row, "
+            f"peak private {statistics.median(mb):.1f} MB ({min(mb)}-{max(mb)})"
+        )
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -269,8 +331,14 @@ def main() -> None:
     w = sub.add_parser("write")
     w.add_argument("rec")
     w.add_argument("out")
+    q = sub.add_parser("pipe")
+    q.add_argument("rec")
+    q.add_argument("--repeats", type=int, default=3)
+    q.add_argument("--dir", action="store_true", help="write a dataset directory instead of a single file")
+    q.add_argument("--times", type=int, default=1, help="send the recorded messages this many times (one log)")
+    q.add_argument("--env", nargs="+", help="KEY=VALUE for the writer process (KEY= : unset)")
     args = ap.parse_args()
-    {"record": record, "replay": replay, "write": write}[args.cmd](args)
+    {"record": record, "replay": replay, "write": write, "pipe": pipe}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -70,6 +70,17 @@ STDERR_LINES = 20
 """Lines of the writer process's stderr kept (in a temp file) to explain a failed start."""
 
 
+WRITER_ENV: dict[str, str | None] = {
+    "OMP_NUM_THREADS": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "ARROW_DEFAULT_MEMORY_POOL": "system",
+    "MALLOC_ARENA_MAX": "1",
+    "MALLOC_MMAP_THRESHOLD_": "65536",
+}
+"""The writer process's environment on top of the training process's (see :meth:`Child.start`)."""
+
+
 class Child:
     """The training side of a writer process: messages are length-prefixed pickles on its stdin, its
     replies (ready, closed, error) come back on its stdout."""
@@ -94,15 +105,7 @@ class Child:
         # Arrow (its default mimalloc pool kept ~17 MB more), one glibc arena, and a fixed mmap threshold
         # (glibc raises it after large frees, and then row-group-sized buffers fragment its heap: measured,
         # +10 MB per GB written without it, flat with it).
-        env = {
-            **os.environ,
-            "OMP_NUM_THREADS": "1",
-            "OPENBLAS_NUM_THREADS": "1",
-            "MKL_NUM_THREADS": "1",
-            "ARROW_DEFAULT_MEMORY_POOL": "system",
-            "MALLOC_ARENA_MAX": "1",
-            "MALLOC_MMAP_THRESHOLD_": "65536",
-        }
+        env = {k: v for k, v in {**os.environ, **WRITER_ENV}.items() if v is not None}  # None: unset
         # The same lstm_probe as this process's, also when it was found through a sys.path edit
         # (a checkout next to a script) rather than installed.
         package_parent = str(Path(__file__).resolve().parent.parent)
