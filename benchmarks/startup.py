@@ -1,5 +1,5 @@
 """How long the `lstm-probe` command takes to start and answer: `report` on each sample log (text and
---json), `--help` and `--version`, each in a fresh process, two source trees side by side.
+--json), `probe`, `--help` and `--version`, each in a fresh process, two source trees side by side.
 
 "before" is another checkout of lstm-probe (e.g. `git worktree add --detach DIR <commit>`), "after" this one
 (or --after DIR);
@@ -28,12 +28,15 @@ SAMPLES = ROOT / "sample_runs"
 
 
 def commands() -> list[tuple[str, list[str]]]:
-    """(label, argv after `lstm-probe`): report on each sample log, as text and as JSON; --help; --version."""
+    """(label, argv after `lstm-probe`): report on each sample log, as text and as JSON; probe; --help;
+    --version."""
     found: list[tuple[str, list[str]]] = []
     for log in sorted(SAMPLES.iterdir()):
         if log.suffix == ".parquet" or log.is_dir():
             found.append((f"report {log.name}", ["report", str(log)]))
             found.append((f"report {log.name} --json", ["report", str(log), "--json"]))
+    probed = SAMPLES / "pendulum-1env.parquet"
+    found.append((f"probe {probed.name} --lags 0,1", ["probe", str(probed), "--lags", "0,1"]))
     found += [("--help", ["--help"]), ("--version", ["--version"])]
     return found
 
