@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 
 from lstm_probe.contract import Capabilities
-from lstm_probe.report.numeric import KEY_CHUNK, by_count, dense_key
+from lstm_probe.report.numeric import KEY_CHUNK, by_count, dense_key, groups
 from lstm_probe.report.scan import Chunk, Frame
 from lstm_probe.report.section import Accumulator, Block, Counts, Line, Log, Max, Section, Sum, Table
 from lstm_probe.text import safe
@@ -213,6 +213,15 @@ def upper_layer_rows(log: Log) -> dict[tuple[str, str, str, int], int]:
     return out
 
 
+def _grouped(key: np.ndarray) -> tuple[np.ndarray, int, np.ndarray]:
+    """Each row's group (in key order), the number of groups, and one row of each group (every row of a
+    group has its key): small dense keys are counted, not sorted."""
+    inv, n = groups(key)
+    one = np.empty(n, np.intp)
+    one[inv] = np.arange(len(inv))
+    return inv, n, one
+
+
 @dataclass
 class CallsTotals(Accumulator[Chunk]):
     calls: Counts[tuple[str, str, str]] = field(default_factory=Counts)
@@ -235,15 +244,13 @@ class CallsTotals(Accumulator[Chunk]):
             steps = calls["t1"][named].astype(np.int64) - calls["t0"][named] + 1
             rows = calls["rows"][named]
             words = [part.df.words(name) for name in ("module", "phase", "path")]
-            shape_key = dense_key([*labels, steps, rows // steps])
-            _, first, per_shape = np.unique(shape_key, return_index=True, return_counts=True)
-            for i, k in zip(first.tolist(), per_shape.tolist(), strict=True):
+            inv, n, first = _grouped(dense_key([*labels, steps, rows // steps]))
+            for i, k in zip(first.tolist(), np.bincount(inv, minlength=n).tolist(), strict=True):
                 m, p, path = (w[c[i]] for w, c in zip(words, labels, strict=True))
                 self.shapes.add((m, p, path, int(steps[i]), int(rows[i] // steps[i])), k)
-            _, first, inv = np.unique(dense_key(labels), return_index=True, return_inverse=True)
-            inv = inv.reshape(-1)
-            size = np.bincount(inv, minlength=len(first))
-            total = np.bincount(inv, weights=rows, minlength=len(first))
+            inv, n, first = _grouped(dense_key(labels))
+            size = np.bincount(inv, minlength=n)
+            total = np.bincount(inv, weights=rows, minlength=n)
             for g, i in enumerate(first.tolist()):
                 key = (words[0][labels[0][i]], words[1][labels[1][i]], words[2][labels[2][i]])
                 self.calls.add(key, int(size[g]))
