@@ -352,9 +352,9 @@ def _pyarrow_without_pandas() -> None:
     pandas when it is installed (pyarrow/pandas-shim.pxi: ``_PandasAPIShim._check_import``). While the import
     runs here, ``import pandas`` fails, so the shim notes pandas as absent; its first call that needs pandas
     (``Table.to_pandas``, where a report section builds a DataFrame) imports it after all. Until that call
-    pyarrow would not recognise a pandas object handed to ``pa.array``; the report hands it none. The CLI
-    does this in its own fresh process only (nothing happens once pandas or pyarrow.dataset is loaded); the
-    library never changes how pyarrow sees pandas in a user's process."""
+    pyarrow would not recognise a pandas object handed to ``pa.array``; the report and the probes hand it
+    none. Only the command's entry does this, and only where neither pandas nor pyarrow.dataset is loaded
+    yet (a fresh ``lstm-probe`` process); the library never changes how pyarrow sees pandas."""
     if "pandas" in sys.modules or "pyarrow.dataset" in sys.modules:
         return
     finder = _NoPandas()
