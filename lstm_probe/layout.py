@@ -29,7 +29,8 @@ SCALAR_ROW_BYTES = scalar_row_bytes()
 
 
 def row_capacity(hidden_size: int, vectors: bool = True) -> int:
-    """Rows per row buffer (and row group) at this hidden size. A log that never stores vectors
+    """Rows per row buffer (and row group) at this hidden size (the train rows' lane; the other rows' lane
+    holds a quarter of it once train rows came, ``writer.FileLog``). A log that never stores vectors
     (``--capture summary``) keeps no vector columns in its buffer, so its row groups hold ~40x more rows
     in the same memory: fewer row groups, a smaller footer (which the writer keeps in memory until the
     file closes) and faster reads."""

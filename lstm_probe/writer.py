@@ -2,7 +2,10 @@
 
 :class:`FileLog` is fed by the sink (``sink.py``: in a writer process, or on a writer thread) and
 fills preallocated columnar numpy buffers (:class:`Rows`; never one Python object per row or per
-call), computes the norms and writes row groups. Row groups go into part files
+call), computes the norms and writes row groups. Row groups are phase-pure: train rows and all other
+rows (rollout, bootstrap, ...) are buffered in two lanes and written apart, so a filter on ``phase``
+skips row groups by their statistics; rows are in call order within each phase (sort by ``call`` for
+the order overall). Row groups go into part files
 of a dataset directory (``part-00000.parquet``, ...); a part is closed (footer written, then renamed
 from a hidden ``.tmp`` name) every ``part_seconds`` or ``part_rows``, so a SIGKILL loses at most the
 part being written and what the training process had not yet handed over (a writer process that
