@@ -14,8 +14,10 @@ say of each iteration, so every output format SB3 supports gets them:
 - ``lstm_probe/<module>_saturation``: share of rollout h values with |h| > 0.95 (the report's threshold).
 
 The probe's rows are made in a writer process, so these are computed here, in the training process,
-from the tensors LSTM forward hooks see: each hook keeps a reference and counts rows (~1 us a call);
-the few torch reductions run once per minibatch and once per rollout. Rollout figures are recorded when
+from the tensors LSTM forward hooks see: each hook keeps a reference and counts rows (~1 us a call;
+a per-step training loop's outputs come whole, once per loop: ``LiveMetrics.loop``); the few torch
+reductions run once per minibatch and once per rollout. Their time counts in the log's
+``probe_cost.integration_seconds``. Rollout figures are recorded when
 the rollout's last step has run, train figures when the next rollout starts: both land in the
 ``_dump_logs`` after that rollout (sb3's own ``train/`` figures lag the same way; the last iteration's
 train figures, like sb3's, are recorded but never dumped by learn()).
@@ -28,6 +30,7 @@ the LSTM output of one multi-step call or of one call per step.
 
 from __future__ import annotations
 
+import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -57,6 +60,13 @@ def live() -> dict[str, Any]:
     rows handed to the writer (empty before a run starts)."""
     metrics = _CURRENT() if _CURRENT is not None else None
     return {} if metrics is None else metrics.live()
+
+
+def _count(probe: Any, start: float) -> None:
+    """The time since ``start`` into the probe's ``integration_seconds`` (the log's ``probe_cost``)."""
+    tracer = probe.tracer
+    if tracer is not None:
+        tracer.integration_seconds += time.perf_counter() - start
 
 
 class _Module:
@@ -104,6 +114,13 @@ class LiveMetrics:
             probe = ref()
             if probe is None or probe.loop_module is mod:  # a loop recorded whole: its outputs come in one (loop)
                 return
+            start = time.perf_counter()
+            try:
+                keep(probe, mod, output)
+            finally:
+                _count(probe, start)
+
+        def keep(probe: Any, mod: Any, output: Any) -> None:
             y, (h, c) = output
             steps, batch = int(y.shape[0]), int(y.shape[1])
             self.rows += int(h.shape[0]) * batch * steps
@@ -139,6 +156,13 @@ class LiveMetrics:
         probe = self.probe()
         if probe is None or not probe.in_rollout:
             return
+        start = time.perf_counter()
+        try:
+            self._rollout_step(probe)
+        finally:
+            _count(probe, start)
+
+    def _rollout_step(self, probe: Any) -> None:
         if probe.k == 1:  # the first step of an iteration: the previous one's training is over
             self._train_end()
         if probe.k == probe.n_steps:
