@@ -70,9 +70,18 @@ print(json.dumps({"seconds": seconds, "cpu": cpu, "total_cpu": total_cpu, "rss_m
 """
 
 
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
 def one(cfg: dict) -> dict:
-    env = {**os.environ, "OMP_NUM_THREADS": str(cfg["threads"])}
-    r = subprocess.run([sys.executable, "-c", CHILD, json.dumps(cfg)], capture_output=True, text=True, env=env)
+    """One training run in a fresh process. ``cfg["code"]``: the checkout whose lstm_probe it imports (run
+    from that directory: ``python -c`` puts the working directory first on the path, and the writer process
+    inherits it)."""
+    code = cfg.get("code") or HERE
+    env = {**os.environ, "OMP_NUM_THREADS": str(cfg["threads"]), "PYTHONPATH": code}
+    r = subprocess.run(
+        [sys.executable, "-c", CHILD, json.dumps(cfg)], capture_output=True, text=True, env=env, cwd=code
+    )
     if r.returncode:
         raise SystemExit(r.stderr)
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -101,6 +110,31 @@ def goal(capture: str, total: float, wall: float) -> str:
     return " ".join(missed) or "ok"
 
 
+def line(n_envs: int, threads: int, label: str, capture: str, base: list[dict], probed: list[dict]) -> None:
+    """Print one configuration's medians: probed runs against the interleaved unprobed ones."""
+    ratios = [p["seconds"] / b["seconds"] for p, b in zip(probed, base, strict=True)]
+    # the training process's CPU time, probed / unprobed: what the probe costs training itself,
+    # less exposed than wall time to other tenants of a shared machine
+    cpu = statistics.median(p["cpu"] / b["cpu"] for p, b in zip(probed, base, strict=True))
+    total = statistics.median(p["total_cpu"] / b["total_cpu"] for p, b in zip(probed, base, strict=True))
+    totals = [p["total_cpu"] / b["total_cpu"] for p, b in zip(probed, base, strict=True)]
+    # memory over unprobed: the training process's peak RSS, plus the writer process's peak private
+    # memory (the libraries it maps are the training process's too)
+    writer_mb = statistics.median(p["cost"].get("writer_peak_private_mb", 0) for p in probed)
+    rss = statistics.median(p["rss_mb"] for p in probed) - statistics.median(b["rss_mb"] for b in base)
+    rss += writer_mb
+    rows = probed[-1]["rows"]
+    print(
+        f"{n_envs:>6} {threads:>3} {label:>9} {total:>6.3f}x ({min(totals):.3f}-{max(totals):.3f}) "
+        f"{statistics.median(ratios):>6.3f}x {min(ratios):>6.3f}-{max(ratios):<6.3f}x {cpu:>5.3f}x "
+        f"{statistics.median(b['seconds'] for b in base):>7.1f} {statistics.median(p['seconds'] for p in probed):>8.1f} "
+        f"{rss:>8.0f} {writer_mb:>6.0f} {rows:>9} {probed[-1]['bytes'] / max(rows, 1):>6.0f} "
+        f"{share(probed, 'hook_seconds', 'integration_seconds'):>6.1f} {share(probed, 'writer_cpu_seconds'):>7.1f}  "
+        f"{goal(capture, total, statistics.median(ratios))}",
+        flush=True,
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--env", default="Pendulum-v1")
@@ -122,12 +156,18 @@ def main() -> None:
     ap.add_argument("--concurrent", action="store_true",
                     help="run each unprobed/probed pair at the same time (memory runs: halves the wall time; "
                          "the time ratios then mean little)")
+    ap.add_argument(
+        "--before",
+        metavar="CHECKOUT",
+        help="also run the probed configuration with another checkout's lstm_probe (e.g. a `git worktree` of an "
+        "earlier commit), interleaved: unprobed, before, current; prints the before line under each current line",
+    )
     args = ap.parse_args()
     tmp_dir = tempfile.TemporaryDirectory(prefix="lstm-probe-overhead-")  # removed at exit, even on errors
     tmp = tmp_dir.name
     print(f"{args.env}, {args.steps} steps, sb3-contrib defaults (hidden 256, n_steps 128), {args.repeats} "
           "interleaved repeats\n")
-    print(f"{'n_envs':>6} {'thr':>3} {'capture':>9} {'totcpu':>7} {'ratio':>7} {'spread':>15} {'cpu':>6} {'base s':>7} {'probe s':>8} "
+    print(f"{'n_envs':>6} {'thr':>3} {'capture':>9} {'totcpu (spread)':>23} {'ratio':>7} {'spread':>15} {'cpu':>6} {'base s':>7} {'probe s':>8} "
           f"{'RSS +MB':>8} {'wr MB':>6} {'rows':>9} {'B/row':>6} {'train%':>6} {'writer%':>7}")
     # totcpu (the headline): CPU time of the training process plus its writer process (reaped children),
     # probed / unprobed, median of pairs: what a sweep of many seeds on one node pays.
@@ -140,7 +180,7 @@ def main() -> None:
         for threads in args.threads:
             for capture, writer in [(c, w) for c in args.captures for w in args.writers]:
                 label = capture if writer == "process" else f"{capture}/thr"
-                base, probed = [], []
+                base, probed, earlier = [], [], []
                 for _ in range(args.repeats):
                     common = {"env": args.env, "steps": args.steps, "n_envs": n_envs, "threads": threads,
                               "out": os.path.join(tmp, "b.parquet"), "writer": writer, "what_if": args.what_if,
@@ -152,25 +192,12 @@ def main() -> None:
                         probed.append(p)
                         continue
                     base.append(one({**common, "capture": "none"}))
+                    if args.before:
+                        earlier.append(one({**common, "capture": capture, "code": os.path.abspath(args.before)}))
                     probed.append(one({**common, "capture": capture}))
-                ratios = [p["seconds"] / b["seconds"] for p, b in zip(probed, base, strict=True)]
-                # the training process's CPU time, probed / unprobed: what the probe costs training itself,
-                # less exposed than wall time to other tenants of a shared machine
-                cpu = statistics.median(p["cpu"] / b["cpu"] for p, b in zip(probed, base, strict=True))
-                total = statistics.median(p["total_cpu"] / b["total_cpu"] for p, b in zip(probed, base, strict=True))
-                # memory over unprobed: the training process's peak RSS, plus the writer process's peak private
-                # memory (the libraries it maps are the training process's too)
-                writer_mb = statistics.median(p["cost"].get("writer_peak_private_mb", 0) for p in probed)
-                rss = statistics.median(p["rss_mb"] for p in probed) - statistics.median(b["rss_mb"] for b in base)
-                rss += writer_mb
-                rows = probed[-1]["rows"]
-                print(f"{n_envs:>6} {threads:>3} {label:>9} {total:>6.3f}x {statistics.median(ratios):>6.3f}x "
-                      f"{min(ratios):>6.3f}-{max(ratios):<6.3f}x {cpu:>5.3f}x {statistics.median(b['seconds'] for b in base):>7.1f} "
-                      f"{statistics.median(p['seconds'] for p in probed):>8.1f} {rss:>8.0f} {writer_mb:>6.0f} {rows:>9} "
-                      f"{probed[-1]['bytes'] / max(rows, 1):>6.0f} "
-                      f"{share(probed, 'hook_seconds', 'integration_seconds'):>6.1f} "
-                      f"{share(probed, 'writer_cpu_seconds'):>7.1f}  {goal(capture, total, statistics.median(ratios))}",
-                      flush=True)
+                line(n_envs, threads, label, capture, base, probed)
+                if earlier:
+                    line(n_envs, threads, "before", capture, base, earlier)
                 if args.what_if:
                     print(f"{'':>6} what-if: {share(probed, 'what_if_seconds'):.1f}% of the probed run measuring",
                           flush=True)

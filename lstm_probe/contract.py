@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -248,3 +248,24 @@ class Integration(Protocol):
         """The :class:`Tags` (phase, place in training, provenance :class:`Grid`) of a call of ``module``
         over ``steps`` timesteps and ``batch`` columns (the :data:`Resolver`); called from the hooks."""
         ...
+
+
+def padded(tags: Tags, valid: np.ndarray) -> Tags:
+    """The tags of a call on a PackedSequence (the tracer's hook), from the integration's: ``valid`` (T, N)
+    is False after a sequence's end. Those steps become padding rows (``padding`` True, every nullable grid column null
+    there); the batch columns are numbered as sequences (``seq``, ``t``) with their unpadded lengths."""
+    pad = ~valid.T  # (N, T)
+    steps = pad.shape[1]
+    grid = tags.grid
+    columns: dict[str, np.ndarray | None] = {}
+    for col in GRID_CELLS:
+        v = getattr(grid, col.name) if grid is not None else None
+        if v is not None and col.nullable:
+            columns[col.name] = np.where(pad, col.fill, v[:, :steps]).astype(col.dtype, copy=False)
+    columns["padding"] = pad
+    columns["seq_len"] = valid.sum(axis=0).astype(np.int32)
+    for col in GRID_SEQUENCES:
+        v = getattr(grid, col.name) if grid is not None and grid.train else None
+        if col.name != "seq_len":
+            columns[col.name] = v if v is not None else np.full(pad.shape[0], col.fill, col.dtype)
+    return replace(tags, grid=Grid.of(columns, train=True), stepwise={})

@@ -7,9 +7,9 @@ framework, declares its capabilities and, before or during each call, answers wi
 each batch column and timestep belongs to). The tracer turns a call into rows: one per (layer, batch
 column, timestep), written into columnar buffers (see ``writer.py``).
 
-The module must be this long: the ways a call reaches the log (one step, a sequence, a packed
-sequence, a per-timestep loop recorded whole: :meth:`Tracer.loop_begin`) share the hook's state and
-its blocks of one-step calls, and are read together.
+The ways a call reaches the log (one step, a sequence, a packed sequence, a per-timestep loop recorded
+whole: :meth:`Tracer.loop_begin`) share the hook's state and its blocks of one-step calls, so they live
+here together; which modules are hooked and how the log describes them is ``modules.py``.
 """
 
 from __future__ import annotations
@@ -17,8 +17,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import functools
-import platform
-import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -29,15 +27,14 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 
-from lstm_probe.contract import CODES, GRID_CELLS, GRID_SEQUENCES, PATH, Grid, Integration, Resolver, Tags, tag_values
+from lstm_probe.contract import CODES, PATH, Grid, Integration, Resolver, Tags, padded, tag_values
 from lstm_probe.errors import BadInput, one_line
 from lstm_probe.inputs import Inputs, cell_input, module_input
 from lstm_probe.logwriter import LogWriter
+from lstm_probe.modules import RECURRENT_TYPES, base_metadata, describe_modules
 from lstm_probe.options import CaptureOptions
 from lstm_probe.recover import gru_sequence_states, lstm_sequence_io, snapshot_weights
-from lstm_probe.schema import SCHEMA_VERSION
 
-RECURRENT_TYPES = (nn.LSTM, nn.GRU, nn.LSTMCell, nn.GRUCell)
 MAX_PENDING = 256
 """One-step calls kept before they are written as one block (bounds the memory they hold)."""
 _grad_enabled = torch.is_grad_enabled
@@ -54,84 +51,6 @@ def _host(t: torch.Tensor) -> np.ndarray:
 
 def _nbytes(*tensors: torch.Tensor | None) -> int:
     return sum(t.nelement() * t.element_size() for t in tensors if t is not None)
-
-
-def _padded(tags: Tags, valid: np.ndarray) -> Tags:
-    """The tags of a call on a PackedSequence, from the integration's: ``valid`` (T, N) is False after a
-    sequence's end. Those steps become padding rows (``padding`` True, every nullable grid column null
-    there); the batch columns are numbered as sequences (``seq``, ``t``) with their unpadded lengths."""
-    pad = ~valid.T  # (N, T)
-    steps = pad.shape[1]
-    grid = tags.grid
-    columns: dict[str, np.ndarray | None] = {}
-    for col in GRID_CELLS:
-        v = getattr(grid, col.name) if grid is not None else None
-        if v is not None and col.nullable:
-            columns[col.name] = np.where(pad, col.fill, v[:, :steps]).astype(col.dtype, copy=False)
-    columns["padding"] = pad
-    columns["seq_len"] = valid.sum(axis=0).astype(np.int32)
-    for col in GRID_SEQUENCES:
-        v = getattr(grid, col.name) if grid is not None and grid.train else None
-        if col.name != "seq_len":
-            columns[col.name] = v if v is not None else np.full(pad.shape[0], col.fill, col.dtype)
-    return dataclasses.replace(tags, grid=Grid.of(columns, train=True), stepwise={})
-
-
-def find_recurrent(model: nn.Module, names: list[str] | None = None) -> dict[str, nn.Module]:
-    """Every nn.LSTM / nn.GRU / nn.LSTMCell / nn.GRUCell in ``model`` (or those ``names``)."""
-    found: dict[str, nn.Module] = {
-        name or "root": m for name, m in model.named_modules() if isinstance(m, RECURRENT_TYPES)
-    }
-    if names is not None:
-        missing = [n for n in names if n not in found]
-        if missing:
-            raise BadInput(
-                f"no recurrent module named {missing[0]!r}; recurrent modules here: {', '.join(found) or 'none'}"
-            )
-        found = {n: found[n] for n in names}
-    if not found:
-        raise BadInput("the model has no nn.LSTM, nn.GRU, nn.LSTMCell or nn.GRUCell to trace")
-    return found
-
-
-def describe_modules(modules: Mapping[str, nn.Module]) -> dict[str, dict[str, Any]]:
-    out = {}
-    for name, m in modules.items():
-        size: Any = m.hidden_size
-        inputs: Any = m.input_size
-        out[name] = {
-            "kind": type(m).__name__,
-            "hidden_size": int(size),
-            "num_layers": int(getattr(m, "num_layers", 1)),
-            "input_size": int(inputs),
-        }
-    return out
-
-
-def base_metadata() -> dict[str, Any]:
-    from importlib.metadata import version
-
-    versions = {
-        "torch": torch.__version__,
-        "numpy": np.__version__,
-        "pyarrow": version("pyarrow"),  # not imported: with a writer process, training never loads it
-        "python": platform.python_version(),
-    }
-    for pkg in ("stable_baselines3", "sb3_contrib", "gymnasium"):
-        try:
-            versions[pkg] = __import__(pkg).__version__
-        except ImportError:
-            pass
-    if "ray" in sys.modules:  # only when already loaded: importing Ray takes seconds
-        versions["ray"] = sys.modules["ray"].__version__
-    from lstm_probe import __version__
-
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "lstm_probe_version": __version__,
-        "versions": versions,
-        "start_time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-    }
 
 
 class Tracer:
@@ -389,7 +308,7 @@ class Tracer:
                 y = pad_packed_sequence(output[0])[0]  # (T, N, H), zeros after each sequence's end
                 steps, batch = int(x.shape[0]), int(x.shape[1])
                 valid = np.arange(steps)[:, None] < lengths.numpy()[None, :]  # (T, N)
-                self._resolved = _padded(self.resolver(name, steps, batch), valid)
+                self._resolved = padded(self.resolver(name, steps, batch), valid)
                 sequence(mod, args, x, y, False, valid, output)
 
             def sequence(

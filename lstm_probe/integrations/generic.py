@@ -19,10 +19,10 @@ from torch import nn
 
 from lstm_probe.contract import PHASE, USER_CALL_TAGS, USER_GRID_TAGS, USER_TAGS, Capabilities, Grid, Tags
 from lstm_probe.errors import BadInput
+from lstm_probe.modules import find_recurrent
 from lstm_probe.options import DEFAULT_WRITER, CaptureOptions, capture_options
 from lstm_probe.schema import COLUMN, PHASES
 from lstm_probe.tracer import Tracer as CoreTracer
-from lstm_probe.tracer import find_recurrent
 
 TAGS = USER_TAGS  # the schema's user-taggable columns
 PROVENANCE = USER_GRID_TAGS

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from lstm_probe.errors import BadInput, one_line
-from lstm_probe.tracer import describe_modules
+from lstm_probe.modules import describe_modules
 
 
 def role(name: str, count: int) -> str:

@@ -51,8 +51,9 @@ from torch import nn
 from lstm_probe.contract import BOOTSTRAP, SEQ_REASON, Capabilities, Grid, Tags
 from lstm_probe.errors import BadInput
 from lstm_probe.integrations.rllib.model import gradient_flow, lstms
+from lstm_probe.modules import describe_modules
 from lstm_probe.options import CaptureOptions, capture_options
-from lstm_probe.tracer import Tracer, describe_modules
+from lstm_probe.tracer import Tracer
 
 KEY = "lstm_probe"
 """Key of the probe's entry in ``SingleAgentEpisode.custom_data`` and prefix of its batch column."""

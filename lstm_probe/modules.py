@@ -1,0 +1,81 @@
+"""Which recurrent modules a tracer hooks, and how a log's metadata describes them and the run's software.
+
+Used by the tracer core and by integrations that describe their modules themselves (RLlib's).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import platform
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from lstm_probe.errors import BadInput
+from lstm_probe.schema import SCHEMA_VERSION
+
+RECURRENT_TYPES = (nn.LSTM, nn.GRU, nn.LSTMCell, nn.GRUCell)
+"""The module types a tracer can hook."""
+
+
+def find_recurrent(model: nn.Module, names: list[str] | None = None) -> dict[str, nn.Module]:
+    """Every nn.LSTM / nn.GRU / nn.LSTMCell / nn.GRUCell in ``model`` (or those ``names``)."""
+    found: dict[str, nn.Module] = {
+        name or "root": m for name, m in model.named_modules() if isinstance(m, RECURRENT_TYPES)
+    }
+    if names is not None:
+        missing = [n for n in names if n not in found]
+        if missing:
+            raise BadInput(
+                f"no recurrent module named {missing[0]!r}; recurrent modules here: {', '.join(found) or 'none'}"
+            )
+        found = {n: found[n] for n in names}
+    if not found:
+        raise BadInput("the model has no nn.LSTM, nn.GRU, nn.LSTMCell or nn.GRUCell to trace")
+    return found
+
+
+def describe_modules(modules: Mapping[str, nn.Module]) -> dict[str, dict[str, Any]]:
+    """Each module's kind, hidden and input size and layers, as the log's metadata ``modules`` holds them."""
+    out = {}
+    for name, m in modules.items():
+        size: Any = m.hidden_size
+        inputs: Any = m.input_size
+        out[name] = {
+            "kind": type(m).__name__,
+            "hidden_size": int(size),
+            "num_layers": int(getattr(m, "num_layers", 1)),
+            "input_size": int(inputs),
+        }
+    return out
+
+
+def base_metadata() -> dict[str, Any]:
+    """The metadata every log starts with: schema and lstm-probe versions, library versions, start time."""
+    from importlib.metadata import version
+
+    versions = {
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "pyarrow": version("pyarrow"),  # not imported: with a writer process, training never loads it
+        "python": platform.python_version(),
+    }
+    for pkg in ("stable_baselines3", "sb3_contrib", "gymnasium"):
+        try:
+            versions[pkg] = __import__(pkg).__version__
+        except ImportError:
+            pass
+    if "ray" in sys.modules:  # only when already loaded: importing Ray takes seconds
+        versions["ray"] = sys.modules["ray"].__version__
+    from lstm_probe import __version__
+
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "lstm_probe_version": __version__,
+        "versions": versions,
+        "start_time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
