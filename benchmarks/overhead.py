@@ -162,6 +162,7 @@ def main() -> None:
         help="also run the probed configuration with another checkout's lstm_probe (e.g. a `git worktree` of an "
         "earlier commit), interleaved: unprobed, before, current; prints the before line under each current line",
     )
+    ap.add_argument("--dump", metavar="FILE", help="also write every run's raw figures to FILE (JSON lines)")
     args = ap.parse_args()
     tmp_dir = tempfile.TemporaryDirectory(prefix="lstm-probe-overhead-")  # removed at exit, even on errors
     tmp = tmp_dir.name
@@ -195,6 +196,11 @@ def main() -> None:
                     if args.before:
                         earlier.append(one({**common, "capture": capture, "code": os.path.abspath(args.before)}))
                     probed.append(one({**common, "capture": capture}))
+                if args.dump:
+                    with open(args.dump, "a") as f:
+                        for arm, runs in (("unprobed", base), (label, probed), ("before", earlier)):
+                            for i, r in enumerate(runs):
+                                f.write(json.dumps({"n_envs": n_envs, "capture": capture, "arm": arm, "repeat": i, **r}) + "\n")
                 line(n_envs, threads, label, capture, base, probed)
                 if earlier:
                     line(n_envs, threads, "before", capture, base, earlier)

@@ -76,7 +76,7 @@ WRITER_ENV: dict[str, str | None] = {
     "MKL_NUM_THREADS": "1",
     "ARROW_DEFAULT_MEMORY_POOL": "system",
     "MALLOC_ARENA_MAX": "1",
-    "MALLOC_MMAP_THRESHOLD_": "65536",
+    "MALLOC_MMAP_THRESHOLD_": "1048576",
 }
 """The writer process's environment on top of the training process's (see :meth:`Child.start`)."""
 
@@ -104,7 +104,9 @@ class Child:
         # One core's worth of threads, and allocators that give memory back: the system allocator for
         # Arrow (its default mimalloc pool kept ~17 MB more), one glibc arena, and a fixed mmap threshold
         # (glibc raises it after large frees, and then row-group-sized buffers fragment its heap: measured,
-        # +10 MB per GB written without it, flat with it).
+        # +10 MB per GB written without it, flat with it). 1 MB, not 64 kB: below it every Arrow page buffer
+        # was mapped anew with its page faults; 1 MB cut the writer's CPU per row by ~28% for ~8 MB more
+        # private memory (benchmarks/writer_profile.py pipe, docs/performance.md "Writer CPU").
         env = {k: v for k, v in {**os.environ, **WRITER_ENV}.items() if v is not None}  # None: unset
         # The same lstm_probe as this process's, also when it was found through a sys.path edit
         # (a checkout next to a script) rather than installed.
