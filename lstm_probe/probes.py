@@ -11,8 +11,8 @@ torch), a probe on a few hundred hidden units is one small linear solve, and the
 episodes are split without an RNG: every ``round(1 / holdout)``-th (env, episode) in sorted order is held out
 (contiguous runs of 16 steps of an episode where a rollout holds too few episodes).
 
-pandas is imported by the functions that build a DataFrame, not by this module: the report imports it (for
-:func:`probe_targets`) and needs pandas only where a log carries probe targets.
+pandas is imported by the functions that build a DataFrame, not by this module: the report and ``lstm-probe
+probe`` call :func:`probe_rows` (numpy) and load no pandas, probe targets or not.
 """
 
 from __future__ import annotations

@@ -397,6 +397,23 @@ def test_report_of_an_sb3_log_loads_no_pandas(tmp_path, log):
     assert loaded_by("report", SAMPLES / log, "--json", cwd=tmp_path) & (FRAMEWORK_MODULES | {"pandas"}) == set()
 
 
+def test_report_of_a_log_with_probe_targets_loads_no_pandas(tmp_path):
+    """Observations and info values in the rollout rows: the report's Linear probes section fits its probes in
+    numpy (probes.probe_rows), text and JSON alike."""
+    r = cli(
+        "run", "CartPole-v1", "--steps", "64", "--n-steps", "32", "--batch-size", "32", "--n-epochs", "1",
+        "--hidden-size", "8", "--torch-threads", "1", "--capture-obs", "--info", "absent", "-q", "-o", "obs.parquet",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    log = tmp_path / "obs.parquet"
+    assert loaded_by("report", log, cwd=tmp_path) & (FRAMEWORK_MODULES | {"pandas"}) == set()
+    assert loaded_by("report", log, "--json", cwd=tmp_path) & (FRAMEWORK_MODULES | {"pandas"}) == set()
+    doc = json.loads(cli("report", log, "--json", cwd=tmp_path).stdout)["probes"]
+    assert doc["targets"] == ["obs:0", "obs:1", "obs:2", "obs:3", "info:absent"] and doc["iterations"] == [0, 1]
+    assert len(doc["rows"]) == 2 * 2 * 5 * 2  # iterations, modules (actor, critic), targets, lags
+
+
 def test_probe_loads_no_pandas_and_prints_the_library_rows(tmp_path):
     log = SAMPLES / "pendulum-1env.parquet"
     assert loaded_by("probe", log, "--lags", "0,1", cwd=tmp_path) & (FRAMEWORK_MODULES | {"pandas"}) == set()

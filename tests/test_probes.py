@@ -8,7 +8,7 @@ import pytest
 import lstm_probe
 from lstm_probe import ProbeCallback
 from lstm_probe.errors import BadInput
-from lstm_probe.probes import _sample, r2, ridge, split
+from lstm_probe.probes import _sample, probe_targets, r2, ridge, split
 from lstm_probe.reader import load, states
 
 
@@ -122,6 +122,11 @@ def test_report_probe_table(captured, log):
     assert ("info:cos", "actor", 0) in got and ("obs:2", "critic", 1) in got
     assert all(r["r2"] is None for r in probes["rows"] if r["target"] == "info:missing")
     assert lstm_probe.summarize(log).to_dict()["probes"] is None  # no observations captured
+    # the section's numpy rows (probe_rows) are the DataFrame's (probe_targets), NaN as None, of the same types
+    frame = probe_targets(out, probes["targets"], lags=[0, 1], iterations=[0, 1], max_rows=4096, strict=False)
+    want = [{k: None if v != v else v for k, v in r.items()} for r in frame.to_dict("records")]
+    assert probes["rows"] == want
+    assert [[type(v) for v in r.values()] for r in probes["rows"]] == [[type(v) for v in r.values()] for r in want]
 
 
 def test_sample_keeps_whole_units():

@@ -1,7 +1,7 @@
 """The "Linear probes" section: what the hidden state encodes, for logs whose rollout rows carry observations
 (``--capture-obs``) or info values (``--info KEY``): R² of ridge probes from h (each module and layer) to each
 observation component and info key, at lags 0 and 1, on held-out episodes, at a few iterations spread over the
-run (:func:`lstm_probe.probes.probe_targets`; ``lstm-probe probe`` gives any target, lag and iteration).
+run (:func:`lstm_probe.probes.probe_rows`, numpy only; ``lstm-probe probe`` gives any target, lag and iteration).
 
 Bounded cost: at most :data:`ITERATIONS` iterations, :data:`MAX_OBS` observation components and about
 :data:`MAX_ROWS` rows per (iteration, module, layer), whole episodes sampled evenly.
@@ -63,12 +63,11 @@ class Probes(Section[ProbesSection | None]):
         targets = [f"obs:{i}" for i in range(min(obs_size, MAX_OBS))] if isinstance(obs_size, int) else []
         targets += [f"info:{k}" for k in keys]
         iterations = _spread(list(range(log.iterations)), ITERATIONS)
-        from lstm_probe.probes import probe_targets  # imports pandas: only for logs this section reads
+        from lstm_probe.probes import probe_rows  # numpy: the report loads no pandas
 
-        table = probe_targets(log.info.path, targets, lags=LAGS, iterations=iterations, max_rows=MAX_ROWS, strict=False)
+        found = probe_rows(log.info.path, targets, lags=LAGS, iterations=iterations, max_rows=MAX_ROWS, strict=False)
         rows: list[dict[str, Any]] = [
-            {str(k): (None if isinstance(v, float) and not np.isfinite(v) else v) for k, v in r.items()}
-            for r in table.to_dict("records")
+            {k: (None if isinstance(v, float) and not np.isfinite(v) else v) for k, v in r.items()} for r in found
         ]
         return ProbesSection(
             targets, list(LAGS), sorted({int(r["iteration"]) for r in rows if r["iteration"] is not None}), rows
