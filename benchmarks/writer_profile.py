@@ -38,11 +38,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "vec-plain": {"vector_bss": False},
     "vec-lz4": {"vector_compression": "lz4"},
     "vec-none": {"vector_compression": "none"},
-    "jr-bss": {"journal_bss": True},
-    "jr-lz4": {"journal_compression": "lz4"},
-    "jr-bss-lz4": {"journal_bss": True, "journal_compression": "lz4"},
-    "jr-snappy": {"journal_compression": "snappy"},
-    "jr-bss-zstd": {"journal_bss": True, "journal_compression": "zstd"},
 }
 """Encoding variants: overrides of ``lstm_probe.writer.ENCODING`` (see there)."""
 
@@ -160,13 +155,14 @@ class _Stages:
 
         make = writer._parquet_writer
 
-        def parquet_writer(path: Any, schema: Any, journal: bool = False) -> Any:
-            w = make(path, schema, journal)
-            label = "  of which the journal's" if journal else "  of which the single file's"
-            self.wrap(w, "write_batch", label)
+        def parquet_writer(path: Any, schema: Any) -> Any:
+            w = make(path, schema)
+            self.wrap(w, "write_batch", "  of which Parquet (encode, zstd, file)")
             return w
 
         writer._parquet_writer = parquet_writer  # type: ignore[assignment]
+        if s.log.parts.assembly is not None:
+            self.wrap(s.log.parts.assembly, "append", "  of which the single file's copy")
 
 
 def compare(a: str, b: str) -> str:

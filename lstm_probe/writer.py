@@ -15,10 +15,11 @@ can be moved or deleted together.
 
 Two output shapes:
 - a directory (``--out runs/x/``): the parts are the log; any Arrow engine reads it as one table.
-- a file (``--out run.parquet``): the writer writes every row group twice, into the parts
-  in ``run.parquet.partial/`` (the crash journal) and into a hidden ``.run.parquet.tmp``, which gets
-  its footer and is renamed to ``run.parquet`` when the log closes (closing costs no copy). If the
-  process is killed, ``run.parquet.partial/`` stays behind and the readers salvage it.
+- a file (``--out run.parquet``): the parts go into ``run.parquet.partial/`` (the crash journal), and each
+  part, once published, is copied byte for byte to the end of a hidden ``.run.parquet.tmp``
+  (``assemble.py``: every row is encoded once), which gets one footer and is renamed to ``run.parquet``
+  when the log closes; the journal is removed then. If the process is killed, ``run.parquet.partial/``
+  stays behind and the readers salvage it.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from lstm_probe.assemble import Assembly
 from lstm_probe.layout import partial_dir, row_capacity
 from lstm_probe.schema import COLUMNS, META_RUN_KEY, ROW_FLAGS, Column, log_schema, vector_width
 
@@ -48,8 +50,6 @@ ENCODING: dict[str, Any] = {
     "compression_level": None,
     "vector_bss": True,
     "vector_compression": COMPRESSION,
-    "journal_bss": False,
-    "journal_compression": "none",
 }
 """Encoding knobs (benchmarks/writer_profile.py measures variants of them side by side): the zstd level
 (None: Arrow's default), byte-stream-split on the state vectors, the vectors' codec."""
@@ -57,13 +57,13 @@ STRING_COLUMNS = [c.name for c in COLUMNS if c.kind == "code"]
 VECTOR_COLUMNS = [c.name for c in COLUMNS if c.kind == "vector"]
 
 
-def _parquet_writer(path: Path, schema: pa.Schema, journal: bool = False) -> pq.ParquetWriter:
+def _parquet_writer(path: Path, schema: pa.Schema) -> pq.ParquetWriter:
     # Dictionary encoding and min/max statistics on the float vectors only cost time: random floats
     # never fit a dictionary and nobody filters on a vector. Measured: 2x faster writes, 8% smaller.
-    # A journal (the crash parts of a single-file log, which gets the same rows compressed) stores its
-    # vectors uncompressed: zstd gains ~20% on float32 states and was half of the writer's CPU time.
+    # No page index (nor bloom filters): a part's row groups must move into a single-file log with their
+    # offsets in the footer alone (assemble.py).
     scalars = [n for n in schema.names if n not in VECTOR_COLUMNS]
-    vector_codec = ENCODING["journal_compression"] if journal else ENCODING["vector_compression"]
+    vector_codec = ENCODING["vector_compression"]
     # per leaf column (a vector's values are "h.list.element"; a name Arrow does not know is uncompressed)
     compression: Any = {
         f"{n}.list.element" if pa.types.is_fixed_size_list(schema.field(n).type) else n: (
@@ -80,25 +80,25 @@ def _parquet_writer(path: Path, schema: pa.Schema, journal: bool = False) -> pq.
         compression_level=levels,
         use_dictionary=STRING_COLUMNS,
         write_statistics=scalars,
-        column_encoding=column_encodings(schema, journal),
+        column_encoding=column_encodings(schema),
+        write_page_index=False,
     )
 
 
-def column_encodings(schema: pa.Schema, journal: bool = False) -> dict[str, str]:
+def column_encodings(schema: pa.Schema) -> dict[str, str]:
     """Parquet encodings of the log's columns (both standard Parquet encodings every Arrow engine reads).
 
     Floats are stored byte-stream-split (the bytes of each value spread over separate streams, so zstd
     sees the exponent bytes of neighbouring values together); integers delta-encoded (call, env_step,
     episode_step rise by small steps). Measured on logs of 1024-step Pendulum runs at the defaults (36k
     rows, hidden 256; float16: 512 steps): full capture 1629 -> 1164 B/row, float16 647 -> 494, summary
-    13.4 -> 8.9; writing is no slower (5.9 -> 5.2 us/row). A journal's vectors stay plain: they are not
-    compressed anyway.
+    13.4 -> 8.9; writing is no slower (5.9 -> 5.2 us/row).
     """
     out: dict[str, str] = {}
     for f in schema:
         typ = f.type
         if pa.types.is_fixed_size_list(typ):
-            if ENCODING["journal_bss" if journal else "vector_bss"]:
+            if ENCODING["vector_bss"]:
                 out[f"{f.name}.list.element"] = "BYTE_STREAM_SPLIT"
         elif pa.types.is_floating(typ):
             out[f.name] = "BYTE_STREAM_SPLIT"
@@ -234,17 +234,15 @@ class PartWriter:
         schema: pa.Schema,
         part_seconds: float,
         part_rows: int,
-        mirror: Path | None = None,
+        single: Path | None = None,
         shard: str | None = None,
         part_iterations: int | None = None,
     ):
         self.dir = directory
         self.shard = shard
-        # A single-file log is written alongside the parts (same batches, on this background thread), so
-        # closing it costs only its footer; the parts are its crash journal.
-        self.mirror_path = mirror
-        self.mirror_tmp = mirror.with_name(f".{mirror.name}.tmp") if mirror is not None else None
-        self.mirror: pq.ParquetWriter | None = None
+        # A single-file log is assembled from the parts (its crash journal) as each is published, so
+        # closing it costs the last part's copy and one footer.
+        self.assembly = Assembly(single) if single is not None else None
         self.schema = schema
         self.part_seconds = part_seconds
         self.part_rows = part_rows
@@ -255,7 +253,6 @@ class PartWriter:
         self.part_count = 0
         self.parts: list[Path] = []
         self.rows = 0  # rows written into parts (open or published)
-        self.mirror_rows = 0  # rows written into the single-file log
         self.part_iterations = part_iterations
         self.span = -1
         """The span of iterations (iteration // part_iterations) of the open part's rows; -1: none yet."""
@@ -266,7 +263,7 @@ class PartWriter:
     def _open(self) -> None:
         name = self.part_name()
         self.tmp = self.dir / f".{name}.tmp"
-        self.writer = _parquet_writer(self.tmp, self.schema, journal=self.mirror_path is not None)
+        self.writer = _parquet_writer(self.tmp, self.schema)
         self.opened = time.monotonic()
         self.part_count = 0
 
@@ -292,11 +289,6 @@ class PartWriter:
             self.discard()
             raise
         self.rows += batch.num_rows
-        if self.mirror_tmp is not None:
-            if self.mirror is None:
-                self.mirror = _parquet_writer(self.mirror_tmp, self.schema)
-            self.mirror.write_batch(batch)
-            self.mirror_rows += batch.num_rows
         self.part_count += batch.num_rows
         if self.part_count >= self.part_rows or self.part_due():
             self.close_part(progress)
@@ -321,25 +313,29 @@ class PartWriter:
         os.replace(self.tmp, target)
         self.parts.append(target)
         self.index += 1
+        if self.assembly is not None:
+            try:
+                self.assembly.append(target)
+            except BaseException:  # (a full disk) the journal keeps every row; the single file is given up
+                self.drop_single()
+                raise
 
-    def finish_mirror(self, final: dict[str, Any]) -> None:
-        """Close the single-file log with the outcome in its metadata and move it into place."""
-        assert self.mirror_path is not None and self.mirror_tmp is not None
-        if self.mirror is None:
-            self.mirror = _parquet_writer(self.mirror_tmp, self.schema)
-        self.mirror.add_key_value_metadata({META_FINAL_KEY.decode(): json.dumps(final, default=str)})
-        self.mirror.close()
-        self.mirror = None
-        os.replace(self.mirror_tmp, self.mirror_path)
+    def single_complete(self) -> bool:
+        """Whether the single-file log holds every row the published parts hold."""
+        return self.assembly is not None and self.assembly.rows == self.rows and self.writer is None
+
+    def finish_single(self) -> None:
+        """Write the single-file log's footer (the last part's: the outcome) and move it into place."""
+        if self.assembly is None:
+            raise OSError(f"the single-file log was given up after a failed write; its rows are in {self.dir}/")
+        self.assembly.finish()
 
     def abort(self) -> None:
-        for w in (self.writer, self.mirror):
-            if w is not None:
-                try:
-                    w.close()
-                except Exception:
-                    pass
-        self.writer = self.mirror = None
+        if self.writer is not None:
+            with contextlib.suppress(Exception):
+                self.writer.close()
+        self.writer = None
+        self.drop_single()
 
     def discard(self) -> None:
         """Give up the open part after a failed write: close it quietly and remove its temp file (its rows
@@ -354,15 +350,11 @@ class PartWriter:
             with contextlib.suppress(OSError):
                 self.tmp.unlink()
 
-    def drop_mirror(self) -> None:
+    def drop_single(self) -> None:
         """Give up the single-file log (the journal keeps the rows): close and remove its temp file."""
-        if self.mirror is not None:
-            with contextlib.suppress(Exception):
-                self.mirror.close()
-            self.mirror = None
-        if self.mirror_tmp is not None:
-            with contextlib.suppress(OSError):
-                self.mirror_tmp.unlink()
+        if self.assembly is not None:
+            self.assembly.drop()
+            self.assembly = None
 
 
 LANE_TRAIN, LANE_OTHER = 0, 1
@@ -371,8 +363,9 @@ LANE_TRAIN, LANE_OTHER = 0, 1
 
 class FileLog:
     """Rows of one log, buffered in preallocated columns and written as row groups into rolling parts
-    (and, for a single-file log, into the mirrored file). Synchronous: it runs wherever the rows are
-    made, on the writer thread or in the writer process (``writer_process.py``); it never imports torch."""
+    (for a single-file log, copied into the file as each part is published). Synchronous: it runs
+    wherever the rows are made, on the writer thread or in the writer process (``writer_process.py``);
+    it never imports torch."""
 
     def __init__(
         self,
@@ -420,7 +413,7 @@ class FileLog:
             self.schema,
             part_seconds,
             part_rows,
-            mirror=None if self.is_dir else self.path,
+            single=None if self.is_dir else self.path,
             shard=shard,
             part_iterations=self.part_iterations,
         )
@@ -501,7 +494,7 @@ class FileLog:
             self.parts._open()
         self.parts.close_part(final)
         if not self.is_dir:
-            self.parts.finish_mirror(final)
+            self.parts.finish_single()
             shutil.rmtree(self.parts_dir)
 
     def fail(self, final: dict[str, Any]) -> None:
@@ -518,17 +511,16 @@ class FileLog:
             self.parts.close_part(final)
         except Exception:
             self.parts.abort()
-            self.parts.drop_mirror()
             return
         if self.is_dir:
             return
-        if self.parts.mirror_rows != self.parts.rows:
-            self.parts.drop_mirror()
+        if not self.parts.single_complete():
+            self.parts.drop_single()
             return
         try:
-            self.parts.finish_mirror(final)
+            self.parts.finish_single()
         except Exception:
-            self.parts.drop_mirror()
+            self.parts.drop_single()
             return
         shutil.rmtree(self.parts_dir, ignore_errors=True)
 

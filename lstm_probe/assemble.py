@@ -1,0 +1,335 @@
+"""A single-file log assembled from its crash journal's parts, without encoding any row twice.
+
+A single-file log (``--out run.parquet``) is written as parts into ``run.parquet.partial/`` (the crash
+journal, ``writer.py``). Each part is a complete Parquet file: ``PAR1``, its row groups' column chunks,
+its footer (Thrift compact protocol), the footer's length and ``PAR1``. When a part is published,
+:class:`Assembly` copies its column chunks byte for byte to the end of the hidden ``.run.parquet.tmp``
+(``os.copy_file_range``: the kernel copies, nothing is decoded) and keeps the part's row groups' metadata
+with every file offset moved by where the bytes landed. Closing the log appends one footer (the last
+part's schema and key-value metadata, every row group in order) and renames the file into place.
+
+The footer is a Thrift struct (parquet.thrift's ``FileMetaData``); :func:`decode` and :func:`encode`
+read and write the compact protocol generically, field by field, so every field a writer sets survives.
+Only the offsets below change:
+- ``RowGroup``: 5 ``file_offset``; 7 ``ordinal`` (renumbered);
+- ``ColumnChunk``: 2 ``file_offset``, 4 ``offset_index_offset``, 6 ``column_index_offset``;
+- ``ColumnMetaData``: 9 ``data_page_offset``, 10 ``index_page_offset``, 11 ``dictionary_page_offset``,
+  14 ``bloom_filter_offset``.
+The parts are written without page indexes or bloom filters (``writer._parquet_writer``), whose own
+contents would hold offsets too: a part with either is refused (:class:`ValueError`).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from pathlib import Path
+from typing import Any
+
+MAGIC = b"PAR1"
+_STOP, _TRUE, _FALSE, _BYTE, _I16, _I32, _I64, _DOUBLE, _BINARY, _LIST, _SET, _MAP, _STRUCT = range(13)
+
+Field = tuple[int, int, Any]
+"""A struct's field: (field id, compact type, value). Values: int (byte, i16, i32, i64), bytes (binary, and
+a double's 8 raw bytes), None (bool: the type says true or false), a list ``(element type, [values])``
+(list, set; a bool element is its raw byte), a map ``(key type, value type, [(key, value)])``, and a
+struct: ``list[Field]``."""
+
+
+# -- the Thrift compact protocol ------------------------------------------------------------------------
+
+
+def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+    out = shift = 0
+    while True:
+        b = buf[pos]
+        pos += 1
+        out |= (b & 0x7F) << shift
+        if b < 0x80:
+            return out, pos
+        shift += 7
+
+
+def _unzigzag(n: int) -> int:
+    return (n >> 1) ^ -(n & 1)
+
+
+def _value(buf: bytes, pos: int, typ: int) -> tuple[Any, int]:
+    if typ in (_TRUE, _FALSE):  # a bool inside a list or map: one byte of its own
+        return buf[pos], pos + 1
+    if typ == _BYTE:
+        return buf[pos], pos + 1
+    if typ in (_I16, _I32, _I64):
+        n, pos = _varint(buf, pos)
+        return _unzigzag(n), pos
+    if typ == _DOUBLE:
+        return bytes(buf[pos : pos + 8]), pos + 8
+    if typ == _BINARY:
+        n, pos = _varint(buf, pos)
+        return bytes(buf[pos : pos + n]), pos + n
+    if typ in (_LIST, _SET):
+        head = buf[pos]
+        pos += 1
+        size, elem = head >> 4, head & 0x0F
+        if size == 15:
+            size, pos = _varint(buf, pos)
+        items = []
+        for _ in range(size):
+            v, pos = _value(buf, pos, elem)
+            items.append(v)
+        return (elem, items), pos
+    if typ == _MAP:
+        size, pos = _varint(buf, pos)
+        if size == 0:
+            return (0, 0, []), pos
+        kt, vt = buf[pos] >> 4, buf[pos] & 0x0F
+        pos += 1
+        pairs = []
+        for _ in range(size):
+            k, pos = _value(buf, pos, kt)
+            v, pos = _value(buf, pos, vt)
+            pairs.append((k, v))
+        return (kt, vt, pairs), pos
+    if typ == _STRUCT:
+        return _struct(buf, pos)
+    raise ValueError(f"unknown Thrift compact type {typ}")
+
+
+def _struct(buf: bytes, pos: int) -> tuple[list[Field], int]:
+    fields: list[Field] = []
+    last = 0
+    while True:
+        head = buf[pos]
+        pos += 1
+        if head == _STOP:
+            return fields, pos
+        typ, delta = head & 0x0F, head >> 4
+        if delta:
+            fid = last + delta
+        else:
+            n, pos = _varint(buf, pos)
+            fid = _unzigzag(n)
+        if typ in (_TRUE, _FALSE):
+            fields.append((fid, typ, None))
+        else:
+            v, pos = _value(buf, pos, typ)
+            fields.append((fid, typ, v))
+        last = fid
+
+
+def decode(buf: bytes) -> list[Field]:
+    """A Thrift struct in the compact protocol, field by field (see :data:`Field`)."""
+    fields, _ = _struct(buf, 0)
+    return fields
+
+
+def _put_varint(out: bytearray, n: int) -> None:
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+
+
+def _put_value(out: bytearray, typ: int, v: Any) -> None:
+    if typ in (_TRUE, _FALSE, _BYTE):
+        out.append(v & 0xFF)
+    elif typ in (_I16, _I32, _I64):
+        _put_varint(out, (v << 1) ^ (v >> 63))
+    elif typ == _DOUBLE:
+        out += v
+    elif typ == _BINARY:
+        _put_varint(out, len(v))
+        out += v
+    elif typ in (_LIST, _SET):
+        elem, items = v
+        if len(items) < 15:
+            out.append(len(items) << 4 | elem)
+        else:
+            out.append(0xF0 | elem)
+            _put_varint(out, len(items))
+        for item in items:
+            _put_value(out, elem, item)
+    elif typ == _MAP:
+        kt, vt, pairs = v
+        _put_varint(out, len(pairs))
+        if pairs:
+            out.append(kt << 4 | vt)
+        for k, val in pairs:
+            _put_value(out, kt, k)
+            _put_value(out, vt, val)
+    elif typ == _STRUCT:
+        _put_struct(out, v)
+    else:
+        raise ValueError(f"unknown Thrift compact type {typ}")
+
+
+def _put_struct(out: bytearray, fields: list[Field]) -> None:
+    last = 0
+    for fid, typ, v in fields:
+        if 0 < fid - last <= 15:
+            out.append((fid - last) << 4 | typ)
+        else:
+            out.append(typ)
+            _put_varint(out, (fid << 1) ^ (fid >> 63))
+        if typ not in (_TRUE, _FALSE):
+            _put_value(out, typ, v)
+        last = fid
+    out.append(_STOP)
+
+
+def encode(fields: list[Field]) -> bytes:
+    """The compact-protocol bytes of a struct :func:`decode` read (the same bytes for an unchanged struct)."""
+    out = bytearray()
+    _put_struct(out, fields)
+    return bytes(out)
+
+
+# -- Parquet footers ------------------------------------------------------------------------------------
+
+_ROW_GROUPS, _NUM_ROWS, _KEY_VALUE = 4, 3, 5  # FileMetaData
+_RG_COLUMNS, _RG_FILE_OFFSET, _RG_ORDINAL = 1, 5, 7  # RowGroup
+_CC_OFFSETS, _CC_META = (2, 4, 6), 3  # ColumnChunk: file_offset, offset_index_offset, column_index_offset
+_CM_OFFSETS = (9, 10, 11, 14)  # ColumnMetaData: data, index, dictionary page offsets, bloom filter offset
+_CC_INDEXES = (4, 6)  # ColumnChunk fields that point at a page index
+_CM_BLOOM = 14
+
+
+def _moved(fields: list[Field], ids: tuple[int, ...], shift: int) -> list[Field]:
+    # 0 is no offset (a writer leaves the deprecated ColumnChunk.file_offset 0): it stays 0
+    return [(fid, typ, v + shift if fid in ids and typ == _I64 and v > 0 else v) for fid, typ, v in fields]
+
+
+def _row_group(rg: list[Field], shift: int, ordinal: int) -> list[Field]:
+    """A row group's metadata with its file offsets moved by ``shift`` bytes and its ordinal set."""
+    out: list[Field] = []
+    for fid, typ, v in rg:
+        if fid == _RG_COLUMNS:
+            chunks = []
+            for chunk in v[1]:
+                if any(fid2 in _CC_INDEXES for fid2, _, _ in chunk):
+                    raise ValueError("a part with a page index cannot be moved (its offsets are inside it)")
+                moved = []
+                for fid2, typ2, v2 in _moved(chunk, _CC_OFFSETS, shift):
+                    if fid2 == _CC_META:
+                        if any(f == _CM_BLOOM for f, _, _ in v2):
+                            raise ValueError("a part with bloom filters cannot be moved")
+                        v2 = _moved(v2, _CM_OFFSETS, shift)
+                    moved.append((fid2, typ2, v2))
+                chunks.append(moved)
+            out.append((fid, typ, (v[0], chunks)))
+        elif fid == _RG_FILE_OFFSET and typ == _I64 and v > 0:
+            out.append((fid, typ, v + shift))
+        elif fid == _RG_ORDINAL:
+            out.append((fid, typ, ordinal))
+        else:
+            out.append((fid, typ, v))
+    return out
+
+
+def read_footer(path: Path) -> tuple[list[Field], int]:
+    """A Parquet file's footer (FileMetaData fields) and where it starts (the column chunks end there)."""
+    with open(path, "rb") as f:
+        size = f.seek(0, os.SEEK_END)
+        if size < 12:
+            raise ValueError(f"{path} is too short to be a Parquet file")
+        f.seek(size - 8)
+        tail = f.read(8)
+        if tail[4:] != MAGIC:
+            raise ValueError(f"{path} has no Parquet footer")
+        length = struct.unpack("<I", tail[:4])[0]
+        start = size - 8 - length
+        f.seek(start)
+        return decode(f.read(length)), start
+
+
+def _copy(src: int, dst: int, offset: int, count: int) -> None:
+    """Copy ``count`` bytes at ``offset`` of ``src`` to the current end of ``dst`` (both file descriptors)."""
+    copy = getattr(os, "copy_file_range", None)
+    while count > 0:
+        done = 0
+        if copy is not None:
+            try:
+                done = copy(src, dst, count, offset)
+            except OSError:  # another file system, an old kernel: copy through user space
+                copy = None
+        if not done:
+            done = os.write(dst, os.pread(src, min(count, 8 << 20), offset))
+        offset += done
+        count -= done
+
+
+class Assembly:
+    """The single-file log ``path``, assembled part by part (see the module's docstring). Written to
+    ``.NAME.tmp`` beside it until :meth:`finish` renames it into place."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.tmp = path.with_name(f".{path.name}.tmp")
+        self.fd: int | None = None
+        self.size = 0  # bytes written so far
+        self.rows = 0
+        self.row_groups: list[Any] = []  # every row group's moved metadata, in order
+        self.template: list[Field] | None = None  # the last part's footer: schema and key-value metadata
+
+    def append(self, part: Path) -> int:
+        """Copy a published part's row groups to the end of the log; the rows it held."""
+        footer, end = read_footer(part)
+        if self.fd is None:
+            self.fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.write(self.fd, MAGIC)
+            self.size = len(MAGIC)
+        src = os.open(part, os.O_RDONLY)
+        try:
+            _copy(src, self.fd, len(MAGIC), end - len(MAGIC))
+        finally:
+            os.close(src)
+        shift = self.size - len(MAGIC)
+        rows = 0
+        for fid, _, v in footer:
+            if fid == _ROW_GROUPS:
+                for rg in v[1]:
+                    self.row_groups.append(_row_group(rg, shift, len(self.row_groups)))
+            elif fid == _NUM_ROWS:
+                rows = v
+        self.size += end - len(MAGIC)
+        self.rows += rows
+        self.template = footer
+        return rows
+
+    def footer(self) -> bytes:
+        """The log's footer: the last part's fields (its schema, its key-value metadata: the outcome when it
+        is the closing part), with every row group and the total row count."""
+        assert self.template is not None, "no part appended"
+        fields: list[Field] = []
+        for fid, typ, v in self.template:
+            if fid == _NUM_ROWS:
+                v = self.rows
+            elif fid == _ROW_GROUPS:
+                v = (v[0], self.row_groups)
+            fields.append((fid, typ, v))
+        return encode(fields)
+
+    def finish(self) -> None:
+        """Write the footer and move the log into place."""
+        assert self.fd is not None
+        footer = self.footer()
+        os.write(self.fd, footer + struct.pack("<I", len(footer)) + MAGIC)
+        os.close(self.fd)
+        self.fd = None
+        os.replace(self.tmp, self.path)
+
+    def drop(self) -> None:
+        """Give up the log (the journal keeps every row): close and remove the temp file."""
+        if self.fd is not None:
+            try:
+                os.close(self.fd)
+            except OSError:
+                pass
+            self.fd = None
+        try:
+            self.tmp.unlink()
+        except OSError:
+            pass
+
+
+__all__ = ["Assembly", "decode", "encode", "read_footer"]
