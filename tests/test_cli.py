@@ -389,10 +389,9 @@ def test_read_commands_load_no_framework_and_no_rich(tmp_path, args):
     assert loaded_by(*args, cwd=tmp_path) & (FRAMEWORK_MODULES | {"rich", "matplotlib"}) == set()
 
 
-@pytest.mark.parametrize("log", ["pendulum-1env.parquet", "cartpole-4env.parquet"])
-def test_report_of_an_sb3_log_loads_no_pandas(tmp_path, log):
-    """pandas is most of a small log's report start-up; text and JSON reports of a one-process log need none
-    (an RLlib log's cross-process check builds a DataFrame)."""
+@pytest.mark.parametrize("log", ["pendulum-1env.parquet", "cartpole-4env.parquet", "cartpole-rllib"])
+def test_report_loads_no_pandas(tmp_path, log):
+    """pandas is most of a small log's report start-up; text and JSON reports need none."""
     assert loaded_by("report", SAMPLES / log, cwd=tmp_path) & (FRAMEWORK_MODULES | {"pandas"}) == set()
     assert loaded_by("report", SAMPLES / log, "--json", cwd=tmp_path) & (FRAMEWORK_MODULES | {"pandas"}) == set()
 

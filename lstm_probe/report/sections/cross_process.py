@@ -4,11 +4,13 @@ across the processes' part files."""
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, cast
+from typing import Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from lstm_probe.contract import Capabilities
@@ -16,9 +18,6 @@ from lstm_probe.report.section import Block, Line, Log, Section, Table, fmt
 from lstm_probe.report.sections.staleness import PROVENANCE_TOLERANCE
 from lstm_probe.schema import relative_l2
 from lstm_probe.text import safe
-
-if TYPE_CHECKING:
-    import pandas as pd
 
 CROSS_KEYS = ["module", "layer", "worker", "env", "env_step"]
 CROSS_ITERATIONS = 50
@@ -62,48 +61,94 @@ def _vectors(table: pa.Table, name: str) -> np.ndarray:
     return np.asarray(col.flatten().to_numpy(zero_copy_only=False), np.float32).reshape(-1, width)
 
 
+def _join(roll: pa.Table, learn: pa.Table) -> np.ndarray:
+    """For each learner row, the position of the last rollout row of the same (module, layer, worker, env,
+    env_step), or -1: a left join on :data:`CROSS_KEYS` in which a null key meets a null key (the driver's rows
+    have no worker)."""
+    n = roll.num_rows
+    key = np.zeros(n + learn.num_rows, np.int64)
+    for name in CROSS_KEYS:
+        both = pa.concat_arrays([roll.column(name).combine_chunks(), learn.column(name).combine_chunks()])
+        codes = pc.dictionary_encode(both, null_encoding="encode").indices.to_numpy(zero_copy_only=False)
+        key = np.unique(key * (int(codes.max(initial=0)) + 1) + codes, return_inverse=True)[1].reshape(-1)
+    last = np.full(int(key.max(initial=-1)) + 1, -1, np.int64)
+    seen, first_from_end = np.unique(key[:n][::-1], return_index=True)
+    last[seen] = n - 1 - first_from_end
+    return last[key[n:]]
+
+
+def _groups(keys: list[np.ndarray], where: np.ndarray) -> list[tuple[tuple[Any, ...], np.ndarray]]:
+    """(key values, row positions) of each distinct key among the rows ``where`` holds, sorted by key; rows
+    with a NaN in a key are in none."""
+    ok = where & np.logical_and.reduce([k == k for k in keys])
+    rows = np.flatnonzero(ok)
+    if not len(rows):
+        return []
+    codes = [np.unique(k[rows], return_inverse=True) for k in keys]
+    pairs, group = np.unique(np.stack([c[1].reshape(-1) for c in codes], axis=1), axis=0, return_inverse=True)
+    group = group.reshape(-1)
+    order = np.argsort(group, kind="stable")
+    bounds = np.flatnonzero(np.diff(group[order])) + 1
+    return [
+        (tuple(codes[j][0][p[j]] for j in range(len(keys))), rows[idx])
+        for p, idx in zip(pairs, np.split(order, bounds), strict=True)
+    ]
+
+
+def _max(v: np.ndarray) -> float:
+    """Largest value, NaN left out (NaN where all are)."""
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return float(np.nanmax(v))
+
+
+def _mean(v: np.ndarray) -> float:
+    """Mean in the values' own precision (float32 drifts: as the report has always given them), NaN left out
+    (NaN where all are)."""
+    v = v[~np.isnan(v)]
+    return float(np.mean(v)) if len(v) else float("nan")
+
+
+def _numbers(table: pa.Table, name: str) -> np.ndarray:
+    """A scalar column as float64, NaN where null."""
+    return pc.fill_null(table.column(name).cast(pa.float64()), np.nan).to_numpy()
+
+
 def cross_process(data: ds.Dataset, vectors: bool) -> CrossProcessSection:
     """Join learner rows to env-runner rollout rows of the same (module, layer, worker, env, env_step).
-    Only logs of several processes (RLlib) have it: ``to_pandas`` imports pandas here, not for every report."""
+    Only logs of several processes (RLlib) have it; numpy and pyarrow, no pandas."""
     state = ["h", "c"] if vectors else ["h_norm", "c_norm"]
     cols = [*CROSS_KEYS, "phase", "iteration", "minibatch", "t", "bootstrap", *state]
     base = ds.field("env_step").is_valid() & (ds.field("iteration") < CROSS_ITERATIONS)
     roll_t = data.to_table(columns=cols, filter=base & (ds.field("phase") == "rollout"))
     learn_t = data.to_table(columns=cols, filter=base & ds.field("phase").isin(["train", "value"]))
-
-    def frame(t: pa.Table) -> pd.DataFrame:
-        return t.drop_columns(state).to_pandas().reset_index(drop=True)
-
-    roll, learn = frame(roll_t), frame(learn_t)
     if vectors:
         rh, rc, lh, lc = (_vectors(t, n) for t, n in ((roll_t, "h"), (roll_t, "c"), (learn_t, "h"), (learn_t, "c")))
     else:  # summary logs: norms only (a weaker check: equal states have equal norms)
         rh, rc, lh, lc = (
-            t.column(n).to_numpy(zero_copy_only=False).astype(np.float32)[:, None]
+            t.column(n).to_numpy().astype(np.float32)[:, None]
             for t, n in ((roll_t, "h_norm"), (roll_t, "c_norm"), (learn_t, "h_norm"), (learn_t, "c_norm"))
         )
-    roll = roll.drop_duplicates(CROSS_KEYS, keep="last")
-    m = learn.reset_index().merge(
-        roll[[*CROSS_KEYS, "iteration"]].reset_index(), on=CROSS_KEYS, suffixes=("", "_r"), how="left"
-    )
-    paired = m["index_r"].notna().to_numpy()
-    unpaired = int((~paired & (m["bootstrap"] != "last").to_numpy()).sum())
-    m = m[paired]
-    li, ri = m["index"].to_numpy(), m["index_r"].to_numpy().astype(np.int64)
+    partner = _join(roll_t, learn_t)
+    paired = partner >= 0
+    last = pc.fill_null(pc.equal(learn_t.column("bootstrap"), "last"), False).to_numpy()
+    unpaired = int((~paired & ~last).sum())
+    li, ri = np.flatnonzero(paired), partner[paired]
     with np.errstate(invalid="ignore"):
         abs_h = np.nan_to_num(np.abs(lh[li] - rh[ri]), nan=0.0).max(axis=1) if len(li) else np.zeros(0)
         abs_c = np.nan_to_num(np.abs(lc[li] - rc[ri]), nan=0.0).max(axis=1) if len(li) else np.zeros(0)
         rel_h = relative_l2(np.nan_to_num(lh[li]), np.nan_to_num(rh[ri])) if len(li) else np.zeros(0)
         rel_c = relative_l2(np.nan_to_num(lc[li]), np.nan_to_num(rc[ri])) if len(li) else np.zeros(0)
-    m = m.assign(abs_h=abs_h, abs_c=abs_c, rel_h=rel_h, rel_c=rel_c)
-    start = m[m["t"] == -1]
-    state_in = {
-        str(k): float(max(g["abs_h"].max(), g["abs_c"].max())) for k, g in start.groupby("module", observed=True)
-    }
-    state_in_rel = {
-        str(k): float(max(g["rel_h"].max(), g["rel_c"].max())) for k, g in start.groupby("module", observed=True)
-    }
-    state_in_ok = None if not len(start) else bool(max(state_in_rel.values()) <= STATE_IN_TOLERANCE)
+    # the paired learner rows' columns, in learner row order
+    module = learn_t.column("module").to_numpy().astype(str)[li]
+    phase = learn_t.column("phase").to_numpy().astype(str)[li]
+    t = _numbers(learn_t, "t")[li]
+    iteration, minibatch = _numbers(learn_t, "iteration")[li], _numbers(learn_t, "minibatch")[li]
+    start = t == -1
+    by_module = _groups([module], start)
+    state_in = {str(k[0]): float(max(_max(abs_h[g]), _max(abs_c[g]))) for k, g in by_module}
+    state_in_rel = {str(k[0]): float(max(_max(rel_h[g]), _max(rel_c[g]))) for k, g in by_module}
+    state_in_ok = None if not start.any() else bool(max(state_in_rel.values()) <= STATE_IN_TOLERANCE)
     # chunks that start an episode must start from zeros: their t = -1 rows have no env_step
     zeros = data.to_table(
         columns=["h_norm", "c_norm"],
@@ -113,33 +158,32 @@ def cross_process(data: ds.Dataset, vectors: bool) -> CrossProcessSection:
         [zeros.column(n).to_numpy(zero_copy_only=False).astype(np.float64) for n in ("h_norm", "c_norm")]
     )
     zero_ok = None if not zeros.num_rows else bool(np.nan_to_num(norms).max() == 0.0)
-    steps = m[(m["t"] >= 0) & (m["iteration"] == m["iteration_r"])]
-    first = steps[(steps["phase"] == "value") | (steps["minibatch"] == 0)]
+    steps = (t >= 0) & (iteration == _numbers(roll_t, "iteration")[ri])
+    first = steps & ((phase == "value") | (minibatch == 0))
     first_pass = [
         {
             "module": str(mod),
-            "iteration": int(cast(Any, it)),
+            "iteration": int(it),
             "rows": len(g),
-            "max_abs_h": float(g["abs_h"].max()),
-            "max_drift_h": float(g["rel_h"].max()),
-            "max_drift_c": float(g["rel_c"].max()),
+            "max_abs_h": _max(abs_h[g]),
+            "max_drift_h": _max(rel_h[g]),
+            "max_drift_c": _max(rel_c[g]),
         }
-        for (mod, it), g in first.groupby(["module", "iteration"], observed=True)
+        for (mod, it), g in _groups([module, iteration], first)
     ]
-    later = steps[steps["phase"] == "train"]
     by_minibatch = [
         {
             "module": str(mod),
-            "minibatch": int(cast(Any, mb)),
+            "minibatch": int(mb),
             "rows": len(g),
-            "drift_h_mean": float(g["rel_h"].mean()),
-            "drift_h_max": float(g["rel_h"].max()),
-            "drift_c_mean": float(g["rel_c"].mean()),
+            "drift_h_mean": _mean(rel_h[g]),
+            "drift_h_max": _max(rel_h[g]),
+            "drift_c_mean": _mean(rel_c[g]),
         }
-        for (mod, mb), g in later.groupby(["module", "minibatch"], observed=True)
+        for (mod, mb), g in _groups([module, minibatch], steps & (phase == "train"))
     ]
     return CrossProcessSection(
-        state_in_rows=len(start),
+        state_in_rows=int(start.sum()),
         state_in_max_abs=state_in,
         state_in_ok=state_in_ok,
         zero_starts=zeros.num_rows,

@@ -1,0 +1,93 @@
+"""The report's cross-process check (RLlib logs) without Ray: the RLlib sample log and altered copies of its
+part files (real Parquet in tmp_path), against oracles computed row by row in Python."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from lstm_probe.reader import dataset
+from lstm_probe.report.sections.cross_process import CROSS_ITERATIONS, CROSS_KEYS, cross_process
+
+SAMPLE = Path(__file__).resolve().parents[1] / "sample_runs" / "cartpole-rllib"
+
+
+def copy(tmp_path: Path, runner=lambda t: t) -> Path:
+    """The sample log with its env runner's part file passed through ``runner``."""
+    out = tmp_path / "log"
+    out.mkdir()
+    for f in sorted(SAMPLE.glob("*.parquet")):
+        t = pq.read_table(f)
+        pq.write_table(runner(t) if "runner" in f.name else t, out / f.name)
+    return out
+
+
+def is_rollout(t: pa.Table) -> np.ndarray:
+    return pc.equal(t["phase"], "rollout").to_numpy(zero_copy_only=False)
+
+
+def test_the_sample_logs_check_exactly():
+    """Values of the sample log (pinned: the drift means in float32, as the report has always given them)."""
+    data, _ = dataset(SAMPLE)
+    x = cross_process(data, vectors=True)
+    assert (x.state_in_rows, x.zero_starts, x.unpaired) == (317, 136, 0)
+    assert x.state_in_max_abs == {"actor": 0.0, "critic": 0.0} and x.state_in_ok and x.zero_starts_ok
+    assert [(r["module"], r["iteration"], r["rows"]) for r in x.first_pass] == [
+        *(("actor", i, n) for i, n in enumerate([65, 63, 62, 57])),
+        *(("critic", i, n) for i, n in enumerate([201, 197, 196, 190])),
+    ]
+    assert x.by_minibatch[0] == {
+        "module": "actor",
+        "minibatch": 0,
+        "rows": 247,
+        "drift_h_mean": 2.1826035379035602e-07,
+        "drift_h_max": 4.640100996766705e-07,
+        "drift_c_mean": 2.1355029389269475e-07,
+    }
+    assert [(r["module"], r["minibatch"]) for r in x.by_minibatch] == [
+        (m, mb) for m in ("actor", "critic") for mb in range(5)
+    ]
+    norms = cross_process(data, vectors=False)  # summary logs: the norms
+    assert (norms.state_in_rows, norms.unpaired, norms.state_in_ok) == (317, 0, True)
+
+
+def test_learner_rows_without_a_rollout_row_are_counted(tmp_path):
+    """Every third rollout row gone: the learner rows whose (module, layer, worker, env, env_step) no remaining
+    rollout row has are unpaired, 'last' bootstrap steps left out."""
+    log = copy(tmp_path, lambda t: t.filter(pa.array(~(is_rollout(t) & (np.arange(t.num_rows) % 3 == 0)))))
+    data, _ = dataset(log)
+    rows = data.to_table(columns=[*CROSS_KEYS, "phase", "iteration", "bootstrap"]).to_pylist()
+    rows = [r for r in rows if r["env_step"] is not None and r["iteration"] < CROSS_ITERATIONS]
+    rollout = {tuple(r[k] for k in CROSS_KEYS) for r in rows if r["phase"] == "rollout"}
+    want = sum(
+        tuple(r[k] for k in CROSS_KEYS) not in rollout and r["bootstrap"] != "last"
+        for r in rows
+        if r["phase"] in ("train", "value")
+    )
+    x = cross_process(data, vectors=True)
+    assert x.unpaired == want > 0
+    assert x.state_in_rows < 317 and x.state_in_ok
+
+
+@pytest.mark.parametrize("changed_last", [True, False])
+def test_a_repeated_rollout_row_pairs_with_the_last_one(tmp_path, changed_last):
+    """Rollout rows written twice, once with other states: the learner's rows meet the one written last."""
+
+    def repeat(t: pa.Table) -> pa.Table:
+        again = t.filter(pa.array(is_rollout(t)))
+        h = again["h"].combine_chunks()
+        other = pa.FixedSizeListArray.from_arrays(pc.add(h.flatten(), pa.scalar(0.5, pa.float32())), h.type.list_size)
+        again = again.set_column(again.schema.get_field_index("h"), again.schema.field("h"), other)
+        return pa.concat_tables([t, again] if changed_last else [again, t])
+
+    x = cross_process(dataset(copy(tmp_path, repeat))[0], vectors=True)
+    assert x.state_in_rows == 317 and x.unpaired == 0
+    if changed_last:
+        assert not x.state_in_ok and x.state_in_max_abs["actor"] == pytest.approx(0.5, abs=1e-6)
+    else:
+        assert x.state_in_ok and x.state_in_max_abs == {"actor": 0.0, "critic": 0.0}
