@@ -19,6 +19,7 @@ CORE = {
     "options",
     "layout",
     "writer",
+    "assemble",
     "sink",
     "recover",
     "logwriter",
