@@ -7,6 +7,12 @@ probed/unprobed with its spread, peak RSS, and the log's bytes per row, for each
 
 The last column checks issue #28's goals on the medians: total CPU <= 1.10x at full capture and <= 1.03x at
 summary, wall time <= 1.05x at both ("ok" or what missed).
+
+``own`` is the probe's cost measured inside each probed run alone, without its unprobed twin: the run's total
+CPU over its training CPU less the probe's own time on the training thread (hooks and callbacks, the log's
+``probe_cost``). It leaves out indirect costs (caches, allocations outside the hooks) but not the machine's
+run-to-run noise, which moves unprobed runs of one configuration by 10-20% on a shared machine: it tells two
+versions of the probe apart where the paired ratios cannot.
 """
 
 from __future__ import annotations
@@ -87,6 +93,12 @@ def one(cfg: dict) -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+def own(run: dict) -> float:
+    """A probed run's total CPU over its own training CPU less the probe's time on the training thread."""
+    probe = run["cost"].get("hook_seconds", 0) + run["cost"].get("integration_seconds", 0)
+    return run["total_cpu"] / (run["cpu"] - probe)
+
+
 def share(runs: list[dict], *keys: str) -> float:
     """Median over runs of the cost keys' sum as a percentage of the run's seconds."""
     return statistics.median(100 * sum(r["cost"].get(k, 0) for k in keys) / r["seconds"] for r in runs)
@@ -124,12 +136,14 @@ def line(n_envs: int, threads: int, label: str, capture: str, base: list[dict], 
     rss = statistics.median(p["rss_mb"] for p in probed) - statistics.median(b["rss_mb"] for b in base)
     rss += writer_mb
     rows = probed[-1]["rows"]
+    owns = [own(p) for p in probed]
     print(
         f"{n_envs:>6} {threads:>3} {label:>9} {total:>6.3f}x ({min(totals):.3f}-{max(totals):.3f}) "
         f"{statistics.median(ratios):>6.3f}x {min(ratios):>6.3f}-{max(ratios):<6.3f}x {cpu:>5.3f}x "
         f"{statistics.median(b['seconds'] for b in base):>7.1f} {statistics.median(p['seconds'] for p in probed):>8.1f} "
         f"{rss:>8.0f} {writer_mb:>6.0f} {rows:>9} {probed[-1]['bytes'] / max(rows, 1):>6.0f} "
-        f"{share(probed, 'hook_seconds', 'integration_seconds'):>6.1f} {share(probed, 'writer_cpu_seconds'):>7.1f}  "
+        f"{share(probed, 'hook_seconds', 'integration_seconds'):>6.1f} {share(probed, 'writer_cpu_seconds'):>7.1f} "
+        f"{statistics.median(owns):>6.3f}x ({min(owns):.3f}-{max(owns):.3f})  "
         f"{goal(capture, total, statistics.median(ratios))}",
         flush=True,
     )
@@ -169,14 +183,14 @@ def main() -> None:
     print(f"{args.env}, {args.steps} steps, sb3-contrib defaults (hidden 256, n_steps 128), {args.repeats} "
           "interleaved repeats\n")
     print(f"{'n_envs':>6} {'thr':>3} {'capture':>9} {'totcpu (spread)':>23} {'ratio':>7} {'spread':>15} {'cpu':>6} {'base s':>7} {'probe s':>8} "
-          f"{'RSS +MB':>8} {'wr MB':>6} {'rows':>9} {'B/row':>6} {'train%':>6} {'writer%':>7}")
+          f"{'RSS +MB':>8} {'wr MB':>6} {'rows':>9} {'B/row':>6} {'train%':>6} {'writer%':>7} {'own (spread)':>22}")
     # totcpu (the headline): CPU time of the training process plus its writer process (reaped children),
     # probed / unprobed, median of pairs: what a sweep of many seeds on one node pays.
     # ratio: wall time probed / unprobed (median of pairs, spread = min-max); cpu: the training process's
     # CPU time probed / unprobed (median of pairs; the writer process's CPU is writer%).
     # train%: the probe's own measurement of its time on the training thread (hooks and callbacks, which
     # include handing states to the writer) as a share of the probed run; writer%: the writer process's
-    # (or thread's, "/thr") CPU time as a share of it (medians)
+    # (or thread's, "/thr") CPU time as a share of it (medians); own: see the module's docstring
     for n_envs in args.n_envs:
         for threads in args.threads:
             for capture, writer in [(c, w) for c in args.captures for w in args.writers]:
