@@ -154,16 +154,7 @@ def build_html(
         )
     stale = _staleness_figure(plt, rep)
     if stale:
-        figures.append(
-            (
-                "Staleness",
-                stale,
-                "Relative L2 drift ||h_train - h_rollout|| / ||h_rollout|| of train states from the rollout states of "
-                "the same env step, "
-                + ("by epoch and by position in the sequence" if rep.staleness.by_epoch else "by minibatch")
-                + " (log scale: a drift of 0.001 next to 0.4 stays visible).",
-            )
-        )
+        figures.append(("Staleness", stale, _staleness_caption(rep)))
     hist = _lengths_figure(plt, rep, _length_counts(data, first & STARTS))
     if hist:
         figures.append(
@@ -179,6 +170,28 @@ def build_html(
     with open(out, "w", encoding="utf-8") as f:
         f.write(page)
     return Page(str(out), len(page.encode()), [t for t, _, _ in figures], iteration, env, episode, notes, markers)
+
+
+def _staleness_caption(rep: Report) -> str:
+    """What the staleness figure draws: h, and c where the figure has a c line (dashed); train states against
+    the rollout states of the same env step by epoch and position (drift columns), or, for logs of one writer
+    per process (RLlib), the learner's states against the env runners' by minibatch of the update."""
+    cross = rep.sections.get("cross_process")
+    if rep.staleness.by_epoch:
+        rows, by = rep.staleness.by_epoch, "by epoch (h solid{c}) and by position in the sequence (h)"
+        whose = "train states from the rollout states"
+    else:
+        rows = cross.by_minibatch if cross is not None else []
+        by = "by minibatch of the update (h solid{c}; minibatch 0: before any optimizer step)"
+        whose = "the learner's states from the env runners' rollout states"
+    with_c = any(r.get("drift_c_mean") is not None and r["drift_c_mean"] == r["drift_c_mean"] for r in rows)
+    formula = (
+        "||s_train - s_rollout|| / ||s_rollout|| (s = h, c)" if with_c else "||h_train - h_rollout|| / ||h_rollout||"
+    )
+    return (
+        f"Relative L2 drift {formula} of {whose} of the same env step, {by.format(c=', c dashed' if with_c else '')} "
+        "(log scale: a drift of 0.001 next to 0.4 stays visible)."
+    )
 
 
 def check_out(out: str | os.PathLike[str]) -> None:

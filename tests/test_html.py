@@ -9,6 +9,7 @@ import sys
 import pytest
 from conftest import probed_run
 
+import lstm_probe
 from lstm_probe.errors import BadInput
 from lstm_probe.html import build_html
 
@@ -186,7 +187,34 @@ def test_rllib_page_has_staleness_and_its_marker(tmp_path):
 
     p = build_html(Path(__file__).parent.parent / "sample_runs" / "cartpole-rllib", tmp_path / "r.html")
     assert "Staleness" in p.figures and "max_seq_len (8)" in p.markers
-    assert "by minibatch (log scale" in (tmp_path / "r.html").read_text()
+    text = (tmp_path / "r.html").read_text()
+    assert (
+        "Relative L2 drift ||s_train - s_rollout|| / ||s_rollout|| (s = h, c) of the learner&#x27;s states from the "
+        "env runners&#x27; rollout states of the same env step, by minibatch of the update (h solid, c dashed; "
+        "minibatch 0: before any optimizer step) (log scale" in text
+    )
+
+
+def test_staleness_caption_names_the_states_drawn(page):
+    """The figure draws c (dashed) beside h where the report has c drift; the caption says so, and names h
+    alone where it has none (GRU)."""
+    import dataclasses
+
+    from lstm_probe.html import _staleness_caption
+
+    _, out, result = page
+    assert (
+        "Relative L2 drift ||s_train - s_rollout|| / ||s_rollout|| (s = h, c) of train states from the rollout "
+        "states of the same env step, by epoch (h solid, c dashed) and by position in the sequence (h) (log scale"
+    ) in out.read_text()
+    rep = lstm_probe.summarize(result.path)
+    assert any(r["drift_c_mean"] is not None for r in rep.staleness.by_epoch)
+    no_c = [{**r, "drift_c_mean": None} for r in rep.staleness.by_epoch]
+    rep.sections["staleness"] = dataclasses.replace(rep.staleness, by_epoch=no_c)
+    assert _staleness_caption(rep).startswith(
+        "Relative L2 drift ||h_train - h_rollout|| / ||h_rollout|| of train states from the rollout states of the "
+        "same env step, by epoch (h solid) and by position"
+    )
 
 
 def test_gru_page(tmp_path):
