@@ -11,6 +11,7 @@ process is not counted here, see benchmarks/overhead.py for total CPU).
 
     python benchmarks/hook_calls.py --steps 2048 --n-envs 1 8 --capture summary full --repeats 3
     python benchmarks/hook_calls.py --per-call --repeats 5   # the hook alone, per loop step
+    python benchmarks/hook_calls.py --steps 2048 --capture summary --variants before loops --before DIR
 """
 
 from __future__ import annotations
@@ -147,6 +148,12 @@ def main() -> None:
     ap.add_argument("--capture", nargs="+", default=["summary", "full"])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--before", help="another lstm-probe checkout to run as a third variant")
+    ap.add_argument(
+        "--variants",
+        nargs="+",
+        choices=list(VARIANTS),
+        help="the variants to run (default: calls and loops, and before with --before); ratios are to the first",
+    )
     ap.add_argument("--per-call", action="store_true", help="time the hook alone per loop step (no training)")
     ap.add_argument("--hidden", type=int, default=256, help="with --per-call: the LSTM's hidden size")
     ap.add_argument("--batch", type=int, default=4, help="with --per-call: sequences per minibatch")
@@ -155,7 +162,9 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             per_call(args.repeats, args.hidden, args.batch, tmp)
         return
-    variants = ["calls", "loops"] + (["before"] if args.before else [])
+    variants = args.variants or ["calls", "loops"] + (["before"] if args.before else [])
+    if "before" in variants and not args.before:
+        raise SystemExit("--variants before needs --before DIR")
     print(f"{args.env}, {args.steps} steps, one torch thread, {args.repeats} interleaved repeats; medians (min-max)")
     print("probe s: hook_seconds + integration_seconds (training thread); cpu s: training process")
     header = f"{'n_envs':>6} {'capture':>8} {'variant':>22} {'calls':>7} {'stepwise mb':>11} {'probe s':>22}"
@@ -170,7 +179,7 @@ def main() -> None:
                         cfg = {"env": args.env, "n_envs": n_envs, "steps": args.steps, "capture": capture}
                         cfg.update(variant=v, out=os.path.join(tmp, f"{v}.parquet"))
                         runs[v].append(one(cfg, args.before))
-                base = runs["calls"]
+                base = runs[variants[0]]
                 for v in variants:
                     got = runs[v]
                     probe, cpu = [x["probe"] for x in got], [x["cpu"] for x in got]

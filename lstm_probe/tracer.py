@@ -501,11 +501,16 @@ class Tracer:
         grad = _grad_enabled()
         _set_grad_enabled(False)
         try:
-            if loop.lstm:  # (h, c) of each step -> (2L, N, T, H)
-                hs = torch.stack([s[0] for s in steps], dim=2)
-                stacked = torch.cat((hs, torch.stack([s[1] for s in steps], dim=2)))
+            if loop.lstm:  # (h, c) of each step -> (2L, N, T, H), h and c stacked straight into their halves
+                h = steps[0][0]
+                layers, batch, hidden = h.shape
+                stacked = h.new_empty((2 * layers, batch, len(steps), hidden))
+                torch.stack([s[0] for s in steps], dim=2, out=stacked[:layers])
+                torch.stack([s[1] for s in steps], dim=2, out=stacked[layers:])
             else:
-                stacked = torch.stack(steps, dim=2)
+                h = steps[0]
+                stacked = h.new_empty((h.shape[0], h.shape[1], len(steps), h.shape[2]))
+                torch.stack(steps, dim=2, out=stacked)
         finally:
             _set_grad_enabled(grad)
         block = _Block()

@@ -454,3 +454,38 @@ def test_exception_inside_a_recorded_loop_writes_the_steps_that_ran(tmp_path, mo
     assert "stepwise" in a["path"]
     for name in a:
         assert a[name] == b[name], name
+
+
+@pytest.mark.parametrize("whole", [True, False])
+def test_live_drift_figures_match_the_logs_drift_of_the_top_layer(tmp_path, monkeypatch, whole):
+    """sb3_metrics' drift figures (the training process, torch) against the log's own drift column (the
+    writer, numpy): per iteration and module, the mean of drift_h over the first epoch's train rows of the top
+    layer that have a drift (a rollout reference), with loops recorded whole and call by call."""
+    from stable_baselines3.common.logger import Logger
+
+    class Recording(Logger):
+        def __init__(self):
+            super().__init__(None, [])
+            self.seen: dict[str, list[float]] = {}
+
+        def record(self, key, value, exclude=None):
+            self.seen.setdefault(key, []).append(value)
+            super().record(key, value, exclude)
+
+    monkeypatch.setattr(ProbeCallback, "_loop_blocks", whole)
+    model = make("CartPole-v1", n_envs=2, policy_kwargs={"lstm_hidden_size": 16, "n_lstm_layers": 2})
+    model.set_logger(Recording())
+    probe = ProbeCallback(tmp_path / "run.parquet", capture="summary")
+    model.learn(384, callback=probe)
+    df = lstm_probe.load(probe.path, phase="train", vectors=False)
+    df = df[(df.layer == 1) & (df.epoch == 0) & ~df.padding & df.drift_h.notna()]
+    compared = 0
+    for module in ("actor", "critic"):
+        figures = model.logger.seen[f"lstm_probe/{module}_drift_first_epoch"]  # iteration 0, 1, ...
+        assert len(figures) >= 2 and max(figures) > 0
+        for iteration, figure in enumerate(figures):
+            rows = df[(df.module == module) & (df.iteration == iteration)]
+            assert len(rows) > 0
+            assert figure == pytest.approx(float(rows.drift_h.astype(np.float64).mean()), rel=1e-4, abs=1e-7)
+            compared += 1
+    assert compared >= 4

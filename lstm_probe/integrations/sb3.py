@@ -426,6 +426,8 @@ class ProbeCallback(BaseCallback):
             self.k += 1
             self.env_step += 1
             self.current = Tags()
+        if self.in_rollout and self.metrics is not None:  # the live metrics ride on this hook (one hook a step)
+            self.metrics.rollout_step(self)
 
     @_timed
     def _train_tags(self, batch_inds: np.ndarray, seq_starts: np.ndarray, buffer: Any) -> None:

@@ -82,7 +82,8 @@ class _Module:
 
 
 class LiveMetrics:
-    """Forward hooks on a probe's LSTMs and its policy; records each iteration's figures (module docstring)."""
+    """Forward hooks on a probe's LSTMs (and the end of each rollout step, from the probe); records each
+    iteration's figures (module docstring)."""
 
     def __init__(self, probe: ProbeCallback):
         # held weakly, as everything a probe puts on the model (sb3_attach.py): the hooks must not keep it alive
@@ -99,7 +100,7 @@ class LiveMetrics:
         policy: Any = model.policy
         lstms = {"actor": policy.lstm_actor, "critic": policy.lstm_critic}
         self.handles = [m.register_forward_hook(self._hook(name)) for name, m in lstms.items() if name in self.modules]
-        self.handles.append(policy.register_forward_hook(self._step_end))
+        # the end of each rollout step comes from ProbeCallback's own forward hook on the policy (rollout_step)
 
     def live(self) -> dict[str, Any]:
         probe = self.probe()
@@ -152,15 +153,10 @@ class LiveMetrics:
             self.pending_stepwise = one_step and tags.grid.shape[1] > 1
         mine.train_y.append(y)
 
-    def _step_end(self, module: Any, args: Any, output: Any) -> None:
-        probe = self.probe()
-        if probe is None or not probe.in_rollout:
-            return
-        start = time.perf_counter()
-        try:
-            self._rollout_step(probe)
-        finally:
-            _count(probe, start)
+    def rollout_step(self, probe: Any) -> None:
+        """The end of a policy forward during a rollout (called by ``ProbeCallback``'s forward hook on the
+        policy, after it counted the step, inside its counted time)."""
+        self._rollout_step(probe)
 
     def _rollout_step(self, probe: Any) -> None:
         if probe.k == 1:  # the first step of an iteration: the previous one's training is over
@@ -188,21 +184,32 @@ class LiveMetrics:
         self.cells += padding.size
         self.padded += int(padding.sum())
         self.sequences += padding.shape[0]
-        valid = ~padding
-        env = np.asarray(grid.env)[valid].astype(np.int64)
-        k = np.asarray(grid.env_step)[valid].astype(np.int64) - int(self.pending_base)
+        # the valid cells in row-major (sequence, step) order, as index arrays: one gather per module, and the
+        # same rows in the same order as masking a (n_seq, T, H) copy would give (so the same sums)
+        seq, step = np.nonzero(~padding)
+        env = np.asarray(grid.env)[seq, step].astype(np.int64)
+        k = np.asarray(grid.env_step)[seq, step].astype(np.int64) - int(self.pending_base)
+        index: dict[tuple[Any, ...], tuple[torch.Tensor, ...]] = {}  # per reference shape and device
         for name, mine in self.modules.items():
             ys, mine.train_y = mine.train_y, []
             ref = self.reference.get(name)
             if not ys or ref is None:
                 continue
-            states = torch.cat(ys, 0).detach().transpose(0, 1)  # (n_seq, T, H)
-            if states.shape[:2] != padding.shape:
+            y = ys[0] if len(ys) == 1 else torch.cat(ys, 0)  # (T, n_seq, H)
+            if (y.shape[1], y.shape[0]) != padding.shape:
                 continue
-            ok = (k >= 0) & (k < ref.shape[0]) & (env >= 0) & (env < ref.shape[1])
-            mask = torch.from_numpy(valid).to(states.device)
-            got = states[mask][torch.from_numpy(ok).to(states.device)]
-            want = ref[torch.from_numpy(k[ok]).to(ref.device), torch.from_numpy(env[ok]).to(ref.device)]
+            key = (ref.shape[0], ref.shape[1], y.device, ref.device)
+            at = index.get(key)
+            if at is None:
+                ok = (k >= 0) & (k < ref.shape[0]) & (env >= 0) & (env < ref.shape[1])
+                at = index[key] = (
+                    torch.from_numpy(step[ok]).to(y.device),
+                    torch.from_numpy(seq[ok]).to(y.device),
+                    torch.from_numpy(k[ok]).to(ref.device),
+                    torch.from_numpy(env[ok]).to(ref.device),
+                )
+            got = y.detach()[at[0], at[1]]
+            want = ref[at[2], at[3]]
             drift = (got - want).norm(dim=1) / want.norm(dim=1).clamp_min(1e-12)
             epoch = int(tags.epoch if tags.epoch is not None else 0)
             if epoch != mine.last_epoch:
