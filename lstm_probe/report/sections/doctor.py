@@ -252,6 +252,7 @@ def _cut(c: dict[str, np.ndarray], n: int) -> tuple[dict[str, np.ndarray], dict[
 class Doctor(Section[DoctorSection]):
     key = "doctor"
     findings_rank = 20
+    beside_scan = True
 
     def compute(self, log: Log, acc: Any) -> DoctorSection:
         meta_paths = log.meta.get("minibatch_paths")

@@ -157,6 +157,7 @@ class HealthTotals(Accumulator[pa.RecordBatch]):
 class Health(Section[HealthSection]):
     key = "health"
     findings_rank: ClassVar[int] = 40
+    beside_scan = True
 
     def compute(self, log: Log, acc: Any) -> HealthSection:
         """Rollout rows only, streamed batch by batch: per-iteration norms and per-unit state health."""
