@@ -320,6 +320,28 @@ def test_row_keys_are_exact_for_large_call_ids():
     assert np.argsort(key, kind="stable").tolist() == sorted(range(5), key=lambda i: tuples[i])
 
 
+def test_group_labels_are_read_off_the_keys():
+    """labelled_groups: the groups of row_key, each with the values its rows hold (NaN: null), for dense keys
+    (counted) and sparse ones (sorted) alike."""
+    from lstm_probe.report.numeric import groups, labelled_groups, row_key
+
+    rng = np.random.default_rng(0)
+    dense = [rng.integers(-3, 4, 1000).astype(np.int8), rng.integers(0, 5, 1000).astype(np.float32)]
+    dense[1][rng.random(1000) < 0.1] = np.nan
+    sparse = [np.array([10**9, 5, 10**9, -7, 5]), np.array([np.nan, 2.0, np.nan, 0.0, 3.0])]
+    for columns in (dense, sparse):
+        got = labelled_groups(columns)
+        assert got is not None
+        inv, n, labels = got
+        key = row_key(columns)
+        assert key is not None
+        want_inv, want_n = groups(key)
+        assert n == want_n and np.array_equal(inv, want_inv)
+        for col, label in zip(columns, labels, strict=True):
+            assert np.array_equal(label[inv], col.astype(np.float64), equal_nan=True)
+    assert labelled_groups([np.array([0, 2**40]), np.array([0, 2**30])]) is None  # too wide for one key
+
+
 SPOOF = "[bold red on white]SPOOF[/]"
 CONTROL = "\x1b]0;title\x07\x1b[2J"
 SCRIPT = "<script>alert(1)</script>"

@@ -22,10 +22,9 @@ def present(values: np.ndarray) -> Any:
     return ~missing if missing.any() else slice(None)
 
 
-def row_key(columns: list[np.ndarray]) -> np.ndarray | None:
-    """One int64 per row that orders as the tuple of ``columns`` (integers, or floats with NaN as null,
-    which sorts last), or None when the values do not fit one int64. Keys of small counters are dense:
-    their range is about the number of distinct tuples (see :func:`groups`)."""
+def _layout(columns: list[np.ndarray]) -> list[tuple[np.ndarray, int, int | None, int]] | None:
+    """Per column of a :func:`row_key`: the column, its lowest value, its null code (None: no nulls) and its
+    width; None when the values do not fit one int64."""
     n = len(columns[0])
     parts = []  # (column, lowest value, null code or None, width)
     room = 1
@@ -41,6 +40,18 @@ def row_key(columns: list[np.ndarray]) -> np.ndarray | None:
         if room >= 1 << 62:
             return None
         parts.append((col, lo, hi + 1 if nullable else None, width))
+    return parts
+
+
+def row_key(columns: list[np.ndarray]) -> np.ndarray | None:
+    """One int64 per row that orders as the tuple of ``columns`` (integers, or floats with NaN as null,
+    which sorts last), or None when the values do not fit one int64. Keys of small counters are dense:
+    their range is about the number of distinct tuples (see :func:`groups`)."""
+    parts = _layout(columns)
+    return None if parts is None else _key(parts, len(columns[0]))
+
+
+def _key(parts: list[tuple[np.ndarray, int, int | None, int]], n: int) -> np.ndarray:
     key = np.zeros(n, np.int64)
     for start in range(0, n, KEY_CHUNK):
         k = key[start : start + KEY_CHUNK]
@@ -53,6 +64,25 @@ def row_key(columns: list[np.ndarray]) -> np.ndarray | None:
             k += v.astype(np.int64) if v.dtype.kind == "f" else v
             k -= lo
     return key
+
+
+def labelled_groups(columns: list[np.ndarray]) -> tuple[np.ndarray, int, list[np.ndarray]] | None:
+    """:func:`groups` of the :func:`row_key` of ``columns``, with each group's value of every column (float64,
+    NaN: null), read off its key instead of gathered from its rows; None when the values do not fit one
+    int64."""
+    parts = _layout(columns)
+    if parts is None:
+        return None
+    inv, n, distinct = _groups(_key(parts, len(columns[0])))
+    labels = []
+    for _, lo, null, width in reversed(parts):
+        code = distinct % width
+        distinct = distinct // width
+        values = (code + lo).astype(np.float64)
+        if null is not None:
+            values[code + lo == null] = np.nan
+        labels.append(values)
+    return inv, n, labels[::-1]
 
 
 def dense_key(columns: list[np.ndarray]) -> np.ndarray:
@@ -72,23 +102,32 @@ def dense_key(columns: list[np.ndarray]) -> np.ndarray:
 
 def groups(key: np.ndarray) -> tuple[np.ndarray, int]:
     """The group number of each row (groups in key order) and the number of groups."""
+    inv, n, _ = _groups(key)
+    return inv, n
+
+
+def _groups(key: np.ndarray) -> tuple[np.ndarray, int, np.ndarray]:
+    """:func:`groups`, and the groups' keys (int64, in order)."""
     top = int(key.max()) + 1 if len(key) else 0
     if top <= 4 * len(key) + (1 << 16):  # dense keys: counted in place of a sort
-        rank = np.cumsum(np.bincount(key, minlength=top) > 0) - 1
+        seen = np.bincount(key, minlength=top) > 0
+        rank = np.cumsum(seen) - 1
         if top and rank[-1] < 1 << 31:
             rank = rank.astype(np.int32)
-        return rank[key], int(rank[-1]) + 1 if top else 0
+        return rank[key], int(rank[-1]) + 1 if top else 0, np.flatnonzero(seen).astype(np.int64)
     uniq, inv = np.unique(key, return_inverse=True)
-    return inv, len(uniq)
+    return inv, len(uniq), uniq
 
 
-def group_stats(inv: np.ndarray, n: int, values: list[np.ndarray]) -> np.ndarray:
+def group_stats(inv: np.ndarray, n: int, values: list[np.ndarray], rows: np.ndarray | None = None) -> np.ndarray:
     """Per group (``inv``: each row's group, of ``n``): count, sum and max of each array of ``values``
-    (NaN left out; max NaN where a group has none), as columns [count, sum, max] per array."""
+    (NaN left out; max NaN where a group has none), as columns [count, sum, max] per array. ``rows``: the
+    groups' row counts where known (the count of an array without NaN)."""
     stats = np.zeros((n, 3 * len(values)))
     for i, v in enumerate(values):
         some = present(v)
-        stats[:, 3 * i] = np.bincount(inv[some], minlength=n)
+        whole = isinstance(some, slice) and rows is not None
+        stats[:, 3 * i] = rows if whole else np.bincount(inv[some], minlength=n)
         stats[:, 3 * i + 1] = np.bincount(inv[some], weights=v[some], minlength=n)
         top = np.full(n, -np.inf, v.dtype)  # v's dtype: ufunc.at is ~30x slower when they differ
         np.maximum.at(top, inv[some], v[some])

@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow.dataset as ds
 
 from lstm_probe.contract import Capabilities
-from lstm_probe.report.numeric import group_stats, groups, mean_max, present, row_key
+from lstm_probe.report.numeric import group_stats, groups, labelled_groups, mean_max, present, row_key
 from lstm_probe.report.scan import Chunk, Frame, chunks, read_scalars
 from lstm_probe.report.section import Accumulator, Block, Counts, GroupStats, Keyed, Line, Log, Max, Section, Table, fmt
 from lstm_probe.text import safe
@@ -128,16 +128,13 @@ def _agg(
     """Rows, count, sum and max of each drift per (module, layer, key); null keys left out."""
     keep = present(key)
     mod, lay, key = module[keep], layer[keep], key[keep]
-    by = row_key([mod, lay, key])
+    by = labelled_groups([mod, lay, key])
     assert by is not None  # a module code, a layer and one small key
-    inv, n_groups = groups(by)
-    del by
-    stats = np.c_[np.bincount(inv, minlength=n_groups), group_stats(inv, n_groups, [dh[keep], dc[keep]])]
-    # each group's labels: every row of a group carries the same ones
-    mod_g, lay_g, key_g = np.empty(n_groups, mod.dtype), np.empty(n_groups, lay.dtype), np.empty(n_groups, key.dtype)
-    mod_g[inv], lay_g[inv], key_g[inv] = mod, lay, key
-    for m, lv, k, s in zip(mod_g, lay_g, key_g, stats, strict=True):
-        into.add((str(names[m]), int(lv), float(k)), s)
+    inv, n_groups, (mod_g, lay_g, key_g) = by  # each group's labels, read off its key
+    rows = np.bincount(inv, minlength=n_groups)
+    stats = np.c_[rows, group_stats(inv, n_groups, [dh[keep], dc[keep]], rows)]
+    for m, lv, k, s in zip(mod_g.tolist(), lay_g.tolist(), key_g.tolist(), stats, strict=True):
+        into.add((str(names[int(m)]), int(lv), float(k)), s)
 
 
 LABELS: dict[str, Callable[[float], Any]] = {
