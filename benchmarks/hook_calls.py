@@ -7,11 +7,15 @@ before). ``--before DIR`` adds a third variant: the same run on another checkout
 on PYTHONPATH), e.g. a ``git worktree`` of an older commit. Per configuration it prints medians and
 min-max spreads of the probe's own time on the training thread (the log's ``probe_cost.hook_seconds`` +
 ``integration_seconds``) and of the training process's CPU seconds (``time.process_time``; the writer
-process is not counted here, see benchmarks/overhead.py for total CPU).
+process is not counted here, see benchmarks/overhead.py for total CPU). ``--variants`` picks the runs
+(ratios are to the first one named). ``--phases`` prints instead where that time goes: the training
+thread's CPU per phase of the probe (rollout-step hooks and callbacks, per-step loop hooks, stacking, the
+hand-over's host copies, init answers, pickling and pipe, live metrics), per run and per call.
 
     python benchmarks/hook_calls.py --steps 2048 --n-envs 1 8 --capture summary full --repeats 3
     python benchmarks/hook_calls.py --per-call --repeats 5   # the hook alone, per loop step
     python benchmarks/hook_calls.py --steps 2048 --capture summary --variants before loops --before DIR
+    python benchmarks/hook_calls.py --phases --steps 2048 --capture summary --variants before loops --before DIR
 """
 
 from __future__ import annotations
@@ -102,16 +106,90 @@ print(json.dumps({"us": cpu / blocks / steps * 1e6}))
 tracer.close()
 """
 
+
+PHASES = r"""
+import collections, json, sys, time
+cfg = json.loads(sys.argv[1])
+import torch
+torch.set_num_threads(1)
+from sb3_contrib import RecurrentPPO
+from stable_baselines3.common.env_util import make_vec_env
+from lstm_probe import ProbeCallback, read_info
+from lstm_probe import inputs, logwriter, tracer
+from lstm_probe.integrations import sb3, sb3_metrics
+
+clock = time.thread_time  # the training thread's CPU time (the writer process is not counted)
+spent = collections.defaultdict(float)  # phase -> CPU seconds, exclusive of the phases nested inside
+count = collections.Counter()
+stack = [0.0]  # per open phase: the CPU time its nested phases took
+probe = []
+
+def timed(phase, fn):
+    def run(*args, **kwargs):
+        name = phase(args) if callable(phase) else phase
+        stack.append(0.0)
+        start = clock()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            took = clock() - start
+            spent[name] += took - stack.pop()
+            stack[-1] += took
+            count[name] += 1
+    return run
+
+def lstm_phase(args):
+    p = probe[0]
+    if p.tracer is not None and p.tracer._loop is not None:
+        return "train: loop step, LSTM hook"
+    if p.entry == "bootstrap":
+        return "bootstrap: LSTM hook (job inline)"
+    if p.in_rollout:
+        return "rollout step: LSTM hooks"
+    return "train: LSTM hook of a sequence call (job inline)"
+
+def metrics_phase(args):
+    return "rollout step: live-metrics hooks" if probe[0].in_rollout else "train: live-metrics hooks"
+
+for owner, name, phase in [
+    (sb3.ProbeCallback, "_rollout_step_begin", "rollout step: callbacks"),
+    (sb3.ProbeCallback, "_rollout_step_end", "rollout step: callbacks"),
+    (sb3.ProbeCallback, "_on_step", "rollout step: callbacks"),
+    (sb3.ProbeCallback, "_train_tags", "train: minibatch tags"),
+    (tracer.Tracer, "flush_pending", "hand-over: rollout blocks (host copies, grids)"),
+    (tracer.Tracer, "loop_begin", "train: loop begin/end (stack)"),
+    (tracer.Tracer, "loop_end", "train: loop begin/end (stack)"),
+    (tracer.Tracer, "_write_block", "hand-over: jobs (host copies, grids)"),
+    (inputs.Inputs, "answer", "hand-over: init answers (inputs.py)"),
+    (logwriter.LogWriter, "send", "hand-over: pickle + pipe"),
+    (sb3_metrics.LiveMetrics, "_minibatch_end", "live metrics: figures"),
+    (sb3_metrics.LiveMetrics, "_rollout_end", "live metrics: figures"),
+    (sb3_metrics.LiveMetrics, "_train_end", "live metrics: figures"),
+]:
+    setattr(owner, name, timed(phase, getattr(owner, name)))
+make_hook = tracer.Tracer._make_hook
+tracer.Tracer._make_hook = lambda self, name: timed(lstm_phase, make_hook(self, name))
+metrics_hook = sb3_metrics.LiveMetrics._hook
+sb3_metrics.LiveMetrics._hook = lambda self, name: timed(metrics_phase, metrics_hook(self, name))
+
+env = make_vec_env(cfg["env"], n_envs=cfg["n_envs"], seed=0)
+model = RecurrentPPO("MlpLstmPolicy", env, seed=0)
+cb = ProbeCallback(cfg["out"], capture=cfg["capture"], force=True)
+probe.append(cb)
+model.learn(cfg["steps"], callback=cb)
+print(json.dumps({"spent": spent, "count": count}))
+"""
+
 VARIANTS = {"loops": "recorded whole (now)", "calls": "call by call", "before": "the --before checkout"}
 
 
-def one(cfg: dict, before: str | None) -> dict:
+def one(cfg: dict, before: str | None, script: str = CHILD) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1")
     if cfg["variant"] == "before":
         assert before is not None
         env["PYTHONPATH"] = before + os.pathsep + env.get("PYTHONPATH", "")
         cfg = {**cfg, "variant": "loops"}  # an older checkout has no switch: it runs its own path
-    out = subprocess.run([sys.executable, "-c", CHILD, json.dumps(cfg)], env=env, capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-c", script, json.dumps(cfg)], env=env, capture_output=True, text=True)
     if out.returncode:
         raise SystemExit(out.stderr[-3000:])
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -136,6 +214,34 @@ def per_call(repeats: int, hidden: int, batch: int, tmp: str) -> None:
         print(f"{VARIANTS[v]:>22} {statistics.median(us):6.2f} us ({min(us):.2f}-{max(us):.2f})")
 
 
+def phases(args: argparse.Namespace, variants: list[str], tmp: str) -> None:
+    """The training thread's CPU time per phase (exclusive of the phases nested inside it), per run and per
+    call, for each variant: where the probe's time goes. The phases' own timers add ~1 us a call."""
+    for n_envs in args.n_envs:
+        for capture in args.capture:
+            got: dict[str, list[dict]] = {v: [] for v in variants}
+            for r in range(args.repeats):
+                for v in variants if r % 2 == 0 else variants[::-1]:
+                    cfg = {"env": args.env, "n_envs": n_envs, "steps": args.steps, "capture": capture}
+                    cfg.update(variant=v, out=os.path.join(tmp, f"{v}.parquet"))
+                    got[v].append(one(cfg, args.before, PHASES))
+            print(f"\n{n_envs} env(s), {capture}: training-thread CPU per phase, median of {args.repeats} (min-max)")
+            names = sorted({k for runs in got.values() for run in runs for k in run["spent"]})
+            print(f"{'phase':>52} " + " ".join(f"{VARIANTS[v]:>34}" for v in variants))
+            for name in [*names, "all"]:
+                cells = []
+                for v in variants:
+                    if name == "all":
+                        ms = [1e3 * sum(run["spent"].values()) for run in got[v]]
+                        calls = 0
+                    else:
+                        ms = [1e3 * run["spent"].get(name, 0.0) for run in got[v]]
+                        calls = got[v][0]["count"].get(name, 0)
+                    per = f" {1e3 * statistics.median(ms) / calls:7.1f} us x{calls}" if calls else ""
+                    cells.append(f"{statistics.median(ms):7.1f} ms ({min(ms):.0f}-{max(ms):.0f}){per}")
+                print(f"{name:>52} " + " ".join(f"{c:>34}" for c in cells), flush=True)
+
+
 def spread(values: list[float]) -> str:
     return f"{statistics.median(values):7.3f} ({min(values):.3f}-{max(values):.3f})"
 
@@ -154,6 +260,7 @@ def main() -> None:
         choices=list(VARIANTS),
         help="the variants to run (default: calls and loops, and before with --before); ratios are to the first",
     )
+    ap.add_argument("--phases", action="store_true", help="the training thread's CPU per phase of the probe")
     ap.add_argument("--per-call", action="store_true", help="time the hook alone per loop step (no training)")
     ap.add_argument("--hidden", type=int, default=256, help="with --per-call: the LSTM's hidden size")
     ap.add_argument("--batch", type=int, default=4, help="with --per-call: sequences per minibatch")
@@ -165,6 +272,10 @@ def main() -> None:
     variants = args.variants or ["calls", "loops"] + (["before"] if args.before else [])
     if "before" in variants and not args.before:
         raise SystemExit("--variants before needs --before DIR")
+    if args.phases:
+        with tempfile.TemporaryDirectory() as tmp:
+            phases(args, [v for v in variants if v != "calls"] or variants, tmp)
+        return
     print(f"{args.env}, {args.steps} steps, one torch thread, {args.repeats} interleaved repeats; medians (min-max)")
     print("probe s: hook_seconds + integration_seconds (training thread); cpu s: training process")
     header = f"{'n_envs':>6} {'capture':>8} {'variant':>22} {'calls':>7} {'stepwise mb':>11} {'probe s':>22}"
