@@ -258,6 +258,10 @@ def _what_if_figure(plt: Any, rep: Report) -> str | None:
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("epoch")
         ax.set_yscale("symlog", linthresh=1e-6)
+        # at least 0 to 1e-5: values all inside the linear range otherwise get ticks at the data's own
+        # limits (4.2e-07 ...), whose long labels run into the next panel
+        lo, hi = ax.get_ylim()
+        ax.set_ylim(min(lo, 0.0), max(hi, 1e-5))
         ax.xaxis.set_major_locator(_integer_ticks())
         ax.legend(fontsize=8)
     return _png(fig)

@@ -107,6 +107,23 @@ def test_learning_rate_zero_stored_equals_refreshed_everywhere(tmp_path):
     _, rows = records(probe.path)
     stored = [r for r in rows if r["alternative"] == "stored"]
     assert stored and all(r["state_actor"] <= TOL and r["state_critic"] <= TOL and r["kl"] <= TOL for r in stored)
+    # the HTML figure of such a run: every value inside symlog's linear range, yet the axes span 0 to at least
+    # 1e-5 with ticks at 0 and decades only (ticks at the data's own limits had labels like 4.2e-07 that ran
+    # into the next panel)
+    from lstm_probe import html_figures
+
+    figs = []
+    png = html_figures._png
+    html_figures._png = lambda fig: figs.append(fig) or png(fig)
+    try:
+        assert html_figures._what_if_figure(html_figures._plt(), lstm_probe.summarize(probe.path)) is not None
+    finally:
+        html_figures._png = png
+    for ax in figs[0].axes:
+        lo, hi = ax.get_ylim()
+        ticks = [t for t in ax.get_yticks() if lo <= t <= hi]
+        assert lo <= 0 and hi >= 1e-5 and ticks[0] == 0
+        assert all(np.isclose(np.log10(t), round(np.log10(t))) for t in ticks[1:]), ticks
 
 
 def test_burn_in_reaching_an_episode_start_equals_refreshed():
