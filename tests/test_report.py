@@ -636,3 +636,27 @@ def test_phase_pure_row_groups_report_the_same(tmp_path):
             assert words == [coded.words(name)[c] if c >= 0 else None for c in coded[name]], name
         else:
             assert np.array_equal(plain[name], coded[name], equal_nan=True), name
+
+
+def test_runs_selected_in_numpy_equal_arrow_filter():
+    """Where every row is a first-layer row, a run's rows are read from the row groups its iterations may be
+    in and selected by iteration in numpy: the same rows, in the same order, as Arrow's row filter gives."""
+    from pathlib import Path
+
+    from lstm_probe.reader import dataset
+    from lstm_probe.report.scan import COLUMNS, FIRST_LAYER, _plan, read_scalars, with_dictionaries
+
+    src = Path(__file__).parent.parent / "sample_runs" / "pendulum-1env.parquet"
+    table = pq.read_table(src)
+    path = Path(src)
+    data, _ = dataset(path)
+    assert data.count_rows(filter=~FIRST_LAYER) == 0
+    strings = with_dictionaries(data, COLUMNS)
+    runs = _plan(data, None, 1)  # one run per iteration
+    assert len(runs) == len(set(table["iteration"].to_pylist())) > 1 and all(it is not None for *_, it in runs)
+    for filt, rows, iterations in runs:
+        mine, front = read_scalars(strings, COLUMNS, filt, rows, iterations)
+        arrow, front2 = read_scalars(strings, COLUMNS, filt & FIRST_LAYER, rows)
+        assert front == front2 and len(mine) == len(arrow) == rows
+        for name in COLUMNS:
+            assert np.array_equal(mine[name], arrow[name], equal_nan=True), name

@@ -352,7 +352,11 @@ def scan(data: ds.Dataset, accumulators: Sequence[Any], chunk_rows: int) -> Scan
     strings = with_dictionaries(data, cols)
     # every row a first-layer one (row-group statistics say so without reading rows: a log of one-layer
     # modules without initial-state rows): runs are cut by iteration alone, their rows selected in numpy
-    plain = data.count_rows(filter=(ds.field("layer") != 0) | (ds.field("t") < 0)) == 0
+    other = (ds.field("layer") != 0) | (ds.field("t") < 0)
+    for name in ("layer", "t"):
+        if data.schema.field(name).nullable:  # a null is no first-layer row either
+            other |= ds.field(name).is_null()
+    plain = data.count_rows(filter=other) == 0
     for filt, rows, iterations in _plan(data, None if plain else FIRST_LAYER, chunk_rows):
         if plain and iterations is not None:
             df, front = read_scalars(strings, cols, filt, rows, iterations)
