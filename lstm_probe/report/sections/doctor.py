@@ -266,7 +266,9 @@ class Doctor(Section[DoctorSection]):
         filt = (ds.field("layer") == 0) & ds.field("init").is_valid()
         held: dict[str, np.ndarray] | None = None
         rows = with_dictionaries(log.data, COLUMNS)  # strings as stored: no string built per row
-        for batch in rows.scanner(columns=COLUMNS, filter=filt, batch_size=BATCH).to_batches():
+        # little read ahead: the section runs beside the scalar scan, whose memory is the report's peak
+        scanner = rows.scanner(columns=COLUMNS, filter=filt, batch_size=BATCH, batch_readahead=2, fragment_readahead=1)
+        for batch in scanner.to_batches():
             if not batch.num_rows:
                 continue
             tally.count_sources(batch)

@@ -166,7 +166,11 @@ class Health(Section[HealthSection]):
         # h only when the log has vectors: reading an all-null vector column still builds its values
         # (rows x hidden floats a batch)
         columns = ["module", "layer", "iteration", "h_norm", "c_norm"] + (["h"] if vectors else [])
-        scanner = log.data.scanner(columns=columns, filter=ds.field("phase") == "rollout", batch_size=HEALTH_BATCH)
+        # little read ahead: the section runs beside the scalar scan, whose memory is the report's peak
+        rollout = ds.field("phase") == "rollout"
+        scanner = log.data.scanner(
+            columns=columns, filter=rollout, batch_size=HEALTH_BATCH, batch_readahead=2, fragment_readahead=1
+        )
         for batch in scanner.to_batches():
             if batch.num_rows:
                 totals.add(batch)
