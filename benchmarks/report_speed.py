@@ -7,6 +7,7 @@ then times `summarize` in a fresh process and prints rows/s and peak RSS: once a
 
     python benchmarks/report_speed.py --rows 10000000 --hidden 32
     python benchmarks/report_speed.py --rows 36000000 --hidden 256 --capture summary   # a 1M-step run's rows
+    python benchmarks/report_speed.py --log LOG --serial --repeats 3   # health/doctor beside the scan or after it
 """
 
 from __future__ import annotations
@@ -40,7 +41,12 @@ def hwm():  # this process's peak RSS (MB); ru_maxrss would also count the paren
 
 import lstm_probe
 print(json.dumps({"code": lstm_probe.__file__}), file=sys.stderr)
-if len(sys.argv) > 3:  # --sections: each step's time, and the process's RSS and peak after it
+if "serial" in sys.argv[3:]:  # every section after the scalar scan, none beside it
+    from lstm_probe.report import registry as _registry
+
+    for _sec in _registry.SECTIONS:
+        type(_sec).beside_scan = False
+if "sections" in sys.argv[3:]:  # --sections: each step's time, and the process's RSS and peak after it
     from lstm_probe.report import scan
     from lstm_probe.report.sections import calls
 
@@ -52,7 +58,8 @@ if len(sys.argv) > 3:  # --sections: each step's time, and the process's RSS and
             s = time.perf_counter()
             out = f(*a, **k)
             peak = hwm()
-            print(f"  {name:20s} {time.perf_counter() - s:6.1f} s   RSS {rss():6.0f} MB   peak {peak:6.0f} MB", file=sys.stderr)
+            took = time.perf_counter() - s
+            print(f"  {name:20s} {took:6.1f} s   RSS {rss():6.0f} MB   peak {peak:6.0f} MB", file=sys.stderr)
             return out
         return wrapped
 
@@ -75,18 +82,36 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=10_000_000)
     ap.add_argument("--hidden", type=int, default=32)
-    ap.add_argument("--capture", choices=["full", "summary"], default="full",
-                    help="capture of the real run the log is built from (summary: a 1M-step run's 36M rows fit)")
+    ap.add_argument(
+        "--capture",
+        choices=["full", "summary"],
+        default="full",
+        help="capture of the real run the log is built from (summary: a 1M-step run's 36M rows fit)",
+    )
     ap.add_argument("--keep", action="store_true", help="keep the generated log")
     ap.add_argument("--log", type=Path, help="time this log (file or directory) instead of building one")
     ap.add_argument("--repeats", type=int, default=1, help="interleaved repeats of the two reads")
     ap.add_argument("--sections", action="store_true", help="print each step of summarize: time, RSS, peak RSS")
-    ap.add_argument("--layout", choices=["phase", "mixed"], default="phase",
-                    help="phase: train rows and all other rows in separate row groups (the writer's layout); "
-                         "mixed: row groups in call order, phases mixed (logs written before it)")
-    ap.add_argument("--compare", type=Path, metavar="CHECKOUT",
-                    help="time the report of this checkout (e.g. a git worktree of an earlier commit) against "
-                         "this one's, both reading in runs of iterations, instead of runs against one read")
+    ap.add_argument(
+        "--layout",
+        choices=["phase", "mixed"],
+        default="phase",
+        help="phase: train rows and all other rows in separate row groups (the writer's layout); "
+        "mixed: row groups in call order, phases mixed (logs written before it)",
+    )
+    ap.add_argument(
+        "--compare",
+        type=Path,
+        metavar="CHECKOUT",
+        help="time the report of this checkout (e.g. a git worktree of an earlier commit) against "
+        "this one's, both reading in runs of iterations, instead of runs against one read",
+    )
+    ap.add_argument(
+        "--serial",
+        action="store_true",
+        help="time this checkout's report with the sections that read the log themselves (health, "
+        "doctor) beside the scalar scan, in a thread, against the same report with them after it",
+    )
     ap.add_argument("--build-only", type=Path, help="build the log into this (new) directory, keep it, time nothing")
     args = ap.parse_args()
     tmp = None
@@ -98,8 +123,16 @@ def main() -> None:
         tmp = Path(tempfile.mkdtemp())
         from lstm_probe.run import run
 
-        base = run("Pendulum-v1", tmp / "base.parquet", steps=4096, n_envs=4, hidden_size=args.hidden, seed=0,
-                   torch_threads=1, capture=args.capture)
+        base = run(
+            "Pendulum-v1",
+            tmp / "base.parquet",
+            steps=4096,
+            n_envs=4,
+            hidden_size=args.hidden,
+            seed=0,
+            torch_threads=1,
+            capture=args.capture,
+        )
         table = pq.read_table(base.path)
         meta = table.schema.metadata
         out = args.build_only or tmp / "big"
@@ -113,15 +146,22 @@ def main() -> None:
         final = pq.ParquetFile(base.path).metadata.metadata[b"lstm_probe.final"]
         for k in range(copies):
             t = table.set_column(table.schema.get_field_index("call"), "call", pc.add(table["call"], k * calls))
-            t = t.set_column(t.schema.get_field_index("iteration"), "iteration",
-                             pc.cast(pc.add(t["iteration"], k * iters), pa.int32()))
+            t = t.set_column(
+                t.schema.get_field_index("iteration"),
+                "iteration",
+                pc.cast(pc.add(t["iteration"], k * iters), pa.int32()),
+            )
             t = t.set_column(t.schema.get_field_index("env_step"), "env_step", pc.add(t["env_step"], k * steps))
             # each copy's episodes are new ones (episode ids are unique per env in a real log)
             t = t.set_column(t.schema.get_field_index("episode"), "episode", pc.add(t["episode"], k * episodes))
-            w = pq.ParquetWriter(out / f"part-{k:05d}.parquet", t.schema.with_metadata(meta), compression="zstd",
-                                 use_dictionary=["module", "phase", "path", "bootstrap", "seq_reason"],
-                                 write_statistics=[n for n in t.schema.names if n not in ("h", "c")],
-                                 column_encoding=column_encodings(t.schema))
+            w = pq.ParquetWriter(
+                out / f"part-{k:05d}.parquet",
+                t.schema.with_metadata(meta),
+                compression="zstd",
+                use_dictionary=["module", "phase", "path", "bootstrap", "seq_reason"],
+                write_statistics=[n for n in t.schema.names if n not in ("h", "c")],
+                column_encoding=column_encodings(t.schema),
+            )
             group = row_capacity(args.hidden, args.capture == "full")  # a real log's row groups
             if args.layout == "mixed":
                 w.write_table(t, row_group_size=group)
@@ -134,8 +174,10 @@ def main() -> None:
             w.close()
         size = sum(f.stat().st_size for f in out.iterdir())
         rows = copies * table.num_rows
-        print(f"log: {rows:,} rows (hidden {args.hidden}, {args.capture}, {args.layout} row groups), "
-              f"{size / 2**20:.0f} MB, built in {time.perf_counter() - start:.0f} s")
+        print(
+            f"log: {rows:,} rows (hidden {args.hidden}, {args.capture}, {args.layout} row groups), "
+            f"{size / 2**20:.0f} MB, built in {time.perf_counter() - start:.0f} s"
+        )
         if args.build_only:
             shutil.rmtree(tmp)
             print(f"kept {out}")
@@ -150,12 +192,19 @@ def main() -> None:
     )
     here = Path(__file__).resolve().parent.parent
     if args.compare is not None:
-        reads = (("this checkout", REPORT_CHUNK_ROWS, env),
-                 (str(args.compare), REPORT_CHUNK_ROWS, {**env, "PYTHONPATH": str(args.compare.resolve())}))
+        reads = (
+            ("this checkout", REPORT_CHUNK_ROWS, env),
+            (str(args.compare), REPORT_CHUNK_ROWS, {**env, "PYTHONPATH": str(args.compare.resolve())}),
+        )
+    serial = ()
+    if args.serial:
+        reads = (("sections beside the scan", REPORT_CHUNK_ROWS, env), ("serial", REPORT_CHUNK_ROWS, env))
+        serial = ("serial",)
     for k in range(args.repeats):  # interleaved: A B A B ...
         for label, chunk, child_env in reads:
+            flags = (["sections"] if args.sections else []) + (["serial"] if label in serial else [])
             r = subprocess.run(
-                [sys.executable, "-c", CHILD, str(out), str(chunk), *(["sections"] if args.sections else [])],
+                [sys.executable, "-c", CHILD, str(out), str(chunk), *flags],
                 capture_output=True,
                 text=True,
                 env=child_env,
@@ -170,20 +219,26 @@ def main() -> None:
             res = json.loads(r.stdout.strip().splitlines()[-1])
             res["code"] = json.loads(code)["code"]
             results.setdefault(label, []).append(res)
-            print(f"  [{k + 1}] {label}: {res['seconds']:.1f} s ({res['cpu']:.1f} s CPU), peak RSS {res['rss_mb']:.0f} MB"
-                  f"  ({Path(res['code']).parent.parent})")
+            print(
+                f"  [{k + 1}] {label}: {res['seconds']:.1f} s ({res['cpu']:.1f} s CPU), peak RSS {res['rss_mb']:.0f} MB"
+                f"  ({Path(res['code']).parent.parent})"
+            )
     for label, runs in results.items():
         secs = statistics.median(x["seconds"] for x in runs)
         cpus = [x["cpu"] for x in runs]
-        print(f"summarize {label}: {secs:.1f} s (median of {len(runs)}; {min(x['seconds'] for x in runs):.1f}-"
-              f"{max(x['seconds'] for x in runs):.1f}), CPU {statistics.median(cpus):.1f} s "
-              f"({min(cpus):.1f}-{max(cpus):.1f}), {rows / secs:,.0f} rows/s, "
-              f"peak RSS {min(x['rss_mb'] for x in runs):.0f}-{max(x['rss_mb'] for x in runs):.0f} MB")
+        print(
+            f"summarize {label}: {secs:.1f} s (median of {len(runs)}; {min(x['seconds'] for x in runs):.1f}-"
+            f"{max(x['seconds'] for x in runs):.1f}), CPU {statistics.median(cpus):.1f} s "
+            f"({min(cpus):.1f}-{max(cpus):.1f}), {rows / secs:,.0f} rows/s, "
+            f"peak RSS {min(x['rss_mb'] for x in runs):.0f}-{max(x['rss_mb'] for x in runs):.0f} MB"
+        )
     a, b = ([x["seconds"] for x in v] for v in results.values())
-    ratios = [x / y for x, y in zip(a, b)]
+    ratios = [x / y for x, y in zip(a, b, strict=True)]
     ma, mb = (max(x["rss_mb"] for x in v) for v in results.values())
-    print(f"{' / '.join(results)}: time {statistics.median(ratios):.2f}x "
-          f"({min(ratios):.2f}-{max(ratios):.2f}, pairs), peak RSS {ma / mb:.2f}x")
+    print(
+        f"{' / '.join(results)}: time {statistics.median(ratios):.2f}x "
+        f"({min(ratios):.2f}-{max(ratios):.2f}, pairs), peak RSS {ma / mb:.2f}x"
+    )
     if tmp is not None and not args.keep:
         shutil.rmtree(tmp)
     elif tmp is not None:
