@@ -91,7 +91,7 @@ class Inputs:
         sq = np.einsum("rmh,rmh->rm", x0, x0, dtype=np.float64)
         norms = np.sqrt(sq[:layers] + sq[layers:] if x0.shape[0] > layers else sq).astype(np.float32)
         zero: np.ndarray = np.logical_not(xs.any(axis=1))
-        flags: np.ndarray = np.where(zero, ZERO, 0).astype(np.int8)
+        flags: np.ndarray = zero.astype(np.int8)  # ZERO is bit 1
         env = step = start = None
         if grid is not None and grid.shape[0] == m:
             env = grid.env[:, t].astype(np.int64) if grid.env is not None else None
@@ -184,9 +184,8 @@ class Inputs:
         return same * np.int8(STORED) | (~held) * np.int8(UNCHECKED) | (before < 0) * np.int8(FIRST)
 
 
-def decode(flags: np.ndarray, start: np.ndarray | None, stored_states: bool) -> np.ndarray:
-    """The ``init`` codes (int8) of answer bits ``flags`` (N,), given each column's ``episode_start``
-    (tribool int8, 1 = an episode starts; None: not tagged)."""
+def _decode(flags: np.ndarray, start: np.ndarray | None, stored_states: bool) -> np.ndarray:
+    """:func:`decode`, rule by rule (it builds :data:`_CODES`, which :func:`decode` looks the answers up in)."""
     starts = start == 1 if start is not None else np.zeros(len(flags), bool)
     zero = (flags & ZERO) != 0
     out = np.full(len(flags), INIT["other"], np.int8)
@@ -200,6 +199,23 @@ def decode(flags: np.ndarray, start: np.ndarray | None, stored_states: bool) -> 
     # a zero state at a tagged episode start, or where no earlier state of the env column is known
     out[zero & (starts | ((flags & FIRST) != 0))] = INIT["reset"]
     return out
+
+
+_BITS = 64  # every combination of the answer bits (ZERO ... UNCHECKED)
+_CODES = {
+    stored: _decode(np.tile(np.arange(_BITS, dtype=np.int8), 2), np.repeat(np.array([0, 1], np.int8), _BITS), stored)
+    for stored in (False, True)
+}
+"""The `init` code of every (answer bits, episode start) pair: index bits + 64 * (episode_start == 1)."""
+
+
+def decode(flags: np.ndarray, start: np.ndarray | None, stored_states: bool) -> np.ndarray:
+    """The ``init`` codes (int8) of answer bits ``flags`` (N,), given each column's ``episode_start``
+    (tribool int8, 1 = an episode starts; None: not tagged): one table look-up (the rules: :func:`_decode`)."""
+    index = flags.astype(np.intp)
+    if start is not None:
+        index += (start == 1) * _BITS
+    return _CODES[stored_states].take(index)
 
 
 States = torch.Tensor | tuple[torch.Tensor, ...]
