@@ -7,7 +7,6 @@ then times `summarize` in a fresh process and prints rows/s and peak RSS: once a
 
     python benchmarks/report_speed.py --rows 10000000 --hidden 32
     python benchmarks/report_speed.py --rows 36000000 --hidden 256 --capture summary   # a 1M-step run's rows
-    python benchmarks/report_speed.py --log LOG --serial --repeats 3   # health/doctor beside the scan or after it
 """
 
 from __future__ import annotations
@@ -41,11 +40,6 @@ def hwm():  # this process's peak RSS (MB); ru_maxrss would also count the paren
 
 import lstm_probe
 print(json.dumps({"code": lstm_probe.__file__}), file=sys.stderr)
-if "serial" in sys.argv[3:]:  # every section after the scalar scan, none beside it
-    from lstm_probe.report import registry as _registry
-
-    for _sec in _registry.SECTIONS:
-        type(_sec).beside_scan = False
 if "sections" in sys.argv[3:]:  # --sections: each step's time, and the process's RSS and peak after it
     from lstm_probe.report import scan
     from lstm_probe.report.sections import calls
@@ -105,12 +99,6 @@ def main() -> None:
         metavar="CHECKOUT",
         help="time the report of this checkout (e.g. a git worktree of an earlier commit) against "
         "this one's, both reading in runs of iterations, instead of runs against one read",
-    )
-    ap.add_argument(
-        "--serial",
-        action="store_true",
-        help="time this checkout's report with the sections that read the log themselves (health, "
-        "doctor) beside the scalar scan, in a thread, against the same report with them after it",
     )
     ap.add_argument("--build-only", type=Path, help="build the log into this (new) directory, keep it, time nothing")
     args = ap.parse_args()
@@ -196,13 +184,9 @@ def main() -> None:
             ("this checkout", REPORT_CHUNK_ROWS, env),
             (str(args.compare), REPORT_CHUNK_ROWS, {**env, "PYTHONPATH": str(args.compare.resolve())}),
         )
-    serial = ()
-    if args.serial:
-        reads = (("sections beside the scan", REPORT_CHUNK_ROWS, env), ("serial", REPORT_CHUNK_ROWS, env))
-        serial = ("serial",)
     for k in range(args.repeats):  # interleaved: A B A B ...
         for label, chunk, child_env in reads:
-            flags = (["sections"] if args.sections else []) + (["serial"] if label in serial else [])
+            flags = ["sections"] if args.sections else []
             r = subprocess.run(
                 [sys.executable, "-c", CHILD, str(out), str(chunk), *flags],
                 capture_output=True,

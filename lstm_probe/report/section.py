@@ -262,10 +262,6 @@ class Section(ABC, Generic[D]):
     findings_rank: ClassVar[int] = 60
     """Where the section's findings go in the list (lower first, ties in registry order): what training
     did first, the run's own state last."""
-    beside_scan: ClassVar[bool] = False
-    """``compute`` reads only the log (its own scan of the dataset), not an accumulator nor
-    :attr:`Log.iterations`: it runs in a thread beside the scalar scan (both spend their time in Arrow's
-    decoding and numpy, which release the GIL), so a second core shortens the report."""
 
     def applies(self, caps: Capabilities) -> bool:
         return self.needs is None or bool(getattr(caps, self.needs))

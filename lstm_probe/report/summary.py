@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,11 +86,7 @@ def summarize(path: str | os.PathLike[str], *, chunk_rows: int = REPORT_CHUNK_RO
     log.upper_layers = info.rows > 0 and data.count_rows(filter=ds.field("layer") > 0) > 0
     sections = [s for s in registry.SECTIONS if s.applies(log.caps)]
     accumulators = {s.key: acc for s in sections if (acc := s.accumulator()) is not None}
-    # sections that read only the log run beside the scan, in one thread (their results are the same either way)
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        beside = {s.key: pool.submit(s.compute, log, None) for s in sections if s.beside_scan}
-        totals = scan(data, list(accumulators.values()), chunk_rows)
-        done = {key: f.result() for key, f in beside.items()}
+    totals = scan(data, list(accumulators.values()), chunk_rows)
     log.iterations = totals.iterations
     warnings = list(info.warnings)
     if totals.duplicates:
@@ -103,7 +98,7 @@ def summarize(path: str | os.PathLike[str], *, chunk_rows: int = REPORT_CHUNK_RO
         warnings.append("the log holds no rows: training made no LSTM call before it stopped")
     results: dict[str, Any] = {s.key: None for s in registry.SECTIONS}
     for s in sections:
-        results[s.key] = done[s.key] if s.key in done else s.compute(log, accumulators.get(s.key))
+        results[s.key] = s.compute(log, accumulators.get(s.key))
     unavailable: list[str] = []
     for s in _json_order():
         if results[s.key] is not None:

@@ -252,7 +252,6 @@ def _cut(c: dict[str, np.ndarray], n: int) -> tuple[dict[str, np.ndarray], dict[
 class Doctor(Section[DoctorSection]):
     key = "doctor"
     findings_rank = 20
-    beside_scan = True
 
     def compute(self, log: Log, acc: Any) -> DoctorSection:
         meta_paths = log.meta.get("minibatch_paths")
@@ -266,7 +265,7 @@ class Doctor(Section[DoctorSection]):
         filt = (ds.field("layer") == 0) & ds.field("init").is_valid()
         held: dict[str, np.ndarray] | None = None
         rows = with_dictionaries(log.data, COLUMNS)  # strings as stored: no string built per row
-        # little read ahead: the section runs beside the scalar scan, whose memory is the report's peak
+        # little read ahead (as the scalar scan): a few batches of one file
         scanner = rows.scanner(columns=COLUMNS, filter=filt, batch_size=BATCH, batch_readahead=2, fragment_readahead=1)
         for batch in scanner.to_batches():
             if not batch.num_rows:

@@ -157,7 +157,6 @@ class HealthTotals(Accumulator[pa.RecordBatch]):
 class Health(Section[HealthSection]):
     key = "health"
     findings_rank: ClassVar[int] = 40
-    beside_scan = True
 
     def compute(self, log: Log, acc: Any) -> HealthSection:
         """Rollout rows only, streamed batch by batch: per-iteration norms and per-unit state health."""
@@ -166,7 +165,7 @@ class Health(Section[HealthSection]):
         # h only when the log has vectors: reading an all-null vector column still builds its values
         # (rows x hidden floats a batch)
         columns = ["module", "layer", "iteration", "h_norm", "c_norm"] + (["h"] if vectors else [])
-        # little read ahead: the section runs beside the scalar scan, whose memory is the report's peak
+        # little read ahead (as the scalar scan): a few batches of one file
         rollout = ds.field("phase") == "rollout"
         scanner = log.data.scanner(
             columns=columns, filter=rollout, batch_size=HEALTH_BATCH, batch_readahead=2, fragment_readahead=1
