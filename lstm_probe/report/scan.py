@@ -356,7 +356,8 @@ def scan(data: ds.Dataset, accumulators: Sequence[Any], chunk_rows: int) -> Scan
     for name in ("layer", "t"):
         if data.schema.field(name).nullable:  # a null is no first-layer row either
             other |= ds.field(name).is_null()
-    plain = data.count_rows(filter=other) == 0
+    parquet = isinstance(strings, ds.FileSystemDataset) and isinstance(strings.format, ds.ParquetFileFormat)
+    plain = parquet and data.count_rows(filter=other) == 0
     for filt, rows, iterations in _plan(data, None if plain else FIRST_LAYER, chunk_rows):
         if plain and iterations is not None:
             df, front = read_scalars(strings, cols, filt, rows, iterations)
