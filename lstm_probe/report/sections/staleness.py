@@ -80,7 +80,8 @@ class StalenessTotals(Accumulator[Chunk]):
         def column(name: str) -> np.ndarray:  # taken when needed and dropped after use: memory is the bound
             return train[name][kept]
 
-        dh, dc = column("drift_h"), column("drift_c")
+        # float64 once: the three groupings' sums (np.bincount) would each convert float32 weights again
+        dh, dc = column("drift_h").astype(np.float64), column("drift_c").astype(np.float64)
         module = train["module"][kept]
         names = train.words("module")
         layer = column("layer")
