@@ -358,11 +358,15 @@ def scan(data: ds.Dataset, accumulators: Sequence[Any], chunk_rows: int) -> Scan
             other |= ds.field(name).is_null()
     parquet = isinstance(strings, ds.FileSystemDataset) and isinstance(strings.format, ds.ParquetFileFormat)
     plain = parquet and data.count_rows(filter=other) == 0
+    layer_type = data.schema.field("layer").type
+    read = [c for c in cols if c != "layer"] if plain and pa.types.is_integer(layer_type) else cols
     for filt, rows, iterations in _plan(data, None if plain else FIRST_LAYER, chunk_rows):
         if plain and iterations is not None:
-            df, front = read_scalars(strings, cols, filt, rows, iterations)
+            df, front = read_scalars(strings, read, filt, rows, iterations)
         else:
-            df, front = read_scalars(strings, cols, filt, rows)
+            df, front = read_scalars(strings, read, filt, rows)
+        if "layer" not in df:  # every row's layer is 0, as the statistics say: not read
+            df["layer"] = np.zeros(1, layer_type.to_pandas_dtype())[0]
         if "worker" not in df:
             df["worker"] = np.float32(np.nan)
         totals.duplicates += duplicates(df)
