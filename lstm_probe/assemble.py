@@ -249,8 +249,12 @@ def read_footer(path: Path) -> tuple[list[Field], int]:
         return decode(f.read(length)), start
 
 
+_BINARY = getattr(os, "O_BINARY", 0)  # (Windows: no newline translation)
+
+
 def _copy(src: int, dst: int, offset: int, count: int) -> None:
-    """Copy ``count`` bytes at ``offset`` of ``src`` to the current end of ``dst`` (both file descriptors)."""
+    """Copy ``count`` bytes at ``offset`` of ``src`` to the current position of ``dst`` (file descriptors):
+    in the kernel where it can (``os.copy_file_range``, Linux), else through a buffer."""
     copy = getattr(os, "copy_file_range", None)
     while count > 0:
         done = 0
@@ -260,7 +264,14 @@ def _copy(src: int, dst: int, offset: int, count: int) -> None:
             except OSError:  # another file system, an old kernel: copy through user space
                 copy = None
         if not done:
-            done = os.write(dst, os.pread(src, min(count, 8 << 20), offset))
+            os.lseek(src, offset, os.SEEK_SET)
+            chunk = os.read(src, min(count, 8 << 20))
+            if not chunk:
+                raise OSError(f"a part ended {count} bytes early while it was copied into the log")
+            view = memoryview(chunk)
+            while view:  # os.write may write less than it was given
+                view = view[os.write(dst, view) :]
+            done = len(chunk)
         offset += done
         count -= done
 
@@ -282,10 +293,10 @@ class Assembly:
         """Copy a published part's row groups to the end of the log; the rows it held."""
         footer, end = read_footer(part)
         if self.fd is None:
-            self.fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            os.write(self.fd, MAGIC)
+            self.fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _BINARY, 0o644)
+            os.write(self.fd, MAGIC)  # (4 bytes: written whole)
             self.size = len(MAGIC)
-        src = os.open(part, os.O_RDONLY)
+        src = os.open(part, os.O_RDONLY | _BINARY)
         try:
             _copy(src, self.fd, len(MAGIC), end - len(MAGIC))
         finally:
@@ -320,7 +331,9 @@ class Assembly:
         """Write the footer and move the log into place."""
         assert self.fd is not None
         footer = self.footer()
-        os.write(self.fd, footer + struct.pack("<I", len(footer)) + MAGIC)
+        tail = memoryview(footer + struct.pack("<I", len(footer)) + MAGIC)
+        while tail:
+            tail = tail[os.write(self.fd, tail) :]
         os.close(self.fd)
         self.fd = None
         os.replace(self.tmp, self.path)

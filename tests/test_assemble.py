@@ -197,3 +197,23 @@ def test_a_real_run_single_file_equals_its_directory_log(tmp_path):
             assert np.array_equal(lstm_probe.states(x, col), lstm_probe.states(y, col), equal_nan=True), col
         else:
             assert x[col].equals(y[col]), col
+
+
+def test_copy_through_user_space_and_a_short_part(tmp_path):
+    """Where the kernel cannot copy file to file (here the target is a pipe), bytes go through a buffer; a part
+    shorter than its footer says is an error, never a silently short log."""
+    from lstm_probe.assemble import _copy
+
+    data = bytes(range(256)) * 64
+    src = tmp_path / "src"
+    src.write_bytes(data)
+    r, w = os.pipe()
+    fd = os.open(src, os.O_RDONLY)
+    try:
+        _copy(fd, w, 100, 5000)
+        assert os.read(r, 10000) == data[100:5100]
+        with pytest.raises(OSError, match="ended 100 bytes early"):
+            _copy(fd, w, len(data) - 50, 150)
+    finally:
+        for f in (fd, r, w):
+            os.close(f)
