@@ -249,7 +249,7 @@ def read_footer(path: Path) -> tuple[list[Field], int]:
         return decode(f.read(length)), start
 
 
-_BINARY = getattr(os, "O_BINARY", 0)  # (Windows: no newline translation)
+_O_BINARY = getattr(os, "O_BINARY", 0)  # (Windows: no newline translation)
 
 
 def _copy(src: int, dst: int, offset: int, count: int) -> None:
@@ -293,10 +293,10 @@ class Assembly:
         """Copy a published part's row groups to the end of the log; the rows it held."""
         footer, end = read_footer(part)
         if self.fd is None:
-            self.fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _BINARY, 0o644)
+            self.fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_BINARY, 0o644)
             os.write(self.fd, MAGIC)  # (4 bytes: written whole)
             self.size = len(MAGIC)
-        src = os.open(part, os.O_RDONLY | _BINARY)
+        src = os.open(part, os.O_RDONLY | _O_BINARY)
         try:
             _copy(src, self.fd, len(MAGIC), end - len(MAGIC))
         finally:
