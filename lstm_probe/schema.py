@@ -406,6 +406,23 @@ COLUMN_NAMES = [c.name for c in COLUMNS]
 COLUMN = {c.name: c for c in COLUMNS}
 REQUIRED_COLUMNS = frozenset(COLUMN_NAMES)
 CODES: dict[str, tuple[str, ...]] = {c.name: c.values for c in COLUMNS if c.values}
+
+WHAT_IF_METRICS = (
+    "value_abs",
+    "value_rel",
+    "kl",
+    "logp_abs",
+    "ratio_change",
+    "clip_fraction_delta",
+    "policy_loss_delta",
+    "value_loss_delta",
+    "entropy_loss_delta",
+    "grad_cos_policy",
+    "grad_cos_value",
+)
+"""The per-minibatch figures of the `what_if` metadata (one list per figure) that the report averages by
+epoch: the sb3 integration records them (``integrations/sb3_whatif.py``), the report reads them
+(``report/sections/what_if.py``), each with figures of its own besides."""
 """The values of each string column with fixed values: a row buffer stores their index."""
 CODE: dict[str, dict[str, int]] = {name: {v: i for i, v in enumerate(vals)} for name, vals in CODES.items()}
 

@@ -42,6 +42,7 @@ from torch import nn
 
 from lstm_probe.errors import BadInput
 from lstm_probe.integrations.sb3_arch import private_policy as shadow_policy
+from lstm_probe.schema import WHAT_IF_METRICS
 
 BURN_IN = (4, 16, 64)
 """Burn-in lengths always measured (``burn_in=`` adds more)."""
@@ -51,20 +52,9 @@ metadata stays bounded (a few MB) however long the run."""
 VALUE_PREFIXES = ("lstm_critic.", "critic.", "mlp_extractor.value_net.", "value_net.", "vf_features_extractor.")
 """Parameters of the critic side (the rest, features extractor included when shared, count as policy side)."""
 KEYS = ("iteration", "epoch", "minibatch", "alternative", "sequences", "episode_starts", "reached")
-METRICS = (
-    "value_abs",
-    "value_rel",
-    "kl",
-    "logp_abs",
-    "ratio_change",
-    "clip_fraction_delta",
-    "policy_loss_delta",
-    "value_loss_delta",
-    "entropy_loss_delta",
-    "grad_cos_policy",
-    "grad_cos_value",
-    "return_spread",
-)
+METRICS = (*WHAT_IF_METRICS, "return_spread")
+"""What each sampled minibatch records: the report's averaged figures, and the returns' spread they are
+relative to."""
 
 
 def what_if_settings(what_if: bool, every: int = 1, burn_in: Iterable[int] = ()) -> dict[str, Any] | None:

@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 
 from lstm_probe.contract import Capabilities
 from lstm_probe.report.section import Block, Line, Log, Panel, Section, Table, fmt
+from lstm_probe.schema import WHAT_IF_METRICS
 
 WITHIN = 0.01
 """'Within 1%': the value difference at most this fraction of the minibatch's return spread (standard deviation
@@ -24,20 +25,7 @@ of the returns), and the PPO ratio moved by at most this much on average (mean |
 CHECK_TOLERANCE = 1e-4
 """The oracle's float tolerance: refreshed and stored at minibatch 0 of epoch 0 are the same computation up to
 rounding (a batched pass against sb3's one), so every relative difference stays far below this."""
-AVERAGED = (
-    "value_abs",
-    "value_rel",
-    "kl",
-    "logp_abs",
-    "ratio_change",
-    "clip_fraction_delta",
-    "policy_loss_delta",
-    "value_loss_delta",
-    "entropy_loss_delta",
-    "grad_cos_policy",
-    "grad_cos_value",
-    "reached",
-)
+AVERAGED = (*WHAT_IF_METRICS, "reached")
 
 
 @dataclass
