@@ -406,6 +406,8 @@ COLUMN_NAMES = [c.name for c in COLUMNS]
 COLUMN = {c.name: c for c in COLUMNS}
 REQUIRED_COLUMNS = frozenset(COLUMN_NAMES)
 CODES: dict[str, tuple[str, ...]] = {c.name: c.values for c in COLUMNS if c.values}
+"""The values of each string column with fixed values: a row buffer stores their index."""
+CODE: dict[str, dict[str, int]] = {name: {v: i for i, v in enumerate(vals)} for name, vals in CODES.items()}
 
 WHAT_IF_METRICS = (
     "value_abs",
@@ -423,8 +425,6 @@ WHAT_IF_METRICS = (
 """The per-minibatch figures of the `what_if` metadata (one list per figure) that the report averages by
 epoch: the sb3 integration records them (``integrations/sb3_whatif.py``), the report reads them
 (``report/sections/what_if.py``), each with figures of its own besides."""
-"""The values of each string column with fixed values: a row buffer stores their index."""
-CODE: dict[str, dict[str, int]] = {name: {v: i for i, v in enumerate(vals)} for name, vals in CODES.items()}
 
 
 def required_columns(version: int) -> frozenset[str]:
