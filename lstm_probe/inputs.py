@@ -10,7 +10,7 @@ vectorized compare per block. The schema's ``init`` column says what each answer
 
 from __future__ import annotations
 
-from typing import Any, Literal, overload
+from typing import Any
 
 import numpy as np
 import torch
@@ -218,51 +218,12 @@ def decode(flags: np.ndarray, start: np.ndarray | None, stored_states: bool) -> 
     return _CODES[stored_states].take(index)
 
 
-States = torch.Tensor | tuple[torch.Tensor, ...]
-"""A one-step call's states as kept in a block: one (R, N, H) tensor (a copy), or references to the parts
-that stack along the first axis to it ((h, c) of an LSTM, h of a GRU; see ``tracer.Tracer.step_references``)."""
-
-
-@overload
 def module_input(
-    mod: nn.Module,
-    args: tuple[Any, ...],
-    batch: int,
-    x: torch.Tensor,
-    unbatched: bool,
-    is_lstm: bool,
-    references: Literal[False] = False,
-) -> torch.Tensor: ...
-
-
-@overload
-def module_input(
-    mod: nn.Module,
-    args: tuple[Any, ...],
-    batch: int,
-    x: torch.Tensor,
-    unbatched: bool,
-    is_lstm: bool,
-    references: bool,
-) -> States: ...
-
-
-def module_input(
-    mod: nn.Module,
-    args: tuple[Any, ...],
-    batch: int,
-    x: torch.Tensor,
-    unbatched: bool,
-    is_lstm: bool,
-    references: bool = False,
-) -> States:
+    mod: nn.Module, args: tuple[Any, ...], batch: int, x: torch.Tensor, unbatched: bool, is_lstm: bool
+) -> torch.Tensor:
     """The input states of a one-step nn.LSTM / nn.GRU call as one (R, N, H) tensor: h of every layer,
-    then c (zeros where the call was given none). ``references``: the states as given, (h, c) or (h,), where
-    the call was given them batched (``tracer.Tracer.step_references``; the tracer copies what it keeps
-    longer)."""
+    then c (zeros where the call was given none)."""
     hx = args[1] if len(args) > 1 else None
-    if references and hx is not None and not unbatched:
-        return tuple(hx) if is_lstm else (hx,)
     if hx is None:
         layers, hidden = int(mod.num_layers), int(mod.hidden_size)  # type: ignore[arg-type]
         return torch.zeros((2 if is_lstm else 1) * layers, batch, hidden, dtype=x.dtype, device=x.device)
@@ -277,34 +238,6 @@ def cell_input(args: tuple[Any, ...], batch: int, h: torch.Tensor, is_lstm: bool
         return h.new_zeros((2 if is_lstm else 1, batch, h.shape[-1]))
     parts = hx if is_lstm else (hx,)
     return torch.stack([p.detach().reshape(batch, -1) for p in parts])
-
-
-def joined(states: States) -> torch.Tensor:
-    """Kept states as one (R, N, H) tensor (references are copied into a new one)."""
-    return states if isinstance(states, torch.Tensor) else torch.cat(states)
-
-
-def width(states: States) -> int:
-    """Batch columns of kept states."""
-    return int((states if isinstance(states, torch.Tensor) else states[0]).shape[1])
-
-
-def columns(kept: list[States]) -> torch.Tensor:
-    """Kept states of a block's calls side by side, (R, sum N, H): each part of all calls into its rows of
-    one new tensor (references: one ``torch.cat`` per part and block instead of one copy per call)."""
-    if all(isinstance(k, torch.Tensor) for k in kept):
-        return torch.cat(kept, dim=1)  # type: ignore[arg-type]
-    parts = [k if isinstance(k, tuple) else (k,) for k in kept]
-    rows = [int(p.shape[0]) for p in parts[0]]
-    if any([int(p.shape[0]) for p in q] != rows for q in parts):  # mixed forms: join each call's first
-        return torch.cat([joined(k) for k in kept], dim=1)
-    first = parts[0][0]
-    out = first.new_empty((sum(rows), sum(int(q[0].shape[1]) for q in parts), int(first.shape[2])))
-    r = 0
-    for i, n in enumerate(rows):
-        torch.cat([q[i] for q in parts], dim=1, out=out[r : r + n])
-        r += n
-    return out
 
 
 def stacked_steps(steps: list[Any], lstm: bool) -> torch.Tensor:

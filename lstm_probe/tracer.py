@@ -29,7 +29,7 @@ from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 
 from lstm_probe.contract import CODES, PATH, Grid, Integration, Resolver, Tags, padded, tag_values
 from lstm_probe.errors import BadInput, one_line
-from lstm_probe.inputs import Inputs, States, cell_input, columns, joined, module_input, stacked_steps, width
+from lstm_probe.inputs import Inputs, cell_input, module_input, stacked_steps
 from lstm_probe.logwriter import LogWriter
 from lstm_probe.modules import RECURRENT_TYPES, base_metadata, describe_modules
 from lstm_probe.options import CaptureOptions
@@ -127,9 +127,6 @@ class Tracer:
         self._pending_tags: Tags | None = None
         self._pending_key: tuple[Any, ...] | None = None
         self._stepwise_tags: Tags | None = None  # the open per-timestep block's tags (hook fast path)
-        # set by an integration that guarantees no state of a 'step' block's calls (rollout steps) changes in
-        # place before the block is handed over: they are kept as references, copied once per block (sb3)
-        self.step_references = False
         self._loop: _Loop | None = None  # a per-timestep loop recorded whole (see loop_begin)
         self._by_module = {id(m): n for n, m in self.modules.items()}
         self._resolved: Tags | None = None  # tags the hook already asked the resolver for
@@ -294,7 +291,7 @@ class Tracer:
                     if unbatched:
                         hn = hn.unsqueeze(1)
                         cn = cn.unsqueeze(1) if cn is not None else None
-                    x0 = module_input(mod, args, batch, x, unbatched, is_lstm, self.step_references)
+                    x0 = module_input(mod, args, batch, x, unbatched, is_lstm)
                     self._emit(name, code, 1, batch, hn, cn, x0=x0)
                     return
                 x, y = x.detach(), y.detach()
@@ -395,7 +392,7 @@ class Tracer:
         states: Callable[[], tuple[np.ndarray, Any, Any]] | None = None,
         nbytes: int = 0,
         *,
-        x0: States,
+        x0: torch.Tensor,
         out: torch.Tensor | None = None,
     ) -> None:
         """Take one call. One-step calls bring their (L, N, H) states ``h``/``c`` as the module returned them
@@ -409,8 +406,7 @@ class Tracer:
         (:meth:`LogWriter.submit`) when the tags change, when it holds MAX_PENDING calls, and at close.
 
         ``x0`` (R, N, H): the states the call was given (h of every layer, then c), where the `init`
-        columns come from (:class:`~lstm_probe.inputs.Inputs`), a copy or, with ``step_references``, the
-        parts as given (see ``States``); ``out``: a multi-step call's returned states.
+        columns come from (:class:`~lstm_probe.inputs.Inputs`); ``out``: a multi-step call's returned states.
         """
         tags, self._resolved = self._resolved, None
         writer = self.writer
@@ -435,19 +431,16 @@ class Tracer:
             if key is not None and key[0] == "stepwise":
                 t = tags.stepwise.get(name, 0)
                 tags.stepwise[name] = t + 1
-        refs = self.step_references and key is not None and key[0] == "step"
-        if h is not None and not refs:
+        if h is not None:
             out = h if c is None else torch.cat((h, c))  # a copy: the caller may change h and c in place
         if key is None:
             self.flush_pending()
             if h is not None and not writer.inline:  # the job runs later, on the writer thread
                 h, c = h.clone(), c.clone() if c is not None else None
-            given = joined(x0)
 
             def job() -> None:
                 returned = _host(out) if out is not None else None
-                layers = self.layers[name]
-                first = self.inputs.answer(name, tags.phase, grid, 0, _host(given), returned, layers, steps > 1)
+                first = self.inputs.answer(name, tags.phase, grid, 0, _host(x0), returned, self.layers[name], steps > 1)
                 if states is not None:
                     writer.send("sequence", name, tags, call, *states(), first)
                 else:  # a one-step call that fits no block
@@ -467,13 +460,13 @@ class Tracer:
         block = self._pending.get(name)
         if block is None:
             block = self._pending[name] = _Block()
-        assert h is not None  # a one-step call brings its states: references (step_references), or a copy
+        assert h is not None and out is not None  # a one-step call brings its states
         block.calls.append(call)
-        block.states.append(((h,) if c is None else (h, c)) if refs else h.clone() if c is None else out)  # type: ignore[arg-type]
+        block.states.append(out.clone() if c is None else out)
         if grid is not None:
             block.grids.append(grid)
         if t == 0:  # a per-timestep loop's first step, or a one-step call: its input state (see Inputs)
-            block.inputs.append(x0 if refs else joined(x0))
+            block.inputs.append(x0)
         if len(block.calls) >= MAX_PENDING and key[0] == "step":
             self.flush_pending()
 
@@ -534,26 +527,26 @@ class Tracer:
             n = len(block.calls)
             t0 = tags.stepwise.get(name, n) - n if stepwise else 0
             job = functools.partial(self._write_block, writer, name, tags, stepwise, t0, block)
-            writer.submit(job, _nbytes(*(t for k in block.states for t in (k if isinstance(k, tuple) else (k,)))))
+            writer.submit(job, _nbytes(*block.states))
 
     def _write_block(self, writer: LogWriter, name: str, tags: Tags, stepwise: bool, t0: int, block: _Block) -> None:
         """Host arrays of one block of one-step calls, to the sink (a job: see :meth:`LogWriter.submit`)."""
         calls = np.array(block.calls, np.int64)
         layers = self.layers[name]
         if stepwise:
-            stacked = block.stacked if block.stacked is not None else torch.stack(block.states, dim=2)  # type: ignore[arg-type]
+            stacked = block.stacked if block.stacked is not None else torch.stack(block.states, dim=2)
             hc = _host(stacked)  # (L or 2L, N, T', H)
             with_c = hc.shape[0] == 2 * layers
             per_col = np.tile(calls, hc.shape[1])  # (N * T',) in column-major order: n, then t
             init = None
             if t0 == 0 and block.inputs:  # the loop's first step: where each column's state came from
-                init = self.inputs.answer(name, tags.phase, tags.grid, 0, _host(joined(block.inputs[0])), None, layers)
+                init = self.inputs.answer(name, tags.phase, tags.grid, 0, _host(block.inputs[0]), None, layers)
             cs = hc[layers:] if with_c else None
             writer.send("rows", name, tags, t0, PATH["stepwise"], per_col, hc[:layers], cs, None, init)
             return
-        hc = _host(columns(block.states))[:, :, None, :]  # (L or 2L, sum N, 1, H)
+        hc = _host(torch.cat(block.states, dim=1))[:, :, None, :]  # (L or 2L, sum N, 1, H)
         with_c = hc.shape[0] == 2 * layers  # h and c of each call as one (2L, N, H) tensor
-        per_col = np.repeat(calls, [width(s) for s in block.states])
+        per_col = np.repeat(calls, [s.shape[1] for s in block.states])
         sent = tags
         if block.grids:
             sent = dataclasses.replace(tags, grid=Grid.concat(block.grids), stepwise={})
@@ -561,8 +554,8 @@ class Tracer:
         if len(block.inputs) == len(block.calls):  # every call's input state: where it came from (Inputs)
             grid = sent.grid
             if grid is None:  # untagged calls: env column = batch column
-                grid = Grid.one_step(np.concatenate([np.arange(width(s)) for s in block.states]), -1, -1, -1, -1)
-            x0 = _host(columns(block.inputs))
+                grid = Grid.one_step(np.concatenate([np.arange(s.shape[1]) for s in block.states]), -1, -1, -1, -1)
+            x0 = _host(torch.cat(block.inputs, dim=1))
             init = self.inputs.answer(name, tags.phase, grid, 0, x0, hc[:, :, 0], layers)
         path = PATH["step"]
         writer.send("rows", name, sent, 0, path, per_col, hc[:layers], hc[layers:] if with_c else None, None, init)
@@ -570,11 +563,9 @@ class Tracer:
 
 class _Block:
     """The one-step calls of one module kept for one block: their call ids, grids (rollout steps), states
-    and input states (``inputs``, see :class:`~lstm_probe.inputs.Inputs`; a per-timestep loop's first step
-    only), as parallel lists. The states are copies made as each call returned (a loop may change what the
-    module returned in place, ``h[:, done] = 0``): h (L, N, H), or h and c as one (2L, N, H); in a 'step'
-    block under ``Tracer.step_references``, references to the parts as the module returned (and was given)
-    them instead (``States``)."""
+    and input states (``inputs``, copies; see :class:`~lstm_probe.inputs.Inputs`; a per-timestep loop's first
+    step only), as parallel lists. The states are copies made as each call returned (a loop may change
+    what the module returned in place, ``h[:, done] = 0``): h (L, N, H), or h and c as one (2L, N, H)."""
 
     __slots__ = ("calls", "grids", "inputs", "stacked", "states")
 
@@ -582,8 +573,8 @@ class _Block:
         self.calls: list[int] = []
         self.stacked: torch.Tensor | None = None  # a loop recorded whole: its states, (L or 2L, N, T, H)
         self.grids: list[Grid] = []
-        self.inputs: list[States] = []
-        self.states: list[States] = []
+        self.inputs: list[torch.Tensor] = []
+        self.states: list[torch.Tensor] = []
 
 
 class _Loop:

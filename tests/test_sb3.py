@@ -489,28 +489,3 @@ def test_live_drift_figures_match_the_logs_drift_of_the_top_layer(tmp_path, monk
             assert figure == pytest.approx(float(rows.drift_h.astype(np.float64).mean()), rel=1e-4, abs=1e-7)
             compared += 1
     assert compared >= 4
-
-
-@pytest.mark.parametrize("writer", ["process", "thread"])
-@pytest.mark.parametrize("capture", ["full", "summary"])
-def test_rollout_steps_kept_as_references_write_the_same_log(tmp_path, monkeypatch, capture, writer):
-    """#28: rollout steps' states kept as references until their block is handed over (one copy per block)
-    give the very rows per-call copies give: every column, vectors included; with bootstraps of truncated
-    episodes (Pendulum's 200-step limit), an EvalCallback's predict calls and a writer thread (whose jobs run
-    later)."""
-
-    def log(name, references):
-        monkeypatch.setattr(ProbeCallback, "_step_references", references)
-        model = make(n_envs=2, n_steps=64)
-        eval_env = make_vec_env("Pendulum-v1", n_envs=1, seed=1)
-        ev = EvalCallback(eval_env, eval_freq=40, n_eval_episodes=1, verbose=0)
-        probe = ProbeCallback(tmp_path / f"{name}.parquet", capture=capture, writer=writer)
-        model.learn(512, callback=CallbackList([probe, ev]))
-        return probe.path
-
-    old, new = log("copies", False), log("references", True)
-    a, b = _rows(old), _rows(new)
-    assert {"rollout", "bootstrap", "predict"} <= set(a["phase"])
-    assert a.keys() == b.keys()
-    for name in a:
-        assert a[name] == b[name], name

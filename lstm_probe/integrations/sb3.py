@@ -161,7 +161,6 @@ class ProbeCallback(BaseCallback):
 
     name = "sb3"
     _loop_blocks = True  # record sb3's per-step training loops whole (_loops); False: call by call (tests)
-    _step_references = True  # keep rollout steps' states as references until their block is handed over (tests)
 
     def __init__(
         self,
@@ -266,12 +265,6 @@ class ProbeCallback(BaseCallback):
         options = dataclasses.replace(self.options, reference_window=self.n_steps)
         tracer = Tracer(modules, options, WeakIntegration(self))
         tracer.metadata["architecture"].update(meta.pop("architecture_sb3"))
-        # One-step calls of a block (rollout steps, model.predict) are kept as references until the block is
-        # handed over: nothing changes their states in place. ppo_recurrent.py:collect_rollouts deep-copies
-        # _last_lstm_states when a rollout starts, passes each step's returned states to the next step and
-        # slices them (.contiguous()) for a terminal bootstrap; policies.py:_process_sequence masks states into
-        # new tensors; RecurrentRolloutBuffer.add and policies.py:predict copy them out as numpy.
-        tracer.step_references = self._step_references
         tracer.start()
         attachment.open(self, tracer)
         try:
