@@ -156,9 +156,6 @@ class LiveMetrics:
     def rollout_step(self, probe: Any) -> None:
         """The end of a policy forward during a rollout (called by ``ProbeCallback``'s forward hook on the
         policy, after it counted the step, inside its counted time)."""
-        self._rollout_step(probe)
-
-    def _rollout_step(self, probe: Any) -> None:
         if probe.k == 1:  # the first step of an iteration: the previous one's training is over
             self._train_end()
         if probe.k == probe.n_steps:
