@@ -12,11 +12,11 @@ The footer is a Thrift struct (parquet.thrift's ``FileMetaData``); :func:`decode
 read and write the compact protocol generically, field by field, so every field a writer sets survives.
 Only the offsets below change:
 - ``RowGroup``: 5 ``file_offset``; 7 ``ordinal`` (renumbered);
-- ``ColumnChunk``: 2 ``file_offset``, 4 ``offset_index_offset``, 6 ``column_index_offset``;
-- ``ColumnMetaData``: 9 ``data_page_offset``, 10 ``index_page_offset``, 11 ``dictionary_page_offset``,
-  14 ``bloom_filter_offset``.
+- ``ColumnChunk``: 2 ``file_offset`` (where not 0);
+- ``ColumnMetaData``: 9 ``data_page_offset``, 10 ``index_page_offset``, 11 ``dictionary_page_offset``.
 The parts are written without page indexes or bloom filters (``writer._parquet_writer``), whose own
-contents would hold offsets too: a part with either is refused (:class:`ValueError`).
+contents would hold offsets too: a part with either (``ColumnChunk`` 4 or 6, ``ColumnMetaData`` 14) is
+refused (:class:`ValueError`).
 """
 
 from __future__ import annotations
@@ -60,9 +60,7 @@ def _unzigzag(n: int) -> int:
 
 
 def _value(buf: bytes, pos: int, typ: int) -> tuple[Any, int]:
-    if typ in (_TRUE, _FALSE):  # a bool inside a list or map: one byte of its own
-        return buf[pos], pos + 1
-    if typ == _BYTE:
+    if typ in (_TRUE, _FALSE, _BYTE):  # (a bool inside a list or map is one byte of its own)
         return buf[pos], pos + 1
     if typ in (_I16, _I32, _I64):
         n, pos = _varint(buf, pos)
@@ -193,12 +191,10 @@ def encode(fields: list[Field]) -> bytes:
 
 # -- Parquet footers ------------------------------------------------------------------------------------
 
-_ROW_GROUPS, _NUM_ROWS, _KEY_VALUE = 4, 3, 5  # FileMetaData
-_RG_COLUMNS, _RG_FILE_OFFSET, _RG_ORDINAL = 1, 5, 7  # RowGroup
-_CC_OFFSETS, _CC_META = (2, 4, 6), 3  # ColumnChunk: file_offset, offset_index_offset, column_index_offset
-_CM_OFFSETS = (9, 10, 11, 14)  # ColumnMetaData: data, index, dictionary page offsets, bloom filter offset
-_CC_INDEXES = (4, 6)  # ColumnChunk fields that point at a page index
-_CM_BLOOM = 14
+_ROW_GROUPS, _NUM_ROWS = 4, 3  # FileMetaData
+_RG_COLUMNS, _RG_OFFSETS, _RG_ORDINAL = 1, (5,), 7  # RowGroup: columns, file_offset, ordinal
+_CC_META, _CC_OFFSETS, _CC_INDEXES = 3, (2,), (4, 6)  # ColumnChunk: meta_data, file_offset, page index offsets
+_CM_OFFSETS, _CM_BLOOM = (9, 10, 11), 14  # ColumnMetaData: data, index, dictionary page offsets; bloom filter
 
 
 def _moved(fields: list[Field], ids: tuple[int, ...], shift: int) -> list[Field]:
@@ -206,30 +202,28 @@ def _moved(fields: list[Field], ids: tuple[int, ...], shift: int) -> list[Field]
     return [(fid, typ, v + shift if fid in ids and typ == _I64 and v > 0 else v) for fid, typ, v in fields]
 
 
+def _chunk(chunk: list[Field], shift: int) -> list[Field]:
+    """A column chunk's metadata with its file offsets moved by ``shift`` bytes."""
+    if any(fid in _CC_INDEXES for fid, _, _ in chunk):
+        raise ValueError("a part with a page index cannot be moved (its offsets are inside it)")
+    out = _moved(chunk, _CC_OFFSETS, shift)
+    for i, (fid, typ, meta) in enumerate(out):
+        if fid == _CC_META:
+            if any(f == _CM_BLOOM for f, _, _ in meta):
+                raise ValueError("a part with bloom filters cannot be moved")
+            out[i] = (fid, typ, _moved(meta, _CM_OFFSETS, shift))
+    return out
+
+
 def _row_group(rg: list[Field], shift: int, ordinal: int) -> list[Field]:
     """A row group's metadata with its file offsets moved by ``shift`` bytes and its ordinal set."""
     out: list[Field] = []
-    for fid, typ, v in rg:
+    for fid, typ, v in _moved(rg, _RG_OFFSETS, shift):
         if fid == _RG_COLUMNS:
-            chunks = []
-            for chunk in v[1]:
-                if any(fid2 in _CC_INDEXES for fid2, _, _ in chunk):
-                    raise ValueError("a part with a page index cannot be moved (its offsets are inside it)")
-                moved = []
-                for fid2, typ2, v2 in _moved(chunk, _CC_OFFSETS, shift):
-                    if fid2 == _CC_META:
-                        if any(f == _CM_BLOOM for f, _, _ in v2):
-                            raise ValueError("a part with bloom filters cannot be moved")
-                        v2 = _moved(v2, _CM_OFFSETS, shift)
-                    moved.append((fid2, typ2, v2))
-                chunks.append(moved)
-            out.append((fid, typ, (v[0], chunks)))
-        elif fid == _RG_FILE_OFFSET and typ == _I64 and v > 0:
-            out.append((fid, typ, v + shift))
+            v = (v[0], [_chunk(chunk, shift) for chunk in v[1]])
         elif fid == _RG_ORDINAL:
-            out.append((fid, typ, ordinal))
-        else:
-            out.append((fid, typ, v))
+            v = ordinal
+        out.append((fid, typ, v))
     return out
 
 
