@@ -73,7 +73,7 @@ def labelled_groups(columns: list[np.ndarray]) -> tuple[np.ndarray, int, list[np
     parts = _layout(columns)
     if parts is None:
         return None
-    inv, n, distinct = _groups(_key(parts, len(columns[0])))
+    inv, n, distinct = _groups(_key(parts, len(columns[0])), keys=True)
     labels = []
     for _, lo, null, width in reversed(parts):
         code = distinct % width
@@ -106,15 +106,16 @@ def groups(key: np.ndarray) -> tuple[np.ndarray, int]:
     return inv, n
 
 
-def _groups(key: np.ndarray) -> tuple[np.ndarray, int, np.ndarray]:
-    """:func:`groups`, and the groups' keys (int64, in order)."""
+def _groups(key: np.ndarray, keys: bool = False) -> tuple[np.ndarray, int, np.ndarray]:
+    """:func:`groups`, and with ``keys`` the groups' keys (int64, in order; else an empty array)."""
     top = int(key.max()) + 1 if len(key) else 0
     if top <= 4 * len(key) + (1 << 16):  # dense keys: counted in place of a sort
         seen = np.bincount(key, minlength=top) > 0
         rank = np.cumsum(seen) - 1
         if top and rank[-1] < 1 << 31:
             rank = rank.astype(np.int32)
-        return rank[key], int(rank[-1]) + 1 if top else 0, np.flatnonzero(seen).astype(np.int64)
+        distinct = np.flatnonzero(seen).astype(np.int64) if keys else np.empty(0, np.int64)
+        return rank[key], int(rank[-1]) + 1 if top else 0, distinct
     uniq, inv = np.unique(key, return_inverse=True)
     return inv, len(uniq), uniq
 

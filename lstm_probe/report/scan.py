@@ -361,10 +361,7 @@ def scan(data: ds.Dataset, accumulators: Sequence[Any], chunk_rows: int) -> Scan
     layer_type = data.schema.field("layer").type
     read = [c for c in cols if c != "layer"] if plain and pa.types.is_integer(layer_type) else cols
     for filt, rows, iterations in _plan(data, None if plain else FIRST_LAYER, chunk_rows):
-        if plain and iterations is not None:
-            df, front = read_scalars(strings, read, filt, rows, iterations)
-        else:
-            df, front = read_scalars(strings, read, filt, rows)
+        df, front = read_scalars(strings, read, filt, rows, iterations if plain else None)
         if "layer" not in df:  # every row's layer is 0, as the statistics say: not read
             df["layer"] = np.zeros(1, layer_type.to_pandas_dtype())[0]
         if "worker" not in df:
