@@ -14,6 +14,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from lstm_probe.contract import Capabilities
+from lstm_probe.report.numeric import dense_key, groups
 from lstm_probe.report.section import Block, Line, Log, Section, Table, fmt
 from lstm_probe.report.sections.staleness import PROVENANCE_TOLERANCE
 from lstm_probe.schema import relative_l2
@@ -66,12 +67,15 @@ def _join(roll: pa.Table, learn: pa.Table) -> np.ndarray:
     env_step), or -1: a left join on :data:`CROSS_KEYS` in which a null key meets a null key (the driver's rows
     have no worker)."""
     n = roll.num_rows
-    key = np.zeros(n + learn.num_rows, np.int64)
-    for name in CROSS_KEYS:
-        both = pa.concat_arrays([roll.column(name).combine_chunks(), learn.column(name).combine_chunks()])
-        codes = pc.dictionary_encode(both, null_encoding="encode").indices.to_numpy(zero_copy_only=False)
-        key = np.unique(key * (int(codes.max(initial=0)) + 1) + codes, return_inverse=True)[1].reshape(-1)
-    last = np.full(int(key.max(initial=-1)) + 1, -1, np.int64)
+    codes = [
+        pc.dictionary_encode(
+            pa.concat_arrays([roll.column(name).combine_chunks(), learn.column(name).combine_chunks()]),
+            null_encoding="encode",
+        ).indices.to_numpy(zero_copy_only=False)
+        for name in CROSS_KEYS
+    ]
+    key, distinct = groups(dense_key(codes)) if n + learn.num_rows else (np.zeros(0, np.int64), 0)
+    last = np.full(distinct, -1, np.int64)
     seen, first_from_end = np.unique(key[:n][::-1], return_index=True)
     last[seen] = n - 1 - first_from_end
     return last[key[n:]]
@@ -85,14 +89,10 @@ def _groups(keys: list[np.ndarray], where: np.ndarray) -> list[tuple[tuple[Any, 
     if not len(rows):
         return []
     codes = [np.unique(k[rows], return_inverse=True) for k in keys]
-    pairs, group = np.unique(np.stack([c[1].reshape(-1) for c in codes], axis=1), axis=0, return_inverse=True)
-    group = group.reshape(-1)
+    group, _ = groups(dense_key([inverse.reshape(-1) for _, inverse in codes]))  # groups in key order
     order = np.argsort(group, kind="stable")
-    bounds = np.flatnonzero(np.diff(group[order])) + 1
-    return [
-        (tuple(codes[j][0][p[j]] for j in range(len(keys))), rows[idx])
-        for p, idx in zip(pairs, np.split(order, bounds), strict=True)
-    ]
+    members = np.split(order, np.flatnonzero(np.diff(group[order])) + 1)
+    return [(tuple(values[inverse[idx[0]]] for values, inverse in codes), rows[idx]) for idx in members]
 
 
 def _max(v: np.ndarray) -> float:
