@@ -266,6 +266,11 @@ def _plan(
     return out
 
 
+def is_parquet(data: ds.Dataset) -> bool:
+    """Whether ``data`` is a dataset of Parquet files (its row groups can be picked: :func:`row_groups`)."""
+    return isinstance(data, ds.FileSystemDataset) and isinstance(data.format, ds.ParquetFileFormat)
+
+
 def row_groups(data: ds.Dataset, filt: ds.Expression) -> ds.Dataset:
     """The row groups of ``data`` (a dataset of Parquet files) that ``filt`` may select by their statistics,
     in log order, as a dataset: scanned without a filter, it reads them whole."""
@@ -356,8 +361,7 @@ def scan(data: ds.Dataset, accumulators: Sequence[Any], chunk_rows: int) -> Scan
     for name in ("layer", "t"):
         if data.schema.field(name).nullable:  # a null is no first-layer row either
             other |= ds.field(name).is_null()
-    parquet = isinstance(strings, ds.FileSystemDataset) and isinstance(strings.format, ds.ParquetFileFormat)
-    plain = parquet and data.count_rows(filter=other) == 0
+    plain = is_parquet(strings) and data.count_rows(filter=other) == 0
     layer_type = data.schema.field("layer").type
     read = [c for c in cols if c != "layer"] if plain and pa.types.is_integer(layer_type) else cols
     for filt, rows, iterations in _plan(data, None if plain else FIRST_LAYER, chunk_rows):
