@@ -128,8 +128,8 @@ def line(n_envs: int, threads: int, label: str, capture: str, base: list[dict], 
     # the training process's CPU time, probed / unprobed: what the probe costs training itself,
     # less exposed than wall time to other tenants of a shared machine
     cpu = statistics.median(p["cpu"] / b["cpu"] for p, b in zip(probed, base, strict=True))
-    total = statistics.median(p["total_cpu"] / b["total_cpu"] for p, b in zip(probed, base, strict=True))
     totals = [p["total_cpu"] / b["total_cpu"] for p, b in zip(probed, base, strict=True)]
+    total = statistics.median(totals)
     # memory over unprobed: the training process's peak RSS, plus the writer process's peak private
     # memory (the libraries it maps are the training process's too)
     writer_mb = statistics.median(p["cost"].get("writer_peak_private_mb", 0) for p in probed)
