@@ -116,6 +116,7 @@ class Tracer:
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
         self.writer: LogWriter | None = None
         self.calls = 0
+        self.rows = 0  # rows handed to the writer so far (a progress display's figure)
         self.call_base = call_base  # first call id: keeps ids unique across the processes of one log
         self.unsupported_calls = 0
         # what the probe costs, measured while it runs (see the log's `probe_cost` metadata)
@@ -441,7 +442,10 @@ class Tracer:
             def job() -> None:
                 returned = _host(out) if out is not None else None
                 first = self.inputs.answer(name, tags.phase, grid, 0, _host(x0), returned, self.layers[name], steps > 1)
+                self.rows += self.layers[name] * batch * steps
                 if states is not None:
+                    if self.initial_states and grid is not None and grid.train and grid.shape[0] == batch:
+                        self.rows += self.layers[name] * batch  # the sink's t = -1 rows (Sink.sequence)
                     writer.send("sequence", name, tags, call, *states(), first)
                 else:  # a one-step call that fits no block
                     assert h is not None
@@ -542,6 +546,7 @@ class Tracer:
             if t0 == 0 and block.inputs:  # the loop's first step: where each column's state came from
                 init = self.inputs.answer(name, tags.phase, tags.grid, 0, _host(block.inputs[0]), None, layers)
             cs = hc[layers:] if with_c else None
+            self.rows += layers * len(per_col)
             writer.send("rows", name, tags, t0, PATH["stepwise"], per_col, hc[:layers], cs, None, init)
             return
         hc = _host(torch.cat(block.states, dim=1))[:, :, None, :]  # (L or 2L, sum N, 1, H)
@@ -558,6 +563,7 @@ class Tracer:
             x0 = _host(torch.cat(block.inputs, dim=1))
             init = self.inputs.answer(name, tags.phase, grid, 0, x0, hc[:, :, 0], layers)
         path = PATH["step"]
+        self.rows += layers * len(per_col)
         writer.send("rows", name, sent, 0, path, per_col, hc[:layers], hc[layers:] if with_c else None, None, init)
 
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 from sb3_contrib import RecurrentPPO
-from stable_baselines3.common.callbacks import CallbackList, EvalCallback
+from stable_baselines3.common.callbacks import BaseCallback, CallbackList, EvalCallback
 from stable_baselines3.common.env_util import make_vec_env
 
 import lstm_probe
@@ -424,6 +424,56 @@ def test_live_metrics_are_the_same_with_loops_recorded_whole(tmp_path, monkeypat
     (a, rows_a), (b, rows_b) = figures(False), figures(True)
     assert a == b and rows_a == rows_b
     assert any(key == "lstm_probe/stepwise_share" and value > 0 for key, value in a)
+
+
+def test_live_metrics_only_where_the_logger_writes_somewhere(tmp_path, monkeypatch):
+    """SB3's own logger at verbose=0 without tensorboard_log writes nowhere: the probe attaches no live-metrics
+    hooks and records no figure there, and live() still counts every row of the log exactly. A logger with an
+    output format (CSV here) gets the figures in its file, as does live_metrics=True on the silent logger."""
+    from stable_baselines3.common.logger import Logger, configure
+
+    from lstm_probe.integrations import sb3_metrics
+
+    recorded: list[str] = []
+    original = Logger.record
+
+    def record(self, key, value, exclude=None):
+        recorded.append(key)
+        original(self, key, value, exclude)
+
+    monkeypatch.setattr(Logger, "record", record)  # the class itself: type(logger) stays Logger
+
+    def run(name, logger=None, **kw):
+        recorded.clear()
+        model = make("CartPole-v1", n_envs=2)
+        if logger is not None:
+            model.set_logger(logger)
+        probe = ProbeCallback(tmp_path / f"{name}.parquet", capture="summary", **kw)
+        hooks = []
+
+        class Count(BaseCallback):
+            def _on_rollout_start(self):
+                hooks.append(len(model.policy.lstm_actor._forward_hooks))
+
+            def _on_step(self):
+                return True
+
+        model.learn(256, callback=CallbackList([probe, Count()]))
+        return probe, hooks, sorted({k for k in recorded if k.startswith("lstm_probe/")})
+
+    probe, hooks, keys = run("silent")
+    assert not sb3_metrics.seen(probe.model.logger) and keys == [] and set(hooks) == {1}  # the tracer's hook only
+    live = sb3_metrics.live()
+    assert live["rows"] == lstm_probe.read_info(probe.path).rows > 0 and live["iteration"] == probe.iteration > 0
+
+    probe, hooks, keys = run("csv", configure(str(tmp_path / "csv"), ["csv"]))
+    assert set(hooks) == {2} and "lstm_probe/actor_drift_first_epoch" in keys
+    header = (tmp_path / "csv" / "progress.csv").read_text().splitlines()[0].split(",")
+    assert "lstm_probe/padding_share" in header and "lstm_probe/critic_h_norm" in header
+
+    probe, hooks, forced = run("forced", live_metrics=True)
+    assert set(hooks) == {2} and forced == keys
+    assert sb3_metrics.live()["rows"] == lstm_probe.read_info(probe.path).rows
 
 
 def test_exception_inside_a_recorded_loop_writes_the_steps_that_ran(tmp_path, monkeypatch):

@@ -154,6 +154,8 @@ class ProbeCallback(BaseCallback):
     when the probe is collected (nothing but learn() held it), when the next learn() on the model
     starts, or at exit.
     The capture settings come as keyword arguments or as one ``options=CaptureOptions(...)``.
+    ``live_metrics``: record per-iteration figures through SB3's logger (``sb3_metrics.py``); None (default)
+    where that logger writes somewhere.
 
     It is the sb3 :class:`~lstm_probe.contract.Integration`: it tells the tracer each call's phase and
     provenance (:meth:`resolve`), from sb3-contrib's rollout loop and rollout buffer.
@@ -183,8 +185,10 @@ class ProbeCallback(BaseCallback):
         burn_in: tuple[int, ...] | list[int] = (),
         capture_obs: bool = False,
         info_keys: tuple[str, ...] | list[str] = (),
+        live_metrics: bool | None = None,
     ):
         super().__init__(verbose)
+        self.live_metrics = live_metrics  # None: where SB3's logger writes somewhere (sb3_metrics.seen)
         # rollout rows' obs and info columns (sb3_obs.py)
         self.observations = sb3_obs.Observations(capture_obs, info_keys)
         self.memory_settings = sb3_memory.memory_settings(memory, memory_every)  # sb3_memory.py
@@ -302,7 +306,7 @@ class ProbeCallback(BaseCallback):
             attachment.wrap(policy, "predict_values", _entry(me, "bootstrap"))
             attachment.wrap(policy, "predict", _entry(me, "predict"))
             attachment.extra["minibatch_paths"] = self.clock.metadata
-            self.metrics = sb3_metrics.attach(self)  # live figures through SB3's logger (sb3_metrics.py)
+            self.metrics = sb3_metrics.attach(self, self.live_metrics)  # figures through SB3's logger (sb3_metrics.py)
             self._handles += self.metrics.handles
             if self.memory_settings is not None:  # the memory horizon, on a copy of the policy (sb3_memory.py)
                 self.memory = sb3_memory.Memory(model, **self.memory_settings)
@@ -426,7 +430,7 @@ class ProbeCallback(BaseCallback):
             self.k += 1
             self.env_step += 1
             self.current = Tags()
-        if self.in_rollout and self.metrics is not None:  # the live metrics ride on this hook (one hook a step)
+        if self.in_rollout and self.metrics is not None and self.metrics.figures:  # live metrics ride on this hook
             self.metrics.rollout_step(self)
 
     @_timed
@@ -579,7 +583,7 @@ def _loops(probe_ref: weakref.ref[ProbeCallback]) -> Any:
         finally:
             probe.loop_module = None
             tracer.loop_end(loop)
-        if probe.metrics is not None:  # the top layer's h of every step (T, n_seq, H), from sb3's own output
+        if probe.metrics is not None and probe.metrics.figures:  # the top layer's h of every step (T, n_seq, H)
             start = time.perf_counter()
             y = out[0].detach().reshape(n_seq, len(loop.steps), -1).transpose(0, 1)
             probe.metrics.loop(loop.name, y, layers)

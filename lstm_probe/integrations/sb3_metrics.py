@@ -13,6 +13,12 @@ say of each iteration, so every output format SB3 supports gets them:
 - ``lstm_probe/<module>_h_norm``, ``..._c_norm``: mean state norm of the rollout rows (every layer);
 - ``lstm_probe/<module>_saturation``: share of rollout h values with |h| > 0.95 (the report's threshold).
 
+They are recorded only where something can see them: SB3's own ``Logger`` with no output format (sb3's
+default at ``verbose=0`` without ``tensorboard_log``) drops every figure at its next dump, so there the
+hooks are not attached at all and the probe's training-thread time is ~15-20% lower (``ProbeCallback
+(live_metrics=True)`` records them anyway, for code that reads ``logger.name_to_value`` before a dump;
+a logger of the user's own class always gets them).
+
 The probe's rows are made in a writer process, so these are computed here, in the training process,
 from the tensors LSTM forward hooks see: each hook keeps a reference and counts rows (~1 us a call;
 a per-step training loop's outputs come whole, once per loop: ``LiveMetrics.loop``); the few torch
@@ -46,13 +52,25 @@ SATURATION = 0.95
 _CURRENT: weakref.ref[LiveMetrics] | None = None
 
 
-def attach(probe: ProbeCallback) -> LiveMetrics:
+def attach(probe: ProbeCallback, figures: bool | None = None) -> LiveMetrics:
     """Start live metrics for a probe whose learn() is starting; its ``handles`` are the hook handles (removed
-    with the probe's own)."""
+    with the probe's own). ``figures``: record the figures (None: where something can see them, :func:`seen`);
+    without them only :func:`live` answers."""
     global _CURRENT
-    metrics = LiveMetrics(probe)
+    model: Any = probe.model
+    metrics = LiveMetrics(probe, seen(model.logger) if figures is None else figures)
     _CURRENT = weakref.ref(metrics)
     return metrics
+
+
+def seen(logger: Any) -> bool:
+    """Whether figures recorded through ``logger`` can reach anyone: not where it is SB3's own ``Logger`` with
+    no output format (stable_baselines3/common/logger.py: ``Logger.dump`` writes to each of
+    ``output_formats`` and clears the values; sb3's ``configure_logger`` gives none at ``verbose=0`` without
+    ``tensorboard_log``)."""
+    from stable_baselines3.common.logger import Logger
+
+    return type(logger) is not Logger or bool(logger.output_formats)
 
 
 def live() -> dict[str, Any]:
@@ -85,13 +103,14 @@ class LiveMetrics:
     """Forward hooks on a probe's LSTMs (and the end of each rollout step, from the probe); records each
     iteration's figures (module docstring)."""
 
-    def __init__(self, probe: ProbeCallback):
+    def __init__(self, probe: ProbeCallback, figures: bool = True):
         # held weakly, as everything a probe puts on the model (sb3_attach.py): the hooks must not keep it alive
         self.probe = weakref.ref(probe)
         model: Any = probe.model
         self.logger = model.logger
+        self.figures = figures  # False: no hooks, no figures; live() only
         self.modules = {name: _Module() for name in probe.tracer.names} if probe.tracer is not None else {}
-        self.rows = 0
+        self.tracer = probe.tracer  # its rows handed over, for live() (also once the log is closed)
         self.pending: Any = None  # the tags of the minibatch whose outputs the modules hold
         self.pending_stepwise = False
         self.pending_base = 0  # the env step of the pending minibatch's rollout's first step
@@ -99,12 +118,16 @@ class LiveMetrics:
         self._train_reset()
         policy: Any = model.policy
         lstms = {"actor": policy.lstm_actor, "critic": policy.lstm_critic}
-        self.handles = [m.register_forward_hook(self._hook(name)) for name, m in lstms.items() if name in self.modules]
+        self.handles = [
+            m.register_forward_hook(self._hook(name)) for name, m in lstms.items() if name in self.modules and figures
+        ]
         # the end of each rollout step comes from ProbeCallback's own forward hook on the policy (rollout_step)
 
     def live(self) -> dict[str, Any]:
         probe = self.probe()
-        return {} if probe is None else {"iteration": max(probe.iteration, 0), "rows": self.rows}
+        if probe is None or self.tracer is None:
+            return {}
+        return {"iteration": max(probe.iteration, 0), "rows": self.tracer.rows}
 
     # -- hooks (training thread) -----------------------------------------------------------------
     def _hook(self, name: str) -> Any:
@@ -123,14 +146,12 @@ class LiveMetrics:
 
         def keep(probe: Any, mod: Any, output: Any) -> None:
             y, (h, c) = output
-            steps, batch = int(y.shape[0]), int(y.shape[1])
-            self.rows += int(h.shape[0]) * batch * steps
             if probe.in_forward:  # a rollout step (ProbeCallback's policy pre-hook set it)
                 mine.rollout_y.append(y[-1])
                 mine.rollout_h.append(h)
                 mine.rollout_c.append(c)
             elif not probe.in_rollout:
-                self._train(probe, mine, y, steps == 1)
+                self._train(probe, mine, y, int(y.shape[0]) == 1)
 
         return hook
 
@@ -140,7 +161,6 @@ class LiveMetrics:
         probe, mine = self.probe(), self.modules.get(name)
         if probe is None or mine is None or probe.in_rollout:
             return
-        self.rows += layers * int(y.shape[1]) * int(y.shape[0])
         self._train(probe, mine, y, True)
 
     def _train(self, probe: Any, mine: _Module, y: Any, one_step: bool) -> None:
