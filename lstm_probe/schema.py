@@ -491,10 +491,11 @@ METADATA_KEYS: dict[str, str] = {
 }
 
 
-def relative_l2(states: np.ndarray, reference: np.ndarray) -> np.ndarray:
+def relative_l2(states: np.ndarray, reference: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """What the drift_h / drift_c columns mean: ||states - reference|| / ||reference|| per row (rows of
-    (n, hidden) arrays); a zero reference norm is floored at 1e-12."""
-    d = states - reference
+    (n, hidden) arrays); a zero reference norm is floored at 1e-12. ``out``: an (n, hidden) array the
+    difference may be written into (no new array of that size)."""
+    d = np.subtract(states, reference, out=out)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         num = np.sqrt(np.einsum("ij,ij->i", d, d))
         den = np.sqrt(np.einsum("ij,ij->i", reference, reference))

@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from lstm_probe.contract import GRID_CELLS, GRID_SEQUENCES, PATH, Grid, Tags
+from lstm_probe.drift import Reduced, References, row_norms
 from lstm_probe.recover import Cells, Scratch, lstm_cells
-from lstm_probe.schema import CODE, COLUMNS, relative_l2
+from lstm_probe.schema import CODE, COLUMNS
 
 if TYPE_CHECKING:  # pyarrow loads only where rows are written (the writer process or thread)
     from lstm_probe.writer import Rows
@@ -31,71 +32,6 @@ _GRID_FILLS = [(c.name, c.fill, c.source == "grid") for c in GRID_CELLS]
 call-level column the grid may refine, whose call value stays)."""
 _NO_GRID = [(c.name, c.fill) for c in COLUMNS if c.source in ("grid", "sequence")]
 """What rows without provenance hold in the grid's columns: each one's null."""
-
-
-class References:
-    """The rollout states of the last ``window`` env steps of each env, for in-probe drift.
-
-    One flat (layers * envs * window, hidden) table per state, so that a block's references come out
-    with one ``take`` (numpy's multi-axis fancy indexing is several times slower here)."""
-
-    def __init__(self, window: int, layers: int, hidden: int):
-        self.window, self.layers, self.hidden = window, layers, hidden
-        self.envs = 0
-        self.steps = np.full(0, -1, np.int64)
-        self.h = np.zeros((0, hidden), np.float32)
-        self.c = np.zeros((0, hidden), np.float32)
-
-    def _grow(self, envs: int) -> None:
-        if envs <= self.envs:
-            return
-        L, W, H, extra = self.layers, self.window, self.hidden, envs - self.envs
-
-        def grown(a: np.ndarray, fill: float, row: tuple[int, ...]) -> np.ndarray:
-            old = a.reshape(L, self.envs, W, *row)
-            new = np.full((L, extra, W, *row), fill, a.dtype)
-            return np.concatenate([old, new], axis=1).reshape(L * envs * W, *row)
-
-        self.steps = grown(self.steps, -1, ())
-        self.h = grown(self.h, 0.0, (H,))
-        self.c = grown(self.c, 0.0, (H,))
-        self.envs = envs
-
-    def _rows(self, layer: np.ndarray, env: np.ndarray, step: np.ndarray) -> np.ndarray:
-        return (layer * self.envs + env) * self.window + step % self.window
-
-    def store(self, layer: np.ndarray, env: np.ndarray, step: np.ndarray, h: np.ndarray, c: np.ndarray) -> None:
-        ok = (env >= 0) & (step >= 0)
-        if not ok.all():
-            layer, env, step, h, c = layer[ok], env[ok], step[ok], h[ok], c[ok]
-        if len(env) == 0:
-            return
-        self._grow(int(env.max()) + 1)
-        rows = self._rows(layer, env, step)
-        self.steps[rows] = step
-        self.h[rows] = h
-        self.c[rows] = c
-
-    def drift(
-        self, layer: np.ndarray, env: np.ndarray, step: np.ndarray, h: np.ndarray, c: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        n = len(env)
-        dh = np.zeros(n, np.float32)
-        dc = np.zeros(n, np.float32)
-        found = np.zeros(n, np.bool_)
-        ok = (env >= 0) & (step >= 0) & (env < self.envs)
-        idx = np.flatnonzero(ok)
-        rows = self._rows(layer[idx], env[idx], step[idx])
-        match = self.steps.take(rows) == step[idx]
-        if not match.all():
-            idx, rows = idx[match], rows[match]
-        if len(idx) == 0:
-            return dh, dc, found
-        found[idx] = True
-        whole = len(idx) == n  # the common case: every row has its reference, no gather of h and c
-        dh[idx] = relative_l2(h if whole else h[idx], self.h.take(rows, axis=0))
-        dc[idx] = relative_l2(c if whole else c[idx], self.c.take(rows, axis=0))
-        return dh, dc, found
 
 
 class Sink:
@@ -150,15 +86,17 @@ class Sink:
         t0: int,
         path: int,
         call: np.ndarray,
-        hs: np.ndarray,
+        hs: np.ndarray | Reduced,
         cs: np.ndarray | None,
         t: int | None = None,
         init: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> None:
-        """Rows of one call (or of one per-timestep loop): hs/cs (L, N, T', H), rows ordered layer, column, t.
-        ``t`` overrides the rows' step column (-1 for the initial-state rows). ``init``: where each column's
-        input state came from, (N,) `init` codes and (L, N) norms, for the rows of each column's first step
-        (the tracer computes them, ``inputs.py``); the other rows' are null. Writer thread or process."""
+        """Rows of one call (or of one per-timestep loop): hs/cs (L, N, T', H), rows ordered layer, column, t;
+        or ``hs`` the rows' norms and drifts already reduced from their states (a summary log's per-step
+        training loops, ``drift.py``; ``cs`` None). ``t`` overrides the rows' step column (-1 for the
+        initial-state rows). ``init``: where each column's input state came from, (N,) `init` codes and
+        (L, N) norms, for the rows of each column's first step (the tracer computes them, ``inputs.py``);
+        the other rows' are null. Writer thread or process."""
         grid = tags.grid
         layers, batch, steps = hs.shape[0], hs.shape[1], hs.shape[2]
         per_layer = batch * steps
@@ -180,9 +118,38 @@ class Sink:
             self._fill_null(r, i0, i1, path, call, t0, steps, layers)
         if t is not None:
             r.t[i0:i1] = t
-        # (n, H) views of this call's states in row order: copied straight into the row buffers (hs/cs are
-        # often transposed views: reshaping them to (n, H) first would be a second copy); a summary log's
-        # buffers hold no vectors, and a reshape copies only where it must
+        if isinstance(hs, Reduced):
+            self._reduced(r, i0, i1, hs)
+            h, c = None, None
+        else:
+            h, c = self._states(r, i0, i1, hs, cs)
+        r.init[i0:i1] = -1
+        r.init_norm[i0:i1] = np.nan
+        if init is not None:
+            first = i0 + np.arange(layers)[:, None] * per_layer + np.arange(batch)[None, :] * steps  # (L, N)
+            r.init[first] = init[0]
+            r.init_norm[first] = init[1]
+        it = tags.iteration
+        r.vectors[i0:i1] = self.capture == "full" and (it is None or it % self.every == 0)
+        r.has_drift[i0:i1] = False
+        if h is None:  # reduced: its drifts came with it
+            assert isinstance(hs, Reduced)
+            if hs.drift is not None:
+                r.drift_h[i0:i1], r.drift_c[i0:i1], r.has_drift[i0:i1] = hs.drift
+        elif self.reference_window and grid is not None and tags.phase in ("rollout", "train"):
+            if c is None:
+                c = np.zeros_like(h)
+            self._drift(name, layers, r, i0, i1, tags.phase == "rollout", h, c)
+        log.commit(n)
+
+    def _states(
+        self, r: Rows, i0: int, i1: int, hs: np.ndarray, cs: np.ndarray | None
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """The rows' states into their buffers (a full log's) and their norms; (n, H) views of h and c in
+        row order (c None without one)."""
+        # copied straight into the row buffers (hs/cs are often transposed views: reshaping them to (n, H)
+        # first would be a second copy); a summary log's buffers hold no vectors, and a reshape copies only
+        # where it must
         h: np.ndarray
         c: np.ndarray | None
         if r.h is not None and r.c is not None:
@@ -194,30 +161,24 @@ class Sink:
             else:
                 c[...] = 0.0
         else:
-            h = hs.reshape(n, self.hidden)
-            c = cs.reshape(n, self.hidden) if cs is not None else None
+            h = hs.reshape(i1 - i0, self.hidden)
+            c = cs.reshape(i1 - i0, self.hidden) if cs is not None else None
         r.has_c[i0:i1] = cs is not None
-        with np.errstate(over="ignore", invalid="ignore"):
-            r.h_norm[i0:i1] = np.sqrt(np.einsum("ij,ij->i", h, h, dtype=np.float64))
-            if cs is not None:
-                assert c is not None
-                r.c_norm[i0:i1] = np.sqrt(np.einsum("ij,ij->i", c, c, dtype=np.float64))
-            else:
-                r.c_norm[i0:i1] = 0.0
-        r.init[i0:i1] = -1
-        r.init_norm[i0:i1] = np.nan
-        if init is not None:
-            first = i0 + np.arange(layers)[:, None] * per_layer + np.arange(batch)[None, :] * steps  # (L, N)
-            r.init[first] = init[0]
-            r.init_norm[first] = init[1]
-        it = tags.iteration
-        r.vectors[i0:i1] = self.capture == "full" and (it is None or it % self.every == 0)
-        r.has_drift[i0:i1] = False
-        if self.reference_window and grid is not None and tags.phase in ("rollout", "train"):
-            if c is None:
-                c = np.zeros_like(h)
-            self._drift(name, layers, r, i0, i1, tags.phase == "rollout", h, c)
-        log.commit(n)
+        r.h_norm[i0:i1] = row_norms(h)
+        if cs is not None:
+            assert c is not None
+            r.c_norm[i0:i1] = row_norms(c)
+        else:
+            r.c_norm[i0:i1] = 0.0
+        return h, c
+
+    @staticmethod
+    def _reduced(r: Rows, i0: int, i1: int, reduced: Reduced) -> None:
+        """A reduced block's norms (a summary log's buffers hold no vectors)."""
+        assert r.h is None, "only a summary log's rows come reduced"
+        r.has_c[i0:i1] = reduced.c_norm is not None
+        r.h_norm[i0:i1] = reduced.h_norm
+        r.c_norm[i0:i1] = reduced.c_norm if reduced.c_norm is not None else 0.0
 
     @staticmethod
     def _fill_grid(r: Rows, i0: int, i1: int, grid: Grid, t0: int, steps: int, layers: int) -> None:

@@ -14,7 +14,6 @@ here together; which modules are hooked and how the log describes them is ``modu
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as _dt
 import functools
 import time
@@ -27,7 +26,9 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 
-from lstm_probe.contract import CODES, PATH, Grid, Integration, Resolver, Tags, padded, tag_values
+from lstm_probe.blocks import Block, Loop, host, tensor_bytes, write_block
+from lstm_probe.contract import CODES, PATH, Integration, Resolver, Tags, padded, tag_values
+from lstm_probe.drift import Reducer
 from lstm_probe.errors import BadInput, one_line
 from lstm_probe.inputs import Inputs, cell_input, module_input, stacked_steps
 from lstm_probe.logwriter import LogWriter
@@ -41,18 +42,6 @@ _grad_enabled = torch.is_grad_enabled
 _set_grad_enabled = torch._C._set_grad_enabled  # a function call; torch.no_grad() as a context costs ~4 us
 
 
-def _host(t: torch.Tensor) -> np.ndarray:
-    """A detached tensor as a float32 numpy array (one device-to-host copy when it is not on the CPU)."""
-    t = t.detach()
-    if t.dtype != torch.float32:
-        t = t.float()
-    return t.numpy() if t.device.type == "cpu" else t.cpu().numpy()
-
-
-def _nbytes(*tensors: torch.Tensor | None) -> int:
-    return sum(t.nelement() * t.element_size() for t in tensors if t is not None)
-
-
 class Tracer:
     """Hooks recurrent modules and writes their per-step states to a log.
 
@@ -61,6 +50,8 @@ class Tracer:
     ``call_base``: the first call id (keeps ids unique across the processes of one log); ``shard``: this
     process's part-file name in a directory log written by several processes.
     """
+
+    reduce_loops = True  # a summary log's per-step loops reduced here (drift.py); False: in the sink (tests)
 
     def __init__(
         self,
@@ -112,6 +103,9 @@ class Tracer:
         # where each call's input state came from (the `init` columns): the returned states the probe holds
         window = options.reference_window + 2 if options.reference_window else 0
         self.inputs = Inputs(window, integration.capabilities().stored_states)
+        # a summary log's per-step training loops reduced to norms and drifts here (drift.py)
+        reduce = options.capture == "summary" and self.reduce_loops
+        self.reducer = Reducer(options.reference_window, self.hidden) if reduce else None
         self.resolver: Resolver = integration.resolve
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
         self.writer: LogWriter | None = None
@@ -124,11 +118,11 @@ class Tracer:
         self.integration_seconds = 0.0  # training thread, in an integration's own callbacks (sb3, RLlib)
         self.started = time.monotonic()
         # one-step calls waiting to be written as one block, per module
-        self._pending: dict[str, _Block] = {}
+        self._pending: dict[str, Block] = {}
         self._pending_tags: Tags | None = None
         self._pending_key: tuple[Any, ...] | None = None
         self._stepwise_tags: Tags | None = None  # the open per-timestep block's tags (hook fast path)
-        self._loop: _Loop | None = None  # a per-timestep loop recorded whole (see loop_begin)
+        self._loop: Loop | None = None  # a per-timestep loop recorded whole (see loop_begin)
         self._by_module = {id(m): n for n, m in self.modules.items()}
         self._resolved: Tags | None = None  # tags the hook already asked the resolver for
         # the block key of the last one-step call's tags (see _emit); holding the tags keeps their id unique
@@ -224,7 +218,7 @@ class Tracer:
                 loop.steps.append(output[1])
                 self.hook_seconds += time.perf_counter() - start
                 return
-            # Without autograd inside the hook: the copies of the states it keeps (see _Block) must not
+            # Without autograd inside the hook: the copies of the states it keeps (see Block) must not
             # join the caller's graph.
             grad = _grad_enabled()
             if grad:
@@ -269,7 +263,7 @@ class Tracer:
                         self.calls += 1
                         block = pending.get(name)
                         if block is None:
-                            block = pending[name] = _Block()
+                            block = pending[name] = Block()
                         if done == 0:  # this module's first step of the loop: where its state came from
                             block.inputs.append(module_input(mod, args, int(shape[1 - time_axis]), x, False, is_lstm))
                         # Copied now: a loop may change the returned states in place (`h[:, done] = 0`).
@@ -287,7 +281,7 @@ class Tracer:
                 else:
                     steps, batch = int(shape[0]), int(shape[1])
                 if steps == 1:
-                    # Copied now (see _Block), to the host once per block of calls: on a GPU that is one
+                    # Copied now (see Block), to the host once per block of calls: on a GPU that is one
                     # device-to-host copy (and sync) per block instead of one per call.
                     if unbatched:
                         hn = hn.unsqueeze(1)
@@ -348,11 +342,11 @@ class Tracer:
                         hs, cells = lstm_sequence_io(module, x, h0, c0, y, weights, valid)  # type: ignore[arg-type]
                     else:
                         hs = gru_sequence_states(module, x, h0, y, weights, valid)  # type: ignore[arg-type]
-                    initial = (_host(h0), _host(c0) if is_lstm else None) if initial_states else None
+                    initial = (host(h0), host(c0) if is_lstm else None) if initial_states else None
                     return hs, cells, initial
 
-                nbytes = 2 * layers * _nbytes(y) + _nbytes(x, h0, c0, *(w for ws in weights or [] for w in ws))
-                self._emit(name, code, steps, batch, None, None, states, nbytes, x0=x0, out=out)
+                size = 2 * layers * tensor_bytes(y) + tensor_bytes(x, h0, c0, *(w for ws in weights or [] for w in ws))
+                self._emit(name, code, steps, batch, None, None, states, size, x0=x0, out=out)
 
         else:
             is_cell_lstm = isinstance(module, nn.LSTMCell)
@@ -440,21 +434,26 @@ class Tracer:
                 h, c = h.clone(), c.clone() if c is not None else None
 
             def job() -> None:
-                returned = _host(out) if out is not None else None
-                first = self.inputs.answer(name, tags.phase, grid, 0, _host(x0), returned, self.layers[name], steps > 1)
+                returned = host(out) if out is not None else None
+                first = self.inputs.answer(name, tags.phase, grid, 0, host(x0), returned, self.layers[name], steps > 1)
                 self.rows += self.layers[name] * batch * steps
+                reducer = self.reducer
                 if states is not None:
                     if self.initial_states and grid is not None and grid.train and grid.shape[0] == batch:
                         self.rows += self.layers[name] * batch  # the sink's t = -1 rows (Sink.sequence)
+                    if reducer is not None and tags.phase == "rollout":  # its c is recovered in the sink only
+                        reducer.incomplete.add(name)
                     writer.send("sequence", name, tags, call, *states(), first)
                 else:  # a one-step call that fits no block
                     assert h is not None
-                    hs = _host(h)[:, :, None, :]
-                    cs = _host(c)[:, :, None, :] if c is not None else None
+                    hs = host(h)[:, :, None, :]
+                    cs = host(c)[:, :, None, :] if c is not None else None
+                    if reducer is not None:
+                        reducer.rollout(name, tags.phase, grid, 0, hs, cs)
                     path = PATH[tags.path or "step"]  # a train call of one step names its branch
                     writer.send("rows", name, tags, 0, path, np.full(batch, call, np.int64), hs, cs, None, first)
 
-            writer.submit(job, nbytes or _nbytes(h, c))
+            writer.submit(job, nbytes or tensor_bytes(h, c))
             return
         if key != self._pending_key:
             self.flush_pending()
@@ -463,7 +462,7 @@ class Tracer:
                 self._stepwise_tags = tags
         block = self._pending.get(name)
         if block is None:
-            block = self._pending[name] = _Block()
+            block = self._pending[name] = Block()
         assert h is not None and out is not None  # a one-step call brings its states
         block.calls.append(call)
         block.states.append(out.clone() if c is None else out)
@@ -474,7 +473,7 @@ class Tracer:
         if len(block.calls) >= MAX_PENDING and key[0] == "step":
             self.flush_pending()
 
-    def loop_begin(self, module: nn.Module, batch: int) -> _Loop | None:
+    def loop_begin(self, module: nn.Module, batch: int) -> Loop | None:
         """Record the one-step calls of ``module`` that follow, until :meth:`loop_end`, as one block: the
         steps of a per-timestep loop over ``batch`` sequences under the same tags (sb3's stepwise
         training path, bracketed by its integration). The hook only keeps each step's returned states;
@@ -489,11 +488,11 @@ class Tracer:
         grid = tags.grid
         if grid is not None and grid.shape[0] == batch and grid.shape[1] > 1:
             self.flush_pending()  # what came before is written first, as the call-by-call path does
-            self._loop = _Loop(module, name, tags)
+            self._loop = Loop(module, name, tags)
         self.hook_seconds += time.perf_counter() - start
         return self._loop
 
-    def loop_end(self, loop: _Loop) -> None:
+    def loop_end(self, loop: Loop) -> None:
         """Hand the steps recorded since :meth:`loop_begin` to the writer as one block (also after an
         exception inside the loop: the steps that ran are written, as the call-by-call path does)."""
         if self._loop is loop:
@@ -508,14 +507,14 @@ class Tracer:
             stacked = stacked_steps(steps, loop.lstm)  # (h, c) or h of each step -> (2L or L, N, T, H)
         finally:
             _set_grad_enabled(grad)
-        block = _Block()
+        block = Block()
         block.calls, block.stacked = loop.calls, stacked
         tags = loop.tags
         t0 = tags.stepwise.get(name, 0)
         tags.stepwise[name] = t0 + len(steps)
         if t0 == 0 and loop.x0 is not None:
             block.inputs.append(loop.x0)
-        writer.submit(functools.partial(self._write_block, writer, name, tags, True, t0, block), _nbytes(stacked))
+        writer.submit(functools.partial(self._write_block, writer, name, tags, True, t0, block), tensor_bytes(stacked))
         self.hook_seconds += time.perf_counter() - start
 
     def flush_pending(self) -> None:
@@ -531,66 +530,8 @@ class Tracer:
             n = len(block.calls)
             t0 = tags.stepwise.get(name, n) - n if stepwise else 0
             job = functools.partial(self._write_block, writer, name, tags, stepwise, t0, block)
-            writer.submit(job, _nbytes(*block.states))
+            writer.submit(job, tensor_bytes(*block.states))
 
-    def _write_block(self, writer: LogWriter, name: str, tags: Tags, stepwise: bool, t0: int, block: _Block) -> None:
+    def _write_block(self, writer: LogWriter, name: str, tags: Tags, stepwise: bool, t0: int, block: Block) -> None:
         """Host arrays of one block of one-step calls, to the sink (a job: see :meth:`LogWriter.submit`)."""
-        calls = np.array(block.calls, np.int64)
-        layers = self.layers[name]
-        if stepwise:
-            stacked = block.stacked if block.stacked is not None else torch.stack(block.states, dim=2)
-            hc = _host(stacked)  # (L or 2L, N, T', H)
-            with_c = hc.shape[0] == 2 * layers
-            per_col = np.tile(calls, hc.shape[1])  # (N * T',) in column-major order: n, then t
-            init = None
-            if t0 == 0 and block.inputs:  # the loop's first step: where each column's state came from
-                init = self.inputs.answer(name, tags.phase, tags.grid, 0, _host(block.inputs[0]), None, layers)
-            cs = hc[layers:] if with_c else None
-            self.rows += layers * len(per_col)
-            writer.send("rows", name, tags, t0, PATH["stepwise"], per_col, hc[:layers], cs, None, init)
-            return
-        hc = _host(torch.cat(block.states, dim=1))[:, :, None, :]  # (L or 2L, sum N, 1, H)
-        with_c = hc.shape[0] == 2 * layers  # h and c of each call as one (2L, N, H) tensor
-        per_col = np.repeat(calls, [s.shape[1] for s in block.states])
-        sent = tags
-        if block.grids:
-            sent = dataclasses.replace(tags, grid=Grid.concat(block.grids), stepwise={})
-        init = None
-        if len(block.inputs) == len(block.calls):  # every call's input state: where it came from (Inputs)
-            grid = sent.grid
-            if grid is None:  # untagged calls: env column = batch column
-                grid = Grid.one_step(np.concatenate([np.arange(s.shape[1]) for s in block.states]), -1, -1, -1, -1)
-            x0 = _host(torch.cat(block.inputs, dim=1))
-            init = self.inputs.answer(name, tags.phase, grid, 0, x0, hc[:, :, 0], layers)
-        path = PATH["step"]
-        self.rows += layers * len(per_col)
-        writer.send("rows", name, sent, 0, path, per_col, hc[:layers], hc[layers:] if with_c else None, None, init)
-
-
-class _Block:
-    """The one-step calls of one module kept for one block: their call ids, grids (rollout steps), states
-    and input states (``inputs``, copies; see :class:`~lstm_probe.inputs.Inputs`; a per-timestep loop's first
-    step only), as parallel lists. The states are copies made as each call returned (a loop may change
-    what the module returned in place, ``h[:, done] = 0``): h (L, N, H), or h and c as one (2L, N, H)."""
-
-    __slots__ = ("calls", "grids", "inputs", "stacked", "states")
-
-    def __init__(self) -> None:
-        self.calls: list[int] = []
-        self.stacked: torch.Tensor | None = None  # a loop recorded whole: its states, (L or 2L, N, T, H)
-        self.grids: list[Grid] = []
-        self.inputs: list[torch.Tensor] = []
-        self.states: list[torch.Tensor] = []
-
-
-class _Loop:
-    """A per-timestep loop recorded whole (:meth:`Tracer.loop_begin`): its module and tags, and per step
-    the call id and the states the module returned ((h, c), or h); ``x0``: the first step's input states."""
-
-    __slots__ = ("calls", "lstm", "module", "name", "steps", "tags", "x0")
-
-    def __init__(self, module: nn.Module, name: str, tags: Tags) -> None:
-        self.module, self.name, self.tags, self.lstm = module, name, tags, isinstance(module, nn.LSTM)
-        self.calls: list[int] = []
-        self.steps: list[Any] = []
-        self.x0: torch.Tensor | None = None
+        write_block(self, writer, name, tags, stepwise, t0, block)

@@ -334,6 +334,42 @@ def test_stepwise_loops_recorded_whole_write_the_same_log(tmp_path, monkeypatch,
     assert ia.metadata["minibatch_paths"]["stepwise"]["minibatches"] > 0
 
 
+@pytest.mark.parametrize("writer", ["process", "thread"])
+@pytest.mark.parametrize("env_id,kw", LOOP_CONFIGS)
+def test_summary_loops_reduced_in_the_tracer_write_the_same_log(tmp_path, monkeypatch, env_id, kw, writer):
+    """#28: a summary log's per-step training loops reduced to norms and drifts on the training side
+    (drift.Reducer, against its own copy of the rollout references) give the very rows the sink gives
+    from their states: every column, bit for bit, through a writer process and a writer thread."""
+    from lstm_probe.drift import Reducer
+    from lstm_probe.run import run
+    from lstm_probe.tracer import Tracer
+
+    reduced = []
+    original = Reducer.reduce
+
+    def counted(self, *args):
+        out = original(self, *args)
+        reduced.append(out is not None and out.drift is not None and bool(out.drift[2].any()))
+        return out
+
+    monkeypatch.setattr(Reducer, "reduce", counted)
+
+    def log(name, here):
+        monkeypatch.setattr(Tracer, "reduce_loops", here)
+        reduced.clear()
+        out = tmp_path / f"{name}.parquet"
+        run(env_id, out, seed=0, hidden_size=16, capture="summary", torch_threads=1, writer=writer, **kw)
+        return out, list(reduced)
+
+    (old, none), (new, blocks) = log("sink", False), log("tracer", True)
+    assert none == [] and len(blocks) > 0 and all(blocks)  # every loop reduced, each with drifts found
+    a, b = _rows(old), _rows(new)
+    assert a["path"].count("stepwise") > len(a["path"]) // 8
+    assert a.keys() == b.keys()
+    for name in a:
+        assert a[name] == b[name], name
+
+
 def test_copies_and_pickles_during_learn_carry_no_loop_wrapper(tmp_path):
     """#28: the _process_sequence wrapper is an instance attribute while learn() runs: a deep copy, a
     pickle, model.save() and the probe's own private copies made meanwhile get sb3's function, never the
