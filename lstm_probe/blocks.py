@@ -48,11 +48,14 @@ def write_block(
             init = tracer.inputs.answer(name, tags.phase, tags.grid, 0, host(block.inputs[0]), None, layers)
         cs = hc[layers:] if with_c else None
         tracer.rows += layers * len(per_col)
-        reduced = tracer.reducer.reduce(name, tags.phase, tags.grid, t0, hc[:layers], cs) if tracer.reducer else None
+        reducer = tracer.reducer
+        reduced = reducer.reduce(name, tags.phase, tags.grid, t0, hc[:layers], cs) if reducer else None
         if reduced is not None:  # its norms and drifts, not its states (drift.py)
             writer.send("rows", name, tags, t0, PATH["stepwise"], per_col, reduced, None, None, init)
             return
         writer.send("rows", name, tags, t0, PATH["stepwise"], per_col, hc[:layers], cs, None, init)
+        if reducer is not None:  # a loop of another phase: the sink keeps rollout rows as references
+            reducer.rollout(name, tags.phase, tags.grid, t0, hc[:layers], cs)
         return
     hc = host(torch.cat(block.states, dim=1))[:, :, None, :]  # (L or 2L, sum N, 1, H)
     with_c = hc.shape[0] == 2 * layers  # h and c of each call as one (2L, N, H) tensor
@@ -69,9 +72,10 @@ def write_block(
         init = tracer.inputs.answer(name, tags.phase, grid, 0, x0, hc[:, :, 0], layers)
     path = PATH["step"]
     tracer.rows += layers * len(per_col)
-    if tracer.reducer is not None:
-        tracer.reducer.rollout(name, tags.phase, sent.grid, 0, hc[:layers], hc[layers:] if with_c else None)
-    writer.send("rows", name, sent, 0, path, per_col, hc[:layers], hc[layers:] if with_c else None, None, init)
+    cs = hc[layers:] if with_c else None
+    writer.send("rows", name, sent, 0, path, per_col, hc[:layers], cs, None, init)
+    if tracer.reducer is not None:  # the rows the sink keeps as references, kept here too
+        tracer.reducer.rollout(name, tags.phase, sent.grid, 0, hc[:layers], cs)
 
 
 class Block:

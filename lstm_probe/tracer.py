@@ -48,10 +48,11 @@ class Tracer:
     Made by an integration (``lstm_probe.trace``, ``ProbeCallback``, the RLlib probes), which answers
     each call's tags. ``initial_states``: also record the states each multi-step call started from.
     ``call_base``: the first call id (keeps ids unique across the processes of one log); ``shard``: this
-    process's part-file name in a directory log written by several processes.
+    process's part-file name in a directory log written by several processes; ``reduce_loops``: reduce a
+    summary log's per-step training loops here (``drift.py``; an integration whose training makes them).
     """
 
-    reduce_loops = True  # a summary log's per-step loops reduced here (drift.py); False: in the sink (tests)
+    _reduce_here = True  # False: a summary log's per-step loops reduced in the sink, never here (tests)
 
     def __init__(
         self,
@@ -62,6 +63,7 @@ class Tracer:
         initial_states: bool = False,
         call_base: int = 0,
         shard: str | None = None,
+        reduce_loops: bool = False,
     ):
         self.modules = dict(modules)
         sizes = set()
@@ -103,9 +105,10 @@ class Tracer:
         # where each call's input state came from (the `init` columns): the returned states the probe holds
         window = options.reference_window + 2 if options.reference_window else 0
         self.inputs = Inputs(window, integration.capabilities().stored_states)
-        # a summary log's per-step training loops reduced to norms and drifts here (drift.py)
-        reduce = options.capture == "summary" and self.reduce_loops
-        self.reducer = Reducer(options.reference_window, self.hidden) if reduce else None
+        # a summary log's per-step training loops reduced to norms and drifts here (drift.py): asked for by
+        # an integration whose training makes such loops (sb3), as it costs a copy of the rollout references
+        self._reduce = reduce_loops and options.capture == "summary" and self._reduce_here
+        self.reducer: Reducer | None = None
         self.resolver: Resolver = integration.resolve
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
         self.writer: LogWriter | None = None
@@ -135,6 +138,8 @@ class Tracer:
         """Open the log and attach the hooks."""
         self.started = time.monotonic()
         o = self.options
+        self.rows = 0  # each log its own (a generic tracer may start again)
+        self.reducer = Reducer(o.reference_window, self.hidden) if self._reduce else None
         self.writer = LogWriter(
             o.out,
             self.hidden,
@@ -448,10 +453,10 @@ class Tracer:
                     assert h is not None
                     hs = host(h)[:, :, None, :]
                     cs = host(c)[:, :, None, :] if c is not None else None
-                    if reducer is not None:
-                        reducer.rollout(name, tags.phase, grid, 0, hs, cs)
                     path = PATH[tags.path or "step"]  # a train call of one step names its branch
                     writer.send("rows", name, tags, 0, path, np.full(batch, call, np.int64), hs, cs, None, first)
+                    if reducer is not None:  # the rows the sink keeps as references, kept here too
+                        reducer.rollout(name, tags.phase, grid, 0, hs, cs)
 
             writer.submit(job, nbytes or tensor_bytes(h, c))
             return

@@ -355,7 +355,7 @@ def test_summary_loops_reduced_in_the_tracer_write_the_same_log(tmp_path, monkey
     monkeypatch.setattr(Reducer, "reduce", counted)
 
     def log(name, here):
-        monkeypatch.setattr(Tracer, "reduce_loops", here)
+        monkeypatch.setattr(Tracer, "_reduce_here", here)
         reduced.clear()
         out = tmp_path / f"{name}.parquet"
         run(env_id, out, seed=0, hidden_size=16, capture="summary", torch_threads=1, writer=writer, **kw)
@@ -510,6 +510,19 @@ def test_live_metrics_only_where_the_logger_writes_somewhere(tmp_path, monkeypat
     probe, hooks, forced = run("forced", live_metrics=True)
     assert set(hooks) == {2} and forced == keys
     assert sb3_metrics.live()["rows"] == lstm_probe.read_info(probe.path).rows
+
+    class Later(BaseCallback):  # gives the model a logger that writes somewhere after the probe started
+        def _on_training_start(self):
+            self.model.set_logger(configure(str(tmp_path / "later"), ["csv"]))
+
+        def _on_step(self):
+            return True
+
+    recorded.clear()
+    model = make("CartPole-v1", n_envs=2)
+    model.learn(256, callback=CallbackList([ProbeCallback(tmp_path / "later.parquet", capture="summary"), Later()]))
+    assert sorted({k for k in recorded if k.startswith("lstm_probe/")}) == keys
+    assert "lstm_probe/actor_h_norm" in (tmp_path / "later" / "progress.csv").read_text().splitlines()[0]
 
 
 def test_exception_inside_a_recorded_loop_writes_the_steps_that_ran(tmp_path, monkeypatch):

@@ -267,7 +267,7 @@ class ProbeCallback(BaseCallback):
         meta.update(self.extra_metadata)
         self._metadata = meta
         options = dataclasses.replace(self.options, reference_window=self.n_steps)
-        tracer = Tracer(modules, options, WeakIntegration(self))
+        tracer = Tracer(modules, options, WeakIntegration(self), reduce_loops=True)  # per-step loops: drift.py
         tracer.metadata["architecture"].update(meta.pop("architecture_sb3"))
         tracer.start()
         attachment.open(self, tracer)
@@ -321,6 +321,8 @@ class ProbeCallback(BaseCallback):
 
     def _on_rollout_start(self) -> None:
         self.clock.stop()  # train() ended
+        if self.metrics is not None:  # a logger that writes somewhere now gets the figures (sb3_metrics.py)
+            self._handles += self.metrics.rollout_start(self.model)
         self.iteration += 1
         self.in_rollout = True
         self.k = 0

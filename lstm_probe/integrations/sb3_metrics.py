@@ -17,7 +17,8 @@ They are recorded only where something can see them: SB3's own ``Logger`` with n
 default at ``verbose=0`` without ``tensorboard_log``) drops every figure at its next dump, so there the
 hooks are not attached at all and the probe's training-thread time is ~15-20% lower (``ProbeCallback
 (live_metrics=True)`` records them anyway, for code that reads ``logger.name_to_value`` before a dump;
-a logger of the user's own class always gets them).
+a logger of the user's own class always gets them; a logger set or given an output format while learn()
+runs gets them from the next rollout on).
 
 The probe's rows are made in a writer process, so these are computed here, in the training process,
 from the tensors LSTM forward hooks see: each hook keeps a reference and counts rows (~1 us a call;
@@ -57,8 +58,7 @@ def attach(probe: ProbeCallback, figures: bool | None = None) -> LiveMetrics:
     with the probe's own). ``figures``: record the figures (None: where something can see them, :func:`seen`);
     without them only :func:`live` answers."""
     global _CURRENT
-    model: Any = probe.model
-    metrics = LiveMetrics(probe, seen(model.logger) if figures is None else figures)
+    metrics = LiveMetrics(probe, figures)
     _CURRENT = weakref.ref(metrics)
     return metrics
 
@@ -103,12 +103,13 @@ class LiveMetrics:
     """Forward hooks on a probe's LSTMs (and the end of each rollout step, from the probe); records each
     iteration's figures (module docstring)."""
 
-    def __init__(self, probe: ProbeCallback, figures: bool = True):
+    def __init__(self, probe: ProbeCallback, figures: bool | None = True):
         # held weakly, as everything a probe puts on the model (sb3_attach.py): the hooks must not keep it alive
         self.probe = weakref.ref(probe)
         model: Any = probe.model
         self.logger = model.logger
-        self.figures = figures  # False: no hooks, no figures; live() only
+        self.figures = bool(figures)  # False: no hooks, no figures; live() only
+        self.auto = figures is None  # decided by seen(): again at each rollout's start (rollout_start)
         self.modules = {name: _Module() for name in probe.tracer.names} if probe.tracer is not None else {}
         self.tracer = probe.tracer  # its rows handed over, for live() (also once the log is closed)
         self.pending: Any = None  # the tags of the minibatch whose outputs the modules hold
@@ -117,11 +118,27 @@ class LiveMetrics:
         self.reference: dict[str, torch.Tensor] = {}
         self._train_reset()
         policy: Any = model.policy
-        lstms = {"actor": policy.lstm_actor, "critic": policy.lstm_critic}
-        self.handles = [
-            m.register_forward_hook(self._hook(name)) for name, m in lstms.items() if name in self.modules and figures
-        ]
+        self.lstms = {"actor": policy.lstm_actor, "critic": policy.lstm_critic}
+        self.handles: list[Any] = []
+        if self.auto:
+            self.figures = seen(self.logger)
+        if self.figures:
+            self._attach()
         # the end of each rollout step comes from ProbeCallback's own forward hook on the policy (rollout_step)
+
+    def _attach(self) -> None:
+        self.handles += [m.register_forward_hook(self._hook(n)) for n, m in self.lstms.items() if n in self.modules]
+
+    def rollout_start(self, model: Any) -> list[Any]:
+        """At each rollout's start: the model's logger now (a callback may have set another since learn()
+        started); where figures were off because nothing could see them and now something can, the hooks
+        are attached from this iteration on. Returns the new hook handles (the probe removes them)."""
+        self.logger = model.logger
+        if self.figures or not self.auto or not seen(self.logger):
+            return []
+        self.figures = True
+        self._attach()
+        return self.handles
 
     def live(self) -> dict[str, Any]:
         probe = self.probe()
