@@ -154,22 +154,36 @@ def main() -> None:
     ap.add_argument("--env", default="Pendulum-v1")
     ap.add_argument("--steps", type=int, default=20000)
     ap.add_argument("--n-envs", type=int, nargs="+", default=[1, 8])
-    ap.add_argument("--threads", type=int, nargs="+", default=[1],
-                    help="torch threads (two on a two-core machine cannot be measured fairly: see docs/performance.md)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        nargs="+",
+        default=[1],
+        help="torch threads (two on a two-core machine cannot be measured fairly: see docs/performance.md)",
+    )
     ap.add_argument("--captures", nargs="+", default=["summary", "full", "full-f16"])
     ap.add_argument("--writers", nargs="+", default=["process"], choices=["process", "thread"])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--rss-trace", action="store_true", help="print RSS (MB) at each tenth of every run")
-    ap.add_argument("--what-if", action="store_true",
-                    help="probed runs also measure counterfactual initial states (ProbeCallback(what_if=True), "
-                         "default sampling); prints the measurement's own share of the run")
-    ap.add_argument("--memory", action="store_true",
-                    help="probed runs also measure the memory horizon and capture observations "
-                         "(ProbeCallback(memory=True, capture_obs=True), default sampling); prints the measurement's "
-                         "own share of the run")
-    ap.add_argument("--concurrent", action="store_true",
-                    help="run each unprobed/probed pair at the same time (memory runs: halves the wall time; "
-                         "the time ratios then mean little)")
+    ap.add_argument(
+        "--what-if",
+        action="store_true",
+        help="probed runs also measure counterfactual initial states (ProbeCallback(what_if=True), "
+        "default sampling); prints the measurement's own share of the run",
+    )
+    ap.add_argument(
+        "--memory",
+        action="store_true",
+        help="probed runs also measure the memory horizon and capture observations "
+        "(ProbeCallback(memory=True, capture_obs=True), default sampling); prints the measurement's "
+        "own share of the run",
+    )
+    ap.add_argument(
+        "--concurrent",
+        action="store_true",
+        help="run each unprobed/probed pair at the same time (memory runs: halves the wall time; "
+        "the time ratios then mean little)",
+    )
     ap.add_argument(
         "--before",
         metavar="CHECKOUT",
@@ -180,10 +194,14 @@ def main() -> None:
     args = ap.parse_args()
     tmp_dir = tempfile.TemporaryDirectory(prefix="lstm-probe-overhead-")  # removed at exit, even on errors
     tmp = tmp_dir.name
-    print(f"{args.env}, {args.steps} steps, sb3-contrib defaults (hidden 256, n_steps 128), {args.repeats} "
-          "interleaved repeats\n")
-    print(f"{'n_envs':>6} {'thr':>3} {'capture':>9} {'totcpu (spread)':>23} {'ratio':>7} {'spread':>15} {'cpu':>6} {'base s':>7} {'probe s':>8} "
-          f"{'RSS +MB':>8} {'wr MB':>6} {'rows':>9} {'B/row':>6} {'train%':>6} {'writer%':>7} {'own (spread)':>22}")
+    print(
+        f"{args.env}, {args.steps} steps, sb3-contrib defaults (hidden 256, n_steps 128), {args.repeats} "
+        "interleaved repeats\n"
+    )
+    print(
+        f"{'n_envs':>6} {'thr':>3} {'capture':>9} {'totcpu (spread)':>23} {'ratio':>7} {'spread':>15} {'cpu':>6} {'base s':>7} {'probe s':>8} "
+        f"{'RSS +MB':>8} {'wr MB':>6} {'rows':>9} {'B/row':>6} {'train%':>6} {'writer%':>7} {'own (spread)':>22}"
+    )
     # totcpu (the headline): CPU time of the training process plus its writer process (reaped children),
     # probed / unprobed, median of pairs: what a sweep of many seeds on one node pays.
     # ratio: wall time probed / unprobed (median of pairs, spread = min-max); cpu: the training process's
@@ -197,9 +215,16 @@ def main() -> None:
                 label = capture if writer == "process" else f"{capture}/thr"
                 base, probed, earlier = [], [], []
                 for _ in range(args.repeats):
-                    common = {"env": args.env, "steps": args.steps, "n_envs": n_envs, "threads": threads,
-                              "out": os.path.join(tmp, "b.parquet"), "writer": writer, "what_if": args.what_if,
-                              "memory": args.memory}
+                    common = {
+                        "env": args.env,
+                        "steps": args.steps,
+                        "n_envs": n_envs,
+                        "threads": threads,
+                        "out": os.path.join(tmp, "b.parquet"),
+                        "writer": writer,
+                        "what_if": args.what_if,
+                        "memory": args.memory,
+                    }
                     if args.concurrent:
                         with ThreadPoolExecutor(2) as pool:
                             b, p = pool.map(one, [{**common, "capture": "none"}, {**common, "capture": capture}])
@@ -214,16 +239,23 @@ def main() -> None:
                     with open(args.dump, "a") as f:
                         for arm, runs in (("unprobed", base), (label, probed), ("before", earlier)):
                             for i, r in enumerate(runs):
-                                f.write(json.dumps({"n_envs": n_envs, "capture": capture, "arm": arm, "repeat": i, **r}) + "\n")
+                                f.write(
+                                    json.dumps({"n_envs": n_envs, "capture": capture, "arm": arm, "repeat": i, **r})
+                                    + "\n"
+                                )
                 line(n_envs, threads, label, capture, base, probed)
                 if earlier:
                     line(n_envs, threads, "before", capture, base, earlier)
                 if args.what_if:
-                    print(f"{'':>6} what-if: {share(probed, 'what_if_seconds'):.1f}% of the probed run measuring",
-                          flush=True)
+                    print(
+                        f"{'':>6} what-if: {share(probed, 'what_if_seconds'):.1f}% of the probed run measuring",
+                        flush=True,
+                    )
                 if args.memory:
-                    print(f"{'':>6} memory: {share(probed, 'memory_seconds'):.1f}% of the probed run measuring",
-                          flush=True)
+                    print(
+                        f"{'':>6} memory: {share(probed, 'memory_seconds'):.1f}% of the probed run measuring",
+                        flush=True,
+                    )
                 if args.rss_trace:
                     print(f"{'':>6} RSS MB by tenth of the run, unprobed: {base[-1]['rss_trace']}")
                     print(f"{'':>6} RSS MB by tenth of the run, probed:   {probed[-1]['rss_trace']}", flush=True)
