@@ -47,6 +47,9 @@ from sb3_contrib import RecurrentPPO
 from stable_baselines3.common.env_util import make_vec_env
 env = make_vec_env(cfg["env"], n_envs=cfg["n_envs"], seed=0)
 model = RecurrentPPO("MlpLstmPolicy", env, seed=0)
+if cfg.get("csv_log"):  # a logger that writes somewhere: the probe records its live metrics (sb3_metrics.py)
+    from stable_baselines3.common.logger import configure
+    model.set_logger(configure(cfg["out"] + ".sb3", ["csv"]))
 cb = None
 if cfg["capture"] != "none":  # unprobed runs never import lstm-probe: their RSS is training's alone
     from lstm_probe import ProbeCallback
@@ -179,6 +182,12 @@ def main() -> None:
         "own share of the run",
     )
     ap.add_argument(
+        "--csv-log",
+        action="store_true",
+        help="every run (probed or not) logs to a CSV file through SB3's logger, so probed runs record their "
+        "live metrics (sb3's default at verbose=0 logs nowhere, and the probe then records none)",
+    )
+    ap.add_argument(
         "--concurrent",
         action="store_true",
         help="run each unprobed/probed pair at the same time (memory runs: halves the wall time; "
@@ -224,6 +233,7 @@ def main() -> None:
                         "writer": writer,
                         "what_if": args.what_if,
                         "memory": args.memory,
+                        "csv_log": args.csv_log,
                     }
                     if args.concurrent:
                         with ThreadPoolExecutor(2) as pool:
