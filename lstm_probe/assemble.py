@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -126,6 +127,40 @@ def decode(buf: bytes) -> list[Field]:
     return fields
 
 
+def _footer(buf: bytes, row_group: Callable[[list[Field]], None]) -> list[Field]:
+    """A FileMetaData struct as :func:`decode` reads it, except that each row group goes to ``row_group`` as
+    it is read and the row-group list is left empty: one row group's Python objects at a time (a part's
+    whole footer as Python objects took ~60 MB for 250 row groups)."""
+    fields: list[Field] = []
+    pos = last = 0
+    while True:
+        head = buf[pos]
+        pos += 1
+        if head == _STOP:
+            return fields
+        typ, delta = head & 0x0F, head >> 4
+        if delta:
+            fid = last + delta
+        else:
+            n, pos = _varint(buf, pos)
+            fid = _unzigzag(n)
+        last = fid
+        if typ in (_TRUE, _FALSE):
+            fields.append((fid, typ, None))
+        elif fid == _ROW_GROUPS and typ == _LIST and buf[pos] & 0x0F == _STRUCT:
+            size, elem = buf[pos] >> 4, buf[pos] & 0x0F
+            pos += 1
+            if size == 15:
+                size, pos = _varint(buf, pos)
+            for _ in range(size):
+                rg, pos = _struct(buf, pos)
+                row_group(rg)
+            fields.append((fid, typ, (elem, [])))
+        else:
+            v, pos = _value(buf, pos, typ)
+            fields.append((fid, typ, v))
+
+
 def _put_varint(out: bytearray, n: int) -> None:
     while n >= 0x80:
         out.append((n & 0x7F) | 0x80)
@@ -227,8 +262,9 @@ def _row_group(rg: list[Field], shift: int, ordinal: int) -> list[Field]:
     return out
 
 
-def read_footer(path: Path) -> tuple[list[Field], int]:
-    """A Parquet file's footer (FileMetaData fields) and where it starts (the column chunks end there)."""
+def read_footer(path: Path, row_group: Callable[[list[Field]], None] | None = None) -> tuple[list[Field], int]:
+    """A Parquet file's footer (FileMetaData fields) and where it starts (the column chunks end there).
+    ``row_group``: called with each row group as it is read, which the footer's list then leaves out."""
     with open(path, "rb") as f:
         size = f.seek(0, os.SEEK_END)
         if size < 12:
@@ -240,7 +276,8 @@ def read_footer(path: Path) -> tuple[list[Field], int]:
         length = struct.unpack("<I", tail[:4])[0]
         start = size - 8 - length
         f.seek(start)
-        return decode(f.read(length)), start
+        buf = f.read(length)
+    return (decode(buf) if row_group is None else _footer(buf, row_group)), start
 
 
 _O_BINARY = getattr(os, "O_BINARY", 0)  # (Windows: no newline translation)
@@ -285,24 +322,25 @@ class Assembly:
 
     def append(self, part: Path) -> int:
         """Copy a published part's row groups to the end of the log; the rows it held."""
-        footer, end = read_footer(part)
         if self.fd is None:
             self.fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_BINARY, 0o644)
             os.write(self.fd, MAGIC)  # (4 bytes: written whole)
             self.size = len(MAGIC)
+        shift = self.size - len(MAGIC)  # where the part's bytes land, less where they were
+        first = len(self.row_groups)
+        moved: list[Encoded] = []
+
+        def row_group(rg: list[Field]) -> None:  # each row group moved and encoded as the footer is read
+            moved.append(Encoded(encode(_row_group(rg, shift, first + len(moved)))))
+
+        footer, end = read_footer(part, row_group)
         src = os.open(part, os.O_RDONLY | _O_BINARY)
         try:
             _copy(src, self.fd, len(MAGIC), end - len(MAGIC))
         finally:
             os.close(src)
-        shift = self.size - len(MAGIC)
-        rows = 0
-        for fid, _, v in footer:
-            if fid == _ROW_GROUPS:
-                for rg in v[1]:
-                    self.row_groups.append(Encoded(encode(_row_group(rg, shift, len(self.row_groups)))))
-            elif fid == _NUM_ROWS:
-                rows = v
+        rows = next((v for fid, _, v in footer if fid == _NUM_ROWS), 0)
+        self.row_groups += moved
         self.size += end - len(MAGIC)
         self.rows += rows
         self.template = footer

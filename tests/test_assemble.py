@@ -35,6 +35,12 @@ def test_footer_round_trip_is_byte_exact(sample):
     assert encode(fields) == _raw_footer(path)
     assert start == path.stat().st_size - 8 - len(_raw_footer(path))
     assert encode(decode(_raw_footer(path))) == _raw_footer(path)
+    # read one row group at a time (Assembly.append): the same row groups, in order, and the same other fields
+    seen = []
+    streamed, at = read_footer(path, seen.append)
+    whole = dict((fid, v) for fid, _, v in fields)
+    assert at == start and len(seen) == len(whole[4][1]) > 0 and seen == whole[4][1]
+    assert [(f, t, v if f != 4 else (v[0], seen)) for f, t, v in streamed] == fields
 
 
 def _fill(log, rng, n, train):
