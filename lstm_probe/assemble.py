@@ -99,7 +99,10 @@ def _value(buf: bytes, pos: int, typ: int) -> tuple[Any, int]:
     raise ValueError(f"unknown Thrift compact type {typ}")
 
 
-def _struct(buf: bytes, pos: int) -> tuple[list[Field], int]:
+def _struct(buf: bytes, pos: int, row_group: Callable[[list[Field]], None] | None = None) -> tuple[list[Field], int]:
+    """A struct at ``pos`` and where it ends. ``row_group`` (a FileMetaData only): called with each row group
+    as it is read, the row-group list left empty, so one row group's Python objects exist at a time (a
+    part's whole footer as Python objects took ~60 MB for 250 row groups)."""
     fields: list[Field] = []
     last = 0
     while True:
@@ -115,39 +118,7 @@ def _struct(buf: bytes, pos: int) -> tuple[list[Field], int]:
             fid = _unzigzag(n)
         if typ in (_TRUE, _FALSE):
             fields.append((fid, typ, None))
-        else:
-            v, pos = _value(buf, pos, typ)
-            fields.append((fid, typ, v))
-        last = fid
-
-
-def decode(buf: bytes) -> list[Field]:
-    """A Thrift struct in the compact protocol, field by field (see :data:`Field`)."""
-    fields, _ = _struct(buf, 0)
-    return fields
-
-
-def _footer(buf: bytes, row_group: Callable[[list[Field]], None]) -> list[Field]:
-    """A FileMetaData struct as :func:`decode` reads it, except that each row group goes to ``row_group`` as
-    it is read and the row-group list is left empty: one row group's Python objects at a time (a part's
-    whole footer as Python objects took ~60 MB for 250 row groups)."""
-    fields: list[Field] = []
-    pos = last = 0
-    while True:
-        head = buf[pos]
-        pos += 1
-        if head == _STOP:
-            return fields
-        typ, delta = head & 0x0F, head >> 4
-        if delta:
-            fid = last + delta
-        else:
-            n, pos = _varint(buf, pos)
-            fid = _unzigzag(n)
-        last = fid
-        if typ in (_TRUE, _FALSE):
-            fields.append((fid, typ, None))
-        elif fid == _ROW_GROUPS and typ == _LIST and buf[pos] & 0x0F == _STRUCT:
+        elif row_group is not None and fid == _ROW_GROUPS and typ == _LIST and buf[pos] & 0x0F == _STRUCT:
             size, elem = buf[pos] >> 4, buf[pos] & 0x0F
             pos += 1
             if size == 15:
@@ -159,6 +130,13 @@ def _footer(buf: bytes, row_group: Callable[[list[Field]], None]) -> list[Field]
         else:
             v, pos = _value(buf, pos, typ)
             fields.append((fid, typ, v))
+        last = fid
+
+
+def decode(buf: bytes) -> list[Field]:
+    """A Thrift struct in the compact protocol, field by field (see :data:`Field`)."""
+    fields, _ = _struct(buf, 0)
+    return fields
 
 
 def _put_varint(out: bytearray, n: int) -> None:
@@ -277,7 +255,7 @@ def read_footer(path: Path, row_group: Callable[[list[Field]], None] | None = No
         start = size - 8 - length
         f.seek(start)
         buf = f.read(length)
-    return (decode(buf) if row_group is None else _footer(buf, row_group)), start
+    return _struct(buf, 0, row_group)[0], start
 
 
 _O_BINARY = getattr(os, "O_BINARY", 0)  # (Windows: no newline translation)
