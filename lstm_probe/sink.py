@@ -118,9 +118,10 @@ class Sink:
             self._fill_null(r, i0, i1, path, call, t0, steps, layers)
         if t is not None:
             r.t[i0:i1] = t
+        reduced: Reduced | None = None
         if isinstance(hs, Reduced):
-            self._reduced(r, i0, i1, hs)
-            h, c = None, None
+            reduced = hs
+            self._reduced(r, i0, i1, reduced)
         else:
             h, c = self._states(r, i0, i1, hs, cs)
         r.init[i0:i1] = -1
@@ -132,10 +133,9 @@ class Sink:
         it = tags.iteration
         r.vectors[i0:i1] = self.capture == "full" and (it is None or it % self.every == 0)
         r.has_drift[i0:i1] = False
-        if h is None:  # reduced: its drifts came with it
-            assert isinstance(hs, Reduced)
-            if hs.drift is not None:
-                r.drift_h[i0:i1], r.drift_c[i0:i1], r.has_drift[i0:i1] = hs.drift
+        if reduced is not None:  # its drifts came with it
+            if reduced.drift is not None:
+                r.drift_h[i0:i1], r.drift_c[i0:i1], r.has_drift[i0:i1] = reduced.drift
         elif self.reference_window and grid is not None and tags.phase in ("rollout", "train"):
             if c is None:
                 c = np.zeros_like(h)

@@ -1,5 +1,8 @@
 """ProbeCallback inside real RecurrentPPO training: never changes it, never leaks into it."""
 
+import gc
+import weakref
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -490,6 +493,7 @@ def test_live_metrics_only_where_the_logger_writes_somewhere(tmp_path, monkeypat
         class Count(BaseCallback):
             def _on_rollout_start(self):
                 hooks.append(len(model.policy.lstm_actor._forward_hooks))
+                tracers.append(weakref.ref(probe.tracer))
 
             def _on_step(self):
                 return True
@@ -497,8 +501,11 @@ def test_live_metrics_only_where_the_logger_writes_somewhere(tmp_path, monkeypat
         model.learn(256, callback=CallbackList([probe, Count()]))
         return probe, hooks, sorted({k for k in recorded if k.startswith("lstm_probe/")})
 
+    tracers: list = []
     probe, hooks, keys = run("silent")
     assert not sb3_metrics.seen(probe.model.logger) and keys == [] and set(hooks) == {1}  # the tracer's hook only
+    gc.collect()
+    assert tracers and all(t() is None for t in tracers)  # the closed tracer is not kept for live()
     live = sb3_metrics.live()
     assert live["rows"] == lstm_probe.read_info(probe.path).rows > 0 and live["iteration"] == probe.iteration > 0
 

@@ -369,7 +369,10 @@ class ProbeCallback(BaseCallback):
     # -- lifecycle -------------------------------------------------------------------------------
     def _finish(self, completed: bool, reason: str | None) -> None:
         if self._attachment is not None:
+            tracer = self.tracer
             self.path = self._attachment.finish(completed, reason)
+            if tracer is not None and self.metrics is not None:
+                self.metrics.closed(tracer.rows)
 
     def close(self, exc: BaseException | None = None) -> Path | None:
         """Close the log now (completed only if training reached its end). Idempotent."""
@@ -575,7 +578,7 @@ def _loops(probe_ref: weakref.ref[ProbeCallback]) -> Any:
             return inner(*args, **kwargs)
         lstm: Any = args[3] if len(args) > 3 else kwargs.get("lstm")
         states: Any = args[1] if len(args) > 1 else kwargs.get("lstm_states")
-        layers, n_seq = (int(n) for n in states[0].shape[:2])
+        n_seq = int(states[0].shape[1])
         loop = tracer.loop_begin(lstm, n_seq)
         if loop is None:
             return inner(*args, **kwargs)
@@ -588,7 +591,7 @@ def _loops(probe_ref: weakref.ref[ProbeCallback]) -> Any:
         if probe.metrics is not None and probe.metrics.figures:  # the top layer's h of every step (T, n_seq, H)
             start = time.perf_counter()
             y = out[0].detach().reshape(n_seq, len(loop.steps), -1).transpose(0, 1)
-            probe.metrics.loop(loop.name, y, layers)
+            probe.metrics.loop(loop.name, y)
             tracer.integration_seconds += time.perf_counter() - start
         return out
 

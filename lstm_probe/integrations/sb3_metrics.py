@@ -22,7 +22,7 @@ before a dump; a logger of the user's own class always gets them; a logger set o
 while learn() runs gets them from the next rollout on.
 
 The probe's rows are made in a writer process, so these are computed here, in the training process,
-from the tensors LSTM forward hooks see: each hook keeps a reference and counts rows (~1 us a call;
+from the tensors LSTM forward hooks see: each hook keeps a reference (~1 us a call;
 a per-step training loop's outputs come whole, once per loop: ``LiveMetrics.loop``); the few torch
 reductions run once per minibatch and once per rollout. Their time counts in the log's
 ``probe_cost.integration_seconds``. Rollout figures are recorded when
@@ -112,7 +112,10 @@ class LiveMetrics:
         self.figures = bool(figures)  # False: no hooks, no figures; live() only
         self.auto = figures is None  # decided by seen(): again at each rollout's start (rollout_start)
         self.modules = {name: _Module() for name in probe.tracer.names} if probe.tracer is not None else {}
-        self.tracer = probe.tracer  # its rows handed over, for live() (also once the log is closed)
+        # the tracer's rows handed over, for live(): held weakly (a closed tracer keeps its reference states),
+        # the count kept as last seen (ProbeCallback sets it once the log is closed: closed())
+        self._tracer = weakref.ref(probe.tracer) if probe.tracer is not None else None
+        self.rows = 0
         self.pending: Any = None  # the tags of the minibatch whose outputs the modules hold
         self.pending_stepwise = False
         self.pending_base = 0  # the env step of the pending minibatch's rollout's first step
@@ -143,9 +146,14 @@ class LiveMetrics:
 
     def live(self) -> dict[str, Any]:
         probe = self.probe()
-        if probe is None or self.tracer is None:
-            return {}
-        return {"iteration": max(probe.iteration, 0), "rows": self.tracer.rows}
+        tracer = self._tracer() if self._tracer is not None else None
+        if tracer is not None:
+            self.rows = tracer.rows
+        return {} if probe is None else {"iteration": max(probe.iteration, 0), "rows": self.rows}
+
+    def closed(self, rows: int) -> None:
+        """The log is closed with ``rows`` rows handed over (its last blocks are handed over while it closes)."""
+        self.rows = rows
 
     # -- hooks (training thread) -----------------------------------------------------------------
     def _hook(self, name: str) -> Any:
@@ -173,7 +181,7 @@ class LiveMetrics:
 
         return hook
 
-    def loop(self, name: str, y: Any, layers: int) -> None:
+    def loop(self, name: str, y: Any) -> None:
         """The outputs of a per-step training loop the tracer recorded whole (``sb3._loops``): ``y`` (T, n_seq,
         H) the top layer's h of every step, as the hook would have kept them one step at a time."""
         probe, mine = self.probe(), self.modules.get(name)
