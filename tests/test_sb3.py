@@ -30,11 +30,20 @@ def params(model):
     "policy_kwargs",
     [{"lstm_hidden_size": 16}, {"lstm_hidden_size": 16, "shared_lstm": True, "enable_critic_lstm": False}],
 )
-def test_probe_never_changes_training(tmp_path, policy_kwargs):
+@pytest.mark.parametrize(
+    "probe_kw",
+    # the default; a summary log (its per-step loops reduced in the training process) with live metrics on
+    [{}, {"capture": "summary", "live_metrics": True}],
+    ids=["full", "summary-live"],
+)
+def test_probe_never_changes_training(tmp_path, policy_kwargs, probe_kw):
     a = make(policy_kwargs=policy_kwargs)
     a.learn(160)
+    rng_a = (torch.get_rng_state(), np.random.get_state()[1].copy(), a.num_timesteps)
     b = make(policy_kwargs=policy_kwargs)
-    b.learn(160, callback=ProbeCallback(tmp_path / "p.parquet"))
+    b.learn(160, callback=ProbeCallback(tmp_path / "p.parquet", **probe_kw))
+    rng_b = (torch.get_rng_state(), np.random.get_state()[1].copy(), b.num_timesteps)
+    assert torch.equal(rng_a[0], rng_b[0]) and np.array_equal(rng_a[1], rng_b[1]) and rng_a[2] == rng_b[2]
     pa_, pb = params(a), params(b)
     assert pa_.keys() == pb.keys()
     for k in pa_:
