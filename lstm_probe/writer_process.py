@@ -106,7 +106,7 @@ class Child:
         # (glibc raises it after large frees, and then row-group-sized buffers fragment its heap: measured,
         # +10 MB per GB written without it, flat with it). 1 MB, not 64 kB: below it every Arrow page buffer
         # was mapped anew with its page faults; 1 MB cut the writer's CPU per row by ~28% for ~8 MB more
-        # private memory (benchmarks/writer_profile.py pipe, docs/performance.md "Writer CPU").
+        # private memory (benchmarks/writer_profile.py pipe, docs/performance-history.md "Writer CPU").
         env = {k: v for k, v in {**os.environ, **WRITER_ENV}.items() if v is not None}  # None: unset
         # The same lstm_probe as this process's, also when it was found through a sys.path edit
         # (a checkout next to a script) rather than installed.

@@ -16,7 +16,7 @@ say of each iteration, so every output format SB3 supports gets them:
 They are recorded only where something can see them: SB3's own ``Logger`` with no output format (sb3's
 default at ``verbose=0`` without ``tensorboard_log``) drops every figure at its next dump, so there the
 hooks are not attached at all: their figures took 107-126 ms of the training thread per 2048 steps,
-though part of that reappears in the next phase that touches the states (docs/performance.md).
+though part of that reappears in the next phase that touches the states (docs/performance-history.md).
 ``ProbeCallback(live_metrics=True)`` records them anyway, for code that reads ``logger.name_to_value``
 before a dump; a logger of the user's own class always gets them; a logger set or given an output format
 while learn() runs gets them from the next rollout on.
