@@ -59,7 +59,7 @@ import numpy as np, torch
 from torch import nn
 from lstm_probe.contract import Capabilities, Grid, Tags
 from lstm_probe.options import capture_options
-from lstm_probe.tracer import Tracer
+from lstm_probe.tracer import CoreTracer
 torch.set_num_threads(1)
 cfg = json.loads(sys.argv[1])
 hidden, n, steps = cfg["hidden"], cfg["batch"], 128
@@ -77,7 +77,7 @@ grid = Grid(env=zero.astype(np.int32), env_step=zero, episode=zero, episode_step
             episode_start=zero.astype(np.int8), padding=zero.astype(bool), train=True,
             seq_len=np.full(n, steps, np.int32), seq_reason=np.zeros(n, np.int8))
 fixed = Fixed()
-tracer = Tracer({"actor": lstm}, capture_options(None, cfg["out"], capture="summary", force=True), fixed).start()
+tracer = CoreTracer({"actor": lstm}, capture_options(None, cfg["out"], capture="summary", force=True), fixed).start()
 tracer.writer.submit = lambda *a, **k: None  # hand-overs are neither made nor timed: the hook alone is
 hook = tracer._make_hook("actor")
 x, h = torch.randn(1, n, 3), torch.zeros(1, n, hidden)
@@ -156,10 +156,10 @@ for owner, name, phase in [
     (sb3.ProbeCallback, "_rollout_step_end", "rollout step: callbacks"),
     (sb3.ProbeCallback, "_on_step", "rollout step: callbacks"),
     (sb3.ProbeCallback, "_train_tags", "train: minibatch tags"),
-    (tracer.Tracer, "flush_pending", "hand-over: rollout blocks (host copies, grids)"),
-    (tracer.Tracer, "loop_begin", "train: loop begin/end (stack)"),
-    (tracer.Tracer, "loop_end", "train: loop begin/end (stack)"),
-    (tracer.Tracer, "_write_block", "hand-over: jobs (host copies, grids)"),
+    (tracer.CoreTracer, "flush_pending", "hand-over: rollout blocks (host copies, grids)"),
+    (tracer.CoreTracer, "loop_begin", "train: loop begin/end (stack)"),
+    (tracer.CoreTracer, "loop_end", "train: loop begin/end (stack)"),
+    (tracer.CoreTracer, "_write_block", "hand-over: jobs (host copies, grids)"),
     (inputs.Inputs, "answer", "hand-over: init answers (inputs.py)"),
     (logwriter.LogWriter, "send", "hand-over: pickle + pipe"),
     (sb3_metrics.LiveMetrics, "_minibatch_end", "live metrics: figures"),
@@ -167,8 +167,8 @@ for owner, name, phase in [
     (sb3_metrics.LiveMetrics, "_train_end", "live metrics: figures"),
 ]:
     setattr(owner, name, timed(phase, getattr(owner, name)))
-make_hook = tracer.Tracer._make_hook
-tracer.Tracer._make_hook = lambda self, name: timed(lstm_phase, make_hook(self, name))
+make_hook = tracer.CoreTracer._make_hook
+tracer.CoreTracer._make_hook = lambda self, name: timed(lstm_phase, make_hook(self, name))
 metrics_hook = sb3_metrics.LiveMetrics._hook
 sb3_metrics.LiveMetrics._hook = lambda self, name: timed(metrics_phase, metrics_hook(self, name))
 

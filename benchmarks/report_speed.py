@@ -109,7 +109,7 @@ def main() -> None:
         out, rows = args.log, read_info(args.log).rows
     else:
         tmp = Path(tempfile.mkdtemp())
-        from lstm_probe.run import run
+        from lstm_probe import run
 
         base = run(
             "Pendulum-v1",

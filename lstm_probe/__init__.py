@@ -2,50 +2,86 @@
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING
 
 from lstm_probe.errors import BadInput, BadLog, Interrupted, OutputError, ProbeError
 
 if TYPE_CHECKING:  # the checker sees the real names; at run time __getattr__ imports each on first use
+    from lstm_probe.integrations import rllib
     from lstm_probe.integrations.generic import Tracer, trace
     from lstm_probe.integrations.sb3 import ProbeCallback
+    from lstm_probe.integrations.sb3_commands import arch, load_model
+    from lstm_probe.integrations.sb3_options import Build, Measure
     from lstm_probe.integrations.sb3_run import run
     from lstm_probe.integrations.sb3_watch import watch
-    from lstm_probe.options import CaptureOptions
+    from lstm_probe.options import CaptureOptions, RunResult, TrainOptions
     from lstm_probe.probes import probe
     from lstm_probe.reader import LogInfo, load, pair, read_info, states
     from lstm_probe.report import summarize
 
     __version__: str
 
+# The public names, each with the module that defines it. Everything loads lazily: `import lstm_probe` for
+# reading logs needs neither torch nor sb3, and a training process with a writer process never loads
+# pyarrow (~29 MB of RSS). No public name is also a submodule's name (``lstm_probe.run`` is the function,
+# whatever was imported before).
+_LAZY: dict[str, tuple[str, str]] = {  # name: (module, its attribute; "" for the module itself)
+    "LogInfo": ("lstm_probe.reader", "LogInfo"),
+    "load": ("lstm_probe.reader", "load"),
+    "pair": ("lstm_probe.reader", "pair"),
+    "read_info": ("lstm_probe.reader", "read_info"),
+    "states": ("lstm_probe.reader", "states"),
+    "summarize": ("lstm_probe.report", "summarize"),
+    "probe": ("lstm_probe.probes", "probe"),  # linear probes from a log (numpy only)
+    "CaptureOptions": ("lstm_probe.options", "CaptureOptions"),
+    "TrainOptions": ("lstm_probe.options", "TrainOptions"),
+    "RunResult": ("lstm_probe.options", "RunResult"),
+    "trace": ("lstm_probe.integrations.generic", "trace"),  # any torch loop, calls tagged by the user
+    "Tracer": ("lstm_probe.integrations.generic", "Tracer"),
+    "ProbeCallback": ("lstm_probe.integrations.sb3", "ProbeCallback"),
+    "run": ("lstm_probe.integrations.sb3_run", "run"),
+    "Build": ("lstm_probe.integrations.sb3_options", "Build"),
+    "Measure": ("lstm_probe.integrations.sb3_options", "Measure"),
+    "arch": ("lstm_probe.integrations.sb3_commands", "arch"),
+    "load_model": ("lstm_probe.integrations.sb3_commands", "load_model"),
+    "watch": ("lstm_probe.integrations.sb3_watch", "watch"),  # the doctor over predict calls outside learn()
+    "rllib": ("lstm_probe.integrations.rllib", ""),  # the RLlib integration (its functions need the rllib extra)
+}
+
 __all__ = [
     "BadInput",
     "BadLog",
+    "Build",
     "CaptureOptions",
     "Interrupted",
     "LogInfo",
+    "Measure",
     "OutputError",
     "ProbeCallback",
     "ProbeError",
+    "RunResult",
     "Tracer",
+    "TrainOptions",
     "__version__",
+    "arch",
     "load",
+    "load_model",
     "pair",
     "probe",
     "read_info",
+    "rllib",
     "run",
     "states",
     "summarize",
     "trace",
     "watch",
-]
+]  # tests/test_public.py: these and _LAZY agree
 
 
 def __getattr__(name: str) -> object:
-    # Everything loads lazily: `import lstm_probe` for reading logs needs neither torch nor sb3, and a
-    # training process with a writer process never loads pyarrow (~29 MB of RSS). Even the version is
-    # looked up on first use: importlib.metadata costs ~20-30 ms of every command's start-up otherwise.
     if name == "__version__":
+        # looked up on first use: importlib.metadata costs ~20-30 ms of every command's start-up otherwise
         from importlib.metadata import PackageNotFoundError, version
 
         try:
@@ -54,40 +90,15 @@ def __getattr__(name: str) -> object:
             found = "0+unknown"
         globals()["__version__"] = found  # looked up once
         return found
-    if name in ("LogInfo", "load", "pair", "read_info", "states"):
-        from lstm_probe import reader
+    if name not in _LAZY:
+        raise AttributeError(f"module 'lstm_probe' has no attribute {name!r}")
+    module, attr = _LAZY[name]
+    value = importlib.import_module(module)  # a module ("rllib"), or the module that defines the name
+    if attr:
+        value = getattr(value, attr)
+    globals()[name] = value  # looked up once
+    return value
 
-        return getattr(reader, name)
-    if name == "ProbeCallback":
-        from lstm_probe.integrations.sb3 import ProbeCallback
 
-        return ProbeCallback
-    if name in ("trace", "Tracer"):  # the generic torch integration: calls tagged by the user
-        from lstm_probe.integrations import generic
-
-        return getattr(generic, name)
-    if name == "CaptureOptions":
-        from lstm_probe.options import CaptureOptions
-
-        return CaptureOptions
-    if name == "watch":  # the doctor over an sb3 model's predict calls outside learn()
-        from lstm_probe.integrations.sb3_watch import watch
-
-        return watch
-    if name == "run":
-        from lstm_probe.integrations.sb3_run import run
-
-        return run
-    if name == "rllib":  # `from lstm_probe import rllib`: the RLlib integration (needs the rllib extra)
-        from lstm_probe.integrations import rllib
-
-        return rllib
-    if name == "probe":  # linear probes from a log (numpy only)
-        from lstm_probe.probes import probe
-
-        return probe
-    if name == "summarize":
-        from lstm_probe.report import summarize
-
-        return summarize
-    raise AttributeError(f"module 'lstm_probe' has no attribute {name!r}")
+def __dir__() -> list[str]:
+    return __all__

@@ -15,7 +15,7 @@ from lstm_probe.contract import PATH, Grid, Tags
 
 if TYPE_CHECKING:
     from lstm_probe.logwriter import LogWriter
-    from lstm_probe.tracer import Tracer
+    from lstm_probe.tracer import CoreTracer
 
 
 def host(t: torch.Tensor) -> np.ndarray:
@@ -32,9 +32,9 @@ def tensor_bytes(*tensors: torch.Tensor | None) -> int:
 
 
 def write_block(
-    tracer: Tracer, writer: LogWriter, name: str, tags: Tags, stepwise: bool, t0: int, block: Block
+    tracer: CoreTracer, writer: LogWriter, name: str, tags: Tags, stepwise: bool, t0: int, block: Block
 ) -> None:
-    """Host arrays of one block of one-step calls of module ``name``, to the sink (``Tracer._write_block``); a
+    """Host arrays of one block of one-step calls of module ``name``, to the sink (``CoreTracer._write_block``); a
     summary log's per-step training loops as their norms and drifts (``drift.py``)."""
     calls = np.array(block.calls, np.int64)
     layers = tracer.layers[name]
@@ -95,7 +95,7 @@ class Block:
 
 
 class Loop:
-    """A per-timestep loop recorded whole (:meth:`Tracer.loop_begin`): its module and tags, and per step
+    """A per-timestep loop recorded whole (:meth:`CoreTracer.loop_begin`): its module and tags, and per step
     the call id and the states the module returned ((h, c), or h); ``x0``: the first step's input states."""
 
     __slots__ = ("calls", "lstm", "module", "name", "steps", "tags", "x0")

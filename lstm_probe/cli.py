@@ -17,9 +17,10 @@ from typing import Annotated, Any
 
 import typer
 
+from lstm_probe.cli_flags import Declared, declared, split, with_flags
 from lstm_probe.cli_render import _render, _render_architecture, _render_flow, _RunDisplay, err, out
 from lstm_probe.errors import BadInput, BadLog, Interrupted, ProbeError, one_line
-from lstm_probe.options import DEFAULT_WRITER
+from lstm_probe.options import CaptureOptions, TrainOptions, default
 from lstm_probe.text import human_bytes
 
 app = typer.Typer(
@@ -64,69 +65,23 @@ class Exit(enum.IntEnum):
     INTERRUPTED = 130
 
 
-@app.command()
+def _run_flags() -> list[Declared]:
+    """Every flag of ``run`` that an option group declares: the capture and training settings, then each
+    framework's own (``integrations.FRAMEWORKS``), whose help says which framework takes it."""
+    from lstm_probe.integrations import FRAMEWORKS, group_classes
+
+    flags = [*declared(CaptureOptions), *declared(TrainOptions)]
+    for fw in FRAMEWORKS.values():
+        for _, group in group_classes(fw):
+            flags += declared(group, prefix=f"{fw.name}: ")
+    return flags
+
+
+RUN_FLAGS = _run_flags()
+
+
 def run(
     env_id: Annotated[str, typer.Argument(help="Gymnasium env id, e.g. Pendulum-v1 or CartPole-v1.")],
-    out_path: Annotated[
-        str, typer.Option("--out", "-o", help="Log file, or a directory (ending in /) for a dataset of part files.")
-    ] = "run.parquet",
-    steps: Annotated[int, typer.Option(help="Env steps to train (total_timesteps).")] = 250,
-    seed: Annotated[int, typer.Option(help="Seed for the algorithm and the envs.")] = 0,
-    n_envs: Annotated[int, typer.Option(help="Number of parallel envs.")] = 1,
-    n_steps: Annotated[int | None, typer.Option(help=_default("Rollout length per env.", "128, sb3-contrib's"))] = None,
-    batch_size: Annotated[int | None, typer.Option(help=_default("Minibatch size.", "128"))] = None,
-    n_epochs: Annotated[int | None, typer.Option(help=_default("Epochs per update.", "10"))] = None,
-    learning_rate: Annotated[float | None, typer.Option(help=_default("Learning rate.", "3e-4"))] = None,
-    hidden_size: Annotated[int | None, typer.Option(help=_default("LSTM hidden size.", "256"))] = None,
-    lstm_layers: Annotated[int | None, typer.Option(help=_default("LSTM layers.", "1"))] = None,
-    shared_lstm: Annotated[
-        bool, typer.Option("--shared-lstm", help=_default("One LSTM for actor and critic.", "off"))
-    ] = False,
-    critic_lstm: Annotated[
-        bool, typer.Option("--critic-lstm/--no-critic-lstm", help="Give the critic its own LSTM.")
-    ] = True,
-    device: Annotated[str, typer.Option(help="Torch device: auto, cpu, cuda, cuda:1...")] = "auto",
-    force: Annotated[bool, typer.Option("--force", help=_default("Overwrite an existing log.", "off"))] = False,
-    hyperparam: Annotated[
-        list[str] | None, typer.Option(help=_default("KEY=VALUE passed to RecurrentPPO; repeatable.", "none"))
-    ] = None,
-    capture: Annotated[str, typer.Option(help="full: h and c vectors; summary: norms and drift only.")] = "full",
-    every: Annotated[int, typer.Option(help="Keep full vectors every K-th iteration only.")] = 1,
-    float16: Annotated[bool, typer.Option("--float16", help=_default("Store vectors as float16.", "off"))] = False,
-    writer: Annotated[
-        str,
-        typer.Option(
-            help="process: rows are made and written by a writer process (training keeps its interpreter "
-            "lock); thread: by a thread of the training process. Default: process (thread on Windows)."
-        ),
-    ] = DEFAULT_WRITER,
-    part_seconds: Annotated[
-        float,
-        typer.Option(
-            help="Close a finished part file this often: a killed run "
-            "loses at most the rows of the last this-many seconds."
-        ),
-    ] = 60.0,
-    part_iterations: Annotated[
-        int | None,
-        typer.Option(
-            help=_default(
-                "Dataset directories (--out DIR/): no part file holds rows of two spans of this many "
-                "iterations (0..N-1, N..2N-1, ...), so a span's files can be moved or deleted together.",
-                "none: one span",
-            )
-        ),
-    ] = None,
-    torch_threads: Annotated[
-        int | None,
-        typer.Option(
-            help=_default(
-                "torch.set_num_threads for training.",
-                "sb3 on CPU: 1 (SB3's advice for small policies: faster on MLP-sized LSTMs, and reproducible), "
-                "torch's own for image policies, GPUs and rllib",
-            )
-        ),
-    ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help=_default("No progress display.", "off"))] = False,
     progress_seconds: Annotated[
         float,
@@ -135,134 +90,42 @@ def run(
     framework: Annotated[
         str, typer.Option(help="sb3 (RecurrentPPO) or rllib (Ray RLlib PPO with use_lstm; needs '.[rllib]').")
     ] = "sb3",
-    env_runners: Annotated[int, typer.Option(help="rllib: remote env runners (0 = sample in the driver).")] = 0,
-    learners: Annotated[int, typer.Option(help="rllib: remote learners (0 = learn in the driver; at most 1).")] = 0,
-    max_seq_len: Annotated[
-        int | None, typer.Option(help=_default("rllib: max_seq_len of training chunks.", "20"))
-    ] = None,
-    what_if: Annotated[
-        bool,
-        typer.Option(
-            "--what-if",
-            help=_default(
-                "sb3: do stale stored states matter? Re-evaluate sampled minibatches from refreshed, zero and "
-                "burn-in initial states on a copy of the policy (the report's 'What if' section).",
-                "off",
-            ),
-        ),
-    ] = False,
-    what_if_every: Annotated[int, typer.Option(help="sb3 --what-if: measure every K-th iteration.")] = 1,
-    burn_in: Annotated[
-        list[int] | None,
-        typer.Option(help=_default("sb3 --what-if: another burn-in length to measure (repeatable).", "4, 16, 64")),
-    ] = None,
-    memory: Annotated[
-        bool,
-        typer.Option(
-            "--memory",
-            help=_default(
-                "sb3: does the policy use its LSTM, and how far back? Zero the state k steps back at sampled "
-                "steps on a copy of the policy (the report's 'Memory' section).",
-                "off",
-            ),
-        ),
-    ] = False,
-    memory_every: Annotated[
-        int | None, typer.Option(help=_default("sb3 --memory: measure every K-th iteration.", "1"))
-    ] = None,
-    capture_obs: Annotated[
-        bool,
-        typer.Option(
-            "--capture-obs",
-            help=_default("sb3: store the observation the policy saw in rollout rows (probe targets obs:i).", "off"),
-        ),
-    ] = False,
-    info: Annotated[
-        list[str] | None,
-        typer.Option(
-            help=_default(
-                "sb3: store info[KEY] of each step in rollout rows (probe target info:KEY; repeatable).", "none"
-            )
-        ),
-    ] = None,
+    **flags: Any,
 ) -> None:
     """Train RecurrentPPO (or RLlib PPO, --framework rllib) on ENV_ID with the probe attached and write the log."""
     from lstm_probe import integrations
-    from lstm_probe.options import CaptureOptions, validate
 
     fw = integrations.framework(framework)
-    given = _framework_options(
-        fw.run_options,
-        "run",
-        lstm_layers=("--lstm-layers", lstm_layers, None),
-        critic_lstm=("--no-critic-lstm", critic_lstm, True),
-        hyperparams=("--hyperparam", hyperparam, None),
-        device=("--device", device, "auto"),
-        env_runners=("--env-runners", env_runners, 0),
-        learners=("--learners", learners, 0),
-        max_seq_len=("--max-seq-len", max_seq_len, None),
-        what_if=("--what-if", what_if, False),
-        what_if_every=("--what-if-every", what_if_every, 1),
-        burn_in=("--burn-in", burn_in, None),
-        memory=("--memory", memory, False),
-        memory_every=("--memory-every", memory_every, None),
-        capture_obs=("--capture-obs", capture_obs, False),
-        info_keys=("--info", info, None),
-    )
+    given = split(RUN_FLAGS, flags)
+    groups = dict(integrations.group_classes(fw))
+    for d in RUN_FLAGS:  # a flag of another framework's group, set: refused, naming the frameworks that take it
+        if d.group in given and d.field.name in given[d.group] and d.group not in (CaptureOptions, TrainOptions):
+            if d.group not in groups.values():
+                owners = " and ".join(integrations.owners(d.field.name))
+                raise BadInput(f"{d.set_flag} applies to --framework {owners} only")
+    capture = given.get(CaptureOptions, {})
+    out_path = capture.get("out", default(CaptureOptions, "out"))
     if fw.parts_per_process:  # a directory log: one set of part files per process
-        if out_path == "run.parquet":
+        if "out" not in capture:
             out_path = "run/"
         elif not out_path.endswith("/"):
             raise BadInput(
                 f"--framework {fw.name} writes one part file per process: end --out with '/', e.g. {out_path}/"
             )
+        capture["out"] = out_path
     # Every option that can be checked without torch or the framework is checked here, before either is
     # imported (seconds): a typo is refused at once.
-    validate(
-        steps=steps,
-        n_envs=n_envs,
-        n_steps=n_steps,
-        batch_size=batch_size,
-        n_epochs=n_epochs,
-        learning_rate=learning_rate,
-        hidden_size=hidden_size,
-        lstm_layers=lstm_layers,
-        torch_threads=torch_threads,
-    )
+    options = CaptureOptions(**capture)
+    train = TrainOptions(**given.get(TrainOptions, {}))
+    own = {keyword: group(**given.get(group, {})) for keyword, group in groups.items()}
     if not progress_seconds > 0:
         raise BadInput(f"--progress-seconds must be > 0, got {progress_seconds}")
-    options = CaptureOptions(
-        out_path,
-        capture=capture,
-        every=every,
-        float16=float16,
-        force=force,
-        part_seconds=part_seconds,
-        part_iterations=part_iterations,
-        writer=writer,
-    )
     module = integrations.load(fw)
     command = "lstm-probe " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    display = _RunDisplay(env_id, steps, out_path, getattr(module, "live", None), quiet, progress_seconds)
+    display = _RunDisplay(env_id, train.steps, out_path, getattr(module, "live", None), quiet, progress_seconds)
     with display:
         try:
-            result = module.run(
-                env_id,
-                options=options,
-                steps=steps,
-                seed=seed,
-                n_envs=n_envs,
-                n_steps=n_steps,
-                batch_size=batch_size,
-                n_epochs=n_epochs,
-                learning_rate=learning_rate,
-                hidden_size=hidden_size,
-                shared_lstm=shared_lstm,
-                torch_threads=torch_threads,
-                command=command,
-                progress=display.update,
-                **given,
-            )
+            result = module.run(env_id, options=options, train=train, command=command, progress=display.update, **own)
         except KeyboardInterrupt as exc:  # Ctrl-C / SIGTERM: the probe already closed the log
             note = f"the log in {out_path} holds the rows up to it" if fw.parts_per_process else _partial_note(out_path)
             raise Interrupted(f"interrupted ({exc or 'Ctrl-C'}): {note}") from None
@@ -274,14 +137,17 @@ def run(
     out().print(f"next: lstm-probe report {out_path if fw.parts_per_process else shlex.quote(str(result.path))}")
 
 
+app.command()(with_flags(run, RUN_FLAGS))
+
+
 def _framework_options(taken: tuple[str, ...], command: str, **options: tuple[str, Any, Any]) -> dict[str, Any]:
     """The options (name: (flag, value, default)) that only some frameworks take, as keyword arguments for
     the one that takes ``taken``; one set away from its default that this framework does not take is
     refused, naming the frameworks that do."""
     from lstm_probe.integrations import owners
 
-    for name, (flag, value, default) in options.items():
-        if name not in taken and value != default:
+    for name, (flag, value, unset) in options.items():
+        if name not in taken and value != unset:
             raise BadInput(f"{flag} applies to --framework {' and '.join(owners(name, command))} only")
     return {name: value for name, (_, value, _) in options.items() if name in taken}
 
@@ -365,20 +231,22 @@ def _pyarrow_without_pandas() -> None:
         sys.meta_path.remove(finder)
 
 
-@app.command()
+def _arch_flags() -> list[Declared]:
+    from lstm_probe.integrations.sb3_options import Build
+
+    return [
+        *declared(TrainOptions, only=("shared_lstm", "hidden_size")),
+        *declared(Build, only=("critic_lstm", "lstm_layers", "hyperparams")),
+    ]
+
+
+ARCH_FLAGS = _arch_flags()
+
+
 def arch(
     target: Annotated[
         str, typer.Argument(help="A gymnasium env id (the policy `run` would build) or a saved model.zip.")
     ],
-    shared_lstm: Annotated[
-        bool, typer.Option("--shared-lstm", help=_default("One LSTM for actor and critic.", "off"))
-    ] = False,
-    critic_lstm: Annotated[bool, typer.Option("--critic-lstm/--no-critic-lstm", help="Critic LSTM.")] = True,
-    hidden_size: Annotated[int | None, typer.Option(help=_default("LSTM hidden size.", "256"))] = None,
-    lstm_layers: Annotated[int | None, typer.Option(help=_default("LSTM layers.", "1"))] = None,
-    hyperparam: Annotated[
-        list[str] | None, typer.Option(help=_default("KEY=VALUE passed to RecurrentPPO; repeatable.", "none"))
-    ] = None,
     env_id: Annotated[
         str | None,
         typer.Option(
@@ -405,29 +273,33 @@ def arch(
         Path | None, typer.Option(help=_default("Render a PNG here (needs Graphviz's `dot`).", "none"))
     ] = None,
     framework: Annotated[str, typer.Option(help="sb3 or rllib (RLlib PPO's default LSTM RLModule).")] = "sb3",
+    **flags: Any,
 ) -> None:
     """Show what actor and critic share, and which loss trains which layer (measured gradient flow)."""
     from lstm_probe import integrations
 
     fw = integrations.framework(framework)
-    given = _framework_options(
-        fw.arch_options,
-        "arch",
-        critic_lstm=("--no-critic-lstm", critic_lstm, True),
-        lstm_layers=("--lstm-layers", lstm_layers, None),
-        hyperparams=("--hyperparam", hyperparam, None),
-        env_id=("--env", env_id, None),
-        trust_model=("--trust-model", trust_model, False),
-        dot=("--dot", dot, None),
-        svg=("--svg", svg, None),
-        png=("--png", png, None),
-    )
+    own = {
+        "env_id": ("--env", env_id, None),
+        "trust_model": ("--trust-model", trust_model, False),
+        "dot": ("--dot", dot, None),
+        "svg": ("--svg", svg, None),
+        "png": ("--png", png, None),
+    }
+    shared = {"shared_lstm", "hidden_size"}  # every framework's arch takes these
+    for d in ARCH_FLAGS:
+        if d.field.name not in shared:
+            own[d.field.name] = (d.set_flag, flags[d.field.name], d.parameter.default)
+    given = _framework_options(fw.arch_options, "arch", **own)
     drawings = {fmt: given.pop(fmt, None) for fmt in ("dot", "svg", "png")}
-    result = integrations.load(fw).arch(target, shared_lstm=shared_lstm, hidden_size=hidden_size, **given)
+    result = integrations.load(fw).arch(target, **{k: flags[k] for k in shared}, **given)
     if isinstance(result, dict):  # a gradient-flow record (RLlib's RLModule)
         _render_flow(target, result, as_json)
     else:
         _render_architecture(result, as_json, **drawings)
+
+
+app.command()(with_flags(arch, ARCH_FLAGS))
 
 
 @app.command()

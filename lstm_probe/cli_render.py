@@ -165,7 +165,7 @@ def _render_architecture(
 ) -> None:
     from rich.table import Table
 
-    from lstm_probe.arch import render, to_dot
+    from lstm_probe.integrations.sb3_arch import render, to_dot
 
     source = to_dot(result)
     if dot is not None:
@@ -218,7 +218,6 @@ def _render_architecture(
 def _render(rep: Any) -> None:
     """Print every section the report holds, in order; each section's first titled block is numbered."""
     from rich.panel import Panel
-    from rich.table import Table
 
     from lstm_probe.report import Line
     from lstm_probe.report import Panel as PanelText
@@ -242,9 +241,42 @@ def _render(rep: Any) -> None:
             if isinstance(block, PanelText):
                 out().print(Panel("\n".join(block.lines), title=title, expand=False))
             elif isinstance(block, TableText):
-                t = Table(title=title)
-                for col in block.columns:
-                    t.add_column(col)
-                for row in block.rows:
-                    t.add_row(*row)
-                out().print(t)
+                for renderable in _table(block, title, out().width):
+                    out().print(renderable)
+
+
+def _table(block: Any, title: str, width: int) -> list[Any]:
+    """What prints a report table at ``width`` columns without cutting a number (or any word) short: rich's own
+    layout shrinks the widest columns below their longest word and cuts it with an ellipsis ('1.36e-…' at 80
+    columns). Here each column keeps at least its longest word: the widest columns wrap at spaces first (a cell
+    'a / b' over two lines); where even the longest words do not fit, one wrapped line per row instead."""
+    from rich.cells import cell_len
+    from rich.markup import escape
+    from rich.table import Table
+    from rich.text import Text
+
+    cols = list(block.columns)
+    plain = [[Text.from_markup(c).plain for c in row] for row in [tuple(escape(c) for c in cols), *block.rows]]
+    natural = [max(cell_len(line) for row in plain for line in row[i].splitlines() or [""]) for i in range(len(cols))]
+    least = [max([cell_len(w) for row in plain for w in row[i].split()] or [1]) for i in range(len(cols))]
+    budget = width - (3 * len(cols) + 1)  # borders and a space of padding either side of each cell
+    if sum(least) > budget:
+        lines = ["  " + "; ".join(f"{escape(c)}: {v}" for c, v in zip(cols, row, strict=True)) for row in block.rows]
+        return [Text.from_markup(f"[italic]{escape(title)}[/]"), *(Text.from_markup(x) for x in lines)]
+    # narrow the widest column that may still wrap: first only as far as its header wraps (once per table), then
+    # its cells too, never below the longest word
+    cells = [
+        max([cell_len(line) for row in plain[1:] for line in row[i].splitlines()] or [0]) for i in range(len(cols))
+    ]
+    header = [max([cell_len(w) for w in plain[0][i].split()] or [1]) for i in range(len(cols))]
+    widths = [max(n, 1) for n in natural]
+    for floor in ([max(c, h) for c, h in zip(cells, header, strict=True)], least):
+        while sum(widths) > budget and any(w > f for w, f in zip(widths, floor, strict=True)):
+            i = max((j for j in range(len(cols)) if widths[j] > floor[j]), key=lambda j: widths[j])
+            widths[i] -= 1
+    t = Table(title=title)
+    for col, w in zip(cols, widths, strict=True):
+        t.add_column(col, width=w, overflow="fold")
+    for row in block.rows:
+        t.add_row(*row)
+    return [t]

@@ -226,7 +226,7 @@ class Capabilities:
 
 @runtime_checkable
 class Integration(Protocol):
-    """What a framework tells the tracer core (``lstm_probe.tracer.Tracer``). Each module under
+    """What a framework tells the tracer core (``lstm_probe.tracer.CoreTracer``). Each module under
     ``lstm_probe/integrations/`` meets it (sb3: ``ProbeCallback``; RLlib: each process's probe; the
     generic tracer: ``GenericIntegration``); the core never imports one."""
 

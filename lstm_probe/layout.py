@@ -99,3 +99,7 @@ def check_output(path: Path, *, force: bool, is_dir: bool, shard: str | None = N
         raise BadInput(
             f"cannot write to {parent}: {exc.strerror or exc}; the directory is not writable, choose another --out"
         ) from None
+
+
+PART_ROWS = 2_000_000
+"""A part file is published after this many rows at most (besides every ``part_seconds``)."""

@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from lstm_probe.errors import BadInput, OutputError, one_line
-from lstm_probe.layout import check_output, row_capacity
+from lstm_probe.layout import PART_ROWS, check_output, row_capacity
 from lstm_probe.lock import OutputLock, StaleLockWarning
-from lstm_probe.options import DEFAULT_WRITER, WRITERS
+from lstm_probe.options import CaptureOptions
 from lstm_probe.sink import Sink
 from lstm_probe.writer_process import Child, WriterGone
 
@@ -46,27 +46,20 @@ class LogWriter:
 
     def __init__(
         self,
-        out: str | os.PathLike[str],
+        options: CaptureOptions,
         hidden_size: int,
         modules: Sequence[str],
         metadata: dict[str, Any],
         codes: Mapping[str, Sequence[str]],
         *,
-        capture: str = "full",
-        every: int = 1,
-        reference_window: int = 0,
-        float16: bool = False,
-        force: bool = False,
-        part_seconds: float = 60.0,
-        part_rows: int = 2_000_000,
-        part_iterations: int | None = None,
+        part_rows: int = PART_ROWS,
         queue_bytes: int = 32 << 20,
         shard: str | None = None,
-        writer: str = DEFAULT_WRITER,
     ):
-        if writer not in WRITERS:
-            raise BadInput(f"writer must be one of {', '.join(WRITERS)}, not {writer!r}")
-        out_str = os.fspath(out)
+        o = options  # checked when made (options.py)
+        capture, every, reference_window, float16 = o.capture, o.every, o.reference_window, o.float16
+        force, part_seconds, part_iterations, writer = o.force, o.part_seconds, o.part_iterations, o.writer
+        out_str = os.fspath(o.out)
         self.path = Path(out_str)
         is_dir = out_str.endswith(("/", os.sep)) or self.path.is_dir()
         if shard is not None and (not re.fullmatch(r"[A-Za-z0-9_.]+", shard) or not is_dir):

@@ -1,19 +1,22 @@
-"""Capture settings in one object, checked once; and what a training run is asked and returns.
+"""Every option, declared once: its type, default, check and help.
 
-:class:`CaptureOptions` is what every entry point (``trace``, ``ProbeCallback``, ``run``, the RLlib
-integration) passes down to the tracer and the writer. Its checks are the only place a bad capture
-setting is refused, with the fix in the message. Imports neither torch nor pyarrow: the CLI checks its
-options before it loads a framework.
+:class:`CaptureOptions` (where the log goes and what it keeps) and :class:`TrainOptions` (what a training
+run trains) are the two framework-neutral groups; a framework declares its own groups beside its
+integration (``integrations/sb3_options.py``, ``integrations/rllib/options.py``) the same way. Entry
+points take the objects; their keyword arguments are checked overrides of the same fields
+(:func:`settle`); cli.py builds its flags from the fields' declarations (:func:`flag`). Imports neither
+torch nor pyarrow: the CLI checks its options before it loads a framework.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from lstm_probe.errors import BadInput
 
@@ -25,36 +28,77 @@ DEFAULT_OUT = "run.parquet"
 Progress = Callable[[int, int], None]
 """Called with (env steps done, env steps asked) while a run trains."""
 
+T = TypeVar("T")
+
+
+def option(
+    default: Any,
+    help: str,
+    *,
+    flags: tuple[str, ...] = (),
+    shown: str | None = None,
+    cli: Any = None,
+    hidden: bool = False,
+) -> Any:
+    """A declared field: its ``default`` and ``help``, and how the CLI spells it: ``flags`` (default
+    ``--field-name``; a bool gets ``--name`` alone when its default is False, ``--name/--no-name`` otherwise),
+    ``shown`` (the default as the help says it, where the value itself says little), ``cli`` (the flag's
+    type where it differs from the field's, e.g. ``list[str]`` for a tuple), ``hidden`` (no CLI flag)."""
+    meta = {"help": help, "flags": flags, "shown": shown, "cli": cli, "hidden": hidden}
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def at_least(name: str, value: float | None, low: float) -> None:
+    """:class:`BadInput` naming the flag when ``value`` (not None) is below ``low``."""
+    if value is not None and value < low:
+        raise BadInput(f"--{name.replace('_', '-')} must be >= {low}, got {value}")
+
+
+def default(cls: type, name: str) -> Any:
+    """The declared default of ``cls``'s field ``name`` (for internal signatures that must not restate it)."""
+    return next(f.default for f in dataclasses.fields(cls) if f.name == name)
+
 
 @dataclass(frozen=True)
 class CaptureOptions:
     """Where the log goes and what it keeps. Checked when made (:class:`BadInput` names the fix)."""
 
-    out: str | os.PathLike[str] = DEFAULT_OUT
-    """A Parquet file, or a directory (ending in '/') for a dataset of part files."""
-    capture: str = "full"
-    """'full': h and c vectors; 'summary': norms and drift only."""
-    every: int = 1
-    """Keep full vectors every K-th iteration only."""
-    float16: bool = False
-    """Store vectors as float16."""
-    force: bool = False
-    """Overwrite an existing log."""
-    part_seconds: float = 60.0
-    """A finished part file is closed this often (a killed run loses at most that many seconds of rows)."""
-    part_iterations: int | None = None
-    """Directory logs: no part file holds rows of two spans of this many iterations."""
-    writer: str = DEFAULT_WRITER
-    """'process' (a writer process; the default where pipes can be polled) or 'thread'."""
-    reference_window: int = 0
-    """Env steps of rollout states kept per env, so train rows get drift against them (sb3: n_steps)."""
+    out: str | os.PathLike[str] = option(
+        DEFAULT_OUT,
+        "Log file, or a directory (ending in /) for a dataset of part files.",
+        flags=("--out", "-o"),
+        cli=str,
+    )
+    capture: str = option("full", "full: h and c vectors; summary: norms and drift only.")
+    every: int = option(1, "Keep full vectors every K-th iteration only.")
+    float16: bool = option(False, "Store vectors as float16.")
+    force: bool = option(False, "Overwrite an existing log.")
+    part_seconds: float = option(
+        60.0,
+        "Close a finished part file this often: a killed run loses at most the rows of the last this-many seconds.",
+    )
+    part_iterations: int | None = option(
+        None,
+        "Dataset directories (--out DIR/): no part file holds rows of two spans of this many iterations "
+        "(0..N-1, N..2N-1, ...), so a span's files can be moved or deleted together.",
+        shown="none: one span",
+    )
+    writer: str = option(
+        DEFAULT_WRITER,
+        "process: rows are made and written by a writer process (training keeps its interpreter lock); "
+        "thread: by a thread of the training process. Default: process (thread on Windows).",
+    )
+    reference_window: int = option(
+        0,
+        "Env steps of rollout states kept per env, so train rows get drift against them (sb3: n_steps).",
+        hidden=True,
+    )
 
     def __post_init__(self) -> None:
         if self.capture not in CAPTURES:
             raise BadInput(f"--capture must be full or summary, got {self.capture!r}")
-        for name, value, low in (("every", self.every, 1), ("part_iterations", self.part_iterations, 1)):
-            if value is not None and value < low:
-                raise BadInput(f"--{name.replace('_', '-')} must be >= {low}, got {value}")
+        at_least("every", self.every, 1)
+        at_least("part_iterations", self.part_iterations, 1)
         if not self.part_seconds > 0:
             raise BadInput(f"--part-seconds must be > 0, got {self.part_seconds}")
         if self.writer not in WRITERS:
@@ -78,22 +122,86 @@ class CaptureOptions:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(CaptureOptions) if f.name != "out"}
 
 
+@dataclass(frozen=True)
+class TrainOptions:
+    """What a training run (``lstm-probe run``, ``lstm_probe.run``) trains, whatever the framework. None:
+    the framework's own default."""
+
+    steps: int = option(250, "Env steps to train (total_timesteps).")
+    seed: int | None = option(0, "Seed for the algorithm and the envs.")
+    n_envs: int = option(1, "Number of parallel envs.")
+    n_steps: int | None = option(None, "Rollout length per env.", shown="128, sb3-contrib's")
+    batch_size: int | None = option(None, "Minibatch size.", shown="128")
+    n_epochs: int | None = option(None, "Epochs per update.", shown="10")
+    learning_rate: float | None = option(None, "Learning rate.", shown="3e-4")
+    hidden_size: int | None = option(None, "LSTM hidden size.", shown="256")
+    shared_lstm: bool = option(False, "One LSTM for actor and critic.")
+    torch_threads: int | None = option(
+        None,
+        "torch.set_num_threads for training.",
+        shown="sb3 on CPU: 1 (SB3's advice for small policies: faster on MLP-sized LSTMs, and reproducible), "
+        "torch's own for image policies, GPUs and rllib",
+    )
+
+    def __post_init__(self) -> None:
+        for name, low in (("steps", 1), ("n_envs", 1), ("n_steps", 2), ("batch_size", 2), ("n_epochs", 1)):
+            at_least(name, getattr(self, name), low)
+        at_least("hidden_size", self.hidden_size, 1)
+        at_least("torch_threads", self.torch_threads, 1)
+        if self.learning_rate is not None and not self.learning_rate > 0:
+            raise BadInput(f"--learning-rate must be > 0, got {self.learning_rate}")
+
+
+def settle(cls: type[T], given: T | None, overrides: Mapping[str, Any]) -> T:
+    """``given`` (or ``cls``'s defaults) with ``overrides`` of its fields applied, checked again."""
+    if given is None:
+        return cls(**overrides)
+    if not isinstance(given, cls):
+        raise BadInput(f"expected {cls.__name__}(...), got {type(given).__name__}")
+    return dataclasses.replace(given, **overrides) if overrides else given  # type: ignore[type-var]
+
+
+def route(overrides: Mapping[str, Any], groups: Iterable[type], where: str) -> list[dict[str, Any]]:
+    """Keyword overrides sorted into the groups that declare them (one dict per group, in order); a name no
+    group declares is refused with the closest names."""
+    groups = list(groups)
+    names = [{f.name for f in dataclasses.fields(g)} for g in groups]
+    out: list[dict[str, Any]] = [{} for _ in groups]
+    for key, value in overrides.items():
+        i = next((i for i, n in enumerate(names) if key in n), None)
+        if i is None:
+            known = sorted(set().union(*names))
+            close = difflib.get_close_matches(key, known, n=3)
+            hint = f"did you mean {', '.join(close)}?" if close else f"it takes {', '.join(known)}"
+            raise BadInput(f"{where} has no option {key!r}: {hint}")
+        out[i][key] = value
+    return out
+
+
 def capture_options(options: CaptureOptions | None, out: str | os.PathLike[str] | None, **given: Any) -> CaptureOptions:
-    """The options of a public entry point that takes both ``options=`` and the capture keyword arguments:
-    ``options`` (with ``out`` when one is given), or the options the keywords spell. Setting both is refused."""
-    if options is None:
-        return CaptureOptions(DEFAULT_OUT if out is None else out, **given)
-    defaults = {f.name: f.default for f in dataclasses.fields(CaptureOptions)}
-    clash = [k for k, v in given.items() if v != defaults[k]]
-    if clash:
-        raise BadInput(
-            f"{clash[0]}= and options= both set the capture settings: pass options=CaptureOptions(..., "
-            f"{clash[0]}=...) alone, or the keyword arguments without options="
-        )
-    return options if out is None else dataclasses.replace(options, out=out)
+    """The capture settings of a public entry point that takes ``options=`` and keyword overrides:
+    ``options`` (or the defaults) with ``out`` (when given) and the keywords applied."""
+    if out is not None:
+        given["out"] = out
+    return settle(CaptureOptions, options, route(given, [CaptureOptions], "the capture settings")[0])
 
 
-# -- a training run (``lstm-probe run``): framework-neutral pieces ------------------------------------
+def flag(f: dataclasses.Field[Any], hint: Any, prefix: str = "") -> tuple[Any, tuple[str, ...], str]:
+    """How the CLI spells a declared field: (type, flag names, help). Used by cli.py alone."""
+    meta = f.metadata
+    name = "--" + f.name.replace("_", "-")
+    flags = meta["flags"]
+    if not flags and hint is bool:
+        flags = (name,) if f.default is False else (f"{name}/--no-{name[2:]}",)
+    help = prefix + meta["help"]
+    if meta["shown"] is not None:
+        help += f"  [default: {meta['shown']}]"
+    elif hint is bool and f.default is False:
+        help += "  [default: off]"
+    return (meta["cli"] or hint), (flags or (name,)), help
+
+
+# -- a training run's result ---------------------------------------------------------------------------
 
 
 @dataclass
@@ -106,33 +214,3 @@ class RunResult:
     completed: bool
     num_timesteps: int
     seconds: float
-
-
-def validate(
-    *,
-    steps: int = 1,
-    n_envs: int = 1,
-    n_steps: int | None = None,
-    batch_size: int | None = None,
-    n_epochs: int | None = None,
-    learning_rate: float | None = None,
-    hidden_size: int | None = None,
-    lstm_layers: int | None = None,
-    torch_threads: int | None = None,
-) -> None:
-    """Check a run's numeric training options before anything is built."""
-    checks: tuple[tuple[str, int | None, int], ...] = (
-        ("steps", steps, 1),
-        ("n_envs", n_envs, 1),
-        ("n_steps", n_steps, 2),
-        ("batch_size", batch_size, 2),
-        ("n_epochs", n_epochs, 1),
-        ("hidden_size", hidden_size, 1),
-        ("lstm_layers", lstm_layers, 1),
-        ("torch_threads", torch_threads, 1),
-    )
-    for name, value, low in checks:
-        if value is not None and value < low:
-            raise BadInput(f"--{name.replace('_', '-')} must be >= {low}, got {value}")
-    if learning_rate is not None and not learning_rate > 0:
-        raise BadInput(f"--learning-rate must be > 0, got {learning_rate}")

@@ -201,7 +201,7 @@ def read_info(path: str | os.PathLike[str]) -> LogInfo:
     rows = 0
     size = 0
     schema: pa.Schema | None = None
-    expected = log_schema(1)
+    expected = log_schema(1, False)
     for file in files:
         pf = _open(file)
         arrow = pf.schema_arrow

@@ -502,14 +502,14 @@ def relative_l2(states: np.ndarray, reference: np.ndarray, out: np.ndarray | Non
         return num / np.maximum(den, 1e-12)
 
 
-def state_type(hidden_size: int, float16: bool = False) -> pa.DataType:
+def state_type(hidden_size: int, float16: bool) -> pa.DataType:
     """Arrow type of the h and c columns."""
     import pyarrow as pa
 
     return pa.list_(pa.float16() if float16 else pa.float32(), hidden_size)
 
 
-def log_schema(hidden_size: int, float16: bool = False, metadata: dict[str, Any] | None = None) -> pa.Schema:
+def log_schema(hidden_size: int, float16: bool, metadata: dict[str, Any] | None = None) -> pa.Schema:
     """The schema of a log whose state vectors have ``hidden_size`` entries."""
     import pyarrow as pa
 

@@ -8,7 +8,7 @@ each batch column and timestep belongs to). The tracer turns a call into rows: o
 column, timestep), written into columnar buffers (see ``writer.py``).
 
 The ways a call reaches the log (one step, a sequence, a packed sequence, a per-timestep loop recorded
-whole: :meth:`Tracer.loop_begin`) share the hook's state and its blocks of one-step calls, so they live
+whole: :meth:`CoreTracer.loop_begin`) share the hook's state and its blocks of one-step calls, so they live
 here together; which modules are hooked and how the log describes them is ``modules.py``.
 """
 
@@ -42,7 +42,7 @@ _grad_enabled = torch.is_grad_enabled
 _set_grad_enabled = torch._C._set_grad_enabled  # a function call; torch.no_grad() as a context costs ~4 us
 
 
-class Tracer:
+class CoreTracer:
     """Hooks recurrent modules and writes their per-step states to a log.
 
     Made by an integration (``lstm_probe.trace``, ``ProbeCallback``, the RLlib probes), which answers
@@ -134,28 +134,13 @@ class Tracer:
         self._key: tuple[Any, ...] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
-    def start(self) -> Tracer:
+    def start(self) -> CoreTracer:
         """Open the log and attach the hooks."""
         self.started = time.monotonic()
         o = self.options
         self.rows = 0  # each log its own (a generic tracer may start again)
         self.reducer = Reducer(o.reference_window, self.hidden) if self._reduce else None
-        self.writer = LogWriter(
-            o.out,
-            self.hidden,
-            self.names,
-            self.metadata,
-            CODES,
-            float16=o.float16,
-            capture=o.capture,
-            every=o.every,
-            reference_window=o.reference_window,
-            force=o.force,
-            part_seconds=o.part_seconds,
-            part_iterations=o.part_iterations,
-            shard=self.shard,
-            writer=o.writer,
-        )
+        self.writer = LogWriter(o, self.hidden, self.names, self.metadata, CODES, shard=self.shard)
         try:
             for name, m in self.modules.items():
                 self._handles.append(m.register_forward_hook(self._make_hook(name)))
@@ -199,7 +184,7 @@ class Tracer:
         }
         return writer.close(final)
 
-    def __enter__(self) -> Tracer:
+    def __enter__(self) -> CoreTracer:
         return self.start()
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:

@@ -39,7 +39,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from lstm_probe.assemble import Assembly
-from lstm_probe.layout import partial_dir, row_capacity
+from lstm_probe.layout import PART_ROWS, partial_dir, row_capacity
+from lstm_probe.options import CaptureOptions, default
 from lstm_probe.schema import COLUMNS, META_RUN_KEY, ROW_FLAGS, Column, log_schema, vector_width
 
 META_FINAL_KEY = b"lstm_probe.final"
@@ -236,7 +237,7 @@ class PartWriter:
         part_rows: int,
         single: Path | None = None,
         shard: str | None = None,
-        part_iterations: int | None = None,
+        part_iterations: int | None = default(CaptureOptions, "part_iterations"),
     ):
         self.dir = directory
         self.shard = shard
@@ -375,12 +376,12 @@ class FileLog:
         metadata: dict[str, Any],
         codes: Mapping[str, Sequence[str]],
         *,
-        float16: bool = False,
-        part_seconds: float = 60.0,
-        part_rows: int = 2_000_000,
+        float16: bool = default(CaptureOptions, "float16"),
+        part_seconds: float = default(CaptureOptions, "part_seconds"),
+        part_rows: int = PART_ROWS,
         shard: str | None = None,
         vectors: bool = True,
-        part_iterations: int | None = None,
+        part_iterations: int | None = default(CaptureOptions, "part_iterations"),
     ):
         self.path = Path(out)
         self.is_dir = out.endswith(("/", os.sep)) or self.path.is_dir()

@@ -187,7 +187,7 @@ def test_a_failed_copy_leaves_the_journal_as_the_log(tmp_path):
 def test_a_real_run_single_file_equals_its_directory_log(tmp_path):
     """The same RecurrentPPO run written as one file (assembled from parts published every few
     milliseconds) and as a dataset directory: the same rows and values, vectors included."""
-    from lstm_probe.run import run
+    from lstm_probe import run
 
     a = run("Pendulum-v1", str(tmp_path / "a.parquet"), seed=0, part_seconds=0.05, **TINY)
     b = run("Pendulum-v1", f"{tmp_path}/d/", seed=0, part_seconds=0.05, **TINY)

@@ -254,9 +254,9 @@ def test_one_torch_thread_by_default_on_cpu(monkeypatch):
     seen = {}
     monkeypatch.setattr(sb3_run, "run", lambda env_id, **kw: seen.update(kw))
     sb3_commands.run("CartPole-v1", device="cpu")
-    assert seen["torch_threads"] == 1
+    assert seen["train"].torch_threads == 1
     sb3_commands.run("CartPole-v1", device="cpu", torch_threads=2)
-    assert seen["torch_threads"] == 2
+    assert seen["train"].torch_threads == 2
 
 
 def test_arch_refuses_a_non_recurrent_model_in_one_line(tmp_path):

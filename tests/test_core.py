@@ -166,7 +166,7 @@ def test_policy_follows_observation_space_and_oracle_holds(tmp_path, env_cls, po
     import gymnasium as gym
     import tiny_envs
 
-    from lstm_probe.run import run
+    from lstm_probe import run
 
     env_id = f"{env_cls}-v0"
     if env_id not in gym.registry:
@@ -192,7 +192,7 @@ def test_run_leaves_no_sb3_logger_directory(tmp_path, monkeypatch):
 
     from sb3_contrib import RecurrentPPO
 
-    from lstm_probe.run import run
+    from lstm_probe import run
 
     scratch = tmp_path / "scratch"
     scratch.mkdir()

@@ -146,7 +146,7 @@ def test_summarize_never_raises_unexpectedly(tmp_path_factory, log):
 
     cols, hidden, meta, final, chunk_rows = log
     n = len(cols["call"])
-    schema = log_schema(hidden, metadata=meta)
+    schema = log_schema(hidden, False, metadata=meta)
     arrays = []
     for name in COLUMN_NAMES:
         field = schema.field(name)

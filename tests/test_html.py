@@ -107,9 +107,9 @@ def test_bounded_scans_equal_whole_reads(tmp_path, env_id, opts):
     from conftest import TINY
 
     import lstm_probe
+    from lstm_probe import run
     from lstm_probe.html import ROLLOUT, STARTS, _distinct, _episode_spans, _length_counts
     from lstm_probe.reader import dataset, narrow
-    from lstm_probe.run import run
 
     res = run(env_id, f"{tmp_path}/d/", seed=0, part_iterations=1, **{**TINY, **opts})
     df = lstm_probe.load(tmp_path / "d", vectors=False)

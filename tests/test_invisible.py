@@ -13,8 +13,7 @@ from stable_baselines3.common.callbacks import BaseCallback, CallbackList
 from stable_baselines3.common.env_util import make_vec_env
 
 import lstm_probe
-from lstm_probe import ProbeCallback
-from lstm_probe.arch import arch
+from lstm_probe import ProbeCallback, arch
 
 KW = {"n_steps": 32, "batch_size": 16, "n_epochs": 2}
 VARIANTS = [
@@ -136,7 +135,7 @@ def test_arch_rollout_leaves_the_model_alone(policy_kwargs):
 def test_path_is_the_branch_sb3_took(tmp_path, monkeypatch):
     """Item 4 (`lstm-probe run CartPole-v1 --n-envs 4 --n-steps 2 --batch-size 2 --n-epochs 2`): every
     sequence has length 1, and each train call's path still names sb3's branch."""
-    from lstm_probe.run import run
+    from lstm_probe import run
 
     branches = []  # (module, one call over the sequences?) of every train-time _process_sequence
     original = RecurrentActorCriticPolicy._process_sequence

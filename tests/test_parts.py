@@ -9,8 +9,8 @@ from conftest import TINY, probed_run
 from torch import nn
 
 import lstm_probe
+from lstm_probe import run
 from lstm_probe.errors import BadInput
-from lstm_probe.run import run
 
 
 def spans_of(directory, n):

@@ -214,7 +214,7 @@ def test_subproc_vecenv_custom_extractor_progress_bar(tmp_path):
 
 def test_callback_log_equals_cli_log(tmp_path):
     """ProbeCallback in a user's script writes exactly the log `lstm-probe run` writes (one code path)."""
-    from lstm_probe.run import run as cli_run
+    from lstm_probe import run as cli_run
 
     cli = cli_run(
         "CartPole-v1", tmp_path / "cli.parquet", steps=64, seed=0, n_steps=32, batch_size=16, n_epochs=2, hidden_size=16
@@ -327,7 +327,7 @@ LOOP_CONFIGS = [
 def test_stepwise_loops_recorded_whole_write_the_same_log(tmp_path, monkeypatch, env_id, kw, capture):
     """#28: sb3's per-step training loops, recorded whole (one block per loop), give the very rows the
     call-by-call path gives: every column, vectors included."""
-    from lstm_probe.run import run
+    from lstm_probe import run
 
     def log(name, whole):
         monkeypatch.setattr(ProbeCallback, "_loop_blocks", whole)
@@ -352,9 +352,9 @@ def test_summary_loops_reduced_in_the_tracer_write_the_same_log(tmp_path, monkey
     """#28: a summary log's per-step training loops reduced to norms and drifts on the training side
     (drift.Reducer, against its own copy of the rollout references) give the very rows the sink gives
     from their states: every column, bit for bit, through a writer process and a writer thread."""
+    from lstm_probe import run
     from lstm_probe.drift import Reducer
-    from lstm_probe.run import run
-    from lstm_probe.tracer import Tracer
+    from lstm_probe.tracer import CoreTracer
 
     reduced = []
     original = Reducer.reduce
@@ -367,7 +367,7 @@ def test_summary_loops_reduced_in_the_tracer_write_the_same_log(tmp_path, monkey
     monkeypatch.setattr(Reducer, "reduce", counted)
 
     def log(name, here):
-        monkeypatch.setattr(Tracer, "_reduce_here", here)
+        monkeypatch.setattr(CoreTracer, "_reduce_here", here)
         reduced.clear()
         out = tmp_path / f"{name}.parquet"
         run(env_id, out, seed=0, hidden_size=16, capture="summary", torch_threads=1, writer=writer, **kw)

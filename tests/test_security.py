@@ -18,8 +18,7 @@ import pytest
 import torch
 
 import lstm_probe
-from lstm_probe import reader
-from lstm_probe.arch import arch, load_model
+from lstm_probe import arch, load_model, reader
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
@@ -140,7 +139,7 @@ def test_a_foreign_policy_class_is_refused(saved, tmp_path):
 
 @pytest.fixture(scope="module")
 def log(tmp_path_factory):
-    from lstm_probe.run import run
+    from lstm_probe import run
 
     path = tmp_path_factory.mktemp("log") / "tiny.parquet"
     run("Pendulum-v1", path, steps=64, n_steps=32, batch_size=32, hidden_size=8, writer="thread", force=True)

@@ -6,15 +6,18 @@ user: ``lstm_probe.trace``). Each meets the core's contract (``lstm_probe.contra
 core, the writer and the reader never import this package.
 
 :data:`FRAMEWORKS` is what the CLI dispatches on (``--framework``): for each framework, the module that
-offers ``run(env_id, out, *, options, ...)`` and ``arch(target, ...)``, and which of the commands'
-options only it takes.
+offers ``run(env_id, out, *, options, train, ...)`` and ``arch(target, ...)``, and the groups of options
+only it takes (dataclasses declared beside the integration, importable without the framework: the CLI
+builds its flags from them).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from dataclasses import dataclass
 from types import ModuleType
+from typing import Any
 
 from lstm_probe.errors import BadInput
 
@@ -25,10 +28,12 @@ class Framework:
 
     name: str
     module: str
-    """The module offering ``run(env_id, out, *, options, steps, ..., command, progress) -> RunResult`` and
+    """The module offering ``run(env_id, *, options, train, <groups>, command, progress) -> RunResult`` and
     ``arch(target, ...)``; imported when the framework is used."""
-    run_options: tuple[str, ...] = ()
-    """Keyword arguments of ``run`` that only this framework takes (the CLI refuses them for the others)."""
+    groups: tuple[tuple[str, str], ...] = ()
+    """The option groups only this framework's ``run`` takes: (keyword of ``run``, "module:Class" of a
+    dataclass declared with ``options.option`` fields). The CLI makes a flag of each field and refuses one
+    set for another framework."""
     arch_options: tuple[str, ...] = ()
     """Keyword arguments of ``arch`` beyond ``shared_lstm`` and ``hidden_size``."""
     needs: str | None = None
@@ -43,16 +48,16 @@ FRAMEWORKS: dict[str, Framework] = {
         Framework(
             "sb3",
             "lstm_probe.integrations.sb3_commands",
-            run_options=(
-                *("lstm_layers", "critic_lstm", "hyperparams", "device", "what_if", "what_if_every", "burn_in"),
-                *("memory", "memory_every", "capture_obs", "info_keys"),
+            groups=(
+                ("build_options", "lstm_probe.integrations.sb3_options:Build"),
+                ("measure", "lstm_probe.integrations.sb3_options:Measure"),
             ),
             arch_options=("critic_lstm", "lstm_layers", "hyperparams", "env_id", "trust_model", "dot", "svg", "png"),
         ),
         Framework(
             "rllib",
-            "lstm_probe.integrations.rllib",
-            run_options=("env_runners", "learners", "max_seq_len"),
+            "lstm_probe.integrations.rllib.train",
+            groups=(("rllib", "lstm_probe.integrations.rllib.options:Rllib"),),
             needs="Ray RLlib; install it with: pip install -e '.[rllib]' (or pip install 'ray[rllib]')",
             parts_per_process=True,
         ),
@@ -78,6 +83,20 @@ def load(fw: Framework) -> ModuleType:
         raise BadInput(f"--framework {fw.name} needs {what} ({exc}); {how}") from None
 
 
+def group_classes(fw: Framework) -> list[tuple[str, type[Any]]]:
+    """``fw``'s option groups as (keyword of its ``run``, dataclass)."""
+    out = []
+    for keyword, where in fw.groups:
+        module, _, name = where.partition(":")
+        out.append((keyword, getattr(importlib.import_module(module), name)))
+    return out
+
+
+def run_options(fw: Framework) -> set[str]:
+    """The names of the options only ``fw``'s ``run`` takes."""
+    return {f.name for _, cls in group_classes(fw) for f in dataclasses.fields(cls)}
+
+
 def owners(option: str, command: str = "run") -> list[str]:
     """The frameworks that take ``option`` in ``command`` ('run' or 'arch')."""
-    return [f.name for f in FRAMEWORKS.values() if option in (f.run_options if command == "run" else f.arch_options)]
+    return [f.name for f in FRAMEWORKS.values() if option in (run_options(f) if command == "run" else f.arch_options)]

@@ -20,9 +20,9 @@ from torch import nn
 from lstm_probe.contract import PHASE, USER_CALL_TAGS, USER_GRID_TAGS, USER_TAGS, Capabilities, Grid, Tags
 from lstm_probe.errors import BadInput
 from lstm_probe.modules import find_recurrent
-from lstm_probe.options import DEFAULT_WRITER, CaptureOptions, capture_options
+from lstm_probe.options import CaptureOptions, capture_options
 from lstm_probe.schema import COLUMN, PHASES
-from lstm_probe.tracer import Tracer as CoreTracer
+from lstm_probe.tracer import CoreTracer
 
 TAGS = USER_TAGS  # the schema's user-taggable columns
 PROVENANCE = USER_GRID_TAGS
@@ -134,44 +134,24 @@ def trace(
     out: str | Path | None = None,
     *,
     modules: list[str] | None = None,
-    capture: str = "full",
-    every: int = 1,
-    float16: bool = False,
-    force: bool = False,
-    reference_window: int = 0,
     metadata: dict[str, Any] | None = None,
     shard: str | None = None,
-    writer: str = DEFAULT_WRITER,
-    part_seconds: float = 60.0,
-    part_iterations: int | None = None,
     options: CaptureOptions | None = None,
+    **capture: Any,
 ) -> Tracer:
     """Trace every nn.LSTM / nn.GRU / nn.LSTMCell / nn.GRUCell in ``model`` (or those named in ``modules``).
 
     Use as a context manager; tag calls with ``probe.tag(phase=..., iteration=..., env=..., ...)``.
     ``out``: the log [run.parquet], a file or a directory ending in '/'.
-    ``reference_window`` > 0 keeps that many env steps of rollout states per env so train rows get
-    ``drift_h`` / ``drift_c`` against the rollout state of the same (env, env_step).
     ``shard`` names this process's part files when several processes (workers) write one directory log
     (``out`` ending in ``/``); readers then take the directory as one log.
-    ``writer``: where rows are made and written: "process" (a writer process of its own; the default
-    where pipes can be polled, i.e. not on Windows) or "thread" (a thread of this process).
-    ``part_seconds``: a finished part file is closed this often (a killed run loses at most that many
-    seconds of rows). ``part_iterations`` N (directory logs): no part file holds rows of two spans of N
-    iterations (by the ``iteration`` tag).
-    ``options``: all of these capture settings as one :class:`~lstm_probe.options.CaptureOptions`
-    (instead of the keyword arguments).
+    The capture settings: ``options`` (a :class:`~lstm_probe.options.CaptureOptions`), and keyword
+    arguments of its fields' names, which override it: ``capture`` ('full' or 'summary'), ``every``,
+    ``float16``, ``force``, ``writer`` ('process': a writer process of its own, the default where pipes can
+    be polled, i.e. not on Windows; 'thread'), ``part_seconds``, ``part_iterations`` and
+    ``reference_window`` (> 0 keeps that many env steps of rollout states per env so train rows get
+    ``drift_h`` / ``drift_c`` against the rollout state of the same (env, env_step)). Each is documented,
+    with its default, on :class:`~lstm_probe.options.CaptureOptions`.
     """
-    opts = capture_options(
-        options,
-        out,
-        capture=capture,
-        every=every,
-        float16=float16,
-        force=force,
-        reference_window=reference_window,
-        writer=writer,
-        part_seconds=part_seconds,
-        part_iterations=part_iterations,
-    )
+    opts = capture_options(options, out, **capture)
     return Tracer(find_recurrent(model, modules), metadata=metadata, options=opts, shard=shard)

@@ -44,8 +44,9 @@ from lstm_probe.errors import BadInput, one_line
 from lstm_probe.integrations import sb3_doctor, sb3_memory, sb3_metrics, sb3_obs, sb3_whatif
 from lstm_probe.integrations.sb3_arch import summary
 from lstm_probe.integrations.sb3_attach import ACTIVE, Attachment, WeakIntegration, weak
-from lstm_probe.options import DEFAULT_WRITER, CaptureOptions, capture_options
-from lstm_probe.tracer import Tracer
+from lstm_probe.integrations.sb3_options import Measure
+from lstm_probe.options import CaptureOptions, route, settle
+from lstm_probe.tracer import CoreTracer
 
 HYPERPARAMETERS = (
     "n_steps",
@@ -153,7 +154,9 @@ class ProbeCallback(BaseCallback):
     the log is closed and the hooks are removed at once when learn() raises. Without it that happens
     when the probe is collected (nothing but learn() held it), when the next learn() on the model
     starts, or at exit.
-    The capture settings come as keyword arguments or as one ``options=CaptureOptions(...)``.
+    The settings come as objects (``options=CaptureOptions(...)``: the log; ``measure=Measure(...)``: what-if,
+    memory, observations, see ``sb3_options.py``) and as keyword arguments of their fields' names, which
+    override them (``ProbeCallback("run.parquet", capture="summary", what_if=True)``).
     ``live_metrics``: record per-iteration figures through SB3's logger (``sb3_metrics.py``); None (default)
     where that logger writes somewhere.
 
@@ -168,44 +171,26 @@ class ProbeCallback(BaseCallback):
         self,
         out: str | Path | None = None,
         *,
-        capture: str = "full",
-        every: int = 1,
-        float16: bool = False,
-        force: bool = False,
-        part_seconds: float = 60.0,
-        part_iterations: int | None = None,
-        metadata: dict[str, Any] | None = None,
-        writer: str = DEFAULT_WRITER,
-        verbose: int = 0,
         options: CaptureOptions | None = None,
-        memory: bool = False,
-        memory_every: int | None = None,
-        what_if: bool = False,
-        what_if_every: int = 1,
-        burn_in: tuple[int, ...] | list[int] = (),
-        capture_obs: bool = False,
-        info_keys: tuple[str, ...] | list[str] = (),
+        measure: Measure | None = None,
+        metadata: dict[str, Any] | None = None,
+        verbose: int = 0,
         live_metrics: bool | None = None,
+        **overrides: Any,
     ):
         super().__init__(verbose)
+        cap, me = route(overrides, (CaptureOptions, Measure), "ProbeCallback")
+        if out is not None:
+            cap["out"] = out
+        self.options = settle(CaptureOptions, options, cap)
+        self.measure = m = settle(Measure, measure, me)
         self.live_metrics = live_metrics  # None: where SB3's logger writes somewhere (sb3_metrics.seen)
         # rollout rows' obs and info columns (sb3_obs.py)
-        self.observations = sb3_obs.Observations(capture_obs, info_keys)
-        self.memory_settings = sb3_memory.memory_settings(memory, memory_every)  # sb3_memory.py
+        self.observations = sb3_obs.Observations(m.capture_obs, m.info_keys)
+        self.memory_settings = sb3_memory.memory_settings(m)  # sb3_memory.py
         self.memory: sb3_memory.Memory | None = None
-        self.what_if_settings = sb3_whatif.what_if_settings(what_if, what_if_every, burn_in)  # sb3_whatif.py
+        self.what_if_settings = sb3_whatif.what_if_settings(m.what_if, m.what_if_every, m.burn_in)  # sb3_whatif.py
         self.what_if: sb3_whatif.WhatIf | None = None
-        self.options = capture_options(
-            options,
-            out,
-            capture=capture,
-            every=every,
-            float16=float16,
-            force=force,
-            part_seconds=part_seconds,
-            part_iterations=part_iterations,
-            writer=writer,
-        )
         self.out = self.options.out
         self._metadata: dict[str, Any] = {}
         self.extra_metadata = dict(metadata or {})
@@ -220,7 +205,7 @@ class ProbeCallback(BaseCallback):
         self.metrics: sb3_metrics.LiveMetrics | None = None
 
     @property
-    def tracer(self) -> Tracer | None:
+    def tracer(self) -> CoreTracer | None:
         """The tracer while the log is open."""
         return self._attachment.tracer if self._attachment is not None else None
 
@@ -267,7 +252,7 @@ class ProbeCallback(BaseCallback):
         meta.update(self.extra_metadata)
         self._metadata = meta
         options = dataclasses.replace(self.options, reference_window=self.n_steps)
-        tracer = Tracer(modules, options, WeakIntegration(self), reduce_loops=True)  # per-step loops: drift.py
+        tracer = CoreTracer(modules, options, WeakIntegration(self), reduce_loops=True)  # per-step loops: drift.py
         tracer.metadata["architecture"].update(meta.pop("architecture_sb3"))
         tracer.start()
         attachment.open(self, tracer)
@@ -568,7 +553,7 @@ def _loops(probe_ref: weakref.ref[ProbeCallback]) -> Any:
     """The wrapper body of ``policies.py:RecurrentActorCriticPolicy._process_sequence`` (a staticmethod:
     ``(features, lstm_states, episode_starts, lstm)``). For a train minibatch that holds an episode start
     (path 'stepwise') it runs the per-step loop as a block the tracer records whole
-    (:meth:`Tracer.loop_begin`): the LSTM is called exactly as before (every hook sees every step), and
+    (:meth:`CoreTracer.loop_begin`): the LSTM is called exactly as before (every hook sees every step), and
     sb3 changes no state the loop returns in place (it masks each step's input into a new tensor)."""
 
     def around(inner: Any, *args: Any, **kwargs: Any) -> Any:

@@ -31,6 +31,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from lstm_probe.errors import BadInput
+
 
 @dataclass
 class ParamFlow:
@@ -496,3 +498,16 @@ def summary(model: Any) -> dict[str, Any]:
         "gradient_flow": a.table(),
         "batch": a.batch,
     }
+
+
+def render(source: str, path: Any, fmt: str) -> None:
+    """Render DOT with Graphviz's ``dot``; a clear error when it is not installed."""
+    import shutil
+    import subprocess
+
+    exe = shutil.which("dot")
+    if exe is None:
+        raise BadInput(f"--{fmt} needs Graphviz's `dot` (apt-get install graphviz); --dot FILE writes the source")
+    r = subprocess.run([exe, f"-T{fmt}", "-o", str(path)], input=source, text=True, capture_output=True)
+    if r.returncode:
+        raise BadInput(f"dot failed: {r.stderr.strip().splitlines()[0] if r.stderr.strip() else r.returncode}")

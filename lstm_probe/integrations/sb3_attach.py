@@ -27,7 +27,7 @@ from typing import Any
 
 from lstm_probe.contract import Capabilities, Tags
 from lstm_probe.errors import OutputError
-from lstm_probe.tracer import Tracer
+from lstm_probe.tracer import CoreTracer
 
 ACTIVE: weakref.WeakKeyDictionary[Any, Attachment] = weakref.WeakKeyDictionary()
 """The attachment on each model: a new probe on the same model finishes a stale one."""
@@ -98,13 +98,13 @@ class Attachment:
         self.model = weakref.ref(model)
         self.handles: list[Any] = []
         self.restore: list[tuple[Any, str, bool, Any, Any]] = []  # (object, name, had, previous, installed)
-        self.tracer: Tracer | None = None
+        self.tracer: CoreTracer | None = None
         self.iterations = 0
         self.path: Path | None = None
         self.finalizer: weakref.finalize[Any, Any] | None = None
         self.extra: dict[str, Callable[[], Any]] = {}  # metadata key -> its value at close (sb3_memory, ...)
 
-    def open(self, probe: Any, tracer: Tracer) -> None:
+    def open(self, probe: Any, tracer: CoreTracer) -> None:
         """Own ``tracer`` (started) from now on; finish when the process exits or ``probe`` is collected."""
         self.tracer = tracer
         atexit.register(self.at_exit)

@@ -1,9 +1,10 @@
 """The sb3 framework's ``run``, ``arch`` and ``live`` as the CLI calls them (see
-``lstm_probe.integrations.FRAMEWORKS``)."""
+``lstm_probe.integrations.FRAMEWORKS``); ``arch`` and ``load_model`` are also ``lstm_probe``'s."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+import os
 from typing import Any
 
 from lstm_probe.errors import BadInput
@@ -11,18 +12,35 @@ from lstm_probe.integrations import sb3_run
 from lstm_probe.integrations.sb3_arch import Architecture
 from lstm_probe.integrations.sb3_arch import arch as analyse
 from lstm_probe.integrations.sb3_metrics import live
-from lstm_probe.integrations.sb3_run import parse_hyperparams
-from lstm_probe.options import RunResult
+from lstm_probe.integrations.sb3_options import Build
+from lstm_probe.options import RunResult, TrainOptions, route, settle
 
-__all__ = ["arch", "default_threads", "live", "run"]
+__all__ = ["arch", "default_threads", "live", "load_model", "run"]
 
 
-def run(env_id: str, *, torch_threads: int | None = None, device: str = "auto", **kwargs: Any) -> RunResult:
+def run(
+    env_id: str,
+    *,
+    train: TrainOptions | None = None,
+    build_options: Build | None = None,
+    **kwargs: Any,
+) -> RunResult:
     """``lstm_probe.run`` with the CLI's thread default: ``torch_threads`` None takes
-    :func:`default_threads`."""
-    if torch_threads is None:
-        torch_threads = default_threads(env_id, device)
-    return sb3_run.run(env_id, torch_threads=torch_threads, device=device, **kwargs)
+    :func:`default_threads`. Takes what ``lstm_probe.run`` takes."""
+    tr, bo, rest = _split(kwargs)
+    t, b = settle(TrainOptions, train, tr), settle(Build, build_options, bo)
+    if t.torch_threads is None:
+        t = dataclasses.replace(t, torch_threads=default_threads(env_id, b.device))
+    return sb3_run.run(env_id, train=t, build_options=b, **rest)
+
+
+def _split(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """Keyword arguments of TrainOptions' and Build's fields, and the rest."""
+    names = [{f.name for f in dataclasses.fields(g)} for g in (TrainOptions, Build)]
+    parts: tuple[dict[str, Any], dict[str, Any], dict[str, Any]] = ({}, {}, {})
+    for k, v in kwargs.items():
+        parts[0 if k in names[0] else 1 if k in names[1] else 2][k] = v
+    return parts
 
 
 def default_threads(env_id: str, device: str) -> int | None:
@@ -51,36 +69,80 @@ def default_threads(env_id: str, device: str) -> int | None:
 
 
 def arch(
-    target: str,
+    target: Any,
     *,
+    rollout: bool | None = None,
     env_id: str | None = None,
     trust_model: bool = False,
-    shared_lstm: bool = False,
-    critic_lstm: bool = True,
-    hidden_size: int | None = None,
-    lstm_layers: int | None = None,
-    hyperparams: Sequence[str] | None = None,
+    train: TrainOptions | None = None,
+    build_options: Build | None = None,
+    **overrides: Any,
 ) -> Architecture:
-    """Architecture and measured gradient flow of the RecurrentPPO ``run`` would build for an env id, or of
-    a saved model.zip (a real rollout when an env is at hand; ``trust_model``: SB3's full load, which
-    unpickles the zip)."""
-    from lstm_probe.arch import load_model
+    """Architecture and measured gradient flow (``lstm_probe.arch``, ``lstm-probe arch``) of ``target``:
 
+    - a RecurrentPPO model: analysed as it is (``rollout=True``: on a real rollout of its env, on copies);
+    - an env id: the RecurrentPPO ``run`` would build (``train``, ``build_options`` and keyword overrides of
+      their fields: ``shared_lstm``, ``hidden_size``, ``critic_lstm``, ``lstm_layers``, ``hyperparams``);
+    - a saved model.zip, read without unpickling anything (``trust_model=True``: SB3's full load, which
+      unpickles it); ``env_id`` gives it an env for a real rollout.
+    """
+    if not isinstance(target, str | os.PathLike):
+        return analyse(target, rollout=bool(rollout))
+    target = os.fspath(target)
     _refuse_non_recurrent(target)
-    model, rollout = load_model(
+    tr, bo = route(overrides, (TrainOptions, Build), "arch")
+    model, real = load_model(
         target,
         env_id=env_id,
         trust_model=trust_model,
-        shared_lstm=shared_lstm,
-        critic_lstm=critic_lstm,
-        hidden_size=hidden_size,
-        lstm_layers=lstm_layers,
-        hyperparams=parse_hyperparams(hyperparams or []),
+        train=settle(TrainOptions, train, tr),
+        build_options=settle(Build, build_options, bo),
     )
     policy = getattr(model, "policy", None)
     if not hasattr(policy, "lstm_actor"):
         raise BadInput(f"{target} holds the policy {type(policy).__name__}, which has no LSTM; {_NO_LSTM}")
-    return analyse(model, rollout=rollout)
+    return analyse(model, rollout=real if rollout is None else rollout and real)
+
+
+def load_model(
+    target: str,
+    *,
+    env_id: str | None = None,
+    trust_model: bool = False,
+    train: TrainOptions | None = None,
+    build_options: Build | None = None,
+) -> tuple[Any, bool]:
+    """A RecurrentPPO from an env id (built as ``run`` builds it, with 64-step rollouts) or a model.zip; and
+    whether a real rollout is possible (an env is attached).
+
+    A model.zip is read without unpickling anything (``integrations/sb3_zip.py``); what that reader
+    cannot build is refused with one line. ``trust_model=True`` uses SB3's full load instead
+    (``RecurrentPPO.load``, which unpickles the zip's objects and so runs any code stored in it)."""
+    from pathlib import Path
+
+    if target.endswith(".zip") or Path(target).is_file():
+        if not Path(target).is_file():
+            raise BadInput(f"{target} does not exist; pass a saved RecurrentPPO model.zip or an env id")
+        env = None
+        if env_id is not None:
+            from stable_baselines3.common.env_util import make_vec_env
+
+            sb3_run.check_env_id(env_id)
+            env = make_vec_env(env_id, n_envs=1, seed=0)
+        if not trust_model:
+            from lstm_probe.integrations import sb3_zip
+
+            return sb3_zip.load(target, env), env is not None
+        from sb3_contrib import RecurrentPPO
+
+        try:
+            model = RecurrentPPO.load(target, env=env, device="cpu")
+        except Exception as exc:
+            msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise BadInput(f"cannot load {target} as a RecurrentPPO model: {msg}") from None
+        return model, env is not None
+    t = dataclasses.replace(train or TrainOptions(), n_steps=64, batch_size=64)
+    return sb3_run.build(target, t, build_options), True
 
 
 _NO_LSTM = (

@@ -37,8 +37,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from lstm_probe.errors import BadInput
 from lstm_probe.integrations.sb3_arch import private_policy as shadow_policy
+from lstm_probe.integrations.sb3_options import Measure
 
 MAX_ITERATIONS = 500
 """Sampled iterations kept in the log: past this, every other one is dropped and the stride doubles."""
@@ -50,15 +50,11 @@ DEFAULT_EVERY = 1
 KEYS = ("iteration", "module", "k", "pairs", "kl", "value_rel")
 
 
-def memory_settings(memory: bool, every: int | None = None) -> dict[str, Any] | None:
-    """The checked settings (None when ``memory`` is off); :class:`BadInput` for a bad stride."""
-    if every is not None and (not isinstance(every, int) or every < 1):
-        raise BadInput(f"--memory-every must be an integer >= 1, got {every!r}")
-    if not memory:
-        if every is not None:
-            raise BadInput("--memory-every needs --memory (ProbeCallback(memory=True))")
+def memory_settings(measure: Measure) -> dict[str, Any] | None:
+    """The settings of :class:`Memory` (None when ``--memory`` is off), from checked options."""
+    if not measure.memory:
         return None
-    return {"every": DEFAULT_EVERY if every is None else every}
+    return {"every": DEFAULT_EVERY if measure.memory_every is None else measure.memory_every}
 
 
 def lags(n_steps: int) -> list[int]:

@@ -1,5 +1,5 @@
 """sb3-contrib RecurrentPPO runs (``lstm-probe run``): build a gymnasium env and a RecurrentPPO, train it with
-the probe attached. ``lstm_probe.run`` re-exports these names."""
+the probe attached (``lstm_probe.run`` is :func:`run`)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,14 @@ import difflib
 import inspect
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from lstm_probe.errors import BadInput, ProbeError, one_line
+from lstm_probe.integrations.sb3_options import Build, Measure
 from lstm_probe.layout import check_output
-from lstm_probe.options import DEFAULT_WRITER, CaptureOptions, Progress, RunResult, capture_options, validate
+from lstm_probe.options import CaptureOptions, Progress, RunResult, TrainOptions, route, settle
 
 
 def parse_hyperparams(items: Sequence[str]) -> dict[str, Any]:
@@ -68,26 +69,16 @@ def policy_for(observation_space: Any) -> str:
     )
 
 
-def build(
-    env_id: str,
-    *,
-    seed: int | None = 0,
-    n_envs: int = 1,
-    n_steps: int | None = None,
-    batch_size: int | None = None,
-    n_epochs: int | None = None,
-    learning_rate: float | None = None,
-    hidden_size: int | None = None,
-    lstm_layers: int | None = None,
-    shared_lstm: bool = False,
-    critic_lstm: bool = True,
-    device: str = "auto",
-    hyperparams: dict[str, Any] | None = None,
-    torch_threads: int | None = None,
-) -> Any:
+def build(env_id: str, train: TrainOptions | None = None, build_options: Build | None = None) -> Any:
     """The RecurrentPPO that ``run`` trains: env, policy class by observation space, sb3-contrib defaults."""
     check_env_id(env_id)
+    t, b = train or TrainOptions(), build_options or Build()
+    hyperparams = b.hyperparams
+    if hyperparams is not None and not isinstance(hyperparams, Mapping):
+        hyperparams = parse_hyperparams(hyperparams)
     kwargs = dict(hyperparams or {})
+    seed, n_envs, hidden_size, lstm_layers, device = t.seed, t.n_envs, t.hidden_size, b.lstm_layers, b.device
+    shared_lstm, critic_lstm, torch_threads = t.shared_lstm, b.critic_lstm, t.torch_threads
     if shared_lstm and critic_lstm:
         critic_lstm = False  # sb3-contrib asserts against both; --shared-lstm means the critic reads the actor's LSTM
 
@@ -122,10 +113,10 @@ def build(
     policy_kwargs["shared_lstm"] = shared_lstm
     policy_kwargs["enable_critic_lstm"] = critic_lstm
     given: dict[str, Any] = {
-        "n_steps": n_steps,
-        "batch_size": batch_size,
-        "n_epochs": n_epochs,
-        "learning_rate": learning_rate,
+        "n_steps": t.n_steps,
+        "batch_size": t.batch_size,
+        "n_epochs": t.n_epochs,
+        "learning_rate": t.learning_rate,
     }
     kwargs.update({k: v for k, v in given.items() if v is not None})
     try:
@@ -149,93 +140,35 @@ def run(
     env_id: str,
     out: str | Path | None = None,
     *,
-    steps: int = 250,
-    seed: int | None = 0,
-    n_envs: int = 1,
-    n_steps: int | None = None,
-    batch_size: int | None = None,
-    n_epochs: int | None = None,
-    learning_rate: float | None = None,
-    hidden_size: int | None = None,
-    lstm_layers: int | None = None,
-    shared_lstm: bool = False,
-    critic_lstm: bool = True,
-    device: str = "auto",
-    force: bool = False,
-    hyperparams: dict[str, Any] | Sequence[str] | None = None,
-    capture: str = "full",
-    every: int = 1,
-    float16: bool = False,
-    torch_threads: int | None = None,
-    part_seconds: float = 60.0,
-    part_iterations: int | None = None,
-    writer: str = DEFAULT_WRITER,
+    options: CaptureOptions | None = None,
+    train: TrainOptions | None = None,
+    build_options: Build | None = None,
+    measure: Measure | None = None,
     command: str | None = None,
     progress: Progress | None = None,
-    options: CaptureOptions | None = None,
-    what_if: bool = False,
-    what_if_every: int = 1,
-    burn_in: Sequence[int] | None = None,
-    memory: bool = False,
-    memory_every: int | None = None,
-    capture_obs: bool = False,
-    info_keys: Sequence[str] | None = None,
+    **overrides: Any,
 ) -> RunResult:
-    """Train RecurrentPPO on ``env_id`` for ``steps`` env steps with the probe attached; write the log to
-    ``out`` [run.parquet].
+    """Train RecurrentPPO on ``env_id`` with the probe attached; write the log to ``out`` [run.parquet].
 
-    Every option is checked before training starts. Options left None take sb3-contrib's defaults.
-    ``hyperparams``: RecurrentPPO keyword arguments, as a dict or as ``KEY=VALUE`` strings (the CLI's
-    ``--hyperparam``). ``options``: the capture settings as one :class:`~lstm_probe.options.CaptureOptions`
-    (instead of ``out``, ``force``, ``capture``, ``every``, ``float16``, ``part_*`` and ``writer``).
+    The settings come as objects, each declared once with its defaults and checks: ``options``
+    (:class:`~lstm_probe.options.CaptureOptions`: the log), ``train``
+    (:class:`~lstm_probe.options.TrainOptions`: steps [250], envs, rollout, ...), ``build_options``
+    (:class:`~lstm_probe.integrations.sb3_options.Build`: layers, critic LSTM, device, ``hyperparams``) and
+    ``measure`` (:class:`~lstm_probe.integrations.sb3_options.Measure`: what-if, memory, observations).
+    Keyword arguments of any of their fields' names override them (``run("Pendulum-v1", steps=4096,
+    what_if=True)``); an unknown name is refused. Every option is checked before training starts; those
+    left None take sb3-contrib's defaults. ``hyperparams``: RecurrentPPO keyword arguments, as a dict or as
+    ``KEY=VALUE`` strings (the CLI's ``--hyperparam``).
     """
-    opts = capture_options(
-        options,
-        out,
-        capture=capture,
-        every=every,
-        float16=float16,
-        force=force,
-        part_seconds=part_seconds,
-        part_iterations=part_iterations,
-        writer=writer,
-    )
-    validate(
-        steps=steps,
-        n_envs=n_envs,
-        n_steps=n_steps,
-        batch_size=batch_size,
-        n_epochs=n_epochs,
-        learning_rate=learning_rate,
-        hidden_size=hidden_size,
-        lstm_layers=lstm_layers,
-        torch_threads=torch_threads,
-    )
-    if hyperparams is not None and not isinstance(hyperparams, dict):
-        hyperparams = parse_hyperparams(hyperparams)
+    cap, tr, bo, me = route(overrides, (CaptureOptions, TrainOptions, Build, Measure), "run")
+    if out is not None:
+        cap["out"] = out
+    opts = settle(CaptureOptions, options, cap)
+    t = settle(TrainOptions, train, tr)
+    b = settle(Build, build_options, bo)
+    m = settle(Measure, measure, me)
     check_output(Path(os.fspath(opts.out)), force=opts.force, is_dir=opts.directory)
-    from lstm_probe.integrations.sb3_whatif import what_if_settings
-
-    what_if_settings(what_if, what_if_every, burn_in or ())  # checked before the model is built
-    from lstm_probe.integrations.sb3_memory import memory_settings
-
-    memory_settings(memory, memory_every)
-    model = build(
-        env_id,
-        seed=seed,
-        n_envs=n_envs,
-        n_steps=n_steps,
-        batch_size=batch_size,
-        n_epochs=n_epochs,
-        learning_rate=learning_rate,
-        hidden_size=hidden_size,
-        lstm_layers=lstm_layers,
-        shared_lstm=shared_lstm,
-        critic_lstm=critic_lstm,
-        device=device,
-        hyperparams=hyperparams,
-        torch_threads=torch_threads,
-    )
+    model = build(env_id, t, b)
     env = model.get_env()
 
     from stable_baselines3.common.callbacks import BaseCallback, CallbackList
@@ -243,24 +176,14 @@ def run(
     from lstm_probe.integrations.sb3 import ProbeCallback
 
     callbacks: list[BaseCallback] = []
-    probe = ProbeCallback(
-        options=opts,
-        metadata={"command": command, "env_id": env_id},
-        what_if=what_if,
-        what_if_every=what_if_every,
-        burn_in=tuple(burn_in or ()),
-        memory=memory,
-        memory_every=memory_every,
-        capture_obs=capture_obs,
-        info_keys=tuple(info_keys or ()),
-    )
+    probe = ProbeCallback(options=opts, measure=m, metadata={"command": command, "env_id": env_id})
     callbacks.append(probe)
     if progress is not None:
-        callbacks.append(_ProgressCallback(progress, steps))
+        callbacks.append(_ProgressCallback(progress, t.steps))
     start = time.monotonic()
     try:
         with probe:
-            model.learn(steps, callback=CallbackList(callbacks))
+            model.learn(t.steps, callback=CallbackList(callbacks))
     finally:
         env.close()
     path = probe.path

@@ -23,7 +23,7 @@ from lstm_probe.contract import Capabilities, Grid, Tags
 from lstm_probe.errors import BadInput
 from lstm_probe.integrations.sb3 import model_metadata
 from lstm_probe.options import capture_options
-from lstm_probe.tracer import Tracer
+from lstm_probe.tracer import CoreTracer
 
 
 class _PredictIntegration:
@@ -77,7 +77,7 @@ class Watch:
 
 
 @contextlib.contextmanager
-def watch(model: Any, out: str | Path | None = None, *, force: bool = False) -> Iterator[Watch]:
+def watch(model: Any, out: str | Path | None = None, **capture: Any) -> Iterator[Watch]:
     """Check evaluation or deployment code: trace every ``model.predict`` call inside the block (outside
     ``learn()``), then give the Doctor's findings about where each call's LSTM state came from (is the
     state passed back, reset at episode starts, taken from the right env column?).
@@ -85,7 +85,8 @@ def watch(model: Any, out: str | Path | None = None, *, force: bool = False) -> 
     ``with lstm_probe.watch(model) as w: ... model.predict(obs, state=state, episode_start=starts) ...``;
     afterwards ``w.findings`` holds them, and each is also emitted with ``warnings.warn``. ``out``: keep
     the log there (default: a temporary log, deleted afterwards). The episode starts are the
-    ``episode_start`` passed to ``predict``; env columns are the batch columns of ``obs``.
+    ``episode_start`` passed to ``predict``; env columns are the batch columns of ``obs``. Keyword
+    arguments set the log's capture settings (:class:`~lstm_probe.options.CaptureOptions`: ``force=True``).
     """
     from lstm_probe.report import summarize
 
@@ -99,8 +100,8 @@ def watch(model: Any, out: str | Path | None = None, *, force: bool = False) -> 
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="lstm-probe-watch-"))
             log_path = Path(tmp) / "watch.parquet"
         integration = _PredictIntegration({**model_metadata(model), "watch": True})
-        options = capture_options(None, log_path, force=force, writer="thread")
-        tracer = Tracer({"actor": policy.lstm_actor}, options, integration).start()
+        options = capture_options(None, log_path, **{"writer": "thread", **capture})
+        tracer = CoreTracer({"actor": policy.lstm_actor}, options, integration).start()
         own = vars(policy)
         previous = own.get("predict")
         inner = policy.predict

@@ -2,31 +2,53 @@
 
 ``probe.py``: the probes, the provenance connector, :func:`probe_config` and :func:`close` (see its
 docstring for the RLlib behaviour relied on); ``model.py``: the RLModule's LSTMs and their measured
-gradient flow (:func:`arch`); ``run.py``: :func:`run`, training RLlib PPO with the probe
-(``lstm-probe run --framework rllib``). Everything is re-exported here.
+gradient flow (:func:`arch`); ``train.py``: :func:`run`, training RLlib PPO with the probe
+(``lstm-probe run --framework rllib``). Everything is re-exported here, loaded on first use;
+``options.py``: RLlib's own ``run`` options.
 """
 
 from __future__ import annotations
 
-from lstm_probe.integrations.rllib.model import arch, gradient_flow, lstms, role
-from lstm_probe.integrations.rllib.probe import (
-    CALL_BLOCK,
-    COLUMN,
-    EVAL_WORKER,
-    FIELDS,
-    KEY,
-    LEARNER_BLOCK,
-    LearnerProbe,
-    Options,
-    ProvenanceConnector,
-    RolloutProbe,
-    close,
-    config_metadata,
-    probe_config,
-    provenance,
-    train_grid,
-)
-from lstm_probe.integrations.rllib.run import run
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from lstm_probe.integrations.rllib.model import arch, gradient_flow, lstms, role
+    from lstm_probe.integrations.rllib.options import Rllib
+    from lstm_probe.integrations.rllib.probe import (
+        CALL_BLOCK,
+        COLUMN,
+        EVAL_WORKER,
+        FIELDS,
+        KEY,
+        LEARNER_BLOCK,
+        LearnerProbe,
+        Options,
+        ProvenanceConnector,
+        RolloutProbe,
+        close,
+        config_metadata,
+        probe_config,
+        provenance,
+        train_grid,
+    )
+    from lstm_probe.integrations.rllib.train import run
+
+# name -> the submodule that defines it; loaded on first use, so that ``rllib.options`` (the CLI's flags)
+# imports nothing of Ray
+_LAZY = {
+    **dict.fromkeys(("arch", "gradient_flow", "lstms", "role"), "model"),
+    "Rllib": "options",
+    **dict.fromkeys(
+        (
+            *("CALL_BLOCK", "COLUMN", "EVAL_WORKER", "FIELDS", "KEY", "LEARNER_BLOCK", "LearnerProbe", "Options"),
+            *("ProvenanceConnector", "RolloutProbe", "close", "config_metadata", "probe_config", "provenance"),
+            "train_grid",
+        ),
+        "probe",
+    ),
+    "run": "train",
+}
 
 __all__ = [
     "CALL_BLOCK",
@@ -38,6 +60,7 @@ __all__ = [
     "LearnerProbe",
     "Options",
     "ProvenanceConnector",
+    "Rllib",
     "RolloutProbe",
     "arch",
     "close",
@@ -50,3 +73,11 @@ __all__ = [
     "run",
     "train_grid",
 ]
+
+
+def __getattr__(name: str) -> object:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    globals()[name] = value
+    return value

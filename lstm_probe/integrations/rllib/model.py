@@ -11,6 +11,7 @@ from torch import nn
 
 from lstm_probe.errors import BadInput, one_line
 from lstm_probe.modules import describe_modules
+from lstm_probe.options import TrainOptions, settle
 
 
 def role(name: str, count: int) -> str:
@@ -106,8 +107,9 @@ def gradient_flow(module: Any) -> dict[str, Any]:
     }
 
 
-def arch(env_id: str, *, shared_lstm: bool = False, hidden_size: int | None = None) -> dict[str, Any]:
-    """The measured gradient flow of RLlib PPO's default LSTM RLModule for ``env_id`` (no Ray, no training)."""
+def arch(env_id: str, *, train: TrainOptions | None = None, **overrides: Any) -> dict[str, Any]:
+    """The measured gradient flow of RLlib PPO's default LSTM RLModule for ``env_id`` (no Ray, no training);
+    ``train`` (or keyword overrides of its fields) sets ``shared_lstm`` and ``hidden_size``."""
     import gymnasium as gym
     from ray.rllib.algorithms.ppo import PPOConfig
     from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
@@ -116,9 +118,10 @@ def arch(env_id: str, *, shared_lstm: bool = False, hidden_size: int | None = No
         env = gym.make(env_id)
     except gym.error.Error as exc:
         raise BadInput(f"unknown env id {env_id!r} ({one_line(exc, kind=False)})") from None
-    model: dict[str, Any] = {"use_lstm": True, "vf_share_layers": shared_lstm}
-    if hidden_size:
-        model["lstm_cell_size"] = hidden_size
+    t = settle(TrainOptions, train, overrides)
+    model: dict[str, Any] = {"use_lstm": True, "vf_share_layers": t.shared_lstm}
+    if t.hidden_size:
+        model["lstm_cell_size"] = t.hidden_size
     config = PPOConfig().environment(env_id).rl_module(model_config=DefaultModelConfig(**model))
     module: Any = config.get_rl_module_spec(env=env).build()
     env.close()

@@ -53,7 +53,7 @@ from lstm_probe.errors import BadInput
 from lstm_probe.integrations.rllib.model import gradient_flow, lstms
 from lstm_probe.modules import describe_modules
 from lstm_probe.options import CaptureOptions, capture_options
-from lstm_probe.tracer import Tracer
+from lstm_probe.tracer import CoreTracer
 
 KEY = "lstm_probe"
 """Key of the probe's entry in ``SingleAgentEpisode.custom_data`` and prefix of its batch column."""
@@ -82,10 +82,10 @@ LEARNER_BLOCK = 1000
 EVAL_WORKER = 2000
 
 
-def _tracer(modules: dict[str, nn.Module], probe: _Probe, shard: str, call_base: int) -> Tracer:
+def _tracer(modules: dict[str, nn.Module], probe: _Probe, shard: str, call_base: int) -> CoreTracer:
     # force: probe_config() cleared the directory on the driver; a shard owns only its files
     options = dataclasses.replace(probe.options, force=True)
-    tracer = Tracer(modules, options, probe, initial_states=True, call_base=call_base, shard=shard)
+    tracer = CoreTracer(modules, options, probe, initial_states=True, call_base=call_base, shard=shard)
     return tracer.start()
 
 
@@ -95,7 +95,7 @@ class _Probe:
 
     name = "rllib"
     tags: Tags | None = None
-    tracer: Tracer
+    tracer: CoreTracer
     options: Options
 
     def capabilities(self) -> Capabilities:
@@ -387,37 +387,23 @@ def probe_config(
     config: Any,
     out: str | None = None,
     *,
-    capture: str = "full",
-    every: int = 1,
-    float16: bool = False,
-    force: bool = False,
-    part_seconds: float = 60.0,
-    part_iterations: int | None = None,
     metadata: dict[str, Any] | None = None,
     options: CaptureOptions | None = None,
+    **capture: Any,
 ) -> Any:
     """Add the probe to an RLlib AlgorithmConfig (new API stack, single agent); returns the config.
 
     ``out`` is a directory (every env runner and learner writes its own part files there). The user's
     own callbacks and learner connectors are kept. Call :func:`close` with the algorithm when training
     ends, so each process writes its outcome. ``options``: the capture settings as one
-    :class:`~lstm_probe.options.CaptureOptions` (instead of the keyword arguments).
+    :class:`~lstm_probe.options.CaptureOptions`; keyword arguments of its fields' names override them.
     """
     from pathlib import Path
 
     from lstm_probe.layout import check_output
     from lstm_probe.lock import OutputLock
 
-    given = capture_options(
-        options,
-        _out(out, options),
-        capture=capture,
-        every=every,
-        float16=float16,
-        force=force,
-        part_seconds=part_seconds,
-        part_iterations=part_iterations,
-    )
+    given = capture_options(options, _out(out, options), **capture)
     out = _directory(given.out) or os.fspath(given.out)
     check_output(Path(out), force=given.force, is_dir=True)
     _DRIVER_LOCKS.append(OutputLock.take(Path(out), is_dir=True, reentrant=True))  # released by close()

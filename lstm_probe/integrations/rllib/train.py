@@ -11,8 +11,9 @@ import torch
 
 from lstm_probe.errors import BadInput, one_line
 from lstm_probe.integrations.rllib.model import arch
+from lstm_probe.integrations.rllib.options import Rllib
 from lstm_probe.integrations.rllib.probe import _directory, _out, close, probe_config
-from lstm_probe.options import CaptureOptions, RunResult, capture_options, validate
+from lstm_probe.options import CaptureOptions, RunResult, TrainOptions, route, settle
 
 __all__ = ["arch", "run"]
 
@@ -21,36 +22,22 @@ def run(
     env_id: str,
     out: str | None = None,
     *,
-    steps: int = 4000,
-    seed: int = 0,
-    env_runners: int = 0,
-    learners: int = 0,
-    n_envs: int = 1,
-    n_steps: int | None = None,
-    batch_size: int | None = None,
-    n_epochs: int | None = None,
-    learning_rate: float | None = None,
-    hidden_size: int | None = None,
-    max_seq_len: int | None = None,
-    shared_lstm: bool = False,
-    capture: str = "full",
-    every: int = 1,
-    float16: bool = False,
-    force: bool = False,
-    part_seconds: float = 60.0,
-    part_iterations: int | None = None,
-    torch_threads: int | None = None,
+    options: CaptureOptions | None = None,
+    train: TrainOptions | None = None,
+    rllib: Rllib | None = None,
     command: str | None = None,
     progress: Callable[[int, int], None] | None = None,
-    options: CaptureOptions | None = None,
+    **overrides: Any,
 ) -> RunResult:
     """Train RLlib PPO (use_lstm=True) on ``env_id`` with the probe in every process; returns a RunResult.
 
-    Defaults follow the sb3 CLI where RLlib has no single answer: a rollout fragment of ``n_steps`` [128]
-    per env, a train batch of one fragment from every env of every runner, minibatches of ``batch_size``
-    [128] timesteps, ``n_epochs`` [10]; the model is RLlib's default LSTM (lstm_cell_size 256,
-    max_seq_len 20) unless ``hidden_size`` / ``max_seq_len`` are given. ``out`` is a directory [run/];
-    ``options``: the capture settings as one :class:`~lstm_probe.options.CaptureOptions`.
+    ``options`` (:class:`~lstm_probe.options.CaptureOptions`), ``train``
+    (:class:`~lstm_probe.options.TrainOptions`) and ``rllib`` (:class:`~lstm_probe.integrations.rllib.options.Rllib`)
+    hold the settings; keyword arguments of their fields' names override them (``steps=4000``). ``out`` is a
+    directory [run/]. Defaults follow the sb3 CLI where RLlib has no single answer: a rollout fragment of
+    ``n_steps`` [128] per env, a train batch of one fragment from every env of every runner, minibatches of
+    ``batch_size`` [128] timesteps, ``n_epochs`` [10]; the model is RLlib's default LSTM (lstm_cell_size 256,
+    max_seq_len 20) unless ``hidden_size`` / ``max_seq_len`` are given.
     """
     import logging
 
@@ -61,46 +48,25 @@ def run(
 
     from lstm_probe.reader import read_info
 
-    opts = capture_options(
-        options,
-        _out(out, options),
-        capture=capture,
-        every=every,
-        float16=float16,
-        force=force,
-        part_seconds=part_seconds,
-        part_iterations=part_iterations,
-    )
-    validate(
-        steps=steps,
-        n_envs=n_envs,
-        n_steps=n_steps,
-        batch_size=batch_size,
-        n_epochs=n_epochs,
-        learning_rate=learning_rate,
-        hidden_size=hidden_size,
-        torch_threads=torch_threads,
-    )
-    for name, value, low in (
-        ("env_runners", env_runners, 0),
-        ("learners", learners, 0),
-        ("max_seq_len", max_seq_len, 1),
-    ):
-        if value is not None and value < low:
-            raise BadInput(f"--{name.replace('_', '-')} must be >= {low}, got {value}")
-    if learners > 1:
-        raise BadInput("--learners above 1 (DDP across learners) is not traced yet; use --learners 0 or 1")
+    cap, tr, own = route(overrides, (CaptureOptions, TrainOptions, Rllib), "run --framework rllib")
+    if out is not None or options is None:
+        cap["out"] = _out(out, options)
+    opts = settle(CaptureOptions, options, cap)
+    t = settle(TrainOptions, train, tr)
+    r = settle(Rllib, rllib, own)
+    steps, n_envs, n_steps = t.steps, t.n_envs, t.n_steps
+    env_runners, learners = r.env_runners, r.learners
     try:
         gym.spec(env_id)
     except gym.error.Error as exc:
         raise BadInput(f"unknown env id {env_id!r} ({one_line(exc, kind=False)})") from None
     fragment = n_steps or 128
-    training: dict[str, Any] = {} if learning_rate is None else {"lr": learning_rate}
-    model: dict[str, Any] = {"use_lstm": True, "vf_share_layers": shared_lstm}
-    if hidden_size:
-        model["lstm_cell_size"] = hidden_size
-    if max_seq_len:
-        model["max_seq_len"] = max_seq_len
+    training: dict[str, Any] = {} if t.learning_rate is None else {"lr": t.learning_rate}
+    model: dict[str, Any] = {"use_lstm": True, "vf_share_layers": t.shared_lstm}
+    if t.hidden_size:
+        model["lstm_cell_size"] = t.hidden_size
+    if r.max_seq_len:
+        model["max_seq_len"] = r.max_seq_len
     config = (
         PPOConfig()
         .environment(env_id)
@@ -108,14 +74,14 @@ def run(
         .learners(num_learners=learners)
         .training(
             train_batch_size_per_learner=fragment * n_envs * max(1, env_runners),
-            minibatch_size=batch_size or 128,
-            num_epochs=n_epochs or 10,
+            minibatch_size=t.batch_size or 128,
+            num_epochs=t.n_epochs or 10,
             **training,
         )
         .rl_module(model_config=DefaultModelConfig(**model))
-        .debugging(seed=seed)
+        .debugging(seed=t.seed)
     )
-    threads = torch_threads or 1
+    threads = t.torch_threads or 1
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))  # RLlib sets it for actors, not for the driver
     torch.set_num_threads(threads)
     probe_config(config, options=opts, metadata={"command": command, "total_timesteps": steps, "n_envs": n_envs})

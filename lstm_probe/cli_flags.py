@@ -1,0 +1,71 @@
+"""CLI flags made from the options' declarations (``options.option`` fields), so a flag's type, default and
+help are written once, where the option is declared. Used by cli.py; prints nothing."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import typing
+from collections.abc import Callable, Iterable
+from typing import Annotated, Any
+
+import typer
+
+from lstm_probe.options import flag
+
+
+@dataclasses.dataclass(frozen=True)
+class Declared:
+    """One CLI flag of a declared field: which group (dataclass) it fills, and its CLI default."""
+
+    group: type[Any]
+    field: dataclasses.Field[Any]
+    parameter: inspect.Parameter
+
+    @property
+    def set_flag(self) -> str:
+        """The flag as a user sets it away from its default (``--no-critic-lstm`` for a True default)."""
+        info = self.parameter.annotation.__metadata__[0]  # typer.Option(*names): the first name is its default
+        first = str(info.default).split("/")
+        return first[1] if len(first) > 1 and self.field.default is True else first[0]
+
+
+def declared(group: type[Any], prefix: str = "", only: Iterable[str] | None = None) -> list[Declared]:
+    """The CLI flags of ``group``'s fields (those in ``only``, in that order, when given)."""
+    hints = typing.get_type_hints(group)
+    fields = {f.name: f for f in dataclasses.fields(group) if not f.metadata.get("hidden")}
+    out = []
+    for name in fields if only is None else only:
+        f = fields[name]
+        cli_type, flags, help = flag(f, hints[f.name], prefix)
+        # a repeatable flag's "none given" is None to click; the group turns it into its own empty value
+        cli_default = None if isinstance(f.default, tuple) else f.default
+        annotation = Annotated[cli_type, typer.Option(*flags, help=help)]  # type: ignore[valid-type]
+        param = inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=cli_default, annotation=annotation)
+        out.append(Declared(group, f, param))
+    return out
+
+
+def with_flags(func: Callable[..., Any], flags: list[Declared]) -> Callable[..., Any]:
+    """``func`` (explicit parameters, then ``**declared``) with ``flags`` added to the signature typer reads."""
+    sig = inspect.signature(func, eval_str=True)
+    explicit = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    positional = [p for p in explicit if p.default is inspect.Parameter.empty]
+    rest = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in explicit if p not in positional]
+    params = [*positional, *(d.parameter for d in flags), *rest]
+    func.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+    func.__annotations__ = {p.name: p.annotation for p in params}
+    return func
+
+
+def split(flags: list[Declared], values: dict[str, Any]) -> dict[type[Any], dict[str, Any]]:
+    """The values given on the command line, by group; a flag left at its CLI default is left out, so the
+    group's own default applies."""
+    out: dict[type[Any], dict[str, Any]] = {}
+    for d in flags:
+        value = values[d.field.name]
+        if isinstance(value, list | tuple) and not value:
+            value = None  # a repeatable flag not given
+        if value != d.parameter.default:
+            out.setdefault(d.group, {})[d.field.name] = value
+    return out
