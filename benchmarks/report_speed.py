@@ -7,6 +7,8 @@ then times `summarize` in a fresh process and prints rows/s and peak RSS: once a
 
     python benchmarks/report_speed.py --rows 10000000 --hidden 32
     python benchmarks/report_speed.py --rows 36000000 --hidden 256 --capture summary   # a 1M-step run's rows
+    python benchmarks/report_speed.py --rows 10000000 --cli --compare BEFORE --repeats 3
+        # `lstm-probe report LOG --json` end to end (start-up included), this checkout against BEFORE
 """
 
 from __future__ import annotations
@@ -72,6 +74,26 @@ print(json.dumps({"seconds": time.perf_counter() - t, "cpu": time.process_time()
 """
 
 
+def _cli_report(log: Path, env: dict[str, str], here: Path) -> dict[str, float]:
+    """Wall and CPU seconds of one fresh `lstm-probe report LOG --json` running the code on ``env``'s
+    PYTHONPATH (this checkout's when unset); peak RSS is not separated from other children here."""
+    import resource
+
+    script = Path(sys.executable).with_name("lstm-probe")
+    entry = [str(script)] if script.exists() else [sys.executable, "-m", "lstm_probe.cli"]
+    env = {**env, "PYTHONPATH": env.get("PYTHONPATH", str(here))}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    r = subprocess.run([*entry, "report", str(log), "--json"], env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if r.returncode:
+        raise SystemExit(r.stderr[-400:])
+    json.loads(r.stdout)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"seconds": wall, "cpu": cpu, "rss_mb": 0.0}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=10_000_000)
@@ -99,6 +121,12 @@ def main() -> None:
         metavar="CHECKOUT",
         help="time the report of this checkout (e.g. a git worktree of an earlier commit) against "
         "this one's, both reading in runs of iterations, instead of runs against one read",
+    )
+    ap.add_argument(
+        "--cli",
+        action="store_true",
+        help="time `lstm-probe report LOG --json` end to end in a fresh process (start-up, read, JSON) instead "
+        "of summarize alone",
     )
     ap.add_argument("--build-only", type=Path, help="build the log into this (new) directory, keep it, time nothing")
     args = ap.parse_args()
@@ -186,6 +214,11 @@ def main() -> None:
         )
     for k in range(args.repeats):  # interleaved: A B A B ...
         for label, chunk, child_env in reads:
+            if args.cli:
+                results.setdefault(label, []).append(_cli_report(out, child_env, here))
+                res = results[label][-1]
+                print(f"  [{k + 1}] {label}: {res['seconds']:.1f} s ({res['cpu']:.1f} s CPU)")
+                continue
             flags = ["sections"] if args.sections else []
             r = subprocess.run(
                 [sys.executable, "-c", CHILD, str(out), str(chunk), *flags],
@@ -217,6 +250,10 @@ def main() -> None:
             f"peak RSS {min(x['rss_mb'] for x in runs):.0f}-{max(x['rss_mb'] for x in runs):.0f} MB"
         )
     a, b = ([x["seconds"] for x in v] for v in results.values())
+    if args.cli:
+        ratios = [x / y for x, y in zip(a, b, strict=True)]
+        print(f"{' / '.join(results)}: report --json time {statistics.median(ratios):.2f}x (pairs)")
+        return
     ratios = [x / y for x, y in zip(a, b, strict=True)]
     ma, mb = (max(x["rss_mb"] for x in v) for v in results.values())
     print(

@@ -58,7 +58,7 @@ FRAMEWORKS: dict[str, Framework] = {
             "rllib",
             "lstm_probe.integrations.rllib.train",
             groups=(("rllib", "lstm_probe.integrations.rllib.options:Rllib"),),
-            needs="Ray RLlib; install it with: pip install -e '.[rllib]' (or pip install 'ray[rllib]')",
+            needs="Ray RLlib; install it with: pip install 'lstm-probe[rllib]' (or pip install 'ray[rllib]==2.60.*')",
             parts_per_process=True,
         ),
     )
