@@ -283,7 +283,7 @@ def test_cli_without_ray_says_how_to_install(tmp_path: Path) -> None:
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert r.returncode == 2
-    assert "pip install -e '.[rllib]'" in r.stderr and "Traceback" not in r.stderr
+    assert "pip install 'lstm-probe[rllib]'" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_pair_and_html_read_rllib_logs(local_run: Path, tmp_path: Path) -> None:
