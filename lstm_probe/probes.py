@@ -81,13 +81,29 @@ def _units(env: np.ndarray, episode: np.ndarray, step: np.ndarray, holdout: floa
     return (units * 1_000_000 + step // SEGMENT).astype(np.int64)
 
 
+BELOW_ZERO = (
+    "R² below 0: the probe predicts the held-out rows worse than predicting their mean would. It happens when few "
+    "episodes (or 16-step runs of one) are held out, so their targets spread little and any offset of the fit "
+    "dominates, and when the held-out states drift from the ones the probe was fitted on (another part of the "
+    "episode or state space, where the linear map extrapolates)"
+)
+"""Why an R² is negative: the report's note beside the probes (the rows carry the ``worse_than_mean`` flag)."""
+
+
+def worse_than_mean(value: float | None) -> bool | None:
+    """Whether an R² is below 0 (the probe predicts worse than the held-out mean); None where there is no R²."""
+    return None if value is None else bool(value < 0)
+
+
 def score(x: np.ndarray, y: np.ndarray, held_out: np.ndarray, alpha: float = 1e-3) -> dict[str, Any]:
-    """Fit on the rows not held out, R² on the held-out ones."""
+    """Fit on the rows not held out, R² on the held-out ones (``worse_than_mean``: R² below 0, see
+    :data:`BELOW_ZERO`)."""
     fit, test = ~held_out, held_out
     if fit.sum() < 2 or test.sum() < 2:
-        return {"r2": None, "n_fit": int(fit.sum()), "n_test": int(test.sum())}
+        return {"r2": None, "n_fit": int(fit.sum()), "n_test": int(test.sum()), "worse_than_mean": None}
     w, b = ridge(x[fit], y[fit], alpha)
-    return {"r2": r2(y[test], x[test] @ w + b), "n_fit": int(fit.sum()), "n_test": int(test.sum())}
+    value = r2(y[test], x[test] @ w + b)
+    return {"r2": value, "n_fit": int(fit.sum()), "n_test": int(test.sum()), "worse_than_mean": worse_than_mean(value)}
 
 
 def _iterations(data: ds.Dataset, asked: Iterable[int] | None) -> list[int]:
@@ -170,7 +186,7 @@ def probe(
     ``target``: 'episode_step', 'env_step', 'COLUMN' or 'COLUMN:i' (a vector column's component: ``obs:1``; an
     info key stored with ``--info KEY``: ``info:KEY``), or a DataFrame with env, env_step, value. ``iterations``:
     default up to :data:`MAX_ITERATIONS` evenly spaced. Returns one row per (iteration, module, layer, lag): r2,
-    n_fit, n_test."""
+    n_fit, n_test, worse_than_mean (R² below 0: worse than predicting the held-out mean, see :data:`BELOW_ZERO`)."""
     out = probe_targets(path, [target], lags=lags, iterations=iterations, modules=modules, alpha=alpha, holdout=holdout)
     return out.drop(columns=["target"])
 
@@ -207,7 +223,7 @@ def probe_targets(
     return pd.DataFrame(rows, columns=list(ROW_KEYS))
 
 
-ROW_KEYS = ("iteration", "module", "layer", "target", "lag", "r2", "n_fit", "n_test")
+ROW_KEYS = ("iteration", "module", "layer", "target", "lag", "r2", "n_fit", "n_test", "worse_than_mean")
 
 
 def probe_rows(

@@ -50,6 +50,35 @@ def test_exact_linear_target_scores_one_and_shuffled_scores_zero(log):
     assert actor["r2"].between(-0.3, 0.15).all() and abs(actor["r2"].mean()) < 0.15, actor
 
 
+def test_r2_below_zero_is_flagged_worse_than_the_mean(log):
+    """A held-out part that drifts from the fitted one: the fit is exact on the fitted rows, the held-out targets are
+    the negated map, so R² = 1 - sum((2 h w)^2) / sum((h w - mean)^2) <= -3 exactly; every such row says it is worse
+    than predicting the mean (the R² kept as it is), and the ridge's own numbers flag alike."""
+    from lstm_probe.probes import _units, score
+
+    x = np.arange(5.0)[:, None]
+    y = np.array([0.0, 1.0, 2.0, 0.0, 1.0])  # fit y = x on 0..2; held out: x 3, 4 but y 0, 1 (mean 0.5)
+    held = np.array([False, False, False, True, True])
+    got = score(x, y, held, alpha=1e-12)
+    assert got["r2"] == pytest.approx(1 - (9 + 9) / 0.5, abs=1e-6) and got["worse_than_mean"] is True
+    assert score(x, x[:, 0], held, alpha=1e-12)["worse_than_mean"] is False  # R² 1
+    assert score(x, np.ones(5), held)["r2"] is None and score(x, np.ones(5), held)["worse_than_mean"] is None
+
+    df, h = rollout(log)
+    w = np.linspace(-1, 1, h.shape[1])
+    sign = np.ones(len(df))
+    for _, g in df.groupby("iteration"):  # the probe's own held-out split of each iteration's rows
+        idx = g.index.to_numpy()
+        units = _units(g["env"].to_numpy(np.int64), g["episode"].to_numpy(np.float64), g["env_step"].to_numpy(), 0.3)
+        sign[idx[split(units, 0.3)]] = -1
+    target = pd.DataFrame({"env": df["env"], "env_step": df["env_step"], "value": sign * (h @ w)})
+    res = lstm_probe.probe(log, target, alpha=1e-9)
+    actor = res[(res["module"] == "actor") & (res["layer"] == 0)]
+    assert len(actor) >= 2 and (actor["r2"] <= -3 + 1e-6).all(), actor
+    assert actor["worse_than_mean"].tolist() == [True] * len(actor)
+    assert (res["worse_than_mean"] == (res["r2"] < 0)).all()
+
+
 def test_lags_and_column_targets(log):
     res = lstm_probe.probe(log, "episode_step", lags=[0, 1, 4])
     assert set(res["lag"]) == {0, 1, 4} and set(res["module"]) == {"actor", "critic"}
@@ -127,6 +156,45 @@ def test_report_probe_table(captured, log):
     want = [{k: None if v != v else v for k, v in r.items()} for r in frame.to_dict("records")]
     assert probes["rows"] == want
     assert [[type(v) for v in r.values()] for r in probes["rows"]] == [[type(v) for v in r.values()] for r in want]
+    for r in probes["rows"]:  # the number kept, the flag beside it
+        assert r["worse_than_mean"] == (None if r["r2"] is None else r["r2"] < 0)
+    below = [r for r in probes["rows"] if r["worse_than_mean"]]
+    assert len(probes["notes"]) == (1 if below else 0)
+
+
+def test_report_says_why_an_r2_is_below_zero():
+    """The section's text and findings on an R² below 0: the number as it is, marked, and the note under the table
+    (how many, the lowest, the held-out rows) in text and JSON."""
+    from lstm_probe.contract import Capabilities
+    from lstm_probe.report.section import Line, Table
+    from lstm_probe.report.sections.probes import Probes, ProbesSection, _notes
+
+    def row(it, target, value, n_test=40):
+        return {"iteration": it, "module": "actor", "layer": 0, "target": target, "lag": 0, "r2": value,
+                "n_fit": 88, "n_test": n_test, "worse_than_mean": None if value is None else value < 0}  # fmt: skip
+
+    rows = [row(0, "info:v", 0.5), row(3, "info:v", -16.7, 32), row(3, "obs:0", -901.0, 48), row(3, "obs:1", None)]
+    data = ProbesSection(["obs:0", "obs:1", "info:v"], [0], [0, 3], rows, notes=_notes(rows))
+    assert len(data.notes) == 1 and data.notes[0].startswith("R² below 0: the probe predicts the held-out rows worse")
+    assert (
+        "2 of 3 probes (lowest -901: actor obs:0, lag 0, iteration 3), scored on 32-48 held-out rows" in data.notes[0]
+    )
+    assert "few episodes" in data.notes[0] and "drift" in data.notes[0]
+    blocks = Probes().text(data, Capabilities("sb3"))
+    table = next(b for b in blocks if isinstance(b, Table))
+    assert ("actor", "0", "obs:0", "0", "-", "-901*") in table.rows and (
+        "actor",
+        "0",
+        "info:v",
+        "0",
+        "0.5",
+        "-16.7*",
+    ) in table.rows
+    assert [b.text for b in blocks if isinstance(b, Line)] == [f"* {data.notes[0]}"]
+    assert Probes().findings(data) == [
+        "actor: h reads info:v with R² -16.70 (worse than predicting the mean) at iteration 3 (0.50 at iteration 0)"
+    ]
+    assert _notes([row(0, "obs:0", 0.2)]) == []
 
 
 def test_sample_keeps_whole_units():

@@ -660,3 +660,48 @@ def test_runs_selected_in_numpy_equal_arrow_filter():
         assert front == front2 and len(mine) == len(arrow) == rows
         for name in COLUMNS:
             assert np.array_equal(mine[name], arrow[name], equal_nan=True), name
+
+
+def test_report_tables_never_cut_a_number():
+    """The CLI's tables at any width: every number whole (rich's own layout cut KL to '1.36e-…' at 80 columns),
+    headers and multi-number cells wrapped at spaces, no line wider than the console; where even the longest words
+    do not fit, one wrapped line per row. At a width that holds the table, rich's own drawing, unchanged."""
+    import io
+
+    from rich.console import Console
+    from rich.table import Table as RichTable
+
+    from lstm_probe.cli_render import _table
+    from lstm_probe.report import Table
+
+    columns = ("states", "state Δ actor / critic", "value Δ/spread", "KL", "ratio Δ", "grad cos π / V", "reach")
+    rows = (
+        ("stored", "0.00161 / 0.272", "0.0643%", "0", "0.000133%", "0.999 / 0.987", "-"),
+        ("zero", "1 / 1", "0.601%", "1.36e-06", "0.0205%", "- / -", "-"),
+        ("burn-in 64 from stored", "1.33e-08 / 9.74e-05", "1.48e-05%", "4.87e-07", "2.33e-08%", "- / -", "83.3%"),
+    )
+    block = Table("What if, epoch 9: against refreshed states", columns, rows)
+    numbers = {w for row in rows for cell in row[1:] for w in cell.split() if w not in ("/", "-")}
+
+    def draw(width, renderables):
+        console = Console(width=width, file=io.StringIO(), color_system=None)
+        for r in renderables:
+            console.print(r)
+        return console.file.getvalue()
+
+    for width in (80, 73, 72, 60, 40, 24):
+        text = draw(width, _table(block, "10. What if", width))
+        assert "…" not in text and max(len(line) for line in text.splitlines()) <= width, text
+        words = set(text.replace("│", " ").replace("┃", " ").replace(";", " ").split())
+        assert numbers <= words, (width, numbers - words)
+        assert ("┃" in text) == (width >= 73), text  # the longest words (51) and 7 columns of borders (22)
+    natural = RichTable(title="10. What if")
+    for c in columns:
+        natural.add_column(c)
+    for row in rows:
+        natural.add_row(*row)
+    assert draw(200, _table(block, "10. What if", 200)) == draw(200, [natural])
+    lines = draw(200, _table(block, "10. What if", 40)).splitlines()  # the row form: one line per row
+    assert lines[1] == "  states: stored; state Δ actor / critic: 0.00161 / 0.272; value Δ/spread: 0.0643%; KL: 0; " + (
+        "ratio Δ: 0.000133%; grad cos π / V: 0.999 / 0.987; reach: -"
+    )

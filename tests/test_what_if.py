@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from sb3_contrib import RecurrentPPO
+from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_vec_env
 
 import lstm_probe
@@ -74,8 +75,9 @@ def test_oracle_first_minibatch_and_report(tmp_path, variant):
     assert meta["modules"] == modules
     assert meta["critic"] == {"separate": "lstm", "two_layers": "lstm", "shared": "shared"}.get(variant, "mlp")
     iterations = 192 // (2 * 32)
-    # first and last minibatch (of 4) of epochs 0 and 1, every iteration: stored, zero and 3 burn-ins each
-    assert len(rows) == iterations * 2 * 2 * 5
+    # first and last minibatch (of 4) of epochs 0 and 1, every iteration: stored, zero, 3 burn-ins from zero
+    # and 3 from stored states each
+    assert len(rows) == iterations * 2 * 2 * 8
     first = [r for r in rows if r["epoch"] == 0 and r["minibatch"] == 0 and r["alternative"] == "stored"]
     assert len(first) == iterations
     for r in first:  # the rollout's own weights: refreshed states are the stored ones
@@ -150,6 +152,134 @@ def test_burn_in_reaching_an_episode_start_equals_refreshed():
         assert torch.allclose(a[:, reached], b[:, reached], atol=1e-6)
     gap = (refreshed[0] - burned[0]).abs().amax(dim=(0, 2))
     assert float(gap[torch.from_numpy(~reached & (step > 0))].max()) > 1e-4  # elsewhere they differ: the check can fail
+
+
+class StoredBurnInOracle(BaseCallback):
+    """At each rollout's end, before train() and so before the update's first optimizer step (the weights that
+    collected the rollout): every alternative's initial states for a sequence start at every rollout step, next
+    to the states the buffer stored there."""
+
+    def __init__(self, ks):
+        super().__init__()
+        self.ks, self.seen = ks, []
+
+    def _on_step(self):
+        return True
+
+    def _on_rollout_end(self):
+        buf, policy = self.model.rollout_buffer, self.model.policy
+        n_envs, n = buf.n_envs, buf.buffer_size
+
+        def flat(x, hidden=False):  # as RecurrentRolloutBuffer.get flattens them: env-major
+            return buf.swap_and_flatten(x.swapaxes(1, 2) if hidden else x)
+
+        starts = flat(buf.episode_starts).reshape(-1) > 0.5
+        idx = np.arange(n_envs * n)
+        env, step = idx // n, idx % n
+        last = last_starts(starts, n_envs, n)
+        plan = run_starts(step, last, self.ks)
+        obs = torch.as_tensor(flat(buf.observations))
+        got = {}
+        with torch.no_grad():
+            features = policy.extract_features(obs)
+            for module, lstm, h, c in (
+                ("actor", policy.lstm_actor, buf.hidden_states_pi, buf.cell_states_pi),
+                ("critic", policy.lstm_critic, buf.hidden_states_vf, buf.cell_states_vf),
+            ):
+                stored = (flat(h, True), flat(c, True))
+                got[module] = {"stored": tuple(torch.as_tensor(s).transpose(0, 1) for s in stored)}
+                for name, (first, from_stored) in plan.items():
+                    got[module][name] = initial_states(lstm, features, idx, stored, env, step, first, from_stored, n)
+        self.seen.append((starts, step, last, got))
+
+
+def test_burn_in_from_stored_state_reproduces_stored_states_before_the_first_optimizer_step():
+    """R2D2's stored-state burn-in: before any optimizer step of an update, the stored state k steps back run over
+    k stored inputs with the rollout's own weights is the stored state (to float rounding), for sequences k or
+    more steps into the rollout and, clipped to the rollout's first stored state, for the earlier ones; a burn-in
+    from zero is not, wherever its window reaches no episode start."""
+    ks = [1, 4, 16]
+    oracle = StoredBurnInOracle(ks)
+    make(n_steps=64).learn(512, callback=oracle)  # 2 envs; episodes of 200 steps: one starts inside rollout 3
+    assert len(oracle.seen) == 4
+    deep = zero_gap = 0
+    for starts, step, last, got in oracle.seen[1:]:  # rollouts 1-3 do not start an episode at their first step
+        check = ~starts  # at an episode start the buffer keeps the state before sb3's reset
+        for k in ks:
+            deep += int((check & (step >= k)).sum())
+            reaches = (last >= 0) & (step - k <= last)  # the window reaches back to an episode start
+            for module, states in got.items():
+                for mine, want in zip(states[f"stored_burn_in_{k}"], states["stored"], strict=True):
+                    assert float((mine - want)[:, check].abs().max()) <= 1e-6, (module, k)
+                zero = states[f"burn_in_{k}"][0]
+                zero_gap = max(zero_gap, float((zero - states["stored"][0])[:, check & ~reaches].abs().amax()))
+                for mine, want in zip(zero, states["stored"][0], strict=True):  # from zero: exact only where it reaches
+                    assert torch.allclose(mine[check & reaches], want[check & reaches], atol=1e-6)
+        for module, states in got.items():  # and refreshed states are stored ones (the oracle the report checks)
+            for mine, want in zip(states["refreshed"], states["stored"], strict=True):
+                assert float((mine - want)[:, check].abs().max()) <= 1e-6, module
+    assert deep > 3 * 2 * 40  # most checked sequences start at least k steps into the rollout
+    assert zero_gap > 1e-2  # from zero, the same burn-in misses the stored state: the check can fail
+    assert any(((last >= 0) & ~starts).any() for starts, _, last, _ in oracle.seen)  # an episode start inside
+
+
+def test_stored_burn_in_as_long_as_the_rollout_equals_refreshed_in_every_epoch(tmp_path):
+    """With the rollout's own weights (minibatch 0 of epoch 0) the stored-state burn-in equals refreshed at every
+    length, the zero burn-in does not; and a stored-state burn-in at least as long as the rollout reaches the
+    rollout start or an episode start from every sequence, so it equals refreshed after optimizer steps too (both
+    run from the same state over the same inputs), while the zero burn-in of that length never reaches 0 where a
+    window is cut at the rollout start."""
+    model = make()  # n_steps 32 < 64
+    with ProbeCallback(tmp_path / "w.parquet", what_if=True) as probe:
+        model.learn(192, callback=probe)
+    meta, rows = records(probe.path)
+    assert meta["stored_burn_in"] == [4, 16, 64]
+    by = {}
+    for r in rows:
+        by.setdefault(r["alternative"], []).append(r)
+    for k in (4, 16, 64):
+        for r in by[f"stored_burn_in_{k}"]:
+            assert 0 <= r["clipped"] <= r["reached"] <= 1
+            if (r["epoch"], r["minibatch"]) == (0, 0):
+                assert r["state_actor"] <= 1e-6 and r["state_critic"] <= 1e-6 and r["kl"] <= TOL
+                assert r["value_abs"] <= TOL and r["ratio_change"] <= TOL
+    assert any(r["state_actor"] > 1e-3 for r in by["burn_in_64"] if (r["epoch"], r["minibatch"]) == (0, 0))
+    assert all(r["reached"] == 1 for r in by["stored_burn_in_64"])
+    for r in by["stored_burn_in_64"]:  # every epoch, after optimizer steps too
+        assert r["state_actor"] <= 1e-6 and r["state_critic"] <= 1e-6 and r["value_abs"] <= TOL and r["kl"] <= TOL
+    # from zero: iteration 0 starts both envs' episodes at step 0, where every window ends (exact, none cut at the
+    # rollout start); iterations 1 and 2 (steps 32-95 of 200-step episodes) start none, every window is cut there
+    for r in by["burn_in_64"]:
+        if r["iteration"] == 0:
+            assert r["reached"] == 1 and r["clipped"] == 0 and r["state_actor"] <= 1e-6 and r["state_critic"] <= 1e-6
+        else:
+            assert r["reached"] == 0 and r["clipped"] == 1 and r["state_actor"] > 1e-5 and r["state_critic"] > 1e-5
+    # the report: the rows, the note beside the table (text and JSON), the burn-in from stored within 1%
+    rep = lstm_probe.summarize(probe.path)
+    doc = json.loads(json.dumps(rep.to_dict()))["what_if"]
+    alts = [r["alternative"] for r in doc["by_epoch"] if r["epoch"] == 0]
+    assert alts == ["stored", "zero", *(f"{kind}{k}" for kind in ("burn_in_", "stored_burn_in_") for k in (4, 16, 64))]
+    assert doc["stored_burn_in"] == [4, 16, 64]
+    assert len(doc["within_stored"]) == 2 and all(w["burn_in"] is not None for w in doc["within_stored"])
+    assert any("rollout's first step" in n and "starts from zero" in n for n in doc["notes"])
+    text = [b for b in WhatIf().text(rep.what_if, Capabilities("sb3", replay=True))]
+    assert any("burn-in 64 from stored" in row[0] for b in text if hasattr(b, "rows") for row in b.rows)
+    assert any(hasattr(b, "text") and "rollout's first step" in b.text for b in text)
+    # the CLI at 80 columns: no number cut short (rich cuts with an ellipsis)
+    import os
+
+    env = {**os.environ, "COLUMNS": "80", "NO_COLOR": "1"}
+    r = subprocess.run(
+        [sys.executable, "-m", "lstm_probe", "report", str(probe.path)], capture_output=True, text=True, env=env
+    )
+    assert r.returncode == 0, r.stderr
+    section = r.stdout.split("What if: other initial states")[1].split("Findings")[0]
+    assert "…" not in r.stdout and max(len(line) for line in section.splitlines()) <= 80
+    from lstm_probe.report.section import fmt
+
+    body = r.stdout.split("What if, epoch 0: against refreshed states")[1]
+    for row in doc["by_epoch"]:
+        assert fmt(row["kl"]) in body
 
 
 def test_settings_and_unavailable():

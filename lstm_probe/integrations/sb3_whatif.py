@@ -4,9 +4,14 @@ on a copy of a RecurrentPPO policy while it trains (``ProbeCallback(what_if=True
 For sampled minibatches, with the weights that minibatch is trained with (before its optimizer step), the
 minibatch is evaluated again from other states at each sequence start and compared with *refreshed* states
 (the LSTMs re-run with the current weights over the rollout from its first step, the only history sb3 keeps):
-``stored`` (the rollout-time states sb3 trains with), ``zero`` (zero states) and ``burn_in_<k>`` (a zero state
+``stored`` (the rollout-time states sb3 trains with), ``zero`` (zero states), ``burn_in_<k>`` (a zero state
 k steps before the sequence start, run forward over the stored inputs, clipped at the episode and rollout
-start). Each comparison becomes one record per (iteration, epoch, minibatch, alternative); the log's
+start) and ``stored_burn_in_<k>`` (R2D2's stored-state burn-in: the stored state of the step k steps before the
+sequence start, run forward the same way; a window clipped at the rollout start begins from the stored state of
+the rollout's first step, one clipped at an episode start from zero). A zero burn-in clipped at the rollout start
+(no episode start in between) starts from zero where refreshed starts from the stored state, so it never equals
+refreshed however long; the stored-state one does wherever its window reaches the rollout or an episode start.
+Each comparison becomes one record per (iteration, epoch, minibatch, alternative); the log's
 metadata holds them under ``what_if`` (columnar), and the report's "What if" section reads them.
 
 It relies on sb3-contrib 2.x, cited by file:function:
@@ -51,7 +56,11 @@ MAX_ITERATIONS = 500
 metadata stays bounded (a few MB) however long the run."""
 VALUE_PREFIXES = ("lstm_critic.", "critic.", "mlp_extractor.value_net.", "value_net.", "vf_features_extractor.")
 """Parameters of the critic side (the rest, features extractor included when shared, count as policy side)."""
-KEYS = ("iteration", "epoch", "minibatch", "alternative", "sequences", "episode_starts", "reached")
+KEYS = ("iteration", "epoch", "minibatch", "alternative", "sequences", "episode_starts", "reached", "clipped")
+"""Each record's keys besides its metrics (``reached``, ``clipped``: burn-ins only, see :meth:`WhatIf._measure`)."""
+STORED_BURN_IN = "stored_burn_in_"
+"""Prefix of the burn-ins from stored states: a prefix of its own, so that no report takes them for burn-ins from
+zero (``burn_in_``)."""
 METRICS = (*WHAT_IF_METRICS, "return_spread")
 """What each sampled minibatch records: the report's averaged figures, and the returns' spread they are
 relative to."""
@@ -82,12 +91,21 @@ def last_starts(episode_starts: np.ndarray, n_envs: int, n_steps: int) -> np.nda
 def run_starts(step: np.ndarray, last: np.ndarray, burn_in: Iterable[int]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Where each alternative's run starts for sequences starting at rollout ``step`` (``last``: the step of
     the last episode start at or before it, -1 if none): alternative -> (first step run, whether it starts
-    from the stored state at the rollout's first step rather than from zero). The run covers steps
-    [first, step); a run that begins at an episode start begins from zero, as sb3 resets there."""
+    from the stored state of that first step rather than from zero). The run covers steps [first, step); a run
+    that begins at an episode start begins from zero, as sb3 resets there (the buffer's state at an episode
+    start is the one before the reset).
+
+    ``refreshed`` runs from the last episode start, or from the stored state of the rollout's first step where
+    there is none; ``burn_in_<k>`` from zero k steps back (clipped at the episode or rollout start);
+    ``stored_burn_in_<k>`` from the stored state k steps back (clipped the same way: from the rollout's first
+    stored state, or from zero at the episode start)."""
     from_ep = np.maximum(last, 0)
     out = {"refreshed": (from_ep, last < 0)}
     for k in burn_in:
         out[f"burn_in_{k}"] = (np.maximum(step - k, from_ep), np.zeros(len(step), bool))
+    for k in burn_in:
+        first = np.maximum(step - k, from_ep)
+        out[f"{STORED_BURN_IN}{k}"] = (first, first > last)  # not an episode start: its stored state
     return out
 
 
@@ -103,15 +121,15 @@ def initial_states(
     n_steps: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """States (h, c), each (layers, n_seq, hidden), before rollout ``step`` of ``env`` for each sequence: a run of
-    ``lstm`` over steps [first, step) from zero (or from the stored state of the env's first rollout step where
-    ``from_stored``). ``features``: the LSTM inputs of the flat buffer rows ``rows`` (sorted); ``stored``: the
-    buffer's flat (n_envs * n_steps, layers, hidden) states."""
+    ``lstm`` over steps [first, step) from zero (or from the stored state of rollout step ``first`` of the env
+    where ``from_stored``). ``features``: the LSTM inputs of the flat buffer rows ``rows`` (sorted); ``stored``:
+    the buffer's flat (n_envs * n_steps, layers, hidden) states."""
     n_seq = len(step)
     layers, hidden = lstm.num_layers, lstm.hidden_size
     h0 = torch.zeros(layers, n_seq, hidden, device=features.device)
     c0 = torch.zeros_like(h0)
     if from_stored.any():
-        base = env[from_stored] * n_steps  # (k,) flat index of the env's first rollout step
+        base = env[from_stored] * n_steps + first[from_stored]  # (k,) flat index of the step the run starts at
         h0[:, torch.from_numpy(np.flatnonzero(from_stored))] = _as(stored[0][base], h0).transpose(0, 1)
         c0[:, torch.from_numpy(np.flatnonzero(from_stored))] = _as(stored[1][base], h0).transpose(0, 1)
     length = step - first
@@ -156,14 +174,16 @@ def evaluate(policy: Any, data: Any, actions: torch.Tensor, states: list[Any]) -
         latent_vf, _ = policy._process_sequence(tile(vf_features), vf, starts, policy.lstm_critic)
     elif policy.shared_lstm:
         latent_vf = latent_pi.detach()
-    else:
-        latent_vf = policy.critic(tile(vf_features))
+    else:  # no state reaches the values: one pass serves every alternative, the same bit for bit
+        latent_vf = policy.critic(vf_features)
     latent_pi = policy.mlp_extractor.forward_actor(latent_pi)
     latent_vf = policy.mlp_extractor.forward_critic(latent_vf)
     distribution = policy._get_action_dist_from_latent(latent_pi)
     log_prob = distribution.log_prob(tile(actions)).reshape(n_alt, -1)
     entropy = distribution.entropy()
-    values = policy.value_net(latent_vf).reshape(n_alt, -1)
+    values = policy.value_net(latent_vf)
+    stateless = policy.lstm_critic is None and not policy.shared_lstm
+    values = values.reshape(1, -1).expand(n_alt, -1) if stateless else values.reshape(n_alt, -1)
     return values, log_prob, None if entropy is None else entropy.reshape(n_alt, -1), distribution
 
 
@@ -338,7 +358,7 @@ class WhatIf:
         # stored: exactly what sb3 trains with; the rest zero at episode starts, where sb3 resets anyway
         alternatives = {"refreshed": computed["refreshed"], "stored": samples.lstm_states}
         alternatives["zero"] = _states_like(samples.lstm_states, zero, zero)
-        alternatives.update({f"burn_in_{k}": computed[f"burn_in_{k}"] for k in self.burn_in})
+        alternatives.update({name: states for name, states in computed.items() if name != "refreshed"})
         names = list(alternatives)
         mask = samples.mask > 1e-8
         actions = samples.actions.long().flatten() if self.discrete else samples.actions
@@ -359,10 +379,17 @@ class WhatIf:
                 "episode_starts": int(at_start.sum()),
                 "return_spread": _round(spread),
             }
-            if name.startswith("burn_in_"):
-                k = int(name.removeprefix("burn_in_"))
-                # exact where the burn-in reaches back to the episode start (or the sequence starts one)
-                row["reached"] = _round(float((at_start | ((last >= 0) & (step - k <= last))).mean()))
+            if name.startswith(("burn_in_", STORED_BURN_IN)):
+                k = int(name.rpartition("_")[2])
+                # the window is cut at the rollout's first step, with no episode start in it
+                clipped = (last < 0) & (step - k <= 0)
+                row["clipped"] = _round(float(clipped.mean()))
+                # exact where the burn-in reaches back to the episode start (or the sequence starts one); from
+                # stored states also where it reaches the rollout start (refreshed starts from that state too)
+                exact = at_start | ((last >= 0) & (step - k <= last))
+                if name.startswith(STORED_BURN_IN):
+                    exact |= clipped
+                row["reached"] = _round(float(exact.mean()))
             for i, module in enumerate(self.modules):
                 x = [t * keep for t in _pair(alternatives[name], i)]  # the states sb3 starts from
                 y = [t * keep for t in _pair(alternatives["refreshed"], i)]
@@ -456,6 +483,7 @@ class WhatIf:
                 "minibatches_per_epoch": self.n_minibatches,
             },
             "burn_in": list(self.burn_in),
+            "stored_burn_in": list(self.burn_in),
             "modules": list(self.modules),
             "critic": self.critic,
             "seconds": round(self.seconds, 3),

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from lstm_probe.contract import Capabilities
-from lstm_probe.report.section import Block, Log, Section, Table, fmt
+from lstm_probe.report.section import Block, Line, Log, Section, Table, fmt
 
 ITERATIONS = 4
 """Iterations probed (evenly spaced, the first and last included)."""
@@ -34,8 +34,11 @@ class ProbesSection:
     lags: list[int] = field(default_factory=list)
     iterations: list[int] = field(default_factory=list)
     rows: list[dict[str, Any]] = field(default_factory=list)
-    """One per (iteration, module, layer, target, lag): r2 (None where the target is constant), n_fit, n_test."""
+    """One per (iteration, module, layer, target, lag): r2 (None where the target is constant), n_fit, n_test,
+    worse_than_mean (r2 below 0; None without an r2)."""
     max_rows: int = MAX_ROWS
+    notes: list[str] = field(default_factory=list)
+    """Why some R² are below 0, where any is (how many, the lowest, the held-out rows they were scored on)."""
 
 
 def _spread(values: list[int], n: int) -> list[int]:
@@ -69,9 +72,8 @@ class Probes(Section[ProbesSection | None]):
         rows: list[dict[str, Any]] = [
             {k: (None if isinstance(v, float) and not np.isfinite(v) else v) for k, v in r.items()} for r in found
         ]
-        return ProbesSection(
-            targets, list(LAGS), sorted({int(r["iteration"]) for r in rows if r["iteration"] is not None}), rows
-        )
+        its = sorted({int(r["iteration"]) for r in rows if r["iteration"] is not None})
+        return ProbesSection(targets, list(LAGS), its, rows, notes=_notes(rows))
 
     def findings(self, data: ProbesSection | None) -> list[str]:
         """How well h reads each info key (quantities the policy does not observe) at the last iteration."""
@@ -89,9 +91,9 @@ class Probes(Section[ProbesSection | None]):
                 end, begin = r2.get((last, module)), r2.get((first, module))
                 if end is None:
                     continue
-                msg = f"{module}: h reads {target} with R² {end:.2f} at iteration {last}"
+                msg = f"{module}: h reads {target} with R² {_r2(end)} at iteration {last}"
                 if begin is not None and first != last:
-                    msg += f" ({begin:.2f} at iteration {first})"
+                    msg += f" ({_r2(begin)} at iteration {first})"
                 out.append(msg)
         return out
 
@@ -103,7 +105,34 @@ class Probes(Section[ProbesSection | None]):
             cells.setdefault((r["module"], r["layer"], r["target"], r["lag"]), {})[r["iteration"]] = r["r2"]
         header = ("module", "layer", "target", "lag", *(f"it {i}" for i in data.iterations))
         body = tuple(
-            (fmt(m), fmt(layer), fmt(t), fmt(lag), *(fmt(v.get(i)) for i in data.iterations))
+            (fmt(m), fmt(layer), fmt(t), fmt(lag), *(_cell(v.get(i)) for i in data.iterations))
             for (m, layer, t, lag), v in sorted(cells.items())
         )
-        return [Table("Linear probes: R² from h on held-out episodes, by iteration", header, body)]
+        table = Table("Linear probes: R² from h on held-out episodes, by iteration", header, body)
+        return [table, *(Line(f"* {n}") for n in data.notes)]
+
+
+def _cell(value: Any) -> str:
+    """An R² in the table: marked where below 0 (the note under the table says why)."""
+    return fmt(value) + ("*" if isinstance(value, float) and value < 0 else "")
+
+
+def _r2(value: float) -> str:
+    return f"{value:.2f}" + (" (worse than predicting the mean)" if value < 0 else "")
+
+
+def _notes(rows: list[dict[str, Any]]) -> list[str]:
+    """The note on R² below 0, with how many, the lowest and their held-out rows; none where no R² is."""
+    below = [r for r in rows if r.get("r2") is not None and r["r2"] < 0]
+    if not below:
+        return []
+    from lstm_probe.probes import BELOW_ZERO
+
+    scored = sum(r.get("r2") is not None for r in rows)
+    low = min(below, key=lambda r: r["r2"])
+    tests = sorted(int(r["n_test"]) for r in below)
+    held = f"{tests[0]}" if tests[0] == tests[-1] else f"{tests[0]}-{tests[-1]}"
+    return [
+        f"{BELOW_ZERO}. Here {len(below)} of {scored} probes (lowest {fmt(low['r2'])}: {fmt(low['module'])} "
+        f"{fmt(low['target'])}, lag {low['lag']}, iteration {low['iteration']}), scored on {held} held-out rows"
+    ]

@@ -4,10 +4,11 @@ measured during the run (``--what-if``).
 The records come from the log's ``what_if`` metadata (written by ``integrations/sb3_whatif.py``): for sampled
 minibatches, with the weights that minibatch was trained with, the same minibatch evaluated from other initial
 states at each sequence start (stored: what sb3 trained with; zero; burn-in k: zero k steps earlier, run over the
-stored inputs), each against *refreshed* states (the LSTMs re-run with the current weights over the rollout).
-Here they are averaged by epoch, checked against the exact oracle (minibatch 0 of epoch 0 runs on the rollout's
-own weights, so refreshed equals stored), and the shortest burn-in that brings values and policy within 1% of
-refreshed is named.
+stored inputs; burn-in k from stored: the stored state k steps earlier, run the same way, R2D2's variant), each
+against *refreshed* states (the LSTMs re-run with the current weights over the rollout). Here they are averaged
+by epoch, checked against the exact oracle (minibatch 0 of epoch 0 runs on the rollout's own weights, so refreshed
+equals stored), and the shortest burn-in of each kind that brings values and policy within 1% of refreshed is
+named.
 """
 
 from __future__ import annotations
@@ -25,7 +26,20 @@ of the returns), and the PPO ratio moved by at most this much on average (mean |
 CHECK_TOLERANCE = 1e-4
 """The oracle's float tolerance: refreshed and stored at minibatch 0 of epoch 0 are the same computation up to
 rounding (a batched pass against sb3's one), so every relative difference stays far below this."""
-AVERAGED = (*WHAT_IF_METRICS, "reached")
+AVERAGED = (*WHAT_IF_METRICS, "reached", "clipped")
+ZERO, STORED = "burn_in_", "stored_burn_in_"
+"""The alternatives' name prefixes of burn-ins from zero and from stored states (the length follows)."""
+ROLLOUT_START_NOTE = (
+    "a burn-in from zero whose window is cut at the rollout's first step (sb3 keeps no earlier inputs, and no "
+    "episode start lies in between) starts from zero there, while refreshed states start from the stored state of "
+    "that step: its state Δ never reaches 0, however long the burn-in"
+)
+STORED_NOTE = (
+    "burn-in from stored (R2D2's stored-state burn-in) starts from the stored state of the step where the burn-in "
+    "begins (the rollout's first stored state where the window would reach before the rollout start, zero at an "
+    "episode start) and runs the burn-in steps from it: equal to refreshed wherever its window reaches the rollout "
+    "start or an episode start"
+)
 
 
 @dataclass
@@ -37,6 +51,9 @@ class WhatIfSection:
     critic: str | None = None
     """'lstm' (its own LSTM), 'shared' (reads the actor's LSTM), 'mlp' (no LSTM: values have no state)."""
     burn_in: list[int] = field(default_factory=list)
+    """Burn-in lengths measured from zero (``burn_in_<k>``)."""
+    stored_burn_in: list[int] = field(default_factory=list)
+    """Burn-in lengths measured from stored states (``stored_burn_in_<k>``; empty in logs written before them)."""
     sampling: dict[str, Any] = field(default_factory=dict)
     minibatches: int = 0
     """Minibatches measured."""
@@ -47,10 +64,17 @@ class WhatIfSection:
     L2 distance of the initial states from refreshed; ``value_rel``: mean |Δ value| / return spread; ``kl``:
     KL(refreshed || alternative); ``ratio_change``: mean |exp(Δ log p) - 1|; ``*_delta``: alternative - refreshed;
     ``grad_cos_*``: cosine of the loss gradient sb3 stepped with (stored only) against refreshed's; ``reached``:
-    share of sequences whose burn-in reaches back to an episode start, where it equals refreshed exactly)."""
+    share of sequences whose burn-in equals refreshed exactly: its window reaches back to an episode start, or, from
+    stored states, to the rollout start; ``clipped``: share of sequences whose burn-in window is cut at the rollout's
+    first step with no episode start in it)."""
     within: list[dict[str, Any]] = field(default_factory=list)
-    """Per epoch: the shortest burn-in whose mean value and policy differences are within :data:`WITHIN` (None:
-    none measured is)."""
+    """Per epoch: the shortest burn-in from zero whose mean value and policy differences are within :data:`WITHIN`
+    (None: none measured is)."""
+    within_stored: list[dict[str, Any]] = field(default_factory=list)
+    """As ``within``, for the burn-ins from stored states."""
+    notes: list[str] = field(default_factory=list)
+    """What to know reading the table: why a burn-in from zero never reaches refreshed where the rollout start cuts
+    its window (with the share of such sequences), and what the burn-in from stored states starts from."""
     check: dict[str, Any] = field(default_factory=dict)
     """The oracle at minibatch 0 of epoch 0: ``minibatches`` checked, the largest differences, ``ok``."""
 
@@ -78,6 +102,7 @@ def summarize_what_if(meta: dict[str, Any]) -> WhatIfSection:
         modules=modules,
         critic=meta.get("critic"),
         burn_in=[int(k) for k in meta.get("burn_in") or []],
+        stored_burn_in=[int(k) for k in meta.get("stored_burn_in") or []],
         sampling=dict(meta.get("sampling") or {}),
         minibatches=len({(r["iteration"], r["epoch"], r["minibatch"]) for r in rows}),
         iterations=len({r["iteration"] for r in rows}),
@@ -86,19 +111,17 @@ def summarize_what_if(meta: dict[str, Any]) -> WhatIfSection:
     groups: dict[tuple[int, str], list[dict[str, Any]]] = {}
     for r in rows:
         groups.setdefault((int(r["epoch"]), str(r["alternative"])), []).append(r)
-    order = ["stored", "zero", *(f"burn_in_{k}" for k in data.burn_in)]
+    order = ["stored", "zero", *(f"{ZERO}{k}" for k in data.burn_in), *(f"{STORED}{k}" for k in data.stored_burn_in)]
     for (epoch, alt), group in sorted(groups.items(), key=lambda kv: (kv[0][0], _rank(order, kv[0][1]))):
         row: dict[str, Any] = {"epoch": epoch, "alternative": alt, "minibatches": len(group)}
         for col in [f"state_{m}" for m in modules] + list(AVERAGED):
             row[col] = _mean([g.get(col) for g in group])
         data.by_epoch.append(row)
     for epoch in sorted({e for e, _ in groups}):
-        burn = [r for r in data.by_epoch if r["epoch"] == epoch and r["alternative"].startswith("burn_in_")]
-        burn.sort(key=lambda r: int(r["alternative"].removeprefix("burn_in_")))
-        hit = next((r for r in burn if _within(r, data.critic)), None)
-        data.within.append(
-            {"epoch": epoch, "burn_in": None if hit is None else int(hit["alternative"].removeprefix("burn_in_"))}
-        )
+        data.within.append({"epoch": epoch, "burn_in": _shortest(data, epoch, ZERO)})
+        if data.stored_burn_in:
+            data.within_stored.append({"epoch": epoch, "burn_in": _shortest(data, epoch, STORED)})
+    data.notes = _notes(data)
     oracle = [r for r in rows if r["epoch"] == 0 and r["minibatch"] == 0 and r["alternative"] == "stored"]
     worst = {
         c: max((float(r[c]) for r in oracle if r.get(c) is not None), default=0.0)
@@ -112,6 +135,33 @@ def summarize_what_if(meta: dict[str, Any]) -> WhatIfSection:
         "ok": all(v <= CHECK_TOLERANCE for v in worst.values()) if oracle else None,
     }
     return data
+
+
+def _shortest(data: WhatIfSection, epoch: int, prefix: str) -> int | None:
+    """The shortest burn-in of this kind (``prefix``) within :data:`WITHIN` in ``epoch`` (None: none is)."""
+    burn = [r for r in data.by_epoch if r["epoch"] == epoch and r["alternative"].startswith(prefix)]
+    burn.sort(key=lambda r: int(r["alternative"].removeprefix(prefix)))
+    hit = next((r for r in burn if _within(r, data.critic)), None)
+    return None if hit is None else int(hit["alternative"].removeprefix(prefix))
+
+
+def _notes(data: WhatIfSection) -> list[str]:
+    """The notes beside the table (see :attr:`WhatIfSection.notes`)."""
+    if not data.burn_in:
+        return []
+    note = ROLLOUT_START_NOTE
+    longest = f"{ZERO}{max(data.burn_in)}"
+    cut = [r["clipped"] for r in data.by_epoch if r["alternative"] == longest and r.get("clipped") is not None]
+    if cut:
+        note += f" ({_pct(sum(cut) / len(cut))} of the sequences measured at burn-in {max(data.burn_in)})"
+    return [note, STORED_NOTE] if data.stored_burn_in else [note]
+
+
+def _label(alt: str) -> str:
+    """An alternative's name as the table shows it: 'burn-in 16', 'burn-in 16 from stored'."""
+    if alt.startswith(STORED):
+        return f"burn-in {alt.removeprefix(STORED)} from stored"
+    return alt.replace(ZERO, "burn-in ")
 
 
 def _rank(order: list[str], alt: str) -> int:
@@ -181,6 +231,13 @@ class WhatIf(Section[WhatIfSection]):
             if hit is not None
             else f"; none of the burn-ins measured ({burn} steps) brings both within {_pct(WITHIN)}"
         )
+        if data.stored_burn_in:
+            hit = next((w["burn_in"] for w in data.within_stored if w["epoch"] == last), None)
+            msg += (
+                f"; from stored states a {hit}-step burn-in does"
+                if hit is not None
+                else f"; from stored states none does ({', '.join(str(k) for k in data.stored_burn_in)} steps)"
+            )
         if zero is not None:
             msg += (
                 f"; zero states would move the policy by KL {fmt(zero['kl'])}"
@@ -215,13 +272,21 @@ class WhatIf(Section[WhatIfSection]):
             f"check: minibatch 0 of epoch 0 (the rollout's weights): stored = refreshed: {verdict} "
             f"({check.get('minibatches', 0)} minibatches)"
         )
-        rows = []
+        header = (
+            "states",
+            f"state Δ {' / '.join(data.modules)}",
+            "value Δ/spread",
+            "KL",
+            "ratio Δ",
+            "grad cos π / V",
+            "reach",
+        )
+        tables: dict[int, list[tuple[str, ...]]] = {}  # one table per epoch: no epoch column, narrower
         for r in data.by_epoch:
             states = " / ".join(fmt(r.get(f"state_{m}")) for m in data.modules)
-            rows.append(
+            tables.setdefault(int(r["epoch"]), []).append(
                 (
-                    str(r["epoch"]),
-                    fmt(str(r["alternative"]).replace("burn_in_", "burn-in ")),
+                    fmt(_label(str(r["alternative"]))),
                     states,
                     _pct(r["value_rel"]),
                     fmt(r["kl"]),
@@ -230,28 +295,32 @@ class WhatIf(Section[WhatIfSection]):
                     _pct(r["reached"]) if r["reached"] is not None else "-",
                 )
             )
-        within = "; ".join(
-            f"epoch {w['epoch']}: {'none measured' if w['burn_in'] is None else str(w['burn_in']) + ' steps'}"
-            for w in data.within
+
+        def shortest(within: list[dict[str, Any]]) -> str:
+            return "; ".join(
+                f"epoch {w['epoch']}: {'none measured' if w['burn_in'] is None else str(w['burn_in']) + ' steps'}"
+                for w in within
+            )
+
+        within = f"burn-in within {_pct(WITHIN)} of refreshed (values and policy): {shortest(data.within)}"
+        if data.within_stored:
+            within += f"; from stored: {shortest(data.within_stored)}"
+        reach = "reach: sequences whose burn-in reaches back to an episode start"
+        reach += (
+            " (from stored, or to the rollout start), where it equals refreshed"
+            if data.stored_burn_in
+            else " (equal to refreshed there)"
         )
         return [
             Panel("What if: other initial states", (lines,)),
-            Table(
-                "What if: against refreshed states, mean over the measured minibatches",
-                (
-                    "epoch",
-                    "states",
-                    f"state Δ {' / '.join(data.modules)}",
-                    "value Δ/spread",
-                    "KL",
-                    "ratio Δ",
-                    "grad cos π / V",
-                    "reach",
-                ),
-                tuple(rows),
+            *(
+                Table(
+                    f"What if, epoch {e}: against refreshed states, mean over the measured minibatches",
+                    header,
+                    tuple(t),
+                )
+                for e, t in tables.items()
             ),
-            Line(
-                f"burn-in within {_pct(WITHIN)} of refreshed (values and policy): {within}; reach: sequences whose "
-                "burn-in reaches back to an episode start (equal to refreshed there)"
-            ),
+            Line(f"{within}; {reach}"),
+            *(Line(f"note: {n}") for n in data.notes),
         ]
