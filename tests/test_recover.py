@@ -159,10 +159,26 @@ def test_calls_larger_than_a_buffer_never_stall_the_writer(tmp_path):
 
 
 def _hold_writer(probe):
-    """Keep the writer thread busy until the returned event is set (jobs queue up behind it)."""
-    release = threading.Event()
-    probe.writer.submit(release.wait, 0)
+    """Keep the writer thread busy until the returned event is set (jobs queue up behind it); returns once
+    the writer thread is in the holding job."""
+    release, holding = threading.Event(), threading.Event()
+
+    def hold():
+        holding.set()
+        release.wait()
+
+    probe.writer.submit(hold, 0)
+    wait_for(holding.is_set, "the writer thread never took the holding job")
     return release
+
+
+def wait_for(condition, what, timeout=60.0):
+    """Poll ``condition`` until it holds; fail with ``what`` after ``timeout`` seconds (a deadline for a
+    loaded machine, never a delay the test relies on)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
 
 
 @pytest.mark.parametrize("writer", ["thread", "process"])
@@ -212,6 +228,9 @@ def test_writer_queue_is_bounded_and_loses_nothing(tmp_path):
         worker = threading.Thread(target=train)
         worker.start()
         try:
+            # Training waits on the queue's condition (the writer thread is in its holding job, not waiting
+            # there): from then on its wait is counted. Held 2 s more, it must not move on.
+            wait_for(lambda: probe.writer._cond._waiters or done.is_set(), "training neither waited nor finished")
             assert not done.wait(2.0), "the queue kept growing while the writer was held"
             # one call's job (its states and a copy of the weights) is larger than this budget: the first
             # is queued, the second waits
@@ -234,9 +253,7 @@ def test_a_failing_writer_job_stops_training_with_the_error(tmp_path):
         raise OSError(28, "No space left on device")
 
     probe.writer.submit(boom, 0)
-    deadline = time.monotonic() + 5
-    while probe.writer.error is None and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_for(lambda: probe.writer.error is not None, "the writer thread never ran the failing job")
     with pytest.raises(lstm_probe.errors.OutputError, match="No space left"):
         lstm(torch.randn(4, 1, 3))
     with pytest.raises(lstm_probe.errors.OutputError, match="No space left"):
