@@ -17,6 +17,7 @@ import lstm_probe
 from lstm_probe import ProbeCallback
 from lstm_probe.contract import Capabilities
 from lstm_probe.errors import BadInput
+from lstm_probe.integrations.sb3_options import Measure
 from lstm_probe.integrations.sb3_whatif import initial_states, last_starts, run_starts, what_if_settings
 from lstm_probe.report.sections.what_if import WhatIf, WhatIfSection
 
@@ -283,11 +284,14 @@ def test_stored_burn_in_as_long_as_the_rollout_equals_refreshed_in_every_epoch(t
 
 
 def test_settings_and_unavailable():
-    assert what_if_settings(False) is None
-    assert what_if_settings(True, 3, [8, 4]) == {"every": 3, "burn_in": (4, 8, 16, 64)}
+    assert what_if_settings(Measure()) is None
+    assert what_if_settings(Measure(what_if=True, what_if_every=3, burn_in=(8, 4))) == {
+        "every": 3,
+        "burn_in": (4, 8, 16, 64),
+    }
     for args in [(True, 0, ()), (True, 1, [0]), (False, 2, ()), (False, 1, [8])]:
         with pytest.raises(BadInput):
-            what_if_settings(*args)
+            Measure(what_if=args[0], what_if_every=args[1], burn_in=args[2])
     section = WhatIf()
     log = types.SimpleNamespace(caps=Capabilities("rllib"))
     assert "Capabilities.replay" not in section.unavailable(WhatIfSection(False), log)[0]  # plain words

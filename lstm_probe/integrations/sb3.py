@@ -189,7 +189,7 @@ class ProbeCallback(BaseCallback):
         self.observations = sb3_obs.Observations(m.capture_obs, m.info_keys)
         self.memory_settings = sb3_memory.memory_settings(m)  # sb3_memory.py
         self.memory: sb3_memory.Memory | None = None
-        self.what_if_settings = sb3_whatif.what_if_settings(m.what_if, m.what_if_every, m.burn_in)  # sb3_whatif.py
+        self.what_if_settings = sb3_whatif.what_if_settings(m)  # sb3_whatif.py
         self.what_if: sb3_whatif.WhatIf | None = None
         self.out = self.options.out
         self._metadata: dict[str, Any] = {}

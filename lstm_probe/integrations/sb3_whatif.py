@@ -45,8 +45,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from lstm_probe.errors import BadInput
 from lstm_probe.integrations.sb3_arch import private_policy as shadow_policy
+from lstm_probe.integrations.sb3_options import Measure
 from lstm_probe.schema import WHAT_IF_METRICS
 
 BURN_IN = (4, 16, 64)
@@ -66,18 +66,12 @@ METRICS = (*WHAT_IF_METRICS, "return_spread")
 relative to."""
 
 
-def what_if_settings(what_if: bool, every: int = 1, burn_in: Iterable[int] = ()) -> dict[str, Any] | None:
-    """The checked settings (None when ``what_if`` is off); :class:`BadInput` for a bad stride or length."""
-    extra = sorted({int(k) for k in burn_in})
-    if not isinstance(every, int) or every < 1:
-        raise BadInput(f"--what-if-every must be an integer >= 1, got {every!r}")
-    if any(k < 1 for k in extra):
-        raise BadInput(f"--burn-in lengths must be >= 1, got {extra}")
-    if not what_if:
-        if every != 1 or extra:
-            raise BadInput("--what-if-every and --burn-in need --what-if (ProbeCallback(what_if=True))")
+def what_if_settings(measure: Measure) -> dict[str, Any] | None:
+    """The settings of :class:`WhatIf` (None when ``--what-if`` is off), from checked options: the default
+    burn-in lengths and those asked for."""
+    if not measure.what_if:
         return None
-    return {"every": every, "burn_in": tuple(sorted(set(BURN_IN) | set(extra)))}
+    return {"every": measure.what_if_every, "burn_in": tuple(sorted(set(BURN_IN) | set(measure.burn_in)))}
 
 
 def last_starts(episode_starts: np.ndarray, n_envs: int, n_steps: int) -> np.ndarray:
@@ -266,7 +260,7 @@ class WhatIf:
     with; :meth:`metadata` is what the log keeps. Holds the policy and its copy, never the model (the probe's
     attachment, which owns this, must not keep the model alive)."""
 
-    def __init__(self, model: Any, *, every: int = 1, burn_in: Iterable[int] = BURN_IN):
+    def __init__(self, model: Any, *, every: int, burn_in: Iterable[int] = BURN_IN):
         from gymnasium import spaces
 
         policy = model.policy
