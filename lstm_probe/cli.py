@@ -8,7 +8,6 @@ boundary (:func:`main`) turns every expected failure into one line on stderr and
 from __future__ import annotations
 
 import enum
-import json
 import shlex
 import signal
 import sys
@@ -21,7 +20,7 @@ from lstm_probe.cli_flags import Declared, declared, split, with_flags
 from lstm_probe.cli_render import _render, _render_architecture, _render_flow, _RunDisplay, err, out
 from lstm_probe.errors import BadInput, BadLog, Interrupted, ProbeError, one_line
 from lstm_probe.options import CaptureOptions, TrainOptions, default
-from lstm_probe.text import human_bytes
+from lstm_probe.text import human_bytes, strict_json
 
 app = typer.Typer(
     add_completion=False,
@@ -197,7 +196,7 @@ def report(
             f"{page.iteration}, env {page.env}, episode {page.episode})"
         )
     if as_json:
-        sys.stdout.write(json.dumps(rep.to_dict(), indent=2) + "\n")
+        sys.stdout.write(strict_json(rep.to_dict(), indent=2) + "\n")
         return
     _render(rep)
 
@@ -353,17 +352,21 @@ def probe(
         for r in probe_rows(path, [target], lags=lag_list or [0], iterations=iteration)
     ]
     if as_json:
-        sys.stdout.write(json.dumps(res, default=str) + "\n")
+        sys.stdout.write(strict_json(res) + "\n")
         return
     table = Table(title=f"linear probes of {safe(target)} (R² on held-out episodes)")
     for col in ("iteration", "module", "layer", "lag", "R²", "fit / test rows"):
         table.add_column(col)
     for r in res:
         value = r["r2"]
-        r2 = "-" if value is None else f"{float(value):.3f}"
+        r2 = "-" if value is None else f"{float(value):.3f}" + ("*" if r.get("worse_than_mean") else "")
         row = (str(r["iteration"]), safe(r["module"]), str(r["layer"]), str(r["lag"]), r2)
         table.add_row(*row, f"{r['n_fit']} / {r['n_test']}")
     out().print(table)
+    if any(r.get("worse_than_mean") for r in res):
+        from lstm_probe.probes import BELOW_ZERO
+
+        out().print(f"* {BELOW_ZERO}.", highlight=False)
 
 
 def _interrupt(signum: int, frame: Any) -> None:

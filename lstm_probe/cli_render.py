@@ -8,13 +8,12 @@ rich is imported where something is drawn, and the two consoles are made on firs
 
 from __future__ import annotations
 
-import json
 import sys
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lstm_probe.text import human_bytes
+from lstm_probe.text import human_bytes, strict_json
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -146,7 +145,7 @@ def _bytes_on_disk(out_path: str) -> int:
 
 def _render_flow(env_id: str, result: dict[str, Any], as_json: bool) -> None:
     if as_json:
-        sys.stdout.write(json.dumps(result, indent=2) + "\n")
+        sys.stdout.write(strict_json(result, indent=2) + "\n")
         return
     from rich.table import Table
 
@@ -174,7 +173,7 @@ def _render_architecture(
         if path is not None:
             render(source, path, fmt)
     if as_json:
-        sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")
+        sys.stdout.write(strict_json(result.to_dict(), indent=2) + "\n")
         return
     out().print(f"[bold]{result.policy}[/] ({result.batch})")
     out().print("actor path:  " + " -> ".join(["obs", *result.actor_path, "action distribution"]))

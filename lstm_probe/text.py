@@ -3,6 +3,7 @@ zips) made safe to print on a terminal, and sizes in words."""
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -30,3 +31,30 @@ def human_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} GB"
+
+
+def finite(value: Any) -> Any:
+    """``value`` with every NaN or infinite float (nested in dicts, lists, tuples) made None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite(v) for v in value]
+    return value
+
+
+def strict_json(value: Any, indent: int | None = None) -> str:
+    """JSON as the standard has it: NaN and infinities as null (Python's json writes bare NaN, which no
+    JSON parser but Python's reads); numpy scalars and other objects as their str."""
+    import json
+
+    return json.dumps(finite(value), indent=indent, allow_nan=False, default=_plain)
+
+
+def _plain(value: Any) -> Any:
+    item = getattr(value, "item", None)  # numpy scalars
+    if callable(item):
+        out = item()
+        return finite(out) if isinstance(out, float) else out
+    return str(value)

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -451,3 +452,27 @@ def test_import_lstm_probe_is_cheap_and_lazy():
         "str lstm_probe.reader lstm_probe.report.summary lstm_probe.options",
         "[]",
     ], r.stderr
+
+
+def _strict(text: str):
+    def refuse(name):
+        raise ValueError(f"not JSON: {name}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_json_output_is_strict_json_and_negative_r2_is_marked():
+    from lstm_probe.text import strict_json
+
+    assert (
+        strict_json({"a": float("nan"), "b": [np.float32("inf"), 1.5, np.int64(3)]})
+        == '{"a": null, "b": [null, 1.5, 3]}'
+    )
+    log = str(ROOT_DIR / "sample_runs" / "pendulum-1env.parquet")
+    rows = _strict(cli("probe", log, "--lags", "0,1", "--json").stdout)
+    _strict(cli("report", log, "--json").stdout)
+    text = cli("probe", log, "--lags", "0,1").stdout
+    worse = [r for r in rows if r["worse_than_mean"]]
+    assert worse, "the sample log has probes worse than the mean"
+    assert text.count("*") == len(worse) + 1  # each marked row, and the note
+    assert "worse than predicting their mean" in " ".join(text.split())
