@@ -9,6 +9,7 @@ the readers salvage when the run was killed.
 
 from __future__ import annotations
 
+import re
 import tempfile
 from pathlib import Path
 
@@ -62,6 +63,30 @@ def journal_rows(journal: Path) -> int:
     return rows
 
 
+_OURS = re.compile(r"(part-[A-Za-z0-9_.]*\d{5}\.parquet|\.part-[A-Za-z0-9_.]*\d{5}\.parquet\.tmp)")
+"""The names the writer gives a crash journal's entries (``writer.PartWriter``)."""
+
+
+def others(journal: Path, show: int = 3) -> str | None:
+    """What in ``journal`` the writer did not put there (entries not named as its parts, or anything not a
+    plain file), in words; None when it holds only the writer's parts. A journal path that is not a
+    directory is itself someone else's."""
+    if not journal.is_dir() or journal.is_symlink():
+        return f"a {'link' if journal.is_symlink() else 'file'} of that name"
+    foreign = []
+    for entry in journal.iterdir():
+        if not _OURS.fullmatch(entry.name) or entry.is_symlink() or not entry.is_file():
+            foreign.append(entry.name)
+            if len(foreign) > show:
+                break
+    if not foreign:
+        return None
+    from lstm_probe.text import plain
+
+    names = ", ".join(plain(n)[:80] for n in foreign[:show]) + (", ..." if len(foreign) > show else "")
+    return f"files ({names})"
+
+
 def check_output(path: Path, *, force: bool, is_dir: bool, shard: str | None = None) -> None:
     """Refuse to clobber a log without ``force`` and fail early on an unwritable location. A log another
     live run is writing is refused even with ``force`` (its lock, ``lock.py``); so is, without ``force``,
@@ -83,6 +108,13 @@ def check_output(path: Path, *, force: bool, is_dir: bool, shard: str | None = N
             if not force:
                 raise BadInput(f"{path} already exists; pass --force to overwrite it or choose another --out")
         journal = partial_dir(path)
+        if not force and journal.exists():
+            foreign = others(journal)
+            if foreign:
+                raise BadInput(
+                    f"{journal} is where this log's crash journal goes, and it holds {foreign} that lstm-probe did "
+                    "not write; move it away or choose another --out (--force deletes it)"
+                )
         if not force and journal.is_dir():
             rows = journal_rows(journal)
             if rows:

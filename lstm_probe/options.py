@@ -25,6 +25,10 @@ WRITERS = ("process", "thread")
 DEFAULT_WRITER = "thread" if os.name == "nt" else "process"  # Windows pipes cannot be polled (select)
 DEFAULT_OUT = "run.parquet"
 
+MAX_ENVS = 1 << 16
+"""Most envs ``run`` makes (``make_vec_env``: one Python env object each, stepped in turn). 1e7 took 41 s and
+3.5 GB before failing with MemoryError; 65,536 CartPoles take 13 s and 0.2 GB to make."""
+
 Progress = Callable[[int, int], None]
 """Called with (env steps done, env steps asked) while a run trains."""
 
@@ -146,6 +150,11 @@ class TrainOptions:
     def __post_init__(self) -> None:
         for name, low in (("steps", 1), ("n_envs", 1), ("n_steps", 2), ("batch_size", 2), ("n_epochs", 1)):
             at_least(name, getattr(self, name), low)
+        if self.n_envs > MAX_ENVS:
+            raise BadInput(
+                f"--n-envs {self.n_envs}: at most {MAX_ENVS:,} gymnasium envs in one process (each is a Python "
+                "object stepped in turn); for wider runs use a batched env (--framework rllib with --env-runners)"
+            )
         at_least("hidden_size", self.hidden_size, 1)
         at_least("torch_threads", self.torch_threads, 1)
         if self.learning_rate is not None and not self.learning_rate > 0:

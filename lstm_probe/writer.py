@@ -386,8 +386,12 @@ class FileLog:
         self.path = Path(out)
         self.is_dir = out.endswith(("/", os.sep)) or self.path.is_dir()
         self.parts_dir = self.path if self.is_dir else partial_dir(self.path)
-        if not self.is_dir and self.parts_dir.exists():
-            shutil.rmtree(self.parts_dir)
+        if not self.is_dir and (self.parts_dir.exists() or self.parts_dir.is_symlink()):
+            # only what check_output let through: the writer's own parts, or anything under --force
+            if self.parts_dir.is_dir() and not self.parts_dir.is_symlink():
+                shutil.rmtree(self.parts_dir)
+            else:
+                self.parts_dir.unlink()
         self.parts_dir.mkdir(parents=True, exist_ok=True)
         self.hidden_size = hidden_size
         self.schema = log_schema(hidden_size, float16, dict(metadata))
