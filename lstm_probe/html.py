@@ -56,8 +56,8 @@ START_COLUMNS = [
     "env_step",
     "episode",
 ]
-"""Why a sequence starts where it does -> (marker, legend label); the legend lists those the log's
-capabilities allow (:func:`_reasons`)."""
+"""The columns of the training sequences' first rows that the minibatch layout drawing reads (one read per
+drawn iteration): a deliberate subset, kept by hand (docs/architecture.md's column recipe)."""
 
 
 @dataclass

@@ -43,6 +43,29 @@ from lstm_probe.schema import (
 from lstm_probe.writer import META_FINAL_KEY
 
 KEYS = ["module", "layer", "env", "env_step"]
+"""What pairs a train row with its rollout row (:func:`pair`; RLlib logs add ``worker``)."""
+PAIR_COLUMNS = (
+    "call",
+    "module",
+    "layer",
+    "iteration",
+    "epoch",
+    "minibatch",
+    "seq",
+    "t",
+    "seq_len",
+    "seq_reason",
+    "env",
+    "env_step",
+    "episode",
+    "episode_step",
+    "path",
+    "h",
+    "c",
+)
+"""The train rows' columns :func:`pair` reads and returns (``worker`` too where the log has it): a deliberate
+subset, kept by hand (docs/architecture.md's column recipe): the columns that say where a train row comes
+from, not every column a new schema version declares."""
 VECTORS = frozenset(c.name for c in COLUMNS if c.kind == "vector")
 """The vector columns (h, c, obs, info): skipped by ``load(vectors=False)``."""
 
@@ -534,25 +557,7 @@ def pair(
     Columns: the train row's provenance, ``h_rollout``/``c_rollout`` and ``h_train``/``c_train`` norms,
     ``drift_h``/``drift_c`` (relative L2, recomputed from the vectors) and ``max_abs_h``/``max_abs_c``.
     """
-    cols = [
-        "call",
-        "module",
-        "layer",
-        "iteration",
-        "epoch",
-        "minibatch",
-        "seq",
-        "t",
-        "seq_len",
-        "seq_reason",
-        "env",
-        "env_step",
-        "episode",
-        "episode_step",
-        "path",
-        "h",
-        "c",
-    ]
+    cols = list(PAIR_COLUMNS)
     keys = list(KEYS)
     if "worker" in read_info(path).schema.names:  # RLlib: an env is (worker, env)
         keys.insert(2, "worker")

@@ -404,7 +404,6 @@ COLUMNS: tuple[Column, ...] = (
 
 COLUMN_NAMES = [c.name for c in COLUMNS]
 COLUMN = {c.name: c for c in COLUMNS}
-REQUIRED_COLUMNS = frozenset(COLUMN_NAMES)
 CODES: dict[str, tuple[str, ...]] = {c.name: c.values for c in COLUMNS if c.values}
 """The values of each string column with fixed values: a row buffer stores their index."""
 CODE: dict[str, dict[str, int]] = {name: {v: i for i, v in enumerate(vals)} for name, vals in CODES.items()}

@@ -1,38 +1,37 @@
-"""The package's shape, as docs/architecture.md states it: who may import whom, no import cycles (imports
-inside functions count), and modules small enough to read in one sitting."""
+"""The package's shape, as docs/architecture.md states it: every module named in its layer diagram, who may
+import whom, no import cycles (imports inside functions count), who prints, and modules small enough to read
+in one sitting."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "lstm_probe"
+DOC = PACKAGE.parent / "docs" / "architecture.md"
 
-# Reading a log needs neither torch nor a framework; the core never names a framework.
-CORE = {
-    "errors",
-    "text",
-    "schema",
+CLI_LAYER = {"cli", "cli_flags", "cli_render", "__main__"}
+"""The command line: parses, calls the library, prints. May import anything."""
+INTEGRATION_IMPORTS = {
     "contract",
-    "options",
-    "layout",
-    "writer",
-    "assemble",
-    "sink",
-    "recover",
-    "logwriter",
-    "writer_process",
     "tracer",
-    "reader",
-    "html",
-    "html_figures",
+    "options",
+    "modules",
+    "errors",
+    "schema",
+    "layout",
     "lock",
-    "inputs",
-    "probes",
+    "reader",
+    "report",
 }
-READ_SIDE = {"reader", "html", "html_figures", "probes", "text", "schema", "contract", "layout", "lock", "errors"}
+"""The core modules an integration may import (docs/architecture.md names the same list)."""
+READ_ROOTS = {"reader", "report", "probes", "html", "html_figures"}
+"""Reading a log needs no torch: these, and every module they import."""
+PRINTERS = {"cli", "cli_render"}
+EXITERS = PRINTERS | {"writer_process"}  # a program of its own (python -m lstm_probe.writer_process)
 MAX_LINES = 600
 
 
@@ -74,6 +73,12 @@ def _exists(module: str) -> bool:
     return (PACKAGE / rel).with_suffix(".py").exists() or (PACKAGE / rel / "__init__.py").exists()
 
 
+def _path(module: str) -> Path:
+    """The file of ``module`` (``lstm_probe.x.y``): a package's ``__init__.py``, or the module's own."""
+    rel = PACKAGE.joinpath(*module.split(".")[1:])
+    return rel / "__init__.py" if (rel / "__init__.py").exists() else rel.with_suffix(".py")
+
+
 def _graph() -> dict[str, set[str]]:
     return {_module_name(p): _imports(p) for p in PACKAGE.rglob("*.py")}
 
@@ -106,21 +111,69 @@ def test_no_import_cycles_even_inside_functions():
             visit(m)
 
 
+def _short(module: str) -> str:
+    return module.removeprefix("lstm_probe").removeprefix(".")
+
+
+def _is_core(module: str) -> bool:
+    short = _short(module)
+    return bool(short) and not short.startswith("integrations") and short not in CLI_LAYER
+
+
+def _doc_section(title: str) -> str:
+    text = DOC.read_text()
+    start = text.index(f"## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end >= 0 else len(text)]
+
+
 def test_core_never_imports_an_integration():
     graph = _graph()
+    core = [m for m in sorted(graph) if _is_core(m)]
+    assert "lstm_probe.tracer" in core and "lstm_probe.report.sections.doctor" in core
+    for name in core:
+        bad = sorted(d for d in graph[name] if d.startswith("lstm_probe.integrations"))
+        assert not bad, f"{name} imports {bad}: the core speaks to frameworks only through lstm_probe.contract"
+
+
+def test_integrations_import_only_the_documented_core_modules():
+    section = _doc_section("Who may import whom")
+    rule = re.search(r"- An integration imports, of the core, (.*?), and no other module", section, re.S)
+    assert rule, "docs/architecture.md states which core modules an integration may import"
+    assert set(re.findall(r"`(\w+)`", rule.group(1))) == INTEGRATION_IMPORTS
+    graph = _graph()
+    used: set[str] = set()
     for name in sorted(graph):
-        short = name.removeprefix("lstm_probe.")
-        if short.split(".")[0] in CORE or short.startswith("report"):
-            bad = sorted(d for d in graph[name] if d.startswith("lstm_probe.integrations"))
-            assert not bad, f"{name} imports {bad}: the core speaks to frameworks only through lstm_probe.contract"
+        if not _short(name).startswith("integrations"):
+            continue
+        core = {_short(d).split(".")[0] for d in graph[name] if _is_core(d)}
+        bad = sorted(core - INTEGRATION_IMPORTS)
+        assert not bad, f"{name} imports {bad}: an integration imports only {sorted(INTEGRATION_IMPORTS)} of the core"
+        used |= core
+    unused = sorted(INTEGRATION_IMPORTS - used)
+    assert not unused, f"no integration imports {unused}: drop it from the rule (here and in docs/architecture.md)"
+
+
+def _read_side(graph: dict[str, set[str]]) -> set[str]:
+    todo = [m for m in graph if _short(m).split(".")[0] in READ_ROOTS]
+    seen: set[str] = set()
+    while todo:
+        m = todo.pop()
+        if m not in seen:
+            seen.add(m)
+            todo += graph[m]
+    return seen
 
 
 def test_read_side_needs_no_torch():
-    for path in PACKAGE.rglob("*.py"):
-        short = _module_name(path).removeprefix("lstm_probe.")
-        if short.split(".")[0] not in READ_SIDE and not short.startswith("report"):
-            continue
-        tree = ast.parse(path.read_text())
+    graph = _graph()
+    read_side = _read_side(graph)
+    stated = re.search(r"- The read side \((.*?)\) never imports torch", _doc_section("Who may import whom"), re.S)
+    assert stated, "docs/architecture.md names the read side"
+    named = set(re.findall(r"[a-z_]+", stated.group(1).partition("transitively:")[2]))
+    assert named == {_short(m).split(".")[0] for m in read_side} - READ_ROOTS, "the read side the doc names"
+    for name in sorted(read_side):
+        tree = ast.parse(_path(name).read_text())
         for node in ast.walk(tree):
             names = (
                 [a.name for a in node.names]
@@ -129,7 +182,81 @@ def test_read_side_needs_no_torch():
                 if isinstance(node, ast.ImportFrom)
                 else []
             )
-            assert not any(n == "torch" or n.startswith("torch.") for n in names), f"{short} imports torch"
+            assert not any(n == "torch" or n.startswith("torch.") for n in names), f"{name} imports torch"
+
+
+def _prints_and_exits(tree: ast.AST) -> tuple[list[int], list[int]]:
+    """Lines that print (print(), a console's .print(), sys.stdout/stderr.write) and lines that exit
+    (sys.exit, os._exit, exit(), quit(), raise SystemExit / typer.Exit)."""
+    prints: list[int] = []
+    exits: list[int] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            f = ast.unparse(node.func)
+            if f in ("print", "pprint") or f.endswith(".print") or re.fullmatch(r"sys\.std(out|err)\.write", f):
+                prints.append(node.lineno)
+            elif f in ("sys.exit", "os._exit", "exit", "quit"):
+                exits.append(node.lineno)
+        elif isinstance(node, ast.Raise) and node.exc is not None:
+            exc = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+            if ast.unparse(exc) in ("SystemExit", "typer.Exit", "typer.Abort"):
+                exits.append(node.lineno)
+    return prints, exits
+
+
+def test_only_the_cli_prints_or_exits():
+    seen = {"print": set(), "exit": set()}
+    for path in PACKAGE.rglob("*.py"):
+        short = _short(_module_name(path))
+        prints, exits = _prints_and_exits(ast.parse(path.read_text()))
+        assert short in PRINTERS or not prints, f"{short} prints (lines {prints}): return data, cli.py renders it"
+        assert short in EXITERS or not exits, f"{short} exits (lines {exits}): raise BadInput/BadLog/OutputError"
+        seen["print"] |= {short} if prints else set()
+        seen["exit"] |= {short} if exits else set()
+    assert seen["print"] == PRINTERS, seen  # the checks see what they check
+    assert "writer_process" in seen["exit"]
+
+
+_NAME = re.compile(r"[\w*]+(?:/[\w*]+)*(?:\.py|/)")
+
+
+def _diagram_modules() -> list[str]:
+    """The module paths (relative to lstm_probe/) the layer diagram names: the name that starts a line of
+    the diagram (or several, comma-separated), in the package whose name, ending in '/', was last written
+    to its left; ``*.py``: every module of that folder."""
+    section = _doc_section("The layers")
+    diagram = section.split("```text\n", 1)[1].split("```", 1)[0]
+    names: list[str] = []
+    packages: list[tuple[int, str]] = []  # (column of its name, its path)
+    for line in diagram.splitlines():
+        m = re.match(r"[\s│├└─]*", line)
+        col = m.end() if m else 0
+        field = re.match(rf"({_NAME.pattern}(?:, {_NAME.pattern})*)(?=\s|$)", line[col:])
+        if field is None:
+            continue  # a description continued from the line above
+        while packages and packages[-1][0] >= col:
+            packages.pop()
+        prefix = packages[-1][1] if packages else ""
+        for name in field.group(1).split(", "):
+            if name.endswith("/"):
+                packages.append((col, prefix + name))
+            else:
+                names.append(prefix + name)
+    return names
+
+
+def test_the_layer_diagram_names_every_module():
+    names = _diagram_modules()
+    modules = {str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")}
+    named: set[str] = set()
+    for name in names:
+        matched = {str(p.relative_to(PACKAGE)) for p in PACKAGE.glob(name)}
+        assert matched, f"docs/architecture.md names {name}, which is not in lstm_probe/"
+        named |= matched
+    assert len(names) == len(set(names)), f"named twice: {sorted(n for n in names if names.count(n) > 1)}"
+    missing = sorted(modules - named)
+    assert not missing, f"docs/architecture.md's layer diagram does not name {missing}"
+    assert "integrations/rllib/train.py" in named and "report/sections/doctor.py" in named
 
 
 def test_modules_are_readable_in_one_sitting():
@@ -175,13 +302,7 @@ def test_package_and_cli_start_light():
         if name in seen:
             continue
         seen.add(name)
-        rel = Path(*name.split(".")[1:])
-        path = (
-            PACKAGE / rel / "__init__.py"
-            if (PACKAGE / rel / "__init__.py").exists()
-            else (PACKAGE / rel).with_suffix(".py")
-        )
-        imports = _top_level_imports(path)
+        imports = _top_level_imports(_path(name))
         heavy = sorted(m for m in imports if m.split(".")[0] in HEAVY)
         assert not heavy, f"{name} imports {heavy} when imported: import it inside the function that needs it"
         todo += [m for m in imports if m.startswith("lstm_probe") and _exists(m)]

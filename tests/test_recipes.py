@@ -1,10 +1,12 @@
 """docs/architecture.md's recipes, followed to the letter on a copy of the package: a throwaway column
 declared in schema.py and filled by the integration that knows it (here the generic tracer's tags), and a
 throwaway report section (one module plus one registry line). Both must reach the Parquet file and the
-JSON report, with nothing else edited."""
+JSON report, with nothing else edited. And the column lists kept by hand, which the column recipe names:
+each names declared columns only, and the recipe names exactly these."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import re
@@ -146,3 +148,42 @@ def test_a_new_column_and_a_new_section_through_the_documented_recipes(tmp_path)
             text=True,
         )
         assert "| `room` | int32 | yes | Throwaway" in md.stdout
+
+
+HAND_KEPT = {
+    ("report/scan.py", "COLUMNS"),
+    ("report/scan.py", "SMALL_INTS"),
+    ("report/sections/staleness.py", "STALENESS_COLUMNS"),
+    ("report/sections/doctor.py", "COLUMNS"),
+    ("reader.py", "PAIR_COLUMNS"),
+    ("html.py", "START_COLUMNS"),
+}
+"""The column lists kept by hand: deliberate subsets, each of the columns one reader needs (the column
+recipe, step 4). The lists derived from the schema (row buffers, encoder, null filling, Grid's columns,
+tag keys) need no entry."""
+
+
+def _column_recipe() -> str:
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    start = text.index("## Recipe: add a column")
+    return text[start : text.index("\n## ", start + 1)]
+
+
+def test_the_column_recipe_names_every_hand_kept_column_list():
+    named = set(re.findall(r"`([\w/]+\.py)`\s+`([A-Z_]+)`", _column_recipe()))
+    assert named == HAND_KEPT
+
+
+def test_hand_kept_column_lists_name_declared_columns():
+    from lstm_probe.schema import COLUMN
+
+    for path, name in sorted(HAND_KEPT):
+        module = importlib.import_module("lstm_probe." + path.removesuffix(".py").replace("/", "."))
+        columns = getattr(module, name)
+        unknown = [c for c in columns if c not in COLUMN]
+        assert not unknown, f"{path} {name} names {unknown}, which schema.COLUMNS does not declare"
+        assert len(set(columns)) == len(columns), f"{path} {name} names a column twice"
+    from lstm_probe.report.scan import COLUMNS, SMALL_INTS
+
+    # read as float32 (NaN = null): nullable integer counters the scan reads
+    assert all(c in COLUMNS and COLUMN[c].kind == "int" and COLUMN[c].nullable for c in SMALL_INTS)

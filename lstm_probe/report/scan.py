@@ -22,6 +22,7 @@ from lstm_probe.report.numeric import dense_key, present, row_key
 SCAN_BATCH = 1 << 18
 """Rows per batch while the scalar columns are read."""
 SMALL_INTS = ("iteration", "epoch", "minibatch", "seq", "seq_len", "env", "episode", "episode_step")
+"""Nullable counters of :data:`COLUMNS` read as float32 (NaN = null; exact below 2**24), not float64."""
 REPORT_CHUNK_ROWS = 4_000_000
 """First-layer rows the report reads at once. A larger log is read in runs of whole iterations of up to this
 many rows (~110 bytes a row at the peak), so the report's memory is bounded by this, not by the log's size
@@ -47,7 +48,10 @@ COLUMNS = [
     "drift_c",
     "bootstrap",
 ]
-"""The scalar columns the scan reads (and ``worker`` where the log has it)."""
+"""The scalar columns the scan reads (and ``worker`` where the log has it): a deliberate subset, kept by
+hand (docs/architecture.md's column recipe), since every column read costs memory for every first-layer row
+of a run. A section that needs another column adds it here (a nullable counter also to :data:`SMALL_INTS`,
+read as float32)."""
 FIRST_LAYER = (ds.field("layer") == 0) & (ds.field("t") >= 0)
 """The rows the scan reads: initial-state rows (t = -1, RLlib learners) are read by the cross-process check only."""
 

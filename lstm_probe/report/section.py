@@ -207,11 +207,6 @@ def module_word(kinds: dict[str, str]) -> str:
     return words.pop() if len(words) == 1 and words <= {"LSTM", "GRU"} else "recurrent module"
 
 
-def has_cell_state(kind: str | None) -> bool:
-    """Whether a module of this kind has a cell state c (LSTMs do; GRUs do not); unknown kinds: assumed."""
-    return kind is None or not kind.startswith("GRU")
-
-
 @dataclass
 class Log:
     """What every section may read: the dataset, its info and metadata, its declared capabilities."""
