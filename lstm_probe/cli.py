@@ -20,7 +20,7 @@ from lstm_probe.cli_flags import Declared, declared, split, with_flags
 from lstm_probe.cli_render import _render, _render_architecture, _render_flow, _RunDisplay, err, out
 from lstm_probe.errors import BadInput, BadLog, Interrupted, ProbeError, one_line
 from lstm_probe.options import CaptureOptions, TrainOptions, default
-from lstm_probe.text import human_bytes, strict_json
+from lstm_probe.text import human_bytes, safe, strict_json
 
 app = typer.Typer(
     add_completion=False,
@@ -129,11 +129,12 @@ def run(
             note = f"the log in {out_path} holds the rows up to it" if fw.parts_per_process else _partial_note(out_path)
             raise Interrupted(f"interrupted ({exc or 'Ctrl-C'}): {note}") from None
     shown = f"{result.path}/" if fw.parts_per_process else str(result.path)
-    out().print(
-        f"wrote [bold]{shown}[/]: {result.rows:,} rows, {human_bytes(result.bytes)}, "
+    out().print(  # paths as written (never read as markup, never cut), control characters shown as codes
+        f"wrote [bold]{safe(shown, limit=None)}[/]: {result.rows:,} rows, {human_bytes(result.bytes)}, "
         f"{result.num_timesteps:,} env steps in {result.seconds:.1f} s"
     )
-    out().print(f"next: lstm-probe report {out_path if fw.parts_per_process else shlex.quote(str(result.path))}")
+    again = shlex.quote(out_path if fw.parts_per_process else str(result.path))
+    out().print(f"next: lstm-probe report {safe(again, limit=None)}")
 
 
 app.command()(with_flags(run, RUN_FLAGS))
@@ -188,11 +189,10 @@ def report(
     rep = summarize(path)
     if html_out is not None:
         from lstm_probe.html import build_html
-        from lstm_probe.text import safe
 
         page = build_html(path, html_out, iteration=iteration, env=env, episode=episode, report=rep)
         err().print(
-            f"wrote {safe(page.path)}: {len(page.figures)} figures, {human_bytes(page.bytes)} (iteration "
+            f"wrote {safe(page.path, limit=None)}: {len(page.figures)} figures, {human_bytes(page.bytes)} (iteration "
             f"{page.iteration}, env {page.env}, episode {page.episode})"
         )
     if as_json:
@@ -337,8 +337,6 @@ def probe(
     """Linear probes: R² of a ridge regression from h (each module and layer) to a target, on held-out episodes."""
     from rich.table import Table
 
-    from lstm_probe.text import safe
-
     try:
         lag_list = [int(x) for x in lags.split(",") if x.strip()]
     except ValueError:
@@ -398,7 +396,9 @@ def main(argv: list[str] | None = None) -> None:
         if show_tb:
             raise
         line, code = _one_line(exc, args)
-        err().print(line, markup=False, highlight=False)
+        # exceptions carry file names, Arrow field names, hosts and values from files: the whole line is made
+        # safe (no control characters, no markup, bounded) in one place
+        err().print(safe(line, markup=False), markup=False)
         raise SystemExit(code) from None
 
 
@@ -440,8 +440,8 @@ def _partial_note(path: str) -> str:
         return "no log was written"
     steps = info.num_timesteps
     return (
-        f"the log {Path(path)} holds {info.rows:,} rows up to env step "
-        f"{'?' if steps is None else steps} (completed: false); `lstm-probe report {path}` reads it"
+        f"the log {Path(path)} holds {info.rows:,} rows up to env step {'?' if steps is None else steps} "
+        f"(completed: {str(info.completed).lower()}); `lstm-probe report {path}` reads it"
     )
 
 

@@ -3,7 +3,9 @@ architectures. Part of the CLI layer (with cli.py, the only modules that print):
 these functions draw it.
 
 rich is imported where something is drawn, and the two consoles are made on first use: ``report --json``,
-``--help`` and ``--version`` never load it.
+``--help`` and ``--version`` never load it. Markup is ours alone: every string from a file (and every path)
+is printed through :func:`lstm_probe.text.safe`, and the consoles do not highlight (rich's highlighter takes
+time quadratic in a long word, and would style a file's text as if it meant something).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lstm_probe.text import human_bytes, strict_json
+from lstm_probe.text import human_bytes, safe, strict_json
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -24,7 +26,7 @@ def out() -> Console:
     """The console on stdout (made on first use)."""
     from rich.console import Console
 
-    return Console()
+    return Console(highlight=False)
 
 
 @cache
@@ -32,7 +34,7 @@ def err() -> Console:
     """The console on stderr (made on first use)."""
     from rich.console import Console
 
-    return Console(stderr=True, soft_wrap=True)
+    return Console(stderr=True, soft_wrap=True, highlight=False)
 
 
 class _RunDisplay:
@@ -78,7 +80,7 @@ class _RunDisplay:
                 refresh_per_second=4,
             )
             self.bar.__enter__()
-            self.task = self.bar.add_task(self.env_id, total=self.total, line="")
+            self.task = self.bar.add_task(safe(self.env_id), total=self.total, line="")
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -100,10 +102,8 @@ class _RunDisplay:
             self.bar.update(self.task, completed=min(done, total), line=line)
         else:
             self.console.print(
-                f"training {self.env_id}: {min(done, total):,}/{total:,} env steps, {line}, "
+                f"training {safe(self.env_id)}: {min(done, total):,}/{total:,} env steps, {line}, "
                 f"{_clock(now - self.start)} elapsed",
-                markup=False,
-                highlight=False,
                 soft_wrap=True,
             )
 
@@ -149,14 +149,14 @@ def _render_flow(env_id: str, result: dict[str, Any], as_json: bool) -> None:
         return
     from rich.table import Table
 
-    t = Table(title=f"Gradient flow of RLlib PPO's LSTM RLModule on {env_id}: which output reaches each tensor")
+    t = Table(title=f"Gradient flow of RLlib PPO's LSTM RLModule on {safe(env_id)}: which output reaches each tensor")
     t.add_column("parameter", overflow="fold", min_width=24)
     t.add_column("shape")
     t.add_column("trained by")
     for name, by in (result.get("gradient_flow") or {}).items():
-        t.add_row(name, "x".join(map(str, result["shapes"].get(name, []))), by)
+        t.add_row(safe(name), safe("x".join(map(str, result["shapes"].get(name, [])))), safe(by))
     out().print(t)
-    out().print(f"[bold]verdict:[/] {result.get('verdict') or result.get('batch')}")
+    out().print(f"[bold]verdict:[/] {safe(result.get('verdict') or result.get('batch'))}")
 
 
 def _render_architecture(
@@ -175,22 +175,22 @@ def _render_architecture(
     if as_json:
         sys.stdout.write(strict_json(result.to_dict(), indent=2) + "\n")
         return
-    out().print(f"[bold]{result.policy}[/] ({result.batch})")
-    out().print("actor path:  " + " -> ".join(["obs", *result.actor_path, "action distribution"]))
-    out().print("critic path: " + " -> ".join(["obs", *result.critic_path, "value"]))
-    out().print("shared (same module object on both paths): " + (", ".join(result.shared) or "nothing"))
+    out().print(f"[bold]{safe(result.policy)}[/] ({safe(result.batch)})")
+    out().print("actor path:  " + " -> ".join(["obs", *map(safe, result.actor_path), "action distribution"]))
+    out().print("critic path: " + " -> ".join(["obs", *map(safe, result.critic_path), "value"]))
+    out().print("shared (same module object on both paths): " + (", ".join(map(safe, result.shared)) or "nothing"))
     title = "Gradient flow: which loss reaches each parameter tensor"
     columns = ("parameter", "shape", "actor", "critic", "policy loss", "value loss", "entropy", "trained by")
     rows = [
         (
-            p.name,
+            safe(p.name),
             "x".join(map(str, p.shape)),
             "yes" if p.actor_path else "",
             "yes" if p.critic_path else "",
-            p.policy_loss,
-            p.value_loss,
-            p.entropy_loss,
-            p.trained_by,
+            safe(p.policy_loss),
+            safe(p.value_loss),
+            safe(p.entropy_loss),
+            safe(p.trained_by),
         )
         for p in result.params
     ]
@@ -211,7 +211,7 @@ def _render_architecture(
             out().print(
                 f"  {row[0]} (shape {row[1]}): on the {paths} path; {losses}; trained by {row[7]}", soft_wrap=True
             )
-    out().print(f"[bold]verdict:[/] {result.verdict}")
+    out().print(f"[bold]verdict:[/] {safe(result.verdict)}")
 
 
 def _render(rep: Any) -> None:
@@ -221,7 +221,6 @@ def _render(rep: Any) -> None:
     from lstm_probe.report import Line
     from lstm_probe.report import Panel as PanelText
     from lstm_probe.report import Table as TableText
-    from lstm_probe.text import safe
 
     for w in rep.warnings:
         err().print(f"[yellow]warning:[/] {safe(w)}")
@@ -250,18 +249,17 @@ def _table(block: Any, title: str, width: int) -> list[Any]:
     columns). Here each column keeps at least its longest word: the widest columns wrap at spaces first (a cell
     'a / b' over two lines); where even the longest words do not fit, one wrapped line per row instead."""
     from rich.cells import cell_len
-    from rich.markup import escape
     from rich.table import Table
     from rich.text import Text
 
-    cols = list(block.columns)
-    plain = [[Text.from_markup(c).plain for c in row] for row in [tuple(escape(c) for c in cols), *block.rows]]
+    cols = list(block.columns)  # titles, headers and cells are markup (strings from files in them made safe)
+    plain = [[Text.from_markup(c).plain for c in row] for row in [tuple(cols), *block.rows]]
     natural = [max(cell_len(line) for row in plain for line in row[i].splitlines() or [""]) for i in range(len(cols))]
     least = [max([cell_len(w) for row in plain for w in row[i].split()] or [1]) for i in range(len(cols))]
     budget = width - (3 * len(cols) + 1)  # borders and a space of padding either side of each cell
     if sum(least) > budget:
-        lines = ["  " + "; ".join(f"{escape(c)}: {v}" for c, v in zip(cols, row, strict=True)) for row in block.rows]
-        return [Text.from_markup(f"[italic]{escape(title)}[/]"), *(Text.from_markup(x) for x in lines)]
+        lines = ["  " + "; ".join(f"{c}: {v}" for c, v in zip(cols, row, strict=True)) for row in block.rows]
+        return [Text.from_markup(f"[italic]{title}[/]"), *(Text.from_markup(x) for x in lines)]
     # narrow the widest column that may still wrap: first only as far as its header wraps (once per table), then
     # its cells too, never below the longest word
     cells = [

@@ -7,21 +7,68 @@ import math
 import re
 from typing import Any
 
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+"""What a terminal would act on rather than show: C0 and C1 control characters (ESC starts an escape sequence,
+BEL ends one), DEL, and the bidirectional marks, embeddings, overrides and isolates that reorder what is
+shown around them. Newline and tab are not among them."""
+
+_LINE_CONTROL = re.compile(_CONTROL.pattern[:-1] + r"\n\t]")
+""":data:`_CONTROL`, newline and tab: what :func:`safe` shows as codes."""
+
+WORD = 200
+"""The most characters of one word (a run without whitespace) that :func:`safe` shows."""
+
+LIMIT = 2000
+"""The most characters of one string that :func:`safe` shows by default: every line the report writes fits."""
+
+
+def _code(match: re.Match[str]) -> str:
+    n = ord(match.group())
+    return f"\\x{n:02x}" if n < 0x100 else f"\\u{n:04x}"
 
 
 def plain(value: Any) -> str:
-    """``str(value)`` without control characters (escape sequences could retitle or clear a terminal):
-    each becomes ``\\xNN``. Newlines and tabs are kept."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(value))
+    """``str(value)`` without control characters (escape sequences could retitle or clear a terminal) or
+    bidirectional controls: each becomes ``\\xNN`` or ``\\uNNNN``. Newlines and tabs are kept."""
+    return _CONTROL.sub(_code, str(value))
 
 
-def safe(value: Any) -> str:
-    """:func:`plain`, with rich markup escaped: a string from a file printed through rich reads as
-    written, never as styling."""
+def safe(value: Any, limit: int | None = LIMIT, markup: bool = True) -> str:
+    """The one way a string from a file (log metadata, column values, part file names, Arrow field names,
+    model zips) or a path reaches the terminal, errors included: :func:`plain` (no control characters; here
+    newline and tab become ``\\x0a`` and ``\\x09`` too, so a value prints as one line), cut to ``limit``
+    characters with no word over :data:`WORD` (each cut marked ``… (N more)``: what rich draws stays small
+    and linear in the file, whatever the file holds), with rich markup escaped (printed through rich it
+    reads as written, never as styling). ``limit=None``: nothing is cut (a path to copy). ``markup=False``:
+    markup left as it is, for text printed with ``markup=False`` (the CLI's one-line errors)."""
+    text = str(value)
+    if limit is not None:
+        text = _cut(text, limit)
+    text = _LINE_CONTROL.sub(_code, text)
+    if not markup:
+        return text
     from rich.markup import escape
 
-    return escape(plain(value))
+    return escape(text)  # (a trailing backslash is doubled, so that markup after it stays markup)
+
+
+def _cut(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters and each word to :data:`WORD` (``… (N more)`` where cut). A
+    word that the cut at ``limit`` ends is marked once, with everything left out after it."""
+    word = min(WORD, limit)
+    left = len(text) - limit
+    head = text[:limit] if left > 0 else text
+    marked = False
+
+    def mark(match: re.Match[str]) -> str:
+        nonlocal marked
+        more = len(match.group()) - word
+        if left > 0 and match.end() == len(head):
+            more, marked = more + left, True
+        return f"{match.group()[:word]}… ({more:,} more)"
+
+    head = re.sub(rf"\S{{{word + 1},}}", mark, head)
+    return head if left <= 0 or marked else f"{head}… ({left:,} more)"
 
 
 def human_bytes(n: float) -> str:

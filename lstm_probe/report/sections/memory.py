@@ -168,7 +168,7 @@ class Memory(Section[MemorySection]):
         sampled = data.sampling
         lines = (
             f"state zeroed k steps back at {len(sampled.get('steps_per_env') or [])} steps per env, every "
-            f"{sampled.get('every')} iteration(s) ({sampled.get('iterations_measured')} measured, "
+            f"{fmt(sampled.get('every'))} iteration(s) ({fmt(sampled.get('iterations_measured'))} measured, "
             f"{fmt(data.seconds)} s)\n"
             f"training sequences (BPTT): median {fmt(data.bptt.get('median'))}, max {fmt(data.bptt.get('max'))}; "
             f"episodes: median {fmt(data.episode_length.get('median'))}, max {fmt(data.episode_length.get('max'))}; "

@@ -266,15 +266,15 @@ class WhatIf(Section[WhatIfSection]):
         verdict = {True: "OK", False: "[red]FAILED[/]", None: "not sampled"}[check.get("ok")]
         lines = (
             f"{data.minibatches} minibatches of {data.iterations} iterations (first and last minibatch of epochs "
-            f"{', '.join(str(e) for e in s.get('epochs') or [])}, every {fmt(s.get('every'))} iteration(s)), each "
+            f"{', '.join(fmt(e) for e in s.get('epochs') or [])}, every {fmt(s.get('every'))} iteration(s)), each "
             f"evaluated on a copy of the policy with the weights it was trained with; {fmt(data.seconds)} s\n"
             f"against refreshed states (the LSTMs re-run over the rollout with those weights); {critic}\n"
             f"check: minibatch 0 of epoch 0 (the rollout's weights): stored = refreshed: {verdict} "
-            f"({check.get('minibatches', 0)} minibatches)"
+            f"({fmt(check.get('minibatches', 0))} minibatches)"
         )
         header = (
             "states",
-            f"state Δ {' / '.join(data.modules)}",
+            f"state Δ {' / '.join(fmt(m) for m in data.modules)}",
             "value Δ/spread",
             "KL",
             "ratio Δ",
