@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from lstm_probe.errors import BadInput, BadLog, Interrupted, OutputError, ProbeError
 
 if TYPE_CHECKING:  # the checker sees the real names; at run time __getattr__ imports each on first use
+    from lstm_probe.budget import set_limit as set_max_memory
     from lstm_probe.integrations import rllib
     from lstm_probe.integrations.generic import Tracer, trace
     from lstm_probe.integrations.sb3 import ProbeCallback
@@ -46,6 +47,7 @@ _LAZY: dict[str, tuple[str, str]] = {  # name: (module, its attribute; "" for th
     "arch": ("lstm_probe.integrations.sb3_commands", "arch"),
     "load_model": ("lstm_probe.integrations.sb3_commands", "load_model"),
     "watch": ("lstm_probe.integrations.sb3_watch", "watch"),  # the doctor over predict calls outside learn()
+    "set_max_memory": ("lstm_probe.budget", "set_limit"),  # the memory budget of reads (--max-memory)
     "rllib": ("lstm_probe.integrations.rllib", ""),  # the RLlib integration (its functions need the rllib extra)
 }
 
@@ -72,6 +74,7 @@ __all__ = [
     "read_info",
     "rllib",
     "run",
+    "set_max_memory",
     "states",
     "summarize",
     "trace",

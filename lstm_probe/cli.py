@@ -53,8 +53,22 @@ def _root(
             "--version", callback=_version, is_eager=True, help=_default("Print the version and exit.", "off")
         ),
     ] = False,
+    max_memory: Annotated[
+        str | None,
+        typer.Option(
+            help=_default(
+                "Most memory a read of a log or model.zip may hold at once, e.g. 8G (also LSTM_PROBE_MAX_MEMORY); "
+                "a read over it is refused with one line.",
+                "2G",
+            )
+        ),
+    ] = None,
 ) -> None:
     """See what the LSTMs inside a recurrent RL policy do during training."""
+    if max_memory is not None:
+        from lstm_probe import budget
+
+        budget.set_limit(max_memory)
 
 
 class Exit(enum.IntEnum):

@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
+from lstm_probe import budget
 from lstm_probe.contract import Capabilities
 from lstm_probe.errors import BadInput
 from lstm_probe.html_figures import (
@@ -34,6 +35,7 @@ from lstm_probe.html_figures import (
     _staleness_figure,
     _what_if_figure,
 )
+from lstm_probe.logfiles import reads
 from lstm_probe.reader import dataset, narrow, states
 from lstm_probe.report import Report, summarize
 from lstm_probe.text import plain
@@ -75,6 +77,7 @@ class Page:
     """The layout drawing's legend: why a sequence starts where it does (those the log's capabilities allow)."""
 
 
+@reads("drawn")
 def build_html(
     path: str | os.PathLike[str],
     out: str | os.PathLike[str],
@@ -120,7 +123,11 @@ def build_html(
         raise BadInput(f"--env {env} is not in the log; it holds envs {held or 'none'} (drop --env for the first)")
     episode, span = _pick_episode(data, first, env, episode, iteration)
     starts = (
-        data.to_table(columns=START_COLUMNS, filter=first & STARTS & (ds.field("iteration") == iteration)).to_pandas()
+        _read(
+            narrow(data, iteration=(iteration, iteration)),
+            START_COLUMNS,
+            first & STARTS & (ds.field("iteration") == iteration),
+        )
         if iteration is not None
         else pd.DataFrame(columns=START_COLUMNS)
     )
@@ -209,10 +216,23 @@ def check_out(out: str | os.PathLike[str]) -> None:
         )
 
 
+def _read(data: ds.Dataset, columns: list[str], filt: ds.Expression) -> pd.DataFrame:
+    """The rows ``filt`` selects in ``data`` (already narrowed to the row groups that can hold them), within
+    the memory budget (``budget.py``)."""
+    budget.check_read(data, columns, "the page's read of " + ", ".join(columns))
+    return data.to_table(columns=columns, filter=filt).to_pandas()
+
+
+def _batches(data: ds.Dataset, columns: list[str], filt: ds.Expression) -> Any:
+    """``to_batches`` with little read-ahead, within the memory budget (``budget.py``)."""
+    budget.check_stream(data, columns, "the page's scan of " + ", ".join(columns))
+    return data.to_batches(columns=columns, filter=filt, batch_readahead=2, fragment_readahead=1)
+
+
 def _distinct(data: ds.Dataset, columns: list[str], filt: ds.Expression) -> dict[str, list[int]]:
     """The sorted distinct non-null values of integer columns, in one scan that keeps only those values."""
     seen: dict[str, set[int]] = {c: set() for c in columns}
-    for batch in data.to_batches(columns=columns, filter=filt):
+    for batch in _batches(data, columns, filt):
         for c in columns:
             seen[c].update(int(v) for v in pc.unique(batch.column(c)).drop_null().to_pylist())
     return {c: sorted(v) for c, v in seen.items()}
@@ -221,7 +241,7 @@ def _distinct(data: ds.Dataset, columns: list[str], filt: ds.Expression) -> dict
 def _episode_spans(data: ds.Dataset, filt: ds.Expression) -> dict[int, tuple[int | None, int | None]]:
     """First and last episode_step of every episode the filter's rows hold, one scan, one pair per episode."""
     spans: dict[int, tuple[int | None, int | None]] = {}
-    for batch in data.to_batches(columns=["episode", "episode_step"], filter=filt & ds.field("episode").is_valid()):
+    for batch in _batches(data, ["episode", "episode_step"], filt & ds.field("episode").is_valid()):
         if not batch.num_rows:
             continue
         g = (
@@ -290,27 +310,17 @@ def _heat_figure(
         filt = filt & (ds.field("episode_step") < MAX_HEAT_EPISODE_STEPS)
         notes.append(f"heat-maps: the first {MAX_HEAT_EPISODE_STEPS:,} steps of the episode's {last + 1:,}")
     # the episode's row groups only: a filter on episode alone would scan every row group's vectors (`narrow`)
-    df = (
-        narrow(data, env=(env, env), episode=(episode, episode))
-        .to_table(columns=["module", "layer", "env", "episode", "env_step", "episode_step", "h", "c"], filter=filt)
-        .to_pandas()
-    )
+    heat = ["module", "layer", "env", "episode", "env_step", "episode_step", "h", "c"]
+    df = _read(narrow(data, env=(env, env), episode=(episode, episode)), heat, filt)
     if not len(df) or df["h"].isna().all():
         notes.append(NO_VECTORS)
         return None
     lo, hi = int(df["env_step"].min()), int(df["env_step"].max())
     # where training sequences of the first epoch start inside the drawn steps (no epochs: all of them)
-    near = (
-        narrow(data, env_step=(lo, hi))
-        .to_table(
-            columns=["env_step", "epoch"],
-            filter=first
-            & STARTS
-            & (ds.field("env") == env)
-            & (ds.field("env_step") >= lo)
-            & (ds.field("env_step") <= hi),
-        )
-        .to_pandas()
+    near = _read(
+        narrow(data, env_step=(lo, hi)),
+        ["env_step", "epoch"],
+        first & STARTS & (ds.field("env") == env) & (ds.field("env_step") >= lo) & (ds.field("env_step") <= hi),
     )
     epoch0 = near["epoch"] == 0 if caps.epochs else np.ones(len(near), bool)
     cuts = near[epoch0]["env_step"].unique()
@@ -360,7 +370,7 @@ def _length_counts(data: ds.Dataset, filt: ds.Expression) -> np.ndarray:
     scan that keeps one count per length, every epoch's sequences counted."""
     counts = np.zeros(0, dtype=np.int64)
     module: str | None = None
-    for batch in data.to_batches(columns=["module", "seq_len"], filter=filt & ds.field("seq_len").is_valid()):
+    for batch in _batches(data, ["module", "seq_len"], filt & ds.field("seq_len").is_valid()):
         if not batch.num_rows:
             continue
         if module is None:

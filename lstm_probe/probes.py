@@ -27,8 +27,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
+from lstm_probe import budget
 from lstm_probe.errors import BadInput
-from lstm_probe.reader import dataset
+from lstm_probe.logfiles import reads
+from lstm_probe.reader import dataset, narrow
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -191,6 +193,7 @@ def probe(
     return out.drop(columns=["target"])
 
 
+@reads("probed")
 def probe_targets(
     path: str | os.PathLike[str],
     targets: Sequence[Any],
@@ -226,6 +229,7 @@ def probe_targets(
 ROW_KEYS = ("iteration", "module", "layer", "target", "lag", "r2", "n_fit", "n_test", "worse_than_mean")
 
 
+@reads("probed")
 def probe_rows(
     path: str | os.PathLike[str],
     targets: Sequence[Any],
@@ -255,6 +259,7 @@ def probe_rows(
     out: list[dict[str, Any]] = []
     want = None if modules is None else set(modules)
     for it in its:
+        budget.check_read(narrow(data, iteration=(it, it)), columns, f"the probe's read of iteration {it}")
         table = data.to_table(
             columns=columns,
             filter=(ds.field("phase") == "rollout") & (ds.field("iteration") == it) & ds.field("h").is_valid(),

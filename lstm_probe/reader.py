@@ -13,7 +13,6 @@ above what lstm-probe's writer makes (see each constant).
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass, field
@@ -28,9 +27,11 @@ if TYPE_CHECKING:  # both load in ~0.5 s; the writer process (which imports this
     import pandas as pd
     import pyarrow.dataset as ds
 
+from lstm_probe import budget
 from lstm_probe.errors import BadLog
 from lstm_probe.layout import PARTIAL_SUFFIX, partial_dir
 from lstm_probe.lock import Holder, live_holder, lock_path
+from lstm_probe.logfiles import check_counts, metadata_json, open_part, reads
 from lstm_probe.schema import (
     COLUMNS,
     META_RUN_KEY,
@@ -69,13 +70,6 @@ from, not every column a new schema version declares."""
 VECTORS = frozenset(c.name for c in COLUMNS if c.kind == "vector")
 """The vector columns (h, c, obs, info): skipped by ``load(vectors=False)``."""
 
-MAX_FOOTER_BYTES = 64 << 20
-"""Largest Parquet footer read. The writer's footers hold the metadata twice (as JSON and inside the
-stored Arrow schema) plus ~5 KB per row group: tens of KB for a run, a few MB for a 10 GB log part."""
-MAX_METADATA_BYTES = 16 << 20
-"""Largest metadata JSON document parsed (the writer's are a few KB)."""
-MAX_JSON_DEPTH = 64
-"""Deepest nesting accepted in a metadata JSON document (the writer's nest 5 levels at most)."""
 MAX_HIDDEN_SIZE = 1 << 16
 """Widest h and c vectors read (LSTM hidden sizes in RL policies are 32..2048)."""
 MAX_ROW_GROUP_BYTES = 4 << 30
@@ -116,34 +110,6 @@ class LogInfo:
 
 def _parts(directory: Path) -> list[Path]:
     return sorted(directory.glob("part-*.parquet"))
-
-
-def _open(file: Path) -> pq.ParquetFile:
-    try:
-        with open(file, "rb") as f:  # the footer's length is the 4 bytes before the closing magic
-            size = f.seek(0, os.SEEK_END)
-            f.seek(max(0, size - 8))
-            tail = f.read(8)
-    except OSError as exc:
-        raise BadLog(f"{file} cannot be read ({exc.strerror or exc})") from None
-    footer = int.from_bytes(tail[:4], "little") if len(tail) == 8 and tail[4:] == b"PAR1" else 0
-    if footer > MAX_FOOTER_BYTES:
-        raise BadLog(
-            f"{file} has a Parquet footer of {footer / 2**20:.0f} MiB, over the {MAX_FOOTER_BYTES >> 20} MiB "
-            "lstm-probe reads (its logs' footers are KBs): not an lstm-probe log"
-        )
-    try:
-        return pq.ParquetFile(file)
-    except (pa.ArrowInvalid, OSError) as exc:
-        journal = partial_dir(file)
-        hint = (
-            f"the run was killed: report the directory it left, {journal}/"
-            if journal.is_dir()
-            else "lstm-probe reports the Parquet logs `lstm-probe run` or ProbeCallback write"
-            if tail[4:] != b"PAR1"
-            else "the file is cut short (a copy still going, or a full disk?)"
-        )
-        raise BadLog(f"{file} is not a readable Parquet file ({str(exc).splitlines()[0]}); {hint}") from None
 
 
 def _shard(file: Path) -> str:
@@ -192,6 +158,8 @@ def resolve_files(path: str | os.PathLike[str]) -> tuple[Path, list[Path], list[
         return p, files, warnings
     if p.is_file():
         return p, [p], warnings
+    if p.exists():
+        raise BadLog(f"{p} is not a regular file (a pipe, socket or device): not an lstm-probe log")
     partial = partial_dir(p)
     parts = _parts(partial) if partial.is_dir() else []
     if live is not None:
@@ -215,6 +183,7 @@ def _live_note(p: Path, h: Holder, parts: int) -> str:
     )
 
 
+@reads("read")
 def read_info(path: str | os.PathLike[str]) -> LogInfo:
     """Check a log against the schema and read its metadata (no rows are read)."""
     root, files, warnings = resolve_files(path)
@@ -225,8 +194,9 @@ def read_info(path: str | os.PathLike[str]) -> LogInfo:
     size = 0
     schema: pa.Schema | None = None
     expected = log_schema(1, False)
+    data_files: list[Path] = []
     for file in files:
-        pf = _open(file)
+        pf = open_part(file)
         arrow = pf.schema_arrow
         meta = arrow.metadata or {}
         if META_VERSION_KEY not in meta:
@@ -242,6 +212,10 @@ def read_info(path: str | os.PathLike[str]) -> LogInfo:
                 f"{file} was written with log schema {version}, newer than this lstm-probe reads "
                 f"({SCHEMA_VERSION}); upgrade lstm-probe (pip install -U lstm-probe)"
             )
+        if len(set(arrow.names)) != len(arrow.names):
+            twice = sorted({n for n in arrow.names if arrow.names.count(n) > 1})
+            raise BadLog(f"{file} names the column {twice[0]!r} more than once: not an lstm-probe log")
+        check_counts(file, pf)
         required = required_columns(version)
         missing = required - set(arrow.names)
         if missing:
@@ -259,7 +233,7 @@ def read_info(path: str | os.PathLike[str]) -> LogInfo:
             )
         shard = _shard(file)
         if shard not in runs:
-            runs[shard] = _json(file, "run metadata", meta.get(META_RUN_KEY, b"{}"))
+            runs[shard] = metadata_json(file, "run metadata", meta.get(META_RUN_KEY, b"{}"))
         _check_size(file, pf, arrow, runs[shard])
         if schema is None:
             schema = arrow
@@ -268,7 +242,7 @@ def read_info(path: str | os.PathLike[str]) -> LogInfo:
         kv = pf.metadata.metadata or {}
         if META_FINAL_KEY in kv:
             try:
-                doc = _json(file, "final metadata", kv[META_FINAL_KEY])
+                doc = metadata_json(file, "final metadata", kv[META_FINAL_KEY])
             except BadLog:
                 doc = {}
             shard = _shard(file)
@@ -277,7 +251,12 @@ def read_info(path: str | os.PathLike[str]) -> LogInfo:
             progress[shard] = doc.get("progress", progress.get(shard, {}))
         rows += pf.metadata.num_rows
         size += file.stat().st_size
+        if pf.metadata.num_rows:
+            data_files.append(file)
     assert schema is not None and runs
+    # parts without rows (an idle run's, or a week-long run's at the default --part-seconds: ~10,000) gave
+    # their metadata above; the reads skip them (10,000 of them took a report from 0.4 s to 13 s and 1.3 GB)
+    files = data_files or files[:1]
     metadata = merge_shards(runs)
     shards = sorted(runs, key=lambda s: (_shard_rank(s, False), s))  # the most authoritative first
     if len(shards) > 1:
@@ -377,29 +356,6 @@ def merge_shards(docs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _json(file: Path, what: str, raw: bytes) -> dict[str, Any]:
-    """A metadata JSON object, within :data:`MAX_METADATA_BYTES` and :data:`MAX_JSON_DEPTH`."""
-    if len(raw) > MAX_METADATA_BYTES:
-        raise BadLog(
-            f"{file} has {what} of {len(raw) / 2**20:.0f} MiB, over the {MAX_METADATA_BYTES >> 20} MiB "
-            "lstm-probe reads (its logs' are KBs): not an lstm-probe log"
-        )
-    try:
-        doc = json.loads(raw)
-    except (ValueError, RecursionError):
-        raise BadLog(f"{file} has corrupt {what}") from None
-    if not isinstance(doc, dict):
-        raise BadLog(f"{file} has corrupt {what} (not a JSON object)")
-    stack: list[tuple[Any, int]] = [(doc, 1)]
-    while stack:  # no recursion: the depth is what is being checked
-        value, depth = stack.pop()
-        if depth > MAX_JSON_DEPTH:
-            raise BadLog(f"{file} has {what} nested over {MAX_JSON_DEPTH} levels deep: not an lstm-probe log")
-        if isinstance(value, dict | list):
-            stack.extend((v, depth + 1) for v in (value.values() if isinstance(value, dict) else value))
-    return doc
-
-
 def _check_size(file: Path, pf: pq.ParquetFile, arrow: pa.Schema, run: dict[str, Any] | None) -> None:
     """The h and c vectors as wide as the metadata's hidden_size, and no row group larger once read than
     :data:`MAX_ROW_GROUP_BYTES`."""
@@ -435,7 +391,16 @@ def dataset(path: str | os.PathLike[str]) -> tuple[ds.Dataset, LogInfo]:
     info = read_info(path)
     import pyarrow.dataset as ds
 
-    return ds.dataset([str(f) for f in info.files], format="parquet", schema=info.schema), info
+    # string columns read as the dictionaries the writer stores them in: a string repeated in every row is
+    # held once (a 600 KB string in a dictionary page is not expanded for every row), and the scan builds no
+    # string per row
+    strings = [f.name for f in info.schema if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)]
+    schema = pa.schema(
+        [f.with_type(pa.dictionary(pa.int32(), f.type)) if f.name in strings else f for f in info.schema],
+        metadata=info.schema.metadata,
+    )
+    fmt = ds.ParquetFileFormat(read_options=ds.ParquetReadOptions(dictionary_columns=strings))
+    return ds.dataset([str(f) for f in info.files], format=fmt, schema=schema), info
 
 
 def narrow(data: ds.Dataset, **within: tuple[int, int]) -> ds.Dataset:
@@ -485,6 +450,7 @@ def _filter(**equals: Any) -> ds.Expression | None:
     return expr
 
 
+@reads("loaded")
 def load(
     path: str | os.PathLike[str],
     *,
@@ -517,10 +483,23 @@ def load(
         if unknown:
             raise BadLog(f"no column {sorted(unknown)[0]!r} in the log; columns: {', '.join(info.schema.names)}")
     filt = _filter(phase=phase, module=module, iteration=iteration, layer=layer, env=env, episode=episode)
+    budget.check_read(data, columns, f"loading {len(columns)} column(s) of {path}", _LOAD_FIX)
     table = data.to_table(columns=columns, filter=filt)
     # integer and bool columns as pandas' nullable dtypes (Int64, boolean): null env on padding rows
     # stays <NA> instead of turning the column into floats
-    return table.to_pandas(types_mapper=_nullable_dtype)
+    import pandas as pd
+
+    df = table.to_pandas(types_mapper=_nullable_dtype)
+    for name in df.columns:  # strings (read as dictionaries) as plain objects, each distinct string held once
+        col = df[name]
+        if isinstance(col.dtype, pd.CategoricalDtype):
+            # not col.astype(object): pandas' string categories would copy the string into every row first
+            words = np.asarray([*col.cat.categories, None], dtype=object)
+            df[name] = pd.Series(words[col.cat.codes.to_numpy()], index=df.index, dtype=object)
+    return df
+
+
+_LOAD_FIX = "load fewer rows (phase=, iteration=, env=, episode=) or columns (vectors=False, columns=[...])"
 
 
 def _nullable_dtype(t: pa.DataType) -> Any:
@@ -546,6 +525,7 @@ def states(df: pd.DataFrame, which: str = "h") -> np.ndarray:
     return out
 
 
+@reads("paired")
 def pair(
     path: str | os.PathLike[str], *, phase: str = "train", iteration: int | list[int] | None = None
 ) -> pd.DataFrame:

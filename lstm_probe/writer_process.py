@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from lstm_probe.errors import BadInput, OutputError, one_line
-from lstm_probe.lock import release_file
+from lstm_probe.lock import lock_fds, release_file
 from lstm_probe.sink import Sink
 
 _HEADER = struct.Struct("<Q")
@@ -123,6 +123,8 @@ class Child:
                 stdout=subprocess.PIPE,
                 stderr=stderr,
                 env=env,
+                # the output's lock, so that it stays held while this process publishes a killed run's rows
+                pass_fds=lock_fds(config.get("lock")),
             )
         except OSError as exc:
             stderr.close()

@@ -28,7 +28,7 @@ _cache: dict = {}
 
 def probed_run(runs_dir, env_id="Pendulum-v1", **overrides):
     """One real probed RecurrentPPO run per configuration, shared by the tests of a session."""
-    from lstm_probe.run import run
+    from lstm_probe import run
 
     opts = {**TINY, **overrides}
     key = (env_id, tuple(sorted(opts.items())))

@@ -3,11 +3,16 @@ tmp_path and runs the real CLI."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "100"}
@@ -51,3 +56,124 @@ def test_n_envs_has_an_upper_bound_checked_before_anything_is_built(tmp_path: Pa
     r = cli("run", "CartPole-v1", "--n-envs", "10000000", cwd=tmp_path)
     one_line_refusal(r, "--n-envs 10000000", "at most 65,536")
     assert not list(tmp_path.iterdir())
+
+
+# -- the memory budget: small files that declare big reads ---------------------------------------------
+SAMPLE = Path(__file__).resolve().parents[1] / "sample_runs" / "pendulum-1env.parquet"
+
+PEAK = """
+import resource, subprocess, sys
+r = subprocess.run(sys.argv[1:], capture_output=True, text=True)
+sys.stderr.write(r.stderr)
+print(r.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024)
+"""
+
+
+def peak(*args: str, cwd: Path) -> tuple[int, int, str]:
+    """Exit code, peak RSS in MB and stderr of one fresh ``lstm-probe ARGS`` (its own wrapper process, so no
+    other child's peak is counted)."""
+    cmd = [sys.executable, "-c", PEAK, sys.executable, "-m", "lstm_probe.cli", *args]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=ENV, timeout=600)
+    code, mb = r.stdout.split()
+    return int(code), int(mb), r.stderr
+
+
+def _null_vectors(n: int, width: int) -> pa.Array:
+    """``n`` null vectors of ``width`` floats without touching memory for them (calloc'd zeros)."""
+    child = pa.Array.from_buffers(pa.float32(), n * width, [None, pa.py_buffer(np.zeros(n * width, np.float32))])
+    return pa.FixedSizeListArray.from_arrays(child, width, mask=pa.array(np.ones(n, bool)))
+
+
+def _wide_log(path: Path, width: int, *, columns: tuple[str, ...], rows_per_group: int) -> Path:
+    src = pq.read_table(SAMPLE)
+    meta = dict(src.schema.metadata)
+    t = src
+    for name in columns:
+        field = pa.field(name, pa.list_(pa.float32(), width))
+        if name in t.schema.names:
+            t = t.set_column(t.schema.get_field_index(name), field, _null_vectors(t.num_rows, width))
+        else:
+            t = t.append_column(field, _null_vectors(t.num_rows, width))
+    if "h" in columns:  # the vectors as wide as the metadata says, as the reader requires
+        run = json.loads(meta[b"lstm_probe.run"])
+        run["hidden_size"] = width
+        meta[b"lstm_probe.run"] = json.dumps(run).encode()
+    pq.write_table(t.replace_schema_metadata(meta), path, row_group_size=rows_per_group, compression="zstd")
+    return path
+
+
+def test_null_vectors_65536_wide_in_six_row_groups_stay_within_the_budget(tmp_path: Path) -> None:
+    log = _wide_log(tmp_path / "wide.parquet", 1 << 16, columns=("h", "c"), rows_per_group=518)
+    assert log.stat().st_size < 2 << 20  # a small file
+    code, mb, err = peak("--max-memory", "256M", "report", str(log), cwd=tmp_path)
+    assert code == 2 and "memory budget" in err and "--max-memory" in err and len(err.strip().splitlines()) == 1
+    code, mb, err = peak("report", str(log), "--json", cwd=tmp_path)
+    assert code == 0, err
+    assert mb < 2600, f"report peaked at {mb} MB; the budget is 2 GiB"  # was 3-4 GB with the read-ahead unbounded
+
+
+def test_a_wide_info_column_is_refused_by_load_before_it_is_read(tmp_path: Path) -> None:
+    log = _wide_log(tmp_path / "info.parquet", 200_000, columns=("info",), rows_per_group=600)
+    code = f"import lstm_probe; lstm_probe.load({str(log)!r})"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=300)
+    assert r.returncode == 1 and "BadLog" in r.stderr and "memory budget" in r.stderr, r.stderr[-500:]
+    df = _load(log, vectors=False)  # the rest of the log still loads
+    assert len(df) == pq.read_metadata(SAMPLE).num_rows
+
+
+def _load(log: Path, **kw: object):
+    import lstm_probe
+
+    return lstm_probe.load(log, **kw)
+
+
+def test_a_huge_string_in_a_dictionary_page_is_held_once(tmp_path: Path) -> None:
+    src = pq.read_table(SAMPLE)
+    word = "x" * 600_000
+    i = src.schema.get_field_index("seq_reason")
+    t = src.set_column(i, src.schema.field(i), pa.array([word] * src.num_rows, pa.string()))
+    log = tmp_path / "word.parquet"
+    pq.write_table(t, log, compression="zstd")  # dictionary-encoded: the word is stored once
+    assert log.stat().st_size < 2 << 20
+    del t
+    # the peak from /proc (VmHWM starts anew at exec; ru_maxrss would count this process's RSS at fork)
+    code = (
+        f"import lstm_probe; df = lstm_probe.load({str(log)!r}, vectors=False); "
+        "assert df.seq_reason.map(id).nunique() == 1; "
+        "print(next(int(x.split()[1]) for x in open('/proc/self/status') if x.startswith('VmHWM')) // 1024)"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=300)
+    assert r.returncode == 0, r.stderr[-500:]
+    assert int(r.stdout.split()[-1]) < 800  # each row's string was a copy: 1.9 GB for 3,107 rows
+
+
+def test_zero_row_parts_cost_nothing_and_footer_counts_are_checked(tmp_path: Path) -> None:
+    d = tmp_path / "many"
+    d.mkdir()
+    table = pq.read_table(SAMPLE)
+    pq.write_table(table, d / "part-00000.parquet")
+    empty = d / "part-00001.parquet"
+    pq.ParquetWriter(empty, table.schema).close()
+    for k in range(2, 3001):
+        shutil.copyfile(empty, d / f"part-{k:05d}.parquet")
+    code, mb, err = peak("report", f"{d}/", "--json", cwd=tmp_path)
+    assert code == 0, err
+    assert mb < 400, mb  # every empty part was a dataset fragment: 3,000 of them took 0.8 GB (5.7 s)
+
+
+def test_a_fifo_named_like_a_part_is_refused_not_waited_on(tmp_path: Path) -> None:
+    d = tmp_path / "log"
+    d.mkdir()
+    shutil.copyfile(SAMPLE, d / "part-00000.parquet")
+    os.mkfifo(d / "part-00001.parquet")
+    r = cli("report", f"{d}/", cwd=tmp_path)  # blocked forever before (the timeout would fail the test)
+    one_line_refusal(r, "not a regular file")
+    os.mkfifo(tmp_path / "pipe.parquet")
+    one_line_refusal(cli("report", str(tmp_path / "pipe.parquet"), cwd=tmp_path), "not a regular file")
+
+
+def test_duplicate_column_names_are_a_one_line_refusal(tmp_path: Path) -> None:
+    t = pq.read_table(SAMPLE)
+    dup = t.append_column(pa.field("env", pa.int32()), pa.array(np.zeros(t.num_rows, np.int32)))
+    pq.write_table(dup, tmp_path / "dup.parquet")
+    one_line_refusal(cli("report", str(tmp_path / "dup.parquet"), cwd=tmp_path), "'env' more than once")

@@ -481,11 +481,6 @@ sys.stdin.read()
 
 
 @posix_only
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs the writer process started with the lock's descriptor: "
-    "subprocess.Popen(..., pass_fds=lock_fds(config.get('lock'))) in writer_process.Child.start",
-)
 def test_the_writer_process_holds_the_lock_while_it_publishes_after_a_sigkill_of_training(tmp_path):
     """Held up (SIGSTOP) before it publishes, the writer process of a SIGKILLed run keeps its output locked:
     a new run is refused naming the killed one; once it is done the lock is free and its file gone."""

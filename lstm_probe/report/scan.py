@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
 
+from lstm_probe import budget
 from lstm_probe.report.numeric import dense_key, present, row_key
 
 SCAN_BATCH = 1 << 18
@@ -182,6 +183,8 @@ def read_scalars(
     if iterations is not None:
         assert filt is not None and "iteration" in columns
         data, filt = row_groups(data, filt), None
+    budget.refuse(n * 8 * len(columns), f"the report's scan of {n:,} rows")
+    budget.check_stream(data, columns, "the report's scan")
     scanner = data.scanner(columns=columns, filter=filt, batch_size=SCAN_BATCH, batch_readahead=2, fragment_readahead=1)
     for batch in scanner.to_batches():
         if iterations is not None:

@@ -9,6 +9,7 @@ from typing import Any
 import pyarrow.dataset as ds
 
 from lstm_probe.contract import Capabilities
+from lstm_probe.logfiles import reading
 from lstm_probe.reader import dataset
 from lstm_probe.report import registry
 from lstm_probe.report.scan import REPORT_CHUNK_ROWS, scan
@@ -80,6 +81,11 @@ def summarize(path: str | os.PathLike[str], *, chunk_rows: int = REPORT_CHUNK_RO
     ``chunk_rows``: see :data:`REPORT_CHUNK_ROWS` (the result does not depend on it)."""
     if chunk_rows < 1:
         raise ValueError(f"chunk_rows must be at least 1, got {chunk_rows}")
+    with reading(path, "reported"):
+        return _summarize(path, chunk_rows)
+
+
+def _summarize(path: str | os.PathLike[str], chunk_rows: int) -> Report:
     data, info = dataset(path)
     log = Log(data, info, Capabilities.from_metadata(info.metadata), chunk_rows=chunk_rows)
     # row-group statistics answer this without reading rows where every layer is 0

@@ -9,6 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
 
+from lstm_probe import budget
 from lstm_probe.contract import Capabilities
 from lstm_probe.report.numeric import KEY_CHUNK, by_count, dense_key, groups
 from lstm_probe.report.scan import Chunk, Frame
@@ -204,7 +205,8 @@ def upper_layer_rows(log: Log) -> dict[tuple[str, str, str, int], int]:
     out: Counts[tuple[str, str, str, int]] = Counts()
     filt = (ds.field("layer") > 0) & (ds.field("t") >= 0)
     keys = ["module", "phase", "path", "layer"]
-    for batch in log.data.to_batches(columns=keys, filter=filt):
+    budget.check_stream(log.data, keys, "the count of upper-layer rows")
+    for batch in log.data.to_batches(columns=keys, filter=filt, batch_readahead=2, fragment_readahead=1):
         if not batch.num_rows:
             continue
         g = pa.Table.from_batches([batch]).group_by(keys).aggregate([([], "count_all")])

@@ -13,7 +13,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
+from lstm_probe import budget
 from lstm_probe.contract import Capabilities
+from lstm_probe.reader import narrow
 from lstm_probe.report.numeric import dense_key, groups
 from lstm_probe.report.section import Block, Line, Log, Section, Table, fmt
 from lstm_probe.report.sections.staleness import PROVENANCE_TOLERANCE
@@ -120,6 +122,7 @@ def cross_process(data: ds.Dataset, vectors: bool) -> CrossProcessSection:
     state = ["h", "c"] if vectors else ["h_norm", "c_norm"]
     cols = [*CROSS_KEYS, "phase", "iteration", "minibatch", "t", "bootstrap", *state]
     base = ds.field("env_step").is_valid() & (ds.field("iteration") < CROSS_ITERATIONS)
+    budget.check_read(narrow(data, iteration=(0, CROSS_ITERATIONS - 1)), cols, "the cross-process check")
     roll_t = data.to_table(columns=cols, filter=base & (ds.field("phase") == "rollout"))
     learn_t = data.to_table(columns=cols, filter=base & ds.field("phase").isin(["train", "value"]))
     if vectors:

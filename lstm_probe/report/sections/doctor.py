@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
+from lstm_probe import budget
 from lstm_probe.contract import Capabilities
 from lstm_probe.report.scan import is_parquet, row_groups, with_dictionaries
 from lstm_probe.report.section import Block, Line, Log, Section, Table
@@ -275,6 +276,7 @@ class Doctor(Section[DoctorSection]):
             # Arrow's row filter on every column cost ~0.15 s more CPU on a 9.9M-row log (7% of rows kept)
             rows, filt = row_groups(rows, filt), None
         # little read ahead (as the scalar scan): a few batches of one file
+        budget.check_stream(rows, [*COLUMNS, "layer"], "the doctor's read of input states")
         scanner = rows.scanner(
             columns=[*COLUMNS, "layer"], filter=filt, batch_size=BATCH, batch_readahead=2, fragment_readahead=1
         )

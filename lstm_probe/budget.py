@@ -1,0 +1,155 @@
+"""One memory budget for every read of a file from elsewhere: a log (report, load, states, pair, probe,
+html) or a model.zip (arch). The bytes a read will hold are computed from the schema and the Parquet footer
+before any row is read (every column asked for, vectors of any width, strings, the row groups held at once),
+and a read over the budget is refused with one line that says how to raise it.
+
+The budget: :func:`set_limit` (the CLI's ``--max-memory``), else the ``LSTM_PROBE_MAX_MEMORY`` environment
+variable, else :data:`DEFAULT_BYTES`. Sizes read as bytes or with a unit: ``512M``, ``4G``, ``1.5GiB``.
+Imports pyarrow only inside the functions that read footers.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from lstm_probe.errors import BadInput, BadLog
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+
+DEFAULT_BYTES = 2 << 30
+"""2 GiB: what a read may hold at once unless raised. A laptop has it to spare; lstm-probe's own reads take
+far less (the 9.9M-row report peaks at ~0.7 GB of RSS with the interpreter and libraries, its reads a few
+hundred MB), so only a hostile or enormous file meets it."""
+ENV = "LSTM_PROBE_MAX_MEMORY"
+HELD = 4
+"""Row groups a streaming read may hold at once (the one decoded, the ones read ahead)."""
+DECODE = 2
+"""Copies of a row group's columns a read holds while it decodes them (the decoded pages and the Arrow
+arrays; measured: a report streaming 534 MiB of null 65,536-wide vectors peaked 1.1 GB above its baseline)."""
+
+_limit: int | None = None
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_bytes(text: str | int) -> int:
+    """``"4G"``, ``"512MiB"``, ``"1.5g"``, ``"2000000"`` as bytes (binary units); :class:`BadInput` otherwise."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        value: float = text
+    else:
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", str(text), re.IGNORECASE)
+        if m is None:
+            raise BadInput(f"memory size {str(text)[:40]!r} is not a size: use bytes or a unit, e.g. 512M, 4G")
+        value = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    if not value >= 1 << 20:
+        raise BadInput(f"memory size {text!r} is under 1 MiB: lstm-probe needs more than that to read anything")
+    return int(value)
+
+
+def set_limit(value: str | int | None) -> None:
+    """Set the budget for this process (None: back to the environment variable or the default)."""
+    global _limit
+    _limit = None if value is None else parse_bytes(value)
+
+
+def limit() -> int:
+    """The budget in bytes."""
+    if _limit is not None:
+        return _limit
+    env = os.environ.get(ENV)
+    if env:
+        try:
+            return parse_bytes(env)
+        except BadInput as exc:
+            raise BadInput(f"{ENV}: {exc}") from None
+    return DEFAULT_BYTES
+
+
+def words(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 1 << 30 else f"{n / 2**20:.0f} MiB"
+
+
+def refuse(need: int, what: str, fix: str = "", error: type[Exception] = BadLog) -> None:
+    """Raise (``error``, one line) when ``need`` bytes are over the budget."""
+    budget = limit()
+    if need > budget:
+        hint = f"{fix}, or " if fix else ""
+        raise error(
+            f"{what} would hold {words(need)} at once, over the {words(budget)} memory budget; {hint}raise it with "
+            f"--max-memory SIZE (or {ENV}=SIZE) if the file is trusted"
+        )
+
+
+# -- Parquet: the bytes a read holds, from the footer -------------------------------------------------
+def field_bytes(field: pa.Field, rows: int, chunks: Sequence[Any]) -> int:
+    """Bytes ``rows`` rows of ``field`` take once read into Arrow (``chunks``: its leaf columns' chunk
+    metadata in one row group). Fixed-size lists count their full width (Arrow allocates it even for nulls);
+    strings their stored size, which bounds them as the reader reads them (as dictionaries); anything else
+    its leaf values."""
+    import pyarrow as pa
+
+    t = field.type
+    validity = rows // 8 + 1
+    if pa.types.is_fixed_size_list(t):
+        width = max(1, t.value_type.bit_width // 8) if _fixed(t.value_type) else 8
+        return rows * t.list_size * width + 2 * validity + rows * t.list_size // 8
+    if _fixed(t):
+        return rows * max(1, t.bit_width // 8) + validity
+    stored = sum(int(c.total_uncompressed_size) for c in chunks)
+    values = sum(int(c.num_values) for c in chunks)
+    if pa.types.is_string(t) or pa.types.is_binary(t) or pa.types.is_large_string(t) or pa.types.is_dictionary(t):
+        return stored + rows * 8 + validity  # read as a dictionary: its values once, an index per row
+    return stored + values * 8 + rows * 8 + validity  # lists, structs, maps: offsets and values
+
+
+def _fixed(t: pa.DataType) -> bool:
+    try:
+        return t.bit_width > 0
+    except ValueError:
+        return False
+
+
+def _leaves(meta: Any) -> dict[str, list[int]]:
+    """Top-level column name -> its leaf columns' indices in the file's row groups."""
+    out: dict[str, list[int]] = {}
+    for j in range(meta.num_columns):
+        out.setdefault(meta.schema.column(j).path.split(".")[0], []).append(j)
+    return out
+
+
+def row_groups(data: ds.Dataset, columns: Iterable[str]) -> list[int]:
+    """The bytes each row group of ``data`` takes once ``columns`` of it are read."""
+    import pyarrow.dataset as ds
+
+    names = list(dict.fromkeys(columns))
+    out: list[int] = []
+    if not isinstance(data, ds.FileSystemDataset):
+        return out
+    for frag in data.get_fragments():
+        meta = frag.metadata
+        leaves = _leaves(meta)
+        ids = [rg.id for rg in frag.row_groups] if frag.row_groups else range(meta.num_row_groups)
+        for i in ids:
+            rg = meta.row_group(i)
+            total = 0
+            for name in names:
+                if name in leaves and name in data.schema.names:
+                    chunks = [rg.column(j) for j in leaves[name]]
+                    total += field_bytes(data.schema.field(name), rg.num_rows, chunks)
+            out.append(total)
+    return out
+
+
+def check_read(data: ds.Dataset, columns: Iterable[str], what: str, fix: str = "") -> None:
+    """A read that materializes ``columns`` of every row group of ``data`` (``to_table``) fits the budget."""
+    refuse(DECODE * sum(row_groups(data, columns)), what, fix)
+
+
+def check_stream(data: ds.Dataset, columns: Iterable[str], what: str, held: int = HELD) -> None:
+    """A streaming read (``to_batches``) of ``columns``, holding ``held`` row groups at once, fits the budget."""
+    sizes = sorted(row_groups(data, columns), reverse=True)
+    refuse(DECODE * sum(sizes[:held]), what)
