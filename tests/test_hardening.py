@@ -14,6 +14,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "100"}
 
@@ -177,3 +179,64 @@ def test_duplicate_column_names_are_a_one_line_refusal(tmp_path: Path) -> None:
     dup = t.append_column(pa.field("env", pa.int32()), pa.array(np.zeros(t.num_rows, np.int32)))
     pq.write_table(dup, tmp_path / "dup.parquet")
     one_line_refusal(cli("report", str(tmp_path / "dup.parquet"), cwd=tmp_path), "'env' more than once")
+
+
+# -- every failure a file or an argument causes is a one-line exit 2 ----------------------------------
+@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    cuts=st.lists(st.tuples(st.floats(0.0, 1.0), st.binary(min_size=1, max_size=8)), min_size=1, max_size=4),
+    truncate=st.none() | st.floats(0.0, 1.0),
+)
+def test_damaged_bytes_are_a_refusal_or_a_report_never_a_crash(tmp_path: Path, cuts, truncate) -> None:
+    """Bytes overwritten anywhere (footer, pages, metadata) or the file cut short: every reader returns or
+    raises BadLog / BadInput (the CLI's one-line exit 2), nothing else."""
+    from lstm_probe import load, probe, read_info, summarize
+    from lstm_probe.errors import BadInput, BadLog
+
+    raw = bytearray(SAMPLE.read_bytes())
+    tail = len(raw) - 8 - int.from_bytes(raw[-8:-4], "little")  # the footer: where damage matters most
+    for where, junk in cuts:
+        at = int(tail + where * (len(raw) - tail - 1)) if where < 0.5 else int(where * (len(raw) - 1))
+        raw[at : at + len(junk)] = junk
+    if truncate is not None:
+        raw = raw[: int(truncate * len(raw))]
+    log = tmp_path / "damaged.parquet"
+    log.write_bytes(bytes(raw))
+    for read in (read_info, summarize, lambda p: load(p, vectors=False), lambda p: probe(p, "episode_step")):
+        try:
+            read(log)
+        except (BadLog, BadInput):
+            pass
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["run", "Pendulum-v1", "--steps", "0"],
+        ["run", "Pendulum-v1", "--capture", "most"],
+        ["run", "Pendulum-v1", "--every", "-3"],
+        ["run", "Pendulum-v1", "--part-seconds", "nan"],
+        ["run", "Pendulum-v1", "--learning-rate", "-1"],
+        ["run", "Pendulum-v1", "--hyperparam", "policy_kwargs=abc"],
+        ["run", "Pendulum-v1", "--hyperparam", "nosuch=1"],
+        ["run", "NoSuchEnv-v9"],
+        ["run", "Pendulum-v1", "--framework", "jax"],
+        ["run", "Pendulum-v1", "--out", "x/"],
+        ["--max-memory", "lots", "report", "x.parquet"],
+        ["report", "no-such.parquet"],
+        ["report", "README.md"],
+        ["report", "/dev/null"],
+        ["report", "x" * 5000],
+        ["probe", "SAMPLE", "--lags", "a,b"],
+        ["probe", "SAMPLE", "--target", "obs:99999"],
+        ["report", "SAMPLE", "--iteration", "999", "--html", "out.html"],
+        ["arch", "no-such.zip"],
+    ],
+)
+def test_bad_arguments_are_a_one_line_exit_2(tmp_path: Path, args: list[str]) -> None:
+    args = [str(SAMPLE) if a == "SAMPLE" else a for a in args]
+    (tmp_path / "README.md").write_text("# not a log\n")
+    if args[-1] == "x/":
+        (tmp_path / "x").write_text("a file where the directory would go")
+    r = cli(*args, cwd=tmp_path)
+    one_line_refusal(r)

@@ -105,7 +105,14 @@ def build(env_id: str, train: TrainOptions | None = None, build_options: Build |
     except BadInput:
         env.close()
         raise
-    policy_kwargs = dict(kwargs.pop("policy_kwargs", {}) or {})
+    policy_kwargs = kwargs.pop("policy_kwargs", None) or {}
+    if not isinstance(policy_kwargs, dict):
+        env.close()
+        raise BadInput(
+            "--hyperparam policy_kwargs must be a dict literal, e.g. policy_kwargs=\"{'net_arch': [64]}\", "
+            f"not {str(policy_kwargs)[:60]!r}"
+        )
+    policy_kwargs = dict(policy_kwargs)
     if hidden_size is not None:
         policy_kwargs["lstm_hidden_size"] = hidden_size
     if lstm_layers is not None:
