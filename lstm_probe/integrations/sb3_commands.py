@@ -154,18 +154,13 @@ _NO_LSTM = (
 def _refuse_non_recurrent(target: str) -> None:
     """A model.zip of a policy without an LSTM (SB3's PPO, say) is refused in one line that says what
     ``arch`` reads, before either loader tries it (SB3's would fail on the missing ``lstm_actor``)."""
-    import json
     import re
-    import zipfile
 
-    from lstm_probe.integrations.sb3_zip import MAX_DATA_BYTES
+    from lstm_probe.integrations.sb3_zip import read_data
 
-    try:
-        with zipfile.ZipFile(target) as archive:
-            if archive.getinfo("data").file_size > MAX_DATA_BYTES:
-                return
-            entry = json.loads(archive.read("data")).get("policy_class")
-    except Exception:  # not a zip, no data, not JSON: the loaders say what is wrong
+    try:  # within the safe reader's bounds (zip directory, data's size and JSON items)
+        entry = read_data(target).get("policy_class")
+    except Exception:  # not a zip, no data, not JSON, over a bound: the loaders say what is wrong
         return
     if not isinstance(entry, dict) or str(entry.get("__module__", "")).startswith("sb3_contrib."):
         return
