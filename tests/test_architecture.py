@@ -26,6 +26,7 @@ INTEGRATION_IMPORTS = {
     "lock",
     "reader",
     "report",
+    "budget",
 }
 """The core modules an integration may import (docs/architecture.md names the same list)."""
 READ_ROOTS = {"reader", "report", "probes", "html", "html_figures"}

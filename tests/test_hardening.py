@@ -240,3 +240,12 @@ def test_bad_arguments_are_a_one_line_exit_2(tmp_path: Path, args: list[str]) ->
         (tmp_path / "x").write_text("a file where the directory would go")
     r = cli(*args, cwd=tmp_path)
     one_line_refusal(r)
+
+
+def test_max_memory_bounds_the_model_zip_reader_too(tmp_path: Path) -> None:
+    from sb3_contrib import RecurrentPPO
+
+    RecurrentPPO("MlpLstmPolicy", "Pendulum-v1", n_steps=16, batch_size=16, device="cpu").save(tmp_path / "m.zip")
+    r = cli("--max-memory", "4M", "arch", str(tmp_path / "m.zip"), cwd=tmp_path)
+    one_line_refusal(r, "4 MiB memory budget", "--max-memory")
+    assert cli("--max-memory", "1G", "arch", str(tmp_path / "m.zip"), "--json", cwd=tmp_path).returncode == 0

@@ -32,6 +32,10 @@ gigabytes, so nothing is allocated before it is sized (:func:`load`'s ``max_byte
    before ``torch.load`` reads it from memory.
 
 A refusal over the budget names the setting that makes the network big and how to raise the budget.
+
+The module must be this long (~820 lines): sizing a network from its settings needs the same parsing of
+spaces, policy class and policy_kwargs that building it does, and each bound above feeds the next, so the
+steps are kept side by side rather than split across modules that would import each other.
 """
 
 from __future__ import annotations
@@ -39,7 +43,6 @@ from __future__ import annotations
 import io
 import json
 import math
-import os
 import re
 import struct
 import zipfile
@@ -49,18 +52,16 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from lstm_probe.budget import DEFAULT_BYTES, ENV, limit, parse_bytes
 from lstm_probe.errors import BadInput
 
-MAX_MODEL_BYTES = 2 << 30
+MAX_MODEL_BYTES = DEFAULT_BYTES
 """Default memory budget (2 GiB) for reading and analysing one model.zip, as :func:`needs` counts it. A laptop
 has it to spare, and it is far above genuine recurrent policies: sb3-contrib's defaults hold ~0.6 M
 parameters (~80 MiB counted, with a 2048 x 8 rollout buffer), an Atari CnnLstmPolicy ~3.3 M (~120 MiB),
 lstm_hidden_size 1024 with net_arch [1024, 1024] ~12.7 M (~560 MiB). Only a file that describes a far
 larger network (or a bomb) meets it. Raised with ``load(max_bytes=...)`` (the CLI's ``--max-memory``) or
 the ``LSTM_PROBE_MAX_MEMORY`` environment variable."""
-ENV = "LSTM_PROBE_MAX_MEMORY"
-"""Environment variable holding the budget when ``max_bytes`` is not given: bytes, or a size like ``4G``."""
-
 MAX_DATA_BYTES = 64 << 20
 """Largest ``data`` JSON read (SB3 writes a few KB; pickled ``_last_obs`` of image envs some MB)."""
 MAX_JSON_ITEMS = 1 << 20
@@ -147,36 +148,10 @@ def refusal(path: str | Path, why: str) -> BadInput:
 
 
 # -- the budget ----------------------------------------------------------------------------------------
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-
-
-def parse_bytes(text: str | int) -> int:
-    """``"4G"``, ``"512MiB"``, ``"1.5g"``, ``"2000000"`` as bytes (binary units); :class:`BadInput` otherwise
-    (and under 1 MiB)."""
-    if isinstance(text, int) and not isinstance(text, bool):
-        value: float = text
-    else:
-        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", str(text), re.IGNORECASE)
-        if m is None:
-            raise BadInput(f"memory size {str(text)[:40]!r} is not a size: use bytes or a unit, e.g. 512M, 4G")
-        value = float(m.group(1)) * _UNITS[m.group(2).lower()]
-    if not value >= 1 << 20:
-        raise BadInput(f"memory size {str(text)[:40]!r} is under 1 MiB: lstm-probe needs more than that")
-    return int(value)
-
-
 def budget(max_bytes: int | str | None = None) -> int:
-    """The budget in bytes: ``max_bytes`` when given, else ``LSTM_PROBE_MAX_MEMORY``, else
-    :data:`MAX_MODEL_BYTES`."""
-    if max_bytes is not None:
-        return parse_bytes(max_bytes)
-    env = os.environ.get(ENV)
-    if env:
-        try:
-            return parse_bytes(env)
-        except BadInput as exc:
-            raise BadInput(f"{ENV}: {exc}") from None
-    return MAX_MODEL_BYTES
+    """The budget in bytes: ``max_bytes`` when given, else the one every read has (``lstm_probe.budget``:
+    ``--max-memory``, ``LSTM_PROBE_MAX_MEMORY``, 2 GiB)."""
+    return parse_bytes(max_bytes) if max_bytes is not None else limit()
 
 
 def words(n: float) -> str:
