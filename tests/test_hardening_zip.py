@@ -44,8 +44,9 @@ def cli(*args, cwd, cap=True):
     and the child's peak RSS in MB (None if it died before writing it)."""
     out = cwd / "peak-kb"
     prelude = (
-        "import atexit, resource\n"
-        "peak = lambda: str(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
+        "import atexit\n"
+        # VmHWM starts anew at exec; ru_maxrss would count the RSS of the (large) test process at fork
+        "peak = lambda: next(x.split()[1] for x in open('/proc/self/status') if x.startswith('VmHWM'))\n"
         f"atexit.register(lambda: open({str(out)!r}, 'w').write(peak()))\n"
         "from lstm_probe.cli import main\nmain()"
     )
