@@ -27,6 +27,7 @@ INTEGRATION_IMPORTS = {
     "reader",
     "report",
     "budget",
+    "torch_env",
 }
 """The core modules an integration may import (docs/architecture.md names the same list)."""
 READ_ROOTS = {"reader", "report", "probes", "html", "html_figures"}
