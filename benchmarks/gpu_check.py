@@ -1,0 +1,144 @@
+"""The probe on a GPU, in one run (prepared on CPU; run it where CUDA is): does any hook wait for the device,
+and what does the probe cost at 1, 16 and 256 envs?
+
+1. Syncs inside hooks: a probed RecurrentPPO on CUDA, with ``torch.cuda.set_sync_debug_mode("warn")`` turned
+   on only while the probe's own code runs (every forward hook of the tracer, the integration's answers
+   included), so SB3's own transfers (actions to numpy) are not counted. Prints the synchronizing calls
+   the hooks made, per phase, with the first place each comes from.
+2. Overhead: unprobed and probed runs (summary and full capture) side by side, interleaved, on the
+   torch-native Pendulum (``lstm_probe/integrations/sb3_torch_env.py``, no gymnasium loop hiding the probe),
+   wall-time medians and their ratios.
+
+    python benchmarks/gpu_check.py                       # CUDA: both parts
+    python benchmarks/gpu_check.py --device cpu --steps 1024 --envs 1 16   # a smoke run on CPU (part 2 only)
+
+With ``$OUT`` set, the results are also written to ``$OUT/gpu_check.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import lstm_probe
+from lstm_probe.integrations.sb3_torch_env import TorchPendulumVecEnv
+from lstm_probe.tracer import CoreTracer
+
+
+def model(n_envs: int, device: str, seed: int = 0) -> Any:
+    from sb3_contrib import RecurrentPPO
+
+    env = TorchPendulumVecEnv(n_envs, device=device, seed=seed, observe_velocity=False)
+    return RecurrentPPO("MlpLstmPolicy", env, n_steps=128, batch_size=128 * min(n_envs, 8), seed=seed, device=device)
+
+
+def syncs(device: str, n_envs: int, steps: int) -> dict[str, Any]:
+    """Run a probed learn() with sync warnings on inside the tracer's hooks only; count them by phase."""
+    seen: collections.Counter[str] = collections.Counter()
+    where: dict[str, str] = {}
+    calls = collections.Counter()
+    make_hook = CoreTracer._make_hook
+
+    def patched(self: CoreTracer, name: str) -> Any:
+        hook = make_hook(self, name)
+
+        def guarded(*args: Any) -> Any:
+            phase = getattr(getattr(self, "_resolved", None), "phase", None) or "call"
+            calls[phase] += 1
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                torch.cuda.set_sync_debug_mode("warn")
+                try:
+                    return hook(*args)
+                finally:
+                    torch.cuda.set_sync_debug_mode("default")
+            for w in caught:
+                if "synchroniz" in str(w.message).lower():
+                    key = f"{phase}: {str(w.message).splitlines()[0][:80]}"
+                    seen[key] += 1
+                    where.setdefault(key, "".join(traceback.format_stack(limit=6)[:-2]))
+
+        return guarded
+
+    CoreTracer._make_hook = patched  # type: ignore[method-assign]
+    try:
+        m = model(n_envs, device)
+        with tempfile.TemporaryDirectory() as tmp, lstm_probe.ProbeCallback(Path(tmp) / "sync.parquet") as probe:
+            m.learn(steps, callback=probe)
+    finally:
+        CoreTracer._make_hook = make_hook  # type: ignore[method-assign]
+    return {"hook_calls": dict(calls), "syncs": dict(seen), "first_seen": where}
+
+
+def timed(n_envs: int, device: str, steps: int, capture: str | None) -> float:
+    m = model(n_envs, device)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    if capture is None:
+        m.learn(steps)
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            with lstm_probe.ProbeCallback(Path(tmp) / "run.parquet", capture=capture) as probe:
+                m.learn(steps, callback=probe)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--envs", type=int, nargs="+", default=[1, 16, 256])
+    ap.add_argument("--steps", type=int, default=None, help="env steps per run [envs x 128 x 8]")
+    ap.add_argument("--repeats", type=int, default=2)
+    args = ap.parse_args()
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        sys.exit("no CUDA here: pass --device cpu for a smoke run")
+    results: dict[str, Any] = {"device": args.device, "torch": torch.__version__}
+    if args.device.startswith("cuda"):
+        results["gpu"] = torch.cuda.get_device_name()
+        results["sync"] = syncs(args.device, 16, 16 * 128 * 2)
+        print(f"hook calls: {results['sync']['hook_calls']}")
+        for key, n in sorted(results["sync"]["syncs"].items(), key=lambda kv: -kv[1]):
+            print(f"  {n:6d} x {key}\n{results['sync']['first_seen'][key]}")
+        if not results["sync"]["syncs"]:
+            print("no synchronizing call inside a hook")
+    rows = []
+    for n in args.envs:
+        steps = args.steps or n * 128 * 8
+        times: dict[str, list[float]] = {"none": [], "summary": [], "full": []}
+        timed(n, args.device, n * 128, None)  # warm-up: CUDA context, kernels, imports
+        for _ in range(args.repeats):
+            for label in times:
+                times[label].append(timed(n, args.device, steps, None if label == "none" else label))
+        base = statistics.median(times["none"])
+        row = {"envs": n, "steps": steps, "base_s": base}
+        for label in ("summary", "full"):
+            row[f"{label}_ratio"] = statistics.median(times[label]) / base
+        rows.append(row)
+        print(
+            f"{n:5d} envs, {steps:7d} steps: unprobed {base:7.2f} s, summary {row['summary_ratio']:.3f}x, "
+            f"full {row['full_ratio']:.3f}x",
+            flush=True,
+        )
+    results["overhead"] = rows
+    out = os.environ.get("OUT")
+    if out:
+        Path(out, "gpu_check.json").write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
