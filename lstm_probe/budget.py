@@ -79,8 +79,9 @@ def refuse(need: int, what: str, fix: str = "", error: type[Exception] = BadLog)
     if need > budget:
         hint = f"{fix}, or " if fix else ""
         raise error(
-            f"{what} would hold {words(need)} at once, over the {words(budget)} memory budget; {hint}raise it with "
-            f"--max-memory SIZE (or {ENV}=SIZE) if the file is trusted"
+            f"{what} would hold {words(need)} at once, over the {words(budget)} memory budget; {hint}raise it if "
+            f"the file is trusted: --max-memory SIZE on the command line, {ENV}=SIZE, or "
+            "lstm_probe.set_max_memory(SIZE)"
         )
 
 
@@ -123,10 +124,15 @@ def _leaves(meta: Any) -> dict[str, list[int]]:
 
 def row_groups(data: ds.Dataset, columns: Iterable[str]) -> list[int]:
     """The bytes each row group of ``data`` takes once ``columns`` of it are read."""
+    return [size for size, _ in groups(data, columns)]
+
+
+def groups(data: ds.Dataset, columns: Iterable[str]) -> list[tuple[int, int]]:
+    """(bytes once ``columns`` are read, rows) of each row group of ``data``."""
     import pyarrow.dataset as ds
 
     names = list(dict.fromkeys(columns))
-    out: list[int] = []
+    out: list[tuple[int, int]] = []
     if not isinstance(data, ds.FileSystemDataset):
         return out
     for frag in data.get_fragments():
@@ -140,13 +146,34 @@ def row_groups(data: ds.Dataset, columns: Iterable[str]) -> list[int]:
                 if name in leaves and name in data.schema.names:
                     chunks = [rg.column(j) for j in leaves[name]]
                     total += field_bytes(data.schema.field(name), rg.num_rows, chunks)
-            out.append(total)
+            out.append((total, rg.num_rows))
     return out
 
 
 def check_read(data: ds.Dataset, columns: Iterable[str], what: str, fix: str = "") -> None:
     """A read that materializes ``columns`` of every row group of ``data`` (``to_table``) fits the budget."""
     refuse(DECODE * sum(row_groups(data, columns)), what, fix)
+
+
+def check_filtered(
+    data: ds.Dataset, columns: Iterable[str], filt: ds.Expression | None, what: str, fix: str = ""
+) -> None:
+    """A read that keeps the rows ``filt`` selects (``to_table(filter=...)``, then pandas) fits the budget: the
+    rows it keeps (counted first by reading the filter's columns alone, within the budget too) at the
+    average width of the row groups they come from, held twice (Arrow, then the caller's copy), plus the
+    row groups held while they are decoded."""
+    sizes = groups(data, columns)
+    if not sizes:
+        return
+    total = sum(size for size, _ in sizes)
+    rows = sum(n for _, n in sizes)
+    kept = rows
+    if filt is not None and rows:
+        refs = sorted(set(re.findall(r"\b[a-z_]+\b", str(filt))) & set(data.schema.names))
+        check_stream(data, refs, f"{what}: its filter's columns")
+        kept = data.count_rows(filter=filt)
+    largest = sorted((size for size, _ in sizes), reverse=True)[:HELD]
+    refuse(DECODE * (total * kept // max(rows, 1)) + sum(largest), what, fix)
 
 
 def check_stream(data: ds.Dataset, columns: Iterable[str], what: str, held: int = HELD) -> None:

@@ -94,6 +94,7 @@ RUN_FLAGS = _run_flags()
 
 
 def run(
+    ctx: typer.Context,
     env_id: Annotated[str, typer.Argument(help="Gymnasium env id, e.g. Pendulum-v1 or CartPole-v1.")],
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help=_default("No progress display.", "off"))] = False,
     progress_seconds: Annotated[
@@ -109,7 +110,9 @@ def run(
     from lstm_probe import integrations
 
     fw = integrations.framework(framework)
-    given = split(RUN_FLAGS, flags)
+    # the flags typed (even at their default value); typer's own click names the source kinds as click does
+    typed = [n for n in flags if getattr(ctx.get_parameter_source(n), "name", "DEFAULT") != "DEFAULT"]
+    given = split(RUN_FLAGS, flags, typed)
     groups = dict(integrations.group_classes(fw))
     for d in RUN_FLAGS:  # a flag of another framework's group, set: refused, naming the frameworks that take it
         if d.group in given and d.field.name in given[d.group] and d.group not in (CaptureOptions, TrainOptions):
@@ -389,7 +392,7 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point: one error boundary for the whole CLI."""
     args = list(sys.argv[1:] if argv is None else argv)
     show_tb = "--traceback" in args
-    args = [a for a in args if a != "--traceback"]
+    args = _global_first([a for a in args if a != "--traceback"])
     try:
         # Both stop training and close the log; SIGINT explicitly, since a shell's background job
         # inherits it ignored.
@@ -412,8 +415,24 @@ def main(argv: list[str] | None = None) -> None:
         line, code = _one_line(exc, args)
         # exceptions carry file names, Arrow field names, hosts and values from files: the whole line is made
         # safe (no control characters, no markup, bounded) in one place
-        err().print(safe(line, markup=False), markup=False)
+        err().print(safe(line, limit=ERROR_LIMIT, markup=False, word=PATH_MAX), markup=False)
         raise SystemExit(code) from None
+
+
+ERROR_LIMIT, PATH_MAX = 16_384, 4096
+"""An error line is cut at 16,384 characters, and a word in it at 4,096 (the longest path Linux takes):
+paths in an error stay whole, enough to copy."""
+
+
+def _global_first(args: list[str]) -> list[str]:
+    """``--max-memory SIZE`` moved before the command wherever it was given (``lstm-probe report LOG
+    --max-memory 8G`` as ``lstm-probe --max-memory 8G report LOG``): it is an option of every command."""
+    for i, a in enumerate(args):
+        if a == "--max-memory" and i + 1 < len(args):
+            return [a, args[i + 1], *args[:i], *args[i + 2 :]]
+        if a.startswith("--max-memory="):
+            return [a, *args[:i], *args[i + 1 :]]
+    return args
 
 
 def _one_line(exc: BaseException, args: list[str]) -> tuple[str, Exit]:

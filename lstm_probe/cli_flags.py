@@ -58,14 +58,16 @@ def with_flags(func: Callable[..., Any], flags: list[Declared]) -> Callable[...,
     return func
 
 
-def split(flags: list[Declared], values: dict[str, Any]) -> dict[type[Any], dict[str, Any]]:
-    """The values given on the command line, by group; a flag left at its CLI default is left out, so the
+def split(flags: list[Declared], values: dict[str, Any], given: Iterable[str] = ()) -> dict[type[Any], dict[str, Any]]:
+    """The values given on the command line, by group: those named in ``given`` (the flags the user typed,
+    even at their default value) and any other away from its default; a flag left out is left out, so the
     group's own default applies."""
+    typed = set(given)
     out: dict[type[Any], dict[str, Any]] = {}
     for d in flags:
         value = values[d.field.name]
         if isinstance(value, list | tuple) and not value:
             value = None  # a repeatable flag not given
-        if value != d.parameter.default:
+        if d.field.name in typed or value != d.parameter.default:
             out.setdefault(d.group, {})[d.field.name] = value
     return out

@@ -35,7 +35,6 @@ from lstm_probe.html_figures import (
     _staleness_figure,
     _what_if_figure,
 )
-from lstm_probe.logfiles import reads
 from lstm_probe.reader import dataset, narrow, states
 from lstm_probe.report import Report, summarize
 from lstm_probe.text import plain
@@ -77,7 +76,6 @@ class Page:
     """The layout drawing's legend: why a sequence starts where it does (those the log's capabilities allow)."""
 
 
-@reads("drawn")
 def build_html(
     path: str | os.PathLike[str],
     out: str | os.PathLike[str],
@@ -219,7 +217,7 @@ def check_out(out: str | os.PathLike[str]) -> None:
 def _read(data: ds.Dataset, columns: list[str], filt: ds.Expression) -> pd.DataFrame:
     """The rows ``filt`` selects in ``data`` (already narrowed to the row groups that can hold them), within
     the memory budget (``budget.py``)."""
-    budget.check_read(data, columns, "the page's read of " + ", ".join(columns))
+    budget.check_filtered(data, columns, filt, "the page's read of " + ", ".join(columns))
     return data.to_table(columns=columns, filter=filt).to_pandas()
 
 

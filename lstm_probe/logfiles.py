@@ -31,13 +31,13 @@ MAX_JSON_DEPTH = 64
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def reads(what: str) -> Callable[[F], F]:
+def reads(what: str, values: bool = False) -> Callable[[F], F]:
     """A reading function whose first argument is a log's path runs inside :func:`reading`."""
 
     def wrap(func: F) -> F:
         @functools.wraps(func)
         def inner(path: Any, *args: Any, **kwargs: Any) -> Any:
-            with reading(path, what):
+            with reading(path, what, values):
                 return func(path, *args, **kwargs)
 
         return inner  # type: ignore[return-value]
@@ -46,10 +46,13 @@ def reads(what: str) -> Callable[[F], F]:
 
 
 @contextlib.contextmanager
-def reading(path: str | os.PathLike[str], what: str = "read") -> Iterator[None]:
-    """Inside: a failure of the file rather than of the code is one line (:class:`BadLog`): pages that do
-    not decode, values or metadata of other types than lstm-probe writes (``--traceback`` shows the cause).
-    Our own errors (:class:`ProbeError`) pass as they are."""
+def reading(path: str | os.PathLike[str], what: str = "read", values: bool = False) -> Iterator[None]:
+    """Inside: a failure of the file rather than of the code is one line (:class:`BadLog`): pages or a
+    footer that do not decode (``--traceback`` shows the cause); with ``values``, also Python's errors
+    about values, where the code inside reads nothing but the log (metadata of other types than lstm-probe
+    writes: ``read_info``, ``summarize``; functions that take arguments check them first and leave
+    ``values`` off, so a wrong argument is not blamed on the file). Our own errors (:class:`ProbeError`)
+    pass as they are."""
     try:
         yield
     except ProbeError:
@@ -57,6 +60,8 @@ def reading(path: str | os.PathLike[str], what: str = "read") -> Iterator[None]:
     except (pa.ArrowException, OSError, EOFError) as exc:
         raise BadLog(f"{path} cannot be {what} ({one_line(exc)}): a damaged file, or not an lstm-probe log") from exc
     except (TypeError, ValueError, KeyError, IndexError, AttributeError, OverflowError) as exc:
+        if not values:
+            raise
         raise BadLog(f"{path} holds values lstm-probe does not write ({one_line(exc)}); it cannot be {what}") from exc
 
 

@@ -25,6 +25,8 @@ WRITERS = ("process", "thread")
 DEFAULT_WRITER = "thread" if os.name == "nt" else "process"  # Windows pipes cannot be polled (select)
 DEFAULT_OUT = "run.parquet"
 
+MAX_PART_SECONDS = 7 * 24 * 3600.0
+"""Longest wait between published parts: a week (what a killed run may lose at most; inf broke the writer)."""
 MAX_ENVS = 1 << 16
 """Most envs ``run`` makes (``make_vec_env``: one Python env object each, stepped in turn). 1e7 took 41 s and
 3.5 GB before failing with MemoryError; 65,536 CartPoles take 13 s and 0.2 GB to make."""
@@ -103,8 +105,8 @@ class CaptureOptions:
             raise BadInput(f"--capture must be full or summary, got {self.capture!r}")
         at_least("every", self.every, 1)
         at_least("part_iterations", self.part_iterations, 1)
-        if not self.part_seconds > 0:
-            raise BadInput(f"--part-seconds must be > 0, got {self.part_seconds}")
+        if not 0 < self.part_seconds <= MAX_PART_SECONDS:
+            raise BadInput(f"--part-seconds must be > 0 and at most {MAX_PART_SECONDS:,.0f}, got {self.part_seconds}")
         if self.writer not in WRITERS:
             raise BadInput(f"--writer must be one of {', '.join(WRITERS)}, not {self.writer!r}")
         if self.reference_window < 0:

@@ -35,6 +35,9 @@ from lstm_probe.reader import dataset, narrow
 if TYPE_CHECKING:
     import pandas as pd
 
+MAX_LAG = 1_000_000
+"""Longest lag asked for (steps back in one episode; longer episodes are rare, and a lag past an episode's
+length leaves no rows)."""
 MAX_ITERATIONS = 8
 """Iterations probed by default (evenly spaced over the log, the first and last included)."""
 SEGMENT = 16
@@ -111,7 +114,9 @@ def score(x: np.ndarray, y: np.ndarray, held_out: np.ndarray, alpha: float = 1e-
 def _iterations(data: ds.Dataset, asked: Iterable[int] | None) -> list[int]:
     if asked is not None:
         return sorted({int(i) for i in asked})
-    its = pc.unique(data.to_table(columns=["iteration"], filter=ds.field("phase") == "rollout")["iteration"])
+    rollout = ds.field("phase") == "rollout"
+    budget.check_filtered(data, ["iteration"], rollout, "the probe's list of iterations")
+    its = pc.unique(data.to_table(columns=["iteration"], filter=rollout)["iteration"])
     values = sorted(int(v) for v in its.to_pylist() if v is not None)
     if len(values) <= MAX_ITERATIONS:
         return values
@@ -244,8 +249,10 @@ def probe_rows(
 ) -> list[dict[str, Any]]:
     """:func:`probe_targets`' rows as dicts (keys :data:`ROW_KEYS`; r2 None where the target is constant), in
     numpy: without pandas unless a target is the user's DataFrame (the report and ``lstm-probe probe``)."""
-    if any(int(lag) < 0 for lag in lags):
-        raise BadInput(f"lags must be >= 0, got {list(lags)}")
+    if not all(isinstance(lag, int | np.integer) and not isinstance(lag, bool) for lag in lags):
+        raise BadInput(f"lags must be integers, got {list(lags)}")
+    if any(not 0 <= int(lag) <= MAX_LAG for lag in lags):
+        raise BadInput(f"lags must be 0..{MAX_LAG:,} steps, got {list(lags)}")
     data, info = dataset(path)
     if (info.metadata.get("capture") or {}).get("mode") == "summary":
         raise BadInput("probes need the h vectors: this log was written with --capture summary")
@@ -259,11 +266,10 @@ def probe_rows(
     out: list[dict[str, Any]] = []
     want = None if modules is None else set(modules)
     for it in its:
-        budget.check_read(narrow(data, iteration=(it, it)), columns, f"the probe's read of iteration {it}")
-        table = data.to_table(
-            columns=columns,
-            filter=(ds.field("phase") == "rollout") & (ds.field("iteration") == it) & ds.field("h").is_valid(),
-        )
+        rows_of = (ds.field("phase") == "rollout") & (ds.field("iteration") == it) & ds.field("h").is_valid()
+        part = narrow(data, iteration=(it, it))  # the iteration's row groups (statistics)
+        budget.check_filtered(part, columns, rows_of, f"the probe's read of iteration {it}")
+        table = part.to_table(columns=columns, filter=rows_of)
         if table.num_rows == 0:
             continue
         rows = {c: _column(table, c) for c in [*keys, *worker]}

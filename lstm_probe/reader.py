@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # both load in ~0.5 s; the writer process (which imports this
     import pyarrow.dataset as ds
 
 from lstm_probe import budget
-from lstm_probe.errors import BadLog
+from lstm_probe.errors import BadInput, BadLog
 from lstm_probe.layout import PARTIAL_SUFFIX, partial_dir
 from lstm_probe.lock import Holder, live_holder, lock_path
 from lstm_probe.logfiles import check_counts, metadata_json, open_part, reads
@@ -183,7 +183,7 @@ def _live_note(p: Path, h: Holder, parts: int) -> str:
     )
 
 
-@reads("read")
+@reads("read", values=True)
 def read_info(path: str | os.PathLike[str]) -> LogInfo:
     """Check a log against the schema and read its metadata (no rows are read)."""
     root, files, warnings = resolve_files(path)
@@ -468,6 +468,11 @@ def load(
 
     Each filter reads only the row groups that can hold its values (``env=0, episode=12``: one episode's
     rows of a large log, not a scan of every row group; see :func:`narrow`)."""
+    _check_arguments(
+        {"iteration": iteration, "layer": layer, "env": env, "episode": episode},
+        {"phase": phase, "module": module},
+        columns,
+    )
     data, info = dataset(path)
     within = {
         col: (min(values), max(values))
@@ -483,7 +488,7 @@ def load(
         if unknown:
             raise BadLog(f"no column {sorted(unknown)[0]!r} in the log; columns: {', '.join(info.schema.names)}")
     filt = _filter(phase=phase, module=module, iteration=iteration, layer=layer, env=env, episode=episode)
-    budget.check_read(data, columns, f"loading {len(columns)} column(s) of {path}", _LOAD_FIX)
+    budget.check_filtered(data, columns, filt, f"loading {len(columns)} column(s) of {path}", _LOAD_FIX)
     table = data.to_table(columns=columns, filter=filt)
     # integer and bool columns as pandas' nullable dtypes (Int64, boolean): null env on padding rows
     # stays <NA> instead of turning the column into floats
@@ -497,6 +502,21 @@ def load(
             words = np.asarray([*col.cat.categories, None], dtype=object)
             df[name] = pd.Series(words[col.cat.codes.to_numpy()], index=df.index, dtype=object)
     return df
+
+
+def _check_arguments(ints: dict[str, Any], words: dict[str, Any], columns: Any) -> None:
+    """:class:`BadInput` for a filter or column list of the wrong type (``iteration="5"``), before the log is
+    read: Arrow's own error would not say which argument it was."""
+    for name, value in ints.items():
+        if value is not None and not all(
+            isinstance(v, int | np.integer) and not isinstance(v, bool) for v in _values(value)
+        ):
+            raise BadInput(f"load({name}=...) takes an integer or a list of integers, not {value!r}")
+    for name, value in words.items():
+        if value is not None and not all(isinstance(v, str) for v in _values(value)):
+            raise BadInput(f"load({name}=...) takes a string or a list of strings, not {value!r}")
+    if columns is not None and (isinstance(columns, str) or not all(isinstance(c, str) for c in columns)):
+        raise BadInput(f"load(columns=...) takes a list of column names, not {columns!r}")
 
 
 _LOAD_FIX = "load fewer rows (phase=, iteration=, env=, episode=) or columns (vectors=False, columns=[...])"

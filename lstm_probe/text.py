@@ -33,7 +33,7 @@ def plain(value: Any) -> str:
     return _CONTROL.sub(_code, str(value))
 
 
-def safe(value: Any, limit: int | None = LIMIT, markup: bool = True) -> str:
+def safe(value: Any, limit: int | None = LIMIT, markup: bool = True, word: int = WORD) -> str:
     """The one way a string from a file (log metadata, column values, part file names, Arrow field names,
     model zips) or a path reaches the terminal, errors included: :func:`plain` (no control characters; here
     newline and tab become ``\\x0a`` and ``\\x09`` too, so a value prints as one line), cut to ``limit``
@@ -43,7 +43,7 @@ def safe(value: Any, limit: int | None = LIMIT, markup: bool = True) -> str:
     markup left as it is, for text printed with ``markup=False`` (the CLI's one-line errors)."""
     text = str(value)
     if limit is not None:
-        text = _cut(text, limit)
+        text = _cut(text, limit, word)
     text = _LINE_CONTROL.sub(_code, text)
     if not markup:
         return text
@@ -52,10 +52,10 @@ def safe(value: Any, limit: int | None = LIMIT, markup: bool = True) -> str:
     return escape(text)  # (a trailing backslash is doubled, so that markup after it stays markup)
 
 
-def _cut(text: str, limit: int) -> str:
+def _cut(text: str, limit: int, longest: int = WORD) -> str:
     """``text`` cut to ``limit`` characters and each word to :data:`WORD` (``… (N more)`` where cut). A
     word that the cut at ``limit`` ends is marked once, with everything left out after it."""
-    word = min(WORD, limit)
+    word = min(longest, limit)
     left = len(text) - limit
     head = text[:limit] if left > 0 else text
     marked = False

@@ -17,6 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from lstm_probe.errors import BadInput, BadLog
+
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "100"}
 
 
@@ -249,3 +251,47 @@ def test_max_memory_bounds_the_model_zip_reader_too(tmp_path: Path) -> None:
     r = cli("--max-memory", "4M", "arch", str(tmp_path / "m.zip"), cwd=tmp_path)
     one_line_refusal(r, "4 MiB memory budget", "--max-memory")
     assert cli("--max-memory", "1G", "arch", str(tmp_path / "m.zip"), "--json", cwd=tmp_path).returncode == 0
+
+
+# -- a review's findings: the budget counts what a filtered read keeps; arguments are not blamed on files -----
+CARTPOLE = SAMPLE.with_name("cartpole-4env.parquet")
+
+
+def test_a_filtered_read_is_counted_by_the_rows_it_keeps():
+    from lstm_probe import budget, load, pair
+
+    budget.set_limit("10M")
+    try:
+        with pytest.raises(BadLog, match="memory budget"):
+            load(CARTPOLE)  # the whole log: 7 MiB, held twice, and its row groups while they decode
+        df = load(CARTPOLE, iteration=0, phase="rollout")  # 256 rows, 0.15 MB
+        assert len(df) == 256 and set(df.phase) == {"rollout"}
+        assert len(pair(CARTPOLE, iteration=0))
+    finally:
+        budget.set_limit(None)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"iteration": "5"}, {"env": "0"}, {"phase": 1}, {"columns": "h"}, {"layer": True}],
+)
+def test_a_wrong_argument_is_named_not_blamed_on_the_file(kwargs):
+    from lstm_probe import load, probe
+
+    with pytest.raises(BadInput, match=f"load\\({next(iter(kwargs))}="):
+        load(CARTPOLE, **kwargs)
+    with pytest.raises(BadInput, match="lags must be integers"):
+        probe(CARTPOLE, "episode_step", lags=["a"])
+
+
+def test_max_memory_anywhere_on_the_line_and_flags_typed_at_their_default(tmp_path: Path) -> None:
+    wide = _wide_log(tmp_path / "wide.parquet", 1 << 16, columns=("h", "c"), rows_per_group=518)
+    one_line_refusal(cli("report", str(wide), "--max-memory", "256M", cwd=tmp_path), "256 MiB memory budget")
+    assert cli("report", str(SAMPLE), "--max-memory=1G", cwd=tmp_path).returncode == 0
+    r = cli("run", "CartPole-v1", "--framework", "rllib", "--out", "run.parquet", cwd=tmp_path)
+    one_line_refusal(r, "end --out with '/'")
+    one_line_refusal(cli("run", "Pendulum-v1", "--part-seconds", "inf", cwd=tmp_path), "--part-seconds")
+    long = tmp_path / ("d" * 240) / "x.parquet"
+    r = cli("report", str(long), cwd=tmp_path)
+    one_line_refusal(r)
+    assert str(long) in r.stderr  # a path in an error is never cut

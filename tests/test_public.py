@@ -88,8 +88,13 @@ def test_no_signature_in_the_package_restates_an_options_default():
     """A parameter named like a declared option never carries a literal default: entry points take the
     option objects (and keyword overrides), internal code reads ``options.default(...)``."""
     declared = {f.name for g in _groups() for f in dataclasses.fields(g)} - {"out"}  # numpy's out= too
-    # the same names meaning something else: a sampler's batch_size, a synthetic batch's steps
-    other = {("lstm_probe/integrations/sb3.py", "get"), ("lstm_probe/integrations/sb3_arch.py", "_synthetic_batch")}
+    # the same names meaning something else: a sampler's batch_size, a synthetic batch's steps, an env's own
+    # device and seed
+    other = {
+        ("lstm_probe/integrations/sb3.py", "get"),
+        ("lstm_probe/integrations/sb3_arch.py", "_synthetic_batch"),
+        ("lstm_probe/torch_env.py", "__init__"),
+    }
     found = []
     for path in PACKAGE.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):

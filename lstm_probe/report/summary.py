@@ -81,7 +81,7 @@ def summarize(path: str | os.PathLike[str], *, chunk_rows: int = REPORT_CHUNK_RO
     ``chunk_rows``: see :data:`REPORT_CHUNK_ROWS` (the result does not depend on it)."""
     if chunk_rows < 1:
         raise ValueError(f"chunk_rows must be at least 1, got {chunk_rows}")
-    with reading(path, "reported"):
+    with reading(path, "reported", values=True):
         return _summarize(path, chunk_rows)
 
 

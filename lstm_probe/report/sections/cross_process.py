@@ -122,9 +122,12 @@ def cross_process(data: ds.Dataset, vectors: bool) -> CrossProcessSection:
     state = ["h", "c"] if vectors else ["h_norm", "c_norm"]
     cols = [*CROSS_KEYS, "phase", "iteration", "minibatch", "t", "bootstrap", *state]
     base = ds.field("env_step").is_valid() & (ds.field("iteration") < CROSS_ITERATIONS)
-    budget.check_read(narrow(data, iteration=(0, CROSS_ITERATIONS - 1)), cols, "the cross-process check")
-    roll_t = data.to_table(columns=cols, filter=base & (ds.field("phase") == "rollout"))
-    learn_t = data.to_table(columns=cols, filter=base & ds.field("phase").isin(["train", "value"]))
+    part = narrow(data, iteration=(0, CROSS_ITERATIONS - 1))  # the first iterations' row groups (statistics)
+    roll, learn = base & (ds.field("phase") == "rollout"), base & ds.field("phase").isin(["train", "value"])
+    budget.check_filtered(part, cols, roll, "the cross-process check's rollout rows")
+    budget.check_filtered(part, cols, learn, "the cross-process check's learner rows")
+    roll_t = part.to_table(columns=cols, filter=roll)
+    learn_t = part.to_table(columns=cols, filter=learn)
     if vectors:
         rh, rc, lh, lc = (_vectors(t, n) for t, n in ((roll_t, "h"), (roll_t, "c"), (learn_t, "h"), (learn_t, "c")))
     else:  # summary logs: norms only (a weaker check: equal states have equal norms)
@@ -153,10 +156,9 @@ def cross_process(data: ds.Dataset, vectors: bool) -> CrossProcessSection:
     state_in_rel = {str(k[0]): float(max(_max(rel_h[g]), _max(rel_c[g]))) for k, g in by_module}
     state_in_ok = None if not start.any() else bool(max(state_in_rel.values()) <= STATE_IN_TOLERANCE)
     # chunks that start an episode must start from zeros: their t = -1 rows have no env_step
-    zeros = data.to_table(
-        columns=["h_norm", "c_norm"],
-        filter=(ds.field("t") == -1) & ds.field("env_step").is_null() & (ds.field("padding") == False),  # noqa: E712
-    )
+    fresh = (ds.field("t") == -1) & ds.field("env_step").is_null() & (ds.field("padding") == False)  # noqa: E712
+    budget.check_filtered(data, ["h_norm", "c_norm"], fresh, "the cross-process check's episode starts")
+    zeros = data.to_table(columns=["h_norm", "c_norm"], filter=fresh)
     norms = np.concatenate(
         [zeros.column(n).to_numpy(zero_copy_only=False).astype(np.float64) for n in ("h_norm", "c_norm")]
     )
