@@ -150,6 +150,28 @@ def groups(data: ds.Dataset, columns: Iterable[str]) -> list[tuple[int, int]]:
     return out
 
 
+def all_null(data: ds.Dataset, names: Iterable[str]) -> set[str]:
+    """The fixed-size list columns among ``names`` that hold no vector in any row group (a summary log's h
+    and c, a GRU's c): their leaf has one value per row (the null's), where a stored vector has its width.
+    Read, they would still take their full width per row; a reader can skip them."""
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+
+    if not isinstance(data, ds.FileSystemDataset):
+        return set()
+    wide = {n for n in names if n in data.schema.names and pa.types.is_fixed_size_list(data.schema.field(n).type)}
+    wide = {n for n in wide if data.schema.field(n).type.list_size > 1}
+    for frag in data.get_fragments():
+        meta, leaves = frag.metadata, _leaves(frag.metadata)
+        ids = [rg.id for rg in frag.row_groups] if frag.row_groups else range(meta.num_row_groups)
+        for i in ids:
+            rg = meta.row_group(i)
+            wide = {n for n in wide if n in leaves and all(rg.column(j).num_values <= rg.num_rows for j in leaves[n])}
+            if not wide:
+                return wide
+    return wide
+
+
 def check_read(data: ds.Dataset, columns: Iterable[str], what: str, fix: str = "") -> None:
     """A read that materializes ``columns`` of every row group of ``data`` (``to_table``) fits the budget."""
     refuse(DECODE * sum(row_groups(data, columns)), what, fix)

@@ -488,8 +488,12 @@ def load(
         if unknown:
             raise BadLog(f"no column {sorted(unknown)[0]!r} in the log; columns: {', '.join(info.schema.names)}")
     filt = _filter(phase=phase, module=module, iteration=iteration, layer=layer, env=env, episode=episode)
-    budget.check_filtered(data, columns, filt, f"loading {len(columns)} column(s) of {path}", _LOAD_FIX)
-    table = data.to_table(columns=columns, filter=filt)
+    # vector columns with no vector in the log (a summary log's h and c) are not read (Arrow would allocate
+    # their full width for every null row): they come back as columns of None
+    empty = budget.all_null(data, columns)
+    read = [c for c in columns if c not in empty]
+    budget.check_filtered(data, read, filt, f"loading {len(read)} column(s) of {path}", _LOAD_FIX)
+    table = data.to_table(columns=read, filter=filt)
     # integer and bool columns as pandas' nullable dtypes (Int64, boolean): null env on padding rows
     # stays <NA> instead of turning the column into floats
     import pandas as pd
@@ -501,7 +505,9 @@ def load(
             # not col.astype(object): pandas' string categories would copy the string into every row first
             words = np.asarray([*col.cat.categories, None], dtype=object)
             df[name] = pd.Series(words[col.cat.codes.to_numpy()], index=df.index, dtype=object)
-    return df
+    for name in empty:
+        df[name] = pd.Series(np.full(len(df), None, dtype=object), index=df.index)
+    return df[columns]
 
 
 def _check_arguments(ints: dict[str, Any], words: dict[str, Any], columns: Any) -> None:

@@ -295,3 +295,28 @@ def test_max_memory_anywhere_on_the_line_and_flags_typed_at_their_default(tmp_pa
     r = cli("report", str(long), cwd=tmp_path)
     one_line_refusal(r)
     assert str(long) in r.stderr  # a path in an error is never cut
+
+
+def test_a_summary_logs_null_vectors_are_not_read(tmp_path: Path) -> None:
+    """A summary log stores no h or c: load() does not read them (Arrow would allocate their full width for
+    every null row: 716 MB per row group at hidden 256) and returns them as None."""
+    import lstm_probe
+    from lstm_probe import budget
+
+    res = lstm_probe.run(
+        "Pendulum-v1",
+        tmp_path / "s.parquet",
+        steps=128,
+        n_steps=64,
+        batch_size=32,
+        hidden_size=1024,
+        capture="summary",
+        torch_threads=1,
+    )
+    budget.set_limit("16M")  # the null vectors alone, read: 2 x 1024 x 4 B x rows x 2 > 100 MB
+    try:
+        df = lstm_probe.load(res.path)
+    finally:
+        budget.set_limit(None)
+    assert len(df) == res.rows and df["h"].isna().all() and df["c"].isna().all()
+    assert df["h_norm"].notna().all()
