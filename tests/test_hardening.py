@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from refusals import one_line_error
 
 from lstm_probe.errors import BadInput, BadLog
 
@@ -26,13 +27,6 @@ def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "lstm_probe.cli", *args], capture_output=True, text=True, cwd=cwd, env=ENV, timeout=600
     )
-
-
-def one_line_refusal(r: subprocess.CompletedProcess[str], *words: str) -> None:
-    assert r.returncode == 2, r.stderr
-    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
-    for w in words:
-        assert w in r.stderr, r.stderr
 
 
 TRAIN = ["--steps", "32", "--n-steps", "16", "--batch-size", "16", "--hidden-size", "8", "-q"]
@@ -48,7 +42,7 @@ def test_a_users_partial_path_is_never_deleted_without_force(tmp_path: Path, kin
     else:
         journal.write_text("mine")
     r = cli("run", "Pendulum-v1", *TRAIN, cwd=tmp_path)
-    one_line_refusal(r, "run.parquet.partial", "did not write", "--force")
+    one_line_error(r, "run.parquet.partial", "did not write", "--force")
     assert (journal / "notes.txt").read_text() == "mine" if kind == "directory" else journal.read_text() == "mine"
     assert not (tmp_path / "run.parquet").exists()
     r = cli("run", "Pendulum-v1", *TRAIN, "--force", cwd=tmp_path)
@@ -58,7 +52,7 @@ def test_a_users_partial_path_is_never_deleted_without_force(tmp_path: Path, kin
 
 def test_n_envs_has_an_upper_bound_checked_before_anything_is_built(tmp_path: Path) -> None:
     r = cli("run", "CartPole-v1", "--n-envs", "10000000", cwd=tmp_path)
-    one_line_refusal(r, "--n-envs 10000000", "at most 65,536")
+    one_line_error(r, "--n-envs 10000000", "at most 65,536")
     assert not list(tmp_path.iterdir())
 
 
@@ -82,22 +76,26 @@ def peak(*args: str, cwd: Path) -> tuple[int, int, str]:
     return int(code), int(mb), r.stderr
 
 
-def _null_vectors(n: int, width: int) -> pa.Array:
-    """``n`` null vectors of ``width`` floats without touching memory for them (calloc'd zeros)."""
+def _null_vectors(n: int, width: int, stored_every: int = 0) -> pa.Array:
+    """``n`` null vectors of ``width`` floats without touching memory for them (calloc'd zeros); with
+    ``stored_every`` K, every K-th row holds a vector of zeros (so the column is not all null)."""
     child = pa.Array.from_buffers(pa.float32(), n * width, [None, pa.py_buffer(np.zeros(n * width, np.float32))])
-    return pa.FixedSizeListArray.from_arrays(child, width, mask=pa.array(np.ones(n, bool)))
+    null = np.ones(n, bool)
+    if stored_every:
+        null[::stored_every] = False
+    return pa.FixedSizeListArray.from_arrays(child, width, mask=pa.array(null))
 
 
-def _wide_log(path: Path, width: int, *, columns: tuple[str, ...], rows_per_group: int) -> Path:
+def _wide_log(path: Path, width: int, *, columns: tuple[str, ...], rows_per_group: int, stored_every: int = 0) -> Path:
     src = pq.read_table(SAMPLE)
     meta = dict(src.schema.metadata)
     t = src
     for name in columns:
         field = pa.field(name, pa.list_(pa.float32(), width))
         if name in t.schema.names:
-            t = t.set_column(t.schema.get_field_index(name), field, _null_vectors(t.num_rows, width))
+            t = t.set_column(t.schema.get_field_index(name), field, _null_vectors(t.num_rows, width, stored_every))
         else:
-            t = t.append_column(field, _null_vectors(t.num_rows, width))
+            t = t.append_column(field, _null_vectors(t.num_rows, width, stored_every))
     if "h" in columns:  # the vectors as wide as the metadata says, as the reader requires
         run = json.loads(meta[b"lstm_probe.run"])
         run["hidden_size"] = width
@@ -117,7 +115,8 @@ def test_null_vectors_65536_wide_in_six_row_groups_stay_within_the_budget(tmp_pa
 
 
 def test_a_wide_info_column_is_refused_by_load_before_it_is_read(tmp_path: Path) -> None:
-    log = _wide_log(tmp_path / "info.parquet", 200_000, columns=("info",), rows_per_group=600)
+    # one stored vector per row group, the rest null: the column is read, each row at its full width
+    log = _wide_log(tmp_path / "info.parquet", 200_000, columns=("info",), rows_per_group=600, stored_every=600)
     code = f"import lstm_probe; lstm_probe.load({str(log)!r})"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=300)
     assert r.returncode == 1 and "BadLog" in r.stderr and "memory budget" in r.stderr, r.stderr[-500:]
@@ -171,16 +170,16 @@ def test_a_fifo_named_like_a_part_is_refused_not_waited_on(tmp_path: Path) -> No
     shutil.copyfile(SAMPLE, d / "part-00000.parquet")
     os.mkfifo(d / "part-00001.parquet")
     r = cli("report", f"{d}/", cwd=tmp_path)  # blocked forever before (the timeout would fail the test)
-    one_line_refusal(r, "not a regular file")
+    one_line_error(r, "not a regular file")
     os.mkfifo(tmp_path / "pipe.parquet")
-    one_line_refusal(cli("report", str(tmp_path / "pipe.parquet"), cwd=tmp_path), "not a regular file")
+    one_line_error(cli("report", str(tmp_path / "pipe.parquet"), cwd=tmp_path), "not a regular file")
 
 
-def test_duplicate_column_names_are_a_one_line_refusal(tmp_path: Path) -> None:
+def test_duplicate_column_names_are_a_one_line_error(tmp_path: Path) -> None:
     t = pq.read_table(SAMPLE)
     dup = t.append_column(pa.field("env", pa.int32()), pa.array(np.zeros(t.num_rows, np.int32)))
     pq.write_table(dup, tmp_path / "dup.parquet")
-    one_line_refusal(cli("report", str(tmp_path / "dup.parquet"), cwd=tmp_path), "'env' more than once")
+    one_line_error(cli("report", str(tmp_path / "dup.parquet"), cwd=tmp_path), "'env' more than once")
 
 
 # -- every failure a file or an argument causes is a one-line exit 2 ----------------------------------
@@ -241,7 +240,7 @@ def test_bad_arguments_are_a_one_line_exit_2(tmp_path: Path, args: list[str]) ->
     if args[-1] == "x/":
         (tmp_path / "x").write_text("a file where the directory would go")
     r = cli(*args, cwd=tmp_path)
-    one_line_refusal(r)
+    one_line_error(r)
 
 
 def test_max_memory_bounds_the_model_zip_reader_too(tmp_path: Path) -> None:
@@ -249,7 +248,7 @@ def test_max_memory_bounds_the_model_zip_reader_too(tmp_path: Path) -> None:
 
     RecurrentPPO("MlpLstmPolicy", "Pendulum-v1", n_steps=16, batch_size=16, device="cpu").save(tmp_path / "m.zip")
     r = cli("--max-memory", "4M", "arch", str(tmp_path / "m.zip"), cwd=tmp_path)
-    one_line_refusal(r, "4 MiB memory budget", "--max-memory")
+    one_line_error(r, "4 MiB memory budget", "--max-memory")
     assert cli("--max-memory", "1G", "arch", str(tmp_path / "m.zip"), "--json", cwd=tmp_path).returncode == 0
 
 
@@ -286,14 +285,14 @@ def test_a_wrong_argument_is_named_not_blamed_on_the_file(kwargs):
 
 def test_max_memory_anywhere_on_the_line_and_flags_typed_at_their_default(tmp_path: Path) -> None:
     wide = _wide_log(tmp_path / "wide.parquet", 1 << 16, columns=("h", "c"), rows_per_group=518)
-    one_line_refusal(cli("report", str(wide), "--max-memory", "256M", cwd=tmp_path), "256 MiB memory budget")
+    one_line_error(cli("report", str(wide), "--max-memory", "256M", cwd=tmp_path), "256 MiB memory budget")
     assert cli("report", str(SAMPLE), "--max-memory=1G", cwd=tmp_path).returncode == 0
     r = cli("run", "CartPole-v1", "--framework", "rllib", "--out", "run.parquet", cwd=tmp_path)
-    one_line_refusal(r, "end --out with '/'")
-    one_line_refusal(cli("run", "Pendulum-v1", "--part-seconds", "inf", cwd=tmp_path), "--part-seconds")
+    one_line_error(r, "end --out with '/'")
+    one_line_error(cli("run", "Pendulum-v1", "--part-seconds", "inf", cwd=tmp_path), "--part-seconds")
     long = tmp_path / ("d" * 240) / "x.parquet"
     r = cli("report", str(long), cwd=tmp_path)
-    one_line_refusal(r)
+    one_line_error(r)
     assert str(long) in r.stderr  # a path in an error is never cut
 
 

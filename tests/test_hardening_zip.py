@@ -19,6 +19,7 @@ import zlib
 
 import numpy as np
 import pytest
+from refusals import one_line_error
 
 from lstm_probe import BadInput, load_model
 from lstm_probe.integrations import sb3_zip
@@ -61,16 +62,6 @@ def cli(*args, cwd, cap=True):
     )
     peak = int(out.read_text()) / 1024 if out.exists() else None
     return r, peak
-
-
-def one_line_error(r, *words):
-    assert r.returncode == 2, r.stdout + r.stderr
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
-    assert "Traceback" not in r.stdout + r.stderr
-    for w in words:
-        assert w in lines[0], lines[0]
-    return lines[0]
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from refusals import one_line_error
 
 import lstm_probe
 from lstm_probe import arch, load_model, reader
@@ -29,16 +30,6 @@ def cli(*args, cwd=None, prelude=""):
     return subprocess.run(
         [sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True, cwd=cwd, env=ENV, timeout=300
     )
-
-
-def one_line_error(r, *words):
-    assert r.returncode == 2, r.stdout + r.stderr
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
-    assert "Traceback" not in r.stdout + r.stderr
-    for w in words:
-        assert w in lines[0], lines[0]
-    return lines[0]
 
 
 # --- model zips ---------------------------------------------------------------------------------
