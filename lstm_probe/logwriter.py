@@ -102,6 +102,7 @@ class LogWriter:
             },
             "capture": capture,
             "every": every,
+            "trace_envs": o.trace_envs,
             "reference_window": reference_window,
             # a writer process that outlives training frees the output once it has published its rows
             "lock": {"path": str(self.lock.path), "pid": os.getpid()},

@@ -78,6 +78,12 @@ class CaptureOptions:
     capture: str = option("full", "full: h and c vectors; summary: norms and drift only.")
     every: int = option(1, "Keep full vectors every K-th iteration only.")
     float16: bool = option(False, "Store vectors as float16.")
+    trace_envs: int | None = option(
+        None,
+        "Full vectors for env columns 0..K-1 only (their rollout rows and the training rows that come from "
+        "them); every other row is a summary row (norms and drift). For wide runs.",
+        shown="all envs",
+    )
     force: bool = option(False, "Overwrite an existing log.")
     part_seconds: float = option(
         60.0,
@@ -104,6 +110,7 @@ class CaptureOptions:
         if self.capture not in CAPTURES:
             raise BadInput(f"--capture must be full or summary, got {self.capture!r}")
         at_least("every", self.every, 1)
+        at_least("trace_envs", self.trace_envs, 1)
         at_least("part_iterations", self.part_iterations, 1)
         if not 0 < self.part_seconds <= MAX_PART_SECONDS:
             raise BadInput(f"--part-seconds must be > 0 and at most {MAX_PART_SECONDS:,.0f}, got {self.part_seconds}")

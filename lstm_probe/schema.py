@@ -467,7 +467,8 @@ METADATA_KEYS: dict[str, str] = {
     "capabilities": "What the writing integration's logs can hold (framework, shards, epochs, rollout_buffer, "
     "max_seq_len, stored_states, replay): report sections ask these, never the framework's name.",
     "hidden_size": "Length of the h and c vectors.",
-    "capture": "'full' | 'summary'; with every_k and dtype ('float32' | 'float16').",
+    "capture": "'full' | 'summary'; with every_k and dtype ('float32' | 'float16'), and trace_envs K where only env "
+    "columns 0..K-1 store vectors (--trace-envs).",
     "start_time": "UTC ISO time the probe started.",
     "end_time": "UTC ISO time the log was closed (final part only).",
     "completed": "True only when training ran to its end; false after an error or an interruption.",

@@ -45,6 +45,7 @@ class Sink:
         self.module_code = {n: i for i, n in enumerate(config["log"]["modules"])}
         self.hidden = int(config["log"]["hidden_size"])
         self.capture, self.every = config["capture"], int(config["every"])
+        self.trace_envs: int | None = config.get("trace_envs")  # full vectors for env columns below it only
         self.reference_window = int(config["reference_window"])
         self.refs: dict[str, References] = {}
         self.scratch = Scratch()
@@ -132,6 +133,9 @@ class Sink:
             r.init_norm[first] = init[1]
         it = tags.iteration
         r.vectors[i0:i1] = self.capture == "full" and (it is None or it % self.every == 0)
+        if self.trace_envs is not None:  # the other envs' rows: summary rows (a null env, padding: one too)
+            env = r.env[i0:i1]
+            r.vectors[i0:i1] &= (env >= 0) & (env < self.trace_envs)  # -1: a null env (padding, untagged)
         r.has_drift[i0:i1] = False
         if reduced is not None:  # its drifts came with it
             if reduced.drift is not None:

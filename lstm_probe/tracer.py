@@ -90,6 +90,7 @@ class CoreTracer:
             "mode": options.capture,
             "every": options.every,
             "dtype": "float16" if options.float16 else "float32",
+            **({} if options.trace_envs is None else {"trace_envs": options.trace_envs}),
         }
         self.metadata: dict[str, Any] = {
             **base_metadata(),

@@ -111,7 +111,7 @@ class Run(Section[RunSection]):
             f"steps {fmt(r.steps_done)} of {fmt(r.steps_asked)} asked, {r.iterations} iterations, "
             f"{'completed' if r.completed else '[red]NOT completed[/]: ' + fmt(r.stop_reason)}",
             f"{r.rows:,} rows in {r.files} file(s), {human_bytes(r.file_bytes)}, wall {fmt(r.wall_seconds)} s, "
-            f"capture {safe(r.capture.get('mode', '-'))} ({safe(r.capture.get('dtype', '-'))})",
+            f"capture {safe(r.capture.get('mode', '-'))} ({safe(r.capture.get('dtype', '-'))})" + _traced(r.capture),
         ]
         if r.probe_cost:
             lines.append(safe(cost_line(r.probe_cost, r.wall_seconds, caps.shards)))
@@ -122,3 +122,11 @@ class Run(Section[RunSection]):
         if r.versions:
             lines.append("versions: " + ", ".join(f"{safe(k)} {safe(v)}" for k, v in r.versions.items()))
         return [Panel("Run", tuple(lines))]
+
+
+def _traced(capture: dict[str, Any]) -> str:
+    """Which envs' rows hold vectors, where ``--trace-envs`` chose some."""
+    k = capture.get("trace_envs")
+    if not isinstance(k, int) or isinstance(k, bool):
+        return ""
+    return f", vectors of envs 0..{k - 1} only (--trace-envs {k}; the other envs' rows are summary rows)"
