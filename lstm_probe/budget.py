@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from lstm_probe.errors import BadInput, BadLog
@@ -70,15 +70,19 @@ def limit() -> int:
 
 
 def words(n: float) -> str:
-    return f"{n / 2**30:.1f} GiB" if n >= 1 << 30 else f"{n / 2**20:.0f} MiB"
+    """Bytes as a short size: ``"3.4 GiB"``, ``"12 MiB"``, ``"4.4 TiB"``."""
+    for unit, shift in (("TiB", 40), ("GiB", 30)):
+        if n >= 1 << shift:
+            return f"{n / 2**shift:,.1f} {unit}"
+    return f"{n / 2**20:,.0f} MiB"
 
 
-def refuse(need: int, what: str, fix: str = "", error: type[Exception] = BadLog) -> None:
-    """Raise (``error``, one line) when ``need`` bytes are over the budget."""
+def refuse(need: int, what: str, fix: str = "") -> None:
+    """:class:`BadLog` (one line) when ``need`` bytes are over the budget."""
     budget = limit()
     if need > budget:
         hint = f"{fix}, or " if fix else ""
-        raise error(
+        raise BadLog(
             f"{what} would hold {words(need)} at once, over the {words(budget)} memory budget; {hint}raise it if "
             f"the file is trusted: --max-memory SIZE on the command line, {ENV}=SIZE, or "
             "lstm_probe.set_max_memory(SIZE)"
@@ -122,6 +126,21 @@ def _leaves(meta: Any) -> dict[str, list[int]]:
     return out
 
 
+def _walk(data: ds.Dataset) -> Iterator[tuple[Any, dict[str, list[int]]]]:
+    """Each row group of ``data`` (those its fragments select) with its file's leaf columns (:func:`_leaves`);
+    nothing for a dataset that is not of Parquet files."""
+    import pyarrow.dataset as ds
+
+    if not isinstance(data, ds.FileSystemDataset):
+        return
+    for frag in data.get_fragments():
+        meta = frag.metadata
+        leaves = _leaves(meta)
+        ids = [rg.id for rg in frag.row_groups] if frag.row_groups else range(meta.num_row_groups)
+        for i in ids:
+            yield meta.row_group(i), leaves
+
+
 def row_groups(data: ds.Dataset, columns: Iterable[str]) -> list[int]:
     """The bytes each row group of ``data`` takes once ``columns`` of it are read."""
     return [size for size, _ in groups(data, columns)]
@@ -129,24 +148,15 @@ def row_groups(data: ds.Dataset, columns: Iterable[str]) -> list[int]:
 
 def groups(data: ds.Dataset, columns: Iterable[str]) -> list[tuple[int, int]]:
     """(bytes once ``columns`` are read, rows) of each row group of ``data``."""
-    import pyarrow.dataset as ds
-
-    names = list(dict.fromkeys(columns))
+    names = [n for n in dict.fromkeys(columns) if n in data.schema.names]
     out: list[tuple[int, int]] = []
-    if not isinstance(data, ds.FileSystemDataset):
-        return out
-    for frag in data.get_fragments():
-        meta = frag.metadata
-        leaves = _leaves(meta)
-        ids = [rg.id for rg in frag.row_groups] if frag.row_groups else range(meta.num_row_groups)
-        for i in ids:
-            rg = meta.row_group(i)
-            total = 0
-            for name in names:
-                if name in leaves and name in data.schema.names:
-                    chunks = [rg.column(j) for j in leaves[name]]
-                    total += field_bytes(data.schema.field(name), rg.num_rows, chunks)
-            out.append((total, rg.num_rows))
+    for rg, leaves in _walk(data):
+        total = 0
+        for name in names:
+            if name in leaves:
+                chunks = [rg.column(j) for j in leaves[name]]
+                total += field_bytes(data.schema.field(name), rg.num_rows, chunks)
+        out.append((total, rg.num_rows))
     return out
 
 
@@ -161,20 +171,11 @@ def all_null(data: ds.Dataset, names: Iterable[str]) -> set[str]:
         return set()
     wide = {n for n in names if n in data.schema.names and pa.types.is_fixed_size_list(data.schema.field(n).type)}
     wide = {n for n in wide if data.schema.field(n).type.list_size > 1}
-    for frag in data.get_fragments():
-        meta, leaves = frag.metadata, _leaves(frag.metadata)
-        ids = [rg.id for rg in frag.row_groups] if frag.row_groups else range(meta.num_row_groups)
-        for i in ids:
-            rg = meta.row_group(i)
-            wide = {n for n in wide if n in leaves and all(rg.column(j).num_values <= rg.num_rows for j in leaves[n])}
-            if not wide:
-                return wide
+    for rg, leaves in _walk(data):
+        wide = {n for n in wide if n in leaves and all(rg.column(j).num_values <= rg.num_rows for j in leaves[n])}
+        if not wide:
+            break
     return wide
-
-
-def check_read(data: ds.Dataset, columns: Iterable[str], what: str, fix: str = "") -> None:
-    """A read that materializes ``columns`` of every row group of ``data`` (``to_table``) fits the budget."""
-    refuse(DECODE * sum(row_groups(data, columns)), what, fix)
 
 
 def check_filtered(

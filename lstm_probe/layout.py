@@ -115,8 +115,7 @@ def check_output(path: Path, *, force: bool, is_dir: bool, shard: str | None = N
                     f"{journal} is where this log's crash journal goes, and it holds {foreign} that lstm-probe did "
                     "not write; move it away or choose another --out (--force deletes it)"
                 )
-        if not force and journal.is_dir():
-            rows = journal_rows(journal)
+            rows = journal_rows(journal)  # a directory of the writer's parts (others() said so)
             if rows:
                 raise BadInput(
                     f"{journal}/ holds {rows:,} rows a killed run left (read them: lstm-probe report {journal}/); "

@@ -179,14 +179,15 @@ def settle(cls: type[T], given: T | None, overrides: Mapping[str, Any]) -> T:
     return dataclasses.replace(given, **overrides) if overrides else given  # type: ignore[type-var]
 
 
-def route(overrides: Mapping[str, Any], groups: Iterable[type], where: str) -> list[dict[str, Any]]:
+def route(overrides: Mapping[str, Any], groups: Iterable[type], where: str, rest: bool = False) -> list[dict[str, Any]]:
     """Keyword overrides sorted into the groups that declare them (one dict per group, in order); a name no
-    group declares is refused with the closest names."""
+    group declares is refused with the closest names, or with ``rest`` kept in one more dict, last (for a
+    caller that hands them on)."""
     groups = list(groups)
     names = [{f.name for f in dataclasses.fields(g)} for g in groups]
-    out: list[dict[str, Any]] = [{} for _ in groups]
+    out: list[dict[str, Any]] = [{} for _ in range(len(groups) + rest)]
     for key, value in overrides.items():
-        i = next((i for i, n in enumerate(names) if key in n), None)
+        i = next((i for i, n in enumerate(names) if key in n), len(groups) if rest else None)
         if i is None:
             known = sorted(set().union(*names))
             close = difflib.get_close_matches(key, known, n=3)

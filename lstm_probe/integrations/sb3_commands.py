@@ -27,20 +27,11 @@ def run(
 ) -> RunResult:
     """``lstm_probe.run`` with the CLI's thread default: ``torch_threads`` None takes
     :func:`default_threads`. Takes what ``lstm_probe.run`` takes."""
-    tr, bo, rest = _split(kwargs)
+    tr, bo, rest = route(kwargs, (TrainOptions, Build), "run", rest=True)
     t, b = settle(TrainOptions, train, tr), settle(Build, build_options, bo)
     if t.torch_threads is None:
         t = dataclasses.replace(t, torch_threads=default_threads(env_id, b.device))
     return sb3_run.run(env_id, train=t, build_options=b, **rest)
-
-
-def _split(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """Keyword arguments of TrainOptions' and Build's fields, and the rest."""
-    names = [{f.name for f in dataclasses.fields(g)} for g in (TrainOptions, Build)]
-    parts: tuple[dict[str, Any], dict[str, Any], dict[str, Any]] = ({}, {}, {})
-    for k, v in kwargs.items():
-        parts[0 if k in names[0] else 1 if k in names[1] else 2][k] = v
-    return parts
 
 
 def default_threads(env_id: str, device: str) -> int | None:

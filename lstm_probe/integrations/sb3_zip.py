@@ -52,7 +52,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from lstm_probe.budget import DEFAULT_BYTES, ENV, limit, parse_bytes
+from lstm_probe.budget import DEFAULT_BYTES, ENV, limit, parse_bytes, words
 from lstm_probe.errors import BadInput
 
 MAX_MODEL_BYTES = DEFAULT_BYTES
@@ -152,14 +152,6 @@ def budget(max_bytes: int | str | None = None) -> int:
     """The budget in bytes: ``max_bytes`` when given, else the one every read has (``lstm_probe.budget``:
     ``--max-memory``, ``LSTM_PROBE_MAX_MEMORY``, 2 GiB)."""
     return parse_bytes(max_bytes) if max_bytes is not None else limit()
-
-
-def words(n: float) -> str:
-    """Bytes as a short size: ``"3.4 GiB"``, ``"12 MiB"``, ``"4.4 TiB"``."""
-    for unit, shift in (("TiB", 40), ("GiB", 30)):
-        if n >= 1 << shift:
-            return f"{n / 2**shift:,.1f} {unit}"
-    return f"{n / 2**20:,.0f} MiB"
 
 
 def _over(path: str | Path, need: int, limit: int, parts: list[tuple[int, str]]) -> BadInput:
