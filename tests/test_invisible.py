@@ -51,12 +51,24 @@ def seed_hook(calls):
     return fw_hook
 
 
-def train(probe, policy_kwargs, n_envs, out=None):
+def train(probe, policy_kwargs, n_envs, out=None, **capture):
     model = make(policy_kwargs, n_envs)
     calls = []
     model.policy.lstm_actor.register_forward_hook(seed_hook(calls))
-    model.learn(128, callback=ProbeCallback(out) if probe else None)
+    model.learn(128, callback=ProbeCallback(out, **capture) if probe else None)
     return model, calls, rng_state()
+
+
+def test_trace_envs_is_invisible_too(tmp_path):
+    """--trace-envs selects in the writer: training, the user's hook and the RNGs as without a probe."""
+    a, calls_a, rng_a = train(False, {}, 2)
+    b, calls_b, rng_b = train(True, {}, 2, tmp_path / "t.parquet", trace_envs=1)
+    assert calls_b == calls_a and a.num_timesteps == b.num_timesteps
+    sa, sb = a.policy.state_dict(), b.policy.state_dict()
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert_same_rng(rng_a, rng_b)
+    df = lstm_probe.load(tmp_path / "t.parquet")
+    assert (df["h"].notna() == ((df["env"] == 0) & ~df["padding"]).fillna(False)).all()
 
 
 @pytest.mark.parametrize("policy_kwargs,n_envs", VARIANTS)
