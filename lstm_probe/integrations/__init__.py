@@ -61,6 +61,17 @@ FRAMEWORKS: dict[str, Framework] = {
             needs="Ray RLlib; install it with: pip install 'lstm-probe[rllib]' (or pip install 'ray[rllib]==2.60.*')",
             parts_per_process=True,
         ),
+        Framework(
+            "rsl_rl",
+            "lstm_probe.integrations.rsl_rl.train",
+            groups=(("rsl_rl", "lstm_probe.integrations.rsl_rl.options:RslRl"),),
+            needs="rsl_rl; install it with: pip install 'lstm-probe[rsl_rl]' (or pip install 'rsl-rl-lib==5.5.*')",
+        ),
+        Framework(
+            "torchrl",
+            "lstm_probe.integrations.torchrl.train",
+            needs="TorchRL; install it with: pip install 'lstm-probe[torchrl]' (or pip install 'torchrl==0.14.*')",
+        ),
     )
 }
 

@@ -10,7 +10,9 @@ and names, each with its count and first occurrence (call, module, env, env_step
 - episode starts whose state was not reset (the loop forgot ``h[:, done] = 0``), and, in the same calls as
   resets without an episode start, a reset of the wrong env column;
 - states taken from another env column (a shuffled or mis-indexed state batch);
-- training sequences that start from zeros although the rollout carried its state (or the reverse).
+- training sequences that start from zeros although the rollout carried its state (or the reverse);
+- a state advanced twice for one observation: two calls of one module at one (env, env_step) in one acting
+  phase, or a rollout call that started from the state a bootstrap call at that step left (not restored).
 
 And, as a fact where the log's ``minibatch_paths`` metadata has it (sb3), the share of the measured training
 time that sb3-contrib's per-step path took (every minibatch holding an episode start takes it).
@@ -113,6 +115,9 @@ class _Tally:
         self.train_zero = _First()
         self.train_state = _First()
         self.rollout_zero = 0
+        self.twice = _First()
+        self.advanced = _First()
+        self.last: dict[tuple[str, float], tuple[float, str]] = {}  # (module, env) -> its last (env_step, phase)
 
     def count_sources(self, batch: pa.RecordBatch) -> None:
         """The init sources per module and phase of one batch of init rows (nulls as ''): each column's
@@ -141,7 +146,8 @@ class _Tally:
         start = (c["episode_start"] == 1) | ((c["episode_start"] < 0) & (c["episode_step"] == 0))
         acting = np.isin(phase, ACTING)
         zero = acting & (init == "zero")
-        kept = acting & start & np.isin(init, NOT_RESET)
+        # a second call at one env step starts from the first one's state: counted as that, not as not reset
+        kept = acting & start & np.isin(init, NOT_RESET) & ~self._twice(c)
         # a call that kept a state at an episode start and zeroed another column: the wrong column was reset
         call = c["call"]
         both = np.intersect1d(call[zero], call[kept])
@@ -164,6 +170,53 @@ class _Tally:
         training = np.isin(phase, TRAINING)
         self.train_zero.add(c, training & (init == "zero"))
         self.train_state.add(c, training & (c["init_norm"] > 0))
+
+    def _twice(self, c: dict[str, np.ndarray]) -> np.ndarray:
+        """Calls of one module at the (env, env_step) of its previous acting call: in the same phase (the
+        state advanced twice for one observation), or a rollout call after a bootstrap call that started
+        from neither the previous step's state nor a reset (the bootstrap call's advance was kept)."""
+        keep = np.flatnonzero(np.isin(c["phase"], ACTING) & (c["env"] >= 0) & (c["env_step"] >= 0))
+        if not len(keep):
+            return np.zeros(len(c["call"]), bool)
+        idx = keep[np.lexsort((c["call"][keep], c["env"][keep], c["module"][keep]))]
+        module, env, step, phase = c["module"][idx], c["env"][idx], c["env_step"][idx], c["phase"][idx]
+        same = np.r_[False, (module[1:] == module[:-1]) & (env[1:] == env[:-1])]
+        prev_step = np.r_[np.nan, step[:-1]]
+        prev_phase = np.empty(len(idx), object)
+        prev_phase[0], prev_phase[1:] = "", phase[:-1]
+        for i in np.flatnonzero(~same).tolist():  # a module's env column seen in an earlier batch
+            prev_step[i], prev_phase[i] = self.last.get((module[i], env[i]), (np.nan, ""))
+        again = prev_step == step
+        twice = again & (phase == prev_phase) & (phase != "bootstrap")
+        advanced = again & (prev_phase == "bootstrap") & (phase == "rollout") & (c["init"][idx] == "other")
+        masks = []
+        for first, found in ((self.twice, twice), (self.advanced, advanced)):
+            mask = np.zeros(len(c["call"]), bool)
+            mask[idx[found]] = True
+            first.add(c, mask)
+            masks.append(mask)
+        for i in np.flatnonzero(np.r_[~same[1:], True]).tolist():
+            self.last[(module[i], env[i])] = (step[i], phase[i])
+        return masks[0]
+
+
+def _leaks(log: Log) -> _First:
+    """Training rows of multi-step calls where an episode starts after the sequence's first step: the state
+    runs on across the episode boundary (TorchRL: an all-false ``is_init`` over a batch that crosses
+    episodes; any loop that runs one sequence over several episodes without a reset)."""
+    found = _First()
+    if not {"t", "path", "episode_start", "padding"} <= set(log.data.schema.names):
+        return found
+    cols = ["call", "module", "phase", "env", "env_step"]
+    filt = (ds.field("layer") == 0) & ds.field("phase").isin(list(TRAINING)) & (ds.field("path") == "sequence")
+    filt &= (ds.field("t") > 0) & (ds.field("episode_start") == True) & (ds.field("padding") == False)  # noqa: E712
+    budget.check_stream(log.data, [*cols, "layer", "t", "path", "episode_start", "padding"], "the doctor's read")
+    for batch in log.data.scanner(columns=cols, filter=filt, batch_size=BATCH).to_batches():
+        if batch.num_rows:
+            c = {k: batch.column(k).to_numpy(zero_copy_only=False) for k in cols}
+            c = {k: v.astype(float) if k in ("call", "env", "env_step") else v.astype(str) for k, v in c.items()}
+            found.add(c, np.ones(batch.num_rows, bool))
+    return found
 
 
 def _where(first: dict[str, Any]) -> str:
@@ -216,6 +269,20 @@ def _problems(t: _Tally) -> list[Problem]:
             f"batch); first at {_where(f.row)}"
         )
         out.append(Problem("other_env", str(f.row.get("phase")), f.count, f.row, text))
+    f = t.twice
+    if f.count:
+        text = (
+            f"a module was called twice on one observation {f.count} times (two {f.row.get('phase')} calls at the "
+            f"same env step: its state advanced twice for one observation); first at {_where(f.row)}"
+        )
+        out.append(Problem("advanced_twice", str(f.row.get("phase")), f.count, f.row, text))
+    f = t.advanced
+    if f.count:
+        text = (
+            f"a rollout step started from the state a bootstrap call on the same observation left {f.count} times "
+            f"(the value call advanced the state and it was not restored); first at {_where(f.row)}"
+        )
+        out.append(Problem("advanced_by_bootstrap", "rollout", f.count, f.row, text))
     carried = t.carried.get("rollout", 0)
     f = t.train_zero
     if f.count and carried:
@@ -304,6 +371,14 @@ class Doctor(Section[DoctorSection]):
             tally.add(held)
         data.sources = {k: dict(sorted(v.items())) for k, v in sorted(tally.sources.items())}
         data.problems = _problems(tally)
+        leak = _leaks(log)
+        if leak.count:
+            text = (
+                f"an episode starts inside a training sequence {leak.count} times: the state runs on across the "
+                f"episode boundary (is_init / episode starts not set where an episode began); first at "
+                f"{_where(leak.row)}"
+            )
+            data.problems.append(Problem("across_episodes", str(leak.row.get("phase")), leak.count, leak.row, text))
         data.findings = [p.text for p in data.problems]
         return data
 

@@ -1,0 +1,52 @@
+"""rsl_rl (``rsl-rl-lib``, the PPO of Isaac Lab and legged_gym): the probe on a runner the user built.
+
+``probe.py``: :func:`attach` and :class:`RslRlProbe` (see its docstring for the rsl_rl behaviour relied on);
+``envs.py``: envs as rsl_rl's VecEnv (the torch-native Pendulum, gymnasium ids); ``train.py``: :func:`run`
+(``lstm-probe run --framework rsl_rl``); ``options.py``: rsl_rl's own ``run`` options. Names are loaded on
+first use: importing this package (or ``options``) imports no rsl_rl.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from lstm_probe.integrations.rsl_rl.envs import GymVecEnv, TorchPendulumVecEnv
+    from lstm_probe.integrations.rsl_rl.options import RslRl
+    from lstm_probe.integrations.rsl_rl.probe import RslRlProbe, attach, recurrent_modules
+    from lstm_probe.integrations.rsl_rl.train import arch, make_env, run, train_cfg
+
+_LAZY = {
+    "GymVecEnv": "envs",
+    "TorchPendulumVecEnv": "envs",
+    "RslRl": "options",
+    "RslRlProbe": "probe",
+    "attach": "probe",
+    "recurrent_modules": "probe",
+    "arch": "train",
+    "make_env": "train",
+    "run": "train",
+    "train_cfg": "train",
+}
+
+__all__ = [
+    "GymVecEnv",
+    "RslRl",
+    "RslRlProbe",
+    "TorchPendulumVecEnv",
+    "arch",
+    "attach",
+    "make_env",
+    "recurrent_modules",
+    "run",
+    "train_cfg",
+]
+
+
+def __getattr__(name: str) -> object:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,353 @@
+"""rsl_rl (``rsl-rl-lib`` 5.5, the PPO of Isaac Lab): :func:`attach` puts the probe on a runner the user built.
+
+What rsl_rl does with its recurrent state, and what the probe relies on (rsl-rl-lib 5.5.1):
+
+- ``modules/rnn.py:RNN`` keeps the state in the module: a rollout call runs the nn.LSTM/GRU on
+  (1, num_envs, F) with ``self.hidden_state``; ``RNN.reset(dones)`` zeroes, in place, the rows of the envs
+  whose ``dones == 1``. Actor and critic (``models/rnn_model.py:RNNModel``) each have their own RNN.
+- ``algorithms/ppo.py:PPO.act`` takes references to both states, then calls actor and critic once each
+  (one env step: batch column i = env i); ``PPO.process_env_step`` stores the transition
+  (``storage/rollout_storage.py:RolloutStorage.add_transition`` copies the states at index ``storage.step``)
+  and resets both modules with the step's dones. ``PPO.compute_returns`` evaluates the critic once more on
+  the observation after the rollout's last step (tagged phase 'bootstrap', bootstrap 'last': the next
+  rollout's first step, whose state it restores afterwards).
+- ``RolloutStorage.recurrent_mini_batch_generator`` splits every env's rollout at its dones
+  (``utils/utils.py:split_and_pad_trajectories``: env-major order, each trajectory zero-padded to the
+  rollout's length), gives minibatch i the trajectories of envs ``[i * N // M, (i + 1) * N // M)``, in the
+  same order every epoch, each starting from the state stored at its first step; the model runs one padded
+  call (T, B, F) and unpads (``unpad_trajectories``). The probe computes the same split from the storage's
+  own dones (one host copy per update) and tags each minibatch's calls with it.
+
+Where the probe reads device data: the dones ``env.step`` returns, once per env step, in the probe's
+wrapper of ``env.step`` (never in a hook): copied to the host (on a GPU: into pinned memory, without
+waiting) and read at the next call that needs them (on a GPU: after an event, by then long done; the
+runner itself syncs every step, ``utils/utils.py:check_nan`` and ``utils/logger.py:Logger.process_env_step``).
+The storage's dones, once per update. Every per-step figure is kept in numpy.
+
+Calls outside ``act``/``compute_returns``/``update`` (a play loop: ``runner.get_inference_policy()``,
+which is the actor itself) with one column per env are tagged phase 'predict' with the env counters the
+``env.step`` wrapper keeps, so the report's doctor sees a play loop that never resets its memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from lstm_probe.contract import BOOTSTRAP, SEQ_REASON, Capabilities, Grid, Tags
+from lstm_probe.errors import BadInput
+from lstm_probe.options import CaptureOptions, capture_options
+from lstm_probe.tracer import CoreTracer
+
+ROLES = ("actor", "critic")
+
+
+def recurrent_modules(alg: Any) -> dict[str, nn.Module]:
+    """The nn.LSTM/GRU of the algorithm's recurrent models ('actor', 'critic'): ``model.rnn.rnn``
+    (``models/rnn_model.py:RNNModel.rnn`` is ``modules/rnn.py:RNN``, whose ``rnn`` is the torch module)."""
+    found: dict[str, nn.Module] = {}
+    for role in ROLES:
+        model = getattr(alg, f"_raw_{role}", None) or getattr(alg, role, None)
+        rnn = getattr(getattr(model, "rnn", None), "rnn", None)
+        if isinstance(rnn, nn.LSTM | nn.GRU):
+            found[role] = rnn
+    if not found:
+        raise BadInput("this rsl_rl algorithm has no recurrent actor or critic (RNNModel) to trace")
+    return found
+
+
+class _Dones:
+    """One env step's dones on their way to the host: read once, when a call needs them."""
+
+    def __init__(self, dones: torch.Tensor):
+        d = dones.detach().reshape(-1)
+        self.event: Any = None
+        if d.device.type == "cuda":  # pinned host buffer, copied without waiting (read after the event)
+            self.host = torch.empty(d.shape, dtype=d.dtype, pin_memory=True)
+            self.host.copy_(d, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.host = d.to("cpu", copy=True)
+
+    def read(self) -> np.ndarray:
+        if self.event is not None:
+            self.event.synchronize()
+        return self.host.numpy() != 0
+
+
+class RslRlProbe:
+    """The rsl_rl :class:`~lstm_probe.contract.Integration`: tags from the wrappers around rsl_rl's own
+    steps (``PPO.act``, ``PPO.compute_returns``, the storage's minibatch generator, ``env.step``)."""
+
+    name = "rsl_rl"
+
+    def __init__(self, alg: Any, env: Any, options: CaptureOptions, metadata: dict[str, Any]):
+        self.alg, self.env = alg, env
+        self.storage = alg.storage
+        self.n = int(env.num_envs)
+        self.steps_per_env = int(self.storage.num_transitions_per_env)
+        self._metadata = metadata
+        self.envs = np.arange(self.n)
+        self.env_step = np.zeros(self.n, np.int64)
+        self.episode = np.zeros(self.n, np.int64)
+        fresh = all(getattr(getattr(m, "rnn", None), "hidden_state", None) is None for m in self._models())
+        # a fresh memory (None: zeros) starts an episode for the probe; else the episode began before it
+        self.episode_step = np.zeros(self.n, np.int64) if fresh else np.full(self.n, -1, np.int64)
+        self.starts = np.full(self.n, 1 if fresh else 0, np.int8)
+        self._arrived: list[_Dones] = []
+        self.iteration = 0  # updates done so far: rollout k is followed by update k
+        shape = (self.steps_per_env, self.n)
+        self.roll = {k: np.full(shape, -1, np.int64) for k in ("env_step", "episode", "episode_step")}
+        self.roll["start"] = np.full(shape, -1, np.int64)
+        self.tags: Tags | None = None
+        self._predict: tuple[int, Tags] | None = None
+        self._version = 0  # env steps the counters hold
+        self._undo: list[tuple[Any, str, Any]] = []
+        window = options.reference_window or self.steps_per_env + 1
+        self.options = dataclasses.replace(options, reference_window=window)
+        self.tracer = CoreTracer(recurrent_modules(alg), self.options, self)
+
+    def _models(self) -> list[Any]:
+        return [getattr(self.alg, f"_raw_{r}", None) or getattr(self.alg, r) for r in ROLES]
+
+    # -- the contract ------------------------------------------------------------------------------
+    def capabilities(self) -> Capabilities:
+        """Train rows carry epochs; training trajectories start from states stored during the rollout."""
+        return Capabilities("rsl_rl", epochs=True, stored_states=True)
+
+    def metadata(self) -> dict[str, Any]:
+        return dict(self._metadata)
+
+    def resolve(self, module: str, steps: int, batch: int) -> Tags:
+        tags = self.tags
+        if tags is not None:
+            return tags
+        if steps != 1 or batch != self.n:
+            return Tags(phase="other")
+        self._settle()  # a call outside rsl_rl's own steps, one column per env: a play loop
+        if self._predict is None or self._predict[0] != self._version:
+            self._predict = (self._version, Tags(phase="predict", grid=self._grid()))
+        return self._predict[1]
+
+    # -- the env's counters -----------------------------------------------------------------------
+    def _settle(self) -> None:
+        """Apply the dones of the env steps taken since the last call that needed them."""
+        start = time.perf_counter()
+        for d in self._arrived:
+            done = d.read()
+            # new arrays, never changed in place: the grids handed to the tracer hold views of them
+            self.env_step = self.env_step + 1
+            self.episode = self.episode + done
+            self.episode_step = np.where(done, 0, np.where(self.episode_step >= 0, self.episode_step + 1, -1))
+            self.starts = done.astype(np.int8)
+            self._version += 1
+        self._arrived.clear()
+        self.tracer.integration_seconds += time.perf_counter() - start
+
+    def _grid(self, **cells: Any) -> Grid:
+        return Grid.one_step(self.envs, self.env_step, self.episode, self.episode_step, self.starts, **cells)
+
+    # -- the wrappers ------------------------------------------------------------------------------
+    def _wrap(self, owner: Any, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+        """Wrap ``owner.name`` on the instance (the user's own instance wrapper, if any, stays inside)."""
+        inner = getattr(owner, name)
+        if getattr(inner, "_lstm_probe", False):
+            raise BadInput(f"{type(owner).__name__}.{name} is wrapped by a probe already (attach once)")
+        wrapper = functools.wraps(inner)(make(inner))
+        wrapper._lstm_probe = True  # type: ignore[attr-defined]
+        self._undo.append((owner, name, vars(owner).get(name)))
+        setattr(owner, name, wrapper)
+
+    def start(self) -> RslRlProbe:
+        self.tracer.start()
+        try:
+            self._wrap(self.env, "step", self._step)
+            self._wrap(self.alg, "act", self._act)
+            self._wrap(self.alg, "compute_returns", self._returns)
+            self._wrap(self.storage, "recurrent_mini_batch_generator", self._minibatches)
+        except BaseException:
+            self._unwrap()
+            self.tracer.close(completed=False, stop_reason="attach failed")
+            raise
+        return self
+
+    def _unwrap(self) -> None:
+        while self._undo:
+            owner, name, own = self._undo.pop()
+            if own is None:
+                vars(owner).pop(name, None)
+            else:
+                setattr(owner, name, own)
+
+    def _step(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def step(*args: Any, **kwargs: Any) -> Any:
+            out = fn(*args, **kwargs)
+            start = time.perf_counter()
+            self._arrived.append(_Dones(out[2]))  # rsl_rl's VecEnv.step: (obs, rewards, dones, extras)
+            self.tracer.integration_seconds += time.perf_counter() - start
+            return out
+
+        return step
+
+    def _act(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def act(*args: Any, **kwargs: Any) -> Any:
+            self._settle()
+            t = int(self.storage.step)  # the storage index this step's transition will have
+            if t < self.steps_per_env:
+                roll = self.roll
+                roll["env_step"][t], roll["episode"][t] = self.env_step, self.episode
+                roll["episode_step"][t], roll["start"][t] = self.episode_step, self.starts
+            self.tags = Tags(phase="rollout", iteration=self.iteration, grid=self._grid())
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.tags = None
+
+        return act
+
+    def _returns(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def compute_returns(*args: Any, **kwargs: Any) -> Any:
+            self._settle()
+            last = np.full(self.n, BOOTSTRAP["last"], np.int8)
+            grid = self._grid(bootstrap=last)
+            self.tags = Tags(phase="bootstrap", iteration=self.iteration, bootstrap="last", grid=grid)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.tags = None
+
+        return compute_returns
+
+    def _minibatches(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def generator(num_mini_batches: int, num_epochs: int = 8) -> Iterator[Any]:
+            start = time.perf_counter()
+            grids = self.layout(num_mini_batches)
+            self.tracer.integration_seconds += time.perf_counter() - start
+            try:
+                for k, batch in enumerate(fn(num_mini_batches, num_epochs)):
+                    epoch, mb = divmod(k, num_mini_batches)
+                    self.tags = Tags(phase="train", iteration=self.iteration, epoch=epoch, minibatch=mb, grid=grids[mb])
+                    yield batch
+            finally:
+                self.tags = None
+                self.iteration += 1
+
+        return generator
+
+    def layout(self, num_mini_batches: int) -> list[Grid]:
+        """The train grid of each minibatch, as ``RolloutStorage.recurrent_mini_batch_generator`` cuts the
+        rollout: trajectories split at the storage's dones, env-major, padded to the rollout's length."""
+        dones = self.storage.dones.reshape(self.steps_per_env, -1).cpu().numpy() != 0  # once per update
+        steps, n = dones.shape
+        starts = np.zeros((steps, n), bool)  # rollout_storage.py: last_was_done
+        starts[0] = True
+        starts[1:] = dones[:-1]
+        env, t0 = np.nonzero(starts.T)  # env-major, time ascending (split_and_pad_trajectories' order)
+        t1 = np.r_[t0[1:], steps]
+        t1[np.r_[env[1:] != env[:-1], True]] = steps
+        length = t1 - t0
+        size = self.n // num_mini_batches
+        grids = []
+        tt = np.arange(steps)
+        for i in range(num_mini_batches):
+            a, b = np.searchsorted(env, [i * size, (i + 1) * size])
+            e, s, ln = env[a:b, None], t0[a:b, None], length[a:b]
+            valid = tt[None, :] < ln[:, None]
+            src = np.minimum(s + tt[None, :], steps - 1)
+
+            def col(name: str, dtype: Any, src: np.ndarray = src, e: np.ndarray = e, valid: np.ndarray = valid) -> Any:
+                return np.where(valid, self.roll[name][src, e], -1).astype(dtype)
+
+            start = col("start", np.int8)
+            grid = Grid(
+                env=np.where(valid, e, -1).astype(np.int32),
+                env_step=col("env_step", np.int64),
+                episode=col("episode", np.int64),
+                episode_step=col("episode_step", np.int64),
+                episode_start=start,
+                padding=~valid,
+                train=True,
+            )
+            grid.seq_len = ln.astype(np.int32)
+            reason = np.where(start[:, 0] == 1, SEQ_REASON["episode_start"], SEQ_REASON["env_boundary"])
+            grid.seq_reason = reason.astype(np.int8)
+            grids.append(grid)
+        return grids
+
+    # -- the end -----------------------------------------------------------------------------------
+    def close(self, completed: bool = True, stop_reason: str | None = None) -> Path | None:
+        """Take the wrappers off, detach the hooks and finish the log; returns its path."""
+        self._unwrap()
+        self._settle()
+        return self.tracer.close(
+            completed=completed, stop_reason=stop_reason, progress_num_timesteps=int(self.env_step.sum())
+        )
+
+    def __enter__(self) -> RslRlProbe:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.close(completed=exc is None, stop_reason=None if exc is None else f"{type(exc).__name__}: {exc}")
+
+
+def runner_metadata(runner: Any, alg: Any) -> dict[str, Any]:
+    """What the log's metadata says about an rsl_rl run: the runner's and the models' settings."""
+    cfg = getattr(runner, "cfg", None) or {}
+    models = {}
+    for role in ROLES:
+        rnn = getattr(getattr(getattr(alg, role, None), "rnn", None), "rnn", None)
+        if rnn is not None:
+            kind = "lstm" if isinstance(rnn, nn.LSTM) else "gru"
+            models[role] = {"rnn_type": kind, "hidden_size": rnn.hidden_size, "num_layers": rnn.num_layers}
+    return {
+        "algorithm": type(alg).__name__,
+        "rsl_rl": {
+            "num_envs": int(alg.storage.num_envs),
+            "num_steps_per_env": int(alg.storage.num_transitions_per_env),
+            "num_mini_batches": getattr(alg, "num_mini_batches", None),
+            "num_learning_epochs": getattr(alg, "num_learning_epochs", None),
+            "learning_rate": getattr(alg, "learning_rate", None),
+            "gamma": getattr(alg, "gamma", None),
+            "models": models,
+            "experiment_name": cfg.get("experiment_name") if isinstance(cfg, dict) else None,
+        },
+    }
+
+
+def attach(
+    runner: Any,
+    out: str | os.PathLike[str] | None = None,
+    *,
+    env: Any = None,
+    metadata: dict[str, Any] | None = None,
+    options: CaptureOptions | None = None,
+    **capture: Any,
+) -> RslRlProbe:
+    """Attach the probe to an rsl_rl ``OnPolicyRunner`` the user built (or to its algorithm, ``runner.alg``,
+    with ``env=`` the VecEnv it steps) and start it; returns the probe, a context manager. Call
+    ``runner.learn(...)`` (or your own loop over ``alg.act`` / ``env.step`` / ``alg.process_env_step`` /
+    ``alg.compute_returns`` / ``alg.update``), then :meth:`RslRlProbe.close`.
+
+    ``out``: the log [run.parquet]. ``options`` (a :class:`~lstm_probe.options.CaptureOptions`) and keyword
+    arguments of its fields' names (``capture='summary'``, ``trace_envs=16``, ``float16``, ``force``, ...) are
+    the capture settings. Attach before training starts: the probe counts env steps from here.
+    """
+    alg = getattr(runner, "alg", runner)
+    env = env if env is not None else getattr(runner, "env", None)
+    if env is None or not hasattr(alg, "storage"):
+        raise BadInput("attach(runner): give an rsl_rl OnPolicyRunner, or its algorithm with env=the VecEnv it steps")
+    if getattr(alg, "is_multi_gpu", False):
+        raise BadInput("lstm-probe traces single-process rsl_rl runs; this one is multi-GPU")
+    opts = capture_options(options, out, **capture)
+    meta = {**runner_metadata(runner, alg), **(metadata or {})}
+    return RslRlProbe(alg, env, opts, meta).start()

@@ -1,0 +1,156 @@
+"""``lstm-probe run --framework rsl_rl``: rsl_rl's OnPolicyRunner (PPO, a small recurrent actor-critic) trained
+with the probe attached."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from lstm_probe.errors import BadInput
+from lstm_probe.integrations.rsl_rl.envs import GymVecEnv, TorchPendulumVecEnv
+from lstm_probe.integrations.rsl_rl.options import RslRl
+from lstm_probe.integrations.rsl_rl.probe import attach
+from lstm_probe.options import CaptureOptions, RunResult, TrainOptions, route, settle
+
+__all__ = ["arch", "make_env", "run", "train_cfg"]
+
+TORCH_ENV = "Pendulum-v1"
+
+
+def make_env(env_id: str, num_envs: int, *, seed: int = 0, torch_env: bool = False, device: str = "cpu") -> Any:
+    """``env_id`` as rsl_rl's VecEnv: gymnasium's envs, or (``torch_env``, Pendulum-v1 only) the torch-native
+    batched Pendulum without the angular velocity."""
+    if torch_env:
+        if env_id != TORCH_ENV:
+            raise BadInput(f"--torch-env is the torch-native {TORCH_ENV}; got {env_id!r}")
+        return TorchPendulumVecEnv(num_envs, seed=seed, device=device)
+    return GymVecEnv(env_id, num_envs, seed=seed, device=device)
+
+
+def train_cfg(
+    *,
+    num_steps_per_env: int = 24,
+    num_mini_batches: int = 4,
+    num_learning_epochs: int = 5,
+    learning_rate: float = 1e-3,
+    rnn_type: str = "lstm",
+    rnn_layers: int = 1,
+    hidden_size: int = 64,
+    mlp: tuple[int, ...] = (64, 64),
+) -> dict[str, Any]:
+    """An OnPolicyRunner configuration (rsl-rl-lib 5.5) with a recurrent actor and critic (``RNNModel``)."""
+    model = {
+        "class_name": "rsl_rl.models.RNNModel",
+        "hidden_dims": list(mlp),
+        "activation": "elu",
+        "rnn_type": rnn_type,
+        "rnn_hidden_dim": hidden_size,
+        "rnn_num_layers": rnn_layers,
+    }
+    return {
+        "num_steps_per_env": num_steps_per_env,
+        "save_interval": 10**9,
+        "check_for_nan": True,
+        "obs_groups": {"actor": ["policy"], "critic": ["policy"]},
+        "actor": {**model, "distribution_cfg": {"class_name": "GaussianDistribution", "init_std": 1.0}},
+        "critic": model,
+        "algorithm": {
+            "class_name": "rsl_rl.algorithms.PPO",
+            "num_learning_epochs": num_learning_epochs,
+            "num_mini_batches": num_mini_batches,
+            "learning_rate": learning_rate,
+            "schedule": "adaptive",
+            "desired_kl": 0.01,
+        },
+    }
+
+
+def build_runner(env: Any, cfg: dict[str, Any], device: str = "cpu") -> Any:
+    """rsl_rl's OnPolicyRunner without a log directory (no TensorBoard); its model printout swallowed."""
+    from rsl_rl.runners import OnPolicyRunner
+
+    with contextlib.redirect_stdout(io.StringIO()):  # construct_algorithm prints both models
+        return OnPolicyRunner(env, cfg, log_dir=None, device=device)
+
+
+def run(
+    env_id: str,
+    out: str | os.PathLike[str] | None = None,
+    *,
+    options: CaptureOptions | None = None,
+    train: TrainOptions | None = None,
+    rsl_rl: RslRl | None = None,
+    command: str | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    **overrides: Any,
+) -> RunResult:
+    """Train rsl_rl PPO (recurrent actor and critic) on ``env_id`` with the probe; returns a RunResult.
+
+    Settings: ``options`` (:class:`~lstm_probe.options.CaptureOptions`), ``train``
+    (:class:`~lstm_probe.options.TrainOptions`), ``rsl_rl`` (:class:`~lstm_probe.integrations.rsl_rl.options.RslRl`);
+    keyword arguments of their fields' names override them. Defaults: rsl_rl's own where it has them (24 steps
+    per env, 5 epochs, learning rate 1e-3 with the adaptive schedule), a 64-unit RNN and (64, 64) heads;
+    minibatches of ``batch_size`` timesteps (whole envs: rsl_rl cuts minibatches by env), else 4 (at most
+    ``n_envs``). ``steps`` is rounded up to whole iterations of n_envs x n_steps.
+    """
+    from lstm_probe.reader import read_info
+
+    cap, tr, own = route(overrides, (CaptureOptions, TrainOptions, RslRl), "run --framework rsl_rl")
+    if out is not None:
+        cap["out"] = out
+    opts = settle(CaptureOptions, options, cap)
+    t = settle(TrainOptions, train, tr)
+    r = settle(RslRl, rsl_rl, own)
+    if t.shared_lstm:
+        raise BadInput("--shared-lstm: rsl_rl's actor and critic each have their own RNN")
+    n_envs, n_steps = t.n_envs, t.n_steps or 24
+    per_batch = t.batch_size or max(1, n_envs * n_steps // 4)
+    mini_batches = min(n_envs, max(1, n_envs * n_steps // per_batch))
+    iterations = math.ceil(t.steps / (n_envs * n_steps))
+    torch.set_num_threads(t.torch_threads or 1)
+    if t.seed is not None:
+        torch.manual_seed(t.seed)
+    env = make_env(env_id, n_envs, seed=t.seed or 0, torch_env=r.torch_env)
+    cfg = train_cfg(
+        num_steps_per_env=n_steps,
+        num_mini_batches=mini_batches,
+        num_learning_epochs=t.n_epochs or 5,
+        learning_rate=t.learning_rate or 1e-3,
+        rnn_type=r.rnn_type,
+        rnn_layers=r.rnn_layers,
+        hidden_size=t.hidden_size or 64,
+    )
+    runner = build_runner(env, cfg)
+    meta = {"command": command, "env_id": env_id, "total_timesteps": iterations * n_envs * n_steps, "n_envs": n_envs}
+    start = time.perf_counter()
+    probe = attach(runner, options=opts, metadata={**meta, "torch_env": r.torch_env})
+    completed, reason = False, None
+    try:
+        for i in range(iterations):
+            runner.learn(1)
+            if progress is not None:
+                progress((i + 1) * n_envs * n_steps, iterations * n_envs * n_steps)
+        completed = True
+    except BaseException as exc:
+        reason = f"{type(exc).__name__}: {exc}"
+        raise
+    finally:
+        path = probe.close(completed=completed, stop_reason=reason)
+        close = getattr(env, "close", None)
+        if close is not None:
+            close()
+    seconds = time.perf_counter() - start
+    info = read_info(path if path is not None else opts.out)
+    return RunResult(info.path, info.rows, info.bytes, completed, int(probe.env_step.sum()), seconds)
+
+
+def arch(target: Any = None, **kwargs: Any) -> Any:
+    """Not available for rsl_rl yet: its actor and critic are separate ``RNNModel`` s, each with its own RNN."""
+    raise BadInput("lstm-probe arch --framework rsl_rl is not available yet: actor and critic each have their own RNN")
