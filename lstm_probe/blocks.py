@@ -12,18 +12,24 @@ import torch
 from torch import nn
 
 from lstm_probe.contract import PATH, Grid, Tags
+from lstm_probe.transfer import Later, Staged, host_arrays
+
+MAX_PENDING = 256
+"""One-step calls kept before they are written as one block (bounds the memory they hold)."""
 
 if TYPE_CHECKING:
     from lstm_probe.logwriter import LogWriter
     from lstm_probe.tracer import CoreTracer
 
 
+BLOCK_BYTES = 64 << 20
+"""The most a block's buffer of one-step calls holds on the device (states and input states) before it is
+handed over: bounds the memory of wide runs (a 1,024-env, hidden-256 LSTM step is 4 MB of them)."""
+
+
 def host(t: torch.Tensor) -> np.ndarray:
-    """A detached tensor as a float32 numpy array (one device-to-host copy when it is not on the CPU)."""
-    t = t.detach()
-    if t.dtype != torch.float32:
-        t = t.float()
-    return t.numpy() if t.device.type == "cpu" else t.cpu().numpy()
+    """A detached tensor as a float32 numpy array, in one copy (``transfer.host_arrays``)."""
+    return host_arrays(t)[0]
 
 
 def tensor_bytes(*tensors: torch.Tensor | None) -> int:
@@ -33,65 +39,147 @@ def tensor_bytes(*tensors: torch.Tensor | None) -> int:
 
 def write_block(
     tracer: CoreTracer, writer: LogWriter, name: str, tags: Tags, stepwise: bool, t0: int, block: Block
-) -> None:
-    """Host arrays of one block of one-step calls of module ``name``, to the sink (``CoreTracer._write_block``); a
-    summary log's per-step training loops as their norms and drifts (``drift.py``)."""
+) -> Later:
+    """One block of one-step calls of module ``name`` (``CoreTracer._write_block``, a writer job): its device
+    buffer's copy to the host started (one copy: ``transfer.Staged``), and the second half that hands the
+    host arrays to the sink; a summary log's per-step training loops as their norms and drifts
+    (``drift.py``)."""
     calls = np.array(block.calls, np.int64)
     layers = tracer.layers[name]
     if stepwise:
-        stacked = block.stacked if block.stacked is not None else torch.stack(block.states, dim=2)
-        hc = host(stacked)  # (L or 2L, N, T', H)
-        with_c = hc.shape[0] == 2 * layers
-        per_col = np.tile(calls, hc.shape[1])  # (N * T',) in column-major order: n, then t
-        init = None
-        if t0 == 0 and block.inputs:  # the loop's first step: where each column's state came from
-            init = tracer.inputs.answer(name, tags.phase, tags.grid, 0, host(block.inputs[0]), None, layers)
-        cs = hc[layers:] if with_c else None
-        tracer.rows += layers * len(per_col)
-        reducer = tracer.reducer
-        reduced = reducer.reduce(name, tags.phase, tags.grid, t0, hc[:layers], cs) if reducer else None
-        if reduced is not None:  # its norms and drifts, not its states (drift.py)
-            writer.send("rows", name, tags, t0, PATH["stepwise"], per_col, reduced, None, None, init)
-            return
-        writer.send("rows", name, tags, t0, PATH["stepwise"], per_col, hc[:layers], cs, None, init)
-        if reducer is not None:  # a loop of another phase: the sink keeps rollout rows as references
-            reducer.rollout(name, tags.phase, tags.grid, t0, hc[:layers], cs)
-        return
-    hc = host(torch.cat(block.states, dim=1))[:, :, None, :]  # (L or 2L, sum N, 1, H)
-    with_c = hc.shape[0] == 2 * layers  # h and c of each call as one (2L, N, H) tensor
-    per_col = np.repeat(calls, [s.shape[1] for s in block.states])
-    sent = tags
-    if block.grids:
-        sent = dataclasses.replace(tags, grid=Grid.concat(block.grids), stepwise={})
-    init = None
-    if len(block.inputs) == len(block.calls):  # every call's input state: where it came from (Inputs)
+        stacked = block.stacked if block.stacked is not None else block.steps()  # (L or 2L, N, T', H)
+        first = t0 == 0 and bool(block.inputs)  # the loop's first step: where each column's state came from
+        staged = Staged([stacked, block.inputs[0]] if first else [stacked], private=True)
+
+        def finish_loop(arrays: list[np.ndarray]) -> None:
+            hc = arrays[0]
+            with_c = hc.shape[0] == 2 * layers
+            per_col = np.tile(calls, hc.shape[1])  # (N * T',) in column-major order: n, then t
+            init = tracer.inputs.answer(name, tags.phase, tags.grid, 0, arrays[1], None, layers) if first else None
+            cs = hc[layers:] if with_c else None
+            tracer.rows += layers * len(per_col)
+            reducer = tracer.reducer
+            reduced = reducer.reduce(name, tags.phase, tags.grid, t0, hc[:layers], cs) if reducer else None
+            if reduced is not None:  # its norms and drifts, not its states (drift.py)
+                writer.send("rows", name, tags, t0, PATH["stepwise"], per_col, reduced, None, None, init)
+                return
+            writer.send("rows", name, tags, t0, PATH["stepwise"], per_col, hc[:layers], cs, None, init)
+            if reducer is not None:  # a loop of another phase: the sink keeps rollout rows as references
+                reducer.rollout(name, tags.phase, tags.grid, t0, hc[:layers], cs)
+
+        return Later(staged, finish_loop)
+    states = block.sides()  # (2, R, n * N, H): the returned states, then the input states
+    batch = block.batch
+    staged = Staged([states], private=True)
+
+    def finish(arrays: list[np.ndarray]) -> None:
+        both = arrays[0]
+        hc = both[0][:, :, None, :]  # (L or 2L, n * N, 1, H)
+        with_c = hc.shape[0] == 2 * layers  # h and c of each call as one (2L, N, H) tensor
+        per_col = np.repeat(calls, batch)
+        sent = tags
+        if block.grids:
+            sent = dataclasses.replace(tags, grid=Grid.concat(block.grids), stepwise={})
         grid = sent.grid
         if grid is None:  # untagged calls: env column = batch column
-            grid = Grid.one_step(np.concatenate([np.arange(s.shape[1]) for s in block.states]), -1, -1, -1, -1)
-        x0 = host(torch.cat(block.inputs, dim=1))
-        init = tracer.inputs.answer(name, tags.phase, grid, 0, x0, hc[:, :, 0], layers)
-    path = PATH["step"]
-    tracer.rows += layers * len(per_col)
-    cs = hc[layers:] if with_c else None
-    writer.send("rows", name, sent, 0, path, per_col, hc[:layers], cs, None, init)
-    if tracer.reducer is not None:  # the rows the sink keeps as references, kept here too
-        tracer.reducer.rollout(name, tags.phase, sent.grid, 0, hc[:layers], cs)
+            grid = Grid.one_step(np.tile(np.arange(batch), len(calls)), -1, -1, -1, -1)
+        init = tracer.inputs.answer(name, tags.phase, grid, 0, both[1], hc[:, :, 0], layers)
+        tracer.rows += layers * len(per_col)
+        cs = hc[layers:] if with_c else None
+        writer.send("rows", name, sent, 0, PATH["step"], per_col, hc[:layers], cs, None, init)
+        if tracer.reducer is not None:  # the rows the sink keeps as references, kept here too
+            tracer.reducer.rollout(name, tags.phase, sent.grid, 0, hc[:layers], cs)
+
+    return Later(staged, finish)
 
 
 class Block:
-    """The one-step calls of one module kept for one block: their call ids, grids (rollout steps), states
-    and input states (``inputs``, copies; see :class:`~lstm_probe.inputs.Inputs`; a per-timestep loop's first
-    step only), as parallel lists. The states are copies made as each call returned (a loop may change
-    what the module returned in place, ``h[:, done] = 0``): h (L, N, H), or h and c as one (2L, N, H)."""
+    """The one-step calls of one module kept for one block, written into one buffer on the states' device as
+    each call returns (a loop may change what the module returned in place, ``h[:, done] = 0``; no
+    allocation per call): their call ids, grids (rollout steps) and input states.
 
-    __slots__ = ("calls", "grids", "inputs", "stacked", "states")
+    Rollout-style blocks (:meth:`for_steps`: calls side by side along the batch axis) keep each call's
+    returned states and input states (h of every layer, then c; zeros where a call was given none) in
+    ``buf`` (2, R, capacity, N, H); a per-timestep loop (:meth:`for_loop`) keeps its steps' states in
+    ``buf`` (R, N, T, H) and its first step's input states in ``inputs``. A loop recorded whole
+    (``CoreTracer.loop_end``) brings its states ``stacked`` instead."""
 
-    def __init__(self) -> None:
+    __slots__ = ("buf", "calls", "grids", "inputs", "n", "stacked")
+
+    def __init__(self, buf: torch.Tensor | None = None) -> None:
         self.calls: list[int] = []
         self.stacked: torch.Tensor | None = None  # a loop recorded whole: its states, (L or 2L, N, T, H)
         self.grids: list[Grid] = []
         self.inputs: list[torch.Tensor] = []
-        self.states: list[torch.Tensor] = []
+        self.buf = buf
+        self.n = 0  # calls (or loop steps) in buf
+
+    @staticmethod
+    def for_steps(like: torch.Tensor, rows: int) -> Block:
+        """A block of one-step calls of ``like``'s batch (N) and hidden size: as many calls as fit
+        BLOCK_BYTES, at most MAX_PENDING."""
+        _, batch, hidden = like.shape
+        capacity = max(1, min(MAX_PENDING, BLOCK_BYTES // max(1, 2 * rows * batch * hidden * like.element_size())))
+        return Block(like.new_empty((2, rows, capacity, batch, hidden)))
+
+    @staticmethod
+    def for_loop(like: torch.Tensor, rows: int, steps: int) -> Block:
+        """A block for ``steps`` steps of a per-timestep loop over ``like``'s batch."""
+        _, batch, hidden = like.shape
+        return Block(like.new_empty((rows, batch, max(1, steps), hidden)))
+
+    @property
+    def batch(self) -> int:
+        assert self.buf is not None
+        return int(self.buf.shape[-2]) if self.buf.dim() == 5 else int(self.buf.shape[1])
+
+    @property
+    def full(self) -> bool:
+        return self.buf is not None and self.buf.dim() == 5 and self.n >= self.buf.shape[2]
+
+    def put(self, h: torch.Tensor, c: torch.Tensor | None, x0: torch.Tensor | tuple[torch.Tensor, ...] | None) -> None:
+        """A one-step call's returned states h, c (L, N, H) and input states (one (R, N, H) tensor, its parts
+        (h0, c0), or None: zeros) into the next slot."""
+        assert self.buf is not None
+        k, layers = self.n, int(h.shape[0])
+        self.buf[0, :layers, k].copy_(h)
+        if c is not None:
+            self.buf[0, layers:, k].copy_(c)
+        if x0 is None:
+            self.buf[1, :, k].zero_()
+        elif isinstance(x0, torch.Tensor):
+            self.buf[1, :, k].copy_(x0)
+        else:
+            at = 0
+            for part in x0:
+                self.buf[1, at : at + part.shape[0], k].copy_(part)
+                at += int(part.shape[0])
+        self.n += 1
+
+    def put_step(self, h: torch.Tensor, c: torch.Tensor | None) -> None:
+        """A loop step's returned states (L, N, H) into the next step's column (grown if the loop runs on)."""
+        assert self.buf is not None
+        if self.n == self.buf.shape[2]:
+            self.buf = torch.cat((self.buf, torch.empty_like(self.buf)), dim=2)
+        k, layers = self.n, int(h.shape[0])
+        self.buf[:layers, :, k].copy_(h)
+        if c is not None:
+            self.buf[layers:, :, k].copy_(c)
+        self.n += 1
+
+    def steps(self) -> torch.Tensor:
+        """A loop's kept states, (R, N, T', H)."""
+        assert self.buf is not None
+        return self.buf[:, :, : self.n]
+
+    def sides(self) -> torch.Tensor:
+        """A rollout-style block's returned and input states, (2, R, n * N, H), calls in order."""
+        assert self.buf is not None
+        _, rows, _, batch, hidden = self.buf.shape
+        return self.buf[:, :, : self.n].reshape(2, rows, self.n * batch, hidden)
+
+    def nbytes(self) -> int:
+        return tensor_bytes(self.buf, self.stacked, *self.inputs)
 
 
 class Loop:

@@ -231,13 +231,34 @@ def module_input(
     return x0.unsqueeze(1) if unbatched else x0
 
 
-def cell_input(args: tuple[Any, ...], batch: int, h: torch.Tensor, is_lstm: bool) -> torch.Tensor:
-    """The input states of an nn.LSTMCell / nn.GRUCell call as (R, N, H) (``h`` the state it returned)."""
+def input_parts(args: tuple[Any, ...], unbatched: bool, is_lstm: bool) -> tuple[torch.Tensor, ...] | None:
+    """The input states of a one-step nn.LSTM / nn.GRU call as given, (h0, c0) or (h0,), each (L, N, H), no
+    copy (the block copies them into its buffer); None where the call was given none (zeros)."""
     hx = args[1] if len(args) > 1 else None
     if hx is None:
-        return h.new_zeros((2 if is_lstm else 1, batch, h.shape[-1]))
+        return None
+    parts = tuple(hx) if is_lstm else (hx,)
+    return tuple(p.unsqueeze(1) for p in parts) if unbatched else parts
+
+
+def cell_parts(args: tuple[Any, ...], batch: int, is_lstm: bool) -> tuple[torch.Tensor, ...] | None:
+    """The input states of an nn.LSTMCell / nn.GRUCell call as (1, N, H) views (None: zeros)."""
+    hx = args[1] if len(args) > 1 else None
+    if hx is None:
+        return None
     parts = hx if is_lstm else (hx,)
-    return torch.stack([p.detach().reshape(batch, -1) for p in parts])
+    return tuple(p.detach().reshape(1, batch, -1) for p in parts)
+
+
+def joined(
+    x0: torch.Tensor | tuple[torch.Tensor, ...] | None, rows: int, batch: int, like: torch.Tensor
+) -> torch.Tensor:
+    """Input states given as parts (:func:`input_parts`) as one new (R, N, H) tensor (zeros for None)."""
+    if x0 is None:
+        return like.new_zeros((rows, batch, like.shape[-1]))
+    if isinstance(x0, torch.Tensor):
+        return x0
+    return torch.cat([p.detach() for p in x0]) if len(x0) > 1 else x0[0].detach().clone()
 
 
 def stacked_steps(steps: list[Any], lstm: bool) -> torch.Tensor:

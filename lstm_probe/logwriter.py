@@ -44,6 +44,10 @@ class LogWriter:
     everything, writes the outcome into the metadata and publishes the log.
     """
 
+    defer_always = False
+    """Hold back every job's second half to the next submit (see :meth:`submit`), not only those whose
+    device copy is under way: the CUDA path's order of work, exercised on the CPU (tests)."""
+
     def __init__(
         self,
         options: CaptureOptions,
@@ -57,6 +61,7 @@ class LogWriter:
         shard: str | None = None,
     ):
         o = options  # checked when made (options.py)
+        self._later: Any = None  # a job's second half held back to the next submit (see submit)
         capture, every, reference_window, float16 = o.capture, o.every, o.reference_window, o.float16
         force, part_seconds, part_iterations, writer = o.force, o.part_seconds, o.part_iterations, o.writer
         out_str = os.fspath(o.out)
@@ -148,17 +153,22 @@ class LogWriter:
         return row_capacity(int(log["hidden_size"]), bool(log["vectors"]))
 
     # -- training thread -------------------------------------------------------------------------
-    def submit(self, job: Callable[[], None], nbytes: int) -> None:
+    def submit(self, job: Callable[[], Any], nbytes: int) -> None:
         """Run ``job``: with a writer process, here and now (its torch ops are few and its messages go
         into the pipe without waiting; a second Python thread would cost training more in interpreter
         lock hand-overs than the job itself); with a writer thread, queued for it (this blocks while
-        the queued jobs hold more than the budget)."""
+        the queued jobs hold more than the budget).
+
+        A job may return its second half (``transfer.Later``: the host side of a block whose device-to-host
+        copy it started). With a writer process, a second half whose copy is still under way runs at the
+        next submit or at close, after the halves before it (jobs stay in order): the copy overlaps the
+        training steps in between instead of stalling this one."""
         if self.error is not None:
             raise self._failed()
         if self.closed:
             raise OutputError(f"the log {self.path} is already closed")
         if self._child is not None:
-            self._run(job)
+            self._settle(self._run(job))
             if self.error is not None:
                 raise self._failed()
             return
@@ -244,21 +254,34 @@ class LogWriter:
             if item is _IDLE:  # small or idle logs too reach disk in bounded time
                 self._run(sink.flush_if_due)
                 continue
-            self._run(item.job)
+            later = self._run(item.job)
+            if later is not None:  # the writer thread may wait for the device: the second half now
+                self._run(later)
             with self._cond:
                 self._queued_bytes -= item.nbytes
                 self._cond.notify_all()
             self._run(sink.flush_if_due)
 
-    def _run(self, fn: Callable[[], None]) -> None:
+    def _settle(self, later: Any) -> None:
+        """Run the second half held back from the job before, then run or hold back ``later`` (see submit)."""
+        held, self._later = self._later, None
+        if held is not None:
+            self._run(held)
+        if later is not None:
+            if self.defer_always or not later.ready:
+                self._later = later
+            else:
+                self._run(later)
+
+    def _run(self, fn: Callable[[], Any]) -> Any:
         if self.error is not None:
-            return
+            return None
         import torch
 
         start = time.perf_counter()
         try:
             with torch.no_grad():  # grad mode is per thread
-                fn()
+                return fn()
         except BaseException as exc:  # disk full, path removed, writer process gone: raised on training's thread
             if self._child is not None and not isinstance(exc, Exception):
                 # Ctrl-C / SIGTERM landing in a job run inline (on the training thread): training's own
@@ -277,6 +300,8 @@ class LogWriter:
         writer error: publish what was finished, marked not completed with the cause, and raise it."""
         if self.closed:
             return self.path
+        if self._child is not None:
+            self._settle(None)  # a second half held back (see submit)
         self.closed = True
         _OPEN.discard(self)
         if self._thread is not None and threading.current_thread() is self._thread:

@@ -138,33 +138,27 @@ def snapshot_weights(module: nn.LSTM | nn.GRU, top: bool = True) -> list[list[to
         return [[w.clone() for w in _layer_weights(module, layer)] for layer in range(layers)]
 
 
-def lstm_sequence_io(
+def lstm_sequence_parts(
     module: nn.LSTM,
     x: torch.Tensor,
     h0: torch.Tensor,
     c0: torch.Tensor,
     y: torch.Tensor,
     weights: list[list[torch.Tensor]] | None = None,
-    valid: np.ndarray | None = None,
-) -> tuple[np.ndarray, Cells]:
-    """The torch part of the recovery for one multi-step LSTM call: the per-step h of every layer, and
-    what :func:`lstm_cells` needs for the per-step c (each layer's input, the i, f, g
-    rows of its weights, the initial states), as host arrays.
+) -> list[torch.Tensor]:
+    """The torch part of the recovery for one multi-step LSTM call, on the call's device: what
+    :func:`lstm_cells` needs, as tensors for one host transfer (``transfer.Staged``; :func:`lstm_assemble`
+    turns their host arrays into its arguments): per layer its per-step h (T, N, H), its input (T, N, F_l)
+    and its i, f, g weight rows [W_ih, W_hh, (b_ih + b_hh) when the module has biases]; then h0, c0.
 
     x: (T, N, F) sequence-first input, h0/c0: (L, N, H) initial states, y: (T, N, H) the call's
-    output; ``weights`` from :func:`snapshot_weights` (default: the module's current weights).
-    ``valid`` (T, N): a call on a PackedSequence, padded (x and y zero after each sequence's end); h and c
-    are 0 where it is False. Only the lower layers of a multi-layer module cost a computation here (one
-    fused kernel call each); the gates and the scan run in the sink, off the training thread.
-    """
+    output; ``weights`` from :func:`snapshot_weights` (default: the module's current weights). Only the
+    lower layers of a multi-layer module cost a computation here (one fused kernel call each)."""
     import torch
 
     with torch.no_grad():
-        steps, batch, _ = x.shape
         layers, hidden = module.num_layers, module.hidden_size
-        hs = np.empty((layers, steps, batch, hidden), np.float32)
-        inputs: list[np.ndarray] = []
-        gate_weights: list[list[np.ndarray]] = []
+        parts: list[torch.Tensor] = []
         layer_in = x.detach()
         g3 = 3 * hidden  # PyTorch's gate order is i, f, g, o; c needs no o
         for layer in range(layers):
@@ -175,22 +169,40 @@ def lstm_sequence_io(
                 # single fused layer, eval semantics: dropout=0, train=False (no RNG is touched)
                 h0_l, c0_l = h0[layer : layer + 1].detach(), c0[layer : layer + 1].detach()
                 out = torch.lstm(layer_in, (h0_l, c0_l), w, module.bias, 1, 0.0, False, False, False)[0]
-            inputs.append(_np(layer_in))
-            gate_weights.append(
-                [_np(w[0][:g3]), _np(w[1][:g3])] + ([_np(w[2][:g3] + w[3][:g3])] if module.bias else [])
-            )
-            hs[layer] = _np(out)
+            parts += [out, layer_in, w[0][:g3], w[1][:g3]] + ([w[2][:g3] + w[3][:g3]] if module.bias else [])
             layer_in = out
-        if valid is not None:
-            hs[:, ~valid] = 0.0  # the lower layers ran on past a sequence's end; the module did not
-        return hs, (inputs, gate_weights, _np(h0), _np(c0), valid)
+        return [*parts, h0.detach(), c0.detach()]
 
 
-def _np(t: torch.Tensor) -> np.ndarray:
-    import torch
+def lstm_assemble(
+    arrays: list[np.ndarray], layers: int, bias: bool, valid: np.ndarray | None
+) -> tuple[np.ndarray, Cells]:
+    """:func:`lstm_sequence_parts`' tensors as host arrays -> the per-step h (L, T, N, H) and :data:`Cells`.
+    ``valid`` (T, N): a call on a PackedSequence, padded (x and y zero after each sequence's end); h and c
+    are 0 where it is False."""
+    per = 5 if bias else 4
+    hs = np.stack([arrays[i * per] for i in range(layers)])
+    inputs = [arrays[i * per + 1] for i in range(layers)]
+    gate_weights = [arrays[i * per + 2 : (i + 1) * per] for i in range(layers)]
+    if valid is not None:
+        hs[:, ~valid] = 0.0  # the lower layers ran on past a sequence's end; the module did not
+    return hs, (inputs, gate_weights, arrays[-2], arrays[-1], valid)
 
-    t = t.detach()
-    return (t if t.dtype == torch.float32 else t.float()).cpu().numpy()
+
+def lstm_sequence_io(
+    module: nn.LSTM,
+    x: torch.Tensor,
+    h0: torch.Tensor,
+    c0: torch.Tensor,
+    y: torch.Tensor,
+    weights: list[list[torch.Tensor]] | None = None,
+    valid: np.ndarray | None = None,
+) -> tuple[np.ndarray, Cells]:
+    """:func:`lstm_sequence_parts` moved to the host in one copy and assembled (:func:`lstm_assemble`)."""
+    from lstm_probe.transfer import host_arrays
+
+    parts = lstm_sequence_parts(module, x, h0, c0, y, weights)
+    return lstm_assemble(host_arrays(*parts), int(module.num_layers), bool(module.bias), valid)
 
 
 def lstm_sequence_states(
@@ -208,6 +220,41 @@ def lstm_sequence_states(
     return hs, lstm_cells(hs, *cells)
 
 
+def gru_sequence_parts(
+    module: nn.GRU,
+    x: torch.Tensor,
+    h0: torch.Tensor,
+    y: torch.Tensor,
+    weights: list[list[torch.Tensor]] | None = None,
+) -> list[torch.Tensor]:
+    """Per-step h of every layer of one multi-step GRU call, one (T, N, H) tensor per layer on the call's
+    device (the lower layers from one fused kernel call each; the top layer is ``y``)."""
+    import torch
+
+    with torch.no_grad():
+        layers = module.num_layers
+        parts: list[torch.Tensor] = []
+        layer_in = x.detach()
+        for layer in range(layers):
+            if layer == layers - 1:
+                out = y.detach()
+            else:
+                w = _layer_weights(module, layer) if weights is None else weights[layer]
+                h0_l = h0[layer : layer + 1].detach()
+                out = torch.gru(layer_in, h0_l, w, module.bias, 1, 0.0, False, False, False)[0]
+            parts.append(out)
+            layer_in = out
+        return parts
+
+
+def gru_assemble(arrays: list[np.ndarray], valid: np.ndarray | None) -> np.ndarray:
+    """:func:`gru_sequence_parts` as host arrays -> per-step h (L, T, N, H)."""
+    hs = np.stack(arrays)
+    if valid is not None:
+        hs[:, ~valid] = 0.0
+    return hs
+
+
 def gru_sequence_states(
     module: nn.GRU,
     x: torch.Tensor,
@@ -217,23 +264,7 @@ def gru_sequence_states(
     valid: np.ndarray | None = None,
 ) -> np.ndarray:
     """Per-step h of every layer for one multi-step GRU call: (L, T, N, H) float32 (``valid``: as
-    :func:`lstm_sequence_io`)."""
-    import torch
+    :func:`lstm_sequence_io`), moved to the host in one copy."""
+    from lstm_probe.transfer import host_arrays
 
-    with torch.no_grad():
-        steps, batch, _ = x.shape
-        layers, hidden = module.num_layers, module.hidden_size
-        hs = np.empty((layers, steps, batch, hidden), np.float32)
-        layer_in = x.detach()
-        for layer in range(layers):
-            if layer == layers - 1:
-                out = y.detach()
-            else:
-                w = _layer_weights(module, layer) if weights is None else weights[layer]
-                h0_l = h0[layer : layer + 1].detach()
-                out = torch.gru(layer_in, h0_l, w, module.bias, 1, 0.0, False, False, False)[0]
-            hs[layer] = out.cpu().numpy()
-            layer_in = out
-        if valid is not None:
-            hs[:, ~valid] = 0.0
-        return hs
+    return gru_assemble(host_arrays(*gru_sequence_parts(module, x, h0, y, weights)), valid)

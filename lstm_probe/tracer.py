@@ -26,18 +26,17 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 
-from lstm_probe.blocks import Block, Loop, host, tensor_bytes, write_block
+from lstm_probe.blocks import Block, Loop, tensor_bytes, write_block
 from lstm_probe.contract import CODES, PATH, Integration, Resolver, Tags, padded, tag_values
 from lstm_probe.drift import Reducer
 from lstm_probe.errors import BadInput, one_line
-from lstm_probe.inputs import Inputs, cell_input, module_input, stacked_steps
+from lstm_probe.inputs import Inputs, cell_parts, input_parts, joined, module_input, stacked_steps
 from lstm_probe.logwriter import LogWriter
 from lstm_probe.modules import RECURRENT_TYPES, base_metadata, describe_modules
 from lstm_probe.options import CaptureOptions
-from lstm_probe.recover import gru_sequence_states, lstm_sequence_io, snapshot_weights
+from lstm_probe.recover import gru_assemble, gru_sequence_parts, lstm_assemble, lstm_sequence_parts, snapshot_weights
+from lstm_probe.transfer import Later, Staged
 
-MAX_PENDING = 256
-"""One-step calls kept before they are written as one block (bounds the memory they hold)."""
 _grad_enabled = torch.is_grad_enabled
 _set_grad_enabled = torch._C._set_grad_enabled  # a function call; torch.no_grad() as a context costs ~4 us
 
@@ -254,14 +253,14 @@ class CoreTracer:
                         self.calls += 1
                         block = pending.get(name)
                         if block is None:
-                            block = pending[name] = Block()
+                            rows = layers * (2 if is_lstm else 1)
+                            block = pending[name] = Block.for_loop(hn, rows, tags.grid.shape[1] - done)  # type: ignore[union-attr]
                         if done == 0:  # this module's first step of the loop: where its state came from
                             block.inputs.append(module_input(mod, args, int(shape[1 - time_axis]), x, False, is_lstm))
-                        # Copied now: a loop may change the returned states in place (`h[:, done] = 0`).
-                        # h and c as one tensor: one copy per call. (Lists, not a tuple per call: a new
-                        # container per call made Python's cyclic garbage collector run more often.)
+                        # Copied now, into the block's buffer: a loop may change the returned states in
+                        # place (`h[:, done] = 0`).
                         block.calls.append(call)
-                        block.states.append(hn.clone() if cn is None else torch.cat((hn, cn)))
+                        block.put_step(hn, cn)
                         return
                     self._resolved = tags  # not the open block: _emit takes these tags, no second call
                 unbatched = len(shape) == 2
@@ -277,8 +276,7 @@ class CoreTracer:
                     if unbatched:
                         hn = hn.unsqueeze(1)
                         cn = cn.unsqueeze(1) if cn is not None else None
-                    x0 = module_input(mod, args, batch, x, unbatched, is_lstm)
-                    self._emit(name, code, 1, batch, hn, cn, x0=x0)
+                    self._emit(name, code, 1, batch, hn, cn, x0=input_parts(args, unbatched, is_lstm))
                     return
                 x, y = x.detach(), y.detach()
                 if unbatched:
@@ -325,16 +323,26 @@ class CoreTracer:
                     h0, c0 = h0.clone(), c0.clone()
                     weights = snapshot_weights(module, top=is_lstm)  # type: ignore[arg-type]
                 initial_states = self.initial_states
+                bias = bool(module.bias)
 
-                def states() -> tuple[np.ndarray, Any, tuple[np.ndarray, np.ndarray | None] | None]:
-                    # the torch part of the recovery here (lower layers only); gates and scan in the sink
-                    cells: Any = None
+                def states() -> tuple[list[torch.Tensor], Callable[[list[np.ndarray]], tuple[Any, Any, Any]]]:
+                    # the torch part of the recovery here, on the call's device (lower layers only), as
+                    # tensors for the job's one host copy; gates and scan in the sink
                     if is_lstm:
-                        hs, cells = lstm_sequence_io(module, x, h0, c0, y, weights, valid)  # type: ignore[arg-type]
-                    else:
-                        hs = gru_sequence_states(module, x, h0, y, weights, valid)  # type: ignore[arg-type]
-                    initial = (host(h0), host(c0) if is_lstm else None) if initial_states else None
-                    return hs, cells, initial
+                        parts = lstm_sequence_parts(module, x, h0, c0, y, weights)  # type: ignore[arg-type]
+
+                        def lstm_arrays(arrays: list[np.ndarray]) -> tuple[Any, Any, Any]:
+                            hs, cells = lstm_assemble(arrays, layers, bias, valid)
+                            return hs, cells, (cells[2], cells[3]) if initial_states else None
+
+                        return parts, lstm_arrays
+                    parts = gru_sequence_parts(module, x, h0, y, weights)  # type: ignore[arg-type]
+
+                    def gru_arrays(arrays: list[np.ndarray]) -> tuple[Any, Any, Any]:
+                        initial = (arrays[layers], None) if initial_states else None
+                        return gru_assemble(arrays[:layers], valid), None, initial
+
+                    return [*parts, h0], gru_arrays
 
                 size = 2 * layers * tensor_bytes(y) + tensor_bytes(x, h0, c0, *(w for ws in weights or [] for w in ws))
                 self._emit(name, code, steps, batch, None, None, states, size, x0=x0, out=out)
@@ -348,7 +356,7 @@ class CoreTracer:
                     h = h.unsqueeze(0)
                     c = c.unsqueeze(0) if c is not None else None
                 batch = int(h.shape[0])
-                x0 = cell_input(args, batch, h, is_cell_lstm)
+                x0 = cell_parts(args, batch, is_cell_lstm)
                 self._emit(name, code, 1, batch, h[None], c[None] if c is not None else None, x0=x0)
 
         return hook
@@ -375,24 +383,28 @@ class CoreTracer:
         batch: int,
         h: torch.Tensor | None,
         c: torch.Tensor | None,
-        states: Callable[[], tuple[np.ndarray, Any, Any]] | None = None,
+        states: Callable[[], tuple[list[torch.Tensor], Callable[[list[np.ndarray]], Any]]] | None = None,
         nbytes: int = 0,
         *,
-        x0: torch.Tensor,
+        x0: torch.Tensor | tuple[torch.Tensor, ...] | None,
         out: torch.Tensor | None = None,
     ) -> None:
         """Take one call. One-step calls bring their (L, N, H) states ``h``/``c`` as the module returned them
-        (copied here: the caller may change them in place once the call returns); multi-step
-        calls bring ``states``, run by the job, which returns the arguments of
-        :meth:`Sink.sequence` (per-step h, the gates for the cell-state scan, the initial states).
+        (copied here: the caller may change them in place once the call returns); multi-step calls bring
+        ``states``, run by the job: the recovery's tensors, and what turns their host arrays into the
+        arguments of :meth:`Sink.sequence` (per-step h, the gates for the cell-state scan, the initial
+        states).
 
-        One-step calls are kept and written in blocks: the steps of a per-timestep loop over a
-        sequence batch (sb3's 'stepwise' path) along the time axis, consecutive one-step calls with the
-        same tags (rollout steps) along the batch axis. A block is handed to the writer
-        (:meth:`LogWriter.submit`) when the tags change, when it holds MAX_PENDING calls, and at close.
+        One-step calls are kept and written in blocks, each call copied into its block's buffer on the
+        device (``blocks.Block``): the steps of a per-timestep loop over a sequence batch (sb3's 'stepwise'
+        path) along the time axis, consecutive one-step calls with the same tags (rollout steps) along the
+        batch axis. A block is handed to the writer (:meth:`LogWriter.submit`) when the tags change, when
+        its buffer is full, and at close; it crosses to the host in one copy (``transfer.Staged``), as does
+        each multi-step call.
 
-        ``x0`` (R, N, H): the states the call was given (h of every layer, then c), where the `init`
-        columns come from (:class:`~lstm_probe.inputs.Inputs`); ``out``: a multi-step call's returned states.
+        ``x0``: the states the call was given (h of every layer, then c), where the `init` columns come
+        from (:class:`~lstm_probe.inputs.Inputs`): one (R, N, H) tensor, a one-step call's (h0, c0) parts,
+        or None (zeros); ``out``: a multi-step call's returned states.
         """
         tags, self._resolved = self._resolved, None
         writer = self.writer
@@ -417,51 +429,72 @@ class CoreTracer:
             if key is not None and key[0] == "stepwise":
                 t = tags.stepwise.get(name, 0)
                 tags.stepwise[name] = t + 1
-        if h is not None:
-            out = h if c is None else torch.cat((h, c))  # a copy: the caller may change h and c in place
         if key is None:
             self.flush_pending()
-            if h is not None and not writer.inline:  # the job runs later, on the writer thread
-                h, c = h.clone(), c.clone() if c is not None else None
+            layers = self.layers[name]
+            if h is not None:  # a one-step call that fits no block: its states and inputs, copied now
+                out = h.clone() if c is None else torch.cat((h, c))
+                x0 = joined(x0, out.shape[0], batch, out)
+            assert isinstance(x0, torch.Tensor)
+            x_in, returned_states = x0, out
 
-            def job() -> None:
-                returned = host(out) if out is not None else None
-                first = self.inputs.answer(name, tags.phase, grid, 0, host(x0), returned, self.layers[name], steps > 1)
-                self.rows += self.layers[name] * batch * steps
-                reducer = self.reducer
-                if states is not None:
-                    if self.initial_states and grid is not None and grid.train and grid.shape[0] == batch:
-                        self.rows += self.layers[name] * batch  # the sink's t = -1 rows (Sink.sequence)
-                    if reducer is not None and tags.phase == "rollout":  # its c is recovered in the sink only
-                        reducer.incomplete.add(name)
-                    writer.send("sequence", name, tags, call, *states(), first)
-                else:  # a one-step call that fits no block
-                    assert h is not None
-                    hs = host(h)[:, :, None, :]
-                    cs = host(c)[:, :, None, :] if c is not None else None
-                    path = PATH[tags.path or "step"]  # a train call of one step names its branch
-                    writer.send("rows", name, tags, 0, path, np.full(batch, call, np.int64), hs, cs, None, first)
-                    if reducer is not None:  # the rows the sink keeps as references, kept here too
-                        reducer.rollout(name, tags.phase, grid, 0, hs, cs)
+            def job() -> Later:
+                parts, arrays_of = states() if states is not None else ([], None)
+                sides = [x_in] + ([returned_states] if returned_states is not None else [])
+                staged = Staged(sides + parts)
 
-            writer.submit(job, nbytes or tensor_bytes(h, c))
+                def finish(arrays: list[np.ndarray]) -> None:
+                    x_host = arrays[0]
+                    returned = arrays[1] if returned_states is not None else None
+                    rest = arrays[len(sides) :]
+                    first = self.inputs.answer(name, tags.phase, grid, 0, x_host, returned, layers, steps > 1)
+                    self.rows += layers * batch * steps
+                    reducer = self.reducer
+                    if arrays_of is not None:
+                        if self.initial_states and grid is not None and grid.train and grid.shape[0] == batch:
+                            self.rows += layers * batch  # the sink's t = -1 rows (Sink.sequence)
+                        if reducer is not None and tags.phase == "rollout":  # its c is recovered in the sink only
+                            reducer.incomplete.add(name)
+                        writer.send("sequence", name, tags, call, *arrays_of(rest), first)
+                    else:  # a one-step call that fits no block
+                        assert returned is not None
+                        hs = returned[:layers, :, None, :]
+                        cs = returned[layers:, :, None, :] if returned.shape[0] > layers else None
+                        path = PATH[tags.path or "step"]  # a train call of one step names its branch
+                        writer.send("rows", name, tags, 0, path, np.full(batch, call, np.int64), hs, cs, None, first)
+                        if reducer is not None:  # the rows the sink keeps as references, kept here too
+                            reducer.rollout(name, tags.phase, grid, 0, hs, cs)
+
+                return Later(staged, finish)
+
+            writer.submit(job, nbytes or tensor_bytes(out))
             return
-        if key != self._pending_key:
+        assert h is not None  # a one-step call brings its states
+        block = self._pending.get(name)
+        stepwise = key[0] == "stepwise"
+        if key != self._pending_key or (block is not None and not stepwise and block.batch != batch):
             self.flush_pending()
             self._pending_key, self._pending_tags = key, tags
-            if key[0] == "stepwise":
+            if stepwise:
                 self._stepwise_tags = tags
-        block = self._pending.get(name)
+            block = None
+        rows = int(h.shape[0]) * (1 if c is None else 2)
+        if stepwise:
+            assert grid is not None
+            if block is None:
+                block = self._pending[name] = Block.for_loop(h, rows, grid.shape[1] - t)
+            block.calls.append(call)
+            block.put_step(h, c)
+            if t == 0:  # a per-timestep loop's first step: its input state (see Inputs)
+                block.inputs.append(joined(x0, rows, batch, h))
+            return
         if block is None:
-            block = self._pending[name] = Block()
-        assert h is not None and out is not None  # a one-step call brings its states
+            block = self._pending[name] = Block.for_steps(h, rows)
         block.calls.append(call)
-        block.states.append(out.clone() if c is None else out)
+        block.put(h, c, x0)
         if grid is not None:
             block.grids.append(grid)
-        if t == 0:  # a per-timestep loop's first step, or a one-step call: its input state (see Inputs)
-            block.inputs.append(x0)
-        if len(block.calls) >= MAX_PENDING and key[0] == "step":
+        if block.full:
             self.flush_pending()
 
     def loop_begin(self, module: nn.Module, batch: int) -> Loop | None:
@@ -521,8 +554,8 @@ class CoreTracer:
             n = len(block.calls)
             t0 = tags.stepwise.get(name, n) - n if stepwise else 0
             job = functools.partial(self._write_block, writer, name, tags, stepwise, t0, block)
-            writer.submit(job, tensor_bytes(*block.states))
+            writer.submit(job, block.nbytes())
 
-    def _write_block(self, writer: LogWriter, name: str, tags: Tags, stepwise: bool, t0: int, block: Block) -> None:
+    def _write_block(self, writer: LogWriter, name: str, tags: Tags, stepwise: bool, t0: int, block: Block) -> Later:
         """Host arrays of one block of one-step calls, to the sink (a job: see :meth:`LogWriter.submit`)."""
-        write_block(self, writer, name, tags, stepwise, t0, block)
+        return write_block(self, writer, name, tags, stepwise, t0, block)
