@@ -33,6 +33,7 @@ def make_runner(n_envs: int, rnn: str = "lstm", layers: int = 1, steps: int = ST
         num_steps_per_env=steps,
         num_mini_batches=minibatches or min(n_envs, 4),
         num_learning_epochs=2,
+        learning_rate=1e-3,
         rnn_type=rnn,
         rnn_layers=layers,
         hidden_size=8,

@@ -18,24 +18,16 @@ from rsl_rl.env import VecEnv
 from tensordict import TensorDict
 
 from lstm_probe.errors import BadInput
-from lstm_probe.torch_env import MAX_STEPS, TorchPendulum
+from lstm_probe.torch_env import TorchPendulum
 
 
 class TorchPendulumVecEnv(VecEnv):
     """:class:`~lstm_probe.torch_env.TorchPendulum` as rsl_rl's VecEnv (observation group ``policy``)."""
 
-    def __init__(
-        self,
-        num_envs: int,
-        *,
-        device: str | torch.device = "cpu",
-        seed: int = 0,
-        max_steps: int = MAX_STEPS,
-        observe_velocity: bool = False,
-    ):
-        self.pendulum = TorchPendulum(
-            num_envs, device=device, seed=seed, max_steps=max_steps, observe_velocity=observe_velocity
-        )
+    def __init__(self, num_envs: int, *, observe_velocity: bool = False, **kwargs: Any):
+        """``kwargs``: :class:`~lstm_probe.torch_env.TorchPendulum`'s (device, seed, max_steps)."""
+        self.pendulum = TorchPendulum(num_envs, observe_velocity=observe_velocity, **kwargs)
+        max_steps = self.pendulum.max_steps
         self.num_envs = num_envs
         self.num_actions = 1
         self.max_episode_length = max_steps
@@ -64,7 +56,7 @@ class GymVecEnv(VecEnv):
     """A gymnasium env id as rsl_rl's VecEnv: ``num_envs`` copies in gymnasium's ``SyncVectorEnv`` (automatic
     reset in the same step), observations flattened to float32 in the group ``policy``."""
 
-    def __init__(self, env_id: str, num_envs: int, *, seed: int = 0, device: str = "cpu"):
+    def __init__(self, env_id: str, num_envs: int, *, seed: int, device: str):
         import gymnasium as gym
 
         try:

@@ -24,7 +24,7 @@ __all__ = ["arch", "make_env", "run", "train_cfg"]
 TORCH_ENV = "Pendulum-v1"
 
 
-def make_env(env_id: str, num_envs: int, *, seed: int = 0, torch_env: bool = False, device: str = "cpu") -> Any:
+def make_env(env_id: str, num_envs: int, *, seed: int, torch_env: bool, device: str) -> Any:
     """``env_id`` as rsl_rl's VecEnv: gymnasium's envs, or (``torch_env``, Pendulum-v1 only) the torch-native
     batched Pendulum without the angular velocity."""
     if torch_env:
@@ -39,10 +39,10 @@ def train_cfg(
     num_steps_per_env: int = 24,
     num_mini_batches: int = 4,
     num_learning_epochs: int = 5,
-    learning_rate: float = 1e-3,
-    rnn_type: str = "lstm",
-    rnn_layers: int = 1,
-    hidden_size: int = 64,
+    learning_rate: float,
+    rnn_type: str,
+    rnn_layers: int,
+    hidden_size: int,
     mlp: tuple[int, ...] = (64, 64),
 ) -> dict[str, Any]:
     """An OnPolicyRunner configuration (rsl-rl-lib 5.5) with a recurrent actor and critic (``RNNModel``)."""
@@ -72,12 +72,12 @@ def train_cfg(
     }
 
 
-def build_runner(env: Any, cfg: dict[str, Any], device: str = "cpu") -> Any:
-    """rsl_rl's OnPolicyRunner without a log directory (no TensorBoard); its model printout swallowed."""
+def build_runner(env: Any, cfg: dict[str, Any]) -> Any:
+    """rsl_rl's OnPolicyRunner on the env's device, without a log directory (no TensorBoard); its model printout swallowed."""
     from rsl_rl.runners import OnPolicyRunner
 
     with contextlib.redirect_stdout(io.StringIO()):  # construct_algorithm prints both models
-        return OnPolicyRunner(env, cfg, log_dir=None, device=device)
+        return OnPolicyRunner(env, cfg, log_dir=None, device=str(env.device))
 
 
 def run(
@@ -117,7 +117,7 @@ def run(
     torch.set_num_threads(t.torch_threads or 1)
     if t.seed is not None:
         torch.manual_seed(t.seed)
-    env = make_env(env_id, n_envs, seed=t.seed or 0, torch_env=r.torch_env)
+    env = make_env(env_id, n_envs, seed=t.seed or 0, torch_env=r.torch_env, device="cpu")
     cfg = train_cfg(
         num_steps_per_env=n_steps,
         num_mini_batches=mini_batches,
