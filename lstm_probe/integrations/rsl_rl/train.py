@@ -73,7 +73,7 @@ def train_cfg(
 
 
 def build_runner(env: Any, cfg: dict[str, Any]) -> Any:
-    """rsl_rl's OnPolicyRunner on the env's device, without a log directory (no TensorBoard); its model printout swallowed."""
+    """rsl_rl's OnPolicyRunner on the env's device, no log directory (no TensorBoard), its model printout swallowed."""
     from rsl_rl.runners import OnPolicyRunner
 
     with contextlib.redirect_stdout(io.StringIO()):  # construct_algorithm prints both models
