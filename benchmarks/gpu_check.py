@@ -3,7 +3,9 @@ and what does the probe cost at 1, 16 and 256 envs?
 
 1. Syncs inside hooks: a probed RecurrentPPO on CUDA, with ``torch.cuda.set_sync_debug_mode("warn")`` turned
    on only while the probe's own code runs (every forward hook of the tracer, the integration's answers
-   included), so SB3's own transfers (actions to numpy) are not counted. Prints the synchronizing calls
+   included, and every hand-over to the writer, ``LogWriter.submit``, from hooks or callbacks), so SB3's
+   own transfers (actions to numpy) are not counted ("warn" rather than "error": one run lists them all).
+   Prints the synchronizing calls
    the hooks made, per phase, with the first place each comes from.
 2. Overhead: unprobed and probed runs (summary and full capture) side by side, interleaved, on the
    torch-native Pendulum (``lstm_probe/integrations/sb3_torch_env.py``, no gymnasium loop hiding the probe),
@@ -34,6 +36,7 @@ import torch
 
 import lstm_probe
 from lstm_probe.integrations.sb3_torch_env import TorchPendulumVecEnv
+from lstm_probe.logwriter import LogWriter
 from lstm_probe.tracer import CoreTracer
 
 
@@ -56,29 +59,39 @@ def syncs(device: str, n_envs: int, steps: int) -> dict[str, Any]:
 
         def guarded(*args: Any) -> Any:
             phase = getattr(getattr(self, "_resolved", None), "phase", None) or "call"
-            calls[phase] += 1
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                torch.cuda.set_sync_debug_mode("warn")
-                try:
-                    return hook(*args)
-                finally:
-                    torch.cuda.set_sync_debug_mode("default")
-            for w in caught:
-                if "synchroniz" in str(w.message).lower():
-                    key = f"{phase}: {str(w.message).splitlines()[0][:80]}"
-                    seen[key] += 1
-                    where.setdefault(key, "".join(traceback.format_stack(limit=6)[:-2]))
+            return patched_call(phase, lambda: hook(*args))
 
         return guarded
 
+    submit = LogWriter.submit
+
+    def guarded_submit(self: LogWriter, job: Any, nbytes: int) -> None:  # hand-overs from callbacks too
+        return patched_call("hand-over", lambda: submit(self, job, nbytes))
+
+    def patched_call(phase: str, fn: Any) -> Any:
+        calls[phase] += 1
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                return fn()
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+                for w in caught:
+                    if "synchroniz" in str(w.message).lower():
+                        key = f"{phase}: {str(w.message).splitlines()[0][:80]}"
+                        seen[key] += 1
+                        where.setdefault(key, "".join(traceback.format_stack(limit=6)[:-2]))
+
     CoreTracer._make_hook = patched  # type: ignore[method-assign]
+    LogWriter.submit = guarded_submit  # type: ignore[method-assign]
     try:
         m = model(n_envs, device)
         with tempfile.TemporaryDirectory() as tmp, lstm_probe.ProbeCallback(Path(tmp) / "sync.parquet") as probe:
             m.learn(steps, callback=probe)
     finally:
         CoreTracer._make_hook = make_hook  # type: ignore[method-assign]
+        LogWriter.submit = submit  # type: ignore[method-assign]
     return {"hook_calls": dict(calls), "syncs": dict(seen), "first_seen": where}
 
 
