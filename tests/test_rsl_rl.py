@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -220,3 +221,14 @@ def test_cli_run_on_a_gymnasium_env_and_report(tmp_path):
     assert set(df.env) == set(range(64)) and sorted(df.iteration.unique()) == [0, 1]
     r = subprocess.run([sys.executable, "-m", "lstm_probe.cli", "report", str(out)], capture_output=True, text=True)
     assert r.returncode == 0 and "provenance check OK" in " ".join(r.stdout.replace("│", " ").split())
+
+
+def test_the_example_for_a_users_own_runner(tmp_path):
+    script = Path(__file__).resolve().parent.parent / "examples" / "rsl_rl_own_runner.py"
+    cmd = [sys.executable, str(script), "--envs", "16", "--iterations", "2", "--out", "ex.parquet"]
+    r = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "provenance check OK" in r.stdout
+    df = lstm_probe.load(tmp_path / "ex.parquet", vectors=False)
+    assert {"rollout", "bootstrap", "train", "predict"} <= set(df.phase)
+    assert not lstm_probe.summarize(tmp_path / "ex.parquet").doctor.problems
