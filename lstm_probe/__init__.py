@@ -13,7 +13,9 @@ if TYPE_CHECKING:  # the checker sees the real names; at run time __getattr__ im
     from lstm_probe.integrations.generic import Tracer, trace
     from lstm_probe.integrations.sb3 import ProbeCallback
     from lstm_probe.integrations.sb3_commands import arch, load_model
+    from lstm_probe.integrations.sb3_export import export
     from lstm_probe.integrations.sb3_options import Build, Measure
+    from lstm_probe.integrations.sb3_replay import replay
     from lstm_probe.integrations.sb3_run import run
     from lstm_probe.integrations.sb3_watch import watch
     from lstm_probe.options import CaptureOptions, RunResult, TrainOptions
@@ -47,6 +49,8 @@ _LAZY: dict[str, tuple[str, str]] = {  # name: (module, its attribute; "" for th
     "arch": ("lstm_probe.integrations.sb3_commands", "arch"),
     "load_model": ("lstm_probe.integrations.sb3_commands", "load_model"),
     "watch": ("lstm_probe.integrations.sb3_watch", "watch"),  # the doctor over predict calls outside learn()
+    "export": ("lstm_probe.integrations.sb3_export", "export"),  # ONNX / TorchScript with explicit state, verified
+    "replay": ("lstm_probe.integrations.sb3_replay", "replay"),  # which deployment loop recorded a trace
     "set_max_memory": ("lstm_probe.budget", "set_limit"),  # the memory budget of reads (--max-memory)
     "rllib": ("lstm_probe.integrations.rllib", ""),  # the RLlib integration (its functions need the rllib extra)
 }
@@ -67,11 +71,13 @@ __all__ = [
     "TrainOptions",
     "__version__",
     "arch",
+    "export",
     "load",
     "load_model",
     "pair",
     "probe",
     "read_info",
+    "replay",
     "rllib",
     "run",
     "set_max_memory",

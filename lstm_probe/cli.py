@@ -384,6 +384,64 @@ def probe(
         out().print(f"* {BELOW_ZERO}.", highlight=False)
 
 
+_TRUST = "Read a model.zip with SB3's full load (unpickles; see docs/security.md); replay: also .pt and .pkl files."
+
+
+@app.command()
+def export(
+    model: Annotated[str, typer.Argument(help="A saved RecurrentPPO model.zip.")],
+    out_path: Annotated[Path, typer.Argument(metavar="OUT", help="OUT.onnx (ONNX) or OUT.pt (TorchScript).")],
+    log: Annotated[str | None, typer.Option(help="Verify on the episodes of this --capture-obs log.")] = None,
+    env_id: Annotated[str | None, typer.Option("--env", help="Verify on fresh episodes of this env.")] = None,
+    episodes: Annotated[int, typer.Option(help="Episodes to verify on.")] = 5,
+    tolerance: Annotated[float, typer.Option(help="Relative tolerance on actions, values, h and c.")] = 1e-5,
+    trust_model: Annotated[bool, typer.Option("--trust-model", help=_default(_TRUST, "off"))] = False,
+) -> None:
+    """Export a RecurrentPPO policy with explicit LSTM state (ONNX or TorchScript), verified before it is written."""
+    from lstm_probe.integrations.sb3_export import export as run_export
+
+    r = run_export(
+        model, out_path, log=log, env_id=env_id, episodes=episodes, tolerance=tolerance, trust_model=trust_model
+    )
+    for kind, rows in (("in ", r.spec.inputs()), ("out", r.spec.outputs())):
+        for name, shape, dtype in rows:
+            line = f"{kind} {name:<15} {dtype:<8} [{', '.join(map(str, shape))}]"
+            out().print(line, highlight=False, markup=False)
+    out().print(f"verified on {r.steps:,} steps of {safe(r.source)}, tolerance {r.tolerance:g}", soft_wrap=True)
+    worst = ", ".join(f"{k} {v:.1e}" for k, v in r.errors.items())
+    out().print(f"max relative error: {worst}", soft_wrap=True)
+    out().print(f"wrote {safe(r.path, limit=None)} ({r.format}, {r.spec.variant}; names and shapes in its metadata)")
+
+
+@app.command()
+def replay(
+    trace: Annotated[str, typer.Argument(help="A recorded run: Parquet or CSV (schema: docs/deploy.md).")],
+    policy: Annotated[str, typer.Option(help="The policy: OUT.onnx, OUT.pt or MODEL.zip.")],
+    vecnormalize: Annotated[
+        str | None, typer.Option(help=_default("VecNormalize statistics (.npz, or .pkl with --trust-model).", "none"))
+    ] = None,
+    tolerance: Annotated[float, typer.Option(help="Relative tolerance on the recorded actions.")] = 1e-4,
+    trust_model: Annotated[bool, typer.Option("--trust-model", help=_default(_TRUST, "off"))] = False,
+    as_json: Annotated[bool, typer.Option("--json", help=_default("Print the result as JSON.", "off"))] = False,
+) -> None:
+    """Which deployment loop recorded TRACE: correct, or which classic bug (state, reset, h/c, obs norm, float16)."""
+    from lstm_probe.integrations.sb3_replay import replay as run_replay
+
+    r = run_replay(trace, policy, vecnormalize=vecnormalize, trust_model=trust_model, tolerance=tolerance)
+    if as_json:
+        sys.stdout.write(strict_json(r.to_dict(), indent=2) + "\n")
+        return
+    for lp in r.loops:
+        first = "" if lp.first_diff is None else f", first differs at env {lp.first_diff[0]} step {lp.first_diff[1]}"
+        out().print(f"{lp.name:<34}{lp.agree:>6,} / {lp.steps:,} steps agree{first}", highlight=False, soft_wrap=True)
+    same = f" (the same actions as: {', '.join(r.also)})" if r.also else ""
+    out().print(f"verdict: {r.verdict}{same}", highlight=False)
+    if r.parted is not None:
+        out().print(f"the correct loop and the recording part at env {r.parted[0]} step {r.parted[1]}", highlight=False)
+    for note in r.notes:
+        out().print(f"note: {note}", highlight=False, soft_wrap=True)
+
+
 def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
 

@@ -33,7 +33,7 @@ README = (ROOT / "README.md").read_text()
 DOCS = [ROOT / "README.md", ROOT / "sample_runs" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```([^\n]*)\n(.*?)^```[ \t]*$", flags=re.S | re.M)
 LANGS = {"python", "bash", "text"}
-SUBCOMMANDS = ("run", "report", "arch", "schema", "probe")
+SUBCOMMANDS = ("run", "report", "arch", "schema", "probe", "export", "replay")
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200", "NO_COLOR": "1"}
 
 

@@ -1,0 +1,303 @@
+"""``lstm-probe export MODEL.zip OUT.onnx|OUT.pt`` (``lstm_probe.export``): a RecurrentPPO policy as one
+ONNX or TorchScript file with its LSTM state as explicit inputs and outputs (``sb3_deployed.Deployed``),
+verified before it is written.
+
+Verification: the file, as written to a temporary name beside ``out`` and read back (onnxruntime, or
+``torch.jit.load``), and the PyTorch policy (sb3-contrib's own ``RecurrentActorCriticPolicy.forward`` with
+``deterministic=True`` and ``predict``'s clipping, on a private copy) each run its own loop, state fed back,
+over recorded episodes back to back (episode_start 1 at each first step): the observations of a
+``--capture-obs`` log, or fresh episodes of an env driven by the PyTorch policy's actions. At every step the
+action, the value and each state must agree within ``tolerance``, relative to the PyTorch output's scale
+(:func:`compare`; discrete actions exactly). The first step that does not is refused
+in one line, and nothing is written; a verified file is renamed to ``out``.
+
+ONNX: ``torch.onnx.export``'s default exporter (``dynamo=True``, opset 18) with a dynamic batch axis and
+the weights inside the file. TorchScript: ``torch.jit.trace`` of the same module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from lstm_probe.errors import BadInput
+from lstm_probe.integrations.sb3_deployed import META_KEY, Deployed, Spec, State, Step, deployed, load_file
+
+TOLERANCE = 1e-5
+"""Default relative tolerance (float32 runtimes agree to ~1e-7 on these networks)."""
+MAX_EPISODE_STEPS = 1000
+"""An episode of ``--env`` is cut here (its time limit usually ends it first)."""
+
+
+@dataclass
+class Exported:
+    """What :func:`export` wrote and how it verified it."""
+
+    path: Path
+    format: str
+    """'onnx' or 'torchscript'."""
+    spec: Spec
+    episodes: int
+    steps: int
+    tolerance: float
+    errors: dict[str, float] = field(default_factory=dict)
+    """The largest relative error seen per output (action, value, h_out, ...)."""
+    source: str = ""
+    """Where the episodes came from."""
+    exporter: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": str(self.path),
+            "format": self.format,
+            "variant": self.spec.variant,
+            "inputs": [{"name": n, "shape": s, "dtype": d} for n, s, d in self.spec.inputs()],
+            "outputs": [{"name": n, "shape": s, "dtype": d} for n, s, d in self.spec.outputs()],
+            "episodes": self.episodes,
+            "steps": self.steps,
+            "tolerance": self.tolerance,
+            "max_relative_error": self.errors,
+            "source": self.source,
+            "exporter": self.exporter,
+        }
+
+
+def export(
+    model: Any,
+    out: str | os.PathLike[str],
+    *,
+    log: str | os.PathLike[str] | None = None,
+    env_id: str | None = None,
+    episodes: int = 5,
+    tolerance: float = TOLERANCE,
+    trust_model: bool = False,
+    env_seed: int = 0,
+) -> Exported:
+    """Export ``model`` (a RecurrentPPO, or the path of its model.zip, read as ``lstm-probe arch`` reads it:
+    nothing unpickled unless ``trust_model``) to ``out`` (``.onnx`` or ``.pt``), verified over ``episodes``
+    episodes of ``log`` (a ``--capture-obs`` log) or of ``env_id`` (seeded ``env_seed``, ``env_seed + 1``, ...). See the
+    module docstring."""
+    out = Path(out)
+    fmt = {".onnx": "onnx", ".pt": "torchscript"}.get(out.suffix)
+    if fmt is None:
+        raise BadInput(f"{out}: name the output OUT.onnx (ONNX) or OUT.pt (TorchScript)")
+    if not out.parent.is_dir():
+        raise BadInput(f"{out}: its directory {out.parent} does not exist; create it first")
+    if (log is None) == (env_id is None):
+        raise BadInput(
+            "export verifies on recorded episodes: pass --log LOG (a run with --capture-obs) or --env ENV_ID"
+        )
+    if not (isinstance(episodes, int) and episodes >= 1):
+        raise BadInput(f"--episodes must be an integer >= 1, got {episodes!r}")
+    if not (isinstance(tolerance, int | float) and 0 < tolerance < 1):
+        raise BadInput(f"--tolerance must be a relative error in (0, 1), e.g. 1e-5, got {tolerance!r}")
+    source = str(model) if isinstance(model, str | os.PathLike) else type(model).__name__
+    policy = policy_of(model, trust_model)
+    module = deployed(policy)
+    reference = reference_step(module)
+    if log is not None:
+        obs, starts = episodes_from_log(log, module.spec, episodes)
+        where = f"{episodes} episodes of {log}"
+    else:
+        obs, starts = episodes_from_env(str(env_id), module.spec, reference, episodes, env_seed)
+        where = f"{episodes} fresh episodes of {env_id} (seeds {env_seed}..{env_seed + episodes - 1})"
+    tmp = out.with_name(f".{out.stem}.{os.getpid()}.tmp{out.suffix}")  # read back by its suffix
+    try:
+        with _quiet():
+            exporter = _write_onnx(module, tmp, source) if fmt == "onnx" else _write_torchscript(module, tmp, source)
+            _, step, _ = load_file(tmp)
+        errors = compare(step, reference, module.spec, obs, starts, tolerance, fmt)
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return Exported(out, fmt, module.spec, int(starts.sum()), len(obs), float(tolerance), errors, where, exporter)
+
+
+def policy_of(model: Any, trust_model: bool) -> Any:
+    if isinstance(model, str | os.PathLike):
+        from lstm_probe.integrations.sb3_commands import _refuse_non_recurrent, load_model
+
+        target = os.fspath(model)
+        _refuse_non_recurrent(target)
+        model, _ = load_model(target, trust_model=trust_model)
+    policy = getattr(model, "policy", model)
+    if not hasattr(policy, "lstm_actor"):
+        raise BadInput(f"export takes a RecurrentPPO (sb3-contrib) model, not {type(policy).__name__}")
+    return policy
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """The exporters' warnings (deprecations, the LSTM's flat weights, torchvision's absent operators, which
+    torch.onnx logs) are not the user's business here: the verification says whether the file is right."""
+    import logging
+
+    logger = logging.getLogger("torch.onnx")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logger.setLevel(level)
+
+
+def _meta(spec: Spec, source: str, exporter: str) -> str:
+    return spec.to_json(source=Path(source).name, exporter=exporter, batch="any number of envs")
+
+
+def _write_onnx(module: Deployed, path: Path, source: str) -> str:
+    import onnx
+
+    spec = module.spec
+    batch = torch.export.Dim("batch")
+    shapes = ({0: batch}, {0: batch}, tuple({1: batch} for _ in spec.state_names))  # forward(obs, start, *state)
+    exporter = f"torch.onnx.export (dynamo, torch {torch.__version__})"
+    try:
+        program = torch.onnx.export(
+            module,
+            module.example(),
+            input_names=[n for n, _, _ in spec.inputs()],
+            output_names=[n for n, _, _ in spec.outputs()],
+            dynamo=True,
+            dynamic_shapes=shapes,
+            verbose=False,
+        )
+    except Exception as exc:
+        raise BadInput(f"torch.onnx.export could not export this policy: {str(exc).splitlines()[0][:300]}") from None
+    assert program is not None
+    proto = program.model_proto
+    entry = proto.metadata_props.add()
+    entry.key, entry.value = META_KEY, _meta(spec, source, exporter)
+    onnx.save_model(proto, str(path), save_as_external_data=False)
+    return exporter
+
+
+def _write_torchscript(module: Deployed, path: Path, source: str) -> str:
+    exporter = f"torch.jit.trace (torch {torch.__version__})"
+    traced = torch.jit.trace(module, module.example(), check_trace=False)
+    torch.jit.save(traced, str(path), _extra_files={f"{META_KEY}.json": _meta(module.spec, source, exporter)})
+    return exporter
+
+
+def reference_step(module: Deployed) -> Step:
+    """:data:`Step` of the PyTorch policy as sb3-contrib runs it: ``RecurrentActorCriticPolicy.forward``
+    (deterministic) on the module's private copy, the action clipped as ``predict`` clips a Box's."""
+    from sb3_contrib.common.recurrent.type_aliases import RNNStates
+
+    policy, spec = module.policy, module.spec
+
+    def step(obs: np.ndarray, start: np.ndarray, state: State) -> tuple[np.ndarray, np.ndarray, State]:
+        t = [torch.as_tensor(s) for s in state]
+        pi = (t[0], t[1])
+        vf = (t[2], t[3]) if spec.critic_state else pi
+        with torch.no_grad():
+            obs_t = torch.as_tensor(np.asarray(obs, np.float32))
+            actions, values, _, states = policy(obs_t, RNNStates(pi, vf), torch.as_tensor(start), deterministic=True)
+        action = actions.numpy()
+        if spec.action == "box":
+            action = np.clip(action, policy.action_space.low, policy.action_space.high)
+        new = [states.pi[0], states.pi[1], *((states.vf[0], states.vf[1]) if spec.critic_state else ())]
+        return action, values.numpy(), tuple(s.numpy() for s in new)
+
+    return step
+
+
+def compare(
+    step: Step, reference: Step, spec: Spec, obs: np.ndarray, starts: np.ndarray, tolerance: float, what: str
+) -> dict[str, float]:
+    """Both loops over the episodes, each feeding back its own state; the largest relative error per output,
+    or BadInput at the first step over ``tolerance``. An output's error at a step is ``max|a - b|`` over its
+    values divided by the largest ``|b|`` of that output over all the steps (its scale in these episodes: an
+    action near 0 at one step is not compared relative to that tiny value); discrete actions agree exactly."""
+    names = [n for n, _, _ in spec.outputs()]
+    mine, theirs = spec.zero_state(), spec.zero_state()
+    got: list[list[np.ndarray]] = [[] for _ in names]
+    want: list[list[np.ndarray]] = [[] for _ in names]
+    for i in range(len(obs)):
+        o, s = obs[i : i + 1], starts[i : i + 1].astype(np.float32)
+        a, v, mine = step(o, s, mine)
+        ra, rv, theirs = reference(o, s, theirs)
+        for k, (x, y) in enumerate(zip((a, v, *mine), (ra, rv, *theirs), strict=True)):
+            got[k].append(np.asarray(x, np.float64).ravel())
+            want[k].append(np.asarray(y, np.float64).ravel())
+    errors: dict[str, np.ndarray] = {}
+    for k, name in enumerate(names):
+        x, y = np.stack(got[k]), np.stack(want[k])
+        if spec.action == "discrete" and name == "action":
+            errors[name] = (x != y).any(axis=1).astype(np.float64)
+        else:
+            scale = float(np.abs(y).max(initial=0.0)) or 1.0
+            errors[name] = np.abs(x - y).max(axis=1) / scale
+    over = [(int(np.argmax(e > tolerance)), name) for name, e in errors.items() if (e > tolerance).any()]
+    if over:
+        i, name = min(over)
+        k = names.index(name)
+        episode = int(starts[: i + 1].sum()) - 1
+        t = i - int(np.flatnonzero(starts[: i + 1])[-1])
+        raise BadInput(
+            f"the exported {what} file parts from the PyTorch policy at episode {episode} step {t}: {name} "
+            f"{got[k][i][:3].tolist()} vs {want[k][i][:3].tolist()} ({errors[name][i]:.2e} relative, over the "
+            f"tolerance {tolerance:g}); nothing was written"
+        )
+    return {name: float(e.max(initial=0.0)) for name, e in errors.items()}
+
+
+def episodes_from_log(log: str | os.PathLike[str], spec: Spec, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """The observations of the first ``count`` episodes of a ``--capture-obs`` log (by env, then episode),
+    back to back, and the episode starts."""
+    from lstm_probe.reader import load
+
+    df = load(log, phase="rollout", module="actor", layer=0, columns=["env", "env_step", "episode", "obs"])
+    df = df[df["obs"].notna() & df["episode"].notna()]
+    if df.empty:
+        raise BadInput(f"{log} holds no observations: record one with `lstm-probe run ENV_ID --capture-obs`")
+    df = df.sort_values(["env", "episode", "env_step"])
+    keys = df[["env", "episode"]].drop_duplicates().head(count)
+    if len(keys) < count:
+        raise BadInput(f"{log} holds {len(keys)} episodes, fewer than --episodes {count}; pass a smaller --episodes")
+    df = df.merge(keys, on=["env", "episode"])
+    obs = np.stack([np.asarray(o, np.float32) for o in df["obs"]])
+    size = int(np.prod(spec.obs_shape))
+    if obs.shape[1] != size:
+        raise BadInput(f"{log}'s observations hold {obs.shape[1]} values, the policy takes {size}: another env's log?")
+    first = (df[["env", "episode"]].to_numpy() != np.roll(df[["env", "episode"]].to_numpy(), 1, axis=0)).any(axis=1)
+    first[0] = True
+    return obs.reshape((-1, *spec.obs_shape)), first
+
+
+def episodes_from_env(env_id: str, spec: Spec, policy: Step, count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """``count`` fresh episodes of ``env_id`` (seeded ``seed``, ``seed + 1``, ...), acted on by ``policy``."""
+    import gymnasium as gym
+
+    from lstm_probe.integrations.sb3_run import check_env_id
+
+    check_env_id(env_id)
+    env = gym.make(env_id)
+    if tuple(env.observation_space.shape or ()) != spec.obs_shape:
+        raise BadInput(f"{env_id}'s observations have the shape {env.observation_space.shape}, not the policy's")
+    obs_list, starts = [], []
+    try:
+        for e in range(count):
+            o, _ = env.reset(seed=seed + e)
+            state = spec.zero_state()
+            for t in range(MAX_EPISODE_STEPS):
+                o = np.asarray(o, np.float32)[None]
+                obs_list.append(o[0])
+                starts.append(t == 0)
+                action, _, state = policy(o, np.array([float(t == 0)], np.float32), state)
+                o, _, terminated, truncated, _ = env.step(action[0])
+                if terminated or truncated:
+                    break
+    finally:
+        env.close()
+    return np.stack(obs_list), np.array(starts)

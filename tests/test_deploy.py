@@ -1,0 +1,307 @@
+"""lstm-probe export and replay (issue #41): every RecurrentPPO variant exported to ONNX and TorchScript, read
+back with onnxruntime / torch.jit and run beside sb3-contrib's own policy over 5 recorded episodes; recordings
+of deployment loops with planted bugs, each named. Real RecurrentPPO models, real files, the CLI as a user
+runs it."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+
+import gymnasium as gym
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from sb3_contrib import RecurrentPPO
+from sb3_contrib.common.recurrent.type_aliases import RNNStates
+from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
+
+import lstm_probe
+from lstm_probe import BadInput
+from tests.refusals import one_line_error
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+VARIANTS = {  # name: (env, policy_kwargs)
+    "separate": ("Pendulum-v1", {}),
+    "shared": ("Pendulum-v1", {"shared_lstm": True, "enable_critic_lstm": False}),
+    "no critic LSTM": ("CartPole-v1", {"enable_critic_lstm": False}),
+    "two layers": ("Pendulum-v1", {"n_lstm_layers": 2}),
+}
+
+
+def cli(*args):
+    cmd = [sys.executable, "-m", "lstm_probe", *map(str, args)]
+    return subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=300)
+
+
+def _train(env, seed=0, steps=128, **kw):
+    torch.set_num_threads(1)
+    m = RecurrentPPO(
+        "MlpLstmPolicy", env, n_steps=64, batch_size=64, n_epochs=1, seed=seed, device="cpu",
+        policy_kwargs={"lstm_hidden_size": 16, **kw},
+    )  # fmt: skip
+    return m.learn(steps) if steps else m
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """One trained model.zip per variant; the CartPole one trained with the probe, so its log holds the
+    episodes it was trained on (--capture-obs)."""
+    d = tmp_path_factory.mktemp("deploy")
+    out = {}
+    for name, (env, kw) in VARIANTS.items():
+        m = _train(env, **kw)
+        m.save(d / f"{name}.zip")
+        out[name] = (m, d / f"{name}.zip")
+    log = d / "cartpole.parquet"
+    m = out["no critic LSTM"][0]
+    m.learn(256, callback=lstm_probe.ProbeCallback(log, capture_obs=True), reset_num_timesteps=False)
+    m.save(d / "no critic LSTM.zip")
+    return d, out, log
+
+
+def _episodes(log):
+    """The first 5 episodes of a --capture-obs log: (obs, episode_start), read with pandas, not lstm-probe."""
+    df = pd.read_parquet(log)
+    df = df[(df.phase == "rollout") & (df.module == "actor") & (df.layer == 0)].sort_values(
+        ["env", "episode", "env_step"]
+    )
+    keys = df[["env", "episode"]].drop_duplicates().head(5)
+    df = df.merge(keys)
+    starts = np.r_[True, (df[["env", "episode"]].to_numpy()[1:] != df[["env", "episode"]].to_numpy()[:-1]).any(1)]
+    return np.stack(df.obs.to_numpy()).astype(np.float32), starts
+
+
+def _pendulum_episodes(model):
+    """5 episodes of Pendulum-v1 (seeds 0..4) acted on by sb3's own predict, state fed back."""
+    env, obs, starts = gym.make("Pendulum-v1"), [], []
+    for seed in range(5):
+        o, _ = env.reset(seed=seed)
+        state = None
+        for t in range(200):
+            obs.append(o.astype(np.float32))
+            starts.append(t == 0)
+            a, state = model.predict(o, state=state, episode_start=np.array([t == 0]), deterministic=True)
+            o, *_ = env.step(a)
+    return np.stack(obs), np.array(starts)
+
+
+def _sb3_loop(model, obs, starts, critic):
+    """sb3-contrib's RecurrentActorCriticPolicy.forward over the episodes, deterministic, its state fed back;
+    the action clipped as predict clips it."""
+    p = model.policy
+    zeros = torch.zeros(p.lstm_actor.num_layers, 1, p.lstm_actor.hidden_size)
+    states = RNNStates((zeros, zeros), (zeros, zeros))
+    rows = []
+    for o, s in zip(obs, starts, strict=True):
+        with torch.no_grad():
+            a, v, _, states = p(torch.as_tensor(o[None]), states, torch.tensor([float(s)]), deterministic=True)
+        a = a.numpy()
+        if hasattr(p.action_space, "low"):
+            a = np.clip(a, p.action_space.low, p.action_space.high)
+        vf = [states.vf[0].numpy(), states.vf[1].numpy()] if critic else []
+        rows.append([a, v.numpy(), states.pi[0].numpy(), states.pi[1].numpy(), *vf])
+    return rows
+
+
+def _file_loop(path, obs, starts, n_states, layers, hidden):
+    """The exported file, read back with onnxruntime or torch.jit, over the same episodes."""
+    state = [np.zeros((layers, 1, hidden), np.float32) for _ in range(n_states)]
+    if path.suffix == ".onnx":
+        import onnxruntime as ort
+
+        sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        names = [i.name for i in sess.get_inputs()]
+        run = lambda *xs: sess.run(None, dict(zip(names, xs, strict=True)))  # noqa: E731
+    else:
+        mod = torch.jit.load(str(path))
+        run = lambda *xs: [t.numpy() for t in mod(*map(torch.as_tensor, xs))]  # noqa: E731
+    rows = []
+    for o, s in zip(obs, starts, strict=True):
+        out = run(o[None], np.array([s], np.float32), *state)
+        state = out[2:]
+        rows.append(out)
+    return rows
+
+
+def _relative(got, want):
+    """Per output: max over steps of max|a - b|, over the largest |b| of that output in the episodes."""
+    errs = []
+    for k in range(len(want[0])):
+        a = np.stack([np.ravel(r[k]) for r in got]).astype(np.float64)
+        b = np.stack([np.ravel(r[k]) for r in want]).astype(np.float64)
+        errs.append(float(np.abs(a - b).max() / (np.abs(b).max() or 1.0)))
+    return errs
+
+
+@pytest.mark.parametrize("suffix", [".onnx", ".pt"])
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_every_variant_exports_and_agrees_with_the_pytorch_policy(models, variant, suffix):
+    d, trained, log = models
+    model, zip_path = trained[variant]
+    out = d / f"{variant}{suffix}".replace(" ", "_")
+    env_id = VARIANTS[variant][0]
+    where = {"log": log} if env_id == "CartPole-v1" else {"env_id": env_id}
+    r = lstm_probe.export(zip_path, out, **where)
+    critic = variant in ("separate", "two layers")
+    names = ["obs", "episode_start", "h", "c", *(["h_critic", "c_critic"] if critic else [])]
+    assert [n for n, _, _ in r.spec.inputs()] == names
+    assert [n for n, _, _ in r.spec.outputs()] == ["action", "value", *(f"{n}_out" for n in names[2:])]
+    assert r.spec.variant == variant.replace("two layers", "separate") and r.episodes == 5
+    layers = 2 if variant == "two layers" else 1
+    assert r.spec.inputs()[2][1] == [layers, "batch", 16]
+    assert max(r.errors.values()) <= 1e-5
+    obs, starts = _episodes(log) if env_id == "CartPole-v1" else _pendulum_episodes(model)
+    assert starts.sum() == 5
+    got = _file_loop(out, obs, starts, len(names) - 2, layers, 16)
+    want = _sb3_loop(model, obs, starts, critic)
+    errs = _relative(got, want)
+    assert max(errs) <= 1e-5, dict(zip(["action", "value", *names[2:]], errs, strict=True))
+    if suffix == ".onnx":  # names, shapes and the spec in the file's metadata
+        import onnx
+
+        proto = onnx.load(str(out))
+        meta = json.loads({p.key: p.value for p in proto.metadata_props}["lstm_probe.deploy"])
+        assert [i["name"] for i in meta["inputs"]] == names and meta["layers"] == layers
+        assert [i.name for i in proto.graph.input] == names
+    else:
+        extra = {"lstm_probe.deploy.json": ""}
+        torch.jit.load(str(out), _extra_files=extra)
+        assert json.loads(extra["lstm_probe.deploy.json"])["outputs"][0]["name"] == "action"
+
+
+def test_export_refuses_with_the_first_divergence_and_writes_nothing(models):
+    d, trained, _ = models
+    out = d / "strict.onnx"
+    r = cli("export", trained["separate"][1], out, "--env", "Pendulum-v1", "--episodes", "1", "--tolerance", "1e-12")
+    line = one_line_error(
+        r, "parts from the PyTorch policy at episode 0 step", "tolerance 1e-12", "nothing was written"
+    )
+    assert not out.exists() and not list(d.glob(".strict*")), line
+    one_line_error(cli("export", trained["separate"][1], d / "x.onnx"), "--log LOG", "--env ENV_ID")
+    with pytest.raises(BadInput, match="OUT.onnx"):
+        lstm_probe.export(trained["separate"][1], d / "x.txt", env_id="Pendulum-v1")
+
+
+def test_export_cli_prints_names_shapes_and_the_error(models):
+    d, trained, log = models
+    r = cli("export", trained["no critic LSTM"][1], d / "cli.onnx", "--log", log)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[:4] == [
+        "in  obs             float32  [batch, 4]",
+        "in  episode_start   float32  [batch]",
+        "in  h               float32  [1, batch, 16]",
+        "in  c               float32  [1, batch, 16]",
+    ]
+    assert lines[4] == "out action          int64    [batch]"
+    assert "verified on" in r.stdout and "(tolerance 1e-05)" in r.stdout and (d / "cli.onnx").is_file()
+
+
+# -- replay ---------------------------------------------------------------------------------------------
+BUGS = {  # the planted loop: the verdict replay must give
+    "correct": "correct",
+    "not fed": "state not fed back",
+    "every step": "reset every step",
+    "no reset": "not reset at episode starts",
+    "swapped": "h and c swapped",
+    "no norm": "observation normalisation missing",
+    "float16": "float16",
+}
+
+
+@pytest.fixture(scope="module")
+def normalised(tmp_path_factory):
+    """A RecurrentPPO trained under VecNormalize, its statistics saved as .npz, exported to ONNX; and a
+    model of the same shape with other weights."""
+    d = tmp_path_factory.mktemp("replay")
+    venv = VecNormalize(DummyVecEnv([lambda: gym.make("Pendulum-v1")]))
+    m = _train(venv, steps=256)
+    m.save(d / "vn.zip")
+    rms = venv.obs_rms
+    np.savez(d / "vn.npz", mean=rms.mean, var=rms.var, clip_obs=venv.clip_obs, epsilon=venv.epsilon)
+    lstm_probe.export(d / "vn.zip", d / "vn.onnx", env_id="Pendulum-v1", episodes=1)
+    return d, m, venv, _train("Pendulum-v1", seed=1, steps=0)
+
+
+def _record(bug, model, venv, episodes=2, steps=60):
+    """A deployment loop written with sb3's own predict, with one planted bug; the trace it records (raw
+    env observations, as the runtime saw them)."""
+    env, rows, state = gym.make("Pendulum-v1"), [], None
+    for e in range(episodes):
+        raw, _ = env.reset(seed=e)
+        for t in range(steps):
+            obs = raw if bug == "no norm" else venv.normalize_obs(raw)
+            kw = {"state": state, "episode_start": np.array([t == 0]), "deterministic": True}
+            if bug == "not fed":
+                kw["state"] = None
+            elif bug == "every step":
+                kw["episode_start"] = np.array([True])
+            elif bug == "no reset":
+                kw["episode_start"] = np.array([False])
+            with torch.autocast("cpu", dtype=torch.float16, enabled=bug == "float16"):
+                action, state = model.predict(obs[None].astype(np.float32), **kw)
+            if bug == "swapped":
+                state = (state[1], state[0])
+            rows.append({"env": 0, "step": e * steps + t, "obs": raw.tolist(), "action": action[0].tolist()})
+            rows[-1]["episode_start"] = t == 0
+            raw, *_ = env.step(action[0])
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("bug", list(BUGS))
+def test_replay_names_each_planted_bug(normalised, bug):
+    d, model, venv, _ = normalised
+    path = d / f"{bug}.parquet"
+    _record(bug, model, venv).to_parquet(path)
+    r = lstm_probe.replay(path, d / "vn.zip", vecnormalize=d / "vn.npz")
+    assert BUGS[bug] in [r.verdict, *r.also], (r.verdict, r.also)
+    if bug == "correct":
+        assert r.verdict == "correct" and r.also == [] and r.parted is None
+    elif bug in ("not fed", "every step"):  # the same computation for RecurrentPPO: both named
+        assert (r.verdict, r.also) == ("state not fed back", ["reset every step"])
+        assert r.parted == (0, 1)  # step 0 starts from zeros in every loop
+    elif bug == "no reset":  # identical through the first episode, parts at the second's first step
+        assert r.verdict == "not reset at episode starts" and r.parted == (0, 60)
+    else:
+        assert r.verdict == BUGS[bug] and r.also == []
+    by_name = {lp.name: lp for lp in r.loops}
+    assert by_name[BUGS[bug]].agree == by_name[BUGS[bug]].steps == 120
+
+
+def test_replay_with_the_onnx_file_and_other_weights(normalised):
+    d, model, venv, other = normalised
+    for bug in ("correct", "swapped", "no norm", "float16"):
+        _record(bug, model, venv).to_parquet(d / f"o-{bug}.parquet")
+        r = lstm_probe.replay(d / f"o-{bug}.parquet", d / "vn.onnx", vecnormalize=d / "vn.npz")
+        assert r.verdict == BUGS[bug], (bug, r.verdict)
+    _record("correct", other, venv).to_parquet(d / "other.parquet")
+    r = lstm_probe.replay(d / "other.parquet", d / "vn.onnx", vecnormalize=d / "vn.npz")
+    assert r.verdict == "not this policy" and r.parted == (0, 0)
+    assert max(lp.agree for lp in r.loops) == 0
+
+
+def test_replay_cli_reads_csv_and_refuses_unsafe_files(normalised):
+    d, model, venv, _ = normalised
+    df = _record("swapped", model, venv)
+    wide = pd.DataFrame({"env": df.env, "step": df.step, "episode_start": df.episode_start.astype(int)})
+    for i in range(3):
+        wide[f"obs_{i}"] = [o[i] for o in df.obs]
+    wide["action_0"] = [a[0] for a in df.action]
+    wide.iloc[::-1].to_csv(d / "swapped.csv", index=False)  # rows in any order: sorted by env, step
+    r = cli("replay", d / "swapped.csv", "--policy", d / "vn.onnx", "--vecnormalize", d / "vn.npz")
+    assert r.returncode == 0, r.stderr
+    assert "verdict: h and c swapped" in r.stdout
+    assert "the correct loop and the recording part at env 0 step 1" in r.stdout
+    pt = d / "vn.pt"
+    lstm_probe.export(d / "vn.zip", pt, env_id="Pendulum-v1", episodes=1)
+    one_line_error(cli("replay", d / "swapped.csv", "--policy", pt), "TorchScript", "--trust-model")
+    (d / "vn.pkl").write_bytes(b"not read")
+    one_line_error(
+        cli("replay", d / "swapped.csv", "--policy", d / "vn.onnx", "--vecnormalize", d / "vn.pkl"), "pickle"
+    )
+    copy.deepcopy(model)  # the user's model is untouched and still copyable
