@@ -45,8 +45,12 @@ cfg = json.loads(sys.argv[1])
 torch.set_num_threads(cfg["threads"])
 from sb3_contrib import RecurrentPPO
 from stable_baselines3.common.env_util import make_vec_env
-env = make_vec_env(cfg["env"], n_envs=cfg["n_envs"], seed=0)
-model = RecurrentPPO("MlpLstmPolicy", env, seed=0)
+if cfg["env"] == "torch-pendulum":  # the torch-native batched Pendulum, no velocity (lstm_probe/torch_env.py)
+    from lstm_probe.integrations.sb3_torch_env import TorchPendulumVecEnv
+    env = TorchPendulumVecEnv(cfg["n_envs"], seed=0, observe_velocity=False)
+else:
+    env = make_vec_env(cfg["env"], n_envs=cfg["n_envs"], seed=0)
+model = RecurrentPPO("MlpLstmPolicy", env, seed=0, **cfg.get("ppo", {}))
 if cfg.get("csv_log"):  # a logger that writes somewhere: the probe records its live metrics (sb3_metrics.py)
     from stable_baselines3.common.logger import configure
     model.set_logger(configure(cfg["out"] + ".sb3", ["csv"]))
@@ -55,7 +59,8 @@ if cfg["capture"] != "none":  # unprobed runs never import lstm-probe: their RSS
     from lstm_probe import ProbeCallback
     cb = ProbeCallback(cfg["out"], capture=cfg["capture"].replace("-f16", ""), float16=cfg["capture"].endswith("-f16"),
                        force=True, writer=cfg["writer"], what_if=cfg.get("what_if", False),
-                       memory=cfg.get("memory", False), capture_obs=cfg.get("memory", False))
+                       memory=cfg.get("memory", False), capture_obs=cfg.get("memory", False),
+                       trace_envs=cfg.get("trace_envs"))
 def children_cpu():  # CPU of reaped child processes: the writer process, once the probe closed the log
     r = resource.getrusage(resource.RUSAGE_CHILDREN)
     return r.ru_utime + r.ru_stime
@@ -154,7 +159,7 @@ def line(n_envs: int, threads: int, label: str, capture: str, base: list[dict], 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--env", default="Pendulum-v1")
+    ap.add_argument("--env", default="Pendulum-v1", help="a gymnasium id, or torch-pendulum (torch_env.py, batched)")
     ap.add_argument("--steps", type=int, default=20000)
     ap.add_argument("--n-envs", type=int, nargs="+", default=[1, 8])
     ap.add_argument(
@@ -199,6 +204,8 @@ def main() -> None:
         help="also run the probed configuration with another checkout's lstm_probe (e.g. a `git worktree` of an "
         "earlier commit), interleaved: unprobed, before, current; prints the before line under each current line",
     )
+    ap.add_argument("--trace-envs", type=int, help="probed runs keep full vectors for env columns below K only")
+    ap.add_argument("--ppo", type=json.loads, default={}, help='RecurrentPPO keywords as JSON, e.g. {"n_steps": 16}')
     ap.add_argument("--dump", metavar="FILE", help="also write every run's raw figures to FILE (JSON lines)")
     args = ap.parse_args()
     tmp_dir = tempfile.TemporaryDirectory(prefix="lstm-probe-overhead-")  # removed at exit, even on errors
@@ -234,6 +241,8 @@ def main() -> None:
                         "what_if": args.what_if,
                         "memory": args.memory,
                         "csv_log": args.csv_log,
+                        "trace_envs": args.trace_envs,
+                        "ppo": args.ppo,
                     }
                     if args.concurrent:
                         with ThreadPoolExecutor(2) as pool:
