@@ -183,7 +183,7 @@ def test_export_refuses_with_the_first_divergence_and_writes_nothing(models):
     )
     assert not out.exists() and not list(d.glob(".strict*")), line
     one_line_error(cli("export", trained["separate"][1], d / "x.onnx"), "--log LOG", "--env ENV_ID")
-    with pytest.raises(BadInput, match="OUT.onnx"):
+    with pytest.raises(BadInput, match=r"OUT\.onnx"):
         lstm_probe.export(trained["separate"][1], d / "x.txt", env_id="Pendulum-v1")
 
 
