@@ -1,0 +1,418 @@
+"""The TorchRL integration: probes on ``LSTMModule`` / ``GRUModule``, the TensorDict modules, so every
+recurrent backend is seen.
+
+TorchRL keeps the recurrent state in the TensorDict, not in the module: ``LSTMModule`` reads
+``recurrent_state_h``/``_c`` and ``is_init`` and writes ``("next", "recurrent_state_h"/"_c")``, layout
+(batch, steps, layers, hidden). In recurrent mode (``set_recurrent_mode(True)``: the loss, GAE) the "scan"
+backend never calls ``nn.LSTM.forward`` and no backend returns the per-step states (zeros except at each
+trajectory's end: torchrl/modules/tensordict_module/rnn.py, ``LSTMModule._lstm``). So the probe puts a
+forward hook on the TensorDict module, reads what the call was given from the TensorDict, and re-runs it on
+a shadow ``nn.LSTM``/``nn.GRU`` that shares the user's parameter tensors (no copy, no graph: under
+``no_grad``, and never the user's module, whose own hooks would see it). The tracer core hooks the shadow
+like any nn.LSTM: one-step calls, and packed multi-step calls whose per-step h and c it recovers exactly.
+
+How a call is re-run (the semantics of torchrl's rnn.py ``LSTMModule.forward``):
+
+- sequential mode (collection): the batch flattened, one step; the input state zeroed where ``is_init``;
+- recurrent mode: each (batch, time) row split where ``is_init`` is set after its first step; every piece
+  starts from the stored state of its first step (the "pad" backend: ``_split_and_pad_for_reset`` then
+  ``_lstm`` from ``hidden0_in[..., 0, :, :]``; "scan": ``_lstm_scan_with_resets`` takes
+  ``where(is_init, stored, carry)``: the same states). The pieces go to the shadow as one PackedSequence.
+
+Provenance (the Grid) comes from the TensorDict: env = the collection batch index, ``step_count`` (TorchRL's
+``StepCounter``) = the episode step, ``("collector", "traj_ids")`` (the collectors' default) links a
+loss-time sample to the env column and episode it was collected in. The env step is the probe's own
+per-env count of collection calls. The episode starts are ``step_count == 0`` where it is present (the
+truth, whatever ``is_init`` says), else ``is_init``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+import warnings
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from lstm_probe.contract import SEQ_REASON, Capabilities, Grid, Tags
+from lstm_probe.errors import BadInput
+from lstm_probe.options import CaptureOptions, capture_options
+from lstm_probe.schema import COLUMN
+from lstm_probe.tracer import CoreTracer
+
+_PHASE_OF_PACKAGE = (
+    ("torchrl.objectives.value", "value"),  # GAE, TD(lambda): their value network runs in recurrent mode
+    ("torchrl.objectives", "train"),  # a loss module
+    ("torchrl.collectors", "rollout"),
+)
+_HELPERS = ("torchrl.modules", "torchrl.envs", "torchrl.objectives.utils", "torchrl.objectives.common", "torchrl._")
+"""torchrl packages whose frames say nothing of the phase (modules, envs, helpers every phase calls)."""
+
+
+def _phase(recurrent: bool) -> str:
+    """The phase of a call, from the innermost torchrl collector / value estimator / loss frame on the
+    stack (the module name of each frame's globals: a dict lookup a frame, no source read)."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        mod = frame.f_globals.get("__name__", "")
+        if mod.startswith("torchrl.") and not mod.startswith(_HELPERS):
+            for prefix, phase in _PHASE_OF_PACKAGE:
+                if mod.startswith(prefix):
+                    return phase
+        frame = frame.f_back  # type: ignore[assignment]
+    return "train" if recurrent else "other"
+
+
+def find_modules(model: nn.Module | Iterable[nn.Module], names: list[str] | None = None) -> dict[str, nn.Module]:
+    """Every ``LSTMModule``/``GRUModule`` in ``model`` (a module, or several: actor and critic), by the
+    name it has in the first that holds it (one entry per module object: a shared one is probed once)."""
+    from torchrl.modules import GRUModule, LSTMModule
+
+    models = [model] if isinstance(model, nn.Module) else list(model)
+    found: dict[str, nn.Module] = {}
+    seen: set[int] = set()
+    for i, m in enumerate(models):
+        for name, sub in m.named_modules():
+            if isinstance(sub, LSTMModule | GRUModule) and id(sub) not in seen:
+                seen.add(id(sub))
+                key = name or type(sub).__name__
+                found[key if key not in found else f"{key}.{i}"] = sub
+    if len(found) == 1:  # one module: called by its kind
+        (only,) = found.values()
+        found = {"lstm" if isinstance(only, LSTMModule) else "gru": only}
+    if names is not None:
+        missing = [n for n in names if n not in found]
+        if missing:
+            raise BadInput(f"no LSTMModule/GRUModule named {missing[0]!r}; here: {', '.join(found) or 'none'}")
+        found = {n: found[n] for n in names}
+    if not found:
+        raise BadInput("no torchrl LSTMModule or GRUModule found in the given module(s)")
+    return found
+
+
+def shadow(rnn: nn.Module) -> nn.LSTM | nn.GRU:
+    """An ``nn.LSTM``/``nn.GRU`` (batch first, no dropout) holding ``rnn``'s own parameter tensors: it
+    computes with the user's current weights and changes nothing of them (the caller runs it without
+    autograd). ``rnn``: torch's or torchrl's python-based ``LSTM``/``GRU`` (an ``nn.RNNBase``)."""
+    mode = getattr(rnn, "mode", None)
+    cls: type[nn.LSTM] | type[nn.GRU] = nn.LSTM if mode == "LSTM" else nn.GRU
+    if mode not in ("LSTM", "GRU") or getattr(rnn, "bidirectional", False) or getattr(rnn, "proj_size", 0):
+        raise BadInput(f"lstm-probe traces unidirectional LSTMs/GRUs without proj_size, not {rnn!r}")
+    copy = cls(
+        int(rnn.input_size),  # type: ignore[arg-type]
+        int(rnn.hidden_size),  # type: ignore[arg-type]
+        int(rnn.num_layers),  # type: ignore[arg-type]
+        bias=bool(rnn.bias),
+        batch_first=True,
+        device="meta",
+    )
+    for name in copy._flat_weights_names:
+        setattr(copy, name, getattr(rnn, name))  # RNNBase.__setattr__ refreshes _flat_weights
+    return copy
+
+
+def _rnn(m: nn.Module) -> nn.Module:
+    inner = getattr(m, "lstm", None) or getattr(m, "gru", None)
+    if not isinstance(inner, nn.Module):
+        raise BadInput(f"{type(m).__name__} holds no .lstm or .gru module")
+    return inner
+
+
+class _Envs:
+    """One module's collection-time provenance: per env column its step count, episode and episode step,
+    and per collector trajectory id the env column, episode and the env step of the episode's step 0."""
+
+    def __init__(self) -> None:
+        self.env_step = np.zeros(0, np.int64)
+        self.episode = np.full(0, -1, np.int64)
+        self.episode_step = np.zeros(0, np.int64)
+        self.traj = np.full((0, 3), -1, np.int64)  # traj id -> (env, episode, env step of episode step 0)
+
+    def collect(self, start: np.ndarray, step_count: np.ndarray | None, traj: np.ndarray | None) -> Grid:
+        n = len(start)
+        if n > len(self.env_step):
+            extra = n - len(self.env_step)
+            self.env_step = np.r_[self.env_step, np.zeros(extra, np.int64)]
+            self.episode = np.r_[self.episode, np.full(extra, -1, np.int64)]
+            self.episode_step = np.r_[self.episode_step, np.zeros(extra, np.int64)]
+        first = self.episode[:n] < 0
+        new = start | first
+        self.episode[:n] += new
+        ep_step = step_count if step_count is not None else np.where(new, 0, self.episode_step[:n] + 1)
+        self.episode_step[:n] = ep_step
+        env_step = self.env_step[:n].copy()
+        self.env_step[:n] += 1
+        if traj is not None and len(traj) and traj.min() >= 0:
+            top = int(traj.max()) + 1
+            if top > len(self.traj):
+                self.traj = np.r_[self.traj, np.full((max(top, 2 * len(self.traj)) - len(self.traj), 3), -1, np.int64)]
+            self.traj[traj, 0] = np.arange(n)
+            self.traj[traj, 1] = self.episode[:n]
+            self.traj[traj, 2] = env_step - ep_step
+        return Grid.one_step(np.arange(n), env_step, self.episode[:n].copy(), ep_step, start)
+
+    def lookup(self, traj: np.ndarray | None, step_count: np.ndarray | None) -> tuple[np.ndarray, ...] | None:
+        """(env, episode, env step) of loss-time samples, from their trajectory ids and step counts."""
+        if traj is None or step_count is None:
+            return None
+        known = (traj >= 0) & (traj < len(self.traj))
+        row = self.traj[np.where(known, traj, 0)]
+        known &= row[:, 0] >= 0
+        env = np.where(known, row[:, 0], -1)
+        episode = np.where(known, row[:, 1], -1)
+        env_step = np.where(known, row[:, 2] + step_count, -1)
+        return env, episode, env_step
+
+
+def _host(t: torch.Tensor | None, n: int) -> np.ndarray | None:
+    # provenance to the host: one small integer copy per call (the Grid is numpy); on a GPU a sync per call
+    return None if t is None else t.detach().reshape(n).cpu().numpy()
+
+
+class TorchRLProbe:
+    """The TorchRL :class:`~lstm_probe.contract.Integration`: forward hooks on ``LSTMModule``/``GRUModule``
+    that re-run each call on a shadow the tracer core hooks (module docstring). Use as a context manager,
+    or ``start()`` / ``close()``. ``tag(epoch=..., minibatch=..., iteration=...)`` tags the calls of the
+    loss loop (the phase and the collector batch are found without it)."""
+
+    name = "torchrl"
+
+    def __init__(
+        self,
+        modules: dict[str, nn.Module],
+        options: CaptureOptions,
+        metadata: dict[str, Any] | None = None,
+    ):
+        import torchrl
+
+        self.td_modules = dict(modules)
+        self.shadows = {name: shadow(_rnn(m)) for name, m in modules.items()}
+        self._lstm = {name: isinstance(s, nn.LSTM) for name, s in self.shadows.items()}
+        self._metadata = {
+            **(metadata or {}),
+            "torchrl": {
+                "version": torchrl.__version__,
+                "modules": {
+                    name: {
+                        "type": type(m).__name__,
+                        "recurrent_backend": str(getattr(m, "recurrent_backend", "pad")),
+                        "in_keys": [str(k) for k in getattr(m, "in_keys", [])],
+                        "dropout": float(getattr(self.shadows[name], "dropout", 0.0) or 0.0),
+                    }
+                    for name, m in modules.items()
+                },
+            },
+        }
+        self._envs = {name: _Envs() for name in modules}
+        self._current: dict[str, Tags] = {}
+        self._user: list[dict[str, Any]] = []
+        self._epochs = False
+        self.iteration = -1
+        self._last_phase = ""
+        self.unprobed: dict[str, int] = {}  # calls the probe could not read (keyword calls), per module
+        self._handles: list[Any] = []
+        self.tracer = CoreTracer(self.shadows, options, self)
+
+    # -- the contract --------------------------------------------------------------------------------
+    def capabilities(self) -> Capabilities:
+        """framework 'torchrl': training sequences start from the states stored at collection."""
+        return Capabilities("torchrl", epochs=self._epochs, stored_states=True)
+
+    def metadata(self) -> dict[str, Any]:
+        return dict(self._metadata)
+
+    def resolve(self, module: str, steps: int, batch: int) -> Tags:
+        tags = self._current.get(module)
+        return tags if tags is not None else Tags("other")
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+    def start(self) -> TorchRLProbe:
+        self.tracer.start()
+        for name, m in self.td_modules.items():
+            self._handles.append(m.register_forward_hook(self._make_hook(name)))
+        return self
+
+    def close(self, completed: bool = True, stop_reason: str | None = None, **extra: Any) -> Path | None:
+        """Remove the hooks and finish the log; returns its path."""
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        if self.unprobed:
+            extra = {"torchrl_unprobed_calls": dict(self.unprobed), **extra}
+        return self.tracer.close(completed, stop_reason, **extra)
+
+    def __enter__(self) -> TorchRLProbe:
+        return self.start()
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        from lstm_probe.errors import one_line
+
+        self.close(completed=exc is None, stop_reason=None if exc is None else one_line(exc))
+
+    @contextlib.contextmanager
+    def tag(self, **tags: Any) -> Iterator[None]:
+        """Tag the calls inside the block with ``iteration``, ``epoch`` and/or ``minibatch`` (the loss
+        loop's place; nested blocks add to the outer ones)."""
+        unknown = set(tags) - {"iteration", "epoch", "minibatch"}
+        if unknown:
+            raise BadInput(f"unknown tag {sorted(unknown)[0]!r}; a torchrl probe takes iteration, epoch, minibatch")
+        if tags.get("epoch") is not None:
+            self._epochs = True
+        self._user.append({**(self._user[-1] if self._user else {}), **tags})
+        try:
+            yield
+        finally:
+            self._user.pop()
+
+    # -- the hook ------------------------------------------------------------------------------------
+    def _make_hook(self, name: str) -> Any:
+        from tensordict import TensorDictBase
+
+        shadow_module = self.shadows[name]
+        envs = self._envs[name]
+        is_lstm = self._lstm[name]
+        layers, hidden = int(shadow_module.num_layers), int(shadow_module.hidden_size)
+
+        def hook(mod: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+            start = time.perf_counter()
+            core = self.tracer.hook_seconds
+            td = args[0] if args else None
+            if not isinstance(td, TensorDictBase) or self.tracer.writer is None:
+                self.unprobed[name] = self.unprobed.get(name, 0) + 1
+                return
+            grad = torch.is_grad_enabled()
+            torch.set_grad_enabled(False)
+            try:
+                self._call(name, mod, td, shadow_module, envs, is_lstm, layers, hidden)
+            finally:
+                torch.set_grad_enabled(grad)
+                self._current.pop(name, None)
+                spent = time.perf_counter() - start - (self.tracer.hook_seconds - core)
+                self.tracer.integration_seconds += spent
+
+        return hook
+
+    def _tags(self, phase: str) -> Tags:
+        if phase == "rollout" and self._last_phase != "rollout":
+            self.iteration += 1  # a collector batch begins: the first collection call after training
+        self._last_phase = phase
+        user = self._user[-1] if self._user else {}
+        it = user.get("iteration", self.iteration if self.iteration >= 0 else None)
+        if phase == "rollout":
+            return Tags(phase, iteration=it)
+        return Tags(phase, iteration=it, epoch=user.get("epoch"), minibatch=user.get("minibatch"))
+
+    def _call(
+        self,
+        name: str,
+        mod: Any,
+        td: Any,
+        rnn: nn.LSTM | nn.GRU,
+        envs: _Envs,
+        is_lstm: bool,
+        layers: int,
+        hidden: int,
+    ) -> None:
+        keys = list(mod.in_keys)
+        x = td.get(keys[0])
+        h = td.get(keys[1], None)
+        c = td.get(keys[2], None) if is_lstm else None
+        is_init = td.get(keys[-1])
+        recurrent = bool(mod.recurrent_mode)
+        step_count = td.get("step_count", None)
+        traj = td.get(("collector", "traj_ids"), None)
+        feat = int(x.shape[-1])
+        if not recurrent:  # sequential mode: rnn.py LSTMModule.forward, td.reshape(-1).unsqueeze(-1)
+            n = td.numel()
+            init = _host(is_init, n)
+            assert init is not None
+            sc = _host(step_count, n)
+            start = (sc == 0) if sc is not None else init.astype(bool)
+            phase = _phase(False)
+            tags = self._tags(phase)
+            tags.grid = envs.collect(start.astype(bool), sc, _host(traj, n) if phase == "rollout" else None)
+            zero = is_init.reshape(n, 1, 1).bool()
+            states = [
+                torch.zeros(layers, n, hidden, dtype=x.dtype, device=x.device)
+                if s is None
+                else torch.where(zero, 0, s.reshape(n, layers, hidden)).transpose(0, 1).contiguous()
+                for s in ((h, c) if is_lstm else (h,))
+            ]
+            self._current[name] = tags
+            with warnings.catch_warnings():  # a shadow of cuDNN-flattened weights is not one contiguous chunk
+                warnings.simplefilter("ignore", UserWarning)
+                rnn(x.reshape(n, 1, feat), tuple(states) if is_lstm else states[0])
+            return
+        # recurrent mode: (B, T) rows, split where is_init is set after the first step
+        steps = int(td.shape[-1]) if td.ndim else 1
+        n = td.numel()
+        rows = n // steps
+        init = _host(is_init, n)
+        assert init is not None
+        cut = init.reshape(rows, steps).astype(bool).copy()
+        cut[:, 0] = True
+        first = np.flatnonzero(cut)  # flat index of each piece's first sample
+        row_end = (first // steps + 1) * steps
+        lengths = np.minimum(np.r_[first[1:], n], row_end) - first
+        longest = int(lengths.max())
+        grid_at = first[:, None] + np.arange(longest)[None, :]
+        valid = np.arange(longest)[None, :] < lengths[:, None]
+        at = np.where(valid, grid_at, first[:, None])
+        index = torch.as_tensor(at, device=x.device)
+        xs = x.reshape(n, feat)[index]  # (S, T', F): pack_padded_sequence skips the padding
+        states = [
+            torch.zeros(layers, len(first), hidden, dtype=x.dtype, device=x.device)
+            if s is None
+            else s.reshape(n, layers, hidden)[torch.as_tensor(first, device=x.device)].transpose(0, 1).contiguous()
+            for s in ((h, c) if is_lstm else (h,))
+        ]
+        phase = _phase(True)
+        tags = self._tags(phase)
+        sc = _host(step_count, n)
+        found = envs.lookup(_host(traj, n), sc)
+        ep_start = (sc == 0) if sc is not None else init.astype(bool)
+        columns: dict[str, np.ndarray | None] = {
+            "episode_start": ep_start[at],
+            "episode_step": sc[at] if sc is not None else None,
+        }
+        if found is not None:
+            env, episode, env_step = found
+            columns.update(env=env[at], episode=episode[at], env_step=env_step[at])
+        else:  # no trajectory ids: the row is the env column (a collector batch as it came)
+            columns["env"] = np.broadcast_to((first // steps)[:, None], at.shape)
+        reason = np.where(ep_start[first], "episode_start", np.where(first % steps == 0, "env_boundary", "split"))
+        grid = Grid.of(
+            {k: v.astype(COLUMN[k].dtype) for k, v in columns.items() if v is not None},
+            train=True,
+        )
+        grid.seq_reason = np.array([SEQ_REASON[r] for r in reason.tolist()], COLUMN["seq_reason"].dtype)
+        tags.grid = grid
+        self._current[name] = tags
+        packed = nn.utils.rnn.pack_padded_sequence(xs, torch.as_tensor(lengths), batch_first=True, enforce_sorted=False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            rnn(packed, tuple(states) if is_lstm else states[0])
+
+
+def probe(
+    model: nn.Module | Iterable[nn.Module],
+    out: str | os.PathLike[str] | None = None,
+    *,
+    modules: list[str] | None = None,
+    metadata: dict[str, Any] | None = None,
+    options: CaptureOptions | None = None,
+    **capture: Any,
+) -> TorchRLProbe:
+    """A probe on every ``LSTMModule``/``GRUModule`` in ``model`` (the policy; pass ``[actor, critic]``
+    when the critic has its own), or those named in ``modules``. Use as a context manager around
+    collection and training: ``with probe(policy, "run.parquet") as p: ...``. ``out`` and the capture
+    keywords as for :func:`lstm_probe.trace`."""
+    opts = capture_options(options, out, **capture)
+    return TorchRLProbe(find_modules(model, modules), opts, metadata)

@@ -1,0 +1,142 @@
+"""``lstm-probe run --framework torchrl``: a small PPO with an LSTM policy, built from TorchRL's own
+components (GymEnv, InitTracker, StepCounter, LSTMModule and its primer, SyncDataCollector, GAE,
+ClipPPOLoss), trained with the probe on the CPU."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from lstm_probe.errors import BadInput, one_line
+from lstm_probe.options import CaptureOptions, RunResult, TrainOptions, route, settle
+
+__all__ = ["arch", "build", "run"]
+
+
+def build(
+    env_id: str,
+    *,
+    n_envs: int,
+    hidden_size: int,
+    seed: int,
+    num_layers: int = 1,
+    cell: str = "lstm",
+    recurrent_backend: str = "pad",
+) -> tuple[Any, Any, Any, nn.Module]:
+    """(env, actor, critic, recurrent module): ``env_id`` through TorchRL's GymEnv (``n_envs`` of them in a
+    SerialEnv) with InitTracker, StepCounter and the module's primer; an actor and a critic sharing one
+    ``LSTMModule`` (or ``GRUModule``, ``cell='gru'``) that reads the observation."""
+    import gymnasium as gym
+    from tensordict.nn import TensorDictModule, TensorDictSequential
+    from torchrl.envs import Compose, DoubleToFloat, GymEnv, InitTracker, SerialEnv, StepCounter, TransformedEnv
+    from torchrl.modules import GRUModule, LSTMModule, OneHotCategorical, ProbabilisticActor, ValueOperator
+
+    try:
+        gym.spec(env_id)
+    except gym.error.Error as exc:
+        raise BadInput(f"unknown env id {env_id!r} ({one_line(exc, kind=False)})") from None
+    torch.manual_seed(seed)
+    base = SerialEnv(n_envs, lambda: GymEnv(env_id)) if n_envs > 1 else GymEnv(env_id)
+    env = TransformedEnv(base, Compose(InitTracker(), StepCounter(), DoubleToFloat()))
+    env.set_seed(seed)
+    obs = int(env.observation_spec["observation"].shape[-1])
+    spec = env.action_spec
+    if not isinstance(spec.space, object) or not hasattr(spec.space, "n"):
+        raise BadInput(f"{env_id}: the torchrl run trains discrete-action envs only (a one-hot actor)")
+    cls = GRUModule if cell == "gru" else LSTMModule
+    rnn = cls(
+        input_size=obs,
+        hidden_size=hidden_size,
+        num_layers=num_layers,
+        in_key="observation",
+        out_key="embed",
+        recurrent_backend=recurrent_backend,
+    )
+    env.append_transform(rnn.make_tensordict_primer())
+    head = TensorDictModule(nn.Linear(hidden_size, int(spec.space.n)), in_keys=["embed"], out_keys=["logits"])
+    actor = ProbabilisticActor(
+        TensorDictSequential(rnn, head),
+        in_keys=["logits"],
+        spec=spec,
+        distribution_class=OneHotCategorical,
+        return_log_prob=True,
+    )
+    critic = TensorDictSequential(rnn, ValueOperator(nn.Linear(hidden_size, 1), in_keys=["embed"]))
+    return env, actor, critic, rnn
+
+
+def run(
+    env_id: str,
+    out: str | None = None,
+    *,
+    options: CaptureOptions | None = None,
+    train: TrainOptions | None = None,
+    command: str | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    **overrides: Any,
+) -> RunResult:
+    """Train TorchRL PPO with an LSTM policy on ``env_id`` (a gymnasium id) with the probe; returns a
+    RunResult. ``n_envs`` envs [1] in a SerialEnv, ``n_steps`` [128] steps each per collector batch,
+    ``n_epochs`` [4] passes of the loss over the whole batch (one minibatch: the rows are whole
+    trajectories), ``hidden_size`` [32], CPU."""
+    from torchrl.collectors import Collector
+    from torchrl.modules import set_recurrent_mode
+    from torchrl.objectives import ClipPPOLoss
+    from torchrl.objectives.value import GAE
+
+    from lstm_probe.integrations.torchrl.hooks import TorchRLProbe, find_modules
+    from lstm_probe.reader import read_info
+
+    cap, tr = route(overrides, (CaptureOptions, TrainOptions), "run --framework torchrl")
+    if out is not None:
+        cap["out"] = out
+    opts = settle(CaptureOptions, options, cap)
+    t = settle(TrainOptions, train, tr)
+    torch.set_num_threads(t.torch_threads or 1)
+    env, actor, critic, _ = build(env_id, n_envs=t.n_envs, hidden_size=t.hidden_size or 32, seed=t.seed or 0)
+    n_steps = t.n_steps or 128
+    frames = n_steps * t.n_envs
+    collector = Collector(env, actor, frames_per_batch=frames, total_frames=max(frames, t.steps))
+    adv = GAE(gamma=0.99, lmbda=0.95, value_network=critic, average_gae=True, deactivate_vmap=True)
+    loss_module = ClipPPOLoss(actor, critic)
+    optim = torch.optim.Adam(loss_module.parameters(), lr=t.learning_rate or 3e-4)
+    probe = TorchRLProbe(
+        find_modules([actor, critic]), opts, {"command": command, "env_id": env_id, "total_timesteps": t.steps}
+    )
+    probe.start()
+    start, done = time.perf_counter(), 0
+    completed, reason = False, None
+    try:
+        for data in collector:
+            with torch.no_grad(), set_recurrent_mode(True):
+                adv(data)
+            for epoch in range(t.n_epochs or 4):
+                with probe.tag(epoch=epoch, minibatch=0), set_recurrent_mode(True):
+                    losses = loss_module(data)
+                loss = losses["loss_objective"] + losses["loss_critic"] + losses["loss_entropy"]
+                optim.zero_grad()
+                loss.backward()
+                optim.step()
+            collector.update_policy_weights_()
+            done += data.numel()
+            if progress is not None:
+                progress(done, t.steps)
+        completed = True
+    except BaseException as exc:
+        reason = one_line(exc)
+        raise
+    finally:
+        probe.close(completed=completed, stop_reason=reason, num_timesteps=done)
+        collector.shutdown()
+    info = read_info(os.fspath(opts.out))
+    return RunResult(info.path, info.rows, info.bytes, completed, done, time.perf_counter() - start)
+
+
+def arch(target: str, **_: Any) -> Any:
+    """Not built for TorchRL yet: says so."""
+    raise BadInput("lstm-probe arch --framework torchrl is not built yet; lstm-probe run --framework torchrl is")
