@@ -37,19 +37,44 @@ def tensor_bytes(*tensors: torch.Tensor | None) -> int:
     return sum(t.nelement() * t.element_size() for t in tensors if t is not None)
 
 
+def kept_columns(keep_envs: int | None, grid: Grid | None, envs: np.ndarray) -> np.ndarray | None:
+    """The batch columns handed over under ``--other-envs none`` (``CoreTracer.keep_envs``): those of env
+    columns below ``keep_envs``; None: every column. ``envs``: each column's env where ``grid`` (or its
+    shape) does not say (untagged calls: the batch column)."""
+    if keep_envs is None:
+        return None
+    if grid is not None and grid.shape[0] == len(envs):
+        return grid.env_columns(keep_envs)
+    keep = envs < keep_envs
+    return None if keep.all() else np.flatnonzero(keep)
+
+
+def select(t: torch.Tensor, dim: int, columns: np.ndarray) -> torch.Tensor:
+    """``t``'s ``columns`` along ``dim``, where ``t`` is (one small host-to-device copy of the indices)."""
+    return t.index_select(dim, torch.as_tensor(columns, device=t.device))
+
+
 def write_block(
     tracer: CoreTracer, writer: LogWriter, name: str, tags: Tags, stepwise: bool, t0: int, block: Block
-) -> Later:
+) -> Later | None:
     """One block of one-step calls of module ``name`` (``CoreTracer._write_block``, a writer job): its device
     buffer's copy to the host started (one copy: ``transfer.Staged``), and the second half that hands the
     host arrays to the sink; a summary log's per-step training loops as their norms and drifts
-    (``drift.py``)."""
+    (``drift.py``). Under ``--other-envs none`` only the kept env columns cross (None: none of them)."""
     calls = np.array(block.calls, np.int64)
     layers = tracer.layers[name]
     if stepwise:
         stacked = block.stacked if block.stacked is not None else block.steps()  # (L or 2L, N, T', H)
         first = t0 == 0 and bool(block.inputs)  # the loop's first step: where each column's state came from
-        staged = Staged([stacked, block.inputs[0]] if first else [stacked], private=True)
+        x0 = block.inputs[0] if first else None
+        columns = kept_columns(tracer.keep_envs, tags.grid, np.arange(stacked.shape[1]))
+        if columns is not None:
+            if len(columns) == 0:
+                return None
+            stacked = select(stacked, 1, columns)
+            x0 = select(x0, 1, columns) if x0 is not None else None
+            tags = dataclasses.replace(tags, grid=tags.grid.take(columns) if tags.grid is not None else None)
+        staged = Staged([stacked, x0] if x0 is not None else [stacked], private=True)
 
         def finish_loop(arrays: list[np.ndarray]) -> None:
             hc = arrays[0]
@@ -70,19 +95,27 @@ def write_block(
         return Later(staged, finish_loop)
     states = block.sides()  # (2, R, n * N, H): the returned states, then the input states
     batch = block.batch
+    per_col = np.repeat(calls, batch)
+    sent = tags
+    if block.grids:
+        sent = dataclasses.replace(tags, grid=Grid.concat(block.grids), stepwise={})
+    envs = np.tile(np.arange(batch), len(calls))  # untagged calls: env column = batch column
+    columns = kept_columns(tracer.keep_envs, sent.grid, envs)
+    if columns is not None:
+        if len(columns) == 0:
+            return None
+        states, per_col, envs = select(states, 2, columns), per_col[columns], envs[columns]
+        if sent.grid is not None:
+            sent = dataclasses.replace(sent, grid=sent.grid.take(columns))
     staged = Staged([states], private=True)
 
     def finish(arrays: list[np.ndarray]) -> None:
         both = arrays[0]
         hc = both[0][:, :, None, :]  # (L or 2L, n * N, 1, H)
         with_c = hc.shape[0] == 2 * layers  # h and c of each call as one (2L, N, H) tensor
-        per_col = np.repeat(calls, batch)
-        sent = tags
-        if block.grids:
-            sent = dataclasses.replace(tags, grid=Grid.concat(block.grids), stepwise={})
         grid = sent.grid
-        if grid is None:  # untagged calls: env column = batch column
-            grid = Grid.one_step(np.tile(np.arange(batch), len(calls)), -1, -1, -1, -1)
+        if grid is None:
+            grid = Grid.one_step(envs, -1, -1, -1, -1)
         init = tracer.inputs.answer(name, tags.phase, grid, 0, both[1], hc[:, :, 0], layers)
         tracer.rows += layers * len(per_col)
         cs = hc[layers:] if with_c else None

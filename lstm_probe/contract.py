@@ -53,6 +53,9 @@ class Grid:
     """
 
     train: bool
+    batch_columns: np.ndarray | None
+    """A train grid's columns' places in the call's batch (the rows' ``seq``), where some were left out
+    (:meth:`take`); None: column i is batch column i."""
 
     def __init__(self, *, train: bool = False, **columns: np.ndarray | None) -> None:
         unknown = columns.keys() - _GRID_NAMES
@@ -60,6 +63,7 @@ class Grid:
             raise TypeError(f"Grid has no column {sorted(unknown)[0]!r}; its columns: {', '.join(sorted(_GRID_NAMES))}")
         d = self.__dict__
         d["train"] = train
+        d["batch_columns"] = None
         for name in _GRID_NAMES:
             d[name] = columns.get(name)
 
@@ -72,7 +76,7 @@ class Grid:
         raise AttributeError(f"Grid has no column {name!r}")
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name != "train" and name not in _GRID_NAMES:
+        if name not in ("train", "batch_columns") and name not in _GRID_NAMES:
             raise AttributeError(f"Grid has no column {name!r}")
         self.__dict__[name] = value
 
@@ -125,7 +129,27 @@ class Grid:
             if v is None or c.initial == "null":
                 continue
             columns[c.name] = v[:, :1] if c.initial == "first" else np.where(before, v[:, :1] - 1, c.fill)
-        return Grid.of(columns, train=True)
+        grid = Grid.of(columns, train=True)
+        grid.batch_columns = d["batch_columns"]
+        return grid
+
+    def take(self, columns: np.ndarray) -> Grid:
+        """The grid of the batch columns ``columns`` (indices), in that order."""
+        d = self.__dict__
+        kept = {name: (None if d[name] is None else d[name][columns]) for name in _GRID_NAMES}
+        grid = Grid.of(kept, train=self.train)
+        places = d["batch_columns"]
+        grid.batch_columns = (np.arange(self.shape[0]) if places is None else places)[columns]
+        return grid
+
+    def env_columns(self, envs: int) -> np.ndarray | None:
+        """The batch columns whose env is below ``envs`` (a sequence's env: its largest, padding being
+        -1), as indices; None where every column is (nothing to leave out). A grid without envs numbers
+        none: its batch columns stand for the envs, as in the `init` columns (``inputs.py``)."""
+        env = self.__dict__["env"]
+        col = np.arange(self.shape[0]) if env is None else env.max(axis=1) if env.shape[1] > 1 else env[:, 0]
+        keep = (col >= 0) & (col < envs)
+        return None if keep.all() else np.flatnonzero(keep)
 
     @staticmethod
     def concat(grids: list[Grid]) -> Grid:

@@ -22,6 +22,7 @@ from lstm_probe.errors import BadInput
 
 CAPTURES = ("full", "summary")
 WRITERS = ("process", "thread")
+OTHER_ENVS = ("summary", "none")
 DEFAULT_WRITER = "thread" if os.name == "nt" else "process"  # Windows pipes cannot be polled (select)
 DEFAULT_OUT = "run.parquet"
 
@@ -84,6 +85,11 @@ class CaptureOptions:
         "them); every other row is a summary row (norms and drift). For wide runs.",
         shown="all envs",
     )
+    other_envs: str = option(
+        "summary",
+        "With --trace-envs: what the other env columns get. summary: summary rows; none: no rows at all, "
+        "their states never leave the device (wide runs: the probe's cost then follows K, not the env count).",
+    )
     force: bool = option(False, "Overwrite an existing log.")
     part_seconds: float = option(
         60.0,
@@ -111,6 +117,10 @@ class CaptureOptions:
             raise BadInput(f"--capture must be full or summary, got {self.capture!r}")
         at_least("every", self.every, 1)
         at_least("trace_envs", self.trace_envs, 1)
+        if self.other_envs not in OTHER_ENVS:
+            raise BadInput(f"--other-envs must be summary or none, not {self.other_envs!r}")
+        if self.other_envs != "summary" and self.trace_envs is None:
+            raise BadInput("--other-envs none needs --trace-envs K (the env columns that keep their rows)")
         at_least("part_iterations", self.part_iterations, 1)
         if not 0 < self.part_seconds <= MAX_PART_SECONDS:
             raise BadInput(f"--part-seconds must be > 0 and at most {MAX_PART_SECONDS:,.0f}, got {self.part_seconds}")

@@ -468,7 +468,7 @@ METADATA_KEYS: dict[str, str] = {
     "max_seq_len, stored_states, replay): report sections ask these, never the framework's name.",
     "hidden_size": "Length of the h and c vectors.",
     "capture": "'full' | 'summary'; with every_k and dtype ('float32' | 'float16'), and trace_envs K where only env "
-    "columns 0..K-1 store vectors (--trace-envs).",
+    "columns 0..K-1 store vectors (--trace-envs), other_envs 'none' where the other env columns have no rows.",
     "start_time": "UTC ISO time the probe started.",
     "end_time": "UTC ISO time the log was closed (final part only).",
     "completed": "True only when training ran to its end; false after an error or an interruption.",

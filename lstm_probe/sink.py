@@ -201,7 +201,8 @@ class Sink:
                 buffers[col][i0:i1] = null
         if grid.train:
             batch = grid.shape[0]
-            seq = np.repeat(np.arange(batch, dtype=np.int32), steps)
+            places = grid.batch_columns  # the kept columns' own places (--other-envs none), else 0..N-1
+            seq = np.repeat(np.arange(batch, dtype=np.int32) if places is None else places.astype(np.int32), steps)
             t = np.tile(np.arange(t0, t0 + steps, dtype=np.int32), batch)
             r.seq[i0:i1] = np.tile(seq, layers)
             r.t[i0:i1] = np.tile(t, layers)

@@ -14,6 +14,7 @@ here together; which modules are hooked and how the log describes them is ``modu
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import functools
 import time
@@ -26,7 +27,7 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 
-from lstm_probe.blocks import Block, Loop, tensor_bytes, write_block
+from lstm_probe.blocks import Block, Loop, kept_columns, select, tensor_bytes, write_block
 from lstm_probe.contract import CODES, PATH, Integration, Resolver, Tags, padded, tag_values
 from lstm_probe.drift import Reducer
 from lstm_probe.errors import BadInput, one_line
@@ -90,7 +91,10 @@ class CoreTracer:
             "every": options.every,
             "dtype": "float16" if options.float16 else "float32",
             **({} if options.trace_envs is None else {"trace_envs": options.trace_envs}),
+            **({} if options.other_envs == "summary" else {"other_envs": options.other_envs}),
         }
+        # --other-envs none: only env columns below this reach the host (selected where the states are)
+        self.keep_envs = options.trace_envs if options.other_envs == "none" else None
         self.metadata: dict[str, Any] = {
             **base_metadata(),
             "framework": integration.name,
@@ -325,9 +329,16 @@ class CoreTracer:
                 initial_states = self.initial_states
                 bias = bool(module.bias)
 
-                def states() -> tuple[list[torch.Tensor], Callable[[list[np.ndarray]], tuple[Any, Any, Any]]]:
+                def states(
+                    columns: np.ndarray | None,
+                ) -> tuple[list[torch.Tensor], Callable[[list[np.ndarray]], tuple[Any, Any, Any]]]:
                     # the torch part of the recovery here, on the call's device (lower layers only), as
-                    # tensors for the job's one host copy; gates and scan in the sink
+                    # tensors for the job's one host copy; gates and scan in the sink. ``columns``: the
+                    # batch columns kept (--other-envs none), chosen before any of it is computed
+                    nonlocal x, y, h0, c0, valid
+                    if columns is not None:
+                        x, y, h0, c0 = (select(t, 1, columns) for t in (x, y, h0, c0))
+                        valid = valid[:, columns] if valid is not None else None
                     if is_lstm:
                         parts = lstm_sequence_parts(module, x, h0, c0, y, weights)  # type: ignore[arg-type]
 
@@ -383,7 +394,8 @@ class CoreTracer:
         batch: int,
         h: torch.Tensor | None,
         c: torch.Tensor | None,
-        states: Callable[[], tuple[list[torch.Tensor], Callable[[list[np.ndarray]], Any]]] | None = None,
+        states: Callable[[np.ndarray | None], tuple[list[torch.Tensor], Callable[[list[np.ndarray]], Any]]]
+        | None = None,
         nbytes: int = 0,
         *,
         x0: torch.Tensor | tuple[torch.Tensor, ...] | None,
@@ -436,10 +448,19 @@ class CoreTracer:
                 out = h.clone() if c is None else torch.cat((h, c))
                 x0 = joined(x0, out.shape[0], batch, out)
             assert isinstance(x0, torch.Tensor)
+            columns = kept_columns(self.keep_envs, grid, np.arange(batch))
+            if columns is not None:  # --other-envs none: the other env columns stay where they are
+                if len(columns) == 0:
+                    return
+                x0, out = select(x0, 1, columns), select(out, 1, columns) if out is not None else None
+                batch = len(columns)
+                if grid is not None:
+                    grid = grid.take(columns)
+                    tags = dataclasses.replace(tags, grid=grid)
             x_in, returned_states = x0, out
 
             def job() -> Later:
-                parts, arrays_of = states() if states is not None else ([], None)
+                parts, arrays_of = states(columns) if states is not None else ([], None)
                 sides = [x_in] + ([returned_states] if returned_states is not None else [])
                 staged = Staged(sides + parts)
 
@@ -556,6 +577,8 @@ class CoreTracer:
             job = functools.partial(self._write_block, writer, name, tags, stepwise, t0, block)
             writer.submit(job, block.nbytes())
 
-    def _write_block(self, writer: LogWriter, name: str, tags: Tags, stepwise: bool, t0: int, block: Block) -> Later:
+    def _write_block(
+        self, writer: LogWriter, name: str, tags: Tags, stepwise: bool, t0: int, block: Block
+    ) -> Later | None:
         """Host arrays of one block of one-step calls, to the sink (a job: see :meth:`LogWriter.submit`)."""
         return write_block(self, writer, name, tags, stepwise, t0, block)

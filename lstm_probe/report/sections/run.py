@@ -129,4 +129,6 @@ def _traced(capture: dict[str, Any]) -> str:
     k = capture.get("trace_envs")
     if not isinstance(k, int) or isinstance(k, bool):
         return ""
+    if capture.get("other_envs") == "none":
+        return f", envs 0..{k - 1} only (--trace-envs {k} --other-envs none: the other envs have no rows)"
     return f", vectors of envs 0..{k - 1} only (--trace-envs {k}; the other envs' rows are summary rows)"
