@@ -60,7 +60,7 @@ if cfg["capture"] != "none":  # unprobed runs never import lstm-probe: their RSS
     cb = ProbeCallback(cfg["out"], capture=cfg["capture"].replace("-f16", ""), float16=cfg["capture"].endswith("-f16"),
                        force=True, writer=cfg["writer"], what_if=cfg.get("what_if", False),
                        memory=cfg.get("memory", False), capture_obs=cfg.get("memory", False),
-                       trace_envs=cfg.get("trace_envs"))
+                       trace_envs=cfg.get("trace_envs"), other_envs=cfg.get("other_envs") or "summary")
 def children_cpu():  # CPU of reaped child processes: the writer process, once the probe closed the log
     r = resource.getrusage(resource.RUSAGE_CHILDREN)
     return r.ru_utime + r.ru_stime
@@ -205,6 +205,7 @@ def main() -> None:
         "earlier commit), interleaved: unprobed, before, current; prints the before line under each current line",
     )
     ap.add_argument("--trace-envs", type=int, help="probed runs keep full vectors for env columns below K only")
+    ap.add_argument("--other-envs", choices=["summary", "none"], help="with --trace-envs: the other envs' rows")
     ap.add_argument("--ppo", type=json.loads, default={}, help='RecurrentPPO keywords as JSON, e.g. {"n_steps": 16}')
     ap.add_argument("--dump", metavar="FILE", help="also write every run's raw figures to FILE (JSON lines)")
     args = ap.parse_args()
@@ -242,6 +243,7 @@ def main() -> None:
                         "memory": args.memory,
                         "csv_log": args.csv_log,
                         "trace_envs": args.trace_envs,
+                        "other_envs": args.other_envs,
                         "ppo": args.ppo,
                     }
                     if args.concurrent:
