@@ -102,11 +102,15 @@ def run(
         typer.Option(help="When stdout is not a terminal: print a progress line this often (seconds)."),
     ] = 10.0,
     framework: Annotated[
-        str, typer.Option(help="sb3 (RecurrentPPO) or rllib (Ray RLlib PPO with use_lstm; needs '.[rllib]').")
+        str,
+        typer.Option(
+            help="sb3 (RecurrentPPO), rllib (Ray RLlib PPO with use_lstm), rsl_rl (Isaac Lab's PPO) or torchrl "
+            "(LSTMModule); each but sb3 needs its extra, e.g. '.[rllib]'."
+        ),
     ] = "sb3",
     **flags: Any,
 ) -> None:
-    """Train RecurrentPPO (or RLlib PPO, --framework rllib) on ENV_ID with the probe attached and write the log."""
+    """Train RecurrentPPO (or another framework's PPO: --framework) on ENV_ID with the probe; write the log."""
     from lstm_probe import integrations
 
     fw = integrations.framework(framework)

@@ -52,7 +52,8 @@ def counting():
 def learn(out, n_envs, lstm_layers=1, **capture):
     env = make_vec_env("Pendulum-v1", n_envs=n_envs, seed=0)
     kw = {"lstm_hidden_size": 16, "n_lstm_layers": lstm_layers}
-    model = RecurrentPPO("MlpLstmPolicy", env, seed=0, n_steps=256 // n_envs, batch_size=64, n_epochs=1, policy_kwargs=kw)
+    ppo = {"n_steps": 256 // n_envs, "batch_size": 64, "n_epochs": 1, "policy_kwargs": kw}
+    model = RecurrentPPO("MlpLstmPolicy", env, seed=0, **ppo)
     probe = ProbeCallback(out, force=True, **capture) if out is not None else None
     with counting() as counts:
         model.learn(256, callback=probe)  # one 256-step rollout, one training iteration
