@@ -154,6 +154,60 @@ def test_loss_states_equal_collection_states(tmp_path: Path, backend: str, cell:
         assert shifted > 1e-3
 
 
+SHADOW_ERRORS: dict[str, float] = {}
+
+
+def _logged(df: pd.DataFrame, which: str, shape: tuple[int, ...]) -> np.ndarray:
+    """The log's ``which`` vectors on a (env, env step, layer, hidden) grid, NaN where no row."""
+    grid = np.full(shape, np.nan)
+    idx = tuple(df[k].to_numpy(np.int64) for k in ("env", "env_step", "layer"))
+    grid[idx] = lstm_probe.states(df, which)
+    return grid
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+@pytest.mark.parametrize("backend", ["pad", "scan"])
+def test_logged_states_equal_torchrl_outputs(tmp_path: Path, backend: str, cell: str, layers: int) -> None:
+    """The shadow against TorchRL itself: the probe's states of a recurrent-mode call (its own re-run) equal
+    what TorchRL's backend computed in that call, on a collected batch whose rows cross episodes: the
+    top layer's h at every step equals the module's per-step output (out_key, the LSTM's y), and every
+    layer's h (and c) equals the ("next", state) TorchRL returns at each trajectory's last step."""
+    torch.set_num_threads(1)
+    n_envs, steps = 2, 48
+    env, actor, critic, rnn = build(
+        "CartPole-v1", n_envs=n_envs, hidden_size=4, seed=0, num_layers=layers, cell=cell, recurrent_backend=backend
+    )
+    collector = Collector(env, actor, frames_per_batch=steps * n_envs, total_frames=steps * n_envs)
+    out = tmp_path / "run.parquet"
+    with probe([actor, critic], out, force=True):
+        try:
+            (data,) = list(collector)
+        finally:
+            collector.shutdown()
+        is_init = data["is_init"].squeeze(-1).numpy()
+        assert is_init[:, 1:].any()  # episodes end inside the rows: TorchRL splits them
+        td = data.clone()
+        with set_recurrent_mode(True):
+            rnn(td)
+    y = td[rnn.out_keys[0]].detach().numpy()  # (env, step, hidden): the top layer's h of every step
+    returned = {k: td[k].detach().numpy() for k in rnn.out_keys[1:]}  # (env, step, layer, hidden)
+    df = lstm_probe.load(out, phase=["train", "value"])
+    df = df[~df["padding"]]
+    assert set(df["call"]) == {df["call"].iloc[0]}  # the one recurrent-mode call
+    shape = (n_envs, steps, layers, y.shape[-1])
+    logged = [_logged(df, which, shape) for which in (("h", "c") if cell == "lstm" else ("h",))]
+    assert len(df) == n_envs * steps * layers and not np.isnan(logged[0]).any()  # every (env, step, layer)
+    err = float(np.abs(logged[0][:, :, -1] - y).max() / np.abs(y).max())
+    # the trajectory ends (the next step is_init, or the row ends): where TorchRL returns the final states
+    end = np.c_[is_init[:, 1:], np.ones((n_envs, 1), bool)]
+    for state, ours in zip(returned.values(), logged, strict=True):
+        assert ((np.abs(state).max(axis=(-2, -1)) > 0) == end).all()  # zeros elsewhere: nothing to compare
+        err = max(err, float(np.abs(ours[end] - state[end]).max() / np.abs(state[end]).max()))
+    SHADOW_ERRORS[f"{backend}/{cell}/{layers}L"] = err
+    assert err < 1e-6
+
+
 def _oracle_shift(path: Path) -> float:
     df = lstm_probe.load(path)
     train = df[(df["phase"] == "train") & (df["epoch"] == 0) & ~df["padding"]].assign(
@@ -235,6 +289,8 @@ def test_cli_run_and_report(tmp_path: Path) -> None:
 
 
 def test_zz_print_oracle_errors() -> None:
-    """The oracle's measured errors (pytest -s prints them)."""
+    """The oracle's and the shadow check's measured errors (pytest -s prints them)."""
     for k, v in sorted(ERRORS.items()):
         print(f"oracle {k}: {v:.3g}")
+    for k, v in sorted(SHADOW_ERRORS.items()):
+        print(f"shadow vs torchrl {k}: {v:.3g}")
