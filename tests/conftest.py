@@ -18,6 +18,22 @@ def _sb3_logdir(tmp_path_factory):
     os.environ.setdefault("SB3_LOGDIR", str(tmp_path_factory.mktemp("sb3-logs")))
 
 
+_DISTRIBUTION_CHECKS = torch.distributions.Distribution._validate_args  # torch's default, before any import
+
+
+@pytest.fixture(autouse=True)
+def _distribution_checks(request):
+    """rsl_rl (modules/distribution.py, in its policy's constructor) and TorchRL (on import, in
+    modules/distributions/continuous.py) turn torch's distribution argument checks off for the whole process;
+    sb3's tests expect torch's default (a NaN action mean raises ValueError). Each test runs with torch's
+    default, or with its module's DISTRIBUTION_CHECKS (what its framework sets)."""
+    torch.distributions.Distribution.set_default_validate_args(
+        getattr(request.module, "DISTRIBUTION_CHECKS", _DISTRIBUTION_CHECKS)
+    )
+    yield
+    torch.distributions.Distribution.set_default_validate_args(_DISTRIBUTION_CHECKS)
+
+
 @pytest.fixture(scope="session")
 def runs_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("runs")

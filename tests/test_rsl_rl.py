@@ -19,6 +19,7 @@ import torch
 import lstm_probe
 
 rsl_rl = pytest.importorskip("rsl_rl")
+DISTRIBUTION_CHECKS = False  # what the framework sets for the process (see conftest.py)
 
 from lstm_probe.integrations.rsl_rl import TorchPendulumVecEnv, attach, train_cfg  # noqa: E402
 from lstm_probe.integrations.rsl_rl.train import build_runner  # noqa: E402

@@ -33,6 +33,7 @@ import lstm_probe
 from lstm_probe.integrations.torchrl.hooks import probe
 from lstm_probe.integrations.torchrl.train import build
 
+DISTRIBUTION_CHECKS = False  # what the framework sets for the process (see conftest.py)
 KEYS = ["module", "layer", "env", "env_step"]
 
 
