@@ -38,20 +38,48 @@ def tensor_bytes(*tensors: torch.Tensor | None) -> int:
 
 
 def kept_columns(keep_envs: int | None, grid: Grid | None, envs: np.ndarray) -> np.ndarray | None:
-    """The batch columns handed over under ``--other-envs none`` (``CoreTracer.keep_envs``): those of env
-    columns below ``keep_envs``; None: every column. ``envs``: each column's env where ``grid`` (or its
-    shape) does not say (untagged calls: the batch column)."""
+    """The batch columns handed over under ``--other-envs none`` (``CoreTracer.keep_envs``): those whose env is
+    below ``keep_envs`` (a sequence's env: its largest, padding being -1); None: every column. ``envs``: each
+    column's env where the grid does not say (no grid, no env column, or -1: the batch column, as the
+    `init` columns take it, ``inputs.py``)."""
     if keep_envs is None:
         return None
-    if grid is not None and grid.shape[0] == len(envs):
-        return grid.env_columns(keep_envs)
-    keep = envs < keep_envs
+    env = envs
+    if grid is not None and grid.env is not None and grid.shape[0] == len(envs):
+        given = grid.env.max(axis=1) if grid.env.shape[1] > 1 else grid.env[:, 0]
+        env = np.where(given >= 0, given, envs)
+    keep = env < keep_envs
     return None if keep.all() else np.flatnonzero(keep)
 
 
+_INDICES: dict[tuple[Any, bytes], torch.Tensor] = {}
+"""Index tensors already on a device, by (device, columns): a run keeps the same columns block after block."""
+
+
 def select(t: torch.Tensor, dim: int, columns: np.ndarray) -> torch.Tensor:
-    """``t``'s ``columns`` along ``dim``, where ``t`` is (one small host-to-device copy of the indices)."""
-    return t.index_select(dim, torch.as_tensor(columns, device=t.device))
+    """``t``'s ``columns`` along ``dim``, where ``t`` is. A leading run of columns is a view; other indices
+    reach an accelerator from pinned memory without waiting for it (and are kept for the next block)."""
+    n = len(columns)
+    if n and columns[-1] == n - 1:  # 0..n-1 (the columns are sorted and distinct)
+        return t.narrow(dim, 0, n)
+    if t.device.type == "cpu":
+        return t.index_select(dim, torch.from_numpy(columns.astype(np.int64, copy=False)))
+    key = (t.device, columns.tobytes())
+    index = _INDICES.get(key)
+    if index is None:
+        if len(_INDICES) >= 64:
+            _INDICES.clear()
+        pinned = torch.from_numpy(columns.astype(np.int64)).pin_memory()
+        index = _INDICES[key] = pinned.to(t.device, non_blocking=True)
+    return t.index_select(dim, index)
+
+
+def fitted(grid: Grid | None, batch: int, columns: np.ndarray) -> Grid | None:
+    """The grid of the kept ``columns`` of a call (or block) of ``batch`` columns; None where the grid did not
+    fit the call (the sink leaves such rows' provenance null either way)."""
+    if grid is None or grid.shape[0] != batch:
+        return None
+    return grid.take(columns)
 
 
 def write_block(
@@ -71,9 +99,9 @@ def write_block(
         if columns is not None:
             if len(columns) == 0:
                 return None
+            tags = dataclasses.replace(tags, grid=fitted(tags.grid, int(stacked.shape[1]), columns))
             stacked = select(stacked, 1, columns)
             x0 = select(x0, 1, columns) if x0 is not None else None
-            tags = dataclasses.replace(tags, grid=tags.grid.take(columns) if tags.grid is not None else None)
         staged = Staged([stacked, x0] if x0 is not None else [stacked], private=True)
 
         def finish_loop(arrays: list[np.ndarray]) -> None:
@@ -104,9 +132,8 @@ def write_block(
     if columns is not None:
         if len(columns) == 0:
             return None
+        sent = dataclasses.replace(sent, grid=fitted(sent.grid, len(envs), columns))
         states, per_col, envs = select(states, 2, columns), per_col[columns], envs[columns]
-        if sent.grid is not None:
-            sent = dataclasses.replace(sent, grid=sent.grid.take(columns))
     staged = Staged([states], private=True)
 
     def finish(arrays: list[np.ndarray]) -> None:

@@ -142,15 +142,6 @@ class Grid:
         grid.batch_columns = (np.arange(self.shape[0]) if places is None else places)[columns]
         return grid
 
-    def env_columns(self, envs: int) -> np.ndarray | None:
-        """The batch columns whose env is below ``envs`` (a sequence's env: its largest, padding being
-        -1), as indices; None where every column is (nothing to leave out). A grid without envs numbers
-        none: its batch columns stand for the envs, as in the `init` columns (``inputs.py``)."""
-        env = self.__dict__["env"]
-        col = np.arange(self.shape[0]) if env is None else env.max(axis=1) if env.shape[1] > 1 else env[:, 0]
-        keep = (col >= 0) & (col < envs)
-        return None if keep.all() else np.flatnonzero(keep)
-
     @staticmethod
     def concat(grids: list[Grid]) -> Grid:
         """Grids of non-train calls stacked along the batch axis (a column some grids lack is null there)."""

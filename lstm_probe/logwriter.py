@@ -107,7 +107,8 @@ class LogWriter:
             },
             "capture": capture,
             "every": every,
-            "trace_envs": o.trace_envs,
+            # --other-envs none: the tracer hands over the kept env columns only, every one with its vectors
+            "trace_envs": o.trace_envs if o.other_envs == "summary" else None,
             "reference_window": reference_window,
             # a writer process that outlives training frees the output once it has published its rows
             "lock": {"path": str(self.lock.path), "pid": os.getpid()},
@@ -168,7 +169,7 @@ class LogWriter:
         if self.closed:
             raise OutputError(f"the log {self.path} is already closed")
         if self._child is not None:
-            self._settle(self._run(job))
+            self._settle(job)
             if self.error is not None:
                 raise self._failed()
             return
@@ -262,11 +263,13 @@ class LogWriter:
                 self._cond.notify_all()
             self._run(sink.flush_if_due)
 
-    def _settle(self, later: Any) -> None:
-        """Run the second half held back from the job before, then run or hold back ``later`` (see submit)."""
+    def _settle(self, job: Callable[[], Any] | None) -> None:
+        """Run the second half held back from the job before (first: nothing already copied is lost if the
+        new job fails), then ``job``, then run or hold back its second half (see submit)."""
         held, self._later = self._later, None
         if held is not None:
             self._run(held)
+        later = self._run(job) if job is not None else None
         if later is not None:
             if self.defer_always or not later.ready:
                 self._later = later
@@ -300,8 +303,6 @@ class LogWriter:
         writer error: publish what was finished, marked not completed with the cause, and raise it."""
         if self.closed:
             return self.path
-        if self._child is not None:
-            self._settle(None)  # a second half held back (see submit)
         self.closed = True
         _OPEN.discard(self)
         if self._thread is not None and threading.current_thread() is self._thread:
@@ -315,12 +316,21 @@ class LogWriter:
             _CLOSING.add(self._thread)
             return self.path
         try:
+            interrupted: BaseException | None = None
+            if self._child is not None:
+                try:
+                    self._settle(None)  # a second half held back (see submit)
+                except BaseException as exc:  # Ctrl-C in it: the log is still published, then it is raised
+                    interrupted = exc
             if self._thread is not None:
                 with self._cond:
                     self._jobs.append(None)
                     self._cond.notify_all()
                 self._thread.join()
-            return self._finish(final)
+            path = self._finish(final)
+            if interrupted is not None:
+                raise interrupted
+            return path
         finally:
             self.lock.release()
 

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 
-from lstm_probe.blocks import Block, Loop, kept_columns, select, tensor_bytes, write_block
+from lstm_probe.blocks import Block, Loop, fitted, kept_columns, select, tensor_bytes, write_block
 from lstm_probe.contract import CODES, PATH, Integration, Resolver, Tags, padded, tag_values
 from lstm_probe.drift import Reducer
 from lstm_probe.errors import BadInput, one_line
@@ -453,10 +453,9 @@ class CoreTracer:
                 if len(columns) == 0:
                     return
                 x0, out = select(x0, 1, columns), select(out, 1, columns) if out is not None else None
+                grid = fitted(grid, batch, columns)
+                tags = dataclasses.replace(tags, grid=grid)
                 batch = len(columns)
-                if grid is not None:
-                    grid = grid.take(columns)
-                    tags = dataclasses.replace(tags, grid=grid)
             x_in, returned_states = x0, out
 
             def job() -> Later:

@@ -34,8 +34,8 @@ class Staged:
         parts = [p if p.dtype == torch.float32 else p.float() for p in parts]
         if len(parts) != 1:
             flat = torch.cat(parts)  # the snapshot: one allocation for the block
-        elif private and parts[0].data_ptr() == tensors[0].data_ptr():  # (reshape made no copy)
-            flat = parts[0]
+        elif private or parts[0].data_ptr() != tensors[0].data_ptr() or parts[0].dtype != tensors[0].dtype:
+            flat = parts[0]  # the probe's own copy, or already a new tensor (reshape or float made one)
         else:
             flat = parts[0].clone()
         self._event: torch.cuda.Event | None = None

@@ -99,3 +99,29 @@ def test_other_envs_none_hands_over_the_chosen_envs_only_and_writes_their_rows_u
     assert (
         bad.returncode != 0 and "--other-envs none needs --trace-envs" in bad.stderr and "Traceback" not in bad.stderr
     )
+
+
+def test_other_envs_none_keeps_batch_columns_where_no_env_is_tagged(tmp_path):
+    """A call tagged without env columns (or an untagged one) counts its batch columns as envs, as the `init`
+    columns do: --other-envs none keeps columns 0..K-1 of each call, never drops the whole call."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    lstm = nn.LSTM(3, 8)
+    x = torch.randn(5, 4, 3)  # 5 steps, 4 sequences
+    with lstm_probe.trace(lstm, out=tmp_path / "g.parquet", trace_envs=2, other_envs="none") as probe:
+        with torch.no_grad():
+            for t in range(3):
+                with probe.tag(phase="rollout", iteration=0, episode=0):  # no env given
+                    lstm(x[t : t + 1])
+            lstm(x)  # untagged, multi-step
+    df = lstm_probe.load(tmp_path / "g.parquet")
+    rollout = df[df["phase"] == "rollout"]
+    assert len(rollout) == 3 * 2 and rollout["episode"].eq(0).all()  # columns 0 and 1 of each tagged step
+    untagged = df[df["phase"] == "other"]
+    assert sorted(untagged["seq"].unique().tolist()) == [0, 1] and len(untagged) == 5 * 2
+    assert np.array_equal(
+        lstm_probe.states(untagged.sort_values(["seq", "t"]), "h"),
+        lstm(x)[0].detach().transpose(0, 1)[:2].reshape(-1, 8).numpy(),
+    )
