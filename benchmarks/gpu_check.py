@@ -1,5 +1,5 @@
 """The probe on a GPU, in one run (prepared on CPU; run it where CUDA is): does any hook wait for the device,
-and what does the probe cost at 1, 16 and 256 envs?
+and what does the probe cost at 1, 16, 256 and 1,024 envs?
 
 1. Syncs inside hooks: a probed RecurrentPPO on CUDA, with ``torch.cuda.set_sync_debug_mode("warn")`` turned
    on only while the probe's own code runs (every forward hook of the tracer, the integration's answers
@@ -7,7 +7,9 @@ and what does the probe cost at 1, 16 and 256 envs?
    own transfers (actions to numpy) are not counted ("warn" rather than "error": one run lists them all).
    Prints the synchronizing calls
    the hooks made, per phase, with the first place each comes from.
-2. Overhead: unprobed and probed runs (summary and full capture) side by side, interleaved, on the
+   It runs twice: with every env traced, and with ``--trace-envs 4 --other-envs none`` (the column selection).
+2. Overhead: unprobed and probed runs (summary, full, and summary with ``--trace-envs 16 --other-envs
+   none``) side by side, interleaved, on the
    torch-native Pendulum (``lstm_probe/integrations/sb3_torch_env.py``, no gymnasium loop hiding the probe),
    wall-time medians and their ratios.
 
@@ -47,7 +49,7 @@ def model(n_envs: int, device: str, seed: int = 0) -> Any:
     return RecurrentPPO("MlpLstmPolicy", env, n_steps=128, batch_size=128 * min(n_envs, 8), seed=seed, device=device)
 
 
-def syncs(device: str, n_envs: int, steps: int) -> dict[str, Any]:
+def syncs(device: str, n_envs: int, steps: int, **capture: Any) -> dict[str, Any]:
     """Run a probed learn() with sync warnings on inside the tracer's hooks only; count them by phase."""
     seen: collections.Counter[str] = collections.Counter()
     where: dict[str, str] = {}
@@ -87,12 +89,20 @@ def syncs(device: str, n_envs: int, steps: int) -> dict[str, Any]:
     LogWriter.submit = guarded_submit  # type: ignore[method-assign]
     try:
         m = model(n_envs, device)
-        with tempfile.TemporaryDirectory() as tmp, lstm_probe.ProbeCallback(Path(tmp) / "sync.parquet") as probe:
-            m.learn(steps, callback=probe)
+        with tempfile.TemporaryDirectory() as tmp:
+            with lstm_probe.ProbeCallback(Path(tmp) / "sync.parquet", **capture) as probe:
+                m.learn(steps, callback=probe)
     finally:
         CoreTracer._make_hook = make_hook  # type: ignore[method-assign]
         LogWriter.submit = submit  # type: ignore[method-assign]
     return {"hook_calls": dict(calls), "syncs": dict(seen), "first_seen": where}
+
+
+CAPTURES: dict[str, dict[str, Any]] = {
+    "summary": {"capture": "summary"},
+    "full": {"capture": "full"},
+    "summary, trace 16, others none": {"capture": "summary", "trace_envs": 16, "other_envs": "none"},
+}
 
 
 def timed(n_envs: int, device: str, steps: int, capture: str | None) -> float:
@@ -104,7 +114,7 @@ def timed(n_envs: int, device: str, steps: int, capture: str | None) -> float:
         m.learn(steps)
     else:
         with tempfile.TemporaryDirectory() as tmp:
-            with lstm_probe.ProbeCallback(Path(tmp) / "run.parquet", capture=capture) as probe:
+            with lstm_probe.ProbeCallback(Path(tmp) / "run.parquet", **CAPTURES[capture]) as probe:
                 m.learn(steps, callback=probe)
     if device.startswith("cuda"):
         torch.cuda.synchronize()
@@ -114,7 +124,7 @@ def timed(n_envs: int, device: str, steps: int, capture: str | None) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--envs", type=int, nargs="+", default=[1, 16, 256])
+    ap.add_argument("--envs", type=int, nargs="+", default=[1, 16, 256, 1024])
     ap.add_argument("--steps", type=int, default=None, help="env steps per run [envs x 128 x 8]")
     ap.add_argument("--repeats", type=int, default=2)
     args = ap.parse_args()
@@ -123,30 +133,28 @@ def main() -> None:
     results: dict[str, Any] = {"device": args.device, "torch": torch.__version__}
     if args.device.startswith("cuda"):
         results["gpu"] = torch.cuda.get_device_name()
-        results["sync"] = syncs(args.device, 16, 16 * 128 * 2)
-        print(f"hook calls: {results['sync']['hook_calls']}")
-        for key, n in sorted(results["sync"]["syncs"].items(), key=lambda kv: -kv[1]):
-            print(f"  {n:6d} x {key}\n{results['sync']['first_seen'][key]}")
-        if not results["sync"]["syncs"]:
-            print("no synchronizing call inside a hook")
+        for label, capture in (("sync", {}), ("sync_other_envs_none", {"trace_envs": 4, "other_envs": "none"})):
+            results[label] = found = syncs(args.device, 16, 16 * 128 * 2, **capture)
+            print(f"{label}: hook calls and hand-overs: {found['hook_calls']}")
+            for key, n in sorted(found["syncs"].items(), key=lambda kv: -kv[1]):
+                print(f"  {n:6d} x {key}\n{found['first_seen'][key]}")
+            if not found["syncs"]:
+                print("  no synchronizing call inside a hook or a hand-over")
     rows = []
     for n in args.envs:
         steps = args.steps or n * 128 * 8
-        times: dict[str, list[float]] = {"none": [], "summary": [], "full": []}
+        times: dict[str, list[float]] = {"none": [], **{label: [] for label in CAPTURES}}
         timed(n, args.device, n * 128, None)  # warm-up: CUDA context, kernels, imports
         for _ in range(args.repeats):
             for label in times:
                 times[label].append(timed(n, args.device, steps, None if label == "none" else label))
         base = statistics.median(times["none"])
         row = {"envs": n, "steps": steps, "base_s": base}
-        for label in ("summary", "full"):
-            row[f"{label}_ratio"] = statistics.median(times[label]) / base
+        for label in CAPTURES:
+            row[f"{label} ratio"] = statistics.median(times[label]) / base
         rows.append(row)
-        print(
-            f"{n:5d} envs, {steps:7d} steps: unprobed {base:7.2f} s, summary {row['summary_ratio']:.3f}x, "
-            f"full {row['full_ratio']:.3f}x",
-            flush=True,
-        )
+        ratios = ", ".join(f"{label} {row[f'{label} ratio']:.3f}x" for label in CAPTURES)
+        print(f"{n:5d} envs, {steps:7d} steps: unprobed {base:7.2f} s, {ratios}", flush=True)
     results["overhead"] = rows
     out = os.environ.get("OUT")
     if out:
