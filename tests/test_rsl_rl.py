@@ -1,8 +1,9 @@
 """rsl_rl (rsl-rl-lib 5.5): real OnPolicyRunner PPO on the torch-native Pendulum (no velocity, short episodes so
 rollouts hold dones) with the probe attached. The provenance oracle: before the first optimizer step of an
 update (epoch 0, minibatch 0) every training state equals the rollout state of the same (env, env_step),
-for LSTM and GRU, 1 and 2 layers, 1 and 64 envs, and at 1,024 envs with --trace-envs. The doctor finds each
-planted rsl_rl bug class and nothing in a correct loop; the probe changes nothing in training."""
+for LSTM and GRU, 1 and 2 layers, 1 and 64 envs, and at 1,024 envs with --trace-envs (and --other-envs none);
+the hooks never wait for the dones. The doctor finds each planted rsl_rl bug class and nothing in a correct
+loop; the probe changes nothing in training."""
 
 from __future__ import annotations
 
@@ -112,6 +113,81 @@ def test_trace_envs_at_1024_envs(tmp_path):
     meta = json.loads(pq.read_schema(tmp_path / "wide.parquet").metadata[b"lstm_probe.run"])
     assert meta["framework"] == "rsl_rl" and meta["capture"]["trace_envs"] == 4
     assert meta["capabilities"]["epochs"] and meta["capabilities"]["stored_states"]
+
+
+def test_other_envs_none_at_1024_envs(tmp_path):
+    """1,024 envs, --trace-envs 16 --other-envs none: rows for envs 0..15 only (their sequences' padding, env
+    null, aside), every one with its vectors; the oracle holds on them; the rollout and bootstrap rows are
+    the kept envs' every step."""
+    probed(tmp_path / "none.parquet", 1024, iterations=1, trace_envs=16, other_envs="none")
+    df = lstm_probe.load(tmp_path / "none.parquet")
+    assert set(df.env.dropna().unique()) == set(range(16))
+    assert (df.env.isna() == df.padding).all() and df.padding.any()  # the kept sequences keep their padding
+    real = df[~df.padding]
+    assert real.h.notna().all() and real.c.notna().all()
+    assert oracle(real) < 1e-5
+    roll = real[(real.phase == "rollout") & (real.layer == 0)]
+    assert len(roll) == 2 * STEPS * 16 and set(roll.env_step) == set(range(STEPS))
+    boot = real[real.phase == "bootstrap"]
+    assert set(boot.module) == {"critic"} and len(boot) == 16 and set(boot.env_step) == {STEPS}
+    first = real[(real.phase == "train") & (real.epoch == 0) & (real.minibatch == 0)]
+    assert set(first.env) == set(range(16)) and first.drift_h.max() < 1e-5 and first.drift_c.max() < 1e-5
+    meta = json.loads(pq.read_schema(tmp_path / "none.parquet").metadata[b"lstm_probe.run"])
+    assert meta["capture"]["trace_envs"] == 16 and meta["capture"]["other_envs"] == "none"
+
+
+def test_hooks_never_wait_for_the_dones(tmp_path, monkeypatch):
+    """Every dones copy still under way when first asked (as on a GPU before anything synced; here on CPU):
+    ``resolve`` (asked inside the hooks) never reads one; the act wrapper waits once per env step and a play
+    loop's env.step wrapper once per step, so provenance is what it is when every copy is done at once. A
+    play-loop call right after env steps taken outside one gets null episode fields, not a guess."""
+    from lstm_probe.integrations.rsl_rl import probe as probe_module
+
+    def run(path, late: bool):
+        in_resolve = [False]
+        resolve, read = probe_module.RslRlProbe.resolve, probe_module._Dones.read
+
+        def watched(self, *args):
+            in_resolve[0] = True
+            try:
+                return resolve(self, *args)
+            finally:
+                in_resolve[0] = False
+
+        def checked(self):
+            assert not in_resolve[0], "resolve waited for a dones copy"
+            return read(self)
+
+        with monkeypatch.context() as m:
+            if late:
+                m.setattr(probe_module._Dones, "ready", lambda self: False)
+            m.setattr(probe_module.RslRlProbe, "resolve", watched)
+            m.setattr(probe_module._Dones, "read", checked)
+            runner = make_runner(4)
+            env = runner.env
+            with attach(runner, path) as probe:
+                runner.learn(2)
+                policy = runner.get_inference_policy()
+                with torch.inference_mode():
+                    obs, _, dones, _ = env.step(torch.zeros(4, 1))  # a step outside any loop, then a play loop
+                    policy.reset(dones)
+                    for _ in range(12):
+                        obs, _, dones, _ = env.step(policy(obs))
+                        policy.reset(dones)
+        return probe.waits, lstm_probe.load(path, vectors=False)
+
+    waits, late = run(tmp_path / "late.parquet", True)
+    none, now = run(tmp_path / "now.parquet", False)
+    # a wait per env step: the rollouts' (in act, compute_returns), the step outside and the play loop's 12
+    assert none == 0 and waits == 2 * STEPS + 1 + 12
+    first = late[(late.phase == "predict") & (late.env_step == 2 * STEPS + 1)]
+    assert len(first) == 4 and first.episode.isna().all() and first.episode_start.isna().all()
+    keys = ["phase", "module", "layer", "iteration", "epoch", "minibatch", "seq", "t", "env", "env_step"]
+    a = late.drop(first.index).sort_values(keys).reset_index(drop=True)
+    b = now.drop(now[(now.phase == "predict") & (now.env_step == 2 * STEPS + 1)].index)
+    b = b.sort_values(keys).reset_index(drop=True)
+    cols = [*keys, "episode", "episode_step", "episode_start", "padding", "seq_len"]
+    assert len(a) == len(b) and a[cols].equals(b[cols])
 
 
 def _state(runner):

@@ -18,11 +18,24 @@ What rsl_rl does with its recurrent state, and what the probe relies on (rsl-rl-
   call (T, B, F) and unpads (``unpad_trajectories``). The probe computes the same split from the storage's
   own dones (one host copy per update) and tags each minibatch's calls with it.
 
-Where the probe reads device data: the dones ``env.step`` returns, once per env step, in the probe's
-wrapper of ``env.step`` (never in a hook): copied to the host (on a GPU: into pinned memory, without
-waiting) and read at the next call that needs them (on a GPU: after an event, by then long done; the
-runner itself syncs every step, ``utils/utils.py:check_nan`` and ``utils/logger.py:Logger.process_env_step``).
-The storage's dones, once per update. Every per-step figure is kept in numpy.
+Where the probe reads device data, and where it may wait for it (never in a hook, never in ``resolve``):
+
+- The dones ``env.step`` returns, once per env step: the probe's wrapper of ``env.step`` starts their copy to
+  the host (on a GPU: into pinned memory, without waiting, an event recorded after it) and queues it. A
+  queued copy is applied to the env counters once ``event.query()`` says it is done (at the next wrapper
+  or call), in order. Exact provenance needs each step's dones before the next step's calls are tagged, so
+  where a copy is still under way the probe waits for it at one place per env step, outside the hooks:
+  in the ``PPO.act`` (and ``compute_returns``) wrapper during training, in the ``env.step`` wrapper once
+  a play loop runs (the calls since the last env step were 'predict' calls). In ``OnPolicyRunner.learn`` that
+  wait finds the copy done: the runner itself syncs after every ``env.step``, in
+  ``utils/utils.py:check_nan`` (``if torch.isnan(...).any()``, on unless ``check_for_nan`` is False) and,
+  with a log dir, ``utils/logger.py:Logger.process_env_step`` (``nonzero``, ``.cpu()``). ``waits`` counts
+  the waits that found a copy under way.
+- ``resolve`` (a hook's question) never waits: a play-loop call whose env step's dones are still on their
+  way (only the first call after env steps taken outside a play loop) gets its exact env and env step and
+  null episode, episode step and start rather than a guess.
+- The storage's dones, once per update (in the minibatch generator's wrapper; ``PPO.update`` syncs anyway,
+  ``.item()`` of each minibatch's losses). Every per-step figure is kept in numpy.
 
 Calls outside ``act``/``compute_returns``/``update`` (a play loop: ``runner.get_inference_policy()``,
 which is the actor itself) with one column per env are tagged phase 'predict' with the env counters the
@@ -66,7 +79,7 @@ def recurrent_modules(alg: Any) -> dict[str, nn.Module]:
 
 
 class _Dones:
-    """One env step's dones on their way to the host: read once, when a call needs them."""
+    """One env step's dones on their way to the host: applied once their copy is done (:meth:`ready`)."""
 
     def __init__(self, dones: torch.Tensor):
         d = dones.detach().reshape(-1)
@@ -79,7 +92,12 @@ class _Dones:
         else:
             self.host = d.to("cpu", copy=True)
 
+    def ready(self) -> bool:
+        """Whether the copy is done (asks the device without waiting)."""
+        return self.event is None or bool(self.event.query())
+
     def read(self) -> np.ndarray:
+        """The dones as a bool array; waits for the copy unless :meth:`ready` said it is done."""
         if self.event is not None:
             self.event.synchronize()
         return self.host.numpy() != 0
@@ -104,7 +122,9 @@ class RslRlProbe:
         # a fresh memory (None: zeros) starts an episode for the probe; else the episode began before it
         self.episode_step = np.zeros(self.n, np.int64) if fresh else np.full(self.n, -1, np.int64)
         self.starts = np.full(self.n, 1 if fresh else 0, np.int8)
-        self._arrived: list[_Dones] = []
+        self._arrived: list[_Dones] = []  # env steps whose dones are not applied yet, in order
+        self.waits = 0  # waits (outside the hooks) that found a dones copy still under way
+        self._playing = False  # the calls since the last env step were play-loop ('predict') calls
         self.iteration = 0  # updates done so far: rollout k is followed by update k
         shape = (self.steps_per_env, self.n)
         self.roll = {k: np.full(shape, -1, np.int64) for k in ("env_step", "episode", "episode_step")}
@@ -134,16 +154,26 @@ class RslRlProbe:
             return tags
         if steps != 1 or batch != self.n:
             return Tags(phase="other")
-        self._settle()  # a call outside rsl_rl's own steps, one column per env: a play loop
+        # a call outside rsl_rl's own steps, one column per env: a play loop. Asked inside a hook: never waits
+        self._playing = True
+        if not self._settle(wait=False):  # this env step's dones still on their way: no guess
+            env_step = self.env_step + len(self._arrived)
+            return Tags(phase="predict", grid=Grid.one_step(self.envs, env_step, -1, -1, -1))
         if self._predict is None or self._predict[0] != self._version:
             self._predict = (self._version, Tags(phase="predict", grid=self._grid()))
         return self._predict[1]
 
     # -- the env's counters -----------------------------------------------------------------------
-    def _settle(self) -> None:
-        """Apply the dones of the env steps taken since the last call that needed them."""
+    def _settle(self, wait: bool) -> bool:
+        """Apply the dones of the env steps taken since, in order: those whose copy is done, and with
+        ``wait`` (never in a hook) the rest too, waiting for them. True when none is left."""
         start = time.perf_counter()
+        applied = 0
         for d in self._arrived:
+            if not d.ready():
+                if not wait:
+                    break
+                self.waits += 1
             done = d.read()
             # new arrays, never changed in place: the grids handed to the tracer hold views of them
             self.env_step = self.env_step + 1
@@ -151,8 +181,10 @@ class RslRlProbe:
             self.episode_step = np.where(done, 0, np.where(self.episode_step >= 0, self.episode_step + 1, -1))
             self.starts = done.astype(np.int8)
             self._version += 1
-        self._arrived.clear()
+            applied += 1
+        del self._arrived[:applied]
         self.tracer.integration_seconds += time.perf_counter() - start
+        return not self._arrived
 
     def _grid(self, **cells: Any) -> Grid:
         return Grid.one_step(self.envs, self.env_step, self.episode, self.episode_step, self.starts, **cells)
@@ -195,13 +227,16 @@ class RslRlProbe:
             start = time.perf_counter()
             self._arrived.append(_Dones(out[2]))  # rsl_rl's VecEnv.step: (obs, rewards, dones, extras)
             self.tracer.integration_seconds += time.perf_counter() - start
+            # a play loop's next call is tagged in a hook, which never waits: its dones are read here
+            self._settle(wait=self._playing)
             return out
 
         return step
 
     def _act(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         def act(*args: Any, **kwargs: Any) -> Any:
-            self._settle()
+            self._playing = False
+            self._settle(wait=True)  # outside the hooks; in OnPolicyRunner.learn the copy is done by now
             t = int(self.storage.step)  # the storage index this step's transition will have
             if t < self.steps_per_env:
                 roll = self.roll
@@ -217,7 +252,8 @@ class RslRlProbe:
 
     def _returns(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         def compute_returns(*args: Any, **kwargs: Any) -> Any:
-            self._settle()
+            self._playing = False
+            self._settle(wait=True)
             last = np.full(self.n, BOOTSTRAP["last"], np.int8)
             grid = self._grid(bootstrap=last)
             self.tags = Tags(phase="bootstrap", iteration=self.iteration, bootstrap="last", grid=grid)
@@ -288,7 +324,7 @@ class RslRlProbe:
     def close(self, completed: bool = True, stop_reason: str | None = None) -> Path | None:
         """Take the wrappers off, detach the hooks and finish the log; returns its path."""
         self._unwrap()
-        self._settle()
+        self._settle(wait=True)
         return self.tracer.close(
             completed=completed, stop_reason=stop_reason, progress_num_timesteps=int(self.env_step.sum())
         )
