@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from lstm_probe.contract import PATH, Grid, Tags
+from lstm_probe.messages import Rows
 from lstm_probe.transfer import Later, Staged, host_arrays
 
 MAX_PENDING = 256
@@ -114,9 +115,9 @@ def write_block(
             reducer = tracer.reducer
             reduced = reducer.reduce(name, tags.phase, tags.grid, t0, hc[:layers], cs) if reducer else None
             if reduced is not None:  # its norms and drifts, not its states (drift.py)
-                writer.send("rows", name, tags, t0, PATH["stepwise"], per_col, reduced, None, None, init)
+                writer.send(Rows(name, tags, t0, PATH["stepwise"], per_col, reduced, None, None, init))
                 return
-            writer.send("rows", name, tags, t0, PATH["stepwise"], per_col, hc[:layers], cs, None, init)
+            writer.send(Rows(name, tags, t0, PATH["stepwise"], per_col, hc[:layers], cs, None, init))
             if reducer is not None:  # a loop of another phase: the sink keeps rollout rows as references
                 reducer.rollout(name, tags.phase, tags.grid, t0, hc[:layers], cs)
 
@@ -146,7 +147,7 @@ def write_block(
         init = tracer.inputs.answer(name, tags.phase, grid, 0, both[1], hc[:, :, 0], layers)
         tracer.rows += layers * len(per_col)
         cs = hc[layers:] if with_c else None
-        writer.send("rows", name, sent, 0, PATH["step"], per_col, hc[:layers], cs, None, init)
+        writer.send(Rows(name, sent, 0, PATH["step"], per_col, hc[:layers], cs, None, init))
         if tracer.reducer is not None:  # the rows the sink keeps as references, kept here too
             tracer.reducer.rollout(name, tags.phase, sent.grid, 0, hc[:layers], cs)
 

@@ -27,6 +27,7 @@ from typing import Any
 from lstm_probe.errors import BadInput, OutputError, one_line
 from lstm_probe.layout import PART_ROWS, check_output, row_capacity
 from lstm_probe.lock import OutputLock, StaleLockWarning
+from lstm_probe.messages import Message, Progress
 from lstm_probe.options import CaptureOptions
 from lstm_probe.sink import Sink
 from lstm_probe.writer_process import Child, WriterGone
@@ -208,20 +209,20 @@ class LogWriter:
         return one_line(exc, kind=not isinstance(exc, OSError))
 
     # -- writer thread ---------------------------------------------------------------------------
-    def send(self, method: str, *args: Any) -> None:
-        """Hand host arrays to the sink: ``Sink.<method>(*args)`` (inside a job: on the writer thread, or
-        on the training thread with a writer process)."""
+    def send(self, message: Message) -> None:
+        """Hand host arrays to the sink, as a declared message (``messages.py``; inside a job: on the writer
+        thread, or on the training thread with a writer process)."""
         if self.progress != self._sent_progress:
             self._sent_progress = dict(self.progress)
-            self._to_sink("progress", self._sent_progress)
-        self._to_sink(method, *args)
+            self._to_sink(Progress(self._sent_progress))
+        self._to_sink(message)
 
-    def _to_sink(self, method: str, *args: Any) -> None:
+    def _to_sink(self, message: Message) -> None:
         if self._child is not None:
-            self.wait_seconds += self._child.send((method, args), self._queue_bytes)
+            self.wait_seconds += self._child.send(message, self._queue_bytes)
         else:
             assert self.sink is not None
-            getattr(self.sink, method)(*args)
+            self.sink.take(message)
 
     def _work(self) -> None:
         # Torch ops here (stacking states, the recovery's matmuls) must not start a second team of
@@ -336,7 +337,7 @@ class LogWriter:
 
     def _finish(self, final: dict[str, Any]) -> Path:
         if self.error is None and self.progress != self._sent_progress:
-            self._run(lambda: self._to_sink("progress", dict(self.progress)))
+            self._run(lambda: self._to_sink(Progress(dict(self.progress))))
         cost = {
             **final.get("probe_cost", {}),
             "writer": self.mode,

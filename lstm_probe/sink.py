@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from lstm_probe import messages
 from lstm_probe.contract import GRID_CELLS, GRID_SEQUENCES, PATH, Grid, Tags
 from lstm_probe.drift import Reduced, References, row_norms
 from lstm_probe.recover import Cells, Scratch, lstm_cells
@@ -49,6 +50,20 @@ class Sink:
         self.reference_window = int(config["reference_window"])
         self.refs: dict[str, References] = {}
         self.scratch = Scratch()
+
+    def take(self, message: messages.Message) -> None:
+        """One message from the training process (``messages.py``): the one way data reaches the sink."""
+        kind = type(message)
+        if kind is messages.Rows:
+            m: Any = message
+            self.rows(m.name, m.tags, m.t0, m.path, m.call, m.hs, m.cs, m.t, m.init)
+        elif kind is messages.SequenceCall:
+            m = message
+            self.sequence(m.name, m.tags, m.call, m.hs, m.cells, m.initial, m.init)
+        elif kind is messages.Progress:
+            self.progress(message.values)  # type: ignore[union-attr]
+        else:
+            raise TypeError(f"the sink takes Rows, SequenceCall or Progress messages, not {kind.__name__}")
 
     def progress(self, progress: dict[str, Any]) -> None:
         self.log.progress = progress

@@ -33,6 +33,7 @@ from lstm_probe.drift import Reducer
 from lstm_probe.errors import BadInput, one_line
 from lstm_probe.inputs import Inputs, cell_parts, input_parts, joined, module_input, stacked_steps
 from lstm_probe.logwriter import LogWriter
+from lstm_probe.messages import Rows, SequenceCall
 from lstm_probe.modules import RECURRENT_TYPES, base_metadata, describe_modules
 from lstm_probe.options import CaptureOptions
 from lstm_probe.recover import gru_assemble, gru_sequence_parts, lstm_assemble, lstm_sequence_parts, snapshot_weights
@@ -475,13 +476,15 @@ class CoreTracer:
                             self.rows += layers * batch  # the sink's t = -1 rows (Sink.sequence)
                         if reducer is not None and tags.phase == "rollout":  # its c is recovered in the sink only
                             reducer.incomplete.add(name)
-                        writer.send("sequence", name, tags, call, *arrays_of(rest), first)
+                        hs_all, cells, initial = arrays_of(rest)
+                        writer.send(SequenceCall(name, tags, call, hs_all, cells, initial, first))
                     else:  # a one-step call that fits no block
                         assert returned is not None
                         hs = returned[:layers, :, None, :]
                         cs = returned[layers:, :, None, :] if returned.shape[0] > layers else None
                         path = PATH[tags.path or "step"]  # a train call of one step names its branch
-                        writer.send("rows", name, tags, 0, path, np.full(batch, call, np.int64), hs, cs, None, first)
+                        ids = np.full(batch, call, np.int64)
+                        writer.send(Rows(name, tags, 0, path, ids, hs, cs, None, first))
                         if reducer is not None:  # the rows the sink keeps as references, kept here too
                             reducer.rollout(name, tags.phase, grid, 0, hs, cs)
 

@@ -31,6 +31,7 @@ from typing import Any
 
 from lstm_probe.errors import BadInput, OutputError, one_line
 from lstm_probe.lock import lock_fds, release_file
+from lstm_probe.messages import Message
 from lstm_probe.sink import Sink
 
 _HEADER = struct.Struct("<Q")
@@ -141,7 +142,7 @@ class Child:
             raise OutputError(f"cannot start the writer process: {exc}") from None
         return child
 
-    def send(self, message: tuple[str, tuple[Any, ...]], budget: int) -> float:
+    def send(self, message: Message | tuple[str, tuple[Any, ...]], budget: int) -> float:
         """Write ``message`` into the pipe as far as it takes it without waiting; what does not fit waits
         in a backlog, written first by the next send. Waits only while the backlog holds more than
         ``budget`` bytes (the writer process is behind): returns the seconds waited."""
@@ -401,8 +402,17 @@ def serve() -> int:
                 except Exception as exc:
                     return failed(exc)
             continue
-        method, args = message
         start = time.perf_counter()
+        if not isinstance(message, tuple):  # data: a declared message (messages.py)
+            try:
+                assert sink is not None
+                sink.take(message)
+                memory.sample_now_and_then()
+            except Exception as exc:
+                return failed(exc)
+            busy += time.perf_counter() - start
+            continue
+        method, args = message  # control: open, close, fail
         try:
             if method == "open":
                 lock = dict(args[0].get("lock") or {})
@@ -421,8 +431,7 @@ def serve() -> int:
                 getattr(sink, method)(final)
                 answer("closed")
                 return 0
-            getattr(sink, method)(*args)
-            memory.sample_now_and_then()
+            raise ValueError(f"the writer process takes open, close or fail, not {method!r}")
         except Exception as exc:
             return failed(exc)
         busy += time.perf_counter() - start
