@@ -400,12 +400,22 @@ def export(
     episodes: Annotated[int, typer.Option(help="Episodes to verify on.")] = 5,
     tolerance: Annotated[float, typer.Option(help="Relative tolerance on actions, values, h and c.")] = 1e-5,
     trust_model: Annotated[bool, typer.Option("--trust-model", help=_default(_TRUST, "off"))] = False,
+    force: Annotated[bool, typer.Option("--force", help=_default("Overwrite an existing OUT.", "off"))] = default(
+        CaptureOptions, "force"
+    ),
 ) -> None:
     """Export a RecurrentPPO policy with explicit LSTM state (ONNX or TorchScript), verified before it is written."""
     from lstm_probe.integrations.sb3_export import export as run_export
 
     r = run_export(
-        model, out_path, log=log, env_id=env_id, episodes=episodes, tolerance=tolerance, trust_model=trust_model
+        model,
+        out_path,
+        log=log,
+        env_id=env_id,
+        episodes=episodes,
+        tolerance=tolerance,
+        trust_model=trust_model,
+        force=force,
     )
     for kind, rows in (("in ", r.spec.inputs()), ("out", r.spec.outputs())):
         for name, shape, dtype in rows:

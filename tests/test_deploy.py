@@ -14,10 +14,13 @@ import sys
 import gymnasium as gym
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 from sb3_contrib import RecurrentPPO
 from sb3_contrib.common.recurrent.type_aliases import RNNStates
+from stable_baselines3.common.torch_layers import FlattenExtractor
 from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
 import lstm_probe
@@ -203,6 +206,54 @@ def test_export_cli_prints_names_shapes_and_the_error(models):
     assert "max relative error: action 0.0e+00, value " in r.stdout  # a Discrete action: equal at every step
 
 
+def test_export_refuses_a_policy_that_gives_nan(models):
+    """A NaN is a divergence: a NaN error is not over the tolerance (NaN > tol is False), nor within it."""
+    d, _, _ = models
+    model = _train("Pendulum-v1", steps=0)
+    with torch.no_grad():
+        model.policy.value_net.bias.fill_(float("nan"))
+    out = d / "nan.pt"
+    with pytest.raises(BadInput, match=r"at episode 0 step 0: value \[nan\] vs \[nan\] \(a NaN, not within the") as e:
+        lstm_probe.export(model, out, env_id="Pendulum-v1", episodes=1)
+    assert "nothing was written" in str(e.value) and "\n" not in str(e.value)
+    assert not out.exists() and not list(d.glob(".nan*"))
+
+
+class _Untraceable(FlattenExtractor):
+    """A features extractor that torch.jit.trace cannot trace, failing with an empty message."""
+
+    def forward(self, observations):
+        if torch.jit.is_tracing():
+            raise ValueError()
+        return super().forward(observations)
+
+
+def test_export_refuses_an_untraceable_policy_in_one_line(models):
+    d, _, _ = models
+    model = _train("Pendulum-v1", steps=0, features_extractor_class=_Untraceable)
+    with pytest.raises(BadInput, match=r"^torch\.jit\.trace could not trace this policy: ValueError$"):
+        lstm_probe.export(model, d / "untraceable.pt", env_id="Pendulum-v1", episodes=1)
+    assert not (d / "untraceable.pt").exists()
+
+
+def test_export_refuses_an_existing_out_unless_forced(models):
+    d, trained, log = models
+    out = d / "existing.pt"
+    out.write_bytes(b"the user's file")
+    zip_path = trained["no critic LSTM"][1]
+    line = one_line_error(cli("export", zip_path, out, "--log", log, "--episodes", "1"), "already exists", "--force")
+    assert out.read_bytes() == b"the user's file", line
+    with pytest.raises(BadInput, match="already exists; pass --force"):
+        lstm_probe.export(zip_path, out, log=log, episodes=1)
+    r = cli("export", zip_path, out, "--log", log, "--episodes", "1", "--force")
+    assert r.returncode == 0, r.stderr
+    extra = {"lstm_probe.deploy.json": ""}
+    torch.jit.load(str(out), _extra_files=extra)  # the exported policy replaced the user's file
+    assert json.loads(extra["lstm_probe.deploy.json"])["variant"] == "no critic LSTM"
+    r2 = lstm_probe.export(zip_path, out, log=log, episodes=1, force=True)
+    assert r2.path == out and out.is_file()
+
+
 # -- replay ---------------------------------------------------------------------------------------------
 BUGS = {  # the planted loop: the verdict replay must give
     "correct": "correct",
@@ -305,4 +356,86 @@ def test_replay_cli_reads_csv_and_refuses_unsafe_files(normalised):
     one_line_error(
         cli("replay", d / "swapped.csv", "--policy", d / "vn.onnx", "--vecnormalize", d / "vn.pkl"), "pickle"
     )
-    copy.deepcopy(model)  # the user's model is untouched and still copyable
+
+
+def test_a_nan_in_the_recording_is_a_divergence(normalised):
+    d, model, venv, _ = normalised
+    df = _record("correct", model, venv)
+    df.at[30, "action"] = [float("nan")]
+    df.to_parquet(d / "null.parquet")  # pandas writes a NaN in a list as a null: refused
+    one_line_error(cli("replay", d / "null.parquet", "--policy", d / "vn.onnx"), "action has nulls")
+    pq.write_table(pa.table({c: pa.array(df[c].tolist()) for c in df.columns}), d / "nan.parquet")  # NaN kept
+    r = lstm_probe.replay(d / "nan.parquet", d / "vn.onnx", vecnormalize=d / "vn.npz")
+    assert r.verdict != "correct" and r.parted == (0, 30), (r.verdict, r.parted)
+    correct = r.loops[0]
+    assert correct.name == "correct" and correct.agree == correct.steps - 1 == 119
+
+
+def test_replay_refuses_repeated_and_missing_steps(normalised):
+    """Each env's steps, sorted, must run one by one: a repeated or missing step would be replayed as the next
+    one, the state carried to the wrong observation."""
+    d, model, venv, _ = normalised
+    df = _record("correct", model, venv, episodes=2, steps=10)
+    pd.concat([df, df.iloc[[4]]]).to_parquet(d / "repeated.parquet")
+    line = one_line_error(cli("replay", d / "repeated.parquet", "--policy", d / "vn.onnx"), "env 0 step 4")
+    assert "more than one row" in line
+    per_episode = df.assign(step=df.step % 10)  # steps counted from 0 in each episode: each step twice
+    per_episode.to_parquet(d / "per-episode.parquet")
+    with pytest.raises(BadInput, match="env 0 step 0 is in more than one row"):
+        lstm_probe.replay(d / "per-episode.parquet", d / "vn.onnx")
+    df.drop(index=[4, 5]).to_parquet(d / "gap.parquet")
+    with pytest.raises(BadInput, match=r"env 0 goes from step 3 to step 6 \(steps 4\.\.5 are missing\)"):
+        lstm_probe.replay(d / "gap.parquet", d / "vn.onnx")
+    two = pd.concat([df, df.assign(env=1).drop(index=[12])])
+    two.to_parquet(d / "gap-env1.parquet")
+    with pytest.raises(BadInput, match=r"env 1 goes from step 11 to step 13 \(step 12 is missing\)"):
+        lstm_probe.replay(d / "gap-env1.parquet", d / "vn.onnx")
+
+
+def test_replay_reads_within_the_memory_budget(normalised):
+    """A small Parquet file that decodes huge (constant columns compress to almost nothing) is refused from
+    its footer, before a row is read."""
+    d = normalised[0]
+    n, width = 20_000, 100
+    zeros = pa.FixedSizeListArray.from_arrays(pa.array(np.zeros(n * width)), width)
+    table = pa.table({"env": np.zeros(n, np.int64), "step": np.zeros(n, np.int64), "obs": zeros})
+    table = table.append_column("action", pa.array(np.zeros(n))).append_column("episode_start", pa.array([0] * n))
+    pq.write_table(table, d / "huge.parquet")
+    assert (d / "huge.parquet").stat().st_size < 64 << 10  # 16 MB of obs once decoded
+    r = cli("--max-memory", "4M", "replay", d / "huge.parquet", "--policy", d / "vn.onnx")
+    one_line_error(r, "huge.parquet", "over the 4 MiB memory budget", "--max-memory")
+
+
+def test_export_and_replay_leave_the_users_model_as_it_was(normalised):
+    """Both work on a private copy: the user's parameters, hooks, modes and gradients are as they were."""
+    d, model, venv, _ = normalised
+    _record("correct", model, venv, episodes=1, steps=20).to_parquet(d / "untouched.parquet")
+    policy = model.policy
+    before = {k: v.clone() for k, v in policy.state_dict().items()}
+    calls = []
+    handle = policy.lstm_actor.register_forward_hook(lambda *_: calls.append(1))
+    hooks, training = _hooks(policy), policy.training
+    grads = [p.requires_grad for p in policy.parameters()]
+    grad_values = [None if p.grad is None else p.grad.clone() for p in policy.parameters()]
+    try:
+        lstm_probe.export(model, d / "untouched.pt", env_id="Pendulum-v1", episodes=1)
+        r = lstm_probe.replay(d / "untouched.parquet", model, vecnormalize=d / "vn.npz")
+        assert _hooks(policy) == hooks  # the user's hook still there, and no other added
+    finally:
+        handle.remove()
+    assert r.verdict == "correct" and calls == []  # the hook never ran: export and replay ran copies
+    after = policy.state_dict()
+    assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
+    assert policy.training == training and [p.requires_grad for p in policy.parameters()] == grads
+    assert all(_same(p.grad, g) for p, g in zip(policy.parameters(), grad_values, strict=True))
+    copy.deepcopy(model)  # still copyable
+
+
+def _hooks(module):
+    """Every hook on ``module`` and its submodules, by module name."""
+    kinds = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+    return {name: [dict(getattr(m, k)) for k in kinds] for name, m in module.named_modules()}
+
+
+def _same(a, b):
+    return (a is None and b is None) or (a is not None and b is not None and torch.equal(a, b))

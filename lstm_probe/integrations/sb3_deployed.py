@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from lstm_probe.errors import BadInput
+from lstm_probe.errors import BadInput, one_line
 
 META_KEY = "lstm_probe.deploy"
 """The metadata key (ONNX ``metadata_props``; TorchScript extra file ``lstm_probe.deploy.json``)."""
@@ -246,7 +246,7 @@ def load_file(path: Path) -> tuple[Spec, Step, bool]:
             meta = {p.key: p.value for p in proto.metadata_props}
             session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
         except Exception as exc:
-            raise BadInput(f"cannot read {path} as an ONNX file: {str(exc).splitlines()[0][:200]}") from None
+            raise BadInput(f"cannot read {path} as an ONNX file: {one_line(exc, kind=False)[:200]}") from None
         if META_KEY not in meta:
             raise BadInput(f"{path} was not exported by lstm-probe (no {META_KEY} metadata); export it again")
         spec = Spec.from_json(meta[META_KEY], str(path))
@@ -255,7 +255,7 @@ def load_file(path: Path) -> tuple[Spec, Step, bool]:
     try:
         module = torch.jit.load(str(path), map_location="cpu", _extra_files=extra)
     except Exception as exc:
-        raise BadInput(f"cannot read {path} as a TorchScript file: {str(exc).splitlines()[0][:200]}") from None
+        raise BadInput(f"cannot read {path} as a TorchScript file: {one_line(exc, kind=False)[:200]}") from None
     if not extra[f"{META_KEY}.json"]:
         raise BadInput(f"{path} was not exported by lstm-probe (no {META_KEY}.json); export it again")
     return Spec.from_json(extra[f"{META_KEY}.json"], str(path)), torch_step(module.eval()), True

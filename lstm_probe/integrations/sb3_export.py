@@ -8,8 +8,9 @@ Verification: the file, as written to a temporary name beside ``out`` and read b
 over recorded episodes back to back (episode_start 1 at each first step): the observations of a
 ``--capture-obs`` log, or fresh episodes of an env driven by the PyTorch policy's actions. At every step the
 action, the value and each state must agree within ``tolerance``, relative to the PyTorch output's scale
-(:func:`compare`; discrete actions exactly). The first step that does not is refused
-in one line, and nothing is written; a verified file is renamed to ``out``.
+(:func:`compare`; discrete actions exactly). The first step that does not (a NaN
+included) is refused in one line, and nothing is written; a verified file is renamed to ``out`` (an existing
+``out`` only with ``force``).
 
 ONNX: ``torch.onnx.export``'s default exporter (``dynamo=True``, opset 18) with a dynamic batch axis and
 the weights inside the file. TorchScript: ``torch.jit.trace`` of the same module.
@@ -28,8 +29,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from lstm_probe.errors import BadInput
+from lstm_probe.errors import BadInput, one_line
 from lstm_probe.integrations.sb3_deployed import META_KEY, Deployed, Spec, State, Step, deployed, load_file
+from lstm_probe.options import CaptureOptions, default
 
 TOLERANCE = 1e-5
 """Default relative tolerance (float32 runtimes agree to ~1e-7 on these networks)."""
@@ -80,17 +82,22 @@ def export(
     tolerance: float = TOLERANCE,
     trust_model: bool = False,
     env_seed: int = 0,
+    force: bool = default(CaptureOptions, "force"),
 ) -> Exported:
     """Export ``model`` (a RecurrentPPO, or the path of its model.zip, read as ``lstm-probe arch`` reads it:
     nothing unpickled unless ``trust_model``) to ``out`` (``.onnx`` or ``.pt``), verified over ``episodes``
-    episodes of ``log`` (a ``--capture-obs`` log) or of ``env_id`` (seeded ``env_seed``, ``env_seed + 1``, ...). See the
-    module docstring."""
+    episodes of ``log`` (a ``--capture-obs`` log) or of ``env_id`` (seeded ``env_seed``, ``env_seed + 1``, ...). An
+    existing ``out`` is refused unless ``force``. See the module docstring."""
     out = Path(out)
     fmt = {".onnx": "onnx", ".pt": "torchscript"}.get(out.suffix)
     if fmt is None:
         raise BadInput(f"{out}: name the output OUT.onnx (ONNX) or OUT.pt (TorchScript)")
     if not out.parent.is_dir():
         raise BadInput(f"{out}: its directory {out.parent} does not exist; create it first")
+    if out.is_dir():
+        raise BadInput(f"{out} is a directory; name the file to write, e.g. {out / ('policy' + out.suffix)}")
+    if out.exists() and not force:
+        raise BadInput(f"{out} already exists; pass --force (force=True) to overwrite it, or choose another OUT")
     if (log is None) == (env_id is None):
         raise BadInput(
             "export verifies on recorded episodes: pass --log LOG (a run with --capture-obs) or --env ENV_ID"
@@ -173,7 +180,7 @@ def _write_onnx(module: Deployed, path: Path, source: str) -> str:
             verbose=False,
         )
     except Exception as exc:
-        raise BadInput(f"torch.onnx.export could not export this policy: {str(exc).splitlines()[0][:300]}") from None
+        raise BadInput(f"torch.onnx.export could not export this policy: {one_line(exc, kind=False)[:300]}") from None
     assert program is not None
     proto = program.model_proto
     entry = proto.metadata_props.add()
@@ -184,7 +191,10 @@ def _write_onnx(module: Deployed, path: Path, source: str) -> str:
 
 def _write_torchscript(module: Deployed, path: Path, source: str) -> str:
     exporter = f"torch.jit.trace (torch {torch.__version__})"
-    traced = torch.jit.trace(module, module.example(), check_trace=False)
+    try:
+        traced = torch.jit.trace(module, module.example(), check_trace=False)
+    except Exception as exc:
+        raise BadInput(f"torch.jit.trace could not trace this policy: {one_line(exc, kind=False)[:300]}") from None
     torch.jit.save(traced, str(path), _extra_files={f"{META_KEY}.json": _meta(module.spec, source, exporter)})
     return exporter
 
@@ -236,18 +246,21 @@ def compare(
         if spec.action == "discrete" and name == "action":
             errors[name] = (x != y).any(axis=1).astype(np.float64)
         else:
-            scale = float(np.abs(y).max(initial=0.0)) or 1.0
-            errors[name] = np.abs(x - y).max(axis=1) / scale
-    over = [(int(np.argmax(e > tolerance)), name) for name, e in errors.items() if (e > tolerance).any()]
+            scale = float(np.abs(y[np.isfinite(y)]).max(initial=0.0)) or 1.0
+            errors[name] = np.abs(x - y).max(axis=1) / scale  # NaN where either is NaN
+    # a NaN error is a divergence: ~(e <= tolerance), not e > tolerance, which NaN passes
+    over = [(int(np.argmax(~(e <= tolerance))), name) for name, e in errors.items() if (~(e <= tolerance)).any()]
     if over:
         i, name = min(over)
         k = names.index(name)
         episode = int(starts[: i + 1].sum()) - 1
         t = i - int(np.flatnonzero(starts[: i + 1])[-1])
+        err = float(errors[name][i])
+        how = "a NaN, not within" if np.isnan(err) else f"{err:.2e} relative, over"
         raise BadInput(
             f"the exported {what} file parts from the PyTorch policy at episode {episode} step {t}: {name} "
-            f"{got[k][i][:3].tolist()} vs {want[k][i][:3].tolist()} ({errors[name][i]:.2e} relative, over the "
-            f"tolerance {tolerance:g}); nothing was written"
+            f"{got[k][i][:3].tolist()} vs {want[k][i][:3].tolist()} ({how} the tolerance {tolerance:g}); "
+            "nothing was written"
         )
     return {name: float(e.max(initial=0.0)) for name, e in errors.items()}
 
