@@ -22,8 +22,15 @@ How a call is re-run (the semantics of torchrl's rnn.py ``LSTMModule.forward``):
 Provenance (the Grid) comes from the TensorDict: env = the collection batch index, ``step_count`` (TorchRL's
 ``StepCounter``) = the episode step, ``("collector", "traj_ids")`` (the collectors' default) links a
 loss-time sample to the env column and episode it was collected in. The env step is the probe's own
-per-env count of collection calls. The episode starts are ``step_count == 0`` where it is present (the
-truth, whatever ``is_init`` says), else ``is_init``.
+per-env count of collection calls (a collector's ``rollout``); other sequential calls (an evaluation
+``env.rollout(policy)``, the call a collector makes while it is built) are counted apart, per phase and
+batch size, and never move the collection's counts. The episode starts are ``step_count == 0`` where it
+is present (the truth, whatever ``is_init`` says), else ``is_init``.
+
+Host copies: one per call (``_host``: is_init, step_count and the trajectory ids concatenated, one
+``.cpu()``): the Grid is numpy and the core reads it while the shadow runs, so the values are needed at
+once. A recurrent-mode call's indices are built on the device from ``is_init`` (``pieces_on_device``),
+the pieces sorted longest first so that packing copies nothing and leaves no permutation to undo.
 """
 
 from __future__ import annotations
@@ -58,16 +65,27 @@ _HELPERS = ("torchrl.modules", "torchrl.envs", "torchrl.objectives.utils", "torc
 
 def _phase(recurrent: bool) -> str:
     """The phase of a call, from the innermost torchrl collector / value estimator / loss frame on the
-    stack (the module name of each frame's globals: a dict lookup a frame, no source read)."""
+    stack (the module name of each frame's globals: a dict lookup a frame, no source read). A collector's
+    call is collection ("rollout") only inside its ``rollout`` method: the call a collector makes while it
+    is built (``_maybe_make_final_rollout``, which runs the policy once to learn its output keys) is "other"."""
     frame = sys._getframe(2)
     while frame is not None:
         mod = frame.f_globals.get("__name__", "")
         if mod.startswith("torchrl.") and not mod.startswith(_HELPERS):
             for prefix, phase in _PHASE_OF_PACKAGE:
                 if mod.startswith(prefix):
-                    return phase
+                    return phase if phase != "rollout" or _in_rollout(frame) else "other"
         frame = frame.f_back  # type: ignore[assignment]
     return "train" if recurrent else "other"
+
+
+def _in_rollout(frame: Any) -> bool:
+    """Whether a collector frame here or further out is a collector's ``rollout`` (a collection step)."""
+    while frame is not None:
+        if frame.f_code.co_name == "rollout" and frame.f_globals.get("__name__", "").startswith("torchrl.collectors"):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def find_modules(model: nn.Module | Iterable[nn.Module], names: list[str] | None = None) -> dict[str, nn.Module]:
@@ -125,17 +143,16 @@ def _rnn(m: nn.Module) -> nn.Module:
     return inner
 
 
-class _Envs:
-    """One module's collection-time provenance: per env column its step count, episode and episode step,
-    and per collector trajectory id the env column, episode and the env step of the episode's step 0."""
+class _Counts:
+    """Per env column of one kind of sequential call: its step count, episode and episode step."""
 
     def __init__(self) -> None:
         self.env_step = np.zeros(0, np.int64)
         self.episode = np.full(0, -1, np.int64)
         self.episode_step = np.zeros(0, np.int64)
-        self.traj = np.full((0, 3), -1, np.int64)  # traj id -> (env, episode, env step of episode step 0)
 
-    def collect(self, start: np.ndarray, step_count: np.ndarray | None, traj: np.ndarray | None) -> Grid:
+    def step(self, start: np.ndarray, step_count: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(env step, episode, episode step) of each column of one call, and the counts advanced."""
         n = len(start)
         if n > len(self.env_step):
             extra = n - len(self.env_step)
@@ -149,14 +166,34 @@ class _Envs:
         self.episode_step[:n] = ep_step
         env_step = self.env_step[:n].copy()
         self.env_step[:n] += 1
-        if traj is not None and len(traj) and traj.min() >= 0:
+        return env_step, self.episode[:n].copy(), ep_step
+
+
+class _Envs:
+    """One module's provenance of sequential calls: counts per (phase, batch size), so that only the
+    collector's own calls advance the collection's env steps and episodes (an evaluation
+    ``env.rollout(policy)``, phase "other", or a batch of another size counts apart), and per collector
+    trajectory id the env column, episode and the env step of the episode's step 0 (collection only)."""
+
+    def __init__(self) -> None:
+        self.counts: dict[tuple[str, int], _Counts] = {}
+        # traj id -> (env, episode, env step of episode step 0); -1: not collected under the probe
+        self.traj = np.full((1, 3), -1, np.int64)
+
+    def collect(self, phase: str, start: np.ndarray, step_count: np.ndarray | None, traj: np.ndarray | None) -> Grid:
+        n = len(start)
+        counts = self.counts.get((phase, n))
+        if counts is None:
+            counts = self.counts[(phase, n)] = _Counts()
+        env_step, episode, ep_step = counts.step(start, step_count)
+        if phase == "rollout" and traj is not None and len(traj) and traj.min() >= 0:
             top = int(traj.max()) + 1
             if top > len(self.traj):
                 self.traj = np.r_[self.traj, np.full((max(top, 2 * len(self.traj)) - len(self.traj), 3), -1, np.int64)]
             self.traj[traj, 0] = np.arange(n)
-            self.traj[traj, 1] = self.episode[:n]
+            self.traj[traj, 1] = episode
             self.traj[traj, 2] = env_step - ep_step
-        return Grid.one_step(np.arange(n), env_step, self.episode[:n].copy(), ep_step, start)
+        return Grid.one_step(np.arange(n), env_step, episode, ep_step, start)
 
     def lookup(self, traj: np.ndarray | None, step_count: np.ndarray | None) -> tuple[np.ndarray, ...] | None:
         """(env, episode, env step) of loss-time samples, from their trajectory ids and step counts."""
@@ -171,9 +208,58 @@ class _Envs:
         return env, episode, env_step
 
 
-def _host(t: torch.Tensor | None, n: int) -> np.ndarray | None:
-    # provenance to the host: one small integer copy per call (the Grid is numpy); on a GPU a sync per call
-    return None if t is None else t.detach().reshape(n).cpu().numpy()
+def _host(tensors: list[torch.Tensor | None], n: int) -> list[np.ndarray | None]:
+    """Small integer tensors of ``n`` values each (is_init, step_count, traj ids) on the host as int64, in
+    one copy per device: concatenated where they are, then one ``.cpu()`` (on a GPU the one sync of the
+    call: the Grid, numpy, is built before the shadow runs, so the values are needed at once; on the CPU
+    no copy at all)."""
+    out: list[np.ndarray | None] = [None] * len(tensors)
+    devices: dict[torch.device, list[int]] = {}
+    for i, t in enumerate(tensors):
+        if t is not None:
+            devices.setdefault(t.device, []).append(i)
+    for idx in devices.values():
+        flat = torch.cat([tensors[i].detach().reshape(n).to(torch.int64) for i in idx])  # type: ignore[union-attr]
+        host = flat.cpu().numpy()
+        for k, i in enumerate(idx):
+            out[i] = host[k * n : (k + 1) * n]
+    return out
+
+
+def pieces(init: np.ndarray, rows: int, steps: int) -> tuple[np.ndarray, np.ndarray]:
+    """A recurrent-mode call's pieces on the host: ``init`` (rows * steps,) is_init, each row split where
+    it is set after the row's first step. Returns each piece's flat index of its first sample and its
+    length, longest first (ties in batch order: a PackedSequence needs them sorted, and sorting here
+    leaves the shadow's packed call no permutation for the core to undo)."""
+    cut = init.reshape(rows, steps).astype(bool)
+    cut[:, 0] = True
+    first = np.flatnonzero(cut)
+    row_end = (first // steps + 1) * steps
+    lengths = np.minimum(np.r_[first[1:], rows * steps], row_end) - first
+    order = np.argsort(-lengths, kind="stable")
+    return first[order], lengths[order]
+
+
+def pieces_on_device(
+    is_init: torch.Tensor, rows: int, steps: int, count: int, longest: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`pieces` computed where ``is_init`` is, with torch ops that never wait for the device (the
+    piece count and the longest length, from the host copy, fix the shapes): each piece's first flat
+    index (count,) and the (count, longest) flat indices of its samples, the padding repeating the
+    first. The same pieces in the same order as :func:`pieces`."""
+    dev = is_init.device
+    n = rows * steps
+    cut = is_init.detach().reshape(rows, steps).to(torch.bool).clone()
+    cut[:, 0] = True
+    piece = cut.reshape(n).cumsum(0) - 1
+    pos = torch.arange(n, device=dev)
+    first = torch.full((count,), n, dtype=torch.int64, device=dev).scatter_reduce_(0, piece, pos, "amin")
+    lengths = torch.zeros(count, dtype=torch.int64, device=dev).scatter_add_(0, piece, torch.ones_like(pos))
+    order = torch.sort(lengths, descending=True, stable=True).indices
+    first, lengths = first[order], lengths[order]
+    t = torch.arange(longest, device=dev)
+    at = torch.where(t[None, :] < lengths[:, None], first[:, None] + t[None, :], first[:, None])
+    return first, at
 
 
 class TorchRLProbe:
@@ -331,13 +417,12 @@ class TorchRLProbe:
         feat = int(x.shape[-1])
         if not recurrent:  # sequential mode: rnn.py LSTMModule.forward, td.reshape(-1).unsqueeze(-1)
             n = td.numel()
-            init = _host(is_init, n)
-            assert init is not None
-            sc = _host(step_count, n)
-            start = (sc == 0) if sc is not None else init.astype(bool)
             phase = _phase(False)
+            init, sc, tr = _host([is_init, step_count, traj if phase == "rollout" else None], n)
+            assert init is not None
+            start = (sc == 0) if sc is not None else init.astype(bool)
             tags = self._tags(phase)
-            tags.grid = envs.collect(start.astype(bool), sc, _host(traj, n) if phase == "rollout" else None)
+            tags.grid = envs.collect(phase, start.astype(bool), sc, tr)
             zero = is_init.reshape(n, 1, 1).bool()
             states = [
                 torch.zeros(layers, n, hidden, dtype=x.dtype, device=x.device)
@@ -350,33 +435,31 @@ class TorchRLProbe:
                 warnings.simplefilter("ignore", UserWarning)
                 rnn(x.reshape(n, 1, feat), tuple(states) if is_lstm else states[0])
             return
-        # recurrent mode: (B, T) rows, split where is_init is set after the first step
+        # recurrent mode: (B, T) rows, split where is_init is set after the first step; the pieces longest
+        # first (the provenance on the host, the indices on the device: the same pieces, see pieces())
         steps = int(td.shape[-1]) if td.ndim else 1
         n = td.numel()
         rows = n // steps
-        init = _host(is_init, n)
+        phase = _phase(True)
+        tags = self._tags(phase)
+        init, sc, tr = _host([is_init, step_count, traj], n)
         assert init is not None
-        cut = init.reshape(rows, steps).astype(bool).copy()
-        cut[:, 0] = True
-        first = np.flatnonzero(cut)  # flat index of each piece's first sample
-        row_end = (first // steps + 1) * steps
-        lengths = np.minimum(np.r_[first[1:], n], row_end) - first
-        longest = int(lengths.max())
-        grid_at = first[:, None] + np.arange(longest)[None, :]
-        valid = np.arange(longest)[None, :] < lengths[:, None]
-        at = np.where(valid, grid_at, first[:, None])
-        index = torch.as_tensor(at, device=x.device)
-        xs = x.reshape(n, feat)[index]  # (S, T', F): pack_padded_sequence skips the padding
+        first, lengths = pieces(init, rows, steps)
+        longest = int(lengths[0])
+        at = np.where(
+            np.arange(longest)[None, :] < lengths[:, None], first[:, None] + np.arange(longest), first[:, None]
+        )
+        first_d, at_d = pieces_on_device(
+            is_init if is_init.device == x.device else is_init.to(x.device), rows, steps, len(first), longest
+        )
+        xs = x.reshape(n, feat)[at_d]  # (S, T', F): pack_padded_sequence skips the padding
         states = [
             torch.zeros(layers, len(first), hidden, dtype=x.dtype, device=x.device)
             if s is None
-            else s.reshape(n, layers, hidden)[torch.as_tensor(first, device=x.device)].transpose(0, 1).contiguous()
+            else s.reshape(n, layers, hidden)[first_d].transpose(0, 1).contiguous()
             for s in ((h, c) if is_lstm else (h,))
         ]
-        phase = _phase(True)
-        tags = self._tags(phase)
-        sc = _host(step_count, n)
-        found = envs.lookup(_host(traj, n), sc)
+        found = envs.lookup(tr, sc)
         ep_start = (sc == 0) if sc is not None else init.astype(bool)
         columns: dict[str, np.ndarray | None] = {
             "episode_start": ep_start[at],
@@ -395,7 +478,8 @@ class TorchRLProbe:
         grid.seq_reason = np.array([SEQ_REASON[r] for r in reason.tolist()], COLUMN["seq_reason"].dtype)
         tags.grid = grid
         self._current[name] = tags
-        packed = nn.utils.rnn.pack_padded_sequence(xs, torch.as_tensor(lengths), batch_first=True, enforce_sorted=False)
+        # sorted already, lengths on the host: packing makes no device-to-host or host-to-device copy
+        packed = nn.utils.rnn.pack_padded_sequence(xs, torch.from_numpy(lengths), batch_first=True)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             rnn(packed, tuple(states) if is_lstm else states[0])
