@@ -118,8 +118,6 @@ def write_block(
                 writer.send(Rows(name, tags, t0, PATH["stepwise"], per_col, reduced, None, None, init))
                 return
             writer.send(Rows(name, tags, t0, PATH["stepwise"], per_col, hc[:layers], cs, None, init))
-            if reducer is not None:  # a loop of another phase: the sink keeps rollout rows as references
-                reducer.rollout(name, tags.phase, tags.grid, t0, hc[:layers], cs)
 
         return Later(staged, finish_loop)
     states = block.sides()  # (2, R, n * N, H): the returned states, then the input states
@@ -148,8 +146,6 @@ def write_block(
         tracer.rows += layers * len(per_col)
         cs = hc[layers:] if with_c else None
         writer.send(Rows(name, sent, 0, PATH["step"], per_col, hc[:layers], cs, None, init))
-        if tracer.reducer is not None:  # the rows the sink keeps as references, kept here too
-            tracer.reducer.rollout(name, tags.phase, sent.grid, 0, hc[:layers], cs)
 
     return Later(staged, finish)
 

@@ -11,6 +11,7 @@ functions on the same arrays: the figures are the same, bit for bit. Never impor
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -131,38 +132,23 @@ class Reduced:
     drift: tuple[np.ndarray, np.ndarray, np.ndarray] | None
 
 
+RolloutRing = Callable[[str], "tuple[np.ndarray, np.ndarray, int, int] | None"]
+"""A module's rollout states as the probe holds them (``Inputs.rollout_ring``): a (envs * window, R * H) table
+(h of every layer, then c), the env step each slot holds (-1: none), the window and the env count; None
+where it holds none."""
+
+
 class Reducer:
-    """The tracer's half (see the module docstring): a copy of the sink's rollout references per module, fed
-    the same rollout rows in the same order (the tracer's writer jobs run in call order, as the sink's
-    messages do), and the reduction of a block against them. A module one of whose rollout calls had
-    several steps (its per-step c is recovered in the sink only) is never reduced again: its blocks go to
+    """The tracer's half (see the module docstring): the reduction of a train block against the rollout
+    states the probe already holds for the `init` columns (``Inputs``: the one store of rollout states in
+    the training process, read through ``ring``), fed in the same order as the sink's references (the
+    tracer's writer jobs run in call order, as the sink's messages do). A module one of whose rollout calls
+    had several steps (its per-step c is recovered in the sink only) is never reduced again: its blocks go to
     the sink whole, whose references are complete."""
 
-    def __init__(self, window: int, hidden: int):
-        self.window, self.hidden = window, hidden
-        self.refs: dict[str, References] = {}
+    def __init__(self, window: int, hidden: int, ring: RolloutRing):
+        self.window, self.hidden, self.ring = window, hidden, ring
         self.incomplete: set[str] = set()
-
-    def _refs(self, name: str, layers: int) -> References:
-        ref = self.refs.get(name)
-        if ref is None:
-            ref = self.refs[name] = References(self.window, layers, self.hidden)
-        return ref
-
-    def rollout(
-        self, name: str, phase: str | None, grid: Grid | None, t0: int, hs: np.ndarray, cs: np.ndarray | None
-    ) -> None:
-        """Rollout rows handed to the sink whole, hs/cs (L, N, T', H): kept as the sink keeps them
-        (``Sink._drift``)."""
-        if phase != "rollout" or not self.window or name in self.incomplete:
-            return
-        layers, batch, steps = hs.shape[:3]
-        keys = grid_keys(grid, t0, steps, layers, batch)
-        if keys is None:
-            return
-        h = hs.reshape(-1, self.hidden)
-        c = cs.reshape(-1, self.hidden) if cs is not None else np.zeros_like(h)
-        self._refs(name, layers).store(*keys, h, c)
 
     def reduce(
         self, name: str, phase: str | None, grid: Grid | None, t0: int, hs: np.ndarray, cs: np.ndarray | None
@@ -178,5 +164,38 @@ class Reducer:
         if self.window:
             keys = grid_keys(grid, t0, steps, layers, batch)
             if keys is not None:
-                drift = self._refs(name, layers).drift(*keys, h, c if c is not None else np.zeros_like(h))
+                drift = self._drift(name, layers, *keys, h, c)
         return Reduced((layers, batch, steps), row_norms(h), row_norms(c) if c is not None else None, drift)
+
+    def _drift(
+        self,
+        name: str,
+        layers: int,
+        layer: np.ndarray,
+        env: np.ndarray,
+        step: np.ndarray,
+        h: np.ndarray,
+        c: np.ndarray | None,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Each row's drift against the rollout state of its (layer, env, env step), as
+        ``References.drift`` computes it (a GRU's c: 0 against 0)."""
+        n = len(env)
+        dh, dc, found = np.zeros(n, np.float32), np.zeros(n, np.float32), np.zeros(n, np.bool_)
+        held = self.ring(name)
+        if held is None:
+            return dh, dc, found
+        flat, slots, window, envs = held
+        table = flat.reshape(len(flat), -1, self.hidden)  # (envs * window, R, H)
+        idx = np.flatnonzero((env >= 0) & (step >= 0) & (env < envs))
+        rows = env[idx] * window + step[idx] % window
+        match = slots.take(rows) == step[idx]
+        idx, rows = idx[match], rows[match]
+        if len(idx) == 0:
+            return dh, dc, found
+        found[idx] = True
+        whole = len(idx) == n
+        lay = layer[idx]
+        dh[idx] = relative_l2(h if whole else h[idx], table[rows, lay])
+        if c is not None and table.shape[1] > layers:
+            dc[idx] = relative_l2(c if whole else c[idx], table[rows, layers + lay])
+        return dh, dc, found

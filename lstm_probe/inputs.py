@@ -146,6 +146,15 @@ class Inputs:
                 store.zero_in[slots] = zero[ok]
         return decode(flags, start, self.stored_states), norms
 
+    def rollout_ring(self, name: str) -> tuple[np.ndarray, np.ndarray, int, int] | None:
+        """Module ``name``'s rollout states of the last ``window`` env steps of each env column (``drift.Reducer``
+        reads them: the one store of rollout states in the training process): the (envs * window, R * H)
+        table, the env step each slot holds (-1: none), the window and the env count; None: none held."""
+        store = self.stores.get((name, "rollout"))
+        if store is None or not store.window or not store.envs:
+            return None
+        return store.ring, store.steps, store.window, store.envs
+
     @staticmethod
     def _other_env(
         store: _Store, xs: np.ndarray, env: np.ndarray, rest: np.ndarray, outs: np.ndarray | None

@@ -144,7 +144,7 @@ class CoreTracer:
         self.started = time.monotonic()
         o = self.options
         self.rows = 0  # each log its own (a generic tracer may start again)
-        self.reducer = Reducer(o.reference_window, self.hidden) if self._reduce else None
+        self.reducer = Reducer(o.reference_window, self.hidden, self.inputs.rollout_ring) if self._reduce else None
         self.writer = LogWriter(o, self.hidden, self.names, self.metadata, CODES, shard=self.shard)
         try:
             for name, m in self.modules.items():
@@ -485,8 +485,6 @@ class CoreTracer:
                         path = PATH[tags.path or "step"]  # a train call of one step names its branch
                         ids = np.full(batch, call, np.int64)
                         writer.send(Rows(name, tags, 0, path, ids, hs, cs, None, first))
-                        if reducer is not None:  # the rows the sink keeps as references, kept here too
-                            reducer.rollout(name, tags.phase, grid, 0, hs, cs)
 
                 return Later(staged, finish)
 
