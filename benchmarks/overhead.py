@@ -60,7 +60,7 @@ if cfg["capture"] != "none":  # unprobed runs never import lstm-probe: their RSS
     cb = ProbeCallback(cfg["out"], capture=cfg["capture"].replace("-f16", ""), float16=cfg["capture"].endswith("-f16"),
                        force=True, writer=cfg["writer"], what_if=cfg.get("what_if", False),
                        memory=cfg.get("memory", False), capture_obs=cfg.get("memory", False),
-                       trace_envs=cfg.get("trace_envs"), other_envs=cfg.get("other_envs") or "summary")
+                       **{k: cfg[k] for k in ("trace_envs", "other_envs") if cfg.get(k)})  # (an older checkout lacks them)
 def children_cpu():  # CPU of reaped child processes: the writer process, once the probe closed the log
     r = resource.getrusage(resource.RUSAGE_CHILDREN)
     return r.ru_utime + r.ru_stime
