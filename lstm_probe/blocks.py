@@ -13,7 +13,7 @@ from torch import nn
 
 from lstm_probe.contract import PATH, Grid, Tags
 from lstm_probe.messages import Rows
-from lstm_probe.transfer import Later, Staged, host_arrays
+from lstm_probe.transfer import Later, Staged
 
 MAX_PENDING = 256
 """One-step calls kept before they are written as one block (bounds the memory they hold)."""
@@ -26,11 +26,6 @@ if TYPE_CHECKING:
 BLOCK_BYTES = 64 << 20
 """The most a block's buffer of one-step calls holds on the device (states and input states) before it is
 handed over: bounds the memory of wide runs (a 1,024-env, hidden-256 LSTM step is 4 MB of them)."""
-
-
-def host(t: torch.Tensor) -> np.ndarray:
-    """A detached tensor as a float32 numpy array, in one copy (``transfer.host_arrays``)."""
-    return host_arrays(t)[0]
 
 
 def tensor_bytes(*tensors: torch.Tensor | None) -> int:
