@@ -318,3 +318,16 @@ def test_stepwise_loops_recorded_whole_are_invisible(tmp_path):
     info = lstm_probe.read_info(tmp_path / "p.parquet")
     assert info.metadata["minibatch_paths"]["stepwise"]["minibatches"] > 0
     assert info.metadata["probe_cost"]["calls"] == sum(len(c) for c in calls_a.values())
+
+
+def test_other_envs_none_is_invisible_too(tmp_path):
+    """--other-envs none selects columns where the states are (index_select on copies): training, the user's
+    hook and the RNGs as without a probe; rows for env 0 only (and its sequences' padding)."""
+    a, calls_a, rng_a = train(False, {}, 2)
+    b, calls_b, rng_b = train(True, {}, 2, tmp_path / "n.parquet", trace_envs=1, other_envs="none")
+    assert calls_b == calls_a and a.num_timesteps == b.num_timesteps
+    sa, sb = a.policy.state_dict(), b.policy.state_dict()
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert_same_rng(rng_a, rng_b)
+    df = lstm_probe.load(tmp_path / "n.parquet")
+    assert set(df["env"].dropna().unique()) == {0} and (df["env"].isna() == df["padding"]).all()
