@@ -162,15 +162,18 @@ for owner, name, phase in [
     (tracer.CoreTracer, "_write_block", "hand-over: jobs (host copies, grids)"),
     (inputs.Inputs, "answer", "hand-over: init answers (inputs.py)"),
     (logwriter.LogWriter, "send", "hand-over: pickle + pipe"),
-    (sb3_metrics.LiveMetrics, "_minibatch_end", "live metrics: figures"),
+    (sb3_metrics.LiveMetrics, "_minibatch_end", "live metrics: figures"),  # before: hooks of their own
+    (sb3_metrics.LiveMetrics, "observe", "live metrics: figures"),  # now: the tracer's messages
     (sb3_metrics.LiveMetrics, "_rollout_end", "live metrics: figures"),
     (sb3_metrics.LiveMetrics, "_train_end", "live metrics: figures"),
 ]:
-    setattr(owner, name, timed(phase, getattr(owner, name)))
+    if hasattr(owner, name):  # the --before checkout may lack a newer name, or the other way round
+        setattr(owner, name, timed(phase, getattr(owner, name)))
 make_hook = tracer.CoreTracer._make_hook
 tracer.CoreTracer._make_hook = lambda self, name: timed(lstm_phase, make_hook(self, name))
-metrics_hook = sb3_metrics.LiveMetrics._hook
-sb3_metrics.LiveMetrics._hook = lambda self, name: timed(metrics_phase, metrics_hook(self, name))
+if hasattr(sb3_metrics.LiveMetrics, "_hook"):  # live metrics' own hooks (the --before checkout)
+    metrics_hook = sb3_metrics.LiveMetrics._hook
+    sb3_metrics.LiveMetrics._hook = lambda self, name: timed(metrics_phase, metrics_hook(self, name))
 
 env = make_vec_env(cfg["env"], n_envs=cfg["n_envs"], seed=0)
 model = RecurrentPPO("MlpLstmPolicy", env, seed=0)

@@ -83,8 +83,9 @@ def write_block(
 ) -> Later | None:
     """One block of one-step calls of module ``name`` (``CoreTracer._write_block``, a writer job): its device
     buffer's copy to the host started (one copy: ``transfer.Staged``), and the second half that hands the
-    host arrays to the sink; a summary log's per-step training loops as their norms and drifts
-    (``drift.py``). Under ``--other-envs none`` only the kept env columns cross (None: none of them)."""
+    host arrays (and the train rows' drifts, ``drift.Drift``) to the sink; a summary log's per-step training
+    loops as their norms and drifts (``drift.py``). Under ``--other-envs none`` only the kept env columns
+    cross (None: none of them)."""
     calls = np.array(block.calls, np.int64)
     layers = tracer.layers[name]
     if stepwise:
@@ -107,12 +108,16 @@ def write_block(
             init = tracer.inputs.answer(name, tags.phase, tags.grid, 0, arrays[1], None, layers) if first else None
             cs = hc[layers:] if with_c else None
             tracer.rows += layers * len(per_col)
-            reducer = tracer.reducer
-            reduced = reducer.reduce(name, tags.phase, tags.grid, t0, hc[:layers], cs) if reducer else None
-            if reduced is not None:  # its norms and drifts, not its states (drift.py)
-                writer.send(Rows(name, tags, t0, PATH["stepwise"], per_col, reduced, None, None, init))
+            drift = tracer.drift
+            if tracer.reduce_loops and tags.phase == "train" and drift is not None:
+                # a summary log's per-step training loop: its norms and drifts, not its states (drift.py)
+                reduced = drift.reduce(name, tags.grid, t0, hc[:layers], cs)
+                rows = Rows(name, tags, t0, PATH["stepwise"], per_col, reduced, None, None, init)
+                tracer.hand_over(writer, rows, layers)
                 return
-            writer.send(Rows(name, tags, t0, PATH["stepwise"], per_col, hc[:layers], cs, None, init))
+            drifts = tracer.train_drift(name, tags, t0, hc[:layers], cs)
+            rows = Rows(name, tags, t0, PATH["stepwise"], per_col, hc[:layers], cs, None, init, drifts)
+            tracer.hand_over(writer, rows, layers)
 
         return Later(staged, finish_loop)
     states = block.sides()  # (2, R, n * N, H): the returned states, then the input states
@@ -140,7 +145,8 @@ def write_block(
         init = tracer.inputs.answer(name, tags.phase, grid, 0, both[1], hc[:, :, 0], layers)
         tracer.rows += layers * len(per_col)
         cs = hc[layers:] if with_c else None
-        writer.send(Rows(name, sent, 0, PATH["step"], per_col, hc[:layers], cs, None, init))
+        drift = tracer.train_drift(name, sent, 0, hc[:layers], cs)
+        tracer.hand_over(writer, Rows(name, sent, 0, PATH["step"], per_col, hc[:layers], cs, None, init, drift), layers)
 
     return Later(staged, finish)
 

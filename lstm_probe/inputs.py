@@ -146,6 +146,29 @@ class Inputs:
                 store.zero_in[slots] = zero[ok]
         return decode(flags, start, self.stored_states), norms
 
+    def keep_steps(self, name: str, grid: Grid | None, hs: np.ndarray, cs: np.ndarray | None) -> None:
+        """Every step of a multi-step rollout call into the ring of rollout states (:meth:`answer` keeps its
+        last state only): hs/cs (L, T, N, H), the per-step states a multi-step call's recovery gives."""
+        store = self.stores.get((name, "rollout"))
+        steps, batch = hs.shape[1:3]
+        if store is None or not store.window or grid is None or grid.shape != (batch, steps):
+            return
+        if grid.env is None or grid.env_step is None:
+            return
+        both = np.concatenate([hs, cs]) if cs is not None else hs  # (R, T, N, H)
+        if both.shape[0] * both.shape[3] != store.ring.shape[1]:
+            return
+        env, step = grid.env.T.reshape(-1).astype(np.int64), grid.env_step.T.reshape(-1).astype(np.int64)
+        ok = (env >= 0) & (step >= 0)
+        if not ok.any():
+            return
+        store.grow(int(env[ok].max()) + 1)
+        rows = both.transpose(1, 2, 0, 3).reshape(steps * batch, -1)  # (T * N, R * H), step-major as env/step
+        slots = env[ok] * store.window + step[ok] % store.window
+        store.ring[slots] = rows[ok]
+        store.steps[slots] = step[ok]
+        store.zero_in[slots] = False
+
     def rollout_ring(self, name: str) -> tuple[np.ndarray, np.ndarray, int, int] | None:
         """Module ``name``'s rollout states of the last ``window`` env steps of each env column (``drift.Reducer``
         reads them: the one store of rollout states in the training process): the (envs * window, R * H)

@@ -120,6 +120,7 @@ class LogWriter:
         self.closed = False
         self._jobs: deque[_Sized | None] = deque()
         self._queued_bytes = 0
+        self._unfinished = 0  # jobs handed to the writer thread and not yet run (see drain)
         self._queue_bytes = queue_bytes
         self._cond = threading.Condition()
         self.busy_seconds = 0.0  # the writer thread's wall time in jobs and writes
@@ -183,8 +184,25 @@ class LogWriter:
                 if self.error is not None:
                     raise self._failed()
             self._queued_bytes += nbytes
+            self._unfinished += 1
             self._jobs.append(_Sized(job, nbytes))
             self._cond.notify_all()
+
+    def drain(self) -> None:
+        """Return once every job handed over so far has run, second half included (a reader of what they
+        computed, such as live metrics, then sees all of it). With a writer process that is the held second
+        half, run now (it waits for its device copy); with a writer thread, the queue run down. Called at
+        block boundaries only: it may wait for the device."""
+        if self.error is not None:
+            raise self._failed()
+        if self._child is not None:
+            self._settle(None)
+        else:
+            with self._cond:
+                while self._unfinished and self.error is None and self._thread is not None and self._thread.is_alive():
+                    self._cond.wait(1.0)
+        if self.error is not None:
+            raise self._failed()
 
     def _failed(self) -> OutputError:
         """The error to raise on the training thread once the writer has failed: "cannot write" for a
@@ -261,6 +279,7 @@ class LogWriter:
                 self._run(later)
             with self._cond:
                 self._queued_bytes -= item.nbytes
+                self._unfinished -= 1
                 self._cond.notify_all()
             self._run(sink.flush_if_due)
 

@@ -1,8 +1,9 @@
 """What the training process hands the sink: one declared message type per kind of data, never a method
 name. :class:`Rows` (a block or one call's states, or their reduced figures), :class:`SequenceCall` (a
-multi-step call's per-step h and what its c is recovered from), :class:`Progress` (the live progress
-figures). ``LogWriter.send`` puts them into the writer process's pipe (pickled, arrays out of band) or hands
-them to the writer thread's sink; ``Sink.take`` is the one receiver. Numpy and the core's plain types only:
+multi-step call's per-step h and c), :class:`Progress` (the live progress figures). The numbers the
+training process computes (drifts: ``drift.Drift``) come with the rows; the sink lays them out.
+``LogWriter.send`` puts them into the writer process's pipe (pickled, arrays out of band) or hands them to
+the writer thread's sink; ``Sink.take`` is the one receiver. Numpy and the core's plain types only:
 the writer process imports this module and never loads torch.
 """
 
@@ -16,7 +17,9 @@ import numpy as np
 if TYPE_CHECKING:
     from lstm_probe.contract import Tags
     from lstm_probe.drift import Reduced
-    from lstm_probe.recover import Cells
+
+Drifts = tuple[np.ndarray, np.ndarray, np.ndarray]
+"""Each row's (drift_h, drift_c, found), in the sink's row order (``drift.Drift.rows``)."""
 
 
 @dataclass(slots=True)
@@ -26,7 +29,8 @@ class Rows:
     already reduced where the states were (a summary log's per-step training loops, ``drift.py``; ``cs``
     None). ``call`` (N * T',) each column's (and step's) call id; ``t0`` the block's first step in its grid;
     ``path`` the schema's path code; ``t`` overrides the rows' step column (-1: a sequence's initial
-    state); ``init`` the `init` codes (N,) and input norms (L, N) of each column's first step."""
+    state); ``init`` the `init` codes (N,) and input norms (L, N) of each column's first step; ``drift``
+    the rows' drifts (None: none has one; a reduced block brings its own)."""
 
     name: str
     tags: Tags
@@ -37,22 +41,23 @@ class Rows:
     cs: np.ndarray | None
     t: int | None = None
     init: tuple[np.ndarray, np.ndarray] | None = None
+    drift: Drifts | None = None
 
 
 @dataclass(slots=True)
 class SequenceCall:
-    """One multi-step call (``Sink.sequence``): ``hs`` (L, T, N, H) per-step h of every layer; ``cells``
-    what an LSTM's per-step c is computed from (``recover.Cells``; None for a GRU); ``initial`` the
-    (L, N, H) states it started from (written as t = -1 rows for a train call of whole sequences);
-    ``init`` as :class:`Rows`'."""
+    """One multi-step call (``Sink.sequence``): ``hs``/``cs`` (L, T, N, H) per-step h and c of every layer
+    (``cs`` None for a GRU; the layout the recovery gives, transposed by the sink into its row buffers);
+    ``init`` and ``drift`` as :class:`Rows`'. (A train call's initial states follow as a :class:`Rows`
+    with ``t`` -1.)"""
 
     name: str
     tags: Tags
     call: int
     hs: np.ndarray
-    cells: Cells | None
-    initial: tuple[np.ndarray, np.ndarray | None] | None
+    cs: np.ndarray | None
     init: tuple[np.ndarray, np.ndarray] | None = None
+    drift: Drifts | None = None
 
 
 @dataclass(slots=True)

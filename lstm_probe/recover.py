@@ -67,16 +67,18 @@ def lstm_cells(
     c0: np.ndarray,
     valid: np.ndarray | None = None,
     scratch: Scratch | None = None,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """Per-step c of every layer, (L, T, N, H) float32, from the per-step h ``hs`` (L, T, N, H) and
     :data:`Cells`: the i, f, g gates of all steps in one matmul from (x_t, h_{t-1}), then
     c_t = f_t * c_{t-1} + i_t * g_t as an elementwise scan. With ``scratch`` the result and the work
     arrays live in its reused memory (valid until its next use). ``valid`` (T, N): c is 0 where it is
     False (the steps after a packed sequence's end, which the module never ran; each earlier step's c
-    depends only on earlier steps, so a sequence's last real c is the module's c_n)."""
+    depends only on earlier steps, so a sequence's last real c is the module's c_n). ``out``: an (L, T, N, H)
+    float32 array for the result (one the caller keeps beyond the scratch's next use)."""
     work = scratch or Scratch(limit=0)
     layers, steps, batch, hidden = hs.shape
-    cs = work.get("cs", hs.shape)
+    cs = out if out is not None else work.get("cs", hs.shape)
     rows = steps * batch
     for layer in range(layers):
         out = hs[layer]

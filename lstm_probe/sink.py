@@ -1,5 +1,6 @@
-"""The sink: blocks of host states in, rows of one log out (provenance, the cell-state scan, drift
-against rollout states, norms), written through ``writer.py``.
+"""The sink: blocks of host states in, rows of one log out (provenance, layout, norms), written through
+``writer.py``. The numbers that need the run's other states (each multi-step call's per-step c, drift
+against the rollout states) come computed with the rows, from the training process (``drift.Drift``).
 
 :class:`~lstm_probe.logwriter.LogWriter` hands the sink its blocks: in a writer process of its own
 (``writer_process.py``) or on a writer thread of the training process. The sink never imports torch.
@@ -11,7 +12,6 @@ from the states.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -19,8 +19,7 @@ import numpy as np
 
 from lstm_probe import messages
 from lstm_probe.contract import GRID_CELLS, GRID_SEQUENCES, PATH, Grid, Tags
-from lstm_probe.drift import Reduced, References, row_norms
-from lstm_probe.recover import Cells, Scratch, lstm_cells
+from lstm_probe.drift import Reduced, row_norms
 from lstm_probe.schema import CODE, COLUMNS
 
 if TYPE_CHECKING:  # pyarrow loads only where rows are written (the writer process or thread)
@@ -47,19 +46,16 @@ class Sink:
         self.hidden = int(config["log"]["hidden_size"])
         self.capture, self.every = config["capture"], int(config["every"])
         self.trace_envs: int | None = config.get("trace_envs")  # full vectors for env columns below it only
-        self.reference_window = int(config["reference_window"])
-        self.refs: dict[str, References] = {}
-        self.scratch = Scratch()
 
     def take(self, message: messages.Message) -> None:
         """One message from the training process (``messages.py``): the one way data reaches the sink."""
         kind = type(message)
         if kind is messages.Rows:
             m: Any = message
-            self.rows(m.name, m.tags, m.t0, m.path, m.call, m.hs, m.cs, m.t, m.init)
+            self.rows(m.name, m.tags, m.t0, m.path, m.call, m.hs, m.cs, m.t, m.init, m.drift)
         elif kind is messages.SequenceCall:
             m = message
-            self.sequence(m.name, m.tags, m.call, m.hs, m.cells, m.initial, m.init)
+            self.sequence(m.name, m.tags, m.call, m.hs, m.cs, m.init, m.drift)
         elif kind is messages.Progress:
             self.progress(message.values)  # type: ignore[union-attr]
         else:
@@ -74,26 +70,16 @@ class Sink:
         tags: Tags,
         call: int,
         hs: np.ndarray,
-        cells: Cells | None,
-        initial: tuple[np.ndarray, np.ndarray | None] | None,
+        cs: np.ndarray | None,
         init: tuple[np.ndarray, np.ndarray] | None = None,
+        drift: messages.Drifts | None = None,
     ) -> None:
-        """Rows of one multi-step call: hs (L, T, N, H) per-step h of every layer; ``cells`` what an
-        LSTM's per-step c is computed from (:data:`Cells`), None for a GRU; ``initial`` the (L, N, H)
-        states the call started from, written as rows with t = -1 when the call is a train call of
-        whole sequences; ``init`` the `init` codes and norms of the call's first step (see :meth:`rows`)."""
-        cs = lstm_cells(hs, *cells, scratch=self.scratch).transpose(0, 2, 1, 3) if cells is not None else None
-        hs = hs.transpose(0, 2, 1, 3)  # (L, N, T, H)
+        """Rows of one multi-step call: hs/cs (L, T, N, H) per-step h and c of every layer (``cs`` None for a
+        GRU); ``init`` and ``drift`` as :meth:`rows`'."""
+        hs = hs.transpose(0, 2, 1, 3)  # (L, N, T, H): views, copied once, into the row buffers
+        cs = cs.transpose(0, 2, 1, 3) if cs is not None else None
         batch, steps = hs.shape[1], hs.shape[2]
-        path = PATH["sequence"]
-        self.rows(name, tags, 0, path, np.full(batch * steps, call, np.int64), hs, cs, None, init)
-        grid = tags.grid
-        if initial is not None and grid is not None and grid.train and grid.shape[0] == batch:
-            # The state each sequence started from, as rows with t = -1 (see the schema's `t`).
-            start = dataclasses.replace(tags, bootstrap=None, grid=grid.initial(), stepwise={})
-            h0, c0 = initial
-            ids = np.full(batch, call, np.int64)
-            self.rows(name, start, 0, path, ids, h0[:, :, None, :], None if c0 is None else c0[:, :, None, :], t=-1)
+        self.rows(name, tags, 0, PATH["sequence"], np.full(batch * steps, call, np.int64), hs, cs, None, init, drift)
 
     def rows(
         self,
@@ -106,13 +92,15 @@ class Sink:
         cs: np.ndarray | None,
         t: int | None = None,
         init: tuple[np.ndarray, np.ndarray] | None = None,
+        drift: messages.Drifts | None = None,
     ) -> None:
         """Rows of one call (or of one per-timestep loop): hs/cs (L, N, T', H), rows ordered layer, column, t;
         or ``hs`` the rows' norms and drifts already reduced from their states (a summary log's per-step
         training loops, ``drift.py``; ``cs`` None). ``t`` overrides the rows' step column (-1 for the
         initial-state rows). ``init``: where each column's input state came from, (N,) `init` codes and
         (L, N) norms, for the rows of each column's first step (the tracer computes them, ``inputs.py``);
-        the other rows' are null. Writer thread or process."""
+        the other rows' are null; ``drift`` the rows' (drift_h, drift_c, found) (None: no row has one).
+        Writer thread or process."""
         grid = tags.grid
         layers, batch, steps = hs.shape[0], hs.shape[1], hs.shape[2]
         per_layer = batch * steps
@@ -139,7 +127,7 @@ class Sink:
             reduced = hs
             self._reduced(r, i0, i1, reduced)
         else:
-            h, c = self._states(r, i0, i1, hs, cs)
+            self._states(r, i0, i1, hs, cs)
         r.init[i0:i1] = -1
         r.init_norm[i0:i1] = np.nan
         if init is not None:
@@ -151,14 +139,12 @@ class Sink:
         if self.trace_envs is not None:  # the other envs' rows: summary rows (a null env, padding: one too)
             env = r.env[i0:i1]
             r.vectors[i0:i1] &= (env >= 0) & (env < self.trace_envs)  # -1: a null env (padding, untagged)
-        r.has_drift[i0:i1] = False
         if reduced is not None:  # its drifts came with it
-            if reduced.drift is not None:
-                r.drift_h[i0:i1], r.drift_c[i0:i1], r.has_drift[i0:i1] = reduced.drift
-        elif self.reference_window and grid is not None and tags.phase in ("rollout", "train"):
-            if c is None:
-                c = np.zeros_like(h)
-            self._drift(name, layers, r, i0, i1, tags.phase == "rollout", h, c)
+            drift = reduced.drift
+        if drift is not None:
+            r.drift_h[i0:i1], r.drift_c[i0:i1], r.has_drift[i0:i1] = drift
+        else:
+            r.has_drift[i0:i1] = False
         log.commit(n)
 
     def _states(
@@ -246,22 +232,6 @@ class Sink:
         t = np.tile(np.arange(t0, t0 + steps), per_layer // steps)
         r.seq[i0:i1] = np.tile(seq, layers) if layers > 1 else seq
         r.t[i0:i1] = np.tile(t, layers) if layers > 1 else t
-
-    def _drift(
-        self, name: str, layers: int, r: Rows, i0: int, i1: int, rollout: bool, h: np.ndarray, c: np.ndarray
-    ) -> None:
-        ref = self.refs.get(name)
-        if ref is None:
-            ref = self.refs[name] = References(self.reference_window, layers, self.hidden)
-        layer = r.layer[i0:i1].astype(np.intp)
-        env, step = r.env[i0:i1].astype(np.intp), r.env_step[i0:i1]
-        if rollout:
-            ref.store(layer, env, step, h, c)
-            return
-        dh, dc, found = ref.drift(layer, env, step, h, c)
-        r.drift_h[i0:i1] = dh
-        r.drift_c[i0:i1] = dc
-        r.has_drift[i0:i1] = found
 
     def flush_if_due(self) -> None:
         if self.log.flush_due():

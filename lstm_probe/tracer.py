@@ -29,14 +29,22 @@ from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 
 from lstm_probe.blocks import Block, Loop, fitted, kept_columns, select, tensor_bytes, write_block
 from lstm_probe.contract import CODES, PATH, Integration, Resolver, Tags, padded, tag_values
-from lstm_probe.drift import Reducer
+from lstm_probe.drift import Drift
 from lstm_probe.errors import BadInput, one_line
 from lstm_probe.inputs import Inputs, cell_parts, input_parts, joined, module_input, stacked_steps
 from lstm_probe.logwriter import LogWriter
-from lstm_probe.messages import Rows, SequenceCall
+from lstm_probe.messages import Drifts, Message, Rows, SequenceCall
 from lstm_probe.modules import RECURRENT_TYPES, base_metadata, describe_modules
 from lstm_probe.options import CaptureOptions
-from lstm_probe.recover import gru_assemble, gru_sequence_parts, lstm_assemble, lstm_sequence_parts, snapshot_weights
+from lstm_probe.recover import (
+    Scratch,
+    gru_assemble,
+    gru_sequence_parts,
+    lstm_assemble,
+    lstm_cells,
+    lstm_sequence_parts,
+    snapshot_weights,
+)
 from lstm_probe.transfer import Later, Staged
 
 _grad_enabled = torch.is_grad_enabled
@@ -110,10 +118,14 @@ class CoreTracer:
         # where each call's input state came from (the `init` columns): the returned states the probe holds
         window = options.reference_window + 2 if options.reference_window else 0
         self.inputs = Inputs(window, integration.capabilities().stored_states)
-        # a summary log's per-step training loops reduced to norms and drifts here (drift.py): asked for by
-        # an integration whose training makes such loops (sb3), as it costs a copy of the rollout references
-        self._reduce = reduce_loops and options.capture == "summary" and self._reduce_here
-        self.reducer: Reducer | None = None
+        # a summary log's per-step training loops handed over as their norms and drifts (drift.py), not their
+        # states: asked for by an integration whose training makes such loops (sb3)
+        self.reduce_loops = reduce_loops and options.capture == "summary" and self._reduce_here
+        # each train row's drift against the rollout states Inputs holds: computed once, here (drift.py)
+        self.drift: Drift | None = None
+        self.scratch = Scratch()  # the per-step c recovery's work arrays (jobs run one at a time, in order)
+        # who else reads each message handed to the sink, in the same process (sb3's live metrics)
+        self.observers: list[Callable[[Message, int], None]] = []
         self.resolver: Resolver = integration.resolve
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
         self.writer: LogWriter | None = None
@@ -144,7 +156,7 @@ class CoreTracer:
         self.started = time.monotonic()
         o = self.options
         self.rows = 0  # each log its own (a generic tracer may start again)
-        self.reducer = Reducer(o.reference_window, self.hidden, self.inputs.rollout_ring) if self._reduce else None
+        self.drift = Drift(self.hidden, self.inputs.rollout_ring)
         self.writer = LogWriter(o, self.hidden, self.names, self.metadata, CODES, shard=self.shard)
         try:
             for name, m in self.modules.items():
@@ -344,8 +356,11 @@ class CoreTracer:
                         parts = lstm_sequence_parts(module, x, h0, c0, y, weights)  # type: ignore[arg-type]
 
                         def lstm_arrays(arrays: list[np.ndarray]) -> tuple[Any, Any, Any]:
+                            # per-step c here, on the host, in this half of the job (one owner: the log, drift
+                            # and live metrics all read it; docs/performance.md says why not on the device)
                             hs, cells = lstm_assemble(arrays, layers, bias, valid)
-                            return hs, cells, (cells[2], cells[3]) if initial_states else None
+                            cs = lstm_cells(hs, *cells, scratch=self.scratch, out=np.empty(hs.shape, np.float32))
+                            return hs, cs, (cells[2], cells[3]) if initial_states else None
 
                         return parts, lstm_arrays
                     parts = gru_sequence_parts(module, x, h0, y, weights)  # type: ignore[arg-type]
@@ -470,21 +485,30 @@ class CoreTracer:
                     rest = arrays[len(sides) :]
                     first = self.inputs.answer(name, tags.phase, grid, 0, x_host, returned, layers, steps > 1)
                     self.rows += layers * batch * steps
-                    reducer = self.reducer
                     if arrays_of is not None:
-                        if self.initial_states and grid is not None and grid.train and grid.shape[0] == batch:
-                            self.rows += layers * batch  # the sink's t = -1 rows (Sink.sequence)
-                        if reducer is not None and tags.phase == "rollout":  # its c is recovered in the sink only
-                            reducer.incomplete.add(name)
-                        hs_all, cells, initial = arrays_of(rest)
-                        writer.send(SequenceCall(name, tags, call, hs_all, cells, initial, first))
+                        hs_all, cs_all, initial = arrays_of(rest)  # (L, T, N, H) each
+                        if tags.phase == "rollout":  # every step is a rollout state later train rows drift from
+                            self.inputs.keep_steps(name, grid, hs_all, cs_all)
+                        drift = self.train_drift(name, tags, 0, hs_all, cs_all, per_step=True)
+                        self.hand_over(writer, SequenceCall(name, tags, call, hs_all, cs_all, first, drift), layers)
+                        if initial is not None and grid is not None and grid.train and grid.shape[0] == batch:
+                            # the state each sequence started from, as rows with t = -1 (see the schema's `t`)
+                            self.rows += layers * batch
+                            start = dataclasses.replace(tags, bootstrap=None, grid=grid.initial(), stepwise={})
+                            h0 = initial[0][:, :, None, :]
+                            c0 = initial[1][:, :, None, :] if initial[1] is not None else None
+                            ids = np.full(batch, call, np.int64)
+                            drift0 = self.train_drift(name, start, 0, h0, c0)
+                            rows0 = Rows(name, start, 0, PATH["sequence"], ids, h0, c0, -1, None, drift0)
+                            self.hand_over(writer, rows0, layers)
                     else:  # a one-step call that fits no block
                         assert returned is not None
                         hs = returned[:layers, :, None, :]
                         cs = returned[layers:, :, None, :] if returned.shape[0] > layers else None
                         path = PATH[tags.path or "step"]  # a train call of one step names its branch
                         ids = np.full(batch, call, np.int64)
-                        writer.send(Rows(name, tags, 0, path, ids, hs, cs, None, first))
+                        drift = self.train_drift(name, tags, 0, hs, cs)
+                        self.hand_over(writer, Rows(name, tags, 0, path, ids, hs, cs, None, first, drift), layers)
 
                 return Later(staged, finish)
 
@@ -576,6 +600,21 @@ class CoreTracer:
             t0 = tags.stepwise.get(name, n) - n if stepwise else 0
             job = functools.partial(self._write_block, writer, name, tags, stepwise, t0, block)
             writer.submit(job, block.nbytes())
+
+    def train_drift(
+        self, name: str, tags: Tags, t0: int, hs: np.ndarray, cs: np.ndarray | None, per_step: bool = False
+    ) -> Drifts | None:
+        """The drifts of train rows hs/cs (``drift.Drift.rows``; inside a job's second half, in call order);
+        None for other phases, or without rollout states held."""
+        if tags.phase != "train" or self.drift is None or not self.inputs.window:
+            return None
+        return self.drift.rows(name, tags.grid, t0, hs, cs, per_step)
+
+    def hand_over(self, writer: LogWriter, message: Message, layers: int) -> None:
+        """``message`` to the sink, after the observers (``observers``: live metrics) have read it."""
+        for observe in self.observers:
+            observe(message, layers)
+        writer.send(message)
 
     def _write_block(
         self, writer: LogWriter, name: str, tags: Tags, stepwise: bool, t0: int, block: Block

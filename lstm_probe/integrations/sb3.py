@@ -201,7 +201,6 @@ class ProbeCallback(BaseCallback):
         self.entry: str | None = None  # the wrapped entry point running now: 'bootstrap' or 'predict'
         self.predict_start: Any = None  # the episode_start passed to policy.predict
         self.clock = sb3_doctor.PathClock()  # training time per _process_sequence path (sb3_doctor.py)
-        self.loop_module: Any = None  # the LSTM of the per-step loop recorded whole now (_loops)
         self.metrics: sb3_metrics.LiveMetrics | None = None
 
     @property
@@ -292,7 +291,6 @@ class ProbeCallback(BaseCallback):
             attachment.wrap(policy, "predict", _entry(me, "predict"))
             attachment.extra["minibatch_paths"] = self.clock.metadata
             self.metrics = sb3_metrics.attach(self, self.live_metrics)  # figures through SB3's logger (sb3_metrics.py)
-            self._handles += self.metrics.handles
             if self.memory_settings is not None:  # the memory horizon, on a copy of the policy (sb3_memory.py)
                 self.memory = sb3_memory.Memory(model, **self.memory_settings)
                 attachment.extra["memory"] = self.memory.metadata
@@ -307,7 +305,7 @@ class ProbeCallback(BaseCallback):
     def _on_rollout_start(self) -> None:
         self.clock.stop()  # train() ended
         if self.metrics is not None:  # a logger that writes somewhere now gets the figures (sb3_metrics.py)
-            self._handles += self.metrics.rollout_start(self.model)
+            self.metrics.rollout_start(self.model)
         self.iteration += 1
         self.in_rollout = True
         self.k = 0
@@ -466,6 +464,8 @@ class ProbeCallback(BaseCallback):
             seq_reason=reason.astype(np.int8),
         )
         self.current = Tags("train", self.iteration, self.epoch, self.minibatch, grid=grid, path=path)
+        if self.metrics is not None and self.metrics.figures:
+            self.metrics.minibatch(self.current)
 
     # -- the Integration contract ----------------------------------------------------------------
     def capabilities(self) -> Capabilities:
@@ -567,17 +567,9 @@ def _loops(probe_ref: weakref.ref[ProbeCallback]) -> Any:
         loop = tracer.loop_begin(lstm, n_seq)
         if loop is None:
             return inner(*args, **kwargs)
-        probe.loop_module = lstm  # sb3_metrics takes the loop's outputs whole too (LiveMetrics.loop)
         try:
-            out = inner(*args, **kwargs)
+            return inner(*args, **kwargs)
         finally:
-            probe.loop_module = None
             tracer.loop_end(loop)
-        if probe.metrics is not None and probe.metrics.figures:  # the top layer's h of every step (T, n_seq, H)
-            start = time.perf_counter()
-            y = out[0].detach().reshape(n_seq, len(loop.steps), -1).transpose(0, 1)
-            probe.metrics.loop(loop.name, y)
-            tracer.integration_seconds += time.perf_counter() - start
-        return out
 
     return around

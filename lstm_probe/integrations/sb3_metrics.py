@@ -14,26 +14,26 @@ say of each iteration, so every output format SB3 supports gets them:
 - ``lstm_probe/<module>_saturation``: share of rollout h values with |h| > 0.95 (the report's threshold).
 
 They are recorded only where something can see them: SB3's own ``Logger`` with no output format (sb3's
-default at ``verbose=0`` without ``tensorboard_log``) drops every figure at its next dump, so there the
-hooks are not attached at all: their figures took 107-126 ms of the training thread per 2048 steps,
-though part of that reappears in the next phase that touches the states (docs/performance-history.md).
-``ProbeCallback(live_metrics=True)`` records them anyway, for code that reads ``logger.name_to_value``
-before a dump; a logger of the user's own class always gets them; a logger set or given an output format
-while learn() runs gets them from the next rollout on.
+default at ``verbose=0`` without ``tensorboard_log``) drops every figure at its next dump, so there none is
+computed. ``ProbeCallback(live_metrics=True)`` records them anyway, for code that reads
+``logger.name_to_value`` before a dump; a logger of the user's own class always gets them; a logger set or
+given an output format while learn() runs gets them from the next rollout on.
 
-The probe's rows are made in a writer process, so these are computed here, in the training process,
-from the tensors LSTM forward hooks see: each hook keeps a reference (~1 us a call;
-a per-step training loop's outputs come whole, once per loop: ``LiveMetrics.loop``); the few torch
-reductions run once per minibatch and once per rollout. Their time counts in the log's
-``probe_cost.integration_seconds``. Rollout figures are recorded when
-the rollout's last step has run, train figures when the next rollout starts: both land in the
-``_dump_logs`` after that rollout (sb3's own ``train/`` figures lag the same way; the last iteration's
-train figures, like sb3's, are recorded but never dumped by learn()).
+They have no hooks of their own and no store of their own: they read the messages the tracer hands the
+sink (``CoreTracer.observers``), in the training process, on the host, after the block's one copy there:
+the rollout rows' states (norms, saturation) and the train rows' drifts, which ``drift.Drift`` computed
+once for the log's drift columns (so the figure is the mean of the log's own drift_h). The minibatch
+figures come from the minibatch's grid (``ProbeCallback._train_tags``). Nothing here touches the device.
+Rollout figures are recorded when the rollout's last step has run, train figures when the next rollout's
+first step has: both land in the ``_dump_logs`` after that rollout (sb3's own ``train/`` figures lag the
+same way; the last iteration's train figures, like sb3's, are recorded but never dumped by learn()). At
+those two points of each iteration the tracer's blocks are handed over and the writer's jobs run
+(``LogWriter.drain``): block boundaries, where one wait for a device copy is due anyway. With
+``--other-envs none`` the figures cover the traced envs.
 
 Relies on sb3-contrib 2.x: ``ppo_recurrent.py:RecurrentPPO.collect_rollouts`` calls the policy's
 ``forward`` once per env step (and nowhere else), then ``OnPolicyAlgorithm.learn`` dumps the logger, then
-``train()`` runs the minibatches (``ProbeCallback`` tags them); ``policies.py:_process_sequence`` returns
-the LSTM output of one multi-step call or of one call per step.
+``train()`` runs the minibatches (``ProbeCallback`` tags them).
 """
 
 from __future__ import annotations
@@ -43,9 +43,12 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
+
+from lstm_probe.drift import Reduced, row_norms
+from lstm_probe.messages import Message, Progress
 
 if TYPE_CHECKING:
+    from lstm_probe.contract import Tags
     from lstm_probe.integrations.sb3 import ProbeCallback
 
 SATURATION = 0.95
@@ -55,9 +58,8 @@ _CURRENT: weakref.ref[LiveMetrics] | None = None
 
 
 def attach(probe: ProbeCallback, figures: bool | None = None) -> LiveMetrics:
-    """Start live metrics for a probe whose learn() is starting; its ``handles`` are the hook handles (removed
-    with the probe's own). ``figures``: record the figures (None: where something can see them, :func:`seen`);
-    without them only :func:`live` answers."""
+    """Start live metrics for a probe whose learn() is starting. ``figures``: record the figures (None:
+    where something can see them, :func:`seen`); without them only :func:`live` answers."""
     global _CURRENT
     metrics = LiveMetrics(probe, figures)
     _CURRENT = weakref.ref(metrics)
@@ -89,60 +91,55 @@ def _count(probe: Any, start: float) -> None:
 
 
 class _Module:
-    """One LSTM's figures of the current iteration."""
+    """One LSTM's figures of the current iteration: sums and counts (host floats)."""
 
     def __init__(self) -> None:
-        self.rollout_y: list[torch.Tensor | None] = []  # per rollout step: the top layer's h, (n_envs, H)
-        self.rollout_h: list[torch.Tensor] = []  # per rollout step: h of every layer, (L, n_envs, H)
-        self.rollout_c: list[torch.Tensor] = []
-        self.train_y: list[torch.Tensor] = []  # the pending minibatch's outputs, (T, n_seq, H) each
+        self.rollout_reset()
         self.drift = {"first": [0.0, 0], "last": [0.0, 0]}  # sum, count
         self.last_epoch = -1
 
+    def rollout_reset(self) -> None:
+        self.h_norm = self.c_norm = 0.0
+        self.rows = self.c_rows = 0
+        self.saturated = self.values = 0
+
 
 class LiveMetrics:
-    """Forward hooks on a probe's LSTMs (and the end of each rollout step, from the probe); records each
-    iteration's figures (module docstring)."""
+    """Each iteration's figures (module docstring), from the tracer's messages and the minibatch grids."""
 
     def __init__(self, probe: ProbeCallback, figures: bool | None = True):
-        # held weakly, as everything a probe puts on the model (sb3_attach.py): the hooks must not keep it alive
+        # held weakly, as everything a probe puts on the model (sb3_attach.py)
         self.probe = weakref.ref(probe)
         model: Any = probe.model
         self.logger = model.logger
-        self.figures = bool(figures)  # False: no hooks, no figures; live() only
+        self.figures = bool(figures)  # False: no figures; live() only
         self.auto = figures is None  # decided by seen(): again at each rollout's start (rollout_start)
-        self.modules = {name: _Module() for name in probe.tracer.names} if probe.tracer is not None else {}
+        tracer = probe.tracer
+        self.modules = {name: _Module() for name in tracer.names} if tracer is not None else {}
         # the tracer's rows handed over, for live(): held weakly (a closed tracer keeps its reference states),
         # the count kept as last seen (ProbeCallback sets it once the log is closed: closed())
-        self._tracer = weakref.ref(probe.tracer) if probe.tracer is not None else None
+        self._tracer = weakref.ref(tracer) if tracer is not None else None
         self.rows = 0
-        self.pending: Any = None  # the tags of the minibatch whose outputs the modules hold
-        self.pending_stepwise = False
-        self.pending_base = 0  # the env step of the pending minibatch's rollout's first step
-        self.reference: dict[str, torch.Tensor] = {}
         self._train_reset()
-        policy: Any = model.policy
-        self.lstms = {"actor": policy.lstm_actor, "critic": policy.lstm_critic}
-        self.handles: list[Any] = []
         if self.auto:
             self.figures = seen(self.logger)
         if self.figures:
             self._attach()
-        # the end of each rollout step comes from ProbeCallback's own forward hook on the policy (rollout_step)
 
     def _attach(self) -> None:
-        self.handles += [m.register_forward_hook(self._hook(n)) for n, m in self.lstms.items() if n in self.modules]
+        tracer = self._tracer() if self._tracer is not None else None
+        if tracer is not None and self.observe not in tracer.observers:
+            tracer.observers.append(self.observe)
 
-    def rollout_start(self, model: Any) -> list[Any]:
+    def rollout_start(self, model: Any) -> None:
         """At each rollout's start: the model's logger now (a callback may have set another since learn()
-        started); where figures were off because nothing could see them and now something can, the hooks
-        are attached from this iteration on. Returns the new hook handles (the probe removes them)."""
+        started); where figures were off because nothing could see them and now something can, they are
+        computed from this iteration on."""
         self.logger = model.logger
         if self.figures or not self.auto or not seen(self.logger):
-            return []
+            return
         self.figures = True
         self._attach()
-        return self.handles
 
     def live(self) -> dict[str, Any]:
         probe = self.probe()
@@ -155,57 +152,83 @@ class LiveMetrics:
         """The log is closed with ``rows`` rows handed over (its last blocks are handed over while it closes)."""
         self.rows = rows
 
-    # -- hooks (training thread) -----------------------------------------------------------------
-    def _hook(self, name: str) -> Any:
-        mine = self.modules[name]
-        ref = self.probe
-
-        def hook(mod: Any, args: Any, output: Any) -> None:
-            probe = ref()
-            if probe is None or probe.loop_module is mod:  # a loop recorded whole: its outputs come in one (loop)
-                return
-            start = time.perf_counter()
-            try:
-                keep(probe, mod, output)
-            finally:
+    # -- what the figures are made of --------------------------------------------------------------
+    def observe(self, message: Message, layers: int) -> None:
+        """A message the tracer hands the sink (``CoreTracer.hand_over``; in call order, host arrays): a
+        rollout block's states, or train rows' drifts."""
+        mine = self.modules.get(message.name)  # type: ignore[union-attr]
+        if mine is None or isinstance(message, Progress):
+            return
+        start = time.perf_counter()
+        try:
+            tags = message.tags
+            if tags.phase == "rollout":
+                if isinstance(message.hs, np.ndarray):
+                    self._rollout(mine, message.hs, message.cs)
+            elif tags.phase == "train" and tags.grid is not None and getattr(message, "t", None) != -1:
+                drift = message.hs.drift if isinstance(message.hs, Reduced) else message.drift
+                if drift is not None:
+                    self._train(mine, int(tags.epoch if tags.epoch is not None else 0), drift, layers)
+        finally:
+            probe = self.probe()
+            if probe is not None:
                 _count(probe, start)
 
-        def keep(probe: Any, mod: Any, output: Any) -> None:
-            y, (h, c) = output
-            if probe.in_forward:  # a rollout step (ProbeCallback's policy pre-hook set it)
-                mine.rollout_y.append(y[-1])
-                mine.rollout_h.append(h)
-                mine.rollout_c.append(c)
-            elif not probe.in_rollout:
-                self._train(probe, mine, y, int(y.shape[0]) == 1)
+    @staticmethod
+    def _rollout(mine: _Module, hs: np.ndarray, cs: np.ndarray | None) -> None:
+        hidden = hs.shape[-1]
+        mine.h_norm += float(row_norms(hs.reshape(-1, hidden)).sum())
+        mine.rows += hs.size // hidden
+        mine.saturated += int(np.count_nonzero(np.abs(hs) > SATURATION))
+        mine.values += hs.size
+        if cs is not None:
+            mine.c_norm += float(row_norms(cs.reshape(-1, hidden)).sum())
+            mine.c_rows += cs.size // hidden
 
-        return hook
+    @staticmethod
+    def _train(mine: _Module, epoch: int, drift: tuple[np.ndarray, np.ndarray, np.ndarray], layers: int) -> None:
+        dh, _, found = drift
+        top = slice(len(dh) // layers * (layers - 1), None)  # rows are layer-major: the top layer's are last
+        got = dh[top][found[top]]
+        if epoch != mine.last_epoch:
+            mine.drift["last"] = [0.0, 0]
+            mine.last_epoch = epoch
+        total, n = float(got.sum(dtype=np.float64)), int(got.size)
+        for which in ("first", "last") if epoch == 0 else ("last",):
+            mine.drift[which][0] += total
+            mine.drift[which][1] += n
 
-    def loop(self, name: str, y: Any) -> None:
-        """The outputs of a per-step training loop the tracer recorded whole (``sb3._loops``): ``y`` (T, n_seq,
-        H) the top layer's h of every step, as the hook would have kept them one step at a time."""
-        probe, mine = self.probe(), self.modules.get(name)
-        if probe is None or mine is None or probe.in_rollout:
+    def minibatch(self, tags: Tags) -> None:
+        """A train minibatch's tags, as ``ProbeCallback`` made them: padding, sequences and path."""
+        grid = tags.grid
+        if grid is None:
             return
-        self._train(probe, mine, y, True)
-
-    def _train(self, probe: Any, mine: _Module, y: Any, one_step: bool) -> None:
-        tags = probe.current
-        if tags.phase != "train" or tags.grid is None:
-            return
-        if tags is not self.pending:
-            self._minibatch_end()
-            self.pending, self.pending_base = tags, probe.base_step
-            self.pending_stepwise = one_step and tags.grid.shape[1] > 1
-        mine.train_y.append(y)
+        padding = np.asarray(grid.padding, bool)
+        self.minibatches += 1
+        self.stepwise += tags.path == "stepwise" and padding.shape[1] > 1
+        self.cells += padding.size
+        self.padded += int(padding.sum())
+        self.sequences += padding.shape[0]
 
     def rollout_step(self, probe: Any) -> None:
         """The end of a policy forward during a rollout (called by ``ProbeCallback``'s forward hook on the
         policy, after it counted the step, inside its counted time)."""
         if probe.k == 1:  # the first step of an iteration: the previous one's training is over
+            self._written(probe, flush=False)  # its blocks were handed over when this step's rows began
             self._train_end()
         if probe.k == probe.n_steps:
+            self._written(probe, flush=True)
             self._rollout_end()
+
+    @staticmethod
+    def _written(probe: Any, flush: bool) -> None:
+        """Every row so far handed over and through the writer's jobs (their messages observed)."""
+        tracer = probe.tracer
+        if tracer is None or tracer.writer is None:
+            return
+        if flush:
+            tracer.flush_pending()
+        tracer.writer.drain()
 
     # -- figures ---------------------------------------------------------------------------------
     def _train_reset(self) -> None:
@@ -215,56 +238,7 @@ class LiveMetrics:
         self.padded = 0
         self.sequences = 0
 
-    @torch.no_grad()
-    def _minibatch_end(self) -> None:
-        tags, self.pending = self.pending, None
-        if tags is None:
-            return
-        grid = tags.grid
-        padding = np.asarray(grid.padding, bool)
-        self.minibatches += 1
-        self.stepwise += self.pending_stepwise
-        self.cells += padding.size
-        self.padded += int(padding.sum())
-        self.sequences += padding.shape[0]
-        # the valid cells in row-major (sequence, step) order, as index arrays: one gather per module, and the
-        # same rows in the same order as masking a (n_seq, T, H) copy would give (so the same sums)
-        seq, step = np.nonzero(~padding)
-        env = np.asarray(grid.env)[seq, step].astype(np.int64)
-        k = np.asarray(grid.env_step)[seq, step].astype(np.int64) - int(self.pending_base)
-        index: dict[tuple[Any, ...], tuple[torch.Tensor, ...]] = {}  # per reference shape and device
-        for name, mine in self.modules.items():
-            ys, mine.train_y = mine.train_y, []
-            ref = self.reference.get(name)
-            if not ys or ref is None:
-                continue
-            y = ys[0] if len(ys) == 1 else torch.cat(ys, 0)  # (T, n_seq, H)
-            if (y.shape[1], y.shape[0]) != padding.shape:
-                continue
-            key = (ref.shape[0], ref.shape[1], y.device, ref.device)
-            at = index.get(key)
-            if at is None:
-                ok = (k >= 0) & (k < ref.shape[0]) & (env >= 0) & (env < ref.shape[1])
-                at = index[key] = (
-                    torch.from_numpy(step[ok]).to(y.device),
-                    torch.from_numpy(seq[ok]).to(y.device),
-                    torch.from_numpy(k[ok]).to(ref.device),
-                    torch.from_numpy(env[ok]).to(ref.device),
-                )
-            got = y.detach()[at[0], at[1]]
-            want = ref[at[2], at[3]]
-            drift = (got - want).norm(dim=1) / want.norm(dim=1).clamp_min(1e-12)
-            epoch = int(tags.epoch if tags.epoch is not None else 0)
-            if epoch != mine.last_epoch:
-                mine.drift["last"] = [0.0, 0]
-                mine.last_epoch = epoch
-            total, n = float(drift.sum()), int(drift.numel())
-            for which in ("first", "last") if epoch == 0 else ("last",):
-                mine.drift[which][0] += total
-                mine.drift[which][1] += n
-
     def _train_end(self) -> None:
-        self._minibatch_end()
         if self.minibatches:
             record = self.logger.record
             record("lstm_probe/padding_share", self.padded / max(self.cells, 1))
@@ -279,17 +253,13 @@ class LiveMetrics:
             mine.drift = {"first": [0.0, 0], "last": [0.0, 0]}
             mine.last_epoch = -1
 
-    @torch.no_grad()
     def _rollout_end(self) -> None:
         record = self.logger.record
         for name, mine in self.modules.items():
-            if not mine.rollout_h:
+            if not mine.rows:
                 continue
-            ys = [y for y in mine.rollout_y if y is not None]
-            self.reference[name] = torch.stack(ys).detach()  # (n_steps, n_envs, H): the drifts' reference
-            h = torch.stack(mine.rollout_h).detach()  # (n_steps, L, n_envs, H)
-            c = torch.stack(mine.rollout_c).detach()
-            record(f"lstm_probe/{name}_h_norm", float(h.norm(dim=-1).mean()))
-            record(f"lstm_probe/{name}_c_norm", float(c.norm(dim=-1).mean()))
-            record(f"lstm_probe/{name}_saturation", float((h.abs() > SATURATION).float().mean()))
-            mine.rollout_y, mine.rollout_h, mine.rollout_c = [], [], []
+            record(f"lstm_probe/{name}_h_norm", mine.h_norm / mine.rows)
+            if mine.c_rows:
+                record(f"lstm_probe/{name}_c_norm", mine.c_norm / mine.c_rows)
+            record(f"lstm_probe/{name}_saturation", mine.saturated / max(mine.values, 1))
+            mine.rollout_reset()
