@@ -1,10 +1,12 @@
 """Blocks of one-step calls: what the tracer keeps of them on the training thread (:class:`Block`,
-:class:`Loop`), and how a block is handed to the writer (:func:`write_block`, a writer job: on the training
-thread with a writer process, on the writer thread otherwise)."""
+:class:`Loop`), and how a block, or a call that fits no block, is handed to the writer (:func:`write_block`,
+:func:`write_call`: writer jobs, on the training thread with a writer process, on the writer thread
+otherwise)."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -12,7 +14,7 @@ import torch
 from torch import nn
 
 from lstm_probe.contract import PATH, Grid, Tags
-from lstm_probe.messages import Rows
+from lstm_probe.messages import Rows, SequenceCall
 from lstm_probe.transfer import Later, Staged
 
 MAX_PENDING = 256
@@ -147,6 +149,61 @@ def write_block(
         cs = hc[layers:] if with_c else None
         drift = tracer.train_drift(name, sent, 0, hc[:layers], cs)
         tracer.hand_over(writer, Rows(name, sent, 0, PATH["step"], per_col, hc[:layers], cs, None, init, drift), layers)
+
+    return Later(staged, finish)
+
+
+def write_call(
+    tracer: CoreTracer,
+    writer: LogWriter,
+    name: str,
+    tags: Tags,
+    call: int,
+    batch: int,
+    steps: int,
+    x_in: torch.Tensor,
+    returned_states: torch.Tensor | None,
+    states: Callable[[np.ndarray | None], tuple[list[torch.Tensor], Callable[[list[np.ndarray]], Any] | None]] | None,
+    columns: np.ndarray | None,
+) -> Later:
+    """One call that fits no block (``CoreTracer._emit``, a writer job): a multi-step call (``states``: the
+    recovery's torch half, then its host half) or a lone one-step call, its input states ``x_in`` and
+    returned states; one host copy, then the second half that hands the rows to the sink."""
+    layers = tracer.layers[name]
+    grid = tags.grid
+    parts, arrays_of = states(columns) if states is not None else ([], None)
+    sides = [x_in] + ([returned_states] if returned_states is not None else [])
+    staged = Staged(sides + parts)
+
+    def finish(arrays: list[np.ndarray]) -> None:
+        x_host = arrays[0]
+        returned = arrays[1] if returned_states is not None else None
+        rest = arrays[len(sides) :]
+        first = tracer.inputs.answer(name, tags.phase, grid, 0, x_host, returned, layers, steps > 1)
+        tracer.rows += layers * batch * steps
+        if arrays_of is not None:
+            hs_all, cs_all, initial = arrays_of(rest)  # (L, T, N, H) each
+            if tags.phase == "rollout":  # every step is a rollout state later train rows drift from
+                tracer.inputs.keep_steps(name, grid, hs_all, cs_all)
+            drift = tracer.train_drift(name, tags, 0, hs_all, cs_all, per_step=True)
+            tracer.hand_over(writer, SequenceCall(name, tags, call, hs_all, cs_all, first, drift), layers)
+            if initial is not None and grid is not None and grid.train and grid.shape[0] == batch:
+                # the state each sequence started from, as rows with t = -1 (see the schema's `t`)
+                tracer.rows += layers * batch
+                start = dataclasses.replace(tags, bootstrap=None, grid=grid.initial(), stepwise={})
+                h0 = initial[0][:, :, None, :]
+                c0 = initial[1][:, :, None, :] if initial[1] is not None else None
+                ids = np.full(batch, call, np.int64)
+                drift0 = tracer.train_drift(name, start, 0, h0, c0)
+                tracer.hand_over(writer, Rows(name, start, 0, PATH["sequence"], ids, h0, c0, -1, None, drift0), layers)
+        else:  # a one-step call that fits no block
+            assert returned is not None
+            hs = returned[:layers, :, None, :]
+            cs = returned[layers:, :, None, :] if returned.shape[0] > layers else None
+            path = PATH[tags.path or "step"]  # a train call of one step names its branch
+            ids = np.full(batch, call, np.int64)
+            drift = tracer.train_drift(name, tags, 0, hs, cs)
+            tracer.hand_over(writer, Rows(name, tags, 0, path, ids, hs, cs, None, first, drift), layers)
 
     return Later(staged, finish)
 

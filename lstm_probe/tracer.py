@@ -27,13 +27,13 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 
-from lstm_probe.blocks import Block, Loop, fitted, kept_columns, select, tensor_bytes, write_block
-from lstm_probe.contract import CODES, PATH, Integration, Resolver, Tags, padded, tag_values
+from lstm_probe.blocks import Block, Loop, fitted, kept_columns, select, tensor_bytes, write_block, write_call
+from lstm_probe.contract import CODES, Integration, Resolver, Tags, padded, tag_values
 from lstm_probe.drift import Drift
 from lstm_probe.errors import BadInput, one_line
 from lstm_probe.inputs import Inputs, cell_parts, input_parts, joined, module_input, stacked_steps
 from lstm_probe.logwriter import LogWriter
-from lstm_probe.messages import Drifts, Message, Rows, SequenceCall
+from lstm_probe.messages import Drifts, Message
 from lstm_probe.modules import RECURRENT_TYPES, base_metadata, describe_modules
 from lstm_probe.options import CaptureOptions
 from lstm_probe.recover import (
@@ -45,7 +45,7 @@ from lstm_probe.recover import (
     lstm_sequence_parts,
     snapshot_weights,
 )
-from lstm_probe.transfer import Later, Staged
+from lstm_probe.transfer import Later
 
 _grad_enabled = torch.is_grad_enabled
 _set_grad_enabled = torch._C._set_grad_enabled  # a function call; torch.no_grad() as a context costs ~4 us
@@ -459,7 +459,6 @@ class CoreTracer:
                 tags.stepwise[name] = t + 1
         if key is None:
             self.flush_pending()
-            layers = self.layers[name]
             if h is not None:  # a one-step call that fits no block: its states and inputs, copied now
                 out = h.clone() if c is None else torch.cat((h, c))
                 x0 = joined(x0, out.shape[0], batch, out)
@@ -472,46 +471,7 @@ class CoreTracer:
                 grid = fitted(grid, batch, columns)
                 tags = dataclasses.replace(tags, grid=grid)
                 batch = len(columns)
-            x_in, returned_states = x0, out
-
-            def job() -> Later:
-                parts, arrays_of = states(columns) if states is not None else ([], None)
-                sides = [x_in] + ([returned_states] if returned_states is not None else [])
-                staged = Staged(sides + parts)
-
-                def finish(arrays: list[np.ndarray]) -> None:
-                    x_host = arrays[0]
-                    returned = arrays[1] if returned_states is not None else None
-                    rest = arrays[len(sides) :]
-                    first = self.inputs.answer(name, tags.phase, grid, 0, x_host, returned, layers, steps > 1)
-                    self.rows += layers * batch * steps
-                    if arrays_of is not None:
-                        hs_all, cs_all, initial = arrays_of(rest)  # (L, T, N, H) each
-                        if tags.phase == "rollout":  # every step is a rollout state later train rows drift from
-                            self.inputs.keep_steps(name, grid, hs_all, cs_all)
-                        drift = self.train_drift(name, tags, 0, hs_all, cs_all, per_step=True)
-                        self.hand_over(writer, SequenceCall(name, tags, call, hs_all, cs_all, first, drift), layers)
-                        if initial is not None and grid is not None and grid.train and grid.shape[0] == batch:
-                            # the state each sequence started from, as rows with t = -1 (see the schema's `t`)
-                            self.rows += layers * batch
-                            start = dataclasses.replace(tags, bootstrap=None, grid=grid.initial(), stepwise={})
-                            h0 = initial[0][:, :, None, :]
-                            c0 = initial[1][:, :, None, :] if initial[1] is not None else None
-                            ids = np.full(batch, call, np.int64)
-                            drift0 = self.train_drift(name, start, 0, h0, c0)
-                            rows0 = Rows(name, start, 0, PATH["sequence"], ids, h0, c0, -1, None, drift0)
-                            self.hand_over(writer, rows0, layers)
-                    else:  # a one-step call that fits no block
-                        assert returned is not None
-                        hs = returned[:layers, :, None, :]
-                        cs = returned[layers:, :, None, :] if returned.shape[0] > layers else None
-                        path = PATH[tags.path or "step"]  # a train call of one step names its branch
-                        ids = np.full(batch, call, np.int64)
-                        drift = self.train_drift(name, tags, 0, hs, cs)
-                        self.hand_over(writer, Rows(name, tags, 0, path, ids, hs, cs, None, first, drift), layers)
-
-                return Later(staged, finish)
-
+            job = functools.partial(write_call, self, writer, name, tags, call, batch, steps, x0, out, states, columns)
             writer.submit(job, nbytes or tensor_bytes(out))
             return
         assert h is not None  # a one-step call brings its states

@@ -28,6 +28,7 @@ INTEGRATION_IMPORTS = {
     "report",
     "budget",
     "torch_env",
+    "messages",
 }
 """The core modules an integration may import (docs/architecture.md names the same list)."""
 READ_ROOTS = {"reader", "report", "probes", "html", "html_figures"}

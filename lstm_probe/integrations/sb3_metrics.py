@@ -44,7 +44,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from lstm_probe.drift import Reduced, row_norms
 from lstm_probe.messages import Message, Progress
 
 if TYPE_CHECKING:
@@ -88,6 +87,11 @@ def _count(probe: Any, start: float) -> None:
     tracer = probe.tracer
     if tracer is not None:
         tracer.integration_seconds += time.perf_counter() - start
+
+
+def _norm_sum(states: np.ndarray) -> float:
+    """The sum of the rows' L2 norms of (n, hidden) states (the h_norm / c_norm columns', summed)."""
+    return float(np.sqrt(np.einsum("ij,ij->i", states, states, dtype=np.float64)).sum())
 
 
 class _Module:
@@ -166,7 +170,8 @@ class LiveMetrics:
                 if isinstance(message.hs, np.ndarray):
                     self._rollout(mine, message.hs, message.cs)
             elif tags.phase == "train" and tags.grid is not None and getattr(message, "t", None) != -1:
-                drift = message.hs.drift if isinstance(message.hs, Reduced) else message.drift
+                # a summary log's reduced loop (drift.Reduced) brings its drifts with its figures
+                drift = message.drift if isinstance(message.hs, np.ndarray) else message.hs.drift
                 if drift is not None:
                     self._train(mine, int(tags.epoch if tags.epoch is not None else 0), drift, layers)
         finally:
@@ -177,12 +182,12 @@ class LiveMetrics:
     @staticmethod
     def _rollout(mine: _Module, hs: np.ndarray, cs: np.ndarray | None) -> None:
         hidden = hs.shape[-1]
-        mine.h_norm += float(row_norms(hs.reshape(-1, hidden)).sum())
+        mine.h_norm += _norm_sum(hs.reshape(-1, hidden))
         mine.rows += hs.size // hidden
         mine.saturated += int(np.count_nonzero(np.abs(hs) > SATURATION))
         mine.values += hs.size
         if cs is not None:
-            mine.c_norm += float(row_norms(cs.reshape(-1, hidden)).sum())
+            mine.c_norm += _norm_sum(cs.reshape(-1, hidden))
             mine.c_rows += cs.size // hidden
 
     @staticmethod
