@@ -87,15 +87,16 @@ class Drift:
         keys = grid_keys(grid, t0, steps, layers, batch)
         if keys is None:
             return None
-        h = hs.reshape(-1, self.hidden)
-        c = cs.reshape(-1, self.hidden) if cs is not None else None
+        n = layers * batch * steps  # (a call of no steps has no rows: -1 cannot be inferred from 0)
+        h = hs.reshape(n, self.hidden)
+        c = cs.reshape(n, self.hidden) if cs is not None else None
         return self._drift(name, layers, *keys, h, c)
 
     def reduce(self, name: str, grid: Grid | None, t0: int, hs: np.ndarray, cs: np.ndarray | None) -> Reduced:
         """A summary log's train block hs/cs (L, N, T', H) as the figures its rows keep: norms and drifts."""
         layers, batch, steps = hs.shape[:3]
-        h = hs.reshape(-1, self.hidden)
-        c = cs.reshape(-1, self.hidden) if cs is not None else None
+        h = hs.reshape(layers * batch * steps, self.hidden)
+        c = cs.reshape(layers * batch * steps, self.hidden) if cs is not None else None
         keys = grid_keys(grid, t0, steps, layers, batch)
         drift = self._drift(name, layers, *keys, h, c) if keys is not None else None
         return Reduced((layers, batch, steps), row_norms(h), row_norms(c) if c is not None else None, drift)

@@ -604,3 +604,36 @@ def test_live_drift_figures_match_the_logs_drift_of_the_top_layer(tmp_path, monk
             assert figure == pytest.approx(float(rows.drift_h.astype(np.float64).mean()), rel=1e-9, abs=1e-12)
             compared += 1
     assert compared >= 4
+
+
+def test_live_metrics_change_no_row_and_agree_across_writers(tmp_path):
+    """Live metrics read the tracer's messages (no hooks of their own): figures on or off, the log is the same
+    bit for bit, and a writer process and a writer thread (whose jobs run on another thread, drained at the
+    two points of each iteration the figures are recorded) record the same figures."""
+    from stable_baselines3.common.logger import Logger
+
+    class Recording(Logger):
+        def __init__(self):
+            super().__init__(None, [])
+            self.seen = []
+
+        def record(self, key, value, exclude=None):
+            if key.startswith("lstm_probe/"):
+                self.seen.append((key, value))
+            super().record(key, value, exclude)
+
+    def run(name, writer, live):
+        model = make("CartPole-v1", n_envs=2, policy_kwargs={"lstm_hidden_size": 16, "n_lstm_layers": 2})
+        model.set_logger(Recording())
+        probe = ProbeCallback(tmp_path / f"{name}.parquet", live_metrics=live, writer=writer)
+        model.learn(256, callback=probe)
+        return _rows(probe.path), model.logger.seen
+
+    off, none = run("off", "process", False)
+    on, figures = run("on", "process", True)
+    threaded, figures_thread = run("thread", "thread", True)
+    assert none == [] and len(figures) > 20
+    assert {k for k, _ in figures} >= {"lstm_probe/actor_c_norm", "lstm_probe/critic_drift_last_epoch"}
+    assert figures == figures_thread
+    for name in off:
+        assert off[name] == on[name] == threaded[name], name

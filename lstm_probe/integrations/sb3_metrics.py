@@ -182,12 +182,12 @@ class LiveMetrics:
     @staticmethod
     def _rollout(mine: _Module, hs: np.ndarray, cs: np.ndarray | None) -> None:
         hidden = hs.shape[-1]
-        mine.h_norm += _norm_sum(hs.reshape(-1, hidden))
+        mine.h_norm += _norm_sum(hs.reshape(hs.size // hidden, hidden))
         mine.rows += hs.size // hidden
         mine.saturated += int(np.count_nonzero(np.abs(hs) > SATURATION))
         mine.values += hs.size
         if cs is not None:
-            mine.c_norm += _norm_sum(cs.reshape(-1, hidden))
+            mine.c_norm += _norm_sum(cs.reshape(cs.size // hidden, hidden))
             mine.c_rows += cs.size // hidden
 
     @staticmethod
