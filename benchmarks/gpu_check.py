@@ -12,6 +12,8 @@ and what does the probe cost at 1, 16, 256 and 1,024 envs?
    none``) side by side, interleaved, on the
    torch-native Pendulum (``lstm_probe/integrations/sb3_torch_env.py``, no gymnasium loop hiding the probe),
    wall-time medians and their ratios.
+3. Where per-step c of a multi-step call is cheapest: ``benchmarks/c_recovery.py`` on the GPU (host numpy
+   after one copy, as the probe does, against a torch recompute on the device).
 
     python benchmarks/gpu_check.py                       # CUDA: both parts
     python benchmarks/gpu_check.py --device cpu --steps 1024 --envs 1 16   # a smoke run on CPU (part 2 only)
@@ -133,7 +135,13 @@ def main() -> None:
     results: dict[str, Any] = {"device": args.device, "torch": torch.__version__}
     if args.device.startswith("cuda"):
         results["gpu"] = torch.cuda.get_device_name()
-        for label, capture in (("sync", {}), ("sync_other_envs_none", {"trace_envs": 4, "other_envs": "none"})):
+        for label, capture in (
+            ("sync", {}),
+            ("sync_other_envs_none", {"trace_envs": 4, "other_envs": "none"}),
+            # live metrics on: they read the tracer's messages and wait only where figures are recorded
+            # (LogWriter.drain, twice an iteration, outside the hooks counted here)
+            ("sync_live_metrics", {"live_metrics": True}),
+        ):
             results[label] = found = syncs(args.device, 16, 16 * 128 * 2, **capture)
             print(f"{label}: hook calls and hand-overs: {found['hook_calls']}")
             for key, n in sorted(found["syncs"].items(), key=lambda kv: -kv[1]):
@@ -156,6 +164,13 @@ def main() -> None:
         ratios = ", ".join(f"{label} {row[f'{label} ratio']:.3f}x" for label in CAPTURES)
         print(f"{n:5d} envs, {steps:7d} steps: unprobed {base:7.2f} s, {ratios}", flush=True)
     results["overhead"] = rows
+    if args.device.startswith("cuda"):  # where per-step c is cheapest: on the device, or on the host as now
+        import subprocess
+
+        here = Path(__file__).with_name("c_recovery.py")
+        done = subprocess.run([sys.executable, str(here), "--device", args.device], capture_output=True, text=True)
+        print(done.stdout + done.stderr[-2000:], flush=True)
+        results["c_recovery"] = done.stdout
     out = os.environ.get("OUT")
     if out:
         Path(out, "gpu_check.json").write_text(json.dumps(results, indent=2))

@@ -3,7 +3,8 @@
 Records once what a real run hands its writer (every ``Sink`` message of a probed RecurrentPPO run,
 Pendulum-v1, sb3-contrib defaults), then replays the recording in this process through a fresh
 ``Sink`` per variant, interleaved (A B C A B C ...), timing the replay's CPU (``time.process_time``:
-row making, the c recovery, drift and norms, Arrow arrays, Parquet encoding, zstd, the file write).
+row making and norms, Arrow arrays, Parquet encoding, zstd, the file write; a multi-step call's per-step
+c and every drift come computed in the recorded messages).
 
     python benchmarks/writer_profile.py record --steps 1024 --n-envs 1 --capture full --rec full.rec
     python benchmarks/writer_profile.py replay full.rec --repeats 5
@@ -134,20 +135,8 @@ class _Stages:
         setattr(obj, name, timed)
 
     def install(self, s: Any) -> None:
-        from lstm_probe import sink
-
-        original = sink.lstm_cells
-        seconds = self.seconds
-
-        def cells(*a: Any, **k: Any) -> Any:
-            t0 = time.process_time()
-            try:
-                return original(*a, **k)
-            finally:
-                seconds["c recovery"] = seconds.get("c recovery", 0.0) + time.process_time() - t0
-
-        sink.lstm_cells = cells  # restored by the process ending (stages runs once)
-        self.wrap(s, "_drift", "drift")
+        # (the c recovery and the drifts come computed with the messages: drift.Drift, the job's second half)
+        self.wrap(s, "_states", "states into row buffers, norms")
         self.wrap(s.log.encoder, "encode", "arrow arrays")
         self.wrap(s.log.parts, "write", "parquet write (encode, zstd, file)")
         self.wrap(s.log.parts, "close_part", "part close")

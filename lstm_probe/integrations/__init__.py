@@ -15,11 +15,28 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import sys
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
 from lstm_probe.errors import BadInput
+
+
+def lazy_names(package: str, table: Mapping[str, str]) -> Callable[[str], Any]:
+    """A package's ``__getattr__`` that loads each name of ``table`` (name -> the package's module that
+    defines it, relative) on first use and keeps it: importing an integration's package imports no
+    framework (rllib/, rsl_rl/, torchrl/ each set ``__getattr__ = lazy_names(__name__, _LAZY)``)."""
+
+    def __getattr__(name: str) -> Any:
+        if name not in table:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(f"{package}.{table[name]}"), name)
+        setattr(sys.modules[package], name, value)
+        return value
+
+    return __getattr__
 
 
 @dataclass(frozen=True)

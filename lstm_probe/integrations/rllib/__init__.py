@@ -9,8 +9,9 @@ gradient flow (:func:`arch`); ``train.py``: :func:`run`, training RLlib PPO with
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from lstm_probe.integrations import lazy_names
 
 if TYPE_CHECKING:
     from lstm_probe.integrations.rllib.model import arch, gradient_flow, lstms, role
@@ -75,9 +76,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> object:
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_names(__name__, _LAZY)

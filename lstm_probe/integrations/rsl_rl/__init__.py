@@ -8,8 +8,9 @@ first use: importing this package (or ``options``) imports no rsl_rl.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from lstm_probe.integrations import lazy_names
 
 if TYPE_CHECKING:
     from lstm_probe.integrations.rsl_rl.envs import GymVecEnv, TorchPendulumVecEnv
@@ -44,9 +45,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> object:
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_names(__name__, _LAZY)
