@@ -1,0 +1,63 @@
+"""Drift is computed once, in the training process (drift.Drift), against the rollout states the probe holds
+for the `init` columns (inputs.Inputs): the log's drift columns must be their definition, computed here from
+the log's own vectors, for every way rollout states reach that store (one-step blocks, every step of a
+multi-step rollout call) and every way train rows come (a multi-step call, its t = -1 initial rows)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from torch import nn
+
+import lstm_probe
+
+
+class Net(nn.Module):
+    def __init__(self, layers: int):
+        super().__init__()
+        self.lstm = nn.LSTM(3, 8, num_layers=layers)
+
+
+def expected(df: pd.DataFrame) -> pd.DataFrame:
+    """Each train row's drift by its definition: ||s_train - s_rollout|| / ||s_rollout|| against the rollout
+    row of the same (layer, env, env step), from the log's own vectors (float64)."""
+    rollout = df[df.phase == "rollout"].set_index(["layer", "env", "env_step"])
+    train = df[(df.phase == "train") & ~df.padding].copy()
+    for s in ("h", "c"):
+        ref = np.stack(rollout.loc[list(zip(train.layer, train.env, train.env_step)), s].to_numpy()).astype(np.float64)
+        got = np.stack(train[s].to_numpy()).astype(np.float64)
+        train[f"want_{s}"] = np.linalg.norm(got - ref, axis=1) / np.maximum(np.linalg.norm(ref, axis=1), 1e-12)
+    return train
+
+
+@pytest.mark.parametrize("one_step_rollout", [True, False], ids=["one-step rollout", "multi-step rollout"])
+@pytest.mark.parametrize("layers", [1, 2])
+def test_drift_columns_are_their_definition(tmp_path, layers, one_step_rollout):
+    torch.manual_seed(0)
+    net = Net(layers)
+    n_envs, steps = 3, 10
+    x = torch.randn(steps, n_envs, 3)
+    zeros = (torch.zeros(layers, n_envs, 8), torch.zeros(layers, n_envs, 8))
+    env = np.repeat(np.arange(n_envs)[:, None], steps, axis=1)
+    env_step = np.repeat(np.arange(steps)[None, :], n_envs, axis=0)
+    tracer = lstm_probe.trace(net, tmp_path / "d.parquet", capture="full", reference_window=steps)
+    with tracer, torch.no_grad():
+        if one_step_rollout:
+            state = zeros
+            for t in range(steps):
+                with tracer.tag(phase="rollout", iteration=0, env=np.arange(n_envs), env_step=t):
+                    _, state = net.lstm(x[t : t + 1], state)
+        else:
+            with tracer.tag(phase="rollout", iteration=0, env=env, env_step=env_step):
+                net.lstm(x, zeros)
+        net.lstm.weight_hh_l0.add_(0.05)  # an optimizer step: the train states drift from the rollout's
+        with tracer.tag(phase="train", iteration=0, epoch=0, minibatch=0, env=env, env_step=env_step):
+            net.lstm(x, zeros)
+    df = lstm_probe.load(tmp_path / "d.parquet")
+    train = expected(df[df.t >= 0] if "t" in df else df)
+    assert len(train) == layers * n_envs * steps and train.drift_h.notna().all()
+    assert train.drift_h.max() > 1e-3  # the perturbed weights moved every layer's states
+    np.testing.assert_allclose(train.drift_h, train.want_h, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(train.drift_c, train.want_c, rtol=1e-5, atol=1e-7)
