@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from lstm_probe.contract import PATH, Grid, Tags
+from lstm_probe.drift import reduced
 from lstm_probe.messages import Rows, SequenceCall
 from lstm_probe.transfer import Later, Staged
 
@@ -110,16 +111,7 @@ def write_block(
             init = tracer.inputs.answer(name, tags.phase, tags.grid, 0, arrays[1], None, layers) if first else None
             cs = hc[layers:] if with_c else None
             tracer.rows += layers * len(per_col)
-            drift = tracer.drift
-            if tracer.reduce_loops and tags.phase == "train" and drift is not None:
-                # a summary log's per-step training loop: its norms and drifts, not its states (drift.py)
-                reduced = drift.reduce(name, tags.grid, t0, hc[:layers], cs)
-                rows = Rows(name, tags, t0, PATH["stepwise"], per_col, reduced, None, None, init)
-                tracer.hand_over(writer, rows, layers)
-                return
-            drifts = tracer.train_drift(name, tags, t0, hc[:layers], cs)
-            rows = Rows(name, tags, t0, PATH["stepwise"], per_col, hc[:layers], cs, None, init, drifts)
-            tracer.hand_over(writer, rows, layers)
+            hand_over(tracer, writer, name, tags, t0, PATH["stepwise"], per_col, hc[:layers], cs, None, init)
 
         return Later(staged, finish_loop)
     states = block.sides()  # (2, R, n * N, H): the returned states, then the input states
@@ -147,10 +139,37 @@ def write_block(
         init = tracer.inputs.answer(name, tags.phase, grid, 0, both[1], hc[:, :, 0], layers)
         tracer.rows += layers * len(per_col)
         cs = hc[layers:] if with_c else None
-        drift = tracer.train_drift(name, sent, 0, hc[:layers], cs)
-        tracer.hand_over(writer, Rows(name, sent, 0, PATH["step"], per_col, hc[:layers], cs, None, init, drift), layers)
+        hand_over(tracer, writer, name, sent, 0, PATH["step"], per_col, hc[:layers], cs, None, init)
 
     return Later(staged, finish)
+
+
+def hand_over(
+    tracer: CoreTracer,
+    writer: LogWriter,
+    name: str,
+    tags: Tags,
+    t0: int,
+    path: int,
+    ids: np.ndarray,
+    hs: np.ndarray,
+    cs: np.ndarray | None,
+    t: int | None,
+    init: tuple[np.ndarray, np.ndarray] | None,
+    per_step: bool = False,
+) -> None:
+    """Rows with their host states hs/cs (L, N, T', H; ``per_step``: a multi-step call's (L, T', N, H)) to the
+    sink, with the train rows' drifts (``drift.Drift``): as their figures where the log keeps no vectors
+    (``drift.reduced``: a summary log's rows never cross the pipe as states), else the states themselves."""
+    layers = int(hs.shape[0])
+    drift = tracer.train_drift(name, tags, t0, hs, cs, per_step)
+    if tracer.reduces:
+        rows = Rows(name, tags, t0, path, ids, reduced(hs, cs, drift, per_step), None, t, init)
+        tracer.hand_over(writer, rows, layers, (hs, cs))
+    elif per_step:
+        tracer.hand_over(writer, SequenceCall(name, tags, int(ids[0]) if len(ids) else 0, hs, cs, init, drift), layers)
+    else:
+        tracer.hand_over(writer, Rows(name, tags, t0, path, ids, hs, cs, t, init, drift), layers)
 
 
 def write_call(
@@ -185,8 +204,8 @@ def write_call(
             hs_all, cs_all, initial = arrays_of(rest)  # (L, T, N, H) each
             if tags.phase == "rollout":  # every step is a rollout state later train rows drift from
                 tracer.inputs.keep_steps(name, grid, hs_all, cs_all)
-            drift = tracer.train_drift(name, tags, 0, hs_all, cs_all, per_step=True)
-            tracer.hand_over(writer, SequenceCall(name, tags, call, hs_all, cs_all, first, drift), layers)
+            ids = np.full(batch * steps, call, np.int64)
+            hand_over(tracer, writer, name, tags, 0, PATH["sequence"], ids, hs_all, cs_all, None, first, per_step=True)
             if initial is not None and grid is not None and grid.train and grid.shape[0] == batch:
                 # the state each sequence started from, as rows with t = -1 (see the schema's `t`)
                 tracer.rows += layers * batch
@@ -194,16 +213,14 @@ def write_call(
                 h0 = initial[0][:, :, None, :]
                 c0 = initial[1][:, :, None, :] if initial[1] is not None else None
                 ids = np.full(batch, call, np.int64)
-                drift0 = tracer.train_drift(name, start, 0, h0, c0)
-                tracer.hand_over(writer, Rows(name, start, 0, PATH["sequence"], ids, h0, c0, -1, None, drift0), layers)
+                hand_over(tracer, writer, name, start, 0, PATH["sequence"], ids, h0, c0, -1, None)
         else:  # a one-step call that fits no block
             assert returned is not None
             hs = returned[:layers, :, None, :]
             cs = returned[layers:, :, None, :] if returned.shape[0] > layers else None
             path = PATH[tags.path or "step"]  # a train call of one step names its branch
             ids = np.full(batch, call, np.int64)
-            drift = tracer.train_drift(name, tags, 0, hs, cs)
-            tracer.hand_over(writer, Rows(name, tags, 0, path, ids, hs, cs, None, first, drift), layers)
+            hand_over(tracer, writer, name, tags, 0, path, ids, hs, cs, None, first)
 
     return Later(staged, finish)
 

@@ -3,9 +3,10 @@
 (:class:`Drift`: computed once, here, for the log, the live metrics and nothing else), and a block reduced
 to the figures a summary log keeps (:class:`Reduced`).
 
-A summary log's per-step training loops go to the sink as their norms and drifts, not their states (a
-2048-step run at 8 envs sent 126 of its 135 MB over the pipe as such blocks); the sink computes the norms
-of the rows whose states it gets with the same :func:`row_norms`. Never imports torch.
+Rows whose vectors the log does not keep (a summary log's, a full log's between its ``every`` iterations) go
+to the sink as their norms and drifts (:func:`reduced`), not their states (a 2048-step run at 8 envs sent
+126 of its 135 MB over the pipe as a summary log's per-step training loops alone); the sink computes the
+norms of the rows whose states it gets with the same :func:`row_norms`. Never imports torch.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from lstm_probe.contract import Grid
+from lstm_probe.messages import Drifts
 from lstm_probe.schema import relative_l2
 
 
@@ -55,7 +57,24 @@ class Reduced:
     shape: tuple[int, int, int]
     h_norm: np.ndarray
     c_norm: np.ndarray | None
-    drift: tuple[np.ndarray, np.ndarray, np.ndarray] | None
+    drift: Drifts | None
+
+
+def reduced(hs: np.ndarray, cs: np.ndarray | None, drift: Drifts | None, per_step: bool = False) -> Reduced:
+    """Rows whose vectors the log does not keep, hs/cs (L, N, T', H), as the figures they keep: norms (and
+    ``drift``, from :meth:`Drift.rows`). ``per_step``: hs/cs come (L, T', N, H) (a multi-step call's layout);
+    the norms are computed on the rows as they lie, then put in the sink's order (layer, column, step)."""
+    layers, a, b, hidden = hs.shape
+    n = layers * a * b
+    h_norm = row_norms(hs.reshape(n, hidden))
+    c_norm = row_norms(cs.reshape(n, hidden)) if cs is not None else None
+    if not per_step:
+        return Reduced((layers, a, b), h_norm, c_norm, drift)
+
+    def order(norms: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(norms.reshape(layers, a, b).transpose(0, 2, 1)).reshape(n)
+
+    return Reduced((layers, b, a), order(h_norm), order(c_norm) if c_norm is not None else None, drift)
 
 
 RolloutRing = Callable[[str], "tuple[np.ndarray, np.ndarray, int, int] | None"]
@@ -76,7 +95,7 @@ class Drift:
 
     def rows(
         self, name: str, grid: Grid | None, t0: int, hs: np.ndarray, cs: np.ndarray | None, per_step: bool = False
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    ) -> Drifts | None:
         """(drift_h, drift_c, found) of train rows hs/cs (L, N, T', H), in the sink's row order (layer,
         column, step); ``per_step``: hs/cs come (L, T', N, H) (a multi-step call's layout). None where the
         grid does not cover them (their env and env step are null: no row can have a reference)."""
@@ -92,15 +111,6 @@ class Drift:
         c = cs.reshape(n, self.hidden) if cs is not None else None
         return self._drift(name, layers, *keys, h, c)
 
-    def reduce(self, name: str, grid: Grid | None, t0: int, hs: np.ndarray, cs: np.ndarray | None) -> Reduced:
-        """A summary log's train block hs/cs (L, N, T', H) as the figures its rows keep: norms and drifts."""
-        layers, batch, steps = hs.shape[:3]
-        h = hs.reshape(layers * batch * steps, self.hidden)
-        c = cs.reshape(layers * batch * steps, self.hidden) if cs is not None else None
-        keys = grid_keys(grid, t0, steps, layers, batch)
-        drift = self._drift(name, layers, *keys, h, c) if keys is not None else None
-        return Reduced((layers, batch, steps), row_norms(h), row_norms(c) if c is not None else None, drift)
-
     def _drift(
         self,
         name: str,
@@ -110,7 +120,7 @@ class Drift:
         step: np.ndarray,
         h: np.ndarray,
         c: np.ndarray | None,
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    ) -> Drifts:
         """Each row's drift against the rollout state of its (layer, env, env step) (``schema.relative_l2``;
         a GRU's c: 0 against 0)."""
         n = len(env)

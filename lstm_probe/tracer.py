@@ -47,6 +47,11 @@ from lstm_probe.recover import (
 )
 from lstm_probe.transfer import Later
 
+Observer = Callable[[Message, int, "tuple[Any, Any] | None"], None]
+"""Reads each message the tracer hands the sink (``CoreTracer.observers``): the message, the module's layers,
+and the rows' states (hs, cs) where the message carries their figures only (None: it carries the states, or
+none were kept)."""
+
 _grad_enabled = torch.is_grad_enabled
 _set_grad_enabled = torch._C._set_grad_enabled  # a function call; torch.no_grad() as a context costs ~4 us
 
@@ -57,11 +62,10 @@ class CoreTracer:
     Made by an integration (``lstm_probe.trace``, ``ProbeCallback``, the RLlib probes), which answers
     each call's tags. ``initial_states``: also record the states each multi-step call started from.
     ``call_base``: the first call id (keeps ids unique across the processes of one log); ``shard``: this
-    process's part-file name in a directory log written by several processes; ``reduce_loops``: reduce a
-    summary log's per-step training loops here (``drift.py``; an integration whose training makes them).
+    process's part-file name in a directory log written by several processes.
     """
 
-    _reduce_here = True  # False: a summary log's per-step loops reduced in the sink, never here (tests)
+    _reduce_here = True  # False: rows whose vectors the log does not keep go to the sink whole (tests)
 
     def __init__(
         self,
@@ -72,7 +76,6 @@ class CoreTracer:
         initial_states: bool = False,
         call_base: int = 0,
         shard: str | None = None,
-        reduce_loops: bool = False,
     ):
         self.modules = dict(modules)
         sizes = set()
@@ -118,14 +121,11 @@ class CoreTracer:
         # where each call's input state came from (the `init` columns): the returned states the probe holds
         window = options.reference_window + 2 if options.reference_window else 0
         self.inputs = Inputs(window, integration.capabilities().stored_states)
-        # a summary log's per-step training loops handed over as their norms and drifts (drift.py), not their
-        # states: asked for by an integration whose training makes such loops (sb3)
-        self.reduce_loops = reduce_loops and options.capture == "summary" and self._reduce_here
         # each train row's drift against the rollout states Inputs holds: computed once, here (drift.py)
         self.drift: Drift | None = None
         self.scratch = Scratch()  # the per-step c recovery's work arrays (jobs run one at a time, in order)
         # who else reads each message handed to the sink, in the same process (sb3's live metrics)
-        self.observers: list[Callable[[Message, int], None]] = []
+        self.observers: list[Observer] = []
         self.resolver: Resolver = integration.resolve
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
         self.writer: LogWriter | None = None
@@ -570,10 +570,19 @@ class CoreTracer:
             return None
         return self.drift.rows(name, tags.grid, t0, hs, cs, per_step)
 
-    def hand_over(self, writer: LogWriter, message: Message, layers: int) -> None:
-        """``message`` to the sink, after the observers (``observers``: live metrics) have read it."""
+    @property
+    def reduces(self) -> bool:
+        """Whether rows go to the sink as their figures (``drift.reduced``), not their states: a summary log,
+        which keeps no state vector."""
+        return self._reduce_here and self.options.capture == "summary"
+
+    def hand_over(
+        self, writer: LogWriter, message: Message, layers: int, states: tuple[Any, Any] | None = None
+    ) -> None:
+        """``message`` to the sink, after the observers (``observers``: live metrics) have read it, with the
+        rows' states ``states`` (hs, cs) where the message carries their figures only."""
         for observe in self.observers:
-            observe(message, layers)
+            observe(message, layers, states)
         writer.send(message)
 
     def _write_block(

@@ -32,9 +32,9 @@ def expected(df: pd.DataFrame) -> pd.DataFrame:
     return train
 
 
-@pytest.mark.parametrize("one_step_rollout", [True, False], ids=["one-step rollout", "multi-step rollout"])
-@pytest.mark.parametrize("layers", [1, 2])
-def test_drift_columns_are_their_definition(tmp_path, layers, one_step_rollout):
+def traced(out, layers: int, one_step_rollout: bool, capture: str) -> pd.DataFrame:
+    """Rollout calls (one step at a time, or one multi-step call), a weight change, then a train call over
+    the same env steps, traced into ``out``."""
     torch.manual_seed(0)
     net = Net(layers)
     n_envs, steps = 3, 10
@@ -42,7 +42,7 @@ def test_drift_columns_are_their_definition(tmp_path, layers, one_step_rollout):
     zeros = (torch.zeros(layers, n_envs, 8), torch.zeros(layers, n_envs, 8))
     env = np.repeat(np.arange(n_envs)[:, None], steps, axis=1)
     env_step = np.repeat(np.arange(steps)[None, :], n_envs, axis=0)
-    tracer = lstm_probe.trace(net, tmp_path / "d.parquet", capture="full", reference_window=steps)
+    tracer = lstm_probe.trace(net, out, capture=capture, reference_window=steps)
     with tracer, torch.no_grad():
         if one_step_rollout:
             state = zeros
@@ -55,9 +55,19 @@ def test_drift_columns_are_their_definition(tmp_path, layers, one_step_rollout):
         net.lstm.weight_hh_l0.add_(0.05)  # an optimizer step: the train states drift from the rollout's
         with tracer.tag(phase="train", iteration=0, epoch=0, minibatch=0, env=env, env_step=env_step):
             net.lstm(x, zeros)
-    df = lstm_probe.load(tmp_path / "d.parquet")
-    train = expected(df[df.t >= 0] if "t" in df else df)
-    assert len(train) == layers * n_envs * steps and train.drift_h.notna().all()
+    return lstm_probe.load(out, vectors=capture == "full")
+
+
+@pytest.mark.parametrize("one_step_rollout", [True, False], ids=["one-step rollout", "multi-step rollout"])
+@pytest.mark.parametrize("layers", [1, 2])
+def test_drift_columns_are_their_definition(tmp_path, layers, one_step_rollout):
+    df = traced(tmp_path / "full.parquet", layers, one_step_rollout, "full")
+    train = expected(df)
+    assert len(train) == layers * 3 * 10 and train.drift_h.notna().all()
     assert train.drift_h.max() > 1e-3  # the perturbed weights moved every layer's states
     np.testing.assert_allclose(train.drift_h, train.want_h, rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(train.drift_c, train.want_c, rtol=1e-5, atol=1e-7)
+    # a summary log's rows reach the sink as their figures (drift.reduced): the same figures, bit for bit
+    summary = traced(tmp_path / "summary.parquet", layers, one_step_rollout, "summary")
+    columns = ["phase", "layer", "env", "env_step", "h_norm", "c_norm", "drift_h", "drift_c", "init", "init_norm"]
+    pd.testing.assert_frame_equal(df[columns].reset_index(drop=True), summary[columns].reset_index(drop=True))

@@ -251,7 +251,7 @@ class ProbeCallback(BaseCallback):
         meta.update(self.extra_metadata)
         self._metadata = meta
         options = dataclasses.replace(self.options, reference_window=self.n_steps)
-        tracer = CoreTracer(modules, options, WeakIntegration(self), reduce_loops=True)  # per-step loops: drift.py
+        tracer = CoreTracer(modules, options, WeakIntegration(self))
         tracer.metadata["architecture"].update(meta.pop("architecture_sb3"))
         tracer.start()
         attachment.open(self, tracer)

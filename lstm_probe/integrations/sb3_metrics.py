@@ -157,9 +157,10 @@ class LiveMetrics:
         self.rows = rows
 
     # -- what the figures are made of --------------------------------------------------------------
-    def observe(self, message: Message, layers: int) -> None:
+    def observe(self, message: Message, layers: int, states: tuple[Any, Any] | None = None) -> None:
         """A message the tracer hands the sink (``CoreTracer.hand_over``; in call order, host arrays): a
-        rollout block's states, or train rows' drifts."""
+        rollout block's states (``states`` where the message carries the rows' figures only), or train rows'
+        drifts."""
         mine = self.modules.get(message.name)  # type: ignore[union-attr]
         if mine is None or isinstance(message, Progress):
             return
@@ -167,10 +168,12 @@ class LiveMetrics:
         try:
             tags = message.tags
             if tags.phase == "rollout":
-                if isinstance(message.hs, np.ndarray):
+                if states is not None:
+                    self._rollout(mine, *states)
+                elif isinstance(message.hs, np.ndarray):
                     self._rollout(mine, message.hs, message.cs)
             elif tags.phase == "train" and tags.grid is not None and getattr(message, "t", None) != -1:
-                # a summary log's reduced loop (drift.Reduced) brings its drifts with its figures
+                # figures-only rows (a summary log's, drift.Reduced) bring their drifts with their norms
                 drift = message.drift if isinstance(message.hs, np.ndarray) else message.hs.drift
                 if drift is not None:
                     self._train(mine, int(tags.epoch if tags.epoch is not None else 0), drift, layers)
