@@ -38,12 +38,27 @@ def device_cells(module: torch.nn.LSTM, x: torch.Tensor, h0: torch.Tensor, c0: t
             if layer == module.num_layers - 1:
                 out = y
             else:
-                w = [w_ih, w_hh] + ([getattr(module, f"bias_ih_l{layer}"), getattr(module, f"bias_hh_l{layer}")] if module.bias else [])
-                out = torch.lstm(layer_in, (h0[layer : layer + 1], c0[layer : layer + 1]), w, module.bias, 1, 0.0, False, False, False)[0]
+                w = [w_ih, w_hh] + (
+                    [getattr(module, f"bias_ih_l{layer}"), getattr(module, f"bias_hh_l{layer}")] if module.bias else []
+                )
+                out = torch.lstm(
+                    layer_in,
+                    (h0[layer : layer + 1], c0[layer : layer + 1]),
+                    w,
+                    module.bias,
+                    1,
+                    0.0,
+                    False,
+                    False,
+                    False,
+                )[0]
             h_prev = torch.cat((h0[layer : layer + 1], out[:-1]))
             gates = layer_in @ w_ih[: 3 * hidden].T + h_prev @ w_hh[: 3 * hidden].T
             if module.bias:
-                gates += getattr(module, f"bias_ih_l{layer}")[: 3 * hidden] + getattr(module, f"bias_hh_l{layer}")[: 3 * hidden]
+                gates += (
+                    getattr(module, f"bias_ih_l{layer}")[: 3 * hidden]
+                    + getattr(module, f"bias_hh_l{layer}")[: 3 * hidden]
+                )
             i, f, g = gates.split(hidden, dim=-1)
             i, f, g = i.sigmoid(), f.sigmoid(), g.tanh()
             ig = i * g
@@ -80,7 +95,9 @@ def main() -> None:
     dev = torch.device(args.device)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     print(f"device {dev}, hidden {args.hidden}, one torch thread; ms per call, medians of {args.repeats}")
-    print(f"{'layers':>6} {'T x N':>8} {'host':>8} {'(torch+copy)':>13} {'device':>8} {'device/host':>12} {'max rel err':>12}")
+    print(
+        f"{'layers':>6} {'T x N':>8} {'host':>8} {'(torch+copy)':>13} {'device':>8} {'device/host':>12} {'max rel err':>12}"
+    )
     for layers in args.layers:
         module = torch.nn.LSTM(3, args.hidden, layers).to(dev)
         scratch = Scratch()
@@ -95,13 +112,13 @@ def main() -> None:
             for _ in range(args.repeats):
                 sync()
                 t0 = time.perf_counter()
-                hs, cs, _, t_numpy = host_cells(module, x, h0, c0, y, scratch)
+                _, cs, _, t_numpy = host_cells(module, x, h0, c0, y, scratch)
                 t1 = time.perf_counter()
                 host.append(t1 - t0)
                 first.append(t_numpy - t0)
                 sync()
                 t0 = time.perf_counter()
-                hs_d, cs_d = device_cells(module, x, h0, c0, y)
+                _, cs_d = device_cells(module, x, h0, c0, y)
                 dev_t.append(time.perf_counter() - t0)
             err = float(np.max(np.abs(cs_d - cs) / np.maximum(np.abs(cs), 1e-3)))
             h, f, d = (1e3 * statistics.median(v) for v in (host, first, dev_t))

@@ -26,7 +26,9 @@ def expected(df: pd.DataFrame) -> pd.DataFrame:
     rollout = df[df.phase == "rollout"].set_index(["layer", "env", "env_step"])
     train = df[(df.phase == "train") & ~df.padding].copy()
     for s in ("h", "c"):
-        ref = np.stack(rollout.loc[list(zip(train.layer, train.env, train.env_step)), s].to_numpy()).astype(np.float64)
+        ref = np.stack(
+            rollout.loc[list(zip(train.layer, train.env, train.env_step, strict=True)), s].to_numpy()
+        ).astype(np.float64)
         got = np.stack(train[s].to_numpy()).astype(np.float64)
         train[f"want_{s}"] = np.linalg.norm(got - ref, axis=1) / np.maximum(np.linalg.norm(ref, axis=1), 1e-12)
     return train
