@@ -263,6 +263,22 @@ def module_input(
     return x0.unsqueeze(1) if unbatched else x0
 
 
+def start_states(
+    mod: nn.Module, args: tuple[Any, ...], batch: int, x: torch.Tensor, unbatched: bool, is_lstm: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (h0, c0) a multi-step nn.LSTM / nn.GRU call started from, each (L, N, H) (zeros where the call was
+    given none; a GRU's c0 zeros), as given: no copy."""
+    layers, hidden = int(mod.num_layers), int(mod.hidden_size)  # type: ignore[arg-type]
+    hx = args[1] if len(args) > 1 else None
+    zeros = torch.zeros(layers, batch, hidden, dtype=x.dtype, device=x.device)
+    if hx is None:
+        return zeros, zeros
+    h0, c0 = hx if is_lstm else (hx, zeros)
+    if unbatched:
+        h0, c0 = h0.unsqueeze(1), c0.unsqueeze(1)
+    return h0, c0
+
+
 def input_parts(args: tuple[Any, ...], unbatched: bool, is_lstm: bool) -> tuple[torch.Tensor, ...] | None:
     """The input states of a one-step nn.LSTM / nn.GRU call as given, (h0, c0) or (h0,), each (L, N, H), no
     copy (the block copies them into its buffer); None where the call was given none (zeros)."""

@@ -27,11 +27,21 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 
-from lstm_probe.blocks import Block, Loop, fitted, kept_columns, select, tensor_bytes, write_block, write_call
+from lstm_probe.blocks import (
+    Block,
+    KeptColumns,
+    Loop,
+    fitted,
+    kept_columns,
+    select,
+    tensor_bytes,
+    write_block,
+    write_call,
+)
 from lstm_probe.contract import CODES, Integration, Resolver, Tags, padded, tag_values
 from lstm_probe.drift import Drift
 from lstm_probe.errors import BadInput, one_line
-from lstm_probe.inputs import Inputs, cell_parts, input_parts, joined, module_input, stacked_steps
+from lstm_probe.inputs import Inputs, cell_parts, input_parts, joined, module_input, stacked_steps, start_states
 from lstm_probe.logwriter import LogWriter
 from lstm_probe.messages import Drifts, Message
 from lstm_probe.modules import RECURRENT_TYPES, base_metadata, describe_modules
@@ -107,6 +117,7 @@ class CoreTracer:
         }
         # --other-envs none: only env columns below this reach the host (selected where the states are)
         self.keep_envs = options.trace_envs if options.other_envs == "none" else None
+        self.keep_columns = KeptColumns(self.keep_envs) if self.keep_envs is not None else None
         self.metadata: dict[str, Any] = {
             **base_metadata(),
             "framework": integration.name,
@@ -323,7 +334,7 @@ class CoreTracer:
             ) -> None:
                 # x, y: (T, N, .) sequence-first; valid: (T, N) False on a packed call's padding steps
                 steps, batch = int(x.shape[0]), int(x.shape[1])
-                h0, c0 = self._initial(mod, args, batch, x, unbatched, is_lstm)
+                h0, c0 = start_states(mod, args, batch, x, unbatched, is_lstm)
                 h0, c0 = h0.detach(), c0.detach()
                 x0 = torch.cat((h0, c0)) if is_lstm else h0.clone()  # copies: states change in place
                 hn, cn = output[1] if is_lstm else (output[1], None)
@@ -387,20 +398,6 @@ class CoreTracer:
                 self._emit(name, code, 1, batch, h[None], c[None] if c is not None else None, x0=x0)
 
         return hook
-
-    @staticmethod
-    def _initial(
-        mod: nn.Module, args: tuple[Any, ...], batch: int, x: torch.Tensor, unbatched: bool, is_lstm: bool
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        layers, hidden = int(mod.num_layers), int(mod.hidden_size)  # type: ignore[arg-type]
-        hx = args[1] if len(args) > 1 else None
-        zeros = torch.zeros(layers, batch, hidden, dtype=x.dtype, device=x.device)
-        if hx is None:
-            return zeros, zeros
-        h0, c0 = hx if is_lstm else (hx, zeros)
-        if unbatched:
-            h0, c0 = h0.unsqueeze(1), c0.unsqueeze(1)
-        return h0, c0
 
     def _emit(
         self,
@@ -475,8 +472,13 @@ class CoreTracer:
             writer.submit(job, nbytes or tensor_bytes(out))
             return
         assert h is not None  # a one-step call brings its states
-        block = self._pending.get(name)
         stepwise = key[0] == "stepwise"
+        if self.keep_columns is not None and not stepwise:  # --other-envs none: kept columns only (blocks.py)
+            kept = self.keep_columns(grid, batch, h, c, x0)
+            if kept is None:
+                return
+            grid, batch, h, c, x0 = kept
+        block = self._pending.get(name)
         if key != self._pending_key or (block is not None and not stepwise and block.batch != batch):
             self.flush_pending()
             self._pending_key, self._pending_tags = key, tags

@@ -125,3 +125,34 @@ def test_other_envs_none_keeps_batch_columns_where_no_env_is_tagged(tmp_path):
         lstm_probe.states(untagged.sort_values(["seq", "t"]), "h"),
         lstm(x)[0].detach().transpose(0, 1)[:2].reshape(-1, 8).numpy(),
     )
+
+
+def test_other_envs_none_selects_env_columns_wherever_they_sit(tmp_path):
+    """One-step calls whose env columns are permuted, and change from call to call (the kept columns are then
+    an index, not a leading run, and a call's columns are never taken from the call before): the kept envs'
+    rows equal the full log's, state for state, and no other env's row is written."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    lstm = nn.LSTM(3, 8)
+    x = torch.randn(6, 4, 3)
+    envs = [[3, 0, 2, 1], [3, 0, 2, 1], [1, 3, 0, 2], [2, 1, 3, 0], [2, 1, 3, 0], [0, 1, 2, 3]]
+
+    def log(name, **kw):
+        out = tmp_path / f"{name}.parquet"
+        with lstm_probe.trace(lstm, out=out, **kw) as probe, torch.no_grad():
+            state = None
+            for t, env in enumerate(envs):
+                with probe.tag(phase="rollout", iteration=0, env=np.array(env), env_step=t):
+                    _, state = lstm(x[t : t + 1], state)
+        df = lstm_probe.load(out)
+        return df.sort_values(["env_step", "env"]).reset_index(drop=True)
+
+    full, some = log("full"), log("some", trace_envs=2, other_envs="none")
+    kept = full[full["env"] < 2].reset_index(drop=True)
+    assert len(some) == len(kept) == 6 * 2 and set(some["env"]) == {0, 1}
+    for column in ("env", "env_step", "h_norm", "c_norm"):
+        assert some[column].tolist() == kept[column].tolist(), column
+    assert np.array_equal(lstm_probe.states(some, "h"), lstm_probe.states(kept, "h"))
+    assert np.array_equal(lstm_probe.states(some, "c"), lstm_probe.states(kept, "c"))
