@@ -3,10 +3,10 @@
 (:class:`Drift`: computed once, here, for the log, the live metrics and nothing else), and a block reduced
 to the figures a summary log keeps (:class:`Reduced`).
 
-Rows whose vectors the log does not keep (a summary log's, a full log's between its ``every`` iterations) go
-to the sink as their norms and drifts (:func:`reduced`), not their states (a 2048-step run at 8 envs sent
-126 of its 135 MB over the pipe as a summary log's per-step training loops alone); the sink computes the
-norms of the rows whose states it gets with the same :func:`row_norms`. Never imports torch.
+A summary log's rows (it keeps no vectors) go to the sink as their norms and drifts (:func:`reduced`), not
+their states (a 2048-step run at 8 envs sent 126 of its 135 MB over the pipe as a summary log's per-step
+training loops alone); the sink computes the norms of the rows whose states it gets (a full log's) with the
+same :func:`row_norms`. Never imports torch.
 """
 
 from __future__ import annotations

@@ -87,7 +87,7 @@ class Inputs:
         states they returned (None: not kept, e.g. a per-timestep loop's first step), ``t`` the grid step
         of their first step. Columns of one env later in the block compare with the earlier ones' states."""
         m = x0.shape[1]
-        xs = np.ascontiguousarray(x0.transpose(1, 0, 2)).reshape(m, -1)  # (M, R * H)
+        xs = np.ascontiguousarray(x0.transpose(1, 0, 2)).reshape(m, x0.shape[0] * x0.shape[2])  # (M, R * H)
         sq = np.einsum("rmh,rmh->rm", x0, x0, dtype=np.float64)
         norms = np.sqrt(sq[:layers] + sq[layers:] if x0.shape[0] > layers else sq).astype(np.float32)
         zero: np.ndarray = np.logical_not(xs.any(axis=1))
@@ -108,6 +108,13 @@ class Inputs:
             store = self.stores[(name, group)] = _Store(xs.shape[1], self.window if group == "rollout" else 0)
         if env is None or (env < 0).any():  # columns without an env: nothing to compare with
             flags |= FIRST | (UNCHECKED if training else 0)
+            if env is not None and step is not None and out is not None and phase in ACTING and store.window:
+                # the columns that have an env and step are still rollout states train rows drift from
+                ok = (env >= 0) & (step >= 0)
+                if ok.any() and not multistep:
+                    store.grow(int(env[ok].max()) + 1)
+                    held = np.ascontiguousarray(out.transpose(1, 0, 2)).reshape(m, xs.shape[1])
+                    self._ring(store, env[ok], step[ok], held[ok], zero[ok])
             return decode(flags, start, self.stored_states), norms
         store.grow(int(env.max()) + 1)
         if training:
@@ -140,11 +147,16 @@ class Inputs:
             store.has[env[last]] = True
             if store.window and step is not None and not multistep:
                 ok = step >= 0
-                slots = env[ok] * store.window + step[ok] % store.window
-                store.ring[slots] = outs[ok]
-                store.steps[slots] = step[ok]
-                store.zero_in[slots] = zero[ok]
+                self._ring(store, env[ok], step[ok], outs[ok], zero[ok])
         return decode(flags, start, self.stored_states), norms
+
+    @staticmethod
+    def _ring(store: _Store, env: np.ndarray, step: np.ndarray, outs: np.ndarray, zero: np.ndarray) -> None:
+        """Rollout states (rows of R * H) of (env, env step) into the store's ring."""
+        slots = env * store.window + step % store.window
+        store.ring[slots] = outs
+        store.steps[slots] = step
+        store.zero_in[slots] = zero
 
     def keep_steps(self, name: str, grid: Grid | None, hs: np.ndarray, cs: np.ndarray | None) -> None:
         """Every step of a multi-step rollout call into the ring of rollout states (:meth:`answer` keeps its
@@ -170,7 +182,7 @@ class Inputs:
         store.zero_in[slots] = False
 
     def rollout_ring(self, name: str) -> tuple[np.ndarray, np.ndarray, int, int] | None:
-        """Module ``name``'s rollout states of the last ``window`` env steps of each env column (``drift.Reducer``
+        """Module ``name``'s rollout states of the last ``window`` env steps of each env column (``drift.Drift``
         reads them: the one store of rollout states in the training process): the (envs * window, R * H)
         table, the env step each slot holds (-1: none), the window and the env count; None: none held."""
         store = self.stores.get((name, "rollout"))

@@ -8,7 +8,7 @@ are computed from the module's weights, in two halves:
 - the torch half (training process, :func:`lstm_sequence_io`): the lower layers' (l < L-1) per-step h
   from one fused single-layer ``torch.lstm`` / ``torch.gru`` call on that layer's weights (the same
   kernel, so the same numbers), and each layer's input and gate weights as host arrays (:data:`Cells`);
-- the numpy half (the sink, off the training thread, :func:`lstm_cells`): every layer's i, f, g gates in
+- the numpy half (the job's second half, on the host, :func:`lstm_cells`): every layer's i, f, g gates in
   one batched matmul from (x_t, h_{t-1}), where h_{t-1} is known for every step, then
   c_t = f_t * c_{t-1} + i_t * g_t as an elementwise scan.
 

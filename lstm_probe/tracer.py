@@ -167,6 +167,8 @@ class CoreTracer:
         self.started = time.monotonic()
         o = self.options
         self.rows = 0  # each log its own (a generic tracer may start again)
+        # and its own states held: a log's drifts and `init` answers never refer to an earlier log's rollout
+        self.inputs = Inputs(self.inputs.window, self.inputs.stored_states)
         self.drift = Drift(self.hidden, self.inputs.rollout_ring)
         self.writer = LogWriter(o, self.hidden, self.names, self.metadata, CODES, shard=self.shard)
         try:
@@ -357,7 +359,7 @@ class CoreTracer:
                     columns: np.ndarray | None,
                 ) -> tuple[list[torch.Tensor], Callable[[list[np.ndarray]], tuple[Any, Any, Any]]]:
                     # the torch part of the recovery here, on the call's device (lower layers only), as
-                    # tensors for the job's one host copy; gates and scan in the sink. ``columns``: the
+                    # tensors for the job's one host copy; gates and scan in its second half. ``columns``: the
                     # batch columns kept (--other-envs none), chosen before any of it is computed
                     nonlocal x, y, h0, c0, valid
                     if columns is not None:
@@ -416,9 +418,8 @@ class CoreTracer:
     ) -> None:
         """Take one call. One-step calls bring their (L, N, H) states ``h``/``c`` as the module returned them
         (copied here: the caller may change them in place once the call returns); multi-step calls bring
-        ``states``, run by the job: the recovery's tensors, and what turns their host arrays into the
-        arguments of :meth:`Sink.sequence` (per-step h, the gates for the cell-state scan, the initial
-        states).
+        ``states``, run by the job: the recovery's tensors, and what turns their host arrays into per-step h
+        and c (the cell-state scan, ``recover.lstm_cells``) and the initial states (``blocks.write_call``).
 
         One-step calls are kept and written in blocks, each call copied into its block's buffer on the
         device (``blocks.Block``): the steps of a per-timestep loop over a sequence batch (sb3's 'stepwise'

@@ -73,3 +73,46 @@ def test_drift_columns_are_their_definition(tmp_path, layers, one_step_rollout):
     summary = traced(tmp_path / "summary.parquet", layers, one_step_rollout, "summary")
     columns = ["phase", "layer", "env", "env_step", "h_norm", "c_norm", "drift_h", "drift_c", "init", "init_norm"]
     pd.testing.assert_frame_equal(df[columns].reset_index(drop=True), summary[columns].reset_index(drop=True))
+
+
+def test_a_restarted_tracer_drifts_against_its_own_logs_rollout_only(tmp_path):
+    """A tracer started again writes a new log: its train rows never drift against the earlier log's rollout
+    states (the states held are each log's own)."""
+    torch.manual_seed(0)
+    net = Net(1)
+    x = torch.randn(4, 2, 3)
+    env = np.repeat(np.arange(2)[:, None], 4, axis=1)
+    env_step = np.repeat(np.arange(4)[None, :], 2, axis=0)
+    tracer = lstm_probe.trace(net, tmp_path / "r.parquet", capture="summary", reference_window=4, force=True)
+    with torch.no_grad():
+        with tracer:
+            with tracer.tag(phase="rollout", iteration=0, env=env, env_step=env_step):
+                net.lstm(x)
+            with tracer.tag(phase="train", iteration=0, epoch=0, minibatch=0, env=env, env_step=env_step):
+                net.lstm(x)
+        first = lstm_probe.load(tmp_path / "r.parquet", vectors=False)
+        with tracer:  # the same env steps again, without their rollout
+            with tracer.tag(phase="train", iteration=0, epoch=0, minibatch=0, env=env, env_step=env_step):
+                net.lstm(x)
+        second = lstm_probe.load(tmp_path / "r.parquet", vectors=False)
+    assert first[first.phase == "train"].drift_h.notna().all()
+    assert len(second) == 8 and second.drift_h.isna().all()
+
+
+def test_rollout_columns_without_an_env_leave_the_others_as_references(tmp_path):
+    """A rollout call some of whose columns carry no env: the others' states are still the rollout states
+    train rows drift from."""
+    torch.manual_seed(0)
+    net = Net(1)
+    x = torch.randn(3, 3, 3)
+    with lstm_probe.trace(net, tmp_path / "p.parquet", reference_window=3) as tracer, torch.no_grad():
+        state = None
+        for t in range(3):
+            with tracer.tag(phase="rollout", iteration=0, env=np.array([0, 1, -1]), env_step=t):
+                _, state = net.lstm(x[t : t + 1], state)
+        env = np.repeat(np.arange(2)[:, None], 3, axis=1)
+        env_step = np.repeat(np.arange(3)[None, :], 2, axis=0)
+        with tracer.tag(phase="train", iteration=0, epoch=0, minibatch=0, env=env, env_step=env_step):
+            net.lstm(x[:, :2])
+    train = lstm_probe.load(tmp_path / "p.parquet", phase="train", vectors=False)
+    assert len(train) == 6 and train.drift_h.notna().all() and train.drift_h.max() < 1e-6

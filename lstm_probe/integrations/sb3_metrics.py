@@ -38,7 +38,6 @@ Relies on sb3-contrib 2.x: ``ppo_recurrent.py:RecurrentPPO.collect_rollouts`` ca
 
 from __future__ import annotations
 
-import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -80,13 +79,6 @@ def live() -> dict[str, Any]:
     rows handed to the writer (empty before a run starts)."""
     metrics = _CURRENT() if _CURRENT is not None else None
     return {} if metrics is None else metrics.live()
-
-
-def _count(probe: Any, start: float) -> None:
-    """The time since ``start`` into the probe's ``integration_seconds`` (the log's ``probe_cost``)."""
-    tracer = probe.tracer
-    if tracer is not None:
-        tracer.integration_seconds += time.perf_counter() - start
 
 
 def _norm_sum(states: np.ndarray) -> float:
@@ -161,26 +153,23 @@ class LiveMetrics:
         """A message the tracer hands the sink (``CoreTracer.hand_over``; in call order, host arrays): a
         rollout block's states (``states`` where the message carries the rows' figures only), or train rows'
         drifts."""
-        mine = self.modules.get(message.name)  # type: ignore[union-attr]
-        if mine is None or isinstance(message, Progress):
+        if isinstance(message, Progress):
             return
-        start = time.perf_counter()
-        try:
-            tags = message.tags
-            if tags.phase == "rollout":
-                if states is not None:
-                    self._rollout(mine, *states)
-                elif isinstance(message.hs, np.ndarray):
-                    self._rollout(mine, message.hs, message.cs)
-            elif tags.phase == "train" and tags.grid is not None and getattr(message, "t", None) != -1:
-                # figures-only rows (a summary log's, drift.Reduced) bring their drifts with their norms
-                drift = message.drift if isinstance(message.hs, np.ndarray) else message.hs.drift
-                if drift is not None:
-                    self._train(mine, int(tags.epoch if tags.epoch is not None else 0), drift, layers)
-        finally:
-            probe = self.probe()
-            if probe is not None:
-                _count(probe, start)
+        mine = self.modules.get(message.name)
+        if mine is None:
+            return
+        # (its time is the hand-over's: inside a hook or a timed callback, or on the writer thread)
+        tags = message.tags
+        if tags.phase == "rollout":
+            if states is not None:
+                self._rollout(mine, *states)
+            elif isinstance(message.hs, np.ndarray):
+                self._rollout(mine, message.hs, message.cs)
+        elif tags.phase == "train" and tags.grid is not None and getattr(message, "t", None) != -1:
+            # figures-only rows (a summary log's, drift.Reduced) bring their drifts with their norms
+            drift = message.drift if isinstance(message.hs, np.ndarray) else message.hs.drift
+            if drift is not None:
+                self._train(mine, int(tags.epoch if tags.epoch is not None else 0), drift, layers)
 
     @staticmethod
     def _rollout(mine: _Module, hs: np.ndarray, cs: np.ndarray | None) -> None:
