@@ -445,11 +445,9 @@ def test_two_probes_and_a_second_learn_with_loops_recorded_whole(tmp_path):
         assert (df.path == "stepwise").any()
 
 
-def test_live_metrics_are_the_same_with_loops_recorded_whole(tmp_path, monkeypatch):
-    """The figures sb3_metrics records through SB3's logger take a loop's outputs whole: the same values."""
+def recording():
+    """An SB3 Logger (no output format) that keeps every lstm_probe/ figure recorded, in order, in ``seen``."""
     from stable_baselines3.common.logger import Logger
-
-    from lstm_probe.integrations import sb3_metrics
 
     class Recording(Logger):
         def __init__(self):
@@ -461,10 +459,17 @@ def test_live_metrics_are_the_same_with_loops_recorded_whole(tmp_path, monkeypat
                 self.seen.append((key, value))
             super().record(key, value, exclude)
 
+    return Recording()
+
+
+def test_live_metrics_are_the_same_with_loops_recorded_whole(tmp_path, monkeypatch):
+    """The figures sb3_metrics records through SB3's logger take a loop's outputs whole: the same values."""
+    from lstm_probe.integrations import sb3_metrics
+
     def figures(whole):
         monkeypatch.setattr(ProbeCallback, "_loop_blocks", whole)
         model = make("CartPole-v1", n_envs=2)
-        model.set_logger(Recording())
+        model.set_logger(recording())
         model.learn(128, callback=ProbeCallback(tmp_path / f"{whole}.parquet"))
         return model.logger.seen, sb3_metrics.live()["rows"]
 
@@ -609,21 +614,10 @@ def test_live_metrics_change_no_row_and_agree_across_writers(tmp_path):
     """Live metrics read the tracer's messages (no hooks of their own): figures on or off, the log is the same
     bit for bit, and a writer process and a writer thread (whose jobs run on another thread, drained at the
     two points of each iteration the figures are recorded) record the same figures."""
-    from stable_baselines3.common.logger import Logger
-
-    class Recording(Logger):
-        def __init__(self):
-            super().__init__(None, [])
-            self.seen = []
-
-        def record(self, key, value, exclude=None):
-            if key.startswith("lstm_probe/"):
-                self.seen.append((key, value))
-            super().record(key, value, exclude)
 
     def run(name, writer, live):
         model = make("CartPole-v1", n_envs=2, policy_kwargs={"lstm_hidden_size": 16, "n_lstm_layers": 2})
-        model.set_logger(Recording())
+        model.set_logger(recording())
         probe = ProbeCallback(tmp_path / f"{name}.parquet", live_metrics=live, writer=writer)
         model.learn(256, callback=probe)
         return _rows(probe.path), model.logger.seen
