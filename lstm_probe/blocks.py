@@ -127,9 +127,9 @@ def write_block(
 ) -> Later | None:
     """One block of one-step calls of module ``name`` (``CoreTracer._write_block``, a writer job): its device
     buffer's copy to the host started (one copy: ``transfer.Staged``), and the second half that hands the
-    host arrays (and the train rows' drifts, ``drift.Drift``) to the sink; a summary log's per-step training
-    loops as their norms and drifts (``drift.py``). Under ``--other-envs none`` only the kept env columns
-    cross (None: none of them)."""
+    host arrays (and the train rows' drifts, ``drift.Drift``) to the sink (:func:`send_rows`; a summary log's
+    rows as their norms and drifts). Under ``--other-envs none`` only the kept env columns cross (None: none
+    of them)."""
     calls = np.array(block.calls, np.int64)
     layers = tracer.layers[name]
     if stepwise:
@@ -152,7 +152,7 @@ def write_block(
             init = tracer.inputs.answer(name, tags.phase, tags.grid, 0, arrays[1], None, layers) if first else None
             cs = hc[layers:] if with_c else None
             tracer.rows += layers * len(per_col)
-            hand_over(tracer, writer, name, tags, t0, PATH["stepwise"], per_col, hc[:layers], cs, None, init)
+            send_rows(tracer, writer, name, tags, t0, PATH["stepwise"], per_col, hc[:layers], cs, None, init)
 
         return Later(staged, finish_loop)
     states = block.sides()  # (2, R, n * N, H): the returned states, then the input states
@@ -180,12 +180,12 @@ def write_block(
         init = tracer.inputs.answer(name, tags.phase, grid, 0, both[1], hc[:, :, 0], layers)
         tracer.rows += layers * len(per_col)
         cs = hc[layers:] if with_c else None
-        hand_over(tracer, writer, name, sent, 0, PATH["step"], per_col, hc[:layers], cs, None, init)
+        send_rows(tracer, writer, name, sent, 0, PATH["step"], per_col, hc[:layers], cs, None, init)
 
     return Later(staged, finish)
 
 
-def hand_over(
+def send_rows(
     tracer: CoreTracer,
     writer: LogWriter,
     name: str,
@@ -246,7 +246,7 @@ def write_call(
             if tags.phase == "rollout":  # every step is a rollout state later train rows drift from
                 tracer.inputs.keep_steps(name, grid, hs_all, cs_all)
             ids = np.full(batch * steps, call, np.int64)
-            hand_over(tracer, writer, name, tags, 0, PATH["sequence"], ids, hs_all, cs_all, None, first, per_step=True)
+            send_rows(tracer, writer, name, tags, 0, PATH["sequence"], ids, hs_all, cs_all, None, first, per_step=True)
             if initial is not None and grid is not None and grid.train and grid.shape[0] == batch:
                 # the state each sequence started from, as rows with t = -1 (see the schema's `t`)
                 tracer.rows += layers * batch
@@ -254,14 +254,14 @@ def write_call(
                 h0 = initial[0][:, :, None, :]
                 c0 = initial[1][:, :, None, :] if initial[1] is not None else None
                 ids = np.full(batch, call, np.int64)
-                hand_over(tracer, writer, name, start, 0, PATH["sequence"], ids, h0, c0, -1, None)
+                send_rows(tracer, writer, name, start, 0, PATH["sequence"], ids, h0, c0, -1, None)
         else:  # a one-step call that fits no block
             assert returned is not None
             hs = returned[:layers, :, None, :]
             cs = returned[layers:, :, None, :] if returned.shape[0] > layers else None
             path = PATH[tags.path or "step"]  # a train call of one step names its branch
             ids = np.full(batch, call, np.int64)
-            hand_over(tracer, writer, name, tags, 0, path, ids, hs, cs, None, first)
+            send_rows(tracer, writer, name, tags, 0, path, ids, hs, cs, None, first)
 
     return Later(staged, finish)
 

@@ -18,13 +18,7 @@ import numpy as np
 
 from lstm_probe.contract import Grid
 from lstm_probe.messages import Drifts
-from lstm_probe.schema import relative_l2
-
-
-def row_norms(states: np.ndarray) -> np.ndarray:
-    """The L2 norm of each row of ``states`` (n, hidden), in float64 (the h_norm / c_norm columns)."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        return np.sqrt(np.einsum("ij,ij->i", states, states, dtype=np.float64))
+from lstm_probe.schema import relative_l2, row_norms
 
 
 def grid_keys(

@@ -108,13 +108,9 @@ class Inputs:
             store = self.stores[(name, group)] = _Store(xs.shape[1], self.window if group == "rollout" else 0)
         if env is None or (env < 0).any():  # columns without an env: nothing to compare with
             flags |= FIRST | (UNCHECKED if training else 0)
-            if env is not None and step is not None and out is not None and phase in ACTING and store.window:
-                # the columns that have an env and step are still rollout states train rows drift from
-                ok = (env >= 0) & (step >= 0)
-                if ok.any() and not multistep:
-                    store.grow(int(env[ok].max()) + 1)
-                    held = np.ascontiguousarray(out.transpose(1, 0, 2)).reshape(m, xs.shape[1])
-                    self._ring(store, env[ok], step[ok], held[ok], zero[ok])
+            if env is not None and out is not None and phase in ACTING and not multistep:
+                # the columns that have an env are still rollout states train rows drift from
+                self._keep(store, env, step, np.ascontiguousarray(out.transpose(1, 0, 2)).reshape(m, xs.shape[1]), zero)
             return decode(flags, start, self.stored_states), norms
         store.grow(int(env.max()) + 1)
         if training:
@@ -145,18 +141,25 @@ class Inputs:
             last = order[np.r_[sorted_env[1:] != sorted_env[:-1], True]]
             store.last[env[last]] = outs[last]
             store.has[env[last]] = True
-            if store.window and step is not None and not multistep:
-                ok = step >= 0
-                self._ring(store, env[ok], step[ok], outs[ok], zero[ok])
+            if not multistep:
+                self._keep(store, env, step, outs, zero)
         return decode(flags, start, self.stored_states), norms
 
     @staticmethod
-    def _ring(store: _Store, env: np.ndarray, step: np.ndarray, outs: np.ndarray, zero: np.ndarray) -> None:
-        """Rollout states (rows of R * H) of (env, env step) into the store's ring."""
+    def _keep(store: _Store, env: np.ndarray, step: np.ndarray | None, rows: np.ndarray, zero: np.ndarray) -> None:
+        """Rollout states ``rows`` (M, R * H) of (env, env step) into the store's ring (a store without one keeps
+        none), those with an env and a step; ``zero``: whether each call started from zeros."""
+        if not store.window or step is None:
+            return
+        ok = (env >= 0) & (step >= 0)
+        if not ok.any():
+            return
+        env, step = env[ok], step[ok]
+        store.grow(int(env.max()) + 1)
         slots = env * store.window + step % store.window
-        store.ring[slots] = outs
+        store.ring[slots] = rows[ok]
         store.steps[slots] = step
-        store.zero_in[slots] = zero
+        store.zero_in[slots] = zero[ok]
 
     def keep_steps(self, name: str, grid: Grid | None, hs: np.ndarray, cs: np.ndarray | None) -> None:
         """Every step of a multi-step rollout call into the ring of rollout states (:meth:`answer` keeps its
@@ -171,15 +174,8 @@ class Inputs:
         if both.shape[0] * both.shape[3] != store.ring.shape[1]:
             return
         env, step = grid.env.T.reshape(-1).astype(np.int64), grid.env_step.T.reshape(-1).astype(np.int64)
-        ok = (env >= 0) & (step >= 0)
-        if not ok.any():
-            return
-        store.grow(int(env[ok].max()) + 1)
         rows = both.transpose(1, 2, 0, 3).reshape(steps * batch, -1)  # (T * N, R * H), step-major as env/step
-        slots = env[ok] * store.window + step[ok] % store.window
-        store.ring[slots] = rows[ok]
-        store.steps[slots] = step[ok]
-        store.zero_in[slots] = False
+        self._keep(store, env, step, rows, np.zeros(len(env), np.bool_))
 
     def rollout_ring(self, name: str) -> tuple[np.ndarray, np.ndarray, int, int] | None:
         """Module ``name``'s rollout states of the last ``window`` env steps of each env column (``drift.Drift``

@@ -26,9 +26,9 @@ Drifts = tuple[np.ndarray, np.ndarray, np.ndarray]
 class Rows:
     """Rows of one call, one block of one-step calls side by side, or one per-timestep loop (``Sink.rows``):
     ``hs``/``cs`` (L, N, T', H) the states, rows ordered layer, column, step; or ``hs`` the rows' figures
-    already reduced where the states were (a summary log's per-step training loops, ``drift.py``; ``cs``
-    None). ``call`` (N * T',) each column's (and step's) call id; ``t0`` the block's first step in its grid;
-    ``path`` the schema's path code; ``t`` overrides the rows' step column (-1: a sequence's initial
+    already reduced where the states were (a summary log's rows, ``drift.reduced``; ``cs`` None). ``call``
+    (N * T',) each column's (and step's) call id; ``t0`` the block's first step in its grid; ``path`` the
+    schema's path code; ``t`` overrides the rows' step column (-1: a sequence's initial
     state); ``init`` the `init` codes (N,) and input norms (L, N) of each column's first step; ``drift``
     the rows' drifts (None: none has one; a reduced block brings its own)."""
 

@@ -491,6 +491,12 @@ METADATA_KEYS: dict[str, str] = {
 }
 
 
+def row_norms(states: np.ndarray) -> np.ndarray:
+    """What the h_norm / c_norm columns mean: the L2 norm of each row of ``states`` (n, hidden), in float64."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return np.sqrt(np.einsum("ij,ij->i", states, states, dtype=np.float64))
+
+
 def relative_l2(states: np.ndarray, reference: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """What the drift_h / drift_c columns mean: ||states - reference|| / ||reference|| per row (rows of
     (n, hidden) arrays); a zero reference norm is floored at 1e-12. ``out``: an (n, hidden) array the

@@ -19,8 +19,8 @@ import numpy as np
 
 from lstm_probe import messages
 from lstm_probe.contract import GRID_CELLS, GRID_SEQUENCES, PATH, Grid, Tags
-from lstm_probe.drift import Reduced, row_norms
-from lstm_probe.schema import CODE, COLUMNS
+from lstm_probe.drift import Reduced
+from lstm_probe.schema import CODE, COLUMNS, row_norms
 
 if TYPE_CHECKING:  # pyarrow loads only where rows are written (the writer process or thread)
     from lstm_probe.writer import Rows
@@ -95,8 +95,8 @@ class Sink:
         drift: messages.Drifts | None = None,
     ) -> None:
         """Rows of one call (or of one per-timestep loop): hs/cs (L, N, T', H), rows ordered layer, column, t;
-        or ``hs`` the rows' norms and drifts already reduced from their states (a summary log's per-step
-        training loops, ``drift.py``; ``cs`` None). ``t`` overrides the rows' step column (-1 for the
+        or ``hs`` the rows' norms and drifts already reduced from their states (a summary log's rows,
+        ``drift.reduced``; ``cs`` None). ``t`` overrides the rows' step column (-1 for the
         initial-state rows). ``init``: where each column's input state came from, (N,) `init` codes and
         (L, N) norms, for the rows of each column's first step (the tracer computes them, ``inputs.py``);
         the other rows' are null; ``drift`` the rows' (drift_h, drift_c, found) (None: no row has one).

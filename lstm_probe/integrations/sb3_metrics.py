@@ -43,7 +43,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from lstm_probe.messages import Message, Progress
+from lstm_probe.messages import Drifts, Message, Progress
+from lstm_probe.schema import row_norms
 
 if TYPE_CHECKING:
     from lstm_probe.contract import Tags
@@ -79,11 +80,6 @@ def live() -> dict[str, Any]:
     rows handed to the writer (empty before a run starts)."""
     metrics = _CURRENT() if _CURRENT is not None else None
     return {} if metrics is None else metrics.live()
-
-
-def _norm_sum(states: np.ndarray) -> float:
-    """The sum of the rows' L2 norms of (n, hidden) states (the h_norm / c_norm columns', summed)."""
-    return float(np.sqrt(np.einsum("ij,ij->i", states, states, dtype=np.float64)).sum())
 
 
 class _Module:
@@ -161,10 +157,10 @@ class LiveMetrics:
         # (its time is the hand-over's: inside a hook or a timed callback, or on the writer thread)
         tags = message.tags
         if tags.phase == "rollout":
-            if states is not None:
-                self._rollout(mine, *states)
-            elif isinstance(message.hs, np.ndarray):
+            if isinstance(message.hs, np.ndarray):
                 self._rollout(mine, message.hs, message.cs)
+            elif states is not None:  # a summary log's rows: their norms came computed (drift.reduced)
+                self._rollout(mine, *states, norms=(message.hs.h_norm, message.hs.c_norm))
         elif tags.phase == "train" and tags.grid is not None and getattr(message, "t", None) != -1:
             # figures-only rows (a summary log's, drift.Reduced) bring their drifts with their norms
             drift = message.drift if isinstance(message.hs, np.ndarray) else message.hs.drift
@@ -172,18 +168,25 @@ class LiveMetrics:
                 self._train(mine, int(tags.epoch if tags.epoch is not None else 0), drift, layers)
 
     @staticmethod
-    def _rollout(mine: _Module, hs: np.ndarray, cs: np.ndarray | None) -> None:
+    def _rollout(
+        mine: _Module, hs: np.ndarray, cs: np.ndarray | None, norms: tuple[np.ndarray, np.ndarray | None] | None = None
+    ) -> None:
+        """Rollout rows' states: their norms (the h_norm / c_norm columns': ``norms`` where the message brought
+        them) and saturation."""
         hidden = hs.shape[-1]
-        mine.h_norm += _norm_sum(hs.reshape(hs.size // hidden, hidden))
-        mine.rows += hs.size // hidden
+        h_norm, c_norm = norms if norms is not None else (row_norms(hs.reshape(hs.size // hidden, hidden)), None)
+        if norms is None and cs is not None:
+            c_norm = row_norms(cs.reshape(cs.size // hidden, hidden))
+        mine.h_norm += float(h_norm.sum())
+        mine.rows += len(h_norm)
         mine.saturated += int(np.count_nonzero(np.abs(hs) > SATURATION))
         mine.values += hs.size
-        if cs is not None:
-            mine.c_norm += _norm_sum(cs.reshape(cs.size // hidden, hidden))
-            mine.c_rows += cs.size // hidden
+        if c_norm is not None:
+            mine.c_norm += float(c_norm.sum())
+            mine.c_rows += len(c_norm)
 
     @staticmethod
-    def _train(mine: _Module, epoch: int, drift: tuple[np.ndarray, np.ndarray, np.ndarray], layers: int) -> None:
+    def _train(mine: _Module, epoch: int, drift: Drifts, layers: int) -> None:
         dh, _, found = drift
         top = slice(len(dh) // layers * (layers - 1), None)  # rows are layer-major: the top layer's are last
         got = dh[top][found[top]]
