@@ -280,14 +280,35 @@ def normalised(tmp_path_factory):
     return d, m, venv, _train("Pendulum-v1", seed=1, steps=0)
 
 
+def _half(a):
+    return np.asarray(a, np.float32).astype(np.float16).astype(np.float32)
+
+
+def _half_policy(model):
+    """A copy of the model's policy as a float16 runtime holds it: every weight rounded to float16."""
+    # built as RecurrentPPO._setup_model builds it (a deepcopy fails on the distribution's graph tensors)
+    policy = model.policy_class(model.observation_space, model.action_space, model.lr_schedule, **model.policy_kwargs)
+    policy.load_state_dict(model.policy.state_dict())
+    policy.set_training_mode(False)
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.copy_(p.half().float())
+    return policy
+
+
 def _record(bug, model, venv, episodes=2, steps=60):
     """A deployment loop written with sb3's own predict, with one planted bug; the trace it records (raw
-    env observations, as the runtime saw them)."""
+    env observations, as the runtime saw them). The float16 loop is a half-precision runtime: weights,
+    observations and states in float16, the arithmetic in float32 (no CPU float16 kernel needed)."""
     env, rows, state = gym.make("Pendulum-v1"), [], None
+    policy = _half_policy(model) if bug == "float16" else model.policy
     for e in range(episodes):
         raw, _ = env.reset(seed=e)
         for t in range(steps):
-            obs = raw if bug == "no norm" else venv.normalize_obs(raw)
+            obs = (raw if bug == "no norm" else venv.normalize_obs(raw))[None].astype(np.float32)
+            if bug == "float16":
+                obs = _half(obs)
+                state = None if state is None else tuple(_half(s) for s in state)
             kw = {"state": state, "episode_start": np.array([t == 0]), "deterministic": True}
             if bug == "not fed":
                 kw["state"] = None
@@ -295,8 +316,7 @@ def _record(bug, model, venv, episodes=2, steps=60):
                 kw["episode_start"] = np.array([True])
             elif bug == "no reset":
                 kw["episode_start"] = np.array([False])
-            with torch.autocast("cpu", dtype=torch.float16, enabled=bug == "float16"):
-                action, state = model.predict(obs[None].astype(np.float32), **kw)
+            action, state = policy.predict(obs, **kw)
             if bug == "swapped":
                 state = (state[1], state[0])
             rows.append({"env": 0, "step": e * steps + t, "obs": raw.tolist(), "action": action[0].tolist()})
@@ -330,7 +350,8 @@ def test_replay_with_the_onnx_file_and_other_weights(normalised):
     for bug in ("correct", "swapped", "no norm", "float16"):
         _record(bug, model, venv).to_parquet(d / f"o-{bug}.parquet")
         r = lstm_probe.replay(d / f"o-{bug}.parquet", d / "vn.onnx", vecnormalize=d / "vn.npz")
-        assert r.verdict == BUGS[bug], (bug, r.verdict)
+        assert r.verdict == BUGS[bug] and r.also == [], (bug, r.verdict, r.also)
+        assert {lp.name: lp.agree for lp in r.loops}[BUGS[bug]] == 120  # the file's weights rounded too
     _record("correct", other, venv).to_parquet(d / "other.parquet")
     r = lstm_probe.replay(d / "other.parquet", d / "vn.onnx", vecnormalize=d / "vn.npz")
     assert r.verdict == "not this policy" and r.parted == (0, 0)

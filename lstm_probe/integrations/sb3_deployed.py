@@ -147,13 +147,12 @@ class Deployed(nn.Module):
 
     def forward(self, obs: torch.Tensor, episode_start: torch.Tensor, *state: torch.Tensor) -> tuple[torch.Tensor, ...]:
         p = self.policy
-        dtype = state[0].dtype  # float16 replays run the whole step in half precision
         features = p.extract_features(obs)
         if p.share_features_extractor:
-            pi_features = vf_features = features.to(dtype)
+            pi_features = vf_features = features
         else:
-            pi_features, vf_features = features[0].to(dtype), features[1].to(dtype)
-        keep = (1.0 - episode_start.to(dtype)).view(1, -1, 1)  # _process_sequence's reset
+            pi_features, vf_features = features
+        keep = (1.0 - episode_start).view(1, -1, 1)  # _process_sequence's reset
         latent_pi, (h, c) = p.lstm_actor(pi_features.unsqueeze(0), (state[0] * keep, state[1] * keep))
         latent_pi = latent_pi.squeeze(0)
         new = [h, c]
@@ -168,7 +167,7 @@ class Deployed(nn.Module):
         value = p.value_net(p.mlp_extractor.forward_critic(latent_vf))
         out = p.action_net(p.mlp_extractor.forward_actor(latent_pi))
         if self.spec.action == "box":
-            action = torch.maximum(torch.minimum(out, self.high.to(dtype)), self.low.to(dtype))
+            action = torch.maximum(torch.minimum(out, self.high), self.low)
             action = action.reshape((-1, *self.spec.action_shape))
         else:
             action = torch.argmax(out, dim=1)
@@ -193,18 +192,27 @@ def deployed(policy: Any) -> Deployed:
     return Deployed(copy).eval()
 
 
-def torch_step(module: Any, half: bool = False) -> Step:
-    """:data:`Step` of a torch module (:class:`Deployed` or a TorchScript one); ``half``: in float16."""
-    dtype = torch.float16 if half else torch.float32
+def torch_step(module: Any) -> Step:
+    """:data:`Step` of a torch module (:class:`Deployed` or a TorchScript one), in float32."""
 
     def step(obs: np.ndarray, start: np.ndarray, state: State) -> tuple[np.ndarray, np.ndarray, State]:
         with torch.no_grad():
             args = [torch.as_tensor(obs, dtype=torch.float32), torch.as_tensor(start, dtype=torch.float32)]
-            out = module(*args, *(torch.as_tensor(s, dtype=dtype) for s in state))
-        arrays = [o.float().numpy() if o.is_floating_point() else o.numpy() for o in out]
+            out = module(*args, *(torch.as_tensor(s, dtype=torch.float32) for s in state))
+        arrays = [o.numpy() for o in out]
         return arrays[0], arrays[1], tuple(arrays[2:])
 
     return step
+
+
+def half_weights(module: Any) -> Any:
+    """``module`` (:class:`Deployed` or TorchScript, a private copy) with its floating-point parameters and
+    buffers rounded to float16 and stored back as float32, in place (see :func:`rounded`)."""
+    with torch.no_grad():
+        for t in [*module.parameters(), *module.buffers()]:
+            if t.is_floating_point():
+                t.copy_(t.to(torch.float16).to(t.dtype))
+    return module
 
 
 def ort_step(session: Any, spec: Spec) -> Step:
@@ -220,8 +228,13 @@ def ort_step(session: Any, spec: Spec) -> Step:
 
 
 def rounded(step: Step) -> Step:
-    """A step whose observations and states pass through float16 (a runtime that keeps them in half
-    precision); the weights stay as the file holds them."""
+    """A float16 runtime's step, computed the same on every CPU: the step's observations, states in and
+    states out rounded to float16 (round to nearest even), the arithmetic in float32. Pass it a step over
+    weights rounded too (:func:`half_weights`, ``load_file(..., half=True)``). A runtime that runs an LSTM in
+    half precision stores weights, inputs and states in float16 and accumulates in float32 (cuDNN's and
+    TensorRT's half-precision RNNs, onnxruntime's float16 kernels); this emulation is that, without the
+    CPU's float16 kernels, which many CPUs lack (oneDNN refuses an LSTM under ``torch.autocast("cpu",
+    torch.float16)`` on a CPU without avx512_fp16)."""
 
     def half(a: np.ndarray) -> np.ndarray:
         return np.asarray(a, np.float32).astype(np.float16).astype(np.float32)
@@ -233,8 +246,19 @@ def rounded(step: Step) -> Step:
     return run
 
 
-def load_file(path: Path) -> tuple[Spec, Step, bool]:
-    """An exported file's spec and :data:`Step`, and whether it is TorchScript (else ONNX)."""
+def _half_initializers(proto: Any) -> None:
+    """Round an ONNX graph's float32 initializers to float16, stored back as float32 (in place)."""
+    from onnx import TensorProto, numpy_helper
+
+    for init in proto.graph.initializer:
+        if init.data_type == TensorProto.FLOAT:
+            arr = numpy_helper.to_array(init).astype(np.float16).astype(np.float32)
+            init.CopyFrom(numpy_helper.from_array(arr, init.name))
+
+
+def load_file(path: Path, half: bool = False) -> tuple[Spec, Step, bool]:
+    """An exported file's spec and :data:`Step`, and whether it is TorchScript (else ONNX); ``half``: its
+    weights rounded to float16 (:func:`rounded` says why)."""
     if not path.is_file():
         raise BadInput(f"{path} does not exist; export a policy with `lstm-probe export MODEL.zip {path.name}`")
     if path.suffix == ".onnx":
@@ -244,7 +268,9 @@ def load_file(path: Path) -> tuple[Spec, Step, bool]:
         try:
             proto = onnx.load(str(path), load_external_data=False)
             meta = {p.key: p.value for p in proto.metadata_props}
-            session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+            if half:
+                _half_initializers(proto)
+            session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
         except Exception as exc:
             raise BadInput(f"cannot read {path} as an ONNX file: {one_line(exc, kind=False)[:200]}") from None
         if META_KEY not in meta:
@@ -258,4 +284,5 @@ def load_file(path: Path) -> tuple[Spec, Step, bool]:
         raise BadInput(f"cannot read {path} as a TorchScript file: {one_line(exc, kind=False)[:200]}") from None
     if not extra[f"{META_KEY}.json"]:
         raise BadInput(f"{path} was not exported by lstm-probe (no {META_KEY}.json); export it again")
-    return Spec.from_json(extra[f"{META_KEY}.json"], str(path)), torch_step(module.eval()), True
+    module = half_weights(module.eval()) if half else module.eval()
+    return Spec.from_json(extra[f"{META_KEY}.json"], str(path)), torch_step(module), True

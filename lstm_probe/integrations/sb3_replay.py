@@ -13,8 +13,9 @@ observations, env by env in step order, as a correct loop runs it and as each cl
 - ``h and c swapped``: the new h fed back as c and the new c as h (critic's too);
 - ``observation normalisation missing``: with ``vecnormalize`` (the model was trained under VecNormalize),
   every other loop normalises the trace's observations as ``VecNormalize.normalize_obs`` does, this one not;
-- ``float16``: the policy run in half precision (a model.zip: its weights, observations and states in
-  float16; an exported file: observations and states rounded to float16 at every step).
+- ``float16``: the policy run as a half-precision runtime runs it: its weights, observations and states
+  rounded to float16, the arithmetic in float32 (``sb3_deployed.rounded``: the same on every CPU, no
+  float16 kernel needed; a runtime doing the arithmetic in float16 too lands within ``HALF`` of it).
 
 The recorded actions are compared with each loop's, step by step, within ``tolerance`` relative to the
 largest recorded action (discrete actions exactly). The verdict is the loop that agrees at every step
@@ -35,7 +36,16 @@ from typing import Any
 import numpy as np
 
 from lstm_probe.errors import BadInput, ProbeError, one_line
-from lstm_probe.integrations.sb3_deployed import Spec, State, Step, deployed, load_file, rounded, torch_step
+from lstm_probe.integrations.sb3_deployed import (
+    Spec,
+    State,
+    Step,
+    deployed,
+    half_weights,
+    load_file,
+    rounded,
+    torch_step,
+)
 
 TOLERANCE = 1e-4
 """Default: float32 runtimes agree to ~1e-6 of the action scale; a float16 loop parts by ~1e-3."""
@@ -152,11 +162,12 @@ def _policy(policy: Any, trust_model: bool) -> tuple[Spec, Step, Step]:
         with warnings.catch_warnings():  # torch.jit.load's deprecation: the file is what it is
             warnings.simplefilter("ignore", DeprecationWarning)
             spec, step, _ = load_file(path)
-        return spec, step, rounded(step)
+            half = rounded(load_file(path, half=True)[1])
+        return spec, step, half
     from lstm_probe.integrations.sb3_export import policy_of
 
     module = deployed(policy_of(policy, trust_model))
-    return module.spec, torch_step(module), torch_step(copy.deepcopy(module).half(), half=True)
+    return module.spec, torch_step(module), rounded(torch_step(half_weights(copy.deepcopy(module))))
 
 
 def _run(step: Step, spec: Spec, rec: Trace, obs: np.ndarray, how: str) -> np.ndarray:
