@@ -107,7 +107,7 @@ def export(
     if not (isinstance(tolerance, int | float) and 0 < tolerance < 1):
         raise BadInput(f"--tolerance must be a relative error in (0, 1), e.g. 1e-5, got {tolerance!r}")
     source = str(model) if isinstance(model, str | os.PathLike) else type(model).__name__
-    policy = policy_of(model, trust_model)
+    policy = policy_of(model, trust_model, env_id)
     module = deployed(policy)
     reference = reference_step(module)
     if log is not None:
@@ -128,13 +128,15 @@ def export(
     return Exported(out, fmt, module.spec, int(starts.sum()), len(obs), float(tolerance), errors, where, exporter)
 
 
-def policy_of(model: Any, trust_model: bool) -> Any:
+def policy_of(model: Any, trust_model: bool, env_id: str | None = None) -> Any:
+    """The policy of a RecurrentPPO or of its model.zip (``env_id``: the env whose spaces the zip's reader
+    takes, where the zip does not state them in full as text)."""
     if isinstance(model, str | os.PathLike):
         from lstm_probe.integrations.sb3_commands import _refuse_non_recurrent, load_model
 
         target = os.fspath(model)
         _refuse_non_recurrent(target)
-        model, _ = load_model(target, trust_model=trust_model)
+        model, _ = load_model(target, env_id=env_id, trust_model=trust_model)
     policy = getattr(model, "policy", model)
     if not hasattr(policy, "lstm_actor"):
         raise BadInput(f"export takes a RecurrentPPO (sb3-contrib) model, not {type(policy).__name__}")

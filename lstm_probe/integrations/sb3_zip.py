@@ -740,7 +740,7 @@ def _sized(kwargs: dict[str, Any]) -> dict[str, Any]:
 def _floats(text: Any, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray | float:
     """An array printed by numpy (``str(arr)``), or the one number it is when every element is equal."""
     if not isinstance(text, str) or "..." in text or len(text) > MAX_TEXT:
-        raise Unsafe("its spaces are not stated in full as text")
+        raise Unsafe("its spaces are not stated in full as text (--env ENV_ID takes them from an env)")
     tokens = text.replace("[", " ").replace("]", " ").split()
     try:
         values = np.array([float(t) for t in tokens])
@@ -753,6 +753,14 @@ def _floats(text: Any, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarr
     return values.reshape(shape).astype(dtype)
 
 
+def _bound(entry: dict[str, Any], name: str) -> Any:
+    """A Box bound's text: gymnasium's short form (``low_repr``: one number when all are equal) where the
+    zip states it; else the array as numpy prints it. gymnasium < 1.3 writes ``low_repr`` at construction;
+    1.3 and newer write it as null until the space is printed (``Box.__repr__`` fills it)."""
+    short = entry.get(f"{name}_repr")
+    return short if isinstance(short, str) else entry.get(name)
+
+
 def _space(entry: Any, what: str) -> Any:
     """A gymnasium space from the plain text SB3 writes beside its pickle (Box, Discrete,
     MultiDiscrete, MultiBinary); its sizes checked first (:func:`_shape_of_text`)."""
@@ -762,8 +770,8 @@ def _space(entry: Any, what: str) -> Any:
     try:
         if sized.kind == "Box":
             dtype = np.dtype(str(entry["dtype"]))
-            low = _floats(entry.get("low_repr", entry.get("low")), sized.shape, dtype)
-            high = _floats(entry.get("high_repr", entry.get("high")), sized.shape, dtype)
+            low = _floats(_bound(entry, "low"), sized.shape, dtype)
+            high = _floats(_bound(entry, "high"), sized.shape, dtype)
             return spaces.Box(low, high, sized.shape, dtype)  # type: ignore[arg-type]
         if sized.kind == "Discrete":
             return spaces.Discrete(int(entry["n"]), start=int(entry.get("start", 0)))
