@@ -1,7 +1,7 @@
 """Your own TorchRL loop with the probe: a recurrent PPO on CartPole-v1 (LSTMModule, GAE, ClipPPOLoss).
 
 Run: python examples/torchrl_own_loop.py && lstm-probe report torchrl_run.parquet
-Needs: pip install 'lstm-probe[torchrl]'
+Needs: pip install '.[torchrl]' (lstm-probe's extra torchrl)
 """
 
 import torch

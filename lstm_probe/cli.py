@@ -19,6 +19,7 @@ import typer
 from lstm_probe.cli_flags import Declared, declared, split, with_flags
 from lstm_probe.cli_render import _render, _render_architecture, _render_flow, _RunDisplay, err, out
 from lstm_probe.errors import BadInput, BadLog, Interrupted, ProbeError, one_line
+from lstm_probe.extras import missing
 from lstm_probe.options import CaptureOptions, TrainOptions, default
 from lstm_probe.text import human_bytes, safe, strict_json
 
@@ -184,7 +185,8 @@ def report(
         typer.Option(
             "--html",
             help=_default(
-                "Also write a self-contained visual report (needs matplotlib: pip install 'lstm-probe[html]').", "none"
+                "Also write a self-contained visual report (needs matplotlib: the extra html, pip install '.[html]').",
+                "none",
             ),
         ),
     ] = None,
@@ -521,6 +523,8 @@ def _one_line(exc: BaseException, args: list[str]) -> tuple[str, Exit]:
         return f"error: {exc}", Exit.FAILED
     if isinstance(exc, KeyboardInterrupt):
         return f"interrupted ({exc or 'Ctrl-C'})", Exit.INTERRUPTED
+    if isinstance(exc, ModuleNotFoundError) and (line := missing(exc.name, f"lstm-probe {args[0] if args else ''}")):
+        return f"error: {line}", Exit.BAD_INPUT
     note = _partial_note(_out_arg(args)) if args and args[0] == "run" else "rerun with --traceback for details"
     return f"error: {one_line(exc)} ({note})", Exit.FAILED
 

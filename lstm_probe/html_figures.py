@@ -38,7 +38,9 @@ def _plt() -> Any:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise BadInput("--html needs matplotlib: pip install 'lstm-probe[html]' (or pip install matplotlib)") from None
+        from lstm_probe.extras import missing
+
+        raise BadInput(str(missing("matplotlib", "--html"))) from None
     return plt
 
 

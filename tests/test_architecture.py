@@ -29,6 +29,7 @@ INTEGRATION_IMPORTS = {
     "budget",
     "torch_env",
     "messages",
+    "extras",
 }
 """The core modules an integration may import (docs/architecture.md names the same list)."""
 READ_ROOTS = {"reader", "report", "probes", "html", "html_figures"}

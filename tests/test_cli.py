@@ -240,7 +240,7 @@ def test_help_shows_every_default_and_extra(command):
         assert "'.[rllib]'" in text and "Rollout length per env. [default: 128, sb3-contrib's]" in text
         assert "--torch-threads" in text and "sb3 on CPU: 1" in text
     if command == "report":
-        assert "'lstm-probe[html]'" in text
+        assert "the extra html, pip install '.[html]'" in text
 
 
 def test_one_torch_thread_by_default_on_cpu(monkeypatch):

@@ -275,17 +275,6 @@ def test_cli_rllib_bad_options(tmp_path: Path, args: list[str], message: str) ->
     assert not list(tmp_path.iterdir())
 
 
-def test_cli_without_ray_says_how_to_install(tmp_path: Path) -> None:
-    code = (
-        "import sys; sys.modules['ray'] = None; "  # as if ray were not installed
-        "from lstm_probe.cli import main; sys.argv = ['lstm-probe', 'run', 'CartPole-v1', '--framework', 'rllib']; "
-        "main()"
-    )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
-    assert r.returncode == 2
-    assert "pip install 'lstm-probe[rllib]'" in r.stderr and "Traceback" not in r.stderr
-
-
 def test_pair_and_html_read_rllib_logs(local_run: Path, tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     from lstm_probe.html import build_html

@@ -53,8 +53,8 @@ class Framework:
     set for another framework."""
     arch_options: tuple[str, ...] = ()
     """Keyword arguments of ``arch`` beyond ``shared_lstm`` and ``hidden_size``."""
-    needs: str | None = None
-    """What the module needs installed, and how: named in the error when its import fails."""
+    extra: str | None = None
+    """The extra (``lstm_probe.extras``) that installs the framework; None: installed with lstm-probe."""
     parts_per_process: bool = False
     """Every process writes its own part files: the log is a directory (``--out`` ends in '/')."""
 
@@ -75,19 +75,19 @@ FRAMEWORKS: dict[str, Framework] = {
             "rllib",
             "lstm_probe.integrations.rllib.train",
             groups=(("rllib", "lstm_probe.integrations.rllib.options:Rllib"),),
-            needs="Ray RLlib; install it with: pip install 'lstm-probe[rllib]' (or pip install 'ray[rllib]==2.60.*')",
+            extra="rllib",
             parts_per_process=True,
         ),
         Framework(
             "rsl_rl",
             "lstm_probe.integrations.rsl_rl.train",
             groups=(("rsl_rl", "lstm_probe.integrations.rsl_rl.options:RslRl"),),
-            needs="rsl_rl; install it with: pip install 'lstm-probe[rsl_rl]' (or pip install 'rsl-rl-lib==5.5.*')",
+            extra="rsl-rl",
         ),
         Framework(
             "torchrl",
             "lstm_probe.integrations.torchrl.train",
-            needs="TorchRL; install it with: pip install 'lstm-probe[torchrl]' (or pip install 'torchrl==0.14.*')",
+            extra="torchrl",
         ),
     )
 }
@@ -101,14 +101,22 @@ def framework(name: str) -> Framework:
 
 
 def load(fw: Framework) -> ModuleType:
-    """The framework's module (its ``run`` and ``arch``); :class:`BadInput` saying what to install."""
+    """The framework's module (its ``run`` and ``arch``); :class:`BadInput` with the install line when the
+    framework is not installed (checked before the module is imported: some import it only inside ``run``)."""
+    from importlib.util import find_spec
+
+    from lstm_probe.extras import EXTRAS, missing
+
+    for name in EXTRAS.get(fw.extra or "", ()):
+        if find_spec(name) is None:
+            raise BadInput(str(missing(name, f"--framework {fw.name}")))
     try:
         return importlib.import_module(fw.module)
-    except ImportError as exc:
-        if fw.needs is None:
+    except ModuleNotFoundError as exc:
+        line = missing(exc.name, f"--framework {fw.name}")
+        if line is None:
             raise
-        what, _, how = fw.needs.partition("; ")
-        raise BadInput(f"--framework {fw.name} needs {what} ({exc}); {how}") from None
+        raise BadInput(line) from None
 
 
 def group_classes(fw: Framework) -> list[tuple[str, type[Any]]]:
