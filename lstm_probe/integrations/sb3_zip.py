@@ -740,7 +740,7 @@ def _sized(kwargs: dict[str, Any]) -> dict[str, Any]:
 def _floats(text: Any, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray | float:
     """An array printed by numpy (``str(arr)``), or the one number it is when every element is equal."""
     if not isinstance(text, str) or "..." in text or len(text) > MAX_TEXT:
-        raise Unsafe("its spaces are not stated in full as text (--env ENV_ID takes them from an env)")
+        raise Unsafe("its spaces are not stated in full as text")
     tokens = text.replace("[", " ").replace("]", " ").split()
     try:
         values = np.array([float(t) for t in tokens])
@@ -753,12 +753,19 @@ def _floats(text: Any, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarr
     return values.reshape(shape).astype(dtype)
 
 
-def _bound(entry: dict[str, Any], name: str) -> Any:
+def _bound(entry: dict[str, Any], name: str, what: str) -> Any:
     """A Box bound's text: gymnasium's short form (``low_repr``: one number when all are equal) where the
     zip states it; else the array as numpy prints it. gymnasium < 1.3 writes ``low_repr`` at construction;
-    1.3 and newer write it as null until the space is printed (``Box.__repr__`` fills it)."""
+    1.3 and newer write it as null until the space is printed (``Box.__repr__`` fills it), so a Box of over
+    1,000 numbers (an image) is stated only as numpy's summary ('...'): refused, naming ``--env``."""
     short = entry.get(f"{name}_repr")
-    return short if isinstance(short, str) else entry.get(name)
+    text = short if isinstance(short, str) else entry.get(name)
+    if isinstance(text, str) and "..." in text:
+        raise Unsafe(
+            f"its {what}'s bounds are stated in part only (gymnasium 1.3 and newer save a large Box as numpy's "
+            "summary): pass --env ENV_ID to take the spaces from the env"
+        )
+    return text
 
 
 def _space(entry: Any, what: str) -> Any:
@@ -770,8 +777,8 @@ def _space(entry: Any, what: str) -> Any:
     try:
         if sized.kind == "Box":
             dtype = np.dtype(str(entry["dtype"]))
-            low = _floats(_bound(entry, "low"), sized.shape, dtype)
-            high = _floats(_bound(entry, "high"), sized.shape, dtype)
+            low = _floats(_bound(entry, "low", what), sized.shape, dtype)
+            high = _floats(_bound(entry, "high", what), sized.shape, dtype)
             return spaces.Box(low, high, sized.shape, dtype)  # type: ignore[arg-type]
         if sized.kind == "Discrete":
             return spaces.Discrete(int(entry["n"]), start=int(entry.get("start", 0)))

@@ -63,9 +63,16 @@ class GymVecEnv(VecEnv):
             gym.spec(env_id)
         except gym.error.Error as exc:
             raise BadInput(f"unknown env id {env_id!r} ({exc})") from None
-        self.envs: Any = gym.vector.SyncVectorEnv(
-            [lambda: gym.make(env_id) for _ in range(num_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
-        )
+        makers = [lambda: gym.make(env_id) for _ in range(num_envs)]
+        if hasattr(gym.vector, "AutoresetMode"):  # gymnasium >= 1.1: the mode is chosen
+            self.envs: Any = gym.vector.SyncVectorEnv(makers, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+        elif gym.__version__.startswith("0."):  # 0.29: the same step, always
+            self.envs = gym.vector.SyncVectorEnv(makers)
+        else:  # 1.0: the next step, always
+            raise BadInput(
+                f"--framework rsl_rl needs gymnasium 0.29 or >= 1.1 (1.0's vector envs reset a step late), not "
+                f"{gym.__version__}: pip install 'gymnasium>=1.1'"
+            )
         space = self.envs.single_action_space
         self.action_shape = tuple(space.shape or ())
         if not isinstance(space, gym.spaces.Box):
