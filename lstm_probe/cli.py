@@ -11,6 +11,7 @@ import enum
 import shlex
 import signal
 import sys
+import warnings
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -473,7 +474,9 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError:  # not the main thread
         pass
     try:
-        code = app(args=args, prog_name="lstm-probe", standalone_mode=False)
+        with warnings.catch_warnings():  # restores the hook after (main called in-process)
+            warnings.showwarning = _show_warning
+            code = app(args=args, prog_name="lstm-probe", standalone_mode=False)
         if isinstance(code, int) and code:
             raise SystemExit(code)
     except typer.Exit as exc:
@@ -489,6 +492,16 @@ def main(argv: list[str] | None = None) -> None:
         # safe (no control characters, no markup, bounded) in one place
         err().print(safe(line, limit=ERROR_LIMIT, markup=False, word=PATH_MAX), markup=False)
         raise SystemExit(code) from None
+
+
+def _show_warning(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> None:
+    """A warning as one line on stderr, ``warning: ...``, made safe like the error line (a stale lock's
+    host and command come from a file): lstm-probe's own as their message, others' with their category;
+    never Python's two lines with a file, a line number and a source line."""
+    text = one_line(message if isinstance(message, Warning) else category(message), kind=False)
+    own = category.__module__.split(".")[0] == "lstm_probe"
+    line = f"warning: {text}" if own else f"warning: {category.__name__}: {text}"
+    err().print(safe(line, limit=ERROR_LIMIT, markup=False, word=PATH_MAX), markup=False)
 
 
 ERROR_LIMIT, PATH_MAX = 16_384, 4096

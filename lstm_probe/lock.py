@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from lstm_probe.errors import BadInput
+from lstm_probe.text import safe
 
 if sys.platform == "win32":
     import msvcrt
@@ -163,10 +164,18 @@ class Holder:
     command: str | None = None
 
     def describe(self) -> str:
+        """Who it is, in one line: the host, start time and command come from a file anyone could have
+        planted, so each is made inert (control characters as codes, cut short)."""
         if self.pid <= 0:
             return "a process that has not yet written its name into the lock"
-        command = f": {self.command}" if self.command else ""
-        return f"pid {self.pid} on {self.host} (started {self.started}{command})"
+        command = f": {_inert(self.command)}" if self.command else ""
+        return f"pid {self.pid} on {_inert(self.host)} (started {_inert(self.started)}{command})"
+
+
+def _inert(text: str) -> str:
+    """A string read from a lock file as it may be printed: no control characters (escape sequences, newlines
+    shown as codes), at most a few hundred characters."""
+    return safe(text, limit=240, markup=False, word=240)
 
 
 def _parse(text: str) -> Holder | None:
