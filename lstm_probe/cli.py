@@ -20,6 +20,7 @@ import typer
 from lstm_probe.cli_flags import Declared, declared, split, with_flags
 from lstm_probe.cli_render import _render, _render_architecture, _render_flow, _RunDisplay, err, out
 from lstm_probe.errors import BadInput, BadLog, Interrupted, ProbeError, one_line
+from lstm_probe.layout import check_writable, output_dir
 from lstm_probe.options import CaptureOptions, TrainOptions, default
 from lstm_probe.text import human_bytes, safe, strict_json
 
@@ -141,6 +142,7 @@ def run(
     own = {keyword: group(**given.get(group, {})) for keyword, group in groups.items()}
     if not progress_seconds > 0:
         raise BadInput(f"--progress-seconds must be > 0, got {progress_seconds}")
+    check_writable(output_dir(Path(out_path), is_dir=options.directory))  # not after the framework has loaded
     module = integrations.load(fw)
     command = "lstm-probe " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     display = _RunDisplay(env_id, train.steps, out_path, getattr(module, "live", None), quiet, progress_seconds)

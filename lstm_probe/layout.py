@@ -122,13 +122,30 @@ def check_output(path: Path, *, force: bool, is_dir: bool, shard: str | None = N
                     "pass --force to delete them or choose another --out"
                 )
         parent = path.parent if str(path.parent) else Path(".")
+    check_writable(parent)
+
+
+def output_dir(out: Path, *, is_dir: bool) -> Path:
+    """The directory a log at ``out`` is written into (``out`` itself for a dataset directory)."""
+    return out if is_dir else (out.parent if str(out.parent) else Path("."))
+
+
+def check_writable(directory: Path, fix: str = "choose another --out") -> None:
+    """Refuse (BadInput, one line ending in ``fix``) unless a file can be written in ``directory``, made
+    (with its parents) if missing: a path under a regular file, a read-only mount, a directory without write
+    permission. Cheap and torch-free: checked before any work, not found when the log is first written."""
+    above = directory
+    while not above.exists() and above != above.parent:  # the nearest part of the path that exists
+        above = above.parent
+    if above.exists() and not above.is_dir():
+        raise BadInput(f"cannot write to {directory}: {above} is a file, not a directory; {fix}")
     try:  # a real write: permission bits say little to root, and nothing about read-only mounts
-        parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=parent, prefix=".lstm-probe-check-"):
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".lstm-probe-check-"):
             pass
     except OSError as exc:
         raise BadInput(
-            f"cannot write to {parent}: {exc.strerror or exc}; the directory is not writable, choose another --out"
+            f"cannot write to {directory}: {exc.strerror or exc}; the directory is not writable, {fix}"
         ) from None
 
 

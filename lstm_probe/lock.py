@@ -252,6 +252,10 @@ def _refusal(out: Path, h: Holder) -> str:
     return f"{out} is being written by another run ({h.describe()}); wait for it to end or choose another --out"
 
 
+def _unwritable(path: Path, exc: OSError) -> BadInput:
+    return BadInput(f"cannot write the lock {path}: {exc.strerror or exc}; choose another --out")
+
+
 class StaleLockWarning(UserWarning):
     """A run took over the lock a killed run left on its output."""
 
@@ -279,7 +283,10 @@ class OutputLock:
         """Take the lock of the log at ``out`` or refuse naming the run that holds it. ``reentrant``: a lock
         this process already holds is fine (the returned one is not held: releasing it does nothing)."""
         lock = cls(lock_path(out, is_dir=is_dir, shard=shard), out)
-        lock.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            lock.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise _unwritable(lock.path, exc) from None
         if _own(lock.path) is not None:
             if reentrant:
                 return lock
@@ -292,7 +299,10 @@ class OutputLock:
         }
         deadline = time.monotonic() + GRACE_SECONDS
         for _ in range(1000):
-            fd = os.open(lock.path, os.O_RDWR | os.O_CREAT | _BINARY, 0o644)
+            try:
+                fd = os.open(lock.path, os.O_RDWR | os.O_CREAT | _BINARY, 0o644)
+            except OSError as exc:
+                raise _unwritable(lock.path, exc) from None
             try:
                 got = _try_lock(fd)
             except OSError as exc:

@@ -9,6 +9,7 @@ import math
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -17,6 +18,7 @@ from lstm_probe.errors import BadInput
 from lstm_probe.integrations.rsl_rl.envs import GymVecEnv, TorchPendulumVecEnv
 from lstm_probe.integrations.rsl_rl.options import RslRl
 from lstm_probe.integrations.rsl_rl.probe import attach
+from lstm_probe.layout import check_output
 from lstm_probe.options import CaptureOptions, RunResult, TrainOptions, route, settle
 
 __all__ = ["arch", "make_env", "run", "train_cfg"]
@@ -108,6 +110,7 @@ def run(
     opts = settle(CaptureOptions, options, cap)
     t = settle(TrainOptions, train, tr)
     r = settle(RslRl, rsl_rl, own)
+    check_output(Path(os.fspath(opts.out)), force=opts.force, is_dir=opts.directory)  # before anything is built
     if t.shared_lstm:
         raise BadInput("--shared-lstm: rsl_rl's actor and critic each have their own RNN")
     n_envs, n_steps = t.n_envs, t.n_steps or 24

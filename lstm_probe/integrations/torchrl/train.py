@@ -7,12 +7,14 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
 from lstm_probe.errors import BadInput, one_line
+from lstm_probe.layout import check_output
 from lstm_probe.options import CaptureOptions, RunResult, TrainOptions, route, settle
 
 __all__ = ["arch", "build", "run"]
@@ -97,6 +99,7 @@ def run(
         cap["out"] = out
     opts = settle(CaptureOptions, options, cap)
     t = settle(TrainOptions, train, tr)
+    check_output(Path(os.fspath(opts.out)), force=opts.force, is_dir=opts.directory)  # before anything is built
     torch.set_num_threads(t.torch_threads or 1)
     env, actor, critic, _ = build(env_id, n_envs=t.n_envs, hidden_size=t.hidden_size or 32, seed=t.seed or 0)
     n_steps = t.n_steps or 128
