@@ -21,7 +21,7 @@ from lstm_probe.cli_flags import Declared, declared, split, with_flags
 from lstm_probe.cli_render import _render, _render_architecture, _render_flow, _RunDisplay, err, out
 from lstm_probe.errors import BadInput, BadLog, Interrupted, ProbeError, one_line
 from lstm_probe.layout import check_writable, output_dir
-from lstm_probe.options import CaptureOptions, TrainOptions, default
+from lstm_probe.options import CaptureOptions, TrainOptions, check_envs, default
 from lstm_probe.text import human_bytes, safe, strict_json
 
 app = typer.Typer(
@@ -139,6 +139,7 @@ def run(
     # imported (seconds): a typo is refused at once.
     options = CaptureOptions(**capture)
     train = TrainOptions(**given.get(TrainOptions, {}))
+    check_envs(options, train)
     own = {keyword: group(**given.get(group, {})) for keyword, group in groups.items()}
     if not progress_seconds > 0:
         raise BadInput(f"--progress-seconds must be > 0, got {progress_seconds}")

@@ -180,6 +180,17 @@ class TrainOptions:
             raise BadInput(f"--learning-rate must be > 0, got {self.learning_rate}")
 
 
+def check_envs(options: CaptureOptions, train: TrainOptions) -> None:
+    """The settings of the two groups that bound each other: ``--trace-envs K`` keeps env columns
+    0..K-1, so K may not exceed ``--n-envs`` (the env columns of a process; RLlib: of each env runner)."""
+    k = options.trace_envs
+    if k is not None and k > train.n_envs:
+        raise BadInput(
+            f"--trace-envs {k} is more envs than the run has (--n-envs {train.n_envs}); pass --trace-envs "
+            f"{train.n_envs} or fewer, or leave it out to trace every env"
+        )
+
+
 def settle(cls: type[T], given: T | None, overrides: Mapping[str, Any]) -> T:
     """``given`` (or ``cls``'s defaults) with ``overrides`` of its fields applied, checked again."""
     if given is None:

@@ -83,3 +83,23 @@ def test_an_export_out_that_cannot_be_written_is_refused_before_verifying(
     out = "notes.txt/policy.onnx" if where == "file" else "/proc/lstm-probe-test.onnx"
     r = cli("export", model_zip, out, "--env", "Pendulum-v1", "--episodes", 1, cwd=tmp_path)
     one_line_error(r, "cannot write to", "choose another OUT")
+
+
+# -- settings that bound each other ----------------------------------------------------------------------------
+@pytest.mark.parametrize("fw", ["sb3", "torchrl", "rsl_rl", "rllib"])
+def test_tracing_more_envs_than_the_run_has_is_refused(tmp_path: Path, fw: str) -> None:
+    """--trace-envs 5 --n-envs 2 trained and traced the 2 envs as if nothing was wrong."""
+    out = "run/" if fw == "rllib" else "run.parquet"
+    args = ["--trace-envs", 5, "--n-envs", 2, "--out", out]
+    r = cli("run", ENV_OF.get(fw, "CartPole-v1"), "--framework", fw, *TINY, *args, cwd=tmp_path)
+    one_line_error(r, "--trace-envs 5", "--n-envs 2")
+    assert not list(tmp_path.iterdir())
+
+
+def test_the_library_refuses_it_too(tmp_path: Path) -> None:
+    import lstm_probe
+    from lstm_probe.errors import BadInput
+
+    with pytest.raises(BadInput, match="--trace-envs 3 is more envs than the run has"):
+        lstm_probe.run("Pendulum-v1", tmp_path / "x.parquet", trace_envs=3, n_envs=2, steps=32)
+    assert not list(tmp_path.iterdir())

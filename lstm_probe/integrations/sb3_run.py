@@ -15,7 +15,7 @@ from typing import Any
 from lstm_probe.errors import BadInput, ProbeError, one_line
 from lstm_probe.integrations.sb3_options import Build, Measure
 from lstm_probe.layout import check_output
-from lstm_probe.options import CaptureOptions, Progress, RunResult, TrainOptions, route, settle
+from lstm_probe.options import CaptureOptions, Progress, RunResult, TrainOptions, check_envs, route, settle
 
 
 def parse_hyperparams(items: Sequence[str]) -> dict[str, Any]:
@@ -174,6 +174,7 @@ def run(
     t = settle(TrainOptions, train, tr)
     b = settle(Build, build_options, bo)
     m = settle(Measure, measure, me)
+    check_envs(opts, t)
     check_output(Path(os.fspath(opts.out)), force=opts.force, is_dir=opts.directory)
     model = build(env_id, t, b)
     env = model.get_env()

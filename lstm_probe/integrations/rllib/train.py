@@ -13,7 +13,7 @@ from lstm_probe.errors import BadInput, one_line
 from lstm_probe.integrations.rllib.model import arch
 from lstm_probe.integrations.rllib.options import Rllib
 from lstm_probe.integrations.rllib.probe import _directory, _out, close, probe_config
-from lstm_probe.options import CaptureOptions, RunResult, TrainOptions, route, settle
+from lstm_probe.options import CaptureOptions, RunResult, TrainOptions, check_envs, route, settle
 
 __all__ = ["arch", "run"]
 
@@ -54,6 +54,7 @@ def run(
     opts = settle(CaptureOptions, options, cap)
     t = settle(TrainOptions, train, tr)
     r = settle(Rllib, rllib, own)
+    check_envs(opts, t)
     steps, n_envs, n_steps = t.steps, t.n_envs, t.n_steps
     env_runners, learners = r.env_runners, r.learners
     try:

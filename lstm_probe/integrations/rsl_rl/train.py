@@ -19,7 +19,7 @@ from lstm_probe.integrations.rsl_rl.envs import GymVecEnv, TorchPendulumVecEnv
 from lstm_probe.integrations.rsl_rl.options import RslRl
 from lstm_probe.integrations.rsl_rl.probe import attach
 from lstm_probe.layout import check_output
-from lstm_probe.options import CaptureOptions, RunResult, TrainOptions, route, settle
+from lstm_probe.options import CaptureOptions, RunResult, TrainOptions, check_envs, route, settle
 
 __all__ = ["arch", "make_env", "run", "train_cfg"]
 
@@ -110,6 +110,7 @@ def run(
     opts = settle(CaptureOptions, options, cap)
     t = settle(TrainOptions, train, tr)
     r = settle(RslRl, rsl_rl, own)
+    check_envs(opts, t)
     check_output(Path(os.fspath(opts.out)), force=opts.force, is_dir=opts.directory)  # before anything is built
     if t.shared_lstm:
         raise BadInput("--shared-lstm: rsl_rl's actor and critic each have their own RNN")

@@ -15,7 +15,7 @@ from torch import nn
 
 from lstm_probe.errors import BadInput, one_line
 from lstm_probe.layout import check_output
-from lstm_probe.options import CaptureOptions, RunResult, TrainOptions, route, settle
+from lstm_probe.options import CaptureOptions, RunResult, TrainOptions, check_envs, route, settle
 
 __all__ = ["arch", "build", "run"]
 
@@ -99,6 +99,7 @@ def run(
         cap["out"] = out
     opts = settle(CaptureOptions, options, cap)
     t = settle(TrainOptions, train, tr)
+    check_envs(opts, t)
     check_output(Path(os.fspath(opts.out)), force=opts.force, is_dir=opts.directory)  # before anything is built
     torch.set_num_threads(t.torch_threads or 1)
     env, actor, critic, _ = build(env_id, n_envs=t.n_envs, hidden_size=t.hidden_size or 32, seed=t.seed or 0)
