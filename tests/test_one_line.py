@@ -103,3 +103,67 @@ def test_the_library_refuses_it_too(tmp_path: Path) -> None:
     with pytest.raises(BadInput, match="--trace-envs 3 is more envs than the run has"):
         lstm_probe.run("Pendulum-v1", tmp_path / "x.parquet", trace_envs=3, n_envs=2, steps=32)
     assert not list(tmp_path.iterdir())
+
+
+# -- sizes no machine can build: refused before the envs or the network are made -----------------------------
+PEAK = """
+import resource, subprocess, sys
+r = subprocess.run(sys.argv[1:], capture_output=True, text=True)
+sys.stderr.write(r.stderr)
+print(r.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024)
+"""
+PEAK_MB = 700
+"""Peak RSS of a refused run: the interpreter with torch and a framework takes 250-450 MB."""
+
+
+def peak(*args: object, cwd: Path) -> tuple[subprocess.CompletedProcess[str], int]:
+    """One fresh ``lstm-probe ARGS`` (in its own wrapper process, so no other child's peak counts) and its
+    peak RSS in MB; the result's stdout is the CLI's, not the wrapper's."""
+    cmd = [sys.executable, "-c", PEAK, sys.executable, "-m", "lstm_probe", *map(str, args)]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=ENV, timeout=300)
+    code, mb = r.stdout.split()
+    return subprocess.CompletedProcess(cmd, int(code), "", r.stderr), int(mb)
+
+
+@pytest.mark.parametrize("fw", list(FRAMEWORKS))
+def test_n_envs_at_its_cap_is_refused_before_the_envs_are_made(tmp_path: Path, fw: str) -> None:
+    """--n-envs 65,536 passed the cap: sb3 made 65,536 envs, then took 15 GB for the rollout's states
+    (65,536 x 128 steps) before it was killed; torchrl and rsl_rl spent minutes making
+    65,536 gymnasium envs."""
+    r, mb = peak("run", ENV_OF[fw], *framework(fw), "--n-envs", 65536, "-q", cwd=tmp_path)
+    # sb3: 65,536 x 128 steps of LSTM states; torchrl and rsl_rl: more envs than they make in seconds
+    why = {
+        "sb3": ("env steps in one rollout", "fewer --n-envs"),
+        "torchrl": ("at most 1,024 envs for --framework torchrl",),
+        "rsl_rl": ("at most 8,192 gymnasium envs", "--torch-env"),
+    }[fw]
+    one_line_error(r, "--n-envs 65,536", *why)
+    assert mb < PEAK_MB, f"peak RSS {mb} MB"
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("fw", ["torchrl", "rsl_rl"])
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--hidden-size", 100_000], ["--hidden-size 100000", "at most 65,536"]),
+        (["--n-steps", 1_000_000_000], ["--n-steps 1,000,000,000", "fewer --n-envs or a shorter --n-steps"]),
+        (["--n-envs", 4096, "--n-steps", 4096], ["--n-envs 4,096 x --n-steps 4,096", "env steps in one rollout"]),
+        (["--hidden-size", "1e5"], ["--hidden-size", "valid integer"]),
+    ],
+)
+def test_absurd_sizes_are_refused_before_anything_is_built(tmp_path: Path, fw: str, flags: list, named: list) -> None:
+    """torchrl and rsl_rl took --hidden-size 100000 or --n-steps 1e9 and failed (or swapped) building them."""
+    r = cli("run", ENV_OF[fw], *framework(fw), *flags, "-q", cwd=tmp_path)
+    one_line_error(r, *named)
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("fw", list(FRAMEWORKS))
+def test_a_network_over_the_machines_memory_is_refused_before_it_is_built(tmp_path: Path, fw: str) -> None:
+    """A hidden size a log can hold (65,536) but whose recurrent weights alone, with gradients and Adam's
+    moments, take 256 GiB: refused naming it, where sb3 failed allocating and the others swapped."""
+    r, mb = peak("run", ENV_OF[fw], *framework(fw), "--hidden-size", 65536, "-q", cwd=tmp_path)
+    one_line_error(r, "--hidden-size 65,536", "more than this machine's", "a smaller --hidden-size")
+    assert mb < PEAK_MB, f"peak RSS {mb} MB"
+    assert not list(tmp_path.iterdir())
