@@ -41,10 +41,20 @@ def parse_hyperparams(items: Sequence[str]) -> dict[str, Any]:
 
 
 def check_env_id(env_id: str) -> None:
+    """Refuse an env id gymnasium does not know; ``module:EnvId-v0`` (as ``gym.make`` takes it) imports
+    ``module`` first, which registers its envs."""
+    import importlib
+
     import gymnasium as gym
 
+    module, _, name = env_id.rpartition(":")
+    if module:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise BadInput(f"env id {env_id!r}: cannot import {module!r} to register it ({exc})") from None
     try:
-        gym.spec(env_id)
+        gym.spec(name)
     except Exception:
         names = list(gym.registry.keys())
         close = difflib.get_close_matches(env_id, names, n=3, cutoff=0.5)
