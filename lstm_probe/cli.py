@@ -8,6 +8,7 @@ boundary (:func:`main`) turns every expected failure into one line on stderr and
 from __future__ import annotations
 
 import enum
+import re
 import shlex
 import signal
 import sys
@@ -145,6 +146,7 @@ def run(
         raise BadInput(f"--progress-seconds must be > 0, got {progress_seconds}")
     check_writable(output_dir(Path(out_path), is_dir=options.directory))  # not after the framework has loaded
     module = integrations.load(fw)
+    _EARLIER[out_path] = _fingerprint(out_path)  # what is at OUT now: an earlier log is not this run's
     command = "lstm-probe " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     display = _RunDisplay(env_id, train.steps, out_path, getattr(module, "live", None), quiet, progress_seconds)
     with display:
@@ -497,11 +499,16 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(code) from None
 
 
+_COLOUR = re.compile(r"\x1b\[[0-9;]*m")
+"""A terminal's colour sequence (SGR)."""
+
+
 def _show_warning(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> None:
     """A warning as one line on stderr, ``warning: ...``, made safe like the error line (a stale lock's
     host and command come from a file): lstm-probe's own as their message, others' with their category;
     never Python's two lines with a file, a line number and a source line."""
     text = one_line(message if isinstance(message, Warning) else category(message), kind=False)
+    text = _COLOUR.sub("", text)  # gymnasium colours its warnings: dropped, any other control shown as a code
     own = category.__module__.split(".")[0] == "lstm_probe"
     line = f"warning: {text}" if own else f"warning: {category.__name__}: {text}"
     err().print(safe(line, limit=ERROR_LIMIT, markup=False, word=PATH_MAX), markup=False)
@@ -551,8 +558,36 @@ def _out_arg(args: list[str]) -> str:
     return path
 
 
+_EARLIER: dict[str, Any] = {}
+"""``run``'s OUT, and what was there before it started (:func:`_fingerprint`)."""
+
+
+def _fingerprint(path: str) -> Any:
+    """What is at ``path``, to tell later whether a run changed it: a file's identity, size and time; a
+    directory's entries with theirs; None when nothing is there."""
+
+    def one(p: Path) -> tuple[int, int, int, int] | None:
+        try:
+            st = p.stat()
+        except OSError:
+            return None
+        return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+    p = Path(path)
+    if p.is_dir():
+        try:
+            return sorted((e.name, one(e)) for e in p.iterdir())
+        except OSError:
+            return None
+    return one(p)
+
+
 def _partial_note(path: str) -> str:
-    """After a failed or interrupted run: what the log holds now."""
+    """After a failed or interrupted run: what the log holds now. A log that was at OUT before the run
+    started and is still there as it was (a --force run that failed before it wrote anything) is named as
+    the earlier run's, never described as this run's."""
+    if path in _EARLIER and _EARLIER[path] is not None and _fingerprint(path) == _EARLIER[path]:
+        return f"this run wrote no log; {Path(path)} is an earlier run's log, left as it was"
     try:
         from lstm_probe.reader import read_info
 

@@ -167,3 +167,47 @@ def test_a_network_over_the_machines_memory_is_refused_before_it_is_built(tmp_pa
     one_line_error(r, "--hidden-size 65,536", "more than this machine's", "a smaller --hidden-size")
     assert mb < PEAK_MB, f"peak RSS {mb} MB"
     assert not list(tmp_path.iterdir())
+
+
+# -- a failed --force run and the earlier log ------------------------------------------------------------------
+CRASHING_ENV = '''
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+
+class Crash(gym.Env):
+    """Its reset fails: a run fails as training starts, before its probe has written anything."""
+
+    metadata = {"render_modes": ["rgb_array"]}
+    observation_space = spaces.Box(-1, 1, (2,), np.float32)
+    action_space = spaces.Discrete(2)
+
+    def __init__(self, render_mode=None):
+        self.render_mode = render_mode
+
+    def reset(self, *, seed=None, options=None):
+        raise RuntimeError("the simulator is down")
+
+    def step(self, action):
+        raise RuntimeError("the simulator is down")
+
+
+gym.register("Crash-v0", entry_point=Crash)
+'''
+
+
+def test_a_failed_force_run_does_not_describe_the_earlier_log_as_its_own(tmp_path: Path) -> None:
+    """A --force run that failed before writing anything said 'the log old.parquet holds 958 rows up to env
+    step 32 (completed: true)': the earlier run's log, still at OUT, described as this run's."""
+    r = cli("run", "Pendulum-v1", *TINY, "--out", "old.parquet", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    before = (tmp_path / "old.parquet").read_bytes()
+    (tmp_path / "crash_env.py").write_text(CRASHING_ENV)
+    r = cli("run", "crash_env:Crash-v0", *TINY, "--out", "old.parquet", "--force", cwd=tmp_path)
+    assert r.returncode == 1, r.stdout + r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: RuntimeError: the simulator is down"), r.stderr
+    assert "this run wrote no log; old.parquet is an earlier run's log, left as it was" in lines[0]
+    assert "rows" not in lines[0] and "completed" not in lines[0]
+    assert (tmp_path / "old.parquet").read_bytes() == before
