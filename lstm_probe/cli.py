@@ -21,7 +21,7 @@ import typer
 from lstm_probe.cli_flags import Declared, declared, split, with_flags
 from lstm_probe.cli_render import _render, _render_architecture, _render_flow, _RunDisplay, err, out
 from lstm_probe.errors import BadInput, BadLog, Interrupted, ProbeError, one_line
-from lstm_probe.layout import check_writable, output_dir
+from lstm_probe.layout import check_writable, fingerprint, output_dir
 from lstm_probe.options import CaptureOptions, TrainOptions, check_envs, default
 from lstm_probe.text import human_bytes, safe, strict_json
 
@@ -146,7 +146,7 @@ def run(
         raise BadInput(f"--progress-seconds must be > 0, got {progress_seconds}")
     check_writable(output_dir(Path(out_path), is_dir=options.directory))  # not after the framework has loaded
     module = integrations.load(fw)
-    _EARLIER[out_path] = _fingerprint(out_path)  # what is at OUT now: an earlier log is not this run's
+    _EARLIER[out_path] = fingerprint(out_path)  # what is at OUT now: an earlier log is not this run's
     command = "lstm-probe " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     display = _RunDisplay(env_id, train.steps, out_path, getattr(module, "live", None), quiet, progress_seconds)
     with display:
@@ -559,34 +559,14 @@ def _out_arg(args: list[str]) -> str:
 
 
 _EARLIER: dict[str, Any] = {}
-"""``run``'s OUT, and what was there before it started (:func:`_fingerprint`)."""
-
-
-def _fingerprint(path: str) -> Any:
-    """What is at ``path``, to tell later whether a run changed it: a file's identity, size and time; a
-    directory's entries with theirs; None when nothing is there."""
-
-    def one(p: Path) -> tuple[int, int, int, int] | None:
-        try:
-            st = p.stat()
-        except OSError:
-            return None
-        return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
-
-    p = Path(path)
-    if p.is_dir():
-        try:
-            return sorted((e.name, one(e)) for e in p.iterdir())
-        except OSError:
-            return None
-    return one(p)
+"""``run``'s OUT, and what was there before it started (``layout.fingerprint``)."""
 
 
 def _partial_note(path: str) -> str:
     """After a failed or interrupted run: what the log holds now. A log that was at OUT before the run
     started and is still there as it was (a --force run that failed before it wrote anything) is named as
     the earlier run's, never described as this run's."""
-    if path in _EARLIER and _EARLIER[path] is not None and _fingerprint(path) == _EARLIER[path]:
+    if path in _EARLIER and _EARLIER[path] is not None and fingerprint(path) == _EARLIER[path]:
         return f"this run wrote no log; {Path(path)} is an earlier run's log, left as it was"
     try:
         from lstm_probe.reader import read_info

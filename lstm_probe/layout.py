@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from lstm_probe.errors import BadInput
 from lstm_probe.lock import lock_path, refuse_if_held
@@ -123,6 +124,27 @@ def check_output(path: Path, *, force: bool, is_dir: bool, shard: str | None = N
                 )
         parent = path.parent if str(path.parent) else Path(".")
     check_writable(parent)
+
+
+def fingerprint(path: str | Path) -> Any:
+    """What is at ``path``, to tell later whether a run changed it (a failed run must not describe an
+    earlier log as its own): a file's identity, size and time; a directory's entries with theirs; None
+    when nothing is there."""
+
+    def one(p: Path) -> tuple[int, int, int, int] | None:
+        try:
+            st = p.stat()
+        except OSError:
+            return None
+        return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+    p = Path(path)
+    if p.is_dir():
+        try:
+            return sorted((e.name, one(e)) for e in p.iterdir())
+        except OSError:
+            return None
+    return one(p)
 
 
 def output_dir(out: Path, *, is_dir: bool) -> Path:
