@@ -211,3 +211,19 @@ def test_a_failed_force_run_does_not_describe_the_earlier_log_as_its_own(tmp_pat
     assert "this run wrote no log; old.parquet is an earlier run's log, left as it was" in lines[0]
     assert "rows" not in lines[0] and "completed" not in lines[0]
     assert (tmp_path / "old.parquet").read_bytes() == before
+
+
+def test_a_probe_on_a_users_model_refuses_it_too(tmp_path: Path) -> None:
+    """ProbeCallback(trace_envs=3) on a user's 2-env RecurrentPPO traced both envs as if asked to."""
+    from sb3_contrib import RecurrentPPO
+    from stable_baselines3.common.env_util import make_vec_env
+
+    import lstm_probe
+    from lstm_probe.errors import BadInput
+
+    env = make_vec_env("Pendulum-v1", n_envs=2, seed=0)
+    model = RecurrentPPO("MlpLstmPolicy", env, n_steps=16, batch_size=16, device="cpu")
+    with pytest.raises(BadInput, match="trace_envs 3 is more envs than the model has"):
+        model.learn(32, callback=lstm_probe.ProbeCallback(tmp_path / "x.parquet", trace_envs=3))
+    env.close()
+    assert not (tmp_path / "x.parquet").exists()
