@@ -162,7 +162,11 @@ def test_absurd_sizes_are_refused_before_anything_is_built(tmp_path: Path, fw: s
 @pytest.mark.parametrize("fw", list(FRAMEWORKS))
 def test_a_network_over_the_machines_memory_is_refused_before_it_is_built(tmp_path: Path, fw: str) -> None:
     """A hidden size a log can hold (65,536) but whose recurrent weights alone, with gradients and Adam's
-    moments, take 256 GiB: refused naming it, where sb3 failed allocating and the others swapped."""
+    moments, take 256 to 512 GiB: refused naming it, where sb3 failed allocating and the others swapped."""
+    from lstm_probe.options import physical_memory
+
+    if (physical_memory() or 0) > 250 << 30:
+        pytest.skip("this machine has the memory for it")
     r, mb = peak("run", ENV_OF[fw], *framework(fw), "--hidden-size", 65536, "-q", cwd=tmp_path)
     one_line_error(r, "--hidden-size 65,536", "more than this machine's", "a smaller --hidden-size")
     assert mb < PEAK_MB, f"peak RSS {mb} MB"
