@@ -153,7 +153,8 @@ def test_n_envs_at_its_cap_is_refused_before_the_envs_are_made(tmp_path: Path, f
     ],
 )
 def test_absurd_sizes_are_refused_before_anything_is_built(tmp_path: Path, fw: str, flags: list, named: list) -> None:
-    """torchrl and rsl_rl took --hidden-size 100000 or --n-steps 1e9 and failed (or swapped) building them."""
+    """torchrl and rsl_rl took --hidden-size 100000 and failed with exit 1 (torch could not allocate 160 GB) after
+    making their envs; sb3 refused it only as its allocation failed."""
     r = cli("run", ENV_OF[fw], *framework(fw), *flags, "-q", cwd=tmp_path)
     one_line_error(r, *named)
     assert not list(tmp_path.iterdir())
@@ -162,7 +163,7 @@ def test_absurd_sizes_are_refused_before_anything_is_built(tmp_path: Path, fw: s
 @pytest.mark.parametrize("fw", list(FRAMEWORKS))
 def test_a_network_over_the_machines_memory_is_refused_before_it_is_built(tmp_path: Path, fw: str) -> None:
     """A hidden size a log can hold (65,536) but whose recurrent weights alone, with gradients and Adam's
-    moments, take 256 to 512 GiB: refused naming it, where sb3 failed allocating and the others swapped."""
+    moments, take 256 to 512 GiB: refused naming it, before any env or tensor is made."""
     from lstm_probe.options import physical_memory
 
     if (physical_memory() or 0) > 250 << 30:
