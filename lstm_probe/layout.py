@@ -153,17 +153,17 @@ def output_dir(out: Path, *, is_dir: bool) -> Path:
 
 
 def check_writable(directory: Path, fix: str = "choose another --out") -> None:
-    """Refuse (BadInput, one line ending in ``fix``) unless a file can be written in ``directory``, made
-    (with its parents) if missing: a path under a regular file, a read-only mount, a directory without write
-    permission. Cheap and torch-free: checked before any work, not found when the log is first written."""
+    """Refuse (BadInput, one line ending in ``fix``) unless a file can be written in ``directory``, or, where
+    it does not exist yet, made in the nearest part of its path that does (the writer makes the rest): a path
+    under a regular file, a read-only mount, a directory without write permission. Creates nothing that
+    stays; cheap and torch-free: checked before any work, not found when the log is first written."""
     above = directory
     while not above.exists() and above != above.parent:  # the nearest part of the path that exists
         above = above.parent
     if above.exists() and not above.is_dir():
         raise BadInput(f"cannot write to {directory}: {above} is a file, not a directory; {fix}")
     try:  # a real write: permission bits say little to root, and nothing about read-only mounts
-        directory.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=directory, prefix=".lstm-probe-check-"):
+        with tempfile.NamedTemporaryFile(dir=above, prefix=".lstm-probe-check-"):
             pass
     except OSError as exc:
         raise BadInput(

@@ -52,6 +52,14 @@ def test_an_out_under_a_regular_file_is_refused_up_front(tmp_path: Path, fw: str
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
 
 
+@pytest.mark.parametrize("fw", list(FRAMEWORKS))
+def test_a_refused_run_leaves_no_directory_behind(tmp_path: Path, fw: str) -> None:
+    """The check that OUT can be written made OUT's directories (sb3's before its env id was checked)."""
+    r = cli("run", "NoSuchEnv-v0", *framework(fw), *TINY, "--out", "new/sub/x.parquet", cwd=tmp_path)
+    one_line_error(r, "NoSuchEnv-v0")
+    assert not list(tmp_path.iterdir())
+
+
 @pytest.mark.skipif(
     not Path("/proc/self").is_dir(), reason="needs /proc (a directory nobody, root included, writes in)"
 )
