@@ -40,7 +40,7 @@ MAX_ROLLOUT = 1 << 22
 ``--n-steps`` is not given): 4,194,304, e.g. 1,024 envs x 4,096 steps or 65,536 x 64. Every step's LSTM
 states are stored for training (sb3-contrib's buffer: h and c of actor and critic, 4 KiB a step at the
 default hidden size 256), so 65,536 envs x sb3's 128 steps would need 34 GiB: refused before any env is
-made, where it failed after building the envs (a minute and 1-2 GB)."""
+made (it made the 65,536 envs, then held 15 GB a minute later, still filling its buffer)."""
 BYTES_PER_PARAMETER = 16
 """Bytes a trained float32 parameter holds at least: itself, its gradient and Adam's two moments."""
 

@@ -115,7 +115,8 @@ def run(
     check_envs(opts, t)
     check_output(Path(os.fspath(opts.out)), force=opts.force, is_dir=opts.directory)  # before anything is built
     torch.set_num_threads(t.torch_threads or 1)
-    check_env_count(t.n_envs, MAX_ENVS, "envs for --framework torchrl (a SerialEnv makes and steps them one by one)")
+    what = "envs for --framework torchrl (a SerialEnv makes and steps them one by one); sb3 takes more"
+    check_env_count(t.n_envs, MAX_ENVS, what)
     check_size(t, n_steps=t.n_steps or 128, hidden_size=t.hidden_size or 32, lstms=1)  # before any env is made
     env, actor, critic, _ = build(env_id, n_envs=t.n_envs, hidden_size=t.hidden_size or 32, seed=t.seed or 0)
     n_steps = t.n_steps or 128
