@@ -33,7 +33,7 @@ gigabytes, so nothing is allocated before it is sized (:func:`load`'s ``max_byte
 
 A refusal over the budget names the setting that makes the network big and how to raise the budget.
 
-The module must be this long (~820 lines): sizing a network from its settings needs the same parsing of
+The module must be this long (~860 lines): sizing a network from its settings needs the same parsing of
 spaces, policy class and policy_kwargs that building it does, and each bound above feeds the next, so the
 steps are kept side by side rather than split across modules that would import each other.
 """
