@@ -284,13 +284,17 @@ WEIGHTS = {
 
 
 @pytest.mark.parametrize("case", list(WEIGHTS))
-@pytest.mark.parametrize("command", ["arch", "export"])
+@pytest.mark.parametrize("command", ["arch", "export", "replay"])
 def test_weights_no_policy_acts_on_are_refused_in_one_line(genuine, tmp_path, case, command):
     """NaN weights failed in arch's rollout with a torch ValueError (exit 1), inf ones were analysed as if
     nothing was wrong, sparse ones failed with NotImplementedError: refused now, before anything is built."""
     edit, named = WEIGHTS[case]
     path = with_weights(genuine, tmp_path / f"{case}.zip", edit)
-    args = ["arch", path] if command == "arch" else ["export", path, tmp_path / "p.onnx", "--env", "Pendulum-v1"]
+    args = {
+        "arch": ["arch", path],
+        "export": ["export", path, tmp_path / "p.onnx", "--env", "Pendulum-v1"],
+        "replay": ["replay", tmp_path / "trace.csv", "--policy", path],  # the policy is read before the trace
+    }[command]
     r, peak = cli(*args, cwd=tmp_path)
     line = one_line_error(r, f"{path.name} as a RecurrentPPO model", named)
     assert "--trust-model" not in line
