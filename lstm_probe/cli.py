@@ -8,9 +8,11 @@ boundary (:func:`main`) turns every expected failure into one line on stderr and
 from __future__ import annotations
 
 import enum
+import re
 import shlex
 import signal
 import sys
+import warnings
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -20,7 +22,8 @@ from lstm_probe.cli_flags import Declared, declared, split, with_flags
 from lstm_probe.cli_render import _render, _render_architecture, _render_flow, _RunDisplay, err, out
 from lstm_probe.errors import BadInput, BadLog, Interrupted, ProbeError, one_line
 from lstm_probe.extras import missing
-from lstm_probe.options import CaptureOptions, TrainOptions, default
+from lstm_probe.layout import check_writable, fingerprint, output_dir
+from lstm_probe.options import CaptureOptions, TrainOptions, check_envs, default
 from lstm_probe.text import human_bytes, safe, strict_json
 
 app = typer.Typer(
@@ -138,10 +141,13 @@ def run(
     # imported (seconds): a typo is refused at once.
     options = CaptureOptions(**capture)
     train = TrainOptions(**given.get(TrainOptions, {}))
+    check_envs(options, train)
     own = {keyword: group(**given.get(group, {})) for keyword, group in groups.items()}
     if not progress_seconds > 0:
         raise BadInput(f"--progress-seconds must be > 0, got {progress_seconds}")
+    check_writable(output_dir(Path(out_path), is_dir=options.directory))  # not after the framework has loaded
     module = integrations.load(fw)
+    _EARLIER[out_path] = fingerprint(out_path)  # what is at OUT now: an earlier log is not this run's
     command = "lstm-probe " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     display = _RunDisplay(env_id, train.steps, out_path, getattr(module, "live", None), quiet, progress_seconds)
     with display:
@@ -475,7 +481,9 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError:  # not the main thread
         pass
     try:
-        code = app(args=args, prog_name="lstm-probe", standalone_mode=False)
+        with warnings.catch_warnings():  # restores the hook after (main called in-process)
+            warnings.showwarning = _show_warning
+            code = app(args=args, prog_name="lstm-probe", standalone_mode=False)
         if isinstance(code, int) and code:
             raise SystemExit(code)
     except typer.Exit as exc:
@@ -491,6 +499,21 @@ def main(argv: list[str] | None = None) -> None:
         # safe (no control characters, no markup, bounded) in one place
         err().print(safe(line, limit=ERROR_LIMIT, markup=False, word=PATH_MAX), markup=False)
         raise SystemExit(code) from None
+
+
+_COLOUR = re.compile(r"\x1b\[[0-9;]*m")
+"""A terminal's colour sequence (SGR)."""
+
+
+def _show_warning(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> None:
+    """A warning as one line on stderr, ``warning: ...``, made safe like the error line (a stale lock's
+    host and command come from a file): lstm-probe's own as their message, others' with their category;
+    never Python's two lines with a file, a line number and a source line."""
+    text = one_line(message if isinstance(message, Warning) else category(message), kind=False)
+    text = _COLOUR.sub("", text)  # gymnasium colours its warnings: dropped, any other control shown as a code
+    own = category.__module__.split(".")[0] == "lstm_probe"
+    line = f"warning: {text}" if own else f"warning: {category.__name__}: {text}"
+    err().print(safe(line, limit=ERROR_LIMIT, markup=False, word=PATH_MAX), markup=False)
 
 
 ERROR_LIMIT, PATH_MAX = 16_384, 4096
@@ -539,8 +562,16 @@ def _out_arg(args: list[str]) -> str:
     return path
 
 
+_EARLIER: dict[str, Any] = {}
+"""``run``'s OUT, and what was there before it started (``layout.fingerprint``)."""
+
+
 def _partial_note(path: str) -> str:
-    """After a failed or interrupted run: what the log holds now."""
+    """After a failed or interrupted run: what the log holds now. A log that was at OUT before the run
+    started and is still there as it was (a --force run that failed before it wrote anything) is named as
+    the earlier run's, never described as this run's."""
+    if path in _EARLIER and _EARLIER[path] is not None and fingerprint(path) == _EARLIER[path]:
+        return f"this run wrote no log; {Path(path)} is an earlier run's log, left as it was"
     try:
         from lstm_probe.reader import read_info
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from lstm_probe.errors import BadInput
 from lstm_probe.lock import lock_path, refuse_if_held
@@ -122,13 +123,51 @@ def check_output(path: Path, *, force: bool, is_dir: bool, shard: str | None = N
                     "pass --force to delete them or choose another --out"
                 )
         parent = path.parent if str(path.parent) else Path(".")
+    check_writable(parent)
+
+
+def fingerprint(path: str | Path) -> Any:
+    """What is at ``path``, to tell later whether a run changed it (a failed run must not describe an
+    earlier log as its own): a file's identity, size and time; a directory's entries with theirs; None
+    when nothing is there."""
+
+    def one(p: Path) -> tuple[int, int, int, int] | None:
+        try:
+            st = p.stat()
+        except OSError:
+            return None
+        return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+    p = Path(path)
+    if p.is_dir():
+        try:
+            return sorted((e.name, one(e)) for e in p.iterdir())
+        except OSError:
+            return None
+    return one(p)
+
+
+def output_dir(out: Path, *, is_dir: bool) -> Path:
+    """The directory a log at ``out`` is written into (``out`` itself for a dataset directory)."""
+    return out if is_dir else (out.parent if str(out.parent) else Path("."))
+
+
+def check_writable(directory: Path, fix: str = "choose another --out") -> None:
+    """Refuse (BadInput, one line ending in ``fix``) unless a file can be written in ``directory``, or, where
+    it does not exist yet, made in the nearest part of its path that does (the writer makes the rest): a path
+    under a regular file, a read-only mount, a directory without write permission. Creates nothing that
+    stays; cheap and torch-free: checked before any work, not found when the log is first written."""
+    above = directory
+    while not above.exists() and above != above.parent:  # the nearest part of the path that exists
+        above = above.parent
+    if above.exists() and not above.is_dir():
+        raise BadInput(f"cannot write to {directory}: {above} is a file, not a directory; {fix}")
     try:  # a real write: permission bits say little to root, and nothing about read-only mounts
-        parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=parent, prefix=".lstm-probe-check-"):
+        with tempfile.NamedTemporaryFile(dir=above, prefix=".lstm-probe-check-"):
             pass
     except OSError as exc:
         raise BadInput(
-            f"cannot write to {parent}: {exc.strerror or exc}; the directory is not writable, choose another --out"
+            f"cannot write to {directory}: {exc.strerror or exc}; the directory is not writable, {fix}"
         ) from None
 
 

@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from lstm_probe.errors import BadInput
+from lstm_probe.text import safe
 
 if sys.platform == "win32":
     import msvcrt
@@ -163,10 +164,18 @@ class Holder:
     command: str | None = None
 
     def describe(self) -> str:
+        """Who it is, in one line: the host, start time and command come from a file anyone could have
+        planted, so each is made inert (control characters as codes, cut short)."""
         if self.pid <= 0:
             return "a process that has not yet written its name into the lock"
-        command = f": {self.command}" if self.command else ""
-        return f"pid {self.pid} on {self.host} (started {self.started}{command})"
+        command = f": {_inert(self.command)}" if self.command else ""
+        return f"pid {self.pid} on {_inert(self.host)} (started {_inert(self.started)}{command})"
+
+
+def _inert(text: str) -> str:
+    """A string read from a lock file as it may be printed: no control characters (escape sequences, newlines
+    shown as codes), at most a few hundred characters."""
+    return safe(text, limit=240, markup=False, word=240)
 
 
 def _parse(text: str) -> Holder | None:
@@ -243,6 +252,10 @@ def _refusal(out: Path, h: Holder) -> str:
     return f"{out} is being written by another run ({h.describe()}); wait for it to end or choose another --out"
 
 
+def _unwritable(path: Path, exc: OSError) -> BadInput:
+    return BadInput(f"cannot write the lock {path}: {exc.strerror or exc}; choose another --out")
+
+
 class StaleLockWarning(UserWarning):
     """A run took over the lock a killed run left on its output."""
 
@@ -270,7 +283,10 @@ class OutputLock:
         """Take the lock of the log at ``out`` or refuse naming the run that holds it. ``reentrant``: a lock
         this process already holds is fine (the returned one is not held: releasing it does nothing)."""
         lock = cls(lock_path(out, is_dir=is_dir, shard=shard), out)
-        lock.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            lock.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise _unwritable(lock.path, exc) from None
         if _own(lock.path) is not None:
             if reentrant:
                 return lock
@@ -283,7 +299,10 @@ class OutputLock:
         }
         deadline = time.monotonic() + GRACE_SECONDS
         for _ in range(1000):
-            fd = os.open(lock.path, os.O_RDWR | os.O_CREAT | _BINARY, 0o644)
+            try:
+                fd = os.open(lock.path, os.O_RDWR | os.O_CREAT | _BINARY, 0o644)
+            except OSError as exc:
+                raise _unwritable(lock.path, exc) from None
             try:
                 got = _try_lock(fd)
             except OSError as exc:

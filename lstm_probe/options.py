@@ -32,6 +32,18 @@ MAX_ENVS = 1 << 16
 """Most envs ``run`` makes (``make_vec_env``: one Python env object each, stepped in turn). 1e7 took 41 s and
 3.5 GB before failing with MemoryError; 65,536 CartPoles take 13 s and 0.2 GB to make."""
 
+MAX_HIDDEN_SIZE = 1 << 16
+"""Widest LSTM a run trains and a log's h and c vectors are read with (RL policies use 32..2048): a wider
+run would write a log no reader takes."""
+MAX_ROLLOUT = 1 << 22
+"""Most env steps in one rollout (``--n-envs`` x ``--n-steps``, each framework's default rollout length where
+``--n-steps`` is not given): 4,194,304, e.g. 1,024 envs x 4,096 steps or 65,536 x 64. Every step's LSTM
+states are stored for training (sb3-contrib's buffer: h and c of actor and critic, 4 KiB a step at the
+default hidden size 256), so 65,536 envs x sb3's 128 steps would need 34 GiB: refused before any env is
+made (it made the 65,536 envs, then held 15 GB a minute later, still filling its buffer)."""
+BYTES_PER_PARAMETER = 16
+"""Bytes a trained float32 parameter holds at least: itself, its gradient and Adam's two moments."""
+
 Progress = Callable[[int, int], None]
 """Called with (env steps done, env steps asked) while a run trains."""
 
@@ -175,9 +187,80 @@ class TrainOptions:
                 "object stepped in turn); for wider runs use a batched env (--framework rllib with --env-runners)"
             )
         at_least("hidden_size", self.hidden_size, 1)
+        if self.hidden_size is not None and self.hidden_size > MAX_HIDDEN_SIZE:
+            raise BadInput(
+                f"--hidden-size {self.hidden_size}: at most {MAX_HIDDEN_SIZE:,} (no log reader takes wider h and c "
+                "vectors; RL policies use 32..2048)"
+            )
+        if self.n_steps is not None:
+            check_rollout(self.n_envs, self.n_steps, default=False)
         at_least("torch_threads", self.torch_threads, 1)
         if self.learning_rate is not None and not self.learning_rate > 0:
             raise BadInput(f"--learning-rate must be > 0, got {self.learning_rate}")
+
+
+def check_rollout(n_envs: int, n_steps: int, *, default: bool) -> None:
+    """:class:`BadInput` when a rollout of ``n_envs`` x ``n_steps`` env steps is over :data:`MAX_ROLLOUT`
+    (``default``: ``n_steps`` is the framework's own, not given)."""
+    if n_envs * n_steps > MAX_ROLLOUT:
+        steps = f"{n_steps:,} (this framework's default)" if default else f"{n_steps:,}"
+        raise BadInput(
+            f"--n-envs {n_envs:,} x --n-steps {steps} = {n_envs * n_steps:,} env steps in one rollout, over the "
+            f"{MAX_ROLLOUT:,} a run stores (each step's LSTM states are kept for training); pass fewer --n-envs "
+            "or a shorter --n-steps"
+        )
+
+
+def physical_memory() -> int | None:
+    """This machine's memory in bytes (None where the system does not say)."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def check_size(train: TrainOptions, *, n_steps: int, hidden_size: int, layers: int = 1, lstms: int = 2) -> None:
+    """Refuse (:class:`BadInput`, one line), before any env or network is built, a run whose rollout or
+    network cannot fit: over :data:`MAX_ROLLOUT` env steps a rollout, or more memory than this machine has
+    for a lower bound of what training holds: the ``lstms`` LSTMs' recurrent weights (``layers`` of
+    ``hidden_size``; the input weights left out, as the observation is not known yet) times
+    :data:`BYTES_PER_PARAMETER`, and the h and c of every rollout step. ``n_steps``, ``hidden_size`` and
+    ``lstms``: the framework's own (its defaults where ``train`` leaves them None)."""
+    check_rollout(train.n_envs, n_steps, default=train.n_steps is None)
+    have = physical_memory()
+    if have is None:
+        return
+    h = hidden_size
+    weights = lstms * (2 * layers - 1) * 4 * h * h * BYTES_PER_PARAMETER
+    states = train.n_envs * n_steps * lstms * layers * 2 * h * 4
+    if weights + states > have:
+        from lstm_probe.budget import words
+
+        fix = "a smaller --hidden-size" if weights >= states else "fewer --n-envs or a shorter --n-steps"
+        raise BadInput(
+            f"--hidden-size {h:,} with {train.n_envs:,} env{'s' if train.n_envs > 1 else ''} x {n_steps:,} steps "
+            "would need at least "
+            f"{words(weights + states)} (LSTM weights with their gradients and Adam state {words(weights)}, the "
+            f"rollout's LSTM states {words(states)}), more than this machine's {words(have)} of memory; pass {fix}"
+        )
+
+
+def check_env_count(n_envs: int, most: int, what: str) -> None:
+    """:class:`BadInput` when a framework would make more than ``most`` envs of the kind ``what`` names
+    (each framework declares how many of its envs can be made in seconds; :data:`MAX_ENVS` bounds them all)."""
+    if n_envs > most:
+        raise BadInput(f"--n-envs {n_envs:,}: at most {most:,} {what}")
+
+
+def check_envs(options: CaptureOptions, train: TrainOptions) -> None:
+    """The settings of the two groups that bound each other: ``--trace-envs K`` keeps env columns
+    0..K-1, so K may not exceed ``--n-envs`` (the env columns of a process; RLlib: of each env runner)."""
+    k = options.trace_envs
+    if k is not None and k > train.n_envs:
+        raise BadInput(
+            f"--trace-envs {k} is more envs than the run has (--n-envs {train.n_envs}); pass --trace-envs "
+            f"{train.n_envs} or fewer, or leave it out to trace every env"
+        )
 
 
 def settle(cls: type[T], given: T | None, overrides: Mapping[str, Any]) -> T:

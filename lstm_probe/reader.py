@@ -32,6 +32,7 @@ from lstm_probe.errors import BadInput, BadLog
 from lstm_probe.layout import PARTIAL_SUFFIX, partial_dir
 from lstm_probe.lock import Holder, live_holder, lock_path
 from lstm_probe.logfiles import check_counts, metadata_json, open_part, reads
+from lstm_probe.options import MAX_HIDDEN_SIZE
 from lstm_probe.schema import (
     COLUMNS,
     META_RUN_KEY,
@@ -70,8 +71,6 @@ from, not every column a new schema version declares."""
 VECTORS = frozenset(c.name for c in COLUMNS if c.kind == "vector")
 """The vector columns (h, c, obs, info): skipped by ``load(vectors=False)``."""
 
-MAX_HIDDEN_SIZE = 1 << 16
-"""Widest h and c vectors read (LSTM hidden sizes in RL policies are 32..2048)."""
 MAX_ROW_GROUP_BYTES = 4 << 30
 """Most bytes one row group may take once read (rows times the columns' widths, h and c counted in full
 even where null, as Arrow allocates them). The writer's row groups are ~16 MiB (``layout.BUFFER_BYTES``);

@@ -210,3 +210,25 @@ def test_error_with_a_long_hostile_word_is_bounded(tmp_path):
     assert len(lines) == 1 and lines[0].startswith("error: ") and "more)" in lines[0], lines
     assert len(lines[0]) < 3 * LIMIT
     assert seconds < 15
+
+
+# --- warnings -----------------------------------------------------------------------------------------------------
+
+
+def test_a_stale_locks_host_and_command_are_printed_inert_on_one_line(tmp_path):
+    """A planted lock file (no process holds it) named a host and a command with escape sequences and a
+    newline: the run took it over and said so in a Python warning (file, line number, source line) with the
+    escapes raw. Now: one plain ``warning:`` line, the strings shown as codes, and the run goes on."""
+    evil = f"{ESCAPES}{BIDI}[red]x[/red]\nsecond line"
+    planted = {"pid": 2**22 + 7, "host": f"host{evil}", "started": f"2020{evil}", "command": f"cmd {evil}"}
+    (tmp_path / "run.parquet.lock").write_text(json.dumps(planted))
+    r, _ = cli(
+        "run", "Pendulum-v1", "--steps", 32, "--n-steps", 16, "--batch-size", 16, "--hidden-size", 8, "-q", cwd=tmp_path
+    )
+    assert r.returncode == 0, r.stderr.decode()[:2000]
+    no_terminal_controls(r.stdout + r.stderr)
+    lines = r.stderr.decode().strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("warning: took over the stale lock"), lines
+    assert "pid 4194311 on host\\x1b]0;pwned\\x07\\x1b[2J\\u202e[red]x[/red]\\x0asecond line" in lines[0], lines
+    assert "cmd \\x1b]0;pwned" in lines[0] and "warnings.warn" not in lines[0]
+    assert (tmp_path / "run.parquet").is_file() and not (tmp_path / "run.parquet.lock").exists()

@@ -248,6 +248,79 @@ def test_a_directory_larger_than_stated_bounds_is_refused(tmp_path):
         load_model(str(path))
 
 
+# -- (c2) weights and LSTM settings no policy acts on (issue #46) -------------------------------------------
+def with_weights(src, dst, edit):
+    """A copy of the zip ``src`` with its policy.pth's state dict passed through ``edit``."""
+    import torch
+
+    files = members(src)
+    state = torch.load(io.BytesIO(files["policy.pth"]), weights_only=True)
+    edit(state)
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    files["policy.pth"] = buf.getvalue()
+    with zipfile.ZipFile(dst, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, raw in files.items():
+            z.writestr(name, raw)
+    return dst
+
+
+def _set(key, value):
+    def edit(state):
+        state[key][0, 0] = value
+
+    return edit
+
+
+def _sparse(state):
+    state["lstm_actor.weight_hh_l0"] = state["lstm_actor.weight_hh_l0"].to_sparse()
+
+
+WEIGHTS = {
+    "nan": (_set("lstm_actor.weight_hh_l0", float("nan")), "lstm_actor.weight_hh_l0 holds NaN or infinite"),
+    "inf": (_set("value_net.weight", float("-inf")), "value_net.weight holds NaN or infinite"),
+    "sparse": (_sparse, "lstm_actor.weight_hh_l0 is a sparse_coo tensor"),
+}
+
+
+@pytest.mark.parametrize("case", list(WEIGHTS))
+@pytest.mark.parametrize("command", ["arch", "export", "replay"])
+def test_weights_no_policy_acts_on_are_refused_in_one_line(genuine, tmp_path, case, command):
+    """NaN weights failed in arch's rollout with a torch ValueError (exit 1), inf ones were analysed as if
+    nothing was wrong, sparse ones failed with NotImplementedError: refused now, before anything is built."""
+    edit, named = WEIGHTS[case]
+    path = with_weights(genuine, tmp_path / f"{case}.zip", edit)
+    args = {
+        "arch": ["arch", path],
+        "export": ["export", path, tmp_path / "p.onnx", "--env", "Pendulum-v1"],
+        "replay": ["replay", tmp_path / "trace.csv", "--policy", path],  # the policy is read before the trace
+    }[command]
+    r, peak = cli(*args, cwd=tmp_path)
+    line = one_line_error(r, f"{path.name} as a RecurrentPPO model", named)
+    assert "--trust-model" not in line
+    assert peak is not None and peak < PEAK_MB, f"peak RSS {peak} MB"
+    assert not (tmp_path / "p.onnx").exists()
+
+
+@pytest.mark.parametrize("lstm_kwargs", [{"bidirectional": True}, {"proj_size": 4}])
+@pytest.mark.parametrize("trust", [False, True])
+def test_an_lstm_recurrentppo_cannot_run_is_refused_before_its_weights_are_read(tmp_path, lstm_kwargs, trust):
+    """A genuine zip of a RecurrentPPO built with lstm_kwargs bidirectional=True or proj_size > 0: SB3 saves
+    it, but its policy fails in its first forward pass. The safe reader blamed the weights and suggested
+    --trust-model (with a zip whose weights did fit, arch failed in its rollout); refused now, either way."""
+    from sb3_contrib import RecurrentPPO
+
+    path = tmp_path / "model.zip"
+    kwargs = {"lstm_hidden_size": 8, "lstm_kwargs": lstm_kwargs}
+    RecurrentPPO("MlpLstmPolicy", "Pendulum-v1", n_steps=16, batch_size=16, policy_kwargs=kwargs, device="cpu").save(
+        path
+    )
+    r, _ = cli("arch", path, *(["--trust-model"] if trust else []), cwd=tmp_path)
+    named = "bidirectional" if "bidirectional" in lstm_kwargs else "proj_size 4"
+    line = one_line_error(r, "cannot run such an LSTM", named)
+    assert "--trust-model" not in line
+
+
 # -- (d) genuine zips still read, without --env or --trust-model ----------------------------------------
 def test_a_genuine_zip_reads_without_env_or_trust(genuine, tmp_path):
     r, peak = cli("arch", genuine, "--json", cwd=tmp_path, cap=False)
@@ -317,7 +390,10 @@ def test_the_size_check_counts_what_sb3_builds(tmp_path, kind, k):
         plan = sb3_zip._plan(data, given)
         sb3_zip.needs(plan)
         assert plan.params == built
-    if kind == "image" and data["observation_space"]["low_repr"] is None:  # gymnasium >= 1.3: stated in part
+    if kind != "dict" and "lstm_kwargs" in KWARGS[k]:  # sized, but a policy that cannot act (issue #46)
+        with pytest.raises(BadInput, match="cannot run such an LSTM"):
+            sb3_zip.load(path)
+    elif kind == "image" and data["observation_space"]["low_repr"] is None:  # gymnasium >= 1.3: stated in part
         with pytest.raises(BadInput, match=r"stated in part only .* pass --env ENV_ID"):
             sb3_zip.load(path)
         assert sum(p.numel() for p in sb3_zip.load(path, env).policy.parameters()) == built

@@ -220,6 +220,9 @@ class ProbeCallback(BaseCallback):
         policy: Any = model.policy
         if not hasattr(policy, "lstm_actor") or not hasattr(model, "rollout_buffer"):
             raise BadInput(f"ProbeCallback needs sb3-contrib's RecurrentPPO, not {type(model).__name__}")
+        k = self.options.trace_envs
+        if k is not None and k > int(model.n_envs):
+            raise BadInput(f"trace_envs {k} is more envs than the model has ({int(model.n_envs)}); pass at most that")
         attachment = self._attachment = ACTIVE[model] = Attachment(model)
         self._handles = attachment.handles
         self._start_time = model.start_time  # set by every learn() (base_class.py:_setup_learn)

@@ -131,6 +131,10 @@ def load_model(
         except Exception as exc:
             msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise BadInput(f"cannot load {target} as a RecurrentPPO model: {msg}") from None
+        from lstm_probe.integrations import sb3_zip
+
+        sb3_zip.runnable(target, dict(getattr(model, "policy_kwargs", None) or {}))
+        sb3_zip.check_weights(target, model.policy.state_dict())
         return model, env is not None
     t = dataclasses.replace(train or TrainOptions(), n_steps=64, batch_size=64)
     return sb3_run.build(target, t, build_options), True

@@ -31,6 +31,7 @@ import torch
 
 from lstm_probe.errors import BadInput, one_line
 from lstm_probe.integrations.sb3_deployed import META_KEY, Deployed, Spec, State, Step, deployed, load_file
+from lstm_probe.layout import check_writable
 from lstm_probe.options import CaptureOptions, default
 
 TOLERANCE = 1e-5
@@ -92,12 +93,13 @@ def export(
     fmt = {".onnx": "onnx", ".pt": "torchscript"}.get(out.suffix)
     if fmt is None:
         raise BadInput(f"{out}: name the output OUT.onnx (ONNX) or OUT.pt (TorchScript)")
-    if not out.parent.is_dir():
+    if not out.parent.exists():
         raise BadInput(f"{out}: its directory {out.parent} does not exist; create it first")
     if out.is_dir():
         raise BadInput(f"{out} is a directory; name the file to write, e.g. {out / ('policy' + out.suffix)}")
     if out.exists() and not force:
         raise BadInput(f"{out} already exists; pass --force (force=True) to overwrite it, or choose another OUT")
+    check_writable(out.parent, "choose another OUT")  # before minutes of verification, not after
     if (log is None) == (env_id is None):
         raise BadInput(
             "export verifies on recorded episodes: pass --log LOG (a run with --capture-obs) or --env ENV_ID"

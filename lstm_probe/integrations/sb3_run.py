@@ -15,7 +15,7 @@ from typing import Any
 from lstm_probe.errors import BadInput, ProbeError, one_line
 from lstm_probe.integrations.sb3_options import Build, Measure
 from lstm_probe.layout import check_output
-from lstm_probe.options import CaptureOptions, Progress, RunResult, TrainOptions, route, settle
+from lstm_probe.options import CaptureOptions, Progress, RunResult, TrainOptions, check_envs, check_size, route, settle
 
 
 def parse_hyperparams(items: Sequence[str]) -> dict[str, Any]:
@@ -41,15 +41,30 @@ def parse_hyperparams(items: Sequence[str]) -> dict[str, Any]:
 
 
 def check_env_id(env_id: str) -> None:
+    """Refuse an env id gymnasium does not know; ``module:EnvId-v0`` (as ``gym.make`` takes it) imports
+    ``module`` first, which registers its envs."""
+    import importlib
+
     import gymnasium as gym
 
+    module, _, name = env_id.rpartition(":")
+    if module:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise BadInput(f"env id {env_id!r}: cannot import {module!r} to register it ({exc})") from None
     try:
-        gym.spec(env_id)
+        gym.spec(name)
     except Exception:
         names = list(gym.registry.keys())
         close = difflib.get_close_matches(env_id, names, n=3, cutoff=0.5)
         hint = f"did you mean {', '.join(close)}?" if close else "see gymnasium.registry for the ids"
         raise BadInput(f"unknown env id {env_id!r}: {hint}") from None
+
+
+def _int(value: Any, default: int) -> int:
+    """A positive integer setting from --hyperparam, else ``default`` (RecurrentPPO refuses a bad one itself)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default
 
 
 def policy_for(observation_space: Any) -> str:
@@ -95,6 +110,15 @@ def build(env_id: str, train: TrainOptions | None = None, build_options: Build |
             raise BadInput(f"--device {device!r}: {exc}") from None
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise BadInput(f"--device {device}: CUDA is not available here; use --device cpu")
+    given_pk = kwargs.get("policy_kwargs")
+    pk: dict[str, Any] = given_pk if isinstance(given_pk, dict) else {}
+    check_size(  # before the envs are made (65,536 of them take a minute)
+        t,
+        n_steps=t.n_steps or _int(kwargs.get("n_steps"), 128),
+        hidden_size=hidden_size or _int(pk.get("lstm_hidden_size"), 256),
+        layers=lstm_layers or _int(pk.get("n_lstm_layers"), 1),
+        lstms=2 if critic_lstm else 1,
+    )
     try:
         env = make_vec_env(env_id, n_envs=n_envs, seed=seed)
     except Exception as exc:
@@ -174,6 +198,7 @@ def run(
     t = settle(TrainOptions, train, tr)
     b = settle(Build, build_options, bo)
     m = settle(Measure, measure, me)
+    check_envs(opts, t)
     check_output(Path(os.fspath(opts.out)), force=opts.force, is_dir=opts.directory)
     model = build(env_id, t, b)
     env = model.get_env()

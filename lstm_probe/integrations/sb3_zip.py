@@ -33,7 +33,7 @@ gigabytes, so nothing is allocated before it is sized (:func:`load`'s ``max_byte
 
 A refusal over the budget names the setting that makes the network big and how to raise the budget.
 
-The module must be this long (~820 lines): sizing a network from its settings needs the same parsing of
+The module must be this long (~860 lines): sizing a network from its settings needs the same parsing of
 spaces, policy class and policy_kwargs that building it does, and each bound above feeds the next, so the
 steps are kept side by side rather than split across modules that would import each other.
 """
@@ -46,6 +46,7 @@ import math
 import re
 import struct
 import zipfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -175,6 +176,7 @@ def load(path: str | Path, env: Any = None, *, max_bytes: int | str | None = Non
         with _open(Path(path)) as archive:
             data = _data(archive, path, limit)
             plan = _plan(data, env)
+            runnable(path, plan.policy_kwargs)
             parts = needs(plan)
             total = sum(b for b, _ in parts)
             if total > limit:
@@ -182,6 +184,7 @@ def load(path: str | Path, env: Any = None, *, max_bytes: int | str | None = Non
             weights = _weights(archive, path, plan.pth_bytes, limit)
         state = _state(weights)
         del weights
+        check_weights(path, state)
         return _build(plan, state, env)
     except Unsafe as exc:
         raise refusal(path, str(exc)) from None
@@ -192,6 +195,45 @@ def read_data(path: str | Path, max_bytes: int | str | None = None) -> dict[str,
     limit = budget(max_bytes)
     with _open(Path(path)) as archive:
         return _data(archive, path, limit)
+
+
+def runnable(path: str | Path, policy_kwargs: dict[str, Any]) -> None:
+    """Refuse (one line, before the weights are read) settings that build an ``nn.LSTM`` RecurrentPPO's
+    policy cannot run: a bidirectional LSTM or one with ``proj_size`` (its states, its rollout buffer and the
+    heads after it all take one direction of ``lstm_hidden_size``). SB3's own load builds such a policy and
+    fails in its first forward pass; no ``--trust-model`` helps."""
+    kw = policy_kwargs.get("lstm_kwargs")
+    if not isinstance(kw, dict):
+        return  # needs() refuses what is not a dict
+    why = "RecurrentPPO's policy cannot run such an LSTM (its states and the heads after it are one direction "
+    why += "of lstm_hidden_size wide); train the model without it"
+    if kw.get("bidirectional") not in (None, False):
+        raise _broken(path, f"its policy_kwargs ask for a bidirectional LSTM (lstm_kwargs bidirectional=True); {why}")
+    proj = kw.get("proj_size")
+    if proj not in (None, 0, False):
+        raise _broken(path, f"its policy_kwargs ask for an LSTM with proj_size {str(proj)[:40]}; {why}")
+
+
+def check_weights(path: str | Path, state: Mapping[str, Any]) -> None:
+    """Refuse (one line) weights no policy acts on: sparse (or other non-dense) tensors, which SB3 never
+    saves and ``load_state_dict`` cannot take, and NaN or infinite values (the action distribution fails, or
+    a head answers inf, in the first step)."""
+    import torch
+
+    for name, value in state.items():
+        shown = str(name)[:80]
+        if value.layout != torch.strided:
+            raise _broken(
+                path,
+                f"its weight {shown} is a {str(value.layout).removeprefix('torch.')} tensor, not "
+                "a dense one as SB3 saves; re-save the model with SB3",
+            )
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            raise _broken(
+                path,
+                f"its weight {shown} holds NaN or infinite values (training diverged?): a policy "
+                "with them cannot act; use a checkpoint from before it diverged",
+            )
 
 
 # -- the zip --------------------------------------------------------------------------------------------

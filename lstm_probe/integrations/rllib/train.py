@@ -13,7 +13,7 @@ from lstm_probe.errors import BadInput, one_line
 from lstm_probe.integrations.rllib.model import arch
 from lstm_probe.integrations.rllib.options import Rllib
 from lstm_probe.integrations.rllib.probe import _directory, _out, close, probe_config
-from lstm_probe.options import CaptureOptions, RunResult, TrainOptions, route, settle
+from lstm_probe.options import CaptureOptions, RunResult, TrainOptions, check_envs, check_size, route, settle
 
 __all__ = ["arch", "run"]
 
@@ -54,6 +54,7 @@ def run(
     opts = settle(CaptureOptions, options, cap)
     t = settle(TrainOptions, train, tr)
     r = settle(Rllib, rllib, own)
+    check_envs(opts, t)
     steps, n_envs, n_steps = t.steps, t.n_envs, t.n_steps
     env_runners, learners = r.env_runners, r.learners
     try:
@@ -61,6 +62,7 @@ def run(
     except gym.error.Error as exc:
         raise BadInput(f"unknown env id {env_id!r} ({one_line(exc, kind=False)})") from None
     fragment = n_steps or 128
+    check_size(t, n_steps=fragment, hidden_size=t.hidden_size or 256, lstms=1)  # before ray starts
     training: dict[str, Any] = {} if t.learning_rate is None else {"lr": t.learning_rate}
     model: dict[str, Any] = {"use_lstm": True, "vf_share_layers": t.shared_lstm}
     if t.hidden_size:

@@ -9,6 +9,7 @@ import math
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -17,11 +18,24 @@ from lstm_probe.errors import BadInput
 from lstm_probe.integrations.rsl_rl.envs import GymVecEnv, TorchPendulumVecEnv
 from lstm_probe.integrations.rsl_rl.options import RslRl
 from lstm_probe.integrations.rsl_rl.probe import attach
-from lstm_probe.options import CaptureOptions, RunResult, TrainOptions, route, settle
+from lstm_probe.layout import check_output
+from lstm_probe.options import (
+    CaptureOptions,
+    RunResult,
+    TrainOptions,
+    check_env_count,
+    check_envs,
+    check_size,
+    route,
+    settle,
+)
 
 __all__ = ["arch", "make_env", "run", "train_cfg"]
 
 TORCH_ENV = "Pendulum-v1"
+MAX_GYM_ENVS = 8192
+"""Most gymnasium envs an rsl_rl run makes (one Python object each, in a SyncVectorEnv: 4,096 Pendulums take
+5 s to make); --torch-env's batched Pendulum takes up to ``options.MAX_ENVS``."""
 
 
 def make_env(env_id: str, num_envs: int, *, seed: int, torch_env: bool, device: str) -> Any:
@@ -108,6 +122,8 @@ def run(
     opts = settle(CaptureOptions, options, cap)
     t = settle(TrainOptions, train, tr)
     r = settle(RslRl, rsl_rl, own)
+    check_envs(opts, t)
+    check_output(Path(os.fspath(opts.out)), force=opts.force, is_dir=opts.directory)  # before anything is built
     if t.shared_lstm:
         raise BadInput("--shared-lstm: rsl_rl's actor and critic each have their own RNN")
     n_envs, n_steps = t.n_envs, t.n_steps or 24
@@ -117,6 +133,10 @@ def run(
     torch.set_num_threads(t.torch_threads or 1)
     if t.seed is not None:
         torch.manual_seed(t.seed)
+    if not r.torch_env:
+        what = "gymnasium envs for --framework rsl_rl (one Python object each); --torch-env takes more"
+        check_env_count(n_envs, MAX_GYM_ENVS, what)
+    check_size(t, n_steps=n_steps, hidden_size=t.hidden_size or 64, layers=r.rnn_layers)  # before any env is made
     env = make_env(env_id, n_envs, seed=t.seed or 0, torch_env=r.torch_env, device="cpu")
     cfg = train_cfg(
         num_steps_per_env=n_steps,

@@ -7,15 +7,30 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
 from lstm_probe.errors import BadInput, one_line
-from lstm_probe.options import CaptureOptions, RunResult, TrainOptions, route, settle
+from lstm_probe.layout import check_output
+from lstm_probe.options import (
+    CaptureOptions,
+    RunResult,
+    TrainOptions,
+    check_env_count,
+    check_envs,
+    check_size,
+    route,
+    settle,
+)
 
 __all__ = ["arch", "build", "run"]
+
+MAX_ENVS = 1024
+"""Most envs a torchrl run makes: a SerialEnv of GymEnvs, made and stepped one after another (1,024 CartPoles
+take 13 s to make; 65,536 would take a quarter of an hour)."""
 
 
 def build(
@@ -97,7 +112,12 @@ def run(
         cap["out"] = out
     opts = settle(CaptureOptions, options, cap)
     t = settle(TrainOptions, train, tr)
+    check_envs(opts, t)
+    check_output(Path(os.fspath(opts.out)), force=opts.force, is_dir=opts.directory)  # before anything is built
     torch.set_num_threads(t.torch_threads or 1)
+    what = "envs for --framework torchrl (a SerialEnv makes and steps them one by one); sb3 takes more"
+    check_env_count(t.n_envs, MAX_ENVS, what)
+    check_size(t, n_steps=t.n_steps or 128, hidden_size=t.hidden_size or 32, lstms=1)  # before any env is made
     env, actor, critic, _ = build(env_id, n_envs=t.n_envs, hidden_size=t.hidden_size or 32, seed=t.seed or 0)
     n_steps = t.n_steps or 128
     frames = n_steps * t.n_envs
