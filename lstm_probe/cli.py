@@ -18,6 +18,7 @@ from typing import Annotated, Any
 
 import typer
 
+from lstm_probe import integrations
 from lstm_probe.cli_flags import Declared, declared, split, with_flags
 from lstm_probe.cli_render import _render, _render_architecture, _render_flow, _RunDisplay, err, out
 from lstm_probe.errors import BadInput, BadLog, Interrupted, ProbeError, one_line
@@ -107,10 +108,7 @@ def run(
     ] = 10.0,
     framework: Annotated[
         str,
-        typer.Option(
-            help="sb3 (RecurrentPPO), rllib (Ray RLlib PPO with use_lstm), rsl_rl (Isaac Lab's PPO) or torchrl "
-            "(LSTMModule); each but sb3 needs its extra, e.g. '.[rllib]'."
-        ),
+        typer.Option(help=integrations.help_text("run")),
     ] = "sb3",
     **flags: Any,
 ) -> None:
@@ -300,13 +298,13 @@ def arch(
     png: Annotated[
         Path | None, typer.Option(help=_default("Render a PNG here (needs Graphviz's `dot`).", "none"))
     ] = None,
-    framework: Annotated[str, typer.Option(help="sb3 or rllib (RLlib PPO's default LSTM RLModule).")] = "sb3",
+    framework: Annotated[str, typer.Option(help=integrations.help_text("arch"))] = "sb3",
     **flags: Any,
 ) -> None:
     """Show what actor and critic share, and which loss trains which layer (measured gradient flow)."""
     from lstm_probe import integrations
 
-    fw = integrations.framework(framework)
+    fw = integrations.framework(framework, "arch")
     own = {
         "env_id": ("--env", env_id, None),
         "trust_model": ("--trust-model", trust_model, False),

@@ -57,6 +57,12 @@ class Framework:
     """The extra (``lstm_probe.extras``) that installs the framework; None: installed with lstm-probe."""
     parts_per_process: bool = False
     """Every process writes its own part files: the log is a directory (``--out`` ends in '/')."""
+    title: str = ""
+    """What it trains, as ``--framework``'s help names it."""
+    docs: str = "README.md"
+    """The page of the repository that documents it (tests/test_frameworks.py checks it exists)."""
+    arch: bool = True
+    """``lstm-probe arch --framework NAME`` is built for it (else refused in one line, naming those that are)."""
 
 
 FRAMEWORKS: dict[str, Framework] = {
@@ -65,6 +71,7 @@ FRAMEWORKS: dict[str, Framework] = {
         Framework(
             "sb3",
             "lstm_probe.integrations.sb3_commands",
+            title="RecurrentPPO",
             groups=(
                 ("build_options", "lstm_probe.integrations.sb3_options:Build"),
                 ("measure", "lstm_probe.integrations.sb3_options:Measure"),
@@ -74,6 +81,8 @@ FRAMEWORKS: dict[str, Framework] = {
         Framework(
             "rllib",
             "lstm_probe.integrations.rllib.train",
+            title="Ray RLlib PPO with use_lstm",
+            docs="docs/rllib.md",
             groups=(("rllib", "lstm_probe.integrations.rllib.options:Rllib"),),
             extra="rllib",
             parts_per_process=True,
@@ -81,23 +90,43 @@ FRAMEWORKS: dict[str, Framework] = {
         Framework(
             "rsl_rl",
             "lstm_probe.integrations.rsl_rl.train",
+            title="Isaac Lab's PPO",
+            docs="docs/rsl_rl.md",
+            arch=False,
             groups=(("rsl_rl", "lstm_probe.integrations.rsl_rl.options:RslRl"),),
             extra="rsl-rl",
         ),
         Framework(
             "torchrl",
             "lstm_probe.integrations.torchrl.train",
+            title="LSTMModule",
+            docs="docs/torchrl.md",
+            arch=False,
             extra="torchrl",
         ),
     )
 }
 
 
-def framework(name: str) -> Framework:
-    """The framework called ``name``, or :class:`BadInput` listing the known ones."""
+def framework(name: str, command: str = "run") -> Framework:
+    """The framework called ``name`` for ``command`` ('run' or 'arch'), or :class:`BadInput` listing the
+    ones that take it."""
     if name not in FRAMEWORKS:
         raise BadInput(f"--framework must be {' or '.join(FRAMEWORKS)}, not {name!r}")
-    return FRAMEWORKS[name]
+    fw = FRAMEWORKS[name]
+    if command == "arch" and not fw.arch:
+        takes = " or ".join(f.name for f in FRAMEWORKS.values() if f.arch)
+        raise BadInput(f"lstm-probe arch --framework {name} is not built yet (arch takes --framework {takes})")
+    return fw
+
+
+def help_text(command: str) -> str:
+    """``--framework``'s help for ``command`` ('run' or 'arch'), from the declarations."""
+    if command == "arch":
+        return " or ".join(f"{f.name} ({f.title})" for f in FRAMEWORKS.values() if f.arch) + "."
+    named = [f"{f.name} ({f.title})" for f in FRAMEWORKS.values()]
+    extras = ", ".join(f"{f.name} '.[{f.extra}]'" for f in FRAMEWORKS.values() if f.extra)
+    return f"{', '.join(named[:-1])} or {named[-1]}; each but sb3 needs its extra: {extras}."
 
 
 def load(fw: Framework) -> ModuleType:

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from lstm_probe.integrations.rsl_rl.envs import GymVecEnv, TorchPendulumVecEnv
     from lstm_probe.integrations.rsl_rl.options import RslRl
     from lstm_probe.integrations.rsl_rl.probe import RslRlProbe, attach, recurrent_modules
-    from lstm_probe.integrations.rsl_rl.train import arch, make_env, run, train_cfg
+    from lstm_probe.integrations.rsl_rl.train import make_env, run, train_cfg
 
 _LAZY = {
     "GymVecEnv": "envs",
@@ -25,7 +25,6 @@ _LAZY = {
     "RslRlProbe": "probe",
     "attach": "probe",
     "recurrent_modules": "probe",
-    "arch": "train",
     "make_env": "train",
     "run": "train",
     "train_cfg": "train",
@@ -36,7 +35,6 @@ __all__ = [
     "RslRl",
     "RslRlProbe",
     "TorchPendulumVecEnv",
-    "arch",
     "attach",
     "make_env",
     "recurrent_modules",

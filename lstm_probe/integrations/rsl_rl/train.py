@@ -30,7 +30,7 @@ from lstm_probe.options import (
     settle,
 )
 
-__all__ = ["arch", "make_env", "run", "train_cfg"]
+__all__ = ["make_env", "run", "train_cfg"]
 
 TORCH_ENV = "Pendulum-v1"
 MAX_GYM_ENVS = 8192
@@ -169,8 +169,3 @@ def run(
     seconds = time.perf_counter() - start
     info = read_info(path if path is not None else opts.out)
     return RunResult(info.path, info.rows, info.bytes, completed, int(probe.env_step.sum()), seconds)
-
-
-def arch(target: Any = None, **kwargs: Any) -> Any:
-    """Not available for rsl_rl yet: its actor and critic are separate ``RNNModel`` s, each with its own RNN."""
-    raise BadInput("lstm-probe arch --framework rsl_rl is not available yet: actor and critic each have their own RNN")

@@ -12,17 +12,16 @@ from lstm_probe.integrations import lazy_names
 
 if TYPE_CHECKING:
     from lstm_probe.integrations.torchrl.hooks import TorchRLProbe, find_modules, probe
-    from lstm_probe.integrations.torchrl.train import arch, build, run
+    from lstm_probe.integrations.torchrl.train import build, run
 
 _LAZY = {
     "probe": "hooks",
     "TorchRLProbe": "hooks",
     "find_modules": "hooks",
     "run": "train",
-    "arch": "train",
     "build": "train",
 }
-__all__ = ["TorchRLProbe", "arch", "build", "find_modules", "probe", "run"]
+__all__ = ["TorchRLProbe", "build", "find_modules", "probe", "run"]
 
 
 __getattr__ = lazy_names(__name__, _LAZY)

@@ -26,7 +26,7 @@ from lstm_probe.options import (
     settle,
 )
 
-__all__ = ["arch", "build", "run"]
+__all__ = ["build", "run"]
 
 MAX_ENVS = 1024
 """Most envs a torchrl run makes: a SerialEnv of GymEnvs, made and stepped one after another (1,024 CartPoles
@@ -155,8 +155,3 @@ def run(
         collector.shutdown()
     info = read_info(os.fspath(opts.out))
     return RunResult(info.path, info.rows, info.bytes, completed, done, time.perf_counter() - start)
-
-
-def arch(target: str, **_: Any) -> Any:
-    """Not built for TorchRL yet: says so."""
-    raise BadInput("lstm-probe arch --framework torchrl is not built yet; lstm-probe run --framework torchrl is")
