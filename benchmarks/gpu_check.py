@@ -10,7 +10,7 @@ and what does the probe cost at 1, 16, 256 and 1,024 envs?
    It runs twice: with every env traced, and with ``--trace-envs 4 --other-envs none`` (the column selection).
 2. Overhead: unprobed and probed runs (summary, full, and summary with ``--trace-envs 16 --other-envs
    none``) side by side, interleaved, on the
-   torch-native Pendulum (``lstm_probe/integrations/sb3_torch_env.py``, no gymnasium loop hiding the probe),
+   torch-native Pendulum (``lstm_probe/integrations/sb3/torch_env.py``, no gymnasium loop hiding the probe),
    wall-time medians and their ratios.
 3. Where per-step c of a multi-step call is cheapest: ``benchmarks/c_recovery.py`` on the GPU (host numpy
    after one copy, as the probe does, against a torch recompute on the device).
@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 import lstm_probe
-from lstm_probe.integrations.sb3_torch_env import TorchPendulumVecEnv
+from lstm_probe.integrations.sb3.torch_env import TorchPendulumVecEnv
 from lstm_probe.logwriter import LogWriter
 from lstm_probe.tracer import CoreTracer
 

@@ -116,7 +116,7 @@ from sb3_contrib import RecurrentPPO
 from stable_baselines3.common.env_util import make_vec_env
 from lstm_probe import ProbeCallback, read_info
 from lstm_probe import inputs, logwriter, tracer
-from lstm_probe.integrations import sb3, sb3_metrics
+from lstm_probe.integrations.sb3 import callback, metrics
 
 clock = time.thread_time  # the training thread's CPU time (the writer process is not counted)
 spent = collections.defaultdict(float)  # phase -> CPU seconds, exclusive of the phases nested inside
@@ -152,28 +152,28 @@ def metrics_phase(args):
     return "rollout step: live-metrics hooks" if probe[0].in_rollout else "train: live-metrics hooks"
 
 for owner, name, phase in [
-    (sb3.ProbeCallback, "_rollout_step_begin", "rollout step: callbacks"),
-    (sb3.ProbeCallback, "_rollout_step_end", "rollout step: callbacks"),
-    (sb3.ProbeCallback, "_on_step", "rollout step: callbacks"),
-    (sb3.ProbeCallback, "_train_tags", "train: minibatch tags"),
+    (callback.ProbeCallback, "_rollout_step_begin", "rollout step: callbacks"),
+    (callback.ProbeCallback, "_rollout_step_end", "rollout step: callbacks"),
+    (callback.ProbeCallback, "_on_step", "rollout step: callbacks"),
+    (callback.ProbeCallback, "_train_tags", "train: minibatch tags"),
     (tracer.CoreTracer, "flush_pending", "hand-over: rollout blocks (host copies, grids)"),
     (tracer.CoreTracer, "loop_begin", "train: loop begin/end (stack)"),
     (tracer.CoreTracer, "loop_end", "train: loop begin/end (stack)"),
     (tracer.CoreTracer, "_write_block", "hand-over: jobs (host copies, grids)"),
     (inputs.Inputs, "answer", "hand-over: init answers (inputs.py)"),
     (logwriter.LogWriter, "send", "hand-over: pickle + pipe"),
-    (sb3_metrics.LiveMetrics, "_minibatch_end", "live metrics: figures"),  # before: hooks of their own
-    (sb3_metrics.LiveMetrics, "observe", "live metrics: figures"),  # now: the tracer's messages
-    (sb3_metrics.LiveMetrics, "_rollout_end", "live metrics: figures"),
-    (sb3_metrics.LiveMetrics, "_train_end", "live metrics: figures"),
+    (metrics.LiveMetrics, "_minibatch_end", "live metrics: figures"),  # before: hooks of their own
+    (metrics.LiveMetrics, "observe", "live metrics: figures"),  # now: the tracer's messages
+    (metrics.LiveMetrics, "_rollout_end", "live metrics: figures"),
+    (metrics.LiveMetrics, "_train_end", "live metrics: figures"),
 ]:
     if hasattr(owner, name):  # the --before checkout may lack a newer name, or the other way round
         setattr(owner, name, timed(phase, getattr(owner, name)))
 make_hook = tracer.CoreTracer._make_hook
 tracer.CoreTracer._make_hook = lambda self, name: timed(lstm_phase, make_hook(self, name))
-if hasattr(sb3_metrics.LiveMetrics, "_hook"):  # live metrics' own hooks (the --before checkout)
-    metrics_hook = sb3_metrics.LiveMetrics._hook
-    sb3_metrics.LiveMetrics._hook = lambda self, name: timed(metrics_phase, metrics_hook(self, name))
+if hasattr(metrics.LiveMetrics, "_hook"):  # live metrics' own hooks (the --before checkout)
+    metrics_hook = metrics.LiveMetrics._hook
+    metrics.LiveMetrics._hook = lambda self, name: timed(metrics_phase, metrics_hook(self, name))
 
 env = make_vec_env(cfg["env"], n_envs=cfg["n_envs"], seed=0)
 model = RecurrentPPO("MlpLstmPolicy", env, seed=0)

@@ -46,12 +46,12 @@ torch.set_num_threads(cfg["threads"])
 from sb3_contrib import RecurrentPPO
 from stable_baselines3.common.env_util import make_vec_env
 if cfg["env"] == "torch-pendulum":  # the torch-native batched Pendulum, no velocity (lstm_probe/torch_env.py)
-    from lstm_probe.integrations.sb3_torch_env import TorchPendulumVecEnv
+    from lstm_probe.integrations.sb3.torch_env import TorchPendulumVecEnv
     env = TorchPendulumVecEnv(cfg["n_envs"], seed=0, observe_velocity=False)
 else:
     env = make_vec_env(cfg["env"], n_envs=cfg["n_envs"], seed=0)
 model = RecurrentPPO("MlpLstmPolicy", env, seed=0, **cfg.get("ppo", {}))
-if cfg.get("csv_log"):  # a logger that writes somewhere: the probe records its live metrics (sb3_metrics.py)
+if cfg.get("csv_log"):  # a logger that writes somewhere: the probe records its live metrics (sb3/metrics.py)
     from stable_baselines3.common.logger import configure
     model.set_logger(configure(cfg["out"] + ".sb3", ["csv"]))
 cb = None

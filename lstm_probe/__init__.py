@@ -9,15 +9,15 @@ from lstm_probe.errors import BadInput, BadLog, Interrupted, OutputError, ProbeE
 
 if TYPE_CHECKING:  # the checker sees the real names; at run time __getattr__ imports each on first use
     from lstm_probe.budget import set_limit as set_max_memory
+    from lstm_probe.deploy.export import export
+    from lstm_probe.deploy.replay import replay
     from lstm_probe.integrations import rllib
     from lstm_probe.integrations.generic import Tracer, trace
-    from lstm_probe.integrations.sb3 import ProbeCallback
-    from lstm_probe.integrations.sb3_commands import arch, load_model
-    from lstm_probe.integrations.sb3_export import export
-    from lstm_probe.integrations.sb3_options import Build, Measure
-    from lstm_probe.integrations.sb3_replay import replay
-    from lstm_probe.integrations.sb3_run import run
-    from lstm_probe.integrations.sb3_watch import watch
+    from lstm_probe.integrations.sb3.callback import ProbeCallback
+    from lstm_probe.integrations.sb3.commands import arch, load_model
+    from lstm_probe.integrations.sb3.options import Build, Measure
+    from lstm_probe.integrations.sb3.run import run
+    from lstm_probe.integrations.sb3.watch import watch
     from lstm_probe.options import CaptureOptions, RunResult, TrainOptions
     from lstm_probe.probes import probe
     from lstm_probe.reader import LogInfo, load, pair, read_info, states
@@ -42,15 +42,15 @@ _LAZY: dict[str, tuple[str, str]] = {  # name: (module, its attribute; "" for th
     "RunResult": ("lstm_probe.options", "RunResult"),
     "trace": ("lstm_probe.integrations.generic", "trace"),  # any torch loop, calls tagged by the user
     "Tracer": ("lstm_probe.integrations.generic", "Tracer"),
-    "ProbeCallback": ("lstm_probe.integrations.sb3", "ProbeCallback"),
-    "run": ("lstm_probe.integrations.sb3_run", "run"),
-    "Build": ("lstm_probe.integrations.sb3_options", "Build"),
-    "Measure": ("lstm_probe.integrations.sb3_options", "Measure"),
-    "arch": ("lstm_probe.integrations.sb3_commands", "arch"),
-    "load_model": ("lstm_probe.integrations.sb3_commands", "load_model"),
-    "watch": ("lstm_probe.integrations.sb3_watch", "watch"),  # the doctor over predict calls outside learn()
-    "export": ("lstm_probe.integrations.sb3_export", "export"),  # ONNX / TorchScript with explicit state, verified
-    "replay": ("lstm_probe.integrations.sb3_replay", "replay"),  # which deployment loop recorded a trace
+    "ProbeCallback": ("lstm_probe.integrations.sb3.callback", "ProbeCallback"),
+    "run": ("lstm_probe.integrations.sb3.run", "run"),
+    "Build": ("lstm_probe.integrations.sb3.options", "Build"),
+    "Measure": ("lstm_probe.integrations.sb3.options", "Measure"),
+    "arch": ("lstm_probe.integrations.sb3.commands", "arch"),
+    "load_model": ("lstm_probe.integrations.sb3.commands", "load_model"),
+    "watch": ("lstm_probe.integrations.sb3.watch", "watch"),  # the doctor over predict calls outside learn()
+    "export": ("lstm_probe.deploy.export", "export"),  # ONNX / TorchScript with explicit state, verified
+    "replay": ("lstm_probe.deploy.replay", "replay"),  # which deployment loop recorded a trace
     "set_max_memory": ("lstm_probe.budget", "set_limit"),  # the memory budget of reads (--max-memory)
     "rllib": ("lstm_probe.integrations.rllib", ""),  # the RLlib integration (its functions need the rllib extra)
 }

@@ -258,7 +258,7 @@ def _pyarrow_without_pandas() -> None:
 
 
 def _arch_flags() -> list[Declared]:
-    from lstm_probe.integrations.sb3_options import Build
+    from lstm_probe.integrations.sb3.options import Build
 
     return [
         *declared(TrainOptions, only=("shared_lstm", "hidden_size")),
@@ -411,7 +411,7 @@ def export(
     ),
 ) -> None:
     """Export a RecurrentPPO policy with explicit LSTM state (ONNX or TorchScript), verified before it is written."""
-    from lstm_probe.integrations.sb3_export import export as run_export
+    from lstm_probe.deploy.export import export as run_export
 
     r = run_export(
         model,
@@ -445,7 +445,7 @@ def replay(
     as_json: Annotated[bool, typer.Option("--json", help=_default("Print the result as JSON.", "off"))] = False,
 ) -> None:
     """Which deployment loop recorded TRACE: correct, or which classic bug (state, reset, h/c, obs norm, float16)."""
-    from lstm_probe.integrations.sb3_replay import replay as run_replay
+    from lstm_probe.deploy.replay import replay as run_replay
 
     r = run_replay(trace, policy, vecnormalize=vecnormalize, trust_model=trust_model, tolerance=tolerance)
     if as_json:

@@ -164,7 +164,7 @@ def _render_architecture(
 ) -> None:
     from rich.table import Table
 
-    from lstm_probe.integrations.sb3_arch import render, to_dot
+    from lstm_probe.integrations.sb3.arch import render, to_dot
 
     source = to_dot(result)
     if dot is not None:

@@ -82,7 +82,7 @@ class Drift:
     rollout state of the same (layer, env, env step), read from the rollout states the probe already holds
     for the `init` columns (``Inputs``: the one store of rollout states, read through ``ring``). The tracer
     runs it in each block's (or multi-step call's) second half, in call order, and hands the drifts to the
-    sink with the rows (``messages.Rows.drift``); live metrics read the same values (``sb3_metrics.py``)."""
+    sink with the rows (``messages.Rows.drift``); live metrics read the same values (``sb3/metrics.py``)."""
 
     def __init__(self, hidden: int, ring: RolloutRing):
         self.hidden, self.ring = hidden, ring

@@ -2,7 +2,7 @@
 
 :class:`CaptureOptions` (where the log goes and what it keeps) and :class:`TrainOptions` (what a training
 run trains) are the two framework-neutral groups; a framework declares its own groups beside its
-integration (``integrations/sb3_options.py``, ``integrations/rllib/options.py``) the same way. Entry
+integration (``integrations/sb3/options.py``, ``integrations/rllib/options.py``) the same way. Entry
 points take the objects; their keyword arguments are checked overrides of the same fields
 (:func:`settle`); cli.py builds its flags from the fields' declarations (:func:`flag`). Imports neither
 torch nor pyarrow: the CLI checks its options before it loads a framework.
@@ -217,6 +217,28 @@ def physical_memory() -> int | None:
         return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
     except (AttributeError, ValueError, OSError):
         return None
+
+
+def check_env_id(env_id: str) -> None:
+    """Refuse an env id gymnasium does not know; ``module:EnvId-v0`` (as ``gym.make`` takes it) imports
+    ``module`` first, which registers its envs."""
+    import importlib
+
+    import gymnasium as gym
+
+    module, _, name = env_id.rpartition(":")
+    if module:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise BadInput(f"env id {env_id!r}: cannot import {module!r} to register it ({exc})") from None
+    try:
+        gym.spec(name)
+    except Exception:
+        names = list(gym.registry.keys())
+        close = difflib.get_close_matches(env_id, names, n=3, cutoff=0.5)
+        hint = f"did you mean {', '.join(close)}?" if close else "see gymnasium.registry for the ids"
+        raise BadInput(f"unknown env id {env_id!r}: {hint}") from None
 
 
 def check_size(train: TrainOptions, *, n_steps: int, hidden_size: int, layers: int = 1, lstms: int = 2) -> None:

@@ -422,7 +422,7 @@ WHAT_IF_METRICS = (
     "grad_cos_value",
 )
 """The per-minibatch figures of the `what_if` metadata (one list per figure) that the report averages by
-epoch: the sb3 integration records them (``integrations/sb3_whatif.py``), the report reads them
+epoch: the sb3 integration records them (``integrations/sb3/whatif.py``), the report reads them
 (``report/sections/what_if.py``), each with figures of its own besides."""
 
 

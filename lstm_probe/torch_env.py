@@ -5,7 +5,7 @@ per-env Python loop hiding what the probe costs (issue: capture core; rsl_rl's V
 classic_control/pendulum.py``) on an (N,) state, with the ``TimeLimit`` of 200 steps and an automatic reset of
 every env whose episode ended (on the device, no host transfer). ``observe_velocity=False`` drops the
 angular velocity from the observation, so a policy has to remember (a partially observable task for an
-LSTM). Knows no RL framework: ``integrations/sb3_torch_env.py`` adapts it to stable-baselines3's VecEnv.
+LSTM). Knows no RL framework: ``integrations/sb3/torch_env.py`` adapts it to stable-baselines3's VecEnv.
 """
 
 from __future__ import annotations

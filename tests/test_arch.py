@@ -12,7 +12,7 @@ from stable_baselines3.common.env_util import make_vec_env
 from tiny_envs import TinyDictEnv, TinyImageEnv
 
 import lstm_probe
-from lstm_probe.integrations.sb3_arch import arch, to_dot
+from lstm_probe.integrations.sb3.arch import arch, to_dot
 
 SMALL = {"n_steps": 16, "batch_size": 16, "n_epochs": 1}
 

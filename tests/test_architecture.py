@@ -32,6 +32,11 @@ INTEGRATION_IMPORTS = {
     "extras",
 }
 """The core modules an integration may import (docs/architecture.md names the same list)."""
+DEPLOY_IMPORTS = {"errors", "layout", "options", "reader", "budget"}
+"""The core modules the deploy layer may import (docs/architecture.md names the same list)."""
+FRAMEWORK_PACKAGES = ("stable_baselines3", "sb3_contrib", "ray", "rsl_rl", "torchrl", "tensordict")
+"""What the deploy layer never imports, not even inside a function: it reaches a framework through
+``integrations.deploy_policy``."""
 READ_ROOTS = {"reader", "report", "probes", "html", "html_figures"}
 """Reading a log needs no torch: these, and every module they import."""
 PRINTERS = {"cli", "cli_render"}
@@ -121,7 +126,7 @@ def _short(module: str) -> str:
 
 def _is_core(module: str) -> bool:
     short = _short(module)
-    return bool(short) and not short.startswith("integrations") and short not in CLI_LAYER
+    return bool(short) and not short.startswith(("integrations", "deploy")) and short not in CLI_LAYER
 
 
 def _doc_section(title: str) -> str:
@@ -136,13 +141,13 @@ def test_core_never_imports_an_integration():
     core = [m for m in sorted(graph) if _is_core(m)]
     assert "lstm_probe.tracer" in core and "lstm_probe.report.sections.doctor" in core
     for name in core:
-        bad = sorted(d for d in graph[name] if d.startswith("lstm_probe.integrations"))
+        bad = sorted(d for d in graph[name] if d.startswith(("lstm_probe.integrations", "lstm_probe.deploy")))
         assert not bad, f"{name} imports {bad}: the core speaks to frameworks only through lstm_probe.contract"
 
 
 def test_integrations_import_only_the_documented_core_modules():
     section = _doc_section("Who may import whom")
-    rule = re.search(r"- An integration imports, of the core, (.*?), and no other module", section, re.S)
+    rule = re.search(r"- An integration imports, of the core, (.*?),\s+and no other module", section, re.S)
     assert rule, "docs/architecture.md states which core modules an integration may import"
     assert set(re.findall(r"`(\w+)`", rule.group(1))) == INTEGRATION_IMPORTS
     graph = _graph()
@@ -153,9 +158,50 @@ def test_integrations_import_only_the_documented_core_modules():
         core = {_short(d).split(".")[0] for d in graph[name] if _is_core(d)}
         bad = sorted(core - INTEGRATION_IMPORTS)
         assert not bad, f"{name} imports {bad}: an integration imports only {sorted(INTEGRATION_IMPORTS)} of the core"
+        deploy = sorted(d for d in graph[name] if _short(d).startswith("deploy") and d != "lstm_probe.deploy.spec")
+        assert not deploy, f"{name} imports {deploy}: of the deploy layer, an integration imports only deploy.spec"
         used |= core
     unused = sorted(INTEGRATION_IMPORTS - used)
     assert not unused, f"no integration imports {unused}: drop it from the rule (here and in docs/architecture.md)"
+
+
+def _all_imports(path: Path) -> set[str]:
+    """Every module ``path`` imports (any package), at the top or inside a function."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module)
+    return found
+
+
+def test_the_deploy_layer_imports_only_the_documented_modules_and_no_framework():
+    section = _doc_section("Who may import whom")
+    rule = re.search(
+        r"- The deploy layer \(`deploy/`\) imports, of the core, (.*?),\s+and no other module", section, re.S
+    )
+    assert rule, "docs/architecture.md states which core modules the deploy layer may import"
+    assert set(re.findall(r"`(\w+)`", rule.group(1))) == DEPLOY_IMPORTS
+    assert all(f in section for f in FRAMEWORK_PACKAGES), "docs/architecture.md names what deploy/ never imports"
+    graph = _graph()
+    deploy = [m for m in sorted(graph) if _short(m).startswith("deploy")]
+    assert "lstm_probe.deploy.export" in deploy and "lstm_probe.deploy.replay" in deploy
+    used: set[str] = set()
+    for name in deploy:
+        core = {_short(d).split(".")[0] for d in graph[name] if _is_core(d)}
+        bad = sorted(core - DEPLOY_IMPORTS)
+        assert not bad, f"{name} imports {bad}: the deploy layer imports only {sorted(DEPLOY_IMPORTS)} of the core"
+        used |= core
+        integrations = sorted(d for d in graph[name] if d.startswith("lstm_probe.integrations."))
+        assert not integrations, (
+            f"{name} imports {integrations}: it finds a framework through integrations.deploy_policy"
+        )
+        frameworks = sorted(m for m in _all_imports(_path(name)) if m.split(".")[0] in FRAMEWORK_PACKAGES)
+        assert not frameworks, f"{name} imports {frameworks}: the deploy layer imports no framework"
+    unused = sorted(DEPLOY_IMPORTS - used)
+    assert not unused, f"no deploy module imports {unused}: drop it from the rule (here and in docs/architecture.md)"
+    assert any(d == "lstm_probe.integrations" for m in deploy for d in graph[m]), "deploy_policy: the documented way"
 
 
 def _read_side(graph: dict[str, set[str]]) -> set[str]:

@@ -244,19 +244,20 @@ def test_help_shows_every_default_and_extra(command):
 
 
 def test_one_torch_thread_by_default_on_cpu(monkeypatch):
-    from lstm_probe.integrations import sb3_commands, sb3_run
+    from lstm_probe.integrations.sb3 import commands
+    from lstm_probe.integrations.sb3 import run as training
 
     assert os.environ.get("OMP_NUM_THREADS") == "1"  # conftest, before torch: pytest alone behaves as CI
     import torch
 
     assert torch.get_num_threads() == 1
-    assert sb3_commands.default_threads("CartPole-v1", "cpu") == 1
-    assert sb3_commands.default_threads("CartPole-v1", "cuda") is None
+    assert commands.default_threads("CartPole-v1", "cpu") == 1
+    assert commands.default_threads("CartPole-v1", "cuda") is None
     seen = {}
-    monkeypatch.setattr(sb3_run, "run", lambda env_id, **kw: seen.update(kw))
-    sb3_commands.run("CartPole-v1", device="cpu")
+    monkeypatch.setattr(training, "run", lambda env_id, **kw: seen.update(kw))
+    commands.run("CartPole-v1", device="cpu")
     assert seen["train"].torch_threads == 1
-    sb3_commands.run("CartPole-v1", device="cpu", torch_threads=2)
+    commands.run("CartPole-v1", device="cpu", torch_threads=2)
     assert seen["train"].torch_threads == 2
 
 

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from refusals import one_line_error
 
-from lstm_probe.integrations import sb3_zip
+from lstm_probe.integrations.sb3 import model_zip
 
 SPACES = json.loads((Path(__file__).parent / "data" / "gymnasium_spaces.json").read_text())
 VERSIONS = sorted(SPACES, key=lambda v: tuple(int(x) for x in v.split(".")))
@@ -75,7 +75,7 @@ def test_reads_the_spaces_each_gymnasium_writes(saved, tmp_path, version, env_id
     key = "pendulum" if env_id.startswith("Pendulum") else "cartpole"
     entries = SPACES[version]
     path = _as_written_by(saved[env_id], tmp_path / "m.zip", entries[f"{key}_obs"], entries[f"{key}_act"])
-    model = sb3_zip.load(path)
+    model = model_zip.load(path)
     env = gym.make(env_id)
     _same(model.observation_space, env.observation_space, entries["bounds"][f"{key}_obs"])
     _same(model.action_space, env.action_space, entries["bounds"][f"{key}_act"])
@@ -86,8 +86,8 @@ def test_an_image_box_printed_in_part_is_refused_naming_env(saved, tmp_path):
     summarised print ('...'): refused in one line naming --env, never guessed."""
     entries = SPACES["1.4.0"]
     image = _as_written_by(saved["Pendulum-v1"], tmp_path / "img.zip", entries["image"], entries["pendulum_act"])
-    with pytest.raises(sb3_zip.BadInput, match=r"observation space's bounds are stated in part only .* --env ENV_ID"):
-        sb3_zip.load(image)
+    with pytest.raises(model_zip.BadInput, match=r"observation space's bounds are stated in part only .* --env ENV_ID"):
+        model_zip.load(image)
     old = SPACES["1.2.2"]["image"]
     assert (old["low_repr"], old["high_repr"]) == ("0", "255")  # what the older versions allow to be read
 

@@ -4,7 +4,7 @@ Each hostile zip is crafted here from a genuine ``RecurrentPPO.save`` zip: setti
 network, a policy.pth deflate bomb (honest and lying headers), too many members. ``lstm-probe arch`` on it
 exits 2 with one line, and the child's peak RSS (``ru_maxrss``, written at exit) stays near the
 interpreter's own: the refusal comes before the allocation. Genuine zips still read without ``--env`` or
-``--trust-model``, and :func:`sb3_zip.needs` counts exactly the parameters SB3 builds.
+``--trust-model``, and :func:`model_zip.needs` counts exactly the parameters SB3 builds.
 """
 
 import io
@@ -22,10 +22,10 @@ import pytest
 from refusals import one_line_error
 
 from lstm_probe import BadInput, load_model
-from lstm_probe.integrations import sb3_zip
+from lstm_probe.integrations.sb3 import model_zip
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
-ENV.pop(sb3_zip.ENV, None)
+ENV.pop(model_zip.ENV, None)
 PEAK_MB = 600
 """Peak RSS allowed to a refused ``lstm-probe arch`` (the interpreter with torch and SB3 takes ~350 MB)."""
 CAP = 4 << 30
@@ -233,7 +233,7 @@ def test_a_compressed_record_inside_policy_pth_is_refused(genuine, tmp_path):
 
 def test_too_many_members_are_refused_before_the_directory_is_parsed(genuine, tmp_path):
     files = members(genuine)
-    extra = [stored(f"pad{i}", b"") for i in range(sb3_zip.MAX_MEMBERS + 1)]
+    extra = [stored(f"pad{i}", b"") for i in range(model_zip.MAX_MEMBERS + 1)]
     path = raw_zip(tmp_path / "many.zip", [stored(n, b) for n, b in files.items()] + extra)
     with pytest.raises(BadInput, match="members"):
         load_model(str(path))
@@ -374,7 +374,7 @@ KWARGS = [
 @pytest.mark.parametrize("kind", ["box", "discrete", "multibinary", "image", "dict"])
 @pytest.mark.parametrize("k", range(len(KWARGS)))
 def test_the_size_check_counts_what_sb3_builds(tmp_path, kind, k):
-    """The parameters :func:`sb3_zip.needs` counts from the settings are exactly those SB3 builds, and the
+    """The parameters :func:`model_zip.needs` counts from the settings are exactly those SB3 builds, and the
     genuine zip reads back without --env (Dict spaces: with the env, as before)."""
     from sb3_contrib import RecurrentPPO
 
@@ -385,20 +385,20 @@ def test_the_size_check_counts_what_sb3_builds(tmp_path, kind, k):
     path = tmp_path / "model.zip"
     model.save(path)
     built = sum(p.numel() for p in model.policy.parameters())
-    data = sb3_zip.read_data(path)
+    data = model_zip.read_data(path)
     for given in [env] if kind == "dict" else [env, None]:
-        plan = sb3_zip._plan(data, given)
-        sb3_zip.needs(plan)
+        plan = model_zip._plan(data, given)
+        model_zip.needs(plan)
         assert plan.params == built
     if kind != "dict" and "lstm_kwargs" in KWARGS[k]:  # sized, but a policy that cannot act (issue #46)
         with pytest.raises(BadInput, match="cannot run such an LSTM"):
-            sb3_zip.load(path)
+            model_zip.load(path)
     elif kind == "image" and data["observation_space"]["low_repr"] is None:  # gymnasium >= 1.3: stated in part
         with pytest.raises(BadInput, match=r"stated in part only .* pass --env ENV_ID"):
-            sb3_zip.load(path)
-        assert sum(p.numel() for p in sb3_zip.load(path, env).policy.parameters()) == built
+            model_zip.load(path)
+        assert sum(p.numel() for p in model_zip.load(path, env).policy.parameters()) == built
     elif kind != "dict":
-        loaded = sb3_zip.load(path)
+        loaded = model_zip.load(path)
         assert sum(p.numel() for p in loaded.policy.parameters()) == built
 
 
@@ -412,17 +412,17 @@ def test_the_budget_can_be_raised(tmp_path, monkeypatch):
     RecurrentPPO("MlpLstmPolicy", "Pendulum-v1", n_steps=16, batch_size=16, device="cpu").save(path)
     named = r"over the 4 MiB memory budget \(most of it lstm_hidden_size 256 .*--max-memory"
     with pytest.raises(BadInput, match=named):
-        sb3_zip.load(path, max_bytes="4M")
-    assert sb3_zip.load(path, max_bytes=64 << 20).policy.lstm_actor.hidden_size == 256
-    monkeypatch.setenv(sb3_zip.ENV, "4MiB")
+        model_zip.load(path, max_bytes="4M")
+    assert model_zip.load(path, max_bytes=64 << 20).policy.lstm_actor.hidden_size == 256
+    monkeypatch.setenv(model_zip.ENV, "4MiB")
     with pytest.raises(BadInput, match="4 MiB memory budget"):
-        sb3_zip.load(path)
-    monkeypatch.setenv(sb3_zip.ENV, "0.5G")
-    assert sb3_zip.budget() == 512 << 20
-    assert sb3_zip.load(path).policy.lstm_actor.hidden_size == 256
-    monkeypatch.setenv(sb3_zip.ENV, "lots")
-    with pytest.raises(BadInput, match=sb3_zip.ENV):
-        sb3_zip.load(path)
+        model_zip.load(path)
+    monkeypatch.setenv(model_zip.ENV, "0.5G")
+    assert model_zip.budget() == 512 << 20
+    assert model_zip.load(path).policy.lstm_actor.hidden_size == 256
+    monkeypatch.setenv(model_zip.ENV, "lots")
+    with pytest.raises(BadInput, match=model_zip.ENV):
+        model_zip.load(path)
 
 
 @pytest.mark.parametrize(
@@ -430,10 +430,10 @@ def test_the_budget_can_be_raised(tmp_path, monkeypatch):
     [("4G", 4 << 30), ("512MiB", 512 << 20), ("1.5g", 3 << 29), ("2000000", 2_000_000), (1 << 30, 1 << 30)],
 )
 def test_parse_bytes(text, value):
-    assert sb3_zip.parse_bytes(text) == value
+    assert model_zip.parse_bytes(text) == value
 
 
 @pytest.mark.parametrize("text", ["", "4X", "-1G", "1k", "lots"])
 def test_parse_bytes_refuses(text):
     with pytest.raises(BadInput):
-        sb3_zip.parse_bytes(text)
+        model_zip.parse_bytes(text)

@@ -20,7 +20,7 @@ from lstm_probe.options import CaptureOptions, TrainOptions, capture_options
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "lstm_probe"
-SUBMODULES = ["lstm_probe.integrations.sb3_run", "lstm_probe.integrations.sb3_commands", "lstm_probe.options"]
+SUBMODULES = ["lstm_probe.integrations.sb3.run", "lstm_probe.integrations.sb3.commands", "lstm_probe.options"]
 
 PROBE = """
 import importlib, json, sys
@@ -37,13 +37,13 @@ def test_public_names_are_the_same_objects_whatever_was_imported_first(first):
     got = subprocess.run([sys.executable, "-c", PROBE, *first], capture_output=True, text=True, check=True)
     names = json.loads(got.stdout)
     assert names == {
-        "run": "lstm_probe.integrations.sb3_run.run",
-        "arch": "lstm_probe.integrations.sb3_commands.arch",
+        "run": "lstm_probe.integrations.sb3.run.run",
+        "arch": "lstm_probe.integrations.sb3.commands.arch",
         "Tracer": "lstm_probe.integrations.generic.Tracer",
         "trace": "lstm_probe.integrations.generic.trace",
         "probe": "lstm_probe.probes.probe",
-        "load_model": "lstm_probe.integrations.sb3_commands.load_model",
-        "watch": "lstm_probe.integrations.sb3_watch.watch",
+        "load_model": "lstm_probe.integrations.sb3.commands.load_model",
+        "watch": "lstm_probe.integrations.sb3.watch.watch",
     }
 
 
@@ -91,8 +91,8 @@ def test_no_signature_in_the_package_restates_an_options_default():
     # the same names meaning something else: a sampler's batch_size, a synthetic batch's steps, an env's own
     # device and seed
     other = {
-        ("lstm_probe/integrations/sb3.py", "get"),
-        ("lstm_probe/integrations/sb3_arch.py", "_synthetic_batch"),
+        ("lstm_probe/integrations/sb3/callback.py", "get"),
+        ("lstm_probe/integrations/sb3/arch.py", "_synthetic_batch"),
         ("lstm_probe/torch_env.py", "__init__"),
     }
     found = []

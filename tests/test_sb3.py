@@ -390,7 +390,7 @@ def test_copies_and_pickles_during_learn_carry_no_loop_wrapper(tmp_path):
 
     from sb3_contrib.common.recurrent.policies import RecurrentActorCriticPolicy
 
-    from lstm_probe.integrations.sb3_arch import private_policy
+    from lstm_probe.integrations.sb3.arch import private_policy
 
     sb3_function = RecurrentActorCriticPolicy._process_sequence
     seen = {}
@@ -463,15 +463,15 @@ def recording():
 
 
 def test_live_metrics_are_the_same_with_loops_recorded_whole(tmp_path, monkeypatch):
-    """The figures sb3_metrics records through SB3's logger take a loop's outputs whole: the same values."""
-    from lstm_probe.integrations import sb3_metrics
+    """The figures sb3/metrics.py records through SB3's logger take a loop's outputs whole: the same values."""
+    from lstm_probe.integrations.sb3 import metrics
 
     def figures(whole):
         monkeypatch.setattr(ProbeCallback, "_loop_blocks", whole)
         model = make("CartPole-v1", n_envs=2)
         model.set_logger(recording())
         model.learn(128, callback=ProbeCallback(tmp_path / f"{whole}.parquet"))
-        return model.logger.seen, sb3_metrics.live()["rows"]
+        return model.logger.seen, metrics.live()["rows"]
 
     (a, rows_a), (b, rows_b) = figures(False), figures(True)
     assert a == b and rows_a == rows_b
@@ -484,7 +484,7 @@ def test_live_metrics_only_where_the_logger_writes_somewhere(tmp_path, monkeypat
     output format (CSV here) gets the figures in its file, as does live_metrics=True on the silent logger."""
     from stable_baselines3.common.logger import Logger, configure
 
-    from lstm_probe.integrations import sb3_metrics
+    from lstm_probe.integrations.sb3 import metrics
 
     recorded: list[str] = []
     original = Logger.record
@@ -516,10 +516,10 @@ def test_live_metrics_only_where_the_logger_writes_somewhere(tmp_path, monkeypat
 
     tracers: list = []
     probe, hooks, keys = run("silent")
-    assert not sb3_metrics.seen(probe.model.logger) and keys == [] and set(hooks) == {1}  # the tracer's hook only
+    assert not metrics.seen(probe.model.logger) and keys == [] and set(hooks) == {1}  # the tracer's hook only
     gc.collect()
     assert tracers and all(t() is None for t in tracers)  # the closed tracer is not kept for live()
-    live = sb3_metrics.live()
+    live = metrics.live()
     assert live["rows"] == lstm_probe.read_info(probe.path).rows > 0 and live["iteration"] == probe.iteration > 0
 
     probe, hooks, keys = run("csv", configure(str(tmp_path / "csv"), ["csv"]))
@@ -529,7 +529,7 @@ def test_live_metrics_only_where_the_logger_writes_somewhere(tmp_path, monkeypat
 
     probe, hooks, forced = run("forced", live_metrics=True)
     assert set(hooks) == {1} and forced == keys
-    assert sb3_metrics.live()["rows"] == lstm_probe.read_info(probe.path).rows
+    assert metrics.live()["rows"] == lstm_probe.read_info(probe.path).rows
 
     class Later(BaseCallback):  # gives the model a logger that writes somewhere after the probe started
         def _on_training_start(self):
@@ -577,7 +577,7 @@ def test_exception_inside_a_recorded_loop_writes_the_steps_that_ran(tmp_path, mo
 
 @pytest.mark.parametrize("whole", [True, False])
 def test_live_drift_figures_match_the_logs_drift_of_the_top_layer(tmp_path, monkeypatch, whole):
-    """sb3_metrics' drift figures are the log's own drift column, computed once (drift.Drift): per iteration and
+    """sb3/metrics.py's drift figures are the log's own drift column, computed once (drift.Drift): per iteration and
     module, the mean of drift_h over the first epoch's train rows of the top layer that have a drift (a rollout
     reference), with loops recorded whole and call by call."""
     from stable_baselines3.common.logger import Logger

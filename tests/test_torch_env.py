@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 import lstm_probe
-from lstm_probe.integrations.sb3_torch_env import TorchPendulumVecEnv
+from lstm_probe.integrations.sb3.torch_env import TorchPendulumVecEnv
 from lstm_probe.torch_env import TorchPendulum
 
 

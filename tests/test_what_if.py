@@ -17,8 +17,8 @@ import lstm_probe
 from lstm_probe import ProbeCallback
 from lstm_probe.contract import Capabilities
 from lstm_probe.errors import BadInput
-from lstm_probe.integrations.sb3_options import Measure
-from lstm_probe.integrations.sb3_whatif import initial_states, last_starts, run_starts, what_if_settings
+from lstm_probe.integrations.sb3.options import Measure
+from lstm_probe.integrations.sb3.whatif import initial_states, last_starts, run_starts, what_if_settings
 from lstm_probe.report.sections.what_if import WhatIf, WhatIfSection
 
 KW = {"n_steps": 32, "batch_size": 16, "n_epochs": 2}

@@ -1,6 +1,6 @@
 """Framework integrations: each module tells the tracer core what a framework's LSTM calls are.
 
-``sb3`` (sb3-contrib RecurrentPPO: ``ProbeCallback``; ``sb3_run`` builds and trains, ``sb3_arch``
+``sb3/`` (sb3-contrib RecurrentPPO: ``ProbeCallback``; ``sb3/run.py`` builds and trains, ``sb3/arch.py``
 analyses a policy), ``rllib`` (Ray RLlib's new API stack), ``generic`` (any torch model, tagged by the
 user: ``lstm_probe.trace``). Each meets the core's contract (``lstm_probe.contract.Integration``); the
 core, the writer and the reader never import this package.
@@ -19,9 +19,12 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lstm_probe.errors import BadInput
+
+if TYPE_CHECKING:
+    from lstm_probe.deploy.spec import Loader, Policy
 
 
 def lazy_names(package: str, table: Mapping[str, str]) -> Callable[[str], Any]:
@@ -63,6 +66,10 @@ class Framework:
     """The page of the repository that documents it (tests/test_frameworks.py checks it exists)."""
     arch: bool = True
     """``lstm-probe arch --framework NAME`` is built for it (else refused in one line, naming those that are)."""
+    deploy: str | None = None
+    """The "module:function" of its :data:`lstm_probe.deploy.spec.Loader` (a model, or a saved model's path, to
+    the deploy layer's ``Policy``: ``lstm-probe export``, ``replay``); None: the deploy layer takes none of
+    its models."""
 
 
 FRAMEWORKS: dict[str, Framework] = {
@@ -70,13 +77,14 @@ FRAMEWORKS: dict[str, Framework] = {
     for f in (
         Framework(
             "sb3",
-            "lstm_probe.integrations.sb3_commands",
+            "lstm_probe.integrations.sb3.commands",
             title="RecurrentPPO",
             groups=(
-                ("build_options", "lstm_probe.integrations.sb3_options:Build"),
-                ("measure", "lstm_probe.integrations.sb3_options:Measure"),
+                ("build_options", "lstm_probe.integrations.sb3.options:Build"),
+                ("measure", "lstm_probe.integrations.sb3.options:Measure"),
             ),
             arch_options=("critic_lstm", "lstm_layers", "hyperparams", "env_id", "trust_model", "dot", "svg", "png"),
+            deploy="lstm_probe.integrations.sb3.deployed:loader",
         ),
         Framework(
             "rllib",
@@ -146,6 +154,17 @@ def load(fw: Framework) -> ModuleType:
         if line is None:
             raise
         raise BadInput(line) from None
+
+
+def deploy_policy(model: Any, trust_model: bool, env_id: str | None = None) -> Policy:
+    """The deploy layer's ``Policy`` of ``model`` (a model object or a saved model's path), from the
+    :data:`~lstm_probe.deploy.spec.Loader` its framework's entry names: the deploy layer finds a framework's
+    policy here, and imports no integration itself."""
+    (fw,) = [f for f in FRAMEWORKS.values() if f.deploy]  # sb3 only; a second would be chosen by the model's type
+    assert fw.deploy is not None
+    module, _, name = fw.deploy.partition(":")
+    loader: Loader = getattr(importlib.import_module(module), name)
+    return loader(model, trust_model, env_id)
 
 
 def group_classes(fw: Framework) -> list[tuple[str, type[Any]]]:

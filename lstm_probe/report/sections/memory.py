@@ -1,7 +1,7 @@
 """The "Memory" section: does the policy use its recurrent state, and how far back (the memory horizon measured
 during the run, ``--memory``), beside the training's BPTT horizon and the episode lengths.
 
-The records come from the log's ``memory`` metadata (written by ``integrations/sb3_memory.py``): effect(k) per
+The records come from the log's ``memory`` metadata (written by ``integrations/sb3/memory.py``): effect(k) per
 (iteration, module, k), the effect on the policy's outputs at a step t of replacing the state after step t-k by
 zero (the policy then sees its last k inputs only). The horizon of a curve is the smallest k whose effect is below
 5% of effect(1); "unused" when effect(1) itself is negligible; "beyond" when it never drops within the measured k.

@@ -1,7 +1,7 @@
 """The "What if" section: do stale stored states matter for learning? Counterfactual initial states and burn-in,
 measured during the run (``--what-if``).
 
-The records come from the log's ``what_if`` metadata (written by ``integrations/sb3_whatif.py``): for sampled
+The records come from the log's ``what_if`` metadata (written by ``integrations/sb3/whatif.py``): for sampled
 minibatches, with the weights that minibatch was trained with, the same minibatch evaluated from other initial
 states at each sequence start (stored: what sb3 trained with; zero; burn-in k: zero k steps earlier, run over the
 stored inputs; burn-in k from stored: the stored state k steps earlier, run the same way, R2D2's variant), each

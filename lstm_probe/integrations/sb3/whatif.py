@@ -28,7 +28,7 @@ It relies on sb3-contrib 2.x, cited by file:function:
 - ``ppo_recurrent/ppo_recurrent.py:RecurrentPPO.train``: the loss terms (clipped surrogate, value loss with
   ``clip_range_vf``, entropy), the advantage normalisation and the clipped fraction, computed the same way.
 
-Training is untouched: everything runs on one copy of the policy (``sb3_arch.private_policy``: built once, without
+Training is untouched: everything runs on one copy of the policy (``arch.private_policy``: built once, without
 the hooks of the original's modules and without its optimizer; weights copied in before each measurement),
 inside ``torch.random.fork_rng`` (reseeded before each evaluation, so dropout, if any, draws alike for every
 alternative), drawing from no NumPy RNG; gradients come from ``torch.autograd.grad`` on the copy.
@@ -45,8 +45,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from lstm_probe.integrations.sb3_arch import private_policy as shadow_policy
-from lstm_probe.integrations.sb3_options import Measure
+from lstm_probe.integrations.sb3.arch import private_policy as shadow_policy
+from lstm_probe.integrations.sb3.options import Measure
 from lstm_probe.schema import WHAT_IF_METRICS
 
 BURN_IN = (4, 16, 64)

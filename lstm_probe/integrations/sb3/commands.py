@@ -8,11 +8,11 @@ import os
 from typing import Any
 
 from lstm_probe.errors import BadInput
-from lstm_probe.integrations import sb3_run
-from lstm_probe.integrations.sb3_arch import Architecture
-from lstm_probe.integrations.sb3_arch import arch as analyse
-from lstm_probe.integrations.sb3_metrics import live
-from lstm_probe.integrations.sb3_options import Build
+from lstm_probe.integrations.sb3 import run as training
+from lstm_probe.integrations.sb3.arch import Architecture
+from lstm_probe.integrations.sb3.arch import arch as analyse
+from lstm_probe.integrations.sb3.metrics import live
+from lstm_probe.integrations.sb3.options import Build
 from lstm_probe.options import RunResult, TrainOptions, route, settle
 
 __all__ = ["arch", "default_threads", "live", "load_model", "run"]
@@ -31,7 +31,7 @@ def run(
     t, b = settle(TrainOptions, train, tr), settle(Build, build_options, bo)
     if t.torch_threads is None:
         t = dataclasses.replace(t, torch_threads=default_threads(env_id, b.device))
-    return sb3_run.run(env_id, train=t, build_options=b, **rest)
+    return training.run(env_id, train=t, build_options=b, **rest)
 
 
 def default_threads(env_id: str, device: str) -> int | None:
@@ -106,7 +106,7 @@ def load_model(
     """A RecurrentPPO from an env id (built as ``run`` builds it, with 64-step rollouts) or a model.zip; and
     whether a real rollout is possible (an env is attached).
 
-    A model.zip is read without unpickling anything (``integrations/sb3_zip.py``); what that reader
+    A model.zip is read without unpickling anything (``integrations/sb3/model_zip.py``); what that reader
     cannot build is refused with one line. ``trust_model=True`` uses SB3's full load instead
     (``RecurrentPPO.load``, which unpickles the zip's objects and so runs any code stored in it)."""
     from pathlib import Path
@@ -118,12 +118,12 @@ def load_model(
         if env_id is not None:
             from stable_baselines3.common.env_util import make_vec_env
 
-            sb3_run.check_env_id(env_id)
+            training.check_env_id(env_id)
             env = make_vec_env(env_id, n_envs=1, seed=0)
         if not trust_model:
-            from lstm_probe.integrations import sb3_zip
+            from lstm_probe.integrations.sb3 import model_zip
 
-            return sb3_zip.load(target, env), env is not None
+            return model_zip.load(target, env), env is not None
         from sb3_contrib import RecurrentPPO
 
         try:
@@ -131,13 +131,13 @@ def load_model(
         except Exception as exc:
             msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise BadInput(f"cannot load {target} as a RecurrentPPO model: {msg}") from None
-        from lstm_probe.integrations import sb3_zip
+        from lstm_probe.integrations.sb3 import model_zip
 
-        sb3_zip.runnable(target, dict(getattr(model, "policy_kwargs", None) or {}))
-        sb3_zip.check_weights(target, model.policy.state_dict())
+        model_zip.runnable(target, dict(getattr(model, "policy_kwargs", None) or {}))
+        model_zip.check_weights(target, model.policy.state_dict())
         return model, env is not None
     t = dataclasses.replace(train or TrainOptions(), n_steps=64, batch_size=64)
-    return sb3_run.build(target, t, build_options), True
+    return training.build(target, t, build_options), True
 
 
 _NO_LSTM = (
@@ -151,7 +151,7 @@ def _refuse_non_recurrent(target: str) -> None:
     ``arch`` reads, before either loader tries it (SB3's would fail on the missing ``lstm_actor``)."""
     import re
 
-    from lstm_probe.integrations.sb3_zip import read_data
+    from lstm_probe.integrations.sb3.model_zip import read_data
 
     try:  # within the safe reader's bounds (zip directory, data's size and JSON items)
         entry = read_data(target).get("policy_class")

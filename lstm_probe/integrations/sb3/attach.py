@@ -102,7 +102,7 @@ class Attachment:
         self.iterations = 0
         self.path: Path | None = None
         self.finalizer: weakref.finalize[Any, Any] | None = None
-        self.extra: dict[str, Callable[[], Any]] = {}  # metadata key -> its value at close (sb3_memory, ...)
+        self.extra: dict[str, Callable[[], Any]] = {}  # metadata key -> its value at close (memory.py, ...)
 
     def open(self, probe: Any, tracer: CoreTracer) -> None:
         """Own ``tracer`` (started) from now on; finish when the process exits or ``probe`` is collected."""

@@ -1,10 +1,11 @@
 """``lstm-probe export MODEL.zip OUT.onnx|OUT.pt`` (``lstm_probe.export``): a RecurrentPPO policy as one
-ONNX or TorchScript file with its LSTM state as explicit inputs and outputs (``sb3_deployed.Deployed``),
-verified before it is written.
+ONNX or TorchScript file with its LSTM state as explicit inputs and outputs (the framework's
+``Policy.module``: sb3's is ``integrations/sb3/deployed.py``'s ``Deployed``), verified before it is written.
 
 Verification: the file, as written to a temporary name beside ``out`` and read back (onnxruntime, or
-``torch.jit.load``), and the PyTorch policy (sb3-contrib's own ``RecurrentActorCriticPolicy.forward`` with
-``deterministic=True`` and ``predict``'s clipping, on a private copy) each run its own loop, state fed back,
+``torch.jit.load``), and the PyTorch policy (the framework's own step, ``Policy.reference``: sb3-contrib's
+``RecurrentActorCriticPolicy.forward`` with ``deterministic=True`` and ``predict``'s clipping, on a private
+copy) each run its own loop, state fed back,
 over recorded episodes back to back (episode_start 1 at each first step): the observations of a
 ``--capture-obs`` log, or fresh episodes of an env driven by the PyTorch policy's actions. At every step the
 action, the value and each state must agree within ``tolerance``, relative to the PyTorch output's scale
@@ -29,10 +30,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from lstm_probe.deploy.runtime import load_file
+from lstm_probe.deploy.spec import META_KEY, Policy, Spec, Step
 from lstm_probe.errors import BadInput, one_line
-from lstm_probe.integrations.sb3_deployed import META_KEY, Deployed, Spec, State, Step, deployed, load_file
 from lstm_probe.layout import check_writable
-from lstm_probe.options import CaptureOptions, default
+from lstm_probe.options import CaptureOptions, check_env_id, default
 
 TOLERANCE = 1e-5
 """Default relative tolerance (float32 runtimes agree to ~1e-7 on these networks)."""
@@ -109,40 +111,26 @@ def export(
     if not (isinstance(tolerance, int | float) and 0 < tolerance < 1):
         raise BadInput(f"--tolerance must be a relative error in (0, 1), e.g. 1e-5, got {tolerance!r}")
     source = str(model) if isinstance(model, str | os.PathLike) else type(model).__name__
-    policy = policy_of(model, trust_model, env_id)
-    module = deployed(policy)
-    reference = reference_step(module)
+    from lstm_probe.integrations import deploy_policy
+
+    policy = deploy_policy(model, trust_model, env_id)
+    spec, reference = policy.spec, policy.reference
     if log is not None:
-        obs, starts = episodes_from_log(log, module.spec, episodes)
+        obs, starts = episodes_from_log(log, spec, episodes)
         where = f"{episodes} episodes of {log}"
     else:
-        obs, starts = episodes_from_env(str(env_id), module.spec, reference, episodes, env_seed)
+        obs, starts = episodes_from_env(str(env_id), spec, reference, episodes, env_seed)
         where = f"{episodes} fresh episodes of {env_id} (seeds {env_seed}..{env_seed + episodes - 1})"
     tmp = out.with_name(f".{out.stem}.{os.getpid()}.tmp{out.suffix}")  # read back by its suffix
     try:
         with _quiet():
-            exporter = _write_onnx(module, tmp, source) if fmt == "onnx" else _write_torchscript(module, tmp, source)
+            exporter = _write_onnx(policy, tmp, source) if fmt == "onnx" else _write_torchscript(policy, tmp, source)
             _, step, _ = load_file(tmp)
-        errors = compare(step, reference, module.spec, obs, starts, tolerance, fmt)
+        errors = compare(step, reference, spec, obs, starts, tolerance, fmt)
         os.replace(tmp, out)
     finally:
         tmp.unlink(missing_ok=True)
-    return Exported(out, fmt, module.spec, int(starts.sum()), len(obs), float(tolerance), errors, where, exporter)
-
-
-def policy_of(model: Any, trust_model: bool, env_id: str | None = None) -> Any:
-    """The policy of a RecurrentPPO or of its model.zip (``env_id``: the env whose spaces the zip's reader
-    takes, where the zip does not state them in full as text)."""
-    if isinstance(model, str | os.PathLike):
-        from lstm_probe.integrations.sb3_commands import _refuse_non_recurrent, load_model
-
-        target = os.fspath(model)
-        _refuse_non_recurrent(target)
-        model, _ = load_model(target, env_id=env_id, trust_model=trust_model)
-    policy = getattr(model, "policy", model)
-    if not hasattr(policy, "lstm_actor"):
-        raise BadInput(f"export takes a RecurrentPPO (sb3-contrib) model, not {type(policy).__name__}")
-    return policy
+    return Exported(out, fmt, spec, int(starts.sum()), len(obs), float(tolerance), errors, where, exporter)
 
 
 @contextlib.contextmanager
@@ -166,17 +154,17 @@ def _meta(spec: Spec, source: str, exporter: str) -> str:
     return spec.to_json(source=Path(source).name, exporter=exporter, batch="any number of envs")
 
 
-def _write_onnx(module: Deployed, path: Path, source: str) -> str:
+def _write_onnx(policy: Policy, path: Path, source: str) -> str:
     import onnx
 
-    spec = module.spec
+    spec = policy.spec
     batch = torch.export.Dim("batch")
     shapes = ({0: batch}, {0: batch}, tuple({1: batch} for _ in spec.state_names))  # forward(obs, start, *state)
     exporter = f"torch.onnx.export (dynamo, torch {torch.__version__})"
     try:
         program = torch.onnx.export(
-            module,
-            module.example(),
+            policy.module,
+            spec.example(),
             input_names=[n for n, _, _ in spec.inputs()],
             output_names=[n for n, _, _ in spec.outputs()],
             dynamo=True,
@@ -193,37 +181,14 @@ def _write_onnx(module: Deployed, path: Path, source: str) -> str:
     return exporter
 
 
-def _write_torchscript(module: Deployed, path: Path, source: str) -> str:
+def _write_torchscript(policy: Policy, path: Path, source: str) -> str:
     exporter = f"torch.jit.trace (torch {torch.__version__})"
     try:
-        traced = torch.jit.trace(module, module.example(), check_trace=False)
+        traced = torch.jit.trace(policy.module, policy.spec.example(), check_trace=False)
     except Exception as exc:
         raise BadInput(f"torch.jit.trace could not trace this policy: {one_line(exc, kind=False)[:300]}") from None
-    torch.jit.save(traced, str(path), _extra_files={f"{META_KEY}.json": _meta(module.spec, source, exporter)})
+    torch.jit.save(traced, str(path), _extra_files={f"{META_KEY}.json": _meta(policy.spec, source, exporter)})
     return exporter
-
-
-def reference_step(module: Deployed) -> Step:
-    """:data:`Step` of the PyTorch policy as sb3-contrib runs it: ``RecurrentActorCriticPolicy.forward``
-    (deterministic) on the module's private copy, the action clipped as ``predict`` clips a Box's."""
-    from sb3_contrib.common.recurrent.type_aliases import RNNStates
-
-    policy, spec = module.policy, module.spec
-
-    def step(obs: np.ndarray, start: np.ndarray, state: State) -> tuple[np.ndarray, np.ndarray, State]:
-        t = [torch.as_tensor(s) for s in state]
-        pi = (t[0], t[1])
-        vf = (t[2], t[3]) if spec.critic_state else pi
-        with torch.no_grad():
-            obs_t = torch.as_tensor(np.asarray(obs, np.float32))
-            actions, values, _, states = policy(obs_t, RNNStates(pi, vf), torch.as_tensor(start), deterministic=True)
-        action = actions.numpy()
-        if spec.action == "box":
-            action = np.clip(action, policy.action_space.low, policy.action_space.high)
-        new = [states.pi[0], states.pi[1], *((states.vf[0], states.vf[1]) if spec.critic_state else ())]
-        return action, values.numpy(), tuple(s.numpy() for s in new)
-
-    return step
 
 
 def compare(
@@ -295,8 +260,6 @@ def episodes_from_log(log: str | os.PathLike[str], spec: Spec, count: int) -> tu
 def episodes_from_env(env_id: str, spec: Spec, policy: Step, count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """``count`` fresh episodes of ``env_id`` (seeded ``seed``, ``seed + 1``, ...), acted on by ``policy``."""
     import gymnasium as gym
-
-    from lstm_probe.integrations.sb3_run import check_env_id
 
     check_env_id(env_id)
     env = gym.make(env_id)

@@ -13,9 +13,19 @@ from pathlib import Path
 from typing import Any
 
 from lstm_probe.errors import BadInput, ProbeError, one_line
-from lstm_probe.integrations.sb3_options import Build, Measure
+from lstm_probe.integrations.sb3.options import Build, Measure
 from lstm_probe.layout import check_output
-from lstm_probe.options import CaptureOptions, Progress, RunResult, TrainOptions, check_envs, check_size, route, settle
+from lstm_probe.options import (
+    CaptureOptions,
+    Progress,
+    RunResult,
+    TrainOptions,
+    check_env_id,
+    check_envs,
+    check_size,
+    route,
+    settle,
+)
 
 
 def parse_hyperparams(items: Sequence[str]) -> dict[str, Any]:
@@ -38,28 +48,6 @@ def parse_hyperparams(items: Sequence[str]) -> dict[str, Any]:
         except (ValueError, SyntaxError):
             out[key] = raw
     return out
-
-
-def check_env_id(env_id: str) -> None:
-    """Refuse an env id gymnasium does not know; ``module:EnvId-v0`` (as ``gym.make`` takes it) imports
-    ``module`` first, which registers its envs."""
-    import importlib
-
-    import gymnasium as gym
-
-    module, _, name = env_id.rpartition(":")
-    if module:
-        try:
-            importlib.import_module(module)
-        except ImportError as exc:
-            raise BadInput(f"env id {env_id!r}: cannot import {module!r} to register it ({exc})") from None
-    try:
-        gym.spec(name)
-    except Exception:
-        names = list(gym.registry.keys())
-        close = difflib.get_close_matches(env_id, names, n=3, cutoff=0.5)
-        hint = f"did you mean {', '.join(close)}?" if close else "see gymnasium.registry for the ids"
-        raise BadInput(f"unknown env id {env_id!r}: {hint}") from None
 
 
 def _int(value: Any, default: int) -> int:
@@ -184,8 +172,8 @@ def run(
     The settings come as objects, each declared once with its defaults and checks: ``options``
     (:class:`~lstm_probe.options.CaptureOptions`: the log), ``train``
     (:class:`~lstm_probe.options.TrainOptions`: steps [250], envs, rollout, ...), ``build_options``
-    (:class:`~lstm_probe.integrations.sb3_options.Build`: layers, critic LSTM, device, ``hyperparams``) and
-    ``measure`` (:class:`~lstm_probe.integrations.sb3_options.Measure`: what-if, memory, observations).
+    (:class:`~lstm_probe.integrations.sb3.options.Build`: layers, critic LSTM, device, ``hyperparams``) and
+    ``measure`` (:class:`~lstm_probe.integrations.sb3.options.Measure`: what-if, memory, observations).
     Keyword arguments of any of their fields' names override them (``run("Pendulum-v1", steps=4096,
     what_if=True)``); an unknown name is refused. Every option is checked before training starts; those
     left None take sb3-contrib's defaults. ``hyperparams``: RecurrentPPO keyword arguments, as a dict or as
@@ -205,7 +193,7 @@ def run(
 
     from stable_baselines3.common.callbacks import BaseCallback, CallbackList
 
-    from lstm_probe.integrations.sb3 import ProbeCallback
+    from lstm_probe.integrations.sb3.callback import ProbeCallback
 
     callbacks: list[BaseCallback] = []
     probe = ProbeCallback(options=opts, measure=m, metadata={"command": command, "env_id": env_id})

@@ -10,7 +10,7 @@ Everything here relies on sb3-contrib 2.x behaviour, cited by file:function:
   apart by a wrapper of ``policy.predict_values``. ``EvalCallback`` calls ``model.predict`` (which calls
   ``policy.predict``) inside ``on_step``: actor only, never through the policy's ``__call__``; a wrapper
   of ``policy.predict`` makes those calls phase "predict", and they never move the env step counters.
-  The wrappers are instance attributes set while learn() runs (``sb3_attach.Attachment.wrap``; the
+  The wrappers are instance attributes set while learn() runs (``attach.Attachment.wrap``; the
   policy is saved by its state_dict, never pickled) and removed on every way out of learn().
 - ``common/recurrent/buffers.py:RecurrentRolloutBuffer.get`` is called once per epoch and draws the
   shuffling split point; ``_get_samples(batch_inds, env_change)`` is the only place a minibatch's
@@ -41,10 +41,10 @@ from stable_baselines3.common.callbacks import BaseCallback
 
 from lstm_probe.contract import SEQ_REASON, Capabilities, Grid, Tags
 from lstm_probe.errors import BadInput, one_line
-from lstm_probe.integrations import sb3_doctor, sb3_memory, sb3_metrics, sb3_obs, sb3_whatif
-from lstm_probe.integrations.sb3_arch import summary
-from lstm_probe.integrations.sb3_attach import ACTIVE, Attachment, WeakIntegration, weak
-from lstm_probe.integrations.sb3_options import Measure
+from lstm_probe.integrations.sb3 import doctor, memory, metrics, obs, whatif
+from lstm_probe.integrations.sb3.arch import summary
+from lstm_probe.integrations.sb3.attach import ACTIVE, Attachment, WeakIntegration, weak
+from lstm_probe.integrations.sb3.options import Measure
 from lstm_probe.options import CaptureOptions, route, settle
 from lstm_probe.tracer import CoreTracer
 
@@ -155,9 +155,9 @@ class ProbeCallback(BaseCallback):
     when the probe is collected (nothing but learn() held it), when the next learn() on the model
     starts, or at exit.
     The settings come as objects (``options=CaptureOptions(...)``: the log; ``measure=Measure(...)``: what-if,
-    memory, observations, see ``sb3_options.py``) and as keyword arguments of their fields' names, which
+    memory, observations, see ``options.py``) and as keyword arguments of their fields' names, which
     override them (``ProbeCallback("run.parquet", capture="summary", what_if=True)``).
-    ``live_metrics``: record per-iteration figures through SB3's logger (``sb3_metrics.py``); None (default)
+    ``live_metrics``: record per-iteration figures through SB3's logger (``metrics.py``); None (default)
     where that logger writes somewhere.
 
     It is the sb3 :class:`~lstm_probe.contract.Integration`: it tells the tracer each call's phase and
@@ -184,13 +184,13 @@ class ProbeCallback(BaseCallback):
             cap["out"] = out
         self.options = settle(CaptureOptions, options, cap)
         self.measure = m = settle(Measure, measure, me)
-        self.live_metrics = live_metrics  # None: where SB3's logger writes somewhere (sb3_metrics.seen)
-        # rollout rows' obs and info columns (sb3_obs.py)
-        self.observations = sb3_obs.Observations(m.capture_obs, m.info_keys)
-        self.memory_settings = sb3_memory.memory_settings(m)  # sb3_memory.py
-        self.memory: sb3_memory.Memory | None = None
-        self.what_if_settings = sb3_whatif.what_if_settings(m)  # sb3_whatif.py
-        self.what_if: sb3_whatif.WhatIf | None = None
+        self.live_metrics = live_metrics  # None: where SB3's logger writes somewhere (metrics.seen)
+        # rollout rows' obs and info columns (obs.py)
+        self.observations = obs.Observations(m.capture_obs, m.info_keys)
+        self.memory_settings = memory.memory_settings(m)  # memory.py
+        self.memory: memory.Memory | None = None
+        self.what_if_settings = whatif.what_if_settings(m)  # whatif.py
+        self.what_if: whatif.WhatIf | None = None
         self.out = self.options.out
         self._metadata: dict[str, Any] = {}
         self.extra_metadata = dict(metadata or {})
@@ -200,8 +200,8 @@ class ProbeCallback(BaseCallback):
         self._handles: list[Any] = []  # the attachment's hook handles (the same list)
         self.entry: str | None = None  # the wrapped entry point running now: 'bootstrap' or 'predict'
         self.predict_start: Any = None  # the episode_start passed to policy.predict
-        self.clock = sb3_doctor.PathClock()  # training time per _process_sequence path (sb3_doctor.py)
-        self.metrics: sb3_metrics.LiveMetrics | None = None
+        self.clock = doctor.PathClock()  # training time per _process_sequence path (doctor.py)
+        self.metrics: metrics.LiveMetrics | None = None
 
     @property
     def tracer(self) -> CoreTracer | None:
@@ -259,7 +259,7 @@ class ProbeCallback(BaseCallback):
         tracer.start()
         attachment.open(self, tracer)
         try:
-            # Everything put on the model reaches this probe through a weak reference (sb3_attach.py).
+            # Everything put on the model reaches this probe through a weak reference (attach.py).
             self._handles += [
                 policy.register_forward_pre_hook(weak(self._rollout_step_begin)),
                 policy.register_forward_hook(weak(self._rollout_step_end)),
@@ -293,12 +293,12 @@ class ProbeCallback(BaseCallback):
             attachment.wrap(policy, "predict_values", _entry(me, "bootstrap"))
             attachment.wrap(policy, "predict", _entry(me, "predict"))
             attachment.extra["minibatch_paths"] = self.clock.metadata
-            self.metrics = sb3_metrics.attach(self, self.live_metrics)  # figures through SB3's logger (sb3_metrics.py)
-            if self.memory_settings is not None:  # the memory horizon, on a copy of the policy (sb3_memory.py)
-                self.memory = sb3_memory.Memory(model, **self.memory_settings)
+            self.metrics = metrics.attach(self, self.live_metrics)  # figures through SB3's logger (metrics.py)
+            if self.memory_settings is not None:  # the memory horizon, on a copy of the policy (memory.py)
+                self.memory = memory.Memory(model, **self.memory_settings)
                 attachment.extra["memory"] = self.memory.metadata
-            if self.what_if_settings is not None:  # counterfactual initial states, on a copy (sb3_whatif.py)
-                self.what_if = sb3_whatif.WhatIf(model, **self.what_if_settings)
+            if self.what_if_settings is not None:  # counterfactual initial states, on a copy (whatif.py)
+                self.what_if = whatif.WhatIf(model, **self.what_if_settings)
                 attachment.extra["what_if"] = self.what_if.metadata
                 self._handles.append(policy.optimizer.register_step_pre_hook(self.what_if.step_hook))
         except BaseException:
@@ -307,7 +307,7 @@ class ProbeCallback(BaseCallback):
 
     def _on_rollout_start(self) -> None:
         self.clock.stop()  # train() ended
-        if self.metrics is not None:  # a logger that writes somewhere now gets the figures (sb3_metrics.py)
+        if self.metrics is not None:  # a logger that writes somewhere now gets the figures (metrics.py)
             self.metrics.rollout_start(self.model)
         self.iteration += 1
         self.in_rollout = True

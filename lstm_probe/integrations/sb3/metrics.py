@@ -48,7 +48,7 @@ from lstm_probe.schema import row_norms
 
 if TYPE_CHECKING:
     from lstm_probe.contract import Tags
-    from lstm_probe.integrations.sb3 import ProbeCallback
+    from lstm_probe.integrations.sb3.callback import ProbeCallback
 
 SATURATION = 0.95
 """|h| above this counts as saturated (the report's health section uses the same threshold)."""
@@ -100,7 +100,7 @@ class LiveMetrics:
     """Each iteration's figures (module docstring), from the tracer's messages and the minibatch grids."""
 
     def __init__(self, probe: ProbeCallback, figures: bool | None = True):
-        # held weakly, as everything a probe puts on the model (sb3_attach.py)
+        # held weakly, as everything a probe puts on the model (attach.py)
         self.probe = weakref.ref(probe)
         model: Any = probe.model
         self.logger = model.logger

@@ -1,4 +1,4 @@
-"""The doctor's sb3 part inside learn(): training time per sb3-contrib path (``watch`` is in sb3_watch.py).
+"""The doctor's sb3 part inside learn(): training time per sb3-contrib path (``watch`` is in watch.py).
 
 - :class:`PathClock`: ``common/recurrent/policies.py:RecurrentActorCriticPolicy._process_sequence`` runs a
   minibatch as one call over its padded sequences, or, when the minibatch holds a single episode start,

@@ -37,8 +37,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from lstm_probe.integrations.sb3_arch import private_policy as shadow_policy
-from lstm_probe.integrations.sb3_options import Measure
+from lstm_probe.integrations.sb3.arch import private_policy as shadow_policy
+from lstm_probe.integrations.sb3.options import Measure
 
 MAX_ITERATIONS = 500
 """Sampled iterations kept in the log: past this, every other one is dropped and the stride doubles."""

@@ -21,7 +21,7 @@ import numpy as np
 
 from lstm_probe.contract import Capabilities, Grid, Tags
 from lstm_probe.errors import BadInput
-from lstm_probe.integrations.sb3 import model_metadata
+from lstm_probe.integrations.sb3.callback import model_metadata
 from lstm_probe.options import capture_options
 from lstm_probe.tracer import CoreTracer
 

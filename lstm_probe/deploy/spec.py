@@ -1,0 +1,119 @@
+"""The deploy layer's interface: what a deployed policy takes and returns (:class:`Spec`), one step of it
+(:data:`Step`), and what a framework hands the layer for a policy of its own (:class:`Policy`, made by a
+:data:`Loader`; sb3's is ``integrations/sb3/deployed.py``, found through ``integrations.deploy_policy``).
+
+:class:`Spec` names the inputs and outputs, with their shapes; it is stored in each exported file's metadata
+and read back from it (``lstm-probe replay --policy OUT.onnx``). ``runtime.py`` steps a policy whatever its
+form: the PyTorch module, a TorchScript file (``torch.jit.load``) or an ONNX file (onnxruntime).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from lstm_probe.errors import BadInput
+
+META_KEY = "lstm_probe.deploy"
+"""The metadata key (ONNX ``metadata_props``; TorchScript extra file ``lstm_probe.deploy.json``)."""
+
+State = tuple[np.ndarray, ...]
+Step = Callable[[np.ndarray, np.ndarray, State], tuple[np.ndarray, np.ndarray, State]]
+"""(obs, episode_start, state) -> (action, value, new state): one step of a batch of envs."""
+
+
+@dataclass(frozen=True)
+class Spec:
+    """What a deployed policy takes and returns (``batch`` is the number of envs stepped at once)."""
+
+    variant: str
+    """'separate' (actor and critic LSTMs), 'shared' (one LSTM), 'no critic LSTM'."""
+    obs_shape: tuple[int, ...]
+    action: str
+    """'box' (float32 actions, clipped to the bounds) or 'discrete' (int64 actions)."""
+    action_shape: tuple[int, ...]
+    layers: int
+    hidden: int
+
+    @property
+    def critic_state(self) -> bool:
+        return self.variant == "separate"
+
+    @property
+    def state_names(self) -> list[str]:
+        return ["h", "c", "h_critic", "c_critic"] if self.critic_state else ["h", "c"]
+
+    def inputs(self) -> list[tuple[str, list[Any], str]]:
+        """(name, shape, dtype) of each input, in order."""
+        state = [self.layers, "batch", self.hidden]
+        return [
+            ("obs", ["batch", *self.obs_shape], "float32"),
+            ("episode_start", ["batch"], "float32"),
+            *((n, state, "float32") for n in self.state_names),
+        ]
+
+    def outputs(self) -> list[tuple[str, list[Any], str]]:
+        """(name, shape, dtype) of each output, in order: the new states are the inputs' names + ``_out``."""
+        state = [self.layers, "batch", self.hidden]
+        act = ("action", ["batch", *self.action_shape], "float32" if self.action == "box" else "int64")
+        return [act, ("value", ["batch", 1], "float32"), *((f"{n}_out", state, "float32") for n in self.state_names)]
+
+    def zero_state(self, batch: int = 1) -> State:
+        return tuple(np.zeros((self.layers, batch, self.hidden), np.float32) for _ in self.state_names)
+
+    def example(self, batch: int = 2) -> tuple[torch.Tensor, ...]:
+        """Inputs for tracing a :attr:`Policy.module`: zeros, episode starts on."""
+        obs = torch.zeros((batch, *self.obs_shape))
+        state = (torch.zeros(self.layers, batch, self.hidden) for _ in self.state_names)
+        return (obs, torch.ones(batch), *state)
+
+    def to_json(self, **extra: Any) -> str:
+        doc = {
+            **asdict(self),
+            "inputs": [dict(zip(("name", "shape", "dtype"), i, strict=True)) for i in self.inputs()],
+            "outputs": [dict(zip(("name", "shape", "dtype"), o, strict=True)) for o in self.outputs()],
+            **extra,
+        }
+        return json.dumps(doc)
+
+    @classmethod
+    def from_json(cls, text: str, where: str) -> Spec:
+        try:
+            doc = json.loads(text)
+            return cls(
+                variant=str(doc["variant"]),
+                obs_shape=tuple(int(d) for d in doc["obs_shape"]),
+                action=str(doc["action"]),
+                action_shape=tuple(int(d) for d in doc["action_shape"]),
+                layers=int(doc["layers"]),
+                hidden=int(doc["hidden"]),
+            )
+        except (ValueError, KeyError, TypeError) as exc:
+            raise BadInput(f"{where}: its {META_KEY} metadata is not lstm-probe's ({exc}); export it again") from None
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A framework's policy as the deploy layer takes it: all that export and replay need of the framework."""
+
+    spec: Spec
+    module: nn.Module
+    """One step with the LSTM state explicit: ``forward(obs, episode_start, *state) -> (action, value,
+    *new_state)``, the states in ``spec.state_names``' order (shapes: ``spec.inputs()``, ``spec.outputs()``).
+    A private copy of the policy's parts, on the CPU, in eval mode, without gradients: the exporters trace
+    it (``torch.onnx.export``, ``torch.jit.trace``) and replay runs it (and a float16-rounded deep copy)."""
+    reference: Step
+    """The framework's own step of the same policy (its own forward, deterministic): what export verifies
+    the written file against."""
+
+
+Loader = Callable[[Any, bool, str | None], Policy]
+"""A framework's ``(model, trust_model, env_id) -> Policy``: ``model`` is a model object or the path of a
+saved model (read without running its code unless ``trust_model``); ``env_id``: the env whose spaces a
+saved model's reader may take. Named by its framework's ``integrations.FRAMEWORKS`` entry (``deploy``)."""
