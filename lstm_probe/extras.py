@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import re
 from importlib import metadata
+from importlib.util import find_spec
+
+from lstm_probe.errors import BadInput
 
 EXTRAS: dict[str, tuple[str, ...]] = {
     "html": ("matplotlib",),
@@ -59,4 +62,17 @@ def missing(module: str | None, what: str) -> str | None:
     if extra is None:
         return None
     top = str(module).partition(".")[0]
+    if module != top and find_spec(top) is not None:  # installed, but not the version the extra pins
+        return (
+            f"{what} needs {module}, which the installed {top} lacks (lstm-probe's extra {extra} pins the "
+            f"version it is tested with): {install_line(extra)}"
+        )
     return f"{what} needs {top}, which is not installed (lstm-probe's extra {extra}): {install_line(extra)}"
+
+
+def require(extra: str, what: str) -> None:
+    """:class:`BadInput` with the install line where a module ``extra`` installs is missing (checked
+    before any work that needs it)."""
+    for name in EXTRAS[extra]:
+        if find_spec(name) is None:
+            raise BadInput(str(missing(name, what)))

@@ -32,7 +32,7 @@ INTEGRATION_IMPORTS = {
     "extras",
 }
 """The core modules an integration may import (docs/architecture.md names the same list)."""
-DEPLOY_IMPORTS = {"errors", "layout", "options", "reader", "budget"}
+DEPLOY_IMPORTS = {"errors", "layout", "options", "reader", "budget", "extras"}
 """The core modules the deploy layer may import (docs/architecture.md names the same list)."""
 FRAMEWORK_PACKAGES = ("stable_baselines3", "sb3_contrib", "ray", "rsl_rl", "torchrl", "tensordict")
 """What the deploy layer never imports, not even inside a function: it reaches a framework through

@@ -33,6 +33,7 @@ import torch
 from lstm_probe.deploy.runtime import load_file
 from lstm_probe.deploy.spec import META_KEY, Policy, Spec, Step
 from lstm_probe.errors import BadInput, one_line
+from lstm_probe.extras import require
 from lstm_probe.layout import check_writable
 from lstm_probe.options import CaptureOptions, check_env_id, default
 
@@ -102,6 +103,8 @@ def export(
     if out.exists() and not force:
         raise BadInput(f"{out} already exists; pass --force (force=True) to overwrite it, or choose another OUT")
     check_writable(out.parent, "choose another OUT")  # before minutes of verification, not after
+    if fmt == "onnx":
+        require("export", "lstm-probe export")  # the exporter and the runtime that verifies the file
     if (log is None) == (env_id is None):
         raise BadInput(
             "export verifies on recorded episodes: pass --log LOG (a run with --capture-obs) or --env ENV_ID"

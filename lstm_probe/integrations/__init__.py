@@ -140,13 +140,10 @@ def help_text(command: str) -> str:
 def load(fw: Framework) -> ModuleType:
     """The framework's module (its ``run`` and ``arch``); :class:`BadInput` with the install line when the
     framework is not installed (checked before the module is imported: some import it only inside ``run``)."""
-    from importlib.util import find_spec
+    from lstm_probe.extras import missing, require
 
-    from lstm_probe.extras import EXTRAS, missing
-
-    for name in EXTRAS.get(fw.extra or "", ()):
-        if find_spec(name) is None:
-            raise BadInput(str(missing(name, f"--framework {fw.name}")))
+    if fw.extra is not None:
+        require(fw.extra, f"--framework {fw.name}")
     try:
         return importlib.import_module(fw.module)
     except ModuleNotFoundError as exc:

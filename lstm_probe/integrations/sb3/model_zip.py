@@ -798,14 +798,15 @@ def _floats(text: Any, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarr
 def _bound(entry: dict[str, Any], name: str, what: str) -> Any:
     """A Box bound's text: gymnasium's short form (``low_repr``: one number when all are equal) where the
     zip states it; else the array as numpy prints it. gymnasium < 1.3 writes ``low_repr`` at construction;
-    1.3 and newer write it as null until the space is printed (``Box.__repr__`` fills it), so a Box of over
-    1,000 numbers (an image) is stated only as numpy's summary ('...'): refused, naming ``--env``."""
+    1.3 and newer write it as null until the space is printed (``Box.__repr__`` fills it). A Box of over
+    1,000 numbers (an image) whose bounds differ (any version), or any such Box (1.3+), is stated only as
+    numpy's summary ('...'): refused, naming ``--env``."""
     short = entry.get(f"{name}_repr")
     text = short if isinstance(short, str) else entry.get(name)
     if isinstance(text, str) and "..." in text:
         raise Unsafe(
-            f"its {what}'s bounds are stated in part only (gymnasium 1.3 and newer save a large Box as numpy's "
-            "summary): pass --env ENV_ID to take the spaces from the env"
+            f"its {what}'s bounds are stated in part only (a large Box is saved as numpy's summary where its "
+            "bounds differ or gymnasium is 1.3 or newer): pass --env ENV_ID to take the spaces from the env"
         )
     return text
 
