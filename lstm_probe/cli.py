@@ -86,11 +86,10 @@ class Exit(enum.IntEnum):
 def _run_flags() -> list[Declared]:
     """Every flag of ``run`` that an option group declares: the capture and training settings, then each
     framework's own (``integrations.FRAMEWORKS``), whose help says which framework takes it."""
-    from lstm_probe.integrations import FRAMEWORKS, group_classes
 
     flags = [*declared(CaptureOptions), *declared(TrainOptions)]
-    for fw in FRAMEWORKS.values():
-        for _, group in group_classes(fw):
+    for fw in integrations.FRAMEWORKS.values():
+        for _, group in integrations.group_classes(fw):
             flags += declared(group, prefix=f"{fw.name}: ")
     return flags
 
@@ -113,8 +112,6 @@ def run(
     **flags: Any,
 ) -> None:
     """Train RecurrentPPO (or another framework's PPO: --framework) on ENV_ID with the probe; write the log."""
-    from lstm_probe import integrations
-
     fw = integrations.framework(framework)
     # the flags typed (even at their default value); typer's own click names the source kinds as click does
     typed = [n for n in flags if getattr(ctx.get_parameter_source(n), "name", "DEFAULT") != "DEFAULT"]
@@ -170,11 +167,10 @@ def _framework_options(taken: tuple[str, ...], command: str, **options: tuple[st
     """The options (name: (flag, value, default)) that only some frameworks take, as keyword arguments for
     the one that takes ``taken``; one set away from its default that this framework does not take is
     refused, naming the frameworks that do."""
-    from lstm_probe.integrations import owners
 
     for name, (flag, value, unset) in options.items():
         if name not in taken and value != unset:
-            raise BadInput(f"{flag} applies to --framework {' and '.join(owners(name, command))} only")
+            raise BadInput(f"{flag} applies to --framework {' and '.join(integrations.owners(name, command))} only")
     return {name: value for name, (_, value, _) in options.items() if name in taken}
 
 
@@ -302,8 +298,6 @@ def arch(
     **flags: Any,
 ) -> None:
     """Show what actor and critic share, and which loss trains which layer (measured gradient flow)."""
-    from lstm_probe import integrations
-
     fw = integrations.framework(framework, "arch")
     own = {
         "env_id": ("--env", env_id, None),

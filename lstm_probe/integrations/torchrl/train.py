@@ -117,9 +117,9 @@ def run(
     torch.set_num_threads(t.torch_threads or 1)
     what = "envs for --framework torchrl (a SerialEnv makes and steps them one by one); sb3 takes more"
     check_env_count(t.n_envs, MAX_ENVS, what)
-    check_size(t, n_steps=t.n_steps or 128, hidden_size=t.hidden_size or 32, lstms=1)  # before any env is made
-    env, actor, critic, _ = build(env_id, n_envs=t.n_envs, hidden_size=t.hidden_size or 32, seed=t.seed or 0)
-    n_steps = t.n_steps or 128
+    n_steps, hidden = t.n_steps or 128, t.hidden_size or 32
+    check_size(t, n_steps=n_steps, hidden_size=hidden, lstms=1)  # before any env is made
+    env, actor, critic, _ = build(env_id, n_envs=t.n_envs, hidden_size=hidden, seed=t.seed or 0)
     frames = n_steps * t.n_envs
     collector = Collector(env, actor, frames_per_batch=frames, total_frames=max(frames, t.steps))
     adv = GAE(gamma=0.99, lmbda=0.95, value_network=critic, average_gae=True, deactivate_vmap=True)
