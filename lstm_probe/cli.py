@@ -144,7 +144,7 @@ def run(
     module = integrations.load(fw)
     _EARLIER[out_path] = fingerprint(out_path)  # what is at OUT now: an earlier log is not this run's
     command = "lstm-probe " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    display = _RunDisplay(env_id, train.steps, out_path, getattr(module, "live", None), quiet, progress_seconds)
+    display = _RunDisplay(env_id, train.steps, out_path, integrations.declared(fw.live), quiet, progress_seconds)
     with display:
         try:
             result = module.run(env_id, options=options, train=train, command=command, progress=display.update, **own)

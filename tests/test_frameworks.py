@@ -39,6 +39,20 @@ def test_each_declared_framework_has_its_files(name):
         assert f"pip install '.[{fw.extra}]'" in (ROOT / fw.docs).read_text(), f"{fw.docs} shows no install line"
 
 
+@pytest.mark.parametrize("name", list(FRAMEWORKS))
+def test_each_declaration_names_what_exists(name):
+    # every "module:name" a framework declares (its live figures, deploy loader, option groups) imports
+    from lstm_probe.integrations import declared
+
+    fw = FRAMEWORKS[name]
+    if fw.extra is not None and any(importlib.util.find_spec(m) is None for m in EXTRAS[fw.extra]):
+        pytest.skip(f"{name} is not installed")
+    for where in [fw.live, fw.deploy, *(w for _, w in fw.groups)]:
+        if where is not None:
+            assert declared(where) is not None, f"{name}: {where} names nothing"
+    assert callable(declared(fw.module + ":run")), f"{name}: {fw.module} has no run"
+
+
 def test_the_readme_and_the_help_name_exactly_the_declared_frameworks():
     readme = (ROOT / "README.md").read_text()
     assert f"--framework {'|'.join(FRAMEWORKS)}" in readme

@@ -66,6 +66,9 @@ class Framework:
     """The page of the repository that documents it (tests/test_frameworks.py checks it exists)."""
     arch: bool = True
     """``lstm-probe arch --framework NAME`` is built for it (else refused in one line, naming those that are)."""
+    live: str | None = None
+    """The "module:function" giving the run's latest figures for the progress display (``iteration``, ...);
+    None: the display shows steps, bytes and time only."""
     deploy: str | None = None
     """The "module:function" of its :data:`lstm_probe.deploy.spec.Loader` (a model, or a saved model's path, to
     the deploy layer's ``Policy``: ``lstm-probe export``, ``replay``); None: the deploy layer takes none of
@@ -84,6 +87,7 @@ FRAMEWORKS: dict[str, Framework] = {
                 ("measure", "lstm_probe.integrations.sb3.options:Measure"),
             ),
             arch_options=("critic_lstm", "lstm_layers", "hyperparams", "env_id", "trust_model", "dot", "svg", "png"),
+            live="lstm_probe.integrations.sb3.metrics:live",
             deploy="lstm_probe.integrations.sb3.deployed:loader",
         ),
         Framework(
@@ -159,18 +163,21 @@ def deploy_policy(model: Any, trust_model: bool, env_id: str | None = None) -> P
     policy here, and imports no integration itself."""
     (fw,) = [f for f in FRAMEWORKS.values() if f.deploy]  # sb3 only; a second would be chosen by the model's type
     assert fw.deploy is not None
-    module, _, name = fw.deploy.partition(":")
-    loader: Loader = getattr(importlib.import_module(module), name)
+    loader: Loader = declared(fw.deploy)
     return loader(model, trust_model, env_id)
+
+
+def declared(where: str | None) -> Any:
+    """The object a declaration names as "module:name" (None for None), imported now."""
+    if where is None:
+        return None
+    module, _, name = where.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def group_classes(fw: Framework) -> list[tuple[str, type[Any]]]:
     """``fw``'s option groups as (keyword of its ``run``, dataclass)."""
-    out = []
-    for keyword, where in fw.groups:
-        module, _, name = where.partition(":")
-        out.append((keyword, getattr(importlib.import_module(module), name)))
-    return out
+    return [(keyword, declared(where)) for keyword, where in fw.groups]
 
 
 def run_options(fw: Framework) -> set[str]:

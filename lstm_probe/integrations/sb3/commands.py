@@ -11,11 +11,10 @@ from lstm_probe.errors import BadInput
 from lstm_probe.integrations.sb3 import run as training
 from lstm_probe.integrations.sb3.arch import Architecture
 from lstm_probe.integrations.sb3.arch import arch as analyse
-from lstm_probe.integrations.sb3.metrics import live
 from lstm_probe.integrations.sb3.options import Build
 from lstm_probe.options import RunResult, TrainOptions, route, settle
 
-__all__ = ["arch", "default_threads", "live", "load_model", "run"]
+__all__ = ["arch", "default_threads", "load_model", "run"]
 
 
 def run(
