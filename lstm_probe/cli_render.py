@@ -232,7 +232,7 @@ def _render(rep: Any) -> None:
                 out().print(block.text, soft_wrap=block.soft_wrap)
                 continue
             title = block.title
-            if not numbered:
+            if not numbered and getattr(block, "numbered", True):
                 number += 1
                 numbered = True
                 title = f"{number}. {title}"

@@ -36,7 +36,7 @@ from lstm_probe.html_figures import (
     _what_if_figure,
 )
 from lstm_probe.reader import dataset, narrow, states
-from lstm_probe.report import Report, summarize
+from lstm_probe.report import Line, Panel, Report, Table, summarize
 from lstm_probe.text import plain
 
 MAX_HEAT_STEPS = 400
@@ -381,6 +381,30 @@ def _length_counts(data: ds.Dataset, filt: ds.Expression) -> np.ndarray:
     return counts
 
 
+def _sections(rep: Report) -> list[str]:
+    """Every block the text report shows (the verdict, each section, what the log lacks, the findings), as
+    HTML: the page carries what ``lstm-probe report`` prints. Rich markup is read as the terminal would
+    (``Text.from_markup``), then escaped."""
+    from rich.text import Text
+
+    def e(markup: str) -> str:
+        return html.escape(plain(Text.from_markup(markup).plain))
+
+    out = []
+    for blocks in rep.text():
+        for block in blocks:
+            if isinstance(block, Line):
+                out.append(f"<p class='note'>{e(block.text)}</p>")
+            elif isinstance(block, Panel):
+                items = "".join(f"<li>{e(line.removeprefix('- '))}</li>" for line in block.lines)
+                out.append(f"<h2>{e(block.title)}</h2><ul>{items}</ul>")
+            elif isinstance(block, Table):
+                head = "".join(f"<th>{e(c)}</th>" for c in block.columns)
+                body = "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>" for row in block.rows)
+                out.append(f"<h2>{e(block.title)}</h2><table class='grid'><tr>{head}</tr>{body}</table>")
+    return out
+
+
 def _page(rep: Report, figures: list[tuple[str, str, str]], notes: list[str]) -> str:
     def e(value: str) -> str:  # strings from the log: HTML-escaped, control characters written out
         return html.escape(plain(value))
@@ -400,7 +424,8 @@ def _page(rep: Report, figures: list[tuple[str, str, str]], notes: list[str]) ->
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>lstm-probe report</title>",
         "<style>body{font-family:Helvetica,Arial,sans-serif;max-width:1100px;margin:24px auto;color:#222}"
         "h1{font-size:22px}h2{font-size:17px;margin-top:28px;border-bottom:1px solid #ddd}"
-        "table{border-collapse:collapse}td{padding:2px 10px 2px 0}img{max-width:100%}"
+        "table{border-collapse:collapse}td,th{padding:2px 10px 2px 0;text-align:left}img{max-width:100%}"
+        ".grid td,.grid th{border-bottom:1px solid #eee;font-size:13px}"
         ".warn{color:#a33}.note{color:#666;font-size:13px}</style></head><body>",
         f"<h1>lstm-probe report: {e(str(rep.path))}</h1>",
     ]
@@ -409,9 +434,7 @@ def _page(rep: Report, figures: list[tuple[str, str, str]], notes: list[str]) ->
     parts.append(
         "<table>" + "".join(f"<tr><td><b>{e(k)}</b></td><td>{e(str(v))}</td></tr>" for k, v in meta) + "</table>"
     )
-    parts.append(f"<p>{e(rep.architecture.verdict)}</p>")
-    parts.append("<h2>Findings</h2><ul>" + "".join(f"<li>{e(f)}</li>" for f in rep.findings) + "</ul>")
-    parts.append(f"<p>{e(rep.calls.explanation)}</p>")
+    parts += _sections(rep)
     for title, png, caption in figures:
         parts.append(
             f"<h2>{e(title)}</h2><p class='note'>{e(caption)}</p>"

@@ -172,6 +172,24 @@ def test_heat_maps_where_the_log_has_vectors(runs_dir, tmp_path, opts):
     assert "Minibatch layout" in p.figures and "Norms over iterations" in p.figures
 
 
+def test_the_page_carries_every_section_of_the_text_report(page):
+    """Issue #48: the verdict and every titled block the text report shows (doctor, health, calls, ...) are on
+    the page, in the same order, as is each line of the verdict."""
+    import html as html_module
+
+    from lstm_probe.report import Panel, Table, summarize
+
+    _, out, result = page
+    text = html_module.unescape(out.read_text())
+    rep = summarize(result.path)
+    titles = [b.title for blocks in rep.text() for b in blocks if isinstance(b, Panel | Table)]
+    assert titles[0] == "Verdict" and "Doctor" in " ".join(titles) and "State health" in " ".join(titles)
+    at = [text.index(f"<h2>{t}</h2>") for t in titles]
+    assert at == sorted(at)
+    for line in rep.verdict.lines:
+        assert line in text
+
+
 def test_page_words_and_markers(page):
     """sb3 pages: no max_seq_len marker (RLlib only); the heat-map's cut lines are said to be epoch 0's; the
     staleness figure says it is drawn on a log scale."""

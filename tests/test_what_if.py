@@ -19,7 +19,7 @@ from lstm_probe.contract import Capabilities
 from lstm_probe.errors import BadInput
 from lstm_probe.integrations.sb3.options import Measure
 from lstm_probe.integrations.sb3.whatif import initial_states, last_starts, run_starts, what_if_settings
-from lstm_probe.report.sections.what_if import WhatIf, WhatIfSection
+from lstm_probe.report.sections.what_if import WhatIf, WhatIfSection, within
 
 KW = {"n_steps": 32, "batch_size": 16, "n_epochs": 2}
 VARIANTS = {
@@ -100,6 +100,14 @@ def test_oracle_first_minibatch_and_report(tmp_path, variant):
     assert any("stored states" in f for f in rep.findings)
     doc = json.loads(json.dumps(rep.to_dict()))
     assert doc["what_if"]["by_epoch"][0]["alternative"] == "stored"
+    # the verdict at the top: measured, and the same answer the what-if section's last epoch gives
+    last = {r["alternative"]: r for r in rep.what_if.by_epoch if r["epoch"] == 1}
+    v = doc["verdict"]
+    assert v["matters"] is (not within(last["stored"], rep.what_if.critic)) and v["epoch"] == 1
+    assert v["stale"] is (max(v["drift"].values()) > 0.01) and set(v["drift"]) == set(modules)
+    assert "unmeasured" not in " ".join(v["lines"])
+    if not v["matters"]:
+        assert v["burn_in"] == 0 and "no burn-in needed" in v["lines"][-1]
 
 
 def test_learning_rate_zero_stored_equals_refreshed_everywhere(tmp_path):
@@ -110,6 +118,11 @@ def test_learning_rate_zero_stored_equals_refreshed_everywhere(tmp_path):
     _, rows = records(probe.path)
     stored = [r for r in rows if r["alternative"] == "stored"]
     assert stored and all(r["state_actor"] <= TOL and r["state_critic"] <= TOL and r["kl"] <= TOL for r in stored)
+    rep = lstm_probe.summarize(probe.path)
+    v = rep.verdict  # stored states are refreshed states: fresh, no effect, no burn-in needed
+    assert v.stale is False and max(v.drift.values()) <= TOL and v.matters is False and v.burn_in == 0
+    assert v.lines[0].startswith("stored states stayed fresh") and v.lines[-1].endswith("no burn-in needed")
+    assert any(f.endswith("no burn-in needed") for f in rep.findings)  # never "a 4-step burn-in brings both within"
     # the HTML figure of such a run: every value inside symlog's linear range, yet the axes span 0 to at least
     # 1e-5 with ticks at 0 and decades only (ticks at the data's own limits had labels like 4.2e-07 that ran
     # into the next panel)

@@ -177,6 +177,8 @@ class Panel:
 
     title: str
     lines: tuple[str, ...]
+    numbered: bool = True
+    """False: shown without a number (the verdict above the numbered sections)."""
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from lstm_probe.reader import dataset
 from lstm_probe.report import registry
 from lstm_probe.report.scan import REPORT_CHUNK_ROWS, scan
 from lstm_probe.report.section import Block, Line, Log, Panel, Section
+from lstm_probe.report.verdict import Verdict, verdict
 from lstm_probe.text import safe
 
 
@@ -31,6 +32,8 @@ class Report:
     capabilities: Capabilities
     findings: list[str] = field(default_factory=list)
     unavailable: list[str] = field(default_factory=list)
+    verdict: Verdict | None = None
+    """Stale or not, whether it matters, which burn-in would suffice (``report/verdict.py``): shown first."""
 
     def __getattr__(self, name: str) -> Any:
         sections = self.__dict__.get("sections")
@@ -45,6 +48,7 @@ class Report:
             "path": self.path,
             "schema_version": self.schema_version,
             "warnings": list(self.warnings),
+            "verdict": None if self.verdict is None else self.verdict.to_dict(),
         }
         for s in _json_order():
             if s.needs is None:
@@ -60,7 +64,10 @@ class Report:
     def text(self) -> list[list[Block]]:
         """What the CLI prints, one list of blocks per section (then what this log cannot show, then the
         findings). Strings from the log are made safe to print here."""
-        out = [s.text(self.sections[s.key], self.capabilities) for s in _present(self)]
+        out: list[list[Block]] = []
+        if self.verdict is not None:
+            out.append([Panel("Verdict", tuple(safe(line) for line in self.verdict.lines), numbered=False)])
+        out += [s.text(self.sections[s.key], self.capabilities) for s in _present(self)]
         out.append([Line(f"[dim]not in this log: {safe(u)}[/]") for u in self.unavailable])
         if self.findings:
             out.append([Panel("Findings", tuple(f"- {safe(f)}" for f in self.findings))])
@@ -120,4 +127,5 @@ def _summarize(path: str | os.PathLike[str], chunk_rows: int) -> Report:
         capabilities=log.caps,
         findings=findings,
         unavailable=unavailable,
+        verdict=verdict(results.get("staleness"), results.get("what_if"), log.caps),
     )

@@ -84,7 +84,8 @@ def _mean(values: list[Any]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
-def _within(row: dict[str, Any], critic: str | None) -> bool:
+def within(row: dict[str, Any], critic: str | None) -> bool:
+    """Whether an alternative's values and policy are within :data:`WITHIN` of refreshed states."""
     value = row.get("value_rel")
     policy = row.get("ratio_change")
     value_ok = critic == "mlp" or (value is not None and value <= WITHIN)
@@ -141,7 +142,7 @@ def _shortest(data: WhatIfSection, epoch: int, prefix: str) -> int | None:
     """The shortest burn-in of this kind (``prefix``) within :data:`WITHIN` in ``epoch`` (None: none is)."""
     burn = [r for r in data.by_epoch if r["epoch"] == epoch and r["alternative"].startswith(prefix)]
     burn.sort(key=lambda r: int(r["alternative"].removeprefix(prefix)))
-    hit = next((r for r in burn if _within(r, data.critic)), None)
+    hit = next((r for r in burn if within(r, data.critic)), None)
     return None if hit is None else int(hit["alternative"].removeprefix(prefix))
 
 
@@ -224,6 +225,8 @@ class WhatIf(Section[WhatIfSection]):
             f"{where} (epoch {last}), stored states {values} against refreshed states and the policy by KL "
             f"{fmt(stored['kl'])} (PPO ratio {_pct(stored['ratio_change'])})"
         )
+        if within(stored, data.critic):  # stored states already within: no burn-in is needed, whatever it measures
+            return [msg + f"; that is within {_pct(WITHIN)}: no burn-in needed"]
         hit = next((w["burn_in"] for w in data.within if w["epoch"] == last), None)
         burn = ", ".join(str(k) for k in data.burn_in)
         msg += (

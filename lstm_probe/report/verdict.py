@@ -1,0 +1,141 @@
+"""The verdict at the top of every report: did the stored states go stale, does it matter for values and
+actions, and which burn-in would suffice (the question lstm-probe exists for; docs/report.md, "Verdict").
+
+Made from the sections' data, never from rows: the staleness section's drift by epoch and provenance check, and
+the what-if section's counterfactuals where the run measured them. What a log cannot answer is said as
+"unmeasured", with the option that measures it, never guessed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from lstm_probe.contract import Capabilities
+from lstm_probe.report.sections.staleness import StalenessSection
+from lstm_probe.report.sections.what_if import STORED, WITHIN, ZERO, WhatIfSection, within
+
+STALE = 0.01
+"""Stored states are called stale when, by the last epoch, the mean relative L2 drift of some module's training
+states from the rollout states of the same env step (layer 0, ||train - rollout|| / ||rollout||) is above this."""
+
+
+@dataclass
+class Verdict:
+    """The report's verdict (its JSON: ``verdict``)."""
+
+    stale: bool | None
+    """Stored states went stale (drift above :data:`STALE` by the last epoch); None: unmeasured."""
+    drift: dict[str, float] = field(default_factory=dict)
+    """Module -> mean relative drift of its layer-0 training states in the last epoch."""
+    epoch: int | None = None
+    """The last epoch the drift and the what-if figures are from."""
+    provenance_ok: bool | None = None
+    matters: bool | None = None
+    """Stored states move values or actions by more than :data:`~lstm_probe.report.sections.what_if.WITHIN`
+    against refreshed states (what-if); None: unmeasured."""
+    value_rel: float | None = None
+    ratio_change: float | None = None
+    burn_in: int | None = None
+    """The shortest measured burn-in that brings values and actions within 1%; 0: none needed; None: unmeasured,
+    or none measured suffices (``burn_in_measured`` then lists them)."""
+    burn_in_from: str | None = None
+    """'zero' or 'stored': where that burn-in starts."""
+    burn_in_measured: list[int] = field(default_factory=list)
+    lines: list[str] = field(default_factory=list)
+    """The verdict as the text report and the HTML page show it."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.2g}%"
+
+
+def _drifts(st: StalenessSection | None) -> tuple[int | None, dict[str, float]]:
+    if st is None:
+        return None, {}
+    rows = [r for r in st.by_epoch if r.get("layer") == 0 and r.get("drift_h_mean") is not None]
+    if not rows:
+        return None, {}
+    last = max(int(r["epoch"]) for r in rows)
+    return last, {str(r["module"]): float(r["drift_h_mean"]) for r in rows if int(r["epoch"]) == last}
+
+
+def verdict(staleness: StalenessSection | None, what_if: WhatIfSection | None, caps: Capabilities) -> Verdict:
+    """The verdict of one log from its staleness and what-if sections (either may be None: not computed)."""
+    epoch, drift = _drifts(staleness)
+    v = Verdict(stale=None if not drift else max(drift.values()) > STALE, drift=drift, epoch=epoch)
+    v.provenance_ok = staleness.provenance_ok if staleness is not None else None
+    if v.provenance_ok is False:
+        v.lines.append(
+            "the provenance check FAILED: training states were paired with the wrong rollout states, so the "
+            "drifts below compare unrelated states (the doctor and the staleness section say where)"
+        )
+    if not drift:
+        why = (
+            "its training sequences do not start from stored rollout states"
+            if not caps.stored_states
+            else ("no training row of this log carries a drift against the rollout state of its env step")
+        )
+        v.lines.append(f"staleness unmeasured: {why}")
+    else:
+        ranked = sorted(drift.items(), key=lambda kv: -kv[1])
+        by = " and ".join(f"{_pct(d)} ({m})" for m, d in ranked)
+        where = f"by the last epoch ({epoch})" if epoch else "in epoch 0"
+        if v.stale:
+            v.lines.append(
+                f"stored states went stale: {where} training states lie on average {by} from the rollout states of "
+                f"the same env step (relative L2 drift; stale above {_pct(STALE)})"
+            )
+        else:
+            v.lines.append(
+                f"stored states stayed fresh: {where} training states lie on average {by} from the rollout states "
+                f"of the same env step (relative L2 drift; stale above {_pct(STALE)})"
+            )
+    _matters(v, what_if)
+    return v
+
+
+def _matters(v: Verdict, wi: WhatIfSection | None) -> None:
+    if wi is None or not wi.measured or not wi.by_epoch:
+        v.lines.append(
+            "whether it matters for values and actions: unmeasured; run with --what-if (lstm-probe run ... "
+            "--what-if, or ProbeCallback(what_if=True)) to measure it and the burn-in that would suffice"
+        )
+        return
+    last = max(int(r["epoch"]) for r in wi.by_epoch)
+    at = {r["alternative"]: r for r in wi.by_epoch if r["epoch"] == last}
+    stored = at.get("stored")
+    if stored is None:
+        v.lines.append("whether it matters for values and actions: unmeasured (no stored-state record in the log)")
+        return
+    v.matters = not within(stored, wi.critic)
+    v.value_rel, v.ratio_change = stored.get("value_rel"), stored.get("ratio_change")
+    values = (
+        "values have no state (the critic has no LSTM)"
+        if wi.critic == "mlp"
+        else (f"values move by {_pct(v.value_rel or 0.0)} of the return spread")
+    )
+    effect = f"{values} and the PPO ratio by {_pct(v.ratio_change or 0.0)} against refreshed states (epoch {last})"
+    v.burn_in_measured = sorted({*wi.burn_in, *wi.stored_burn_in})
+    if not v.matters:
+        v.burn_in = 0
+        v.lines.append(
+            f"it does not matter here: from stored states {effect}, within {_pct(WITHIN)}; no burn-in needed"
+        )
+        return
+    v.lines.append(f"it matters: from stored states {effect}, beyond {_pct(WITHIN)}")
+    hits = [(k, "zero") for k in wi.burn_in if within(at.get(f"{ZERO}{k}") or {}, wi.critic)]
+    hits += [(k, "stored") for k in wi.stored_burn_in if within(at.get(f"{STORED}{k}") or {}, wi.critic)]
+    if hits:
+        v.burn_in, v.burn_in_from = min(hits)
+        start = "from zero" if v.burn_in_from == "zero" else "from the stored state"
+        v.lines.append(f"a {v.burn_in}-step burn-in ({start}) would suffice: it brings both within {_pct(WITHIN)}")
+    else:
+        steps = ", ".join(str(k) for k in v.burn_in_measured) or "none"
+        v.lines.append(
+            f"none of the burn-ins measured ({steps} steps) brings both within {_pct(WITHIN)}: recompute stored "
+            "states between epochs, or measure longer ones (--burn-in K)"
+        )

@@ -1,0 +1,88 @@
+"""The verdict at the top of every report (issue #48): stale or not, whether it matters, which burn-in would
+suffice, and "unmeasured" with the option that measures it where the log cannot say. The section data here are
+the report's own dataclasses, filled as their compute() fills them; tests/test_what_if.py checks the verdict of
+real --what-if runs against their what-if sections."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from lstm_probe.contract import Capabilities
+from lstm_probe.report.sections.staleness import StalenessSection
+from lstm_probe.report.sections.what_if import WhatIfSection
+from lstm_probe.report.verdict import STALE, verdict
+
+SB3 = Capabilities("sb3", epochs=True, rollout_buffer=True, stored_states=True, replay=True)
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def staleness(actor: float, critic: float, ok: bool = True) -> StalenessSection:
+    rows = [
+        {"module": m, "layer": 0, "epoch": e, "rows": 10, "drift_h_mean": d * (e + 1) / 4}
+        for e in range(4)
+        for m, d in (("actor", actor), ("critic", critic))
+    ]
+    return StalenessSection(10, 1e-7, 1e-7, ok, rows, [], [])
+
+
+def what_if(stored: float, burn: dict[int, float], stored_burn: dict[int, float] | None = None) -> WhatIfSection:
+    rows = [{"epoch": 1, "alternative": "stored", "value_rel": stored, "ratio_change": stored / 2}]
+    rows += [{"epoch": 1, "alternative": f"burn_in_{k}", "value_rel": v, "ratio_change": v} for k, v in burn.items()]
+    rows += [
+        {"epoch": 1, "alternative": f"stored_burn_in_{k}", "value_rel": v, "ratio_change": v}
+        for k, v in (stored_burn or {}).items()
+    ]
+    return WhatIfSection(
+        measured=True, critic="lstm", burn_in=list(burn), stored_burn_in=list(stored_burn or {}), by_epoch=rows
+    )
+
+
+def test_stale_is_the_last_epochs_mean_drift_above_the_threshold():
+    v = verdict(staleness(0.002, STALE * 1.01), None, SB3)
+    assert v.stale is True and v.epoch == 3 and v.drift == {"actor": 0.002, "critic": STALE * 1.01}
+    assert v.lines[0].startswith("stored states went stale: by the last epoch (3)")
+    assert "1% (critic) and 0.2% (actor)" in v.lines[0]  # the staler module first
+    v = verdict(staleness(0.002, STALE), None, SB3)
+    assert v.stale is False and v.lines[0].startswith("stored states stayed fresh")
+    assert v.matters is None and v.burn_in is None
+    assert "unmeasured; run with --what-if" in v.lines[-1]
+
+
+def test_a_failed_provenance_check_comes_first():
+    v = verdict(staleness(0.5, 0.5, ok=False), None, SB3)
+    assert v.provenance_ok is False and v.lines[0].startswith("the provenance check FAILED")
+
+
+def test_no_drift_is_unmeasured_never_fresh():
+    empty = StalenessSection(0, None, None, None, [], [], [])
+    assert verdict(empty, None, SB3).stale is None
+    assert verdict(empty, None, SB3).lines[0].startswith("staleness unmeasured: no training row")
+    none = verdict(None, None, Capabilities("generic"))
+    assert none.stale is None and "do not start from stored rollout states" in none.lines[0]
+
+
+def test_stored_states_within_need_no_burn_in():
+    v = verdict(staleness(0.05, 0.05), what_if(0.005, {4: 0.001}), SB3)
+    assert v.matters is False and v.burn_in == 0 and v.lines[-1].endswith("no burn-in needed")
+
+
+def test_the_shortest_burn_in_that_suffices_from_zero_or_stored():
+    v = verdict(staleness(0.05, 0.05), what_if(0.2, {4: 0.5, 16: 0.009, 64: 0.001}, {2: 0.05, 8: 0.002}), SB3)
+    assert v.matters is True and (v.burn_in, v.burn_in_from) == (8, "stored")
+    assert v.lines[-1].startswith("a 8-step burn-in (from the stored state) would suffice")
+    v = verdict(staleness(0.05, 0.05), what_if(0.2, {4: 0.5, 16: 0.3}), SB3)
+    assert v.matters is True and v.burn_in is None and v.burn_in_measured == [4, 16]
+    assert "none of the burn-ins measured (4, 16 steps)" in v.lines[-1]
+
+
+def test_every_report_opens_with_the_verdict(tmp_path):
+    # a real log of the repository's samples, through the CLI: the text's first panel and the JSON's key
+    log = ROOT / "sample_runs" / "pendulum-1env.parquet"
+    cmd = [sys.executable, "-m", "lstm_probe", "report", str(log)]
+    text = subprocess.run(cmd, capture_output=True, text=True, check=True, env={**os.environ, "COLUMNS": "200"})
+    assert text.stdout.lstrip().startswith("╭") and text.stdout.index("Verdict") < text.stdout.index("1. Run")
+    doc = json.loads(subprocess.run([*cmd, "--json"], capture_output=True, text=True, check=True).stdout)
+    assert doc["verdict"]["stale"] is True and doc["verdict"]["matters"] is None
+    assert list(doc)[:4] == ["path", "schema_version", "warnings", "verdict"]
