@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
+import dataclasses
 import os
 import pickle
 import pstats
@@ -55,13 +56,13 @@ def record(args: argparse.Namespace) -> None:
     from lstm_probe.logwriter import LogWriter
 
     messages: list[bytes] = []
-    config: dict[str, Any] = {}
+    config: dict[str, Any] = {}  # the writer's WriterConfig, as "writer"
     original_init = LogWriter.__init__
     original = LogWriter._to_sink
 
     def init(self: LogWriter, *a: Any, **k: Any) -> None:
         original_init(self, *a, **k)
-        config.update(pickle.loads(pickle.dumps(self.config)))
+        config["writer"] = self.config
 
     def to_sink(self: LogWriter, method: str, *a: Any) -> None:
         messages.append(pickle.dumps((method, a), protocol=5))  # a copy: the arrays as they are now
@@ -75,7 +76,7 @@ def record(args: argparse.Namespace) -> None:
         cb = ProbeCallback(os.path.join(tmp, "log.parquet"), capture=args.capture, force=True, writer="thread")
         model.learn(args.steps, callback=cb)
     with open(args.rec, "wb") as f:
-        pickle.dump({"config": config, "messages": messages}, f, protocol=5)
+        pickle.dump({"config": config["writer"], "messages": messages}, f, protocol=5)
     print(f"{len(messages)} messages, {sum(map(len, messages)) / 1e6:.1f} MB -> {args.rec}")
 
 
@@ -90,8 +91,7 @@ def replay_once(rec: dict[str, Any], out: str, overrides: dict[str, Any], stages
     encoding.update(overrides)
     try:
         messages = [pickle.loads(m) for m in rec["messages"]]  # unpickled before the clock starts
-        config = pickle.loads(pickle.dumps(rec["config"]))
-        config["log"]["out"] = out
+        config = dataclasses.replace(rec["config"], out=out)
         timers = _Stages() if stages else None
         cpu0 = time.process_time()
         s = sink.Sink(config)
@@ -244,9 +244,7 @@ def pipe_once(rec: dict[str, Any], out: str, times: int = 1) -> dict[str, Any]:
     import lstm_probe
     from lstm_probe.writer_process import Child
 
-    config = pickle.loads(pickle.dumps(rec["config"]))
-    config["log"]["out"] = out
-    config["lock"] = None
+    config = dataclasses.replace(rec["config"], out=out, pid=None)  # no lock of this run's to free
     messages = [pickle.loads(m) for m in rec["messages"]]
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
     child = Child.start(config)

@@ -2,23 +2,25 @@
 
 
 class ProbeError(Exception):
-    """Base class: a problem the user can fix; the CLI prints it as one line and exits 2."""
+    """Base class: a problem the user can fix. The CLI prints it as one line and exits with its kind's
+    code: 2 for :class:`BadInput` and :class:`BadLog`, 1 for :class:`OutputError`, 130 for
+    :class:`Interrupted` (cli.py's ``Exit``)."""
 
 
 class BadInput(ProbeError):
-    """An option, argument or environment that cannot work; raised before training starts."""
+    """An option, argument or environment that cannot work; raised before training starts (exit 2)."""
 
 
 class BadLog(ProbeError):
-    """A file that is not a readable lstm-probe log (missing, foreign, truncated or too new)."""
+    """A file that is not a readable lstm-probe log (missing, foreign, truncated or too new; exit 2)."""
 
 
 class OutputError(ProbeError):
-    """The log could not be written (disk full, path vanished); what was written stays readable."""
+    """The log could not be written (disk full, path vanished); what was written stays readable (exit 1)."""
 
 
 class Interrupted(ProbeError):
-    """Training was interrupted (Ctrl-C, SIGTERM); the log was closed with completed = false."""
+    """Training was interrupted (Ctrl-C, SIGTERM); the log was closed with completed = false (exit 130)."""
 
 
 def one_line(exc: BaseException, *, kind: bool = True) -> str:

@@ -370,13 +370,13 @@ class OutputLock:
         _drop(fd, locked=True)
 
 
-def lock_fds(conf: dict[str, Any] | None) -> tuple[int, ...]:
-    """The descriptor a writer process should inherit (``subprocess.Popen(pass_fds=...)``) for the lock
-    ``conf`` names (LogWriter's ``config["lock"]``: path and pid), so that the lock stays held while it
-    publishes after a SIGKILL of training; () when this process holds no such lock, or on Windows."""
-    if not conf or sys.platform == "win32":
+def lock_fds(path: Path | None) -> tuple[int, ...]:
+    """The descriptor a writer process should inherit (``subprocess.Popen(pass_fds=...)``) for the lock file
+    at ``path`` (its ``WriterConfig.lock``), so that the lock stays held while it publishes after a SIGKILL
+    of training; () when this process holds no such lock (or ``path`` is None), or on Windows."""
+    if path is None or sys.platform == "win32":
         return ()
-    lock = _own(Path(conf["path"]))
+    lock = _own(Path(path))
     return (lock.fd,) if lock is not None and lock.fd is not None else ()
 
 

@@ -12,9 +12,6 @@ training needs, so its whole cost lands on training; in its own process it uses 
 from __future__ import annotations
 
 import atexit
-import json
-import os
-import re
 import threading
 import time
 import warnings
@@ -24,11 +21,11 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from lstm_probe.errors import BadInput, OutputError, one_line
+from lstm_probe.errors import OutputError, one_line
 from lstm_probe.layout import PART_ROWS, check_output, row_capacity
 from lstm_probe.lock import OutputLock, StaleLockWarning
 from lstm_probe.messages import Message, Progress
-from lstm_probe.options import CaptureOptions
+from lstm_probe.options import CaptureOptions, WriterConfig
 from lstm_probe.sink import Sink
 from lstm_probe.writer_process import Child, WriterGone
 
@@ -61,59 +58,20 @@ class LogWriter:
         queue_bytes: int = 32 << 20,
         shard: str | None = None,
     ):
-        o = options  # checked when made (options.py)
         self._later: Any = None  # a job's second half held back to the next submit (see submit)
-        capture, every, reference_window, float16 = o.capture, o.every, o.reference_window, o.float16
-        force, part_seconds, part_iterations, writer = o.force, o.part_seconds, o.part_iterations, o.writer
-        out_str = os.fspath(o.out)
-        self.path = Path(out_str)
-        is_dir = out_str.endswith(("/", os.sep)) or self.path.is_dir()
-        if shard is not None and (not re.fullmatch(r"[A-Za-z0-9_.]+", shard) or not is_dir):
-            raise BadInput(
-                f"shard {shard!r}: shards need a directory --out (ending in /) and a name of "
-                "letters, digits, '_' or '.'"
-            )
-        if part_iterations is not None and (part_iterations < 1 or not is_dir):
-            raise BadInput(
-                f"part_iterations {part_iterations}: parts per span of iterations need a directory --out "
-                "(ending in /) and a span of at least 1"
-            )
+        config = WriterConfig.of(options, hidden_size, modules, metadata, codes, part_rows=part_rows, shard=shard)
+        self.config = config  # checked when made (options.py); what the sink reads, in whichever process
+        self.path = Path(config.out)
         # the lock first: the check below (and the writer's removal of an old log under --force) then runs
         # with no other run writing here
-        self.lock = OutputLock.take(self.path, is_dir=is_dir, shard=shard)
+        self.lock = OutputLock.take(self.path, is_dir=config.directory, shard=shard)
         if self.lock.note is not None:
             warnings.warn(self.lock.note, StaleLockWarning, stacklevel=3)
         try:
-            check_output(self.path, force=force, is_dir=is_dir, shard=shard)
+            check_output(self.path, force=config.force, is_dir=config.directory, shard=shard)
         except BaseException:
             self.lock.release()
             raise
-        if is_dir and not out_str.endswith(("/", os.sep)):
-            out_str += os.sep
-        self.config: dict[str, Any] = {
-            "log": {
-                "out": out_str,
-                "hidden_size": hidden_size,
-                "modules": list(modules),
-                # as JSON sees it (plain types): torch.__version__, say, is a str subclass of torch's, and
-                # unpickling it would import torch into the writer process
-                "metadata": json.loads(json.dumps(metadata, default=str)),
-                "codes": {k: list(v) for k, v in codes.items()},
-                "float16": float16,
-                "part_seconds": part_seconds,
-                "part_rows": part_rows,
-                "part_iterations": part_iterations,
-                "shard": shard,
-                "vectors": capture == "full",
-            },
-            "capture": capture,
-            "every": every,
-            # --other-envs none: the tracer hands over the kept env columns only, every one with its vectors
-            "trace_envs": o.trace_envs if o.other_envs == "summary" else None,
-            "reference_window": reference_window,
-            # a writer process that outlives training frees the output once it has published its rows
-            "lock": {"path": str(self.lock.path), "pid": os.getpid()},
-        }
         self.progress: dict[str, Any] = {}
         self._sent_progress: dict[str, Any] = {}
         self.error: BaseException | None = None
@@ -129,10 +87,10 @@ class LogWriter:
         self.sink: Sink | None = None
         self._child: Child | None = None
         self._final: dict[str, Any] | None = None  # a close() asked for on the writer thread itself
-        self.mode = writer
+        self.mode = config.writer
         self._thread: threading.Thread | None = None
         try:
-            if writer == "process":
+            if config.writer == "process":
                 self._child = Child.start(self.config)
                 self.lock.set_writer(self._child.proc.pid)
             else:
@@ -152,8 +110,7 @@ class LogWriter:
     @property
     def capacity(self) -> int:
         """Rows per row group."""
-        log = self.config["log"]
-        return row_capacity(int(log["hidden_size"]), bool(log["vectors"]))
+        return row_capacity(self.config.hidden_size, self.config.vectors)
 
     # -- training thread -------------------------------------------------------------------------
     def submit(self, job: Callable[[], Any], nbytes: int) -> None:
@@ -252,7 +209,7 @@ class LogWriter:
         torch.set_num_threads(1)
         sink = self.sink  # the thread exists only without a writer process
         assert sink is not None
-        flush_seconds = float(self.config["log"]["part_seconds"]) / 2
+        flush_seconds = self.config.part_seconds / 2
         while True:
             with self._cond:
                 while not self._jobs:

@@ -4,21 +4,26 @@
 run trains) are the two framework-neutral groups; a framework declares its own groups beside its
 integration (``integrations/sb3/options.py``, ``integrations/rllib/options.py``) the same way. Entry
 points take the objects; their keyword arguments are checked overrides of the same fields
-(:func:`settle`); cli.py builds its flags from the fields' declarations (:func:`flag`). Imports neither
-torch nor pyarrow: the CLI checks its options before it loads a framework.
+(:func:`settle`); cli.py builds its flags from the fields' declarations (:func:`flag`). A log's writer
+reads its settings from one :class:`WriterConfig`, made from the CaptureOptions when the log opens; every
+check of the settings is here. Imports neither torch nor pyarrow: the CLI checks its options before it
+loads a framework.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import os
-from collections.abc import Callable, Iterable, Mapping
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 from lstm_probe.errors import BadInput
+from lstm_probe.lock import lock_path
 
 CAPTURES = ("full", "summary")
 WRITERS = ("process", "thread")
@@ -140,11 +145,7 @@ class CaptureOptions:
             raise BadInput(f"--writer must be one of {', '.join(WRITERS)}, not {self.writer!r}")
         if self.reference_window < 0:
             raise BadInput(f"reference_window must be >= 0, got {self.reference_window}")
-        if self.part_iterations is not None and not self.directory:
-            raise BadInput(
-                "--part-iterations writes one set of part files per span of iterations: it needs a directory "
-                f"--out, e.g. --out {Path(os.fspath(self.out)).with_suffix('')}/"
-            )
+        check_directory(self.out, self.directory, self.part_iterations)
 
     @property
     def directory(self) -> bool:
@@ -155,6 +156,122 @@ class CaptureOptions:
     def settings(self) -> dict[str, Any]:
         """Every field but ``out``, as keyword arguments."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(CaptureOptions) if f.name != "out"}
+
+    def capture_metadata(self) -> dict[str, Any]:
+        """The log's ``capture`` metadata entry (part of the log's contract: the reader and the report read
+        its keys): the mode, every, the vectors' dtype, and trace_envs and other_envs where given."""
+        return {
+            "mode": self.capture,
+            "every": self.every,
+            "dtype": "float16" if self.float16 else "float32",
+            **({} if self.trace_envs is None else {"trace_envs": self.trace_envs}),
+            **({} if self.other_envs == "summary" else {"other_envs": self.other_envs}),
+        }
+
+
+def check_directory(
+    out: str | os.PathLike[str], directory: bool, part_iterations: int | None, shard: str | None = None
+) -> None:
+    """:class:`BadInput` for what only a dataset directory ``out`` takes, given a file: ``part_iterations``
+    (one set of part files per span of iterations), ``shard`` (one worker's part files; also refused when
+    not a plain name)."""
+    if part_iterations is not None and not directory:
+        raise BadInput(
+            "--part-iterations writes one set of part files per span of iterations: it needs a directory "
+            f"--out, e.g. --out {Path(os.fspath(out)).with_suffix('')}/"
+        )
+    if shard is not None and (not re.fullmatch(r"[A-Za-z0-9_.]+", shard) or not directory):
+        raise BadInput(
+            f"shard {shard!r}: shards need a directory --out (ending in /) and a name of letters, digits, '_' or '.'"
+        )
+
+
+@dataclass(frozen=True)
+class WriterConfig:
+    """What one log's writer needs, made once per log (:meth:`of`) from its :class:`CaptureOptions` and what
+    the tracer knows (hidden size, modules, metadata). The writer thread's sink reads it, and the writer
+    process's: plain data, pickled into the pipe's ``open`` message (``writer_process.py``), so that no
+    value in it makes the writer process import torch."""
+
+    out: str
+    """The log's path; a dataset directory's ends in the path separator."""
+    hidden_size: int
+    modules: tuple[str, ...]
+    metadata: dict[str, Any]
+    """The log's metadata, as JSON sees it (plain types: ``torch.__version__``, a str subclass of torch's,
+    would import torch into the writer process when unpickled)."""
+    codes: dict[str, list[str]]
+    """Each string column's values (``schema.CODES``)."""
+    capture: str
+    every: int
+    float16: bool
+    part_seconds: float
+    part_rows: int
+    part_iterations: int | None
+    shard: str | None
+    """This process's part-file name in a directory log written by several processes."""
+    trace_envs: int | None
+    """Full vectors for env columns below it only (None: every env column handed over keeps them; with
+    ``--other-envs none`` the tracer hands over the kept columns alone)."""
+    force: bool
+    writer: str
+    pid: int | None
+    """The training process, in whose name a writer process that outlives it frees the output's lock once
+    it has published its rows (None: no lock to free)."""
+
+    def __post_init__(self) -> None:
+        check_directory(self.out, self.directory, self.part_iterations, self.shard)
+
+    @classmethod
+    def of(
+        cls,
+        options: CaptureOptions,
+        hidden_size: int,
+        modules: Sequence[str],
+        metadata: Mapping[str, Any],
+        codes: Mapping[str, Sequence[str]],
+        *,
+        part_rows: int,
+        shard: str | None = None,
+    ) -> WriterConfig:
+        """The writer's configuration of a log written with ``options`` (checked: :class:`BadInput`)."""
+        o = options
+        out = os.fspath(o.out)
+        if o.directory and not out.endswith(("/", os.sep)):
+            out += os.sep
+        return cls(
+            out=out,
+            hidden_size=hidden_size,
+            modules=tuple(modules),
+            metadata=json.loads(json.dumps(metadata, default=str)),
+            codes={k: list(v) for k, v in codes.items()},
+            capture=o.capture,
+            every=o.every,
+            float16=o.float16,
+            part_seconds=o.part_seconds,
+            part_rows=part_rows,
+            part_iterations=o.part_iterations,
+            shard=shard,
+            trace_envs=o.trace_envs if o.other_envs == "summary" else None,
+            force=o.force,
+            writer=o.writer,
+            pid=os.getpid(),
+        )
+
+    @property
+    def directory(self) -> bool:
+        """Whether the log is a dataset directory of part files."""
+        return self.out.endswith(("/", os.sep))
+
+    @property
+    def vectors(self) -> bool:
+        """Whether any row may store its h and c vectors (not a summary log)."""
+        return self.capture == "full"
+
+    @property
+    def lock(self) -> Path:
+        """The output's lock file (``lock.py``)."""
+        return lock_path(Path(self.out), is_dir=self.directory, shard=self.shard)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,6 @@ from the states.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -23,6 +22,7 @@ from lstm_probe.drift import Reduced
 from lstm_probe.schema import CODE, COLUMNS, row_norms
 
 if TYPE_CHECKING:  # pyarrow loads only where rows are written (the writer process or thread)
+    from lstm_probe.options import WriterConfig
     from lstm_probe.writer import Rows
 
 _TAG_FILLS = [(c.name, c.fill, CODE.get(c.name)) for c in COLUMNS if c.source == "tags"]
@@ -38,14 +38,27 @@ class Sink:
     """Turns blocks of states into rows of one log (see the module docstring); ``config`` is plain data
     (``LogWriter.config``), so the sink can be built in another process."""
 
-    def __init__(self, config: Mapping[str, Any]):
+    def __init__(self, config: WriterConfig):
         from lstm_probe.writer import FileLog
 
-        self.log = FileLog(**config["log"])
-        self.module_code = {n: i for i, n in enumerate(config["log"]["modules"])}
-        self.hidden = int(config["log"]["hidden_size"])
-        self.capture, self.every = config["capture"], int(config["every"])
-        self.trace_envs: int | None = config.get("trace_envs")  # full vectors for env columns below it only
+        c = config
+        self.log = FileLog(
+            c.out,
+            c.hidden_size,
+            c.modules,
+            c.metadata,
+            c.codes,
+            float16=c.float16,
+            part_seconds=c.part_seconds,
+            part_rows=c.part_rows,
+            shard=c.shard,
+            vectors=c.vectors,
+            part_iterations=c.part_iterations,
+        )
+        self.module_code = {n: i for i, n in enumerate(c.modules)}
+        self.hidden = c.hidden_size
+        self.capture, self.every = c.capture, c.every
+        self.trace_envs = c.trace_envs  # full vectors for env columns below it only
 
     def take(self, message: messages.Message) -> None:
         """One message from the training process (``messages.py``): the one way data reaches the sink."""

@@ -108,13 +108,7 @@ class CoreTracer:
         self.options = options
         self.layers = {n: int(getattr(m, "num_layers", 1)) for n, m in self.modules.items()}
         self.integration = integration
-        capture = {
-            "mode": options.capture,
-            "every": options.every,
-            "dtype": "float16" if options.float16 else "float32",
-            **({} if options.trace_envs is None else {"trace_envs": options.trace_envs}),
-            **({} if options.other_envs == "summary" else {"other_envs": options.other_envs}),
-        }
+        capture = options.capture_metadata()  # the log's `capture` entry
         # --other-envs none: only env columns below this reach the host (selected where the states are)
         self.keep_envs = options.trace_envs if options.other_envs == "none" else None
         self.keep_columns = KeptColumns(self.keep_envs) if self.keep_envs is not None else None

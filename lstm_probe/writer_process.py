@@ -5,7 +5,8 @@ The training process starts it with ``python -m lstm_probe.writer_process`` (:me
 speaks to it through :class:`Child`: each message is a count, the sizes, a pickle (protocol 5) and the
 pickle's out-of-band buffers (the state arrays, written into the pipe from their own memory) on its
 stdin; its replies (closed, error) are length-prefixed pickles on its stdout. The process (:func:`serve`)
-builds one :class:`~lstm_probe.sink.Sink` from the ``open`` message and calls the sink's method each
+builds one :class:`~lstm_probe.sink.Sink` from the ``open`` message (the log's
+:class:`~lstm_probe.options.WriterConfig`) and calls the sink's method each
 message names, until ``close`` or the end of the pipe (the training process died: the rows it handed
 over are published as a part of the crash journal). It never imports torch or pandas.
 """
@@ -32,6 +33,7 @@ from typing import Any
 from lstm_probe.errors import BadInput, OutputError, one_line
 from lstm_probe.lock import lock_fds, release_file
 from lstm_probe.messages import Message
+from lstm_probe.options import WriterConfig
 from lstm_probe.sink import Sink
 
 _HEADER = struct.Struct("<Q")
@@ -101,7 +103,7 @@ class Child:
         self.backlog_bytes = 0
 
     @classmethod
-    def start(cls, config: dict[str, Any]) -> Child:
+    def start(cls, config: WriterConfig) -> Child:
         # One core's worth of threads, and allocators that give memory back: the system allocator for
         # Arrow (its default mimalloc pool kept ~17 MB more), one glibc arena, and a fixed mmap threshold
         # (glibc raises it after large frees, and then row-group-sized buffers fragment its heap: measured,
@@ -125,7 +127,7 @@ class Child:
                 stderr=stderr,
                 env=env,
                 # the output's lock, so that it stays held while this process publishes a killed run's rows
-                pass_fds=lock_fds(config.get("lock")),
+                pass_fds=lock_fds(config.lock if config.pid is not None else None),
             )
         except OSError as exc:
             stderr.close()
@@ -362,7 +364,7 @@ def serve() -> int:
     inp = sys.stdin.buffer.fileno()
     frames = _Frames(inp)
     sink: Sink | None = None
-    lock: dict[str, Any] = {}
+    config: WriterConfig | None = None
     busy = 0.0
     cpu0 = time.process_time()
     memory = _Memory()
@@ -393,8 +395,8 @@ def serve() -> int:
                 if sink is not None:
                     with contextlib.suppress(Exception):
                         sink.log.abandon()
-                if lock:
-                    release_file(Path(lock["path"]), int(lock["pid"]))
+                if config is not None and config.pid is not None:
+                    release_file(config.lock, config.pid)
                 return 0
             if sink is not None:
                 try:
@@ -415,8 +417,9 @@ def serve() -> int:
         method, args = message  # control: open, close, fail
         try:
             if method == "open":
-                lock = dict(args[0].get("lock") or {})
-                sink = Sink(*args)
+                config = args[0]
+                assert isinstance(config, WriterConfig)
+                sink = Sink(config)
                 cpu0 = time.process_time()
                 continue
             assert sink is not None

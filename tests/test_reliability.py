@@ -330,7 +330,7 @@ out, mode = Path(sys.argv[1]), sys.argv[2]
 lock = OutputLock.take(out, is_dir=False)
 extra = ""
 if mode == "writer":  # as a writer process is started: it inherits the lock's open file (lock_fds)
-    fds = lock_fds({"path": str(lock.path), "pid": os.getpid()})
+    fds = lock_fds(lock.path)
     assert fds == (lock.fd,), fds
     child = subprocess.Popen([sys.executable, "-c", INHERITOR, str(lock.path), str(os.getpid())], pass_fds=fds)
     lock.set_writer(child.pid)
