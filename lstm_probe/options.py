@@ -457,7 +457,9 @@ def flag(f: dataclasses.Field[Any], hint: Any, prefix: str = "") -> tuple[Any, t
 
 @dataclass
 class RunResult:
-    """What ``run`` produced."""
+    """What ``run`` produced, read from the finished log (:func:`lstm_probe.life.train` makes it for every
+    framework): where the log is, its rows and bytes, whether it says the run completed, the env steps done and
+    the seconds training took."""
 
     path: Path
     rows: int

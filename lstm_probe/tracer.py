@@ -40,7 +40,7 @@ from lstm_probe.blocks import (
 )
 from lstm_probe.contract import CODES, Integration, Resolver, Tags, padded, tag_values
 from lstm_probe.drift import Drift
-from lstm_probe.errors import BadInput, one_line
+from lstm_probe.errors import BadInput
 from lstm_probe.inputs import Inputs, cell_parts, input_parts, joined, module_input, stacked_steps, start_states
 from lstm_probe.logwriter import LogWriter
 from lstm_probe.messages import Drifts, Message
@@ -155,7 +155,7 @@ class CoreTracer:
         self._key_batch = 0
         self._key: tuple[Any, ...] | None = None
 
-    # -- lifecycle -------------------------------------------------------------------------------
+    # -- lifecycle (the core's part: a probe's start, close and `with` are life.Probe's) -----------
     def start(self) -> CoreTracer:
         """Open the log and attach the hooks."""
         self.started = time.monotonic()
@@ -207,13 +207,6 @@ class CoreTracer:
             **extra,
         }
         return writer.close(final)
-
-    def __enter__(self) -> CoreTracer:
-        return self.start()
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        reason = None if exc is None else one_line(exc)
-        self.close(completed=exc is None, stop_reason=reason)
 
     # -- hooks -----------------------------------------------------------------------------------
     def _make_hook(self, name: str) -> Callable[..., None]:

@@ -333,6 +333,21 @@ def test_ctrl_c_closes_every_process_log(tmp_path: Path) -> None:
     assert any("did not complete" in w for w in report.warnings)
 
 
+def test_a_run_that_fails_mid_training_ends_every_process_log_the_same_way(tmp_path: Path) -> None:
+    """The stop reason every framework's log gives a failed run (tests/test_life.py), in each process's shard."""
+
+    def progress(done: int, total: int) -> None:
+        raise RuntimeError("training broke after the first iteration\nand a second line the log never shows")
+
+    with pytest.raises(RuntimeError, match="training broke"):
+        rllib.run("CartPole-v1", f"{tmp_path}/cp/", steps=192, progress=progress, **SMALL)
+    info = lstm_probe.read_info(tmp_path / "cp")
+    assert not info.completed and info.rows > 0
+    assert info.metadata["stop_reason"] == "RuntimeError: training broke after the first iteration"
+    assert {"runner0", "learner0"} <= set(info.metadata["shards"])
+    assert all(not s["completed"] for s in info.metadata["shards"].values())
+
+
 def test_sigkill_leaves_readable_shards(tmp_path: Path) -> None:
     proc = _start_long(tmp_path)
     _wait_for_shards(tmp_path / "cp", {"runner0", "learner0"})

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ from torch import nn
 
 from lstm_probe.contract import PHASE, USER_CALL_TAGS, USER_GRID_TAGS, USER_TAGS, Capabilities, Grid, Tags
 from lstm_probe.errors import BadInput
+from lstm_probe.life import Probe, Tagged
 from lstm_probe.modules import find_recurrent
 from lstm_probe.options import CaptureOptions, capture_options
 from lstm_probe.schema import COLUMN, PHASES
@@ -26,17 +26,21 @@ from lstm_probe.tracer import CoreTracer
 
 TAGS = USER_TAGS  # the schema's user-taggable columns
 PROVENANCE = USER_GRID_TAGS
+_UNTAGGED: dict[str, Any] = {}  # the tags of a call outside every block
 
 
-class GenericIntegration:
+class GenericIntegration(Tagged):
     """Tags from the user's nested ``tag()`` blocks (see :meth:`Tracer.tag`)."""
 
     name = "generic"
+    tag_keys = TAGS
+    tag_refusal = f"tags are {', '.join(TAGS)}"
 
     def __init__(self, metadata: dict[str, Any] | None = None):
         self._metadata = dict(metadata or {})
-        self._stack: list[dict[str, Any]] = []
+        self._user: list[dict[str, Any]] = []
         self._cache: dict[tuple[int, int, int], Tags] = {}
+        self._cached: dict[str, Any] | None = None  # the block whose calls' tags _cache holds
         self._epochs = False
 
     def capabilities(self) -> Capabilities:
@@ -46,29 +50,18 @@ class GenericIntegration:
     def metadata(self) -> dict[str, Any]:
         return dict(self._metadata)
 
-    @contextlib.contextmanager
-    def tag(self, **tags: Any) -> Iterator[None]:
-        """See :meth:`Tracer.tag`."""
-        unknown = set(tags) - set(TAGS)
-        if unknown:
-            raise BadInput(f"unknown tag {sorted(unknown)[0]!r}; tags are {', '.join(TAGS)}")
+    def _check_tags(self, tags: dict[str, Any]) -> None:
         if "phase" in tags and tags["phase"] not in PHASE:
             raise BadInput(f"phase must be one of {', '.join(PHASES)}, not {tags['phase']!r}")
-        if tags.get("epoch") is not None:
-            self._epochs = True
-        merged = {**(self._stack[-1] if self._stack else {}), **tags}
-        self._stack.append(merged)
-        try:
-            yield
-        finally:
-            self._stack.pop()
-            self._cache.clear()
 
     def resolve(self, module: str, steps: int, batch: int) -> Tags:
         """Tags of a call from the innermost ``tag()`` block. A tag given as an (N, T) or (1, T) array
         with T > 1 describes a sequence; one-step calls inside the block then walk along it (a
         per-timestep loop over a sequence batch, path 'stepwise')."""
-        user = self._stack[-1] if self._stack else {}
+        user = self._user[-1] if self._user else _UNTAGGED
+        if user is not self._cached:  # another block than the cached tags': they are no longer asked for
+            self._cache.clear()
+            self._cached = user
         prov = {k: user[k] for k in PROVENANCE if user.get(k) is not None}
         width = max([steps] + [np.shape(v)[-1] for v in prov.values() if np.ndim(v) == 2])
         key = (id(user), batch, width)
@@ -101,8 +94,10 @@ class GenericIntegration:
         return tags
 
 
-class Tracer(CoreTracer):
-    """The core tracer with the generic integration: calls are tagged with :meth:`tag`.
+class Tracer(Probe, CoreTracer):
+    """The core tracer with the generic integration: calls are tagged with :meth:`tag`. It is its own core
+    tracer (its figures are the tracer's: ``calls``, ``rows``, ``metadata``, ``writer``, ...) and a
+    :class:`~lstm_probe.life.Probe`: ``start()``, ``close()``, ``with``.
 
     ``Tracer(modules, out, metadata, capture=..., ...)`` or ``Tracer(modules, options=CaptureOptions(...))``;
     :func:`trace` finds the modules for you.
@@ -121,6 +116,9 @@ class Tracer(CoreTracer):
         **capture: Any,
     ):
         super().__init__(modules, capture_options(options, out, **capture), GenericIntegration(metadata), shard=shard)
+
+    def _core(self) -> CoreTracer:
+        return self
 
     def tag(self, **tags: Any) -> contextlib.AbstractContextManager[None]:
         """Tag every call inside the block: phase, iteration, epoch, minibatch, env, env_step, episode,

@@ -51,6 +51,7 @@ from torch import nn
 from lstm_probe.contract import BOOTSTRAP, SEQ_REASON, Capabilities, Grid, Tags
 from lstm_probe.errors import BadInput
 from lstm_probe.integrations.rllib.model import gradient_flow, lstms
+from lstm_probe.life import Probe
 from lstm_probe.modules import describe_modules
 from lstm_probe.options import CaptureOptions, capture_options
 from lstm_probe.tracer import CoreTracer
@@ -85,13 +86,13 @@ EVAL_WORKER = 2000
 def _tracer(modules: dict[str, nn.Module], probe: _Probe, shard: str, call_base: int) -> CoreTracer:
     # force: probe_config() cleared the directory on the driver; a shard owns only its files
     options = dataclasses.replace(probe.options, force=True)
-    tracer = CoreTracer(modules, options, probe, initial_states=True, call_base=call_base, shard=shard)
-    return tracer.start()
+    return CoreTracer(modules, options, probe, initial_states=True, call_base=call_base, shard=shard)
 
 
-class _Probe:
+class _Probe(Probe):
     """One process's tracer; ``tags`` is set around each forward pass of the RLModule and read by the hooks.
-    Each probe is the RLlib :class:`~lstm_probe.contract.Integration` of its process."""
+    Each probe is the RLlib :class:`~lstm_probe.contract.Integration` of its process, and a
+    :class:`~lstm_probe.life.Probe` (``close``: :func:`close` reaches it in every process)."""
 
     name = "rllib"
     tags: Tags | None = None
@@ -108,9 +109,6 @@ class _Probe:
 
     def resolve(self, name: str, steps: int, batch: int) -> Tags:
         return self.tags if self.tags is not None else Tags()
-
-    def close(self, completed: bool, stop_reason: str | None, **extra: Any) -> None:
-        self.tracer.close(completed=completed, stop_reason=stop_reason, **extra)
 
 
 class RolloutProbe(_Probe):
@@ -134,6 +132,7 @@ class RolloutProbe(_Probe):
         self.episodes = np.zeros(n, np.int64)  # episodes begun in each env so far
         self.last: list[tuple[Any, dict[str, int]] | None] = [None] * n
         self.tracer = _tracer(lstms(module), self, shard, self.worker * CALL_BLOCK)
+        self.start()
         for name, explore in (("forward_exploration", True), ("forward_inference", False)):
             setattr(module, name, self._wrap(getattr(module, name), explore))
         _OPEN.append(self)
@@ -215,6 +214,7 @@ class LearnerProbe(_Probe):
         }
         self.options = dataclasses.replace(opts, metadata={**opts.metadata, "architecture": architecture})
         self.tracer = _tracer(modules, self, f"learner{rank}", (LEARNER_BLOCK + rank) * CALL_BLOCK)
+        self.start()
         module.forward_train = self._wrap(module.forward_train, "train")
         module.compute_values = self._wrap(module.compute_values, "value")
         _OPEN.append(self)

@@ -4,16 +4,26 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
-from lstm_probe.errors import BadInput, one_line
+from lstm_probe import life
+from lstm_probe.errors import BadInput
 from lstm_probe.integrations.rllib.model import arch
 from lstm_probe.integrations.rllib.options import Rllib
 from lstm_probe.integrations.rllib.probe import _directory, _out, close, probe_config
-from lstm_probe.options import CaptureOptions, RunResult, TrainOptions, check_envs, check_size, route, settle
+from lstm_probe.options import (
+    CaptureOptions,
+    RunResult,
+    TrainOptions,
+    check_env_id,
+    check_envs,
+    check_size,
+    route,
+    settle,
+)
 
 __all__ = ["arch", "run"]
 
@@ -41,12 +51,9 @@ def run(
     """
     import logging
 
-    import gymnasium as gym
     import ray
     from ray.rllib.algorithms.ppo import PPOConfig
     from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
-
-    from lstm_probe.reader import read_info
 
     cap, tr, own = route(overrides, (CaptureOptions, TrainOptions, Rllib), "run --framework rllib")
     if out is not None or options is None:
@@ -57,10 +64,7 @@ def run(
     check_envs(opts, t)
     steps, n_envs, n_steps = t.steps, t.n_envs, t.n_steps
     env_runners, learners = r.env_runners, r.learners
-    try:
-        gym.spec(env_id)
-    except gym.error.Error as exc:
-        raise BadInput(f"unknown env id {env_id!r} ({one_line(exc, kind=False)})") from None
+    check_env_id(env_id)
     fragment = n_steps or 128
     check_size(t, n_steps=fragment, hidden_size=t.hidden_size or 256, lstms=1)  # before ray starts
     training: dict[str, Any] = {} if t.learning_rate is None else {"lr": t.learning_rate}
@@ -102,23 +106,18 @@ def run(
                 f"{env_runners} env runner(s) and {learners} learner(s) need {env_runners + learners} CPUs in "
                 f"the running Ray cluster, which has {have}; use fewer or start Ray with more (ray.init(num_cpus=N))"
             )
-    start = time.perf_counter()
+    started = time.perf_counter()
     algo = config.build_algo()
-    done = 0
-    completed, reason = False, None
-    try:
+
+    def loop() -> Iterator[int]:
+        done = 0
         while done < steps:
             result = algo.train()
             done = int(result.get("env_runners", {}).get("num_env_steps_sampled_lifetime", done + 1))
-            if progress is not None:
-                progress(done, steps)
-        completed = True
-    except BaseException as exc:
-        reason = one_line(exc)
-        raise
-    finally:
-        close(algo, completed=completed, stop_reason=reason, num_timesteps=done)
-        algo.stop()
-    seconds = time.perf_counter() - start
-    info = read_info(_directory(opts.out) or os.fspath(opts.out))
-    return RunResult(info.path, info.rows, info.bytes, completed, done, seconds)
+            yield done
+
+    def close_all(completed: bool, stop_reason: str | None, done: int) -> None:
+        close(algo, completed=completed, stop_reason=stop_reason, num_timesteps=done)  # every process's probe
+
+    log = _directory(opts.out) or os.fspath(opts.out)
+    return life.train(loop(), close_all, out=log, total=steps, progress=progress, cleanup=algo.stop, started=started)

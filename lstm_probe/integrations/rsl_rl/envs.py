@@ -18,6 +18,7 @@ from rsl_rl.env import VecEnv
 from tensordict import TensorDict
 
 from lstm_probe.errors import BadInput
+from lstm_probe.options import check_env_id
 from lstm_probe.torch_env import TorchPendulum
 
 
@@ -59,10 +60,7 @@ class GymVecEnv(VecEnv):
     def __init__(self, env_id: str, num_envs: int, *, seed: int, device: str):
         import gymnasium as gym
 
-        try:
-            gym.spec(env_id)
-        except gym.error.Error as exc:
-            raise BadInput(f"unknown env id {env_id!r} ({exc})") from None
+        check_env_id(env_id)
         makers = [lambda: gym.make(env_id) for _ in range(num_envs)]
         if hasattr(gym.vector, "AutoresetMode"):  # gymnasium >= 1.1: the mode is chosen
             self.envs: Any = gym.vector.SyncVectorEnv(makers, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)

@@ -49,7 +49,6 @@ import functools
 import os
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -58,6 +57,7 @@ from torch import nn
 
 from lstm_probe.contract import BOOTSTRAP, SEQ_REASON, Capabilities, Grid, Tags
 from lstm_probe.errors import BadInput
+from lstm_probe.life import Probe
 from lstm_probe.options import CaptureOptions, capture_options
 from lstm_probe.tracer import CoreTracer
 
@@ -103,9 +103,10 @@ class _Dones:
         return self.host.numpy() != 0
 
 
-class RslRlProbe:
+class RslRlProbe(Probe):
     """The rsl_rl :class:`~lstm_probe.contract.Integration`: tags from the wrappers around rsl_rl's own
-    steps (``PPO.act``, ``PPO.compute_returns``, the storage's minibatch generator, ``env.step``)."""
+    steps (``PPO.act``, ``PPO.compute_returns``, the storage's minibatch generator, ``env.step``). A
+    :class:`~lstm_probe.life.Probe`: ``close()`` takes the wrappers off and finishes the log; ``with``."""
 
     name = "rsl_rl"
 
@@ -200,20 +201,14 @@ class RslRlProbe:
         self._undo.append((owner, name, vars(owner).get(name)))
         setattr(owner, name, wrapper)
 
-    def start(self) -> RslRlProbe:
-        self.tracer.start()
-        try:
-            self._wrap(self.env, "step", self._step)
-            self._wrap(self.alg, "act", self._act)
-            self._wrap(self.alg, "compute_returns", self._returns)
-            self._wrap(self.storage, "recurrent_mini_batch_generator", self._minibatches)
-        except BaseException:
-            self._unwrap()
-            self.tracer.close(completed=False, stop_reason="attach failed")
-            raise
-        return self
+    # start, close, with: life.Probe; the wrappers are this probe's own attachments
+    def _attach(self) -> None:
+        self._wrap(self.env, "step", self._step)
+        self._wrap(self.alg, "act", self._act)
+        self._wrap(self.alg, "compute_returns", self._returns)
+        self._wrap(self.storage, "recurrent_mini_batch_generator", self._minibatches)
 
-    def _unwrap(self) -> None:
+    def _detach(self) -> None:
         while self._undo:
             owner, name, own = self._undo.pop()
             if own is None:
@@ -321,19 +316,10 @@ class RslRlProbe:
         return grids
 
     # -- the end -----------------------------------------------------------------------------------
-    def close(self, completed: bool = True, stop_reason: str | None = None) -> Path | None:
-        """Take the wrappers off, detach the hooks and finish the log; returns its path."""
-        self._unwrap()
+    def _final(self) -> dict[str, Any]:
+        """The env steps taken (the dones still on their way applied first: outside the hooks)."""
         self._settle(wait=True)
-        return self.tracer.close(
-            completed=completed, stop_reason=stop_reason, progress_num_timesteps=int(self.env_step.sum())
-        )
-
-    def __enter__(self) -> RslRlProbe:
-        return self
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        self.close(completed=exc is None, stop_reason=None if exc is None else f"{type(exc).__name__}: {exc}")
+        return {"progress_num_timesteps": int(self.env_step.sum())}
 
 
 def runner_metadata(runner: Any, alg: Any) -> dict[str, Any]:

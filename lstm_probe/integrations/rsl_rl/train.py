@@ -8,12 +8,13 @@ import io
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from lstm_probe import life
 from lstm_probe.errors import BadInput
 from lstm_probe.integrations.rsl_rl.envs import GymVecEnv, TorchPendulumVecEnv
 from lstm_probe.integrations.rsl_rl.options import RslRl
@@ -114,8 +115,6 @@ def run(
     minibatches of ``batch_size`` timesteps (whole envs: rsl_rl cuts minibatches by env), else 4 (at most
     ``n_envs``). ``steps`` is rounded up to whole iterations of n_envs x n_steps.
     """
-    from lstm_probe.reader import read_info
-
     cap, tr, own = route(overrides, (CaptureOptions, TrainOptions, RslRl), "run --framework rsl_rl")
     if out is not None:
         cap["out"] = out
@@ -149,23 +148,17 @@ def run(
     )
     runner = build_runner(env, cfg)
     meta = {"command": command, "env_id": env_id, "total_timesteps": iterations * n_envs * n_steps, "n_envs": n_envs}
-    start = time.perf_counter()
+    started = time.perf_counter()
     probe = attach(runner, options=opts, metadata={**meta, "torch_env": r.torch_env})
-    completed, reason = False, None
-    try:
+
+    def loop() -> Iterator[int]:
         for i in range(iterations):
             runner.learn(1)
-            if progress is not None:
-                progress((i + 1) * n_envs * n_steps, iterations * n_envs * n_steps)
-        completed = True
-    except BaseException as exc:
-        reason = f"{type(exc).__name__}: {exc}"
-        raise
-    finally:
-        path = probe.close(completed=completed, stop_reason=reason)
-        close = getattr(env, "close", None)
-        if close is not None:
-            close()
-    seconds = time.perf_counter() - start
-    info = read_info(path if path is not None else opts.out)
-    return RunResult(info.path, info.rows, info.bytes, completed, int(probe.env_step.sum()), seconds)
+            yield (i + 1) * n_envs * n_steps
+
+    def close(completed: bool, stop_reason: str | None, done: int) -> Path | None:
+        return probe.close(completed=completed, stop_reason=stop_reason)  # its own count of env steps
+
+    total = iterations * n_envs * n_steps
+    cleanup = getattr(env, "close", None)
+    return life.train(loop(), close, out=opts.out, total=total, progress=progress, cleanup=cleanup, started=started)

@@ -40,11 +40,12 @@ import numpy as np
 from stable_baselines3.common.callbacks import BaseCallback
 
 from lstm_probe.contract import SEQ_REASON, Capabilities, Grid, Tags
-from lstm_probe.errors import BadInput, one_line
+from lstm_probe.errors import BadInput
 from lstm_probe.integrations.sb3 import doctor, memory, metrics, obs, whatif
 from lstm_probe.integrations.sb3.arch import summary
 from lstm_probe.integrations.sb3.attach import ACTIVE, Attachment, WeakIntegration, weak
 from lstm_probe.integrations.sb3.options import Measure
+from lstm_probe.life import Scope
 from lstm_probe.options import CaptureOptions, route, settle
 from lstm_probe.tracer import CoreTracer
 
@@ -146,7 +147,7 @@ def _timed(method: F) -> F:
     return cast(F, wrapper)
 
 
-class ProbeCallback(BaseCallback):
+class ProbeCallback(BaseCallback, Scope):
     """Record every LSTM call of a RecurrentPPO ``learn()`` into an lstm-probe log.
 
     ``model.learn(n, callback=ProbeCallback("run.parquet"))``. Works inside a CallbackList. Use it as a
@@ -360,23 +361,24 @@ class ProbeCallback(BaseCallback):
             if tracer is not None and self.metrics is not None:
                 self.metrics.closed(tracer.rows)
 
-    def close(self, exc: BaseException | None = None) -> Path | None:
-        """Close the log now (completed only if training reached its end). Idempotent."""
+    # (``with``: life.Scope; the log opens when learn() starts, as the model is needed, and closes as it ends)
+    @property
+    def running(self) -> bool:
+        return self.tracer is not None
+
+    def start(self) -> ProbeCallback:
+        """Nothing to start before learn(): the probe attaches itself when learn() starts."""
+        return self
+
+    def close(self, completed: bool = False, stop_reason: str | None = None) -> Path | None:
+        """Close the log now, if learn() has not: then the run did not reach its end (the log says not
+        completed, whatever ``completed`` says), ``stop_reason`` [closed before learn() finished]. Idempotent;
+        returns the log's path."""
         if self.tracer is not None:
-            reason = "closed before learn() finished" if exc is None else one_line(exc)
-            self._finish(False, reason)
+            self._finish(False, stop_reason or "closed before learn() finished")
         elif self._attachment is not None:  # finished meanwhile (the next probe on the model, at exit)
             self.path = self._attachment.path
         return self.path
-
-    def __enter__(self) -> ProbeCallback:
-        return self
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if exc is not None and isinstance(exc, KeyboardInterrupt):
-            self.close(exc if str(exc) else KeyboardInterrupt("interrupted"))
-        else:
-            self.close(exc)
 
     # -- provenance ------------------------------------------------------------------------------
     @_timed

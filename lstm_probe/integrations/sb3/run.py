@@ -7,11 +7,11 @@ import ast
 import difflib
 import inspect
 import os
-import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from lstm_probe import life
 from lstm_probe.errors import BadInput, ProbeError, one_line
 from lstm_probe.integrations.sb3.options import Build, Measure
 from lstm_probe.layout import check_output
@@ -200,25 +200,15 @@ def run(
     callbacks.append(probe)
     if progress is not None:
         callbacks.append(_ProgressCallback(progress, t.steps))
-    start = time.monotonic()
-    try:
-        with probe:
-            model.learn(t.steps, callback=CallbackList(callbacks))
-    finally:
-        env.close()
-    path = probe.path
-    assert path is not None
-    from lstm_probe.reader import read_info
 
-    info = read_info(path)
-    return RunResult(
-        path=path,
-        rows=info.rows,
-        bytes=info.bytes,
-        completed=bool(info.metadata.get("completed")),
-        num_timesteps=int(model.num_timesteps),
-        seconds=time.monotonic() - start,
-    )
+    def loop() -> Iterator[int]:
+        model.learn(t.steps, callback=CallbackList(callbacks))  # progress: every env step (_ProgressCallback)
+        yield int(model.num_timesteps)
+
+    def close(completed: bool, stop_reason: str | None, done: int) -> Path | None:
+        return probe.close(completed, stop_reason)  # closed as learn() ended, unless it raised
+
+    return life.train(loop(), close, out=opts.out, total=t.steps, cleanup=env.close)
 
 
 class _ProgressCallback:  # built lazily so that importing run.py does not import sb3

@@ -35,13 +35,11 @@ the pieces sorted longest first so that packing copies nothing and leaves no per
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 import time
 import warnings
-from collections.abc import Iterable, Iterator
-from pathlib import Path
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -50,6 +48,7 @@ from torch import nn
 
 from lstm_probe.contract import SEQ_REASON, Capabilities, Grid, Tags
 from lstm_probe.errors import BadInput
+from lstm_probe.life import Probe, Tagged
 from lstm_probe.options import CaptureOptions, capture_options
 from lstm_probe.schema import COLUMN
 from lstm_probe.tracer import CoreTracer
@@ -262,13 +261,15 @@ def pieces_on_device(
     return first, at
 
 
-class TorchRLProbe:
+class TorchRLProbe(Probe, Tagged):
     """The TorchRL :class:`~lstm_probe.contract.Integration`: forward hooks on ``LSTMModule``/``GRUModule``
     that re-run each call on a shadow the tracer core hooks (module docstring). Use as a context manager,
     or ``start()`` / ``close()``. ``tag(epoch=..., minibatch=..., iteration=...)`` tags the calls of the
     loss loop (the phase and the collector batch are found without it)."""
 
     name = "torchrl"
+    tag_keys = ("iteration", "epoch", "minibatch")
+    tag_refusal = "a torchrl probe takes iteration, epoch, minibatch"
 
     def __init__(
         self,
@@ -318,44 +319,18 @@ class TorchRLProbe:
         tags = self._current.get(module)
         return tags if tags is not None else Tags("other")
 
-    # -- lifecycle -----------------------------------------------------------------------------------
-    def start(self) -> TorchRLProbe:
-        self.tracer.start()
+    # -- lifecycle (start, close, with, tag: life.Probe and life.Tagged) -----------------------------
+    def _attach(self) -> None:
         for name, m in self.td_modules.items():
             self._handles.append(m.register_forward_hook(self._make_hook(name)))
-        return self
 
-    def close(self, completed: bool = True, stop_reason: str | None = None, **extra: Any) -> Path | None:
-        """Remove the hooks and finish the log; returns its path."""
+    def _detach(self) -> None:
         for h in self._handles:
             h.remove()
         self._handles.clear()
-        if self.unprobed:
-            extra = {"torchrl_unprobed_calls": dict(self.unprobed), **extra}
-        return self.tracer.close(completed, stop_reason, **extra)
 
-    def __enter__(self) -> TorchRLProbe:
-        return self.start()
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        from lstm_probe.errors import one_line
-
-        self.close(completed=exc is None, stop_reason=None if exc is None else one_line(exc))
-
-    @contextlib.contextmanager
-    def tag(self, **tags: Any) -> Iterator[None]:
-        """Tag the calls inside the block with ``iteration``, ``epoch`` and/or ``minibatch`` (the loss
-        loop's place; nested blocks add to the outer ones)."""
-        unknown = set(tags) - {"iteration", "epoch", "minibatch"}
-        if unknown:
-            raise BadInput(f"unknown tag {sorted(unknown)[0]!r}; a torchrl probe takes iteration, epoch, minibatch")
-        if tags.get("epoch") is not None:
-            self._epochs = True
-        self._user.append({**(self._user[-1] if self._user else {}), **tags})
-        try:
-            yield
-        finally:
-            self._user.pop()
+    def _final(self) -> dict[str, Any]:
+        return {"torchrl_unprobed_calls": dict(self.unprobed)} if self.unprobed else {}
 
     # -- the hook ------------------------------------------------------------------------------------
     def _make_hook(self, name: str) -> Any:

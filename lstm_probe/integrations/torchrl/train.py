@@ -5,21 +5,22 @@ ClipPPOLoss), trained with the probe on the CPU."""
 from __future__ import annotations
 
 import os
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from lstm_probe.errors import BadInput, one_line
+from lstm_probe import life
+from lstm_probe.errors import BadInput
 from lstm_probe.layout import check_output
 from lstm_probe.options import (
     CaptureOptions,
     RunResult,
     TrainOptions,
     check_env_count,
+    check_env_id,
     check_envs,
     check_size,
     route,
@@ -46,15 +47,11 @@ def build(
     """(env, actor, critic, recurrent module): ``env_id`` through TorchRL's GymEnv (``n_envs`` of them in a
     SerialEnv) with InitTracker, StepCounter and the module's primer; an actor and a critic sharing one
     ``LSTMModule`` (or ``GRUModule``, ``cell='gru'``) that reads the observation."""
-    import gymnasium as gym
     from tensordict.nn import TensorDictModule, TensorDictSequential
     from torchrl.envs import Compose, DoubleToFloat, GymEnv, InitTracker, SerialEnv, StepCounter, TransformedEnv
     from torchrl.modules import GRUModule, LSTMModule, OneHotCategorical, ProbabilisticActor, ValueOperator
 
-    try:
-        gym.spec(env_id)
-    except gym.error.Error as exc:
-        raise BadInput(f"unknown env id {env_id!r} ({one_line(exc, kind=False)})") from None
+    check_env_id(env_id)
     torch.manual_seed(seed)
     base = SerialEnv(n_envs, lambda: GymEnv(env_id)) if n_envs > 1 else GymEnv(env_id)
     env = TransformedEnv(base, Compose(InitTracker(), StepCounter(), DoubleToFloat()))
@@ -105,7 +102,6 @@ def run(
     from torchrl.objectives.value import GAE
 
     from lstm_probe.integrations.torchrl.hooks import TorchRLProbe, find_modules
-    from lstm_probe.reader import read_info
 
     cap, tr = route(overrides, (CaptureOptions, TrainOptions), "run --framework torchrl")
     if out is not None:
@@ -129,9 +125,9 @@ def run(
         find_modules([actor, critic]), opts, {"command": command, "env_id": env_id, "total_timesteps": t.steps}
     )
     probe.start()
-    start, done = time.perf_counter(), 0
-    completed, reason = False, None
-    try:
+
+    def loop() -> Iterator[int]:
+        done = 0
         for data in collector:
             with torch.no_grad(), set_recurrent_mode(True):
                 adv(data)
@@ -144,14 +140,9 @@ def run(
                 optim.step()
             collector.update_policy_weights_()
             done += data.numel()
-            if progress is not None:
-                progress(done, t.steps)
-        completed = True
-    except BaseException as exc:
-        reason = one_line(exc)
-        raise
-    finally:
-        probe.close(completed=completed, stop_reason=reason, num_timesteps=done)
-        collector.shutdown()
-    info = read_info(os.fspath(opts.out))
-    return RunResult(info.path, info.rows, info.bytes, completed, done, time.perf_counter() - start)
+            yield done
+
+    def close(completed: bool, stop_reason: str | None, done: int) -> Path | None:
+        return probe.close(completed=completed, stop_reason=stop_reason, num_timesteps=done)
+
+    return life.train(loop(), close, out=opts.out, total=t.steps, progress=progress, cleanup=collector.shutdown)
