@@ -11,26 +11,33 @@ a shadow ``nn.LSTM``/``nn.GRU`` that shares the user's parameter tensors (no cop
 ``no_grad``, and never the user's module, whose own hooks would see it). The tracer core hooks the shadow
 like any nn.LSTM: one-step calls, and packed multi-step calls whose per-step h and c it recovers exactly.
 
-How a call is re-run (the semantics of torchrl's rnn.py ``LSTMModule.forward``):
+What the core records (the semantics of torchrl's rnn.py ``LSTMModule.forward``):
 
-- sequential mode (collection): the batch flattened, one step; the input state zeroed where ``is_init``;
+- sequential mode (collection): the batch flattened, one step, the input state zeroed where ``is_init``;
+  the states are the ones TorchRL returned (``("next", ...)``), which the shadow's call hands the core
+  (re-run only with dropout in effect): bit for bit the states the next step starts from, whatever
+  computed them (cuDNN, ATen, torchrl's python-based LSTM/GRU);
 - recurrent mode: each (batch, time) row split where ``is_init`` is set after its first step; every piece
   starts from the stored state of its first step (the "pad" backend: ``_split_and_pad_for_reset`` then
   ``_lstm`` from ``hidden0_in[..., 0, :, :]``; "scan": ``_lstm_scan_with_resets`` takes
-  ``where(is_init, stored, carry)``: the same states). The pieces go to the shadow as one PackedSequence.
+  ``where(is_init, stored, carry)``: the same states). The pieces go to the shadow as one PackedSequence;
+  samples TorchRL marks as padding (``("collector", "mask")``) are in none (samples.py).
 
 Provenance (the Grid) comes from the TensorDict: env = the collection batch index, ``step_count`` (TorchRL's
 ``StepCounter``) = the episode step, ``("collector", "traj_ids")`` (the collectors' default) links a
-loss-time sample to the env column and episode it was collected in. The env step is the probe's own
+loss-time sample to the env column and episode it was collected in; a value estimator's calls, whose
+TensorDicts hold the network's in_keys only, take them from the batch the estimator was given (samples.py
+``gae_batch``), its pass over ``data["next"]`` as next observations. The env step is the probe's own
 per-env count of collection calls (a collector's ``rollout``); other sequential calls (an evaluation
 ``env.rollout(policy)``, the call a collector makes while it is built) are counted apart, per phase and
 batch size, and never move the collection's counts. The episode starts are ``step_count == 0`` where it
 is present (the truth, whatever ``is_init`` says), else ``is_init``.
 
-Host copies: one per call (``_host``: is_init, step_count and the trajectory ids concatenated, one
-``.cpu()``): the Grid is numpy and the core reads it while the shadow runs, so the values are needed at
-once. A recurrent-mode call's indices are built on the device from ``is_init`` (``pieces_on_device``),
-the pieces sorted longest first so that packing copies nothing and leaves no permutation to undo.
+Host copies: one per call (samples.host: is_init, step_count, the trajectory ids and the padding mask
+concatenated, one ``.cpu()``): the Grid is numpy and the core reads it while the shadow runs, so the values
+are needed at once. A recurrent-mode call's indices are built on the device from ``is_init``
+(``pieces_on_device``), the pieces sorted longest first so that packing copies nothing and leaves no
+permutation to undo.
 """
 
 from __future__ import annotations
@@ -48,7 +55,16 @@ from torch import nn
 
 from lstm_probe.contract import SEQ_REASON, Capabilities, Grid, Tags
 from lstm_probe.errors import BadInput
+from lstm_probe.integrations.torchrl.samples import (
+    gae_batch,
+    gae_pass,
+    host,
+    not_repeated,
+    pieces,
+    pieces_on_device,
+)
 from lstm_probe.life import Probe, Tagged
+from lstm_probe.modules import base_metadata
 from lstm_probe.options import CaptureOptions, capture_options
 from lstm_probe.schema import COLUMN
 from lstm_probe.tracer import CoreTracer
@@ -58,6 +74,8 @@ _PHASE_OF_PACKAGE = (
     ("torchrl.objectives", "train"),  # a loss module
     ("torchrl.collectors", "rollout"),
 )
+OTHER_FRAMEWORKS = ("stable_baselines3", "sb3_contrib", "ray")
+"""Packages the core's version list names where installed; a TorchRL log's list leaves them out."""
 _HELPERS = ("torchrl.modules", "torchrl.envs", "torchrl.objectives.utils", "torchrl.objectives.common", "torchrl._")
 """torchrl packages whose frames say nothing of the phase (modules, envs, helpers every phase calls)."""
 
@@ -207,60 +225,6 @@ class _Envs:
         return env, episode, env_step
 
 
-def _host(tensors: list[torch.Tensor | None], n: int) -> list[np.ndarray | None]:
-    """Small integer tensors of ``n`` values each (is_init, step_count, traj ids) on the host as int64, in
-    one copy per device: concatenated where they are, then one ``.cpu()`` (on a GPU the one sync of the
-    call: the Grid, numpy, is built before the shadow runs, so the values are needed at once; on the CPU
-    no copy at all)."""
-    out: list[np.ndarray | None] = [None] * len(tensors)
-    devices: dict[torch.device, list[int]] = {}
-    for i, t in enumerate(tensors):
-        if t is not None:
-            devices.setdefault(t.device, []).append(i)
-    for idx in devices.values():
-        flat = torch.cat([tensors[i].detach().reshape(n).to(torch.int64) for i in idx])  # type: ignore[union-attr]
-        host = flat.cpu().numpy()
-        for k, i in enumerate(idx):
-            out[i] = host[k * n : (k + 1) * n]
-    return out
-
-
-def pieces(init: np.ndarray, rows: int, steps: int) -> tuple[np.ndarray, np.ndarray]:
-    """A recurrent-mode call's pieces on the host: ``init`` (rows * steps,) is_init, each row split where
-    it is set after the row's first step. Returns each piece's flat index of its first sample and its
-    length, longest first (ties in batch order: a PackedSequence needs them sorted, and sorting here
-    leaves the shadow's packed call no permutation for the core to undo)."""
-    cut = init.reshape(rows, steps).astype(bool)
-    cut[:, 0] = True
-    first = np.flatnonzero(cut)
-    row_end = (first // steps + 1) * steps
-    lengths = np.minimum(np.r_[first[1:], rows * steps], row_end) - first
-    order = np.argsort(-lengths, kind="stable")
-    return first[order], lengths[order]
-
-
-def pieces_on_device(
-    is_init: torch.Tensor, rows: int, steps: int, count: int, longest: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`pieces` computed where ``is_init`` is, with torch ops that never wait for the device (the
-    piece count and the longest length, from the host copy, fix the shapes): each piece's first flat
-    index (count,) and the (count, longest) flat indices of its samples, the padding repeating the
-    first. The same pieces in the same order as :func:`pieces`."""
-    dev = is_init.device
-    n = rows * steps
-    cut = is_init.detach().reshape(rows, steps).to(torch.bool).clone()
-    cut[:, 0] = True
-    piece = cut.reshape(n).cumsum(0) - 1
-    pos = torch.arange(n, device=dev)
-    first = torch.full((count,), n, dtype=torch.int64, device=dev).scatter_reduce_(0, piece, pos, "amin")
-    lengths = torch.zeros(count, dtype=torch.int64, device=dev).scatter_add_(0, piece, torch.ones_like(pos))
-    order = torch.sort(lengths, descending=True, stable=True).indices
-    first, lengths = first[order], lengths[order]
-    t = torch.arange(longest, device=dev)
-    at = torch.where(t[None, :] < lengths[:, None], first[:, None] + t[None, :], first[:, None])
-    return first, at
-
-
 class TorchRLProbe(Probe, Tagged):
     """The TorchRL :class:`~lstm_probe.contract.Integration`: forward hooks on ``LSTMModule``/``GRUModule``
     that re-run each call on a shadow the tracer core hooks (module docstring). Use as a context manager,
@@ -277,13 +241,17 @@ class TorchRLProbe(Probe, Tagged):
         options: CaptureOptions,
         metadata: dict[str, Any] | None = None,
     ):
+        import tensordict
         import torchrl
 
         self.td_modules = dict(modules)
-        self.shadows = {name: shadow(_rnn(m)) for name, m in modules.items()}
+        self._inner = {name: _rnn(m) for name, m in modules.items()}
+        self.shadows = {name: shadow(inner) for name, inner in self._inner.items()}
         self._lstm = {name: isinstance(s, nn.LSTM) for name, s in self.shadows.items()}
+        versions = {k: v for k, v in base_metadata()["versions"].items() if k not in OTHER_FRAMEWORKS}
         self._metadata = {
             **(metadata or {}),
+            "versions": {**versions, "torchrl": torchrl.__version__, "tensordict": tensordict.__version__},
             "torchrl": {
                 "version": torchrl.__version__,
                 "modules": {
@@ -291,7 +259,7 @@ class TorchRLProbe(Probe, Tagged):
                         "type": type(m).__name__,
                         "recurrent_backend": str(getattr(m, "recurrent_backend", "pad")),
                         "in_keys": [str(k) for k in getattr(m, "in_keys", [])],
-                        "dropout": float(getattr(self.shadows[name], "dropout", 0.0) or 0.0),
+                        "dropout": float(getattr(self._inner[name], "dropout", 0.0) or 0.0),
                     }
                     for name, m in modules.items()
                 },
@@ -303,8 +271,15 @@ class TorchRLProbe(Probe, Tagged):
         self._epochs = False
         self.iteration = -1
         self._last_phase = ""
+        self.frames = 0  # env steps collected under the probe (the collection calls' batch sizes)
         self.unprobed: dict[str, int] = {}  # calls the probe could not read (keyword calls), per module
         self._handles: list[Any] = []
+        # TorchRL's own states of a sequential call, which the shadow's call returns (see _sequential)
+        self._returned: dict[str, Any] = {}
+        for name, s in self.shadows.items():
+            s.register_forward_hook(self._returns(name), prepend=True)
+        # no reference_window given: the first collection call sets it from its collector (see _window)
+        self._window_from_collector = not options.reference_window
         self.tracer = CoreTracer(self.shadows, options, self)
 
     # -- the contract --------------------------------------------------------------------------------
@@ -336,11 +311,6 @@ class TorchRLProbe(Probe, Tagged):
     def _make_hook(self, name: str) -> Any:
         from tensordict import TensorDictBase
 
-        shadow_module = self.shadows[name]
-        envs = self._envs[name]
-        is_lstm = self._lstm[name]
-        layers, hidden = int(shadow_module.num_layers), int(shadow_module.hidden_size)
-
         def hook(mod: nn.Module, args: tuple[Any, ...], output: Any) -> None:
             start = time.perf_counter()
             core = self.tracer.hook_seconds
@@ -351,16 +321,32 @@ class TorchRLProbe(Probe, Tagged):
             grad = torch.is_grad_enabled()
             torch.set_grad_enabled(False)
             try:
-                self._call(name, mod, td, shadow_module, envs, is_lstm, layers, hidden)
+                if mod.recurrent_mode:  # type: ignore[attr-defined]
+                    self._recurrent(name, mod, td)
+                else:
+                    self._sequential(name, mod, td, output)
             finally:
                 torch.set_grad_enabled(grad)
                 self._current.pop(name, None)
+                self._returned.pop(name, None)
                 spent = time.perf_counter() - start - (self.tracer.hook_seconds - core)
                 self.tracer.integration_seconds += spent
 
         return hook
 
+    def _returns(self, name: str) -> Any:
+        """A forward hook on the shadow, ahead of the core's: its output replaced by the states TorchRL
+        returned in the call being traced, where :meth:`_sequential` put them (torch's forward hooks may
+        return a new output, which the hooks after them see)."""
+
+        def hook(mod: nn.Module, args: tuple[Any, ...], output: Any) -> Any:
+            return self._returned.get(name)
+
+        return hook
+
     def _tags(self, phase: str) -> Tags:
+        if phase != self._last_phase and self.tracer.writer is not None:  # the collector's progress so far
+            self.tracer.writer.progress.update(num_timesteps=self.frames, iterations=self.iteration + 1)
         if phase == "rollout" and self._last_phase != "rollout":
             self.iteration += 1  # a collector batch begins: the first collection call after training
         self._last_phase = phase
@@ -370,62 +356,111 @@ class TorchRLProbe(Probe, Tagged):
             return Tags(phase, iteration=it)
         return Tags(phase, iteration=it, epoch=user.get("epoch"), minibatch=user.get("minibatch"))
 
-    def _call(
-        self,
-        name: str,
-        mod: Any,
-        td: Any,
-        rnn: nn.LSTM | nn.GRU,
-        envs: _Envs,
-        is_lstm: bool,
-        layers: int,
-        hidden: int,
-    ) -> None:
+    def _window(self) -> None:
+        """The rollout states kept per env for the train rows' drift and the provenance check, where no
+        ``reference_window`` was given: the collector's batch, its ``frames_per_batch`` env steps per env
+        (torchrl/collectors/_single.py ``Collector._setup_frames_per_batch``), read from the collector whose
+        ``rollout`` makes this call, and nothing older (a replay buffer's samples of earlier batches, made
+        with earlier weights, get no drift and stay out of the check). Set before any rollout state is kept
+        (the first collection call), on the tracer's store of rollout states (``CoreTracer.inputs``)."""
+        self._window_from_collector = False
+        per_env = getattr(_collector(), "frames_per_batch", None)
+        if isinstance(per_env, int) and per_env > 0 and not self.tracer.inputs.window:
+            self.tracer.inputs.window = per_env
+
+    def _sequential(self, name: str, mod: Any, td: Any, output: Any) -> None:
+        """A sequential-mode call (collection, an evaluation): one step per env column, rnn.py
+        ``LSTMModule.forward``'s ``td.reshape(-1).unsqueeze(-1)``, the input state zeroed where ``is_init``.
+        The states the core records are the ones TorchRL returned (``("next", recurrent_state_*)``: the
+        very states the next step starts from, whatever computed them: cuDNN, ATen or torchrl's
+        python-based LSTM/GRU), handed over as the shadow's output (:meth:`_returns`); re-run on the shadow
+        only where they are not the module's clean step (dropout in effect) or are missing."""
+        keys, out_keys = list(mod.in_keys), list(mod.out_keys)
+        is_lstm = self._lstm[name]
+        rnn = self.shadows[name]
+        layers, hidden = int(rnn.num_layers), int(rnn.hidden_size)
+        x = td.get(keys[0])
+        is_init = td.get(keys[-1])
+        step_count = td.get("step_count", None)
+        traj = td.get(("collector", "traj_ids"), None)
+        n = td.numel()
+        phase = _phase(False)
+        if phase == "rollout":
+            self.frames += n
+            if self._window_from_collector:
+                self._window()
+        init, sc, tr = host([is_init, step_count, traj if phase == "rollout" else None])
+        assert init is not None
+        start = (sc == 0) if sc is not None else init.astype(bool)
+        tags = self._tags(phase)
+        tags.grid = self._envs[name].collect(phase, start.astype(bool), sc, tr)
+        zero = is_init.reshape(n, 1, 1).bool()
+        given = [td.get(k, None) for k in (keys[1], keys[2])] if is_lstm else [td.get(keys[1], None)]
+        states = [
+            torch.zeros(layers, n, hidden, dtype=x.dtype, device=x.device)
+            if s is None
+            else torch.where(zero, 0, s.reshape(n, layers, hidden)).transpose(0, 1).contiguous()
+            for s in given
+        ]
+        inner = self._inner[name]
+        clean = not (inner.training and float(getattr(inner, "dropout", 0.0) or 0.0) > 0)
+        returned = [output.get(k, None) for k in out_keys] if clean and hasattr(output, "get") else []
+        if returned and all(isinstance(r, torch.Tensor) for r in returned):
+            y, *ends = (r.reshape(n, -1, r.shape[-1]) for r in returned)
+            ends = [e.transpose(0, 1) for e in ends]  # (layers, n, hidden), as nn.LSTM returns them
+            self._returned[name] = (y, tuple(ends) if is_lstm else ends[0])
+        self._current[name] = tags
+        with warnings.catch_warnings():  # a shadow of cuDNN-flattened weights is not one contiguous chunk
+            warnings.simplefilter("ignore", UserWarning)
+            rnn(x.reshape(n, 1, int(x.shape[-1])), tuple(states) if is_lstm else states[0])
+
+    def _recurrent(self, name: str, mod: Any, td: Any) -> None:
+        """A recurrent-mode call (the loss, a value estimator): its (B, T) rows split where ``is_init`` is
+        set after the first step (samples TorchRL marks as padding left out), the pieces re-run on the
+        shadow longest first (the provenance on the host, the indices on the device: the same pieces, see
+        samples.pieces). Each sample's provenance from its batch: the call's own TensorDict (the loss), or
+        the batch a value estimator took the call's samples from (samples.gae_pass)."""
         keys = list(mod.in_keys)
+        is_lstm = self._lstm[name]
+        rnn = self.shadows[name]
+        layers, hidden = int(rnn.num_layers), int(rnn.hidden_size)
         x = td.get(keys[0])
         h = td.get(keys[1], None)
         c = td.get(keys[2], None) if is_lstm else None
         is_init = td.get(keys[-1])
-        recurrent = bool(mod.recurrent_mode)
-        step_count = td.get("step_count", None)
-        traj = td.get(("collector", "traj_ids"), None)
         feat = int(x.shape[-1])
-        if not recurrent:  # sequential mode: rnn.py LSTMModule.forward, td.reshape(-1).unsqueeze(-1)
-            n = td.numel()
-            phase = _phase(False)
-            init, sc, tr = _host([is_init, step_count, traj if phase == "rollout" else None], n)
-            assert init is not None
-            start = (sc == 0) if sc is not None else init.astype(bool)
-            tags = self._tags(phase)
-            tags.grid = envs.collect(phase, start.astype(bool), sc, tr)
-            zero = is_init.reshape(n, 1, 1).bool()
-            states = [
-                torch.zeros(layers, n, hidden, dtype=x.dtype, device=x.device)
-                if s is None
-                else torch.where(zero, 0, s.reshape(n, layers, hidden)).transpose(0, 1).contiguous()
-                for s in ((h, c) if is_lstm else (h,))
-            ]
-            self._current[name] = tags
-            with warnings.catch_warnings():  # a shadow of cuDNN-flattened weights is not one contiguous chunk
-                warnings.simplefilter("ignore", UserWarning)
-                rnn(x.reshape(n, 1, feat), tuple(states) if is_lstm else states[0])
-            return
-        # recurrent mode: (B, T) rows, split where is_init is set after the first step; the pieces longest
-        # first (the provenance on the host, the indices on the device: the same pieces, see pieces())
         steps = int(td.shape[-1]) if td.ndim else 1
         n = td.numel()
         rows = n // steps
         phase = _phase(True)
         tags = self._tags(phase)
-        init, sc, tr = _host([is_init, step_count, traj], n)
+        # a value estimator's call: its samples' step counts, trajectory ids and mask are its batch's
+        gae = gae_batch(h, keys[1]) if phase == "value" else None
+        source = gae[0] if gae is not None else td
+        sc_t, traj_t = source.get("step_count", None), source.get(("collector", "traj_ids"), None)
+        mask_t = source.get(("collector", "mask"), None)
+        init, sc, tr, mask, same = host([is_init, sc_t, traj_t, mask_t, gae[1] if gae is not None else None])
         assert init is not None
-        first, lengths = pieces(init, rows, steps)
+        nxt = gae_pass(same) if same is not None else None
+        if gae is not None and nxt is None:  # neither pass over the batch (its mask holds for both)
+            sc = tr = None
+        valid = mask.astype(bool) if mask is not None else None
+        if valid is None and tr is not None and sc is not None and steps > 1:
+            valid = not_repeated(tr, sc, rows, steps)
+            if valid is not None:  # the same mask where the pieces' indices are built (no host copy)
+                t_d, s_d = (v.reshape(rows, steps) for v in (traj_t, sc_t))
+                again = (t_d[:, 1:] == t_d[:, :-1]) & (s_d[:, 1:] == s_d[:, :-1])
+                mask_t = torch.cat([torch.ones_like(again[:, :1]), ~again], dim=1)
+        first, lengths = pieces(init, rows, steps, valid)
+        if not len(first):  # every sample padding: nothing TorchRL computed is a state
+            return
         longest = int(lengths[0])
         at = np.where(
             np.arange(longest)[None, :] < lengths[:, None], first[:, None] + np.arange(longest), first[:, None]
         )
+        valid_d = mask_t if valid is not None else None
         first_d, at_d = pieces_on_device(
-            is_init if is_init.device == x.device else is_init.to(x.device), rows, steps, len(first), longest
+            is_init if is_init.device == x.device else is_init.to(x.device), rows, steps, len(first), longest, valid_d
         )
         xs = x.reshape(n, feat)[at_d]  # (S, T', F): pack_padded_sequence skips the padding
         states = [
@@ -434,30 +469,75 @@ class TorchRLProbe(Probe, Tagged):
             else s.reshape(n, layers, hidden)[first_d].transpose(0, 1).contiguous()
             for s in ((h, c) if is_lstm else (h,))
         ]
-        found = envs.lookup(tr, sc)
-        ep_start = (sc == 0) if sc is not None else init.astype(bool)
-        columns: dict[str, np.ndarray | None] = {
-            "episode_start": ep_start[at],
-            "episode_step": sc[at] if sc is not None else None,
-        }
-        if found is not None:
-            env, episode, env_step = found
-            columns.update(env=env[at], episode=episode[at], env_step=env_step[at])
-        else:  # no trajectory ids: the row is the env column (a collector batch as it came)
-            columns["env"] = np.broadcast_to((first // steps)[:, None], at.shape)
-        reason = np.where(ep_start[first], "episode_start", np.where(first % steps == 0, "env_boundary", "split"))
-        grid = Grid.of(
-            {k: v.astype(COLUMN[k].dtype) for k, v in columns.items() if v is not None},
-            train=True,
-        )
-        grid.seq_reason = np.array([SEQ_REASON[r] for r in reason.tolist()], COLUMN["seq_reason"].dtype)
-        tags.grid = grid
+        # known: a loss call's own samples, either pass of an estimator over its batch, or a value call
+        # outside one on samples that carry their trajectory ids
+        known = phase != "value" or nxt is not None or (gae is None and tr is not None)
+        tags.grid = self._grid(name, init, sc, tr, valid, known, phase == "value", bool(nxt), first, at, steps)
         self._current[name] = tags
         # sorted already, lengths on the host: packing makes no device-to-host or host-to-device copy
         packed = nn.utils.rnn.pack_padded_sequence(xs, torch.from_numpy(lengths), batch_first=True)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             rnn(packed, tuple(states) if is_lstm else states[0])
+
+    def _grid(
+        self,
+        name: str,
+        init: np.ndarray,
+        sc: np.ndarray | None,
+        tr: np.ndarray | None,
+        valid: np.ndarray | None,
+        known: bool,
+        value: bool,
+        nxt: bool,
+        first: np.ndarray,
+        at: np.ndarray,
+        steps: int,
+    ) -> Grid:
+        """The provenance of a recurrent-mode call's pieces (``at``: each piece's samples, flat indices).
+
+        A sample's env, episode and env step: from its trajectory id and step count (``_Envs.lookup``).
+        The samples of a value estimator's pass over ``data["next"]`` (``nxt``) are next observations: the
+        same env and episode, the next env step and episode step, never an episode start (a next
+        observation is never an episode's first: after a done the reset observation is the next sample's
+        own, torchrl/collectors/_single.py ``Collector.rollout``). Where the samples' batch is not
+        ``known`` (a value estimator's call that is neither of its passes over the whole batch) every
+        provenance column is null; a loss call's (not a ``value`` call's) batch without trajectory ids is
+        taken as the collector's, one env per row."""
+        found = self._envs[name].lookup(tr, sc)
+        start = np.full(len(init), -1, np.int8)
+        if known:
+            start = np.zeros(len(init), np.int8) if nxt else ((sc == 0) if sc is not None else init).astype(np.int8)
+        columns: dict[str, np.ndarray | None] = {"episode_start": start[at]}
+        if sc is not None and known:
+            columns["episode_step"] = (sc + nxt)[at]
+        if found is not None and known:
+            env, episode, env_step = found
+            columns.update(env=env[at], episode=episode[at], env_step=np.where(env_step >= 0, env_step + nxt, -1)[at])
+        elif known and valid is None and not value:  # the row is the env column (a collector batch)
+            columns["env"] = np.broadcast_to((first // steps)[:, None], at.shape)
+        # why each piece starts where it does: an episode start, the row's (or real samples') first step,
+        # else TorchRL's split at is_init (a slice's start, or the step after an episode start in
+        # GAE's pass over next observations); null where the samples' batch is not known
+        after_padding = np.zeros(len(first), bool)
+        if valid is not None:
+            after_padding = (first % steps > 0) & ~valid[np.maximum(first - 1, 0)]
+        boundary = (first % steps == 0) | after_padding
+        code = np.where(start[first] == 1, "episode_start", np.where(boundary, "env_boundary", "split"))
+        grid = Grid.of({k: v.astype(COLUMN[k].dtype) for k, v in columns.items() if v is not None}, train=True)
+        reasons = np.array([SEQ_REASON[r] for r in code.tolist()], COLUMN["seq_reason"].dtype)
+        grid.seq_reason = reasons if known else np.full(len(first), -1, COLUMN["seq_reason"].dtype)
+        return grid
+
+
+def _collector() -> Any:
+    """The collector whose ``rollout`` is on the stack (the frame's ``self``), None where none is."""
+    frame: Any = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "rollout" and frame.f_globals.get("__name__", "").startswith("torchrl.collectors"):
+            return frame.f_locals.get("self")
+        frame = frame.f_back
+    return None
 
 
 def probe(

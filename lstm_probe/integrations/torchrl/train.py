@@ -4,6 +4,7 @@ ClipPPOLoss), trained with the probe on the CPU."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -29,6 +30,8 @@ from lstm_probe.options import (
 
 __all__ = ["build", "run"]
 
+GAMMA, LAMBDA, CLIP = 0.99, 0.95, 0.2
+"""The discount, GAE's lambda and PPO's clip range the run trains with (ClipPPOLoss's own default clip)."""
 MAX_ENVS = 1024
 """Most envs a torchrl run makes: a SerialEnv of GymEnvs, made and stepped one after another (1,024 CartPoles
 take 13 s to make; 65,536 would take a quarter of an hour)."""
@@ -115,15 +118,39 @@ def run(
     check_env_count(t.n_envs, MAX_ENVS, what)
     n_steps, hidden = t.n_steps or 128, t.hidden_size or 32
     check_size(t, n_steps=n_steps, hidden_size=hidden, lstms=1)  # before any env is made
-    env, actor, critic, _ = build(env_id, n_envs=t.n_envs, hidden_size=hidden, seed=t.seed or 0)
+    # the train rows' drift and the provenance check against the collector's batch: n_steps per env
+    opts = dataclasses.replace(opts, reference_window=opts.reference_window or n_steps)
+    seed = t.seed or 0
+    env, actor, critic, rnn = build(env_id, n_envs=t.n_envs, hidden_size=hidden, seed=seed)
     frames = n_steps * t.n_envs
     collector = Collector(env, actor, frames_per_batch=frames, total_frames=max(frames, t.steps))
-    adv = GAE(gamma=0.99, lmbda=0.95, value_network=critic, average_gae=True, deactivate_vmap=True)
-    loss_module = ClipPPOLoss(actor, critic)
-    optim = torch.optim.Adam(loss_module.parameters(), lr=t.learning_rate or 3e-4)
-    probe = TorchRLProbe(
-        find_modules([actor, critic]), opts, {"command": command, "env_id": env_id, "total_timesteps": t.steps}
-    )
+    adv = GAE(gamma=GAMMA, lmbda=LAMBDA, value_network=critic, average_gae=True, deactivate_vmap=True)
+    loss_module = ClipPPOLoss(actor, critic, clip_epsilon=CLIP)
+    lr = t.learning_rate or 3e-4
+    optim = torch.optim.Adam(loss_module.parameters(), lr=lr)
+    metadata = {
+        "command": command,
+        "env_id": env_id,
+        "total_timesteps": t.steps,
+        "n_envs": t.n_envs,
+        "seed": seed,
+        "algorithm": "PPO",
+        "policy": f"{type(actor).__name__}({type(rnn).__name__})",
+        "hyperparameters": {
+            "n_steps": n_steps,
+            "batch_size": frames,  # the whole collector batch: one minibatch of whole trajectories
+            "n_epochs": t.n_epochs or 4,
+            "learning_rate": lr,
+            "gamma": GAMMA,
+            "gae_lambda": LAMBDA,
+            "clip_range": CLIP,
+            "frames_per_batch": frames,
+            "total_frames": collector.total_frames,
+            "recurrent_backend": rnn.recurrent_backend,
+            "hidden_size": hidden,
+        },
+    }
+    probe = TorchRLProbe(find_modules([actor, critic]), opts, metadata)
     probe.start()
 
     def loop() -> Iterator[int]:

@@ -1,0 +1,162 @@
+"""Where the samples of a TorchRL recurrent-mode call come from, and how TorchRL splits them.
+
+- :func:`pieces` / :func:`pieces_on_device`: a (B, T) call's rows split where ``is_init`` is set after
+  their first step (torchrl/modules/tensordict_module/rnn.py ``LSTMModule.forward``: the "pad" backend's
+  ``_split_and_pad_for_reset``, the "scan" backend's ``where(is_init, stored, carry)``), leaving out the
+  samples TorchRL marks as padding (``("collector", "mask")`` False: ``split_trajs=True``,
+  torchrl/collectors/utils.py ``split_trajectories``; ``SliceSampler(pad_output=True)``);
+- :func:`gae_batch` / :func:`gae_pass`: which samples of its batch a value estimator's call holds. GAE and
+  the TD estimators call the value network on ``data.select(*in_keys)`` and on
+  ``data["next"].select(*in_keys)`` (torchrl/objectives/value/advantages.py
+  ``ValueEstimatorBase._call_value_nets``), which drops the step counts and trajectory ids the provenance
+  needs; the batch they were taken from is that frame's ``data``.
+- :func:`not_repeated`: the samples a sampler repeated as padding where the batch has no mask;
+- :func:`host`: the small integer tensors a call's provenance needs on the host, in one copy per device.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import numpy as np
+import torch
+
+GAE_FRAME = "_call_value_nets"
+"""torchrl/objectives/value/advantages.py ``ValueEstimatorBase._call_value_nets``: every value estimator's
+(GAE, TD(0), TD(1), TD(lambda)) calls of the value network go through it."""
+
+
+def host(tensors: list[torch.Tensor | None]) -> list[np.ndarray | None]:
+    """Small integer tensors (is_init, step counts, trajectory ids, masks) on the host as flat int64 arrays,
+    in one copy per device: concatenated where they are, then one ``.cpu()`` (on a GPU the one sync of the
+    call: the Grid, numpy, is built before the shadow runs, so the values are needed at once; on the CPU no
+    copy at all)."""
+    out: list[np.ndarray | None] = [None] * len(tensors)
+    devices: dict[torch.device, list[int]] = {}
+    for i, t in enumerate(tensors):
+        if t is not None:
+            devices.setdefault(t.device, []).append(i)
+    for idx in devices.values():
+        flat = [tensors[i].detach().reshape(-1).to(torch.int64) for i in idx]  # type: ignore[union-attr]
+        values = torch.cat(flat).cpu().numpy()
+        at = 0
+        for i, f in zip(idx, flat, strict=True):
+            out[i] = values[at : at + f.numel()]
+            at += f.numel()
+    return out
+
+
+def not_repeated(tr: np.ndarray, sc: np.ndarray, rows: int, steps: int) -> np.ndarray | None:
+    """Where a batch has no padding mask: False on each sample that repeats the one before it in its row
+    (the same trajectory and step: ``SliceSampler(pad_output=True)`` pads a short slice with copies of its
+    last step, and writes the mask that says so, ``("collector", "mask")``, into the sample only through a
+    TensorDictReplayBuffer, torchrl/data/replay_buffers/samplers/slice.py ``SliceSampler``). None where no
+    sample repeats."""
+    t, s = tr.reshape(rows, steps), sc.reshape(rows, steps)
+    again = np.zeros((rows, steps), bool)
+    again[:, 1:] = (t[:, 1:] == t[:, :-1]) & (s[:, 1:] == s[:, :-1])
+    return ~again.reshape(-1) if again.any() else None
+
+
+def _cuts(init: np.ndarray, valid: np.ndarray | None) -> np.ndarray:
+    """(rows, steps) bool: where a piece starts. A row's first step and every ``is_init`` start one; with
+    ``valid`` (TorchRL's padding mask), padded samples start none and belong to none, and a real sample
+    after padding starts one."""
+    cut = init.astype(bool).copy()
+    cut[:, 0] = True
+    if valid is not None:
+        before = np.c_[np.zeros((len(valid), 1), bool), valid[:, :-1]]
+        cut = valid & (cut | ~before)
+    return cut
+
+
+def pieces(init: np.ndarray, rows: int, steps: int, valid: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """A recurrent-mode call's pieces on the host: ``init`` (rows * steps,) is_init, each row split where it
+    is set after the row's first step; ``valid`` (rows * steps,), where given, leaves TorchRL's padded
+    samples out. Returns each piece's flat index of its first sample and its length, longest first (ties
+    in batch order: a PackedSequence needs them sorted, and sorting here leaves the shadow's packed call no
+    permutation for the core to undo). No piece at all where every sample is padding."""
+    ok = valid.reshape(rows, steps).astype(bool) if valid is not None else None
+    cut = _cuts(init.reshape(rows, steps), ok).reshape(-1)
+    first = np.flatnonzero(cut)
+    piece = np.cumsum(cut) - 1
+    real = ok.reshape(-1) if ok is not None else np.ones(rows * steps, bool)
+    lengths = np.bincount(piece[real], minlength=len(first))[: len(first)]
+    order = np.argsort(-lengths, kind="stable")
+    return first[order], lengths[order]
+
+
+def pieces_on_device(
+    is_init: torch.Tensor, rows: int, steps: int, count: int, longest: int, valid: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`pieces` computed where ``is_init`` is, with torch ops that never wait for the device (the
+    piece count and the longest length, from the host copy, fix the shapes): each piece's first flat
+    index (count,) and the (count, longest) flat indices of its samples, the padding repeating the
+    first. The same pieces in the same order as :func:`pieces`."""
+    dev = is_init.device
+    n = rows * steps
+    cut = is_init.detach().reshape(rows, steps).to(torch.bool).clone()
+    cut[:, 0] = True
+    real = torch.ones(n, dtype=torch.bool, device=dev)
+    if valid is not None:
+        ok = valid.detach().reshape(rows, steps).to(device=dev, dtype=torch.bool)
+        before = torch.cat([torch.zeros_like(ok[:, :1]), ok[:, :-1]], dim=1)
+        cut = ok & (cut | ~before)
+        real = ok.reshape(n)
+    piece = cut.reshape(n).cumsum(0) - 1
+    piece = torch.where(real, piece, count)  # padding: a slot past the pieces, dropped
+    pos = torch.arange(n, device=dev)
+    first = torch.full((count + 1,), n, dtype=torch.int64, device=dev).scatter_reduce_(0, piece, pos, "amin")
+    lengths = torch.zeros(count + 1, dtype=torch.int64, device=dev).scatter_add_(0, piece, real.to(torch.int64))
+    first, lengths = first[:count], lengths[:count]
+    order = torch.sort(lengths, descending=True, stable=True).indices
+    first, lengths = first[order], lengths[order]
+    t = torch.arange(longest, device=dev)
+    at = torch.where(t[None, :] < lengths[:, None], first[:, None] + t[None, :], first[:, None])
+    return first, at
+
+
+def _estimator_locals() -> dict[str, Any] | None:
+    """The locals of the innermost value estimator's :data:`GAE_FRAME` on the stack, None outside one."""
+    frame: Any = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == GAE_FRAME and frame.f_globals.get("__name__", "").startswith(
+            "torchrl.objectives.value"
+        ):
+            return dict(frame.f_locals)
+        frame = frame.f_back
+    return None
+
+
+def gae_batch(state: torch.Tensor | None, key: Any) -> tuple[Any, torch.Tensor] | None:
+    """For a call a value estimator makes (phase "value"): the batch its samples were taken from (the
+    estimator's ``data``, with their step counts, trajectory ids and mask) and, on the call's device, two
+    flags for :func:`gae_pass`: whether the call's stored states (``state``, the module's ``key``) equal
+    the batch's own, and whether they equal its next samples' (``data["next"]``). None outside an
+    estimator, or where the call is not one pass over the whole batch (a chunked call).
+
+    ``_call_value_nets`` runs the value network on ``data_root = data.select(*in_keys)`` and on
+    ``data_next = data["next"].select(*in_keys)``, in that order (with ``deactivate_vmap=True`` on each
+    half of their stack, torchrl/objectives/utils.py ``_pseudo_vmap``). The call's TensorDict holds copies
+    by the time the probe sees it (the "pad" backend writes its in_keys back unpadded: rnn.py
+    ``LSTMModule.forward``), so which half it is is told by the values of its input states: the state
+    stored before each step (the first pass) and after it (the second) differ wherever the module ran."""
+    found = _estimator_locals()
+    if found is None or state is None:
+        return None
+    data, root, nxt = found.get("data"), found.get("data_root"), found.get("data_next")
+    if data is None or root is None or nxt is None:  # the shifted=True path: one call over both, scattered
+        return None
+    sides = [td.get(key, None) if hasattr(td, "get") else None for td in (root, nxt)]
+    if not all(isinstance(s, torch.Tensor) and s.shape == state.shape for s in sides):
+        return None
+    same = torch.stack([(state == s.to(state.device)).all() for s in sides])  # type: ignore[union-attr]
+    return data, same
+
+
+def gae_pass(same: np.ndarray) -> bool | None:
+    """Whether a value estimator's call is its pass over ``data["next"]`` (True) or over ``data`` (False),
+    from :func:`gae_batch`'s flags on the host; None where its states equal both or neither."""
+    root, nxt = bool(same[0]), bool(same[1])
+    return None if root == nxt else nxt
