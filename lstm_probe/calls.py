@@ -92,7 +92,6 @@ def sequence(
     unbatched: bool,
     valid: np.ndarray | None,
     output: Any,
-    *,
     held: bool,
     initial_states: bool,
     scratch: Scratch,

@@ -7,9 +7,12 @@ framework, declares its capabilities and, before or during each call, answers wi
 each batch column and timestep belongs to). The tracer turns a call into rows: one per (layer, batch
 column, timestep), written into columnar buffers (see ``writer.py``).
 
-The ways a call reaches the log (one step, a sequence, a packed sequence, a per-timestep loop recorded
-whole: :meth:`CoreTracer.loop_begin`) share the hook's state and its blocks of one-step calls, so they live
-here together; which modules are hooked and how the log describes them is ``modules.py``.
+The hook sends each call to the function of its kind (below the class): a step of a per-timestep loop
+(recorded whole, :meth:`CoreTracer.loop_begin`, in the hook itself; or into the loop's open block,
+:func:`_stepwise_step`), another one-step call (:func:`_one_step`: into a block, ``blocks.py``), a multi-step
+or packed call (:func:`_sequence_call`, :func:`_packed_call`: a job of its own, ``calls.py``), a cell's call
+(:func:`_cell_call`). The jobs hand their rows to the sink through the tracer's ``emitter.Emitter``. Which
+modules are hooked and how the log describes them is ``modules.py``.
 """
 
 from __future__ import annotations
@@ -201,7 +204,15 @@ class CoreTracer:
             start = time.perf_counter()
             loop = self._loop
             if loop is not None and loop.module is mod and args[0].shape[0] == 1:
-                _loop_step(self, loop, mod, args, output)
+                # A step of a loop recorded whole (see loop_begin): its returned states kept as they are (no
+                # copy, no tags), and the first step's input states (the `init` columns, see Inputs). Inline:
+                # the probe's most frequent and cheapest call (~1 us), where one more function call would show.
+                if not loop.steps:
+                    with torch.no_grad():
+                        loop.x0 = module_input(mod, args, int(args[0].shape[1]), args[0], False, loop.lstm)
+                loop.calls.append(self.call_base + self.calls)
+                self.calls += 1
+                loop.steps.append(output[1])
                 self.hook_seconds += time.perf_counter() - start
                 return
             # Without autograd inside the hook: the copies of the states it keeps (see Block) must not
@@ -233,7 +244,7 @@ class CoreTracer:
         """Record the one-step calls of ``module`` that follow, until :meth:`loop_end`, as one block: the
         steps of a per-timestep loop over ``batch`` sequences under the same tags (sb3's stepwise
         training path, bracketed by its integration). The hook only keeps each step's returned states
-        (:func:`_loop_step`); the block is tagged and written once, as the same rows the call-by-call path
+        (:meth:`_make_hook`); the block is tagged and written once, as the same rows the call-by-call path
         writes (the integration guarantees nothing changes those states in place before loop_end). None
         (call by call) unless the tags, asked now, give a grid of ``batch`` columns and several steps."""
         name = self._by_module.get(id(module))
@@ -319,17 +330,6 @@ class _Hooked:
         self.time_axis = 1 if self.batch_first else 0
         self.layers = int(getattr(module, "num_layers", 1))
         self.rows = self.layers * (2 if self.lstm else 1)  # state rows per step: h of every layer, then c
-
-
-def _loop_step(tracer: CoreTracer, loop: Loop, mod: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-    """A step of a loop recorded whole (:meth:`CoreTracer.loop_begin`): its returned states kept as they
-    are (no copy, no tags), and the first step's input states (the `init` columns, see Inputs)."""
-    if not loop.steps:
-        with torch.no_grad():
-            loop.x0 = module_input(mod, args, int(args[0].shape[1]), args[0], False, loop.lstm)
-    loop.calls.append(tracer.call_base + tracer.calls)
-    tracer.calls += 1
-    loop.steps.append(output[1])
 
 
 def _rnn_call(tracer: CoreTracer, m: _Hooked, mod: nn.Module, args: tuple[Any, ...], output: Any) -> None:
@@ -521,19 +521,8 @@ def _sequence_call(
     if writer is None:
         return
     module = cast("nn.LSTM | nn.GRU", m.module)
-    held = not writer.inline
-    x0, out, recovery, size = sequence(
-        module,
-        args,
-        x,
-        y,
-        unbatched,
-        valid,
-        output,
-        held=held,
-        initial_states=tracer.initial_states,
-        scratch=tracer.scratch,
-    )
+    held, initial, scratch = not writer.inline, tracer.initial_states, tracer.scratch
+    x0, out, recovery, size = sequence(module, args, x, y, unbatched, valid, output, held, initial, scratch)
     steps, batch = int(x.shape[0]), int(x.shape[1])
     if tags is None:
         tags = tracer.resolver(m.name, steps, batch)
