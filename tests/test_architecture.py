@@ -129,7 +129,7 @@ def test_no_import_cycles_even_inside_functions_or_for_types_only():
     cycles = _cycles(edges)
     assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(map(_short, c)) for c in cycles)
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c", "a"]]  # the check sees one
-    assert "lstm_probe.blocks" in graph["lstm_probe.calls"] and "lstm_probe.emitter" in graph["lstm_probe.blocks"]
+    assert "lstm_probe.emitter" in graph["lstm_probe.blocks"]  # and type-only imports (blocks' Emitter)
 
 
 def _short(module: str) -> str:
