@@ -1,12 +1,11 @@
 """Blocks of one-step calls: what the tracer keeps of them on the training thread (:class:`Block`,
-:class:`Loop`), and how a block, or a call that fits no block, is handed to the writer (:func:`write_block`,
-:func:`write_call`: writer jobs, on the training thread with a writer process, on the writer thread
-otherwise)."""
+:class:`Loop`), and how a block is handed to the writer (:func:`write_block`: a writer job, on the training
+thread with a writer process, on the writer thread otherwise). Calls that fit no block (multi-step calls, a
+lone one-step call) are ``calls.py``'s; both hand their rows to the sink through ``emitter.Emitter``."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -14,16 +13,14 @@ import torch
 from torch import nn
 
 from lstm_probe.contract import PATH, Grid, Tags
-from lstm_probe.drift import reduced
-from lstm_probe.messages import Rows, SequenceCall
 from lstm_probe.transfer import Later, Staged
 
 MAX_PENDING = 256
 """One-step calls kept before they are written as one block (bounds the memory they hold)."""
 
 if TYPE_CHECKING:
+    from lstm_probe.emitter import Emitter
     from lstm_probe.logwriter import LogWriter
-    from lstm_probe.tracer import CoreTracer
 
 
 BLOCK_BYTES = 64 << 20
@@ -123,20 +120,19 @@ def fitted(grid: Grid | None, batch: int, columns: np.ndarray) -> Grid | None:
 
 
 def write_block(
-    tracer: CoreTracer, writer: LogWriter, name: str, tags: Tags, stepwise: bool, t0: int, block: Block
+    emitter: Emitter, writer: LogWriter, name: str, tags: Tags, stepwise: bool, t0: int, block: Block
 ) -> Later | None:
     """One block of one-step calls of module ``name`` (``CoreTracer._write_block``, a writer job): its device
     buffer's copy to the host started (one copy: ``transfer.Staged``), and the second half that hands the
-    host arrays (and the train rows' drifts, ``drift.Drift``) to the sink (:func:`send_rows`; a summary log's
-    rows as their norms and drifts). Under ``--other-envs none`` only the kept env columns cross (None: none
-    of them)."""
+    host arrays to the sink (``Emitter.send``: with the train rows' drifts; a summary log's rows as their
+    norms and drifts). Under ``--other-envs none`` only the kept env columns cross (None: none of them)."""
     calls = np.array(block.calls, np.int64)
-    layers = tracer.layers[name]
+    layers = emitter.layers[name]
     if stepwise:
         stacked = block.stacked if block.stacked is not None else block.steps()  # (L or 2L, N, T', H)
         first = t0 == 0 and bool(block.inputs)  # the loop's first step: where each column's state came from
         x0 = block.inputs[0] if first else None
-        columns = kept_columns(tracer.keep_envs, tags.grid, np.arange(stacked.shape[1]))
+        columns = kept_columns(emitter.keep_envs, tags.grid, np.arange(stacked.shape[1]))
         if columns is not None:
             if len(columns) == 0:
                 return None
@@ -149,10 +145,10 @@ def write_block(
             hc = arrays[0]
             with_c = hc.shape[0] == 2 * layers
             per_col = np.tile(calls, hc.shape[1])  # (N * T',) in column-major order: n, then t
-            init = tracer.inputs.answer(name, tags.phase, tags.grid, 0, arrays[1], None, layers) if first else None
+            init = emitter.inputs.answer(name, tags.phase, tags.grid, 0, arrays[1], None, layers) if first else None
             cs = hc[layers:] if with_c else None
-            tracer.rows += layers * len(per_col)
-            send_rows(tracer, writer, name, tags, t0, PATH["stepwise"], per_col, hc[:layers], cs, None, init)
+            emitter.rows += layers * len(per_col)
+            emitter.send(writer, name, tags, t0, PATH["stepwise"], per_col, hc[:layers], cs, None, init)
 
         return Later(staged, finish_loop)
     states = block.sides()  # (2, R, n * N, H): the returned states, then the input states
@@ -162,7 +158,7 @@ def write_block(
     if block.grids:
         sent = dataclasses.replace(tags, grid=Grid.concat(block.grids), stepwise={})
     envs = np.tile(np.arange(batch), len(calls))  # untagged calls: env column = batch column
-    columns = kept_columns(tracer.keep_envs, sent.grid, envs)
+    columns = kept_columns(emitter.keep_envs, sent.grid, envs)
     if columns is not None:
         if len(columns) == 0:
             return None
@@ -177,91 +173,10 @@ def write_block(
         grid = sent.grid
         if grid is None:
             grid = Grid.one_step(envs, -1, -1, -1, -1)
-        init = tracer.inputs.answer(name, tags.phase, grid, 0, both[1], hc[:, :, 0], layers)
-        tracer.rows += layers * len(per_col)
+        init = emitter.inputs.answer(name, tags.phase, grid, 0, both[1], hc[:, :, 0], layers)
+        emitter.rows += layers * len(per_col)
         cs = hc[layers:] if with_c else None
-        send_rows(tracer, writer, name, sent, 0, PATH["step"], per_col, hc[:layers], cs, None, init)
-
-    return Later(staged, finish)
-
-
-def send_rows(
-    tracer: CoreTracer,
-    writer: LogWriter,
-    name: str,
-    tags: Tags,
-    t0: int,
-    path: int,
-    ids: np.ndarray,
-    hs: np.ndarray,
-    cs: np.ndarray | None,
-    t: int | None,
-    init: tuple[np.ndarray, np.ndarray] | None,
-    per_step: bool = False,
-) -> None:
-    """Rows with their host states hs/cs (L, N, T', H; ``per_step``: a multi-step call's (L, T', N, H)) to the
-    sink, with the train rows' drifts (``drift.Drift``): as their figures where the log keeps no vectors
-    (``drift.reduced``: a summary log's rows never cross the pipe as states), else the states themselves."""
-    layers = int(hs.shape[0])
-    drift = tracer.train_drift(name, tags, t0, hs, cs, per_step)
-    if tracer.reduces:
-        rows = Rows(name, tags, t0, path, ids, reduced(hs, cs, drift, per_step), None, t, init)
-        tracer.hand_over(writer, rows, layers, (hs, cs))
-    elif per_step:
-        tracer.hand_over(writer, SequenceCall(name, tags, int(ids[0]) if len(ids) else 0, hs, cs, init, drift), layers)
-    else:
-        tracer.hand_over(writer, Rows(name, tags, t0, path, ids, hs, cs, t, init, drift), layers)
-
-
-def write_call(
-    tracer: CoreTracer,
-    writer: LogWriter,
-    name: str,
-    tags: Tags,
-    call: int,
-    batch: int,
-    steps: int,
-    x_in: torch.Tensor,
-    returned_states: torch.Tensor | None,
-    states: Callable[[np.ndarray | None], tuple[list[torch.Tensor], Callable[[list[np.ndarray]], Any] | None]] | None,
-    columns: np.ndarray | None,
-) -> Later:
-    """One call that fits no block (``CoreTracer._emit``, a writer job): a multi-step call (``states``: the
-    recovery's torch half, then its host half) or a lone one-step call, its input states ``x_in`` and
-    returned states; one host copy, then the second half that hands the rows to the sink."""
-    layers = tracer.layers[name]
-    grid = tags.grid
-    parts, arrays_of = states(columns) if states is not None else ([], None)
-    sides = [x_in] + ([returned_states] if returned_states is not None else [])
-    staged = Staged(sides + parts)
-
-    def finish(arrays: list[np.ndarray]) -> None:
-        x_host = arrays[0]
-        returned = arrays[1] if returned_states is not None else None
-        rest = arrays[len(sides) :]
-        first = tracer.inputs.answer(name, tags.phase, grid, 0, x_host, returned, layers, steps > 1)
-        tracer.rows += layers * batch * steps
-        if arrays_of is not None:
-            hs_all, cs_all, initial = arrays_of(rest)  # (L, T, N, H) each
-            if tags.phase == "rollout":  # every step is a rollout state later train rows drift from
-                tracer.inputs.keep_steps(name, grid, hs_all, cs_all)
-            ids = np.full(batch * steps, call, np.int64)
-            send_rows(tracer, writer, name, tags, 0, PATH["sequence"], ids, hs_all, cs_all, None, first, per_step=True)
-            if initial is not None and grid is not None and grid.train and grid.shape[0] == batch:
-                # the state each sequence started from, as rows with t = -1 (see the schema's `t`)
-                tracer.rows += layers * batch
-                start = dataclasses.replace(tags, bootstrap=None, grid=grid.initial(), stepwise={})
-                h0 = initial[0][:, :, None, :]
-                c0 = initial[1][:, :, None, :] if initial[1] is not None else None
-                ids = np.full(batch, call, np.int64)
-                send_rows(tracer, writer, name, start, 0, PATH["sequence"], ids, h0, c0, -1, None)
-        else:  # a one-step call that fits no block
-            assert returned is not None
-            hs = returned[:layers, :, None, :]
-            cs = returned[layers:, :, None, :] if returned.shape[0] > layers else None
-            path = PATH[tags.path or "step"]  # a train call of one step names its branch
-            ids = np.full(batch, call, np.int64)
-            send_rows(tracer, writer, name, tags, 0, path, ids, hs, cs, None, first)
+        emitter.send(writer, name, sent, 0, PATH["step"], per_col, hc[:layers], cs, None, init)
 
     return Later(staged, finish)
 

@@ -1,7 +1,7 @@
 """Drift and norms where a block's states reach the host, in the training process: the rows' keys from a
 :class:`~lstm_probe.contract.Grid`, each train row's drift against the rollout states the probe holds
 (:class:`Drift`: computed once, here, for the log, the live metrics and nothing else), and a block reduced
-to the figures a summary log keeps (:class:`Reduced`).
+to the figures a summary log keeps (:func:`reduced`; the type, ``messages.Reduced``, is the message's).
 
 A summary log's rows (it keeps no vectors) go to the sink as their norms and drifts (:func:`reduced`), not
 their states (a 2048-step run at 8 envs sent 126 of its 135 MB over the pipe as a summary log's per-step
@@ -12,12 +12,11 @@ same :func:`row_norms`. Never imports torch.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 
 from lstm_probe.contract import Grid
-from lstm_probe.messages import Drifts
+from lstm_probe.messages import Drifts, Reduced
 from lstm_probe.schema import relative_l2, row_norms
 
 
@@ -39,19 +38,6 @@ def grid_keys(
 
     layer = np.repeat(np.arange(layers, dtype=np.intp), n)
     return layer, cols(grid.env), cols(grid.env_step)
-
-
-@dataclass(frozen=True)
-class Reduced:
-    """A block's rows as a summary log keeps them, reduced where the states were (see the module docstring):
-    ``shape`` (layers, columns, steps); per row, in the sink's row order, the norms (float64; ``c_norm`` None
-    for a GRU) and the drift against the rollout states (``drift``: (drift_h, drift_c, found), None where
-    no row can have one)."""
-
-    shape: tuple[int, int, int]
-    h_norm: np.ndarray
-    c_norm: np.ndarray | None
-    drift: Drifts | None
 
 
 def reduced(hs: np.ndarray, cs: np.ndarray | None, drift: Drifts | None, per_step: bool = False) -> Reduced:

@@ -16,10 +16,22 @@ import numpy as np
 
 if TYPE_CHECKING:
     from lstm_probe.contract import Tags
-    from lstm_probe.drift import Reduced
 
 Drifts = tuple[np.ndarray, np.ndarray, np.ndarray]
 """Each row's (drift_h, drift_c, found), in the sink's row order (``drift.Drift.rows``)."""
+
+
+@dataclass(frozen=True)
+class Reduced:
+    """A block's rows as a summary log keeps them, reduced where the states were (``drift.reduced``):
+    ``shape`` (layers, columns, steps); per row, in the sink's row order, the norms (float64; ``c_norm`` None
+    for a GRU) and the drift against the rollout states (``drift``: (drift_h, drift_c, found), None where
+    no row can have one)."""
+
+    shape: tuple[int, int, int]
+    h_norm: np.ndarray
+    c_norm: np.ndarray | None
+    drift: Drifts | None
 
 
 @dataclass(slots=True)

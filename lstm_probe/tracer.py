@@ -7,9 +7,12 @@ framework, declares its capabilities and, before or during each call, answers wi
 each batch column and timestep belongs to). The tracer turns a call into rows: one per (layer, batch
 column, timestep), written into columnar buffers (see ``writer.py``).
 
-The ways a call reaches the log (one step, a sequence, a packed sequence, a per-timestep loop recorded
-whole: :meth:`CoreTracer.loop_begin`) share the hook's state and its blocks of one-step calls, so they live
-here together; which modules are hooked and how the log describes them is ``modules.py``.
+The hook sends each call to the function of its kind (below the class): a step of a per-timestep loop
+(recorded whole, :meth:`CoreTracer.loop_begin`, in the hook itself; or into the loop's open block,
+:func:`_stepwise_step`), another one-step call (:func:`_one_step`: into a block, ``blocks.py``), a multi-step
+or packed call (:func:`_sequence_call`, :func:`_packed_call`: a job of its own, ``calls.py``), a cell's call
+(:func:`_cell_call`). The jobs hand their rows to the sink through the tracer's ``emitter.Emitter``. Which
+modules are hooked and how the log describes them is ``modules.py``.
 """
 
 from __future__ import annotations
@@ -20,47 +23,24 @@ import functools
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 
-from lstm_probe.blocks import (
-    Block,
-    KeptColumns,
-    Loop,
-    fitted,
-    kept_columns,
-    select,
-    tensor_bytes,
-    write_block,
-    write_call,
-)
+from lstm_probe.blocks import Block, KeptColumns, Loop, fitted, kept_columns, select, tensor_bytes, write_block
+from lstm_probe.calls import Recovery, sequence, write_call
 from lstm_probe.contract import CODES, Integration, Resolver, Tags, padded, tag_values
-from lstm_probe.drift import Drift
+from lstm_probe.emitter import Emitter, Observer
 from lstm_probe.errors import BadInput
-from lstm_probe.inputs import Inputs, cell_parts, input_parts, joined, module_input, stacked_steps, start_states
+from lstm_probe.inputs import cell_parts, input_parts, joined, module_input, stacked_steps
 from lstm_probe.logwriter import LogWriter
-from lstm_probe.messages import Drifts, Message
 from lstm_probe.modules import RECURRENT_TYPES, base_metadata, describe_modules
 from lstm_probe.options import CaptureOptions
-from lstm_probe.recover import (
-    Scratch,
-    gru_assemble,
-    gru_sequence_parts,
-    lstm_assemble,
-    lstm_cells,
-    lstm_sequence_parts,
-    snapshot_weights,
-)
+from lstm_probe.recover import Scratch
 from lstm_probe.transfer import Later
-
-Observer = Callable[[Message, int, "tuple[Any, Any] | None"], None]
-"""Reads each message the tracer hands the sink (``CoreTracer.observers``): the message, the module's layers,
-and the rows' states (hs, cs) where the message carries their figures only (None: it carries the states, or
-none were kept)."""
 
 _grad_enabled = torch.is_grad_enabled
 _set_grad_enabled = torch._C._set_grad_enabled  # a function call; torch.no_grad() as a context costs ~4 us
@@ -123,19 +103,17 @@ class CoreTracer:
         }
         self.initial_states = initial_states
         self.shard = shard
-        # where each call's input state came from (the `init` columns): the returned states the probe holds
+        # what the jobs hand rows to the sink through (emitter.py): where each call's input state came from
+        # (the `init` columns: the returned states the probe holds), each train row's drift against the rollout
+        # states held (computed once), the rows counted, the observers (`observers`: sb3's live metrics)
         window = options.reference_window + 2 if options.reference_window else 0
-        self.inputs = Inputs(window, integration.capabilities().stored_states)
-        # each train row's drift against the rollout states Inputs holds: computed once, here (drift.py)
-        self.drift: Drift | None = None
+        stored, reduces = integration.capabilities().stored_states, self._reduce_here and options.capture == "summary"
+        self.emitter = Emitter(self.layers, self.hidden, window, stored, keep_envs=self.keep_envs, reduces=reduces)
         self.scratch = Scratch()  # the per-step c recovery's work arrays (jobs run one at a time, in order)
-        # who else reads each message handed to the sink, in the same process (sb3's live metrics)
-        self.observers: list[Observer] = []
         self.resolver: Resolver = integration.resolve
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
         self.writer: LogWriter | None = None
         self.calls = 0
-        self.rows = 0  # rows handed to the writer so far (a progress display's figure)
         self.call_base = call_base  # first call id: keeps ids unique across the processes of one log
         self.unsupported_calls = 0
         # what the probe costs, measured while it runs (see the log's `probe_cost` metadata)
@@ -149,8 +127,7 @@ class CoreTracer:
         self._stepwise_tags: Tags | None = None  # the open per-timestep block's tags (hook fast path)
         self._loop: Loop | None = None  # a per-timestep loop recorded whole (see loop_begin)
         self._by_module = {id(m): n for n, m in self.modules.items()}
-        self._resolved: Tags | None = None  # tags the hook already asked the resolver for
-        # the block key of the last one-step call's tags (see _emit); holding the tags keeps their id unique
+        # the block key of the last one-step call's tags (see _one_step); holding the tags keeps their id unique
         self._key_tags: Tags | None = None
         self._key_batch = 0
         self._key: tuple[Any, ...] | None = None
@@ -160,10 +137,7 @@ class CoreTracer:
         """Open the log and attach the hooks."""
         self.started = time.monotonic()
         o = self.options
-        self.rows = 0  # each log its own (a generic tracer may start again)
-        # and its own states held: a log's drifts and `init` answers never refer to an earlier log's rollout
-        self.inputs = Inputs(self.inputs.window, self.inputs.stored_states)
-        self.drift = Drift(self.hidden, self.inputs.rollout_ring)
+        self.emitter.start()  # each log its own rows counted and states held (a generic tracer may start again)
         self.writer = LogWriter(o, self.hidden, self.names, self.metadata, CODES, shard=self.shard)
         try:
             for name, m in self.modules.items():
@@ -208,16 +182,26 @@ class CoreTracer:
         }
         return writer.close(final)
 
-    # -- hooks -----------------------------------------------------------------------------------
+    def default_window(self, steps: int) -> None:
+        """Keep ``steps`` env steps of rollout states per env (the train rows' drift, the provenance check) where
+        no ``reference_window`` was given: for an integration that learns its rollout's length only once training
+        runs (TorchRL's collector). Call it before the first rollout state is kept."""
+        if not self.emitter.inputs.window:
+            self.emitter.inputs.window = steps
+
+    # -- hooks: each call to the function of its kind (below the class) -----------------------------
     def _make_hook(self, name: str) -> Callable[..., None]:
-        inner = self._make_inner_hook(name)
+        hooked = _Hooked(name, self.modules[name])
+        call = _rnn_call if hooked.sequences else _cell_call
 
         def hook(mod: nn.Module, args: tuple[Any, ...], output: Any) -> None:
             start = time.perf_counter()
             loop = self._loop
             if loop is not None and loop.module is mod and args[0].shape[0] == 1:
-                # a step of a loop recorded whole (see loop_begin): keep the returned states only
-                if not loop.steps:  # and the first step's input states (the `init` columns, see Inputs)
+                # A step of a loop recorded whole (see loop_begin): its returned states kept as they are (no
+                # copy, no tags), and the first step's input states (the `init` columns, see Inputs). Inline:
+                # the probe's most frequent and cheapest call (~1 us), where one more function call would show.
+                if not loop.steps:
                     with torch.no_grad():
                         loop.x0 = module_input(mod, args, int(args[0].shape[1]), args[0], False, loop.lstm)
                 loop.calls.append(self.call_base + self.calls)
@@ -231,7 +215,7 @@ class CoreTracer:
             if grad:
                 _set_grad_enabled(False)
             try:
-                inner(mod, args, output)
+                call(self, hooked, mod, args, output)
             finally:
                 if grad:
                     _set_grad_enabled(True)
@@ -239,266 +223,24 @@ class CoreTracer:
 
         return hook
 
-    def _make_inner_hook(self, name: str) -> Callable[..., None]:
-        module = self.modules[name]
-        code = self.module_code[name]
-        if isinstance(module, nn.LSTM | nn.GRU):
-            is_lstm = isinstance(module, nn.LSTM)
-            time_axis = 1 if module.batch_first else 0
-            pending = self._pending
-            layers = int(module.num_layers)
+    @property
+    def rows(self) -> int:
+        """Rows handed to the writer so far (a progress display's figure; counted by ``emitter``)."""
+        return self.emitter.rows
 
-            def hook(mod: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-                x = args[0]
-                if not isinstance(x, torch.Tensor):
-                    if isinstance(x, PackedSequence):
-                        packed(mod, args, x, output)
-                    else:  # no per-step layout to map (the log's metadata counts them; the report says so)
-                        self.unsupported_calls += 1
-                    return
-                y, state = output
-                hn, cn = state if is_lstm else (state, None)
-                shape = x.shape
-                if len(shape) == 3 and shape[time_axis] == 1 and self._stepwise_tags is not None:
-                    # Fast path: the next step of a per-timestep loop whose block is open (sb3's stepwise
-                    # training path makes most of a run's calls); tags is the block's own object.
-                    tags = self.resolver(name, 1, int(shape[1 - time_axis]))
-                    if tags is self._stepwise_tags:
-                        done = tags.stepwise.get(name, 0)
-                        tags.stepwise[name] = done + 1
-                        call = self.call_base + self.calls
-                        self.calls += 1
-                        block = pending.get(name)
-                        if block is None:
-                            rows = layers * (2 if is_lstm else 1)
-                            block = pending[name] = Block.for_loop(hn, rows, tags.grid.shape[1] - done)  # type: ignore[union-attr]
-                        if done == 0:  # this module's first step of the loop: where its state came from
-                            block.inputs.append(module_input(mod, args, int(shape[1 - time_axis]), x, False, is_lstm))
-                        # Copied now, into the block's buffer: a loop may change the returned states in
-                        # place (`h[:, done] = 0`).
-                        block.calls.append(call)
-                        block.put_step(hn, cn)
-                        return
-                    self._resolved = tags  # not the open block: _emit takes these tags, no second call
-                unbatched = len(shape) == 2
-                if unbatched:
-                    steps, batch = int(shape[0]), 1
-                elif module.batch_first:
-                    batch, steps = int(shape[0]), int(shape[1])
-                else:
-                    steps, batch = int(shape[0]), int(shape[1])
-                if steps == 1:
-                    # Copied now (see Block), to the host once per block of calls: on a GPU that is one
-                    # device-to-host copy (and sync) per block instead of one per call.
-                    if unbatched:
-                        hn = hn.unsqueeze(1)
-                        cn = cn.unsqueeze(1) if cn is not None else None
-                    self._emit(name, code, 1, batch, hn, cn, x0=input_parts(args, unbatched, is_lstm))
-                    return
-                x, y = x.detach(), y.detach()
-                if unbatched:
-                    x, y = x.unsqueeze(1), y.unsqueeze(1)
-                elif module.batch_first:
-                    x, y = x.transpose(0, 1), y.transpose(0, 1)
-                sequence(mod, args, x, y, unbatched, None, output)
-
-            def packed(mod: nn.Module, args: tuple[Any, ...], xp: PackedSequence, output: Any) -> None:
-                # Rows per (sequence, step) in the caller's batch order (pad_packed_sequence undoes the
-                # packing's sort by length); the steps after a sequence's end are padding rows.
-                x, lengths = pad_packed_sequence(xp)  # (T, N, F) sequence-first, whatever batch_first says
-                y = pad_packed_sequence(output[0])[0]  # (T, N, H), zeros after each sequence's end
-                steps, batch = int(x.shape[0]), int(x.shape[1])
-                valid = np.arange(steps)[:, None] < lengths.numpy()[None, :]  # (T, N)
-                self._resolved = padded(self.resolver(name, steps, batch), valid)
-                sequence(mod, args, x, y, False, valid, output)
-
-            def sequence(
-                mod: nn.Module,
-                args: tuple[Any, ...],
-                x: torch.Tensor,
-                y: torch.Tensor,
-                unbatched: bool,
-                valid: np.ndarray | None,
-                output: Any,
-            ) -> None:
-                # x, y: (T, N, .) sequence-first; valid: (T, N) False on a packed call's padding steps
-                steps, batch = int(x.shape[0]), int(x.shape[1])
-                h0, c0 = start_states(mod, args, batch, x, unbatched, is_lstm)
-                h0, c0 = h0.detach(), c0.detach()
-                x0 = torch.cat((h0, c0)) if is_lstm else h0.clone()  # copies: states change in place
-                hn, cn = output[1] if is_lstm else (output[1], None)
-                if unbatched:
-                    hn, cn = hn.unsqueeze(1), cn.unsqueeze(1) if cn is not None else None
-                out = torch.cat((hn.detach(), cn.detach())) if cn is not None else hn.detach().clone()
-                weights: list[list[torch.Tensor]] | None = None
-                if self.writer is not None and not self.writer.inline:
-                    # The recovery runs later, on the writer thread: copy what the caller may still change
-                    # in place (its input and states, the weights an optimizer step updates); y is the
-                    # call's own fresh output, a packed call's x a fresh padded copy. (A writer process's
-                    # job runs now, inside this hook.)
-                    x = x if valid is not None else x.clone()
-                    h0, c0 = h0.clone(), c0.clone()
-                    weights = snapshot_weights(module, top=is_lstm)  # type: ignore[arg-type]
-                initial_states = self.initial_states
-                bias = bool(module.bias)
-
-                def states(
-                    columns: np.ndarray | None,
-                ) -> tuple[list[torch.Tensor], Callable[[list[np.ndarray]], tuple[Any, Any, Any]]]:
-                    # the torch part of the recovery here, on the call's device (lower layers only), as
-                    # tensors for the job's one host copy; gates and scan in its second half. ``columns``: the
-                    # batch columns kept (--other-envs none), chosen before any of it is computed
-                    nonlocal x, y, h0, c0, valid
-                    if columns is not None:
-                        x, y, h0, c0 = (select(t, 1, columns) for t in (x, y, h0, c0))
-                        valid = valid[:, columns] if valid is not None else None
-                    if is_lstm:
-                        parts = lstm_sequence_parts(module, x, h0, c0, y, weights)  # type: ignore[arg-type]
-
-                        def lstm_arrays(arrays: list[np.ndarray]) -> tuple[Any, Any, Any]:
-                            # per-step c here, on the host, in this half of the job (one owner: the log, drift
-                            # and live metrics all read it; docs/performance.md says why not on the device)
-                            hs, cells = lstm_assemble(arrays, layers, bias, valid)
-                            cs = lstm_cells(hs, *cells, scratch=self.scratch, out=np.empty(hs.shape, np.float32))
-                            return hs, cs, (cells[2], cells[3]) if initial_states else None
-
-                        return parts, lstm_arrays
-                    parts = gru_sequence_parts(module, x, h0, y, weights)  # type: ignore[arg-type]
-
-                    def gru_arrays(arrays: list[np.ndarray]) -> tuple[Any, Any, Any]:
-                        initial = (arrays[layers], None) if initial_states else None
-                        return gru_assemble(arrays[:layers], valid), None, initial
-
-                    return [*parts, h0], gru_arrays
-
-                size = 2 * layers * tensor_bytes(y) + tensor_bytes(x, h0, c0, *(w for ws in weights or [] for w in ws))
-                self._emit(name, code, steps, batch, None, None, states, size, x0=x0, out=out)
-
-        else:
-            is_cell_lstm = isinstance(module, nn.LSTMCell)
-
-            def hook(mod: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-                h, c = output if is_cell_lstm else (output, None)
-                if h.dim() == 1:
-                    h = h.unsqueeze(0)
-                    c = c.unsqueeze(0) if c is not None else None
-                batch = int(h.shape[0])
-                x0 = cell_parts(args, batch, is_cell_lstm)
-                self._emit(name, code, 1, batch, h[None], c[None] if c is not None else None, x0=x0)
-
-        return hook
-
-    def _emit(
-        self,
-        name: str,
-        code: int,
-        steps: int,
-        batch: int,
-        h: torch.Tensor | None,
-        c: torch.Tensor | None,
-        states: Callable[[np.ndarray | None], tuple[list[torch.Tensor], Callable[[list[np.ndarray]], Any]]]
-        | None = None,
-        nbytes: int = 0,
-        *,
-        x0: torch.Tensor | tuple[torch.Tensor, ...] | None,
-        out: torch.Tensor | None = None,
-    ) -> None:
-        """Take one call. One-step calls bring their (L, N, H) states ``h``/``c`` as the module returned them
-        (copied here: the caller may change them in place once the call returns); multi-step calls bring
-        ``states``, run by the job: the recovery's tensors, and what turns their host arrays into per-step h
-        and c (the cell-state scan, ``recover.lstm_cells``) and the initial states (``blocks.write_call``).
-
-        One-step calls are kept and written in blocks, each call copied into its block's buffer on the
-        device (``blocks.Block``): the steps of a per-timestep loop over a sequence batch (sb3's 'stepwise'
-        path) along the time axis, consecutive one-step calls with the same tags (rollout steps) along the
-        batch axis. A block is handed to the writer (:meth:`LogWriter.submit`) when the tags change, when
-        its buffer is full, and at close; it crosses to the host in one copy (``transfer.Staged``), as does
-        each multi-step call.
-
-        ``x0``: the states the call was given (h of every layer, then c), where the `init` columns come
-        from (:class:`~lstm_probe.inputs.Inputs`): one (R, N, H) tensor, a one-step call's (h0, c0) parts,
-        or None (zeros); ``out``: a multi-step call's returned states.
-        """
-        tags, self._resolved = self._resolved, None
-        writer = self.writer
-        if writer is None:
-            return
-        if tags is None:
-            tags = self.resolver(name, steps, batch)
-        grid = tags.grid
-        call = self.call_base + self.calls
-        self.calls += 1
-        key: tuple[Any, ...] | None = None
-        t = 0  # the call's first step in its grid
-        if steps == 1:
-            if tags is self._key_tags and batch == self._key_batch:
-                key = self._key  # the call before had these tags (a rollout step's actor, then critic)
-            else:
-                if grid is not None and grid.shape[1] > 1:
-                    key = ("stepwise", id(tags))
-                elif grid is None or (not grid.train and grid.shape == (batch, 1)):
-                    key = ("step", tag_values(tags), grid is None)
-                self._key_tags, self._key_batch, self._key = tags, batch, key
-            if key is not None and key[0] == "stepwise":
-                t = tags.stepwise.get(name, 0)
-                tags.stepwise[name] = t + 1
-        if key is None:
-            self.flush_pending()
-            if h is not None:  # a one-step call that fits no block: its states and inputs, copied now
-                out = h.clone() if c is None else torch.cat((h, c))
-                x0 = joined(x0, out.shape[0], batch, out)
-            assert isinstance(x0, torch.Tensor)
-            columns = kept_columns(self.keep_envs, grid, np.arange(batch))
-            if columns is not None:  # --other-envs none: the other env columns stay where they are
-                if len(columns) == 0:
-                    return
-                x0, out = select(x0, 1, columns), select(out, 1, columns) if out is not None else None
-                grid = fitted(grid, batch, columns)
-                tags = dataclasses.replace(tags, grid=grid)
-                batch = len(columns)
-            job = functools.partial(write_call, self, writer, name, tags, call, batch, steps, x0, out, states, columns)
-            writer.submit(job, nbytes or tensor_bytes(out))
-            return
-        assert h is not None  # a one-step call brings its states
-        stepwise = key[0] == "stepwise"
-        if self.keep_columns is not None and not stepwise:  # --other-envs none: kept columns only (blocks.py)
-            kept = self.keep_columns(grid, batch, h, c, x0)
-            if kept is None:
-                return
-            grid, batch, h, c, x0 = kept
-        block = self._pending.get(name)
-        if key != self._pending_key or (block is not None and not stepwise and block.batch != batch):
-            self.flush_pending()
-            self._pending_key, self._pending_tags = key, tags
-            if stepwise:
-                self._stepwise_tags = tags
-            block = None
-        rows = int(h.shape[0]) * (1 if c is None else 2)
-        if stepwise:
-            assert grid is not None
-            if block is None:
-                block = self._pending[name] = Block.for_loop(h, rows, grid.shape[1] - t)
-            block.calls.append(call)
-            block.put_step(h, c)
-            if t == 0:  # a per-timestep loop's first step: its input state (see Inputs)
-                block.inputs.append(joined(x0, rows, batch, h))
-            return
-        if block is None:
-            block = self._pending[name] = Block.for_steps(h, rows)
-        block.calls.append(call)
-        block.put(h, c, x0)
-        if grid is not None:
-            block.grids.append(grid)
-        if block.full:
-            self.flush_pending()
+    @property
+    def observers(self) -> list[Observer]:
+        """Who else reads each message handed to the sink, in the same process (sb3's live metrics): see
+        ``emitter.Emitter.hand_over``."""
+        return self.emitter.observers
 
     def loop_begin(self, module: nn.Module, batch: int) -> Loop | None:
         """Record the one-step calls of ``module`` that follow, until :meth:`loop_end`, as one block: the
         steps of a per-timestep loop over ``batch`` sequences under the same tags (sb3's stepwise
-        training path, bracketed by its integration). The hook only keeps each step's returned states;
-        the block is tagged and written once, as the same rows the call-by-call path writes (the
-        integration guarantees nothing changes those states in place before loop_end). None (call by
-        call) unless the tags, asked now, give a grid of ``batch`` columns and several steps."""
+        training path, bracketed by its integration). The hook only keeps each step's returned states
+        (:meth:`_make_hook`); the block is tagged and written once, as the same rows the call-by-call path
+        writes (the integration guarantees nothing changes those states in place before loop_end). None
+        (call by call) unless the tags, asked now, give a grid of ``batch`` columns and several steps."""
         name = self._by_module.get(id(module))
         if name is None or self._loop is not None or self.writer is None or getattr(module, "batch_first", True):
             return None  # (LSTMCell and GRUCell have no batch_first: they make no loops to record)
@@ -537,9 +279,9 @@ class CoreTracer:
         self.hook_seconds += time.perf_counter() - start
 
     def flush_pending(self) -> None:
-        """Hand the kept one-step calls to the writer (see :meth:`_emit`)."""
+        """Hand the kept one-step calls to the writer (see :func:`_one_step`)."""
         pending, tags, key = dict(self._pending), self._pending_tags, self._pending_key
-        self._pending.clear()  # the same dict object: the hooks hold it
+        self._pending.clear()
         self._pending_tags, self._pending_key, self._stepwise_tags = None, None, None
         writer = self.writer
         if tags is None or key is None or writer is None:
@@ -551,32 +293,262 @@ class CoreTracer:
             job = functools.partial(self._write_block, writer, name, tags, stepwise, t0, block)
             writer.submit(job, block.nbytes())
 
-    def train_drift(
-        self, name: str, tags: Tags, t0: int, hs: np.ndarray, cs: np.ndarray | None, per_step: bool = False
-    ) -> Drifts | None:
-        """The drifts of train rows hs/cs (``drift.Drift.rows``; inside a job's second half, in call order);
-        None for other phases, or without rollout states held."""
-        if tags.phase != "train" or self.drift is None or not self.inputs.window:
-            return None
-        return self.drift.rows(name, tags.grid, t0, hs, cs, per_step)
-
-    @property
-    def reduces(self) -> bool:
-        """Whether rows go to the sink as their figures (``drift.reduced``), not their states: a summary log,
-        which keeps no state vector."""
-        return self._reduce_here and self.options.capture == "summary"
-
-    def hand_over(
-        self, writer: LogWriter, message: Message, layers: int, states: tuple[Any, Any] | None = None
-    ) -> None:
-        """``message`` to the sink, after the observers (``observers``: live metrics) have read it, with the
-        rows' states ``states`` (hs, cs) where the message carries their figures only."""
-        for observe in self.observers:
-            observe(message, layers, states)
-        writer.send(message)
-
     def _write_block(
         self, writer: LogWriter, name: str, tags: Tags, stepwise: bool, t0: int, block: Block
     ) -> Later | None:
         """Host arrays of one block of one-step calls, to the sink (a job: see :meth:`LogWriter.submit`)."""
-        return write_block(self, writer, name, tags, stepwise, t0, block)
+        return write_block(self.emitter, writer, name, tags, stepwise, t0, block)
+
+
+# -- the hook's work, one function per kind of call ------------------------------------------------------
+#
+# One-step calls are kept and written in blocks, each call copied into its block's buffer on the device
+# (``blocks.Block``): the steps of a per-timestep loop over a sequence batch (sb3's 'stepwise' path) along the
+# time axis, consecutive one-step calls with the same tags (rollout steps) along the batch axis. A block is
+# handed to the writer (:meth:`LogWriter.submit`) when the tags change, when its buffer is full, and at close;
+# it crosses to the host in one copy (``transfer.Staged``), as does each call that fits no block (a multi-step
+# call, a lone one-step call: ``calls.py``). The `init` columns come from each call's input states (h of every
+# layer, then c; :class:`~lstm_probe.inputs.Inputs`).
+
+
+class _Hooked:
+    """A hooked module as the hook's functions read it, fixed when the hook is made."""
+
+    __slots__ = ("batch_first", "layers", "lstm", "module", "name", "rows", "sequences", "time_axis")
+
+    def __init__(self, name: str, module: nn.Module):
+        self.name, self.module = name, module
+        self.sequences = isinstance(module, nn.LSTM | nn.GRU)  # else a cell: one step per call
+        self.lstm = isinstance(module, nn.LSTM | nn.LSTMCell)  # it returns c as well as h
+        self.batch_first = bool(getattr(module, "batch_first", False))
+        self.time_axis = 1 if self.batch_first else 0
+        self.layers = int(getattr(module, "num_layers", 1))
+        self.rows = self.layers * (2 if self.lstm else 1)  # state rows per step: h of every layer, then c
+
+
+def _rnn_call(tracer: CoreTracer, m: _Hooked, mod: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+    """An nn.LSTM / nn.GRU call, to the function of its kind by its input: a step of the open per-timestep
+    loop's block, another one-step call, a multi-step call or a packed sequence."""
+    x = args[0]
+    if not isinstance(x, torch.Tensor):
+        if isinstance(x, PackedSequence):
+            _packed_call(tracer, m, mod, args, x, output)
+        else:  # no per-step layout to map (the log's metadata counts them; the report says so)
+            tracer.unsupported_calls += 1
+        return
+    y, state = output
+    hn, cn = state if m.lstm else (state, None)
+    shape = x.shape
+    tags = None  # asked once: a call that misses the open block takes them along
+    if len(shape) == 3 and shape[m.time_axis] == 1 and tracer._stepwise_tags is not None:
+        tags = tracer.resolver(m.name, 1, int(shape[1 - m.time_axis]))
+        if tags is tracer._stepwise_tags:  # the block's own object: the loop's next step
+            _stepwise_step(tracer, m, tags, mod, args, x, hn, cn)
+            return
+    unbatched = len(shape) == 2
+    if unbatched:
+        steps, batch = int(shape[0]), 1
+    elif m.batch_first:
+        batch, steps = int(shape[0]), int(shape[1])
+    else:
+        steps, batch = int(shape[0]), int(shape[1])
+    if steps == 1:
+        if unbatched:
+            hn = hn.unsqueeze(1)
+            cn = cn.unsqueeze(1) if cn is not None else None
+        _one_step(tracer, m, tags, batch, hn, cn, input_parts(args, unbatched, m.lstm))
+        return
+    x, y = x.detach(), y.detach()
+    if unbatched:
+        x, y = x.unsqueeze(1), y.unsqueeze(1)
+    elif m.batch_first:
+        x, y = x.transpose(0, 1), y.transpose(0, 1)
+    _sequence_call(tracer, m, args, x, y, unbatched, None, output, None)
+
+
+def _cell_call(tracer: CoreTracer, m: _Hooked, mod: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+    """An nn.LSTMCell / nn.GRUCell call: one step of one layer."""
+    h, c = output if m.lstm else (output, None)
+    if h.dim() == 1:
+        h = h.unsqueeze(0)
+        c = c.unsqueeze(0) if c is not None else None
+    batch = int(h.shape[0])
+    x0 = cell_parts(args, batch, m.lstm)
+    _one_step(tracer, m, None, batch, h[None], c[None] if c is not None else None, x0)
+
+
+def _stepwise_step(
+    tracer: CoreTracer,
+    m: _Hooked,
+    tags: Tags,
+    mod: nn.Module,
+    args: tuple[Any, ...],
+    x: torch.Tensor,
+    h: torch.Tensor,
+    c: torch.Tensor | None,
+) -> None:
+    """The next step of a per-timestep loop whose block is open, call by call (sb3's stepwise training path
+    makes most of a run's calls): its returned states copied now into the block's buffer (a loop may change
+    them in place, ``h[:, done] = 0``); the module's first step of the loop also its input states."""
+    name = m.name
+    done = tags.stepwise.get(name, 0)
+    tags.stepwise[name] = done + 1
+    call = tracer.call_base + tracer.calls
+    tracer.calls += 1
+    block = tracer._pending.get(name)
+    if block is None:
+        block = tracer._pending[name] = Block.for_loop(h, m.rows, tags.grid.shape[1] - done)  # type: ignore[union-attr]
+    if done == 0:
+        block.inputs.append(module_input(mod, args, int(x.shape[1 - m.time_axis]), x, False, m.lstm))
+    block.calls.append(call)
+    block.put_step(h, c)
+
+
+def _block_key(tags: Tags, batch: int) -> tuple[Any, ...] | None:
+    """Which block a one-step call of ``batch`` columns under ``tags`` joins: a per-timestep loop's (its
+    grid has several steps), the rollout steps' of these tag values (no grid, or an acting grid of one
+    step), or none (a call of its own)."""
+    grid = tags.grid
+    if grid is not None and grid.shape[1] > 1:
+        return ("stepwise", id(tags))
+    if grid is None or (not grid.train and grid.shape == (batch, 1)):
+        return ("step", tag_values(tags), grid is None)
+    return None
+
+
+def _one_step(
+    tracer: CoreTracer,
+    m: _Hooked,
+    tags: Tags | None,
+    batch: int,
+    h: torch.Tensor,
+    c: torch.Tensor | None,
+    x0: tuple[torch.Tensor, ...] | None,
+) -> None:
+    """A one-step call, its (L, N, H) states ``h``/``c`` as the module returned them and its input states
+    ``x0`` (parts, or None: zeros), copied into the block it joins (:func:`_block_key`; a new block once the
+    key or the batch changes, after the kept ones are handed over); a call that joins none is a job of its
+    own. ``tags``: as the hook already asked them (None: asked here)."""
+    writer = tracer.writer
+    if writer is None:
+        return
+    name = m.name
+    if tags is None:
+        tags = tracer.resolver(name, 1, batch)
+    grid = tags.grid
+    call = tracer.call_base + tracer.calls
+    tracer.calls += 1
+    if tags is tracer._key_tags and batch == tracer._key_batch:
+        key = tracer._key  # the call before had these tags (a rollout step's actor, then critic)
+    else:
+        key = _block_key(tags, batch)
+        tracer._key_tags, tracer._key_batch, tracer._key = tags, batch, key
+    if key is None:
+        out = h.clone() if c is None else torch.cat((h, c))
+        _call_job(tracer, writer, name, tags, call, batch, 1, joined(x0, out.shape[0], batch, out), out, None, 0)
+        return
+    stepwise = key[0] == "stepwise"
+    t = 0  # the call's step in its grid
+    if stepwise:
+        t = tags.stepwise.get(name, 0)
+        tags.stepwise[name] = t + 1
+    elif tracer.keep_columns is not None:  # --other-envs none: kept columns only (blocks.py)
+        kept = tracer.keep_columns(grid, batch, h, c, x0)
+        if kept is None:
+            return
+        grid, batch, h, c, x0 = kept
+    block = tracer._pending.get(name)
+    if key != tracer._pending_key or (block is not None and not stepwise and block.batch != batch):
+        tracer.flush_pending()
+        tracer._pending_key, tracer._pending_tags = key, tags
+        if stepwise:
+            tracer._stepwise_tags = tags
+        block = None
+    rows = int(h.shape[0]) * (1 if c is None else 2)
+    if stepwise:
+        assert grid is not None
+        if block is None:
+            block = tracer._pending[name] = Block.for_loop(h, rows, grid.shape[1] - t)
+        block.calls.append(call)
+        block.put_step(h, c)
+        if t == 0:  # a per-timestep loop's first step: its input state (see Inputs)
+            block.inputs.append(joined(x0, rows, batch, h))
+        return
+    if block is None:
+        block = tracer._pending[name] = Block.for_steps(h, rows)
+    block.calls.append(call)
+    block.put(h, c, x0)
+    if grid is not None:
+        block.grids.append(grid)
+    if block.full:
+        tracer.flush_pending()
+
+
+def _packed_call(
+    tracer: CoreTracer, m: _Hooked, mod: nn.Module, args: tuple[Any, ...], xp: PackedSequence, output: Any
+) -> None:
+    """A call on a PackedSequence: rows per (sequence, step) in the caller's batch order
+    (pad_packed_sequence undoes the packing's sort by length); the steps after a sequence's end are padding
+    rows."""
+    x, lengths = pad_packed_sequence(xp)  # (T, N, F) sequence-first, whatever batch_first says
+    y = pad_packed_sequence(output[0])[0]  # (T, N, H), zeros after each sequence's end
+    steps, batch = int(x.shape[0]), int(x.shape[1])
+    valid = np.arange(steps)[:, None] < lengths.numpy()[None, :]  # (T, N)
+    tags = padded(tracer.resolver(m.name, steps, batch), valid)
+    _sequence_call(tracer, m, args, x, y, False, valid, output, tags)
+
+
+def _sequence_call(
+    tracer: CoreTracer,
+    m: _Hooked,
+    args: tuple[Any, ...],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    unbatched: bool,
+    valid: np.ndarray | None,
+    output: Any,
+    tags: Tags | None,
+) -> None:
+    """A multi-step call, ``x``/``y`` (T, N, .) sequence-first (``valid``: (T, N), False on a packed call's
+    padding steps): what its job needs taken now (``calls.sequence``), the job handed over."""
+    writer = tracer.writer
+    if writer is None:
+        return
+    module = cast("nn.LSTM | nn.GRU", m.module)
+    held, initial, scratch = not writer.inline, tracer.initial_states, tracer.scratch
+    x0, out, recovery, size = sequence(module, args, x, y, unbatched, valid, output, held, initial, scratch)
+    steps, batch = int(x.shape[0]), int(x.shape[1])
+    if tags is None:
+        tags = tracer.resolver(m.name, steps, batch)
+    call = tracer.call_base + tracer.calls
+    tracer.calls += 1
+    _call_job(tracer, writer, m.name, tags, call, batch, steps, x0, out, recovery, size)
+
+
+def _call_job(
+    tracer: CoreTracer,
+    writer: LogWriter,
+    name: str,
+    tags: Tags,
+    call: int,
+    batch: int,
+    steps: int,
+    x0: torch.Tensor,
+    out: torch.Tensor,
+    recovery: Recovery | None,
+    nbytes: int,
+) -> None:
+    """A call that fits no block, handed to the writer as a job of its own (``calls.write_call``), after the
+    kept one-step calls (the log keeps call order); under ``--other-envs none`` its kept columns only."""
+    tracer.flush_pending()
+    columns = kept_columns(tracer.keep_envs, tags.grid, np.arange(batch))
+    if columns is not None:  # --other-envs none: the other env columns stay where they are
+        if len(columns) == 0:
+            return
+        x0, out = select(x0, 1, columns), select(out, 1, columns)
+        tags = dataclasses.replace(tags, grid=fitted(tags.grid, batch, columns))
+        batch = len(columns)
+    job = functools.partial(
+        write_call, tracer.emitter, writer, name, tags, call, batch, steps, x0, out, recovery, columns
+    )
+    writer.submit(job, nbytes or tensor_bytes(out))

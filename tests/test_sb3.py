@@ -353,17 +353,17 @@ def test_summary_loops_reduced_in_the_tracer_write_the_same_log(tmp_path, monkey
     rollout blocks, sequence calls and per-step training loops; the drifts from drift.Drift, against the
     rollout states Inputs holds) give the very rows the sink gives from their states: every column, bit for
     bit, through a writer process and a writer thread."""
-    from lstm_probe import blocks, run
+    from lstm_probe import emitter, run
     from lstm_probe.tracer import CoreTracer
 
     reduced = []
-    original = blocks.reduced
+    original = emitter.reduced
 
     def counted(hs, cs, drift, per_step=False):
         reduced.append(drift is not None and bool(drift[2].any()))
         return original(hs, cs, drift, per_step)
 
-    monkeypatch.setattr(blocks, "reduced", counted)
+    monkeypatch.setattr(emitter, "reduced", counted)
 
     def log(name, here):
         monkeypatch.setattr(CoreTracer, "_reduce_here", here)

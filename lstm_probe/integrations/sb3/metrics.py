@@ -39,7 +39,7 @@ Relies on sb3-contrib 2.x: ``ppo_recurrent.py:RecurrentPPO.collect_rollouts`` ca
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -48,7 +48,22 @@ from lstm_probe.schema import row_norms
 
 if TYPE_CHECKING:
     from lstm_probe.contract import Tags
-    from lstm_probe.integrations.sb3.callback import ProbeCallback
+    from lstm_probe.tracer import CoreTracer
+
+
+class Probe(Protocol):
+    """What live metrics read of the probe they serve (``callback.ProbeCallback``, which imports this module:
+    the type is declared here, so that nothing here imports it back)."""
+
+    @property
+    def model(self) -> Any: ...
+
+    @property
+    def tracer(self) -> CoreTracer | None: ...
+
+    @property
+    def iteration(self) -> int: ...
+
 
 SATURATION = 0.95
 """|h| above this counts as saturated (the report's health section uses the same threshold)."""
@@ -56,7 +71,7 @@ SATURATION = 0.95
 _CURRENT: weakref.ref[LiveMetrics] | None = None
 
 
-def attach(probe: ProbeCallback, figures: bool | None = None) -> LiveMetrics:
+def attach(probe: Probe, figures: bool | None = None) -> LiveMetrics:
     """Start live metrics for a probe whose learn() is starting. ``figures``: record the figures (None:
     where something can see them, :func:`seen`); without them only :func:`live` answers."""
     global _CURRENT
@@ -99,7 +114,7 @@ class _Module:
 class LiveMetrics:
     """Each iteration's figures (module docstring), from the tracer's messages and the minibatch grids."""
 
-    def __init__(self, probe: ProbeCallback, figures: bool | None = True):
+    def __init__(self, probe: Probe, figures: bool | None = True):
         # held weakly, as everything a probe puts on the model (attach.py)
         self.probe = weakref.ref(probe)
         model: Any = probe.model
@@ -146,7 +161,7 @@ class LiveMetrics:
 
     # -- what the figures are made of --------------------------------------------------------------
     def observe(self, message: Message, layers: int, states: tuple[Any, Any] | None = None) -> None:
-        """A message the tracer hands the sink (``CoreTracer.hand_over``; in call order, host arrays): a
+        """A message the tracer hands the sink (``emitter.Emitter.hand_over``; in call order, host arrays): a
         rollout block's states (``states`` where the message carries the rows' figures only), or train rows'
         drifts."""
         if isinstance(message, Progress):
@@ -162,7 +177,7 @@ class LiveMetrics:
             elif states is not None:  # a summary log's rows: their norms came computed (drift.reduced)
                 self._rollout(mine, *states, norms=(message.hs.h_norm, message.hs.c_norm))
         elif tags.phase == "train" and tags.grid is not None and getattr(message, "t", None) != -1:
-            # figures-only rows (a summary log's, drift.Reduced) bring their drifts with their norms
+            # figures-only rows (a summary log's, messages.Reduced) bring their drifts with their norms
             drift = message.drift if isinstance(message.hs, np.ndarray) else message.hs.drift
             if drift is not None:
                 self._train(mine, int(tags.epoch if tags.epoch is not None else 0), drift, layers)

@@ -362,11 +362,11 @@ class TorchRLProbe(Probe, Tagged):
         (torchrl/collectors/_single.py ``Collector._setup_frames_per_batch``), read from the collector whose
         ``rollout`` makes this call, and nothing older (a replay buffer's samples of earlier batches, made
         with earlier weights, get no drift and stay out of the check). Set before any rollout state is kept
-        (the first collection call), on the tracer's store of rollout states (``CoreTracer.inputs``)."""
+        (the first collection call): ``CoreTracer.default_window``."""
         self._window_from_collector = False
         per_env = getattr(_collector(), "frames_per_batch", None)
-        if isinstance(per_env, int) and per_env > 0 and not self.tracer.inputs.window:
-            self.tracer.inputs.window = per_env
+        if isinstance(per_env, int) and per_env > 0:
+            self.tracer.default_window(per_env)
 
     def _sequential(self, name: str, mod: Any, td: Any, output: Any) -> None:
         """A sequential-mode call (collection, an evaluation): one step per env column, rnn.py
