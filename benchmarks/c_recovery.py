@@ -23,8 +23,8 @@ import time
 import numpy as np
 import torch
 
-from lstm_probe.recover import Scratch, lstm_assemble, lstm_cells, lstm_sequence_parts
-from lstm_probe.transfer import Staged
+from lstm_probe.capture.recover import Scratch, lstm_assemble, lstm_cells, lstm_sequence_parts
+from lstm_probe.capture.transfer import Staged
 
 
 def device_cells(module: torch.nn.LSTM, x: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor, y: torch.Tensor):

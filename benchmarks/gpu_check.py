@@ -39,9 +39,9 @@ from typing import Any
 import torch
 
 import lstm_probe
+from lstm_probe.capture.tracer import CoreTracer
 from lstm_probe.integrations.sb3.torch_env import TorchPendulumVecEnv
-from lstm_probe.logwriter import LogWriter
-from lstm_probe.tracer import CoreTracer
+from lstm_probe.log.logwriter import LogWriter
 
 
 def model(n_envs: int, device: str, seed: int = 0) -> Any:

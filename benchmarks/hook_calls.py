@@ -59,7 +59,7 @@ import numpy as np, torch
 from torch import nn
 from lstm_probe.contract import Capabilities, Grid, Tags
 from lstm_probe.options import capture_options
-from lstm_probe.tracer import CoreTracer
+from lstm_probe.capture.tracer import CoreTracer
 torch.set_num_threads(1)
 cfg = json.loads(sys.argv[1])
 hidden, n, steps = cfg["hidden"], cfg["batch"], 128
@@ -115,7 +115,9 @@ torch.set_num_threads(1)
 from sb3_contrib import RecurrentPPO
 from stable_baselines3.common.env_util import make_vec_env
 from lstm_probe import ProbeCallback, read_info
-from lstm_probe import inputs, logwriter, tracer
+from lstm_probe.capture import inputs
+from lstm_probe.log import logwriter
+from lstm_probe.capture import tracer
 from lstm_probe.integrations.sb3 import callback, metrics
 
 clock = time.thread_time  # the training thread's CPU time (the writer process is not counted)

@@ -28,8 +28,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from lstm_probe.layout import row_capacity
-from lstm_probe.writer import column_encodings
+from lstm_probe.log.layout import row_capacity
+from lstm_probe.log.writer import column_encodings
 
 CHILD = """
 import json, sys, time
@@ -132,7 +132,7 @@ def main() -> None:
     args = ap.parse_args()
     tmp = None
     if args.log is not None:
-        from lstm_probe.reader import read_info
+        from lstm_probe.log.reader import read_info
 
         out, rows = args.log, read_info(args.log).rows
     else:

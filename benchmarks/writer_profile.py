@@ -11,7 +11,7 @@ c and every drift come computed in the recorded messages).
     python benchmarks/writer_profile.py replay full.rec --profile      # cProfile of one replay
     python benchmarks/writer_profile.py replay full.rec --stages       # CPU per stage of one replay
 
-A variant sets ``lstm_probe.writer``'s encoding knobs (``ENCODING``) for its replays; the log written
+A variant sets ``lstm_probe.log.writer``'s encoding knobs (``ENCODING``) for its replays; the log written
 is read back and compared value by value with the first variant's (only encodings may differ).
 """
 
@@ -41,7 +41,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "vec-lz4": {"vector_compression": "lz4"},
     "vec-none": {"vector_compression": "none"},
 }
-"""Encoding variants: overrides of ``lstm_probe.writer.ENCODING`` (see there)."""
+"""Encoding variants: overrides of ``lstm_probe.log.writer.ENCODING`` (see there)."""
 
 
 def record(args: argparse.Namespace) -> None:
@@ -53,7 +53,7 @@ def record(args: argparse.Namespace) -> None:
     from stable_baselines3.common.env_util import make_vec_env
 
     from lstm_probe import ProbeCallback
-    from lstm_probe.logwriter import LogWriter
+    from lstm_probe.log.logwriter import LogWriter
 
     messages: list[bytes] = []
     config: dict[str, Any] = {}  # the writer's WriterConfig, as "writer"
@@ -82,7 +82,7 @@ def record(args: argparse.Namespace) -> None:
 
 def replay_once(rec: dict[str, Any], out: str, overrides: dict[str, Any], stages: bool = False) -> dict[str, Any]:
     """One replay into ``out`` with ``overrides`` of the writer's encoding: CPU seconds, rows, bytes."""
-    from lstm_probe import sink, writer
+    from lstm_probe.log import sink, writer
 
     encoding: dict[str, Any] = getattr(writer, "ENCODING", {})  # absent before the knobs existed
     if overrides and not encoding:
@@ -140,7 +140,7 @@ class _Stages:
         self.wrap(s.log.encoder, "encode", "arrow arrays")
         self.wrap(s.log.parts, "write", "parquet write (encode, zstd, file)")
         self.wrap(s.log.parts, "close_part", "part close")
-        from lstm_probe import writer
+        from lstm_probe.log import writer
 
         make = writer._parquet_writer
 
@@ -176,7 +176,7 @@ def compare(a: str, b: str) -> str:
 
 
 def replay(args: argparse.Namespace) -> None:
-    from lstm_probe.writer_process import _NoPandas
+    from lstm_probe.log.writer_process import _NoPandas
 
     sys.meta_path.insert(0, _NoPandas)  # type: ignore[arg-type]  # as in the writer process
     with open(args.rec, "rb") as f:
@@ -226,7 +226,7 @@ def replay(args: argparse.Namespace) -> None:
 
 def write(args: argparse.Namespace) -> None:
     """Replay once into ``out`` (a file, or a dataset directory when it ends in /) and keep the log."""
-    from lstm_probe.writer_process import _NoPandas
+    from lstm_probe.log.writer_process import _NoPandas
 
     sys.meta_path.insert(0, _NoPandas)  # type: ignore[arg-type]
     with open(args.rec, "rb") as f:
@@ -242,7 +242,7 @@ def pipe_once(rec: dict[str, Any], out: str, times: int = 1) -> dict[str, Any]:
     import resource
 
     import lstm_probe
-    from lstm_probe.writer_process import Child
+    from lstm_probe.log.writer_process import Child
 
     config = dataclasses.replace(rec["config"], out=out, pid=None)  # no lock of this run's to free
     messages = [pickle.loads(m) for m in rec["messages"]]
@@ -266,7 +266,7 @@ def pipe_once(rec: dict[str, Any], out: str, times: int = 1) -> dict[str, Any]:
 
 def pipe(args: argparse.Namespace) -> None:
     """Replays through a real writer process, ``--repeats`` times: medians and spreads."""
-    from lstm_probe import writer_process
+    from lstm_probe.log import writer_process
 
     for item in args.env or []:
         key, _, value = item.partition("=")

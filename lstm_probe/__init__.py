@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING
 from lstm_probe.errors import BadInput, BadLog, Interrupted, OutputError, ProbeError
 
 if TYPE_CHECKING:  # the checker sees the real names; at run time __getattr__ imports each on first use
-    from lstm_probe.budget import set_limit as set_max_memory
     from lstm_probe.deploy.export import export
     from lstm_probe.deploy.replay import replay
     from lstm_probe.integrations import rllib
@@ -18,10 +17,11 @@ if TYPE_CHECKING:  # the checker sees the real names; at run time __getattr__ im
     from lstm_probe.integrations.sb3.options import Build, Measure
     from lstm_probe.integrations.sb3.run import run
     from lstm_probe.integrations.sb3.watch import watch
+    from lstm_probe.log.budget import set_limit as set_max_memory
+    from lstm_probe.log.reader import LogInfo, load, pair, read_info, states
     from lstm_probe.options import CaptureOptions, RunResult, TrainOptions
-    from lstm_probe.probes import probe
-    from lstm_probe.reader import LogInfo, load, pair, read_info, states
     from lstm_probe.report import summarize
+    from lstm_probe.report.probes import probe
 
     __version__: str
 
@@ -30,13 +30,13 @@ if TYPE_CHECKING:  # the checker sees the real names; at run time __getattr__ im
 # pyarrow (~29 MB of RSS). No public name is also a submodule's name (``lstm_probe.run`` is the function,
 # whatever was imported before).
 _LAZY: dict[str, tuple[str, str]] = {  # name: (module, its attribute; "" for the module itself)
-    "LogInfo": ("lstm_probe.reader", "LogInfo"),
-    "load": ("lstm_probe.reader", "load"),
-    "pair": ("lstm_probe.reader", "pair"),
-    "read_info": ("lstm_probe.reader", "read_info"),
-    "states": ("lstm_probe.reader", "states"),
+    "LogInfo": ("lstm_probe.log.reader", "LogInfo"),
+    "load": ("lstm_probe.log.reader", "load"),
+    "pair": ("lstm_probe.log.reader", "pair"),
+    "read_info": ("lstm_probe.log.reader", "read_info"),
+    "states": ("lstm_probe.log.reader", "states"),
     "summarize": ("lstm_probe.report", "summarize"),
-    "probe": ("lstm_probe.probes", "probe"),  # linear probes from a log (numpy only)
+    "probe": ("lstm_probe.report.probes", "probe"),  # linear probes from a log (numpy only)
     "CaptureOptions": ("lstm_probe.options", "CaptureOptions"),
     "TrainOptions": ("lstm_probe.options", "TrainOptions"),
     "RunResult": ("lstm_probe.options", "RunResult"),
@@ -51,7 +51,7 @@ _LAZY: dict[str, tuple[str, str]] = {  # name: (module, its attribute; "" for th
     "watch": ("lstm_probe.integrations.sb3.watch", "watch"),  # the doctor over predict calls outside learn()
     "export": ("lstm_probe.deploy.export", "export"),  # ONNX / TorchScript with explicit state, verified
     "replay": ("lstm_probe.deploy.replay", "replay"),  # which deployment loop recorded a trace
-    "set_max_memory": ("lstm_probe.budget", "set_limit"),  # the memory budget of reads (--max-memory)
+    "set_max_memory": ("lstm_probe.log.budget", "set_limit"),  # the memory budget of reads (--max-memory)
     "rllib": ("lstm_probe.integrations.rllib", ""),  # the RLlib integration (its functions need the rllib extra)
 }
 

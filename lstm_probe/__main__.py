@@ -1,3 +1,3 @@
-from lstm_probe.cli import main
+from lstm_probe.cli.app import main
 
 main()

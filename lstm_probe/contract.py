@@ -14,8 +14,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from lstm_probe.schema import CODE, COLUMN, COLUMNS, Column
-from lstm_probe.schema import CODES as CODES  # re-exported: the string columns' values
+from lstm_probe.log.schema import CODE, COLUMN, COLUMNS, Column
+from lstm_probe.log.schema import CODES as CODES  # re-exported: the string columns' values
 
 PHASE = CODE["phase"]
 PATH = CODE["path"]
@@ -241,7 +241,7 @@ class Capabilities:
 
 @runtime_checkable
 class Integration(Protocol):
-    """What a framework tells the tracer core (``lstm_probe.tracer.CoreTracer``). Each module under
+    """What a framework tells the tracer core (``lstm_probe.capture.tracer.CoreTracer``). Each module under
     ``lstm_probe/integrations/`` meets it (sb3: ``ProbeCallback``; RLlib: each process's probe; the
     generic tracer: ``GenericIntegration``); the core never imports one."""
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from lstm_probe.errors import BadInput
-from lstm_probe.lock import lock_path
+from lstm_probe.log.lock import lock_path
 
 CAPTURES = ("full", "summary")
 WRITERS = ("process", "thread")
@@ -373,7 +373,7 @@ def check_size(train: TrainOptions, *, n_steps: int, hidden_size: int, layers: i
     weights = lstms * (2 * layers - 1) * 4 * h * h * BYTES_PER_PARAMETER
     states = train.n_envs * n_steps * lstms * layers * 2 * h * 4
     if weights + states > have:
-        from lstm_probe.budget import words
+        from lstm_probe.log.budget import words
 
         fix = "a smaller --hidden-size" if weights >= states else "fewer --n-envs or a shorter --n-steps"
         raise BadInput(
@@ -457,7 +457,7 @@ def flag(f: dataclasses.Field[Any], hint: Any, prefix: str = "") -> tuple[Any, t
 
 @dataclass
 class RunResult:
-    """What ``run`` produced, read from the finished log (:func:`lstm_probe.life.train` makes it for every
+    """What ``run`` produced, read from the finished log (:func:`lstm_probe.capture.life.train` makes it for every
     framework): where the log is, its rows and bytes, whether it says the run completed, the env steps done and
     the seconds training took."""
 

@@ -11,34 +11,34 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "lstm_probe"
 DOC = PACKAGE.parent / "docs" / "architecture.md"
 
-CLI_LAYER = {"cli", "cli_flags", "cli_render", "__main__"}
+CLI_LAYER = {"cli", "cli.app", "cli.flags", "cli.render", "cli.__main__", "__main__"}
 """The command line: parses, calls the library, prints. May import anything."""
 INTEGRATION_IMPORTS = {
     "contract",
-    "tracer",
-    "life",
+    "capture.tracer",
+    "capture.life",
     "options",
-    "modules",
+    "capture.modules",
     "errors",
-    "schema",
-    "layout",
-    "lock",
+    "log.schema",
+    "log.layout",
+    "log.lock",
     "report",
-    "budget",
+    "log.budget",
     "torch_env",
-    "messages",
+    "log.messages",
     "extras",
 }
 """The core modules an integration may import (docs/architecture.md names the same list)."""
-DEPLOY_IMPORTS = {"errors", "layout", "options", "reader", "budget", "extras"}
+DEPLOY_IMPORTS = {"errors", "log.layout", "options", "log.reader", "log.budget", "extras"}
 """The core modules the deploy layer may import (docs/architecture.md names the same list)."""
 FRAMEWORK_PACKAGES = ("stable_baselines3", "sb3_contrib", "ray", "rsl_rl", "torchrl", "tensordict")
 """What the deploy layer never imports, not even inside a function: it reaches a framework through
 ``integrations.deploy_policy``."""
-READ_ROOTS = {"reader", "report", "probes", "html", "html_figures"}
+READ_ROOTS = {"log.reader", "report"}
 """Reading a log needs no torch: these, and every module they import."""
-PRINTERS = {"cli", "cli_render"}
-EXITERS = PRINTERS | {"writer_process"}  # a program of its own (python -m lstm_probe.writer_process)
+PRINTERS = {"cli.app", "cli.render"}
+EXITERS = PRINTERS | {"log.writer_process"}  # a program of its own (python -m lstm_probe.log.writer_process)
 MAX_LINES = 600
 
 
@@ -129,11 +129,22 @@ def test_no_import_cycles_even_inside_functions_or_for_types_only():
     cycles = _cycles(edges)
     assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(map(_short, c)) for c in cycles)
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c", "a"]]  # the check sees one
-    assert "lstm_probe.emitter" in graph["lstm_probe.blocks"]  # and type-only imports (blocks' Emitter)
+    assert "lstm_probe.capture.emitter" in graph["lstm_probe.capture.blocks"]  # and type-only imports (blocks' Emitter)
 
 
 def _short(module: str) -> str:
     return module.removeprefix("lstm_probe").removeprefix(".")
+
+
+LAYERS = ("capture", "log", "cli")
+"""Folders of the layers whose modules the rules name one by one (``capture.tracer``, ``log.reader``); a module of
+any other folder is named by its folder (``report``: every module of report/)."""
+
+
+def _unit(module: str) -> str:
+    """How the rules below name ``module``: ``capture.tracer``, ``log.reader``, ``report``, ``options``."""
+    parts = _short(module).split(".")
+    return ".".join(parts[:2]) if parts[0] in LAYERS and len(parts) > 1 else parts[0]
 
 
 def _is_core(module: str) -> bool:
@@ -151,7 +162,7 @@ def _doc_section(title: str) -> str:
 def test_core_never_imports_an_integration():
     graph = _graph()
     core = [m for m in sorted(graph) if _is_core(m)]
-    assert "lstm_probe.tracer" in core and "lstm_probe.report.sections.doctor" in core
+    assert "lstm_probe.capture.tracer" in core and "lstm_probe.report.sections.doctor" in core
     for name in core:
         bad = sorted(d for d in graph[name] if d.startswith(("lstm_probe.integrations", "lstm_probe.deploy")))
         assert not bad, f"{name} imports {bad}: the core speaks to frameworks only through lstm_probe.contract"
@@ -161,13 +172,13 @@ def test_integrations_import_only_the_documented_core_modules():
     section = _doc_section("Who may import whom")
     rule = re.search(r"- An integration imports, of the core, (.*?),\s+and no other module", section, re.S)
     assert rule, "docs/architecture.md states which core modules an integration may import"
-    assert set(re.findall(r"`(\w+)`", rule.group(1))) == INTEGRATION_IMPORTS
+    assert set(re.findall(r"`([\w.]+)`", rule.group(1))) == INTEGRATION_IMPORTS
     graph = _graph()
     used: set[str] = set()
     for name in sorted(graph):
         if not _short(name).startswith("integrations"):
             continue
-        core = {_short(d).split(".")[0] for d in graph[name] if _is_core(d)}
+        core = {_unit(d) for d in graph[name] if _is_core(d)}
         bad = sorted(core - INTEGRATION_IMPORTS)
         assert not bad, f"{name} imports {bad}: an integration imports only {sorted(INTEGRATION_IMPORTS)} of the core"
         deploy = sorted(d for d in graph[name] if _short(d).startswith("deploy") and d != "lstm_probe.deploy.spec")
@@ -194,14 +205,14 @@ def test_the_deploy_layer_imports_only_the_documented_modules_and_no_framework()
         r"- The deploy layer \(`deploy/`\) imports, of the core, (.*?),\s+and no other module", section, re.S
     )
     assert rule, "docs/architecture.md states which core modules the deploy layer may import"
-    assert set(re.findall(r"`(\w+)`", rule.group(1))) == DEPLOY_IMPORTS
+    assert set(re.findall(r"`([\w.]+)`", rule.group(1))) == DEPLOY_IMPORTS
     assert all(f in section for f in FRAMEWORK_PACKAGES), "docs/architecture.md names what deploy/ never imports"
     graph = _graph()
     deploy = [m for m in sorted(graph) if _short(m).startswith("deploy")]
     assert "lstm_probe.deploy.export" in deploy and "lstm_probe.deploy.replay" in deploy
     used: set[str] = set()
     for name in deploy:
-        core = {_short(d).split(".")[0] for d in graph[name] if _is_core(d)}
+        core = {_unit(d) for d in graph[name] if _is_core(d)}
         bad = sorted(core - DEPLOY_IMPORTS)
         assert not bad, f"{name} imports {bad}: the deploy layer imports only {sorted(DEPLOY_IMPORTS)} of the core"
         used |= core
@@ -217,7 +228,7 @@ def test_the_deploy_layer_imports_only_the_documented_modules_and_no_framework()
 
 
 def _read_side(graph: dict[str, set[str]]) -> set[str]:
-    todo = [m for m in graph if _short(m).split(".")[0] in READ_ROOTS]
+    todo = [m for m in graph if _unit(m) in READ_ROOTS]
     seen: set[str] = set()
     while todo:
         m = todo.pop()
@@ -232,8 +243,8 @@ def test_read_side_needs_no_torch():
     read_side = _read_side(graph)
     stated = re.search(r"- The read side \((.*?)\) never imports torch", _doc_section("Who may import whom"), re.S)
     assert stated, "docs/architecture.md names the read side"
-    named = set(re.findall(r"[a-z_]+", stated.group(1).partition("transitively:")[2]))
-    assert named == {_short(m).split(".")[0] for m in read_side} - READ_ROOTS, "the read side the doc names"
+    named = set(re.findall(r"[a-z_.]*[a-z_]", stated.group(1).partition("transitively:")[2]))
+    assert named == {_unit(m) for m in read_side} - READ_ROOTS, "the read side the doc names"
     for name in sorted(read_side):
         tree = ast.parse(_path(name).read_text())
         for node in ast.walk(tree):
@@ -276,7 +287,7 @@ def test_only_the_cli_prints_or_exits():
         seen["print"] |= {short} if prints else set()
         seen["exit"] |= {short} if exits else set()
     assert seen["print"] == PRINTERS, seen  # the checks see what they check
-    assert "writer_process" in seen["exit"]
+    assert "log.writer_process" in seen["exit"]
 
 
 _NAME = re.compile(r"[\w*]+(?:/[\w*]+)*(?:\.py|/)")
@@ -333,7 +344,7 @@ def test_modules_are_readable_in_one_sitting():
 
 # `import lstm_probe` and the CLI's start-up: what runs before a command does loads no framework, pandas or rich
 # (each command imports what it needs inside its function: `lstm-probe report` starts in a fraction of a second).
-LIGHT = ("lstm_probe", "lstm_probe.cli", "lstm_probe.integrations")
+LIGHT = ("lstm_probe", "lstm_probe.cli.app", "lstm_probe.integrations")
 HEAVY = ("torch", "stable_baselines3", "sb3_contrib", "gymnasium", "ray", "pandas", "rich", "matplotlib")
 
 
@@ -368,4 +379,4 @@ def test_package_and_cli_start_light():
         heavy = sorted(m for m in imports if m.split(".")[0] in HEAVY)
         assert not heavy, f"{name} imports {heavy} when imported: import it inside the function that needs it"
         todo += [m for m in imports if m.startswith("lstm_probe") and _exists(m)]
-    assert "lstm_probe.cli_render" in seen and not any(m.startswith("lstm_probe.integrations.") for m in seen)
+    assert "lstm_probe.cli.render" in seen and not any(m.startswith("lstm_probe.integrations.") for m in seen)

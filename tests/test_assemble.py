@@ -13,9 +13,9 @@ import pytest
 from conftest import TINY
 
 import lstm_probe
-from lstm_probe.assemble import Assembly, decode, encode, read_footer
-from lstm_probe.schema import CODES, COLUMNS
-from lstm_probe.writer import META_FINAL_KEY, FileLog
+from lstm_probe.log.assemble import Assembly, decode, encode, read_footer
+from lstm_probe.log.schema import CODES, COLUMNS
+from lstm_probe.log.writer import META_FINAL_KEY, FileLog
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ["sample_runs/pendulum-1env.parquet", "sample_runs/cartpole-4env.parquet"]
@@ -208,7 +208,7 @@ def test_a_real_run_single_file_equals_its_directory_log(tmp_path):
 def test_copy_through_user_space_and_a_short_part(tmp_path):
     """Where the kernel cannot copy file to file (here the target is a pipe), bytes go through a buffer; a part
     shorter than its footer says is an error, never a silently short log."""
-    from lstm_probe.assemble import _copy
+    from lstm_probe.log.assemble import _copy
 
     data = bytes(range(256)) * 64
     src = tmp_path / "src"

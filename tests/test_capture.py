@@ -61,7 +61,7 @@ def test_the_log_says_what_recording_cost(runs_dir, full):
 def test_summary_logs_write_fewer_larger_row_groups(tmp_path):
     """A summary log's row buffer holds no vectors: the same calls make one row group where a full capture
     at hidden 256 needs two, and the norms are the same."""
-    from lstm_probe.layout import row_capacity
+    from lstm_probe.log.layout import row_capacity
 
     torch = pytest.importorskip("torch")
     lstm = torch.nn.LSTM(3, 256)

@@ -181,7 +181,7 @@ def test_progress_display_terminal_quiet_and_eta():
 
     from rich.console import Console
 
-    from lstm_probe.cli import _RunDisplay
+    from lstm_probe.cli.app import _RunDisplay
 
     def shown(quiet, terminal):
         buf = io.StringIO()
@@ -203,7 +203,7 @@ def test_progress_display_terminal_quiet_and_eta():
 
 def test_bad_options_are_refused_before_torch_loads():
     code = (
-        "import sys\nfrom lstm_probe.cli import main\n"
+        "import sys\nfrom lstm_probe.cli.app import main\n"
         "try:\n    main(['run', 'Pendulum-v1', '--steps', '0'])\n"
         "except SystemExit as e:\n    print(e.code, sorted(m for m in ('torch', 'stable_baselines3', 'gymnasium') "
         "if m in sys.modules))\n"
@@ -353,7 +353,7 @@ def test_probe_beside_progress_bar_and_tensorboard(tmp_path):
 # fraction of a second (benchmarks/startup.py measures it). sys.modules is read when the command is done.
 AUDIT = """
 import json, sys
-from lstm_probe.cli import main
+from lstm_probe.cli.app import main
 try:
     main(sys.argv[1:])
 except SystemExit:
@@ -450,7 +450,7 @@ def test_import_lstm_probe_is_cheap_and_lazy():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=120)
     assert r.stdout.splitlines() == [
         "[]",
-        "str lstm_probe.reader lstm_probe.report.summary lstm_probe.options",
+        "str lstm_probe.log.reader lstm_probe.report.summary lstm_probe.options",
         "[]",
     ], r.stderr
 

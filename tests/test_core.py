@@ -9,7 +9,7 @@ import pytest
 from conftest import probed_run
 
 import lstm_probe
-from lstm_probe.schema import COLUMN_NAMES, SCHEMA_VERSION
+from lstm_probe.log.schema import COLUMN_NAMES, SCHEMA_VERSION
 
 VARIANTS = [
     pytest.param("Pendulum-v1", {}, id="pendulum-1env"),

@@ -60,7 +60,7 @@ def _hidden(modules, argv, cwd):
         "import sys\n"
         f"for m in {list(modules)!r}: sys.modules[m] = None\n"
         f"sys.argv = ['lstm-probe', *{list(argv)!r}]\n"
-        "from lstm_probe.cli import main\nmain()"
+        "from lstm_probe.cli.app import main\nmain()"
     )
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=cwd, env=ENV, timeout=300)
 

@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import lstm_probe
-from lstm_probe.schema import COLUMN_NAMES, META_RUN_KEY, META_VERSION_KEY, SCHEMA_VERSION, log_schema
+from lstm_probe.log.schema import COLUMN_NAMES, META_RUN_KEY, META_VERSION_KEY, SCHEMA_VERSION, log_schema
 
 PHASES = ["rollout", "bootstrap", "train", "predict", "other"]
 
@@ -142,7 +142,7 @@ def logs(draw):
 def test_summarize_never_raises_unexpectedly(tmp_path_factory, log):
     import json
 
-    from lstm_probe.writer import META_FINAL_KEY
+    from lstm_probe.log.writer import META_FINAL_KEY
 
     cols, hidden, meta, final, chunk_rows = log
     n = len(cols["call"])

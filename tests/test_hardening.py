@@ -257,7 +257,8 @@ CARTPOLE = SAMPLE.with_name("cartpole-4env.parquet")
 
 
 def test_a_filtered_read_is_counted_by_the_rows_it_keeps():
-    from lstm_probe import budget, load, pair
+    from lstm_probe import load, pair
+    from lstm_probe.log import budget
 
     budget.set_limit("10M")
     try:
@@ -300,7 +301,7 @@ def test_a_summary_logs_null_vectors_are_not_read(tmp_path: Path) -> None:
     """A summary log stores no h or c: load() does not read them (Arrow would allocate their full width for
     every null row: 716 MB per row group at hidden 256) and returns them as None."""
     import lstm_probe
-    from lstm_probe import budget
+    from lstm_probe.log import budget
 
     res = lstm_probe.run(
         "Pendulum-v1",

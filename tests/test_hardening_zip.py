@@ -49,7 +49,7 @@ def cli(*args, cwd, cap=True):
         # VmHWM starts anew at exec; ru_maxrss would count the RSS of the (large) test process at fork
         "peak = lambda: next(x.split()[1] for x in open('/proc/self/status') if x.startswith('VmHWM'))\n"
         f"atexit.register(lambda: open({str(out)!r}, 'w').write(peak()))\n"
-        "from lstm_probe.cli import main\nmain()"
+        "from lstm_probe.cli.app import main\nmain()"
     )
     r = subprocess.run(
         [sys.executable, "-c", prelude, *map(str, args)],

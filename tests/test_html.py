@@ -11,7 +11,7 @@ from conftest import probed_run
 
 import lstm_probe
 from lstm_probe.errors import BadInput
-from lstm_probe.html import build_html
+from lstm_probe.report.html import build_html
 
 FIGURES = [
     "Minibatch layout",
@@ -108,8 +108,8 @@ def test_bounded_scans_equal_whole_reads(tmp_path, env_id, opts):
 
     import lstm_probe
     from lstm_probe import run
-    from lstm_probe.html import ROLLOUT, STARTS, _distinct, _episode_spans, _length_counts
-    from lstm_probe.reader import dataset, narrow
+    from lstm_probe.log.reader import dataset, narrow
+    from lstm_probe.report.html import ROLLOUT, STARTS, _distinct, _episode_spans, _length_counts
 
     res = run(env_id, f"{tmp_path}/d/", seed=0, part_iterations=1, **{**TINY, **opts})
     df = lstm_probe.load(tmp_path / "d", vectors=False)
@@ -151,7 +151,7 @@ def test_bounded_scans_equal_whole_reads(tmp_path, env_id, opts):
 
 
 def test_long_episode_heat_map_reads_its_first_steps(page, tmp_path, monkeypatch):
-    import lstm_probe.html as h
+    import lstm_probe.report.html as h
 
     _, _, result = page
     monkeypatch.setattr(h, "MAX_HEAT_EPISODE_STEPS", 40)
@@ -218,7 +218,7 @@ def test_staleness_caption_names_the_states_drawn(page):
     alone where it has none (GRU)."""
     import dataclasses
 
-    from lstm_probe.html import _staleness_caption
+    from lstm_probe.report.html import _staleness_caption
 
     _, out, result = page
     assert (

@@ -1,4 +1,4 @@
-"""A probe's life is written once (lstm_probe/life.py): no integration has a ``with`` or a run skeleton of its
+"""A probe's life is written once (lstm_probe/capture/life.py): no integration has a ``with`` or a run skeleton of its
 own, and a run that fails mid-training ends its log with the same stop reason whatever the framework."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import lstm_probe
-from lstm_probe.life import stop_reason
+from lstm_probe.capture.life import stop_reason
 
 INTEGRATIONS = Path(lstm_probe.__file__).parent / "integrations"
 CONTEXTS = {("sb3/model_zip.py", "_Archive")}

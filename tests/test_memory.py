@@ -11,7 +11,7 @@ from stable_baselines3.common.env_util import make_vec_env
 from lstm_probe import ProbeCallback
 from lstm_probe.errors import BadInput
 from lstm_probe.integrations.sb3.memory import lags, reach, sample_steps
-from lstm_probe.reader import read_info
+from lstm_probe.log.reader import read_info
 from lstm_probe.report import summarize
 from lstm_probe.report.sections.memory import horizon
 

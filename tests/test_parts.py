@@ -102,8 +102,8 @@ def _shard_copy(src, dst, run=None, final=None):
     """A shard file made from a real part: the same rows, its run (and final) metadata edited."""
     import json
 
-    from lstm_probe.schema import META_RUN_KEY
-    from lstm_probe.writer import META_FINAL_KEY
+    from lstm_probe.log.schema import META_RUN_KEY
+    from lstm_probe.log.writer import META_FINAL_KEY
 
     pf = pq.ParquetFile(src)
     meta = dict(pf.schema_arrow.metadata)

@@ -8,8 +8,8 @@ import pytest
 import lstm_probe
 from lstm_probe import ProbeCallback
 from lstm_probe.errors import BadInput
-from lstm_probe.probes import _sample, probe_targets, r2, ridge, split
-from lstm_probe.reader import load, states
+from lstm_probe.log.reader import load, states
+from lstm_probe.report.probes import _sample, probe_targets, r2, ridge, split
 
 
 def test_ridge_recovers_a_linear_map():
@@ -54,7 +54,7 @@ def test_r2_below_zero_is_flagged_worse_than_the_mean(log):
     """A held-out part that drifts from the fitted one: the fit is exact on the fitted rows, the held-out targets are
     the negated map, so R² = 1 - sum((2 h w)^2) / sum((h w - mean)^2) <= -3 exactly; every such row says it is worse
     than predicting the mean (the R² kept as it is), and the ridge's own numbers flag alike."""
-    from lstm_probe.probes import _units, score
+    from lstm_probe.report.probes import _units, score
 
     x = np.arange(5.0)[:, None]
     y = np.array([0.0, 1.0, 2.0, 0.0, 1.0])  # fit y = x on 0..2; held out: x 3, 4 but y 0, 1 (mean 0.5)

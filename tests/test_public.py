@@ -32,7 +32,7 @@ print(json.dumps({n: f"{getattr(lstm_probe, n).__module__}.{getattr(lstm_probe, 
 """
 
 
-@pytest.mark.parametrize("first", [[], SUBMODULES, list(reversed(SUBMODULES)), ["lstm_probe.cli"]])
+@pytest.mark.parametrize("first", [[], SUBMODULES, list(reversed(SUBMODULES)), ["lstm_probe.cli.app"]])
 def test_public_names_are_the_same_objects_whatever_was_imported_first(first):
     got = subprocess.run([sys.executable, "-c", PROBE, *first], capture_output=True, text=True, check=True)
     names = json.loads(got.stdout)
@@ -41,7 +41,7 @@ def test_public_names_are_the_same_objects_whatever_was_imported_first(first):
         "arch": "lstm_probe.integrations.sb3.commands.arch",
         "Tracer": "lstm_probe.integrations.generic.Tracer",
         "trace": "lstm_probe.integrations.generic.trace",
-        "probe": "lstm_probe.probes.probe",
+        "probe": "lstm_probe.report.probes.probe",
         "load_model": "lstm_probe.integrations.sb3.commands.load_model",
         "watch": "lstm_probe.integrations.sb3.watch.watch",
     }

@@ -85,13 +85,13 @@ def _copy_with_recipes(dest: Path) -> Path:
     pkg = dest / "lstm_probe"
     shutil.copytree(ROOT / "lstm_probe", pkg, ignore=shutil.ignore_patterns("__pycache__"))
     # Recipe "add a column", step 1: declare it (before the state columns), bump the version.
-    schema = (pkg / "schema.py").read_text()
+    schema = (pkg / "log" / "schema.py").read_text()
     version = int(re.search(r"^SCHEMA_VERSION = (\d+)$", schema, flags=re.M).group(1))
     schema = schema.replace(f"SCHEMA_VERSION = {version}\n", f"SCHEMA_VERSION = {version + 1}\n", 1)
     anchor = '    Column("h_norm"'
     assert anchor in schema
     schema = schema.replace(anchor, COLUMN + anchor, 1)
-    (pkg / "schema.py").write_text(schema)
+    (pkg / "log" / "schema.py").write_text(schema)
     # Step 2: the generic tracer's tags fill a user grid column by itself; nothing else to edit.
     # Recipe "add a report section": one module, one registry line.
     (pkg / "report" / "sections" / "rooms.py").write_text(SECTION)
@@ -119,7 +119,7 @@ def _changed_files(pkg: Path) -> set[str]:
 
 def test_a_new_column_and_a_new_section_through_the_documented_recipes(tmp_path):
     pkg = _copy_with_recipes(tmp_path / "copy")
-    assert _changed_files(pkg) == {"schema.py", "report/registry.py", "report/sections/rooms.py"}
+    assert _changed_files(pkg) == {"log/schema.py", "report/registry.py", "report/sections/rooms.py"}
     env = {**os.environ, "PYTHONPATH": str(tmp_path / "copy"), "OMP_NUM_THREADS": "1"}
     for writer in ("process", "thread"):
         out = tmp_path / f"rooms-{writer}.parquet"
@@ -155,8 +155,8 @@ HAND_KEPT = {
     ("report/scan.py", "SMALL_INTS"),
     ("report/sections/staleness.py", "STALENESS_COLUMNS"),
     ("report/sections/doctor.py", "COLUMNS"),
-    ("reader.py", "PAIR_COLUMNS"),
-    ("html.py", "START_COLUMNS"),
+    ("log/reader.py", "PAIR_COLUMNS"),
+    ("report/html.py", "START_COLUMNS"),
 }
 """The column lists kept by hand: deliberate subsets, each of the columns one reader needs (the column
 recipe, step 4). The lists derived from the schema (row buffers, encoder, null filling, Grid's columns,
@@ -175,7 +175,7 @@ def test_the_column_recipe_names_every_hand_kept_column_list():
 
 
 def test_hand_kept_column_lists_name_declared_columns():
-    from lstm_probe.schema import COLUMN
+    from lstm_probe.log.schema import COLUMN
 
     for path, name in sorted(HAND_KEPT):
         module = importlib.import_module("lstm_probe." + path.removesuffix(".py").replace("/", "."))

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import lstm_probe
-from lstm_probe.recover import gru_sequence_states, lstm_sequence_states
+from lstm_probe.capture.recover import gru_sequence_states, lstm_sequence_states
 
 
 def stepwise(module, x, h0, c0=None):

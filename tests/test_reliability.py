@@ -296,7 +296,7 @@ def test_a_stale_lock_is_taken_over_with_a_note(tmp_path):
     import torch
     from torch import nn
 
-    from lstm_probe.lock import StaleLockWarning
+    from lstm_probe.log.lock import StaleLockWarning
 
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
@@ -316,12 +316,12 @@ def test_a_stale_lock_is_taken_over_with_a_note(tmp_path):
 HOLDER = r'''
 import os, subprocess, sys
 from pathlib import Path
-from lstm_probe.lock import OutputLock, lock_fds
+from lstm_probe.log.lock import OutputLock, lock_fds
 
 INHERITOR = """
 import sys
 from pathlib import Path
-from lstm_probe.lock import release_file
+from lstm_probe.log.lock import release_file
 sys.stdin.readline()  # until the test says go (its holder is dead by then)
 release_file(Path(sys.argv[1]), int(sys.argv[2]))
 """
@@ -391,7 +391,7 @@ def test_the_lock_of_a_sigkilled_holder_is_taken_at_once_and_a_live_one_refuses_
     import socket
 
     from lstm_probe.errors import BadInput
-    from lstm_probe.lock import OutputLock, live_holder
+    from lstm_probe.log.lock import OutputLock, live_holder
 
     out = tmp_path / "k.parquet"
     proc, _ = _holder(tmp_path, out)
@@ -422,7 +422,7 @@ def test_a_writer_process_that_inherits_the_lock_keeps_it_after_a_sigkill_of_tra
     """The writer process's case: its inherited open file holds the lock while it publishes after training
     was killed; the taker names training (and the file its writer); the lock is free once it is done."""
     from lstm_probe.errors import BadInput
-    from lstm_probe.lock import OutputLock, holder
+    from lstm_probe.log.lock import OutputLock, holder
 
     out = tmp_path / "w.parquet"
     proc, writer = _holder(tmp_path, out, "writer")
@@ -449,7 +449,7 @@ def test_a_forked_child_neither_frees_nor_keeps_the_lock(tmp_path):
     """A child forked from the run that exits normally (its atexit backstop runs) leaves the run's lock
     held; one that outlives the run does not keep the output locked."""
     from lstm_probe.errors import BadInput
-    from lstm_probe.lock import OutputLock
+    from lstm_probe.log.lock import OutputLock
 
     out = tmp_path / "f.parquet"
     proc, child = _holder(tmp_path, out, "fork")
@@ -485,7 +485,7 @@ def test_the_writer_process_holds_the_lock_while_it_publishes_after_a_sigkill_of
     """Held up (SIGSTOP) before it publishes, the writer process of a SIGKILLed run keeps its output locked:
     a new run is refused naming the killed one; once it is done the lock is free and its file gone."""
     from lstm_probe.errors import BadInput
-    from lstm_probe.lock import OutputLock
+    from lstm_probe.log.lock import OutputLock
 
     out = tmp_path / "p.parquet"
     proc = subprocess.Popen(
@@ -518,7 +518,7 @@ TAKER = r"""
 import sys
 from pathlib import Path
 from lstm_probe.errors import BadInput
-from lstm_probe.lock import OutputLock
+from lstm_probe.log.lock import OutputLock
 try:
     OutputLock.take(Path(sys.argv[1]), is_dir=False)
 except BadInput as exc:
@@ -535,7 +535,7 @@ def test_a_lock_file_left_with_any_content_is_taken_and_then_works(tmp_path, con
     import socket
 
     from lstm_probe.errors import BadInput
-    from lstm_probe.lock import OutputLock, live_holder
+    from lstm_probe.log.lock import OutputLock, live_holder
 
     path = tmp_path / "g.parquet.lock"
     path.write_bytes(

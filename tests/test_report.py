@@ -129,7 +129,7 @@ def same(a, b, path="report"):
 def test_report_reads_runs_of_iterations(runs_dir, env_id, opts):
     """The report reads a large log in runs of whole iterations (its memory bound): any run size gives the
     same report as one read, episodes that span runs included."""
-    from lstm_probe.reader import dataset
+    from lstm_probe.log.reader import dataset
     from lstm_probe.report.scan import chunks as _chunks
 
     result = probed_run(runs_dir, env_id, **opts)
@@ -603,7 +603,7 @@ def test_phase_pure_row_groups_report_the_same(tmp_path):
 
     import pyarrow.compute as pc
 
-    from lstm_probe.reader import dataset
+    from lstm_probe.log.reader import dataset
     from lstm_probe.report.scan import COLUMNS, FIRST_LAYER, read_scalars, with_dictionaries
 
     src = Path(__file__).parent.parent / "sample_runs" / "pendulum-1env.parquet"
@@ -643,7 +643,7 @@ def test_runs_selected_in_numpy_equal_arrow_filter():
     in and selected by iteration in numpy: the same rows, in the same order, as Arrow's row filter gives."""
     from pathlib import Path
 
-    from lstm_probe.reader import dataset
+    from lstm_probe.log.reader import dataset
     from lstm_probe.report.scan import COLUMNS, FIRST_LAYER, _plan, read_scalars, with_dictionaries
 
     src = Path(__file__).parent.parent / "sample_runs" / "pendulum-1env.parquet"
@@ -671,7 +671,7 @@ def test_report_tables_never_cut_a_number():
     from rich.console import Console
     from rich.table import Table as RichTable
 
-    from lstm_probe.cli_render import _table
+    from lstm_probe.cli.render import _table
     from lstm_probe.report import Table
 
     columns = ("states", "state Δ actor / critic", "value Δ/spread", "KL", "ratio Δ", "grad cos π / V", "reach")

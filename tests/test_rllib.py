@@ -277,7 +277,7 @@ def test_cli_rllib_bad_options(tmp_path: Path, args: list[str], message: str) ->
 
 def test_pair_and_html_read_rllib_logs(local_run: Path, tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
-    from lstm_probe.html import build_html
+    from lstm_probe.report.html import build_html
 
     p = lstm_probe.pair(local_run, phase="value")
     assert len(p) and "worker" in p.columns
@@ -357,7 +357,7 @@ def test_sigkill_leaves_readable_shards(tmp_path: Path) -> None:
     proc.communicate(timeout=60)
     # Ray's worker processes are not in the driver's process group: each notices the driver is gone and
     # exits, and until then its shard's lock says the log is still being written (as it should)
-    from lstm_probe.reader import writing
+    from lstm_probe.log.reader import writing
 
     deadline = time.monotonic() + 120
     while writing(tmp_path / "cp") is not None and time.monotonic() < deadline:

@@ -11,7 +11,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from lstm_probe.reader import dataset
+from lstm_probe.log.reader import dataset
 from lstm_probe.report.sections.cross_process import CROSS_ITERATIONS, CROSS_KEYS, cross_process
 
 SAMPLE = Path(__file__).resolve().parents[1] / "sample_runs" / "cartpole-rllib"

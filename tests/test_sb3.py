@@ -353,8 +353,9 @@ def test_summary_loops_reduced_in_the_tracer_write_the_same_log(tmp_path, monkey
     rollout blocks, sequence calls and per-step training loops; the drifts from drift.Drift, against the
     rollout states Inputs holds) give the very rows the sink gives from their states: every column, bit for
     bit, through a writer process and a writer thread."""
-    from lstm_probe import emitter, run
-    from lstm_probe.tracer import CoreTracer
+    from lstm_probe import run
+    from lstm_probe.capture import emitter
+    from lstm_probe.capture.tracer import CoreTracer
 
     reduced = []
     original = emitter.reduced

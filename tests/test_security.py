@@ -19,14 +19,15 @@ import torch
 from refusals import one_line_error
 
 import lstm_probe
-from lstm_probe import arch, load_model, reader
+from lstm_probe import arch, load_model
+from lstm_probe.log import reader
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 def cli(*args, cwd=None, prelude=""):
     """``lstm-probe ARGS`` in a subprocess; ``prelude`` runs first in that process."""
-    code = f"{prelude}\nfrom lstm_probe.cli import main\nmain()"
+    code = f"{prelude}\nfrom lstm_probe.cli.app import main\nmain()"
     return subprocess.run(
         [sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True, cwd=cwd, env=ENV, timeout=300
     )
@@ -207,7 +208,7 @@ def test_row_group_that_reads_far_larger_than_its_file(log, tmp_path):
     old = reader.MAX_ROW_GROUP_BYTES
     reader.MAX_ROW_GROUP_BYTES = limit
     try:
-        lower = f"import lstm_probe.reader as r; r.MAX_ROW_GROUP_BYTES = {limit}"
+        lower = f"import lstm_probe.log.reader as r; r.MAX_ROW_GROUP_BYTES = {limit}"
         refused(path, "row group of 4,096 rows", prelude=lower)
     finally:
         reader.MAX_ROW_GROUP_BYTES = old

@@ -85,7 +85,7 @@ def test_other_envs_none_hands_over_the_chosen_envs_only_and_writes_their_rows_u
         [
             sys.executable,
             "-m",
-            "lstm_probe.cli",
+            "lstm_probe.cli.app",
             "run",
             "Pendulum-v1",
             "--other-envs",

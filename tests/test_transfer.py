@@ -13,8 +13,8 @@ from stable_baselines3.common.env_util import make_vec_env
 
 import lstm_probe
 from lstm_probe import ProbeCallback
-from lstm_probe.logwriter import LogWriter
-from lstm_probe.transfer import Staged, host_arrays
+from lstm_probe.capture.transfer import Staged, host_arrays
+from lstm_probe.log.logwriter import LogWriter
 
 TRANSFERS = ("cpu", "numpy", "item", "tolist", "to")
 

@@ -126,7 +126,7 @@ def test_learning_rate_zero_stored_equals_refreshed_everywhere(tmp_path):
     # the HTML figure of such a run: every value inside symlog's linear range, yet the axes span 0 to at least
     # 1e-5 with ticks at 0 and decades only (ticks at the data's own limits had labels like 4.2e-07 that ran
     # into the next panel)
-    from lstm_probe import html_figures
+    from lstm_probe.report import html_figures
 
     figs = []
     png = html_figures._png

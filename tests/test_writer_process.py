@@ -79,7 +79,7 @@ def test_the_writer_process_never_loads_pandas(tmp_path):
     the writer process keeps it out. Rows are encoded when a row group is flushed: a short part time
     makes the writer flush while the test still holds it."""
     from lstm_probe import Tracer
-    from lstm_probe.modules import find_recurrent
+    from lstm_probe.capture.modules import find_recurrent
 
     m = nn.LSTM(3, 8)
     with torch.no_grad(), Tracer(find_recurrent(m), tmp_path / "p.parquet", part_seconds=0.2) as probe:
@@ -350,7 +350,7 @@ def test_the_writer_process_keeps_flushing_while_training_holds_a_frames_tail(tm
     The writer process must not block reading that frame: its flush timer publishes the earlier rows
     within --part-seconds (what "SIGKILL loses at most --part-seconds" rests on)."""
     from lstm_probe import Tracer
-    from lstm_probe.modules import find_recurrent
+    from lstm_probe.capture.modules import find_recurrent
 
     m = nn.LSTM(3, 64)
     out = tmp_path / "tail.parquet"
@@ -371,7 +371,7 @@ def test_the_writer_process_keeps_flushing_while_training_holds_a_frames_tail(tm
 @pytest.mark.parametrize("writer", ["process", "thread"])
 def test_an_idle_run_publishes_its_rows_within_part_seconds(tmp_path, writer):
     from lstm_probe import Tracer
-    from lstm_probe.modules import find_recurrent
+    from lstm_probe.capture.modules import find_recurrent
 
     m = nn.LSTM(3, 8)
     probe = Tracer(find_recurrent(m), tmp_path / "idle.parquet", part_seconds=0.5, writer=writer).start()
@@ -416,7 +416,7 @@ def test_row_groups_are_phase_pure_and_a_phase_filter_skips_the_others(tmp_path)
     import pyarrow.dataset as ds
     import pyarrow.parquet as pq
 
-    from lstm_probe.layout import row_capacity
+    from lstm_probe.log.layout import row_capacity
 
     torch.manual_seed(0)
     m = nn.LSTM(3, 256)

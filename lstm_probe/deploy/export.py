@@ -34,7 +34,7 @@ from lstm_probe.deploy.runtime import load_file
 from lstm_probe.deploy.spec import META_KEY, Policy, Spec, Step
 from lstm_probe.errors import BadInput, one_line
 from lstm_probe.extras import require
-from lstm_probe.layout import check_writable
+from lstm_probe.log.layout import check_writable
 from lstm_probe.options import CaptureOptions, check_env_id, default
 
 TOLERANCE = 1e-5
@@ -240,7 +240,7 @@ def compare(
 def episodes_from_log(log: str | os.PathLike[str], spec: Spec, count: int) -> tuple[np.ndarray, np.ndarray]:
     """The observations of the first ``count`` episodes of a ``--capture-obs`` log (by env, then episode),
     back to back, and the episode starts."""
-    from lstm_probe.reader import load
+    from lstm_probe.log.reader import load
 
     df = load(log, phase="rollout", module="actor", layer=0, columns=["env", "env_step", "episode", "obs"])
     df = df[df["obs"].notna() & df["episode"].notna()]

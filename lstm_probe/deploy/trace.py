@@ -79,7 +79,7 @@ def _read_parquet(p: Path) -> Any:
     numpy, is over the memory budget."""
     import pyarrow.dataset as ds
 
-    from lstm_probe import budget
+    from lstm_probe.log import budget
 
     data = ds.dataset(p, format="parquet")
     names = [n for n in data.schema.names if _wanted(n)]
@@ -92,7 +92,7 @@ def _read_csv(p: Path) -> Any:
     """A CSV file, refused first (one line) if its size, times :data:`CSV_BYTES`, is over the memory budget."""
     import pyarrow.csv as pacsv
 
-    from lstm_probe import budget
+    from lstm_probe.log import budget
 
     budget.refuse(CSV_BYTES * p.stat().st_size, f"reading {p} (a CSV file)")
     return pacsv.read_csv(p)

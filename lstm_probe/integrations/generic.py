@@ -16,13 +16,13 @@ from typing import Any
 import numpy as np
 from torch import nn
 
+from lstm_probe.capture.life import Probe, Tagged
+from lstm_probe.capture.modules import find_recurrent
+from lstm_probe.capture.tracer import CoreTracer
 from lstm_probe.contract import PHASE, USER_CALL_TAGS, USER_GRID_TAGS, USER_TAGS, Capabilities, Grid, Tags
 from lstm_probe.errors import BadInput
-from lstm_probe.life import Probe, Tagged
-from lstm_probe.modules import find_recurrent
+from lstm_probe.log.schema import COLUMN, PHASES
 from lstm_probe.options import CaptureOptions, capture_options
-from lstm_probe.schema import COLUMN, PHASES
-from lstm_probe.tracer import CoreTracer
 
 TAGS = USER_TAGS  # the schema's user-taggable columns
 PROVENANCE = USER_GRID_TAGS
@@ -97,7 +97,7 @@ class GenericIntegration(Tagged):
 class Tracer(Probe, CoreTracer):
     """The core tracer with the generic integration: calls are tagged with :meth:`tag`. It is its own core
     tracer (its figures are the tracer's: ``calls``, ``rows``, ``metadata``, ``writer``, ...) and a
-    :class:`~lstm_probe.life.Probe`: ``start()``, ``close()``, ``with``.
+    :class:`~lstm_probe.capture.life.Probe`: ``start()``, ``close()``, ``with``.
 
     ``Tracer(modules, out, metadata, capture=..., ...)`` or ``Tracer(modules, options=CaptureOptions(...))``;
     :func:`trace` finds the modules for you.

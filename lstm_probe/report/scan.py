@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
 
-from lstm_probe import budget
+from lstm_probe.log import budget
 from lstm_probe.report.numeric import dense_key, present, row_key
 
 SCAN_BATCH = 1 << 18
@@ -109,7 +109,7 @@ class Frame:
 
 
 def with_dictionaries(data: ds.Dataset, names: Sequence[str]) -> ds.Dataset:
-    """``data`` (a dataset of whole Parquet files, as :func:`lstm_probe.reader.dataset` opens a log) reading
+    """``data`` (a dataset of whole Parquet files, as :func:`lstm_probe.log.reader.dataset` opens a log) reading
     its string columns among ``names`` as dictionaries, the form the writer stores them in: the scan then
     skips building every row's string (the scalar scan of a 9.9M-row log: 1.5 s -> 0.65 s CPU).
     Any other dataset is returned as it is."""

@@ -26,7 +26,7 @@ from lstm_probe.report.numeric import clean
 from lstm_probe.text import safe
 
 if TYPE_CHECKING:
-    from lstm_probe.reader import LogInfo
+    from lstm_probe.log.reader import LogInfo
     from lstm_probe.report.scan import Chunk
 
 T = TypeVar("T")

@@ -9,8 +9,8 @@ from typing import Any
 import pyarrow.dataset as ds
 
 from lstm_probe.contract import Capabilities
-from lstm_probe.logfiles import reading
-from lstm_probe.reader import dataset
+from lstm_probe.log.logfiles import reading
+from lstm_probe.log.reader import dataset
 from lstm_probe.report import registry
 from lstm_probe.report.scan import REPORT_CHUNK_ROWS, scan
 from lstm_probe.report.section import Block, Line, Log, Panel, Section

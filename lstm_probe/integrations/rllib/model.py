@@ -9,8 +9,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from lstm_probe.capture.modules import describe_modules
 from lstm_probe.errors import BadInput, one_line
-from lstm_probe.modules import describe_modules
 from lstm_probe.options import TrainOptions, settle
 
 

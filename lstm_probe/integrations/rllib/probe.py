@@ -48,13 +48,13 @@ from ray.rllib.connectors.connector_v2 import ConnectorV2
 from ray.rllib.utils import force_list
 from torch import nn
 
+from lstm_probe.capture.life import Probe
+from lstm_probe.capture.modules import describe_modules
+from lstm_probe.capture.tracer import CoreTracer
 from lstm_probe.contract import BOOTSTRAP, SEQ_REASON, Capabilities, Grid, Tags
 from lstm_probe.errors import BadInput
 from lstm_probe.integrations.rllib.model import gradient_flow, lstms
-from lstm_probe.life import Probe
-from lstm_probe.modules import describe_modules
 from lstm_probe.options import CaptureOptions, capture_options
-from lstm_probe.tracer import CoreTracer
 
 KEY = "lstm_probe"
 """Key of the probe's entry in ``SingleAgentEpisode.custom_data`` and prefix of its batch column."""
@@ -92,7 +92,7 @@ def _tracer(modules: dict[str, nn.Module], probe: _Probe, shard: str, call_base:
 class _Probe(Probe):
     """One process's tracer; ``tags`` is set around each forward pass of the RLModule and read by the hooks.
     Each probe is the RLlib :class:`~lstm_probe.contract.Integration` of its process, and a
-    :class:`~lstm_probe.life.Probe` (``close``: :func:`close` reaches it in every process)."""
+    :class:`~lstm_probe.capture.life.Probe` (``close``: :func:`close` reaches it in every process)."""
 
     name = "rllib"
     tags: Tags | None = None
@@ -400,8 +400,8 @@ def probe_config(
     """
     from pathlib import Path
 
-    from lstm_probe.layout import check_output
-    from lstm_probe.lock import OutputLock
+    from lstm_probe.log.layout import check_output
+    from lstm_probe.log.lock import OutputLock
 
     given = capture_options(options, _out(out, options), **capture)
     out = _directory(given.out) or os.fspath(given.out)

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from lstm_probe import life
+from lstm_probe.capture import life
 from lstm_probe.errors import BadInput
 from lstm_probe.integrations.rllib.model import arch
 from lstm_probe.integrations.rllib.options import Rllib

@@ -55,11 +55,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from lstm_probe.capture.life import Probe
+from lstm_probe.capture.tracer import CoreTracer
 from lstm_probe.contract import BOOTSTRAP, SEQ_REASON, Capabilities, Grid, Tags
 from lstm_probe.errors import BadInput
-from lstm_probe.life import Probe
 from lstm_probe.options import CaptureOptions, capture_options
-from lstm_probe.tracer import CoreTracer
 
 ROLES = ("actor", "critic")
 
@@ -106,7 +106,7 @@ class _Dones:
 class RslRlProbe(Probe):
     """The rsl_rl :class:`~lstm_probe.contract.Integration`: tags from the wrappers around rsl_rl's own
     steps (``PPO.act``, ``PPO.compute_returns``, the storage's minibatch generator, ``env.step``). A
-    :class:`~lstm_probe.life.Probe`: ``close()`` takes the wrappers off and finishes the log; ``with``."""
+    :class:`~lstm_probe.capture.life.Probe`: ``close()`` takes the wrappers off and finishes the log; ``with``."""
 
     name = "rsl_rl"
 

@@ -14,12 +14,12 @@ from typing import Any
 
 import torch
 
-from lstm_probe import life
+from lstm_probe.capture import life
 from lstm_probe.errors import BadInput
 from lstm_probe.integrations.rsl_rl.envs import GymVecEnv, TorchPendulumVecEnv
 from lstm_probe.integrations.rsl_rl.options import RslRl
 from lstm_probe.integrations.rsl_rl.probe import attach
-from lstm_probe.layout import check_output
+from lstm_probe.log.layout import check_output
 from lstm_probe.options import (
     CaptureOptions,
     RunResult,

@@ -25,9 +25,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from lstm_probe.capture.tracer import CoreTracer
 from lstm_probe.contract import Capabilities, Tags
 from lstm_probe.errors import OutputError
-from lstm_probe.tracer import CoreTracer
 
 ACTIVE: weakref.WeakKeyDictionary[Any, Attachment] = weakref.WeakKeyDictionary()
 """The attachment on each model: a new probe on the same model finishes a stale one."""

@@ -39,15 +39,15 @@ from typing import Any, TypeVar, cast
 import numpy as np
 from stable_baselines3.common.callbacks import BaseCallback
 
+from lstm_probe.capture.life import Scope
+from lstm_probe.capture.tracer import CoreTracer
 from lstm_probe.contract import SEQ_REASON, Capabilities, Grid, Tags
 from lstm_probe.errors import BadInput
 from lstm_probe.integrations.sb3 import doctor, memory, metrics, obs, whatif
 from lstm_probe.integrations.sb3.arch import summary
 from lstm_probe.integrations.sb3.attach import ACTIVE, Attachment, WeakIntegration, weak
 from lstm_probe.integrations.sb3.options import Measure
-from lstm_probe.life import Scope
 from lstm_probe.options import CaptureOptions, route, settle
-from lstm_probe.tracer import CoreTracer
 
 HYPERPARAMETERS = (
     "n_steps",

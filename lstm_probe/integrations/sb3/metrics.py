@@ -43,12 +43,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from lstm_probe.messages import Drifts, Message, Progress
-from lstm_probe.schema import row_norms
+from lstm_probe.log.messages import Drifts, Message, Progress
+from lstm_probe.log.schema import row_norms
 
 if TYPE_CHECKING:
+    from lstm_probe.capture.tracer import CoreTracer
     from lstm_probe.contract import Tags
-    from lstm_probe.tracer import CoreTracer
 
 
 class Probe(Protocol):

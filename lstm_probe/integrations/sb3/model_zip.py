@@ -53,8 +53,8 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from lstm_probe.budget import DEFAULT_BYTES, ENV, limit, parse_bytes, words
 from lstm_probe.errors import BadInput
+from lstm_probe.log.budget import DEFAULT_BYTES, ENV, limit, parse_bytes, words
 
 MAX_MODEL_BYTES = DEFAULT_BYTES
 """Default memory budget (2 GiB) for reading and analysing one model.zip, as :func:`needs` counts it. A laptop
@@ -150,7 +150,7 @@ def refusal(path: str | Path, why: str) -> BadInput:
 
 # -- the budget ----------------------------------------------------------------------------------------
 def budget(max_bytes: int | str | None = None) -> int:
-    """The budget in bytes: ``max_bytes`` when given, else the one every read has (``lstm_probe.budget``:
+    """The budget in bytes: ``max_bytes`` when given, else the one every read has (``lstm_probe.log.budget``:
     ``--max-memory``, ``LSTM_PROBE_MAX_MEMORY``, 2 GiB)."""
     return parse_bytes(max_bytes) if max_bytes is not None else limit()
 

@@ -11,10 +11,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from lstm_probe import life
+from lstm_probe.capture import life
 from lstm_probe.errors import BadInput, ProbeError, one_line
 from lstm_probe.integrations.sb3.options import Build, Measure
-from lstm_probe.layout import check_output
+from lstm_probe.log.layout import check_output
 from lstm_probe.options import (
     CaptureOptions,
     Progress,

@@ -19,11 +19,11 @@ from typing import Any
 
 import numpy as np
 
+from lstm_probe.capture.tracer import CoreTracer
 from lstm_probe.contract import Capabilities, Grid, Tags
 from lstm_probe.errors import BadInput
 from lstm_probe.integrations.sb3.callback import model_metadata
 from lstm_probe.options import capture_options
-from lstm_probe.tracer import CoreTracer
 
 
 class _PredictIntegration:

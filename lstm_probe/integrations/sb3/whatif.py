@@ -47,7 +47,7 @@ from torch import nn
 
 from lstm_probe.integrations.sb3.arch import private_policy as shadow_policy
 from lstm_probe.integrations.sb3.options import Measure
-from lstm_probe.schema import WHAT_IF_METRICS
+from lstm_probe.log.schema import WHAT_IF_METRICS
 
 BURN_IN = (4, 16, 64)
 """Burn-in lengths always measured (``burn_in=`` adds more)."""

@@ -53,6 +53,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from lstm_probe.capture.life import Probe, Tagged
+from lstm_probe.capture.modules import base_metadata
+from lstm_probe.capture.tracer import CoreTracer
 from lstm_probe.contract import SEQ_REASON, Capabilities, Grid, Tags
 from lstm_probe.errors import BadInput
 from lstm_probe.integrations.torchrl.samples import (
@@ -63,11 +66,8 @@ from lstm_probe.integrations.torchrl.samples import (
     pieces,
     pieces_on_device,
 )
-from lstm_probe.life import Probe, Tagged
-from lstm_probe.modules import base_metadata
+from lstm_probe.log.schema import COLUMN
 from lstm_probe.options import CaptureOptions, capture_options
-from lstm_probe.schema import COLUMN
-from lstm_probe.tracer import CoreTracer
 
 _PHASE_OF_PACKAGE = (
     ("torchrl.objectives.value", "value"),  # GAE, TD(lambda): their value network runs in recurrent mode

@@ -13,9 +13,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from lstm_probe import life
+from lstm_probe.capture import life
 from lstm_probe.errors import BadInput
-from lstm_probe.layout import check_output
+from lstm_probe.log.layout import check_output
 from lstm_probe.options import (
     CaptureOptions,
     RunResult,

@@ -9,8 +9,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
 
-from lstm_probe import budget
 from lstm_probe.contract import Capabilities
+from lstm_probe.log import budget
 from lstm_probe.report.numeric import KEY_CHUNK, by_count, dense_key, groups
 from lstm_probe.report.scan import Chunk, Frame
 from lstm_probe.report.section import Accumulator, Block, Counts, Line, Log, Max, Section, Sum, Table

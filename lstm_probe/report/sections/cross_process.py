@@ -13,13 +13,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from lstm_probe import budget
 from lstm_probe.contract import Capabilities
-from lstm_probe.reader import narrow
+from lstm_probe.log import budget
+from lstm_probe.log.reader import narrow
+from lstm_probe.log.schema import relative_l2
 from lstm_probe.report.numeric import dense_key, groups
 from lstm_probe.report.section import Block, Line, Log, Section, Table, fmt
 from lstm_probe.report.sections.staleness import PROVENANCE_TOLERANCE
-from lstm_probe.schema import relative_l2
 from lstm_probe.text import safe
 
 CROSS_KEYS = ["module", "layer", "worker", "env", "env_step"]

@@ -1,7 +1,7 @@
 """The "Doctor" section: the classic recurrent-policy bugs, found from where each call's input state came from.
 
 It reads the ``init`` column (schema 3; the tracer fills it at each batch column's first step of a call,
-``lstm_probe/inputs.py``) with the phase, env, env step and episode start of those rows, in bounded runs,
+``lstm_probe/capture/inputs.py``) with the phase, env, env step and episode start of those rows, in bounded runs,
 and names, each with its count and first occurrence (call, module, env, env_step):
 
 - calls that started from zeros without an episode start: in a phase that never carried its state, the
@@ -28,11 +28,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from lstm_probe import budget
 from lstm_probe.contract import Capabilities
+from lstm_probe.log import budget
+from lstm_probe.log.schema import INITS
 from lstm_probe.report.scan import is_parquet, row_groups, with_dictionaries
 from lstm_probe.report.section import Block, Line, Log, Section, Table
-from lstm_probe.schema import INITS
 from lstm_probe.text import safe
 
 COLUMNS = ["call", "module", "phase", "env", "env_step", "episode_start", "episode_step", "init", "init_norm"]

@@ -10,8 +10,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
 
-from lstm_probe import budget
 from lstm_probe.contract import Capabilities
+from lstm_probe.log import budget
 from lstm_probe.report.numeric import group_stats, groups, mean_max, present, row_key
 from lstm_probe.report.section import (
     Accumulator,

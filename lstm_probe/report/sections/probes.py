@@ -1,7 +1,7 @@
 """The "Linear probes" section: what the hidden state encodes, for logs whose rollout rows carry observations
 (``--capture-obs``) or info values (``--info KEY``): R² of ridge probes from h (each module and layer) to each
 observation component and info key, at lags 0 and 1, on held-out episodes, at a few iterations spread over the
-run (:func:`lstm_probe.probes.probe_rows`, numpy only; ``lstm-probe probe`` gives any target, lag and iteration).
+run (:func:`lstm_probe.report.probes.probe_rows`, numpy only; ``lstm-probe probe`` gives any target, lag and iteration).
 
 Bounded cost: at most :data:`ITERATIONS` iterations, :data:`MAX_OBS` observation components and about
 :data:`MAX_ROWS` rows per (iteration, module, layer), whole episodes sampled evenly.
@@ -66,7 +66,7 @@ class Probes(Section[ProbesSection | None]):
         targets = [f"obs:{i}" for i in range(min(obs_size, MAX_OBS))] if isinstance(obs_size, int) else []
         targets += [f"info:{k}" for k in keys]
         iterations = _spread(list(range(log.iterations)), ITERATIONS)
-        from lstm_probe.probes import probe_rows  # numpy: the report loads no pandas
+        from lstm_probe.report.probes import probe_rows  # numpy: the report loads no pandas
 
         found = probe_rows(log.info.path, targets, lags=LAGS, iterations=iterations, max_rows=MAX_ROWS, strict=False)
         rows: list[dict[str, Any]] = [
@@ -126,7 +126,7 @@ def _notes(rows: list[dict[str, Any]]) -> list[str]:
     below = [r for r in rows if r.get("r2") is not None and r["r2"] < 0]
     if not below:
         return []
-    from lstm_probe.probes import BELOW_ZERO
+    from lstm_probe.report.probes import BELOW_ZERO
 
     scored = sum(r.get("r2") is not None for r in rows)
     low = min(below, key=lambda r: r["r2"])

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from lstm_probe.contract import Capabilities
+from lstm_probe.log.schema import WHAT_IF_METRICS
 from lstm_probe.report.section import Block, Line, Log, Panel, Section, Table, fmt
-from lstm_probe.schema import WHAT_IF_METRICS
 
 WITHIN = 0.01
 """'Within 1%': the value difference at most this fraction of the minibatch's return spread (standard deviation

@@ -27,13 +27,12 @@ if TYPE_CHECKING:  # both load in ~0.5 s; the writer process (which imports this
     import pandas as pd
     import pyarrow.dataset as ds
 
-from lstm_probe import budget
 from lstm_probe.errors import BadInput, BadLog
-from lstm_probe.layout import PARTIAL_SUFFIX, partial_dir
-from lstm_probe.lock import Holder, live_holder, lock_path
-from lstm_probe.logfiles import check_counts, metadata_json, open_part, reads
-from lstm_probe.options import MAX_HIDDEN_SIZE
-from lstm_probe.schema import (
+from lstm_probe.log import budget
+from lstm_probe.log.layout import PARTIAL_SUFFIX, partial_dir
+from lstm_probe.log.lock import Holder, live_holder, lock_path
+from lstm_probe.log.logfiles import check_counts, metadata_json, open_part, reads
+from lstm_probe.log.schema import (
     COLUMNS,
     META_RUN_KEY,
     META_VERSION_KEY,
@@ -42,7 +41,8 @@ from lstm_probe.schema import (
     relative_l2,
     required_columns,
 )
-from lstm_probe.writer import META_FINAL_KEY
+from lstm_probe.log.writer import META_FINAL_KEY
+from lstm_probe.options import MAX_HIDDEN_SIZE
 
 KEYS = ["module", "layer", "env", "env_step"]
 """What pairs a train row with its rollout row (:func:`pair`; RLlib logs add ``worker``)."""

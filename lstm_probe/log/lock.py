@@ -1,7 +1,7 @@
 """The lock on a log's output: one run writes one log at a time.
 
 A run takes the lock before training starts (:meth:`OutputLock.take`, in
-:class:`~lstm_probe.logwriter.LogWriter`) and releases it when its log closes, on every exit path (a normal
+:class:`~lstm_probe.log.logwriter.LogWriter`) and releases it when its log closes, on every exit path (a normal
 end, an exception, Ctrl-C and SIGTERM, which reach the close as exceptions; an ``atexit`` backstop for the
 rest). The lock is the kernel's advisory lock (``flock``; ``msvcrt.locking`` on Windows) on an open lock
 file the run keeps open: ``run.parquet.lock`` beside a single-file log, ``DIR/.lstm-probe.lock`` inside a

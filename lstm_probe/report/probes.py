@@ -27,10 +27,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from lstm_probe import budget
 from lstm_probe.errors import BadInput
-from lstm_probe.logfiles import reads
-from lstm_probe.reader import dataset, narrow
+from lstm_probe.log import budget
+from lstm_probe.log.logfiles import reads
+from lstm_probe.log.reader import dataset, narrow
 
 if TYPE_CHECKING:
     import pandas as pd

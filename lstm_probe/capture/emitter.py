@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from lstm_probe.capture.drift import Drift, reduced
+from lstm_probe.capture.inputs import Inputs
 from lstm_probe.contract import Tags
-from lstm_probe.drift import Drift, reduced
-from lstm_probe.inputs import Inputs
-from lstm_probe.messages import Drifts, Message, Rows, SequenceCall
+from lstm_probe.log.messages import Drifts, Message, Rows, SequenceCall
 
 if TYPE_CHECKING:
-    from lstm_probe.logwriter import LogWriter
+    from lstm_probe.log.logwriter import LogWriter
 
 Observer = Callable[[Message, int, "tuple[Any, Any] | None"], None]
 """Reads each message handed to the sink (``Emitter.observers``, ``CoreTracer.observers``): the message, the
@@ -26,8 +26,8 @@ carries the states, or none were kept)."""
 
 class Emitter:
     """Rows to the sink, from the host arrays of a job's second half (in call order): each column's input
-    state answered (``inputs``: :class:`~lstm_probe.inputs.Inputs`, which keeps the rollout states), the
-    train rows' drifts against them (``drift``: :class:`~lstm_probe.drift.Drift`, computed once), a summary
+    state answered (``inputs``: :class:`~lstm_probe.capture.inputs.Inputs`, which keeps the rollout states), the
+    train rows' drifts against them (``drift``: :class:`~lstm_probe.capture.drift.Drift`, computed once), a summary
     log's rows reduced to their figures (``reduces``), the rows counted (``rows``: a progress display's
     figure), and each message read by the ``observers`` (sb3's live metrics) before the writer sends it.
 

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from lstm_probe.errors import BadInput
-from lstm_probe.schema import SCHEMA_VERSION
+from lstm_probe.log.schema import SCHEMA_VERSION
 
 RECURRENT_TYPES = (nn.LSTM, nn.GRU, nn.LSTMCell, nn.GRUCell)
 """The module types a tracer can hook."""

@@ -38,10 +38,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from lstm_probe.assemble import Assembly
-from lstm_probe.layout import PART_ROWS, partial_dir, row_capacity
+from lstm_probe.log.assemble import Assembly
+from lstm_probe.log.layout import PART_ROWS, partial_dir, row_capacity
+from lstm_probe.log.schema import COLUMNS, META_RUN_KEY, ROW_FLAGS, Column, log_schema, vector_width
 from lstm_probe.options import CaptureOptions, default
-from lstm_probe.schema import COLUMNS, META_RUN_KEY, ROW_FLAGS, Column, log_schema, vector_width
 
 META_FINAL_KEY = b"lstm_probe.final"
 """File-level key written when a part closes: the run's progress and, in the last part, its outcome."""

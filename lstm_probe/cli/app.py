@@ -19,11 +19,11 @@ from typing import Annotated, Any
 import typer
 
 from lstm_probe import integrations
-from lstm_probe.cli_flags import Declared, declared, split, with_flags
-from lstm_probe.cli_render import _render, _render_architecture, _render_flow, _RunDisplay, err, out
+from lstm_probe.cli.flags import Declared, declared, split, with_flags
+from lstm_probe.cli.render import _render, _render_architecture, _render_flow, _RunDisplay, err, out
 from lstm_probe.errors import BadInput, BadLog, Interrupted, ProbeError, one_line
 from lstm_probe.extras import missing
-from lstm_probe.layout import check_writable, fingerprint, output_dir
+from lstm_probe.log.layout import check_writable, fingerprint, output_dir
 from lstm_probe.options import CaptureOptions, TrainOptions, check_envs, default
 from lstm_probe.text import human_bytes, safe, strict_json
 
@@ -71,7 +71,7 @@ def _root(
 ) -> None:
     """See what the LSTMs inside a recurrent RL policy do during training."""
     if max_memory is not None:
-        from lstm_probe import budget
+        from lstm_probe.log import budget
 
         budget.set_limit(max_memory)
 
@@ -206,12 +206,12 @@ def report(
     from lstm_probe.report import summarize
 
     if html_out is not None:  # a page that cannot be written is refused before the log is read
-        from lstm_probe.html import check_out
+        from lstm_probe.report.html import check_out
 
         check_out(html_out)
     rep = summarize(path)
     if html_out is not None:
-        from lstm_probe.html import build_html
+        from lstm_probe.report.html import build_html
 
         page = build_html(path, html_out, iteration=iteration, env=env, episode=episode, report=rep)
         err().print(
@@ -329,7 +329,7 @@ def schema(
     """Print the log's Arrow schema (the contract every log follows)."""
     from rich.table import Table
 
-    from lstm_probe.schema import COLUMNS, METADATA_KEYS, SCHEMA_VERSION, schema_markdown
+    from lstm_probe.log.schema import COLUMNS, METADATA_KEYS, SCHEMA_VERSION, schema_markdown
 
     if markdown:
         sys.stdout.write(schema_markdown())
@@ -363,7 +363,7 @@ def probe(
     except ValueError:
         raise BadInput(f"--lags takes comma-separated integers, e.g. 0,1,2,4, got {lags!r}") from None
     _pyarrow_without_pandas()
-    from lstm_probe.probes import probe_rows
+    from lstm_probe.report.probes import probe_rows
 
     # lstm_probe.probe's rows (its DataFrame less the target column) without pandas; r2 None: constant target
     res = [
@@ -383,7 +383,7 @@ def probe(
         table.add_row(*row, f"{r['n_fit']} / {r['n_test']}")
     out().print(table)
     if any(r.get("worse_than_mean") for r in res):
-        from lstm_probe.probes import BELOW_ZERO
+        from lstm_probe.report.probes import BELOW_ZERO
 
         out().print(f"* {BELOW_ZERO}.", highlight=False)
 
@@ -565,7 +565,7 @@ def _partial_note(path: str) -> str:
     if path in _EARLIER and _EARLIER[path] is not None and fingerprint(path) == _EARLIER[path]:
         return f"this run wrote no log; {Path(path)} is an earlier run's log, left as it was"
     try:
-        from lstm_probe.reader import read_info
+        from lstm_probe.log.reader import read_info
 
         info = read_info(path)
     except Exception:

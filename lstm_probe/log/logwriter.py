@@ -1,6 +1,6 @@
 """The training process's side of a log: :class:`LogWriter` takes the states the tracer hands over and
-gets them to the log's :class:`~lstm_probe.sink.Sink`, in a writer process of its own (``writer="process"``,
-:mod:`lstm_probe.writer_process`) or on a writer thread (``writer="thread"``).
+gets them to the log's :class:`~lstm_probe.log.sink.Sink`, in a writer process of its own (``writer="process"``,
+:mod:`lstm_probe.log.writer_process`) or on a writer thread (``writer="thread"``).
 
 The training thread only keeps references to detached state tensors (``tracer.py``) and hands them
 over as *jobs*, whose memory is bounded in bytes. A job does the device-to-host copies and the torch part
@@ -22,12 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from lstm_probe.errors import OutputError, one_line
-from lstm_probe.layout import PART_ROWS, check_output, row_capacity
-from lstm_probe.lock import OutputLock, StaleLockWarning
-from lstm_probe.messages import Message, Progress
+from lstm_probe.log.layout import PART_ROWS, check_output, row_capacity
+from lstm_probe.log.lock import OutputLock, StaleLockWarning
+from lstm_probe.log.messages import Message, Progress
+from lstm_probe.log.sink import Sink
+from lstm_probe.log.writer_process import Child, WriterGone
 from lstm_probe.options import CaptureOptions, WriterConfig
-from lstm_probe.sink import Sink
-from lstm_probe.writer_process import Child, WriterGone
 
 
 class LogWriter:

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from lstm_probe.errors import BadLog, ProbeError, one_line
-from lstm_probe.layout import partial_dir
+from lstm_probe.log.layout import partial_dir
 
 MAX_FOOTER_BYTES = 64 << 20
 """Largest Parquet footer read. The writer's footers hold the metadata twice (as JSON and inside the

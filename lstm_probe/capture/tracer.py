@@ -30,17 +30,17 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 
-from lstm_probe.blocks import Block, KeptColumns, Loop, fitted, kept_columns, select, tensor_bytes, write_block
-from lstm_probe.calls import Recovery, sequence, write_call
+from lstm_probe.capture.blocks import Block, KeptColumns, Loop, fitted, kept_columns, select, tensor_bytes, write_block
+from lstm_probe.capture.calls import Recovery, sequence, write_call
+from lstm_probe.capture.emitter import Emitter, Observer
+from lstm_probe.capture.inputs import cell_parts, input_parts, joined, module_input, stacked_steps
+from lstm_probe.capture.modules import RECURRENT_TYPES, base_metadata, describe_modules
+from lstm_probe.capture.recover import Scratch
+from lstm_probe.capture.transfer import Later
 from lstm_probe.contract import CODES, Integration, Resolver, Tags, padded, tag_values
-from lstm_probe.emitter import Emitter, Observer
 from lstm_probe.errors import BadInput
-from lstm_probe.inputs import cell_parts, input_parts, joined, module_input, stacked_steps
-from lstm_probe.logwriter import LogWriter
-from lstm_probe.modules import RECURRENT_TYPES, base_metadata, describe_modules
+from lstm_probe.log.logwriter import LogWriter
 from lstm_probe.options import CaptureOptions
-from lstm_probe.recover import Scratch
-from lstm_probe.transfer import Later
 
 _grad_enabled = torch.is_grad_enabled
 _set_grad_enabled = torch._C._set_grad_enabled  # a function call; torch.no_grad() as a context costs ~4 us
@@ -308,7 +308,7 @@ class CoreTracer:
 # handed to the writer (:meth:`LogWriter.submit`) when the tags change, when its buffer is full, and at close;
 # it crosses to the host in one copy (``transfer.Staged``), as does each call that fits no block (a multi-step
 # call, a lone one-step call: ``calls.py``). The `init` columns come from each call's input states (h of every
-# layer, then c; :class:`~lstm_probe.inputs.Inputs`).
+# layer, then c; :class:`~lstm_probe.capture.inputs.Inputs`).
 
 
 class _Hooked:

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from lstm_probe.contract import Grid
-from lstm_probe.schema import CODE
+from lstm_probe.log.schema import CODE
 
 ZERO, PREVIOUS, STORED, OTHER_ENV, FIRST, UNCHECKED = 1, 2, 4, 8, 16, 32
 """Bits of a column's answer (:func:`decode` turns them into the ``init`` codes): the input is all zeros;

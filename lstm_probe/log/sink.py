@@ -2,7 +2,7 @@
 ``writer.py``. The numbers that need the run's other states (each multi-step call's per-step c, drift
 against the rollout states) come computed with the rows, from the training process (``drift.Drift``).
 
-:class:`~lstm_probe.logwriter.LogWriter` hands the sink its blocks: in a writer process of its own
+:class:`~lstm_probe.log.logwriter.LogWriter` hands the sink its blocks: in a writer process of its own
 (``writer_process.py``) or on a writer thread of the training process. The sink never imports torch.
 Every column is filled by what its declaration says (``schema.Column.source``): the call's own columns
 here, ``tags`` columns from the call's :class:`~lstm_probe.contract.Tags`, ``grid`` and ``sequence``
@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from lstm_probe import messages
+from lstm_probe.capture.drift import Reduced
 from lstm_probe.contract import GRID_CELLS, GRID_SEQUENCES, PATH, Grid, Tags
-from lstm_probe.drift import Reduced
-from lstm_probe.schema import CODE, COLUMNS, row_norms
+from lstm_probe.log import messages
+from lstm_probe.log.schema import CODE, COLUMNS, row_norms
 
 if TYPE_CHECKING:  # pyarrow loads only where rows are written (the writer process or thread)
+    from lstm_probe.log.writer import Rows
     from lstm_probe.options import WriterConfig
-    from lstm_probe.writer import Rows
 
 _TAG_FILLS = [(c.name, c.fill, CODE.get(c.name)) for c in COLUMNS if c.source == "tags"]
 """Each tags column: its name (the Tags field), its null, its codes (string columns)."""
@@ -39,7 +39,7 @@ class Sink:
     (``LogWriter.config``), so the sink can be built in another process."""
 
     def __init__(self, config: WriterConfig):
-        from lstm_probe.writer import FileLog
+        from lstm_probe.log.writer import FileLog
 
         c = config
         self.log = FileLog(

@@ -1,11 +1,11 @@
 """The writer process: the pipe protocol between the training process and the process that writes its
 log, and that process's loop.
 
-The training process starts it with ``python -m lstm_probe.writer_process`` (:meth:`Child.start`) and
+The training process starts it with ``python -m lstm_probe.log.writer_process`` (:meth:`Child.start`) and
 speaks to it through :class:`Child`: each message is a count, the sizes, a pickle (protocol 5) and the
 pickle's out-of-band buffers (the state arrays, written into the pipe from their own memory) on its
 stdin; its replies (closed, error) are length-prefixed pickles on its stdout. The process (:func:`serve`)
-builds one :class:`~lstm_probe.sink.Sink` from the ``open`` message (the log's
+builds one :class:`~lstm_probe.log.sink.Sink` from the ``open`` message (the log's
 :class:`~lstm_probe.options.WriterConfig`) and calls the sink's method each
 message names, until ``close`` or the end of the pipe (the training process died: the rows it handed
 over are published as a part of the crash journal). It never imports torch or pandas.
@@ -31,10 +31,10 @@ from pathlib import Path
 from typing import Any
 
 from lstm_probe.errors import BadInput, OutputError, one_line
-from lstm_probe.lock import lock_fds, release_file
-from lstm_probe.messages import Message
+from lstm_probe.log.lock import lock_fds, release_file
+from lstm_probe.log.messages import Message
+from lstm_probe.log.sink import Sink
 from lstm_probe.options import WriterConfig
-from lstm_probe.sink import Sink
 
 _HEADER = struct.Struct("<Q")
 
@@ -64,7 +64,7 @@ class WriterGone(RuntimeError):
 
 
 FIX = (
-    "the writer process (python -m lstm_probe.writer_process) must import lstm_probe and pyarrow like the "
+    "the writer process (python -m lstm_probe.log.writer_process) must import lstm_probe and pyarrow like the "
     "training process: install lstm-probe into this environment, or pass writer='thread' (--writer thread)"
 )
 """The fix named when the writer process cannot start."""
@@ -121,7 +121,7 @@ class Child:
         stderr = tempfile.TemporaryFile()
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "lstm_probe.writer_process"],
+                [sys.executable, "-m", "lstm_probe.log.writer_process"],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=stderr,

@@ -21,10 +21,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from lstm_probe import budget
 from lstm_probe.contract import Capabilities
 from lstm_probe.errors import BadInput
-from lstm_probe.html_figures import (
+from lstm_probe.log import budget
+from lstm_probe.log.reader import dataset, narrow, states
+from lstm_probe.report import Line, Panel, Report, Table, summarize
+from lstm_probe.report.html_figures import (
     _label,
     _layout_figure,
     _lengths_figure,
@@ -35,8 +37,6 @@ from lstm_probe.html_figures import (
     _staleness_figure,
     _what_if_figure,
 )
-from lstm_probe.reader import dataset, narrow, states
-from lstm_probe.report import Line, Panel, Report, Table, summarize
 from lstm_probe.text import plain
 
 MAX_HEAT_STEPS = 400

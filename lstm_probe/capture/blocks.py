@@ -12,15 +12,15 @@ import numpy as np
 import torch
 from torch import nn
 
+from lstm_probe.capture.transfer import Later, Staged
 from lstm_probe.contract import PATH, Grid, Tags
-from lstm_probe.transfer import Later, Staged
 
 MAX_PENDING = 256
 """One-step calls kept before they are written as one block (bounds the memory they hold)."""
 
 if TYPE_CHECKING:
-    from lstm_probe.emitter import Emitter
-    from lstm_probe.logwriter import LogWriter
+    from lstm_probe.capture.emitter import Emitter
+    from lstm_probe.log.logwriter import LogWriter
 
 
 BLOCK_BYTES = 64 << 20

@@ -16,8 +16,8 @@ from collections.abc import Callable
 import numpy as np
 
 from lstm_probe.contract import Grid
-from lstm_probe.messages import Drifts, Reduced
-from lstm_probe.schema import relative_l2, row_norms
+from lstm_probe.log.messages import Drifts, Reduced
+from lstm_probe.log.schema import relative_l2, row_norms
 
 
 def grid_keys(

@@ -201,7 +201,7 @@ def lstm_sequence_io(
     valid: np.ndarray | None = None,
 ) -> tuple[np.ndarray, Cells]:
     """:func:`lstm_sequence_parts` moved to the host in one copy and assembled (:func:`lstm_assemble`)."""
-    from lstm_probe.transfer import host_arrays
+    from lstm_probe.capture.transfer import host_arrays
 
     parts = lstm_sequence_parts(module, x, h0, c0, y, weights)
     return lstm_assemble(host_arrays(*parts), int(module.num_layers), bool(module.bias), valid)
@@ -267,6 +267,6 @@ def gru_sequence_states(
 ) -> np.ndarray:
     """Per-step h of every layer for one multi-step GRU call: (L, T, N, H) float32 (``valid``: as
     :func:`lstm_sequence_io`), moved to the host in one copy."""
-    from lstm_probe.transfer import host_arrays
+    from lstm_probe.capture.transfer import host_arrays
 
     return gru_assemble(host_arrays(*gru_sequence_parts(module, x, h0, y, weights)), valid)

@@ -15,10 +15,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from lstm_probe.blocks import select, tensor_bytes
-from lstm_probe.contract import PATH, Tags
-from lstm_probe.inputs import start_states
-from lstm_probe.recover import (
+from lstm_probe.capture.blocks import select, tensor_bytes
+from lstm_probe.capture.inputs import start_states
+from lstm_probe.capture.recover import (
     Scratch,
     gru_assemble,
     gru_sequence_parts,
@@ -27,11 +26,12 @@ from lstm_probe.recover import (
     lstm_sequence_parts,
     snapshot_weights,
 )
-from lstm_probe.transfer import Later, Staged
+from lstm_probe.capture.transfer import Later, Staged
+from lstm_probe.contract import PATH, Tags
 
 if TYPE_CHECKING:
-    from lstm_probe.emitter import Emitter
-    from lstm_probe.logwriter import LogWriter
+    from lstm_probe.capture.emitter import Emitter
+    from lstm_probe.log.logwriter import LogWriter
 
 Arrays = tuple[Any, Any, Any]
 """A multi-step call's host states: per-step h (L, T, N, H), per-step c (None for a GRU), and the initial

@@ -133,7 +133,7 @@ def _clock(seconds: float) -> str:
 
 def _bytes_on_disk(out_path: str) -> int:
     """Bytes of a log being written: its part files (a directory log, or a file log's crash journal)."""
-    from lstm_probe.layout import partial_dir
+    from lstm_probe.log.layout import partial_dir
 
     path = Path(out_path)
     where = path if out_path.endswith("/") or path.is_dir() else partial_dir(path)

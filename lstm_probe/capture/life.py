@@ -1,7 +1,7 @@
 """A probe's life, the same for every framework: start, close, ``with``, user tags, and a run's training.
 
 - :class:`Scope`: ``with probe:`` starts the probe (unless it runs) and closes it with how the block ended.
-- :class:`Probe`: a probe over the core's :class:`~lstm_probe.tracer.CoreTracer`. ``start()`` puts the
+- :class:`Probe`: a probe over the core's :class:`~lstm_probe.capture.tracer.CoreTracer`. ``start()`` puts the
   integration's own attachments on (hooks, wrappers: :meth:`Probe._attach`) and opens the log, undoing both
   when either fails; ``close(completed, stop_reason, **extra)`` takes them off (:meth:`Probe._detach`) and
   finishes the log with the integration's own outcome (:meth:`Probe._final`). An integration writes only those
@@ -23,9 +23,9 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
+from lstm_probe.capture.tracer import CoreTracer
 from lstm_probe.errors import BadInput, one_line
 from lstm_probe.options import Progress, RunResult
-from lstm_probe.tracer import CoreTracer
 
 S = TypeVar("S", bound="Scope")
 P = TypeVar("P", bound="Probe")
@@ -64,7 +64,7 @@ class Scope:
 
 
 class Probe(Scope):
-    """A probe over a :class:`~lstm_probe.tracer.CoreTracer` (``tracer``): started, closed and used with
+    """A probe over a :class:`~lstm_probe.capture.tracer.CoreTracer` (``tracer``): started, closed and used with
     ``with`` the same way for every framework. An integration overrides what is its own: :meth:`_attach`,
     :meth:`_detach` and :meth:`_final`."""
 
@@ -161,7 +161,7 @@ def train(
     completed, the env steps done, and the seconds from ``started`` (a ``time.perf_counter()``; default: now)
     to the close.
     """
-    from lstm_probe.reader import read_info
+    from lstm_probe.log.reader import read_info
 
     start = time.perf_counter() if started is None else started
     done = 0

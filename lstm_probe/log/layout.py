@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from lstm_probe.errors import BadInput
-from lstm_probe.lock import lock_path, refuse_if_held
-from lstm_probe.schema import scalar_row_bytes
+from lstm_probe.log.lock import lock_path, refuse_if_held
+from lstm_probe.log.schema import scalar_row_bytes
 
 PARTIAL_SUFFIX = ".partial"
 

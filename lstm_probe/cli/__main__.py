@@ -1,0 +1,3 @@
+from lstm_probe.cli.app import main
+
+main()
