@@ -130,8 +130,7 @@ class CoreTracer:
         self.initial_states = initial_states
         self.shard = shard
         # where each call's input state came from (the `init` columns): the returned states the probe holds
-        window = options.reference_window + 2 if options.reference_window else 0
-        self.inputs = Inputs(window, integration.capabilities().stored_states)
+        self.inputs = Inputs.of(options.reference_window, integration.capabilities().stored_states)
         # each train row's drift against the rollout states Inputs holds: computed once, here (drift.py)
         self.drift: Drift | None = None
         self.scratch = Scratch()  # the per-step c recovery's work arrays (jobs run one at a time, in order)
