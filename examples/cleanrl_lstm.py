@@ -159,7 +159,7 @@ for iteration in range(args.iterations):
 
     # bootstrap value if not done
     tags = dict(phase="bootstrap", iteration=iteration, env=env_ids, env_step=first_step + args.num_steps)
-    with torch.no_grad(), (probe.tag() if bare else probe.tag(**tags, episode_start=next_done.numpy())):
+    with torch.no_grad(), probe.tag() if bare else probe.tag(**tags, episode_start=next_done.numpy()):
         state = next_lstm_state
         if args.bug == "bootstrap-zero-state":
             state = (torch.zeros_like(state[0]), torch.zeros_like(state[1]))

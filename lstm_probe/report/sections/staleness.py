@@ -213,7 +213,7 @@ class Staleness(Section[StalenessSection]):
         )
 
     def unavailable(self, data: StalenessSection, log: Log) -> list[str]:
-        if not data.train_rows or data.provenance_ok is not None:
+        if not data.train_rows or data.provenance_ok is not None or log.caps.shards:  # shards: cross-process check
             return []
         if not data.by_position:
             return [
