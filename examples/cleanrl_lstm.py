@@ -2,8 +2,8 @@
 true report (docs/own-loops.md). The loop is CleanRL's: rollout one step at a time with the ``(1 - done) *
 state`` reset inside ``get_states``, a bootstrap value call after the rollout, GAE, then several epochs over
 minibatches of whole envs, each re-run step by step from the state stored at the rollout's start. The probe
-is started and closed around the flat loop (no ``with``, nothing re-indented); the five lines marked
-``# lstm-probe`` and the tags are all that was added.
+is started and closed around the flat loop (no ``with``, nothing re-indented); the lines marked
+``# lstm-probe``, the run's metadata and the tags are all that was added.
 
     python examples/cleanrl_lstm.py --iterations 4 --out cleanrl.parquet
     lstm-probe report cleanrl.parquet

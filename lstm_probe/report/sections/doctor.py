@@ -280,9 +280,14 @@ def _steps(log: Log, not_reset: set[tuple[str, float, float]]) -> _Steps:
         later = c["t"] > 0
         out.untagged += int((later & ~tagged).sum())
         off = np.flatnonzero(c["drift_h"] > PROVENANCE_TOLERANCE)
-        for m, it, seq, t in zip(c["module"][off], c["iteration"][off], c["seq"][off], c["t"][off], strict=True):
-            key = (str(m), float(it), float(seq))
-            departs[key] = min(departs.get(key, np.inf), float(t))
+        if len(off):  # each sequence's first step off the rollout, one Python step per sequence
+            seqs, inv = np.unique(
+                np.rec.fromarrays([c[k][off] for k in ("module", "iteration", "seq")]), return_inverse=True
+            )
+            first = np.full(len(seqs), np.inf)
+            np.minimum.at(first, inv.reshape(-1), c["t"][off])
+            for key, t in zip(seqs.tolist(), first.tolist(), strict=True):
+                departs[key] = min(departs.get(key, np.inf), t)
         if (later & start).any():
             starts.append({k: v[later & start] for k, v in c.items()})
     for c in starts:
