@@ -31,6 +31,10 @@ OTHER_ENVS = ("summary", "none")
 DEFAULT_WRITER = "thread" if os.name == "nt" else "process"  # Windows pipes cannot be polled (select)
 DEFAULT_OUT = "run.parquet"
 
+AUTO_WINDOW = -1
+"""``reference_window``: as many env steps as the rollout between two training calls holds, and the step before
+(the rollout states a training sequence starts from and drifts against); ``lstm_probe.trace()``'s default."""
+
 MAX_PART_SECONDS = 7 * 24 * 3600.0
 """Longest wait between published parts: a week (what a killed run may lose at most; inf broke the writer)."""
 MAX_ENVS = 1 << 16
@@ -125,7 +129,8 @@ class CaptureOptions:
     )
     reference_window: int = option(
         0,
-        "Env steps of rollout states kept per env, so train rows get drift against them (sb3: n_steps).",
+        "Env steps of rollout states kept per env, so train rows get drift against them (sb3: n_steps; "
+        "lstm_probe.trace(): AUTO_WINDOW, the rollout's own length, unless given).",
         hidden=True,
     )
 
@@ -143,8 +148,11 @@ class CaptureOptions:
             raise BadInput(f"--part-seconds must be > 0 and at most {MAX_PART_SECONDS:,.0f}, got {self.part_seconds}")
         if self.writer not in WRITERS:
             raise BadInput(f"--writer must be one of {', '.join(WRITERS)}, not {self.writer!r}")
-        if self.reference_window < 0:
-            raise BadInput(f"reference_window must be >= 0, got {self.reference_window}")
+        if self.reference_window < AUTO_WINDOW:
+            raise BadInput(
+                f"reference_window must be >= 0 (or {AUTO_WINDOW}: the rollout's own length), "
+                f"got {self.reference_window}"
+            )
         check_directory(self.out, self.directory, self.part_iterations)
 
     @property

@@ -85,6 +85,7 @@ def test_report_text_and_json(made):
         "path",
         "schema_version",
         "warnings",
+        "verdict",
         "run",
         "architecture",
         "calls",

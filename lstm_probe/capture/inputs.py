@@ -30,15 +30,25 @@ GROUP = {"rollout": "rollout", "bootstrap": "rollout", "train": "rollout", "valu
 keep their returned states in their own store (an evaluation's env columns are not the rollout's)."""
 ACTING = frozenset({"rollout", "predict", "other"})
 """Phases whose returned states are what the next step of the same env column should start from."""
+AUTO = -1
+"""An :class:`Inputs` ``window`` sized by the rollout itself: the ring grows to hold every env step kept since
+the last training call, and the step before them (the state a training sequence starts from)."""
+AUTO_START = 16
+"""An automatic ring's first size (env steps per env column); it doubles as the rollout needs."""
+AUTO_BYTES = 256 << 20
+"""An automatic ring grows no further than this many bytes (a loop that never trains keeps its newest steps)."""
 
 
 class _Store:
     """One module's returned states in one phase group, host arrays of rows (R * H floats: h of every
     layer, then c): the last per env column (``last``, ``has``) and, with a ``window``, a ring of the last
-    ``window`` env steps per env column (``ring``, ``steps``: the env step each slot holds, -1 none)."""
+    ``window`` env steps per env column (``ring``, ``steps``: the env step each slot holds, -1 none);
+    ``auto``: the window grows with the rollout (:data:`AUTO`)."""
 
-    def __init__(self, width: int, window: int):
+    def __init__(self, width: int, window: int, auto: bool = False):
         self.window = window
+        self.auto = auto
+        self.since = -1  # auto: the first env step kept since the last training call (-1: none yet)
         self.envs = 0
         self.last = np.zeros((0, width), np.float32)
         self.has = np.zeros(0, np.bool_)
@@ -59,17 +69,56 @@ class _Store:
             self.zero_in = np.concatenate([self.zero_in, np.zeros(extra * w, np.bool_)])
         self.envs = envs
 
+    def fit(self, lo: int, hi: int) -> None:
+        """An automatic ring grown (doubled, up to :data:`AUTO_BYTES`) to hold env steps ``lo`` .. ``hi`` about
+        to be kept, every step kept since the last training call, and the step before those."""
+        self.since = lo if self.since < 0 else min(self.since, lo)
+        need = hi - self.since + 2
+        if need <= self.window:
+            return
+        cap = max(self.window, AUTO_BYTES // max(1, self.envs * self.last.shape[1] * 4))
+        window = min(max(need, 2 * self.window), cap)
+        if window > self.window:
+            self._resize(window)
+
+    def _resize(self, window: int) -> None:
+        """The ring re-laid for ``window`` steps per env column, every held step in its new slot (where two
+        share one, the newer)."""
+        held = np.flatnonzero(self.steps >= 0)
+        held = held[np.argsort(self.steps[held], kind="stable")]  # older first
+        slots = (held // self.window) * window + self.steps[held] % window
+        ring, steps, zero_in = self.ring, self.steps, self.zero_in
+        self.window = window
+        self.ring = np.zeros((self.envs * window, ring.shape[1]), np.float32)
+        self.steps = np.full(self.envs * window, -1, np.int64)
+        self.zero_in = np.zeros(self.envs * window, np.bool_)
+        _, newest = np.unique(slots[::-1], return_index=True)  # each slot's newest step
+        pick = len(slots) - 1 - newest
+        self.ring[slots[pick]] = ring[held[pick]]
+        self.steps[slots[pick]] = steps[held[pick]]
+        self.zero_in[slots[pick]] = zero_in[held[pick]]
+
 
 class Inputs:
     """The probe's memory of returned states, per (module, phase group); see the module docstring.
     ``window``: env steps of rollout states kept per env column for the training calls' 'stored' check
-    (0: none; then a training call's non-zero input is 'stored' where ``stored_states`` says the framework
-    takes it from its stored states, else 'other'). Used by the writer jobs only, in call order."""
+    (:meth:`of`; :data:`AUTO`: as many as the rollout holds; 0: none; then a training call's non-zero
+    input is 'stored' where ``stored_states`` says the framework takes it from its stored states, else
+    'other'). Used by the writer jobs only, in call order."""
 
     def __init__(self, window: int, stored_states: bool):
         self.window = window
         self.stored_states = stored_states
         self.stores: dict[tuple[str, str], _Store] = {}
+
+    @classmethod
+    def of(cls, reference_window: int, stored_states: bool) -> Inputs:
+        """For the option ``reference_window``: that many env steps and two more (the step before the rollout's
+        first, the bootstrap step); 0 none; negative (``options.AUTO_WINDOW``) the rollout's own length
+        (:data:`AUTO`)."""
+        if reference_window < 0:
+            return cls(AUTO, stored_states)
+        return cls(reference_window + 2 if reference_window else 0, stored_states)
 
     def answer(
         self,
@@ -105,7 +154,9 @@ class Inputs:
         group = GROUP.get(phase, "other")
         store = self.stores.get((name, group))
         if store is None:
-            store = self.stores[(name, group)] = _Store(xs.shape[1], self.window if group == "rollout" else 0)
+            store = self.stores[(name, group)] = self._store(xs.shape[1], group)
+        if training:
+            store.since = -1  # an automatic ring's next rollout starts here
         if env is None or (env < 0).any():  # columns without an env: nothing to compare with
             flags |= FIRST | (UNCHECKED if training else 0)
             if env is not None and out is not None and phase in ACTING and not multistep:
@@ -145,6 +196,11 @@ class Inputs:
                 self._keep(store, env, step, outs, zero)
         return decode(flags, start, self.stored_states), norms
 
+    def _store(self, width: int, group: str) -> _Store:
+        if group != "rollout" or not self.window:
+            return _Store(width, 0)
+        return _Store(width, AUTO_START, auto=True) if self.window < 0 else _Store(width, self.window)
+
     @staticmethod
     def _keep(store: _Store, env: np.ndarray, step: np.ndarray | None, rows: np.ndarray, zero: np.ndarray) -> None:
         """Rollout states ``rows`` (M, R * H) of (env, env step) into the store's ring (a store without one keeps
@@ -156,6 +212,8 @@ class Inputs:
             return
         env, step = env[ok], step[ok]
         store.grow(int(env.max()) + 1)
+        if store.auto:
+            store.fit(int(step.min()), int(step.max()))
         slots = env * store.window + step % store.window
         store.ring[slots] = rows[ok]
         store.steps[slots] = step

@@ -33,7 +33,7 @@ from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 from lstm_probe.capture.blocks import Block, KeptColumns, Loop, fitted, kept_columns, select, tensor_bytes, write_block
 from lstm_probe.capture.calls import Recovery, sequence, write_call
 from lstm_probe.capture.emitter import Emitter, Observer
-from lstm_probe.capture.inputs import cell_parts, input_parts, joined, module_input, stacked_steps
+from lstm_probe.capture.inputs import Inputs, cell_parts, input_parts, joined, module_input, stacked_steps
 from lstm_probe.capture.modules import RECURRENT_TYPES, base_metadata, describe_modules
 from lstm_probe.capture.recover import Scratch
 from lstm_probe.capture.transfer import Later
@@ -106,7 +106,7 @@ class CoreTracer:
         # what the jobs hand rows to the sink through (emitter.py): where each call's input state came from
         # (the `init` columns: the returned states the probe holds), each train row's drift against the rollout
         # states held (computed once), the rows counted, the observers (`observers`: sb3's live metrics)
-        window = options.reference_window + 2 if options.reference_window else 0
+        window = Inputs.of(options.reference_window, False).window  # the option's ring size (AUTO: the rollout's)
         stored, reduces = integration.capabilities().stored_states, self._reduce_here and options.capture == "summary"
         self.emitter = Emitter(self.layers, self.hidden, window, stored, keep_envs=self.keep_envs, reduces=reduces)
         self.scratch = Scratch()  # the per-step c recovery's work arrays (jobs run one at a time, in order)

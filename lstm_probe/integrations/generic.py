@@ -9,6 +9,7 @@ the log's capabilities.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from lstm_probe.capture.tracer import CoreTracer
 from lstm_probe.contract import PHASE, USER_CALL_TAGS, USER_GRID_TAGS, USER_TAGS, Capabilities, Grid, Tags
 from lstm_probe.errors import BadInput
 from lstm_probe.log.schema import COLUMN, PHASES
-from lstm_probe.options import CaptureOptions, capture_options
+from lstm_probe.options import AUTO_WINDOW, CaptureOptions, capture_options
 
 TAGS = USER_TAGS  # the schema's user-taggable columns
 PROVENANCE = USER_GRID_TAGS
@@ -147,9 +148,12 @@ def trace(
     arguments of its fields' names, which override it: ``capture`` ('full' or 'summary'), ``every``,
     ``float16``, ``force``, ``writer`` ('process': a writer process of its own, the default where pipes can
     be polled, i.e. not on Windows; 'thread'), ``part_seconds``, ``part_iterations`` and
-    ``reference_window`` (> 0 keeps that many env steps of rollout states per env so train rows get
-    ``drift_h`` / ``drift_c`` against the rollout state of the same (env, env_step)). Each is documented,
-    with its default, on :class:`~lstm_probe.options.CaptureOptions`.
+    ``reference_window`` (the env steps of rollout states kept per env, so that train rows get ``drift_h`` /
+    ``drift_c`` against the rollout state of the same (env, env_step) and the report its provenance check and
+    staleness: by default as many as the rollout between two training calls holds; 0 keeps none). Each is
+    documented on :class:`~lstm_probe.options.CaptureOptions`.
     """
     opts = capture_options(options, out, **capture)
+    if "reference_window" not in capture and opts.reference_window == 0:  # the rollout's own length
+        opts = dataclasses.replace(opts, reference_window=AUTO_WINDOW)
     return Tracer(find_recurrent(model, modules), metadata=metadata, options=opts, shard=shard)

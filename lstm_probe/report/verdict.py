@@ -70,8 +70,10 @@ def verdict(staleness: StalenessSection | None, what_if: WhatIfSection | None, c
     v.provenance_ok = staleness.provenance_ok if staleness is not None else None
     if v.provenance_ok is False:
         v.lines.append(
-            "the provenance check FAILED: training states were paired with the wrong rollout states, so the "
-            "drifts below compare unrelated states (the doctor and the staleness section say where)"
+            "the provenance check FAILED: before any optimizer step training states differ from the rollout "
+            "states they were paired with (the train rows name other env steps, or training starts or resets its "
+            "state unlike the rollout), so the drifts below compare unlike states (the doctor and the staleness "
+            "section say where)"
         )
     if not drift:
         why = (

@@ -125,7 +125,7 @@ def minibatches(
 
 def _reasons(words: dict[str, str], reasons: dict[str, int]) -> str:
     if not reasons:
-        return "not recorded (the training calls carry no seq_reason tag)"
+        return "not recorded (the integration that wrote this log does not say why a training sequence starts)"
     return "; ".join(f"{words.get(k, k)}: {v}" for k, v in sorted(reasons.items(), key=lambda kv: -kv[1]))
 
 

@@ -11,8 +11,15 @@ and names, each with its count and first occurrence (call, module, env, env_step
   resets without an episode start, a reset of the wrong env column;
 - states taken from another env column (a shuffled or mis-indexed state batch);
 - training sequences that start from zeros although the rollout carried its state (or the reverse);
+- an episode start inside a training sequence that the state runs on across: in one multi-step call (no
+  reset possible), or in a per-timestep training loop whose train states match the rollout's before any
+  optimizer step up to the episode start and depart from them there;
 - a state advanced twice for one observation: two calls of one module at one (env, env_step) in one acting
   phase, or a rollout call that started from the state a bootstrap call at that step left (not restored).
+
+What the log's tags cannot show is said once, as a note, never guessed into a finding: zero states where no
+``episode_start`` (or ``episode_step``) says whether an episode began, calls without a phase that start from a
+state the doctor cannot place, per-step training loops without ``episode_start``.
 
 And, as a fact where the log's ``minibatch_paths`` metadata has it (sb3), the share of the measured training
 time that sb3-contrib's per-step path took (every minibatch holding an episode start takes it).
@@ -33,6 +40,7 @@ from lstm_probe.log import budget
 from lstm_probe.log.schema import INITS
 from lstm_probe.report.scan import is_parquet, row_groups, with_dictionaries
 from lstm_probe.report.section import Block, Line, Log, Section, Table
+from lstm_probe.report.sections.staleness import PROVENANCE_TOLERANCE
 from lstm_probe.text import safe
 
 COLUMNS = ["call", "module", "phase", "env", "env_step", "episode_start", "episode_step", "init", "init_norm"]
@@ -69,6 +77,8 @@ class DoctorSection:
     stepwise_share: float | None = None
     """Share of the measured training time the per-step path took (sb3)."""
     facts: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    """What the doctor could not check because the log lacks a tag, and the tag that adds it (said once)."""
 
 
 @dataclass
@@ -108,8 +118,13 @@ class _Tally:
     def __init__(self) -> None:
         self.sources: dict[str, dict[str, int]] = {}
         self.carried: dict[str, int] = {}  # phase -> columns that started from the previous state
+        self.placed: dict[str, int] = {}  # phase -> columns that started from a non-zero state
         self.zero: dict[str, _First] = {}  # phase -> zero without an episode start
+        self.untagged: dict[str, _First] = {}  # phase -> zero where no tag says whether an episode started
+        self.unknown: dict[str, int] = {}  # phase -> columns with an env step but no tag saying if an episode starts
+        self.foreign = 0  # columns of untagged ('other') calls that started from a state it cannot place
         self.not_reset: dict[str, _First] = {}
+        self.not_reset_at: set[tuple[str, float, float]] = set()  # (module, env, env_step) not reset there
         self.wrong_column = _First()
         self.other_env = _First()
         self.train_zero = _First()
@@ -144,6 +159,7 @@ class _Tally:
         phase, init = c["phase"], c["init"]
         # an episode start: tagged, or (untagged) an episode's step 0
         start = (c["episode_start"] == 1) | ((c["episode_start"] < 0) & (c["episode_step"] == 0))
+        known = (c["episode_start"] >= 0) | ~np.isnan(c["episode_step"])  # whether a tag says if one started
         acting = np.isin(phase, ACTING)
         zero = acting & (init == "zero")
         # a second call at one env step starts from the first one's state: counted as that, not as not reset
@@ -163,9 +179,15 @@ class _Tally:
         for p in np.unique(phase[acting]).tolist():
             here = phase == p
             self.carried[p] = self.carried.get(p, 0) + int((here & (init == "previous")).sum())
-            self.zero.setdefault(p, _First()).add(c, here & zero)
+            self.placed[p] = self.placed.get(p, 0) + int((here & ~np.isin(init, ("zero", "reset"))).sum())
+            self.zero.setdefault(p, _First()).add(c, here & zero & known)
+            self.untagged.setdefault(p, _First()).add(c, here & zero & ~known)
+            self.unknown[p] = self.unknown.get(p, 0) + int((here & ~known & (c["env_step"] >= 0)).sum())
             self.not_reset.setdefault(p, _First()).add(c, here & kept)
+        if kept.any():
+            self.not_reset_at.update(zip(*(c[k][kept].tolist() for k in ("module", "env", "env_step")), strict=True))
         self.rollout_zero += int(((phase == "rollout") & (init == "zero")).sum())
+        self.foreign += int(((phase == "other") & (init == "other")).sum())
         self.other_env.add(c, init == "other_env")
         training = np.isin(phase, TRAINING)
         self.train_zero.add(c, training & (init == "zero"))
@@ -219,6 +241,64 @@ def _leaks(log: Log) -> _First:
     return found
 
 
+@dataclass
+class _Steps:
+    """Per-step training loops (path 'stepwise'): episode starts the state ran on across, rows without a tag."""
+
+    carried: _First = field(default_factory=_First)
+    untagged: int = 0
+    """First-minibatch train rows after a sequence's first step with no ``episode_start``."""
+
+
+STEP_COLUMNS = ["call", "module", "phase", "env", "env_step", "iteration", "seq", "t", "episode_start", "drift_h"]
+
+
+def _steps(log: Log, not_reset: set[tuple[str, float, float]]) -> _Steps:
+    """Episode starts inside the training sequences of a per-timestep training loop that the state ran on
+    across. Before any optimizer step (minibatch 0 of epoch 0) a train state equals the rollout state of its
+    env step; where it does so up to an episode start and departs there, the loop kept its state where the
+    rollout reset it (``not_reset``: (module, env, env_step) where the rollout did not reset either, left out)."""
+    out = _Steps()
+    needed = {"t", "path", "episode_start", "padding", "epoch", "minibatch", "iteration", "seq", "drift_h"}
+    if not needed <= set(log.data.schema.names):
+        return out
+    filt = (ds.field("layer") == 0) & (ds.field("phase") == "train") & (ds.field("path") == "stepwise")
+    filt &= (ds.field("epoch") == 0) & (ds.field("minibatch") == 0) & (ds.field("padding") == False)  # noqa: E712
+    budget.check_stream(
+        log.data, [*STEP_COLUMNS, "layer", "path", "epoch", "minibatch", "padding"], "the doctor's read"
+    )
+    departs: dict[tuple[str, float, float], float] = {}  # (module, iteration, seq) -> first t off the rollout
+    starts: list[dict[str, np.ndarray]] = []  # rows where an episode starts after the sequence's first step
+    for batch in log.data.scanner(columns=STEP_COLUMNS, filter=filt, batch_size=BATCH).to_batches():
+        if not batch.num_rows:
+            continue
+        c = {k: batch.column(k).to_numpy(zero_copy_only=False) for k in STEP_COLUMNS if k != "episode_start"}
+        c = {k: v.astype(str) if k in ("module", "phase") else v.astype(float) for k, v in c.items()}
+        flag = batch.column("episode_start")
+        tagged = flag.is_valid().to_numpy(zero_copy_only=False)
+        start = flag.fill_null(False).to_numpy(zero_copy_only=False).astype(bool)
+        later = c["t"] > 0
+        out.untagged += int((later & ~tagged).sum())
+        off = np.flatnonzero(c["drift_h"] > PROVENANCE_TOLERANCE)
+        if len(off):  # each sequence's first step off the rollout, one Python step per sequence
+            seqs, inv = np.unique(
+                np.rec.fromarrays([c[k][off] for k in ("module", "iteration", "seq")]), return_inverse=True
+            )
+            first = np.full(len(seqs), np.inf)
+            np.minimum.at(first, inv.reshape(-1), c["t"][off])
+            for key, t in zip(seqs.tolist(), first.tolist(), strict=True):
+                departs[key] = min(departs.get(key, np.inf), t)
+        if (later & start).any():
+            starts.append({k: v[later & start] for k, v in c.items()})
+    for c in starts:
+        keys = zip(c["module"].tolist(), c["iteration"].tolist(), c["seq"].tolist(), strict=True)
+        here = np.array([departs.get(k, np.inf) for k in keys]) == c["t"]
+        envs = zip(c["module"].tolist(), c["env"].tolist(), c["env_step"].tolist(), strict=True)
+        here &= ~np.array([k in not_reset for k in envs], bool)
+        out.carried.add(c, here)
+    return out
+
+
 def _where(first: dict[str, Any]) -> str:
     env = first.get("env")
     step = first.get("env_step")
@@ -228,12 +308,45 @@ def _where(first: dict[str, Any]) -> str:
     return at + ")"
 
 
+def _earlier(a: _First, b: _First) -> _First:
+    """Both counts, first at the earlier of the two."""
+    first = a if a.call <= b.call else b
+    return _First(a.count + b.count, first.call, first.row)
+
+
+def _notes(t: _Tally, problems: list[Problem], steps: _Steps) -> list[str]:
+    """What the log's tags leave the doctor unable to check, once each, with the tag that adds it."""
+    out: list[str] = []
+    judged = {p.phase for p in problems if p.kind == "not_passed_back"}
+    calls = [f"{safe(p)} calls" for p, n in t.unknown.items() if n]
+    if steps.untagged:
+        calls.append("the per-step training loop's train calls")
+    if calls:
+        zeros = [f"{f.count:,} {safe(p)}" for p, f in t.untagged.items() if f.count and p not in judged]
+        seen = f" ({' and '.join(zeros)} call columns started from zeros)" if zeros else ""
+        out.append(
+            f"episode starts: the {' and '.join(calls)} carry no episode_start tag, so the doctor cannot tell a "
+            f"reset from a bug{seen} nor see a state kept where an episode starts (tag episode_start: per env, "
+            "True where the step starts a new episode, the done flags of the step before; an (N, T) array on "
+            "train calls)"
+        )
+    if t.foreign:
+        out.append(
+            f"what the calls without a phase are: {t.foreign:,} of their columns started from a state the doctor "
+            "cannot place (counted as phase 'other'; tag a value call on the observation after the rollout "
+            "phase='bootstrap', an evaluation phase='predict')"
+        )
+    return out
+
+
 def _problems(t: _Tally) -> list[Problem]:
     out: list[Problem] = []
     for phase, f in t.zero.items():
-        if not f.count:
+        u = t.untagged[phase]
+        if not f.count + u.count:
             continue
-        if t.carried.get(phase, 0) == 0:
+        if t.carried.get(phase, 0) == 0 and t.placed.get(phase, 0) == 0:  # never a state: not passed back
+            f = _earlier(f, u)
             hint = (
                 "model.predict(obs, state=..., episode_start=...)"
                 if phase == "predict"
@@ -244,7 +357,7 @@ def _problems(t: _Tally) -> list[Problem]:
                 f"not being passed back ({hint}); first at {_where(f.row)}"
             )
             out.append(Problem("not_passed_back", phase, f.count, f.row, text))
-        else:
+        elif f.count:  # zeros where no tag says whether an episode started: a note (_notes), not a finding
             text = f"a state was reset where no episode started {f.count} times ({phase}); first at {_where(f.row)}"
             out.append(Problem("reset_without_start", phase, f.count, f.row, text))
     for phase, f in t.not_reset.items():
@@ -379,7 +492,18 @@ class Doctor(Section[DoctorSection]):
                 f"{_where(leak.row)}"
             )
             data.problems.append(Problem("across_episodes", str(leak.row.get("phase")), leak.count, leak.row, text))
+        steps = _steps(log, tally.not_reset_at)
+        f = steps.carried
+        if f.count:
+            text = (
+                f"the per-step training loop carried the state across an episode start in {f.count} training "
+                "sequences: before any optimizer step (minibatch 0 of epoch 0) their train states match the "
+                "rollout's up to a step where an episode starts and depart from them there (reset the state where "
+                f"the stored dones say an episode began, as the rollout does); first at {_where(f.row)}"
+            )
+            data.problems.append(Problem("carried_in_training", "train", f.count, f.row, text))
         data.findings = [p.text for p in data.problems]
+        data.notes = _notes(tally, data.problems, steps)
         return data
 
     @staticmethod
@@ -402,7 +526,7 @@ class Doctor(Section[DoctorSection]):
 
     def unavailable(self, data: DoctorSection, log: Log) -> list[str]:
         if data.available:
-            return []
+            return list(data.notes)
         return ["where each call's input state came from (the doctor's checks): the log predates schema 3"]
 
     def findings(self, data: DoctorSection) -> list[str]:

@@ -1,4 +1,8 @@
-"""Section 4: training sequence lengths (the truncated-BPTT horizon) and episode lengths."""
+"""Section 4: training sequence lengths (the truncated-BPTT horizon) and episode lengths.
+
+Episodes are counted from the rollout rows' ``episode`` and ``episode_step``; a log whose rollout rows carry
+neither (an own loop tagged with ``episode_start`` alone) has them counted from its episode starts instead: an
+env's episode runs from one start to the next (an env's step 0 starts its first)."""
 
 from __future__ import annotations
 
@@ -7,8 +11,10 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
+import pyarrow.dataset as ds
 
 from lstm_probe.contract import Capabilities
+from lstm_probe.log import budget
 from lstm_probe.report.numeric import dense_key, summary_stats
 from lstm_probe.report.scan import Chunk, Frame
 from lstm_probe.report.section import Accumulator, Block, Log, Mergeable, Panel, Parts, Section, Sum, fmt
@@ -32,6 +38,9 @@ class SequencesSection:
     module: str | None = None
     """The module whose layer-0 train rows the sequences are counted on (every module and layer of an
     integration that declares ``stored_states`` runs the same sequences)."""
+    episodes_from: str | None = None
+    """What the episodes were counted from: 'episode_step' (the rollout rows' episode and step in it),
+    'episode_start' (from one episode start to the next), or None where the rollout rows carry neither."""
 
 
 @dataclass
@@ -124,11 +133,17 @@ class Sequences(Section[SequencesSection]):
         return SequenceTotals()
 
     def compute(self, log: Log, acc: SequenceTotals) -> SequencesSection:
-        episodes = acc.episode_lengths()
+        episodes, source = acc.episode_lengths(), "episode_step" if acc.episodes else None
+        if source is None:
+            starts = _from_starts(log)
+            source = "episode_start" if starts is not None else None
+            episodes = starts if starts is not None else episodes
         lens = np.concatenate(acc.lengths) if acc.lengths else np.zeros(0)
         if not acc.padding_of.value:
             stored = 0.0 if log.caps.stored_states else None
-            return SequencesSection(0, {}, {}, summary_stats(episodes), len(episodes), 0.0, stored)
+            out = SequencesSection(0, {}, {}, summary_stats(episodes), len(episodes), 0.0, stored)
+            out.episodes_from = source
+            return out
         hist: dict[str, int] = {}
         for lo, hi in itertools.pairwise(LENGTH_EDGES):
             n = int(((lens >= lo) & (lens < hi)).sum())
@@ -147,7 +162,13 @@ class Sequences(Section[SequencesSection]):
                 else None
             ),
             module=acc.module.value,
+            episodes_from=source,
         )
+
+    def unavailable(self, data: SequencesSection, log: Log) -> list[str]:
+        if data.episodes_from is not None or not data.sequences:
+            return []
+        return ["episode lengths: the rollout calls carry no episode_start tag (nor episode and episode_step)"]
 
     def findings(self, data: SequencesSection) -> list[str]:
         s = data
@@ -193,6 +214,35 @@ class Sequences(Section[SequencesSection]):
                 ),
             )
         ]
+
+
+ACTING_STARTS = ("rollout", "bootstrap")
+
+
+def _from_starts(log: Log) -> np.ndarray | None:
+    """Lengths of the episodes between an env's consecutive episode starts (its step 0 starts its first) in the
+    rollout and bootstrap rows of layer 0, each (worker, env, env step) once however many modules; None where no
+    such row says whether an episode starts there."""
+    names = set(log.data.schema.names)
+    if not {"episode_start", "env", "env_step"} <= names:
+        return None
+    cols = ["env", "env_step", *(["worker"] if "worker" in names else [])]
+    base = (ds.field("layer") == 0) & ds.field("phase").isin(list(ACTING_STARTS)) & ds.field("env").is_valid()
+    tagged = base & ds.field("env_step").is_valid() & ds.field("episode_start").is_valid()
+    budget.check_stream(log.data, [*cols, "layer", "phase", "episode_start"], "the episodes' read")
+    starts = tagged & ((ds.field("episode_start") == True) | (ds.field("env_step") == 0))  # noqa: E712
+    if not log.data.count_rows(filter=tagged):
+        return None
+    keys: list[np.ndarray] = []
+    for batch in log.data.scanner(columns=cols, filter=starts, batch_size=1 << 17).to_batches():
+        if batch.num_rows:
+            c = [batch.column(k).to_numpy(zero_copy_only=False).astype(np.float64) for k in cols]
+            keys.append(np.stack([c[2] if len(c) > 2 else np.zeros(len(c[0])), c[0], c[1]], axis=1))
+    if not keys:
+        return np.zeros(0, np.float32)
+    rows = np.unique(np.nan_to_num(np.concatenate(keys), nan=-1.0), axis=0)  # sorted: worker, env, env step
+    same = (rows[1:, 0] == rows[:-1, 0]) & (rows[1:, 1] == rows[:-1, 1])
+    return (rows[1:, 2] - rows[:-1, 2])[same].astype(np.float32)
 
 
 def episodes_in_words(length: dict[str, float], completed: int) -> str:

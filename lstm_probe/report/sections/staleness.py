@@ -15,7 +15,20 @@ import pyarrow.dataset as ds
 from lstm_probe.contract import Capabilities
 from lstm_probe.report.numeric import group_stats, groups, labelled_groups, mean_max, present, row_key
 from lstm_probe.report.scan import Chunk, Frame, chunks, read_scalars
-from lstm_probe.report.section import Accumulator, Block, Counts, GroupStats, Keyed, Line, Log, Max, Section, Table, fmt
+from lstm_probe.report.section import (
+    Accumulator,
+    Block,
+    Counts,
+    GroupStats,
+    Keyed,
+    Line,
+    Log,
+    Max,
+    Section,
+    Sum,
+    Table,
+    fmt,
+)
 from lstm_probe.text import safe
 
 PROVENANCE_TOLERANCE = 1e-4
@@ -46,6 +59,8 @@ class StalenessSection:
     provenance_by_layer: list[dict[str, Any]] = field(default_factory=list)
     """Per layer: rows, max drift_h, max drift_c of the provenance check (the fields above: over every layer)."""
     provenance_tolerance: float = PROVENANCE_TOLERANCE
+    train_rows: int = 0
+    """Train rows (less padding) of the scan's first layer, with a drift or not."""
 
 
 def _drift_groups() -> GroupStats:
@@ -65,8 +80,10 @@ class StalenessTotals(Accumulator[Chunk]):
     """Keyed by the order of the minibatch within its iteration (0 = before any optimizer step)."""
     position: GroupStats = field(default_factory=_drift_groups)
     """Keyed by the position in the sequence: 0 first step, 1 middle, 2 last."""
+    train_rows: Sum = field(default_factory=Sum)
 
     def add(self, part: Chunk) -> None:
+        self.train_rows.add(int((~part.train["padding"].astype(bool)).sum()) if len(part.train) else 0)
         self.add_train(part.train)
 
     def add_train(self, train: Frame) -> None:
@@ -162,7 +179,7 @@ class Staleness(Section[StalenessSection]):
                 del df, part
         drift = {"epoch": acc.epoch, "update": acc.update, "position": acc.position}
         if not acc.first_rows and not any(drift.values()):
-            return StalenessSection(0, None, None, None, [], [], [])
+            return StalenessSection(0, None, None, None, [], [], [], train_rows=acc.train_rows.value)
         per_layer: list[dict[str, Any]] = [
             {
                 "layer": layer,
@@ -192,7 +209,22 @@ class Staleness(Section[StalenessSection]):
             out["update"],
             out["position"],
             per_layer,
+            train_rows=acc.train_rows.value,
         )
+
+    def unavailable(self, data: StalenessSection, log: Log) -> list[str]:
+        if not data.train_rows or data.provenance_ok is not None or log.caps.shards:  # shards: cross-process check
+            return []
+        if not data.by_position:
+            return [
+                "staleness and the provenance check: no train row was paired with the rollout state of its env "
+                "step (an own loop: tag env and env_step on its rollout and train calls, and keep lstm_probe.trace()'s "
+                "default reference_window)"
+            ]
+        return [
+            "the provenance check: no train row is tagged epoch 0 and minibatch 0, the minibatch before any optimizer "
+            "step (tag the train calls with epoch and minibatch)"
+        ]
 
     def warnings(self, data: StalenessSection, log: Log) -> list[str]:
         if data.provenance_ok is not False:
@@ -200,8 +232,11 @@ class Staleness(Section[StalenessSection]):
         return [
             f"provenance check FAILED: train states before the first optimizer step differ from "
             f"the rollout states of the same env step (largest relative difference ||train - rollout|| / "
-            f"||rollout|| {data.provenance_max_drift_h:.3g}, allowed {data.provenance_tolerance:g}); "
-            "the row-to-timestep mapping of this log cannot be trusted"
+            f"||rollout|| {data.provenance_max_drift_h:.3g}, allowed {data.provenance_tolerance:g}): the "
+            "drifts compare unlike states. Either the train rows' env and env_step do not name the rollout step "
+            "each recomputes (an own loop's tags, or an integration's mapping), or training does not start from "
+            "the state the rollout had there, or resets (or keeps) its state where the rollout did not; the "
+            "doctor's findings say which where they can"
         ]
 
     def findings(self, data: StalenessSection) -> list[str]:

@@ -1,0 +1,152 @@
+"""A CleanRL-shaped own loop (examples/cleanrl_lstm.py, run as a real script at tiny size) tagged with the
+fewest tags docs/own-loops.md documents: its report holds no false finding, and each planted bug is named by
+its finding. Tagged only as far as phase, iteration, env and env_step (bootstrap untagged), the report says
+once which tags are missing instead of guessing. And the reference window: lstm_probe.trace() keeps as many
+rollout steps as the rollout holds, however long; an explicit reference_window still wins."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import lstm_probe
+from lstm_probe import summarize
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "cleanrl_lstm.py"
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+TINY = ["--iterations", "3", "--num-envs", "4", "--num-steps", "32"]
+WHAT_IF = "what if (counterfactual initial states"  # the one note every own loop's report has
+
+
+def run(tmp_path: Path, *args: str) -> tuple[Path, int]:
+    """The example's log and the episodes it says finished."""
+    out = tmp_path / "run.parquet"
+    r = subprocess.run(
+        [sys.executable, str(EXAMPLE), *TINY, *args, "--out", str(out)],
+        cwd=tmp_path,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    found = re.search(r"(\d+) episodes finished", r.stdout)
+    assert found, r.stdout
+    return out, int(found.group(1))
+
+
+def test_correct_loop_gives_a_true_report(tmp_path):
+    out, finished = run(tmp_path)
+    rep = summarize(out)
+    assert rep.doctor.problems == []
+    assert rep.warnings == []
+    assert rep.staleness.provenance_ok is True and rep.staleness.provenance_check_rows > 0  # no option needed
+    assert {r["epoch"] for r in rep.staleness.by_epoch} == {0, 1}
+    assert finished > 0 and rep.sequences.episodes_completed == finished
+    assert rep.sequences.episodes_from == "episode_start"
+    assert [u for u in rep.unavailable if not u.startswith(WHAT_IF)] == []
+    assert set(rep.doctor.sources["lstm/train"]) <= {"stored", "reset"}
+    assert set(rep.doctor.sources["lstm/rollout"]) == {"previous", "reset"}
+    assert set(rep.doctor.sources["lstm/bootstrap"]) <= {"previous", "reset"}
+    assert rep.run.env_id == "CartPole-v1" and rep.run.n_envs == 4  # metadata= fills the run box
+    assert "seq_reason tag" not in rep.calls.explanation  # no tag asked for that tag() refuses
+
+
+@pytest.mark.parametrize(
+    "bug,kinds",
+    [
+        ("no-reset-in-train", {("carried_in_training", "train")}),
+        ("no-reset", {("not_reset", "rollout"), ("not_reset", "bootstrap")}),
+        ("reset-every-step", {("not_passed_back", "rollout"), ("not_passed_back", "bootstrap")}),
+        ("bootstrap-zero-state", {("not_passed_back", "bootstrap")}),
+        ("zero-train-start", {("train_from_zeros", "train")}),
+    ],
+)
+def test_each_planted_bug_is_named(tmp_path, bug, kinds):
+    out, _ = run(tmp_path, "--bug", bug)
+    rep = summarize(out)
+    assert {(p.kind, p.phase) for p in rep.doctor.problems} == kinds, rep.doctor.findings
+    for p in rep.doctor.problems:
+        assert rep.findings.count(p.text) == 1
+    if rep.staleness.provenance_ok is False:  # the failure names what to check, not the log
+        (warning,) = rep.warnings
+        assert "cannot be trusted" not in warning and "env_step" in warning and "resets" in warning
+
+
+def test_carried_state_is_named_where_it_departs(tmp_path):
+    out, _ = run(tmp_path, "--bug", "no-reset-in-train")
+    rep = summarize(out)
+    (p,) = rep.doctor.problems
+    df = lstm_probe.load(out, phase="train", vectors=False)
+    at = df[(df.call == p.first["call"]) & (df.env == p.first["env"])]
+    assert bool(at.episode_start.iloc[0]) and int(at.t.iloc[0]) > 0  # an episode start inside the sequence
+    assert "per-step training loop carried the state across an episode start" in p.text
+
+
+def test_missing_tags_are_said_once_never_guessed(tmp_path):
+    out, finished = run(tmp_path, "--tags", "bare")
+    rep = summarize(out)
+    assert rep.doctor.problems == [] and rep.warnings == []
+    assert rep.staleness.provenance_ok is True
+    notes = [u for u in rep.unavailable if not u.startswith(WHAT_IF)]
+    starts = [u for u in notes if u.startswith("episode starts:")]
+    assert len(starts) == 1 and "rollout calls" in starts[0] and "train calls" in starts[0]
+    assert sum("phase='bootstrap'" in u for u in notes) == 1  # the untagged value call
+    assert sum(u.startswith("episode lengths:") for u in notes) == 1
+    assert len(notes) == 3, notes
+    assert rep.sequences.episodes_completed == 0 and finished > 0  # not counted, and said so
+
+
+def _loop(path: Path, steps: int, **capture) -> None:
+    """2 envs, a rollout of ``steps`` one-step calls, then the whole rollout re-run step by step from the
+    state stored at its start (twice: two iterations)."""
+    torch.manual_seed(0)
+    lstm = nn.LSTM(3, 8)
+    xs = torch.randn(2 * steps, 2, 3)
+    state = (torch.zeros(1, 2, 8), torch.zeros(1, 2, 8))
+    with lstm_probe.trace(lstm, path, force=True, **capture) as probe, torch.no_grad():
+        for it in range(2):
+            first = it * steps
+            initial = state
+            for t in range(steps):
+                with probe.tag(phase="rollout", iteration=it, env=[0, 1], env_step=first + t):
+                    _, state = lstm(xs[first + t : first + t + 1], state)
+            s = initial
+            with probe.tag(
+                phase="train",
+                iteration=it,
+                epoch=0,
+                minibatch=0,
+                env=[0, 1],
+                env_step=np.arange(first, first + steps)[None],
+            ):
+                for t in range(steps):
+                    _, s = lstm(xs[first + t : first + t + 1], s)
+
+
+def test_reference_window_follows_the_rollout(tmp_path):
+    """A 100-step rollout (the ring starts at 16 steps and grows while it is kept): every train row is paired
+    with its rollout state, the stored start state recognised."""
+    _loop(tmp_path / "long.parquet", 100)
+    df = lstm_probe.load(tmp_path / "long.parquet", phase="train", vectors=False)
+    assert len(df) == 2 * 2 * 100 and df.drift_h.notna().all() and df.drift_h.max() == 0
+    starts = df[df.t == 0]
+    assert set(starts[starts.iteration == 1]["init"]) == {"stored"}
+
+
+def test_an_explicit_reference_window_wins(tmp_path):
+    _loop(tmp_path / "none.parquet", 20, reference_window=0)
+    df = lstm_probe.load(tmp_path / "none.parquet", phase="train", vectors=False)
+    assert df.drift_h.isna().all()
+    rep = summarize(tmp_path / "none.parquet")
+    assert rep.staleness.provenance_ok is None
+    assert sum(u.startswith("staleness and the provenance check") for u in rep.unavailable) == 1
+    _loop(tmp_path / "short.parquet", 20, reference_window=5)  # fewer steps than the rollout: the last ones
+    df = lstm_probe.load(tmp_path / "short.parquet", phase="train", vectors=False)
+    assert df.drift_h.notna().sum() == 2 * 2 * 7  # the last 5 + 2 steps of each rollout
