@@ -103,7 +103,8 @@ class CaptureOptions:
     trace_envs: int | None = option(
         None,
         "Full vectors for env columns 0..K-1 only (their rollout rows and the training rows that come from "
-        "them); every other row is a summary row (norms and drift). For wide runs.",
+        "them), whatever --capture says; every other row (padding included) is a summary row (norms and "
+        "drift). For wide runs.",
         shown="all envs",
     )
     other_envs: str = option(
@@ -219,8 +220,11 @@ class WriterConfig:
     shard: str | None
     """This process's part-file name in a directory log written by several processes."""
     trace_envs: int | None
-    """Full vectors for env columns below it only (None: every env column handed over keeps them; with
-    ``--other-envs none`` the tracer hands over the kept columns alone)."""
+    """Full vectors for env columns below it only, whatever ``capture`` says (None: every row handed over may
+    keep them; with ``--other-envs none`` the tracer hands over the kept columns alone)."""
+    traced: bool
+    """``--trace-envs`` was given (either ``--other-envs``): the traced columns keep their vectors whatever
+    ``capture`` says, and padding rows are summary rows."""
     force: bool
     writer: str
     pid: int | None
@@ -261,6 +265,7 @@ class WriterConfig:
             part_iterations=o.part_iterations,
             shard=shard,
             trace_envs=o.trace_envs if o.other_envs == "summary" else None,
+            traced=o.trace_envs is not None,
             force=o.force,
             writer=o.writer,
             pid=os.getpid(),
@@ -273,8 +278,9 @@ class WriterConfig:
 
     @property
     def vectors(self) -> bool:
-        """Whether any row may store its h and c vectors (not a summary log)."""
-        return self.capture == "full"
+        """Whether any row may store its h and c vectors: a full log's, or the traced envs' rows (``trace_envs``:
+        their vectors are kept whatever the capture mode says)."""
+        return self.capture == "full" or self.traced
 
     @property
     def lock(self) -> Path:

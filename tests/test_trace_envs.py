@@ -71,7 +71,7 @@ def test_other_envs_none_hands_over_the_chosen_envs_only_and_writes_their_rows_u
         "Pendulum-v1", tmp_path / "summary.parquet", capture="summary", trace_envs=2, other_envs="none", **RUN
     )
     s = lstm_probe.load(summary.path)
-    assert s["h"].isna().all()
+    assert (s["h"].notna() == ~s["padding"]).all()  # the traced envs keep their vectors whatever --capture says
     s = s[~s["padding"]]
     assert len(s) == len(b)
     assert np.array_equal(s["drift_h"].to_numpy(), b["drift_h"].to_numpy(), equal_nan=True)
@@ -156,3 +156,40 @@ def test_other_envs_none_selects_env_columns_wherever_they_sit(tmp_path):
         assert some[column].tolist() == kept[column].tolist(), column
     assert np.array_equal(lstm_probe.states(some, "h"), lstm_probe.states(kept, "h"))
     assert np.array_equal(lstm_probe.states(some, "c"), lstm_probe.states(kept, "c"))
+
+
+def test_traced_envs_keep_their_vectors_whatever_the_capture_mode_says(tmp_path):
+    """Issue #48: `--capture summary --trace-envs K` (the rsl_rl docs' wide command, the own-runner example)
+    keeps envs 0..K-1's vectors, as `--capture full --trace-envs K` does: the same rows, norms and states; a
+    padding row (null env) is a summary row under --other-envs summary and none alike."""
+    full = lstm_probe.run("Pendulum-v1", tmp_path / "full.parquet", trace_envs=2, **RUN)
+    summ = lstm_probe.run("Pendulum-v1", tmp_path / "summ.parquet", capture="summary", trace_envs=2, **RUN)
+    none = lstm_probe.run(
+        "Pendulum-v1", tmp_path / "none.parquet", capture="summary", trace_envs=2, other_envs="none", **RUN
+    )
+    a, b, c = (lstm_probe.load(r.path) for r in (full, summ, none))
+    assert len(a) == len(b)
+    for frame in (a, b, c):
+        assert (frame["h"].notna() == (frame["env"].isin([0, 1]) & ~frame["padding"])).all()
+    assert np.array_equal(lstm_probe.states(a[a.h.notna()], "h"), lstm_probe.states(b[b.h.notna()], "h"))
+    assert np.array_equal(a["h_norm"].to_numpy(), b["h_norm"].to_numpy())
+    assert c["padding"].sum() > 0 and c.loc[c["padding"], "h"].isna().all()
+
+
+def test_rsl_rl_summary_capture_with_traced_envs_keeps_their_vectors(tmp_path):
+    import pytest
+
+    pytest.importorskip("rsl_rl")
+    out = tmp_path / "wide.parquet"
+    cmd = [sys.executable, "-m", "lstm_probe", "run", "Pendulum-v1", "--framework", "rsl_rl", "--torch-env"]
+    cmd += ["--n-envs", "8", "--steps", "384", "--hidden-size", "8", "--capture", "summary", "--trace-envs", "2"]
+    subprocess.run(
+        [*cmd, "--out", str(out)],
+        check=True,
+        capture_output=True,
+        env={**__import__("os").environ, "OMP_NUM_THREADS": "1"},
+    )
+    df = lstm_probe.load(out)
+    kept = df["h"].notna()
+    assert kept.any() and (kept == (df["env"].isin([0, 1]) & ~df["padding"])).all()
+    assert df.loc[~kept, "h_norm"].notna().all()

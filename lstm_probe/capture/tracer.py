@@ -107,7 +107,9 @@ class CoreTracer:
         # (the `init` columns: the returned states the probe holds), each train row's drift against the rollout
         # states held (computed once), the rows counted, the observers (`observers`: sb3's live metrics)
         window = Inputs.of(options.reference_window, False).window  # the option's ring size (AUTO: the rollout's)
-        stored, reduces = integration.capabilities().stored_states, self._reduce_here and options.capture == "summary"
+        # a summary log's rows cross to the sink as their figures, unless some keep their vectors (--trace-envs)
+        summary = options.capture == "summary" and options.trace_envs is None
+        stored, reduces = integration.capabilities().stored_states, self._reduce_here and summary
         self.emitter = Emitter(self.layers, self.hidden, window, stored, keep_envs=self.keep_envs, reduces=reduces)
         self.scratch = Scratch()  # the per-step c recovery's work arrays (jobs run one at a time, in order)
         self.resolver: Resolver = integration.resolve

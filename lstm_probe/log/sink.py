@@ -59,6 +59,7 @@ class Sink:
         self.hidden = c.hidden_size
         self.capture, self.every = c.capture, c.every
         self.trace_envs = c.trace_envs  # full vectors for env columns below it only
+        self.traced = c.traced  # --trace-envs given: vectors whatever the capture mode, none on padding rows
 
     def take(self, message: messages.Message) -> None:
         """One message from the training process (``messages.py``): the one way data reaches the sink."""
@@ -148,10 +149,13 @@ class Sink:
             r.init[first] = init[0]
             r.init_norm[first] = init[1]
         it = tags.iteration
-        r.vectors[i0:i1] = self.capture == "full" and (it is None or it % self.every == 0)
+        kept = self.capture == "full" or self.traced  # traced envs: whatever the capture mode
+        r.vectors[i0:i1] = kept and (it is None or it % self.every == 0)
         if self.trace_envs is not None:  # the other envs' rows: summary rows (a null env, padding: one too)
             env = r.env[i0:i1]
             r.vectors[i0:i1] &= (env >= 0) & (env < self.trace_envs)  # -1: a null env (padding, untagged)
+        elif self.traced:  # --other-envs none: the kept columns only arrive; their padding rows as under summary
+            r.vectors[i0:i1] &= ~r.buffers["padding"][i0:i1]
         if reduced is not None:  # its drifts came with it
             drift = reduced.drift
         if drift is not None:
