@@ -159,10 +159,11 @@ def replay(
     loops = 6 if norm is not None else 5
     total = loops * plan.steps()
     if total > MAX_STEPS:
+        envs = f"{len(plan.first):,} env{'s' * (len(plan.first) > 1)}"
         raise BadInput(
-            f"{trace}: replaying its {len(rec.env):,} rows ({len(plan.first):,} envs, the longest {plan.length[0]:,} "
-            f"steps) takes {total:,} policy steps over {loops} loops, over the {MAX_STEPS:,} replay runs (~10 min "
-            f"at {STEPS_PER_SECOND:,} steps a second); replay a part of it: fewer steps per env"
+            f"{trace}: replaying its {len(rec.env):,} rows ({envs}, the longest {plan.length[0]:,} steps) takes "
+            f"{total:,} policy steps over {loops} loops, over the {MAX_STEPS:,} replay runs (~10 min at "
+            f"{STEPS_PER_SECOND:,} steps a second); replay a part of it: fewer steps per env"
         )
     state = len(plan.first) * spec.layers * spec.hidden * len(spec.state_names) * 4
     budget.refuse(2 * state, f"replaying {trace} (the LSTM states of its {len(plan.first):,} envs)")
