@@ -21,16 +21,17 @@ from __future__ import annotations
 
 import contextlib
 import os
+import tempfile
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
 
-from lstm_probe.deploy.runtime import load_file
+from lstm_probe.deploy.runtime import Pace, load_file
 from lstm_probe.deploy.spec import META_KEY, Policy, Spec, Step
 from lstm_probe.errors import BadInput, one_line
 from lstm_probe.extras import require
@@ -40,7 +41,7 @@ from lstm_probe.options import CaptureOptions, check_env_id, default
 TOLERANCE = 1e-5
 """Default relative tolerance (float32 runtimes agree to ~1e-7 on these networks)."""
 MAX_EPISODE_STEPS = 1000
-"""An episode of ``--env`` is cut here (its time limit usually ends it first)."""
+"""An episode of ``--env`` or of ``--log`` is cut here (its time limit usually ends it first)."""
 
 
 @dataclass
@@ -124,10 +125,17 @@ def export(
     else:
         obs, starts = episodes_from_env(str(env_id), spec, reference, episodes, env_seed)
         where = f"{episodes} fresh episodes of {env_id} (seeds {env_seed}..{env_seed + episodes - 1})"
-    tmp = out.with_name(f".{out.stem}.{os.getpid()}.tmp{out.suffix}")  # read back by its suffix
+    # a new file of a name no one can guess, made by this call alone (O_EXCL: never through a link planted
+    # there), written through its descriptor, renamed over OUT once verified (a link at OUT is replaced,
+    # never followed); read back by its suffix
+    fd, name = tempfile.mkstemp(dir=out.parent, prefix=f".{out.stem}.", suffix=f".tmp{out.suffix}")
+    tmp = Path(name)
     try:
+        with os.fdopen(fd, "wb") as f:
+            _readable(f)
+            with _quiet():
+                exporter = _write_onnx(policy, f, source) if fmt == "onnx" else _write_torchscript(policy, f, source)
         with _quiet():
-            exporter = _write_onnx(policy, tmp, source) if fmt == "onnx" else _write_torchscript(policy, tmp, source)
             _, step, _ = load_file(tmp)
         errors = compare(step, reference, spec, obs, starts, tolerance, fmt)
         os.replace(tmp, out)
@@ -153,12 +161,19 @@ def _quiet() -> Iterator[None]:
         logger.setLevel(level)
 
 
+def _readable(f: Any) -> None:
+    """The new file's permissions as any file the user writes has them (``mkstemp`` makes it owner-only)."""
+    if hasattr(os, "fchmod"):
+        mask = os.umask(0)
+        os.umask(mask)
+        os.fchmod(f.fileno(), 0o666 & ~mask)
+
+
 def _meta(spec: Spec, source: str, exporter: str) -> str:
     return spec.to_json(source=Path(source).name, exporter=exporter, batch="any number of envs")
 
 
-def _write_onnx(policy: Policy, path: Path, source: str) -> str:
-    import onnx
+def _write_onnx(policy: Policy, f: BinaryIO, source: str) -> str:
 
     spec = policy.spec
     batch = torch.export.Dim("batch")
@@ -180,17 +195,17 @@ def _write_onnx(policy: Policy, path: Path, source: str) -> str:
     proto = program.model_proto
     entry = proto.metadata_props.add()
     entry.key, entry.value = META_KEY, _meta(spec, source, exporter)
-    onnx.save_model(proto, str(path), save_as_external_data=False)
+    f.write(proto.SerializeToString())  # the weights inside the one file (onnx.save_model's own default)
     return exporter
 
 
-def _write_torchscript(policy: Policy, path: Path, source: str) -> str:
+def _write_torchscript(policy: Policy, f: BinaryIO, source: str) -> str:
     exporter = f"torch.jit.trace (torch {torch.__version__})"
     try:
         traced = torch.jit.trace(policy.module, policy.spec.example(), check_trace=False)
     except Exception as exc:
         raise BadInput(f"torch.jit.trace could not trace this policy: {one_line(exc, kind=False)[:300]}") from None
-    torch.jit.save(traced, str(path), _extra_files={f"{META_KEY}.json": _meta(policy.spec, source, exporter)})
+    torch.jit.save(traced, f, _extra_files={f"{META_KEY}.json": _meta(policy.spec, source, exporter)})
     return exporter
 
 
@@ -205,10 +220,12 @@ def compare(
     mine, theirs = spec.zero_state(), spec.zero_state()
     got: list[list[np.ndarray]] = [[] for _ in names]
     want: list[list[np.ndarray]] = [[] for _ in names]
+    pace = Pace(2 * len(obs), f"verifying the exported {what} file", "pass a smaller --episodes")
     for i in range(len(obs)):
         o, s = obs[i : i + 1], starts[i : i + 1].astype(np.float32)
         a, v, mine = step(o, s, mine)
         ra, rv, theirs = reference(o, s, theirs)
+        pace.tick(2)
         for k, (x, y) in enumerate(zip((a, v, *mine), (ra, rv, *theirs), strict=True)):
             got[k].append(np.asarray(x, np.float64).ravel())
             want[k].append(np.asarray(y, np.float64).ravel())
@@ -238,26 +255,94 @@ def compare(
 
 
 def episodes_from_log(log: str | os.PathLike[str], spec: Spec, count: int) -> tuple[np.ndarray, np.ndarray]:
-    """The observations of the first ``count`` episodes of a ``--capture-obs`` log (by env, then episode),
-    back to back, and the episode starts."""
-    from lstm_probe.log.reader import load
+    """The observations of the first ``count`` episodes of a ``--capture-obs`` log (by env, then episode), each
+    cut at :data:`MAX_EPISODE_STEPS` steps, back to back, and the episode starts.
 
-    df = load(log, phase="rollout", module="actor", layer=0, columns=["env", "env_step", "episode", "obs"])
-    df = df[df["obs"].notna() & df["episode"].notna()]
-    if df.empty:
-        raise BadInput(f"{log} holds no observations: record one with `lstm-probe run ENV_ID --capture-obs`")
-    df = df.sort_values(["env", "episode", "env_step"])
-    keys = df[["env", "episode"]].drop_duplicates().head(count)
-    if len(keys) < count:
-        raise BadInput(f"{log} holds {len(keys)} episodes, fewer than --episodes {count}; pass a smaller --episodes")
-    df = df.merge(keys, on=["env", "episode"])
-    obs = np.stack([np.asarray(o, np.float32) for o in df["obs"]])
+    A log from elsewhere can hold millions of rows in a few KB, so the obs vectors' width is checked against
+    the policy's from the schema first, and the log is streamed twice within the memory budget: the keys
+    (env, episode, env_step) of its rollout rows, keeping the first ``count`` episodes' first steps; then the
+    observations of those steps alone, as numpy arrays (never a Python object per row)."""
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+
+    from lstm_probe.log import budget, reader
+
+    data, info = reader.dataset(log)
     size = int(np.prod(spec.obs_shape))
-    if obs.shape[1] != size:
-        raise BadInput(f"{log}'s observations hold {obs.shape[1]} values, the policy takes {size}: another env's log?")
-    first = (df[["env", "episode"]].to_numpy() != np.roll(df[["env", "episode"]].to_numpy(), 1, axis=0)).any(axis=1)
-    first[0] = True
+    if info.metadata.get("obs_size") is None or "obs" not in data.schema.names:
+        raise BadInput(f"{log} holds no observations: record one with `lstm-probe run ENV_ID --capture-obs`")
+    typ = data.schema.field("obs").type
+    width = typ.list_size if pa.types.is_fixed_size_list(typ) else None
+    if width != size:
+        raise BadInput(f"{log}'s observations hold {width} values, the policy takes {size}: another env's log?")
+    rows = ds.field("phase").isin(["rollout"]) & ds.field("module").isin(["actor"]) & (ds.field("layer") == 0)
+    keys = ["env", "episode", "env_step"]
+    for name in keys:
+        rows = rows & ds.field(name).is_valid()
+    budget.check_stream(data, keys, f"reading the episodes of {log}")
+    best = np.empty((0, 3), np.int64)  # (env, episode, its first env_step), the first `count`
+    for batch in data.to_batches(columns=keys, filter=rows):
+        best = _first_episodes(np.concatenate([best, _ints(batch)]), count)
+    if len(best) < count:
+        found = "no observations" if not len(best) else f"{len(best)} episodes, fewer than --episodes {count}"
+        raise BadInput(f"{log} holds {found}; pass a smaller --episodes, or record with --capture-obs")
+    most = count * MAX_EPISODE_STEPS
+    budget.refuse(3 * 4 * size * most, f"reading the observations of {count} episodes of {log}")
+    budget.check_stream(data, [*keys, "obs"], f"reading the observations of {log}")
+    near = rows & ds.field("env").isin(np.unique(best[:, 0])) & ds.field("episode").isin(np.unique(best[:, 1]))
+    near = near & (ds.field("env_step") >= int(best[:, 2].min()))
+    near = near & (ds.field("env_step") < int(best[:, 2].max()) + MAX_EPISODE_STEPS)
+    got_keys, got_obs, held = [], [], 0
+    for batch in data.to_batches(columns=[*keys, "obs"], filter=near):
+        k = _ints(batch)
+        keep = _in_window(k, best)
+        if not keep.any():
+            continue
+        col = batch.column(3).filter(pa.array(keep))
+        held += len(col)
+        if col.null_count or held > most:
+            why = "a step without its observation" if col.null_count else "a step in more than one row"
+            raise BadInput(f"{log} holds {why} in its first {count} episodes: not a --capture-obs log lstm-probe wrote")
+        got_keys.append(k[keep])
+        got_obs.append(np.asarray(col.flatten().to_numpy(zero_copy_only=False), np.float32).reshape(-1, size))
+    k, obs = np.concatenate(got_keys), np.concatenate(got_obs)
+    order = np.lexsort((k[:, 2], k[:, 1], k[:, 0]))
+    k, obs = k[order], obs[order]
+    if (k[1:] == k[:-1]).all(axis=1).any():
+        raise BadInput(
+            f"{log} holds a step in more than one row in its first {count} episodes: not a --capture-obs log"
+        )
+    first = np.r_[True, (k[1:, :2] != k[:-1, :2]).any(axis=1)]
     return obs.reshape((-1, *spec.obs_shape)), first
+
+
+def _ints(batch: Any) -> np.ndarray:
+    """A record batch's integer columns as one (rows, columns) int64 array."""
+    return np.column_stack([np.asarray(c.to_numpy(zero_copy_only=False), np.int64) for c in batch.columns[:3]])
+
+
+def _first_episodes(keys: np.ndarray, count: int) -> np.ndarray:
+    """(env, episode, first env_step) of the first ``count`` episodes among ``keys`` rows (env, episode, env_step)."""
+    keys = keys[np.lexsort((keys[:, 2], keys[:, 1], keys[:, 0]))]
+    first = np.r_[True, (keys[1:, :2] != keys[:-1, :2]).any(axis=1)] if len(keys) else np.zeros(0, bool)
+    return keys[first][:count]
+
+
+def _in_window(keys: np.ndarray, best: np.ndarray) -> np.ndarray:
+    """Which ``keys`` rows (env, episode, env_step) are among the first :data:`MAX_EPISODE_STEPS` steps of one
+    of the episodes ``best`` names (env, episode, first env_step): each (env, episode) as one code, looked up
+    in ``best``'s sorted codes (linear in the rows, but for the sorts of ``best``)."""
+    envs, episodes = np.unique(best[:, 0]), np.unique(best[:, 1])
+    e = np.minimum(np.searchsorted(envs, keys[:, 0]), len(envs) - 1)
+    p = np.minimum(np.searchsorted(episodes, keys[:, 1]), len(episodes) - 1)
+    known = (envs[e] == keys[:, 0]) & (episodes[p] == keys[:, 1])
+    codes = np.searchsorted(envs, best[:, 0]) * len(episodes) + np.searchsorted(episodes, best[:, 1])
+    order = np.argsort(codes)
+    code = e * len(episodes) + p
+    j = np.minimum(np.searchsorted(codes[order], code), len(codes) - 1)
+    keep = known & (codes[order][j] == code)
+    begin = best[order[j], 2]
+    return keep & (keys[:, 2] >= begin) & (keys[:, 2] < begin + MAX_EPISODE_STEPS)
 
 
 def episodes_from_env(env_id: str, spec: Spec, policy: Step, count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -18,10 +18,17 @@ observations, env by env in step order, as a correct loop runs it and as each cl
   float16 kernel needed; a runtime doing the arithmetic in float16 too lands within ``HALF`` of it).
 
 The recorded actions are compared with each loop's, step by step, within ``tolerance`` relative to the
-largest recorded action (discrete actions exactly). The verdict is the loop that agrees at every step
+largest action, recorded or the loop's (discrete actions exactly): never an absolute tolerance, even where
+every recorded action is 0. The verdict is the loop that agrees at every step
 (``correct`` first when several do: a trace too short to tell them apart); else ``float16`` when the
 correct loop agrees to half precision only; else ``not this policy`` when no loop agrees on half the
 steps (other weights, another env), or ``unrecognised`` naming the closest.
+
+The work is bounded before it starts: at most :data:`MAX_ROWS` rows (a Parquet trace's from its footer), the
+envs stepped together (up to :data:`BATCH` at once, each env's rows found in one pass), at most
+:data:`MAX_STEPS` policy steps over all the loops (the pace :data:`STEPS_PER_SECOND` plans with, for
+``runtime.TIME_LIMIT``), and ``runtime.Pace`` refuses as soon as the pace measured says the rest would take
+longer.
 """
 
 from __future__ import annotations
@@ -34,10 +41,11 @@ from typing import Any
 
 import numpy as np
 
-from lstm_probe.deploy.runtime import half_weights, load_file, rounded, torch_step
-from lstm_probe.deploy.spec import Spec, State, Step
-from lstm_probe.deploy.trace import Trace, read_trace
+from lstm_probe.deploy.runtime import TIME_LIMIT, Pace, half_weights, open_file, per_env_bytes, rounded, torch_step
+from lstm_probe.deploy.spec import Spec, Step
+from lstm_probe.deploy.trace import Trace, read_stats, read_trace
 from lstm_probe.errors import BadInput
+from lstm_probe.log import budget
 
 TOLERANCE = 1e-4
 """Default: float32 runtimes agree to ~1e-6 of the action scale; a float16 loop parts by ~1e-3."""
@@ -48,6 +56,42 @@ NOT_FED, EVERY_STEP = "state not fed back", "reset every step"
 NO_RESET, SWAPPED = "not reset at episode starts", "h and c swapped"
 NO_NORM, FLOAT16 = "observation normalisation missing", "float16"
 OTHER, UNKNOWN = "not this policy", "unrecognised"
+MAX_ROWS = 2_000_000
+"""Most rows of a trace replay reads (a Parquet trace's counted from its footer, before a row is read)."""
+STEPS_PER_SECOND = 2_000
+"""The pace replay plans with: a model.zip's PyTorch step on one CPU core (an exported ONNX file's runs ~10
+times faster, and a step of many envs at once little slower than one env's)."""
+MAX_STEPS = int(TIME_LIMIT * STEPS_PER_SECOND)
+"""Most policy steps a replay runs over all its loops (1,200,000: ten minutes at :data:`STEPS_PER_SECOND`);
+a step runs up to :data:`BATCH` envs at once."""
+BATCH = 1024
+"""Most envs one policy step runs at once (fewer where one env's step holds much memory)."""
+
+
+@dataclass
+class _Plan:
+    """How the loops step through a trace: each env's first row and row count, longest first, and the
+    envs stepped at once."""
+
+    first: np.ndarray
+    length: np.ndarray
+    batch: int
+
+    @classmethod
+    def of(cls, env: np.ndarray, batch: Any) -> _Plan:
+        cut = np.flatnonzero(env[1:] != env[:-1]) + 1  # rows in (env, step) order: one pass
+        first = np.r_[0, cut]
+        length = np.diff(np.r_[first, len(env)])
+        order = np.argsort(-length, kind="stable")
+        return cls(first[order], length[order], batch(len(first)))
+
+    def active(self) -> np.ndarray:
+        """How many envs have a row at each position in their run of steps."""
+        return len(self.length) - np.searchsorted(self.length[::-1], np.arange(int(self.length[0])), side="right")
+
+    def steps(self) -> int:
+        """Policy steps one loop takes."""
+        return int((-(-self.active() // self.batch)).sum())
 
 
 @dataclass
@@ -107,32 +151,46 @@ def replay(
     SB3's pickle, ``.pkl``, with ``trust_model``)."""
     if not (isinstance(tolerance, int | float) and 0 < tolerance < HALF):
         raise BadInput(f"--tolerance must be a relative error in (0, {HALF:g}), e.g. 1e-4, got {tolerance!r}")
-    spec, step, half = _policy(policy, trust_model)
-    rec = read_trace(trace, spec)
-    norm = None if vecnormalize is None else _normaliser(Path(vecnormalize), trust_model)
+    spec, step, half, batch = _policy(policy, trust_model)
+    rec = read_trace(trace, spec, MAX_ROWS)
+    norm = None if vecnormalize is None else _normaliser(Path(vecnormalize), trust_model, spec)
     obs = rec.obs if norm is None else norm(rec.obs)
-    zeros = _run(step, spec, rec, obs, "zeros")
+    plan = _Plan.of(rec.env, batch)
+    loops = 6 if norm is not None else 5
+    total = loops * plan.steps()
+    if total > MAX_STEPS:
+        envs = f"{len(plan.first):,} env{'s' * (len(plan.first) > 1)}"
+        raise BadInput(
+            f"{trace}: replaying its {len(rec.env):,} rows ({envs}, the longest {plan.length[0]:,} steps) takes "
+            f"{total:,} policy steps over {loops} loops, over the {MAX_STEPS:,} replay runs (~10 min at "
+            f"{STEPS_PER_SECOND:,} steps a second); replay a part of it: fewer steps per env"
+        )
+    state = len(plan.first) * spec.layers * spec.hidden * len(spec.state_names) * 4
+    budget.refuse(2 * state, f"replaying {trace} (the LSTM states of its {len(plan.first):,} envs)")
+    pace = Pace(total, f"replaying {trace}", "replay a part of it: fewer steps per env")
+    zeros = _run(step, spec, rec, obs, "zeros", plan, pace)
     runs: dict[str, np.ndarray] = {
-        CORRECT: _run(step, spec, rec, obs, "correct"),
+        CORRECT: _run(step, spec, rec, obs, "correct", plan, pace),
         NOT_FED: zeros,
         EVERY_STEP: zeros,
-        NO_RESET: _run(step, spec, rec, obs, "no reset"),
-        SWAPPED: _run(step, spec, rec, obs, "swapped"),
+        NO_RESET: _run(step, spec, rec, obs, "no reset", plan, pace),
+        SWAPPED: _run(step, spec, rec, obs, "swapped", plan, pace),
     }
     notes = []
     if norm is not None:
-        runs[NO_NORM] = _run(step, spec, rec, rec.obs, "correct")
+        runs[NO_NORM] = _run(step, spec, rec, rec.obs, "correct", plan, pace)
     else:
         notes.append(f"'{NO_NORM}' not checked: pass --vecnormalize STATS if the model was trained under VecNormalize")
-    runs[FLOAT16] = _run(half, spec, rec, obs, "correct")
-    loops = [_compare(name, actions, rec, spec, tolerance) for name, actions in runs.items()]
-    verdict, also = _verdict(loops, tolerance)
-    correct = loops[0]
-    return Replay(verdict, also, correct.first_diff, loops, len(rec.env), len(np.unique(rec.env)), tolerance, notes)
+    runs[FLOAT16] = _run(half, spec, rec, obs, "correct", plan, pace)
+    loops_found = [_compare(name, actions, rec, spec, tolerance) for name, actions in runs.items()]
+    verdict, also = _verdict(loops_found, tolerance)
+    correct = loops_found[0]
+    return Replay(verdict, also, correct.first_diff, loops_found, len(rec.env), len(plan.first), tolerance, notes)
 
 
-def _policy(policy: Any, trust_model: bool) -> tuple[Spec, Step, Step]:
-    """The spec, the float32 step and the float16 step of a policy file, model.zip or model."""
+def _policy(policy: Any, trust_model: bool) -> tuple[Spec, Step, Step, Any]:
+    """The spec, the float32 step and the float16 step of a policy file, model.zip or model, and how many envs
+    one step may run at once (``envs -> batch``)."""
     if isinstance(policy, str | os.PathLike) and Path(policy).suffix in (".onnx", ".pt"):
         path = Path(policy)
         if path.suffix == ".pt" and not trust_model:
@@ -144,41 +202,62 @@ def _policy(policy: Any, trust_model: bool) -> tuple[Spec, Step, Step]:
 
         with warnings.catch_warnings():  # torch.jit.load's deprecation: the file is what it is
             warnings.simplefilter("ignore", DeprecationWarning)
-            spec, step, _ = load_file(path)
-            half = rounded(load_file(path, half=True)[1])
-        return spec, step, half
+            opened = open_file(path)
+            step, half = opened.step(), rounded(opened.step(half=True))
+        return opened.spec, step, half, lambda envs: opened.batch(envs, BATCH)
     from lstm_probe.integrations import deploy_policy
 
     found = deploy_policy(policy, trust_model)  # the framework's Policy: its spec and its step as a torch module
-    module = found.module
-    return found.spec, torch_step(module), rounded(torch_step(half_weights(copy.deepcopy(module))))
+    module, spec = found.module, found.spec
+    per_env = per_env_bytes(spec) + 4 * sum(p.numel() for p in module.parameters())  # activations, at most
+
+    def batch(envs: int) -> int:
+        return max(1, min(envs, BATCH, budget.limit() // (4 * per_env)))
+
+    return spec, torch_step(module), rounded(torch_step(half_weights(copy.deepcopy(module)))), batch
 
 
-def _run(step: Step, spec: Spec, rec: Trace, obs: np.ndarray, how: str) -> np.ndarray:
-    """The actions of one loop over the trace, env by env (rows already in (env, step) order)."""
-    actions: list[np.ndarray] = []
-    for env in np.unique(rec.env):
-        state: State = spec.zero_state()
-        for i in np.flatnonzero(rec.env == env):
-            start = np.array([0.0 if how == "no reset" else float(rec.start[i])], np.float32)
+def _run(step: Step, spec: Spec, rec: Trace, obs: np.ndarray, how: str, plan: _Plan, pace: Pace) -> np.ndarray:
+    """The actions of one loop over the trace: each env's rows in step order, the envs at the same position in
+    their runs stepped together (``plan.batch`` at a time), each with its own state."""
+    out = np.empty(rec.action.shape, np.float64)
+    envs = len(plan.first)
+    state = [np.zeros((spec.layers, envs, spec.hidden), np.float32) for _ in spec.state_names]
+    for k, active in enumerate(plan.active()):
+        for lo in range(0, int(active), plan.batch):
+            hi = min(int(active), lo + plan.batch)
+            rows = plan.first[lo:hi] + k
+            start = np.zeros(hi - lo, np.float32) if how == "no reset" else rec.start[rows].astype(np.float32)
             if how == "zeros":
-                state = spec.zero_state()
-            action, _, new = step(obs[i : i + 1], start, state)
-            actions.append(np.asarray(action, np.float64).ravel())
-            state = tuple(new[k ^ 1] for k in range(len(new))) if how == "swapped" else new
-    return np.stack(actions)
+                given = spec.zero_state(hi - lo)
+            else:
+                given = tuple(np.ascontiguousarray(s[:, lo:hi]) for s in state)
+            action, _, new = step(obs[rows], start, given)
+            out[rows] = np.asarray(action, np.float64).reshape(hi - lo, -1)
+            if how != "zeros":
+                for i, s in enumerate(state):
+                    s[:, lo:hi] = new[i ^ 1] if how == "swapped" else new[i]
+            pace.tick()
+    return out
 
 
 def _compare(name: str, actions: np.ndarray, rec: Trace, spec: Spec, tolerance: float) -> Loop:
     if spec.action == "discrete":
         err = (actions != rec.action).any(axis=1).astype(np.float64)
     else:
-        scale = float(np.abs(rec.action[np.isfinite(rec.action)]).max(initial=0.0)) or 1.0
-        err = np.abs(actions - rec.action).max(axis=1) / scale  # NaN where either is NaN
+        # relative to the largest action, recorded or this loop's: all-zero recorded actions do not make the
+        # tolerance absolute (a scale of 0 means both are all 0, and equal)
+        scale = max(_largest(rec.action), _largest(actions))
+        err = np.abs(actions - rec.action).max(axis=1)  # NaN where either is NaN
+        err = err / scale if scale > 0 else err
     bad = ~(err <= tolerance)  # a NaN is a divergence (NaN > tolerance is False)
     first = int(np.argmax(bad))
     diff = (int(rec.env[first]), int(rec.step[first])) if bad.any() else None
     return Loop(name, int((~bad).sum()), len(err), diff, float(err.max(initial=0.0)))
+
+
+def _largest(a: np.ndarray) -> float:
+    return float(np.abs(a[np.isfinite(a)]).max(initial=0.0))
 
 
 def _verdict(loops: list[Loop], tolerance: float) -> tuple[str, list[str]]:
@@ -192,9 +271,10 @@ def _verdict(loops: list[Loop], tolerance: float) -> tuple[str, list[str]]:
     return (OTHER if best.agree < best.steps / 2 else UNKNOWN), []
 
 
-def _normaliser(path: Path, trust_model: bool) -> Any:
+def _normaliser(path: Path, trust_model: bool, spec: Spec) -> Any:
     """``VecNormalize.normalize_obs`` from saved statistics: clip((obs - mean) / sqrt(var + eps), +-clip)."""
-    if not path.is_file():
+    size = int(np.prod(spec.obs_shape))
+    if not path.exists():
         raise BadInput(f"{path} does not exist; pass the VecNormalize statistics saved with the model")
     if path.suffix == ".pkl":
         if not trust_model:
@@ -204,24 +284,18 @@ def _normaliser(path: Path, trust_model: bool) -> Any:
             )
         import pickle
 
-        with path.open("rb") as f:
+        with budget.open_regular(path, "pass the VecNormalize statistics saved with the model") as f:
             vn = pickle.load(f)  # --trust-model: the user vouches for the file
         mean, var, clip, eps = vn.obs_rms.mean, vn.obs_rms.var, vn.clip_obs, vn.epsilon
     else:
-        try:
-            with np.load(path, allow_pickle=False) as z:
-                mean, var = z["mean"], z["var"]
-                clip = float(z["clip_obs"]) if "clip_obs" in z else 10.0
-                eps = float(z["epsilon"]) if "epsilon" in z else 1e-8
-        except Exception as exc:
-            raise BadInput(f"cannot read {path} as .npz statistics with mean and var: {exc}") from None
-    mean, std = np.asarray(mean, np.float64), np.sqrt(np.asarray(var, np.float64) + eps)
+        mean, var, clip, eps = read_stats(path, size)
+    mean, std = np.asarray(mean, np.float64).ravel(), np.sqrt(np.asarray(var, np.float64).ravel() + eps)
+    if mean.size != size or std.size != size:
+        raise BadInput(f"the VecNormalize statistics hold {mean.size} values, the observations {size}")
 
     def norm(obs: np.ndarray) -> np.ndarray:
         flat = obs.reshape(len(obs), -1)
-        if flat.shape[1] != mean.size:
-            raise BadInput(f"the VecNormalize statistics hold {mean.size} values, the observations {flat.shape[1]}")
-        out = np.clip((flat - mean.ravel()) / std.ravel(), -clip, clip)
+        out = np.clip((flat - mean) / std, -clip, clip)
         return out.astype(np.float32).reshape(obs.shape)
 
     return norm

@@ -1,17 +1,33 @@
 """A deployed policy's :data:`~lstm_probe.deploy.spec.Step` whatever its form: a torch module (a framework's
 ``Policy.module``, or TorchScript), an ONNX file (onnxruntime); an exported file read back with its
-:class:`~lstm_probe.deploy.spec.Spec`; the float16 runtime emulated (:func:`rounded`)."""
+:class:`~lstm_probe.deploy.spec.Spec` (:func:`open_file`: a regular file, its metadata checked, an ONNX graph
+checked before it runs, ``checks.py``); the float16 runtime emulated (:func:`rounded`); and the time the
+steps may take (:class:`Pace`)."""
 
 from __future__ import annotations
 
+import io
+import math
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from lstm_probe.deploy import checks
 from lstm_probe.deploy.spec import META_KEY, Spec, State, Step
 from lstm_probe.errors import BadInput, one_line
+from lstm_probe.log import budget
+
+TIME_LIMIT = 600.0
+"""Seconds a command's policy steps may take (export's verification, replay's loops): past it, or as soon as
+the pace measured from the first second on says the rest would take longer, the command is refused in one
+line."""
+FILE_COPIES = 4
+"""Copies of a policy file's bytes held while it is read (the bytes, the parsed model, its serialized form
+handed to onnxruntime, the float16 copy)."""
 
 
 def torch_step(module: Any) -> Step:
@@ -38,13 +54,23 @@ def half_weights(module: Any) -> Any:
     return module
 
 
-def ort_step(session: Any, spec: Spec) -> Step:
-    """:data:`Step` of an onnxruntime session of an exported file."""
+def ort_step(session: Any, spec: Spec, where: str = "the ONNX file") -> Step:
+    """:data:`Step` of an onnxruntime session of an exported file; each output's shape and type checked (a
+    file from elsewhere could answer anything), a failure of the run one line."""
     names = [n for n, _, _ in spec.inputs()]
+    wanted = spec.outputs()
 
     def step(obs: np.ndarray, start: np.ndarray, state: State) -> tuple[np.ndarray, np.ndarray, State]:
         feed = dict(zip(names, [np.asarray(obs, np.float32), np.asarray(start, np.float32), *state], strict=True))
-        out = session.run(None, feed)
+        try:
+            out = session.run(None, feed)
+        except Exception as exc:  # onnxruntime's own exception classes
+            raise BadInput(f"{where} fails to run a step: {one_line(exc, kind=False)[:300]}") from None
+        batch = len(obs)
+        for got, (name, shape, dtype) in zip(out, wanted, strict=True):
+            want = tuple(batch if d == "batch" else int(d) for d in shape)
+            if not isinstance(got, np.ndarray) or got.shape != want or got.dtype != np.dtype(dtype):
+                raise BadInput(f"{where} answers its output {name} not as {dtype} of shape {list(want)}")
         return out[0], out[1], tuple(out[2:])
 
     return step
@@ -53,9 +79,9 @@ def ort_step(session: Any, spec: Spec) -> Step:
 def rounded(step: Step) -> Step:
     """A float16 runtime's step, computed the same on every CPU: the step's observations, states in and
     states out rounded to float16 (round to nearest even), the arithmetic in float32. Pass it a step over
-    weights rounded too (:func:`half_weights`, ``load_file(..., half=True)``). A runtime that runs an LSTM in
-    half precision stores weights, inputs and states in float16 and accumulates in float32 (cuDNN's and
-    TensorRT's half-precision RNNs, onnxruntime's float16 kernels); this emulation is that, without the
+    weights rounded too (:func:`half_weights`, ``open_file(...).step(half=True)``). A runtime that runs an
+    LSTM in half precision stores weights, inputs and states in float16 and accumulates in float32 (cuDNN's
+    and TensorRT's half-precision RNNs, onnxruntime's float16 kernels); this emulation is that, without the
     CPU's float16 kernels, which many CPUs lack (oneDNN refuses an LSTM under ``torch.autocast("cpu",
     torch.float16)`` on a CPU without avx512_fp16)."""
 
@@ -79,33 +105,125 @@ def _half_initializers(proto: Any) -> None:
             init.CopyFrom(numpy_helper.from_array(arr, init.name))
 
 
-def load_file(path: Path, half: bool = False) -> tuple[Spec, Step, bool]:
-    """An exported file's spec and :data:`Step`, and whether it is TorchScript (else ONNX); ``half``: its
-    weights rounded to float16 (:func:`rounded` says why)."""
-    if not path.is_file():
+def session(proto: Any) -> Any:
+    """An onnxruntime session of a checked graph, on the CPU, its own log silenced: onnxruntime writes
+    warnings to stderr itself (an unused initializer, a node it drops), names from the file included as they
+    are, escape sequences and all; its errors come back as exceptions, made one line by the caller."""
+    import onnxruntime as ort
+
+    ort.set_default_logger_severity(4)  # before any session: the environment's logger, then each session's
+    options = ort.SessionOptions()
+    options.log_severity_level = 4
+    return ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+@dataclass
+class PolicyFile:
+    """An exported file read and checked (:func:`open_file`); :meth:`step` runs it."""
+
+    path: Path
+    spec: Spec
+    torchscript: bool
+    per_env: int
+    """Bytes one env's step holds (ONNX: from the checked graph; TorchScript: its state and observation)."""
+    proto: Any = None
+    raw: bytes = b""
+
+    def step(self, half: bool = False) -> Step:
+        """Its :data:`Step`; ``half``: its weights rounded to float16 (:func:`rounded` says why)."""
+        where = str(self.path)
+        if not self.torchscript:
+            proto = self.proto
+            if half:
+                import onnx
+
+                proto = onnx.ModelProto()
+                proto.CopyFrom(self.proto)
+                _half_initializers(proto)
+            try:
+                sess = session(proto)
+            except Exception as exc:
+                raise BadInput(f"cannot run {where} with onnxruntime: {one_line(exc, kind=False)[:300]}") from None
+            return ort_step(sess, self.spec, where)
+        module = torch.jit.load(io.BytesIO(self.raw), map_location="cpu").eval()
+        return torch_step(half_weights(module) if half else module)
+
+    def batch(self, envs: int, most: int) -> int:
+        """How many envs one step may run at once (at most ``most``): within a quarter of the memory budget,
+        and for an ONNX file, its graph measured again at that batch (a graph whose values grow faster than
+        the batch is refused)."""
+        size = max(1, min(envs, most, budget.limit() // (4 * max(self.per_env, 1))))
+        if size > 1 and not self.torchscript:
+            need, _ = checks.measure(self.proto, self.spec, size, str(self.path))
+            budget.refuse(2 * need, f"running {self.path} on {size:,} envs at once")
+        return size
+
+
+def open_file(path: Path) -> PolicyFile:
+    """An exported file (``.onnx``, else TorchScript) read and checked: a regular file within the memory
+    budget, lstm-probe's metadata (:meth:`Spec.from_json`), and an ONNX graph as :func:`checks.check` has it,
+    before anything of it runs (TorchScript is code: the caller asked the user to trust it)."""
+    fix = f"pass a policy exported with `lstm-probe export MODEL.zip {path.name}`"
+    if not path.exists() and not path.is_symlink():
         raise BadInput(f"{path} does not exist; export a policy with `lstm-probe export MODEL.zip {path.name}`")
+    raw = budget.read_regular(path, fix, copies=FILE_COPIES)
+    where = str(path)
     if path.suffix == ".onnx":
         import onnx
-        import onnxruntime as ort
 
         try:
-            proto = onnx.load(str(path), load_external_data=False)
-            meta = {p.key: p.value for p in proto.metadata_props}
-            if half:
-                _half_initializers(proto)
-            session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+            proto = onnx.load_model_from_string(raw)
         except Exception as exc:
             raise BadInput(f"cannot read {path} as an ONNX file: {one_line(exc, kind=False)[:200]}") from None
+        meta = {p.key: p.value for p in proto.metadata_props}
         if META_KEY not in meta:
             raise BadInput(f"{path} was not exported by lstm-probe (no {META_KEY} metadata); export it again")
-        spec = Spec.from_json(meta[META_KEY], str(path))
-        return spec, ort_step(session, spec), False
+        spec = Spec.from_json(meta[META_KEY], where)
+        graph = checks.check(proto, spec, where)
+        return PolicyFile(path, spec, False, graph.per_env, proto=proto)
     extra = {f"{META_KEY}.json": ""}
     try:
-        module = torch.jit.load(str(path), map_location="cpu", _extra_files=extra)
+        torch.jit.load(io.BytesIO(raw), map_location="cpu", _extra_files=extra)
     except Exception as exc:
         raise BadInput(f"cannot read {path} as a TorchScript file: {one_line(exc, kind=False)[:200]}") from None
     if not extra[f"{META_KEY}.json"]:
         raise BadInput(f"{path} was not exported by lstm-probe (no {META_KEY}.json); export it again")
-    module = half_weights(module.eval()) if half else module.eval()
-    return Spec.from_json(extra[f"{META_KEY}.json"], str(path)), torch_step(module), True
+    spec = Spec.from_json(extra[f"{META_KEY}.json"], where)
+    return PolicyFile(path, spec, True, per_env_bytes(spec), raw=raw)
+
+
+def per_env_bytes(spec: Spec) -> int:
+    """An estimate of the bytes one env's step of a torch module holds: its observation and states, times 16
+    (the activations between them, in and out)."""
+    state = spec.layers * spec.hidden * len(spec.state_names)
+    return 16 * 4 * (math.prod(spec.obs_shape) + state + spec.hidden)
+
+
+def load_file(path: Path, half: bool = False) -> tuple[Spec, Step, bool]:
+    """An exported file's spec and :data:`Step`, and whether it is TorchScript (else ONNX); ``half``: its
+    weights rounded to float16 (:func:`rounded` says why)."""
+    opened = open_file(path)
+    return opened.spec, opened.step(half), opened.torchscript
+
+
+class Pace:
+    """The time ``total`` policy steps may take: :meth:`tick` after each refuses (one line) as soon as the
+    pace measured from the first second on says the whole would take over ``limit`` seconds, or it has."""
+
+    def __init__(self, total: int, what: str, fix: str, limit: float = TIME_LIMIT) -> None:
+        self.total, self.what, self.fix, self.limit = max(total, 1), what, fix, limit
+        self.done = 0
+        self.start = time.monotonic()
+
+    def tick(self, steps: int = 1) -> None:
+        self.done += steps
+        spent = time.monotonic() - self.start
+        if spent < 1.0:
+            return
+        whole = spent / self.done * self.total
+        if whole > self.limit or spent > self.limit:
+            raise BadInput(
+                f"{self.what}: its {self.total:,} policy steps would take ~{whole / 60:,.0f} min at the "
+                f"{self.done / spent:,.0f} steps a second measured, over the {self.limit / 60:,.0f} min lstm-probe "
+                f"gives them; {self.fix}"
+            )

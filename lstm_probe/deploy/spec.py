@@ -10,6 +10,7 @@ form: the PyTorch module, a TorchScript file (``torch.jit.load``) or an ONNX fil
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -84,18 +85,67 @@ class Spec:
 
     @classmethod
     def from_json(cls, text: str, where: str) -> Spec:
+        """The spec a file's metadata states, each field checked (a file from elsewhere can state anything: a
+        hidden size of 2^28, a million layers, -1): what a spec lstm-probe writes holds, within
+        :data:`MAX_LAYERS`, :data:`MAX_HIDDEN`, :data:`MAX_DIMS` and :data:`MAX_SIZE`; BadInput otherwise."""
+        if len(text) > MAX_METADATA:
+            raise BadInput(f"{where}: its {META_KEY} metadata is {len(text):,} characters, not lstm-probe's (a few KB)")
         try:
             doc = json.loads(text)
-            return cls(
-                variant=str(doc["variant"]),
-                obs_shape=tuple(int(d) for d in doc["obs_shape"]),
-                action=str(doc["action"]),
-                action_shape=tuple(int(d) for d in doc["action_shape"]),
-                layers=int(doc["layers"]),
-                hidden=int(doc["hidden"]),
+        except (ValueError, RecursionError):
+            doc = None
+        if not isinstance(doc, dict):
+            raise BadInput(f"{where}: its {META_KEY} metadata is not lstm-probe's (not a JSON object); export it again")
+        variant, action = doc.get("variant"), doc.get("action")
+        if variant not in VARIANTS or action not in ("box", "discrete"):
+            raise BadInput(
+                f"{where}: its {META_KEY} metadata states the variant {str(variant)[:40]!r} and action "
+                f"{str(action)[:40]!r}, not one lstm-probe writes; export it again"
             )
-        except (ValueError, KeyError, TypeError) as exc:
-            raise BadInput(f"{where}: its {META_KEY} metadata is not lstm-probe's ({exc}); export it again") from None
+        obs = _dims(doc.get("obs_shape"), "obs_shape", where, 1)
+        act = _dims(doc.get("action_shape"), "action_shape", where, 0)
+        if action == "discrete" and act:
+            raise BadInput(
+                f"{where}: its {META_KEY} metadata states a discrete action of shape {list(act)}; export it again"
+            )
+        layers = _count(doc.get("layers"), "layers", where, MAX_LAYERS)
+        hidden = _count(doc.get("hidden"), "hidden", where, MAX_HIDDEN)
+        return cls(str(variant), obs, str(action), act, layers, hidden)
+
+
+VARIANTS = ("separate", "shared", "no critic LSTM")
+MAX_METADATA = 1 << 20
+"""Longest metadata document read (lstm-probe writes ~1 KB)."""
+MAX_LAYERS = 1024
+"""Most LSTM layers a spec may state (the model.zip reader's bound on n_lstm_layers)."""
+MAX_HIDDEN = 1 << 16
+"""Widest LSTM a spec may state (the log reader's bound on h and c vectors)."""
+MAX_DIMS = 32
+"""Most dimensions of an observation or action."""
+MAX_SIZE = 1 << 24
+"""Most values in one observation or action (16,777,216: an 84 x 84 x 4 Atari frame holds 28,224)."""
+
+
+def _count(value: Any, name: str, where: str, most: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+        raise BadInput(
+            f"{where}: its {META_KEY} metadata states {name} {str(value)[:40]}, not an integer from 1 to {most:,}; "
+            "export it again"
+        )
+    return value
+
+
+def _dims(value: Any, name: str, where: str, fewest: int) -> tuple[int, ...]:
+    if not isinstance(value, list) or not fewest <= len(value) <= MAX_DIMS:
+        raise BadInput(
+            f"{where}: its {META_KEY} metadata states {name} {str(value)[:60]}, not a shape; export it again"
+        )
+    dims = tuple(_count(d, name, where, MAX_SIZE) for d in value)
+    if math.prod(dims) > MAX_SIZE:
+        raise BadInput(
+            f"{where}: its {META_KEY} metadata states {name} {list(dims)}, over {MAX_SIZE:,} values; export it again"
+        )
+    return dims
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,14 @@
-"""A recorded run (``lstm-probe replay TRACE``): one row per env step, ``env``, ``step``, ``obs``, ``action``,
-``episode_start`` (docs/deploy.md has the schema), Parquet or CSV, read within the memory budget and checked
-(every step of an env once) before replay re-runs a policy over it."""
+"""The files replay reads besides the policy: a recorded run (``lstm-probe replay TRACE``), one row per env
+step, ``env``, ``step``, ``obs``, ``action``, ``episode_start`` (docs/deploy.md has the schema), Parquet or CSV,
+read within the memory budget and a bound on its rows and checked (every step of an env once) before replay
+re-runs a policy over it; and VecNormalize statistics saved as ``.npz`` (:func:`read_stats`), each array's
+header checked before its values are read. Regular files only (a FIFO is refused, never waited on)."""
 
 from __future__ import annotations
 
 import os
 import re
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,16 +33,21 @@ CSV_BYTES = 16
 most 8 bytes of Arrow (an int64 or a float64), and the columns replay keeps are copied once into numpy."""
 
 
-def read_trace(path: str | os.PathLike[str], spec: Spec) -> Trace:
+def read_trace(path: str | os.PathLike[str], spec: Spec, most: int) -> Trace:
     """A recorded run (Parquet or CSV; schema in docs/deploy.md), rows in (env, step) order: one row per step of
     each env, no step repeated or missing. Read within the memory budget (``budget.py``, ``--max-memory``):
     a Parquet file by what its footer says its columns decode to, a CSV by its size; the columns become
-    numpy arrays, never Python lists."""
+    numpy arrays, never Python lists. More than ``most`` rows are refused (a Parquet file's from its footer,
+    before a row is read)."""
+    from lstm_probe.log import budget
+
     p = Path(path)
-    if not p.is_file():
-        raise BadInput(f"{p} does not exist or is not a file; pass a recorded run (Parquet or CSV, see docs/deploy.md)")
+    fix = "pass a recorded run (Parquet or CSV, see docs/deploy.md)"
+    if not p.exists():
+        raise BadInput(f"{p} does not exist; {fix}")
+    budget.open_regular(p, fix).close()  # a FIFO or device: refused, never waited on
     try:
-        table = _read_csv(p) if p.suffix == ".csv" else _read_parquet(p)
+        table = _read_csv(p, most) if p.suffix == ".csv" else _read_parquet(p, most)
     except ProbeError:
         raise
     except Exception as exc:
@@ -47,6 +55,7 @@ def read_trace(path: str | os.PathLike[str], spec: Spec) -> Trace:
     n = table.num_rows
     if not n:
         raise BadInput(f"{p} holds no rows")
+    _refuse_rows(p, n, most)
     for need in ("step", "episode_start"):
         if need not in table.column_names:
             raise BadInput(
@@ -74,22 +83,32 @@ def _wanted(name: str) -> bool:
     return name in ("env", "step", "episode_start", "obs", "action") or bool(re.fullmatch(r"(obs|action)_\d+", name))
 
 
-def _read_parquet(p: Path) -> Any:
-    """The trace's columns of a Parquet file, refused first (one line) if what they decode to, copied into
-    numpy, is over the memory budget."""
+def _refuse_rows(p: Path, rows: int, most: int) -> None:
+    if rows > most:
+        raise BadInput(
+            f"{p} holds {rows:,} rows, over the {most:,} replay re-runs a policy over (each row once per loop); "
+            "replay a part of it: fewer steps or envs"
+        )
+
+
+def _read_parquet(p: Path, most: int) -> Any:
+    """The trace's columns of a Parquet file, refused first (one line) if its footer states more than ``most``
+    rows, or if what they decode to, copied into numpy, is over the memory budget."""
     import pyarrow.dataset as ds
 
     from lstm_probe.log import budget
 
     data = ds.dataset(p, format="parquet")
     names = [n for n in data.schema.names if _wanted(n)]
-    need = sum(budget.row_groups(data, names))
-    budget.refuse((budget.DECODE + 2) * need, f"reading {p}")  # decoding, then numpy's float64 copies
+    sizes = budget.groups(data, names)
+    _refuse_rows(p, sum(rows for _, rows in sizes), most)
+    budget.refuse((budget.DECODE + 2) * sum(size for size, _ in sizes), f"reading {p}")  # decoding, then numpy's
     return data.to_table(columns=names)
 
 
-def _read_csv(p: Path) -> Any:
-    """A CSV file, refused first (one line) if its size, times :data:`CSV_BYTES`, is over the memory budget."""
+def _read_csv(p: Path, most: int) -> Any:
+    """A CSV file, refused first (one line) if its size, times :data:`CSV_BYTES`, is over the memory budget
+    (its rows are counted once read)."""
     import pyarrow.csv as pacsv
 
     from lstm_probe.log import budget
@@ -156,3 +175,65 @@ def _check_steps(env: np.ndarray, step: np.ndarray, p: Path) -> None:
     raise BadInput(
         f"{p}: env {e} goes from step {a} to step {b} ({missing} missing); replay needs every step of an env"
     )
+
+
+STATS_SLACK = 1 << 16
+"""Bytes an ``.npz`` of statistics may hold beyond its arrays' values (zip records, ``.npy`` headers)."""
+
+
+def read_stats(path: Path, size: int) -> tuple[np.ndarray, np.ndarray, float, float]:
+    """``mean``, ``var`` (``size`` numbers each, as float64), ``clip_obs`` and ``epsilon`` (defaults 10 and 1e-8)
+    of VecNormalize statistics saved with ``numpy.savez``. The file is read as the zip it is, each array's
+    ``.npy`` header (shape, type) checked before any value is read: a few MB of deflate can state an array of
+    gigabytes, or strings. BadInput (one line) for anything else."""
+    from lstm_probe.log import budget
+
+    fix = "pass the VecNormalize statistics saved with numpy.savez(mean=..., var=..., clip_obs=..., epsilon=...)"
+    with budget.open_regular(path, fix) as f:
+        held = os.fstat(f.fileno()).st_size
+        if held > 2 * 8 * size + 4 * STATS_SLACK:
+            raise BadInput(f"{path} is {held:,} bytes, more than statistics of {size:,} values take; {fix}")
+        try:
+            with zipfile.ZipFile(f) as z:
+                mean = _stat(z, path, "mean", size)
+                var = _stat(z, path, "var", size)
+                clip = _stat(z, path, "clip_obs", 1, 10.0)
+                eps = _stat(z, path, "epsilon", 1, 1e-8)
+        except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError, NotImplementedError) as exc:
+            raise BadInput(f"cannot read {path} as .npz statistics: {one_line(exc, kind=False)[:200]}; {fix}") from None
+    if not (np.isfinite(mean).all() and np.isfinite(var).all() and (var >= 0).all()):
+        raise BadInput(f"{path}: its mean or var holds NaN, infinite or (var) negative values; {fix}")
+    c, e = float(clip[0]), float(eps[0])
+    if not (np.isfinite(c) and c > 0 and np.isfinite(e) and e >= 0):
+        raise BadInput(f"{path}: its clip_obs {c:g} or epsilon {e:g} is not a positive number; {fix}")
+    return mean, var, c, e
+
+
+def _stat(z: zipfile.ZipFile, path: Path, name: str, size: int, default: float | None = None) -> np.ndarray:
+    """Array ``name`` of an ``.npz`` as ``size`` float64 values (``default`` where absent, else BadInput),
+    its header checked before its values are read."""
+    from numpy.lib import format as npy
+
+    try:
+        info = z.getinfo(f"{name}.npy")
+    except KeyError:
+        if default is None:
+            raise BadInput(f"{path} has no {name} array; save mean and var with numpy.savez") from None
+        return np.array([default])
+    if info.file_size > 8 * size + STATS_SLACK:
+        raise BadInput(f"{path}: its {name} is {info.file_size:,} bytes, more than {size:,} numbers take")
+    with z.open(info) as m:
+        version = npy.read_magic(m)
+        read = npy.read_array_header_1_0 if version == (1, 0) else npy.read_array_header_2_0
+        shape, fortran, dtype = read(m, max_header_size=STATS_SLACK)
+        count = int(np.prod(shape))
+        if dtype.hasobject or dtype.kind not in "fiu" or count != size:
+            raise BadInput(
+                f"{path}: its {name} holds {count:,} values of type {str(dtype)[:40]}, not {size:,} numbers "
+                f"(the observations hold {size:,})"
+            )
+        raw = m.read(count * dtype.itemsize)
+    if len(raw) != count * dtype.itemsize:
+        raise BadInput(f"{path}: its {name} is cut short")
+    values = np.frombuffer(raw, dtype).reshape(shape, order="F" if fortran else "C")
+    return np.asarray(values, np.float64).ravel()

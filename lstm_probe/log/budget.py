@@ -1,7 +1,8 @@
 """One memory budget for every read of a file from elsewhere: a log (report, load, states, pair, probe,
 html) or a model.zip (arch). The bytes a read will hold are computed from the schema and the Parquet footer
 before any row is read (every column asked for, vectors of any width, strings, the row groups held at once),
-and a read over the budget is refused with one line that says how to raise it.
+and a read over the budget is refused with one line that says how to raise it. A file from elsewhere is
+opened only if it is a regular file (:func:`open_regular`): a FIFO or a device would block or never end.
 
 The budget: :func:`set_limit` (the CLI's ``--max-memory``), else the ``LSTM_PROBE_MAX_MEMORY`` environment
 variable, else :data:`DEFAULT_BYTES`. Sizes read as bytes or with a unit: ``512M``, ``4G``, ``1.5GiB``.
@@ -12,8 +13,9 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from lstm_probe.errors import BadInput, BadLog
 
@@ -203,3 +205,37 @@ def check_stream(data: ds.Dataset, columns: Iterable[str], what: str, held: int 
     """A streaming read (``to_batches``) of ``columns``, holding ``held`` row groups at once, fits the budget."""
     sizes = sorted(row_groups(data, columns), reverse=True)
     refuse(DECODE * sum(sizes[:held]), what)
+
+
+# -- files from elsewhere: regular files only -----------------------------------------------------------
+def open_regular(path: str | os.PathLike[str], fix: str) -> BinaryIO:
+    """``path`` opened for reading (binary) if it is a regular file; :class:`BadInput` (one line ending in
+    ``fix``) for a FIFO, socket or device, whose read would wait forever or never end. Opened without
+    blocking and checked on the open file (``fstat``), so a FIFO is never waited on, even one put in the
+    file's place after a check."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        raise BadInput(f"{path} cannot be read ({exc.strerror or exc}); {fix}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise BadInput(f"{path} is not a regular file (a pipe, socket or device); {fix}")
+        if hasattr(os, "O_NONBLOCK"):
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_regular(path: str | os.PathLike[str], fix: str, copies: int = 1) -> bytes:
+    """The whole of the regular file ``path`` (:func:`open_regular`), refused first (one line) when ``copies``
+    times its size is over the budget (a file parsed holds itself and what it is parsed into)."""
+    with open_regular(path, fix) as f:
+        size = os.fstat(f.fileno()).st_size
+        refuse(copies * size, f"reading {path}")
+        data = f.read(size + 1)
+    if len(data) > size:  # a file that grows while it is read is read as its size said
+        data = data[:size]
+    return data

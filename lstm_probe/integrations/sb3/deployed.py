@@ -31,6 +31,7 @@ from torch import nn
 
 from lstm_probe.deploy.spec import Policy, Spec, State, Step
 from lstm_probe.errors import BadInput
+from lstm_probe.log.budget import open_regular
 
 
 def loader(model: Any, trust_model: bool = False, env_id: str | None = None) -> Policy:
@@ -48,6 +49,8 @@ def policy_of(model: Any, trust_model: bool, env_id: str | None = None) -> Any:
         from lstm_probe.integrations.sb3.commands import _refuse_non_recurrent, load_model
 
         target = os.fspath(model)
+        if os.path.lexists(target):  # a FIFO or device named model.zip: refused, never waited on
+            open_regular(target, "pass a saved RecurrentPPO model.zip").close()
         _refuse_non_recurrent(target)
         model, _ = load_model(target, env_id=env_id, trust_model=trust_model)
     policy = getattr(model, "policy", model)

@@ -54,7 +54,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from lstm_probe.errors import BadInput
-from lstm_probe.log.budget import DEFAULT_BYTES, ENV, limit, parse_bytes, words
+from lstm_probe.log.budget import DEFAULT_BYTES, ENV, limit, open_regular, parse_bytes, words
 
 MAX_MODEL_BYTES = DEFAULT_BYTES
 """Default memory budget (2 GiB) for reading and analysing one model.zip, as :func:`needs` counts it. A laptop
@@ -253,7 +253,8 @@ class _Archive:
 
     def __enter__(self) -> zipfile.ZipFile:
         try:
-            self.file = open(self.path, "rb")  # closed in __exit__
+            # a FIFO or device named model.zip is refused, not waited on; closed in __exit__
+            self.file = open_regular(self.path, "pass a saved RecurrentPPO model.zip")
             members, size = _directory(self.file)
             if members > MAX_MEMBERS or size > MAX_DIRECTORY_BYTES:
                 raise _broken(
