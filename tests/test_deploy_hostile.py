@@ -509,7 +509,7 @@ def test_fifos_and_devices_are_refused_as_model_files(pendulum, tmp_path):
     os.mkfifo(fifo)
     device = tmp_path / "device.zip"
     device.symlink_to("/dev/zero")
-    refused(cli("arch", fifo, cwd=tmp_path))
+    refused(cli("arch", fifo, cwd=tmp_path), "not a regular file")
     refused(cli("export", fifo, tmp_path / "out.onnx", "--env", "Pendulum-v1", cwd=tmp_path), "not a regular file")
     refused(cli("replay", d / "trace.parquet", "--policy", fifo, cwd=tmp_path), "not a regular file")
     refused(cli("replay", d / "trace.parquet", "--policy", device, cwd=tmp_path), "not a regular file")

@@ -12,6 +12,7 @@ from lstm_probe.integrations.sb3 import run as training
 from lstm_probe.integrations.sb3.arch import Architecture
 from lstm_probe.integrations.sb3.arch import arch as analyse
 from lstm_probe.integrations.sb3.options import Build
+from lstm_probe.log.budget import open_regular
 from lstm_probe.options import RunResult, TrainOptions, route, settle
 
 __all__ = ["arch", "default_threads", "load_model", "run"]
@@ -111,8 +112,10 @@ def load_model(
     from pathlib import Path
 
     if target.endswith(".zip") or Path(target).is_file():
-        if not Path(target).is_file():
+        if not Path(target).exists():
             raise BadInput(f"{target} does not exist; pass a saved RecurrentPPO model.zip or an env id")
+        # a FIFO, socket or device is refused without being waited on, in one line that says so
+        open_regular(target, "pass a saved RecurrentPPO model.zip or an env id").close()
         env = None
         if env_id is not None:
             from stable_baselines3.common.env_util import make_vec_env
