@@ -61,6 +61,10 @@ def test_no_drift_is_unmeasured_never_fresh():
     assert verdict(empty, None, SB3).lines[0].startswith("staleness unmeasured: no training row")
     none = verdict(None, None, Capabilities("generic"))
     assert none.stale is None and "do not start from stored rollout states" in none.lines[0]
+    # a framework that cannot re-run a minibatch is not told to pass a flag its run refuses
+    torchrl = verdict(staleness(0.05, 0.05), None, Capabilities("torchrl", stored_states=True))
+    assert "unmeasured; this log's integration (torchrl) cannot re-run" in torchrl.lines[-1]
+    assert "run with --what-if" not in torchrl.lines[-1]
 
 
 def test_stored_states_within_need_no_burn_in():

@@ -96,16 +96,23 @@ def verdict(staleness: StalenessSection | None, what_if: WhatIfSection | None, c
                 f"stored states stayed fresh: {where} training states lie on average {by} from the rollout states "
                 f"of the same env step (relative L2 drift; stale above {_pct(STALE)})"
             )
-    _matters(v, what_if)
+    _matters(v, what_if, caps)
     return v
 
 
-def _matters(v: Verdict, wi: WhatIfSection | None) -> None:
+def _matters(v: Verdict, wi: WhatIfSection | None, caps: Capabilities) -> None:
     if wi is None or not wi.measured or not wi.by_epoch:
-        v.lines.append(
-            "whether it matters for values and actions: unmeasured; run with --what-if (lstm-probe run ... "
-            "--what-if, or ProbeCallback(what_if=True)) to measure it and the burn-in that would suffice"
-        )
+        if caps.replay:
+            how = (
+                "run with --what-if (lstm-probe run ... --what-if, or ProbeCallback(what_if=True)) to measure it "
+                "and the burn-in that would suffice"
+            )
+        else:  # the integration cannot re-run a minibatch on a copy of the policy (yet): say so, not a flag it refuses
+            how = (
+                f"this log's integration ({caps.framework}) cannot re-run a training minibatch from other states "
+                "yet; --what-if measures it on RecurrentPPO (sb3) runs"
+            )
+        v.lines.append(f"whether it matters for values and actions: unmeasured; {how}")
         return
     last = max(int(r["epoch"]) for r in wi.by_epoch)
     at = {r["alternative"]: r for r in wi.by_epoch if r["epoch"] == last}
