@@ -13,7 +13,7 @@ from typing import Any
 
 from lstm_probe.contract import Capabilities
 from lstm_probe.report.sections.staleness import StalenessSection
-from lstm_probe.report.sections.what_if import STORED, WITHIN, ZERO, WhatIfSection, within
+from lstm_probe.report.sections.what_if import STORED, WITHIN, ZERO, WhatIfSection, shortest, within
 
 STALE = 0.01
 """Stored states are called stale when, by the last epoch, the mean relative L2 drift of some module's training
@@ -136,8 +136,8 @@ def _matters(v: Verdict, wi: WhatIfSection | None, caps: Capabilities) -> None:
         )
         return
     v.lines.append(f"it matters: from stored states {effect}, beyond {_pct(WITHIN)}")
-    hits = [(k, "zero") for k in wi.burn_in if within(at.get(f"{ZERO}{k}") or {}, wi.critic)]
-    hits += [(k, "stored") for k in wi.stored_burn_in if within(at.get(f"{STORED}{k}") or {}, wi.critic)]
+    shortest_of = {"zero": shortest(wi, last, ZERO), "stored": shortest(wi, last, STORED)}
+    hits = [(k, kind) for kind, k in shortest_of.items() if k is not None]
     if hits:
         v.burn_in, v.burn_in_from = min(hits)
         start = "from zero" if v.burn_in_from == "zero" else "from the stored state"

@@ -119,9 +119,9 @@ def summarize_what_if(meta: dict[str, Any]) -> WhatIfSection:
             row[col] = _mean([g.get(col) for g in group])
         data.by_epoch.append(row)
     for epoch in sorted({e for e, _ in groups}):
-        data.within.append({"epoch": epoch, "burn_in": _shortest(data, epoch, ZERO)})
+        data.within.append({"epoch": epoch, "burn_in": shortest(data, epoch, ZERO)})
         if data.stored_burn_in:
-            data.within_stored.append({"epoch": epoch, "burn_in": _shortest(data, epoch, STORED)})
+            data.within_stored.append({"epoch": epoch, "burn_in": shortest(data, epoch, STORED)})
     data.notes = _notes(data)
     oracle = [r for r in rows if r["epoch"] == 0 and r["minibatch"] == 0 and r["alternative"] == "stored"]
     worst = {
@@ -138,7 +138,7 @@ def summarize_what_if(meta: dict[str, Any]) -> WhatIfSection:
     return data
 
 
-def _shortest(data: WhatIfSection, epoch: int, prefix: str) -> int | None:
+def shortest(data: WhatIfSection, epoch: int, prefix: str) -> int | None:
     """The shortest burn-in of this kind (``prefix``) within :data:`WITHIN` in ``epoch`` (None: none is)."""
     burn = [r for r in data.by_epoch if r["epoch"] == epoch and r["alternative"].startswith(prefix)]
     burn.sort(key=lambda r: int(r["alternative"].removeprefix(prefix)))
