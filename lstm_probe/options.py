@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from lstm_probe.errors import BadInput
-from lstm_probe.log.lock import lock_path
 
 CAPTURES = ("full", "summary")
 WRITERS = ("process", "thread")
@@ -281,11 +280,6 @@ class WriterConfig:
         """Whether any row may store its h and c vectors: a full log's, or the traced envs' rows (``trace_envs``:
         their vectors are kept whatever the capture mode says)."""
         return self.capture == "full" or self.traced
-
-    @property
-    def lock(self) -> Path:
-        """The output's lock file (``lock.py``)."""
-        return lock_path(Path(self.out), is_dir=self.directory, shard=self.shard)
 
 
 @dataclass(frozen=True)

@@ -372,8 +372,8 @@ class OutputLock:
 
 def lock_fds(path: Path | None) -> tuple[int, ...]:
     """The descriptor a writer process should inherit (``subprocess.Popen(pass_fds=...)``) for the lock file
-    at ``path`` (its ``WriterConfig.lock``), so that the lock stays held while it publishes after a SIGKILL
-    of training; () when this process holds no such lock (or ``path`` is None), or on Windows."""
+    at ``path`` (the lock of the log its WriterConfig names), so that the lock stays held while it publishes
+    after a SIGKILL of training; () when this process holds no such lock (or ``path`` is None), or on Windows."""
     if path is None or sys.platform == "win32":
         return ()
     lock = _own(Path(path))

@@ -31,12 +31,17 @@ from pathlib import Path
 from typing import Any
 
 from lstm_probe.errors import BadInput, OutputError, one_line
-from lstm_probe.log.lock import lock_fds, release_file
+from lstm_probe.log.lock import lock_fds, lock_path, release_file
 from lstm_probe.log.messages import Message
 from lstm_probe.log.sink import Sink
 from lstm_probe.options import WriterConfig
 
 _HEADER = struct.Struct("<Q")
+
+
+def _lock(config: WriterConfig) -> Path:
+    """The lock file of the log ``config`` writes (``lock.py``)."""
+    return lock_path(Path(config.out), is_dir=config.directory, shard=config.shard)
 
 
 @contextlib.contextmanager
@@ -127,7 +132,7 @@ class Child:
                 stderr=stderr,
                 env=env,
                 # the output's lock, so that it stays held while this process publishes a killed run's rows
-                pass_fds=lock_fds(config.lock if config.pid is not None else None),
+                pass_fds=lock_fds(_lock(config) if config.pid is not None else None),
             )
         except OSError as exc:
             stderr.close()
@@ -396,7 +401,7 @@ def serve() -> int:
                     with contextlib.suppress(Exception):
                         sink.log.abandon()
                 if config is not None and config.pid is not None:
-                    release_file(config.lock, config.pid)
+                    release_file(_lock(config), config.pid)
                 return 0
             if sink is not None:
                 try:
