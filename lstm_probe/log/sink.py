@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from lstm_probe.capture.drift import Reduced
 from lstm_probe.contract import GRID_CELLS, GRID_SEQUENCES, PATH, Grid, Tags
 from lstm_probe.log import messages
+from lstm_probe.log.messages import Reduced
 from lstm_probe.log.schema import CODE, COLUMNS, row_norms
 
 if TYPE_CHECKING:  # pyarrow loads only where rows are written (the writer process or thread)
