@@ -32,14 +32,14 @@ class Emitter:
     figure), and each message read by the ``observers`` (sb3's live metrics) before the writer sends it.
 
     ``layers``: each module's layer count; ``keep_envs``: under ``--other-envs none``, the env columns below
-    it are the only ones handed over (None: all); ``window``, ``stored_states``: as :class:`Inputs`'."""
+    it are the only ones handed over (None: all); ``inputs``: the store of returned states it starts from
+    (``Inputs.of`` the ``reference_window`` option)."""
 
     def __init__(
         self,
         layers: Mapping[str, int],
         hidden: int,
-        window: int,
-        stored_states: bool,
+        inputs: Inputs,
         *,
         keep_envs: int | None,
         reduces: bool,
@@ -48,7 +48,7 @@ class Emitter:
         self.hidden = hidden
         self.keep_envs = keep_envs
         self.reduces = reduces
-        self.inputs = Inputs(window, stored_states)
+        self.inputs = inputs
         self.drift: Drift | None = None  # made by start(): one log's drifts refer to its own rollout only
         self.observers: list[Observer] = []
         self.rows = 0

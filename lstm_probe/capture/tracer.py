@@ -106,11 +106,11 @@ class CoreTracer:
         # what the jobs hand rows to the sink through (emitter.py): where each call's input state came from
         # (the `init` columns: the returned states the probe holds), each train row's drift against the rollout
         # states held (computed once), the rows counted, the observers (`observers`: sb3's live metrics)
-        window = Inputs.of(options.reference_window, False).window  # the option's ring size (AUTO: the rollout's)
         # a summary log's rows cross to the sink as their figures, unless some keep their vectors (--trace-envs)
         summary = options.capture == "summary" and options.trace_envs is None
         stored, reduces = integration.capabilities().stored_states, self._reduce_here and summary
-        self.emitter = Emitter(self.layers, self.hidden, window, stored, keep_envs=self.keep_envs, reduces=reduces)
+        inputs = Inputs.of(options.reference_window, stored)
+        self.emitter = Emitter(self.layers, self.hidden, inputs, keep_envs=self.keep_envs, reduces=reduces)
         self.scratch = Scratch()  # the per-step c recovery's work arrays (jobs run one at a time, in order)
         self.resolver: Resolver = integration.resolve
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
