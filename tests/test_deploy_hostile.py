@@ -392,7 +392,7 @@ def test_a_slow_pace_is_refused_once_measured():
     with pytest.raises(BadInput, match=r"replaying t\.parquet: its 10,000 policy steps would take .* a part of it"):
         for _ in range(10_000):
             time.sleep(0.01)
-            pace.tick()
+            pace.tick(1)
     assert pace.done < 200  # refused after about a second, not after the whole
 
 

@@ -237,7 +237,7 @@ def _run(step: Step, spec: Spec, rec: Trace, obs: np.ndarray, how: str, plan: _P
             if how != "zeros":
                 for i, s in enumerate(state):
                     s[:, lo:hi] = new[i ^ 1] if how == "swapped" else new[i]
-            pace.tick()
+            pace.tick(1)
     return out
 
 

@@ -215,7 +215,7 @@ class Pace:
         self.done = 0
         self.start = time.monotonic()
 
-    def tick(self, steps: int = 1) -> None:
+    def tick(self, steps: int) -> None:
         self.done += steps
         spent = time.monotonic() - self.start
         if spent < 1.0:
