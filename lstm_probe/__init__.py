@@ -14,12 +14,12 @@ if TYPE_CHECKING:  # the checker sees the real names; at run time __getattr__ im
     from lstm_probe.integrations.generic import Tracer, trace
     from lstm_probe.integrations.sb3.callback import ProbeCallback
     from lstm_probe.integrations.sb3.commands import arch, load_model
-    from lstm_probe.integrations.sb3.options import Build, Measure
+    from lstm_probe.integrations.sb3.options import Build
     from lstm_probe.integrations.sb3.run import run
     from lstm_probe.integrations.sb3.watch import watch
     from lstm_probe.log.budget import set_limit as set_max_memory
     from lstm_probe.log.reader import LogInfo, load, pair, read_info, states
-    from lstm_probe.options import CaptureOptions, RunResult, TrainOptions
+    from lstm_probe.options import CaptureOptions, Measure, RunResult, TrainOptions
     from lstm_probe.report import summarize
     from lstm_probe.report.probes import probe
 
@@ -45,7 +45,7 @@ _LAZY: dict[str, tuple[str, str]] = {  # name: (module, its attribute; "" for th
     "ProbeCallback": ("lstm_probe.integrations.sb3.callback", "ProbeCallback"),
     "run": ("lstm_probe.integrations.sb3.run", "run"),
     "Build": ("lstm_probe.integrations.sb3.options", "Build"),
-    "Measure": ("lstm_probe.integrations.sb3.options", "Measure"),
+    "Measure": ("lstm_probe.options", "Measure"),
     "arch": ("lstm_probe.integrations.sb3.commands", "arch"),
     "load_model": ("lstm_probe.integrations.sb3.commands", "load_model"),
     "watch": ("lstm_probe.integrations.sb3.watch", "watch"),  # the doctor over predict calls outside learn()

@@ -475,3 +475,52 @@ class RunResult:
     completed: bool
     num_timesteps: int
     seconds: float
+
+
+@dataclass(frozen=True)
+class Measure:
+    """What the probe measures beyond the states, on a copy of the policy (``ProbeCallback``'s, ``rsl_rl.attach``'s and
+    ``torchrl.attach``'s keyword arguments of these names): each framework that provides the capability takes it
+    (``lstm-probe run --framework F --what-if``); one that does not refuses it in one line."""
+
+    what_if: bool = option(
+        False,
+        "Do stale stored states matter? Re-evaluate sampled minibatches from refreshed, zero and burn-in initial "
+        "states on a copy of the policy (the report's 'What if' section).",
+    )
+    what_if_every: int = option(1, "--what-if: measure every K-th iteration.")
+    burn_in: tuple[int, ...] = option(
+        (), "--what-if: another burn-in length to measure (repeatable).", shown="4, 16, 64", cli=list[int] | None
+    )
+    memory: bool = option(
+        False,
+        "Does the policy use its LSTM, and how far back? Zero the state k steps back at sampled steps on a copy "
+        "of the policy (the report's 'Memory' section).",
+    )
+    memory_every: int | None = option(None, "--memory: measure every K-th iteration.", shown="1")
+    capture_obs: bool = option(False, "Store the observation the policy saw in rollout rows (probe targets obs:i).")
+    info_keys: tuple[str, ...] = option(
+        (),
+        "Store info[KEY] of each step in rollout rows (probe target info:KEY; repeatable).",
+        flags=("--info",),
+        shown="none",
+        cli=list[str] | None,
+    )
+
+    def __post_init__(self) -> None:
+        # lists (the CLI's, a user's) kept as tuples: the object is frozen and hashable
+        keys = (self.info_keys,) if isinstance(self.info_keys, str) else self.info_keys
+        object.__setattr__(self, "burn_in", tuple(sorted({int(k) for k in self.burn_in or ()})))
+        object.__setattr__(self, "info_keys", tuple(str(k) for k in keys or ()))
+        for name in ("what_if_every", "memory_every"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise BadInput(f"--{name.replace('_', '-')} must be an integer >= 1, got {value!r}")
+        if any(k < 1 for k in self.burn_in):
+            raise BadInput(f"--burn-in lengths must be >= 1, got {list(self.burn_in)}")
+        if not self.what_if and (self.what_if_every != 1 or self.burn_in):
+            raise BadInput("--what-if-every and --burn-in need --what-if (ProbeCallback(what_if=True))")
+        if not self.memory and self.memory_every is not None:
+            raise BadInput("--memory-every needs --memory (ProbeCallback(memory=True))")
+        if len(set(self.info_keys)) != len(self.info_keys):
+            raise BadInput(f"info keys repeat: {list(self.info_keys)}")

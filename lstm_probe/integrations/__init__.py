@@ -84,7 +84,7 @@ FRAMEWORKS: dict[str, Framework] = {
             title="RecurrentPPO",
             groups=(
                 ("build_options", "lstm_probe.integrations.sb3.options:Build"),
-                ("measure", "lstm_probe.integrations.sb3.options:Measure"),
+                ("measure", "lstm_probe.options:Measure"),
             ),
             arch_options=("critic_lstm", "lstm_layers", "hyperparams", "env_id", "trust_model", "dot", "svg", "png"),
             live="lstm_probe.integrations.sb3.metrics:live",
