@@ -1,5 +1,6 @@
-"""What if training sequences started from other states? Counterfactual initial states and burn-in, measured
-on a copy of a RecurrentPPO policy while it trains (``ProbeCallback(what_if=True)``, ``lstm-probe run --what-if``).
+"""What if training sequences started from other states? sb3's adapter of the what-if engine
+(``lstm_probe/measure/whatif.py``, whose docstring says what is measured) for a RecurrentPPO policy while it trains
+(``ProbeCallback(what_if=True)``, ``lstm-probe run --what-if``).
 
 For sampled minibatches, with the weights that minibatch is trained with (before its optimizer step), the
 minibatch is evaluated again from other states at each sequence start and compared with *refreshed* states
@@ -36,34 +37,25 @@ alternative), drawing from no NumPy RNG; gradients come from ``torch.autograd.gr
 
 from __future__ import annotations
 
-import math
-import time
-from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
 from lstm_probe.integrations.sb3.arch import private_policy as shadow_policy
-from lstm_probe.integrations.sb3.options import Measure
-from lstm_probe.log.schema import WHAT_IF_METRICS
+from lstm_probe.measure import whatif as engine
+from lstm_probe.measure.whatif import BURN_IN, Outcome, Rollout, States
+from lstm_probe.options import Measure
 
-BURN_IN = (4, 16, 64)
-"""Burn-in lengths always measured (``burn_in=`` adds more)."""
-MAX_ITERATIONS = 500
-"""Sampled iterations kept in the log: past this, every other one is dropped and the stride doubles, so the
-metadata stays bounded (a few MB) however long the run."""
+# the engine's pieces, as this module named them before the engine was shared
+initial_states, last_starts, run_starts, STORED_BURN_IN = (
+    engine.initial_states,
+    engine.last_starts,
+    engine.run_starts,
+    engine.STORED_BURN_IN,
+)
 VALUE_PREFIXES = ("lstm_critic.", "critic.", "mlp_extractor.value_net.", "value_net.", "vf_features_extractor.")
 """Parameters of the critic side (the rest, features extractor included when shared, count as policy side)."""
-KEYS = ("iteration", "epoch", "minibatch", "alternative", "sequences", "episode_starts", "reached", "clipped")
-"""Each record's keys besides its metrics (``reached``, ``clipped``: burn-ins only, see :meth:`WhatIf._measure`)."""
-STORED_BURN_IN = "stored_burn_in_"
-"""Prefix of the burn-ins from stored states: a prefix of its own, so that no report takes them for burn-ins from
-zero (``burn_in_``)."""
-METRICS = (*WHAT_IF_METRICS, "return_spread")
-"""What each sampled minibatch records: the report's averaged figures, and the returns' spread they are
-relative to."""
 
 
 def what_if_settings(measure: Measure) -> dict[str, Any] | None:
@@ -72,74 +64,6 @@ def what_if_settings(measure: Measure) -> dict[str, Any] | None:
     if not measure.what_if:
         return None
     return {"every": measure.what_if_every, "burn_in": tuple(sorted(set(BURN_IN) | set(measure.burn_in)))}
-
-
-def last_starts(episode_starts: np.ndarray, n_envs: int, n_steps: int) -> np.ndarray:
-    """Per flat index (env-major): the rollout step of the last episode start at or before it in its env, -1
-    where the env's rollout has none so far."""
-    starts = episode_starts.reshape(n_envs, n_steps)
-    steps = np.where(starts, np.arange(n_steps)[None, :], -1)
-    return np.maximum.accumulate(steps, axis=1).reshape(-1)
-
-
-def run_starts(step: np.ndarray, last: np.ndarray, burn_in: Iterable[int]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Where each alternative's run starts for sequences starting at rollout ``step`` (``last``: the step of
-    the last episode start at or before it, -1 if none): alternative -> (first step run, whether it starts
-    from the stored state of that first step rather than from zero). The run covers steps [first, step); a run
-    that begins at an episode start begins from zero, as sb3 resets there (the buffer's state at an episode
-    start is the one before the reset).
-
-    ``refreshed`` runs from the last episode start, or from the stored state of the rollout's first step where
-    there is none; ``burn_in_<k>`` from zero k steps back (clipped at the episode or rollout start);
-    ``stored_burn_in_<k>`` from the stored state k steps back (clipped the same way: from the rollout's first
-    stored state, or from zero at the episode start)."""
-    from_ep = np.maximum(last, 0)
-    out = {"refreshed": (from_ep, last < 0)}
-    for k in burn_in:
-        out[f"burn_in_{k}"] = (np.maximum(step - k, from_ep), np.zeros(len(step), bool))
-    for k in burn_in:
-        first = np.maximum(step - k, from_ep)
-        out[f"{STORED_BURN_IN}{k}"] = (first, first > last)  # not an episode start: its stored state
-    return out
-
-
-def initial_states(
-    lstm: nn.LSTM,
-    features: torch.Tensor,
-    rows: np.ndarray,
-    stored: tuple[np.ndarray, np.ndarray],
-    env: np.ndarray,
-    step: np.ndarray,
-    first: np.ndarray,
-    from_stored: np.ndarray,
-    n_steps: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """States (h, c), each (layers, n_seq, hidden), before rollout ``step`` of ``env`` for each sequence: a run of
-    ``lstm`` over steps [first, step) from zero (or from the stored state of rollout step ``first`` of the env
-    where ``from_stored``). ``features``: the LSTM inputs of the flat buffer rows ``rows`` (sorted); ``stored``:
-    the buffer's flat (n_envs * n_steps, layers, hidden) states."""
-    n_seq = len(step)
-    layers, hidden = lstm.num_layers, lstm.hidden_size
-    h0 = torch.zeros(layers, n_seq, hidden, device=features.device)
-    c0 = torch.zeros_like(h0)
-    if from_stored.any():
-        base = env[from_stored] * n_steps + first[from_stored]  # (k,) flat index of the step the run starts at
-        h0[:, torch.from_numpy(np.flatnonzero(from_stored))] = _as(stored[0][base], h0).transpose(0, 1)
-        c0[:, torch.from_numpy(np.flatnonzero(from_stored))] = _as(stored[1][base], h0).transpose(0, 1)
-    length = step - first
-    run = np.flatnonzero(length > 0)
-    if len(run) == 0:
-        return h0, c0
-    t = np.arange(int(length.max()))
-    flat = (env * n_steps + first)[run, None] + t[None, :]  # (n_run, max_len) flat buffer rows
-    valid = t[None, :] < length[run, None]
-    pos = np.where(valid, np.searchsorted(rows, flat), 0)
-    x = features[torch.from_numpy(pos.T.copy()).to(features.device)]  # (max_len, n_run, F)
-    packed = nn.utils.rnn.pack_padded_sequence(x, torch.from_numpy(length[run]), enforce_sorted=False)
-    index = torch.from_numpy(run).to(h0.device)
-    _, (h, c) = lstm(packed, (h0[:, index].contiguous(), c0[:, index].contiguous()))
-    h0[:, index], c0[:, index] = h, c
-    return h0, c0
 
 
 def _as(array: np.ndarray, like: torch.Tensor) -> torch.Tensor:
@@ -231,263 +155,97 @@ def split(distribution: Any, n_alt: int) -> list[Any] | None:
     return out
 
 
-def kl(p: list[Any], q: list[Any]) -> torch.Tensor:
-    """KL(p || q) per element, summed over action dimensions and components."""
-    total: Any = 0
-    for a, b in zip(p, q, strict=True):
-        k = torch.distributions.kl_divergence(a, b)
-        total = total + (k.sum(-1) if k.dim() > 1 else k)
-    return total
-
-
-def _round(v: float | None) -> float | None:
-    if v is None or not math.isfinite(v):
-        return None
-    return float(f"{v:.6g}")
-
-
-def _cos(a: list[torch.Tensor], b: list[torch.Tensor]) -> float | None:
-    if not a:
-        return None
-    x, y = torch.cat(a), torch.cat(b)
-    nx, ny = float(x.norm()), float(y.norm())
-    return float(x @ y) / (nx * ny) if nx > 0 and ny > 0 else None
-
-
 class WhatIf:
-    """The what-if measurement of one ``learn()``: :meth:`on_samples` runs on every minibatch sb3 draws and
-    measures those :meth:`wants`; :meth:`step_hook` (an optimizer step pre-hook) reads the gradient sb3 steps
-    with; :meth:`metadata` is what the log keeps. Holds the policy and its copy, never the model (the probe's
-    attachment, which owns this, must not keep the model alive)."""
+    """The what-if measurement of one ``learn()`` (the engine's :class:`~lstm_probe.measure.whatif.WhatIf`):
+    :meth:`on_samples` runs on every minibatch sb3 draws and measures those the engine wants; :meth:`step_hook`
+    (an optimizer step pre-hook) reads the gradient sb3 steps with; :meth:`metadata` is what the log keeps.
+    Holds the policy and its copy, never the model (the probe's attachment, which owns this, must not keep the
+    model alive)."""
 
-    def __init__(self, model: Any, *, every: int, burn_in: Iterable[int] = BURN_IN):
+    def __init__(self, model: Any, *, every: int, burn_in: Any = BURN_IN):
         from gymnasium import spaces
 
         policy = model.policy
         self.policy = policy
         self.discrete = isinstance(model.action_space, spaces.Discrete)
-        self.asked_every = self.every = every
-        self.burn_in = tuple(burn_in)
         self.n_envs, self.n_steps = int(model.n_envs), int(model.n_steps)
-        self.n_minibatches = -(-self.n_envs * self.n_steps // int(model.batch_size))
-        self.last_epoch = int(model.n_epochs) - 1
         self.shadow: Any = shadow_policy(policy)
-        self.critic = "lstm" if policy.lstm_critic is not None else ("shared" if policy.shared_lstm else "mlp")
+        critic = "lstm" if policy.lstm_critic is not None else ("shared" if policy.shared_lstm else "mlp")
         self.modules = ["actor"] + (["critic"] if policy.lstm_critic is not None else [])
         mine = dict(self.shadow.named_parameters()) | dict(self.shadow.named_buffers())
         theirs = dict(policy.named_parameters()) | dict(policy.named_buffers())
         self._pairs = [(mine[n], theirs[n]) for n in mine]
         named = [n for n, p in self.shadow.named_parameters() if p.requires_grad]
-        self.params = [mine[n] for n in named]
-        self.user_params = [theirs[n] for n in named]
-        self.value_side = [n.startswith(VALUE_PREFIXES) for n in named]
-        self.columns: dict[str, list[Any]] = {c: [] for c in (*KEYS, *(f"state_{m}" for m in self.modules), *METRICS)}
-        self.seconds = 0.0
-        self._last: tuple[int, np.ndarray] | None = None  # (iteration, last_starts) of the current rollout
-        self._pending: tuple[int, list[torch.Tensor]] | None = None  # (row, refreshed gradient) for step_hook
-
-    def wants(self, iteration: int, epoch: int, minibatch: int) -> bool:
-        """First and last minibatch of the first and last epoch, every ``every``-th iteration."""
-        return (
-            iteration % self.every == 0 and epoch in (0, self.last_epoch) and minibatch in (0, self.n_minibatches - 1)
+        self.engine = engine.WhatIf(
+            every=every,
+            burn_in=burn_in,
+            n_minibatches=-(-self.n_envs * self.n_steps // int(model.batch_size)),
+            last_epoch=int(model.n_epochs) - 1,
+            modules=self.modules,
+            critic=critic,
+            params=[mine[n] for n in named],
+            user_params=[theirs[n] for n in named],
+            value_side=[n.startswith(VALUE_PREFIXES) for n in named],
         )
+        self.step_hook = self.engine.step_hook
+        self.metadata = self.engine.metadata
 
     def on_samples(
         self, model: Any, samples: Any, batch_inds: np.ndarray, buffer: Any, iteration: int, epoch: int, mb: int
     ) -> None:
         """Called for every minibatch sb3 draws (``buffers.py:_get_samples``), before it trains on it: measures
         it if sampled, with the weights it is about to be trained with."""
-        self._pending = None  # a gradient not read by now belongs to a minibatch sb3 did not step with
-        if not self.wants(iteration, epoch, mb):
+        if not self.engine.wants(iteration, epoch, mb):
+            self.engine.skip()
             return
-        start = time.perf_counter()
-        self._thin()
-        device = samples.returns.device
-        devices = [device.index or torch.cuda.current_device()] if device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices):
-            with torch.no_grad():
-                for mine, theirs in self._pairs:
-                    mine.copy_(theirs)
-            self.shadow.set_training_mode(self.policy.training)
-            self._measure(model, samples, batch_inds, buffer, (iteration, epoch, mb), devices)
-        self.seconds += time.perf_counter() - start
-
-    def step_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        """Optimizer step pre-hook: the gradient sb3 is about to step with (from stored states; the clipping
-        before it scales it as a whole, which leaves its direction) against the refreshed states' gradient."""
-        if self._pending is None:
-            return
-        start = time.perf_counter()
-        row, ref = self._pending
-        self._pending = None
-        grads = [
-            torch.zeros(p.numel(), device=p.device) if p.grad is None else p.grad.detach().reshape(-1)
-            for p in self.user_params
-        ]
-        for side, name in ((False, "grad_cos_policy"), (True, "grad_cos_value")):
-            pick = [i for i, v in enumerate(self.value_side) if v == side]
-            self.columns[name][row] = _round(_cos([grads[i] for i in pick], [ref[i] for i in pick]))
-        self.seconds += time.perf_counter() - start
-
-    def _measure(
-        self,
-        model: Any,
-        samples: Any,
-        batch_inds: np.ndarray,
-        buffer: Any,
-        where: tuple[int, int, int],
-        devices: list[int],
-    ) -> None:
-        n = self.n_steps
+        with torch.no_grad():
+            for mine, theirs in self._pairs:
+                mine.copy_(theirs)
+        self.shadow.set_training_mode(self.policy.training)
         first_rows = batch_inds[np.asarray(buffer.seq_start_indices)]  # (n_seq,) flat rows of the sequence starts
-        env, step = first_rows // n, first_rows % n
-        episode_starts = np.asarray(buffer.episode_starts).reshape(-1) > 0.5
-        if self._last is None or self._last[0] != where[0]:
-            self._last = (where[0], last_starts(episode_starts, self.n_envs, n))
-        last = self._last[1][first_rows]
-        at_start = episode_starts[first_rows]
-        computed = self._states(buffer, env, step, run_starts(step, last, self.burn_in), samples)
-        h, c = samples.lstm_states.pi
-        zero = (torch.zeros_like(h), torch.zeros_like(c))
-        # stored: exactly what sb3 trains with; the rest zero at episode starts, where sb3 resets anyway
-        alternatives = {"refreshed": computed["refreshed"], "stored": samples.lstm_states}
-        alternatives["zero"] = _states_like(samples.lstm_states, zero, zero)
-        alternatives.update({name: states for name, states in computed.items() if name != "refreshed"})
-        names = list(alternatives)
+        n = self.n_steps
+        stored = {"actor": samples.lstm_states.pi, "critic": samples.lstm_states.vf}
+        batch = engine.Minibatch(
+            where=(iteration, epoch, mb),
+            env=first_rows // n,
+            step=first_rows % n,
+            stored={m: tuple(stored[m]) for m in self.modules},
+            evaluate=lambda states: self._evaluate(model, samples, states),
+        )
+        self.engine.measure(self._rollout(buffer, iteration, samples.returns), batch, samples.returns)
+
+    def _rollout(self, buffer: Any, iteration: int, like: torch.Tensor) -> Rollout:
+        """The flattened buffer as the engine reads it (``buffers.py:RecurrentRolloutBuffer.get``: env-major)."""
+        shadow = self.shadow
+
+        def features(rows: np.ndarray) -> dict[str, torch.Tensor]:
+            obs = buffer.observations
+            batch = {k: _as(v[rows], like) for k, v in obs.items()} if isinstance(obs, dict) else _as(obs[rows], like)
+            f = shadow.extract_features(batch)
+            pi_f, vf_f = (f, f) if shadow.share_features_extractor else f
+            return {"actor": pi_f, "critic": vf_f}
+
+        rnns = {"actor": shadow.lstm_actor, "critic": shadow.lstm_critic}
+        stored = {
+            "actor": (buffer.hidden_states_pi, buffer.cell_states_pi),
+            "critic": (buffer.hidden_states_vf, buffer.cell_states_vf),
+        }
+        return Rollout(
+            iteration=iteration,
+            n_envs=self.n_envs,
+            n_steps=self.n_steps,
+            episode_starts=np.asarray(buffer.episode_starts).reshape(-1) > 0.5,
+            rnns={m: rnns[m] for m in self.modules},
+            stored={m: stored[m] for m in self.modules},
+            features=features,
+        )
+
+    def _evaluate(self, model: Any, samples: Any, states: list[States]) -> Outcome:
+        """``evaluate`` and ``loss_terms`` from each of ``states`` (the critic's, where it has no LSTM, the
+        actor's: sb3 ignores them)."""
+        rnn = [samples.lstm_states.__class__(s["actor"], s.get("critic", s["actor"])) for s in states]
         mask = samples.mask > 1e-8
         actions = samples.actions.long().flatten() if self.discrete else samples.actions
-        self._seed(devices)
-        with torch.no_grad():
-            values, log_prob, entropy, dist = evaluate(self.shadow, samples, actions, list(alternatives.values()))
-            terms = {k: v.tolist() for k, v in loss_terms(model, samples, mask, values, log_prob, entropy).items()}
-            dists = split(dist, len(names))
-        spread = float(samples.returns[mask].std()) if int(mask.sum()) > 1 else 0.0
-        keep = torch.as_tensor(~at_start, dtype=h.dtype, device=h.device)[None, :, None]
-        for a, name in enumerate(names[1:], start=1):
-            row: dict[str, Any] = {
-                "iteration": where[0],
-                "epoch": where[1],
-                "minibatch": where[2],
-                "alternative": name,
-                "sequences": len(step),
-                "episode_starts": int(at_start.sum()),
-                "return_spread": _round(spread),
-            }
-            if name.startswith(("burn_in_", STORED_BURN_IN)):
-                k = int(name.rpartition("_")[2])
-                # the window is cut at the rollout's first step, with no episode start in it
-                clipped = (last < 0) & (step - k <= 0)
-                row["clipped"] = _round(float(clipped.mean()))
-                # exact where the burn-in reaches back to the episode start (or the sequence starts one); from
-                # stored states also where it reaches the rollout start (refreshed starts from that state too)
-                exact = at_start | ((last >= 0) & (step - k <= last))
-                if name.startswith(STORED_BURN_IN):
-                    exact |= clipped
-                row["reached"] = _round(float(exact.mean()))
-            for i, module in enumerate(self.modules):
-                x = [t * keep for t in _pair(alternatives[name], i)]  # the states sb3 starts from
-                y = [t * keep for t in _pair(alternatives["refreshed"], i)]
-                norm = math.sqrt(sum(float((t**2).sum()) for t in y))
-                diff = math.sqrt(sum(float(((u - v) ** 2).sum()) for u, v in zip(x, y, strict=True)))
-                row[f"state_{module}"] = _round(diff / norm if norm > 0 else (0.0 if diff == 0 else None))
-            dv = float((values[a] - values[0])[mask].abs().mean())
-            dlogp = (log_prob[a] - log_prob[0])[mask]
-            row["value_abs"] = _round(dv)
-            row["value_rel"] = _round(dv / spread) if spread > 0 else None
-            row["kl"] = None if dists is None else _round(float(kl(dists[0], dists[a])[mask].mean()))
-            row["logp_abs"] = _round(float(dlogp.abs().mean()))
-            row["ratio_change"] = _round(float((torch.exp(dlogp) - 1).abs().mean()))
-            row["clip_fraction_delta"] = _round(terms["clip_fraction"][a] - terms["clip_fraction"][0])
-            for term in ("policy_loss", "value_loss", "entropy_loss"):
-                row[f"{term}_delta"] = _round(terms[term][a] - terms[term][0])
-            for col, values_ in self.columns.items():
-                values_.append(row.get(col))
-            if name == "stored":
-                stored_row = len(self.columns["iteration"]) - 1
-        self._pending = (stored_row, self._gradient(model, samples, actions, mask, alternatives["refreshed"], devices))
-
-    def _gradient(
-        self, model: Any, samples: Any, actions: torch.Tensor, mask: torch.Tensor, states: Any, devices: list[int]
-    ) -> list[torch.Tensor]:
-        """The loss gradient on the copy from ``states`` (flattened per parameter), as sb3 would take it."""
-        self._seed(devices)
-        values, log_prob, entropy, _ = evaluate(self.shadow, samples, actions, [states])
-        loss = loss_terms(model, samples, mask, values, log_prob, entropy)["loss"][0]
-        grads = torch.autograd.grad(loss, self.params, allow_unused=True)
-        return [
-            torch.zeros(p.numel(), device=p.device) if g is None else g.reshape(-1)
-            for g, p in zip(grads, self.params, strict=True)
-        ]
-
-    @staticmethod
-    def _seed(devices: list[int]) -> None:
-        """The same dropout draws (if any) for every pass, on the generators fork_rng restores afterwards."""
-        torch.random.default_generator.manual_seed(0)
-        for d in devices:
-            torch.cuda.default_generators[d].manual_seed(0)
-
-    def _states(
-        self, buffer: Any, env: np.ndarray, step: np.ndarray, plan: dict[str, Any], samples: Any
-    ) -> dict[str, Any]:
-        """Each computed alternative's initial states, in the minibatch's RNNStates layout."""
-        n = self.n_steps
-        firsts = np.concatenate([first for first, _ in plan.values()])
-        length = np.tile(step, len(plan)) - firsts
-        envs = np.tile(env, len(plan))
-        t = np.arange(int(length.max()) if len(length) else 0)
-        rows = np.unique(((envs * n + firsts)[:, None] + t[None, :])[t[None, :] < length[:, None]])
-        like = samples.returns
-        with torch.no_grad():
-            if len(rows):
-                obs = buffer.observations
-                batch = (
-                    {k: _as(v[rows], like) for k, v in obs.items()} if isinstance(obs, dict) else _as(obs[rows], like)
-                )
-                features = self.shadow.extract_features(batch)
-                pi_f, vf_f = (features, features) if self.shadow.share_features_extractor else features
-            else:
-                pi_f = vf_f = torch.zeros(0, device=like.device)
-            out = {}
-            for name, (first, from_stored) in plan.items():
-                stored = (buffer.hidden_states_pi, buffer.cell_states_pi)
-                pi = initial_states(self.shadow.lstm_actor, pi_f, rows, stored, env, step, first, from_stored, n)
-                vf = pi
-                if self.shadow.lstm_critic is not None:
-                    stored = (buffer.hidden_states_vf, buffer.cell_states_vf)
-                    vf = initial_states(self.shadow.lstm_critic, vf_f, rows, stored, env, step, first, from_stored, n)
-                out[name] = _states_like(samples.lstm_states, pi, vf)
-        return out
-
-    def _thin(self) -> None:
-        """Keep at most :data:`MAX_ITERATIONS` sampled iterations: drop every other one, double the stride."""
-        while len(set(self.columns["iteration"])) >= MAX_ITERATIONS:
-            self.every *= 2
-            keep = [i for i, it in enumerate(self.columns["iteration"]) if it % self.every == 0]
-            self.columns = {c: [v[i] for i in keep] for c, v in self.columns.items()}
-
-    def metadata(self) -> dict[str, Any]:
-        """What the log keeps under ``what_if``: settings, what was sampled, the records (columnar)."""
-        return {
-            "version": 1,
-            "sampling": {
-                "every": self.every,
-                "asked_every": self.asked_every,
-                "epochs": sorted({0, self.last_epoch}),
-                "minibatches": sorted({0, self.n_minibatches - 1}),
-                "minibatches_per_epoch": self.n_minibatches,
-            },
-            "burn_in": list(self.burn_in),
-            "stored_burn_in": list(self.burn_in),
-            "modules": list(self.modules),
-            "critic": self.critic,
-            "seconds": round(self.seconds, 3),
-            "records": self.columns,
-        }
-
-
-def _states_like(template: Any, pi: tuple[torch.Tensor, torch.Tensor], vf: tuple[torch.Tensor, torch.Tensor]) -> Any:
-    return type(template)(tuple(pi), tuple(vf))
-
-
-def _pair(states: Any, module: int) -> tuple[torch.Tensor, torch.Tensor]:
-    return states.pi if module == 0 else states.vf
+        values, log_prob, entropy, dist = evaluate(self.shadow, samples, actions, rnn)
+        terms = loss_terms(model, samples, mask, values, log_prob, entropy)
+        return Outcome(values, log_prob, mask, terms, split(dist, len(states)), samples.returns)
