@@ -15,6 +15,7 @@ CLI_LAYER = {"cli", "cli.app", "cli.flags", "cli.render", "cli.__main__", "__mai
 """The command line: parses, calls the library, prints. May import anything."""
 INTEGRATION_IMPORTS = {
     "contract",
+    "measure",
     "capture.tracer",
     "capture.life",
     "options",

@@ -85,12 +85,16 @@ class Exit(enum.IntEnum):
 
 def _run_flags() -> list[Declared]:
     """Every flag of ``run`` that an option group declares: the capture and training settings, then each
-    framework's own (``integrations.FRAMEWORKS``), whose help says which framework takes it."""
+    framework's own (``integrations.FRAMEWORKS``; a group several take, once), whose help says which
+    frameworks take it."""
 
     flags = [*declared(CaptureOptions), *declared(TrainOptions)]
+    takers: dict[type[Any], list[str]] = {}
     for fw in integrations.FRAMEWORKS.values():
         for _, group in integrations.group_classes(fw):
-            flags += declared(group, prefix=f"{fw.name}: ")
+            takers.setdefault(group, []).append(fw.name)
+    for group, names in takers.items():
+        flags += declared(group, prefix=f"{', '.join(names)}: ")
     return flags
 
 

@@ -105,7 +105,10 @@ FRAMEWORKS: dict[str, Framework] = {
             title="Isaac Lab's PPO",
             docs="docs/rsl_rl.md",
             arch=False,
-            groups=(("rsl_rl", "lstm_probe.integrations.rsl_rl.options:RslRl"),),
+            groups=(
+                ("rsl_rl", "lstm_probe.integrations.rsl_rl.options:RslRl"),
+                ("measure", "lstm_probe.options:Measure"),
+            ),
             extra="rsl-rl",
         ),
         Framework(

@@ -104,13 +104,13 @@ def _matters(v: Verdict, wi: WhatIfSection | None, caps: Capabilities) -> None:
     if wi is None or not wi.measured or not wi.by_epoch:
         if caps.replay:
             how = (
-                "run with --what-if (lstm-probe run ... --what-if, or ProbeCallback(what_if=True)) to measure it "
-                "and the burn-in that would suffice"
+                "run with --what-if (lstm-probe run ... --what-if; in code, what_if=True where the probe is attached) "
+                "to measure it and the burn-in that would suffice"
             )
         else:  # the integration cannot re-run a minibatch on a copy of the policy (yet): say so, not a flag it refuses
             how = (
                 f"this log's integration ({caps.framework}) cannot re-run a training minibatch from other states "
-                "yet; --what-if measures it on RecurrentPPO (sb3) runs"
+                "yet; --what-if measures it on RecurrentPPO (sb3) and rsl_rl runs"
             )
         v.lines.append(f"whether it matters for values and actions: unmeasured; {how}")
         return

@@ -59,7 +59,8 @@ from lstm_probe.capture.life import Probe
 from lstm_probe.capture.tracer import CoreTracer
 from lstm_probe.contract import BOOTSTRAP, SEQ_REASON, Capabilities, Grid, Tags
 from lstm_probe.errors import BadInput
-from lstm_probe.options import CaptureOptions, capture_options
+from lstm_probe.integrations.rsl_rl import whatif
+from lstm_probe.options import CaptureOptions, Measure, capture_options, route, settle
 
 ROLES = ("actor", "critic")
 
@@ -110,8 +111,11 @@ class RslRlProbe(Probe):
 
     name = "rsl_rl"
 
-    def __init__(self, alg: Any, env: Any, options: CaptureOptions, metadata: dict[str, Any]):
+    def __init__(
+        self, alg: Any, env: Any, options: CaptureOptions, metadata: dict[str, Any], measure: Measure | None = None
+    ):
         self.alg, self.env = alg, env
+        self.measure = measure or Measure()
         self.storage = alg.storage
         self.n = int(env.num_envs)
         self.steps_per_env = int(self.storage.num_transitions_per_env)
@@ -137,14 +141,17 @@ class RslRlProbe(Probe):
         window = options.reference_window or self.steps_per_env + 1
         self.options = dataclasses.replace(options, reference_window=window)
         self.tracer = CoreTracer(recurrent_modules(alg), self.options, self)
+        self.what_if: Any = None  # whatif.WhatIf while attached with what_if
+        self._hooks: list[Any] = []
 
     def _models(self) -> list[Any]:
         return [getattr(self.alg, f"_raw_{r}", None) or getattr(self.alg, r) for r in ROLES]
 
     # -- the contract ------------------------------------------------------------------------------
     def capabilities(self) -> Capabilities:
-        """Train rows carry epochs; training trajectories start from states stored during the rollout."""
-        return Capabilities("rsl_rl", epochs=True, stored_states=True)
+        """Train rows carry epochs; training trajectories start from states stored during the rollout; a
+        minibatch can be re-run on copies of the models (``whatif.py``)."""
+        return Capabilities("rsl_rl", epochs=True, stored_states=True, replay=True)
 
     def metadata(self) -> dict[str, Any]:
         return dict(self._metadata)
@@ -207,8 +214,14 @@ class RslRlProbe(Probe):
         self._wrap(self.alg, "act", self._act)
         self._wrap(self.alg, "compute_returns", self._returns)
         self._wrap(self.storage, "recurrent_mini_batch_generator", self._minibatches)
+        settings = whatif.settings(self.measure)
+        if settings is not None:  # counterfactual initial states, on copies (whatif.py)
+            self.what_if = whatif.WhatIf(self.alg, self.steps_per_env, **settings)
+            self._hooks.append(self.alg.optimizer.register_step_pre_hook(self.what_if.step_hook))
 
     def _detach(self) -> None:
+        while self._hooks:
+            self._hooks.pop().remove()
         while self._undo:
             owner, name, own = self._undo.pop()
             if own is None:
@@ -268,6 +281,12 @@ class RslRlProbe(Probe):
                 for k, batch in enumerate(fn(num_mini_batches, num_epochs)):
                     epoch, mb = divmod(k, num_mini_batches)
                     self.tags = Tags(phase="train", iteration=self.iteration, epoch=epoch, minibatch=mb, grid=grids[mb])
+                    if self.what_if is not None:  # before PPO trains on it, outside the hooks
+                        self.tags = None
+                        self.what_if.on_batch(batch, self.roll["start"], (self.iteration, epoch, mb))
+                        self.tags = Tags(
+                            phase="train", iteration=self.iteration, epoch=epoch, minibatch=mb, grid=grids[mb]
+                        )
                     yield batch
             finally:
                 self.tags = None
@@ -319,7 +338,10 @@ class RslRlProbe(Probe):
     def _final(self) -> dict[str, Any]:
         """The env steps taken (the dones still on their way applied first: outside the hooks)."""
         self._settle(wait=True)
-        return {"progress_num_timesteps": int(self.env_step.sum())}
+        final: dict[str, Any] = {"progress_num_timesteps": int(self.env_step.sum())}
+        if self.what_if is not None:
+            final["what_if"] = self.what_if.metadata()
+        return final
 
 
 def runner_metadata(runner: Any, alg: Any) -> dict[str, Any]:
@@ -353,6 +375,7 @@ def attach(
     env: Any = None,
     metadata: dict[str, Any] | None = None,
     options: CaptureOptions | None = None,
+    measure: Measure | None = None,
     **capture: Any,
 ) -> RslRlProbe:
     """Attach the probe to an rsl_rl ``OnPolicyRunner`` the user built (or to its algorithm, ``runner.alg``,
@@ -362,7 +385,9 @@ def attach(
 
     ``out``: the log [run.parquet]. ``options`` (a :class:`~lstm_probe.options.CaptureOptions`) and keyword
     arguments of its fields' names (``capture='summary'``, ``trace_envs=16``, ``float16``, ``force``, ...) are
-    the capture settings. Attach before training starts: the probe counts env steps from here.
+    the capture settings; ``measure`` (a :class:`~lstm_probe.options.Measure`) and its fields' names
+    (``what_if=True``) what the probe measures on copies of the models.
+    Attach before training starts: the probe counts env steps from here.
     """
     alg = getattr(runner, "alg", runner)
     env = env if env is not None else getattr(runner, "env", None)
@@ -370,6 +395,11 @@ def attach(
         raise BadInput("attach(runner): give an rsl_rl OnPolicyRunner, or its algorithm with env=the VecEnv it steps")
     if getattr(alg, "is_multi_gpu", False):
         raise BadInput("lstm-probe traces single-process rsl_rl runs; this one is multi-GPU")
-    opts = capture_options(options, out, **capture)
+    cap, me = route(capture, (CaptureOptions, Measure), "rsl_rl.attach")
+    opts = capture_options(options, out, **cap)
+    m = settle(Measure, measure, me)
+    unsupported = [f"--{k.replace('_', '-')}" for k in ("memory", "capture_obs", "info_keys") if getattr(m, k)]
+    if unsupported:
+        raise BadInput(f"{unsupported[0]} is not built for --framework rsl_rl yet (--what-if is)")
     meta = {**runner_metadata(runner, alg), **(metadata or {})}
-    return RslRlProbe(alg, env, opts, meta).start()
+    return RslRlProbe(alg, env, opts, meta, m).start()

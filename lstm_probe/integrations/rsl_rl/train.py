@@ -22,6 +22,7 @@ from lstm_probe.integrations.rsl_rl.probe import attach
 from lstm_probe.log.layout import check_output
 from lstm_probe.options import (
     CaptureOptions,
+    Measure,
     RunResult,
     TrainOptions,
     check_env_count,
@@ -102,6 +103,7 @@ def run(
     options: CaptureOptions | None = None,
     train: TrainOptions | None = None,
     rsl_rl: RslRl | None = None,
+    measure: Measure | None = None,
     command: str | None = None,
     progress: Callable[[int, int], None] | None = None,
     **overrides: Any,
@@ -109,18 +111,20 @@ def run(
     """Train rsl_rl PPO (recurrent actor and critic) on ``env_id`` with the probe; returns a RunResult.
 
     Settings: ``options`` (:class:`~lstm_probe.options.CaptureOptions`), ``train``
-    (:class:`~lstm_probe.options.TrainOptions`), ``rsl_rl`` (:class:`~lstm_probe.integrations.rsl_rl.options.RslRl`);
+    (:class:`~lstm_probe.options.TrainOptions`), ``rsl_rl`` (:class:`~lstm_probe.integrations.rsl_rl.options.RslRl`),
+    ``measure`` (:class:`~lstm_probe.options.Measure`: what-if);
     keyword arguments of their fields' names override them. Defaults: rsl_rl's own where it has them (24 steps
     per env, 5 epochs, learning rate 1e-3 with the adaptive schedule), a 64-unit RNN and (64, 64) heads;
     minibatches of ``batch_size`` timesteps (whole envs: rsl_rl cuts minibatches by env), else 4 (at most
     ``n_envs``). ``steps`` is rounded up to whole iterations of n_envs x n_steps.
     """
-    cap, tr, own = route(overrides, (CaptureOptions, TrainOptions, RslRl), "run --framework rsl_rl")
+    cap, tr, own, me = route(overrides, (CaptureOptions, TrainOptions, RslRl, Measure), "run --framework rsl_rl")
     if out is not None:
         cap["out"] = out
     opts = settle(CaptureOptions, options, cap)
     t = settle(TrainOptions, train, tr)
     r = settle(RslRl, rsl_rl, own)
+    m = settle(Measure, measure, me)
     check_envs(opts, t)
     check_output(Path(os.fspath(opts.out)), force=opts.force, is_dir=opts.directory)  # before anything is built
     if t.shared_lstm:
@@ -149,7 +153,7 @@ def run(
     runner = build_runner(env, cfg)
     meta = {"command": command, "env_id": env_id, "total_timesteps": iterations * n_envs * n_steps, "n_envs": n_envs}
     started = time.perf_counter()
-    probe = attach(runner, options=opts, metadata={**meta, "torch_env": r.torch_env})
+    probe = attach(runner, options=opts, measure=m, metadata={**meta, "torch_env": r.torch_env})
 
     def loop() -> Iterator[int]:
         for i in range(iterations):

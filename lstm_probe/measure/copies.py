@@ -1,0 +1,64 @@
+"""Private copies of a user's modules, for measurements that need a forward pass (what-if, memory): the copy runs
+none of the user's code, so their hooks never see a measurement, and training never feels one.
+
+:func:`private_copy` deep-copies a module without the hooks on its submodules (torch's own weight and
+spectral-norm hooks, which compute weights, stay), without instance attributes that shadow its methods (a
+user's wrappers, a probe's own), and without what a module keeps of its last call (a distribution, tensors that
+are part of an autograd graph: those cannot be deep-copied, and are rebuilt by the copy's next call).
+:func:`sync` copies the user's current parameter and buffer values into the copy.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, TypeVar
+
+import torch
+from torch import nn
+
+M = TypeVar("M", bound=nn.Module)
+
+
+def _kept_of_last_call(value: Any) -> bool:
+    """A value a module holds from its last call, not part of its state: a torch distribution, or a tensor that
+    belongs to an autograd graph (neither can be deep-copied)."""
+    if isinstance(value, torch.distributions.Distribution):
+        return True
+    if isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter):
+        return value.grad_fn is not None
+    if isinstance(value, tuple | list):
+        return any(_kept_of_last_call(v) for v in value)
+    return False
+
+
+def private_copy(module: M) -> M:
+    """A deep copy of ``module`` that runs none of the caller's code (see the module's docstring)."""
+    memo: dict[int, Any] = {}
+    for m in module.modules():
+        for name, value in vars(m).items():
+            if "hooks" in name and isinstance(value, dict) and value:
+                kept = {k: h for k, h in value.items() if type(h).__module__.startswith("torch.nn.utils")}
+                memo[id(value)] = type(value)(kept) if kept else type(value)()
+            elif _kept_of_last_call(value):
+                memo[id(value)] = None
+    fresh = copy.deepcopy(module, memo)
+    for m in fresh.modules():
+        own = vars(m)
+        for name, value in list(own.items()):
+            if callable(value) and not isinstance(value, type | nn.Module) and callable(getattr(type(m), name, None)):
+                del own[name]
+    return fresh
+
+
+def pairs(mine: nn.Module, theirs: nn.Module) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The copy's parameters and buffers beside the user's, by name."""
+    a = dict(mine.named_parameters()) | dict(mine.named_buffers())
+    b = dict(theirs.named_parameters()) | dict(theirs.named_buffers())
+    return [(a[n], b[n]) for n in a if n in b]
+
+
+def sync(copied: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """Copy the user's values into the copy (:func:`pairs`)."""
+    with torch.no_grad():
+        for mine, theirs in copied:
+            mine.copy_(theirs)
