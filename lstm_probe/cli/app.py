@@ -254,11 +254,13 @@ def _pyarrow_without_pandas() -> None:
 
 
 def _arch_flags() -> list[Declared]:
+    from lstm_probe.integrations.rsl_rl.options import RslRl
     from lstm_probe.integrations.sb3.options import Build
 
     return [
         *declared(TrainOptions, only=("shared_lstm", "hidden_size")),
         *declared(Build, only=("critic_lstm", "lstm_layers", "hyperparams")),
+        *declared(RslRl, only=("rnn_type",)),
     ]
 
 

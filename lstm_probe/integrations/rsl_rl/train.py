@@ -16,6 +16,7 @@ import torch
 
 from lstm_probe.capture import life
 from lstm_probe.errors import BadInput
+from lstm_probe.integrations.rsl_rl.arch import arch
 from lstm_probe.integrations.rsl_rl.envs import GymVecEnv, TorchPendulumVecEnv
 from lstm_probe.integrations.rsl_rl.options import RslRl
 from lstm_probe.integrations.rsl_rl.probe import attach
@@ -31,7 +32,7 @@ from lstm_probe.options import (
     settle,
 )
 
-__all__ = ["make_env", "run", "train_cfg"]
+__all__ = ["arch", "make_env", "run", "train_cfg"]
 
 TORCH_ENV = "Pendulum-v1"
 MAX_GYM_ENVS = 8192

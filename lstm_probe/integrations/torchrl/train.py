@@ -15,6 +15,7 @@ from torch import nn
 
 from lstm_probe.capture import life
 from lstm_probe.errors import BadInput
+from lstm_probe.integrations.torchrl.arch import arch
 from lstm_probe.log.layout import check_output
 from lstm_probe.options import (
     CaptureOptions,
@@ -28,7 +29,7 @@ from lstm_probe.options import (
     settle,
 )
 
-__all__ = ["build", "run"]
+__all__ = ["arch", "build", "run"]
 
 GAMMA, LAMBDA, CLIP = 0.99, 0.95, 0.2
 """The discount, GAE's lambda and PPO's clip range the run trains with (ClipPPOLoss's own default clip)."""
