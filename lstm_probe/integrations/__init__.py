@@ -113,6 +113,7 @@ FRAMEWORKS: dict[str, Framework] = {
             "lstm_probe.integrations.torchrl.train",
             title="LSTMModule",
             docs="docs/torchrl.md",
+            groups=(("torchrl", "lstm_probe.integrations.torchrl.options:TorchRL"),),
             arch_options=("rnn_type", "lstm_layers", "dot", "svg", "png"),
             extra="torchrl",
         ),

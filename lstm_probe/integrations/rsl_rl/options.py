@@ -22,6 +22,7 @@ class RslRl:
         "Pendulum-v1 as the torch-native batched env (no Python loop per env; for wide runs), without the "
         "angular velocity in the observation (partially observable).",
     )
+    capture_obs: bool = option(False, "Store the observation the policy saw in rollout rows (probe targets obs:i).")
 
     def __post_init__(self) -> None:
         if self.rnn_type not in RNN_TYPES:

@@ -150,7 +150,7 @@ def run(
     runner = build_runner(env, cfg)
     meta = {"command": command, "env_id": env_id, "total_timesteps": iterations * n_envs * n_steps, "n_envs": n_envs}
     started = time.perf_counter()
-    probe = attach(runner, options=opts, metadata={**meta, "torch_env": r.torch_env})
+    probe = attach(runner, options=opts, metadata={**meta, "torch_env": r.torch_env}, capture_obs=r.capture_obs)
 
     def loop() -> Iterator[int]:
         for i in range(iterations):

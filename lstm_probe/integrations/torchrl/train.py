@@ -16,6 +16,7 @@ from torch import nn
 from lstm_probe.capture import life
 from lstm_probe.errors import BadInput
 from lstm_probe.integrations.torchrl.arch import arch
+from lstm_probe.integrations.torchrl.options import TorchRL
 from lstm_probe.log.layout import check_output
 from lstm_probe.options import (
     CaptureOptions,
@@ -92,6 +93,7 @@ def run(
     *,
     options: CaptureOptions | None = None,
     train: TrainOptions | None = None,
+    torchrl: TorchRL | None = None,
     command: str | None = None,
     progress: Callable[[int, int], None] | None = None,
     **overrides: Any,
@@ -99,7 +101,8 @@ def run(
     """Train TorchRL PPO with an LSTM policy on ``env_id`` (a gymnasium id) with the probe; returns a
     RunResult. ``n_envs`` envs [1] in a SerialEnv, ``n_steps`` [128] steps each per collector batch,
     ``n_epochs`` [4] passes of the loss over the whole batch (one minibatch: the rows are whole
-    trajectories), ``hidden_size`` [32], CPU."""
+    trajectories), ``hidden_size`` [32], CPU; ``torchrl`` (:class:`~lstm_probe.integrations.torchrl.options.TorchRL`):
+    ``capture_obs``."""
     from torchrl.collectors import Collector
     from torchrl.modules import set_recurrent_mode
     from torchrl.objectives import ClipPPOLoss
@@ -107,11 +110,12 @@ def run(
 
     from lstm_probe.integrations.torchrl.hooks import TorchRLProbe, find_modules
 
-    cap, tr = route(overrides, (CaptureOptions, TrainOptions), "run --framework torchrl")
+    cap, tr, own = route(overrides, (CaptureOptions, TrainOptions, TorchRL), "run --framework torchrl")
     if out is not None:
         cap["out"] = out
     opts = settle(CaptureOptions, options, cap)
     t = settle(TrainOptions, train, tr)
+    trl = settle(TorchRL, torchrl, own)
     check_envs(opts, t)
     check_output(Path(os.fspath(opts.out)), force=opts.force, is_dir=opts.directory)  # before anything is built
     torch.set_num_threads(t.torch_threads or 1)
@@ -151,7 +155,7 @@ def run(
             "hidden_size": hidden,
         },
     }
-    probe = TorchRLProbe(find_modules([actor, critic]), opts, metadata)
+    probe = TorchRLProbe(find_modules([actor, critic]), opts, metadata, capture_obs=trl.capture_obs)
     probe.start()
 
     def loop() -> Iterator[int]:
