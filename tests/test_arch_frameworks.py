@@ -19,12 +19,12 @@ import lstm_probe
 pytest.importorskip("rsl_rl")
 pytest.importorskip("torchrl")
 
-from lstm_probe.integrations.rsl_rl import attach, train_cfg  # noqa: E402
-from lstm_probe.integrations.rsl_rl.arch import arch as rsl_arch  # noqa: E402
-from lstm_probe.integrations.rsl_rl.envs import GymVecEnv  # noqa: E402
-from lstm_probe.integrations.rsl_rl.train import build_runner  # noqa: E402
-from lstm_probe.integrations.torchrl.arch import arch as torchrl_arch  # noqa: E402
-from lstm_probe.integrations.torchrl.train import build  # noqa: E402
+from lstm_probe.integrations.rsl_rl import attach, train_cfg
+from lstm_probe.integrations.rsl_rl.envs import GymVecEnv
+from lstm_probe.integrations.rsl_rl.train import arch as rsl_arch
+from lstm_probe.integrations.rsl_rl.train import build_runner
+from lstm_probe.integrations.torchrl.train import arch as torchrl_arch
+from lstm_probe.integrations.torchrl.train import build
 
 
 def _runner(n_envs: int = 2, steps: int = 8, rnn: str = "lstm"):

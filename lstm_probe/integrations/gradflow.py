@@ -24,7 +24,7 @@ LOSSES = ("policy", "value", "entropy")
 """The loss terms an :class:`Architecture` reports, in its columns' order (policy: PPO's surrogate)."""
 
 
-def private_copy(modules: Mapping[str, nn.Module]) -> nn.Module:
+def private_copy(modules: Mapping[str, nn.Module]) -> nn.ModuleDict:
     """One deep copy of ``modules`` (name -> module; a module shared between them stays shared) under an
     ``nn.ModuleDict``, that runs none of the caller's code: without the hooks on its modules (torch's own
     weight/spectral-norm hooks, which compute weights, stay), without instance attributes that shadow its

@@ -11,7 +11,6 @@ of the algorithm's storage (``storage.observations``; read, never written). The 
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
@@ -26,30 +25,10 @@ STEPS, SEQUENCES = 4, 2
 """The synthetic minibatch: SEQUENCES whole trajectories of STEPS steps each."""
 
 
-def arch(
-    target: Any,
-    *,
-    shared_lstm: bool = False,
-    hidden_size: int | None = None,
-    rnn_type: str = "lstm",
-    lstm_layers: int | None = None,
-) -> Architecture:
-    """Architecture and measured gradient flow of rsl_rl PPO's recurrent actor and critic.
-
-    ``target``: an env id (the runner ``lstm-probe run --framework rsl_rl`` builds: ``rnn_type`` lstm or gru,
-    ``lstm_layers`` [1], ``hidden_size`` [64]), an ``OnPolicyRunner`` or its algorithm (``runner.alg``),
-    analysed as it is. rsl_rl gives actor and critic their own RNN: ``shared_lstm=True`` is refused."""
-    if shared_lstm:
-        raise BadInput("--shared-lstm: rsl_rl's actor and critic each have their own RNN")
-    if isinstance(target, str | os.PathLike):
-        from lstm_probe.integrations.rsl_rl.options import RslRl
-
-        RslRl(rnn_type=rnn_type, rnn_layers=lstm_layers or 1)  # checks both
-        with _rng_kept(torch.device("cpu")):
-            runner = _build(os.fspath(target), rnn_type, lstm_layers or 1, hidden_size or 64)
-        alg = runner.alg
-    else:
-        alg = getattr(target, "alg", target)
+def arch(target: Any) -> Architecture:
+    """Architecture and measured gradient flow of rsl_rl PPO's recurrent actor and critic: ``target`` is an
+    ``OnPolicyRunner`` or its algorithm (``runner.alg``), analysed as it is (an env id: ``train.arch``)."""
+    alg = getattr(target, "alg", target)
     if not hasattr(alg, "actor") or not hasattr(alg, "critic") or not hasattr(alg, "storage"):
         raise BadInput(
             f"arch takes an rsl_rl OnPolicyRunner, its PPO algorithm or an env id, not {type(target).__name__}"
@@ -59,24 +38,12 @@ def arch(
         return _arch(alg, device)
 
 
-def _build(env_id: str, rnn_type: str, layers: int, hidden: int) -> Any:
-    from lstm_probe.integrations.rsl_rl.train import build_runner, make_env, train_cfg
-
-    env = make_env(env_id, SEQUENCES, seed=0, torch_env=False, device="cpu")
-    try:
-        cfg = train_cfg(learning_rate=1e-3, rnn_type=rnn_type, rnn_layers=layers, hidden_size=hidden)
-        return build_runner(env, cfg)
-    finally:
-        close = getattr(env, "close", None)
-        if close is not None:
-            close()
-
-
 def _arch(alg: Any, device: torch.device) -> Architecture:
     from tensordict import TensorDict
 
     root = private_copy({"actor": alg.actor, "critic": alg.critic})
-    actor, critic = root["actor"], root["critic"]
+    actor: Any = root["actor"]
+    critic: Any = root["critic"]
     root.train()  # as PPO.update runs them
     rng = np.random.default_rng(0)
     stored = alg.storage.observations
@@ -91,7 +58,7 @@ def _arch(alg: Any, device: torch.device) -> Architecture:
     returns = torch.as_tensor(rng.normal(size=n), dtype=torch.float32, device=device)
     clip = float(getattr(alg, "clip_param", 0.2))
 
-    def zeros(model: nn.Module) -> Any:
+    def zeros(model: Any) -> Any:
         rnn = model.rnn.rnn
         h = torch.zeros(rnn.num_layers, SEQUENCES, rnn.hidden_size, device=device)
         return (h, h.clone()) if isinstance(rnn, nn.LSTM) else h
@@ -105,7 +72,7 @@ def _arch(alg: Any, device: torch.device) -> Architecture:
         surrogate = torch.max(-advantages * ratio, -advantages * torch.clamp(ratio, 1 - clip, 1 + clip)).mean()
         return {"policy": surrogate, "value": (returns - values).pow(2).mean(), "entropy": -entropy.mean()}
 
-    def rollout(model: nn.Module) -> Any:
+    def rollout(model: Any) -> Any:
         model.reset()
         return model(obs[0])
 
@@ -121,7 +88,7 @@ def _arch(alg: Any, device: torch.device) -> Architecture:
     )
 
 
-def _rnn_info(actor: nn.Module, critic: nn.Module) -> dict[str, Any]:
+def _rnn_info(actor: Any, critic: Any) -> dict[str, Any]:
     rnn = actor.rnn.rnn
     kind = "lstm" if isinstance(rnn, nn.LSTM) else "gru"
     return {"hidden_size": rnn.hidden_size, "num_layers": rnn.num_layers, "rnn_type": kind, "critic": kind}

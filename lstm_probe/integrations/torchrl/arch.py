@@ -12,7 +12,6 @@ actions and their log-probabilities from the copied policy. The global RNGs are 
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
@@ -29,41 +28,9 @@ TERMS = {"policy": "loss_objective", "value": "loss_critic", "entropy": "loss_en
 """ClipPPOLoss's output for each loss term of the Architecture."""
 
 
-def arch(
-    target: Any,
-    *,
-    shared_lstm: bool = True,
-    hidden_size: int | None = None,
-    rnn_type: str = "lstm",
-    lstm_layers: int | None = None,
-) -> Architecture:
-    """Architecture and measured gradient flow of a TorchRL policy and value module.
-
-    ``target``: an env id (the actor and critic ``lstm-probe run --framework torchrl`` builds, which share
-    one ``LSTMModule``, or ``GRUModule`` with ``rnn_type='gru'``; ``lstm_layers`` [1], ``hidden_size`` [32]),
-    or a pair ``(actor, critic)`` of the user's modules (a ``ProbabilisticActor`` and a value operator),
-    analysed as they are. ``shared_lstm`` is what the run builds (shared) and is not an option here."""
-    if isinstance(target, str | os.PathLike):
-        if rnn_type not in ("lstm", "gru"):
-            raise BadInput(f"--rnn-type must be lstm or gru, not {rnn_type!r}")
-        from lstm_probe.integrations.torchrl.train import build
-
-        with _rng_kept(torch.device("cpu")):
-            env, actor, critic, _ = build(
-                os.fspath(target),
-                n_envs=1,
-                hidden_size=hidden_size or 32,
-                seed=0,
-                num_layers=lstm_layers or 1,
-                cell=rnn_type,
-            )
-            env.close()
-    elif isinstance(target, tuple | list) and len(target) == 2 and all(isinstance(m, nn.Module) for m in target):
-        actor, critic = target
-    else:
-        raise BadInput(
-            f"arch takes an env id or a pair (actor, critic) of TorchRL modules, not {type(target).__name__}"
-        )
+def arch(actor: nn.Module, critic: nn.Module) -> Architecture:
+    """Architecture and measured gradient flow of a TorchRL policy (a ``ProbabilisticActor``) and value
+    module, analysed as they are (an env id: ``train.arch``)."""
     device = next(actor.parameters()).device
     with _rng_kept(device):
         return _arch(actor, critic, device)

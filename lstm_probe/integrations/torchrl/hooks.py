@@ -271,7 +271,8 @@ class TorchRLProbe(Probe, Tagged):
         # the module reads it, as the run's does), flattened; a module of another input width keeps none
         self.obs_size: int | None = None
         if capture_obs:
-            self.obs_size = int(next(iter(self._inner.values())).input_size)
+            first: Any = next(iter(self._inner.values()))
+            self.obs_size = int(first.input_size)
             self._metadata["obs_size"] = self.obs_size
         self._envs = {name: _Envs() for name in modules}
         self._current: dict[str, Tags] = {}

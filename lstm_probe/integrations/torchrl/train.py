@@ -15,7 +15,7 @@ from torch import nn
 
 from lstm_probe.capture import life
 from lstm_probe.errors import BadInput
-from lstm_probe.integrations.torchrl.arch import arch
+from lstm_probe.integrations.torchrl import arch as analysis
 from lstm_probe.integrations.torchrl.options import TorchRL
 from lstm_probe.log.layout import check_output
 from lstm_probe.options import (
@@ -85,6 +85,39 @@ def build(
     )
     critic = TensorDictSequential(rnn, ValueOperator(nn.Linear(hidden_size, 1), in_keys=["embed"]))
     return env, actor, critic, rnn
+
+
+def arch(
+    target: Any,
+    *,
+    shared_lstm: bool = True,
+    hidden_size: int | None = None,
+    rnn_type: str = "lstm",
+    lstm_layers: int | None = None,
+) -> Any:
+    """Architecture and measured gradient flow (``lstm-probe arch --framework torchrl``) of ``target``: an env
+    id (the actor and critic :func:`run` builds, which share one ``LSTMModule``, or ``GRUModule`` with
+    ``rnn_type='gru'``; ``lstm_layers`` [1], ``hidden_size`` [32]; ``shared_lstm`` is not an option: the run
+    shares), or a pair ``(actor, critic)`` of the user's modules, analysed as they are (``torchrl/arch.py``)."""
+    if isinstance(target, tuple | list) and len(target) == 2 and all(isinstance(m, nn.Module) for m in target):
+        return analysis.arch(*target)
+    if not isinstance(target, str | os.PathLike):
+        raise BadInput(
+            f"arch takes an env id or a pair (actor, critic) of TorchRL modules, not {type(target).__name__}"
+        )
+    if rnn_type not in ("lstm", "gru"):
+        raise BadInput(f"--rnn-type must be lstm or gru, not {rnn_type!r}")
+    with analysis._rng_kept(torch.device("cpu")):
+        env, actor, critic, _ = build(
+            os.fspath(target),
+            n_envs=1,
+            hidden_size=hidden_size or 32,
+            seed=0,
+            num_layers=lstm_layers or 1,
+            cell=rnn_type,
+        )
+        env.close()
+    return analysis.arch(actor, critic)
 
 
 def run(
