@@ -7,6 +7,7 @@ boundary (:func:`main`) turns every expected failure into one line on stderr and
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import re
 import shlex
@@ -89,12 +90,13 @@ def _run_flags() -> list[Declared]:
     frameworks take it."""
 
     flags = [*declared(CaptureOptions), *declared(TrainOptions)]
-    takers: dict[type[Any], list[str]] = {}
+    seen = {d.field.name for d in flags}
     for fw in integrations.FRAMEWORKS.values():
         for _, group in integrations.group_classes(fw):
-            takers.setdefault(group, []).append(fw.name)
-    for group, names in takers.items():
-        flags += declared(group, prefix=f"{', '.join(names)}: ")
+            for f in dataclasses.fields(group):  # an option several frameworks declare is one flag
+                if f.name not in seen and not f.metadata.get("hidden"):
+                    seen.add(f.name)
+                    flags += declared(group, prefix=f"{', '.join(integrations.owners(f.name))}: ", only=(f.name,))
     return flags
 
 
@@ -123,9 +125,10 @@ def run(
     groups = dict(integrations.group_classes(fw))
     for d in RUN_FLAGS:  # a flag of another framework's group, set: refused, naming the frameworks that take it
         if d.group in given and d.field.name in given[d.group] and d.group not in (CaptureOptions, TrainOptions):
-            if d.group not in groups.values():
+            if d.field.name not in integrations.run_options(fw):
                 owners = " and ".join(integrations.owners(d.field.name))
                 raise BadInput(f"{d.set_flag} applies to --framework {owners} only")
+    chosen = {k: v for g, values in given.items() if g not in (CaptureOptions, TrainOptions) for k, v in values.items()}
     capture = given.get(CaptureOptions, {})
     out_path = capture.get("out", default(CaptureOptions, "out"))
     if fw.parts_per_process:  # a directory log: one set of part files per process
@@ -141,7 +144,10 @@ def run(
     options = CaptureOptions(**capture)
     train = TrainOptions(**given.get(TrainOptions, {}))
     check_envs(options, train)
-    own = {keyword: group(**given.get(group, {})) for keyword, group in groups.items()}
+    own = {
+        keyword: group(**{f.name: chosen[f.name] for f in dataclasses.fields(group) if f.name in chosen})
+        for keyword, group in groups.items()
+    }
     if not progress_seconds > 0:
         raise BadInput(f"--progress-seconds must be > 0, got {progress_seconds}")
     check_writable(output_dir(Path(out_path), is_dir=options.directory))  # not after the framework has loaded
@@ -258,11 +264,13 @@ def _pyarrow_without_pandas() -> None:
 
 
 def _arch_flags() -> list[Declared]:
+    from lstm_probe.integrations.rsl_rl.options import RslRl
     from lstm_probe.integrations.sb3.options import Build
 
     return [
         *declared(TrainOptions, only=("shared_lstm", "hidden_size")),
         *declared(Build, only=("critic_lstm", "lstm_layers", "hyperparams")),
+        *declared(RslRl, only=("rnn_type",)),
     ]
 
 

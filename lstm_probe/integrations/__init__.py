@@ -104,7 +104,7 @@ FRAMEWORKS: dict[str, Framework] = {
             "lstm_probe.integrations.rsl_rl.train",
             title="Isaac Lab's PPO",
             docs="docs/rsl_rl.md",
-            arch=False,
+            arch_options=("rnn_type", "lstm_layers", "dot", "svg", "png"),
             groups=(
                 ("rsl_rl", "lstm_probe.integrations.rsl_rl.options:RslRl"),
                 ("measure", "lstm_probe.options:Measure"),
@@ -116,7 +116,8 @@ FRAMEWORKS: dict[str, Framework] = {
             "lstm_probe.integrations.torchrl.train",
             title="LSTMModule",
             docs="docs/torchrl.md",
-            arch=False,
+            groups=(("measure", "lstm_probe.options:Measure"),),
+            arch_options=("rnn_type", "lstm_layers", "dot", "svg", "png"),
             extra="torchrl",
         ),
     )

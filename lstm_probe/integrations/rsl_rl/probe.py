@@ -31,6 +31,12 @@ Where the probe reads device data, and where it may wait for it (never in a hook
   ``utils/utils.py:check_nan`` (``if torch.isnan(...).any()``, on unless ``check_for_nan`` is False) and,
   with a log dir, ``utils/logger.py:Logger.process_env_step`` (``nonzero``, ``.cpu()``). ``waits`` counts
   the waits that found a copy under way.
+- With ``capture_obs``, each env step's observation (the actor's groups, flattened to float32) travels with
+  its dones: the same copy (pinned, no wait, the same event) started in the ``env.step`` wrapper, so the
+  rollout step that takes it (``PPO.act``, whose wrapper puts it in the step's grid, the ``obs`` column) finds
+  it on the host after the wait above, at no further wait; its cost is the copy, N x width floats per env
+  step. An ``act`` with no env step since the last (``OnPolicyRunner.learn``'s first, on
+  ``env.get_observations()``) copies its own argument, which waits on a GPU: once per ``learn()`` call.
 - ``resolve`` (a hook's question) never waits: a play-loop call whose env step's dones are still on their
   way (only the first call after env steps taken outside a play loop) gets its exact env and env step and
   null episode, episode step and start rather than a guess.
@@ -80,18 +86,25 @@ def recurrent_modules(alg: Any) -> dict[str, nn.Module]:
 
 
 class _Dones:
-    """One env step's dones on their way to the host: applied once their copy is done (:meth:`ready`)."""
+    """One env step's dones (and, with ``capture_obs``, its flattened observation) on their way to the host:
+    applied once their copy is done (:meth:`ready`)."""
 
-    def __init__(self, dones: torch.Tensor):
+    def __init__(self, dones: torch.Tensor, obs: torch.Tensor | None = None):
         d = dones.detach().reshape(-1)
         self.event: Any = None
-        if d.device.type == "cuda":  # pinned host buffer, copied without waiting (read after the event)
+        self.obs: np.ndarray | None = None
+        if d.device.type == "cuda":  # pinned host buffers, copied without waiting (read after the event)
             self.host = torch.empty(d.shape, dtype=d.dtype, pin_memory=True)
             self.host.copy_(d, non_blocking=True)
+            if obs is not None:
+                host = torch.empty(obs.shape, dtype=obs.dtype, pin_memory=True)
+                host.copy_(obs, non_blocking=True)
+                self.obs = host.numpy()
             self.event = torch.cuda.Event()
             self.event.record()
         else:
             self.host = d.to("cpu", copy=True)
+            self.obs = None if obs is None else obs.to("cpu", copy=True).numpy()
 
     def ready(self) -> bool:
         """Whether the copy is done (asks the device without waiting)."""
@@ -120,6 +133,11 @@ class RslRlProbe(Probe):
         self.n = int(env.num_envs)
         self.steps_per_env = int(self.storage.num_transitions_per_env)
         self._metadata = metadata
+        self.obs_groups: list[str] | None = None  # capture_obs: the actor's observation groups, flattened
+        self._obs_next: np.ndarray | None = None  # the last env step's observation, on the host
+        if self.measure.capture_obs:
+            self.obs_groups = list(getattr(self._models()[0], "obs_groups", None) or ["policy"])
+            self._metadata = {**metadata, "obs_size": self._obs_size()}
         self.envs = np.arange(self.n)
         self.env_step = np.zeros(self.n, np.int64)
         self.episode = np.zeros(self.n, np.int64)
@@ -183,6 +201,7 @@ class RslRlProbe(Probe):
                     break
                 self.waits += 1
             done = d.read()
+            self._obs_next = d.obs
             # new arrays, never changed in place: the grids handed to the tracer hold views of them
             self.env_step = self.env_step + 1
             self.episode = self.episode + done
@@ -233,7 +252,8 @@ class RslRlProbe(Probe):
         def step(*args: Any, **kwargs: Any) -> Any:
             out = fn(*args, **kwargs)
             start = time.perf_counter()
-            self._arrived.append(_Dones(out[2]))  # rsl_rl's VecEnv.step: (obs, rewards, dones, extras)
+            obs = self._flat(out[0]) if self.obs_groups is not None else None
+            self._arrived.append(_Dones(out[2], obs))  # rsl_rl's VecEnv.step: (obs, rewards, dones, extras)
             self.tracer.integration_seconds += time.perf_counter() - start
             # a play loop's next call is tagged in a hook, which never waits: its dones are read here
             self._settle(wait=self._playing)
@@ -250,13 +270,37 @@ class RslRlProbe(Probe):
                 roll = self.roll
                 roll["env_step"][t], roll["episode"][t] = self.env_step, self.episode
                 roll["episode_step"][t], roll["start"][t] = self.episode_step, self.starts
-            self.tags = Tags(phase="rollout", iteration=self.iteration, grid=self._grid())
+            grid = self._grid()
+            if self.obs_groups is not None:
+                grid.obs = self._act_obs(args[0] if args else kwargs["obs"])
+            self.tags = Tags(phase="rollout", iteration=self.iteration, grid=grid)
             try:
                 return fn(*args, **kwargs)
             finally:
                 self.tags = None
 
         return act
+
+    # -- the observations (capture_obs) -----------------------------------------------------------
+    def _flat(self, obs: Any) -> torch.Tensor:
+        """The actor's observation groups of ``obs`` (a TensorDict; a tensor as it is), as (N, width) float32."""
+        assert self.obs_groups is not None
+        parts = [obs] if isinstance(obs, torch.Tensor) else [obs[g] for g in self.obs_groups]
+        return torch.cat([p.detach().reshape(p.shape[0], -1) for p in parts], -1).to(torch.float32)
+
+    def _obs_size(self) -> int:
+        stored = self.storage.observations  # (T, N, ...) per group, allocated with the storage
+        return sum(int(np.prod(stored[g].shape[2:])) for g in self.obs_groups or [])
+
+    def _act_obs(self, obs: Any) -> np.ndarray:
+        """A rollout step's observation as the grid's (N, 1, width) column: the one the last env step returned
+        (copied to the host in the ``env.step`` wrapper with its dones, and settled with them), or where no env
+        step came since the last ``act`` (``OnPolicyRunner.learn``'s first: ``env.get_observations()``) act's
+        own argument, copied now (on a GPU, the one wait this adds: once per ``learn()`` call)."""
+        host, self._obs_next = self._obs_next, None
+        if host is None:
+            host = self._flat(obs).cpu().numpy()
+        return host[:, None, :]
 
     def _returns(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         def compute_returns(*args: Any, **kwargs: Any) -> Any:
@@ -386,8 +430,10 @@ def attach(
     ``out``: the log [run.parquet]. ``options`` (a :class:`~lstm_probe.options.CaptureOptions`) and keyword
     arguments of its fields' names (``capture='summary'``, ``trace_envs=16``, ``float16``, ``force``, ...) are
     the capture settings; ``measure`` (a :class:`~lstm_probe.options.Measure`) and its fields' names
-    (``what_if=True``) what the probe measures on copies of the models.
-    Attach before training starts: the probe counts env steps from here.
+    (``what_if=True``, ``capture_obs=True``) what the probe measures on copies of the models and keeps beside the
+    rows (``capture_obs``: rollout rows keep the observation, the actor's groups flattened, in the ``obs`` column,
+    ``obs_size`` in the metadata, for linear probes). Attach before training starts: the probe counts env steps
+    from here.
     """
     alg = getattr(runner, "alg", runner)
     env = env if env is not None else getattr(runner, "env", None)
@@ -398,8 +444,8 @@ def attach(
     cap, me = route(capture, (CaptureOptions, Measure), "rsl_rl.attach")
     opts = capture_options(options, out, **cap)
     m = settle(Measure, measure, me)
-    unsupported = [f"--{k.replace('_', '-')}" for k in ("memory", "capture_obs", "info_keys") if getattr(m, k)]
+    unsupported = [f"--{k.replace('_', '-')}" for k in ("memory", "info_keys") if getattr(m, k)]
     if unsupported:
-        raise BadInput(f"{unsupported[0]} is not built for --framework rsl_rl yet (--what-if is)")
+        raise BadInput(f"{unsupported[0]} is not built for --framework rsl_rl yet (--what-if and --capture-obs are)")
     meta = {**runner_metadata(runner, alg), **(metadata or {})}
     return RslRlProbe(alg, env, opts, meta, m).start()

@@ -16,6 +16,7 @@ import torch
 
 from lstm_probe.capture import life
 from lstm_probe.errors import BadInput
+from lstm_probe.integrations.rsl_rl import arch as analysis
 from lstm_probe.integrations.rsl_rl.envs import GymVecEnv, TorchPendulumVecEnv
 from lstm_probe.integrations.rsl_rl.options import RslRl
 from lstm_probe.integrations.rsl_rl.probe import attach
@@ -32,7 +33,7 @@ from lstm_probe.options import (
     settle,
 )
 
-__all__ = ["make_env", "run", "train_cfg"]
+__all__ = ["arch", "make_env", "run", "train_cfg"]
 
 TORCH_ENV = "Pendulum-v1"
 MAX_GYM_ENVS = 8192
@@ -94,6 +95,38 @@ def build_runner(env: Any, cfg: dict[str, Any]) -> Any:
 
     with contextlib.redirect_stdout(io.StringIO()):  # construct_algorithm prints both models
         return OnPolicyRunner(env, cfg, log_dir=None, device=str(env.device))
+
+
+def arch(
+    target: Any,
+    *,
+    shared_lstm: bool = False,
+    hidden_size: int | None = None,
+    rnn_type: str = "lstm",
+    lstm_layers: int | None = None,
+) -> Any:
+    """Architecture and measured gradient flow (``lstm-probe arch --framework rsl_rl``) of ``target``: an env id
+    (the runner ``run`` builds: ``rnn_type`` lstm or gru, ``lstm_layers`` [1], ``hidden_size`` [64]), or an
+    ``OnPolicyRunner`` or its algorithm, analysed as it is (``rsl_rl/arch.py``). rsl_rl gives actor and
+    critic their own RNN: ``shared_lstm=True`` is refused."""
+    if shared_lstm:
+        raise BadInput("--shared-lstm: rsl_rl's actor and critic each have their own RNN")
+    if not isinstance(target, str | os.PathLike):
+        return analysis.arch(target)
+    RslRl(rnn_type=rnn_type, rnn_layers=lstm_layers or 1)  # checks both
+    n = analysis.SEQUENCES
+    with analysis._rng_kept(torch.device("cpu")):
+        env = make_env(os.fspath(target), n, seed=0, torch_env=False, device="cpu")
+        try:
+            cfg = train_cfg(
+                learning_rate=1e-3, rnn_type=rnn_type, rnn_layers=lstm_layers or 1, hidden_size=hidden_size or 64
+            )
+            runner = build_runner(env, cfg)
+        finally:
+            close = getattr(env, "close", None)
+            if close is not None:
+                close()
+    return analysis.arch(runner)
 
 
 def run(

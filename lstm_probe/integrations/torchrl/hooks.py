@@ -65,6 +65,7 @@ from lstm_probe.integrations.torchrl.samples import (
     not_repeated,
     pieces,
     pieces_on_device,
+    start_copy,
 )
 from lstm_probe.log.schema import COLUMN
 from lstm_probe.options import CaptureOptions, capture_options
@@ -240,6 +241,7 @@ class TorchRLProbe(Probe, Tagged):
         modules: dict[str, nn.Module],
         options: CaptureOptions,
         metadata: dict[str, Any] | None = None,
+        capture_obs: bool = False,
     ):
         import tensordict
         import torchrl
@@ -265,6 +267,13 @@ class TorchRLProbe(Probe, Tagged):
                 },
             },
         }
+        # capture_obs: collection rows keep the recurrent module's input (its first in_key: the observation where
+        # the module reads it, as the run's does), flattened; a module of another input width keeps none
+        self.obs_size: int | None = None
+        if capture_obs:
+            first: Any = next(iter(self._inner.values()))
+            self.obs_size = int(first.input_size)
+            self._metadata["obs_size"] = self.obs_size
         self._envs = {name: _Envs() for name in modules}
         self._current: dict[str, Tags] = {}
         self._user: list[dict[str, Any]] = []
@@ -389,11 +398,15 @@ class TorchRLProbe(Probe, Tagged):
             self.frames += n
             if self._window_from_collector:
                 self._window()
+        keep_obs = phase == "rollout" and self.obs_size is not None and int(x.shape[-1]) == self.obs_size
+        obs = start_copy(x.reshape(n, -1)) if keep_obs else None  # done by the time host() returns
         init, sc, tr = host([is_init, step_count, traj if phase == "rollout" else None])
         assert init is not None
         start = (sc == 0) if sc is not None else init.astype(bool)
         tags = self._tags(phase)
         tags.grid = self._envs[name].collect(phase, start.astype(bool), sc, tr)
+        if obs is not None:
+            tags.grid.obs = obs[:, None, :]
         zero = is_init.reshape(n, 1, 1).bool()
         given = [td.get(k, None) for k in (keys[1], keys[2])] if is_lstm else [td.get(keys[1], None)]
         states = [
@@ -547,11 +560,13 @@ def probe(
     modules: list[str] | None = None,
     metadata: dict[str, Any] | None = None,
     options: CaptureOptions | None = None,
+    capture_obs: bool = False,
     **capture: Any,
 ) -> TorchRLProbe:
     """A probe on every ``LSTMModule``/``GRUModule`` in ``model`` (the policy; pass ``[actor, critic]``
     when the critic has its own), or those named in ``modules``. Use as a context manager around
     collection and training: ``with probe(policy, "run.parquet") as p: ...``. ``out`` and the capture
-    keywords as for :func:`lstm_probe.trace`."""
+    keywords as for :func:`lstm_probe.trace`. ``capture_obs``: collection rows keep the recurrent module's input
+    (the observation where the module reads it), flattened (the ``obs`` column; linear probes)."""
     opts = capture_options(options, out, **capture)
-    return TorchRLProbe(find_modules(model, modules), opts, metadata)
+    return TorchRLProbe(find_modules(model, modules), opts, metadata, capture_obs=capture_obs)

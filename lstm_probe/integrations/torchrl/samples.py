@@ -47,6 +47,18 @@ def host(tensors: list[torch.Tensor | None]) -> list[np.ndarray | None]:
     return out
 
 
+def start_copy(t: torch.Tensor) -> np.ndarray:
+    """A float tensor's rows (one per sample) on the host as (N, width) float32, the copy started: on a GPU into
+    pinned memory without waiting, done once :func:`host` (called after it, on the same stream) returns; on the
+    CPU a copy (the caller's tensor may change in place)."""
+    flat = t.detach().reshape(t.shape[0], -1).to(torch.float32)
+    if flat.device.type == "cuda":
+        buf = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
+        buf.copy_(flat, non_blocking=True)
+        return buf.numpy()
+    return flat.numpy().copy()
+
+
 def not_repeated(tr: np.ndarray, sc: np.ndarray, rows: int, steps: int) -> np.ndarray | None:
     """Where a batch has no padding mask: False on each sample that repeats the one before it in its row
     (the same trajectory and step: ``SliceSampler(pad_output=True)`` pads a short slice with copies of its

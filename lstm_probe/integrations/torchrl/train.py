@@ -15,9 +15,11 @@ from torch import nn
 
 from lstm_probe.capture import life
 from lstm_probe.errors import BadInput
+from lstm_probe.integrations.torchrl import arch as analysis
 from lstm_probe.log.layout import check_output
 from lstm_probe.options import (
     CaptureOptions,
+    Measure,
     RunResult,
     TrainOptions,
     check_env_count,
@@ -28,7 +30,7 @@ from lstm_probe.options import (
     settle,
 )
 
-__all__ = ["build", "run"]
+__all__ = ["arch", "build", "run"]
 
 GAMMA, LAMBDA, CLIP = 0.99, 0.95, 0.2
 """The discount, GAE's lambda and PPO's clip range the run trains with (ClipPPOLoss's own default clip)."""
@@ -85,12 +87,46 @@ def build(
     return env, actor, critic, rnn
 
 
+def arch(
+    target: Any,
+    *,
+    shared_lstm: bool = True,
+    hidden_size: int | None = None,
+    rnn_type: str = "lstm",
+    lstm_layers: int | None = None,
+) -> Any:
+    """Architecture and measured gradient flow (``lstm-probe arch --framework torchrl``) of ``target``: an env
+    id (the actor and critic :func:`run` builds, which share one ``LSTMModule``, or ``GRUModule`` with
+    ``rnn_type='gru'``; ``lstm_layers`` [1], ``hidden_size`` [32]; ``shared_lstm`` is not an option: the run
+    shares), or a pair ``(actor, critic)`` of the user's modules, analysed as they are (``torchrl/arch.py``)."""
+    if isinstance(target, tuple | list) and len(target) == 2 and all(isinstance(m, nn.Module) for m in target):
+        return analysis.arch(*target)
+    if not isinstance(target, str | os.PathLike):
+        raise BadInput(
+            f"arch takes an env id or a pair (actor, critic) of TorchRL modules, not {type(target).__name__}"
+        )
+    if rnn_type not in ("lstm", "gru"):
+        raise BadInput(f"--rnn-type must be lstm or gru, not {rnn_type!r}")
+    with analysis._rng_kept(torch.device("cpu")):
+        env, actor, critic, _ = build(
+            os.fspath(target),
+            n_envs=1,
+            hidden_size=hidden_size or 32,
+            seed=0,
+            num_layers=lstm_layers or 1,
+            cell=rnn_type,
+        )
+        env.close()
+    return analysis.arch(actor, critic)
+
+
 def run(
     env_id: str,
     out: str | None = None,
     *,
     options: CaptureOptions | None = None,
     train: TrainOptions | None = None,
+    measure: Measure | None = None,
     command: str | None = None,
     progress: Callable[[int, int], None] | None = None,
     **overrides: Any,
@@ -98,7 +134,8 @@ def run(
     """Train TorchRL PPO with an LSTM policy on ``env_id`` (a gymnasium id) with the probe; returns a
     RunResult. ``n_envs`` envs [1] in a SerialEnv, ``n_steps`` [128] steps each per collector batch,
     ``n_epochs`` [4] passes of the loss over the whole batch (one minibatch: the rows are whole
-    trajectories), ``hidden_size`` [32], CPU."""
+    trajectories), ``hidden_size`` [32], CPU; ``measure`` (:class:`~lstm_probe.options.Measure`):
+    ``capture_obs`` (what-if and memory are not built for TorchRL yet: refused in one line)."""
     from torchrl.collectors import Collector
     from torchrl.modules import set_recurrent_mode
     from torchrl.objectives import ClipPPOLoss
@@ -106,11 +143,15 @@ def run(
 
     from lstm_probe.integrations.torchrl.hooks import TorchRLProbe, find_modules
 
-    cap, tr = route(overrides, (CaptureOptions, TrainOptions), "run --framework torchrl")
+    cap, tr, own = route(overrides, (CaptureOptions, TrainOptions, Measure), "run --framework torchrl")
     if out is not None:
         cap["out"] = out
     opts = settle(CaptureOptions, options, cap)
     t = settle(TrainOptions, train, tr)
+    trl = settle(Measure, measure, own)
+    unsupported = [f"--{k.replace('_', '-')}" for k in ("what_if", "memory", "info_keys") if getattr(trl, k)]
+    if unsupported:
+        raise BadInput(f"{unsupported[0]} is not built for --framework torchrl yet (--capture-obs is)")
     check_envs(opts, t)
     check_output(Path(os.fspath(opts.out)), force=opts.force, is_dir=opts.directory)  # before anything is built
     torch.set_num_threads(t.torch_threads or 1)
@@ -150,7 +191,7 @@ def run(
             "hidden_size": hidden,
         },
     }
-    probe = TorchRLProbe(find_modules([actor, critic]), opts, metadata)
+    probe = TorchRLProbe(find_modules([actor, critic]), opts, metadata, capture_obs=trl.capture_obs)
     probe.start()
 
     def loop() -> Iterator[int]:
