@@ -212,8 +212,14 @@ class Capabilities:
     stored_states: bool = False
     """Training sequences start from states stored during the rollout."""
     replay: bool = False
-    """The integration keeps a rollout's inputs and can re-run a minibatch on a copy of the policy
-    (counterfactual initial states, memory ablations)."""
+    """The integration keeps a rollout's inputs and can re-run a minibatch on a copy of the policy from other
+    initial states (the *evaluate* capability: what-if, ``--what-if``)."""
+    respond: bool = False
+    """The integration can re-run a rollout on a copy of the policy with its state ablated (the *respond*
+    capability: the memory horizon, ``--memory``)."""
+    observe: bool = False
+    """The integration can keep each rollout step's observation beside its rows (the *observe* capability: the
+    ``obs`` column, linear probes, ``--capture-obs``)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -223,12 +229,14 @@ class Capabilities:
         """A log's capabilities: as stored, or, for logs written before they were, derived from the
         framework that wrote it (the only place that names frameworks on the reading side)."""
         stored = meta.get("capabilities")
+        framework = str(meta.get("framework") or "generic")
         if isinstance(stored, dict):
             known = {k: v for k, v in stored.items() if k in Capabilities.__dataclass_fields__}
+            if framework == "sb3" and "respond" not in known:  # an sb3 log from before they were declared
+                known |= {"respond": True, "observe": True}
             return Capabilities(**known)
-        framework = str(meta.get("framework") or "generic")
         if framework == "sb3":
-            return Capabilities("sb3", epochs=True, rollout_buffer=True, stored_states=True)
+            return Capabilities("sb3", epochs=True, rollout_buffer=True, stored_states=True, respond=True, observe=True)
         if framework == "rllib":
             rl = meta.get("rllib") or {}
             msl = rl.get("max_seq_len") if isinstance(rl, dict) else None

@@ -54,6 +54,9 @@ class Framework:
     """The option groups only this framework's ``run`` takes: (keyword of ``run``, "module:Class" of a
     dataclass declared with ``options.option`` fields). The CLI makes a flag of each field and refuses one
     set for another framework."""
+    refuses: tuple[str, ...] = ()
+    """Options of its groups it does not take yet (a shared group's measurement it does not provide): the CLI
+    refuses them as it refuses another framework's options, naming the frameworks that take them."""
     arch_options: tuple[str, ...] = ()
     """Keyword arguments of ``arch`` beyond ``shared_lstm`` and ``hidden_size``."""
     extra: str | None = None
@@ -110,6 +113,7 @@ FRAMEWORKS: dict[str, Framework] = {
                 ("measure", "lstm_probe.options:Measure"),
             ),
             extra="rsl-rl",
+            refuses=("info_keys",),
         ),
         Framework(
             "torchrl",
@@ -117,6 +121,7 @@ FRAMEWORKS: dict[str, Framework] = {
             title="LSTMModule",
             docs="docs/torchrl.md",
             groups=(("measure", "lstm_probe.options:Measure"),),
+            refuses=("what_if", "what_if_every", "burn_in", "memory", "memory_every", "info_keys"),
             arch_options=("rnn_type", "lstm_layers", "dot", "svg", "png"),
             extra="torchrl",
         ),
@@ -186,7 +191,7 @@ def group_classes(fw: Framework) -> list[tuple[str, type[Any]]]:
 
 def run_options(fw: Framework) -> set[str]:
     """The names of the options only ``fw``'s ``run`` takes."""
-    return {f.name for _, cls in group_classes(fw) for f in dataclasses.fields(cls)}
+    return {f.name for _, cls in group_classes(fw) for f in dataclasses.fields(cls)} - set(fw.refuses)
 
 
 def owners(option: str, command: str = "run") -> list[str]:

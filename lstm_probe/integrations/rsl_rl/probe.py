@@ -65,7 +65,7 @@ from lstm_probe.capture.life import Probe
 from lstm_probe.capture.tracer import CoreTracer
 from lstm_probe.contract import BOOTSTRAP, SEQ_REASON, Capabilities, Grid, Tags
 from lstm_probe.errors import BadInput
-from lstm_probe.integrations.rsl_rl import whatif
+from lstm_probe.integrations.rsl_rl import memory, whatif
 from lstm_probe.options import CaptureOptions, Measure, capture_options, route, settle
 
 ROLES = ("actor", "critic")
@@ -160,6 +160,7 @@ class RslRlProbe(Probe):
         self.options = dataclasses.replace(options, reference_window=window)
         self.tracer = CoreTracer(recurrent_modules(alg), self.options, self)
         self.what_if: Any = None  # whatif.WhatIf while attached with what_if
+        self.memory: Any = None  # memory.Memory while attached with memory
         self._hooks: list[Any] = []
 
     def _models(self) -> list[Any]:
@@ -169,7 +170,7 @@ class RslRlProbe(Probe):
     def capabilities(self) -> Capabilities:
         """Train rows carry epochs; training trajectories start from states stored during the rollout; a
         minibatch can be re-run on copies of the models (``whatif.py``)."""
-        return Capabilities("rsl_rl", epochs=True, stored_states=True, replay=True)
+        return Capabilities("rsl_rl", epochs=True, stored_states=True, replay=True, respond=True, observe=True)
 
     def metadata(self) -> dict[str, Any]:
         return dict(self._metadata)
@@ -237,6 +238,9 @@ class RslRlProbe(Probe):
         if settings is not None:  # counterfactual initial states, on copies (whatif.py)
             self.what_if = whatif.WhatIf(self.alg, self.steps_per_env, **settings)
             self._hooks.append(self.alg.optimizer.register_step_pre_hook(self.what_if.step_hook))
+        settings = memory.settings(self.measure)
+        if settings is not None:  # the memory horizon, on copies (memory.py)
+            self.memory = memory.Memory(self.alg, self.steps_per_env, **settings)
 
     def _detach(self) -> None:
         while self._hooks:
@@ -321,6 +325,8 @@ class RslRlProbe(Probe):
             start = time.perf_counter()
             grids = self.layout(num_mini_batches)
             self.tracer.integration_seconds += time.perf_counter() - start
+            if self.memory is not None:  # the rollout's own weights: no minibatch has stepped yet
+                self.memory.measure(self.roll["start"], self.iteration)
             try:
                 for k, batch in enumerate(fn(num_mini_batches, num_epochs)):
                     epoch, mb = divmod(k, num_mini_batches)
@@ -385,6 +391,8 @@ class RslRlProbe(Probe):
         final: dict[str, Any] = {"progress_num_timesteps": int(self.env_step.sum())}
         if self.what_if is not None:
             final["what_if"] = self.what_if.metadata()
+        if self.memory is not None:
+            final["memory"] = self.memory.metadata()
         return final
 
 
@@ -430,10 +438,10 @@ def attach(
     ``out``: the log [run.parquet]. ``options`` (a :class:`~lstm_probe.options.CaptureOptions`) and keyword
     arguments of its fields' names (``capture='summary'``, ``trace_envs=16``, ``float16``, ``force``, ...) are
     the capture settings; ``measure`` (a :class:`~lstm_probe.options.Measure`) and its fields' names
-    (``what_if=True``, ``capture_obs=True``) what the probe measures on copies of the models and keeps beside the
-    rows (``capture_obs``: rollout rows keep the observation, the actor's groups flattened, in the ``obs`` column,
-    ``obs_size`` in the metadata, for linear probes). Attach before training starts: the probe counts env steps
-    from here.
+    (``what_if=True``, ``memory=True``, ``capture_obs=True``) what the probe measures on copies of the models
+    and keeps beside the rows (``capture_obs``: rollout rows keep the observation, the actor's groups
+    flattened, in the ``obs`` column, ``obs_size`` in the metadata, for linear probes). Attach before training
+    starts: the probe counts env steps from here.
     """
     alg = getattr(runner, "alg", runner)
     env = env if env is not None else getattr(runner, "env", None)
@@ -444,8 +452,7 @@ def attach(
     cap, me = route(capture, (CaptureOptions, Measure), "rsl_rl.attach")
     opts = capture_options(options, out, **cap)
     m = settle(Measure, measure, me)
-    unsupported = [f"--{k.replace('_', '-')}" for k in ("memory", "info_keys") if getattr(m, k)]
-    if unsupported:
-        raise BadInput(f"{unsupported[0]} is not built for --framework rsl_rl yet (--what-if and --capture-obs are)")
+    if m.info_keys:
+        raise BadInput("--info is not built for --framework rsl_rl yet (--capture-obs keeps the observations)")
     meta = {**runner_metadata(runner, alg), **(metadata or {})}
     return RslRlProbe(alg, env, opts, meta, m).start()

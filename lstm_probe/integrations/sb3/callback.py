@@ -475,7 +475,9 @@ class ProbeCallback(BaseCallback, Scope):
     # -- the Integration contract ----------------------------------------------------------------
     def capabilities(self) -> Capabilities:
         """Train rows have epochs; sequences are cut from the rollout buffer and start from its stored states."""
-        return Capabilities("sb3", epochs=True, rollout_buffer=True, stored_states=True, replay=True)
+        return Capabilities(
+            "sb3", epochs=True, rollout_buffer=True, stored_states=True, replay=True, respond=True, observe=True
+        )
 
     def metadata(self) -> dict[str, Any]:
         """The model's, its env's and its hyperparameters' record (made when learn() starts)."""

@@ -294,7 +294,7 @@ class TorchRLProbe(Probe, Tagged):
     # -- the contract --------------------------------------------------------------------------------
     def capabilities(self) -> Capabilities:
         """framework 'torchrl': training sequences start from the states stored at collection."""
-        return Capabilities("torchrl", epochs=self._epochs, stored_states=True)
+        return Capabilities("torchrl", epochs=self._epochs, stored_states=True, observe=True)
 
     def metadata(self) -> dict[str, Any]:
         return dict(self._metadata)

@@ -1,10 +1,11 @@
 """The "Memory" section: does the policy use its recurrent state, and how far back (the memory horizon measured
 during the run, ``--memory``), beside the training's BPTT horizon and the episode lengths.
 
-The records come from the log's ``memory`` metadata (written by ``integrations/sb3/memory.py``): effect(k) per
-(iteration, module, k), the effect on the policy's outputs at a step t of replacing the state after step t-k by
-zero (the policy then sees its last k inputs only). The horizon of a curve is the smallest k whose effect is below
-5% of effect(1); "unused" when effect(1) itself is negligible; "beyond" when it never drops within the measured k.
+The records come from the log's ``memory`` metadata (written by ``measure/memory.py`` through an integration's
+adapter): effect(k) per (iteration, module, k), the effect on the policy's outputs at a step t of replacing the
+state after step t-k by zero (the policy then sees its last k inputs only). The horizon of a curve is the smallest
+k whose effect is below 5% of effect(1); "unused" when effect(1) itself is negligible; "beyond" when it never
+drops within the measured k.
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ def _curves(records: dict[str, list[Any]]) -> dict[tuple[int, str], list[tuple[i
 
 class Memory(Section[MemorySection]):
     key = "memory"
-    needs: ClassVar[str | None] = "rollout_buffer"  # the measurement re-runs the policy over a rollout buffer
+    needs: ClassVar[str | None] = "respond"  # the measurement re-runs the policy over a rollout, state ablated
     findings_rank: ClassVar[int] = 12
 
     def accumulator(self) -> SequenceLengths:

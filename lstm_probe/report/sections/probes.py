@@ -50,9 +50,7 @@ def _spread(values: list[int], n: int) -> list[int]:
 
 class Probes(Section[ProbesSection | None]):
     key = "probes"
-    # the integrations that fill obs and info (sb3, rsl_rl, torchrl) all train from stored states; the key comes
-    # after the keys every log has, null where the log holds no observations or info values
-    needs: ClassVar[str | None] = "stored_states"
+    needs: ClassVar[str | None] = "observe"  # the rows keep the observations (the obs and info columns)
     findings_rank: ClassVar[int] = 13
 
     def compute(self, log: Log, acc: Any) -> ProbesSection | None:

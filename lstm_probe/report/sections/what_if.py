@@ -30,7 +30,7 @@ AVERAGED = (*WHAT_IF_METRICS, "reached", "clipped")
 ZERO, STORED = "burn_in_", "stored_burn_in_"
 """The alternatives' name prefixes of burn-ins from zero and from stored states (the length follows)."""
 ROLLOUT_START_NOTE = (
-    "a burn-in from zero whose window is cut at the rollout's first step (sb3 keeps no earlier inputs, and no "
+    "a burn-in from zero whose window is cut at the rollout's first step (the rollout keeps no earlier inputs, and no "
     "episode start lies in between) starts from zero there, while refreshed states start from the stored state of "
     "that step: its state Δ never reaches 0, however long the burn-in"
 )

@@ -1,9 +1,10 @@
-"""What-if on rsl_rl (the engine of lstm_probe/measure/whatif.py through rsl_rl's adapter): real OnPolicyRunner PPO
-on the torch-native Pendulum. Training is untouched; the oracle holds (at minibatch 0 of epoch 0 stored =
-refreshed, and the copy's gradient from refreshed states is the very gradient rsl_rl steps with: cosine 1, for
-1 env per minibatch too, where rsl_rl's own loss broadcasts (T, T)); planted weights give the answers they must
-(an RNN that ignores its state: no alternative moves anything; one that integrates: zero states move values);
-the CLI writes a report with a What-if section."""
+"""What-if and the memory horizon on rsl_rl (the engines of lstm_probe/measure/ through rsl_rl's adapters): real
+OnPolicyRunner PPO on the torch-native Pendulum. Training is untouched (both on); the oracle holds (at minibatch 0
+of epoch 0 stored = refreshed, and the copy's gradient from refreshed states is the very gradient rsl_rl steps
+with: cosine 1, for 1 env per minibatch too, where rsl_rl's own loss broadcasts (T, T)); planted weights give the
+answers they must (an RNN that ignores its state: no alternative moves anything, memory "unused"; one that
+integrates: zero states move values, memory "beyond" the rollout); the CLI writes a report with What-if, Memory
+and probe sections."""
 
 from __future__ import annotations
 
@@ -55,13 +56,15 @@ def test_training_untouched_and_the_oracle_holds(tmp_path, rnn):
     runs = []
     for what_if in (False, True):
         runner = make_runner(4, rnn)
-        with attach(runner, tmp_path / f"{what_if}.parquet", capture="summary", what_if=what_if):
+        with attach(runner, tmp_path / f"{what_if}.parquet", capture="summary", what_if=what_if, memory=what_if):
             runner.learn(3)
         runs.append(_state(runner))
         assert not runner.alg.optimizer._optimizer_step_pre_hooks  # the step hook came off
     (pa, ra, ga, la), (pb, rb, gb, lb) = runs
     assert all(torch.equal(x, y) for x, y in zip(pa, pb, strict=True))
     assert torch.equal(ra, rb) and torch.equal(ga, gb) and la == lb
+    memory = lstm_probe.read_info(tmp_path / "True.parquet").metadata["memory"]
+    assert set(memory["records"]["iteration"]) == {0, 1, 2} and memory["modules"] == ["actor", "critic"]
     rows = records(tmp_path / "True.parquet")
     assert {r["iteration"] for r in rows} == {0, 1, 2}
     assert {(r["epoch"], r["minibatch"]) for r in rows} == {(0, 0), (0, 1), (1, 0), (1, 1)}
@@ -105,8 +108,13 @@ def _plant(runner, integrate: bool):
 def test_planted_weights(tmp_path, integrate):
     runner = make_runner(4, minibatches=2, lr=0.0)
     _plant(runner, integrate)
-    with attach(runner, tmp_path / "p.parquet", capture="summary", what_if=True):
+    with attach(runner, tmp_path / "p.parquet", capture="summary", what_if=True, memory=True):
         runner.learn(2)
+    memory = lstm_probe.summarize(tmp_path / "p.parquet").to_dict()["memory"]
+    last = [h for h in memory["horizons"] if h["iteration"] == 1]
+    assert {(h["module"], h["metric"]) for h in last} == {("actor", "kl"), ("critic", "value_rel")}
+    for h in last:  # an integrator remembers past the rollout; a shut forget gate and no recurrence: nothing
+        assert (h["beyond"], h["unused"]) == ((True, False) if integrate else (False, True)), h
     zero = [r for r in records(tmp_path / "p.parquet") if r["alternative"] == "zero" and r["iteration"] == 1]
     assert zero and all(r["episode_starts"] < r["sequences"] for r in zero)  # some state carried into the rollout
     moved = max(r["value_abs"] for r in zero)
@@ -119,7 +127,8 @@ def test_planted_weights(tmp_path, integrate):
 def test_cli_run_what_if_and_report(tmp_path):
     log = tmp_path / "r.parquet"
     run = [sys.executable, "-m", "lstm_probe", "run", "Pendulum-v1", "--framework", "rsl_rl", "--steps", "96"]
-    done = subprocess.run([*run, "--n-envs", "2", "--what-if", "--out", str(log), "-q"], capture_output=True, text=True)
+    args = [*run, "--n-envs", "2", "--what-if", "--memory", "--capture-obs", "--out", str(log), "-q"]
+    done = subprocess.run(args, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     rep = subprocess.run(
         [sys.executable, "-m", "lstm_probe", "report", str(log), "--json"], capture_output=True, text=True
@@ -127,5 +136,8 @@ def test_cli_run_what_if_and_report(tmp_path):
     assert rep.returncode == 0, rep.stderr
     data = json.loads(rep.stdout)
     assert data["what_if"]["measured"] and data["what_if"]["check"]["ok"] is True
-    refused = subprocess.run([*run, "--memory", "--out", str(tmp_path / "m.parquet")], capture_output=True, text=True)
-    assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "--memory" in refused.stderr
+    assert data["memory"]["measured"] and data["probes"]["rows"]
+    refused = subprocess.run(
+        [*run, "--info", "x", "--out", str(tmp_path / "m.parquet")], capture_output=True, text=True
+    )
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "--info" in refused.stderr
