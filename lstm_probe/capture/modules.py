@@ -54,6 +54,18 @@ def describe_modules(modules: Mapping[str, nn.Module]) -> dict[str, dict[str, An
     return out
 
 
+LIBRARIES = {
+    "stable_baselines3": "stable_baselines3",
+    "sb3_contrib": "sb3_contrib",
+    "gymnasium": "gymnasium",
+    "ray": "ray",
+    "rsl_rl": "rsl-rl-lib",
+    "torchrl": "torchrl",
+    "tensordict": "tensordict",
+}
+"""Libraries a run may train with (module -> distribution): the log's ``versions`` names those the run loaded."""
+
+
 def base_metadata() -> dict[str, Any]:
     """The metadata every log starts with: schema and lstm-probe versions, library versions, start time."""
     from importlib.metadata import version
@@ -64,13 +76,12 @@ def base_metadata() -> dict[str, Any]:
         "pyarrow": version("pyarrow"),  # not imported: with a writer process, training never loads it
         "python": platform.python_version(),
     }
-    for pkg in ("stable_baselines3", "sb3_contrib", "gymnasium"):
-        try:
-            versions[pkg] = __import__(pkg).__version__
-        except ImportError:
-            pass
-    if "ray" in sys.modules:  # only when already loaded: importing Ray takes seconds
-        versions["ray"] = sys.modules["ray"].__version__
+    for module, dist in LIBRARIES.items():  # those the run loaded (importing one takes seconds, and says nothing)
+        if module in sys.modules:
+            try:
+                versions[module] = version(dist)
+            except Exception:  # a package without its distribution's metadata (a source checkout)
+                versions[module] = str(getattr(sys.modules[module], "__version__", "unknown"))
     from lstm_probe import __version__
 
     return {

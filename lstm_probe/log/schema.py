@@ -449,15 +449,17 @@ def scalar_row_bytes() -> int:
 METADATA_KEYS: dict[str, str] = {
     "schema_version": "Version of this schema (also stored under its own key).",
     "lstm_probe_version": "Version of lstm-probe that wrote the log.",
-    "framework": "'sb3', 'rllib' or 'generic'.",
-    "versions": "torch, stable-baselines3, sb3-contrib, gymnasium, numpy, pyarrow versions.",
+    "framework": "'sb3', 'rllib', 'rsl_rl', 'torchrl' or 'generic'.",
+    "versions": "torch, numpy, pyarrow and python versions, and of the libraries the run loaded (stable-baselines3, "
+    "sb3-contrib, gymnasium, ray, rsl_rl, torchrl, tensordict).",
     "env_id": "Gymnasium env id (sb3 runs).",
     "algorithm": "Algorithm class name, e.g. RecurrentPPO (RLlib: PPO).",
     "rllib": "RLlib runs: env runners, learners, envs per runner, rollout_fragment_length, "
     "train_batch_size, minibatch_size, num_epochs, max_seq_len, vf_share_layers, lstm_cell_size.",
     "shards": "Multi-process logs (read back, not stored): per writing process, completed and progress.",
     "policy": "Policy class name.",
-    "hyperparameters": "Every RecurrentPPO hyperparameter actually used (n_steps, batch_size, n_epochs, ...).",
+    "hyperparameters": "The algorithm's hyperparameters actually used (RecurrentPPO: n_steps, batch_size, n_epochs, "
+    "...; rsl_rl: num_steps_per_env, num_mini_batches, clip_param, ...).",
     "seed": "Seed passed to the algorithm (null when none).",
     "n_envs": "Number of envs in the vectorized env.",
     "total_timesteps": "Env steps asked for by learn().",

@@ -396,6 +396,24 @@ class RslRlProbe(Probe):
         return final
 
 
+HYPERPARAMETERS = (
+    "num_learning_epochs",
+    "num_mini_batches",
+    "clip_param",
+    "gamma",
+    "lam",
+    "value_loss_coef",
+    "entropy_coef",
+    "learning_rate",
+    "max_grad_norm",
+    "use_clipped_value_loss",
+    "schedule",
+    "desired_kl",
+    "normalize_advantage_per_mini_batch",
+)
+"""``algorithms/ppo.py:PPO``'s settings the run box shows (as the algorithm holds them when the probe attaches)."""
+
+
 def runner_metadata(runner: Any, alg: Any) -> dict[str, Any]:
     """What the log's metadata says about an rsl_rl run: the runner's and the models' settings."""
     cfg = getattr(runner, "cfg", None) or {}
@@ -405,8 +423,17 @@ def runner_metadata(runner: Any, alg: Any) -> dict[str, Any]:
         if rnn is not None:
             kind = "lstm" if isinstance(rnn, nn.LSTM) else "gru"
             models[role] = {"rnn_type": kind, "hidden_size": rnn.hidden_size, "num_layers": rnn.num_layers}
+    actor = getattr(alg, "actor", None)
+    kind = str(models.get("actor", {}).get("rnn_type") or "")
+    hyper = {
+        k: getattr(alg, k)
+        for k in HYPERPARAMETERS
+        if isinstance(getattr(alg, k, None), int | float | bool | str) or getattr(alg, k, 0) is None
+    }
     return {
         "algorithm": type(alg).__name__,
+        "policy": f"{type(actor).__name__} ({kind})" if kind else type(actor).__name__,
+        "hyperparameters": {"num_steps_per_env": int(alg.storage.num_transitions_per_env), **hyper},
         "rsl_rl": {
             "num_envs": int(alg.storage.num_envs),
             "num_steps_per_env": int(alg.storage.num_transitions_per_env),

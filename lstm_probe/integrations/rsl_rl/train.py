@@ -184,7 +184,13 @@ def run(
         hidden_size=t.hidden_size or 64,
     )
     runner = build_runner(env, cfg)
-    meta = {"command": command, "env_id": env_id, "total_timesteps": iterations * n_envs * n_steps, "n_envs": n_envs}
+    meta = {
+        "command": command,
+        "env_id": env_id,
+        "total_timesteps": iterations * n_envs * n_steps,
+        "n_envs": n_envs,
+        "seed": t.seed,
+    }
     started = time.perf_counter()
     probe = attach(runner, options=opts, measure=m, metadata={**meta, "torch_env": r.torch_env})
 

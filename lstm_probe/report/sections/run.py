@@ -10,7 +10,21 @@ from lstm_probe.contract import Capabilities
 from lstm_probe.report.section import Block, Log, Panel, Section, fmt
 from lstm_probe.text import human_bytes, safe
 
-SHOWN_HYPERPARAMETERS = ("n_steps", "batch_size", "n_epochs", "learning_rate", "gamma", "gae_lambda", "clip_range")
+SHOWN_HYPERPARAMETERS = (
+    "n_steps",
+    "num_steps_per_env",
+    "batch_size",
+    "num_mini_batches",
+    "n_epochs",
+    "num_learning_epochs",
+    "learning_rate",
+    "gamma",
+    "gae_lambda",
+    "lam",
+    "clip_range",
+    "clip_param",
+)
+"""The hyperparameters the run box shows, where a log has them (each framework names its own)."""
 
 
 @dataclass
