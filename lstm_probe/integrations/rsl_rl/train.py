@@ -29,6 +29,7 @@ from lstm_probe.options import (
     check_env_count,
     check_envs,
     check_size,
+    default,
     route,
     settle,
 )
@@ -97,19 +98,21 @@ def build_runner(env: Any, cfg: dict[str, Any]) -> Any:
         return OnPolicyRunner(env, cfg, log_dir=None, device=str(env.device))
 
 
-def arch(
-    target: Any,
-    *,
-    shared_lstm: bool = False,
-    hidden_size: int | None = None,
-    rnn_type: str = "lstm",
-    lstm_layers: int | None = None,
-) -> Any:
+ARCH_OPTIONS = ("shared_lstm", "hidden_size", "rnn_type", "lstm_layers")
+"""The keywords :func:`arch` takes (the CLI's arch flags that apply to rsl_rl)."""
+
+
+def arch(target: Any, **options: Any) -> Any:
     """Architecture and measured gradient flow (``lstm-probe arch --framework rsl_rl``) of ``target``: an env id
     (the runner ``run`` builds: ``rnn_type`` lstm or gru, ``lstm_layers`` [1], ``hidden_size`` [64]), or an
     ``OnPolicyRunner`` or its algorithm, analysed as it is (``rsl_rl/arch.py``). rsl_rl gives actor and
     critic their own RNN: ``shared_lstm=True`` is refused."""
-    if shared_lstm:
+    unknown = sorted(set(options) - set(ARCH_OPTIONS))
+    if unknown:
+        raise BadInput(f"arch --framework rsl_rl has no option {unknown[0]!r}; it takes {', '.join(ARCH_OPTIONS)}")
+    hidden_size, lstm_layers = options.get("hidden_size"), options.get("lstm_layers")
+    rnn_type = options.get("rnn_type") or default(RslRl, "rnn_type")
+    if options.get("shared_lstm"):
         raise BadInput("--shared-lstm: rsl_rl's actor and critic each have their own RNN")
     if not isinstance(target, str | os.PathLike):
         return analysis.arch(target)
