@@ -631,3 +631,39 @@ def test_live_metrics_change_no_row_and_agree_across_writers(tmp_path):
     assert figures == figures_thread
     for name in off:
         assert off[name] == on[name] == threaded[name], name
+
+
+@pytest.mark.parametrize("float16", [False, True], ids=["float32", "float16"])
+def test_trace_envs_summary_rows_reduced_in_the_tracer_write_the_same_log(tmp_path, monkeypatch, float16):
+    """#50: under --capture summary --trace-envs K the rows cross to the sink reduced (norms, drifts), with the
+    vectors of the K traced envs only (drift.reduced's ``kept``): every column of every row, bit for bit, as
+    when every row's states crossed and the sink reduced them; float16 too."""
+    from lstm_probe import run
+    from lstm_probe.capture import emitter
+    from lstm_probe.capture.tracer import CoreTracer
+
+    kept = []
+    original = emitter.reduced
+
+    def counted(hs, cs, drift, per_step=False, keep=None):
+        kept.append(None if keep is None else (int(keep.sum()), keep.size))
+        return original(hs, cs, drift, per_step, keep)
+
+    monkeypatch.setattr(emitter, "reduced", counted)
+
+    def log(name, here):
+        monkeypatch.setattr(CoreTracer, "_reduce_here", here)
+        kept.clear()
+        out = tmp_path / f"{name}.parquet"
+        kw = {"steps": 256, "n_envs": 4, "n_steps": 32, "batch_size": 64, "n_epochs": 2}
+        run("CartPole-v1", out, seed=0, hidden_size=16, capture="summary", trace_envs=2, float16=float16, **kw)
+        return out, list(kept)
+
+    (old, none), (new, parts) = log("sink", False), log("tracer", True)
+    assert none == [] and parts and all(k is not None for k in parts)
+    assert 0 < sum(k for k, _ in parts) < sum(n for _, n in parts)  # some rows keep vectors, most do not
+    a, b = _rows(old), _rows(new)
+    assert a.keys() == b.keys()
+    for name in a:
+        assert a[name] == b[name], name
+    assert any(v != "None" and v is not None for v in a["h"])

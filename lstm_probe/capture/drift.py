@@ -40,21 +40,34 @@ def grid_keys(
     return layer, cols(grid.env), cols(grid.env_step)
 
 
-def reduced(hs: np.ndarray, cs: np.ndarray | None, drift: Drifts | None, per_step: bool = False) -> Reduced:
+def reduced(
+    hs: np.ndarray,
+    cs: np.ndarray | None,
+    drift: Drifts | None,
+    per_step: bool = False,
+    kept: np.ndarray | None = None,
+) -> Reduced:
     """Rows whose vectors the log does not keep, hs/cs (L, N, T', H), as the figures they keep: norms (and
     ``drift``, from :meth:`Drift.rows`). ``per_step``: hs/cs come (L, T', N, H) (a multi-step call's layout);
-    the norms are computed on the rows as they lie, then put in the sink's order (layer, column, step)."""
+    the norms are computed on the rows as they lie, then put in the sink's order (layer, column, step).
+    ``kept`` (a bool per row, sink order): the rows that keep their vectors (--trace-envs), sent with them
+    (float32: a float16 log's vectors are rounded where they are encoded, its norms are the float32 states')."""
     layers, a, b, hidden = hs.shape
     n = layers * a * b
     h_norm = row_norms(hs.reshape(n, hidden))
     c_norm = row_norms(cs.reshape(n, hidden)) if cs is not None else None
+    h = c = None
+    if kept is not None:
+        layer, col, step = np.nonzero(kept.reshape(layers, b, a) if per_step else kept.reshape(layers, a, b))
+        h = hs[layer, step, col] if per_step else hs[layer, col, step]  # (k, H), the kept rows in sink order
+        c = None if cs is None else cs[layer, step, col] if per_step else cs[layer, col, step]
     if not per_step:
-        return Reduced((layers, a, b), h_norm, c_norm, drift)
+        return Reduced((layers, a, b), h_norm, c_norm, drift, kept, h, c)
 
     def order(norms: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(norms.reshape(layers, a, b).transpose(0, 2, 1)).reshape(n)
 
-    return Reduced((layers, b, a), order(h_norm), order(c_norm) if c_norm is not None else None, drift)
+    return Reduced((layers, b, a), order(h_norm), order(c_norm) if c_norm is not None else None, drift, kept, h, c)
 
 
 RolloutRing = Callable[[str], "tuple[np.ndarray, np.ndarray, int, int] | None"]

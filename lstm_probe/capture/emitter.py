@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from lstm_probe.capture.drift import Drift, reduced
+from lstm_probe.capture.drift import Drift, grid_keys, reduced
 from lstm_probe.capture.inputs import Inputs
 from lstm_probe.contract import Tags
 from lstm_probe.log.messages import Drifts, Message, Rows, SequenceCall
@@ -32,8 +32,9 @@ class Emitter:
     figure), and each message read by the ``observers`` (sb3's live metrics) before the writer sends it.
 
     ``layers``: each module's layer count; ``keep_envs``: under ``--other-envs none``, the env columns below
-    it are the only ones handed over (None: all); ``inputs``: the store of returned states it starts from
-    (``Inputs.of`` the ``reference_window`` option)."""
+    it are the only ones handed over (None: all); ``partial``: a summary log under ``--trace-envs K`` (the
+    other envs summarized): rows cross reduced, with the vectors of env columns below K only; ``inputs``: the
+    store of returned states it starts from (``Inputs.of`` the ``reference_window`` option)."""
 
     def __init__(
         self,
@@ -43,11 +44,13 @@ class Emitter:
         *,
         keep_envs: int | None,
         reduces: bool,
+        partial: int | None = None,
     ):
         self.layers = dict(layers)
         self.hidden = hidden
         self.keep_envs = keep_envs
         self.reduces = reduces
+        self.partial = partial
         self.inputs = inputs
         self.drift: Drift | None = None  # made by start(): one log's drifts refer to its own rollout only
         self.observers: list[Observer] = []
@@ -100,6 +103,16 @@ class Emitter:
         if self.reduces:
             rows = Rows(name, tags, t0, path, ids, reduced(hs, cs, drift, per_step), None, t, init)
             self.hand_over(writer, rows, layers, (hs, cs))
+        elif self.partial is not None:  # only the traced envs' vectors cross; every row's figures do
+            batch, steps = (hs.shape[2], hs.shape[1]) if per_step else (hs.shape[1], hs.shape[2])
+            keys = grid_keys(tags.grid, t0, steps, layers, batch)
+            kept = (
+                np.zeros(layers * batch * steps, np.bool_)
+                if keys is None
+                else (keys[1] >= 0) & (keys[1] < self.partial)
+            )
+            figures = reduced(hs, cs, drift, per_step, kept)
+            self.hand_over(writer, Rows(name, tags, t0, path, ids, figures, None, t, init), layers, (hs, cs))
         elif per_step:
             call = int(ids[0]) if len(ids) else 0
             self.hand_over(writer, SequenceCall(name, tags, call, hs, cs, init, drift), layers)

@@ -110,7 +110,16 @@ class CoreTracer:
         summary = options.capture == "summary" and options.trace_envs is None
         stored, reduces = integration.capabilities().stored_states, self._reduce_here and summary
         inputs = Inputs.of(options.reference_window, stored)
-        self.emitter = Emitter(self.layers, self.hidden, inputs, keep_envs=self.keep_envs, reduces=reduces)
+        # under --trace-envs K (the other envs summarized), rows cross reduced with the K envs' vectors only
+        partial = options.trace_envs if not summary and options.capture == "summary" and self._reduce_here else None
+        self.emitter = Emitter(
+            self.layers,
+            self.hidden,
+            inputs,
+            keep_envs=self.keep_envs,
+            reduces=reduces,
+            partial=partial if self.keep_envs is None else None,
+        )
         self.scratch = Scratch()  # the per-step c recovery's work arrays (jobs run one at a time, in order)
         self.resolver: Resolver = integration.resolve
         self._handles: list[torch.utils.hooks.RemovableHandle] = []

@@ -26,12 +26,16 @@ class Reduced:
     """A block's rows as a summary log keeps them, reduced where the states were (``drift.reduced``):
     ``shape`` (layers, columns, steps); per row, in the sink's row order, the norms (float64; ``c_norm`` None
     for a GRU) and the drift against the rollout states (``drift``: (drift_h, drift_c, found), None where
-    no row can have one)."""
+    no row can have one). Under ``--trace-envs`` some rows keep their vectors: ``kept`` (a bool per row, sink
+    order; None: none does) and their ``h``/``c`` (k, H) in row order (``c`` None for a GRU)."""
 
     shape: tuple[int, int, int]
     h_norm: np.ndarray
     c_norm: np.ndarray | None
     drift: Drifts | None
+    kept: np.ndarray | None = None
+    h: np.ndarray | None = None
+    c: np.ndarray | None = None
 
 
 @dataclass(slots=True)

@@ -196,11 +196,18 @@ class Sink:
 
     @staticmethod
     def _reduced(r: Rows, i0: int, i1: int, reduced: Reduced) -> None:
-        """A reduced block's norms (a summary log's buffers hold no vectors)."""
-        assert r.h is None, "only a summary log's rows come reduced"
+        """A reduced block's norms (a summary log's buffers hold no vectors), and the vectors of the rows that
+        keep them under --trace-envs (the other rows' vectors are null: their buffer rows are never read)."""
         r.has_c[i0:i1] = reduced.c_norm is not None
         r.h_norm[i0:i1] = reduced.h_norm
         r.c_norm[i0:i1] = reduced.c_norm if reduced.c_norm is not None else 0.0
+        if reduced.kept is None:
+            assert r.h is None, "only a summary log's rows come reduced"
+            return
+        assert r.h is not None and r.c is not None and reduced.h is not None
+        rows = i0 + np.flatnonzero(reduced.kept)
+        r.h[rows] = reduced.h
+        r.c[rows] = reduced.c if reduced.c is not None else 0.0
 
     @staticmethod
     def _fill_grid(r: Rows, i0: int, i1: int, grid: Grid, t0: int, steps: int, layers: int) -> None:
