@@ -158,6 +158,12 @@ def run(
     )
     again = shlex.quote(out_path if fw.parts_per_process else str(result.path))
     out().print(f"next: lstm-probe report {safe(again, limit=None)}")
+    if result.model is not None:  # the trained model, saved beside the log
+        out().print(f"saved the trained model in [bold]{safe(result.model, limit=None)}[/]")
+        if fw.deploy is not None:
+            model, env = shlex.quote(str(result.model)), shlex.quote(env_id)
+            line = f"export it: lstm-probe export {model} policy.onnx --env {env}"
+            out().print(safe(line, limit=None, markup=False), highlight=False, markup=False, soft_wrap=True)
 
 
 app.command()(with_flags(run, RUN_FLAGS))
