@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from sb3_contrib import RecurrentPPO
 
+import lstm_probe
 from lstm_probe import BadInput
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,6 +54,15 @@ def test_run_export_record_replay_as_docs_deploy_writes_it(tmp_path: Path) -> No
         r = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, env=ENV, timeout=300)
         assert r.returncode == 0, f"{' '.join(words)}:\n{r.stdout[-2000:]}{r.stderr[-2000:]}"
         said.append(r.stdout)
+        if words[1] == "export":  # its progress, a line as each stage starts (stderr: a refusal's line alone)
+            assert not r.stderr.strip(), r.stderr
+            stages = [line.split(",")[0] for line in r.stdout.splitlines() if line.startswith("export: ")]
+            assert stages == [
+                "export: reading the policy",
+                "export: recording episodes",  # a count where there is more than one
+                "export: writing the file",
+                "export: verifying 0/400",
+            ], r.stdout
     assert "saved the trained model in run.model.zip" in said[0]
     assert "lstm-probe export run.model.zip policy.onnx --env Pendulum-v1" in said[0]
     assert "wrote policy.onnx" in said[1]
@@ -67,8 +78,6 @@ def test_run_export_record_replay_as_docs_deploy_writes_it(tmp_path: Path) -> No
 
 
 def test_a_saved_model_is_not_overwritten_without_force(tmp_path: Path) -> None:
-    import lstm_probe
-
     (tmp_path / "run.model.zip").write_bytes(b"an earlier run's model")
     with pytest.raises(BadInput, match=r"run.model.zip already exists \(where this run saves its model\)"):
         lstm_probe.run("Pendulum-v1", tmp_path / "run.parquet", steps=64)
@@ -113,3 +122,18 @@ def test_torchrl_run_saves_the_policys_state_dicts(tmp_path: Path) -> None:
     for name, value in actor.state_dict().items():
         assert torch.equal(value, saved["actor"][name]), name
     env.close()
+
+
+def test_export_tells_its_progress(tmp_path: Path) -> None:
+    """``lstm_probe.export(progress=...)``: every stage, in order, and every verified step."""
+    torch.set_num_threads(1)
+    model = RecurrentPPO("MlpLstmPolicy", "Pendulum-v1", n_steps=64, seed=0, policy_kwargs={"lstm_hidden_size": 8})
+    heard: list[tuple[str, int, int]] = []
+    r = lstm_probe.export(
+        model, tmp_path / "p.pt", env_id="Pendulum-v1", episodes=2, progress=lambda *a: heard.append(a)
+    )
+    stages = [s for i, (s, _, _) in enumerate(heard) if i == 0 or heard[i - 1][0] != s]
+    assert stages == ["reading the policy", "recording episodes", "writing the file", "verifying"]
+    assert [h for h in heard if h[0] == "recording episodes"] == [("recording episodes", d, 2) for d in range(3)]
+    verified = [d for s, d, t in heard if s == "verifying" and t == 2 * r.steps]
+    assert verified == list(range(0, 2 * r.steps + 1, 2))

@@ -20,7 +20,7 @@ import typer
 
 from lstm_probe import integrations
 from lstm_probe.cli.flags import Declared, declared, split, with_flags
-from lstm_probe.cli.render import _render, _render_architecture, _render_flow, _RunDisplay, err, out
+from lstm_probe.cli.render import _ExportDisplay, _render, _render_architecture, _render_flow, _RunDisplay, err, out
 from lstm_probe.errors import BadInput, BadLog, Interrupted, ProbeError, one_line
 from lstm_probe.extras import missing
 from lstm_probe.log.layout import check_writable, fingerprint, output_dir
@@ -409,20 +409,23 @@ def export(
     force: Annotated[bool, typer.Option("--force", help=_default("Overwrite an existing OUT.", "off"))] = default(
         CaptureOptions, "force"
     ),
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help=_default("No progress display.", "off"))] = False,
 ) -> None:
     """Export a RecurrentPPO policy with explicit LSTM state (ONNX or TorchScript), verified before it is written."""
     from lstm_probe.deploy.export import export as run_export
 
-    r = run_export(
-        model,
-        out_path,
-        log=log,
-        env_id=env_id,
-        episodes=episodes,
-        tolerance=tolerance,
-        trust_model=trust_model,
-        force=force,
-    )
+    with _ExportDisplay(quiet) as display:
+        r = run_export(
+            model,
+            out_path,
+            log=log,
+            env_id=env_id,
+            episodes=episodes,
+            tolerance=tolerance,
+            trust_model=trust_model,
+            force=force,
+            progress=display.update,
+        )
     for kind, rows in (("in ", r.spec.inputs()), ("out", r.spec.outputs())):
         for name, shape, dtype in rows:
             line = f"{kind} {name:<15} {dtype:<8} [{', '.join(map(str, shape))}]"
