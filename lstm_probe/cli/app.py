@@ -399,7 +399,9 @@ _TRUST = "Read a model.zip with SB3's full load (unpickles; see docs/security.md
 
 @app.command()
 def export(
-    model: Annotated[str, typer.Argument(help="A saved RecurrentPPO model.zip.")],
+    model: Annotated[
+        str, typer.Argument(help="A saved model: RecurrentPPO's model.zip, or an rsl_rl checkpoint (.pt) `run` saved.")
+    ],
     out_path: Annotated[Path, typer.Argument(metavar="OUT", help="OUT.onnx (ONNX) or OUT.pt (TorchScript).")],
     log: Annotated[str | None, typer.Option(help="Verify on the episodes of this --capture-obs log.")] = None,
     env_id: Annotated[str | None, typer.Option("--env", help="Verify on fresh episodes of this env.")] = None,
@@ -411,7 +413,7 @@ def export(
     ),
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help=_default("No progress display.", "off"))] = False,
 ) -> None:
-    """Export a RecurrentPPO policy with explicit LSTM state (ONNX or TorchScript), verified before it is written."""
+    """Export a recurrent policy with explicit state (ONNX or TorchScript), verified before it is written."""
     from lstm_probe.deploy.export import export as run_export
 
     with _ExportDisplay(quiet) as display:

@@ -101,7 +101,8 @@ def export(
     progress: Progress | None = None,
 ) -> Exported:
     """Export ``model`` (a RecurrentPPO, or the path of its model.zip, read as ``lstm-probe arch`` reads it:
-    nothing unpickled unless ``trust_model``) to ``out`` (``.onnx`` or ``.pt``), verified over ``episodes``
+    nothing unpickled unless ``trust_model``; an rsl_rl checkpoint ``.pt`` or ``OnPolicyRunner``: its loader,
+    ``integrations/rsl_rl/deployed.py``) to ``out`` (``.onnx`` or ``.pt``), verified over ``episodes``
     episodes of ``log`` (a ``--capture-obs`` log) or of ``env_id`` (seeded ``env_seed``, ``env_seed + 1``, ...). An
     existing ``out`` is refused unless ``force``; ``progress`` (:data:`Progress`) hears what it is doing. See
     the module docstring."""

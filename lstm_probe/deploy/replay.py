@@ -10,7 +10,7 @@ observations, env by env in step order, as a correct loop runs it and as each cl
   RecurrentPPO policy the two are the same computation (the reset multiplies the state by 0,
   ``_process_sequence``), so a recording matching one matches both, and both are named;
 - ``not reset at episode starts``: the state carried across episodes;
-- ``h and c swapped``: the new h fed back as c and the new c as h (critic's too);
+- ``h and c swapped``: the new h fed back as c and the new c as h (critic's too; an LSTM's alone);
 - ``observation normalisation missing``: with ``vecnormalize`` (the model was trained under VecNormalize),
   every other loop normalises the trace's observations as ``VecNormalize.normalize_obs`` does, this one not;
 - ``float16``: the policy run as a half-precision runtime runs it: its weights, observations and states
@@ -156,7 +156,7 @@ def replay(
     norm = None if vecnormalize is None else _normaliser(Path(vecnormalize), trust_model, spec)
     obs = rec.obs if norm is None else norm(rec.obs)
     plan = _Plan.of(rec.env, batch)
-    loops = 6 if norm is not None else 5
+    loops = 4 + (norm is not None) + (spec.cell == "lstm")
     total = loops * plan.steps()
     if total > MAX_STEPS:
         envs = f"{len(plan.first):,} env{'s' * (len(plan.first) > 1)}"
@@ -174,8 +174,9 @@ def replay(
         NOT_FED: zeros,
         EVERY_STEP: zeros,
         NO_RESET: _run(step, spec, rec, obs, "no reset", plan, pace),
-        SWAPPED: _run(step, spec, rec, obs, "swapped", plan, pace),
     }
+    if spec.cell == "lstm":  # a GRU has no c to swap h with
+        runs[SWAPPED] = _run(step, spec, rec, obs, "swapped", plan, pace)
     notes = []
     if norm is not None:
         runs[NO_NORM] = _run(step, spec, rec, rec.obs, "correct", plan, pace)
