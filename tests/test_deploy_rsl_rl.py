@@ -138,9 +138,10 @@ def test_replay_names_a_correct_rsl_rl_loop_and_a_planted_bug(checkpoints):
     for name, actions in (("correct", want), ("state not fed back", zeros)):  # the same computation as a reset
         rows = {"step": np.arange(len(obs)), "obs": list(obs), "action": list(actions), "episode_start": starts}
         pq.write_table(pa.table(rows), d / "trace.parquet")
-        r = lstm_probe.replay(d / "trace.parquet", d / "replay.onnx")
-        assert r.verdict == name, [(lp.name, lp.agree) for lp in r.loops]
-        assert r.also == ([] if name == "correct" else ["reset every step"])
+        for policy in (d / "replay.onnx", saved["gru"]):  # the exported file, or the checkpoint itself
+            r = lstm_probe.replay(d / "trace.parquet", policy)
+            assert r.verdict == name, [(lp.name, lp.agree) for lp in r.loops]
+            assert r.also == ([] if name == "correct" else ["reset every step"])
         assert "h and c swapped" not in [lp.name for lp in r.loops]  # a GRU has no c
 
 
@@ -186,3 +187,18 @@ def test_hostile_checkpoints_are_refused_in_one_line(checkpoints, tmp_path):
     assert not (tmp_path / "pwned.txt").exists() and not (tmp_path / "out.onnx").exists()
     with pytest.raises(BadInput, match=r"take no a saved model named \.h5 \(they take sb3: \.zip files; rsl_rl: \.pt"):
         lstm_probe.export(tmp_path / "model.h5", tmp_path / "x.onnx", env_id="Pendulum-v1")
+
+
+def test_replay_tells_a_checkpoint_from_torchscript(checkpoints):
+    """A .pt that is TorchScript (code inside) still needs --trust-model; a checkpoint is read as data."""
+    d, saved = checkpoints
+    lstm_probe.export(saved["lstm"], d / "ts.pt", env_id="Pendulum-v1", episodes=1, force=True)
+    obs, starts = _episodes()
+    rows = {"step": np.arange(len(obs)), "obs": list(obs), "action": list(obs[:, :1]), "episode_start": starts}
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table(rows), d / "other.parquet")
+    with pytest.raises(BadInput, match="is TorchScript, which holds code"):
+        lstm_probe.replay(d / "other.parquet", d / "ts.pt")
+    assert lstm_probe.replay(d / "other.parquet", saved["lstm"]).verdict == "not this policy"

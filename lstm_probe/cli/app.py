@@ -441,7 +441,7 @@ def export(
 @app.command()
 def replay(
     trace: Annotated[str, typer.Argument(help="A recorded run: Parquet or CSV (schema: docs/deploy.md).")],
-    policy: Annotated[str, typer.Option(help="The policy: OUT.onnx, OUT.pt or MODEL.zip.")],
+    policy: Annotated[str, typer.Option(help="The policy: OUT.onnx, OUT.pt, MODEL.zip or an rsl_rl checkpoint (.pt).")],
     vecnormalize: Annotated[
         str | None, typer.Option(help=_default("VecNormalize statistics (.npz, or .pkl with --trust-model).", "none"))
     ] = None,
