@@ -125,11 +125,14 @@ class _RunDisplay:
 class _ExportDisplay:
     """What `export` shows while it works (``deploy.export.Progress``), on stdout as `run`'s display (stderr
     holds a refusal's one line alone): on a terminal a live line (rich) with the stage and its count, gone
-    when export ends; else a line as each stage starts, and while verifying one every ``every`` seconds;
+    when export ends; else a line as each stage starts, and while verifying one every :attr:`EVERY` seconds;
     nothing with ``--quiet``."""
 
-    def __init__(self, quiet: bool, every: float = 10.0, console: Console | None = None) -> None:
-        self.quiet, self.every = quiet, every
+    EVERY = 10.0
+    """Seconds between two lines while verifying, when stdout is not a terminal."""
+
+    def __init__(self, quiet: bool, console: Console | None = None) -> None:
+        self.quiet, self.every = quiet, self.EVERY
         self.console = out() if console is None else console
         self.terminal = self.console.is_terminal
         self.stage = ""
