@@ -467,7 +467,7 @@ def flag(f: dataclasses.Field[Any], hint: Any, prefix: str = "") -> tuple[Any, t
 class RunResult:
     """What ``run`` produced, read from the finished log (:func:`lstm_probe.capture.life.train` makes it for every
     framework): where the log is, its rows and bytes, whether it says the run completed, the env steps done and
-    the seconds training took."""
+    the seconds training took, and where the trained model was saved (``lstm-probe export`` takes it)."""
 
     path: Path
     rows: int
@@ -475,6 +475,9 @@ class RunResult:
     completed: bool
     num_timesteps: int
     seconds: float
+    model: Path | None = None
+    """The trained model saved beside the log (``run.parquet`` -> ``run.model.zip`` for sb3, ``run.model.pt``
+    for rsl_rl and TorchRL: ``deploy/saved.py``); None where the framework saves none."""
 
 
 @dataclass(frozen=True)

@@ -148,6 +148,7 @@ def train(
     progress: Progress | None = None,
     cleanup: Callable[[], object] | None = None,
     started: float | None = None,
+    save: Callable[[], Path] | None = None,
 ) -> RunResult:
     """Train with the probe on and say what it wrote: every framework's ``run`` once its run is built.
 
@@ -159,7 +160,8 @@ def train(
     (the envs' close, the algorithm's stop) runs after the close, whatever happened. Returns the finished
     log's :class:`~lstm_probe.options.RunResult`: its path, rows and bytes, whether the log says the run
     completed, the env steps done, and the seconds from ``started`` (a ``time.perf_counter()``; default: now)
-    to the close.
+    to the close. ``save`` saves the trained model once the loop ran to its end and the envs are cleaned up
+    (not after a failure or Ctrl-C) and returns where: the result's ``model``.
     """
     from lstm_probe.log.reader import read_info
 
@@ -182,4 +184,5 @@ def train(
                 cleanup()
     seconds = time.perf_counter() - start
     info = read_info(path if path is not None else os.fspath(out))
-    return RunResult(info.path, info.rows, info.bytes, info.completed, done, seconds)
+    model = save() if save is not None else None
+    return RunResult(info.path, info.rows, info.bytes, info.completed, done, seconds, model)

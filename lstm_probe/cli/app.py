@@ -21,7 +21,7 @@ import typer
 
 from lstm_probe import integrations
 from lstm_probe.cli.flags import Declared, declared, split, with_flags
-from lstm_probe.cli.render import _render, _render_architecture, _render_flow, _RunDisplay, err, out
+from lstm_probe.cli.render import _ExportDisplay, _render, _render_architecture, _render_flow, _RunDisplay, err, out
 from lstm_probe.errors import BadInput, BadLog, Interrupted, ProbeError, one_line
 from lstm_probe.extras import missing
 from lstm_probe.log.layout import check_writable, fingerprint, output_dir
@@ -168,6 +168,12 @@ def run(
     )
     again = shlex.quote(out_path if fw.parts_per_process else str(result.path))
     out().print(f"next: lstm-probe report {safe(again, limit=None)}")
+    if result.model is not None:  # the trained model, saved beside the log
+        out().print(f"saved the trained model in [bold]{safe(result.model, limit=None)}[/]")
+        if fw.deploy is not None:
+            model, env = shlex.quote(str(result.model)), shlex.quote(env_id)
+            line = f"export it: lstm-probe export {model} policy.onnx --env {env}"
+            out().print(safe(line, limit=None, markup=False), highlight=False, markup=False, soft_wrap=True)
 
 
 app.command()(with_flags(run, RUN_FLAGS))
@@ -405,7 +411,9 @@ _TRUST = "Read a model.zip with SB3's full load (unpickles; see docs/security.md
 
 @app.command()
 def export(
-    model: Annotated[str, typer.Argument(help="A saved RecurrentPPO model.zip.")],
+    model: Annotated[
+        str, typer.Argument(help="A saved model: RecurrentPPO's model.zip, or an rsl_rl checkpoint (.pt) `run` saved.")
+    ],
     out_path: Annotated[Path, typer.Argument(metavar="OUT", help="OUT.onnx (ONNX) or OUT.pt (TorchScript).")],
     log: Annotated[str | None, typer.Option(help="Verify on the episodes of this --capture-obs log.")] = None,
     env_id: Annotated[str | None, typer.Option("--env", help="Verify on fresh episodes of this env.")] = None,
@@ -415,20 +423,23 @@ def export(
     force: Annotated[bool, typer.Option("--force", help=_default("Overwrite an existing OUT.", "off"))] = default(
         CaptureOptions, "force"
     ),
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help=_default("No progress display.", "off"))] = False,
 ) -> None:
-    """Export a RecurrentPPO policy with explicit LSTM state (ONNX or TorchScript), verified before it is written."""
+    """Export a recurrent policy with explicit state (ONNX or TorchScript), verified before it is written."""
     from lstm_probe.deploy.export import export as run_export
 
-    r = run_export(
-        model,
-        out_path,
-        log=log,
-        env_id=env_id,
-        episodes=episodes,
-        tolerance=tolerance,
-        trust_model=trust_model,
-        force=force,
-    )
+    with _ExportDisplay(quiet) as display:
+        r = run_export(
+            model,
+            out_path,
+            log=log,
+            env_id=env_id,
+            episodes=episodes,
+            tolerance=tolerance,
+            trust_model=trust_model,
+            force=force,
+            progress=display.update,
+        )
     for kind, rows in (("in ", r.spec.inputs()), ("out", r.spec.outputs())):
         for name, shape, dtype in rows:
             line = f"{kind} {name:<15} {dtype:<8} [{', '.join(map(str, shape))}]"
@@ -442,7 +453,7 @@ def export(
 @app.command()
 def replay(
     trace: Annotated[str, typer.Argument(help="A recorded run: Parquet or CSV (schema: docs/deploy.md).")],
-    policy: Annotated[str, typer.Option(help="The policy: OUT.onnx, OUT.pt or MODEL.zip.")],
+    policy: Annotated[str, typer.Option(help="The policy: OUT.onnx, OUT.pt, MODEL.zip or an rsl_rl checkpoint (.pt).")],
     vecnormalize: Annotated[
         str | None, typer.Option(help=_default("VecNormalize statistics (.npz, or .pkl with --trust-model).", "none"))
     ] = None,

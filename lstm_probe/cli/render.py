@@ -1,4 +1,4 @@
-"""What the ``lstm-probe`` command shows: the run's live progress display and the rendering of reports and
+"""What the ``lstm-probe`` command shows: the run's and export's live progress displays and the rendering of reports and
 architectures. Part of the CLI layer (with cli.py, the only modules that print): the library returns data,
 these functions draw it.
 
@@ -120,6 +120,67 @@ class _RunDisplay:
         if rate > 0:
             parts.append(f"ETA {_clock((total - done) / rate)}")
         return ", ".join(parts)
+
+
+class _ExportDisplay:
+    """What `export` shows while it works (``deploy.export.Progress``), on stdout as `run`'s display (stderr
+    holds a refusal's one line alone): on a terminal a live line (rich) with the stage and its count, gone
+    when export ends; else a line as each stage starts, and while verifying one every :attr:`EVERY` seconds;
+    nothing with ``--quiet``."""
+
+    EVERY = 10.0
+    """Seconds between two lines while verifying, when stdout is not a terminal."""
+
+    def __init__(self, quiet: bool, console: Console | None = None) -> None:
+        self.quiet, self.every = quiet, self.EVERY
+        self.console = out() if console is None else console
+        self.terminal = self.console.is_terminal
+        self.stage = ""
+        self.start = self.due = 0.0
+        self.bar: Any = None
+        self.task: Any = None
+
+    def __enter__(self) -> _ExportDisplay:
+        import time
+
+        self.start = time.monotonic()
+        if self.terminal and not self.quiet:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(
+                TextColumn("export: {task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=self.console,
+                transient=True,
+                refresh_per_second=4,
+            )
+            self.bar.__enter__()
+            self.task = self.bar.add_task("", total=None)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(*exc)
+
+    def update(self, stage: str, done: int, total: int) -> None:
+        """Export's progress callback (every verified step: cheap unless the stage changes or a line is due)."""
+        import time
+
+        if self.quiet:
+            return
+        now = time.monotonic()
+        new = stage != self.stage
+        if not new and now < self.due:
+            return
+        self.stage = stage
+        self.due = now + (0.25 if self.terminal else self.every)
+        if self.bar is not None:
+            self.bar.update(self.task, description=safe(stage), completed=done, total=total)
+        else:
+            count = f" {done:,}/{total:,}" if total > 1 else ""
+            self.console.print(f"export: {safe(stage)}{count}, {_clock(now - self.start)} elapsed", soft_wrap=True)
 
 
 def _clock(seconds: float) -> str:

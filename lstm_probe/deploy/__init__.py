@@ -6,6 +6,7 @@ explicit, its own reference step); ``runtime.py``: a policy's step whatever its 
 ONNX, float16 emulated), an exported file read back, the time steps may take; ``checks.py``: an ONNX graph
 checked before onnxruntime runs it; ``export.py``: ``lstm_probe.export``; ``replay.py``: ``lstm_probe.replay``;
 ``trace.py``: a recorded run and VecNormalize statistics read and checked. A framework's policy is found through
-``integrations.deploy_policy`` (sb3's loader: ``integrations/sb3/deployed.py``); nothing here imports a
+``integrations.deploy_policy`` (sb3's loader: ``integrations/sb3/deployed.py``, rsl_rl's:
+``integrations/rsl_rl/deployed.py``); ``saved.py``: where ``run`` saves the trained model; nothing here imports a
 framework. The public entries are ``lstm_probe.export`` and ``lstm_probe.replay``.
 """

@@ -29,7 +29,7 @@ from lstm_probe.log import budget
 
 OPS = frozenset(
     {
-        "LSTM", "Gemm", "Conv", "Mul", "Sub", "Div", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Slice",
+        "LSTM", "GRU", "Gemm", "Conv", "Mul", "Sub", "Div", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Slice",
         "Concat", "Shape", "Clip", "Max", "Min", "ArgMax", "Greater", "Where", "Tanh", "Relu", "Elu",
         "LeakyRelu", "Gelu", "Sigmoid", "Softplus", "Mish",
     }

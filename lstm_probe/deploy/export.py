@@ -23,7 +23,7 @@ import contextlib
 import os
 import tempfile
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -42,6 +42,16 @@ TOLERANCE = 1e-5
 """Default relative tolerance (float32 runtimes agree to ~1e-7 on these networks)."""
 MAX_EPISODE_STEPS = 1000
 """An episode of ``--env`` or of ``--log`` is cut here (its time limit usually ends it first)."""
+
+Progress = Callable[[str, int, int], None]
+"""``progress(stage, done, total)``: what export is doing, called as each stage starts (``done`` 0) and as it
+goes. The stages, in order (each a fixed phrase, no string from a file): ``reading the policy``, ``recording
+episodes`` (``--env``: done and total in episodes) or ``reading the log's episodes`` (``--log``), ``writing
+the file``, ``verifying`` (done and total in policy steps, both loops': called every step, so keep it cheap)."""
+
+
+def _quiet_progress(stage: str, done: int, total: int) -> None:
+    """No progress shown."""
 
 
 @dataclass
@@ -88,11 +98,14 @@ def export(
     trust_model: bool = False,
     env_seed: int = 0,
     force: bool = default(CaptureOptions, "force"),
+    progress: Progress | None = None,
 ) -> Exported:
     """Export ``model`` (a RecurrentPPO, or the path of its model.zip, read as ``lstm-probe arch`` reads it:
-    nothing unpickled unless ``trust_model``) to ``out`` (``.onnx`` or ``.pt``), verified over ``episodes``
+    nothing unpickled unless ``trust_model``; an rsl_rl checkpoint ``.pt`` or ``OnPolicyRunner``: its loader,
+    ``integrations/rsl_rl/deployed.py``) to ``out`` (``.onnx`` or ``.pt``), verified over ``episodes``
     episodes of ``log`` (a ``--capture-obs`` log) or of ``env_id`` (seeded ``env_seed``, ``env_seed + 1``, ...). An
-    existing ``out`` is refused unless ``force``. See the module docstring."""
+    existing ``out`` is refused unless ``force``; ``progress`` (:data:`Progress`) hears what it is doing. See
+    the module docstring."""
     out = Path(out)
     fmt = {".onnx": "onnx", ".pt": "torchscript"}.get(out.suffix)
     if fmt is None:
@@ -117,13 +130,17 @@ def export(
     source = str(model) if isinstance(model, str | os.PathLike) else type(model).__name__
     from lstm_probe.integrations import deploy_policy
 
+    tell = progress or _quiet_progress
+    tell("reading the policy", 0, 1)
     policy = deploy_policy(model, trust_model, env_id)
     spec, reference = policy.spec, policy.reference
     if log is not None:
+        tell("reading the log's episodes", 0, 1)
         obs, starts = episodes_from_log(log, spec, episodes)
         where = f"{episodes} episodes of {log}"
     else:
-        obs, starts = episodes_from_env(str(env_id), spec, reference, episodes, env_seed)
+        tell("recording episodes", 0, episodes)
+        obs, starts = episodes_from_env(str(env_id), spec, reference, episodes, env_seed, tell)
         where = f"{episodes} fresh episodes of {env_id} (seeds {env_seed}..{env_seed + episodes - 1})"
     # a new file of a name no one can guess, made by this call alone (O_EXCL: never through a link planted
     # there), written through its descriptor, renamed over OUT once verified (a link at OUT is replaced,
@@ -131,13 +148,14 @@ def export(
     fd, name = tempfile.mkstemp(dir=out.parent, prefix=f".{out.stem}.", suffix=f".tmp{out.suffix}")
     tmp = Path(name)
     try:
+        tell("writing the file", 0, 1)
         with os.fdopen(fd, "wb") as f:
             _readable(f)
             with _quiet():
                 exporter = _write_onnx(policy, f, source) if fmt == "onnx" else _write_torchscript(policy, f, source)
         with _quiet():
             _, step, _ = load_file(tmp)
-        errors = compare(step, reference, spec, obs, starts, tolerance, fmt)
+        errors = compare(step, reference, spec, obs, starts, tolerance, fmt, tell)
         os.replace(tmp, out)
     finally:
         tmp.unlink(missing_ok=True)
@@ -210,7 +228,14 @@ def _write_torchscript(policy: Policy, f: BinaryIO, source: str) -> str:
 
 
 def compare(
-    step: Step, reference: Step, spec: Spec, obs: np.ndarray, starts: np.ndarray, tolerance: float, what: str
+    step: Step,
+    reference: Step,
+    spec: Spec,
+    obs: np.ndarray,
+    starts: np.ndarray,
+    tolerance: float,
+    what: str,
+    progress: Progress = _quiet_progress,
 ) -> dict[str, float]:
     """Both loops over the episodes, each feeding back its own state; the largest relative error per output,
     or BadInput at the first step over ``tolerance``. An output's error at a step is ``max|a - b|`` over its
@@ -221,11 +246,13 @@ def compare(
     got: list[list[np.ndarray]] = [[] for _ in names]
     want: list[list[np.ndarray]] = [[] for _ in names]
     pace = Pace(2 * len(obs), f"verifying the exported {what} file", "pass a smaller --episodes")
+    progress("verifying", 0, 2 * len(obs))
     for i in range(len(obs)):
         o, s = obs[i : i + 1], starts[i : i + 1].astype(np.float32)
         a, v, mine = step(o, s, mine)
         ra, rv, theirs = reference(o, s, theirs)
         pace.tick(2)
+        progress("verifying", 2 * i + 2, 2 * len(obs))
         for k, (x, y) in enumerate(zip((a, v, *mine), (ra, rv, *theirs), strict=True)):
             got[k].append(np.asarray(x, np.float64).ravel())
             want[k].append(np.asarray(y, np.float64).ravel())
@@ -345,8 +372,11 @@ def _in_window(keys: np.ndarray, best: np.ndarray) -> np.ndarray:
     return keep & (keys[:, 2] >= begin) & (keys[:, 2] < begin + MAX_EPISODE_STEPS)
 
 
-def episodes_from_env(env_id: str, spec: Spec, policy: Step, count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """``count`` fresh episodes of ``env_id`` (seeded ``seed``, ``seed + 1``, ...), acted on by ``policy``."""
+def episodes_from_env(
+    env_id: str, spec: Spec, policy: Step, count: int, seed: int, progress: Progress = _quiet_progress
+) -> tuple[np.ndarray, np.ndarray]:
+    """``count`` fresh episodes of ``env_id`` (seeded ``seed``, ``seed + 1``, ...), acted on by ``policy``;
+    ``progress('recording episodes', done, count)`` after each."""
     import gymnasium as gym
 
     check_env_id(env_id)
@@ -366,6 +396,7 @@ def episodes_from_env(env_id: str, spec: Spec, policy: Step, count: int, seed: i
                 o, _, terminated, truncated, _ = env.step(action[0])
                 if terminated or truncated:
                     break
+            progress("recording episodes", e + 1, count)
     finally:
         env.close()
     return np.stack(obs_list), np.array(starts)

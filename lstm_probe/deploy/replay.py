@@ -10,7 +10,7 @@ observations, env by env in step order, as a correct loop runs it and as each cl
   RecurrentPPO policy the two are the same computation (the reset multiplies the state by 0,
   ``_process_sequence``), so a recording matching one matches both, and both are named;
 - ``not reset at episode starts``: the state carried across episodes;
-- ``h and c swapped``: the new h fed back as c and the new c as h (critic's too);
+- ``h and c swapped``: the new h fed back as c and the new c as h (critic's too; an LSTM's alone);
 - ``observation normalisation missing``: with ``vecnormalize`` (the model was trained under VecNormalize),
   every other loop normalises the trace's observations as ``VecNormalize.normalize_obs`` does, this one not;
 - ``float16``: the policy run as a half-precision runtime runs it: its weights, observations and states
@@ -44,7 +44,7 @@ import numpy as np
 from lstm_probe.deploy.runtime import TIME_LIMIT, Pace, half_weights, open_file, per_env_bytes, rounded, torch_step
 from lstm_probe.deploy.spec import Spec, Step
 from lstm_probe.deploy.trace import Trace, read_stats, read_trace
-from lstm_probe.errors import BadInput
+from lstm_probe.errors import BadInput, BadLog
 from lstm_probe.log import budget
 
 TOLERANCE = 1e-4
@@ -146,7 +146,8 @@ def replay(
 ) -> Replay:
     """Which loop recorded ``trace`` (see the module docstring). ``policy``: an exported ``.onnx`` or ``.pt``
     file (``.pt``, TorchScript, holds code: it needs ``trust_model``), a model.zip (read as ``lstm-probe arch``
-    reads it: nothing unpickled unless ``trust_model``) or a RecurrentPPO. ``vecnormalize``: the model's
+    reads it: nothing unpickled unless ``trust_model``) or a RecurrentPPO, an rsl_rl checkpoint (a ``.pt`` that is
+    not TorchScript, read with ``weights_only``: :func:`_exported`) or runner. ``vecnormalize``: the model's
     VecNormalize statistics (``.npz`` with ``mean``, ``var`` and optionally ``clip_obs``, ``epsilon``; or
     SB3's pickle, ``.pkl``, with ``trust_model``)."""
     if not (isinstance(tolerance, int | float) and 0 < tolerance < HALF):
@@ -156,7 +157,7 @@ def replay(
     norm = None if vecnormalize is None else _normaliser(Path(vecnormalize), trust_model, spec)
     obs = rec.obs if norm is None else norm(rec.obs)
     plan = _Plan.of(rec.env, batch)
-    loops = 6 if norm is not None else 5
+    loops = 4 + (norm is not None) + (spec.cell == "lstm")
     total = loops * plan.steps()
     if total > MAX_STEPS:
         envs = f"{len(plan.first):,} env{'s' * (len(plan.first) > 1)}"
@@ -174,8 +175,9 @@ def replay(
         NOT_FED: zeros,
         EVERY_STEP: zeros,
         NO_RESET: _run(step, spec, rec, obs, "no reset", plan, pace),
-        SWAPPED: _run(step, spec, rec, obs, "swapped", plan, pace),
     }
+    if spec.cell == "lstm":  # a GRU has no c to swap h with
+        runs[SWAPPED] = _run(step, spec, rec, obs, "swapped", plan, pace)
     notes = []
     if norm is not None:
         runs[NO_NORM] = _run(step, spec, rec, rec.obs, "correct", plan, pace)
@@ -191,7 +193,7 @@ def replay(
 def _policy(policy: Any, trust_model: bool) -> tuple[Spec, Step, Step, Any]:
     """The spec, the float32 step and the float16 step of a policy file, model.zip or model, and how many envs
     one step may run at once (``envs -> batch``)."""
-    if isinstance(policy, str | os.PathLike) and Path(policy).suffix in (".onnx", ".pt"):
+    if isinstance(policy, str | os.PathLike) and Path(policy).suffix in (".onnx", ".pt") and _exported(Path(policy)):
         path = Path(policy)
         if path.suffix == ".pt" and not trust_model:
             raise BadInput(
@@ -215,6 +217,26 @@ def _policy(policy: Any, trust_model: bool) -> tuple[Spec, Step, Step, Any]:
         return max(1, min(envs, BATCH, budget.limit() // (4 * per_env)))
 
     return spec, torch_step(module), rounded(torch_step(half_weights(copy.deepcopy(module)))), batch
+
+
+def _exported(path: Path) -> bool:
+    """Whether ``path`` is a file an export wrote (ONNX, or TorchScript: its zip holds ``code/`` or
+    ``constants.pkl``), not a framework's saved model (a ``.pt`` checkpoint of ``torch.save``, which its
+    framework's loader reads with ``weights_only``). Anything not a readable zip (or whose directory would
+    hold more than the memory budget) is taken as exported, and read (or refused) as such."""
+    import zipfile
+
+    if path.suffix == ".onnx":
+        return True
+    try:
+        with budget.open_regular(path, "pass an exported .onnx or .pt file, or a saved model") as f:
+            # the zip's directory is read into memory: a few hundred bytes an entry, entries of 30 bytes or more
+            budget.refuse(16 * os.fstat(f.fileno()).st_size, f"reading the directory of {path}")
+            with zipfile.ZipFile(f) as z:
+                names = z.namelist()
+    except (zipfile.BadZipFile, OSError, BadInput, BadLog):  # read (and refused) as an exported file
+        return True
+    return any(n.endswith("/constants.pkl") or "/code/" in n for n in names)
 
 
 def _run(step: Step, spec: Spec, rec: Trace, obs: np.ndarray, how: str, plan: _Plan, pace: Pace) -> np.ndarray:

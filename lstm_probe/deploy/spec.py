@@ -34,13 +34,15 @@ class Spec:
     """What a deployed policy takes and returns (``batch`` is the number of envs stepped at once)."""
 
     variant: str
-    """'separate' (actor and critic LSTMs), 'shared' (one LSTM), 'no critic LSTM'."""
+    """'separate' (actor and critic RNNs, each with its state), 'shared' (one LSTM), 'no critic LSTM'."""
     obs_shape: tuple[int, ...]
     action: str
     """'box' (float32 actions, clipped to the bounds) or 'discrete' (int64 actions)."""
     action_shape: tuple[int, ...]
     layers: int
     hidden: int
+    cell: str = "lstm"
+    """'lstm' (states h and c) or 'gru' (h alone)."""
 
     @property
     def critic_state(self) -> bool:
@@ -48,7 +50,8 @@ class Spec:
 
     @property
     def state_names(self) -> list[str]:
-        return ["h", "c", "h_critic", "c_critic"] if self.critic_state else ["h", "c"]
+        own = ["h", "c"] if self.cell == "lstm" else ["h"]
+        return [*own, *(f"{n}_critic" for n in own)] if self.critic_state else own
 
     def inputs(self) -> list[tuple[str, list[Any], str]]:
         """(name, shape, dtype) of each input, in order."""
@@ -110,10 +113,14 @@ class Spec:
             )
         layers = _count(doc.get("layers"), "layers", where, MAX_LAYERS)
         hidden = _count(doc.get("hidden"), "hidden", where, MAX_HIDDEN)
-        return cls(str(variant), obs, str(action), act, layers, hidden)
+        cell = doc.get("cell", "lstm")  # files written before GRUs were exported state none
+        if cell not in CELLS:
+            raise BadInput(f"{where}: its {META_KEY} metadata states the cell {str(cell)[:40]!r}; export it again")
+        return cls(str(variant), obs, str(action), act, layers, hidden, str(cell))
 
 
 VARIANTS = ("separate", "shared", "no critic LSTM")
+CELLS = ("lstm", "gru")
 MAX_METADATA = 1 << 20
 """Longest metadata document read (lstm-probe writes ~1 KB)."""
 MAX_LAYERS = 1024

@@ -76,6 +76,12 @@ class Framework:
     """The "module:function" of its :data:`lstm_probe.deploy.spec.Loader` (a model, or a saved model's path, to
     the deploy layer's ``Policy``: ``lstm-probe export``, ``replay``); None: the deploy layer takes none of
     its models."""
+    deploy_files: tuple[str, ...] = ()
+    """The suffixes of the saved models its ``deploy`` loader reads ('.zip'): how :func:`deploy_policy` picks
+    the framework of a path."""
+    deploy_packages: tuple[str, ...] = ()
+    """The packages whose objects its ``deploy`` loader takes ('sb3_contrib'): how :func:`deploy_policy` picks
+    the framework of a model object (its class's top-level package)."""
 
 
 FRAMEWORKS: dict[str, Framework] = {
@@ -92,6 +98,8 @@ FRAMEWORKS: dict[str, Framework] = {
             arch_options=("critic_lstm", "lstm_layers", "hyperparams", "env_id", "trust_model", "dot", "svg", "png"),
             live="lstm_probe.integrations.sb3.metrics:live",
             deploy="lstm_probe.integrations.sb3.deployed:loader",
+            deploy_files=(".zip",),
+            deploy_packages=("sb3_contrib", "stable_baselines3"),
         ),
         Framework(
             "rllib",
@@ -114,6 +122,9 @@ FRAMEWORKS: dict[str, Framework] = {
             ),
             extra="rsl-rl",
             refuses=("info_keys",),
+            deploy="lstm_probe.integrations.rsl_rl.deployed:loader",
+            deploy_files=(".pt",),
+            deploy_packages=("rsl_rl",),
         ),
         Framework(
             "torchrl",
@@ -169,9 +180,28 @@ def load(fw: Framework) -> ModuleType:
 def deploy_policy(model: Any, trust_model: bool, env_id: str | None = None) -> Policy:
     """The deploy layer's ``Policy`` of ``model`` (a model object or a saved model's path), from the
     :data:`~lstm_probe.deploy.spec.Loader` its framework's entry names: the deploy layer finds a framework's
-    policy here, and imports no integration itself."""
-    (fw,) = [f for f in FRAMEWORKS.values() if f.deploy]  # sb3 only; a second would be chosen by the model's type
+    policy here, and imports no integration itself. The framework is the one whose ``deploy_files`` hold the
+    path's suffix, or whose ``deploy_packages`` hold the object's class's package; its extra must be installed."""
+    import os
+
+    from lstm_probe.extras import require
+
+    takers = [f for f in FRAMEWORKS.values() if f.deploy]
+    if isinstance(model, str | os.PathLike):
+        suffix = os.path.splitext(os.fspath(model))[1].lower()
+        found = [f for f in takers if suffix in f.deploy_files]
+        what = f"a saved model named {suffix or 'without a suffix'}"
+    else:
+        package = type(model).__module__.partition(".")[0]
+        found = [f for f in takers if package in f.deploy_packages]
+        what = f"a {type(model).__name__[:60]}"
+    if not found:
+        takes = "; ".join(f"{f.name}: {', '.join(f.deploy_files)} files" for f in takers)
+        raise BadInput(f"export and replay take no {what} (they take {takes})")
+    fw = found[0]
     assert fw.deploy is not None
+    if fw.extra is not None:
+        require(fw.extra, f"a {fw.name} model")
     loader: Loader = declared(fw.deploy)
     return loader(model, trust_model, env_id)
 

@@ -2,7 +2,8 @@
 
 ``probe.py``: :func:`attach` and :class:`RslRlProbe` (see its docstring for the rsl_rl behaviour relied on);
 ``envs.py``: envs as rsl_rl's VecEnv (the torch-native Pendulum, gymnasium ids); ``train.py``: :func:`run`
-(``lstm-probe run --framework rsl_rl``); ``options.py``: rsl_rl's own ``run`` options. Names are loaded on
+(``lstm-probe run --framework rsl_rl``); ``options.py``: rsl_rl's own ``run`` options; ``deployed.py``: the
+deploy layer's loader (``lstm-probe export`` of a checkpoint). Names are loaded on
 first use: importing this package (or ``options``) imports no rsl_rl.
 """
 

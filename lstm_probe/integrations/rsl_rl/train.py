@@ -1,5 +1,5 @@
 """``lstm-probe run --framework rsl_rl``: rsl_rl's OnPolicyRunner (PPO, a small recurrent actor-critic) trained
-with the probe attached."""
+with the probe attached; its checkpoint saved beside the log (``run.parquet`` -> ``run.model.pt``)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from lstm_probe.capture import life
+from lstm_probe.deploy import saved
 from lstm_probe.errors import BadInput
 from lstm_probe.integrations.rsl_rl import arch as analysis
 from lstm_probe.integrations.rsl_rl.envs import GymVecEnv, TorchPendulumVecEnv
@@ -163,6 +164,8 @@ def run(
     m = settle(Measure, measure, me)
     check_envs(opts, t)
     check_output(Path(os.fspath(opts.out)), force=opts.force, is_dir=opts.directory)  # before anything is built
+    saved_as = saved.beside(opts.out, "model.pt")  # the runner's checkpoint, for `lstm-probe export`
+    saved.check_free(saved_as, opts.force)
     if t.shared_lstm:
         raise BadInput("--shared-lstm: rsl_rl's actor and critic each have their own RNN")
     n_envs, n_steps = t.n_envs, t.n_steps or 24
@@ -205,6 +208,23 @@ def run(
     def close(completed: bool, stop_reason: str | None, done: int) -> Path | None:
         return probe.close(completed=completed, stop_reason=stop_reason)  # its own count of env steps
 
+    def save() -> Path:
+        # rsl_rl's own checkpoint (OnPolicyRunner.save: model_*.pt's format), its configuration in `infos`
+        infos = {"lstm_probe": {"env_id": env_id, "cfg": cfg, "torch_env": r.torch_env}}
+        return saved.write(saved_as, lambda f: _checkpoint(runner, f, infos))
+
     total = iterations * n_envs * n_steps
     cleanup = getattr(env, "close", None)
-    return life.train(loop(), close, out=opts.out, total=total, progress=progress, cleanup=cleanup, started=started)
+    return life.train(
+        loop(), close, out=opts.out, total=total, progress=progress, cleanup=cleanup, started=started, save=save
+    )
+
+
+def _checkpoint(runner: Any, f: Any, infos: dict[str, Any]) -> None:
+    """What ``rsl_rl/runners/on_policy_runner.py:OnPolicyRunner.save(path, infos)`` writes (``alg.save()`` with
+    ``iter`` and ``infos``), into an open file (``save`` takes a path; its upload to an external logger is
+    for the runner's own log directory, which this run has none of)."""
+    saved_dict = runner.alg.save()
+    saved_dict["iter"] = runner.current_learning_iteration
+    saved_dict["infos"] = infos
+    torch.save(saved_dict, f)

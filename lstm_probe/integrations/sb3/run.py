@@ -1,5 +1,6 @@
 """sb3-contrib RecurrentPPO runs (``lstm-probe run``): build a gymnasium env and a RecurrentPPO, train it with
-the probe attached (``lstm_probe.run`` is :func:`run`)."""
+the probe attached (``lstm_probe.run`` is :func:`run`), and save the trained model beside the log
+(``run.parquet`` -> ``run.model.zip``: ``deploy/saved.py``)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from lstm_probe.capture import life
+from lstm_probe.deploy import saved
 from lstm_probe.errors import BadInput, ProbeError, one_line
 from lstm_probe.integrations.sb3.options import Build, Measure
 from lstm_probe.log.layout import check_output
@@ -167,7 +169,8 @@ def run(
     progress: Progress | None = None,
     **overrides: Any,
 ) -> RunResult:
-    """Train RecurrentPPO on ``env_id`` with the probe attached; write the log to ``out`` [run.parquet].
+    """Train RecurrentPPO on ``env_id`` with the probe attached; write the log to ``out`` [run.parquet] and,
+    once training completed, the model beside it (``RecurrentPPO.save``: ``run.model.zip``, the result's ``model``).
 
     The settings come as objects, each declared once with its defaults and checks: ``options``
     (:class:`~lstm_probe.options.CaptureOptions`: the log), ``train``
@@ -188,6 +191,8 @@ def run(
     m = settle(Measure, measure, me)
     check_envs(opts, t)
     check_output(Path(os.fspath(opts.out)), force=opts.force, is_dir=opts.directory)
+    saved_as = saved.beside(opts.out, "model.zip")  # the trained model, for `lstm-probe export`
+    saved.check_free(saved_as, opts.force)
     model = build(env_id, t, b)
     env = model.get_env()
 
@@ -208,7 +213,10 @@ def run(
     def close(completed: bool, stop_reason: str | None, done: int) -> Path | None:
         return probe.close(completed, stop_reason)  # closed as learn() ended, unless it raised
 
-    return life.train(loop(), close, out=opts.out, total=t.steps, cleanup=env.close)
+    def save() -> Path:
+        return saved.write(saved_as, model.save)  # RecurrentPPO.save: what `lstm-probe export` reads
+
+    return life.train(loop(), close, out=opts.out, total=t.steps, cleanup=env.close, save=save)
 
 
 class _ProgressCallback:  # built lazily so that importing run.py does not import sb3

@@ -1,6 +1,8 @@
 """``lstm-probe run --framework torchrl``: a small PPO with an LSTM policy, built from TorchRL's own
 components (GymEnv, InitTracker, StepCounter, LSTMModule and its primer, SyncDataCollector, GAE,
-ClipPPOLoss), trained with the probe on the CPU."""
+ClipPPOLoss), trained with the probe on the CPU; the policy's state dicts saved beside the log (``run.parquet``
+-> ``run.model.pt``: ``{"lstm_probe": "torchrl", "config": build()'s arguments, "actor": ..., "critic": ...}``,
+read with ``torch.load(path, weights_only=True)``)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import torch
 from torch import nn
 
 from lstm_probe.capture import life
+from lstm_probe.deploy import saved
 from lstm_probe.errors import BadInput
 from lstm_probe.integrations.torchrl import arch as analysis
 from lstm_probe.log.layout import check_output
@@ -154,6 +157,8 @@ def run(
         raise BadInput(f"{unsupported[0]} is not built for --framework torchrl yet (--capture-obs is)")
     check_envs(opts, t)
     check_output(Path(os.fspath(opts.out)), force=opts.force, is_dir=opts.directory)  # before anything is built
+    saved_as = saved.beside(opts.out, "model.pt")  # the policy's state dicts, for `lstm-probe export`
+    saved.check_free(saved_as, opts.force)
     torch.set_num_threads(t.torch_threads or 1)
     what = "envs for --framework torchrl (a SerialEnv makes and steps them one by one); sb3 takes more"
     check_env_count(t.n_envs, MAX_ENVS, what)
@@ -213,4 +218,11 @@ def run(
     def close(completed: bool, stop_reason: str | None, done: int) -> Path | None:
         return probe.close(completed=completed, stop_reason=stop_reason, num_timesteps=done)
 
-    return life.train(loop(), close, out=opts.out, total=t.steps, progress=progress, cleanup=collector.shutdown)
+    def save() -> Path:
+        config = {"env_id": env_id, "hidden_size": hidden, "num_layers": 1, "cell": "lstm"}  # build()'s arguments
+        state = {"lstm_probe": "torchrl", "config": config, "actor": actor.state_dict(), "critic": critic.state_dict()}
+        return saved.write(saved_as, lambda f: torch.save(state, f))
+
+    return life.train(
+        loop(), close, out=opts.out, total=t.steps, progress=progress, cleanup=collector.shutdown, save=save
+    )
