@@ -20,7 +20,7 @@ from typing import Annotated, Any
 import typer
 
 from lstm_probe import integrations
-from lstm_probe.cli.flags import Declared, declared, split, with_flags
+from lstm_probe.cli.flags import arch_flags, run_flags, split, with_flags
 from lstm_probe.cli.render import _ExportDisplay, _render, _render_architecture, _render_flow, _RunDisplay, err, out
 from lstm_probe.errors import BadInput, BadLog, Interrupted, ProbeError, one_line
 from lstm_probe.extras import missing
@@ -84,23 +84,7 @@ class Exit(enum.IntEnum):
     INTERRUPTED = 130
 
 
-def _run_flags() -> list[Declared]:
-    """Every flag of ``run`` that an option group declares: the capture and training settings, then each
-    framework's own (``integrations.FRAMEWORKS``; a group several take, once), whose help says which
-    frameworks take it."""
-
-    flags = [*declared(CaptureOptions), *declared(TrainOptions)]
-    seen = {d.field.name for d in flags}
-    for fw in integrations.FRAMEWORKS.values():
-        for _, group in integrations.group_classes(fw):
-            for f in dataclasses.fields(group):  # an option several frameworks declare is one flag
-                if f.name not in seen and not f.metadata.get("hidden"):
-                    seen.add(f.name)
-                    flags += declared(group, prefix=f"{', '.join(integrations.owners(f.name))}: ", only=(f.name,))
-    return flags
-
-
-RUN_FLAGS = _run_flags()
+RUN_FLAGS = run_flags()
 
 
 def run(
@@ -269,18 +253,7 @@ def _pyarrow_without_pandas() -> None:
         sys.meta_path.remove(finder)
 
 
-def _arch_flags() -> list[Declared]:
-    from lstm_probe.integrations.rsl_rl.options import RslRl
-    from lstm_probe.integrations.sb3.options import Build
-
-    return [
-        *declared(TrainOptions, only=("shared_lstm", "hidden_size")),
-        *declared(Build, only=("critic_lstm", "lstm_layers", "hyperparams")),
-        *declared(RslRl, only=("rnn_type",)),
-    ]
-
-
-ARCH_FLAGS = _arch_flags()
+ARCH_FLAGS = arch_flags()
 
 
 def arch(

@@ -1,5 +1,6 @@
 """CLI flags made from the options' declarations (``options.option`` fields), so a flag's type, default and
-help are written once, where the option is declared. Used by cli.py; prints nothing."""
+help are written once, where the option is declared: ``run``'s and ``arch``'s (:func:`run_flags`,
+:func:`arch_flags`). Used by cli.py; prints nothing."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from typing import Annotated, Any
 
 import typer
 
-from lstm_probe.options import flag
+from lstm_probe import integrations
+from lstm_probe.options import CaptureOptions, TrainOptions, flag
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,3 +73,31 @@ def split(flags: list[Declared], values: dict[str, Any], given: Iterable[str] = 
         if d.field.name in typed or value != d.parameter.default:
             out.setdefault(d.group, {})[d.field.name] = value
     return out
+
+
+def run_flags() -> list[Declared]:
+    """Every flag of ``run`` that an option group declares: the capture and training settings, then each
+    framework's own (``integrations.FRAMEWORKS``; a group several take, once), whose help says which
+    frameworks take it."""
+
+    flags = [*declared(CaptureOptions), *declared(TrainOptions)]
+    seen = {d.field.name for d in flags}
+    for fw in integrations.FRAMEWORKS.values():
+        for _, group in integrations.group_classes(fw):
+            for f in dataclasses.fields(group):  # an option several frameworks declare is one flag
+                if f.name not in seen and not f.metadata.get("hidden"):
+                    seen.add(f.name)
+                    flags += declared(group, prefix=f"{', '.join(integrations.owners(f.name))}: ", only=(f.name,))
+    return flags
+
+
+def arch_flags() -> list[Declared]:
+    """The flags of ``arch`` that option groups declare (each framework's that apply to its arch)."""
+    from lstm_probe.integrations.rsl_rl.options import RslRl
+    from lstm_probe.integrations.sb3.options import Build
+
+    return [
+        *declared(TrainOptions, only=("shared_lstm", "hidden_size")),
+        *declared(Build, only=("critic_lstm", "lstm_layers", "hyperparams")),
+        *declared(RslRl, only=("rnn_type",)),
+    ]
