@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 
 from lstm_probe.log import budget
+from lstm_probe.log.reader import prune
 from lstm_probe.report.numeric import dense_key, present, row_key
 
 SCAN_BATCH = 1 << 18
@@ -280,7 +281,9 @@ def is_parquet(data: ds.Dataset) -> bool:
 
 def row_groups(data: ds.Dataset, filt: ds.Expression) -> ds.Dataset:
     """The row groups of ``data`` (a dataset of Parquet files) that ``filt`` may select by their statistics,
-    in log order, as a dataset: scanned without a filter, it reads them whole."""
+    in log order, as a dataset: scanned without a filter, it reads them whole (string columns' statistics
+    asked too: :func:`lstm_probe.log.reader.prune`)."""
+    data = prune(data, filt)
     fragments = [rg for f in data.get_fragments(filter=filt) for rg in f.split_by_row_group(filt, schema=data.schema)]
     return ds.FileSystemDataset(fragments, data.schema, data.format, data.filesystem)
 

@@ -37,6 +37,7 @@ import pyarrow.dataset as ds
 
 from lstm_probe.contract import Capabilities
 from lstm_probe.log import budget
+from lstm_probe.log.reader import prune
 from lstm_probe.log.schema import INITS
 from lstm_probe.report.scan import is_parquet, row_groups, with_dictionaries
 from lstm_probe.report.section import Block, Line, Log, Section, Table
@@ -232,8 +233,9 @@ def _leaks(log: Log) -> _First:
     cols = ["call", "module", "phase", "env", "env_step"]
     filt = (ds.field("layer") == 0) & ds.field("phase").isin(list(TRAINING)) & (ds.field("path") == "sequence")
     filt &= (ds.field("t") > 0) & (ds.field("episode_start") == True) & (ds.field("padding") == False)  # noqa: E712
-    budget.check_stream(log.data, [*cols, "layer", "t", "path", "episode_start", "padding"], "the doctor's read")
-    for batch in log.data.scanner(columns=cols, filter=filt, batch_size=BATCH).to_batches():
+    data = prune(log.data, filt)  # the row groups that may hold such rows (footer statistics)
+    budget.check_stream(data, [*cols, "layer", "t", "path", "episode_start", "padding"], "the doctor's read")
+    for batch in data.scanner(columns=cols, filter=filt, batch_size=BATCH).to_batches():
         if batch.num_rows:
             c = {k: batch.column(k).to_numpy(zero_copy_only=False) for k in cols}
             c = {k: v.astype(float) if k in ("call", "env", "env_step") else v.astype(str) for k, v in c.items()}
@@ -264,12 +266,11 @@ def _steps(log: Log, not_reset: set[tuple[str, float, float]]) -> _Steps:
         return out
     filt = (ds.field("layer") == 0) & (ds.field("phase") == "train") & (ds.field("path") == "stepwise")
     filt &= (ds.field("epoch") == 0) & (ds.field("minibatch") == 0) & (ds.field("padding") == False)  # noqa: E712
-    budget.check_stream(
-        log.data, [*STEP_COLUMNS, "layer", "path", "epoch", "minibatch", "padding"], "the doctor's read"
-    )
+    data = prune(log.data, filt)  # the row groups that may hold such rows (footer statistics)
+    budget.check_stream(data, [*STEP_COLUMNS, "layer", "path", "epoch", "minibatch", "padding"], "the doctor's read")
     departs: dict[tuple[str, float, float], float] = {}  # (module, iteration, seq) -> first t off the rollout
     starts: list[dict[str, np.ndarray]] = []  # rows where an episode starts after the sequence's first step
-    for batch in log.data.scanner(columns=STEP_COLUMNS, filter=filt, batch_size=BATCH).to_batches():
+    for batch in data.scanner(columns=STEP_COLUMNS, filter=filt, batch_size=BATCH).to_batches():
         if not batch.num_rows:
             continue
         c = {k: batch.column(k).to_numpy(zero_copy_only=False) for k in STEP_COLUMNS if k != "episode_start"}
