@@ -274,6 +274,21 @@ def _plan(
     return out
 
 
+def words_in(batch: pa.RecordBatch, words: dict[str, Sequence[str]]) -> np.ndarray:
+    """The rows of ``batch`` whose string column ``name`` holds one of ``words[name]``, for every name (null: no),
+    as a boolean mask: the test is made once per distinct word of the column's dictionary and the rows take
+    its answer by their codes. Arrow's filter on a dictionary column (the form :func:`with_dictionaries` reads
+    strings in) took ~2.5x the time of reading every row's columns (a 9.9M-row log: 1.2 s against 0.5 s)."""
+    keep = np.ones(batch.num_rows, bool)
+    for name, allowed in words.items():
+        col = batch.column(name)
+        enc = col if pa.types.is_dictionary(col.type) else col.dictionary_encode()
+        hit = np.array([w in allowed for w in enc.dictionary.to_pylist()] + [False])
+        codes = enc.indices.fill_null(len(hit) - 1) if enc.null_count else enc.indices
+        keep &= hit[codes.to_numpy(zero_copy_only=False)]
+    return keep
+
+
 def is_parquet(data: ds.Dataset) -> bool:
     """Whether ``data`` is a dataset of Parquet files (its row groups can be picked: :func:`row_groups`)."""
     return isinstance(data, ds.FileSystemDataset) and isinstance(data.format, ds.ParquetFileFormat)
