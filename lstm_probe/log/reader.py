@@ -402,37 +402,6 @@ def dataset(path: str | os.PathLike[str]) -> tuple[ds.Dataset, LogInfo]:
     return ds.dataset([str(f) for f in info.files], format=fmt, schema=schema), info
 
 
-def prune(data: ds.Dataset, filt: ds.Expression | None) -> ds.Dataset:
-    """The row groups of ``data`` that ``filt`` may select by their footer statistics, as a dataset to scan
-    with ``filt`` (it still decides which rows are returned).
-
-    :func:`dataset` reads string columns as dictionaries, and Arrow (pyarrow 26) prunes no row group by a
-    filter on a dictionary column (``phase == "rollout"`` read every row group's vectors: the state-health
-    read of a 9.9M-row log took 3.0 s instead of 0.27 s). This asks Arrow's own pruning on the same files
-    read with plain string columns, row group by row group, and keeps the row groups it keeps. A dataset
-    that is not of Parquet files, or a filter on no string column, is returned as it is."""
-    import pyarrow.dataset as ds
-
-    if filt is None or not isinstance(data, ds.FileSystemDataset) or not isinstance(data.format, ds.ParquetFileFormat):
-        return data
-    words = {f.name for f in data.schema if pa.types.is_dictionary(f.type)}
-    if not words & set(re.findall(r"\b[A-Za-z_][A-Za-z0-9_]*\b", str(filt))):
-        return data  # Arrow prunes by the filter's columns itself
-    plain = pa.schema(
-        [f.with_type(f.type.value_type) if f.name in words else f for f in data.schema],
-        metadata=data.schema.metadata,
-    )
-    twin = ds.ParquetFileFormat()
-    kept = []
-    for frag in data.get_fragments():
-        ids = [rg.id for rg in frag.row_groups] if frag.row_groups else None
-        mirror = twin.make_fragment(frag.path, frag.filesystem, row_groups=ids)
-        keep = [rg.id for part in mirror.split_by_row_group(filt, schema=plain) for rg in part.row_groups]
-        if keep:
-            kept.append(frag.subset(row_group_ids=keep))
-    return ds.FileSystemDataset(kept, data.schema, data.format, data.filesystem)
-
-
 def narrow(data: ds.Dataset, **within: tuple[int, int]) -> ds.Dataset:
     """The row groups of ``data`` whose footer statistics allow a value of each named integer column in
     ``lo..hi``: a dataset to scan with a filter on those columns when they hold nulls.

@@ -8,19 +8,26 @@ arrays (no pandas: ``lstm-probe report`` starts without importing it).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from lstm_probe.log import budget
-from lstm_probe.log.reader import prune
 from lstm_probe.report.numeric import dense_key, present, row_key
 
+Progress: TypeAlias = Callable[[str, int, int], None]
+"""``progress(step, done, total)``, called as a report reads a log (``summarize(progress=...)``): step
+``"rows"`` with the first-layer rows read so far and the log's rows, after each run of iterations; then each
+section that reads more of the log, by its key, with the sections done so far and their number. It only
+tells (the CLI draws a line on a terminal); the report never prints."""
+Test = tuple[str, str, Any]
+"""(column, 'equal' or 'greater', value): a test of one row's value (a null passes no test)."""
 SCAN_BATCH = 1 << 18
 """Rows per batch while the scalar columns are read."""
 SMALL_INTS = ("iteration", "epoch", "minibatch", "seq", "seq_len", "env", "episode", "episode_step")
@@ -274,7 +281,7 @@ def _plan(
     return out
 
 
-def words_in(batch: pa.RecordBatch, words: dict[str, Sequence[str]]) -> np.ndarray:
+def words_in(batch: pa.RecordBatch, words: Mapping[str, Sequence[str]]) -> np.ndarray:
     """The rows of ``batch`` whose string column ``name`` holds one of ``words[name]``, for every name (null: no),
     as a boolean mask: the test is made once per distinct word of the column's dictionary and the rows take
     its answer by their codes. Arrow's filter on a dictionary column (the form :func:`with_dictionaries` reads
@@ -289,6 +296,32 @@ def words_in(batch: pa.RecordBatch, words: dict[str, Sequence[str]]) -> np.ndarr
     return keep
 
 
+def rows_expr(tests: tuple[Test, ...], words: dict[str, tuple[str, ...]]) -> ds.Expression:
+    """:func:`select_rows`' rows as a filter expression (the row groups that may hold them: footer statistics)."""
+    out = ds.scalar(True)
+    for name, op, value in tests:
+        out &= (ds.field(name) == value) if op == "equal" else (ds.field(name) > value)
+    for name, allowed in words.items():
+        out &= ds.field(name).isin(list(allowed))
+    return out
+
+
+def select_rows(batch: pa.RecordBatch, tests: tuple[Test, ...], words: dict[str, tuple[str, ...]]) -> pa.RecordBatch:
+    """The rows of ``batch`` that pass ``tests`` and hold ``words``, in order: the first test (the most
+    selective) over the batch, each further one over the rows left (Arrow's filter by an expression took
+    ~10 ms a batch, by a dictionary column more; the same rows as Arrow's filter)."""
+    keep: np.ndarray | None = None  # the rows left
+    for name, op, value in tests:
+        col = batch.column(name) if keep is None else batch.column(name).take(pa.array(keep))
+        hit = pc.equal(col, value) if op == "equal" else pc.greater(col, value)
+        hit = pc.fill_null(hit, False).to_numpy(zero_copy_only=False)
+        keep = np.flatnonzero(hit) if keep is None else keep[hit]
+        if not len(keep):
+            return batch.slice(0, 0)
+    left = batch if keep is None else batch.take(pa.array(keep))
+    return left.filter(pa.array(words_in(left, words)))
+
+
 def is_parquet(data: ds.Dataset) -> bool:
     """Whether ``data`` is a dataset of Parquet files (its row groups can be picked: :func:`row_groups`)."""
     return isinstance(data, ds.FileSystemDataset) and isinstance(data.format, ds.ParquetFileFormat)
@@ -297,8 +330,8 @@ def is_parquet(data: ds.Dataset) -> bool:
 def row_groups(data: ds.Dataset, filt: ds.Expression) -> ds.Dataset:
     """The row groups of ``data`` (a dataset of Parquet files) that ``filt`` may select by their statistics,
     in log order, as a dataset: scanned without a filter, it reads them whole (string columns' statistics
-    asked too: :func:`lstm_probe.log.reader.prune`)."""
-    data = prune(data, filt)
+    asked too: :func:`lstm_probe.log.budget.prune`)."""
+    data = budget.prune(data, filt)
     fragments = [rg for f in data.get_fragments(filter=filt) for rg in f.split_by_row_group(filt, schema=data.schema)]
     return ds.FileSystemDataset(fragments, data.schema, data.format, data.filesystem)
 
@@ -374,9 +407,12 @@ class ScanTotals:
     roll_module: str | None = None
 
 
-def scan(data: ds.Dataset, accumulators: Sequence[Any], chunk_rows: int) -> ScanTotals:
+def scan(
+    data: ds.Dataset, accumulators: Sequence[Any], chunk_rows: int, progress: Progress | None = None
+) -> ScanTotals:
     """Read the first layer's scalar rows in runs of whole iterations and add each run into every
-    accumulator (a fresh one per run, merged into the total)."""
+    accumulator (a fresh one per run, merged into the total); ``progress("rows", read, log's rows)`` after
+    each run."""
     cols = COLUMNS + (["worker"] if "worker" in data.schema.names else [])
     totals = ScanTotals()
     strings = with_dictionaries(data, cols)
@@ -389,7 +425,11 @@ def scan(data: ds.Dataset, accumulators: Sequence[Any], chunk_rows: int) -> Scan
     plain = is_parquet(strings) and data.count_rows(filter=other) == 0
     layer_type = data.schema.field("layer").type
     read = [c for c in cols if c != "layer"] if plain and pa.types.is_integer(layer_type) else cols
-    for filt, rows, iterations in _plan(data, None if plain else FIRST_LAYER, chunk_rows):
+    plan = _plan(data, None if plain else FIRST_LAYER, chunk_rows)
+    total, done = sum(rows for _, rows, _ in plan), 0
+    if progress is not None:
+        progress("rows", 0, total)
+    for filt, rows, iterations in plan:
         df, front = read_scalars(strings, read, filt, rows, iterations if plain else None)
         if "layer" not in df:  # every row's layer is 0, as the statistics say: not read
             df["layer"] = np.zeros(1, layer_type.to_pandas_dtype())[0]
@@ -409,4 +449,7 @@ def scan(data: ds.Dataset, accumulators: Sequence[Any], chunk_rows: int) -> Scan
             part.add(chunk)
             acc.merge(part)
         del df, chunk
+        done += rows
+        if progress is not None:
+            progress("rows", done, total)
     return totals

@@ -15,7 +15,7 @@ import pyarrow.dataset as ds
 
 from lstm_probe.contract import Capabilities
 from lstm_probe.log import budget
-from lstm_probe.log.reader import narrow, prune
+from lstm_probe.log.reader import narrow
 from lstm_probe.log.schema import relative_l2
 from lstm_probe.report.numeric import dense_key, groups
 from lstm_probe.report.section import Block, Line, Log, Section, Table, fmt
@@ -124,7 +124,7 @@ def cross_process(data: ds.Dataset, vectors: bool) -> CrossProcessSection:
     base = ds.field("env_step").is_valid() & (ds.field("iteration") < CROSS_ITERATIONS)
     part = narrow(data, iteration=(0, CROSS_ITERATIONS - 1))  # the first iterations' row groups (statistics)
     roll, learn = base & (ds.field("phase") == "rollout"), base & ds.field("phase").isin(["train", "value"])
-    roll_part, learn_part = prune(part, roll), prune(part, learn)  # their row groups (footer statistics)
+    roll_part, learn_part = budget.prune(part, roll), budget.prune(part, learn)  # their row groups (footer statistics)
     budget.check_filtered(roll_part, cols, roll, "the cross-process check's rollout rows")
     budget.check_filtered(learn_part, cols, learn, "the cross-process check's learner rows")
     roll_t = roll_part.to_table(columns=cols, filter=roll)

@@ -38,7 +38,7 @@ import pyarrow.dataset as ds
 from lstm_probe.contract import Capabilities
 from lstm_probe.log import budget
 from lstm_probe.log.schema import INITS
-from lstm_probe.report.scan import is_parquet, row_groups, with_dictionaries, words_in
+from lstm_probe.report.scan import Test, is_parquet, row_groups, rows_expr, select_rows, with_dictionaries
 from lstm_probe.report.section import Block, Line, Log, Section, Table
 from lstm_probe.report.sections.staleness import PROVENANCE_TOLERANCE
 from lstm_probe.text import safe
@@ -224,38 +224,10 @@ class _Tally:
 
 LEAK_COLUMNS = ["call", "module", "phase", "env", "env_step"]
 LEAK_NEEDS = {"t", "path", "episode_start", "padding"}
-Test = tuple[str, str, Any]
-"""(column, 'equal' or 'greater', value): a test of one row's value (a null passes no test)."""
 LEAK_ROWS: tuple[Test, ...] = (("episode_start", "equal", True), ("t", "greater", 0), ("layer", "equal", 0))
 LEAK_ROWS += (("padding", "equal", False),)
-LEAK_WORDS = {"phase": TRAINING, "path": ("sequence",)}
+LEAK_WORDS: dict[str, tuple[str, ...]] = {"phase": TRAINING, "path": ("sequence",)}
 """The rows :class:`_Leaks` reads: those that pass ``LEAK_ROWS`` and whose string columns hold ``LEAK_WORDS``."""
-
-
-def _expr(tests: tuple[Test, ...], words: dict[str, tuple[str, ...]]) -> ds.Expression:
-    """:func:`_select`'s rows as a filter expression (the row groups that may hold them: footer statistics)."""
-    out = ds.scalar(True)
-    for name, op, value in tests:
-        out &= (ds.field(name) == value) if op == "equal" else (ds.field(name) > value)
-    for name, allowed in words.items():
-        out &= ds.field(name).isin(list(allowed))
-    return out
-
-
-def _select(batch: pa.RecordBatch, tests: tuple[Test, ...], words: dict[str, tuple[str, ...]]) -> pa.RecordBatch:
-    """The rows of ``batch`` that pass ``tests`` and hold ``words``, in order: the first test (the most
-    selective) over the batch, each further one over the rows left (Arrow's filter by an expression took
-    ~10 ms a batch, by a dictionary column more; the same rows as Arrow's filter)."""
-    keep: np.ndarray | None = None  # the rows left
-    for name, op, value in tests:
-        col = batch.column(name) if keep is None else batch.column(name).take(pa.array(keep))
-        hit = pc.equal(col, value) if op == "equal" else pc.greater(col, value)
-        hit = pc.fill_null(hit, False).to_numpy(zero_copy_only=False)
-        keep = np.flatnonzero(hit) if keep is None else keep[hit]
-        if not len(keep):
-            return batch.slice(0, 0)
-    left = batch if keep is None else batch.take(pa.array(keep))
-    return left.filter(pa.array(words_in(left, words)))
 
 
 class _Leaks:
@@ -268,7 +240,7 @@ class _Leaks:
         self.found = _First()
 
     def add(self, batch: pa.RecordBatch) -> None:
-        batch = _select(batch, LEAK_ROWS, LEAK_WORDS)
+        batch = select_rows(batch, LEAK_ROWS, LEAK_WORDS)
         if batch.num_rows:
             c = {k: batch.column(k).to_numpy(zero_copy_only=False) for k in LEAK_COLUMNS}
             c = {k: v.astype(float) if k in ("call", "env", "env_step") else v.astype(str) for k, v in c.items()}
@@ -288,7 +260,7 @@ STEP_COLUMNS = ["call", "module", "phase", "env", "env_step", "iteration", "seq"
 STEP_NEEDS = {"t", "path", "episode_start", "padding", "epoch", "minibatch", "iteration", "seq", "drift_h"}
 STEP_ROWS: tuple[Test, ...] = (("epoch", "equal", 0), ("minibatch", "equal", 0), ("layer", "equal", 0))
 STEP_ROWS += (("padding", "equal", False),)
-STEP_WORDS = {"phase": ("train",), "path": ("stepwise",)}
+STEP_WORDS: dict[str, tuple[str, ...]] = {"phase": ("train",), "path": ("stepwise",)}
 """The rows :class:`_StepScan` reads (as :data:`LEAK_ROWS` and :data:`LEAK_WORDS`)."""
 
 
@@ -305,7 +277,7 @@ class _StepScan:
         self.starts: list[dict[str, np.ndarray]] = []  # rows where an episode starts after the sequence's first step
 
     def add(self, batch: pa.RecordBatch) -> None:
-        batch = _select(batch, STEP_ROWS, STEP_WORDS)
+        batch = select_rows(batch, STEP_ROWS, STEP_WORDS)
         if not batch.num_rows:
             return
         c = {k: batch.column(k).to_numpy(zero_copy_only=False) for k in STEP_COLUMNS if k != "episode_start"}
@@ -495,10 +467,10 @@ class Doctor(Section[DoctorSection]):
         leaks = _Leaks() if LEAK_NEEDS <= names else None
         steps = _StepScan() if STEP_NEEDS <= names else None
         if leaks is not None:
-            filt |= _expr(LEAK_ROWS, LEAK_WORDS)
+            filt |= rows_expr(LEAK_ROWS, LEAK_WORDS)
             columns += [*LEAK_COLUMNS, *LEAK_NEEDS, "layer"]
         if steps is not None:
-            filt |= _expr(STEP_ROWS, STEP_WORDS)
+            filt |= rows_expr(STEP_ROWS, STEP_WORDS)
             columns += [*STEP_COLUMNS, "layer", "path", "epoch", "minibatch", "padding"]
         columns = list(dict.fromkeys(columns))
         held: dict[str, np.ndarray] | None = None

@@ -12,7 +12,6 @@ import pyarrow.dataset as ds
 
 from lstm_probe.contract import Capabilities
 from lstm_probe.log import budget
-from lstm_probe.log.reader import prune
 from lstm_probe.report.numeric import group_stats, groups, mean_max, present, row_key
 from lstm_probe.report.section import (
     Accumulator,
@@ -169,7 +168,7 @@ class Health(Section[HealthSection]):
         columns = ["module", "layer", "iteration", "h_norm", "c_norm"] + (["h"] if vectors else [])
         # little read ahead (as the scalar scan): a few batches of one file
         rollout = ds.field("phase") == "rollout"
-        data = prune(log.data, rollout)  # the rollout row groups alone (footer statistics)
+        data = budget.prune(log.data, rollout)  # the rollout row groups alone (footer statistics)
         budget.check_stream(data, columns, "the state-health read")
         scanner = data.scanner(
             columns=columns, filter=rollout, batch_size=HEALTH_BATCH, batch_readahead=2, fragment_readahead=1

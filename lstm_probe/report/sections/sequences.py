@@ -15,7 +15,6 @@ import pyarrow.dataset as ds
 
 from lstm_probe.contract import Capabilities
 from lstm_probe.log import budget
-from lstm_probe.log.reader import prune
 from lstm_probe.report.numeric import dense_key, summary_stats
 from lstm_probe.report.scan import Chunk, Frame
 from lstm_probe.report.section import Accumulator, Block, Log, Mergeable, Panel, Parts, Section, Sum, fmt
@@ -230,7 +229,7 @@ def _from_starts(log: Log) -> np.ndarray | None:
     cols = ["env", "env_step", *(["worker"] if "worker" in names else [])]
     base = (ds.field("layer") == 0) & ds.field("phase").isin(list(ACTING_STARTS)) & ds.field("env").is_valid()
     tagged = base & ds.field("env_step").is_valid() & ds.field("episode_start").is_valid()
-    data = prune(log.data, tagged)  # the acting rows' row groups (footer statistics)
+    data = budget.prune(log.data, tagged)  # the acting rows' row groups (footer statistics)
     budget.check_stream(data, [*cols, "layer", "phase", "episode_start"], "the episodes' read")
     starts = tagged & ((ds.field("episode_start") == True) | (ds.field("env_step") == 0))  # noqa: E712
     if not data.count_rows(filter=tagged):
