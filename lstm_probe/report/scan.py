@@ -233,6 +233,14 @@ def read_scalars(
     return Frame(out, {name: list(words) for name, words in vocab.items()}), front
 
 
+def fit(chunk_rows: int, columns: int) -> int:
+    """``chunk_rows``, or fewer where a run of that many rows of ``columns`` columns would not fit the memory
+    budget (``--max-memory``): a run's columns (counted as :func:`read_scalars` counts them) take at most half
+    of it, the rest left to the sections' own reads and totals. The report does not depend on the runs, so a
+    smaller budget reads any log in more, smaller runs instead of refusing it."""
+    return max(1, min(chunk_rows, budget.limit() // (2 * 8 * max(columns, 1))))
+
+
 def chunks(data: ds.Dataset, filt: ds.Expression | None, chunk_rows: int) -> list[tuple[ds.Expression | None, int]]:
     """Filters that split the rows ``filt`` selects into runs of whole iterations of at most ``chunk_rows``
     rows (an iteration larger than that alone; rows without an iteration last), each with its row count.
@@ -425,7 +433,7 @@ def scan(
     plain = is_parquet(strings) and data.count_rows(filter=other) == 0
     layer_type = data.schema.field("layer").type
     read = [c for c in cols if c != "layer"] if plain and pa.types.is_integer(layer_type) else cols
-    plan = _plan(data, None if plain else FIRST_LAYER, chunk_rows)
+    plan = _plan(data, None if plain else FIRST_LAYER, fit(chunk_rows, len(read)))
     total, done = sum(rows for _, rows, _ in plan), 0
     if progress is not None:
         progress("rows", 0, total)
