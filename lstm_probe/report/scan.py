@@ -8,7 +8,7 @@ arrays (no pandas: ``lstm-probe report`` starts without importing it).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, TypeAlias
@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 
 from lstm_probe.log import budget
 from lstm_probe.report.numeric import dense_key, present, row_key
@@ -193,8 +194,13 @@ def read_scalars(
         data, filt = row_groups(data, filt), None
     budget.refuse(n * 8 * len(columns), f"the report's scan of {n:,} rows")
     budget.check_stream(data, columns, "the report's scan")
-    scanner = data.scanner(columns=columns, filter=filt, batch_size=SCAN_BATCH, batch_readahead=2, fragment_readahead=1)
-    for batch in scanner.to_batches():
+    if filt is None and is_parquet(data):  # read as asked (:func:`stream`), not ahead of this loop's work
+        batches = stream(data, columns, SCAN_BATCH)
+    else:
+        batches = data.to_batches(
+            columns=columns, filter=filt, batch_size=SCAN_BATCH, batch_readahead=2, fragment_readahead=1
+        )
+    for batch in batches:
         if iterations is not None:
             it = batch.column("iteration").to_numpy(zero_copy_only=False)  # nulls: NaN, in no run
             inside = (it >= iterations[0]) & (it <= iterations[1])
@@ -328,6 +334,22 @@ def select_rows(batch: pa.RecordBatch, tests: tuple[Test, ...], words: dict[str,
             return batch.slice(0, 0)
     left = batch if keep is None else batch.take(pa.array(keep))
     return left.filter(pa.array(words_in(left, words)))
+
+
+def stream(data: ds.Dataset, columns: list[str], batch_size: int) -> Iterator[pa.RecordBatch]:
+    """Every row of ``data`` (a dataset of Parquet files, or of their row groups: :func:`row_groups`) batch by
+    batch in log order, each batch read when asked (a file's own batch reader, its columns decoded in
+    threads). Arrow's dataset scanner reads ahead of a slow consumer without bound: the doctor's pass over
+    a 99.9M-row log held 548 MB of Arrow memory, at 5 ms of work a batch ~220 MB after 400 batches."""
+    if not is_parquet(data):
+        yield from data.to_batches(columns=columns, batch_size=batch_size)
+        return
+    words = [c for c in columns if pa.types.is_dictionary(data.schema.field(c).type)]
+    for frag in data.get_fragments():
+        ids = [rg.id for rg in frag.row_groups] if frag.row_groups else None
+        with frag.filesystem.open_input_file(frag.path) as f:
+            pf = pq.ParquetFile(f, read_dictionary=words)
+            yield from pf.iter_batches(batch_size=batch_size, row_groups=ids, columns=columns, use_threads=True)
 
 
 def is_parquet(data: ds.Dataset) -> bool:

@@ -38,7 +38,15 @@ import pyarrow.dataset as ds
 from lstm_probe.contract import Capabilities
 from lstm_probe.log import budget
 from lstm_probe.log.schema import INITS
-from lstm_probe.report.scan import Test, is_parquet, row_groups, rows_expr, select_rows, with_dictionaries
+from lstm_probe.report.scan import (
+    Test,
+    is_parquet,
+    row_groups,
+    rows_expr,
+    select_rows,
+    stream,
+    with_dictionaries,
+)
 from lstm_probe.report.section import Block, Line, Log, Section, Table
 from lstm_probe.report.sections.staleness import PROVENANCE_TOLERANCE
 from lstm_probe.text import safe
@@ -482,8 +490,11 @@ class Doctor(Section[DoctorSection]):
             rows, filt = row_groups(rows, filt), None
         # little read ahead (as the scalar scan): a few batches of one file
         budget.check_stream(rows, columns, "the doctor's read of input states")
-        scanner = rows.scanner(columns=columns, filter=filt, batch_size=BATCH, batch_readahead=2, fragment_readahead=1)
-        for whole in scanner.to_batches():
+        if parquet:
+            batches = stream(rows, columns, BATCH)
+        else:
+            batches = rows.to_batches(columns=columns, filter=filt, batch_size=BATCH, batch_readahead=2)
+        for whole in batches:
             if leaks is not None:
                 leaks.add(whole)
             if steps is not None:
