@@ -8,6 +8,8 @@ arrays (no pandas: ``lstm-probe report`` starts without importing it).
 
 from __future__ import annotations
 
+import queue
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -336,14 +338,50 @@ def select_rows(batch: pa.RecordBatch, tests: tuple[Test, ...], words: dict[str,
     return left.filter(pa.array(words_in(left, words)))
 
 
-def stream(data: ds.Dataset, columns: list[str], batch_size: int) -> Iterator[pa.RecordBatch]:
+def stream(data: ds.Dataset, columns: list[str], batch_size: int, ahead: int = 2) -> Iterator[pa.RecordBatch]:
     """Every row of ``data`` (a dataset of Parquet files, or of their row groups: :func:`row_groups`) batch by
-    batch in log order, each batch read when asked (a file's own batch reader, its columns decoded in
-    threads). Arrow's dataset scanner reads ahead of a slow consumer without bound: the doctor's pass over
-    a 99.9M-row log held 548 MB of Arrow memory, at 5 ms of work a batch ~220 MB after 400 batches."""
+    batch in log order, read by a thread at most ``ahead`` batches ahead of the caller (a file's own batch
+    reader). Arrow's dataset scanner reads ahead of a slow consumer without bound: the doctor's pass over a
+    99.9M-row log held 548 MB of Arrow memory, at 5 ms of work a batch ~220 MB after 400 batches."""
     if not is_parquet(data):
         yield from data.to_batches(columns=columns, batch_size=batch_size)
         return
+    ready: queue.Queue[Any] = queue.Queue(maxsize=ahead)
+    stop = threading.Event()
+    end = object()
+
+    def hand(item: Any) -> bool:
+        while not stop.is_set():
+            try:
+                ready.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def read() -> None:
+        try:
+            for batch in _file_batches(data, columns, batch_size):
+                if not hand(batch):
+                    return
+            hand(end)
+        except BaseException as exc:  # raised in the caller's thread
+            hand(exc)
+
+    reader = threading.Thread(target=read, name="lstm-probe-read", daemon=True)
+    reader.start()
+    try:
+        while (item := ready.get()) is not end:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        reader.join()
+
+
+def _file_batches(data: ds.Dataset, columns: list[str], batch_size: int) -> Iterator[pa.RecordBatch]:
+    """:func:`stream`'s batches, read in this thread."""
     words = [c for c in columns if pa.types.is_dictionary(data.schema.field(c).type)]
     for frag in data.get_fragments():
         ids = [rg.id for rg in frag.row_groups] if frag.row_groups else None
