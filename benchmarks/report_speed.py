@@ -74,24 +74,34 @@ print(json.dumps({"seconds": time.perf_counter() - t, "cpu": time.process_time()
 """
 
 
-def _cli_report(log: Path, env: dict[str, str], here: Path) -> dict[str, float]:
-    """Wall and CPU seconds of one fresh `lstm-probe report LOG --json` running the code on ``env``'s
-    PYTHONPATH (this checkout's when unset); peak RSS is not separated from other children here."""
-    import resource
+WRAP = """
+import json, resource, subprocess, sys, time
+start = time.perf_counter()
+r = subprocess.run(sys.argv[1:], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+wall = time.perf_counter() - start
+use = resource.getrusage(resource.RUSAGE_CHILDREN)
+sys.stderr.buffer.write(r.stderr)
+if not r.returncode:
+    json.loads(r.stdout)  # the report's JSON
+cpu = use.ru_utime + use.ru_stime
+print(json.dumps({"seconds": wall, "cpu": cpu, "rss_mb": use.ru_maxrss / 1024, "rc": r.returncode}))
+"""
+"""Runs one command and prints its wall and CPU seconds and peak RSS: a small process of its own whose only
+child is the command, so ``ru_maxrss`` is the command's (not the builder's, nor an earlier run's)."""
 
+
+def _cli_report(log: Path, env: dict[str, str], here: Path) -> dict[str, float]:
+    """Wall and CPU seconds and peak RSS (MB) of one fresh `lstm-probe report LOG --json` running the code on
+    ``env``'s PYTHONPATH (this checkout's when unset)."""
     script = Path(sys.executable).with_name("lstm-probe")
     entry = [str(script)] if script.exists() else [sys.executable, "-m", "lstm_probe.cli"]
     env = {**env, "PYTHONPATH": env.get("PYTHONPATH", str(here))}
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    start = time.perf_counter()
-    r = subprocess.run([*entry, "report", str(log), "--json"], env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - start
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if r.returncode:
+    r = subprocess.run(
+        [sys.executable, "-c", WRAP, *entry, "report", str(log), "--json"], env=env, capture_output=True, text=True
+    )
+    if r.returncode or json.loads(r.stdout)["rc"]:
         raise SystemExit(r.stderr[-400:])
-    json.loads(r.stdout)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return {"seconds": wall, "cpu": cpu, "rss_mb": 0.0}
+    return json.loads(r.stdout)
 
 
 def main() -> None:
@@ -217,7 +227,10 @@ def main() -> None:
             if args.cli:
                 results.setdefault(label, []).append(_cli_report(out, child_env, here))
                 res = results[label][-1]
-                print(f"  [{k + 1}] {label}: {res['seconds']:.1f} s ({res['cpu']:.1f} s CPU)")
+                print(
+                    f"  [{k + 1}] {label}: {res['seconds']:.1f} s ({res['cpu']:.1f} s CPU), "
+                    f"peak RSS {res['rss_mb']:.0f} MB"
+                )
                 continue
             flags = ["sections"] if args.sections else []
             r = subprocess.run(
@@ -252,7 +265,12 @@ def main() -> None:
     a, b = ([x["seconds"] for x in v] for v in results.values())
     if args.cli:
         ratios = [x / y for x, y in zip(a, b, strict=True)]
-        print(f"{' / '.join(results)}: report --json time {statistics.median(ratios):.2f}x (pairs)")
+        ma, mb = (max(x["rss_mb"] for x in v) for v in results.values())
+        print(
+            f"{' / '.join(results)}: report --json time {statistics.median(ratios):.2f}x (pairs), "
+            f"peak RSS {ma / mb:.2f}x"
+        )
+        _cleanup(tmp, args.keep, out)
         return
     ratios = [x / y for x, y in zip(a, b, strict=True)]
     ma, mb = (max(x["rss_mb"] for x in v) for v in results.values())
@@ -260,7 +278,12 @@ def main() -> None:
         f"{' / '.join(results)}: time {statistics.median(ratios):.2f}x "
         f"({min(ratios):.2f}-{max(ratios):.2f}, pairs), peak RSS {ma / mb:.2f}x"
     )
-    if tmp is not None and not args.keep:
+    _cleanup(tmp, args.keep, out)
+
+
+def _cleanup(tmp: Path | None, keep: bool, out: Path) -> None:
+    """The generated log removed (a 100M-row log is ~1 GB), unless kept."""
+    if tmp is not None and not keep:
         shutil.rmtree(tmp)
     elif tmp is not None:
         print(f"kept {out}")

@@ -209,7 +209,10 @@ def report(
         from lstm_probe.report.html import check_out
 
         check_out(html_out)
-    rep = summarize(path)
+    from lstm_probe.cli.render import ReadProgress
+
+    with ReadProgress() as progress:
+        rep = summarize(path, progress=progress)
     if html_out is not None:
         from lstm_probe.report.html import build_html
 

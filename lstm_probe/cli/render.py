@@ -10,7 +10,9 @@ time quadratic in a long word, and would style a file's text as if it meant some
 
 from __future__ import annotations
 
+import shutil
 import sys
+import time
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -338,3 +340,45 @@ def _table(block: Any, title: str, width: int) -> list[Any]:
     for row in block.rows:
         t.add_row(*row)
     return [t]
+
+
+class ReadProgress:
+    """``report``'s progress line: once a read has taken :attr:`AFTER` seconds, one line on stderr, redrawn in
+    place as ``summarize`` tells how far it is, and erased when it ends; drawn only where stderr is a terminal
+    (never into a pipe or a file, so ``--json`` output and piped stderr stay clean)."""
+
+    AFTER = 1.0
+    EVERY = 0.2
+
+    def __init__(self) -> None:
+        self._clock = time.monotonic
+        self._start = self._clock()
+        self._drawn = 0.0
+        self._shown = False
+        self._rows = ""
+        self._on = sys.stderr.isatty()
+
+    def __call__(self, step: str, done: int, total: int) -> None:
+        if not self._on:
+            return
+        if step == "rows":
+            self._rows = f"{done:,} of {total:,} rows read ({100 * done // max(total, 1)}%)"
+            text = self._rows
+        else:
+            text = f"{self._rows or 'rows read'}; section {step} ({done + 1} of {total})"
+        now = self._clock()
+        if now - self._start < self.AFTER or (self._shown and now - self._drawn < self.EVERY):
+            return
+        width = shutil.get_terminal_size().columns - 1
+        line = f"report: {text}, {now - self._start:.0f} s"[:width]
+        sys.stderr.write(f"\r{line}\x1b[K")
+        sys.stderr.flush()
+        self._drawn, self._shown = now, True
+
+    def __enter__(self) -> ReadProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._shown:  # the line erased: what follows starts at the line's beginning
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()

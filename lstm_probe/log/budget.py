@@ -180,6 +180,34 @@ def all_null(data: ds.Dataset, names: Iterable[str]) -> set[str]:
     return wide
 
 
+def prune(data: ds.Dataset, filt: ds.Expression | None) -> ds.Dataset:
+    """The row groups of ``data`` that ``filt`` may select by their footer statistics (to scan with ``filt``).
+    Arrow (pyarrow 26) prunes nothing by a filter on a dictionary column, the form :func:`dataset` reads
+    strings in (``phase == "rollout"`` read every row group's vectors: 3.0 s instead of 0.27 s at 9.9M rows);
+    this asks Arrow's pruning on the same files read with plain strings and keeps the row groups it keeps."""
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+
+    if filt is None or not isinstance(data, ds.FileSystemDataset) or not isinstance(data.format, ds.ParquetFileFormat):
+        return data
+    words = {f.name for f in data.schema if pa.types.is_dictionary(f.type)}
+    if not words & set(re.findall(r"\b[A-Za-z_][A-Za-z0-9_]*\b", str(filt))):
+        return data  # Arrow prunes by the filter's columns itself
+    plain = pa.schema(
+        [f.with_type(f.type.value_type) if f.name in words else f for f in data.schema],
+        metadata=data.schema.metadata,
+    )
+    twin = ds.ParquetFileFormat()
+    kept = []
+    for frag in data.get_fragments():
+        ids = [rg.id for rg in frag.row_groups] if frag.row_groups else None
+        mirror = twin.make_fragment(frag.path, frag.filesystem, row_groups=ids)
+        keep = [rg.id for part in mirror.split_by_row_group(filt, schema=plain) for rg in part.row_groups]
+        if keep:
+            kept.append(frag.subset(row_group_ids=keep))
+    return ds.FileSystemDataset(kept, data.schema, data.format, data.filesystem)
+
+
 def check_filtered(
     data: ds.Dataset, columns: Iterable[str], filt: ds.Expression | None, what: str, fix: str = ""
 ) -> None:

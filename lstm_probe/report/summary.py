@@ -12,7 +12,7 @@ from lstm_probe.contract import Capabilities
 from lstm_probe.log.logfiles import reading
 from lstm_probe.log.reader import dataset
 from lstm_probe.report import registry
-from lstm_probe.report.scan import REPORT_CHUNK_ROWS, scan
+from lstm_probe.report.scan import REPORT_CHUNK_ROWS, Progress, scan
 from lstm_probe.report.section import Block, Line, Log, Panel, Section
 from lstm_probe.report.verdict import Verdict, verdict
 from lstm_probe.text import safe
@@ -83,23 +83,26 @@ def _present(rep: Report) -> list[Section[Any]]:
     return [s for s in registry.SECTIONS if rep.sections.get(s.key) is not None]
 
 
-def summarize(path: str | os.PathLike[str], *, chunk_rows: int = REPORT_CHUNK_ROWS) -> Report:
+def summarize(
+    path: str | os.PathLike[str], *, chunk_rows: int = REPORT_CHUNK_ROWS, progress: Progress | None = None
+) -> Report:
     """Read a log (file, dataset directory or a killed run's parts) and compute every report section.
-    ``chunk_rows``: see :data:`REPORT_CHUNK_ROWS` (the result does not depend on it)."""
+    ``chunk_rows``: see :data:`REPORT_CHUNK_ROWS` (the result does not depend on it). ``progress``: told how
+    far the read is (:data:`lstm_probe.report.scan.Progress`)."""
     if chunk_rows < 1:
         raise ValueError(f"chunk_rows must be at least 1, got {chunk_rows}")
     with reading(path, "reported", values=True):
-        return _summarize(path, chunk_rows)
+        return _summarize(path, chunk_rows, progress)
 
 
-def _summarize(path: str | os.PathLike[str], chunk_rows: int) -> Report:
+def _summarize(path: str | os.PathLike[str], chunk_rows: int, progress: Progress | None = None) -> Report:
     data, info = dataset(path)
     log = Log(data, info, Capabilities.from_metadata(info.metadata), chunk_rows=chunk_rows)
     # row-group statistics answer this without reading rows where every layer is 0
     log.upper_layers = info.rows > 0 and data.count_rows(filter=ds.field("layer") > 0) > 0
     sections = [s for s in registry.SECTIONS if s.applies(log.caps)]
     accumulators = {s.key: acc for s in sections if (acc := s.accumulator()) is not None}
-    totals = scan(data, list(accumulators.values()), chunk_rows)
+    totals = scan(data, list(accumulators.values()), chunk_rows, progress)
     log.iterations = totals.iterations
     warnings = list(info.warnings)
     if totals.duplicates:
@@ -110,7 +113,9 @@ def _summarize(path: str | os.PathLike[str], chunk_rows: int) -> Report:
     if info.rows == 0:
         warnings.append("the log holds no rows: training made no LSTM call before it stopped")
     results: dict[str, Any] = {s.key: None for s in registry.SECTIONS}
-    for s in sections:
+    for i, s in enumerate(sections):
+        if progress is not None:
+            progress(s.key, i, len(sections))
         results[s.key] = s.compute(log, accumulators.get(s.key))
     unavailable: list[str] = []
     for s in _json_order():

@@ -38,7 +38,15 @@ import pyarrow.dataset as ds
 from lstm_probe.contract import Capabilities
 from lstm_probe.log import budget
 from lstm_probe.log.schema import INITS
-from lstm_probe.report.scan import is_parquet, row_groups, with_dictionaries
+from lstm_probe.report.scan import (
+    Test,
+    is_parquet,
+    row_groups,
+    rows_expr,
+    select_rows,
+    stream,
+    with_dictionaries,
+)
 from lstm_probe.report.section import Block, Line, Log, Section, Table
 from lstm_probe.report.sections.staleness import PROVENANCE_TOLERANCE
 from lstm_probe.text import safe
@@ -222,23 +230,29 @@ class _Tally:
         return masks[0]
 
 
-def _leaks(log: Log) -> _First:
+LEAK_COLUMNS = ["call", "module", "phase", "env", "env_step"]
+LEAK_NEEDS = {"t", "path", "episode_start", "padding"}
+LEAK_ROWS: tuple[Test, ...] = (("episode_start", "equal", True), ("t", "greater", 0), ("layer", "equal", 0))
+LEAK_ROWS += (("padding", "equal", False),)
+LEAK_WORDS: dict[str, tuple[str, ...]] = {"phase": TRAINING, "path": ("sequence",)}
+"""The rows :class:`_Leaks` reads: those that pass ``LEAK_ROWS`` and whose string columns hold ``LEAK_WORDS``."""
+
+
+class _Leaks:
     """Training rows of multi-step calls where an episode starts after the sequence's first step: the state
     runs on across the episode boundary (TorchRL: an all-false ``is_init`` over a batch that crosses
-    episodes; any loop that runs one sequence over several episodes without a reset)."""
-    found = _First()
-    if not {"t", "path", "episode_start", "padding"} <= set(log.data.schema.names):
-        return found
-    cols = ["call", "module", "phase", "env", "env_step"]
-    filt = (ds.field("layer") == 0) & ds.field("phase").isin(list(TRAINING)) & (ds.field("path") == "sequence")
-    filt &= (ds.field("t") > 0) & (ds.field("episode_start") == True) & (ds.field("padding") == False)  # noqa: E712
-    budget.check_stream(log.data, [*cols, "layer", "t", "path", "episode_start", "padding"], "the doctor's read")
-    for batch in log.data.scanner(columns=cols, filter=filt, batch_size=BATCH).to_batches():
+    episodes; any loop that runs one sequence over several episodes without a reset). Batch by batch, in
+    log order, from the doctor's one pass over the rows."""
+
+    def __init__(self) -> None:
+        self.found = _First()
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        batch = select_rows(batch, LEAK_ROWS, LEAK_WORDS)
         if batch.num_rows:
-            c = {k: batch.column(k).to_numpy(zero_copy_only=False) for k in cols}
+            c = {k: batch.column(k).to_numpy(zero_copy_only=False) for k in LEAK_COLUMNS}
             c = {k: v.astype(float) if k in ("call", "env", "env_step") else v.astype(str) for k, v in c.items()}
-            found.add(c, np.ones(batch.num_rows, bool))
-    return found
+            self.found.add(c, np.ones(batch.num_rows, bool))
 
 
 @dataclass
@@ -251,34 +265,36 @@ class _Steps:
 
 
 STEP_COLUMNS = ["call", "module", "phase", "env", "env_step", "iteration", "seq", "t", "episode_start", "drift_h"]
+STEP_NEEDS = {"t", "path", "episode_start", "padding", "epoch", "minibatch", "iteration", "seq", "drift_h"}
+STEP_ROWS: tuple[Test, ...] = (("epoch", "equal", 0), ("minibatch", "equal", 0), ("layer", "equal", 0))
+STEP_ROWS += (("padding", "equal", False),)
+STEP_WORDS: dict[str, tuple[str, ...]] = {"phase": ("train",), "path": ("stepwise",)}
+"""The rows :class:`_StepScan` reads (as :data:`LEAK_ROWS` and :data:`LEAK_WORDS`)."""
 
 
-def _steps(log: Log, not_reset: set[tuple[str, float, float]]) -> _Steps:
+class _StepScan:
     """Episode starts inside the training sequences of a per-timestep training loop that the state ran on
     across. Before any optimizer step (minibatch 0 of epoch 0) a train state equals the rollout state of its
     env step; where it does so up to an episode start and departs there, the loop kept its state where the
-    rollout reset it (``not_reset``: (module, env, env_step) where the rollout did not reset either, left out)."""
-    out = _Steps()
-    needed = {"t", "path", "episode_start", "padding", "epoch", "minibatch", "iteration", "seq", "drift_h"}
-    if not needed <= set(log.data.schema.names):
-        return out
-    filt = (ds.field("layer") == 0) & (ds.field("phase") == "train") & (ds.field("path") == "stepwise")
-    filt &= (ds.field("epoch") == 0) & (ds.field("minibatch") == 0) & (ds.field("padding") == False)  # noqa: E712
-    budget.check_stream(
-        log.data, [*STEP_COLUMNS, "layer", "path", "epoch", "minibatch", "padding"], "the doctor's read"
-    )
-    departs: dict[tuple[str, float, float], float] = {}  # (module, iteration, seq) -> first t off the rollout
-    starts: list[dict[str, np.ndarray]] = []  # rows where an episode starts after the sequence's first step
-    for batch in log.data.scanner(columns=STEP_COLUMNS, filter=filt, batch_size=BATCH).to_batches():
+    rollout reset it. Batch by batch (:meth:`add`), in log order; :meth:`result` leaves out where the
+    rollout did not reset either."""
+
+    def __init__(self) -> None:
+        self.out = _Steps()
+        self.departs: dict[tuple[str, float, float], float] = {}  # (module, iteration, seq) -> first t off the rollout
+        self.starts: list[dict[str, np.ndarray]] = []  # rows where an episode starts after the sequence's first step
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        batch = select_rows(batch, STEP_ROWS, STEP_WORDS)
         if not batch.num_rows:
-            continue
+            return
         c = {k: batch.column(k).to_numpy(zero_copy_only=False) for k in STEP_COLUMNS if k != "episode_start"}
         c = {k: v.astype(str) if k in ("module", "phase") else v.astype(float) for k, v in c.items()}
         flag = batch.column("episode_start")
         tagged = flag.is_valid().to_numpy(zero_copy_only=False)
         start = flag.fill_null(False).to_numpy(zero_copy_only=False).astype(bool)
         later = c["t"] > 0
-        out.untagged += int((later & ~tagged).sum())
+        self.out.untagged += int((later & ~tagged).sum())
         off = np.flatnonzero(c["drift_h"] > PROVENANCE_TOLERANCE)
         if len(off):  # each sequence's first step off the rollout, one Python step per sequence
             seqs, inv = np.unique(
@@ -287,16 +303,19 @@ def _steps(log: Log, not_reset: set[tuple[str, float, float]]) -> _Steps:
             first = np.full(len(seqs), np.inf)
             np.minimum.at(first, inv.reshape(-1), c["t"][off])
             for key, t in zip(seqs.tolist(), first.tolist(), strict=True):
-                departs[key] = min(departs.get(key, np.inf), t)
+                self.departs[key] = min(self.departs.get(key, np.inf), t)
         if (later & start).any():
-            starts.append({k: v[later & start] for k, v in c.items()})
-    for c in starts:
-        keys = zip(c["module"].tolist(), c["iteration"].tolist(), c["seq"].tolist(), strict=True)
-        here = np.array([departs.get(k, np.inf) for k in keys]) == c["t"]
-        envs = zip(c["module"].tolist(), c["env"].tolist(), c["env_step"].tolist(), strict=True)
-        here &= ~np.array([k in not_reset for k in envs], bool)
-        out.carried.add(c, here)
-    return out
+            self.starts.append({k: v[later & start] for k, v in c.items()})
+
+    def result(self, not_reset: set[tuple[str, float, float]]) -> _Steps:
+        """``not_reset``: (module, env, env_step) where the rollout did not reset the state either."""
+        for c in self.starts:
+            keys = zip(c["module"].tolist(), c["iteration"].tolist(), c["seq"].tolist(), strict=True)
+            here = np.array([self.departs.get(k, np.inf) for k in keys]) == c["t"]
+            envs = zip(c["module"].tolist(), c["env"].tolist(), c["env_step"].tolist(), strict=True)
+            here &= ~np.array([k in not_reset for k in envs], bool)
+            self.out.carried.add(c, here)
+        return self.out
 
 
 def _where(first: dict[str, Any]) -> str:
@@ -448,24 +467,42 @@ class Doctor(Section[DoctorSection]):
         if not data.available:
             return data
         tally = _Tally()
+        # one pass for the input states, the episode starts inside training sequences and the per-step
+        # training loops (three filtered passes took 2.4x the CPU on a 9.9M-row log)
+        names = set(log.data.schema.names)
         filt = (ds.field("layer") == 0) & ds.field("init").is_valid()
+        columns = [*COLUMNS, "layer"]
+        leaks = _Leaks() if LEAK_NEEDS <= names else None
+        steps = _StepScan() if STEP_NEEDS <= names else None
+        if leaks is not None:
+            filt |= rows_expr(LEAK_ROWS, LEAK_WORDS)
+            columns += [*LEAK_COLUMNS, *LEAK_NEEDS, "layer"]
+        if steps is not None:
+            filt |= rows_expr(STEP_ROWS, STEP_WORDS)
+            columns += [*STEP_COLUMNS, "layer", "path", "epoch", "minibatch", "padding"]
+        columns = list(dict.fromkeys(columns))
         held: dict[str, np.ndarray] | None = None
-        rows = with_dictionaries(log.data, COLUMNS)  # strings as stored: no string built per row
+        rows = with_dictionaries(log.data, columns)  # strings as stored: no string built per row
         parquet = is_parquet(rows)
-        if parquet:  # the row groups that may hold init rows (statistics), their rows selected batch by batch:
-            # Arrow's row filter on every column cost ~0.15 s more CPU on a 9.9M-row log (7% of rows kept)
+        if parquet:  # the row groups that may hold such rows (statistics), their rows selected batch by batch:
+            # Arrow's row filter on every column cost ~0.15 s more CPU on a 9.9M-row log (7% of rows kept), and
+            # more on a string column (dictionaries: words_in)
             rows, filt = row_groups(rows, filt), None
         # little read ahead (as the scalar scan): a few batches of one file
-        budget.check_stream(rows, [*COLUMNS, "layer"], "the doctor's read of input states")
-        scanner = rows.scanner(
-            columns=[*COLUMNS, "layer"], filter=filt, batch_size=BATCH, batch_readahead=2, fragment_readahead=1
-        )
-        for batch in scanner.to_batches():
-            if parquet:
-                init = batch.column("init")
-                if init.null_count == len(init):
-                    continue
-                batch = batch.filter(pc.and_(init.is_valid(), pc.equal(batch.column("layer"), 0)))
+        budget.check_stream(rows, columns, "the doctor's read of input states")
+        if parquet:
+            batches = stream(rows, columns, BATCH)
+        else:
+            batches = rows.to_batches(columns=columns, filter=filt, batch_size=BATCH, batch_readahead=2)
+        for whole in batches:
+            if leaks is not None:
+                leaks.add(whole)
+            if steps is not None:
+                steps.add(whole)
+            init = whole.column("init")
+            if init.null_count == len(init):
+                continue
+            batch = whole.filter(pc.and_(init.is_valid(), pc.equal(whole.column("layer"), 0)))
             if not batch.num_rows:
                 continue
             tally.count_sources(batch)
@@ -484,7 +521,7 @@ class Doctor(Section[DoctorSection]):
             tally.add(held)
         data.sources = {k: dict(sorted(v.items())) for k, v in sorted(tally.sources.items())}
         data.problems = _problems(tally)
-        leak = _leaks(log)
+        leak = _First() if leaks is None else leaks.found
         if leak.count:
             text = (
                 f"an episode starts inside a training sequence {leak.count} times: the state runs on across the "
@@ -492,8 +529,8 @@ class Doctor(Section[DoctorSection]):
                 f"{_where(leak.row)}"
             )
             data.problems.append(Problem("across_episodes", str(leak.row.get("phase")), leak.count, leak.row, text))
-        steps = _steps(log, tally.not_reset_at)
-        f = steps.carried
+        found = _Steps() if steps is None else steps.result(tally.not_reset_at)
+        f = found.carried
         if f.count:
             text = (
                 f"the per-step training loop carried the state across an episode start in {f.count} training "
@@ -503,7 +540,7 @@ class Doctor(Section[DoctorSection]):
             )
             data.problems.append(Problem("carried_in_training", "train", f.count, f.row, text))
         data.findings = [p.text for p in data.problems]
-        data.notes = _notes(tally, data.problems, steps)
+        data.notes = _notes(tally, data.problems, found)
         return data
 
     @staticmethod

@@ -168,8 +168,9 @@ class Health(Section[HealthSection]):
         columns = ["module", "layer", "iteration", "h_norm", "c_norm"] + (["h"] if vectors else [])
         # little read ahead (as the scalar scan): a few batches of one file
         rollout = ds.field("phase") == "rollout"
-        budget.check_stream(log.data, columns, "the state-health read")
-        scanner = log.data.scanner(
+        data = budget.prune(log.data, rollout)  # the rollout row groups alone (footer statistics)
+        budget.check_stream(data, columns, "the state-health read")
+        scanner = data.scanner(
             columns=columns, filter=rollout, batch_size=HEALTH_BATCH, batch_readahead=2, fragment_readahead=1
         )
         for batch in scanner.to_batches():

@@ -229,12 +229,13 @@ def _from_starts(log: Log) -> np.ndarray | None:
     cols = ["env", "env_step", *(["worker"] if "worker" in names else [])]
     base = (ds.field("layer") == 0) & ds.field("phase").isin(list(ACTING_STARTS)) & ds.field("env").is_valid()
     tagged = base & ds.field("env_step").is_valid() & ds.field("episode_start").is_valid()
-    budget.check_stream(log.data, [*cols, "layer", "phase", "episode_start"], "the episodes' read")
+    data = budget.prune(log.data, tagged)  # the acting rows' row groups (footer statistics)
+    budget.check_stream(data, [*cols, "layer", "phase", "episode_start"], "the episodes' read")
     starts = tagged & ((ds.field("episode_start") == True) | (ds.field("env_step") == 0))  # noqa: E712
-    if not log.data.count_rows(filter=tagged):
+    if not data.count_rows(filter=tagged):
         return None
     keys: list[np.ndarray] = []
-    for batch in log.data.scanner(columns=cols, filter=starts, batch_size=1 << 17).to_batches():
+    for batch in data.scanner(columns=cols, filter=starts, batch_size=1 << 17).to_batches():
         if batch.num_rows:
             c = [batch.column(k).to_numpy(zero_copy_only=False).astype(np.float64) for k in cols]
             keys.append(np.stack([c[2] if len(c) > 2 else np.zeros(len(c[0])), c[0], c[1]], axis=1))

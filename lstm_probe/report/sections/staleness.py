@@ -13,8 +13,9 @@ import numpy as np
 import pyarrow.dataset as ds
 
 from lstm_probe.contract import Capabilities
+from lstm_probe.log import budget
 from lstm_probe.report.numeric import group_stats, groups, labelled_groups, mean_max, present, row_key
-from lstm_probe.report.scan import Chunk, Frame, chunks, read_scalars
+from lstm_probe.report.scan import Chunk, Frame, chunks, fit, read_scalars
 from lstm_probe.report.section import (
     Accumulator,
     Block,
@@ -171,8 +172,9 @@ class Staleness(Section[StalenessSection]):
 
     def compute(self, log: Log, acc: StalenessTotals) -> StalenessSection:
         if log.upper_layers:  # the layers above the scan's first: their train rows, in runs of whole iterations
-            for filt, n_rows in chunks(log.data, UPPER_TRAIN, log.chunk_rows):
-                df, front = read_scalars(log.data, STALENESS_COLUMNS, filt, n_rows)
+            data = budget.prune(log.data, UPPER_TRAIN)  # the train row groups (footer statistics)
+            for filt, n_rows in chunks(data, UPPER_TRAIN, fit(log.chunk_rows, len(STALENESS_COLUMNS))):
+                df, front = read_scalars(data, STALENESS_COLUMNS, filt, n_rows)
                 part = StalenessTotals()
                 part.add_train(df.take(slice(front, None)))
                 acc.merge(part)
