@@ -26,7 +26,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
 from lstm_probe.integrations.torchrl.whatif import Copy, as_rows, flat_dist
 from lstm_probe.measure import memory as engine
@@ -42,7 +41,7 @@ def settings(measure: Measure) -> dict[str, Any] | None:
 
 
 @contextmanager
-def given_outputs(modules: dict[str, nn.Module], latent: dict[str, torch.Tensor]) -> Iterator[None]:
+def given_outputs(modules: dict[str, Any], latent: dict[str, torch.Tensor]) -> Iterator[None]:
     """While open, each copied recurrent module writes the given output (its first out_key) instead of running,
     so the rest of the actor and critic runs from it. The copy is private: the instance attribute is the
     adapter's own, removed on exit."""

@@ -98,7 +98,7 @@ class Copy:
         actor, critic = recurrent(nets["actor"]), recurrent(nets["critic"])
         if len(actor) != 1 or len(critic) > 1:
             raise BadInput("what-if and memory on TorchRL take an actor with one LSTMModule/GRUModule (a critic: one)")
-        self.modules = {"actor": actor[0]}
+        self.modules: dict[str, Any] = {"actor": actor[0]}
         self.critic = "mlp" if not critic else ("shared" if critic[0] is actor[0] else "lstm")
         if self.critic == "lstm":
             self.modules["critic"] = critic[0]
