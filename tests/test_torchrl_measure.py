@@ -50,14 +50,14 @@ def _plant(rnn, integrate: bool) -> None:
             lstm.bias_ih_l0[:h] = 20.0  # input gate open
 
 
-def train(out, *, cell="lstm", measured=True, plant=None, lr=1e-3, batches=3, **kw):
+def train(out, *, cell="lstm", measured=True, plant=None, lr=1e-3, batches=3, loss_kw=None, **kw):
     """The loop of run --framework torchrl (2 envs, 16 steps each, 2 epochs of the whole batch), the probe on."""
     env, actor, critic, rnn = build("CartPole-v1", n_envs=2, hidden_size=8, seed=0, cell=cell)
     if plant is not None:
         _plant(rnn, plant)
     collector = Collector(env, actor, frames_per_batch=32, total_frames=32 * batches)
     adv = GAE(gamma=0.99, lmbda=0.95, value_network=critic, average_gae=True, deactivate_vmap=True)
-    loss_module = ClipPPOLoss(actor, critic, clip_epsilon=0.2)
+    loss_module = ClipPPOLoss(actor, critic, clip_epsilon=0.2, **(loss_kw or {}))
     optim = torch.optim.Adam(loss_module.parameters(), lr=lr)
     if measured:
         kw |= {"what_if": True, "memory": True, "loss": loss_module, "optimizer": optim, "epochs": EPOCHS}
@@ -108,6 +108,15 @@ def test_training_untouched_and_the_oracle_holds(tmp_path, cell):
         assert r["grad_cos_value"] == pytest.approx(1, abs=1e-5)
     report = lstm_probe.summarize(log).to_dict()
     assert report["what_if"]["check"]["ok"] is True and report["memory"]["measured"]
+
+
+def test_separate_losses_leave_out_the_gradient(tmp_path):
+    """separate_losses=True: the user's critic loss does not reach the shared LSTM, the copy's would; the values
+    still agree, the gradient comparison is left out."""
+    log = tmp_path / "s.parquet"
+    train(log, batches=2, loss_kw={"separate_losses": True})
+    stored = [r for r in records(log) if r["alternative"] == "stored"]
+    assert stored and all(r["value_abs"] == 0 and r["grad_cos_policy"] is None for r in stored)
 
 
 @pytest.mark.parametrize("integrate", [False, True])

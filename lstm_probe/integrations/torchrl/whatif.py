@@ -28,7 +28,9 @@ Everything runs on a private copy of the loss module (``measure/copies.py``), ru
 critic with their own parameters: TensorDict's deepcopy clones the functional parameters apart, which would
 untie an LSTMModule the actor and critic share), weights copied in from the user's loss before each measured
 minibatch. The batch is the collector's (``(envs, steps)``, or ``(steps,)`` for one env) holding each recurrent
-module's input key (the observation where the module reads it); the minibatch is the whole batch.
+module's input key (the observation where the module reads it); the minibatch is the whole batch. With
+``separate_losses=True`` and a module the actor and critic share, the gradient comparison is left out (the copy's
+critic loss would reach the shared module, the user's does not).
 """
 
 from __future__ import annotations
@@ -103,6 +105,9 @@ class Copy:
         if self.critic == "lstm":
             self.modules["critic"] = critic[0]
         self.value_modules = {"lstm": ["critic"], "shared": ["actor"], "mlp": []}[self.critic]
+        # separate_losses: the user's critic loss leaves a shared module alone (PPOLoss.__init__ hands the critic
+        # detached copies of the actor's parameters), the non-functional copy's would not: no gradient comparison
+        self.same_gradient = not (getattr(loss, "separate_losses", False) and self.critic == "shared")
         self.rnns = {r: shadow(inner_rnn(m), batch_first=False) for r, m in self.modules.items()}
         keys = {r: list(m.in_keys) for r, m in self.modules.items()}
         self.input_key = {r: k[0] for r, k in keys.items()}
@@ -158,7 +163,7 @@ class WhatIf:
         self, copy: Copy, *, epochs: int, minibatches: int = 1, every: int, burn_in: Any = BURN_IN, gradient: bool
     ):
         self.copy = copy
-        params = copy.params if gradient else []
+        params = copy.params if gradient and copy.same_gradient else []
         self.engine = engine.WhatIf(
             every=every,
             burn_in=burn_in,
