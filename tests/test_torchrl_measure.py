@@ -110,6 +110,69 @@ def test_training_untouched_and_the_oracle_holds(tmp_path, cell):
     assert report["what_if"]["check"]["ok"] is True and report["memory"]["measured"]
 
 
+def test_a_critic_with_its_own_lstm(tmp_path):
+    """Actor and critic each with an LSTMModule (states under keys of their own; the collector runs both): both
+    modules vary, the oracle holds, memory has an actor (KL) and a critic (value) horizon."""
+    from tensordict.nn import TensorDictModule, TensorDictSequential
+    from torchrl.envs import Compose, DoubleToFloat, GymEnv, InitTracker, SerialEnv, StepCounter, TransformedEnv
+    from torchrl.modules import LSTMModule, OneHotCategorical, ProbabilisticActor, ValueOperator
+
+    torch.manual_seed(0)
+    env = TransformedEnv(
+        SerialEnv(2, lambda: GymEnv("CartPole-v1")), Compose(InitTracker(), StepCounter(), DoubleToFloat())
+    )
+    env.set_seed(0)
+    rnns = {
+        r: LSTMModule(
+            input_size=4,
+            hidden_size=8,
+            in_keys=["observation", f"h{r}", f"c{r}"],
+            out_keys=[f"e{r}", ("next", f"h{r}"), ("next", f"c{r}")],
+        )
+        for r in "ac"
+    }
+    for rnn in rnns.values():
+        env.append_transform(rnn.make_tensordict_primer())
+    head = TensorDictModule(torch.nn.Linear(8, 2), in_keys=["ea"], out_keys=["logits"])
+    actor = ProbabilisticActor(
+        TensorDictSequential(rnns["a"], head),
+        in_keys=["logits"],
+        spec=env.action_spec,
+        distribution_class=OneHotCategorical,
+        return_log_prob=True,
+    )
+    critic = TensorDictSequential(rnns["c"], ValueOperator(torch.nn.Linear(8, 1), in_keys=["ec"]))
+    collector = Collector(env, TensorDictSequential(actor, critic), frames_per_batch=32, total_frames=96)
+    adv = GAE(gamma=0.99, lmbda=0.95, value_network=critic, average_gae=True, deactivate_vmap=True)
+    loss_module = ClipPPOLoss(actor, critic, clip_epsilon=0.2)
+    optim = torch.optim.Adam(loss_module.parameters(), lr=1e-3)
+    log = tmp_path / "two.parquet"
+    kw = {"what_if": True, "memory": True, "loss": loss_module, "optimizer": optim, "epochs": EPOCHS}
+    with probe([actor, critic], log, capture="summary", **kw) as p:
+        for collected in collector:
+            data = collected.exclude("state_value", "ec")  # GAE computes them again (its two passes stack)
+            with torch.no_grad(), set_recurrent_mode(True):
+                adv(data)
+            for epoch in range(EPOCHS):
+                p.measure_batch(data, epoch=epoch)
+                with p.tag(epoch=epoch, minibatch=0), set_recurrent_mode(True):
+                    losses = loss_module(data)
+                optim.zero_grad()
+                (losses["loss_objective"] + losses["loss_critic"] + losses["loss_entropy"]).backward()
+                optim.step()
+    collector.shutdown()
+    meta = lstm_probe.read_info(log).metadata
+    assert meta["what_if"]["modules"] == meta["memory"]["modules"] == ["actor", "critic"]
+    assert meta["what_if"]["critic"] == "lstm"
+    rows = records(log)
+    for r in (r for r in rows if r["alternative"] == "stored"):
+        assert r["state_actor"] == r["state_critic"] == r["value_abs"] == 0, r
+        assert r["grad_cos_policy"] == pytest.approx(1, abs=1e-5) and r["grad_cos_value"] == pytest.approx(1, abs=1e-5)
+    assert max(r["state_critic"] for r in rows if r["alternative"] == "zero") == pytest.approx(1.0)
+    horizons = lstm_probe.summarize(log).to_dict()["memory"]["horizons"]
+    assert {(h["module"], h["metric"]) for h in horizons} == {("actor", "kl"), ("critic", "value_rel")}
+
+
 def test_separate_losses_leave_out_the_gradient(tmp_path):
     """separate_losses=True: the user's critic loss does not reach the shared LSTM, the copy's would; the values
     still agree, the gradient comparison is left out."""
