@@ -22,7 +22,7 @@ What it relies on (torchrl 0.14), cited by file:function:
   taken as the sum of the ``loss_*`` terms, as ``run``'s loop and TorchRL's examples do. Per-element values
   and log-probabilities are the ones the loss computes (``PPOLoss._get_cur_log_prob``: the actor's
   ``get_dist``; ``PPOLoss.loss_critic``: the critic's ``tensor_keys.value``), computed once more (the loss
-  returns means only).
+  returns means only), every alternative in one pass (the batches' rows joined: each row's segments apart).
 
 Everything runs on a private copy of the loss module (``measure/copies.py``), run non-functional (its actor and
 critic with their own parameters: TensorDict's deepcopy clones the functional parameters apart, which would
@@ -228,7 +228,7 @@ class WhatIf:
 
         c = self.copy
         loss, keys = c.loss, c.loss.tensor_keys
-        values, log_probs, dists = [], [], []
+        batches = []
         terms: dict[str, list[torch.Tensor]] = {k: [] for k in engine.TERMS}
         for alternative in states:
             x = td.clone(False)
@@ -237,18 +237,11 @@ class WhatIf:
                     full = x.get(key).clone()
                     full[ie, it] = s.transpose(0, 1).to(full.dtype)
                     x.set(key, full)
+            batches.append(x)
             with set_recurrent_mode(True):
                 out = loss(x)
-                with torch.no_grad():
-                    dist = loss.actor_network.get_dist(x.clone(False))
-                    log_probs.append(dist.log_prob(x.get(keys.action)).reshape(-1))
-                    dists.append(flat_dist(dist, td.numel()))
-                    if loss.critic_network is not None:
-                        values.append(loss.critic_network(x.clone(False)).get(keys.value).reshape(-1))
-                    else:
-                        values.append(torch.zeros_like(log_probs[-1]))
             zero = torch.zeros((), device=out["loss_objective"].device)
-            coeff = loss.critic_coeff if loss.critic_coeff is not None and float(loss.critic_coeff) != 0 else 1.0
+            coeff = loss.critic_coeff if getattr(loss, "_has_critic", False) else 1.0
             total = sum((out[k] for k in out.keys() if isinstance(k, str) and k.startswith("loss_")), zero)
             for k, v in zip(
                 engine.TERMS,
@@ -262,16 +255,26 @@ class WhatIf:
                 strict=True,
             ):
                 terms[k].append(v)
+        # per element, what the loss computed (it returns means only): every alternative in one pass, rows apart
+        n, n_alt = td.numel(), len(states)
+        with torch.no_grad(), set_recurrent_mode(True):
+            joined: Any = torch.cat(batches, 0)
+            dist = loss.actor_network.get_dist(joined.clone(False))
+            log_probs = dist.log_prob(joined.get(keys.action)).reshape(n_alt, n)
+            if loss.critic_network is not None:
+                values = loss.critic_network(joined.clone(False)).get(keys.value).reshape(n_alt, n)
+            else:
+                values = torch.zeros_like(log_probs)
+        dists = [flat_dist(dist, n_alt * n, slice(a * n, (a + 1) * n)) for a in range(n_alt)]
         mask_key = ("collector", "mask")
-        n = values[0].shape[0]
         mask = td.get(mask_key).reshape(-1).bool() if mask_key in td.keys(True) else None
         if mask is None:
-            mask = torch.ones(n, dtype=torch.bool, device=values[0].device)
+            mask = torch.ones(n, dtype=torch.bool, device=values.device)
         returns = td.get(keys.value_target).reshape(-1)
         known = None if any(d is None for d in dists) else [d for d in dists if d is not None]
         return Outcome(
-            torch.stack(values),
-            torch.stack(log_probs),
+            values,
+            log_probs,
             mask,
             {k: torch.stack(v) for k, v in terms.items()},
             known,
