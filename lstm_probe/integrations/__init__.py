@@ -132,7 +132,7 @@ FRAMEWORKS: dict[str, Framework] = {
             title="LSTMModule",
             docs="docs/torchrl.md",
             groups=(("measure", "lstm_probe.options:Measure"),),
-            refuses=("what_if", "what_if_every", "burn_in", "memory", "memory_every", "info_keys"),
+            refuses=("info_keys",),
             arch_options=("rnn_type", "lstm_layers", "dot", "svg", "png"),
             extra="torchrl",
         ),

@@ -58,6 +58,7 @@ from lstm_probe.capture.modules import base_metadata
 from lstm_probe.capture.tracer import CoreTracer
 from lstm_probe.contract import SEQ_REASON, Capabilities, Grid, Tags
 from lstm_probe.errors import BadInput
+from lstm_probe.integrations.torchrl import memory, whatif
 from lstm_probe.integrations.torchrl.samples import (
     gae_batch,
     gae_pass,
@@ -67,8 +68,10 @@ from lstm_probe.integrations.torchrl.samples import (
     pieces_on_device,
     start_copy,
 )
+from lstm_probe.integrations.torchrl.shadow import inner_rnn as _rnn
+from lstm_probe.integrations.torchrl.shadow import shadow
 from lstm_probe.log.schema import COLUMN
-from lstm_probe.options import CaptureOptions, capture_options
+from lstm_probe.options import CaptureOptions, Measure, capture_options, route, settle
 
 _PHASE_OF_PACKAGE = (
     ("torchrl.objectives.value", "value"),  # GAE, TD(lambda): their value network runs in recurrent mode
@@ -131,34 +134,6 @@ def find_modules(model: nn.Module | Iterable[nn.Module], names: list[str] | None
     if not found:
         raise BadInput("no torchrl LSTMModule or GRUModule found in the given module(s)")
     return found
-
-
-def shadow(rnn: nn.Module) -> nn.LSTM | nn.GRU:
-    """An ``nn.LSTM``/``nn.GRU`` (batch first, no dropout) holding ``rnn``'s own parameter tensors: it
-    computes with the user's current weights and changes nothing of them (the caller runs it without
-    autograd). ``rnn``: torch's or torchrl's python-based ``LSTM``/``GRU`` (an ``nn.RNNBase``)."""
-    mode = getattr(rnn, "mode", None)
-    cls: type[nn.LSTM] | type[nn.GRU] = nn.LSTM if mode == "LSTM" else nn.GRU
-    if mode not in ("LSTM", "GRU") or getattr(rnn, "bidirectional", False) or getattr(rnn, "proj_size", 0):
-        raise BadInput(f"lstm-probe traces unidirectional LSTMs/GRUs without proj_size, not {rnn!r}")
-    copy = cls(
-        int(rnn.input_size),  # type: ignore[arg-type]
-        int(rnn.hidden_size),  # type: ignore[arg-type]
-        int(rnn.num_layers),  # type: ignore[arg-type]
-        bias=bool(rnn.bias),
-        batch_first=True,
-        device="meta",
-    )
-    for name in copy._flat_weights_names:
-        setattr(copy, name, getattr(rnn, name))  # RNNBase.__setattr__ refreshes _flat_weights
-    return copy
-
-
-def _rnn(m: nn.Module) -> nn.Module:
-    inner = getattr(m, "lstm", None) or getattr(m, "gru", None)
-    if not isinstance(inner, nn.Module):
-        raise BadInput(f"{type(m).__name__} holds no .lstm or .gru module")
-    return inner
 
 
 class _Counts:
@@ -230,7 +205,8 @@ class TorchRLProbe(Probe, Tagged):
     """The TorchRL :class:`~lstm_probe.contract.Integration`: forward hooks on ``LSTMModule``/``GRUModule``
     that re-run each call on a shadow the tracer core hooks (module docstring). Use as a context manager,
     or ``start()`` / ``close()``. ``tag(epoch=..., minibatch=..., iteration=...)`` tags the calls of the
-    loss loop (the phase and the collector batch are found without it)."""
+    loss loop (the phase and the collector batch are found without it). ``measure`` (what_if, memory), ``loss``,
+    ``optimizer``, ``epochs``, ``minibatches``: see :func:`probe` and :meth:`measure_batch`."""
 
     name = "torchrl"
     tag_keys = ("iteration", "epoch", "minibatch")
@@ -242,6 +218,12 @@ class TorchRLProbe(Probe, Tagged):
         options: CaptureOptions,
         metadata: dict[str, Any] | None = None,
         capture_obs: bool = False,
+        *,
+        measure: Measure | None = None,
+        loss: Any = None,
+        optimizer: Any = None,
+        epochs: int = 1,
+        minibatches: int = 1,
     ):
         import tensordict
         import torchrl
@@ -270,7 +252,8 @@ class TorchRLProbe(Probe, Tagged):
         # capture_obs: collection rows keep the recurrent module's input (its first in_key: the observation where
         # the module reads it, as the run's does), flattened; a module of another input width keeps none
         self.obs_size: int | None = None
-        if capture_obs:
+        m = measure or Measure()
+        if capture_obs or m.capture_obs:
             first: Any = next(iter(self._inner.values()))
             self.obs_size = int(first.input_size)
             self._metadata["obs_size"] = self.obs_size
@@ -289,12 +272,23 @@ class TorchRLProbe(Probe, Tagged):
             s.register_forward_hook(self._returns(name), prepend=True)
         # no reference_window given: the first collection call sets it from its collector (see _window)
         self._window_from_collector = not options.reference_window
+        # what-if and the memory horizon on one private copy of the user's ClipPPOLoss (whatif.py, memory.py)
+        asked_w, asked_m = whatif.settings(m), memory.settings(m)
+        if (asked_w or asked_m) and loss is None:
+            raise BadInput("what_if and memory on TorchRL re-run the loss: pass loss= (the ClipPPOLoss) and optimizer=")
+        copy: Any = whatif.Copy(loss) if asked_w or asked_m else None
+        sizes: dict[str, Any] = {"epochs": epochs, "minibatches": minibatches, "gradient": optimizer is not None}
+        self.what_if = whatif.WhatIf(copy, **sizes, **asked_w) if asked_w else None
+        self.memory = memory.Memory(copy, **asked_m) if asked_m else None
+        self._optimizer, self._memory_at = optimizer, -1
         self.tracer = CoreTracer(self.shadows, options, self)
 
     # -- the contract --------------------------------------------------------------------------------
     def capabilities(self) -> Capabilities:
-        """framework 'torchrl': training sequences start from the states stored at collection."""
-        return Capabilities("torchrl", epochs=self._epochs, stored_states=True, observe=True)
+        """framework 'torchrl': training sequences start from the states stored at collection; a batch can be
+        re-run on a copy of the loss (whatif.py, memory.py)."""
+        caps = {"stored_states": True, "replay": True, "respond": True, "observe": True}
+        return Capabilities("torchrl", epochs=self._epochs, **caps)
 
     def metadata(self) -> dict[str, Any]:
         return dict(self._metadata)
@@ -307,6 +301,8 @@ class TorchRLProbe(Probe, Tagged):
     def _attach(self) -> None:
         for name, m in self.td_modules.items():
             self._handles.append(m.register_forward_hook(self._make_hook(name)))
+        if self.what_if is not None and self._optimizer is not None:  # the gradient the optimizer steps with
+            self._handles.append(self._optimizer.register_step_pre_hook(self.what_if.step_hook))
 
     def _detach(self) -> None:
         for h in self._handles:
@@ -314,7 +310,21 @@ class TorchRLProbe(Probe, Tagged):
         self._handles.clear()
 
     def _final(self) -> dict[str, Any]:
-        return {"torchrl_unprobed_calls": dict(self.unprobed)} if self.unprobed else {}
+        final = {"torchrl_unprobed_calls": dict(self.unprobed)} if self.unprobed else {}
+        measured = {"what_if": self.what_if, "memory": self.memory}
+        return final | {k: m.metadata() for k, m in measured.items() if m is not None and m.metadata() is not None}
+
+    def measure_batch(self, data: Any, epoch: int, minibatch: int = 0, iteration: int | None = None) -> None:
+        """Call before the loss of each (epoch, minibatch) on the collector's batch ``data`` (the value
+        estimator's advantage in it): the memory horizon at the first call per batch (its collection weights),
+        what-if on the minibatches it samples; nothing unless the probe was made with what_if or memory. On a
+        copy of the loss: training is untouched. ``iteration``: the collector batch (counted by the probe)."""
+        it = self.iteration if iteration is None else iteration
+        if self.memory is not None and it != self._memory_at:
+            self._memory_at = it
+            self.memory.measure(data, it)
+        if self.what_if is not None:
+            self.what_if.on_batch(data, (it, epoch, minibatch))
 
     # -- the hook ------------------------------------------------------------------------------------
     def _make_hook(self, name: str) -> Any:
@@ -561,12 +571,28 @@ def probe(
     metadata: dict[str, Any] | None = None,
     options: CaptureOptions | None = None,
     capture_obs: bool = False,
+    measure: Measure | None = None,
+    loss: Any = None,
+    optimizer: Any = None,
+    epochs: int = 1,
+    minibatches: int = 1,
     **capture: Any,
 ) -> TorchRLProbe:
     """A probe on every ``LSTMModule``/``GRUModule`` in ``model`` (the policy; pass ``[actor, critic]``
     when the critic has its own), or those named in ``modules``. Use as a context manager around
     collection and training: ``with probe(policy, "run.parquet") as p: ...``. ``out`` and the capture
     keywords as for :func:`lstm_probe.trace`. ``capture_obs``: collection rows keep the recurrent module's input
-    (the observation where the module reads it), flattened (the ``obs`` column; linear probes)."""
-    opts = capture_options(options, out, **capture)
-    return TorchRLProbe(find_modules(model, modules), opts, metadata, capture_obs=capture_obs)
+    (the observation where the module reads it), flattened (the ``obs`` column; linear probes).
+
+    ``measure`` (a :class:`~lstm_probe.options.Measure`) and its fields' names (``what_if=True``,
+    ``memory=True``): measured on a copy of ``loss`` (the ``ClipPPOLoss``) when the loop calls
+    :meth:`TorchRLProbe.measure_batch` before each loss call; ``optimizer``: what-if's gradient comparison (a
+    step pre-hook); ``epochs``, ``minibatches``: per collected batch, which what-if samples (docs/torchrl.md)."""
+    cap, me = route(capture, (CaptureOptions, Measure), "torchrl.probe")
+    opts = capture_options(options, out, **cap)
+    m = settle(Measure, measure, me)
+    if m.info_keys:
+        raise BadInput("--info is not built for --framework torchrl yet (--capture-obs keeps the observations)")
+    found = find_modules(model, modules)
+    kw = {"loss": loss, "optimizer": optimizer, "epochs": epochs, "minibatches": minibatches}
+    return TorchRLProbe(found, opts, metadata, capture_obs=capture_obs, measure=m, **kw)

@@ -138,7 +138,8 @@ def run(
     RunResult. ``n_envs`` envs [1] in a SerialEnv, ``n_steps`` [128] steps each per collector batch,
     ``n_epochs`` [4] passes of the loss over the whole batch (one minibatch: the rows are whole
     trajectories), ``hidden_size`` [32], CPU; ``measure`` (:class:`~lstm_probe.options.Measure`):
-    ``capture_obs`` (what-if and memory are not built for TorchRL yet: refused in one line)."""
+    ``capture_obs``, ``what_if`` (with ``what_if_every``, ``burn_in``) and ``memory`` (``memory_every``), measured
+    on a copy of the ClipPPOLoss before each epoch's loss (``TorchRLProbe.measure_batch``; whatif.py, memory.py)."""
     from torchrl.collectors import Collector
     from torchrl.modules import set_recurrent_mode
     from torchrl.objectives import ClipPPOLoss
@@ -152,9 +153,8 @@ def run(
     opts = settle(CaptureOptions, options, cap)
     t = settle(TrainOptions, train, tr)
     trl = settle(Measure, measure, own)
-    unsupported = [f"--{k.replace('_', '-')}" for k in ("what_if", "memory", "info_keys") if getattr(trl, k)]
-    if unsupported:
-        raise BadInput(f"{unsupported[0]} is not built for --framework torchrl yet (--capture-obs is)")
+    if trl.info_keys:
+        raise BadInput("--info is not built for --framework torchrl yet (--capture-obs keeps the observations)")
     check_envs(opts, t)
     check_output(Path(os.fspath(opts.out)), force=opts.force, is_dir=opts.directory)  # before anything is built
     saved_as = saved.beside(opts.out, "model.pt")  # the policy's state dicts, for `lstm-probe export`
@@ -196,7 +196,9 @@ def run(
             "hidden_size": hidden,
         },
     }
-    probe = TorchRLProbe(find_modules([actor, critic]), opts, metadata, capture_obs=trl.capture_obs)
+    epochs = t.n_epochs or 4
+    measured = {"measure": trl, "loss": loss_module, "optimizer": optim, "epochs": epochs, "minibatches": 1}
+    probe = TorchRLProbe(find_modules([actor, critic]), opts, metadata, **measured)
     probe.start()
 
     def loop() -> Iterator[int]:
@@ -204,7 +206,8 @@ def run(
         for data in collector:
             with torch.no_grad(), set_recurrent_mode(True):
                 adv(data)
-            for epoch in range(t.n_epochs or 4):
+            for epoch in range(epochs):
+                probe.measure_batch(data, epoch=epoch, minibatch=0)  # what-if and memory, on copies (if asked)
                 with probe.tag(epoch=epoch, minibatch=0), set_recurrent_mode(True):
                     losses = loss_module(data)
                 loss = losses["loss_objective"] + losses["loss_critic"] + losses["loss_entropy"]
