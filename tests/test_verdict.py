@@ -62,9 +62,9 @@ def test_no_drift_is_unmeasured_never_fresh():
     none = verdict(None, None, Capabilities("generic"))
     assert none.stale is None and "do not start from stored rollout states" in none.lines[0]
     # a framework that cannot re-run a minibatch is not told to pass a flag its run refuses
-    torchrl = verdict(staleness(0.05, 0.05), None, Capabilities("torchrl", stored_states=True))
-    assert "unmeasured; this log's integration (torchrl) cannot re-run" in torchrl.lines[-1]
-    assert "run with --what-if" not in torchrl.lines[-1]
+    rllib = verdict(staleness(0.05, 0.05), None, Capabilities("rllib", stored_states=True))
+    assert "unmeasured; this log's integration (rllib) cannot re-run" in rllib.lines[-1]
+    assert "run with --what-if" not in rllib.lines[-1]
 
 
 def test_stored_states_within_need_no_burn_in():

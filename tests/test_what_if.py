@@ -316,5 +316,5 @@ def test_settings_and_unavailable():
 def test_cli_refuses_what_if_for_rllib():
     args = [sys.executable, "-m", "lstm_probe", "run", "CartPole-v1", "--framework", "rllib", "--what-if"]
     r = subprocess.run(args, capture_output=True, text=True, timeout=120)
-    takes = "--what-if applies to --framework sb3 and rsl_rl and torchrl only"
+    takes = "--what-if applies to --framework sb3, rsl_rl and torchrl only"
     assert r.returncode == 2 and takes in r.stdout + r.stderr

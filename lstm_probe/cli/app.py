@@ -110,7 +110,7 @@ def run(
     for d in RUN_FLAGS:  # a flag of another framework's group, set: refused, naming the frameworks that take it
         if d.group in given and d.field.name in given[d.group] and d.group not in (CaptureOptions, TrainOptions):
             if d.field.name not in integrations.run_options(fw):
-                owners = " and ".join(integrations.owners(d.field.name))
+                owners = integrations.listed(integrations.owners(d.field.name))
                 raise BadInput(f"{d.set_flag} applies to --framework {owners} only")
     chosen = {k: v for g, values in given.items() if g not in (CaptureOptions, TrainOptions) for k, v in values.items()}
     capture = given.get(CaptureOptions, {})
@@ -170,7 +170,9 @@ def _framework_options(taken: tuple[str, ...], command: str, **options: tuple[st
 
     for name, (flag, value, unset) in options.items():
         if name not in taken and value != unset:
-            raise BadInput(f"{flag} applies to --framework {' and '.join(integrations.owners(name, command))} only")
+            raise BadInput(
+                f"{flag} applies to --framework {integrations.listed(integrations.owners(name, command))} only"
+            )
     return {name: value for name, (_, value, _) in options.items() if name in taken}
 
 

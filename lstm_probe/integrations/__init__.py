@@ -224,6 +224,11 @@ def run_options(fw: Framework) -> set[str]:
     return {f.name for _, cls in group_classes(fw) for f in dataclasses.fields(cls)} - set(fw.refuses)
 
 
+def listed(names: list[str]) -> str:
+    """``names`` as a sentence lists them: "sb3", "sb3 and rsl_rl", "sb3, rsl_rl and torchrl"."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
 def owners(option: str, command: str = "run") -> list[str]:
     """The frameworks that take ``option`` in ``command`` ('run' or 'arch')."""
     return [f.name for f in FRAMEWORKS.values() if option in (run_options(f) if command == "run" else f.arch_options)]

@@ -110,7 +110,7 @@ def _matters(v: Verdict, wi: WhatIfSection | None, caps: Capabilities) -> None:
         else:  # the integration cannot re-run a minibatch on a copy of the policy (yet): say so, not a flag it refuses
             how = (
                 f"this log's integration ({caps.framework}) cannot re-run a training minibatch from other states "
-                "yet; --what-if measures it on RecurrentPPO (sb3) and rsl_rl runs"
+                "yet; --what-if measures it on sb3, rsl_rl and TorchRL runs"
             )
         v.lines.append(f"whether it matters for values and actions: unmeasured; {how}")
         return

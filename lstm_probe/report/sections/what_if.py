@@ -195,8 +195,8 @@ class WhatIf(Section[WhatIfSection]):
             return []
         return [
             "what if (counterfactual initial states, burn-in): needs an integration that keeps the rollout's "
-            "inputs and can re-run a minibatch on a copy of the policy (sb3 and rsl_rl: lstm-probe run --what-if; "
-            "in code, what_if=True where the probe is attached)"
+            "inputs and can re-run a minibatch on a copy of the policy (sb3, rsl_rl and TorchRL: lstm-probe run "
+            "--what-if; in code, what_if=True where the probe is attached)"
         ]
 
     def warnings(self, data: WhatIfSection, log: Log) -> list[str]:
