@@ -217,7 +217,6 @@ class TorchRLProbe(Probe, Tagged):
         modules: dict[str, nn.Module],
         options: CaptureOptions,
         metadata: dict[str, Any] | None = None,
-        capture_obs: bool = False,
         *,
         measure: Measure | None = None,
         loss: Any = None,
@@ -253,7 +252,7 @@ class TorchRLProbe(Probe, Tagged):
         # the module reads it, as the run's does), flattened; a module of another input width keeps none
         self.obs_size: int | None = None
         m = measure or Measure()
-        if capture_obs or m.capture_obs:
+        if m.capture_obs:
             first: Any = next(iter(self._inner.values()))
             self.obs_size = int(first.input_size)
             self._metadata["obs_size"] = self.obs_size
@@ -570,7 +569,6 @@ def probe(
     modules: list[str] | None = None,
     metadata: dict[str, Any] | None = None,
     options: CaptureOptions | None = None,
-    capture_obs: bool = False,
     measure: Measure | None = None,
     loss: Any = None,
     optimizer: Any = None,
@@ -581,13 +579,14 @@ def probe(
     """A probe on every ``LSTMModule``/``GRUModule`` in ``model`` (the policy; pass ``[actor, critic]``
     when the critic has its own), or those named in ``modules``. Use as a context manager around
     collection and training: ``with probe(policy, "run.parquet") as p: ...``. ``out`` and the capture
-    keywords as for :func:`lstm_probe.trace`. ``capture_obs``: collection rows keep the recurrent module's input
-    (the observation where the module reads it), flattened (the ``obs`` column; linear probes).
+    keywords as for :func:`lstm_probe.trace`.
 
-    ``measure`` (a :class:`~lstm_probe.options.Measure`) and its fields' names (``what_if=True``,
-    ``memory=True``): measured on a copy of ``loss`` (the ``ClipPPOLoss``) when the loop calls
-    :meth:`TorchRLProbe.measure_batch` before each loss call; ``optimizer``: what-if's gradient comparison (a
-    step pre-hook); ``epochs``, ``minibatches``: per collected batch, which what-if samples (docs/torchrl.md)."""
+    ``measure`` (a :class:`~lstm_probe.options.Measure`) and its fields' names: ``capture_obs=True``
+    (collection rows keep the recurrent module's input, the observation where the module reads it, flattened,
+    in the ``obs`` column for linear probes); ``what_if=True``, ``memory=True`` (measured on a copy of ``loss``,
+    the ``ClipPPOLoss``, when the loop calls :meth:`TorchRLProbe.measure_batch` before each loss call);
+    ``optimizer``: what-if's gradient comparison (a step pre-hook); ``epochs``, ``minibatches``: per collected
+    batch, which what-if samples (docs/torchrl.md)."""
     cap, me = route(capture, (CaptureOptions, Measure), "torchrl.probe")
     opts = capture_options(options, out, **cap)
     m = settle(Measure, measure, me)
@@ -595,4 +594,4 @@ def probe(
         raise BadInput("--info is not built for --framework torchrl yet (--capture-obs keeps the observations)")
     found = find_modules(model, modules)
     kw = {"loss": loss, "optimizer": optimizer, "epochs": epochs, "minibatches": minibatches}
-    return TorchRLProbe(found, opts, metadata, capture_obs=capture_obs, measure=m, **kw)
+    return TorchRLProbe(found, opts, metadata, measure=m, **kw)

@@ -90,18 +90,20 @@ def build(
     return env, actor, critic, rnn
 
 
-def arch(
-    target: Any,
-    *,
-    shared_lstm: bool = True,
-    hidden_size: int | None = None,
-    rnn_type: str = "lstm",
-    lstm_layers: int | None = None,
-) -> Any:
+ARCH_OPTIONS = ("shared_lstm", "hidden_size", "rnn_type", "lstm_layers")
+"""The keywords :func:`arch` takes (the CLI's arch flags that apply to TorchRL)."""
+
+
+def arch(target: Any, **options: Any) -> Any:
     """Architecture and measured gradient flow (``lstm-probe arch --framework torchrl``) of ``target``: an env
     id (the actor and critic :func:`run` builds, which share one ``LSTMModule``, or ``GRUModule`` with
     ``rnn_type='gru'``; ``lstm_layers`` [1], ``hidden_size`` [32]; ``shared_lstm`` is not an option: the run
     shares), or a pair ``(actor, critic)`` of the user's modules, analysed as they are (``torchrl/arch.py``)."""
+    unknown = sorted(set(options) - set(ARCH_OPTIONS))
+    if unknown:
+        raise BadInput(f"arch --framework torchrl has no option {unknown[0]!r}; it takes {', '.join(ARCH_OPTIONS)}")
+    hidden_size, lstm_layers = options.get("hidden_size"), options.get("lstm_layers")
+    rnn_type = options.get("rnn_type") or "lstm"
     if isinstance(target, tuple | list) and len(target) == 2 and all(isinstance(m, nn.Module) for m in target):
         return analysis.arch(*target)
     if not isinstance(target, str | os.PathLike):
