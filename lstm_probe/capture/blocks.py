@@ -192,9 +192,10 @@ class Block:
     ``buf`` (R, N, T, H) and its first step's input states in ``inputs``. A loop recorded whole
     (``CoreTracer.loop_end``) brings its states ``stacked`` instead."""
 
-    __slots__ = ("buf", "calls", "grids", "inputs", "n", "stacked")
+    __slots__ = ("buf", "calls", "grids", "inputs", "n", "stacked", "t0")
 
-    def __init__(self, buf: torch.Tensor | None = None) -> None:
+    def __init__(self, buf: torch.Tensor | None = None, t0: int = 0) -> None:
+        self.t0 = t0  # a per-timestep loop's block: the step in its grid of the block's first step
         self.calls: list[int] = []
         self.stacked: torch.Tensor | None = None  # a loop recorded whole: its states, (L or 2L, N, T, H)
         self.grids: list[Grid] = []
@@ -211,10 +212,22 @@ class Block:
         return Block(like.new_empty((2, rows, capacity, batch, hidden)))
 
     @staticmethod
-    def for_loop(like: torch.Tensor, rows: int, steps: int) -> Block:
-        """A block for ``steps`` steps of a per-timestep loop over ``like``'s batch."""
+    def for_loop(like: torch.Tensor, rows: int, t0: int, steps: int) -> Block:
+        """A block for the ``steps`` steps from step ``t0`` of a per-timestep loop over ``like``'s batch."""
         _, batch, hidden = like.shape
-        return Block(like.new_empty((rows, batch, max(1, steps), hidden)))
+        return Block(like.new_empty((rows, batch, max(1, steps), hidden)), t0)
+
+    def settle(self) -> None:
+        """Keep the calls all of whose parts are in: a Ctrl-C's KeyboardInterrupt lands between any two
+        bytecodes, so a hook may stop between a call's id and its states (the writer would get one more id
+        than states)."""
+        k = self.n if self.stacked is None else int(self.stacked.shape[2])
+        k = min(k, len(self.calls), len(self.grids) if self.grids else k)
+        del self.calls[k:], self.grids[k:]
+        if self.stacked is None:
+            self.n = k
+        else:
+            self.stacked = self.stacked[:, :, :k]
 
     @property
     def batch(self) -> int:

@@ -269,7 +269,9 @@ class CoreTracer:
         exception inside the loop: the steps that ran are written, as the call-by-call path does)."""
         if self._loop is loop:
             self._loop = None
-        writer, steps, name = self.writer, loop.steps, loop.name
+        writer, name = self.writer, loop.name
+        k = min(len(loop.steps), len(loop.calls))  # a Ctrl-C may stop a step's hook between its two appends
+        steps, loop.calls = loop.steps[:k], loop.calls[:k]
         if writer is None or not steps:
             return
         start = time.perf_counter()
@@ -299,8 +301,10 @@ class CoreTracer:
             return
         stepwise = key[0] == "stepwise"
         for name, block in pending.items():
-            n = len(block.calls)
-            t0 = tags.stepwise.get(name, n) - n if stepwise else 0
+            block.settle()  # a hook that a Ctrl-C stopped half-way leaves a call without its states
+            if not block.n:
+                continue
+            t0 = block.t0 if stepwise else 0
             job = functools.partial(self._write_block, writer, name, tags, stepwise, t0, block)
             writer.submit(job, block.nbytes())
 
@@ -408,7 +412,7 @@ def _stepwise_step(
     tracer.calls += 1
     block = tracer._pending.get(name)
     if block is None:
-        block = tracer._pending[name] = Block.for_loop(h, m.rows, tags.grid.shape[1] - done)  # type: ignore[union-attr]
+        block = tracer._pending[name] = Block.for_loop(h, m.rows, done, tags.grid.shape[1] - done)  # type: ignore[union-attr]
     if done == 0:
         block.inputs.append(module_input(mod, args, int(x.shape[1 - m.time_axis]), x, False, m.lstm))
     block.calls.append(call)
@@ -479,11 +483,11 @@ def _one_step(
     if stepwise:
         assert grid is not None
         if block is None:
-            block = tracer._pending[name] = Block.for_loop(h, rows, grid.shape[1] - t)
-        block.calls.append(call)
-        block.put_step(h, c)
+            block = tracer._pending[name] = Block.for_loop(h, rows, t, grid.shape[1] - t)
         if t == 0:  # a per-timestep loop's first step: its input state (see Inputs)
             block.inputs.append(joined(x0, rows, batch, h))
+        block.calls.append(call)
+        block.put_step(h, c)
         return
     if block is None:
         block = tracer._pending[name] = Block.for_steps(h, rows)

@@ -11,7 +11,6 @@ touched, no optimizer steps. The caller keeps the global RNGs as they were (``sb
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -19,6 +18,7 @@ import torch
 from torch import nn
 
 from lstm_probe.integrations.sb3.arch import Architecture, ModuleInfo, ParamFlow, _dedupe, _recording
+from lstm_probe.measure import copies
 
 LOSSES = ("policy", "value", "entropy")
 """The loss terms an :class:`Architecture` reports, in its columns' order (policy: PPO's surrogate)."""
@@ -30,24 +30,7 @@ def private_copy(modules: Mapping[str, nn.Module]) -> nn.ModuleDict:
     weight/spectral-norm hooks, which compute weights, stay), without instance attributes that shadow its
     methods (a user's wrappers), and without the tensors a module keeps between calls (an RNN's last state,
     a distribution's last parameters: outputs of the caller's runs, not the model)."""
-    memo: dict[int, Any] = {}
-    for m in nn.ModuleDict(dict(modules)).modules():
-        for name, value in vars(m).items():
-            if "hooks" in name and isinstance(value, dict) and value:
-                memo[id(value)] = type(value)()  # not copied: the caller's hooks and what they hold
-            elif name not in ("_parameters", "_buffers", "_modules") and _kept_output(value):
-                memo[id(value)] = None
-    fresh = copy.deepcopy(nn.ModuleDict(dict(modules)), memo)
-    for m in fresh.modules():
-        own = vars(m)
-        for name, value in list(own.items()):
-            if "hooks" in name and isinstance(value, dict):
-                kept = {k: h for k, h in value.items() if type(h).__module__.startswith("torch.nn.utils")}
-                value.clear()
-                value.update(kept)
-            elif callable(value) and not isinstance(value, type) and callable(getattr(type(m), name, None)):
-                del own[name]
-    return fresh
+    return copies.private_copy(nn.ModuleDict(dict(modules)), drop=_kept_output)
 
 
 def _kept_output(value: Any) -> bool:

@@ -11,6 +11,7 @@ are part of an autograd graph: those cannot be deep-copied, and are rebuilt by t
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import torch
@@ -31,15 +32,16 @@ def _kept_of_last_call(value: Any) -> bool:
     return False
 
 
-def private_copy(module: M) -> M:
-    """A deep copy of ``module`` that runs none of the caller's code (see the module's docstring)."""
+def private_copy(module: M, drop: Callable[[Any], bool] = _kept_of_last_call) -> M:
+    """A deep copy of ``module`` that runs none of the caller's code (see the module's docstring); ``drop``:
+    which instance attributes are left behind (None in the copy), beyond hooks and wrappers."""
     memo: dict[int, Any] = {}
     for m in module.modules():
         for name, value in vars(m).items():
             if "hooks" in name and isinstance(value, dict) and value:
                 kept = {k: h for k, h in value.items() if type(h).__module__.startswith("torch.nn.utils")}
                 memo[id(value)] = type(value)(kept) if kept else type(value)()
-            elif _kept_of_last_call(value):
+            elif drop(value):
                 memo[id(value)] = None
     fresh = copy.deepcopy(module, memo)
     for m in fresh.modules():
