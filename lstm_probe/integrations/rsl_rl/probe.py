@@ -153,6 +153,7 @@ class RslRlProbe(Probe):
         self.roll = {k: np.full(shape, -1, np.int64) for k in ("env_step", "episode", "episode_step")}
         self.roll["start"] = np.full(shape, -1, np.int64)
         self.tags: Tags | None = None
+        self.sequences: list[tuple[np.ndarray, np.ndarray]] = []  # layout's, per minibatch
         self._predict: tuple[int, Tags] | None = None
         self._version = 0  # env steps the counters hold
         self._undo: list[tuple[Any, str, Any]] = []
@@ -333,7 +334,8 @@ class RslRlProbe(Probe):
                     self.tags = Tags(phase="train", iteration=self.iteration, epoch=epoch, minibatch=mb, grid=grids[mb])
                     if self.what_if is not None:  # before PPO trains on it, outside the hooks
                         self.tags = None
-                        self.what_if.on_batch(batch, self.roll["start"], (self.iteration, epoch, mb))
+                        where = (self.iteration, epoch, mb)
+                        self.what_if.on_batch(batch, self.roll["start"], self.sequences[mb], where)
                         self.tags = Tags(
                             phase="train", iteration=self.iteration, epoch=epoch, minibatch=mb, grid=grids[mb]
                         )
@@ -358,9 +360,11 @@ class RslRlProbe(Probe):
         length = t1 - t0
         size = self.n // num_mini_batches
         grids = []
+        self.sequences = []  # each minibatch's trajectories: (env, first rollout step), for what-if
         tt = np.arange(steps)
         for i in range(num_mini_batches):
             a, b = np.searchsorted(env, [i * size, (i + 1) * size])
+            self.sequences.append((env[a:b], t0[a:b]))
             e, s, ln = env[a:b, None], t0[a:b, None], length[a:b]
             valid = tt[None, :] < ln[:, None]
             src = np.minimum(s + tt[None, :], steps - 1)

@@ -100,9 +100,12 @@ class WhatIf:
         self.step_hook = self.engine.step_hook
         self.metadata = self.engine.metadata
 
-    def on_batch(self, batch: Any, starts: np.ndarray, where: tuple[int, int, int]) -> None:
+    def on_batch(
+        self, batch: Any, starts: np.ndarray, sequences: tuple[np.ndarray, np.ndarray], where: tuple[int, int, int]
+    ) -> None:
         """Called for every minibatch the storage yields: measures it if sampled. ``starts``: the rollout's
-        episode starts (steps, envs), as the probe keeps them."""
+        episode starts (steps, envs), as the probe keeps them; ``sequences``: the minibatch's trajectories (env,
+        first rollout step), as the probe's ``layout`` cut them from the storage's dones."""
         iteration, epoch, mb = where
         if not self.engine.wants(iteration, epoch, mb):
             self.engine.skip()
@@ -110,17 +113,10 @@ class WhatIf:
         copies.sync(self._pairs)
         for r in ROLES:
             self.copies[r].train(getattr(self.alg, r).training)
-        storage = self.alg.storage
-        dones = storage.dones.reshape(self.n_steps, -1).cpu().numpy() != 0  # once per measured minibatch
-        cut = np.zeros_like(dones)  # rollout_storage.py: last_was_done
-        cut[0] = True
-        cut[1:] = dones[:-1]
-        env, step = np.nonzero(cut.T)  # the generator's trajectory order
-        size = self.n_envs // int(self.alg.num_mini_batches)
-        a, b = np.searchsorted(env, [mb * size, (mb + 1) * size])
+        env, step = sequences
         stored = {r: _tuple(s) for r, s in zip(ROLES, batch.hidden_states, strict=True) if r in self.modules}
         mini = engine.Minibatch(
-            where=where, env=env[a:b], step=step[a:b], stored=stored, evaluate=lambda s: self._evaluate(batch, s)
+            where=where, env=env, step=step, stored=stored, evaluate=lambda s: self._evaluate(batch, s)
         )
         like = batch.returns
         self.engine.measure(self._rollout(iteration, starts), mini, like)
