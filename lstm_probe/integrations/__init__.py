@@ -106,7 +106,11 @@ FRAMEWORKS: dict[str, Framework] = {
             "lstm_probe.integrations.rllib.train",
             title="Ray RLlib PPO with use_lstm",
             docs="docs/rllib.md",
-            groups=(("rllib", "lstm_probe.integrations.rllib.options:Rllib"),),
+            groups=(
+                ("rllib", "lstm_probe.integrations.rllib.options:Rllib"),
+                ("measure", "lstm_probe.options:Measure"),
+            ),
+            refuses=("memory", "memory_every", "capture_obs", "info_keys"),
             extra="rllib",
             parts_per_process=True,
         ),

@@ -132,5 +132,5 @@ def _summarize(path: str | os.PathLike[str], chunk_rows: int, progress: Progress
         capabilities=log.caps,
         findings=findings,
         unavailable=unavailable,
-        verdict=verdict(results.get("staleness"), results.get("what_if"), log.caps),
+        verdict=verdict(results.get("staleness"), results.get("what_if"), log.caps, results.get("cross_process")),
     )

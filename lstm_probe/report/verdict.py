@@ -63,9 +63,25 @@ def _drifts(st: StalenessSection | None) -> tuple[int | None, dict[str, float]]:
     return last, {str(r["module"]): float(r["drift_h_mean"]) for r in rows if int(r["epoch"]) == last}
 
 
-def verdict(staleness: StalenessSection | None, what_if: WhatIfSection | None, caps: Capabilities) -> Verdict:
-    """The verdict of one log from its staleness and what-if sections (either may be None: not computed)."""
+def _minibatch_drifts(cross: Any) -> tuple[int | None, dict[str, float]]:
+    """The drift by the last minibatch of an update, from a sharded log's cross-process section (RLlib: its
+    minibatches cycle across epochs, so the last one stands for the last epoch)."""
+    rows = [r for r in getattr(cross, "by_minibatch", None) or [] if r.get("drift_h_mean") is not None]
+    if not rows:
+        return None, {}
+    last = max(int(r["minibatch"]) for r in rows)
+    return last, {str(r["module"]): float(r["drift_h_mean"]) for r in rows if int(r["minibatch"]) == last}
+
+
+def verdict(
+    staleness: StalenessSection | None, what_if: WhatIfSection | None, caps: Capabilities, cross: Any = None
+) -> Verdict:
+    """The verdict of one log from its staleness and what-if sections (either may be None: not computed) and,
+    for a sharded log whose drift is paired across processes, its cross-process section."""
     epoch, drift = _drifts(staleness)
+    minibatch = None
+    if not drift:
+        minibatch, drift = _minibatch_drifts(cross)
     v = Verdict(stale=None if not drift else max(drift.values()) > STALE, drift=drift, epoch=epoch)
     v.provenance_ok = staleness.provenance_ok if staleness is not None else None
     if v.provenance_ok is False:
@@ -86,6 +102,8 @@ def verdict(staleness: StalenessSection | None, what_if: WhatIfSection | None, c
         ranked = sorted(drift.items(), key=lambda kv: -kv[1])
         by = " and ".join(f"{_pct(d)} ({m})" for m, d in ranked)
         where = f"by the last epoch ({epoch})" if epoch else "in epoch 0"
+        if minibatch is not None:
+            where = f"by the last minibatch of an update ({minibatch})"
         if v.stale:
             v.lines.append(
                 f"stored states went stale: {where} training states lie on average {by} from the rollout states of "

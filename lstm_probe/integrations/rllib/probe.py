@@ -53,8 +53,9 @@ from lstm_probe.capture.modules import describe_modules
 from lstm_probe.capture.tracer import CoreTracer
 from lstm_probe.contract import BOOTSTRAP, SEQ_REASON, Capabilities, Grid, Tags
 from lstm_probe.errors import BadInput
+from lstm_probe.integrations.rllib import whatif
 from lstm_probe.integrations.rllib.model import gradient_flow, lstms
-from lstm_probe.options import CaptureOptions, capture_options
+from lstm_probe.options import CaptureOptions, Measure, capture_options, route, settle
 
 KEY = "lstm_probe"
 """Key of the probe's entry in ``SingleAgentEpisode.custom_data`` and prefix of its batch column."""
@@ -70,6 +71,8 @@ class Options(CaptureOptions):
     settings and the run's metadata."""
 
     metadata: dict[str, Any] = field(default_factory=dict)
+    what_if: dict[str, Any] | None = None
+    """The what-if settings (``whatif.settings``; None: off), for the learners."""
 
 
 # Every probe this process opened, so close() reaches them from Ray's foreach_* calls.
@@ -78,6 +81,8 @@ _RUNNER_PROBES: weakref.WeakKeyDictionary[Any, RolloutProbe] = weakref.WeakKeyDi
 _LEARNER_PROBES: weakref.WeakKeyDictionary[Any, LearnerProbe] = weakref.WeakKeyDictionary()
 
 
+MEASURES = ("what_if", "what_if_every", "burn_in")
+"""The :class:`~lstm_probe.options.Measure` fields RLlib takes (``Framework.refuses`` names the rest)."""
 CALL_BLOCK = 10**12
 LEARNER_BLOCK = 1000
 EVAL_WORKER = 2000
@@ -102,7 +107,13 @@ class _Probe(Probe):
     def capabilities(self) -> Capabilities:
         """One writer per process; training chunks are cut at max_seq_len and start from stored states."""
         rl = self.options.metadata.get("rllib") or {}
-        return Capabilities("rllib", shards=True, max_seq_len=rl.get("max_seq_len"), stored_states=True)
+        return Capabilities(
+            "rllib",
+            shards=True,
+            max_seq_len=rl.get("max_seq_len"),
+            stored_states=True,
+            replay=self.options.what_if is not None,
+        )
 
     def metadata(self) -> dict[str, Any]:
         return dict(self.options.metadata)
@@ -196,8 +207,10 @@ class RolloutProbe(_Probe):
 class LearnerProbe(_Probe):
     """The tracer of one learner: tags the whole-batch value pass and each minibatch's forward_train."""
 
-    def __init__(self, module: Any, opts: Options, rank: int):
+    def __init__(self, module: Any, opts: Options, rank: int, module_id: str = "default_policy"):
         self.rank = rank
+        # the copy is made before the module's methods are wrapped (whatif.py: on a copy of the RLModule)
+        self.what_if = None if opts.what_if is None else whatif.WhatIf(module, module_id, **opts.what_if)
         self.update = -1
         self.minibatch = 0
         modules = lstms(module)
@@ -223,6 +236,14 @@ class LearnerProbe(_Probe):
         self.update += 1
         self.minibatch = 0
 
+    def _detach(self) -> None:
+        if self.what_if is not None:
+            self.what_if.close()
+
+    def _final(self) -> dict[str, Any]:
+        meta = None if self.what_if is None else self.what_if.metadata()
+        return {} if meta is None else {"what_if": meta}
+
     def _wrap(self, fn: Callable[..., Any], phase: str) -> Callable[..., Any]:
         @functools.wraps(fn)
         def forward(batch: Any, *args: Any, **kwargs: Any) -> Any:
@@ -238,6 +259,8 @@ class LearnerProbe(_Probe):
                     learner=self.rank,
                 )
                 self.tracer.integration_seconds += time.perf_counter() - start
+                if phase == "train" and self.what_if is not None:  # before the learner trains on it (a copy)
+                    self.what_if.on_minibatch(batch, prov, self.update, self.minibatch)
             try:
                 return fn(batch, *args, **kwargs)
             finally:
@@ -322,6 +345,9 @@ class ProvenanceConnector(ConnectorV2):  # type: ignore[misc]
         start = time.perf_counter()
         probe.new_update()
         appended = bool((shared_data or {}).get("_added_loss_mask_for_valid_episode_ts"))
+        if probe.what_if is not None:  # the update's chunks, the rollout what-if re-runs
+            chunks = list(self.single_agent_episode_iterator(episodes, agents_that_stepped_only=False))
+            probe.what_if.on_update(probe.update, chunks, KEY)
         for sa in self.single_agent_episode_iterator(episodes, agents_that_stepped_only=False):
             self.add_n_batch_items(
                 batch, COLUMN, items_to_add=provenance(sa, appended), num_items=len(sa), single_agent_episode=sa
@@ -356,10 +382,10 @@ def _learner_probe(rl_module: Any, opts: Options) -> LearnerProbe:
         modules = dict(rl_module.items()) if hasattr(rl_module, "items") else {"default_policy": rl_module}
         if len(modules) != 1:
             raise BadInput(f"lstm-probe traces single-agent RLlib runs; this one has modules {sorted(modules)}")
-        (module,) = modules.values()
+        ((module_id, module),) = modules.items()
         if hasattr(module, "unwrapped"):
             module = module.unwrapped()
-        probe = LearnerProbe(module, opts, _learner_rank())
+        probe = LearnerProbe(module, opts, _learner_rank(), module_id)
         _LEARNER_PROBES[rl_module] = probe
     return probe
 
@@ -389,6 +415,7 @@ def probe_config(
     *,
     metadata: dict[str, Any] | None = None,
     options: CaptureOptions | None = None,
+    measure: Measure | None = None,
     **capture: Any,
 ) -> Any:
     """Add the probe to an RLlib AlgorithmConfig (new API stack, single agent); returns the config.
@@ -396,13 +423,24 @@ def probe_config(
     ``out`` is a directory (every env runner and learner writes its own part files there). The user's
     own callbacks and learner connectors are kept. Call :func:`close` with the algorithm when training
     ends, so each process writes its outcome. ``options``: the capture settings as one
-    :class:`~lstm_probe.options.CaptureOptions`; keyword arguments of its fields' names override them.
+    :class:`~lstm_probe.options.CaptureOptions`; ``measure``: what is measured on copies
+    (:class:`~lstm_probe.options.Measure`: ``what_if`` is RLlib's, in each learner: ``whatif.py``);
+    keyword arguments of their fields' names override them.
     """
     from pathlib import Path
 
     from lstm_probe.log.layout import check_output
     from lstm_probe.log.lock import OutputLock
 
+    me, capture = route(capture, (Measure,), "probe_config", rest=True)
+    m = settle(Measure, measure, me)
+    taken = {f.name for f in dataclasses.fields(Measure) if getattr(m, f.name) != getattr(Measure(), f.name)}
+    refused = sorted(taken - set(MEASURES))
+    if refused:
+        raise BadInput(
+            f"{', '.join('--' + r.replace('_', '-') for r in refused)} not on RLlib yet: it takes --what-if "
+            "(what-if, its burn-ins and sampling)"
+        )
     given = capture_options(options, _out(out, options), **capture)
     out = _directory(given.out) or os.fspath(given.out)
     check_output(Path(out), force=given.force, is_dir=True)
@@ -410,6 +448,7 @@ def probe_config(
     opts = Options(
         **{**given.settings(), "out": str(Path(out).resolve()) + "/"},
         metadata={**config_metadata(config), **(metadata or {})},
+        what_if=whatif.settings(m.what_if, m.what_if_every, m.burn_in),
     )
     config.callbacks(
         on_episode_created=_compose(functools.partial(_on_episode_created, opts), config.callbacks_on_episode_created),

@@ -16,6 +16,7 @@ from lstm_probe.integrations.rllib.options import Rllib
 from lstm_probe.integrations.rllib.probe import _directory, _out, close, probe_config
 from lstm_probe.options import (
     CaptureOptions,
+    Measure,
     RunResult,
     TrainOptions,
     check_env_id,
@@ -35,6 +36,7 @@ def run(
     options: CaptureOptions | None = None,
     train: TrainOptions | None = None,
     rllib: Rllib | None = None,
+    measure: Measure | None = None,
     command: str | None = None,
     progress: Callable[[int, int], None] | None = None,
     **overrides: Any,
@@ -43,8 +45,9 @@ def run(
 
     ``options`` (:class:`~lstm_probe.options.CaptureOptions`), ``train``
     (:class:`~lstm_probe.options.TrainOptions`) and ``rllib`` (:class:`~lstm_probe.integrations.rllib.options.Rllib`)
-    hold the settings; keyword arguments of their fields' names override them (``steps=4000``). ``out`` is a
-    directory [run/]. Defaults follow the sb3 CLI where RLlib has no single answer: a rollout fragment of
+    hold the settings, ``measure`` (:class:`~lstm_probe.options.Measure`) what-if; keyword arguments of their
+    fields' names override them (``steps=4000``). ``out`` is a directory [run/]. Defaults follow the sb3 CLI
+    where RLlib has no single answer: a rollout fragment of
     ``n_steps`` [128] per env, a train batch of one fragment from every env of every runner, minibatches of
     ``batch_size`` [128] timesteps, ``n_epochs`` [10]; the model is RLlib's default LSTM (lstm_cell_size 256,
     max_seq_len 20) unless ``hidden_size`` / ``max_seq_len`` are given.
@@ -55,12 +58,13 @@ def run(
     from ray.rllib.algorithms.ppo import PPOConfig
     from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
 
-    cap, tr, own = route(overrides, (CaptureOptions, TrainOptions, Rllib), "run --framework rllib")
+    cap, tr, own, me = route(overrides, (CaptureOptions, TrainOptions, Rllib, Measure), "run --framework rllib")
     if out is not None or options is None:
         cap["out"] = _out(out, options)
     opts = settle(CaptureOptions, options, cap)
     t = settle(TrainOptions, train, tr)
     r = settle(Rllib, rllib, own)
+    m = settle(Measure, measure, me)
     check_envs(opts, t)
     steps, n_envs, n_steps = t.steps, t.n_envs, t.n_steps
     env_runners, learners = r.env_runners, r.learners
@@ -90,7 +94,9 @@ def run(
     threads = t.torch_threads or 1
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))  # RLlib sets it for actors, not for the driver
     torch.set_num_threads(threads)
-    probe_config(config, options=opts, metadata={"command": command, "total_timesteps": steps, "n_envs": n_envs})
+    probe_config(
+        config, options=opts, measure=m, metadata={"command": command, "total_timesteps": steps, "n_envs": n_envs}
+    )
     os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "error")
     # RLlib's own warnings (new API stack notice, deprecations) would bury the CLI's one-line output
     logging.getLogger("ray.rllib").setLevel(logging.ERROR)

@@ -63,7 +63,7 @@ class WhatIfSection:
     """Per (epoch, alternative): means over the measured minibatches of each metric (``state_<module>``: relative
     L2 distance of the initial states from refreshed; ``value_rel``: mean |Δ value| / return spread; ``kl``:
     KL(refreshed || alternative); ``ratio_change``: mean |exp(Δ log p) - 1|; ``*_delta``: alternative - refreshed;
-    ``grad_cos_*``: cosine of the loss gradient sb3 stepped with (stored only) against refreshed's; ``reached``:
+    ``grad_cos_*``: cosine of the loss gradient training stepped with (stored only) against refreshed's; ``reached``:
     share of sequences whose burn-in equals refreshed exactly: its window reaches back to an episode start, or, from
     stored states, to the rollout start; ``clipped``: share of sequences whose burn-in window is cut at the rollout's
     first step with no episode start in it)."""
@@ -75,6 +75,9 @@ class WhatIfSection:
     notes: list[str] = field(default_factory=list)
     """What to know reading the table: why a burn-in from zero never reaches refreshed where the rollout start cuts
     its window (with the share of such sequences), and what the burn-in from stored states starts from."""
+    unsynced: dict[str, str] = field(default_factory=dict)
+    """Modules whose stored states come from other weights than the trained ones (module -> why): checked in
+    the first sampled iteration only."""
     check: dict[str, Any] = field(default_factory=dict)
     """The oracle at minibatch 0 of epoch 0: ``minibatches`` checked, the largest differences, ``ok``."""
 
@@ -124,11 +127,24 @@ def summarize_what_if(meta: dict[str, Any]) -> WhatIfSection:
             data.within_stored.append({"epoch": epoch, "burn_in": shortest(data, epoch, STORED)})
     data.notes = _notes(data)
     oracle = [r for r in rows if r["epoch"] == 0 and r["minibatch"] == 0 and r["alternative"] == "stored"]
+    # a module whose stored states the framework computes with other weights than it trains (meta "unsynced")
+    # equals refreshed in the first sampled iteration only (both still the initial weights), and so do the
+    # values it feeds
+    unsynced = meta.get("unsynced") if isinstance(meta.get("unsynced"), dict) else {}
+    data.unsynced = {str(k): str(v) for k, v in unsynced.items()}
+    first = min((int(r["iteration"]) for r in oracle), default=0)
+    off = {f"state_{m}" for m in data.unsynced}
+    if "critic" in data.unsynced:
+        off |= {"value_rel", "grad_cos_value"}
+
+    def checked(r: dict[str, Any], c: str) -> bool:
+        return r.get(c) is not None and (c not in off or int(r["iteration"]) == first)
+
     worst = {
-        c: max((float(r[c]) for r in oracle if r.get(c) is not None), default=0.0)
+        c: max((float(r[c]) for r in oracle if checked(r, c)), default=0.0)
         for c in [f"state_{m}" for m in modules] + ["value_rel", "ratio_change", "kl"]
     }
-    cos = [float(r[c]) for r in oracle for c in ("grad_cos_policy", "grad_cos_value") if r.get(c) is not None]
+    cos = [float(r[c]) for r in oracle for c in ("grad_cos_policy", "grad_cos_value") if checked(r, c)]
     worst["grad_cos_gap"] = max((1 - x for x in cos), default=0.0)
     data.check = {
         "minibatches": len(oracle),
@@ -195,8 +211,8 @@ class WhatIf(Section[WhatIfSection]):
             return []
         return [
             "what if (counterfactual initial states, burn-in): needs an integration that keeps the rollout's "
-            "inputs and can re-run a minibatch on a copy of the policy (sb3, rsl_rl and TorchRL: lstm-probe run "
-            "--what-if; in code, what_if=True where the probe is attached)"
+            "inputs and can re-run a minibatch on a copy of the policy (sb3, rsl_rl, TorchRL and RLlib: lstm-probe "
+            "run --what-if; in code, what_if=True where the probe is attached)"
         ]
 
     def warnings(self, data: WhatIfSection, log: Log) -> list[str]:
@@ -225,8 +241,13 @@ class WhatIf(Section[WhatIfSection]):
             f"{where} (epoch {last}), stored states {values} against refreshed states and the policy by KL "
             f"{fmt(stored['kl'])} (PPO ratio {_pct(stored['ratio_change'])})"
         )
+        unsynced = [
+            f"{m}'s stored states come from other weights than it is trained with ({why}): by epoch {last} they "
+            f"are {fmt(stored.get(f'state_{m}'))} (relative) off refreshed states"
+            for m, why in data.unsynced.items()
+        ]
         if within(stored, data.critic):  # stored states already within: no burn-in is needed, whatever it measures
-            return [msg + f"; that is within {_pct(WITHIN)}: no burn-in needed"]
+            return [*unsynced, msg + f"; that is within {_pct(WITHIN)}: no burn-in needed"]
         hit = next((w["burn_in"] for w in data.within if w["epoch"] == last), None)
         burn = ", ".join(str(k) for k in data.burn_in)
         msg += (
@@ -247,11 +268,11 @@ class WhatIf(Section[WhatIfSection]):
                 if data.critic == "mlp"
                 else f"; zero states would move values by {_pct(zero['value_rel'])}"
             )
-        out = [msg]
+        out = [*unsynced, msg]
         cp, cv = stored.get("grad_cos_policy"), stored.get("grad_cos_value")
         if cp is not None or cv is not None:
             out.append(
-                f"the gradient sb3 stepped with (stored states) against refreshed states' in epoch {last}: cosine "
+                f"the gradient training stepped with (stored states) against refreshed states' in epoch {last}: cosine "
                 f"{fmt(cp)} (policy parameters), {fmt(cv)} (value parameters)"
             )
         return out
@@ -274,6 +295,7 @@ class WhatIf(Section[WhatIfSection]):
             f"against refreshed states (the LSTMs re-run over the rollout with those weights); {critic}\n"
             f"check: minibatch 0 of epoch 0 (the rollout's weights): stored = refreshed: {verdict} "
             f"({fmt(check.get('minibatches', 0))} minibatches)"
+            + "".join(f"; {m}: first iteration only ({why})" for m, why in data.unsynced.items())
         )
         header = (
             "states",
