@@ -260,7 +260,8 @@ class LearnerProbe(_Probe):
                 )
                 self.tracer.integration_seconds += time.perf_counter() - start
                 if phase == "train" and self.what_if is not None:  # before the learner trains on it (a copy)
-                    self.what_if.on_minibatch(batch, prov, self.update, self.minibatch)
+                    locate = None if prov is None else functools.partial(_sequence_starts, prov)
+                    self.what_if.on_minibatch(batch, locate, self.update, self.minibatch)
             try:
                 return fn(batch, *args, **kwargs)
             finally:
@@ -270,6 +271,13 @@ class LearnerProbe(_Probe):
                         self.minibatch += 1
 
         return forward
+
+
+def _sequence_starts(prov: Any) -> np.ndarray:
+    """Each sequence's (worker, env, episode, chunk start, episode step) at its first step, from a learner call's
+    (B, T, FIELDS) provenance column (what-if locates its sequences in the update's chunks by them)."""
+    first = prov[:, 0].detach().cpu().numpy() if isinstance(prov, torch.Tensor) else np.asarray(prov)[:, 0]
+    return first[:, [WORKER, ENV, EPISODE, CHUNK_START, EPISODE_STEP]].astype(np.int64)
 
 
 def train_grid(prov: Any) -> Grid:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -210,7 +211,7 @@ class WhatIf:
         # (algorithms/ppo/default_ppo_rl_module.py:DefaultPPORLModule.get_non_inference_attributes,
         # core/rl_module/torch/torch_rl_module.py:TorchRLModule.get_state(inference_only=True)), yet a stateful
         # encoder still runs its critic there: the critic states it stores come from its initial weights
-        skipped = getattr(self.module, "get_non_inference_attributes", lambda: [])()
+        skipped: list[str] = getattr(self.module, "get_non_inference_attributes", lambda: [])()
         if "critic" in self.rnns and "encoder.critic_encoder" in skipped:
             meta["unsynced"] = {
                 "critic": "RLlib's env runners never receive the critic encoder's weights (vf_share_layers=False: "
@@ -220,24 +221,26 @@ class WhatIf:
         return meta
 
     # -- per minibatch ------------------------------------------------------------------------------
-    def on_minibatch(self, batch: dict[str, Any], provenance: Any, iteration: int, index: int) -> None:
-        """Measure the ``index``-th minibatch of the update if sampled (before the learner trains on it)."""
+    def on_minibatch(
+        self, batch: dict[str, Any], locate: Callable[[], np.ndarray] | None, iteration: int, index: int
+    ) -> None:
+        """Measure the ``index``-th minibatch of the update if sampled (before the learner trains on it);
+        ``locate()``: each sequence's (worker, env, episode, chunk start, episode step) of its first step, from the
+        probe's provenance column (None: the batch has none)."""
         eng, rollout = self.engine, self.rollout
         if eng is None or rollout is None:
             return
         where = (iteration, index // self.per_epoch, index % self.per_epoch)
-        if not eng.wants(*where) or provenance is None:
+        if not eng.wants(*where) or locate is None:
             eng.skip()
             return
-        from lstm_probe.integrations.rllib.probe import CHUNK_START, ENV, EPISODE, EPISODE_STEP, WORKER
-
-        first = provenance[:, 0].detach().cpu().numpy().astype(np.int64)
-        keys = [(int(r[WORKER]), int(r[ENV]), int(r[EPISODE]), int(r[CHUNK_START])) for r in first]
+        first = locate()
+        keys = [tuple(int(x) for x in r[:4]) for r in first]
         if not all(k in self.chunks for k in keys):  # a chunk collected without the probe: nothing to re-run
             eng.skip()
             return
-        env = np.array([self.chunks[k] for k in keys], np.int64)
-        step = (first[:, EPISODE_STEP] - first[:, CHUNK_START]).astype(np.int64)
+        env = np.array([self.chunks[k] for k in keys], np.int64)  # type: ignore[index]
+        step = (first[:, 4] - first[:, 3]).astype(np.int64)
         copies.sync(self._pairs)
         self.copy.train(self.module.training)
         from ray.rllib.core.columns import Columns

@@ -130,7 +130,8 @@ def summarize_what_if(meta: dict[str, Any]) -> WhatIfSection:
     # a module whose stored states the framework computes with other weights than it trains (meta "unsynced")
     # equals refreshed in the first sampled iteration only (both still the initial weights), and so do the
     # values it feeds
-    unsynced = meta.get("unsynced") if isinstance(meta.get("unsynced"), dict) else {}
+    given = meta.get("unsynced")
+    unsynced: dict[Any, Any] = given if isinstance(given, dict) else {}
     data.unsynced = {str(k): str(v) for k, v in unsynced.items()}
     first = min((int(r["iteration"]) for r in oracle), default=0)
     off = {f"state_{m}" for m in data.unsynced}

@@ -1,0 +1,181 @@
+"""What-if on RLlib: real PPO (use_lstm=True) on CartPole-v1 with a tiny model, what-if measured in the learner.
+
+The oracle: at minibatch 0 of epoch 0 the learner's weights are the env runners' (synced before sampling), so the
+stored states equal the refreshed ones, the values and log-probabilities do not move, and the gradient RLlib steps
+with is the refreshed states' (cosine 1). RLlib's separate critic is the exception the adapter declares: the env
+runners' inference-only module never receives the critic encoder's weights, so its stored states equal refreshed
+ones in the first iteration only. Planted weights give the answers they must (an LSTM that ignores its state: no
+alternative moves anything; one that integrates: zero states move values). Training is bit-identical with what-if.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ray.rllib")
+
+import torch
+
+import lstm_probe
+from lstm_probe.integrations import rllib
+
+pytestmark = pytest.mark.rllib
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_session():
+    import ray
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    ray.init(include_dashboard=False, log_to_driver=False, logging_level="ERROR", num_cpus=2)
+    yield
+    ray.shutdown()
+
+
+def records(path: Path) -> list[dict]:
+    cols = lstm_probe.read_info(path).metadata["what_if"]["records"]
+    return [dict(zip(cols, row, strict=True)) for row in zip(*cols.values(), strict=True)]
+
+
+def _config(shared: bool, lr: float | None = None):
+    from ray.rllib.algorithms.ppo import PPOConfig
+    from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
+
+    model = DefaultModelConfig(use_lstm=True, max_seq_len=8, lstm_cell_size=16, vf_share_layers=shared)
+    return (
+        PPOConfig()
+        .environment("CartPole-v1")
+        .env_runners(num_env_runners=0, rollout_fragment_length=32, num_envs_per_env_runner=2)
+        .training(
+            train_batch_size_per_learner=64, minibatch_size=32, num_epochs=2, **({} if lr is None else {"lr": lr})
+        )
+        .rl_module(model_config=model)
+        .debugging(seed=0)
+    )
+
+
+def _train(config, iterations: int, out: Path | None, plant=None, **measure) -> dict[str, torch.Tensor]:
+    torch.set_num_threads(1)
+    if out is not None:
+        rllib.probe_config(config, f"{out}/", **measure)
+    algo = config.build_algo()
+    if plant is not None:
+        plant(algo)
+    for _ in range(iterations):
+        algo.train()
+    if out is not None:
+        rllib.close(algo)
+    module = algo.learner_group._learner.module["default_policy"]
+    state = {k: v.clone() for k, v in module.state_dict().items()}
+    algo.stop()
+    return state
+
+
+def test_training_untouched_and_the_oracle_holds(tmp_path: Path) -> None:
+    plain = _train(_config(shared=False), 3, None)
+    probed = _train(_config(shared=False), 3, tmp_path / "w", what_if=True)
+    assert plain.keys() == probed.keys() and all(torch.equal(plain[k], probed[k]) for k in plain)
+
+    rows = records(tmp_path / "w")
+    stored = [r for r in rows if r["alternative"] == "stored" and r["epoch"] == 0 and r["minibatch"] == 0]
+    assert {r["iteration"] for r in stored} == {0, 1, 2}
+    for r in stored:  # the actor's runner weights are the learner's at minibatch 0
+        assert r["state_actor"] < 1e-5 and r["logp_abs"] < 1e-6 and r["kl"] == pytest.approx(0, abs=1e-8)
+        assert r["grad_cos_policy"] == pytest.approx(1, abs=1e-5)
+        if r["iteration"] == 0:  # the critic's too, before any update
+            assert r["state_critic"] < 1e-5 and r["value_abs"] < 1e-6
+            assert r["grad_cos_value"] == pytest.approx(1, abs=1e-5)
+        else:  # never synced to the env runners afterwards: its stored states are the untrained critic's
+            assert r["state_critic"] > 1e-2
+    zero = [r for r in rows if r["alternative"] == "zero"]
+    assert zero and all(r["state_actor"] == pytest.approx(1.0) for r in zero)
+    # whatever a zero state changes, it changes by more than the oracle's rounding
+    assert max(r["value_abs"] for r in zero) > 1e-4
+
+    meta = lstm_probe.read_info(tmp_path / "w").metadata
+    assert set(meta["what_if"]["unsynced"]) == {"critic"} and meta["capabilities"]["replay"] is True
+    report = lstm_probe.summarize(tmp_path / "w").to_dict()
+    assert report["what_if"]["check"]["ok"] is True
+    assert any("critic's stored states come from other weights" in f for f in report["findings"])
+
+
+def _plant(integrate: bool):
+    """The one shared LSTM either ignores its state (no recurrent weights, forget gate shut) or integrates its
+    input (forget gate open), in the learner and in the env runner alike; lr 0 keeps them."""
+
+    def plant(algo) -> None:
+        modules = [algo.learner_group._learner.module["default_policy"], algo.env_runner.module]
+        for module in modules:
+            lstm = module.encoder.encoder.lstm
+            h = lstm.hidden_size
+            with torch.no_grad():
+                lstm.weight_hh_l0.zero_()
+                lstm.bias_hh_l0.zero_()
+                lstm.bias_ih_l0.zero_()
+                lstm.bias_ih_l0[h : 2 * h] = 20.0 if integrate else -50.0  # forget gate
+                lstm.bias_ih_l0[:h] = 20.0  # input gate open
+                lstm.bias_ih_l0[3 * h :] = 20.0  # output gate open
+
+    return plant
+
+
+@pytest.mark.parametrize("integrate", [False, True])
+def test_planted_weights(tmp_path: Path, integrate: bool) -> None:
+    _train(_config(shared=True, lr=0.0), 2, tmp_path / "p", plant=_plant(integrate), what_if=True)
+    rows = records(tmp_path / "p")
+    assert "unsynced" not in lstm_probe.read_info(tmp_path / "p").metadata["what_if"]
+    zero = [r for r in rows if r["alternative"] == "zero"]
+    assert zero and all(r["episode_starts"] < r["sequences"] for r in zero)  # some state carried into a chunk
+    stored = [r for r in rows if r["alternative"] == "stored"]
+    assert all(r["state_actor"] < 1e-5 for r in stored)  # lr 0: never stale
+    moved = max(r["value_abs"] for r in zero)
+    if integrate:
+        assert moved > 1e-3 and max(r["state_actor"] for r in zero) == pytest.approx(1.0)
+    else:
+        assert moved == pytest.approx(0, abs=1e-6) and max(r["kl"] for r in zero) == pytest.approx(0, abs=1e-9)
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "lstm_probe", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=600
+    )
+
+
+def test_cli_run_what_if_and_report(tmp_path: Path) -> None:
+    small = ["--steps", "128", "--n-envs", "2", "--n-steps", "32", "--batch-size", "32", "--n-epochs", "2"]
+    r = _cli(
+        "run",
+        "CartPole-v1",
+        "--framework",
+        "rllib",
+        *small,
+        "--hidden-size",
+        "16",
+        "--what-if",
+        "--out",
+        "cp/",
+        cwd=tmp_path,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    rep = _cli("report", "cp/", "--json", cwd=tmp_path)
+    assert rep.returncode == 0, rep.stderr
+    doc = json.loads(rep.stdout)
+    assert doc["what_if"]["check"]["ok"] is True and doc["what_if"]["minibatches"] >= 2
+    assert doc["verdict"]["matters"] is not None  # measured, not "unmeasured: run with --what-if"
+    text = _cli("report", "cp/", cwd=tmp_path)
+    assert "What if" in text.stdout and "what-if check FAILED" not in text.stdout + text.stderr
+
+
+@pytest.mark.parametrize("flag", ["--memory", "--capture-obs"])
+def test_cli_refuses_what_rllib_does_not_measure_yet(tmp_path: Path, flag: str) -> None:
+    r = _cli("run", "CartPole-v1", "--framework", "rllib", flag, cwd=tmp_path)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert flag in r.stderr and "Traceback" not in r.stderr
+    assert not list(tmp_path.iterdir())
