@@ -110,7 +110,7 @@ FRAMEWORKS: dict[str, Framework] = {
                 ("rllib", "lstm_probe.integrations.rllib.options:Rllib"),
                 ("measure", "lstm_probe.options:Measure"),
             ),
-            refuses=("memory", "memory_every", "capture_obs", "info_keys"),
+            refuses=("info_keys",),
             extra="rllib",
             parts_per_process=True,
         ),

@@ -53,7 +53,7 @@ from lstm_probe.capture.modules import describe_modules
 from lstm_probe.capture.tracer import CoreTracer
 from lstm_probe.contract import BOOTSTRAP, SEQ_REASON, Capabilities, Grid, Tags
 from lstm_probe.errors import BadInput
-from lstm_probe.integrations.rllib import whatif
+from lstm_probe.integrations.rllib import chunks, memory, whatif
 from lstm_probe.integrations.rllib.model import gradient_flow, lstms
 from lstm_probe.options import CaptureOptions, Measure, capture_options, route, settle
 
@@ -73,6 +73,10 @@ class Options(CaptureOptions):
     metadata: dict[str, Any] = field(default_factory=dict)
     what_if: dict[str, Any] | None = None
     """The what-if settings (``whatif.settings``; None: off), for the learners."""
+    memory: dict[str, Any] | None = None
+    """The memory-horizon settings (``memory.settings``; None: off), for the learners."""
+    capture_obs: bool = False
+    """Keep each rollout step's observation (flattened, float32) in its rows: the ``obs`` column."""
 
 
 # Every probe this process opened, so close() reaches them from Ray's foreach_* calls.
@@ -81,11 +85,22 @@ _RUNNER_PROBES: weakref.WeakKeyDictionary[Any, RolloutProbe] = weakref.WeakKeyDi
 _LEARNER_PROBES: weakref.WeakKeyDictionary[Any, LearnerProbe] = weakref.WeakKeyDictionary()
 
 
-MEASURES = ("what_if", "what_if_every", "burn_in")
+MEASURES = ("what_if", "what_if_every", "burn_in", "memory", "memory_every", "capture_obs")
 """The :class:`~lstm_probe.options.Measure` fields RLlib takes (``Framework.refuses`` names the rest)."""
 CALL_BLOCK = 10**12
 LEARNER_BLOCK = 1000
 EVAL_WORKER = 2000
+
+
+def _with_obs_size(opts: Options, module: Any) -> Options:
+    """``opts`` with ``obs_size`` in its metadata when observations are kept (every shard's schema has the ``obs``
+    column this wide: the RLModule's observation space, flattened, the same in every process)."""
+    if not opts.capture_obs:
+        return opts
+    shape = getattr(module.observation_space, "shape", None)
+    if not shape:
+        raise BadInput(f"--capture-obs needs an array observation space, not {module.observation_space}")
+    return dataclasses.replace(opts, metadata={**opts.metadata, "obs_size": int(np.prod(shape))})
 
 
 def _tracer(modules: dict[str, nn.Module], probe: _Probe, shard: str, call_base: int) -> CoreTracer:
@@ -112,7 +127,9 @@ class _Probe(Probe):
             shards=True,
             max_seq_len=rl.get("max_seq_len"),
             stored_states=True,
-            replay=self.options.what_if is not None,
+            replay=True,  # what_if=True (in each learner: whatif.py)
+            respond=True,  # memory=True (in each learner: memory.py)
+            observe=True,  # capture_obs=True (the env runners' rollout rows)
         )
 
     def metadata(self) -> dict[str, Any]:
@@ -130,7 +147,7 @@ class RolloutProbe(_Probe):
         if module is None:
             raise BadInput("this env runner has no RLModule to trace")
         self.runner = env_runner
-        self.options = opts
+        self.options = _with_obs_size(opts, module)
         index = int(env_runner.worker_index or 0)
         # Evaluation env runners number from 1 like the training ones: their own shard names and a worker
         # id of EVAL_WORKER + k keep (worker, env) unique across the log.
@@ -153,6 +170,8 @@ class RolloutProbe(_Probe):
         def forward(*args: Any, **kwargs: Any) -> Any:
             start = time.perf_counter()
             self.tags = self._step_tags("rollout" if explore and not self.evaluation else "predict")
+            if self.options.capture_obs:  # the observation the module takes: (n_envs, 1, ...) on the runner
+                self.tags.grid.obs = _flat_obs(args[0] if args else kwargs["batch"])  # type: ignore[union-attr]
             self.tracer.integration_seconds += time.perf_counter() - start
             try:
                 return fn(*args, **kwargs)
@@ -204,13 +223,28 @@ class RolloutProbe(_Probe):
         return Tags(phase=phase, iteration=int(getattr(self.runner, "_weights_seq_no", 0)), grid=grid)
 
 
+def _flat_obs(batch: Any) -> np.ndarray:
+    """A rollout call's observations as the grid's (n_envs, 1, width) float32 column (a copy: the writer reads it
+    later). Env runners step on the CPU: the copy waits for no device (on a GPU runner it would, once per step)."""
+    from ray.rllib.core.columns import Columns
+
+    obs = batch[Columns.OBS]
+    if isinstance(obs, torch.Tensor):
+        x = obs.detach().to("cpu", torch.float32, copy=True).numpy()
+    else:
+        x = np.array(obs, np.float32)
+    return x.reshape(len(x), 1, -1)
+
+
 class LearnerProbe(_Probe):
     """The tracer of one learner: tags the whole-batch value pass and each minibatch's forward_train."""
 
     def __init__(self, module: Any, opts: Options, rank: int, module_id: str = "default_policy"):
         self.rank = rank
-        # the copy is made before the module's methods are wrapped (whatif.py: on a copy of the RLModule)
-        self.what_if = None if opts.what_if is None else whatif.WhatIf(module, module_id, **opts.what_if)
+        # the copy is made before the module's methods are wrapped (chunks.py: measurements on a copy)
+        replica = None if opts.what_if is None and opts.memory is None else chunks.Replica(module, "--what-if/--memory")
+        self.what_if = None if opts.what_if is None else whatif.WhatIf(replica, module_id, **opts.what_if)  # type: ignore[arg-type]
+        self.memory = None if opts.memory is None else memory.Memory(replica, **opts.memory)  # type: ignore[arg-type]
         self.update = -1
         self.minibatch = 0
         modules = lstms(module)
@@ -225,6 +259,7 @@ class LearnerProbe(_Probe):
             "critic": "shared" if shared else "lstm",
             "gradient_flow": flow,
         }
+        opts = _with_obs_size(opts, module)
         self.options = dataclasses.replace(opts, metadata={**opts.metadata, "architecture": architecture})
         self.tracer = _tracer(modules, self, f"learner{rank}", (LEARNER_BLOCK + rank) * CALL_BLOCK)
         self.start()
@@ -241,8 +276,11 @@ class LearnerProbe(_Probe):
             self.what_if.close()
 
     def _final(self) -> dict[str, Any]:
-        meta = None if self.what_if is None else self.what_if.metadata()
-        return {} if meta is None else {"what_if": meta}
+        final = {
+            "what_if": None if self.what_if is None else self.what_if.metadata(),
+            "memory": None if self.memory is None else self.memory.metadata(),
+        }
+        return {k: v for k, v in final.items() if v is not None}
 
     def _wrap(self, fn: Callable[..., Any], phase: str) -> Callable[..., Any]:
         @functools.wraps(fn)
@@ -353,9 +391,13 @@ class ProvenanceConnector(ConnectorV2):  # type: ignore[misc]
         start = time.perf_counter()
         probe.new_update()
         appended = bool((shared_data or {}).get("_added_loss_mask_for_valid_episode_ts"))
-        if probe.what_if is not None:  # the update's chunks, the rollout what-if re-runs
-            chunks = list(self.single_agent_episode_iterator(episodes, agents_that_stepped_only=False))
-            probe.what_if.on_update(probe.update, chunks, KEY)
+        if probe.what_if is not None or probe.memory is not None:  # the update's chunks, re-run on a copy
+            listed = list(self.single_agent_episode_iterator(episodes, agents_that_stepped_only=False))
+            read = chunks.read(listed, KEY, (probe.what_if or probe.memory).replica)  # type: ignore[union-attr]
+            if probe.memory is not None:
+                probe.memory.on_update(probe.update, read)
+            if probe.what_if is not None:
+                probe.what_if.on_update(probe.update, read, sum(len(sa) for sa in listed))
         for sa in self.single_agent_episode_iterator(episodes, agents_that_stepped_only=False):
             self.add_n_batch_items(
                 batch, COLUMN, items_to_add=provenance(sa, appended), num_items=len(sa), single_agent_episode=sa
@@ -447,7 +489,7 @@ def probe_config(
     if refused:
         raise BadInput(
             f"{', '.join('--' + r.replace('_', '-') for r in refused)} not on RLlib yet: it takes --what-if "
-            "(what-if, its burn-ins and sampling)"
+            "--memory and --capture-obs"
         )
     given = capture_options(options, _out(out, options), **capture)
     out = _directory(given.out) or os.fspath(given.out)
@@ -457,6 +499,8 @@ def probe_config(
         **{**given.settings(), "out": str(Path(out).resolve()) + "/"},
         metadata={**config_metadata(config), **(metadata or {})},
         what_if=whatif.settings(m.what_if, m.what_if_every, m.burn_in),
+        memory=memory.settings(m.memory, m.memory_every),
+        capture_obs=m.capture_obs,
     )
     config.callbacks(
         on_episode_created=_compose(functools.partial(_on_episode_created, opts), config.callbacks_on_episode_created),

@@ -37,20 +37,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
 from lstm_probe.errors import BadInput
-from lstm_probe.measure import copies
+from lstm_probe.integrations.rllib.chunks import Chunks, Replica, leaves
 from lstm_probe.measure import whatif as engine
 from lstm_probe.measure.whatif import BURN_IN, Outcome, Rollout, States
 
-ENCODERS = {
-    "encoder.encoder.lstm": ("actor", None),
-    "encoder.actor_encoder.lstm": ("actor", "actor"),
-    "encoder.critic_encoder.lstm": ("critic", "critic"),
-}
-"""RLlib's default LSTM encoders: the LSTM's name -> (the probe's module name, its key in ``STATE_IN``; None:
-the one shared encoder's states are ``STATE_IN`` itself)."""
 VALUE_SIDE = ("vf.", "encoder.critic_encoder.")
 """The parameters the value loss trains alone (the gradient cosine's value side)."""
 
@@ -75,30 +67,14 @@ def find_learner() -> Any:
     return None
 
 
-def _leaves(state: Any, key: str | None) -> tuple[Any, ...]:
-    """(h, c) of one encoder from a (nested) state dict."""
-    s = state if key is None else state[key]
-    return (s["h"], s["c"])
-
-
 class WhatIf:
     """The what-if measurement of one RLlib learner: :meth:`on_update` when the learner connector sees the
     update's episode chunks, :meth:`on_minibatch` on each minibatch before ``forward_train`` (the learner trains
     on it right after); :meth:`metadata` is what the learner's shard keeps under ``what_if``."""
 
-    def __init__(self, module: Any, module_id: str, *, every: int, burn_in: Any = BURN_IN):
-        found = {n: m for n, m in module.named_modules() if isinstance(m, nn.LSTM | nn.GRU)}
-        unknown = sorted(set(found) - set(ENCODERS))
-        if unknown or not found:
-            raise BadInput(
-                f"--what-if follows RLlib's default LSTM encoders (use_lstm=True); this RLModule has {unknown}"
-            )
-        self.module, self.module_id = module, module_id
-        self.copy = copies.private_copy(module)
-        self._pairs = copies.pairs(self.copy, module)
-        copied = dict(self.copy.named_modules())
-        self.encoders = {ENCODERS[n][0]: (n[: -len(".lstm")], ENCODERS[n][1]) for n in sorted(found)}
-        self.rnns = {role: copied[f"{path}.lstm"] for role, (path, _) in self.encoders.items()}
+    def __init__(self, replica: Replica, module_id: str, *, every: int, burn_in: Any = BURN_IN):
+        self.replica, self.module_id = replica, module_id
+        self.module, self.copy, self.rnns = replica.module, replica.copy, replica.rnns
         self.learner: Any = None
         self.hooks: list[Any] = []
         self.rollout: Rollout | None = None
@@ -108,59 +84,23 @@ class WhatIf:
         self.engine: engine.WhatIf | None = None
 
     # -- per update: the learner, the rollout ---------------------------------------------------------
-    def on_update(self, iteration: int, episodes: list[Any], key: str) -> None:
-        """Keep the update's episode chunks as the rollout the engine re-runs (``key``: the probe's entry in each
-        chunk's ``custom_data``)."""
+    def on_update(self, iteration: int, chunks: Chunks, total: int) -> None:
+        """Keep the update's episode chunks (``total``: their timesteps) as the rollout the engine re-runs."""
         if self.engine is None:
             self._start(find_learner())
-        from ray.rllib.core.columns import Columns
-
-        n_chunks = len(episodes)
-        length = max((len(sa) for sa in episodes), default=1)
-        obs: np.ndarray | None = None
-        stored = {
-            r: [
-                np.zeros((n_chunks * length, self.rnns[r].num_layers, self.rnns[r].hidden_size), np.float32)
-                for _ in range(2)
-            ]
-            for r in self.rnns
-        }
+        n_chunks, length = chunks.shape
+        self.chunks = chunks.index
         starts = np.zeros(n_chunks * length, bool)
-        initial = self.copy.get_initial_state()
-        self.chunks = {}
-        for c, sa in enumerate(episodes):
-            n = len(sa)
-            info = sa.custom_data.get(key)
-            if info is not None:
-                self.chunks[(info["worker"], info["env"], info["episode"], int(sa.t_started))] = c
-            o = np.asarray(sa.get_observations(slice(0, n)), np.float32)
-            if obs is None:
-                obs = np.zeros((n_chunks, length, *o.shape[1:]), np.float32)
-            obs[c, :n] = o
-            starts[c * length] = sa.t_started == 0
-            has = Columns.STATE_OUT in sa.extra_model_outputs
-            first = (
-                sa.get_extra_model_outputs(key=Columns.STATE_OUT, indices=-1, neg_index_as_lookback=True)
-                if has and sa.t_started != 0
-                else initial
-            )
-            outs = sa.get_extra_model_outputs(key=Columns.STATE_OUT) if has else None
-            for role, (_, sub) in self.encoders.items():
-                for i, leaf in enumerate(_leaves(first, sub)):
-                    stored[role][i][c * length] = np.asarray(leaf, np.float32)
-                if outs is not None and n > 1:
-                    for i, leaf in enumerate(_leaves(outs, sub)):
-                        stored[role][i][c * length + 1 : c * length + n] = np.asarray(leaf, np.float32)[: n - 1]
-        assert obs is not None or n_chunks == 0
-        observations = torch.from_numpy(obs if obs is not None else np.zeros((0, length), np.float32))
-        total = sum(len(sa) for sa in episodes)
+        starts[::length] = chunks.episode_start
         size = int(self.learner.config.minibatch_size or total) if self.learner is not None else total
         self.per_epoch = max(1, math.ceil(total / max(1, size)))
-        self.engine_epochs()
+        if self.engine is not None:
+            self.engine.n_minibatches = self.per_epoch
+        observations = chunks.obs
 
         def features(rows: np.ndarray) -> dict[str, torch.Tensor]:
             x = observations.reshape(n_chunks * length, *observations.shape[2:])[torch.from_numpy(rows)]
-            return {r: self._inputs(r, x) for r in self.rnns}
+            return {r: self.replica.inputs(r, x) for r in self.rnns}
 
         self.rollout = Rollout(
             iteration=iteration,
@@ -168,7 +108,7 @@ class WhatIf:
             n_steps=length,
             episode_starts=starts,
             rnns=self.rnns,
-            stored={r: tuple(s) for r, s in stored.items()},
+            stored=chunks.stored,  # type: ignore[arg-type]
             features=features,
         )
 
@@ -193,10 +133,6 @@ class WhatIf:
         )
         for _, optimizer in learner.get_optimizers_for_module(self.module_id):
             self.hooks.append(optimizer.register_step_pre_hook(self.engine.step_hook))
-
-    def engine_epochs(self) -> None:
-        if self.engine is not None:
-            self.engine.n_minibatches = self.per_epoch
 
     def close(self) -> None:
         while self.hooks:
@@ -241,32 +177,18 @@ class WhatIf:
             return
         env = np.array([self.chunks[k] for k in keys], np.int64)  # type: ignore[index]
         step = (first[:, 4] - first[:, 3]).astype(np.int64)
-        copies.sync(self._pairs)
-        self.copy.train(self.module.training)
+        self.replica.sync()
         from ray.rllib.core.columns import Columns
 
         state_in = batch[Columns.STATE_IN]
         stored: States = {
-            r: tuple(t.transpose(0, 1) for t in _leaves(state_in, sub)) for r, (_, sub) in self.encoders.items()
+            r: tuple(t.transpose(0, 1) for t in leaves(state_in, sub)) for r, (_, sub) in self.replica.encoders.items()
         }
         like = stored[next(iter(stored))][0]
         mini = engine.Minibatch(
             where=where, env=env, step=step, stored=stored, evaluate=lambda s: self._evaluate(batch, s)
         )
         eng.measure(rollout, mini, like)
-
-    def _inputs(self, role: str, obs: torch.Tensor) -> torch.Tensor:
-        """The LSTM's input for ``obs`` on the copy (``TorchLSTMEncoder._forward``: the tokenizer, if any)."""
-        from ray.rllib.core.columns import Columns
-        from ray.rllib.core.models.base import tokenize
-
-        encoder = dict(self.copy.named_modules())[self.encoders[role][0]]
-        device = next(self.copy.parameters()).device
-        x = obs.to(device)
-        if encoder.tokenizer is None:
-            return x.float()
-        out: Any = tokenize(encoder.tokenizer, {Columns.OBS: x[:, None]}, framework="torch")  # (N, T=1, F)
-        return out[:, 0]
 
     def _evaluate(self, batch: dict[str, Any], states: list[States]) -> Outcome:
         """``compute_loss_for_module``'s forward and loss on the copy from each of ``states``: the minibatch
@@ -283,8 +205,8 @@ class WhatIf:
             return {"h": h, "c": c}
 
         state_in: Any = (
-            {sub: joined(role) for role, (_, sub) in self.encoders.items()}
-            if "critic" in self.encoders
+            {sub: joined(role) for role, (_, sub) in self.replica.encoders.items()}
+            if not self.replica.shared
             else joined("actor")
         )
         rep = {Columns.OBS: torch.cat([obs] * n_alt, 0), Columns.STATE_IN: state_in}

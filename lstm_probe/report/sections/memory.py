@@ -88,6 +88,10 @@ def _curves(records: dict[str, list[Any]]) -> dict[tuple[int, str], list[tuple[i
     return out
 
 
+MEMORY_NOTE = "the memory horizon (does the policy use its LSTM, and how far back?)"
+"""How the report names the section where a log lacks it."""
+
+
 class Memory(Section[MemorySection]):
     key = "memory"
     needs: ClassVar[str | None] = "respond"  # the measurement re-runs the policy over a rollout, state ablated
@@ -95,6 +99,17 @@ class Memory(Section[MemorySection]):
 
     def accumulator(self) -> SequenceLengths:
         return SequenceLengths()
+
+    def unavailable(self, data: MemorySection, log: Log) -> list[str]:
+        if data.measured:
+            return []
+        if log.caps.respond:
+            return [f"{MEMORY_NOTE}: not measured in this run; lstm-probe run --memory (memory=True in code) adds it"]
+        return [
+            f"{MEMORY_NOTE}: needs an integration that can re-run a rollout on a copy of the policy with its state "
+            "ablated (sb3, rsl_rl and TorchRL: lstm-probe run --memory; in code, memory=True where the probe is "
+            "attached)"
+        ]
 
     def compute(self, log: Log, acc: SequenceLengths) -> MemorySection:
         meta = log.meta.get("memory")

@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytest.importorskip("ray.rllib")
@@ -127,7 +128,12 @@ def _plant(integrate: bool):
 
 @pytest.mark.parametrize("integrate", [False, True])
 def test_planted_weights(tmp_path: Path, integrate: bool) -> None:
-    _train(_config(shared=True, lr=0.0), 2, tmp_path / "p", plant=_plant(integrate), what_if=True)
+    _train(_config(shared=True, lr=0.0), 2, tmp_path / "p", plant=_plant(integrate), what_if=True, memory=True)
+    memory = lstm_probe.summarize(tmp_path / "p").to_dict()["memory"]
+    last = [h for h in memory["horizons"] if h["iteration"] == 1]
+    assert {(h["module"], h["metric"]) for h in last} == {("actor", "kl")}  # one LSTM: the critic reads it
+    for h in last:  # an integrator remembers past the rollout; a shut forget gate and no recurrence: nothing
+        assert (h["beyond"], h["unused"]) == ((True, False) if integrate else (False, True)), h
     rows = records(tmp_path / "p")
     assert "unsynced" not in lstm_probe.read_info(tmp_path / "p").metadata["what_if"]
     zero = [r for r in rows if r["alternative"] == "zero"]
@@ -159,6 +165,8 @@ def test_cli_run_what_if_and_report(tmp_path: Path) -> None:
         "--hidden-size",
         "16",
         "--what-if",
+        "--memory",
+        "--capture-obs",
         "--out",
         "cp/",
         cwd=tmp_path,
@@ -169,13 +177,61 @@ def test_cli_run_what_if_and_report(tmp_path: Path) -> None:
     doc = json.loads(rep.stdout)
     assert doc["what_if"]["check"]["ok"] is True and doc["what_if"]["minibatches"] >= 2
     assert doc["verdict"]["matters"] is not None  # measured, not "unmeasured: run with --what-if"
+    assert doc["memory"]["measured"] is True and {h["module"] for h in doc["memory"]["horizons"]} == {"actor", "critic"}
+    assert doc["probes"]["targets"][:4] == ["obs:0", "obs:1", "obs:2", "obs:3"] and doc["unavailable"] == []
     text = _cli("report", "cp/", cwd=tmp_path)
     assert "What if" in text.stdout and "what-if check FAILED" not in text.stdout + text.stderr
 
 
-@pytest.mark.parametrize("flag", ["--memory", "--capture-obs"])
-def test_cli_refuses_what_rllib_does_not_measure_yet(tmp_path: Path, flag: str) -> None:
-    r = _cli("run", "CartPole-v1", "--framework", "rllib", flag, cwd=tmp_path)
+@pytest.mark.parametrize("flag", [["--info", "x"]])
+def test_cli_refuses_what_rllib_does_not_measure_yet(tmp_path: Path, flag: list[str]) -> None:
+    r = _cli("run", "CartPole-v1", "--framework", "rllib", *flag, cwd=tmp_path)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
-    assert flag in r.stderr and "Traceback" not in r.stderr
+    assert flag[0] in r.stderr and "Traceback" not in r.stderr
     assert not list(tmp_path.iterdir())
+
+
+SEEN: dict[int, list] = {}
+"""Every observation each env instance returned (reset and step), by instance, in order."""
+
+
+def _recording_env(config):
+    import gymnasium as gym
+
+    class Recording(gym.Wrapper):
+        def reset(self, **kwargs):
+            obs, info = self.env.reset(**kwargs)
+            SEEN.setdefault(id(self), []).append(obs.copy())
+            return obs, info
+
+        def step(self, action):
+            obs, *rest = self.env.step(action)
+            SEEN.setdefault(id(self), []).append(obs.copy())
+            return (obs, *rest)
+
+    return Recording(gym.make("CartPole-v1"))
+
+
+def test_capture_obs_keeps_what_each_env_returned(tmp_path: Path) -> None:
+    """With the env runner in the driver, every observation each env returned is recorded beside the run: each
+    env's rollout rows, in env-step order, hold exactly those observations (the last one may still wait for the
+    next sample)."""
+    from ray.tune.registry import register_env
+
+    register_env("RecordingCartPole", _recording_env)
+    SEEN.clear()
+    config = _config(shared=True).environment("RecordingCartPole")
+    _train(config, 2, tmp_path / "o", capture_obs=True)
+    meta = lstm_probe.read_info(tmp_path / "o").metadata
+    assert meta["obs_size"] == 4 and meta["capabilities"]["observe"] is True
+    df = lstm_probe.load(tmp_path / "o", phase="rollout", module="actor")
+    envs = sorted(set(df["env"]))
+    assert len(envs) == 2 and len(SEEN) == 2
+    # gymnasium's SyncVectorEnv builds its envs in order: env column i is the i-th instance created
+    for env, seen in zip(envs, SEEN.values(), strict=True):
+        rows = df[df["env"] == env].sort_values("env_step")
+        got = np.stack(rows["obs"].to_list())
+        assert len(got) > 50 and len(seen) - len(got) in (0, 1)
+        assert np.array_equal(got, np.stack(seen[: len(got)]).astype(np.float32))
+    # the rows' own provenance agrees: an episode's first row holds a reset observation
+    assert df["obs"].map(len).eq(4).all()
