@@ -431,18 +431,38 @@ def export(
 @app.command()
 def replay(
     trace: Annotated[str, typer.Argument(help="A recorded run: Parquet or CSV (schema: docs/deploy.md).")],
-    policy: Annotated[str, typer.Option(help="The policy: OUT.onnx, OUT.pt, MODEL.zip or an rsl_rl checkpoint (.pt).")],
+    policy: Annotated[
+        str,
+        typer.Option(
+            help="The policy: OUT.onnx (ours, or rsl_rl's / Isaac Lab's), OUT.pt, MODEL.zip or an rsl_rl checkpoint."
+        ),
+    ],
     vecnormalize: Annotated[
         str | None, typer.Option(help=_default("VecNormalize statistics (.npz, or .pkl with --trust-model).", "none"))
     ] = None,
     tolerance: Annotated[float, typer.Option(help="Relative tolerance on the recorded actions.")] = 1e-4,
     trust_model: Annotated[bool, typer.Option("--trust-model", help=_default(_TRUST, "off"))] = False,
     as_json: Annotated[bool, typer.Option("--json", help=_default("Print the result as JSON.", "off"))] = False,
+    name: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--name",
+            metavar="ROLE=NAME",
+            help=_default(
+                "An ONNX file lstm-probe did not write: the graph's input or output playing ROLE (obs, h, c, action, "
+                "h_out, c_out, value) where its name is not the exporters' (obs, h_in, c_in, actions, h_out, c_out); "
+                "repeat for each.",
+                "by name",
+            ),
+        ),
+    ] = None,
 ) -> None:
     """Which deployment loop recorded TRACE: correct, or which classic bug (state, reset, h/c, obs norm, float16)."""
+    from lstm_probe.deploy.foreign import parse_names
     from lstm_probe.deploy.replay import replay as run_replay
 
-    r = run_replay(trace, policy, vecnormalize=vecnormalize, trust_model=trust_model, tolerance=tolerance)
+    names = parse_names(name)
+    r = run_replay(trace, policy, vecnormalize=vecnormalize, trust_model=trust_model, tolerance=tolerance, names=names)
     if as_json:
         sys.stdout.write(strict_json(r.to_dict(), indent=2) + "\n")
         return
