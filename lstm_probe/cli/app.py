@@ -20,7 +20,7 @@ from typing import Annotated, Any
 import typer
 
 from lstm_probe import integrations
-from lstm_probe.cli.flags import arch_flags, run_flags, split, with_flags
+from lstm_probe.cli.flags import NAME_HELP, arch_flags, run_flags, split, with_flags
 from lstm_probe.cli.render import _ExportDisplay, _render, _render_architecture, _render_flow, _RunDisplay, err, out
 from lstm_probe.errors import BadInput, BadLog, Interrupted, ProbeError, one_line
 from lstm_probe.extras import missing
@@ -443,19 +443,7 @@ def replay(
     tolerance: Annotated[float, typer.Option(help="Relative tolerance on the recorded actions.")] = 1e-4,
     trust_model: Annotated[bool, typer.Option("--trust-model", help=_default(_TRUST, "off"))] = False,
     as_json: Annotated[bool, typer.Option("--json", help=_default("Print the result as JSON.", "off"))] = False,
-    name: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--name",
-            metavar="ROLE=NAME",
-            help=_default(
-                "An ONNX file lstm-probe did not write: the graph's input or output playing ROLE (obs, h, c, action, "
-                "h_out, c_out, value) where its name is not the exporters' (obs, h_in, c_in, actions, h_out, c_out); "
-                "repeat for each.",
-                "by name",
-            ),
-        ),
-    ] = None,
+    name: Annotated[list[str] | None, typer.Option("--name", metavar="ROLE=NAME", help=NAME_HELP)] = None,
 ) -> None:
     """Which deployment loop recorded TRACE: correct, or which classic bug (state, reset, h/c, obs norm, float16)."""
     from lstm_probe.deploy.foreign import parse_names
