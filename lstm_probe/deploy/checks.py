@@ -216,7 +216,7 @@ def _interface(proto: Any, io: Interface, where: str) -> None:
                     fits = fits and (static and d.dim_value == want if isinstance(want, int) else not static)
             if not v.type.HasField("tensor_type") or t.elem_type != elem or not fits:
                 raise BadInput(
-                    f"{where}: its graph's {_name(name)} is not {dtype} of shape [{', '.join(map(str, shape))}] as "
+                    f"{where}: its graph's {_name(name) if io.foreign else name} is not {dtype} of shape [{', '.join(map(str, shape))}] as "
                     f"{io.source}; {fix}"
                 )
 
