@@ -215,8 +215,9 @@ def _interface(proto: Any, io: Interface, where: str) -> None:
                     static = d.HasField("dim_value")
                     fits = fits and (static and d.dim_value == want if isinstance(want, int) else not static)
             if not v.type.HasField("tensor_type") or t.elem_type != elem or not fits:
+                shown = _name(name) if io.foreign else name  # a foreign file's names are its own
                 raise BadInput(
-                    f"{where}: its graph's {_name(name) if io.foreign else name} is not {dtype} of shape [{', '.join(map(str, shape))}] as "
+                    f"{where}: its graph's {shown} is not {dtype} of shape [{', '.join(map(str, shape))}] as "
                     f"{io.source}; {fix}"
                 )
 
