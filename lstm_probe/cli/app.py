@@ -20,7 +20,7 @@ from typing import Annotated, Any
 import typer
 
 from lstm_probe import integrations
-from lstm_probe.cli.flags import arch_flags, run_flags, split, with_flags
+from lstm_probe.cli.flags import NAME_HELP, arch_flags, run_flags, split, with_flags
 from lstm_probe.cli.render import _ExportDisplay, _render, _render_architecture, _render_flow, _RunDisplay, err, out
 from lstm_probe.errors import BadInput, BadLog, Interrupted, ProbeError, one_line
 from lstm_probe.extras import missing
@@ -431,18 +431,26 @@ def export(
 @app.command()
 def replay(
     trace: Annotated[str, typer.Argument(help="A recorded run: Parquet or CSV (schema: docs/deploy.md).")],
-    policy: Annotated[str, typer.Option(help="The policy: OUT.onnx, OUT.pt, MODEL.zip or an rsl_rl checkpoint (.pt).")],
+    policy: Annotated[
+        str,
+        typer.Option(
+            help="The policy: OUT.onnx (ours, or rsl_rl's / Isaac Lab's), OUT.pt, MODEL.zip or an rsl_rl checkpoint."
+        ),
+    ],
     vecnormalize: Annotated[
         str | None, typer.Option(help=_default("VecNormalize statistics (.npz, or .pkl with --trust-model).", "none"))
     ] = None,
     tolerance: Annotated[float, typer.Option(help="Relative tolerance on the recorded actions.")] = 1e-4,
     trust_model: Annotated[bool, typer.Option("--trust-model", help=_default(_TRUST, "off"))] = False,
     as_json: Annotated[bool, typer.Option("--json", help=_default("Print the result as JSON.", "off"))] = False,
+    name: Annotated[list[str] | None, typer.Option("--name", metavar="ROLE=NAME", help=NAME_HELP)] = None,
 ) -> None:
     """Which deployment loop recorded TRACE: correct, or which classic bug (state, reset, h/c, obs norm, float16)."""
+    from lstm_probe.deploy.foreign import parse_names
     from lstm_probe.deploy.replay import replay as run_replay
 
-    r = run_replay(trace, policy, vecnormalize=vecnormalize, trust_model=trust_model, tolerance=tolerance)
+    names = parse_names(name)
+    r = run_replay(trace, policy, vecnormalize=vecnormalize, trust_model=trust_model, tolerance=tolerance, names=names)
     if as_json:
         sys.stdout.write(strict_json(r.to_dict(), indent=2) + "\n")
         return

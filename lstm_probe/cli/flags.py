@@ -15,6 +15,13 @@ import typer
 from lstm_probe import integrations
 from lstm_probe.options import CaptureOptions, TrainOptions, flag
 
+NAME_HELP = (
+    "An ONNX file lstm-probe did not write: the graph's input or output playing ROLE (obs, h, c, action, h_out, "
+    "c_out, value) where its name is not the exporters' (obs, h_in, c_in, actions, h_out, c_out); repeat for each.  "
+    "[default: by name]"
+)
+"""``replay --name``'s help (``deploy/foreign.py``)."""
+
 
 @dataclasses.dataclass(frozen=True)
 class Declared:

@@ -8,7 +8,10 @@ made, the graph must be the kind lstm-probe's exporter writes, within the memory
   operator that makes a tensor of a size its input data states); no functions, subgraphs or tensors in
   attributes, no external or sparse weights, at most :data:`MAX_NODES` nodes;
 - its inputs and outputs the ones its metadata's :class:`~lstm_probe.deploy.spec.Spec` states, in order,
-  with the same shapes (a free batch axis);
+  with the same shapes (a free batch axis); for a file lstm-probe did not write (``foreign.py``: an rsl_rl or
+  Isaac Lab export), the ones inferred from its graph (:class:`Interface`), and besides :data:`OPS` only
+  :data:`FOREIGN_OPS` (``Constant``, which torch's TorchScript-based exporter writes, its tensor counted as a
+  weight; still no ``Loop``, ``Scan`` or ``If``);
 - every value's size known from the input shapes (ONNX shape inference at the batch a step runs with), the
   weights (held :data:`HELD` times) and a step's values and workspace within the memory budget
   (``--max-memory``), and a step's work within :data:`MAX_STEP_MACS` multiply-adds per env.
@@ -20,7 +23,7 @@ Anything else is refused in one line (BadInput, exit 2). Names from the file rea
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from lstm_probe.deploy.spec import Spec
@@ -39,6 +42,12 @@ takes (measured on every variant: separate, shared and no critic LSTM, 1 to 3 la
 actions, MlpLstmPolicy with each activation SB3's reader allows, CnnLstmPolicy on images): the LSTM, the
 linear and convolution layers, the reset, the clipping, the argmax, the activations and the reshaping
 around them. Each runs in time and memory set by the shapes of its inputs."""
+FOREIGN_OPS = frozenset({"Constant", "Add", "Identity"})
+"""What else a recurrent policy lstm-probe did not write may run: ``torch.onnx.export(..., dynamo=False)``
+(rsl_rl's ``OnPolicyRunner.export_policy_to_onnx`` and Isaac Lab's ``_OnnxPolicyExporter.export`` on the
+torch versions they ship with) writes ``Constant`` nodes for the LSTM's slices and squeezes, and an
+observation normaliser may add its epsilon; a ``Constant`` holds its tensor in the file (counted as a weight),
+each runs in time and memory set by its inputs."""
 MAX_NODES = 1 << 16
 """Most nodes in a graph (an export writes ~30 per LSTM layer: ~60 for two layers, ~31,000 for 1,024)."""
 MAX_STEP_MACS = 1 << 30
@@ -48,11 +57,36 @@ HELD = 6
 """Copies of the weights counted for a replay: the file's bytes, the parsed model, its float16 copy, the
 two onnxruntime sessions (and the weights they pre-pack)."""
 _FIX = "export the policy again with `lstm-probe export`"
+FOREIGN_FIX = "replay takes a recurrent policy as rsl_rl's and Isaac Lab's exporters write it (docs/deploy.md)"
 _NUMERIC = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12: 4, 13: 8, 16: 2}
 """ONNX tensor types a graph may hold, and their bytes per value (float32, ints, bool, float16, double,
 bfloat16): no strings, no complex numbers."""
+ITEM_BYTES = _NUMERIC
 _ATTRIBUTES = {1, 2, 3, 6, 7, 8}
 """Attribute types a node may carry: float, int, string, and lists of each (no graphs, no tensors)."""
+
+
+IO = list[tuple[str, list[Any], str]]
+"""(name, shape, dtype) of each input or output, in the graph's order (``"batch"``: the free batch axis)."""
+
+
+@dataclass(frozen=True)
+class Interface:
+    """The inputs and outputs a graph must have: its metadata's spec's (:meth:`of`), or those inferred from a
+    graph lstm-probe did not write (``foreign.py``, ``foreign=True``)."""
+
+    inputs: IO
+    outputs: IO
+    foreign: bool = False
+    fix: str = field(default=_FIX, compare=False)
+
+    @classmethod
+    def of(cls, spec: Spec) -> Interface:
+        return cls(spec.inputs(), spec.outputs())
+
+    @property
+    def source(self) -> str:
+        return "replay inferred from it" if self.foreign else "its metadata states"
 
 
 @dataclass(frozen=True)
@@ -73,79 +107,103 @@ def _name(text: str) -> str:
     return repr(text[:60])
 
 
-def check(proto: Any, spec: Spec, where: str) -> Graph:
-    """Refuse (BadInput, one line) what :mod:`this module <lstm_probe.deploy.checks>` says a file must not be."""
-    _structure(proto, where)
-    weights = _weights(proto, where)
-    _interface(proto, spec, where)
-    per_env, macs = measure(proto, spec, 1, where)
-    budget.refuse(HELD * weights + per_env, f"running {where} (its weights and one step)", _FIX)
+inert = _name
+"""A name from a file (or a flag naming one) as a message shows it (``foreign.py``'s refusals)."""
+
+
+def check(proto: Any, spec: Spec, where: str, io: Interface | None = None) -> Graph:
+    """Refuse (BadInput, one line) what :mod:`this module <lstm_probe.deploy.checks>` says a file must not be;
+    ``io``: the inputs and outputs it must have (default: ``spec``'s)."""
+    io = io or Interface.of(spec)
+    fix = io.fix
+    _structure(proto, where, io)
+    weights = _weights(proto, where, fix)
+    _interface(proto, io, where)
+    per_env, macs = measure(proto, spec, 1, where, io)
+    budget.refuse(HELD * weights + per_env, f"running {where} (its weights and one step)", fix)
     if macs > MAX_STEP_MACS:
         raise BadInput(
             f"{where}: one step of its graph takes {macs:,} multiply-adds, over the {MAX_STEP_MACS:,} lstm-probe "
-            f"runs (a recurrent policy's step takes millions); {_FIX}"
+            f"runs (a recurrent policy's step takes millions); {fix}"
         )
     return Graph(weights, per_env, macs)
 
 
-def _structure(proto: Any, where: str) -> None:
-    """Only standard operators of :data:`OPS`, no functions, subgraphs, tensors in attributes or sparse weights."""
+def _structure(proto: Any, where: str, io: Interface) -> None:
+    """Only standard operators of :data:`OPS` (and :data:`FOREIGN_OPS` in a foreign file), no functions,
+    subgraphs, tensors in attributes (but a foreign ``Constant``'s value) or sparse weights."""
     import onnx
 
+    fix = io.fix
+    ops = OPS | FOREIGN_OPS if io.foreign else OPS
+    who = "replay does not run (it runs" if io.foreign else "lstm-probe's exports never write (they use"
     if len(proto.functions):
-        raise BadInput(f"{where}: its model defines functions of its own, which lstm-probe's exports never do; {_FIX}")
+        raise BadInput(f"{where}: its model defines functions of its own, which lstm-probe's exports never do; {fix}")
     newest = onnx.defs.onnx_opset_version()
     for op in proto.opset_import:
         if op.domain not in ("", "ai.onnx") or not 1 <= op.version <= newest:
             raise BadInput(
                 f"{where}: it imports the operator set {_name(op.domain or 'ai.onnx')} version {op.version}, not "
-                f"the standard one (1 to {newest}); {_FIX}"
+                f"the standard one (1 to {newest}); {fix}"
             )
     graph = proto.graph
     if len(graph.sparse_initializer):
-        raise BadInput(f"{where}: it holds sparse weights, which lstm-probe's exports never write; {_FIX}")
+        raise BadInput(f"{where}: it holds sparse weights, which lstm-probe's exports never write; {fix}")
     if len(graph.node) > MAX_NODES:
         raise BadInput(
-            f"{where}: its graph has {len(graph.node):,} nodes, over the {MAX_NODES:,} lstm-probe reads; {_FIX}"
+            f"{where}: its graph has {len(graph.node):,} nodes, over the {MAX_NODES:,} lstm-probe reads; {fix}"
         )
     for node in graph.node:
-        if node.domain not in ("", "ai.onnx") or node.op_type not in OPS:
+        if node.domain not in ("", "ai.onnx") or node.op_type not in ops:
             raise BadInput(
                 f"{where}: its graph runs the operator {_name(node.op_type)} (node {_name(node.name)}), which "
-                f"lstm-probe's exports never write (they use {', '.join(sorted(OPS))}); {_FIX}"
+                f"{who} {', '.join(sorted(ops))}); {fix}"
             )
         for attr in node.attribute:
+            if node.op_type == "Constant" and attr.name == "value" and attr.type == onnx.AttributeProto.TENSOR:
+                _tensor(attr.t, where, f"node {_name(node.name)}'s value", fix)
+                continue
             if attr.type not in _ATTRIBUTES:
                 raise BadInput(
                     f"{where}: its node {_name(node.name)} carries the attribute {_name(attr.name)} of a kind "
-                    f"(a graph or a tensor) lstm-probe's exports never write; {_FIX}"
+                    f"(a graph or a tensor) lstm-probe's exports never write; {fix}"
                 )
 
 
-def _weights(proto: Any, where: str) -> int:
-    """Bytes of the initializers, from their shapes (not from the bytes stored: onnxruntime allocates the shape)."""
-    total = 0
-    for t in proto.graph.initializer:
-        if t.data_location == 1:  # EXTERNAL
-            raise BadInput(f"{where}: its weight {_name(t.name)} is stored outside the file; {_FIX}")
-        if t.data_type not in _NUMERIC or len(t.dims) > 32 or any(d < 0 for d in t.dims):
-            raise BadInput(f"{where}: its weight {_name(t.name)} is not a tensor of numbers; {_FIX}")
-        total += math.prod(t.dims) * _NUMERIC[t.data_type]
+def _tensor(t: Any, where: str, what: str, fix: str) -> int:
+    """Bytes of a tensor held in the file, from its shape (not from the bytes stored: onnxruntime allocates the
+    shape): a tensor of numbers stored inside the file, or refused."""
+    if t.data_location == 1:  # EXTERNAL
+        raise BadInput(f"{where}: its {what} is stored outside the file; {fix}")
+    if t.data_type not in _NUMERIC or len(t.dims) > 32 or any(d < 0 for d in t.dims):
+        raise BadInput(f"{where}: its {what} is not a tensor of numbers; {fix}")
+    return math.prod(t.dims) * _NUMERIC[t.data_type]
+
+
+def _weights(proto: Any, where: str, fix: str = _FIX) -> int:
+    """Bytes of the initializers and of the constants' values, from their shapes."""
+    total = sum(_tensor(t, where, f"weight {_name(t.name)}", fix) for t in proto.graph.initializer)
+    for node in proto.graph.node:
+        if node.op_type == "Constant":  # a foreign file's (checked by _structure); the value is held as a weight
+            total += sum(
+                _tensor(a.t, where, f"node {_name(node.name)}'s value", fix) for a in node.attribute if a.type == 4
+            )
     return total
 
 
-def _interface(proto: Any, spec: Spec, where: str) -> None:
-    """The graph's inputs and outputs are the spec's, in order, with its shapes and a free batch axis."""
+def _interface(proto: Any, io: Interface, where: str) -> None:
+    """The graph's inputs and outputs are ``io``'s, in order, with its shapes (and a free or fixed batch axis)."""
     graph = proto.graph
+    fix = io.fix
     weights = {t.name for t in graph.initializer}
     inputs = [v for v in graph.input if v.name not in weights]
-    for kind, values, wanted in (("inputs", inputs, spec.inputs()), ("outputs", list(graph.output), spec.outputs())):
+    for kind, values, wanted in (("inputs", inputs, io.inputs), ("outputs", list(graph.output), io.outputs)):
         names = [v.name for v in values]
         if names != [n for n, _, _ in wanted]:
             shown = ", ".join(_name(n) for n in names[:8])
             raise BadInput(
-                f"{where}: its graph's {kind} are {shown}, not the {', '.join(n for n, _, _ in wanted)} its metadata "
-                f"states; {_FIX}"
+                f"{where}: its graph's {kind} are {shown}, not the {', '.join(n for n, _, _ in wanted)} "
+                f"{io.source}; {fix}"
             )
         for v, (name, shape, dtype) in zip(values, wanted, strict=True):
             t = v.type.tensor_type
@@ -157,26 +215,29 @@ def _interface(proto: Any, spec: Spec, where: str) -> None:
                     static = d.HasField("dim_value")
                     fits = fits and (static and d.dim_value == want if isinstance(want, int) else not static)
             if not v.type.HasField("tensor_type") or t.elem_type != elem or not fits:
+                shown = _name(name) if io.foreign else name  # a foreign file's names are its own
                 raise BadInput(
-                    f"{where}: its graph's {name} is not {dtype} of shape [{', '.join(map(str, shape))}] as its "
-                    f"metadata states; {_FIX}"
+                    f"{where}: its graph's {shown} is not {dtype} of shape [{', '.join(map(str, shape))}] as "
+                    f"{io.source}; {fix}"
                 )
 
 
-def measure(proto: Any, spec: Spec, batch: int, where: str) -> tuple[int, int]:
+def measure(proto: Any, spec: Spec, batch: int, where: str, io: Interface | None = None) -> tuple[int, int]:
     """(bytes, multiply-adds) of one step of ``batch`` envs: every value's size from ONNX shape inference with
     the inputs' shapes at that batch (a value whose size the shapes do not fix is refused; a Reshape keeps its
     input's size), plus the operators' workspace (a convolution's unrolled input, an LSTM's gates)."""
     import onnx
     from onnx import shape_inference
 
+    io = io or Interface.of(spec)
+    fix = io.fix
     model = onnx.ModelProto()
     model.CopyFrom(proto)
     graph = model.graph
     del graph.value_info[:]
     weights = {t.name for t in graph.initializer}
     inputs = [v for v in graph.input if v.name not in weights]
-    for values, wanted in ((inputs, spec.inputs()), (graph.output, spec.outputs())):
+    for values, wanted in ((inputs, io.inputs), (graph.output, io.outputs)):
         for v, (_, shape, _) in zip(values, wanted, strict=True):  # the spec's shapes at this batch
             for d, want in zip(v.type.tensor_type.shape.dim, shape, strict=True):
                 d.Clear()
@@ -185,7 +246,7 @@ def measure(proto: Any, spec: Spec, batch: int, where: str) -> tuple[int, int]:
         onnx.checker.check_model(model)
         inferred = shape_inference.infer_shapes(model, check_type=True, strict_mode=True, data_prop=True)
     except Exception as exc:  # onnx's checker and inference errors, whatever their class
-        raise BadInput(f"{where}: its graph does not check ({one_line(exc)[:300]}); {_FIX}") from None
+        raise BadInput(f"{where}: its graph does not check ({one_line(exc)[:300]}); {fix}") from None
     g = inferred.graph
     shapes: dict[str, tuple[int, list[int | None]]] = {}
     for v in [*g.input, *g.value_info, *g.output]:
@@ -203,7 +264,7 @@ def measure(proto: Any, spec: Spec, batch: int, where: str) -> tuple[int, int]:
         dims = shapes.get(name, (0, [None]))[1]
         return None if any(d is None for d in dims) else math.prod(d for d in dims if d is not None)
 
-    total = sum(4 * math.prod(batch if d == "batch" else int(d) for d in shape) for _, shape, _ in spec.inputs())
+    total = sum(4 * math.prod(batch if d == "batch" else int(d) for d in shape) for _, shape, _ in io.inputs)
     macs = 0
     for node in g.node:
         for out in node.output:
@@ -216,13 +277,13 @@ def measure(proto: Any, spec: Spec, batch: int, where: str) -> tuple[int, int]:
             if n is None or elem not in _NUMERIC:
                 raise BadInput(
                     f"{where}: the size of its value {_name(out)} (node {_name(node.op_type)}) is not set by the "
-                    f"inputs' shapes; {_FIX}"
+                    f"inputs' shapes; {fix}"
                 )
             counts[out] = n
             total += n * _NUMERIC[elem]
         work, space = _cost(node, count, shapes)
         if work is None:
-            raise BadInput(f"{where}: the work of its node {_name(node.name)} is not set by the inputs' shapes; {_FIX}")
+            raise BadInput(f"{where}: the work of its node {_name(node.name)} is not set by the inputs' shapes; {fix}")
         macs += work
         total += space
     return total, macs

@@ -35,12 +35,14 @@ from __future__ import annotations
 
 import copy
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from lstm_probe.deploy.foreign import FLAG
 from lstm_probe.deploy.runtime import TIME_LIMIT, Pace, half_weights, open_file, per_env_bytes, rounded, torch_step
 from lstm_probe.deploy.spec import Spec, Step
 from lstm_probe.deploy.trace import Trace, read_stats, read_trace
@@ -143,16 +145,20 @@ def replay(
     vecnormalize: str | os.PathLike[str] | None = None,
     trust_model: bool = False,
     tolerance: float = TOLERANCE,
+    names: Mapping[str, str] | None = None,
 ) -> Replay:
     """Which loop recorded ``trace`` (see the module docstring). ``policy``: an exported ``.onnx`` or ``.pt``
     file (``.pt``, TorchScript, holds code: it needs ``trust_model``), a model.zip (read as ``lstm-probe arch``
     reads it: nothing unpickled unless ``trust_model``) or a RecurrentPPO, an rsl_rl checkpoint (a ``.pt`` that is
     not TorchScript, read with ``weights_only``: :func:`_exported`) or runner. ``vecnormalize``: the model's
     VecNormalize statistics (``.npz`` with ``mean``, ``var`` and optionally ``clip_obs``, ``epsilon``; or
-    SB3's pickle, ``.pkl``, with ``trust_model``)."""
+    SB3's pickle, ``.pkl``, with ``trust_model``). An ``.onnx`` file lstm-probe did not write (rsl_rl's
+    ``export_policy_to_onnx``, Isaac Lab's ``export_policy_as_onnx``: inputs ``obs``, ``h_in``, ``c_in``, outputs
+    ``actions``, ``h_out``, ``c_out``) is read by its names, or by ``names`` (role -> the graph's name; roles
+    ``obs``, ``h``, ``c``, ``action``, ``h_out``, ``c_out``, ``value``: ``deploy/foreign.py``)."""
     if not (isinstance(tolerance, int | float) and 0 < tolerance < HALF):
         raise BadInput(f"--tolerance must be a relative error in (0, {HALF:g}), e.g. 1e-4, got {tolerance!r}")
-    spec, step, half, batch = _policy(policy, trust_model)
+    spec, step, half, batch = _policy(policy, trust_model, dict(names or {}))
     rec = read_trace(trace, spec, MAX_ROWS)
     norm = None if vecnormalize is None else _normaliser(Path(vecnormalize), trust_model, spec)
     obs = rec.obs if norm is None else norm(rec.obs)
@@ -190,9 +196,9 @@ def replay(
     return Replay(verdict, also, correct.first_diff, loops_found, len(rec.env), len(plan.first), tolerance, notes)
 
 
-def _policy(policy: Any, trust_model: bool) -> tuple[Spec, Step, Step, Any]:
+def _policy(policy: Any, trust_model: bool, names: dict[str, str]) -> tuple[Spec, Step, Step, Any]:
     """The spec, the float32 step and the float16 step of a policy file, model.zip or model, and how many envs
-    one step may run at once (``envs -> batch``)."""
+    one step may run at once (``envs -> batch``); ``names``: a foreign ONNX file's (``open_file``)."""
     if isinstance(policy, str | os.PathLike) and Path(policy).suffix in (".onnx", ".pt") and _exported(Path(policy)):
         path = Path(policy)
         if path.suffix == ".pt" and not trust_model:
@@ -204,9 +210,13 @@ def _policy(policy: Any, trust_model: bool) -> tuple[Spec, Step, Step, Any]:
 
         with warnings.catch_warnings():  # torch.jit.load's deprecation: the file is what it is
             warnings.simplefilter("ignore", DeprecationWarning)
-            opened = open_file(path)
+            opened = open_file(path, names)
             step, half = opened.step(), rounded(opened.step(half=True))
         return opened.spec, step, half, lambda envs: opened.batch(envs, BATCH)
+    if names:
+        raise BadInput(
+            f"{FLAG} names the inputs and outputs of an ONNX file lstm-probe did not write; {policy} is not one"
+        )
     from lstm_probe.integrations import deploy_policy
 
     found = deploy_policy(policy, trust_model)  # the framework's Policy: its spec and its step as a torch module

@@ -1,7 +1,8 @@
 """A deployed policy's :data:`~lstm_probe.deploy.spec.Step` whatever its form: a torch module (a framework's
 ``Policy.module``, or TorchScript), an ONNX file (onnxruntime); an exported file read back with its
 :class:`~lstm_probe.deploy.spec.Spec` (:func:`open_file`: a regular file, its metadata checked, an ONNX graph
-checked before it runs, ``checks.py``); the float16 runtime emulated (:func:`rounded`); and the time the
+checked before it runs, ``checks.py``; an ONNX file lstm-probe did not write, its spec inferred from its graph,
+``foreign.py``); the float16 runtime emulated (:func:`rounded`); and the time the
 steps may take (:class:`Pace`)."""
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lstm_probe.deploy import checks
+from lstm_probe.deploy import checks, foreign
 from lstm_probe.deploy.spec import META_KEY, Spec, State, Step
 from lstm_probe.errors import BadInput, one_line
 from lstm_probe.log import budget
@@ -96,10 +97,11 @@ def rounded(step: Step) -> Step:
 
 
 def _half_initializers(proto: Any) -> None:
-    """Round an ONNX graph's float32 initializers to float16, stored back as float32 (in place)."""
+    """Round an ONNX graph's float32 initializers (and constants) to float16, stored back as float32 (in place)."""
     from onnx import TensorProto, numpy_helper
 
-    for init in proto.graph.initializer:
+    constants = [a.t for n in proto.graph.node if n.op_type == "Constant" for a in n.attribute if a.type == 4]
+    for init in [*proto.graph.initializer, *constants]:  # constants: a foreign file's (checks.FOREIGN_OPS)
         if init.data_type == TensorProto.FLOAT:
             arr = numpy_helper.to_array(init).astype(np.float16).astype(np.float32)
             init.CopyFrom(numpy_helper.from_array(arr, init.name))
@@ -128,6 +130,8 @@ class PolicyFile:
     """Bytes one env's step holds (ONNX: from the checked graph; TorchScript: its state and observation)."""
     proto: Any = None
     raw: bytes = b""
+    roles: foreign.Foreign | None = None
+    """An ONNX file lstm-probe did not write: which of its inputs and outputs plays which role."""
 
     def step(self, half: bool = False) -> Step:
         """Its :data:`Step`; ``half``: its weights rounded to float16 (:func:`rounded` says why)."""
@@ -144,6 +148,8 @@ class PolicyFile:
                 sess = session(proto)
             except Exception as exc:
                 raise BadInput(f"cannot run {where} with onnxruntime: {one_line(exc, kind=False)[:300]}") from None
+            if self.roles is not None:
+                return foreign.step(sess, self.spec, self.roles, where)
             return ort_step(sess, self.spec, where)
         module = torch.jit.load(io.BytesIO(self.raw), map_location="cpu").eval()
         return torch_step(half_weights(module) if half else module)
@@ -152,17 +158,22 @@ class PolicyFile:
         """How many envs one step may run at once (at most ``most``): within a quarter of the memory budget,
         and for an ONNX file, its graph measured again at that batch (a graph whose values grow faster than
         the batch is refused)."""
+        if self.roles is not None and self.roles.batch is not None:
+            return self.roles.batch  # measured at that batch by open_file
         size = max(1, min(envs, most, budget.limit() // (4 * max(self.per_env, 1))))
+        io = None if self.roles is None else self.roles.io
         if size > 1 and not self.torchscript:
-            need, _ = checks.measure(self.proto, self.spec, size, str(self.path))
+            need, _ = checks.measure(self.proto, self.spec, size, str(self.path), io)
             budget.refuse(2 * need, f"running {self.path} on {size:,} envs at once")
         return size
 
 
-def open_file(path: Path) -> PolicyFile:
+def open_file(path: Path, names: dict[str, str] | None = None) -> PolicyFile:
     """An exported file (``.onnx``, else TorchScript) read and checked: a regular file within the memory
     budget, lstm-probe's metadata (:meth:`Spec.from_json`), and an ONNX graph as :func:`checks.check` has it,
-    before anything of it runs (TorchScript is code: the caller asked the user to trust it)."""
+    before anything of it runs (TorchScript is code: the caller asked the user to trust it). An ONNX file
+    without lstm-probe's metadata (rsl_rl's or Isaac Lab's export) has its spec inferred from its graph
+    (:func:`foreign.infer`; ``names``: ``--name ROLE=NAME``, the inputs and outputs whose names say nothing)."""
     fix = f"pass a policy exported with `lstm-probe export MODEL.zip {path.name}`"
     if not path.exists() and not path.is_symlink():
         raise BadInput(f"{path} does not exist; export a policy with `lstm-probe export MODEL.zip {path.name}`")
@@ -176,8 +187,12 @@ def open_file(path: Path) -> PolicyFile:
         except Exception as exc:
             raise BadInput(f"cannot read {path} as an ONNX file: {one_line(exc, kind=False)[:200]}") from None
         meta = {p.key: p.value for p in proto.metadata_props}
-        if META_KEY not in meta:
-            raise BadInput(f"{path} was not exported by lstm-probe (no {META_KEY} metadata); export it again")
+        if META_KEY not in meta:  # a file from elsewhere: its spec from its graph, its weights perhaps beside it
+            foreign.inline(proto, path, FILE_COPIES)
+            spec, found = foreign.infer(proto, where, names)
+            graph = checks.check(proto, spec, where, found.io)
+            return PolicyFile(path, spec, False, graph.per_env, proto=proto, roles=found)
+        _own(path, names)
         spec = Spec.from_json(meta[META_KEY], where)
         graph = checks.check(proto, spec, where)
         return PolicyFile(path, spec, False, graph.per_env, proto=proto)
@@ -186,10 +201,19 @@ def open_file(path: Path) -> PolicyFile:
         torch.jit.load(io.BytesIO(raw), map_location="cpu", _extra_files=extra)
     except Exception as exc:
         raise BadInput(f"cannot read {path} as a TorchScript file: {one_line(exc, kind=False)[:200]}") from None
+    _own(path, names)
     if not extra[f"{META_KEY}.json"]:
         raise BadInput(f"{path} was not exported by lstm-probe (no {META_KEY}.json); export it again")
     spec = Spec.from_json(extra[f"{META_KEY}.json"], where)
     return PolicyFile(path, spec, True, per_env_bytes(spec), raw=raw)
+
+
+def _own(path: Path, names: dict[str, str] | None) -> None:
+    if names:
+        raise BadInput(
+            f"{foreign.FLAG} names the inputs and outputs of an ONNX file lstm-probe did not write; {path} was "
+            f"exported by lstm-probe, its names in its metadata: drop {foreign.FLAG}"
+        )
 
 
 def per_env_bytes(spec: Spec) -> int:
@@ -199,10 +223,10 @@ def per_env_bytes(spec: Spec) -> int:
     return 16 * 4 * (math.prod(spec.obs_shape) + state + spec.hidden)
 
 
-def load_file(path: Path, half: bool = False) -> tuple[Spec, Step, bool]:
+def load_file(path: Path, half: bool = False, names: dict[str, str] | None = None) -> tuple[Spec, Step, bool]:
     """An exported file's spec and :data:`Step`, and whether it is TorchScript (else ONNX); ``half``: its
-    weights rounded to float16 (:func:`rounded` says why)."""
-    opened = open_file(path)
+    weights rounded to float16 (:func:`rounded` says why); ``names``: as :func:`open_file` takes them."""
+    opened = open_file(path, names)
     return opened.spec, opened.step(half), opened.torchscript
 
 
