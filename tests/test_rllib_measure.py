@@ -80,7 +80,7 @@ def _train(config, iterations: int, out: Path | None, plant=None, **measure) -> 
 
 def test_training_untouched_and_the_oracle_holds(tmp_path: Path) -> None:
     plain = _train(_config(shared=False), 3, None)
-    probed = _train(_config(shared=False), 3, tmp_path / "w", what_if=True)
+    probed = _train(_config(shared=False), 3, tmp_path / "w", what_if=True, memory=True, capture_obs=True)
     assert plain.keys() == probed.keys() and all(torch.equal(plain[k], probed[k]) for k in plain)
 
     rows = records(tmp_path / "w")
