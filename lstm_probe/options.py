@@ -478,6 +478,10 @@ class RunResult:
     model: Path | None = None
     """The trained model saved beside the log (``run.parquet`` -> ``run.model.zip`` for sb3, ``run.model.pt``
     for rsl_rl and TorchRL: ``deploy/saved.py``); None where the framework saves none."""
+    verify: str | None = "env"
+    """How ``lstm-probe export`` can verify that model: 'env' (fresh episodes of the run's env id, ``--env``),
+    'log' (the log's own observations, ``--log``: a ``--capture-obs`` run on an env without a gymnasium id, such
+    as rsl_rl's ``--torch-env``), None (neither: such a run without ``--capture-obs``)."""
 
 
 @dataclass(frozen=True)

@@ -137,3 +137,34 @@ def test_export_tells_its_progress(tmp_path: Path) -> None:
     assert [h for h in heard if h[0] == "recording episodes"] == [("recording episodes", d, 2) for d in range(3)]
     verified = [d for s, d, t in heard if s == "verifying" and t == 2 * r.steps]
     assert verified == list(range(0, 2 * r.steps + 1, 2))
+
+
+@pytest.mark.parametrize("capture_obs", [True, False])
+def test_the_export_line_after_a_torch_env_run_is_a_command_that_works(tmp_path: Path, capture_obs: bool) -> None:
+    """rsl_rl's --torch-env has no gymnasium id to record episodes from (its Pendulum has no angular velocity):
+    the line `run` prints verifies on the log's own observations, or says to run again with --capture-obs."""
+    run = [sys.executable, "-m", "lstm_probe", "run", "Pendulum-v1", "--framework", "rsl_rl", "--torch-env"]
+    small = ["--steps", "480", "--n-envs", "2", "--hidden-size", "8", "--out", "r.parquet"]
+    done = subprocess.run(
+        [*run, *small, *(["--capture-obs"] if capture_obs else [])],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=ENV,
+    )
+    assert done.returncode == 0, done.stderr
+    line = next(x for x in done.stdout.splitlines() if x.startswith("export it:"))
+    if not capture_obs:
+        assert "run again with --capture-obs" in line and "--env" not in line
+        return
+    command = shlex.split(line.removeprefix("export it: "))
+    assert command[:2] == ["lstm-probe", "export"] and "--log" in command
+    exported = subprocess.run(
+        [sys.executable, "-m", "lstm_probe", *command[1:], "--episodes", "2"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=ENV,
+    )
+    assert exported.returncode == 0, exported.stderr
+    assert (tmp_path / "policy.onnx").is_file() and "verified on" in exported.stdout

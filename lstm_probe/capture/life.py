@@ -149,6 +149,7 @@ def train(
     cleanup: Callable[[], object] | None = None,
     started: float | None = None,
     save: Callable[[], Path] | None = None,
+    verify: str | None = "env",
 ) -> RunResult:
     """Train with the probe on and say what it wrote: every framework's ``run`` once its run is built.
 
@@ -161,7 +162,8 @@ def train(
     log's :class:`~lstm_probe.options.RunResult`: its path, rows and bytes, whether the log says the run
     completed, the env steps done, and the seconds from ``started`` (a ``time.perf_counter()``; default: now)
     to the close. ``save`` saves the trained model once the loop ran to its end and the envs are cleaned up
-    (not after a failure or Ctrl-C) and returns where: the result's ``model``.
+    (not after a failure or Ctrl-C) and returns where: the result's ``model``; ``verify``: how ``export`` can
+    verify it (:attr:`~lstm_probe.options.RunResult.verify`).
     """
     from lstm_probe.log.reader import read_info
 
@@ -185,4 +187,4 @@ def train(
     seconds = time.perf_counter() - start
     info = read_info(path if path is not None else os.fspath(out))
     model = save() if save is not None else None
-    return RunResult(info.path, info.rows, info.bytes, info.completed, done, seconds, model)
+    return RunResult(info.path, info.rows, info.bytes, info.completed, done, seconds, model, verify)

@@ -156,7 +156,14 @@ def run(
         out().print(f"saved the trained model in [bold]{safe(result.model, limit=None)}[/]")
         if fw.deploy is not None:
             model, env = shlex.quote(str(result.model)), shlex.quote(env_id)
-            line = f"export it: lstm-probe export {model} policy.onnx --env {env}"
+            line = {
+                "env": f"export it: lstm-probe export {model} policy.onnx --env {env}",
+                "log": f"export it: lstm-probe export {model} policy.onnx --log {again}",
+            }.get(
+                str(result.verify),
+                "export it: run again with --capture-obs (this env has no gymnasium id whose episodes export could "
+                f"record), then lstm-probe export {model} policy.onnx --log LOG",
+            )
             out().print(safe(line, limit=None, markup=False), highlight=False, markup=False, soft_wrap=True)
 
 

@@ -215,8 +215,18 @@ def run(
 
     total = iterations * n_envs * n_steps
     cleanup = getattr(env, "close", None)
+    # the torch-native env has no gymnasium id whose episodes export could record: it verifies on the log
+    verify = "env" if not r.torch_env else ("log" if m.capture_obs else None)
     return life.train(
-        loop(), close, out=opts.out, total=total, progress=progress, cleanup=cleanup, started=started, save=save
+        loop(),
+        close,
+        out=opts.out,
+        total=total,
+        progress=progress,
+        cleanup=cleanup,
+        started=started,
+        save=save,
+        verify=verify,
     )
 
 
