@@ -19,9 +19,10 @@ policy), with the state made explicit:
 - the reset: ``torchrl/modules/tensordict_module/rnn.py:LSTMModule.forward`` (and ``GRUModule.forward``)
   zero the incoming state where ``is_init`` is set (``torch.where(is_init, zeros, hidden)``); here the state
   times ``1 - episode_start``, the same for a finite state;
-- the recurrent call: the module's ``nn.LSTM``/``nn.GRU`` over one step (``LSTMModule._lstm``: batch first,
-  the state ``(layers, batch, hidden)``, which is the explicit state's layout; TorchRL's TensorDict holds it as
-  ``(batch, layers, hidden)``, which :func:`reference_step` transposes);
+- the recurrent call: the module's LSTM/GRU over one step (``LSTMModule._lstm``), here a sequence-first
+  ``nn.LSTM``/``nn.GRU`` on the same weights (``shadow.py``; TorchRL's is batch first, which the ONNX exporter
+  wraps in transposes of a size its checks cannot follow), the state ``(layers, batch, hidden)``; TorchRL's
+  TensorDict holds it as ``(batch, layers, hidden)``, which :func:`reference_step` transposes;
 - the heads: the ``TensorDictModule``\\ s after the recurrent module, run in order on their in/out keys
   (actor: to the distribution's ``logits``; critic: to its value);
 - the action: the distribution's deterministic sample (``OneHotCategorical.mode``: the one-hot of the
@@ -46,6 +47,7 @@ from torch import nn
 from lstm_probe.deploy import saved
 from lstm_probe.deploy.spec import Policy, Spec, State, Step
 from lstm_probe.errors import BadInput, one_line
+from lstm_probe.integrations.torchrl.shadow import shadow
 
 MARK = "torchrl"
 """The checkpoint's ``saved.MARK`` entry: a TorchRL run's ``run.model.pt``."""
@@ -169,8 +171,8 @@ def _parts(actor: Any, critic: Any) -> tuple[Any, list[Any], list[Any], Any]:
         if type(m) not in (TensorDictModule, ValueOperator):
             raise BadInput(f"export takes TensorDictModule heads after the recurrent module, not {type(m).__name__}")
     net = _net(rnn)
-    if type(net) not in (nn.LSTM, nn.GRU) or net.bidirectional or getattr(net, "proj_size", 0):
-        raise BadInput("export takes a TorchRL recurrent module over a plain one-way nn.LSTM/nn.GRU")
+    if getattr(net, "bidirectional", False) or getattr(net, "proj_size", 0):
+        raise BadInput("export takes a TorchRL recurrent module over a one-way LSTM/GRU without proj_size")
     return rnn, list(heads[0]), list(heads[1]), dist
 
 
@@ -192,7 +194,7 @@ class Deployed(nn.Module):
         super().__init__()
         self.spec = spec_of(actor, critic)
         rnn, actor_heads, critic_heads, dist = _parts(actor, critic)
-        self.net = _net(rnn)
+        self.net = shadow(_net(rnn), batch_first=False)  # its own weights; sequence first exports to ONNX
         self.embed = rnn.out_keys[0]
         self.actor_heads = nn.ModuleList(m.module for m in actor_heads)
         self.critic_heads = nn.ModuleList(m.module for m in critic_heads)
@@ -210,14 +212,14 @@ class Deployed(nn.Module):
 
     def forward(self, obs: torch.Tensor, episode_start: torch.Tensor, *state: torch.Tensor) -> tuple[torch.Tensor, ...]:
         keep = (1.0 - episode_start).view(1, -1, 1)  # LSTMModule.forward: is_init zeroes the incoming state
-        x = obs.unsqueeze(1)  # one step: TorchRL's modules are batch first (the state is not)
+        x = obs.unsqueeze(0)  # one step, sequence first
         if self.spec.cell == "lstm":
             out, (h, c) = self.net(x, (state[0] * keep, state[1] * keep))
             new = [h, c]
         else:
             out, h = self.net(x, state[0] * keep)
             new = [h]
-        embed = out.squeeze(1)
+        embed = out.squeeze(0)
         logits = self._heads(self.actor_heads, self.actor_keys, embed)[self.logits]
         value = self._heads(self.critic_heads, self.critic_keys, embed)[self.value]
         return (torch.argmax(logits, dim=-1), value, *new)  # OneHotCategorical.mode, as its index
