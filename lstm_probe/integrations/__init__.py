@@ -189,7 +189,9 @@ def deploy_policy(model: Any, trust_model: bool, env_id: str | None = None) -> P
     """The deploy layer's ``Policy`` of ``model`` (a model object or a saved model's path), from the
     :data:`~lstm_probe.deploy.spec.Loader` its framework's entry names: the deploy layer finds a framework's
     policy here, and imports no integration itself. The framework is the one whose ``deploy_files`` hold the
-    path's suffix, or whose ``deploy_packages`` hold the object's class's package; its extra must be installed."""
+    path's suffix (of several, the one whose ``deploy_mark`` the checkpoint names: ``saved.mark``, read as data),
+    or whose ``deploy_packages`` hold the object's class's package (an ``(actor, critic)`` pair's first); its
+    extra must be installed."""
     import os
 
     from lstm_probe.extras import require
