@@ -10,6 +10,7 @@ import copy
 import json
 import os
 import pickle
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -256,6 +257,9 @@ class _Boom:
         return (os.system, ("echo pwned > pwned.txt",))
 
 
+CLI_CASES = ("code.pt", "objects.pt", "types.pt", "cell.pt")
+
+
 def test_hostile_checkpoints_are_refused_in_one_line(checkpoints, tmp_path):
     _, saved = checkpoints
     good = torch.load(saved["lstm"], weights_only=True)
@@ -276,6 +280,20 @@ def test_hostile_checkpoints_are_refused_in_one_line(checkpoints, tmp_path):
             lambda p: torch.save({**good, "config": {**config, "hidden_size": 1 << 20}}, p),
             "is not what its weights hold",
         ),
+        "deep.pt": (  # 1,000 layers stated by thin tensors: refused before anything is built
+            lambda p: torch.save(
+                {
+                    **good,
+                    "config": {**config, "num_layers": 1000},
+                    "actor": {
+                        **good["actor"],
+                        **{f"module.0.module.0.lstm.weight_ih_l{i}": torch.zeros(1, 1) for i in range(1, 1000)},
+                    },
+                },
+                p,
+            ),
+            "weight_ih_l1' is (1, 1), not the (32, 8) build()'s policy holds",
+        ),
         "tensors.pt": (lambda p: torch.save({**good, "actor": {"x": 1}}, p), "its actor is not a state dict"),
         "unshared.pt": (
             lambda p: torch.save(
@@ -286,8 +304,13 @@ def test_hostile_checkpoints_are_refused_in_one_line(checkpoints, tmp_path):
     }
     for name, (make, words) in cases.items():
         make(tmp_path / name)
-        r = _cli("export", name, "out.onnx", "--env", ENV_ID, cwd=tmp_path)
-        line = one_line_error(r, words)
+        if name in CLI_CASES:  # the command line's refusal: exit 2, one line
+            line = one_line_error(_cli("export", name, "out.onnx", "--env", ENV_ID, cwd=tmp_path), words)
+        else:  # the same refusal, in-process (each subprocess costs seconds of import)
+            with pytest.raises(BadInput, match=re.escape(words)) as caught:
+                lstm_probe.export(tmp_path / name, tmp_path / "out.onnx", env_id=ENV_ID)
+            line = str(caught.value)
+            assert "\n" not in line
         assert "\x1b" not in line
     os.mkfifo(tmp_path / "fifo.pt")
     one_line_error(_cli("export", "fifo.pt", "out.onnx", "--env", ENV_ID, cwd=tmp_path), "not a regular file")

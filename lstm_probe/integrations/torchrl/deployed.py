@@ -124,6 +124,13 @@ def _from_checkpoint(path: str) -> tuple[Any, Any]:
         )
     if actions < 1:
         raise BadInput(f"{path}: its actor's head gives no action; {_FIX}")
+    shapes = _shapes(rnn, cell, obs, hidden, layers, actions)
+    got = {k: tuple(v.shape) for k, v in (*actor_state.items(), *(("critic." + k, v) for k, v in critic_state.items()))}
+    if any(got.get(k) != shape for k, shape in shapes.items()):  # the models built are no larger than the weights
+        bad = next(k for k, shape in shapes.items() if got.get(k) != shape)
+        raise BadInput(
+            f"{path}: its {bad[:80]!r} is {got.get(bad)}, not the {shapes[bad]} build()'s policy holds; {_FIX}"
+        )
     shared = {k[len("module.0.") :]: v for k, v in critic_state.items() if k.startswith(f"module.0.{cell}.")}
     mine = {k[len("module.0.module.0.") :]: v for k, v in actor_state.items() if k.startswith(rnn)}
     if shared.keys() != mine.keys() or not all(torch.equal(shared[k], mine[k]) for k in mine):
@@ -137,6 +144,19 @@ def _from_checkpoint(path: str) -> tuple[Any, Any]:
             f"{path}: its weights do not load into build()'s policy: {one_line(exc, kind=False)[:200]}"
         ) from None
     return actor, critic
+
+
+def _shapes(rnn: str, cell: str, obs: int, hidden: int, layers: int, actions: int) -> dict[str, tuple[int, ...]]:
+    """The shape of every parameter build()'s policy of these sizes holds (the critic's prefixed ``critic.``)."""
+    gates = {"lstm": 4, "gru": 3}[cell] * hidden
+    want: dict[str, tuple[int, ...]] = {}
+    for layer in range(layers):
+        want[f"{rnn}weight_ih_l{layer}"] = (gates, obs if layer == 0 else hidden)
+        want[f"{rnn}weight_hh_l{layer}"] = (gates, hidden)
+        want[f"{rnn}bias_ih_l{layer}"] = want[f"{rnn}bias_hh_l{layer}"] = (gates,)
+    want["module.0.module.1.module.weight"], want["module.0.module.1.module.bias"] = (actions, hidden), (actions,)
+    want["critic.module.1.module.weight"], want["critic.module.1.module.bias"] = (1, hidden), (1,)
+    return want
 
 
 def _leaves(module: Any) -> list[Any]:
