@@ -102,7 +102,8 @@ def export(
 ) -> Exported:
     """Export ``model`` (a RecurrentPPO, or the path of its model.zip, read as ``lstm-probe arch`` reads it:
     nothing unpickled unless ``trust_model``; an rsl_rl checkpoint ``.pt`` or ``OnPolicyRunner``: its loader,
-    ``integrations/rsl_rl/deployed.py``) to ``out`` (``.onnx`` or ``.pt``), verified over ``episodes``
+    ``integrations/rsl_rl/deployed.py``; a TorchRL run's ``.pt`` or ``(actor, critic)``:
+    ``integrations/torchrl/deployed.py``) to ``out`` (``.onnx`` or ``.pt``), verified over ``episodes``
     episodes of ``log`` (a ``--capture-obs`` log) or of ``env_id`` (seeded ``env_seed``, ``env_seed + 1``, ...). An
     existing ``out`` is refused unless ``force``; ``progress`` (:data:`Progress`) hears what it is doing. See
     the module docstring."""

@@ -54,3 +54,40 @@ def write(path: Path, save: Callable[[BinaryIO], object]) -> Path:
     finally:
         tmp.unlink(missing_ok=True)
     return path
+
+
+MARK = "lstm_probe"
+"""The key of a saved checkpoint's top-level dict naming the framework whose ``run`` wrote it (TorchRL's
+``run.model.pt``: ``"torchrl"``); rsl_rl's checkpoint keeps ``OnPolicyRunner.save``'s own layout, without it.
+``integrations.deploy_policy`` reads it where several frameworks' loaders take one suffix (``.pt``)."""
+
+
+def read_checkpoint(path: str | os.PathLike[str], fix: str) -> object:
+    """What ``torch.save`` wrote at ``path``, read as hostile: a regular file (a FIFO or device refused, never
+    waited on), its size within the memory budget (twice: its tensors, and the models they are loaded into),
+    and ``torch.load(weights_only=True)``: tensors, containers and numbers, never a pickled object or code.
+    Anything else is refused in one line, ending with ``fix``."""
+    import warnings
+
+    import torch
+
+    from lstm_probe.log import budget
+
+    with budget.open_regular(os.fspath(path), fix) as f:
+        budget.refuse(2 * os.fstat(f.fileno()).st_size, f"reading {path}")
+        try:
+            with warnings.catch_warnings():  # torch.load's note on a pickle protocol: the refusal says it all
+                warnings.simplefilter("ignore")
+                return torch.load(f, map_location="cpu", weights_only=True)  # type: ignore[no-any-return]
+        except Exception as exc:
+            raise BadInput(
+                f"{path} is not a checkpoint torch.load reads without unpickling code ({type(exc).__name__}); {fix}"
+            ) from None
+
+
+def mark(path: str | os.PathLike[str], fix: str) -> str | None:
+    """The framework a checkpoint names under :data:`MARK` (read by :func:`read_checkpoint`); None where it
+    names none."""
+    saved = read_checkpoint(path, fix)
+    value = saved.get(MARK) if isinstance(saved, dict) else None
+    return value if isinstance(value, str) else None

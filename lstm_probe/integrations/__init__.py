@@ -82,6 +82,10 @@ class Framework:
     deploy_packages: tuple[str, ...] = ()
     """The packages whose objects its ``deploy`` loader takes ('sb3_contrib'): how :func:`deploy_policy` picks
     the framework of a model object (its class's top-level package)."""
+    deploy_mark: str | None = None
+    """Where several frameworks' loaders read one suffix (rsl_rl's and TorchRL's ``.pt``): the value of the
+    checkpoint's top-level ``"lstm_probe"`` entry that marks its saved models (``deploy/saved.py``: ``MARK``);
+    None: the framework of a checkpoint that names none."""
 
 
 FRAMEWORKS: dict[str, Framework] = {
@@ -139,6 +143,10 @@ FRAMEWORKS: dict[str, Framework] = {
             refuses=("info_keys",),
             arch_options=("rnn_type", "lstm_layers", "dot", "svg", "png"),
             extra="torchrl",
+            deploy="lstm_probe.integrations.torchrl.deployed:loader",
+            deploy_files=(".pt",),
+            deploy_packages=("torchrl", "tensordict"),
+            deploy_mark="torchrl",
         ),
     )
 }
@@ -185,7 +193,9 @@ def deploy_policy(model: Any, trust_model: bool, env_id: str | None = None) -> P
     """The deploy layer's ``Policy`` of ``model`` (a model object or a saved model's path), from the
     :data:`~lstm_probe.deploy.spec.Loader` its framework's entry names: the deploy layer finds a framework's
     policy here, and imports no integration itself. The framework is the one whose ``deploy_files`` hold the
-    path's suffix, or whose ``deploy_packages`` hold the object's class's package; its extra must be installed."""
+    path's suffix (of several, the one whose ``deploy_mark`` the checkpoint names: ``saved.mark``, read as data),
+    or whose ``deploy_packages`` hold the object's class's package (an ``(actor, critic)`` pair's first); its
+    extra must be installed."""
     import os
 
     from lstm_probe.extras import require
@@ -195,8 +205,15 @@ def deploy_policy(model: Any, trust_model: bool, env_id: str | None = None) -> P
         suffix = os.path.splitext(os.fspath(model))[1].lower()
         found = [f for f in takers if suffix in f.deploy_files]
         what = f"a saved model named {suffix or 'without a suffix'}"
+        if len(found) > 1:  # rsl_rl's and TorchRL's .pt: told apart by the mark TorchRL's run writes
+            from lstm_probe.deploy import saved
+
+            fix = f"pass a model saved by `lstm-probe run --framework {' or '.join(f.name for f in found)}`"
+            mark = saved.mark(model, fix)
+            found = [f for f in found if f.deploy_mark == mark] or [f for f in found if f.deploy_mark is None]
     else:
-        package = type(model).__module__.partition(".")[0]
+        one = model[0] if isinstance(model, tuple) and model else model  # an (actor, critic) pair
+        package = type(one).__module__.partition(".")[0]
         found = [f for f in takers if package in f.deploy_packages]
         what = f"a {type(model).__name__[:60]}"
     if not found:

@@ -2,6 +2,8 @@
 
 Importing this package imports no TorchRL; its names load on first use: ``probe`` (the probe for a user's
 own loop, ``hooks.py``), ``TorchRLProbe``, ``run`` (``lstm-probe run --framework torchrl``, ``train.py``).
+``deployed.py`` is the deploy layer's loader (``lstm-probe export run.model.pt``), named by the framework's
+``FRAMEWORKS`` entry.
 """
 
 from __future__ import annotations

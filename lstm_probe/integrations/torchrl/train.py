@@ -33,7 +33,7 @@ from lstm_probe.options import (
     settle,
 )
 
-__all__ = ["arch", "build", "run"]
+__all__ = ["arch", "build", "modules", "run"]
 
 GAMMA, LAMBDA, CLIP = 0.99, 0.95, 0.2
 """The discount, GAE's lambda and PPO's clip range the run trains with (ClipPPOLoss's own default clip)."""
@@ -55,9 +55,7 @@ def build(
     """(env, actor, critic, recurrent module): ``env_id`` through TorchRL's GymEnv (``n_envs`` of them in a
     SerialEnv) with InitTracker, StepCounter and the module's primer; an actor and a critic sharing one
     ``LSTMModule`` (or ``GRUModule``, ``cell='gru'``) that reads the observation."""
-    from tensordict.nn import TensorDictModule, TensorDictSequential
     from torchrl.envs import Compose, DoubleToFloat, GymEnv, InitTracker, SerialEnv, StepCounter, TransformedEnv
-    from torchrl.modules import GRUModule, LSTMModule, OneHotCategorical, ProbabilisticActor, ValueOperator
 
     check_env_id(env_id)
     torch.manual_seed(seed)
@@ -68,6 +66,23 @@ def build(
     spec = env.action_spec
     if not isinstance(spec.space, object) or not hasattr(spec.space, "n"):
         raise BadInput(f"{env_id}: the torchrl run trains discrete-action envs only (a one-hot actor)")
+    actor, critic, rnn = modules(
+        obs, spec, hidden_size=hidden_size, num_layers=num_layers, cell=cell, recurrent_backend=recurrent_backend
+    )
+    env.append_transform(rnn.make_tensordict_primer())
+    return env, actor, critic, rnn
+
+
+def modules(
+    obs: int, spec: Any, *, hidden_size: int, num_layers: int = 1, cell: str = "lstm", recurrent_backend: str = "pad"
+) -> tuple[Any, Any, Any]:
+    """(actor, critic, recurrent module) of :func:`build`, for ``obs`` observation values and the one-hot
+    action spec ``spec``: one ``LSTMModule`` (``GRUModule``, ``cell='gru'``) reading ``observation``, shared by
+    a ``ProbabilisticActor`` (a linear head to ``logits``, ``OneHotCategorical``) and a critic (a linear
+    ``ValueOperator``). The deploy loader (``deployed.py``) builds a saved policy with it."""
+    from tensordict.nn import TensorDictModule, TensorDictSequential
+    from torchrl.modules import GRUModule, LSTMModule, OneHotCategorical, ProbabilisticActor, ValueOperator
+
     cls = GRUModule if cell == "gru" else LSTMModule
     rnn = cls(
         input_size=obs,
@@ -77,7 +92,6 @@ def build(
         out_key="embed",
         recurrent_backend=recurrent_backend,
     )
-    env.append_transform(rnn.make_tensordict_primer())
     head = TensorDictModule(nn.Linear(hidden_size, int(spec.space.n)), in_keys=["embed"], out_keys=["logits"])
     actor = ProbabilisticActor(
         TensorDictSequential(rnn, head),
@@ -87,7 +101,7 @@ def build(
         return_log_prob=True,
     )
     critic = TensorDictSequential(rnn, ValueOperator(nn.Linear(hidden_size, 1), in_keys=["embed"]))
-    return env, actor, critic, rnn
+    return actor, critic, rnn
 
 
 ARCH_OPTIONS = ("shared_lstm", "hidden_size", "rnn_type", "lstm_layers")

@@ -1,0 +1,277 @@
+"""A TorchRL recurrent policy as a deployed loop runs it: one step, the LSTM (or GRU) state passed in and out
+explicitly; TorchRL's :data:`~lstm_probe.deploy.spec.Loader` (:func:`loader`) for the deploy layer
+(``lstm-probe export run.model.pt policy.onnx --env CartPole-v1``, ``lstm-probe replay TRACE --policy
+run.model.pt``).
+
+What it reads: the ``run.model.pt`` ``lstm-probe run --framework torchrl`` saves (``train.py``:
+``{"lstm_probe": "torchrl", "config": build()'s arguments, "actor": ..., "critic": ...}``), loaded with
+``torch.load(weights_only=True)`` after its size is checked against the memory budget (``deploy/saved.py``:
+``read_checkpoint``); or the ``(actor, critic)`` pair :func:`~lstm_probe.integrations.torchrl.train.build`
+makes (a ``ProbabilisticActor`` and a ``TensorDictSequential`` sharing one ``LSTMModule``/``GRUModule``).
+From a file, the sizes (observation width, hidden size, layers, actions) are taken from the weights, the
+configuration checked against them (types and values), and only :func:`~lstm_probe.integrations.torchrl.train.modules`'
+classes are built (``LSTMModule``/``GRUModule``, linear heads, ``OneHotCategorical``), never a class the
+file names.
+
+The step (:class:`Deployed`) is TorchRL's own sequential step (``recurrent_mode`` off, as a collector runs the
+policy), with the state made explicit:
+
+- the reset: ``torchrl/modules/tensordict_module/rnn.py:LSTMModule.forward`` (and ``GRUModule.forward``)
+  zero the incoming state where ``is_init`` is set (``torch.where(is_init, zeros, hidden)``); here the state
+  times ``1 - episode_start``, the same for a finite state;
+- the recurrent call: the module's LSTM/GRU over one step (``LSTMModule._lstm``), here a sequence-first
+  ``nn.LSTM``/``nn.GRU`` on the same weights (``shadow.py``; TorchRL's is batch first, which the ONNX exporter
+  wraps in transposes of a size its checks cannot follow), the state ``(layers, batch, hidden)``; TorchRL's
+  TensorDict holds it as ``(batch, layers, hidden)``, which :func:`reference_step` transposes;
+- the heads: the ``TensorDictModule``\\ s after the recurrent module, run in order on their in/out keys
+  (actor: to the distribution's ``logits``; critic: to its value);
+- the action: the distribution's deterministic sample (``OneHotCategorical.mode``: the one-hot of the
+  largest logit), exported as its index (an int64 per env, ``Spec.action == 'discrete'``).
+
+:func:`reference_step` is the same policy as TorchRL runs it: the actor and the critic themselves on a
+TensorDict (``is_init`` from ``episode_start``, the state under the module's in keys), under
+``set_exploration_type(DETERMINISTIC)``; the new state is what they write under ``("next", ...)``. What an
+exported file is verified against.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from lstm_probe.deploy import saved
+from lstm_probe.deploy.spec import Policy, Spec, State, Step
+from lstm_probe.errors import BadInput, one_line
+from lstm_probe.integrations.torchrl.shadow import shadow
+
+MARK = "torchrl"
+"""The checkpoint's ``saved.MARK`` entry: a TorchRL run's ``run.model.pt``."""
+CONFIG = {"env_id": str, "hidden_size": int, "num_layers": int, "cell": str}
+"""The configuration ``train.run`` saves (``build()``'s arguments), each entry's type."""
+_FIX = "pass the run.model.pt `lstm-probe run --framework torchrl` saved"
+
+
+def loader(model: Any, trust_model: bool = False, env_id: str | None = None) -> Policy:
+    """TorchRL's :data:`~lstm_probe.deploy.spec.Loader`: the deploy layer's :class:`Policy` of a checkpoint
+    path or an ``(actor, critic)`` pair (see the module docstring)."""
+    actor, critic = models_of(model)
+    module = Deployed(actor, critic).eval()
+    return Policy(module.spec, module, reference_step(actor, critic))
+
+
+def models_of(model: Any) -> tuple[Any, Any]:
+    """Private CPU copies of the actor and critic (one recurrent module shared by both), in eval mode,
+    without gradients."""
+    if isinstance(model, str | os.PathLike):
+        actor, critic = _from_checkpoint(os.fspath(model))
+    elif isinstance(model, tuple) and len(model) == 2 and all(isinstance(m, nn.Module) for m in model):
+        actor, critic = copy.deepcopy(model)  # one deepcopy: the shared recurrent module stays shared
+    else:
+        raise BadInput(
+            f"export takes a TorchRL run.model.pt or the (actor, critic) pair torchrl's build() makes, "
+            f"not {type(model).__name__[:60]}"
+        )
+    for m in (actor, critic):
+        m.to("cpu").eval()
+        for p in m.parameters():
+            p.requires_grad_(False)
+    return actor, critic
+
+
+def _from_checkpoint(path: str) -> tuple[Any, Any]:
+    """The actor and critic of a TorchRL run's checkpoint, read as hostile (see the module docstring)."""
+    from torchrl.data import OneHot
+
+    from lstm_probe.integrations.torchrl.train import modules
+
+    doc = saved.read_checkpoint(path, _FIX)
+    if not isinstance(doc, dict) or doc.get(saved.MARK) != MARK:
+        raise BadInput(f"{path} is not a TorchRL checkpoint (no {saved.MARK!r}: {MARK!r} entry); {_FIX}")
+    config = doc.get("config")
+    if not isinstance(config, dict) or any(
+        type(config.get(k)) is not t for k, t in CONFIG.items()
+    ):  # type(...) is int: a bool is no size
+        want = ", ".join(f"{k} ({t.__name__})" for k, t in CONFIG.items())
+        raise BadInput(f"{path}: its config is not build()'s arguments ({want}); {_FIX}")
+    cell = config["cell"]
+    if cell not in ("lstm", "gru"):
+        raise BadInput(f"{path}: its config's cell is {cell[:40]!r}, not 'lstm' or 'gru'; {_FIX}")
+    states = []
+    for who in ("actor", "critic"):
+        state = doc.get(who)
+        if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+            raise BadInput(f"{path}: its {who} is not a state dict (names to tensors); {_FIX}")
+        states.append(state)
+    actor_state, critic_state = states
+    rnn = f"module.0.module.0.{cell}."
+    try:
+        ih, hh = actor_state[f"{rnn}weight_ih_l0"], actor_state[f"{rnn}weight_hh_l0"]
+        hidden, obs = int(hh.shape[1]), int(ih.shape[1])
+        layers = sum(1 for k in actor_state if k.startswith(f"{rnn}weight_ih_l") and k[len(rnn) + 11 :].isdigit())
+        actions = int(actor_state["module.0.module.1.module.weight"].shape[0])
+        gates = int(ih.shape[0]) // max(hidden, 1)
+    except (KeyError, IndexError, ValueError):
+        raise BadInput(f"{path}: its actor is not build()'s ({rnn}*, a linear head); {_FIX}") from None
+    if gates != {"lstm": 4, "gru": 3}[cell] or (config["hidden_size"], config["num_layers"]) != (hidden, layers):
+        raise BadInput(
+            f"{path}: its config (hidden_size {config['hidden_size']}, num_layers {config['num_layers']}, "
+            f"{cell}) is not what its weights hold (hidden {hidden}, {layers} layers, {gates} gates); {_FIX}"
+        )
+    if actions < 1:
+        raise BadInput(f"{path}: its actor's head gives no action; {_FIX}")
+    shapes = _shapes(rnn, cell, obs, hidden, layers, actions)
+    got = {k: tuple(v.shape) for k, v in (*actor_state.items(), *(("critic." + k, v) for k, v in critic_state.items()))}
+    if any(got.get(k) != shape for k, shape in shapes.items()):  # the models built are no larger than the weights
+        bad = next(k for k, shape in shapes.items() if got.get(k) != shape)
+        raise BadInput(
+            f"{path}: its {bad[:80]!r} is {got.get(bad)}, not the {shapes[bad]} build()'s policy holds; {_FIX}"
+        )
+    shared = {k[len("module.0.") :]: v for k, v in critic_state.items() if k.startswith(f"module.0.{cell}.")}
+    mine = {k[len("module.0.module.0.") :]: v for k, v in actor_state.items() if k.startswith(rnn)}
+    if shared.keys() != mine.keys() or not all(torch.equal(shared[k], mine[k]) for k in mine):
+        raise BadInput(f"{path}: its actor and critic do not share one {cell.upper()}, as build() makes them; {_FIX}")
+    try:
+        actor, critic, _ = modules(obs, OneHot(actions), hidden_size=hidden, num_layers=layers, cell=cell)
+        actor.load_state_dict(actor_state, strict=True)
+        critic.load_state_dict(critic_state, strict=True)
+    except Exception as exc:
+        raise BadInput(
+            f"{path}: its weights do not load into build()'s policy: {one_line(exc, kind=False)[:200]}"
+        ) from None
+    return actor, critic
+
+
+def _shapes(rnn: str, cell: str, obs: int, hidden: int, layers: int, actions: int) -> dict[str, tuple[int, ...]]:
+    """The shape of every parameter build()'s policy of these sizes holds (the critic's prefixed ``critic.``)."""
+    gates = {"lstm": 4, "gru": 3}[cell] * hidden
+    want: dict[str, tuple[int, ...]] = {}
+    for layer in range(layers):
+        want[f"{rnn}weight_ih_l{layer}"] = (gates, obs if layer == 0 else hidden)
+        want[f"{rnn}weight_hh_l{layer}"] = (gates, hidden)
+        want[f"{rnn}bias_ih_l{layer}"] = want[f"{rnn}bias_hh_l{layer}"] = (gates,)
+    want["module.0.module.1.module.weight"], want["module.0.module.1.module.bias"] = (actions, hidden), (actions,)
+    want["critic.module.1.module.weight"], want["critic.module.1.module.bias"] = (1, hidden), (1,)
+    return want
+
+
+def _leaves(module: Any) -> list[Any]:
+    """The modules a ``TensorDictSequential`` (a ``ProbabilisticActor`` included) runs, in order, nested
+    sequences flattened."""
+    from tensordict.nn import TensorDictSequential
+
+    if isinstance(module, TensorDictSequential):
+        return [leaf for m in module.module for leaf in _leaves(m)]
+    return [module]
+
+
+def _parts(actor: Any, critic: Any) -> tuple[Any, list[Any], list[Any], Any]:
+    """(recurrent module, actor heads, critic heads, the actor's distribution module), or BadInput for a
+    policy this loader does not export."""
+    from tensordict.nn import ProbabilisticTensorDictModule, TensorDictModule
+    from torchrl.modules import GRUModule, LSTMModule, OneHotCategorical, ValueOperator
+
+    kinds = (LSTMModule, GRUModule)
+    a, c = _leaves(actor), _leaves(critic)
+    rnns = [m for m in a if isinstance(m, kinds)]
+    if len(rnns) != 1 or a[0] is not rnns[0] or c[0] is not rnns[0] or not c[1:]:
+        raise BadInput(
+            "export takes a TorchRL actor and critic that each start with one shared LSTMModule or GRUModule "
+            "(as torchrl's build() makes them)"
+        )
+    rnn, dist = rnns[0], a[-1]
+    if not isinstance(dist, ProbabilisticTensorDictModule) or dist.distribution_class is not OneHotCategorical:
+        raise BadInput("export takes a TorchRL actor ending in a OneHotCategorical distribution (discrete actions)")
+    heads = a[1:-1], c[1:]
+    for m in (*heads[0], *heads[1]):
+        if type(m) not in (TensorDictModule, ValueOperator):
+            raise BadInput(f"export takes TensorDictModule heads after the recurrent module, not {type(m).__name__}")
+    net = _net(rnn)
+    if getattr(net, "bidirectional", False) or getattr(net, "proj_size", 0):
+        raise BadInput("export takes a TorchRL recurrent module over a one-way LSTM/GRU without proj_size")
+    return rnn, list(heads[0]), list(heads[1]), dist
+
+
+def _net(rnn: Any) -> Any:
+    """The ``nn.LSTM`` of an ``LSTMModule``, the ``nn.GRU`` of a ``GRUModule``."""
+    return rnn.lstm if hasattr(rnn, "lstm") else rnn.gru
+
+
+def spec_of(actor: Any, critic: Any) -> Spec:
+    net = _net(_parts(actor, critic)[0])
+    cell = "lstm" if isinstance(net, nn.LSTM) else "gru"
+    return Spec("shared", (int(net.input_size),), "discrete", (), int(net.num_layers), int(net.hidden_size), cell)
+
+
+class Deployed(nn.Module):
+    """One step of a TorchRL actor and critic with explicit state (see the module docstring)."""
+
+    def __init__(self, actor: Any, critic: Any) -> None:
+        super().__init__()
+        self.spec = spec_of(actor, critic)
+        rnn, actor_heads, critic_heads, dist = _parts(actor, critic)
+        self.net = shadow(_net(rnn), batch_first=False)  # its own weights; sequence first exports to ONNX
+        self.embed = rnn.out_keys[0]
+        self.actor_heads = nn.ModuleList(m.module for m in actor_heads)
+        self.critic_heads = nn.ModuleList(m.module for m in critic_heads)
+        self.actor_keys = [(list(m.in_keys), list(m.out_keys)) for m in actor_heads]
+        self.critic_keys = [(list(m.in_keys), list(m.out_keys)) for m in critic_heads]
+        self.logits = dist.in_keys[0]
+        self.value = critic_heads[-1].out_keys[0]
+
+    def _heads(self, heads: nn.ModuleList, keys: list[Any], embed: torch.Tensor) -> dict[Any, torch.Tensor]:
+        values = {self.embed: embed}
+        for m, (ins, outs) in zip(heads, keys, strict=True):
+            out = m(*(values[k] for k in ins))
+            values.update(zip(outs, out if isinstance(out, tuple) else (out,), strict=False))
+        return values
+
+    def forward(self, obs: torch.Tensor, episode_start: torch.Tensor, *state: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        keep = (1.0 - episode_start).view(1, -1, 1)  # LSTMModule.forward: is_init zeroes the incoming state
+        x = obs.unsqueeze(0)  # one step, sequence first
+        if self.spec.cell == "lstm":
+            out, (h, c) = self.net(x, (state[0] * keep, state[1] * keep))
+            new = [h, c]
+        else:
+            out, h = self.net(x, state[0] * keep)
+            new = [h]
+        embed = out.squeeze(0)
+        logits = self._heads(self.actor_heads, self.actor_keys, embed)[self.logits]
+        value = self._heads(self.critic_heads, self.critic_keys, embed)[self.value]
+        return (torch.argmax(logits, dim=-1), value, *new)  # OneHotCategorical.mode, as its index
+
+
+def reference_step(actor: Any, critic: Any) -> Step:
+    """:data:`Step` of the policy as TorchRL runs it (see the module docstring), on copies of the modules."""
+    from tensordict import TensorDict
+    from torchrl.envs.utils import ExplorationType, set_exploration_type
+    from torchrl.modules import set_recurrent_mode
+
+    actor, critic = copy.deepcopy((actor, critic))
+    rnn, _, critic_heads, _ = _parts(actor, critic)
+    value_key = critic_heads[-1].out_keys[0]
+    state_keys = rnn.in_keys[1:-1]  # (value, *states, is_init)
+    next_keys = rnn.out_keys[1:]
+
+    def step(obs: np.ndarray, start: np.ndarray, state: State) -> tuple[np.ndarray, np.ndarray, State]:
+        o = torch.as_tensor(np.asarray(obs, np.float32))
+        batch = o.shape[0]
+        given = {
+            k: torch.as_tensor(np.asarray(s, np.float32)).transpose(0, 1)
+            for k, s in zip(state_keys, state, strict=True)
+        }
+        is_init = torch.as_tensor(np.asarray(start) != 0).view(batch, 1)
+        td = TensorDict({rnn.in_keys[0]: o, **given, "is_init": is_init}, batch_size=[batch])
+        with torch.no_grad(), set_exploration_type(ExplorationType.DETERMINISTIC), set_recurrent_mode(False):
+            acted = actor(td.clone())
+            valued = critic(td.clone())
+        action = acted["action"].argmax(-1)  # the one-hot's index
+        value = valued[value_key]
+        new = tuple(acted[k].transpose(0, 1).contiguous().numpy() for k in next_keys)
+        return action.numpy(), value.numpy(), new
+
+    return step
