@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
-import subprocess
-import sys
 import time
 import zipfile
 
@@ -27,15 +24,8 @@ import lstm_probe
 from lstm_probe import BadInput
 from lstm_probe.deploy import checks, replay, runtime
 from lstm_probe.deploy.spec import META_KEY, Spec
+from tests.refusals import PEAK_MB, SECONDS, bounded_cli
 
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
-ENV.pop("LSTM_PROBE_MAX_MEMORY", None)
-SECONDS = 20
-"""What a refusal (or a verdict on a hostile file) may take, the interpreter's start included."""
-PEAK_MB = 1536
-"""Peak RSS allowed (the interpreter with torch, onnxruntime and pyarrow takes ~400 MB)."""
-CAP = 4 << 30
-"""Cap on the child's heap (RLIMIT_DATA), so that a regression fails fast instead of taking the machine."""
 ESCAPES = (b"\x1b", b"\x07", b"\x9b")
 TITLE = "u\x1b]0;PWNED\x07\x1b[2J"
 """An initializer's name that retitles and clears a terminal printed raw."""
@@ -45,33 +35,7 @@ SHARED = Spec("shared", (3,), "box", (1,), 1, 16)
 """The interface of the hostile graphs built from nothing (a Pendulum policy with one shared LSTM)."""
 
 
-def _cap() -> None:
-    resource.setrlimit(resource.RLIMIT_DATA, (CAP, CAP))
-
-
-def cli(*args, cwd):
-    """``lstm-probe ARGS`` in a subprocess (heap capped): the result (bytes), seconds taken, peak RSS in MB."""
-    peak_file = cwd / "peak-kb"
-    peak_file.unlink(missing_ok=True)
-    prelude = (
-        "import atexit\n"
-        # VmHWM starts anew at exec; ru_maxrss would count the RSS of the (large) test process at fork
-        "peak = lambda: next(x.split()[1] for x in open('/proc/self/status') if x.startswith('VmHWM'))\n"
-        f"atexit.register(lambda: open({str(peak_file)!r}, 'w').write(peak()))\n"
-        "from lstm_probe.cli.app import main\nmain()"
-    )
-    start = time.monotonic()
-    r = subprocess.run(
-        [sys.executable, "-c", prelude, *map(str, args)],
-        capture_output=True,
-        cwd=cwd,
-        env=ENV,
-        timeout=120,
-        preexec_fn=_cap,
-    )
-    took = time.monotonic() - start
-    peak = int(peak_file.read_text()) / 1024 if peak_file.exists() else float("inf")
-    return r, took, peak
+cli = bounded_cli
 
 
 def _inert(r) -> None:

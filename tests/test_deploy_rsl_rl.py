@@ -24,7 +24,7 @@ import lstm_probe
 from lstm_probe import BadInput
 from lstm_probe.integrations.rsl_rl.train import build_runner, make_env
 from lstm_probe.integrations.rsl_rl.train import run as rsl_run
-from tests.refusals import one_line_error
+from tests.refusals import bounded_cli, refused_within
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 EPISODES, STEPS = 5, 40  # recorded episodes, each cut at STEPS
@@ -180,10 +180,13 @@ def test_hostile_checkpoints_are_refused_in_one_line(checkpoints, tmp_path):
     }
     for name, (make, words) in cases.items():
         make(tmp_path / name)
-        r = _cli("export", name, "out.onnx", "--env", "Pendulum-v1", cwd=tmp_path)
-        one_line_error(r, words)
+        refused_within(bounded_cli("export", name, "out.onnx", "--env", "Pendulum-v1", cwd=tmp_path), words)
     os.mkfifo(tmp_path / "fifo.pt")
-    one_line_error(_cli("export", "fifo.pt", "out.onnx", "--env", "Pendulum-v1", cwd=tmp_path), "not a regular file")
+    fifo = bounded_cli("export", "fifo.pt", "out.onnx", "--env", "Pendulum-v1", cwd=tmp_path)
+    refused_within(fifo, "not a regular file")
+    with open(tmp_path / "huge.pt", "wb") as f:  # 8 GB on paper (a sparse file): refused before it is read
+        f.truncate(8 << 30)
+    refused_within(bounded_cli("export", "huge.pt", "out.onnx", "--env", "Pendulum-v1", cwd=tmp_path), "huge.pt")
     assert not (tmp_path / "pwned.txt").exists() and not (tmp_path / "out.onnx").exists()
     with pytest.raises(BadInput, match=r"take no a saved model named \.h5 \(they take sb3: \.zip files; rsl_rl: \.pt"):
         lstm_probe.export(tmp_path / "model.h5", tmp_path / "x.onnx", env_id="Pendulum-v1")

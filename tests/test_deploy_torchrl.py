@@ -34,7 +34,7 @@ import lstm_probe
 from lstm_probe import BadInput
 from lstm_probe.integrations.torchrl.train import build, modules
 from lstm_probe.integrations.torchrl.train import run as torchrl_run
-from tests.refusals import one_line_error
+from tests.refusals import bounded_cli, one_line_error, refused_within
 
 ENV_ID = "CartPole-v1"
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -305,7 +305,7 @@ def test_hostile_checkpoints_are_refused_in_one_line(checkpoints, tmp_path):
     for name, (make, words) in cases.items():
         make(tmp_path / name)
         if name in CLI_CASES:  # the command line's refusal: exit 2, one line
-            line = one_line_error(_cli("export", name, "out.onnx", "--env", ENV_ID, cwd=tmp_path), words)
+            line = refused_within(bounded_cli("export", name, "out.onnx", "--env", ENV_ID, cwd=tmp_path), words)
         else:  # the same refusal, in-process (each subprocess costs seconds of import)
             with pytest.raises(BadInput, match=re.escape(words)) as caught:
                 lstm_probe.export(tmp_path / name, tmp_path / "out.onnx", env_id=ENV_ID)
@@ -313,7 +313,7 @@ def test_hostile_checkpoints_are_refused_in_one_line(checkpoints, tmp_path):
             assert "\n" not in line
         assert "\x1b" not in line
     os.mkfifo(tmp_path / "fifo.pt")
-    one_line_error(_cli("export", "fifo.pt", "out.onnx", "--env", ENV_ID, cwd=tmp_path), "not a regular file")
+    refused_within(bounded_cli("export", "fifo.pt", "out.onnx", "--env", ENV_ID, cwd=tmp_path), "not a regular file")
     # replay --policy reads a checkpoint the same way
     pq.write_table(
         pa.table({"step": [0], "obs": [[0.0] * 4], "action": [0], "episode_start": [True]}), tmp_path / "t.parquet"
