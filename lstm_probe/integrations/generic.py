@@ -3,7 +3,8 @@
 ``lstm_probe.trace(model, out)`` hooks every recurrent module of any torch model; a training loop says
 what each call is with :meth:`Tracer.tag` blocks. :class:`GenericIntegration` turns the innermost
 block's tags into the core's :class:`~lstm_probe.contract.Tags`, and declares what the user tagged as
-the log's capabilities.
+the log's capabilities. ``trace(..., what_if=True)`` and :meth:`Tracer.measure_batch` give the loop what-if
+(``own_measure.py``: the loop passes its rollout, minibatch and a function that evaluates it).
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from lstm_probe.capture.modules import find_recurrent
 from lstm_probe.capture.tracer import CoreTracer
 from lstm_probe.contract import PHASE, USER_CALL_TAGS, USER_GRID_TAGS, USER_TAGS, Capabilities, Grid, Tags
 from lstm_probe.errors import BadInput
+from lstm_probe.integrations.own_measure import Inputs, OwnWhatIf
 from lstm_probe.log.schema import COLUMN, PHASES
-from lstm_probe.options import AUTO_WINDOW, CaptureOptions, capture_options
+from lstm_probe.options import AUTO_WINDOW, CaptureOptions, Measure, capture_options, route, settle
 
 TAGS = USER_TAGS  # the schema's user-taggable columns
 PROVENANCE = USER_GRID_TAGS
@@ -43,10 +45,12 @@ class GenericIntegration(Tagged):
         self._cache: dict[tuple[int, int, int], Tags] = {}
         self._cached: dict[str, Any] | None = None  # the block whose calls' tags _cache holds
         self._epochs = False
+        self.replay = False  # a minibatch was measured (Tracer.measure_batch)
 
     def capabilities(self) -> Capabilities:
-        """framework 'generic'; ``epochs`` once a call was tagged with an epoch."""
-        return Capabilities("generic", epochs=self._epochs)
+        """framework 'generic'; ``epochs`` once a call was tagged with an epoch; ``replay`` once the loop
+        handed a minibatch to :meth:`Tracer.measure_batch` that was measured."""
+        return Capabilities("generic", epochs=self._epochs, replay=self.replay)
 
     def metadata(self) -> dict[str, Any]:
         return dict(self._metadata)
@@ -117,9 +121,61 @@ class Tracer(Probe, CoreTracer):
         **capture: Any,
     ):
         super().__init__(modules, capture_options(options, out, **capture), GenericIntegration(metadata), shard=shard)
+        self.what_if: OwnWhatIf | None = None  # trace(..., what_if=True)
+        self._step_hook: Any = None
 
     def _core(self) -> CoreTracer:
         return self
+
+    def _attach(self) -> None:
+        w = self.what_if
+        if w is not None and w.optimizer is not None:  # the gradient the loop steps with
+            self._step_hook = w.optimizer.register_step_pre_hook(w.step_hook)
+
+    def _detach(self) -> None:
+        if self._step_hook is not None:
+            self._step_hook.remove()
+            self._step_hook = None
+
+    def _final(self) -> dict[str, Any]:
+        measured = self.what_if.metadata() if self.what_if is not None else None
+        return {"what_if": measured} if measured is not None else {}
+
+    def measure_batch(
+        self,
+        evaluate: Any,
+        *,
+        obs: Any,
+        episode_start: Any,
+        rollout_states: Any,
+        states: Any,
+        env: Any = None,
+        step: Any = 0,
+        iteration: int | None = None,
+        epoch: int | None = None,
+        minibatch: int | None = None,
+    ) -> None:
+        """What-if on one training minibatch, called before its loss (nothing unless ``trace(...,
+        what_if=True)``; on the minibatches what-if samples, on a private copy of the model: training is
+        untouched). ``evaluate(model, states)``: the loop's forward and loss on this minibatch from ``states``,
+        on the ``model`` it is given, returning a dict (values, log_prob, loss, returns; entropy, policy_loss,
+        value_loss, clip_fraction, dist where it has them). The rollout, step-major: ``obs`` (T, N, ...),
+        ``episode_start`` (T, N), ``rollout_states`` (at its first step, or before each step). The minibatch:
+        its sequences' ``env`` and first ``step``, the ``states`` the loop trains it with. ``iteration``,
+        ``epoch``, ``minibatch`` and ``env``: those of the enclosing ``tag()`` block where not given.
+        docs/own-loops.md shows each on CleanRL's loop."""
+        if self.what_if is None:
+            return
+        user = self.integration._user[-1] if self.integration._user else {}
+        given = {"iteration": iteration, "epoch": epoch, "minibatch": minibatch, "env": env}
+        got = {k: user.get(k) if v is None else v for k, v in given.items()}
+        missing = [k for k, v in got.items() if v is None]
+        if missing:
+            raise BadInput(f"measure_batch needs {', '.join(missing)} (or a tag() block around it that gives them)")
+        where = (int(got["iteration"]), int(got["epoch"]), int(got["minibatch"]))
+        kw = {"obs": obs, "episode_start": episode_start, "rollout_states": rollout_states, "states": states}
+        if self.what_if.measure_batch(evaluate, where, env=got["env"], step=step, **kw):
+            self.integration.replay = True
 
     def tag(self, **tags: Any) -> contextlib.AbstractContextManager[None]:
         """Tag every call inside the block: phase, iteration, epoch, minibatch, env, env_step, episode,
@@ -136,6 +192,11 @@ def trace(
     metadata: dict[str, Any] | None = None,
     shard: str | None = None,
     options: CaptureOptions | None = None,
+    measure: Measure | None = None,
+    optimizer: Any = None,
+    epochs: int = 1,
+    minibatches: int = 1,
+    inputs: Inputs | None = None,
     **capture: Any,
 ) -> Tracer:
     """Trace every nn.LSTM / nn.GRU / nn.LSTMCell / nn.GRUCell in ``model`` (or those named in ``modules``).
@@ -152,8 +213,23 @@ def trace(
     ``drift_c`` against the rollout state of the same (env, env_step) and the report its provenance check and
     staleness: by default as many as the rollout between two training calls holds; 0 keeps none). Each is
     documented on :class:`~lstm_probe.options.CaptureOptions`.
+
+    What-if (docs/own-loops.md): ``what_if=True`` (``what_if_every``, ``burn_in``: a
+    :class:`~lstm_probe.options.Measure`'s fields, or ``measure=``), then :meth:`Tracer.measure_batch` before
+    each minibatch's loss; ``epochs`` and ``minibatches``: how many of each the loop runs per rollout (which
+    it samples); ``optimizer``: the gradient comparison (a step pre-hook); ``inputs(model, obs)``: the
+    recurrent modules' inputs from observations (by default the observations).
     """
-    opts = capture_options(options, out, **capture)
-    if "reference_window" not in capture and opts.reference_window == 0:  # the rollout's own length
+    cap, me = route(capture, (CaptureOptions, Measure), "trace")
+    m = settle(Measure, measure, me)
+    if m.memory or m.capture_obs or m.info_keys:
+        raise BadInput("an own loop gives what-if (what_if=True); memory, capture_obs and info are not built for it")
+    opts = capture_options(options, out, **cap)
+    if "reference_window" not in cap and opts.reference_window == 0:  # the rollout's own length
         opts = dataclasses.replace(opts, reference_window=AUTO_WINDOW)
-    return Tracer(find_recurrent(model, modules), metadata=metadata, options=opts, shard=shard)
+    found = find_recurrent(model, modules)
+    tracer = Tracer(found, metadata=metadata, options=opts, shard=shard)
+    if m.what_if:
+        sizes = {"epochs": epochs, "minibatches": minibatches, "every": m.what_if_every, "burn_in": m.burn_in}
+        tracer.what_if = OwnWhatIf(model, list(found), inputs=inputs, optimizer=optimizer, **sizes)
+    return tracer

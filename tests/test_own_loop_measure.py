@@ -1,0 +1,242 @@
+"""What-if on an own training loop (``trace(..., what_if=True)`` and ``probe.measure_batch``): a CleanRL-shaped
+loop on random observations, its minibatches either whole envs from the state stored at the rollout's start
+(CleanRL's ppo_atari_lstm) or chunks of 8 steps from the states stored before each step. Training is untouched
+(the same final parameters and RNG states); the oracle holds (at minibatch 0 of epoch 0 stored = refreshed, the
+copy's gradient from refreshed states is the one the loop steps with: cosine 1); planted weights give the answers
+they must (an LSTM that ignores its state: zero states move nothing; one that integrates: they move values);
+the example's --what-if writes a report with a What-if section and a measured verdict."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.distributions import Categorical
+
+import lstm_probe
+from lstm_probe.errors import BadInput
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "cleanrl_lstm.py"
+N, T, OBS, HID = 4, 16, 3, 8
+
+
+class Agent(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.enc = nn.Sequential(nn.Linear(OBS, 6), nn.Tanh())
+        self.lstm = nn.LSTM(6, HID)
+        self.actor = nn.Linear(HID, 3)
+        self.critic = nn.Linear(HID, 1)
+
+    def forward(self, x: torch.Tensor, state: tuple, done: torch.Tensor) -> tuple:
+        """x (T, B, OBS), done (T, B): each step's state reset where done, CleanRL's way."""
+        hidden = self.enc(x)
+        out = []
+        for h, d in zip(hidden, done, strict=True):
+            keep = (1.0 - d).view(1, -1, 1)
+            o, state = self.lstm(h.unsqueeze(0), (keep * state[0], keep * state[1]))
+            out.append(o)
+        return torch.cat(out), state
+
+
+def _plant(agent: Agent, integrate: bool) -> None:
+    """No recurrent weights; the forget gate shut (the state is ignored) or open (the input integrated)."""
+    rnn = agent.lstm
+    with torch.no_grad():
+        rnn.weight_hh_l0.zero_()
+        rnn.bias_hh_l0.zero_()
+        rnn.bias_ih_l0.zero_()
+        rnn.bias_ih_l0[HID : 2 * HID] = 20.0 if integrate else -50.0
+        rnn.bias_ih_l0[:HID] = 20.0
+        rnn.bias_ih_l0[3 * HID :] = 20.0
+
+
+def loop(
+    path: Path,
+    what_if: bool,
+    *,
+    chunk: int | None = None,
+    lr: float = 3e-3,
+    plant: bool | None = None,
+    iterations: int = 3,
+    done_p: float = 0.1,
+) -> tuple[list[torch.Tensor], torch.Tensor, dict]:
+    """A CleanRL-shaped PPO loop; ``chunk``: train on chunks of that many steps from the per-step stored states
+    (else whole envs from the rollout's first state). Returns the final parameters, torch's RNG state, NumPy's."""
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    agent = Agent()
+    if plant is not None:
+        _plant(agent, plant)
+    opt = torch.optim.Adam(agent.parameters(), lr=lr)
+    extra = {"inputs": lambda a, x: a.enc(x)} if chunk else {}
+    probe = lstm_probe.trace(
+        agent, out=path, force=True, capture="summary", what_if=what_if, optimizer=opt, epochs=2, minibatches=2, **extra
+    )
+    probe.start()
+    state = (torch.zeros(1, N, HID), torch.zeros(1, N, HID))
+    done = torch.zeros(N)
+    for it in range(iterations):
+        first = (state[0].clone(), state[1].clone())
+        obs, dones = torch.randn(T, N, OBS), torch.zeros(T, N)
+        hs, cs = torch.zeros(T, 1, N, HID), torch.zeros(T, 1, N, HID)
+        actions, logps, values = torch.zeros(T, N, dtype=torch.long), torch.zeros(T, N), torch.zeros(T, N)
+        with torch.no_grad():
+            for t in range(T):
+                dones[t] = done
+                hs[t], cs[t] = state
+                with probe.tag(
+                    phase="rollout", iteration=it, env=np.arange(N), env_step=it * T + t, episode_start=done.numpy()
+                ):
+                    out, state = agent(obs[t : t + 1], state, done[None])
+                dist = Categorical(logits=agent.actor(out[0]))
+                actions[t] = dist.sample()
+                logps[t], values[t] = dist.log_prob(actions[t]), agent.critic(out[0]).view(-1)
+                done = torch.from_numpy(rng.random(N) < done_p).float()
+        returns = values + torch.randn(T, N)
+        adv = returns - values
+        rollout = {"obs": obs, "episode_start": dones, "rollout_states": (hs, cs) if chunk else first}
+        starts = [0] if chunk is None else list(range(0, T, chunk))
+        length = T if chunk is None else chunk
+        for epoch in range(2):
+            order = rng.permutation(N)
+            for mb, envs in enumerate([order[: N // 2], order[N // 2 :]]):
+                env = np.repeat(envs, len(starts))
+                step = np.tile(starts, len(envs))
+                cols = (torch.from_numpy(env), torch.from_numpy(step))
+                if chunk is None:
+                    init = (first[0][:, envs], first[1][:, envs])
+                else:
+                    init = (hs[cols[1], :, cols[0]].transpose(0, 1), cs[cols[1], :, cols[0]].transpose(0, 1))
+                window = torch.from_numpy(step)[None, :] + torch.arange(length)[:, None]  # (L, B) rollout steps
+                e = torch.from_numpy(env)[None, :].expand_as(window)
+
+                def evaluate(model, s, window=window, e=e):
+                    out, _ = model(obs[window, e], s, dones[window, e])
+                    dist = Categorical(logits=model.actor(out))
+                    logp, v = dist.log_prob(actions[window, e]), model.critic(out).squeeze(-1)
+                    ratio = (logp - logps[window, e]).exp()
+                    a = adv[window, e]
+                    pg = torch.max(-a * ratio, -a * ratio.clamp(0.8, 1.2)).mean()
+                    vl = ((v - returns[window, e]) ** 2).mean()
+                    ent = dist.entropy()
+                    loss = pg + 0.5 * vl - 0.01 * ent.mean()
+                    return {
+                        "values": v,
+                        "log_prob": logp,
+                        "loss": loss,
+                        "returns": returns[window, e],
+                        "dist": dist,
+                        "entropy": ent,
+                        "policy_loss": pg,
+                        "value_loss": vl,
+                    }
+
+                steps = (it * T + window.T).numpy()
+                with probe.tag(
+                    phase="train",
+                    iteration=it,
+                    epoch=epoch,
+                    minibatch=mb,
+                    env=env,
+                    env_step=steps,
+                    episode_start=dones[window, e].T.numpy(),
+                ):
+                    probe.measure_batch(evaluate, states=init, step=step, **rollout)
+                    loss = evaluate(agent, init)["loss"]
+                opt.zero_grad()
+                loss.backward()
+                nn.utils.clip_grad_norm_(agent.parameters(), 0.5)
+                opt.step()
+    probe.close()
+    assert not opt._optimizer_step_pre_hooks  # the step hook came off
+    return [p.detach().clone() for p in agent.parameters()], torch.get_rng_state(), rng.bit_generator.state
+
+
+def records(path: Path) -> list[dict]:
+    cols = lstm_probe.read_info(path).metadata["what_if"]["records"]
+    return [dict(zip(cols, row, strict=True)) for row in zip(*cols.values(), strict=True)]
+
+
+@pytest.mark.parametrize("chunk", [None, 8])
+def test_training_untouched_and_the_oracle_holds(tmp_path, chunk):
+    (pa, ra, na), (pb, rb, nb) = (loop(tmp_path / f"{w}.parquet", w, chunk=chunk) for w in (False, True))
+    assert all(torch.equal(x, y) for x, y in zip(pa, pb, strict=True))
+    assert torch.equal(ra, rb) and na == nb
+    rows = records(tmp_path / "True.parquet")
+    assert {r["iteration"] for r in rows} == {0, 1, 2}
+    assert {(r["epoch"], r["minibatch"]) for r in rows} == {(0, 0), (0, 1), (1, 0), (1, 1)}
+    stored = [r for r in rows if r["alternative"] == "stored"]
+    for r in stored:
+        if (r["epoch"], r["minibatch"]) == (0, 0) or chunk is None:  # CleanRL's: stored = refreshed always
+            assert r["state_lstm"] == pytest.approx(0, abs=1e-6) and r["value_abs"] == pytest.approx(0, abs=1e-6)
+            assert r["kl"] == pytest.approx(0, abs=1e-7)
+            assert r["grad_cos_policy"] == pytest.approx(1, abs=1e-5)
+            assert r["grad_cos_value"] == pytest.approx(1, abs=1e-5)
+    if chunk:  # chunks from per-step states computed with older weights: stale by the last epoch
+        assert max(r["state_lstm"] for r in stored if r["epoch"] == 1) > 1e-4
+    info = lstm_probe.read_info(tmp_path / "True.parquet")
+    assert info.metadata["capabilities"]["replay"] is True
+    assert lstm_probe.read_info(tmp_path / "False.parquet").metadata["capabilities"]["replay"] is False
+    report = lstm_probe.summarize(tmp_path / "True.parquet").to_dict()
+    assert report["what_if"]["check"]["ok"] is True
+    assert not any(u.startswith("what if") for u in report["unavailable"])
+    off = lstm_probe.summarize(tmp_path / "False.parquet").to_dict()["unavailable"]
+    assert any(u.startswith("what if") and "measure_batch" in u for u in off)
+
+
+@pytest.mark.parametrize("integrate", [False, True])
+def test_planted_weights(tmp_path, integrate):
+    loop(tmp_path / "p.parquet", True, lr=0.0, plant=integrate, done_p=0.02)
+    zero = [r for r in records(tmp_path / "p.parquet") if r["alternative"] == "zero" and r["iteration"] >= 1]
+    assert zero and all(r["episode_starts"] < r["sequences"] for r in zero)  # some state carried into the rollout
+    moved = max(r["value_abs"] for r in zero)
+    if integrate:
+        assert moved > 1e-3 and max(r["state_lstm"] for r in zero) == pytest.approx(1.0)
+    else:
+        assert moved == pytest.approx(0, abs=1e-6) and max(r["kl"] for r in zero) == pytest.approx(0, abs=1e-9)
+
+
+def test_refusals(tmp_path):
+    agent = Agent()
+    with pytest.raises(BadInput, match="memory"):
+        lstm_probe.trace(agent, out=tmp_path / "m.parquet", what_if=True, memory=True)
+    probe = lstm_probe.trace(agent, out=tmp_path / "r.parquet", force=True, what_if=True)
+    state = (torch.zeros(1, N, HID), torch.zeros(1, N, HID))
+    per_step = {"obs": torch.zeros(T, N, OBS), "episode_start": torch.zeros(T, N), "rollout_states": state}
+    with probe:
+        with pytest.raises(BadInput, match="iteration, epoch, minibatch"):
+            probe.measure_batch(lambda m, s: {}, states=state, **per_step)
+        with pytest.raises(BadInput, match="one per step"):  # a chunk at step 8 needs the states stored there
+            probe.measure_batch(
+                lambda m, s: {}, states=state, env=np.arange(N), step=8, iteration=0, epoch=0, minibatch=0, **per_step
+            )
+
+
+def test_example_what_if_report(tmp_path):
+    out = tmp_path / "w.parquet"
+    args = [sys.executable, str(EXAMPLE), "--iterations", "2", "--what-if", "--out", str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    rep = subprocess.run(
+        [sys.executable, "-m", "lstm_probe", "report", str(out), "--json"], capture_output=True, text=True, env=env
+    )
+    assert rep.returncode == 0, rep.stderr
+    data = json.loads(rep.stdout)
+    assert data["what_if"]["measured"] and data["what_if"]["check"]["ok"] is True
+    assert data["verdict"]["matters"] is not None and not any("unmeasured" in v for v in data["verdict"]["lines"])
+    text = subprocess.run(
+        [sys.executable, "-m", "lstm_probe", "report", str(out)],
+        capture_output=True,
+        text=True,
+        env={**env, "COLUMNS": "120"},
+    )
+    assert "What if" in text.stdout
