@@ -8,6 +8,7 @@ the example's --what-if writes a report with a What-if section and a measured ve
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -118,27 +119,8 @@ def loop(
                 window = torch.from_numpy(step)[None, :] + torch.arange(length)[:, None]  # (L, B) rollout steps
                 e = torch.from_numpy(env)[None, :].expand_as(window)
 
-                def evaluate(model, s, window=window, e=e):
-                    out, _ = model(obs[window, e], s, dones[window, e])
-                    dist = Categorical(logits=model.actor(out))
-                    logp, v = dist.log_prob(actions[window, e]), model.critic(out).squeeze(-1)
-                    ratio = (logp - logps[window, e]).exp()
-                    a = adv[window, e]
-                    pg = torch.max(-a * ratio, -a * ratio.clamp(0.8, 1.2)).mean()
-                    vl = ((v - returns[window, e]) ** 2).mean()
-                    ent = dist.entropy()
-                    loss = pg + 0.5 * vl - 0.01 * ent.mean()
-                    return {
-                        "values": v,
-                        "log_prob": logp,
-                        "loss": loss,
-                        "returns": returns[window, e],
-                        "dist": dist,
-                        "entropy": ent,
-                        "policy_loss": pg,
-                        "value_loss": vl,
-                    }
-
+                data = {"obs": obs, "dones": dones, "actions": actions, "logps": logps, "adv": adv, "ret": returns}
+                evaluate = functools.partial(ppo, data=data, at=(window, e))
                 steps = (it * T + window.T).numpy()
                 with probe.tag(
                     phase="train",
@@ -158,6 +140,22 @@ def loop(
     probe.close()
     assert not opt._optimizer_step_pre_hooks  # the step hook came off
     return [p.detach().clone() for p in agent.parameters()], torch.get_rng_state(), rng.bit_generator.state
+
+
+def ppo(model: nn.Module, s: tuple, data: dict, at: tuple) -> dict:
+    """The minibatch ``at`` (rollout steps, envs: each (L, B)) from states ``s``: forward and PPO loss."""
+    d = {k: v[at] for k, v in data.items()}
+    out, _ = model(d["obs"], s, d["dones"])
+    dist = Categorical(logits=model.actor(out))
+    logp, v = dist.log_prob(d["actions"]), model.critic(out).squeeze(-1)
+    ratio = (logp - d["logps"]).exp()
+    a = d["adv"]
+    pg = torch.max(-a * ratio, -a * ratio.clamp(0.8, 1.2)).mean()
+    vl = ((v - d["ret"]) ** 2).mean()
+    ent = dist.entropy()
+    loss = pg + 0.5 * vl - 0.01 * ent.mean()
+    out_ = {"values": v, "log_prob": logp, "loss": loss, "returns": d["ret"], "dist": dist, "entropy": ent}
+    return out_ | {"policy_loss": pg, "value_loss": vl}
 
 
 def records(path: Path) -> list[dict]:

@@ -172,7 +172,7 @@ class Tracer(Probe, CoreTracer):
         missing = [k for k, v in got.items() if v is None]
         if missing:
             raise BadInput(f"measure_batch needs {', '.join(missing)} (or a tag() block around it that gives them)")
-        where = (int(got["iteration"]), int(got["epoch"]), int(got["minibatch"]))
+        where = (int(got["iteration"] or 0), int(got["epoch"] or 0), int(got["minibatch"] or 0))
         kw = {"obs": obs, "episode_start": episode_start, "rollout_states": rollout_states, "states": states}
         if self.what_if.measure_batch(evaluate, where, env=got["env"], step=step, **kw):
             self.integration.replay = True
@@ -230,6 +230,14 @@ def trace(
     found = find_recurrent(model, modules)
     tracer = Tracer(found, metadata=metadata, options=opts, shard=shard)
     if m.what_if:
-        sizes = {"epochs": epochs, "minibatches": minibatches, "every": m.what_if_every, "burn_in": m.burn_in}
-        tracer.what_if = OwnWhatIf(model, list(found), inputs=inputs, optimizer=optimizer, **sizes)
+        tracer.what_if = OwnWhatIf(
+            model,
+            list(found),
+            epochs=epochs,
+            minibatches=minibatches,
+            every=m.what_if_every,
+            burn_in=m.burn_in,
+            inputs=inputs,
+            optimizer=optimizer,
+        )
     return tracer

@@ -102,7 +102,7 @@ class OwnWhatIf:
             m = own["" if name == "root" else name]
             if not isinstance(m, nn.LSTM | nn.GRU):
                 raise BadInput(f"what-if re-runs nn.LSTM / nn.GRU modules; {name} is a {type(m).__name__}")
-            if m.bidirectional or getattr(m, "proj_size", 0):
+            if m.bidirectional or getattr(m, "proj_size", None):
                 raise BadInput(f"what-if does not follow a bidirectional or projected LSTM ({name})")
             self.rnns[name] = m
         self._pairs = copies.pairs(self.copy, self.model)
