@@ -23,7 +23,7 @@ from lstm_probe.capture.modules import find_recurrent
 from lstm_probe.capture.tracer import CoreTracer
 from lstm_probe.contract import PHASE, USER_CALL_TAGS, USER_GRID_TAGS, USER_TAGS, Capabilities, Grid, Tags
 from lstm_probe.errors import BadInput
-from lstm_probe.integrations.own_measure import Inputs, OwnWhatIf
+from lstm_probe.integrations.own_measure import Copy, Inputs, OwnWhatIf
 from lstm_probe.log.schema import COLUMN, PHASES
 from lstm_probe.options import AUTO_WINDOW, CaptureOptions, Measure, capture_options, route, settle
 
@@ -230,14 +230,8 @@ def trace(
     found = find_recurrent(model, modules)
     tracer = Tracer(found, metadata=metadata, options=opts, shard=shard)
     if m.what_if:
+        copy = Copy(model, list(found), inputs)
         tracer.what_if = OwnWhatIf(
-            model,
-            list(found),
-            epochs=epochs,
-            minibatches=minibatches,
-            every=m.what_if_every,
-            burn_in=m.burn_in,
-            inputs=inputs,
-            optimizer=optimizer,
+            copy, epochs=epochs, minibatches=minibatches, every=m.what_if_every, burn_in=m.burn_in, optimizer=optimizer
         )
     return tracer

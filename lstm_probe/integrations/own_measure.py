@@ -63,51 +63,95 @@ def _flat_dist(dist: Any, n: int) -> Any:
     return None
 
 
+class Copy:
+    """The private copy of the user's ``model`` both measurements run on (``own_memory.py`` too), made at the
+    first measurement (the model is then where it trains), and what they read of it: its recurrent modules by
+    the probe's names (``rnns``), the recurrent modules' inputs from observations (``inputs``)."""
+
+    def __init__(self, model: nn.Module, names: Sequence[str], inputs: Inputs | None = None):
+        self.model, self.names, self.inputs = model, list(names), inputs
+        self._copy: nn.Module | None = None
+        self.rnns: dict[str, nn.Module] = {}
+        self.pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def get(self) -> nn.Module:
+        """The copy (made once)."""
+        if self._copy is not None:
+            return self._copy
+        copy = copies.private_copy(self.model)
+        own = dict(copy.named_modules())
+        for name in self.names:
+            m = own["" if name == "root" else name]
+            if not isinstance(m, nn.LSTM | nn.GRU):
+                raise BadInput(f"what-if and memory re-run nn.LSTM / nn.GRU modules; {name} is a {type(m).__name__}")
+            if m.bidirectional or getattr(m, "proj_size", None):
+                raise BadInput(f"what-if and memory do not follow a bidirectional or projected LSTM ({name})")
+            self.rnns[name] = m
+        self.pairs = copies.pairs(copy, self.model)
+        self._copy = copy
+        return copy
+
+    def sync(self, train: bool) -> nn.Module:
+        """The user's current values in the copy; train or eval mode. Returns the copy."""
+        copy = self.get()
+        copies.sync(self.pairs)
+        copy.train(train)
+        return copy
+
+    def states(self, given: Any, what: str) -> dict[str, tuple[torch.Tensor, ...]]:
+        """Per module, (h, c) or (h,): a dict by name, or one module's tuple / tensor."""
+        if isinstance(given, dict):
+            missing = [n for n in self.names if n not in given]
+            if missing:
+                raise BadInput(f"{what} has no state for {missing[0]!r} (its keys: the recurrent modules' names)")
+            return {n: _tuple(given[n]) for n in self.names}
+        if len(self.names) != 1:
+            raise BadInput(f"{what}: a dict by module name, the model has {len(self.names)} recurrent modules")
+        return {self.names[0]: _tuple(given)}
+
+    def give(self, per_module: dict[str, Any], states: bool = True) -> Any:
+        """Per-module values as the user's functions take them: one module's alone, several in a dict by name;
+        ``states``: an LSTM's as (h, c), a GRU's as h."""
+        if states:
+            per_module = {n: (s if isinstance(self.rnns[n], nn.LSTM) else s[0]) for n, s in per_module.items()}
+        return per_module if len(per_module) > 1 else next(iter(per_module.values()))
+
+    def features(self, x: torch.Tensor, like: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Each module's inputs from observations ``x`` (B, ...), (B, features), on the copy."""
+        got = x if self.inputs is None else self.inputs(self.get(), x.to(like.device))
+        got = got if isinstance(got, dict) else dict.fromkeys(self.names, got)
+        return {m: got[m].reshape(len(x), -1).to(like.device, like.dtype) for m in self.names}
+
+
 class OwnWhatIf:
     """What-if for an own loop: :meth:`measure_batch` before each minibatch's loss; the engine's ``step_hook``
-    goes on the user's optimizer; :meth:`metadata` is what the log keeps under ``what_if``. ``model``: the
-    user's model; ``names``: its recurrent modules the probe traces; ``epochs``, ``minibatches``: how many of
-    each the loop runs per rollout (which minibatches are sampled)."""
+    goes on the user's optimizer; :meth:`metadata` is what the log keeps under ``what_if``. ``copy``: the
+    model's :class:`Copy`; ``epochs``, ``minibatches``: how many of each the loop runs per rollout (which
+    minibatches are sampled)."""
 
     def __init__(
         self,
-        model: nn.Module,
-        names: Sequence[str],
+        copy: Copy,
         *,
         epochs: int,
         minibatches: int,
         every: int = 1,
         burn_in: Sequence[int] = (),
-        inputs: Inputs | None = None,
         optimizer: Any = None,
     ):
         if epochs < 1 or minibatches < 1:
             raise BadInput(f"epochs and minibatches must be >= 1, got {epochs} and {minibatches}")
-        self.model, self.names = model, list(names)
-        self.inputs = inputs
+        self.copy, self.names = copy, copy.names
         self.optimizer = optimizer
         self.sizes = {"epochs": epochs, "minibatches": minibatches}
         self.every, self.burn_in = every, tuple(sorted(set(BURN_IN) | set(burn_in)))
-        self.copy: nn.Module | None = None  # made at the first measured minibatch (the model is where it trains)
-        self.engine: engine.WhatIf | None = None
+        self.engine: engine.WhatIf | None = None  # made with the copy
 
-    # -- the copy, made once -------------------------------------------------------------------------------
     def _made(self) -> engine.WhatIf:
         if self.engine is not None:
             return self.engine
-        self.copy = copies.private_copy(self.model)
-        own = dict(self.copy.named_modules())
-        self.rnns: dict[str, nn.Module] = {}
-        for name in self.names:
-            m = own["" if name == "root" else name]
-            if not isinstance(m, nn.LSTM | nn.GRU):
-                raise BadInput(f"what-if re-runs nn.LSTM / nn.GRU modules; {name} is a {type(m).__name__}")
-            if m.bidirectional or getattr(m, "proj_size", None):
-                raise BadInput(f"what-if does not follow a bidirectional or projected LSTM ({name})")
-            self.rnns[name] = m
-        self._pairs = copies.pairs(self.copy, self.model)
-        mine = [(n, p) for n, p in self.copy.named_parameters() if p.requires_grad]
-        theirs = dict(self.model.named_parameters())
+        mine = [(n, p) for n, p in self.copy.get().named_parameters() if p.requires_grad]
+        theirs = dict(self.copy.model.named_parameters())
         critic_own = [n for n in self.names if n.startswith(VALUE_PREFIXES)]
         gradient = self.optimizer is not None
         self.engine = engine.WhatIf(
@@ -135,22 +179,6 @@ class OwnWhatIf:
         return self.engine.metadata()
 
     # -- a minibatch ----------------------------------------------------------------------------------------
-    def _states(self, given: Any, what: str) -> dict[str, tuple[torch.Tensor, ...]]:
-        """Per module, (h, c) or (h,): a dict by name, or one module's tuple / tensor."""
-        if isinstance(given, dict):
-            missing = [n for n in self.names if n not in given]
-            if missing:
-                raise BadInput(f"{what} has no state for {missing[0]!r} (its keys: the recurrent modules' names)")
-            return {n: _tuple(given[n]) for n in self.names}
-        if len(self.names) != 1:
-            raise BadInput(f"{what}: a dict by module name, the model has {len(self.names)} recurrent modules")
-        return {self.names[0]: _tuple(given)}
-
-    def _give(self, states: States) -> Any:
-        """The states as the user's evaluate takes them: their own shape ((h, c), h, or a dict by name)."""
-        out = {n: (s if isinstance(self.rnns[n], nn.LSTM) else s[0]) for n, s in states.items()}
-        return out if len(out) > 1 else next(iter(out.values()))
-
     def measure_batch(
         self,
         evaluate: Callable[[nn.Module, Any], dict[str, Any]],
@@ -179,31 +207,25 @@ class OwnWhatIf:
         step_ = np.broadcast_to(np.asarray(step, dtype=np.int64), env_.shape).copy()
         if len(env_) == 0 or env_.min() < 0 or env_.max() >= n or step_.min() < 0 or step_.max() >= t:
             raise BadInput(f"env and step must name sequences of the rollout ({n} envs, {t} steps)")
-        stored = self._states(rollout_states, "rollout_states")
-        trains = self._states(states, "states")
+        stored = self.copy.states(rollout_states, "rollout_states")
+        trains = self.copy.states(states, "states")
         flat = {m: self._flat(s, n, t, m) for m, s in stored.items()}
         if any(s[0].dim() == 3 for s in stored.values()):  # the rollout's first states only
             self._first_only(starts, env_, step_, wi.burn_in)
             flat = {m: self._spread(f, t) if stored[m][0].dim() == 3 else f for m, f in flat.items()}
         like = trains[self.names[0]][0]
-        assert self.copy is not None
-        copies.sync(self._pairs)
-        self.copy.train(self.model.training)
-        copy = self.copy
+        self.copy.sync(self.copy.model.training)
 
         def features(rows: np.ndarray) -> dict[str, torch.Tensor]:
             index = torch.from_numpy(rows)
-            x = obs[index % t, index // t]  # step-major obs, env-major rows
-            got = x if self.inputs is None else self.inputs(copy, x.to(like.device))
-            got = got if isinstance(got, dict) else dict.fromkeys(self.names, got)
-            return {m: got[m].reshape(len(rows), -1).to(like.device, like.dtype) for m in self.names}
+            return self.copy.features(obs[index % t, index // t], like)  # step-major obs, env-major rows
 
         rollout = Rollout(
             iteration=where[0],
             n_envs=n,
             n_steps=t,
             episode_starts=starts.T.reshape(-1),
-            rnns=dict(self.rnns),
+            rnns=dict(self.copy.rnns),
             stored=flat,
             features=features,
         )
@@ -260,8 +282,8 @@ class OwnWhatIf:
 
     def _evaluate(self, evaluate: Callable[[nn.Module, Any], dict[str, Any]], alternatives: list[States]) -> Outcome:
         """The user's ``evaluate`` on the copy from each alternative's states, gathered as the engine takes it."""
-        assert self.copy is not None
-        got = [evaluate(self.copy, self._give(s)) for s in alternatives]
+        copy = self.copy.get()
+        got = [evaluate(copy, self.copy.give(s)) for s in alternatives]
         for key in ("values", "log_prob", "loss", "returns"):
             if key not in got[0]:
                 raise BadInput(f"evaluate must return {key!r} (values, log_prob, loss, returns; see docs/own-loops.md)")
