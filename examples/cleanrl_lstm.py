@@ -21,7 +21,9 @@ the report then says which tags are missing instead of guessing.
 
 ``--what-if`` also measures whether the stored states matter (the report's "What if" section): before each
 minibatch's loss, ``probe.measure_batch`` gets the rollout, the minibatch and ``evaluate``, the minibatch's
-forward and loss written against the agent it is given (the probe's private copy of it).
+forward and loss written against the agent it is given (the probe's private copy of it). ``--memory`` measures
+how far back the policy remembers (the "Memory" section), from the same call and ``heads``: the policy's
+outputs from the LSTM's.
 """
 
 import argparse
@@ -47,6 +49,7 @@ parser.add_argument("--out", default="cleanrl.parquet")
 parser.add_argument("--bug", choices=BUGS)
 parser.add_argument("--tags", choices=("fewest", "bare"), default="fewest")
 parser.add_argument("--what-if", action="store_true")
+parser.add_argument("--memory", action="store_true")
 args = parser.parse_args()
 bare = args.tags == "bare"
 torch.manual_seed(args.seed)
@@ -135,6 +138,10 @@ def evaluate(agent, state, mb_inds):  # lstm-probe: the minibatch from `state`, 
     return out | ppo_loss(newlogprob, entropy, newvalue, mb_inds) | {"returns": b_returns[mb_inds]}  # lstm-probe
 
 
+def heads(agent, hidden):  # lstm-probe: the policy's outputs from the LSTM's, on the agent given (--memory)
+    return {"dist": Categorical(logits=agent.actor(hidden)), "values": agent.critic(hidden)}  # lstm-probe
+
+
 # gymnasium >= 1.1 resets an env on the step after its episode ends unless asked otherwise; CleanRL's gym
 # reset it in the same step (the next observation is the new episode's first)
 same_step = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP} if hasattr(gym.vector, "AutoresetMode") else {}
@@ -161,8 +168,10 @@ env_ids = np.arange(args.num_envs)  # lstm-probe: the batch column of each env
 finished = 0
 meta = {"env_id": "CartPole-v1", "algorithm": "PPO (CleanRL ppo_atari_lstm)", "n_envs": args.num_envs}
 meta |= {"seed": args.seed, "hyperparameters": {"n_steps": args.num_steps, "n_epochs": args.update_epochs}}
-what_if = {"optimizer": optimizer, "epochs": args.update_epochs, "minibatches": args.num_minibatches}  # lstm-probe
-probe = lstm_probe.trace(agent, out=args.out, force=True, metadata=meta, what_if=args.what_if, **what_if)  # lstm-probe
+measure = {"optimizer": optimizer, "epochs": args.update_epochs, "minibatches": args.num_minibatches}  # lstm-probe
+measure |= {"what_if": args.what_if, "memory": args.memory, "heads": heads}  # lstm-probe
+measure["inputs"] = lambda agent, x: agent.network(x)  # lstm-probe: the LSTM's input from observations
+probe = lstm_probe.trace(agent, out=args.out, force=True, metadata=meta, **measure)  # lstm-probe
 probe.start()  # lstm-probe
 
 for iteration in range(args.iterations):
@@ -223,7 +232,7 @@ for iteration in range(args.iterations):
     envinds = np.arange(args.num_envs)
     flatinds = np.arange(batch_size).reshape(args.num_steps, args.num_envs)
     steps = np.arange(first_step, first_step + args.num_steps)[None, :]  # lstm-probe: (1, T) env steps
-    rollout = {"obs": obs, "episode_start": dones, "rollout_states": initial_lstm_state}  # lstm-probe: --what-if
+    rollout = {"obs": obs, "episode_start": dones, "rollout_states": initial_lstm_state, "values": values}  # lstm-probe
     for epoch in range(args.update_epochs):
         np.random.shuffle(envinds)
         for mb, start in enumerate(range(0, args.num_envs, envsperbatch)):

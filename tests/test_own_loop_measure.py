@@ -23,6 +23,7 @@ from torch.distributions import Categorical
 
 import lstm_probe
 from lstm_probe.errors import BadInput
+from lstm_probe.integrations import own_memory
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "cleanrl_lstm.py"
 N, T, OBS, HID = 4, 16, 3, 8
@@ -77,7 +78,7 @@ def loop(
     if plant is not None:
         _plant(agent, plant)
     opt = torch.optim.Adam(agent.parameters(), lr=lr)
-    extra = {"inputs": lambda a, x: a.enc(x)} if chunk else {}
+    extra = {"inputs": lambda a, x: a.enc(x), "memory": what_if, "heads": heads}
     probe = lstm_probe.trace(
         agent, out=path, force=True, capture="summary", what_if=what_if, optimizer=opt, epochs=2, minibatches=2, **extra
     )
@@ -103,7 +104,7 @@ def loop(
                 done = torch.from_numpy(rng.random(N) < done_p).float()
         returns = values + torch.randn(T, N)
         adv = returns - values
-        rollout = {"obs": obs, "episode_start": dones, "rollout_states": (hs, cs) if chunk else first}
+        rollout = {"obs": obs, "episode_start": dones, "rollout_states": (hs, cs) if chunk else first, "values": values}
         starts = [0] if chunk is None else list(range(0, T, chunk))
         length = T if chunk is None else chunk
         for epoch in range(2):
@@ -140,6 +141,11 @@ def loop(
     probe.close()
     assert not opt._optimizer_step_pre_hooks  # the step hook came off
     return [p.detach().clone() for p in agent.parameters()], torch.get_rng_state(), rng.bit_generator.state
+
+
+def heads(model: nn.Module, hidden: torch.Tensor) -> dict:
+    """The policy's outputs from the LSTM's."""
+    return {"dist": Categorical(logits=model.actor(hidden)), "values": model.critic(hidden)}
 
 
 def ppo(model: nn.Module, s: tuple, data: dict, at: tuple) -> dict:
@@ -181,11 +187,12 @@ def test_training_untouched_and_the_oracle_holds(tmp_path, chunk):
     if chunk:  # chunks from per-step states computed with older weights: stale by the last epoch
         assert max(r["state_lstm"] for r in stored if r["epoch"] == 1) > 1e-4
     info = lstm_probe.read_info(tmp_path / "True.parquet")
-    assert info.metadata["capabilities"]["replay"] is True
+    assert info.metadata["capabilities"]["replay"] is True and info.metadata["capabilities"]["respond"] is True
+    assert set(info.metadata["memory"]["records"]["iteration"]) == {0, 1, 2}
     assert lstm_probe.read_info(tmp_path / "False.parquet").metadata["capabilities"]["replay"] is False
     report = lstm_probe.summarize(tmp_path / "True.parquet").to_dict()
     assert report["what_if"]["check"]["ok"] is True
-    assert not any(u.startswith("what if") for u in report["unavailable"])
+    assert not any(u.startswith("what if") for u in report["unavailable"]) and report["memory"]["measured"]
     off = lstm_probe.summarize(tmp_path / "False.parquet").to_dict()["unavailable"]
     assert any(u.startswith("what if") and "measure_batch" in u for u in off)
 
@@ -200,12 +207,36 @@ def test_planted_weights(tmp_path, integrate):
         assert moved > 1e-3 and max(r["state_lstm"] for r in zero) == pytest.approx(1.0)
     else:
         assert moved == pytest.approx(0, abs=1e-6) and max(r["kl"] for r in zero) == pytest.approx(0, abs=1e-9)
+    memory = lstm_probe.summarize(tmp_path / "p.parquet").to_dict()["memory"]
+    last = [h for h in memory["horizons"] if h["iteration"] == 2]
+    assert {(h["module"], h["metric"]) for h in last} == {("actor", "kl")}
+    for h in last:  # an integrator remembers past the rollout; a shut forget gate and no recurrence: nothing
+        assert (h["beyond"], h["unused"]) == ((True, False) if integrate else (False, True)), h
+
+
+def test_replayed_states_are_the_rollouts():
+    """With the states at the rollout's first step only, memory re-runs the rollout on the copy: the states
+    before each step are the rollout's own (resets at episode starts included)."""
+    torch.manual_seed(1)
+    lstm, x = nn.LSTM(3, 5), torch.randn(T, N, 3)
+    starts = np.random.default_rng(1).random((T, N)) < 0.2
+    s = first = (torch.randn(1, N, 5), torch.randn(1, N, 5))
+    seen = []
+    with torch.no_grad():
+        for t in range(T):
+            seen.append(s)
+            keep = torch.as_tensor(1.0 - starts[t], dtype=torch.float32).view(1, -1, 1)
+            _, s = lstm(x[t : t + 1], (keep * s[0], keep * s[1]))
+        h, c = own_memory._replay(lstm, x, first, starts)
+    assert torch.equal(h, torch.stack([a for a, _ in seen])) and torch.equal(c, torch.stack([b for _, b in seen]))
 
 
 def test_refusals(tmp_path):
     agent = Agent()
-    with pytest.raises(BadInput, match="memory"):
+    with pytest.raises(BadInput, match="heads="):
         lstm_probe.trace(agent, out=tmp_path / "m.parquet", what_if=True, memory=True)
+    with pytest.raises(BadInput, match="capture_obs"):
+        lstm_probe.trace(agent, out=tmp_path / "m.parquet", capture_obs=True)
     probe = lstm_probe.trace(agent, out=tmp_path / "r.parquet", force=True, what_if=True)
     state = (torch.zeros(1, N, HID), torch.zeros(1, N, HID))
     per_step = {"obs": torch.zeros(T, N, OBS), "episode_start": torch.zeros(T, N), "rollout_states": state}
@@ -218,23 +249,24 @@ def test_refusals(tmp_path):
             )
 
 
-def test_example_what_if_report(tmp_path):
-    out = tmp_path / "w.parquet"
-    args = [sys.executable, str(EXAMPLE), "--iterations", "2", "--what-if", "--out", str(out)]
+def test_example_what_if_memory_report(tmp_path):
+    """The example's --what-if --memory: every traced state the same as without (training untouched), and a
+    report with both sections and a measured verdict."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    rep = subprocess.run(
-        [sys.executable, "-m", "lstm_probe", "report", str(out), "--json"], capture_output=True, text=True, env=env
-    )
+    logs = {}
+    for name, flags in (("plain", []), ("measured", ["--what-if", "--memory"])):
+        logs[name] = tmp_path / f"{name}.parquet"
+        args = [sys.executable, str(EXAMPLE), "--iterations", "2", *flags, "--out", str(logs[name])]
+        done = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+    plain, measured = (lstm_probe.load(logs[k]) for k in ("plain", "measured"))
+    for col in ("h", "c"):
+        assert np.array_equal(np.stack(plain[col].to_numpy()), np.stack(measured[col].to_numpy()))
+    report = [sys.executable, "-m", "lstm_probe", "report", str(logs["measured"])]
+    rep = subprocess.run([*report, "--json"], capture_output=True, text=True, env=env)
     assert rep.returncode == 0, rep.stderr
     data = json.loads(rep.stdout)
-    assert data["what_if"]["measured"] and data["what_if"]["check"]["ok"] is True
+    assert data["what_if"]["measured"] and data["what_if"]["check"]["ok"] is True and data["memory"]["measured"]
     assert data["verdict"]["matters"] is not None and not any("unmeasured" in v for v in data["verdict"]["lines"])
-    text = subprocess.run(
-        [sys.executable, "-m", "lstm_probe", "report", str(out)],
-        capture_output=True,
-        text=True,
-        env={**env, "COLUMNS": "120"},
-    )
-    assert "What if" in text.stdout
+    text = subprocess.run(report, capture_output=True, text=True, env={**env, "COLUMNS": "120"})
+    assert "What if" in text.stdout and "Memory" in text.stdout

@@ -23,7 +23,8 @@ from lstm_probe.capture.modules import find_recurrent
 from lstm_probe.capture.tracer import CoreTracer
 from lstm_probe.contract import PHASE, USER_CALL_TAGS, USER_GRID_TAGS, USER_TAGS, Capabilities, Grid, Tags
 from lstm_probe.errors import BadInput
-from lstm_probe.integrations.own_measure import Copy, Inputs, OwnWhatIf
+from lstm_probe.integrations.own_measure import Copy, Inputs, OwnWhatIf, starts_of
+from lstm_probe.integrations.own_memory import Heads, OwnMemory
 from lstm_probe.log.schema import COLUMN, PHASES
 from lstm_probe.options import AUTO_WINDOW, CaptureOptions, Measure, capture_options, route, settle
 
@@ -46,11 +47,12 @@ class GenericIntegration(Tagged):
         self._cached: dict[str, Any] | None = None  # the block whose calls' tags _cache holds
         self._epochs = False
         self.replay = False  # a minibatch was measured (Tracer.measure_batch)
+        self.respond = False  # a rollout's memory horizon was measured (Tracer.measure_batch)
 
     def capabilities(self) -> Capabilities:
-        """framework 'generic'; ``epochs`` once a call was tagged with an epoch; ``replay`` once the loop
-        handed a minibatch to :meth:`Tracer.measure_batch` that was measured."""
-        return Capabilities("generic", epochs=self._epochs, replay=self.replay)
+        """framework 'generic'; ``epochs`` once a call was tagged with an epoch; ``replay`` (what-if) and
+        ``respond`` (the memory horizon) once :meth:`Tracer.measure_batch` measured them."""
+        return Capabilities("generic", epochs=self._epochs, replay=self.replay, respond=self.respond)
 
     def metadata(self) -> dict[str, Any]:
         return dict(self._metadata)
@@ -122,6 +124,7 @@ class Tracer(Probe, CoreTracer):
     ):
         super().__init__(modules, capture_options(options, out, **capture), GenericIntegration(metadata), shard=shard)
         self.what_if: OwnWhatIf | None = None  # trace(..., what_if=True)
+        self.memory: OwnMemory | None = None  # trace(..., memory=True)
         self._step_hook: Any = None
 
     def _core(self) -> CoreTracer:
@@ -138,8 +141,8 @@ class Tracer(Probe, CoreTracer):
             self._step_hook = None
 
     def _final(self) -> dict[str, Any]:
-        measured = self.what_if.metadata() if self.what_if is not None else None
-        return {"what_if": measured} if measured is not None else {}
+        measured = {k: m.metadata() for k, m in (("what_if", self.what_if), ("memory", self.memory)) if m is not None}
+        return {k: v for k, v in measured.items() if v is not None}
 
     def measure_batch(
         self,
@@ -149,22 +152,24 @@ class Tracer(Probe, CoreTracer):
         episode_start: Any,
         rollout_states: Any,
         states: Any,
+        values: Any = None,
         env: Any = None,
         step: Any = 0,
         iteration: int | None = None,
         epoch: int | None = None,
         minibatch: int | None = None,
     ) -> None:
-        """What-if on one training minibatch, called before its loss (nothing unless ``trace(...,
-        what_if=True)``; on the minibatches what-if samples, on a private copy of the model: training is
-        untouched). ``evaluate(model, states)``: the loop's forward and loss on this minibatch from ``states``,
-        on the ``model`` it is given, returning a dict (values, log_prob, loss, returns; entropy, policy_loss,
-        value_loss, clip_fraction, dist where it has them). The rollout, step-major: ``obs`` (T, N, ...),
-        ``episode_start`` (T, N), ``rollout_states`` (at its first step, or before each step). The minibatch:
-        its sequences' ``env`` and first ``step``, the ``states`` the loop trains it with. ``iteration``,
-        ``epoch``, ``minibatch`` and ``env``: those of the enclosing ``tag()`` block where not given.
-        docs/own-loops.md shows each on CleanRL's loop."""
-        if self.what_if is None:
+        """What-if and the memory horizon, called before each training minibatch's loss (nothing unless
+        ``trace(..., what_if=True)`` or ``memory=True``; on a private copy of the model: training is untouched).
+        What-if on the minibatches it samples: ``evaluate(model, states)``, the loop's forward and loss on this
+        minibatch from ``states``, on the ``model`` it is given, returning a dict (values, log_prob, loss,
+        returns; entropy, policy_loss, value_loss, clip_fraction, dist where it has them). The memory horizon at
+        the first call of each rollout (its weights). The rollout, step-major: ``obs`` (T, N, ...),
+        ``episode_start`` (T, N), ``rollout_states`` (at its first step, or before each step), ``values`` (T, N;
+        memory only). The minibatch: its sequences' ``env`` and first ``step``, the ``states`` the loop trains it
+        with. ``iteration``, ``epoch``, ``minibatch`` and ``env``: those of the enclosing ``tag()`` block where
+        not given. docs/own-loops.md shows each on CleanRL's loop."""
+        if self.what_if is None and self.memory is None:
             return
         user = self.integration._user[-1] if self.integration._user else {}
         given = {"iteration": iteration, "epoch": epoch, "minibatch": minibatch, "env": env}
@@ -173,9 +178,14 @@ class Tracer(Probe, CoreTracer):
         if missing:
             raise BadInput(f"measure_batch needs {', '.join(missing)} (or a tag() block around it that gives them)")
         where = (int(got["iteration"] or 0), int(got["epoch"] or 0), int(got["minibatch"] or 0))
-        kw = {"obs": obs, "episode_start": episode_start, "rollout_states": rollout_states, "states": states}
-        if self.what_if.measure_batch(evaluate, where, env=got["env"], step=step, **kw):
-            self.integration.replay = True
+        if self.memory is not None:
+            starts = starts_of(episode_start)
+            if self.memory.measure(where[0], obs, starts, rollout_states, values):
+                self.integration.respond = True
+        if self.what_if is not None:
+            kw = {"obs": obs, "episode_start": episode_start, "rollout_states": rollout_states, "states": states}
+            if self.what_if.measure_batch(evaluate, where, env=got["env"], step=step, **kw):
+                self.integration.replay = True
 
     def tag(self, **tags: Any) -> contextlib.AbstractContextManager[None]:
         """Tag every call inside the block: phase, iteration, epoch, minibatch, env, env_step, episode,
@@ -197,6 +207,7 @@ def trace(
     epochs: int = 1,
     minibatches: int = 1,
     inputs: Inputs | None = None,
+    heads: Heads | None = None,
     **capture: Any,
 ) -> Tracer:
     """Trace every nn.LSTM / nn.GRU / nn.LSTMCell / nn.GRUCell in ``model`` (or those named in ``modules``).
@@ -218,20 +229,24 @@ def trace(
     :class:`~lstm_probe.options.Measure`'s fields, or ``measure=``), then :meth:`Tracer.measure_batch` before
     each minibatch's loss; ``epochs`` and ``minibatches``: how many of each the loop runs per rollout (which
     it samples); ``optimizer``: the gradient comparison (a step pre-hook); ``inputs(model, obs)``: the
-    recurrent modules' inputs from observations (by default the observations).
+    recurrent modules' inputs from observations (by default the observations). The memory horizon:
+    ``memory=True`` (``memory_every``) and ``heads(model, hidden)``: the policy's ``dist`` and ``values`` from
+    the recurrent modules' outputs.
     """
     cap, me = route(capture, (CaptureOptions, Measure), "trace")
     m = settle(Measure, measure, me)
-    if m.memory or m.capture_obs or m.info_keys:
-        raise BadInput("an own loop gives what-if (what_if=True); memory, capture_obs and info are not built for it")
+    if m.capture_obs or m.info_keys:
+        raise BadInput("an own loop gives what-if and memory; capture_obs and info are not built for it")
     opts = capture_options(options, out, **cap)
     if "reference_window" not in cap and opts.reference_window == 0:  # the rollout's own length
         opts = dataclasses.replace(opts, reference_window=AUTO_WINDOW)
     found = find_recurrent(model, modules)
     tracer = Tracer(found, metadata=metadata, options=opts, shard=shard)
+    copy = Copy(model, list(found), inputs)
     if m.what_if:
-        copy = Copy(model, list(found), inputs)
         tracer.what_if = OwnWhatIf(
             copy, epochs=epochs, minibatches=minibatches, every=m.what_if_every, burn_in=m.burn_in, optimizer=optimizer
         )
+    if m.memory:
+        tracer.memory = OwnMemory(copy, heads, every=m.memory_every)
     return tracer

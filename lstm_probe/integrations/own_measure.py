@@ -51,6 +51,15 @@ def _tuple(state: Any) -> tuple[torch.Tensor, ...]:
     return tuple(state) if isinstance(state, tuple | list) else (state,)
 
 
+def starts_of(episode_start: Any) -> np.ndarray:
+    """The rollout's episode starts as a (steps, envs) bool array (one host copy)."""
+    x = episode_start.detach().cpu() if isinstance(episode_start, torch.Tensor) else episode_start
+    starts = np.asarray(x).astype(bool)
+    if starts.ndim != 2:
+        raise BadInput(f"episode_start is (steps, envs), step-major; got shape {starts.shape}")
+    return starts
+
+
 def _flat_dist(dist: Any, n: int) -> Any:
     """The action distribution over the ``n`` elements in their order, one batch row each (any action dims
     after it, which the KL sums): a Categorical or a Normal (also inside Independent); None otherwise (KL not
@@ -197,11 +206,7 @@ class OwnWhatIf:
         if not wi.wants(*where):
             wi.skip()
             return False
-        starts = np.asarray(
-            episode_start.detach().cpu() if isinstance(episode_start, torch.Tensor) else episode_start
-        ).astype(bool)
-        if starts.ndim != 2:
-            raise BadInput(f"episode_start is (steps, envs), step-major; got shape {starts.shape}")
+        starts = starts_of(episode_start)
         t, n = starts.shape
         env_ = np.asarray(env, dtype=np.int64).reshape(-1)
         step_ = np.broadcast_to(np.asarray(step, dtype=np.int64), env_.shape).copy()
