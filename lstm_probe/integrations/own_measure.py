@@ -144,8 +144,8 @@ class OwnWhatIf:
         *,
         epochs: int,
         minibatches: int,
-        every: int = 1,
-        burn_in: Sequence[int] = (),
+        every: int,
+        burn_in: Sequence[int],
         optimizer: Any = None,
     ):
         if epochs < 1 or minibatches < 1:

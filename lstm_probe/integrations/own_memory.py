@@ -58,7 +58,7 @@ class OwnMemory:
     """The memory horizon of an own loop: :meth:`measure` at the first ``measure_batch`` of each rollout;
     :meth:`metadata` is what the log keeps under ``memory``."""
 
-    def __init__(self, copy: Copy, heads: Heads | None, *, every: int | None = None):
+    def __init__(self, copy: Copy, heads: Heads | None, *, every: int | None):
         if heads is None:
             raise BadInput("memory on an own loop needs heads=: the policy's dist and values from the LSTM's output")
         critics = [n for n in copy.names if n.startswith(VALUE_PREFIXES)]
