@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -29,28 +30,38 @@ EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "cleanrl_lstm.py
 N, T, OBS, HID = 4, 16, 3, 8
 
 
+def parts(state: Any) -> tuple:
+    return state if isinstance(state, tuple) else (state,)
+
+
+def shaped(pieces: tuple, lstm: bool) -> Any:
+    """The state as the loop keeps it: (h, c) for an LSTM, h for a GRU."""
+    return pieces if lstm else pieces[0]
+
+
 class Agent(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, lstm: bool = True) -> None:
         super().__init__()
         self.enc = nn.Sequential(nn.Linear(OBS, 6), nn.Tanh())
-        self.lstm = nn.LSTM(6, HID)
+        self.rnn = nn.LSTM(6, HID) if lstm else nn.GRU(6, HID)
         self.actor = nn.Linear(HID, 3)
         self.critic = nn.Linear(HID, 1)
 
-    def forward(self, x: torch.Tensor, state: tuple, done: torch.Tensor) -> tuple:
+    def forward(self, x: torch.Tensor, state: Any, done: torch.Tensor) -> tuple:
         """x (T, B, OBS), done (T, B): each step's state reset where done, CleanRL's way."""
         hidden = self.enc(x)
         out = []
         for h, d in zip(hidden, done, strict=True):
             keep = (1.0 - d).view(1, -1, 1)
-            o, state = self.lstm(h.unsqueeze(0), (keep * state[0], keep * state[1]))
+            given = tuple(keep * s for s in state) if isinstance(state, tuple) else keep * state
+            o, state = self.rnn(h.unsqueeze(0), given)
             out.append(o)
         return torch.cat(out), state
 
 
 def _plant(agent: Agent, integrate: bool) -> None:
     """No recurrent weights; the forget gate shut (the state is ignored) or open (the input integrated)."""
-    rnn = agent.lstm
+    rnn = agent.rnn
     with torch.no_grad():
         rnn.weight_hh_l0.zero_()
         rnn.bias_hh_l0.zero_()
@@ -69,12 +80,13 @@ def loop(
     plant: bool | None = None,
     iterations: int = 3,
     done_p: float = 0.1,
+    lstm: bool = True,
 ) -> tuple[list[torch.Tensor], torch.Tensor, dict]:
     """A CleanRL-shaped PPO loop; ``chunk``: train on chunks of that many steps from the per-step stored states
     (else whole envs from the rollout's first state). Returns the final parameters, torch's RNG state, NumPy's."""
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
-    agent = Agent()
+    agent = Agent(lstm)
     if plant is not None:
         _plant(agent, plant)
     opt = torch.optim.Adam(agent.parameters(), lr=lr)
@@ -83,17 +95,18 @@ def loop(
         agent, out=path, force=True, capture="summary", what_if=what_if, optimizer=opt, epochs=2, minibatches=2, **extra
     )
     probe.start()
-    state = (torch.zeros(1, N, HID), torch.zeros(1, N, HID))
+    state = shaped((torch.zeros(1, N, HID), torch.zeros(1, N, HID)), lstm)
     done = torch.zeros(N)
     for it in range(iterations):
-        first = (state[0].clone(), state[1].clone())
+        first = shaped(tuple(p.clone() for p in parts(state)), lstm)
         obs, dones = torch.randn(T, N, OBS), torch.zeros(T, N)
-        hs, cs = torch.zeros(T, 1, N, HID), torch.zeros(T, 1, N, HID)
+        saved = tuple(torch.zeros(T, 1, N, HID) for _ in parts(state))  # the states before each step
         actions, logps, values = torch.zeros(T, N, dtype=torch.long), torch.zeros(T, N), torch.zeros(T, N)
         with torch.no_grad():
             for t in range(T):
                 dones[t] = done
-                hs[t], cs[t] = state
+                for keep, p in zip(saved, parts(state), strict=True):
+                    keep[t] = p
                 with probe.tag(
                     phase="rollout", iteration=it, env=np.arange(N), env_step=it * T + t, episode_start=done.numpy()
                 ):
@@ -104,7 +117,8 @@ def loop(
                 done = torch.from_numpy(rng.random(N) < done_p).float()
         returns = values + torch.randn(T, N)
         adv = returns - values
-        rollout = {"obs": obs, "episode_start": dones, "rollout_states": (hs, cs) if chunk else first, "values": values}
+        stored = shaped(saved, lstm) if chunk else first
+        rollout = {"obs": obs, "episode_start": dones, "rollout_states": stored, "values": values}
         starts = [0] if chunk is None else list(range(0, T, chunk))
         length = T if chunk is None else chunk
         for epoch in range(2):
@@ -114,9 +128,9 @@ def loop(
                 step = np.tile(starts, len(envs))
                 cols = (torch.from_numpy(env), torch.from_numpy(step))
                 if chunk is None:
-                    init = (first[0][:, envs], first[1][:, envs])
+                    init = shaped(tuple(p[:, envs] for p in parts(first)), lstm)
                 else:
-                    init = (hs[cols[1], :, cols[0]].transpose(0, 1), cs[cols[1], :, cols[0]].transpose(0, 1))
+                    init = shaped(tuple(p[cols[1], :, cols[0]].transpose(0, 1) for p in saved), lstm)
                 window = torch.from_numpy(step)[None, :] + torch.arange(length)[:, None]  # (L, B) rollout steps
                 e = torch.from_numpy(env)[None, :].expand_as(window)
 
@@ -169,9 +183,10 @@ def records(path: Path) -> list[dict]:
     return [dict(zip(cols, row, strict=True)) for row in zip(*cols.values(), strict=True)]
 
 
-@pytest.mark.parametrize("chunk", [None, 8])
-def test_training_untouched_and_the_oracle_holds(tmp_path, chunk):
-    (pa, ra, na), (pb, rb, nb) = (loop(tmp_path / f"{w}.parquet", w, chunk=chunk) for w in (False, True))
+@pytest.mark.parametrize("chunk,lstm", [(None, True), (8, True), (8, False)])
+def test_training_untouched_and_the_oracle_holds(tmp_path, chunk, lstm):
+    runs = (loop(tmp_path / f"{w}.parquet", w, chunk=chunk, lstm=lstm) for w in (False, True))
+    (pa, ra, na), (pb, rb, nb) = runs
     assert all(torch.equal(x, y) for x, y in zip(pa, pb, strict=True))
     assert torch.equal(ra, rb) and na == nb
     rows = records(tmp_path / "True.parquet")
@@ -180,12 +195,12 @@ def test_training_untouched_and_the_oracle_holds(tmp_path, chunk):
     stored = [r for r in rows if r["alternative"] == "stored"]
     for r in stored:
         if (r["epoch"], r["minibatch"]) == (0, 0) or chunk is None:  # CleanRL's: stored = refreshed always
-            assert r["state_lstm"] == pytest.approx(0, abs=1e-6) and r["value_abs"] == pytest.approx(0, abs=1e-6)
+            assert r["state_rnn"] == pytest.approx(0, abs=1e-6) and r["value_abs"] == pytest.approx(0, abs=1e-6)
             assert r["kl"] == pytest.approx(0, abs=1e-7)
             assert r["grad_cos_policy"] == pytest.approx(1, abs=1e-5)
             assert r["grad_cos_value"] == pytest.approx(1, abs=1e-5)
     if chunk:  # chunks from per-step states computed with older weights: stale by the last epoch
-        assert max(r["state_lstm"] for r in stored if r["epoch"] == 1) > 1e-4
+        assert max(r["state_rnn"] for r in stored if r["epoch"] == 1) > 1e-4
     info = lstm_probe.read_info(tmp_path / "True.parquet")
     assert info.metadata["capabilities"]["replay"] is True and info.metadata["capabilities"]["respond"] is True
     assert set(info.metadata["memory"]["records"]["iteration"]) == {0, 1, 2}
@@ -204,7 +219,7 @@ def test_planted_weights(tmp_path, integrate):
     assert zero and all(r["episode_starts"] < r["sequences"] for r in zero)  # some state carried into the rollout
     moved = max(r["value_abs"] for r in zero)
     if integrate:
-        assert moved > 1e-3 and max(r["state_lstm"] for r in zero) == pytest.approx(1.0)
+        assert moved > 1e-3 and max(r["state_rnn"] for r in zero) == pytest.approx(1.0)
     else:
         assert moved == pytest.approx(0, abs=1e-6) and max(r["kl"] for r in zero) == pytest.approx(0, abs=1e-9)
     memory = lstm_probe.summarize(tmp_path / "p.parquet").to_dict()["memory"]
@@ -237,6 +252,8 @@ def test_refusals(tmp_path):
         lstm_probe.trace(agent, out=tmp_path / "m.parquet", what_if=True, memory=True)
     with pytest.raises(BadInput, match="capture_obs"):
         lstm_probe.trace(agent, out=tmp_path / "m.parquet", capture_obs=True)
+    with pytest.raises(BadInput, match="LSTMCell"):
+        lstm_probe.trace(nn.LSTMCell(3, 4), out=tmp_path / "m.parquet", what_if=True)
     probe = lstm_probe.trace(agent, out=tmp_path / "r.parquet", force=True, what_if=True)
     state = (torch.zeros(1, N, HID), torch.zeros(1, N, HID))
     per_step = {"obs": torch.zeros(T, N, OBS), "episode_start": torch.zeros(T, N), "rollout_states": state}

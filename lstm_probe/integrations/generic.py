@@ -242,11 +242,11 @@ def trace(
         opts = dataclasses.replace(opts, reference_window=AUTO_WINDOW)
     found = find_recurrent(model, modules)
     tracer = Tracer(found, metadata=metadata, options=opts, shard=shard)
-    copy = Copy(model, list(found), inputs)
-    if m.what_if:
+    copy = Copy(model, list(found), inputs) if m.what_if or m.memory else None
+    if copy is not None and m.what_if:
         tracer.what_if = OwnWhatIf(
             copy, epochs=epochs, minibatches=minibatches, every=m.what_if_every, burn_in=m.burn_in, optimizer=optimizer
         )
-    if m.memory:
+    if copy is not None and m.memory:
         tracer.memory = OwnMemory(copy, heads, every=m.memory_every)
     return tracer

@@ -79,6 +79,13 @@ class Copy:
 
     def __init__(self, model: nn.Module, names: Sequence[str], inputs: Inputs | None = None):
         self.model, self.names, self.inputs = model, list(names), inputs
+        own = dict(model.named_modules())
+        for name in self.names:
+            m = own["" if name == "root" else name]
+            if not isinstance(m, nn.LSTM | nn.GRU):
+                raise BadInput(f"what-if and memory re-run nn.LSTM / nn.GRU modules; {name} is a {type(m).__name__}")
+            if m.bidirectional or getattr(m, "proj_size", None):
+                raise BadInput(f"what-if and memory do not follow a bidirectional or projected LSTM ({name})")
         self._copy: nn.Module | None = None
         self.rnns: dict[str, nn.Module] = {}
         self.pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -89,13 +96,7 @@ class Copy:
             return self._copy
         copy = copies.private_copy(self.model)
         own = dict(copy.named_modules())
-        for name in self.names:
-            m = own["" if name == "root" else name]
-            if not isinstance(m, nn.LSTM | nn.GRU):
-                raise BadInput(f"what-if and memory re-run nn.LSTM / nn.GRU modules; {name} is a {type(m).__name__}")
-            if m.bidirectional or getattr(m, "proj_size", None):
-                raise BadInput(f"what-if and memory do not follow a bidirectional or projected LSTM ({name})")
-            self.rnns[name] = m
+        self.rnns = {name: own["" if name == "root" else name] for name in self.names}
         self.pairs = copies.pairs(copy, self.model)
         self._copy = copy
         return copy
