@@ -18,6 +18,12 @@ is started and closed around the flat loop (no ``with``, nothing re-indented); t
 
 ``--tags bare`` tags as lstm-probe's README did before (phase, iteration, env, env_step; bootstrap untagged):
 the report then says which tags are missing instead of guessing.
+
+``--what-if`` also measures whether the stored states matter (the report's "What if" section): before each
+minibatch's loss, ``probe.measure_batch`` gets the rollout, the minibatch and ``evaluate``, the minibatch's
+forward and loss written against the agent it is given (the probe's private copy of it). ``--memory`` measures
+how far back the policy remembers (the "Memory" section), from the same call and ``heads``: the policy's
+outputs from the LSTM's.
 """
 
 import argparse
@@ -42,6 +48,8 @@ parser.add_argument("--seed", type=int, default=1)
 parser.add_argument("--out", default="cleanrl.parquet")
 parser.add_argument("--bug", choices=BUGS)
 parser.add_argument("--tags", choices=("fewest", "bare"), default="fewest")
+parser.add_argument("--what-if", action="store_true")
+parser.add_argument("--memory", action="store_true")
 args = parser.parse_args()
 bare = args.tags == "bare"
 torch.manual_seed(args.seed)
@@ -105,6 +113,35 @@ class Agent(nn.Module):
         return action, probs.log_prob(action), probs.entropy(), self.critic(hidden), lstm_state
 
 
+def ppo_loss(newlogprob, entropy, newvalue, mb_inds):
+    """The minibatch's PPO loss and its terms: CleanRL's lines, in a function that training and the probe's
+    evaluate share."""
+    logratio = newlogprob - b_logprobs[mb_inds]
+    ratio = logratio.exp()
+    mb_advantages = b_advantages[mb_inds]
+    mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+    pg_loss1 = -mb_advantages * ratio
+    pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - clip_coef, 1 + clip_coef)
+    pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+    v_loss = 0.5 * ((newvalue.view(-1) - b_returns[mb_inds]) ** 2).mean()
+    loss = pg_loss - ent_coef * entropy.mean() + v_loss * vf_coef
+    clip_fraction = ((ratio - 1.0).abs() > clip_coef).float().mean()
+    return {"loss": loss, "policy_loss": pg_loss, "value_loss": v_loss, "clip_fraction": clip_fraction}
+
+
+def evaluate(agent, state, mb_inds):  # lstm-probe: the minibatch from `state`, on the agent given (the probe's copy)
+    hidden, _ = agent.get_states(b_obs[mb_inds], state, b_dones[mb_inds])  # lstm-probe
+    dist = Categorical(logits=agent.actor(hidden))  # lstm-probe
+    newlogprob, entropy = dist.log_prob(b_actions.long()[mb_inds]), dist.entropy()  # lstm-probe
+    newvalue = agent.critic(hidden)  # lstm-probe
+    out = {"values": newvalue, "log_prob": newlogprob, "entropy": entropy, "dist": dist}  # lstm-probe
+    return out | ppo_loss(newlogprob, entropy, newvalue, mb_inds) | {"returns": b_returns[mb_inds]}  # lstm-probe
+
+
+def heads(agent, hidden):  # lstm-probe: the policy's outputs from the LSTM's, on the agent given (--memory)
+    return {"dist": Categorical(logits=agent.actor(hidden)), "values": agent.critic(hidden)}  # lstm-probe
+
+
 # gymnasium >= 1.1 resets an env on the step after its episode ends unless asked otherwise; CleanRL's gym
 # reset it in the same step (the next observation is the new episode's first)
 same_step = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP} if hasattr(gym.vector, "AutoresetMode") else {}
@@ -131,7 +168,10 @@ env_ids = np.arange(args.num_envs)  # lstm-probe: the batch column of each env
 finished = 0
 meta = {"env_id": "CartPole-v1", "algorithm": "PPO (CleanRL ppo_atari_lstm)", "n_envs": args.num_envs}
 meta |= {"seed": args.seed, "hyperparameters": {"n_steps": args.num_steps, "n_epochs": args.update_epochs}}
-probe = lstm_probe.trace(agent, out=args.out, force=True, metadata=meta)  # lstm-probe
+measure = {"optimizer": optimizer, "epochs": args.update_epochs, "minibatches": args.num_minibatches}  # lstm-probe
+measure |= {"what_if": args.what_if, "memory": args.memory, "heads": heads}  # lstm-probe
+measure["inputs"] = lambda agent, x: agent.network(x)  # lstm-probe: the LSTM's input from observations
+probe = lstm_probe.trace(agent, out=args.out, force=True, metadata=meta, **measure)  # lstm-probe
 probe.start()  # lstm-probe
 
 for iteration in range(args.iterations):
@@ -192,6 +232,7 @@ for iteration in range(args.iterations):
     envinds = np.arange(args.num_envs)
     flatinds = np.arange(batch_size).reshape(args.num_steps, args.num_envs)
     steps = np.arange(first_step, first_step + args.num_steps)[None, :]  # lstm-probe: (1, T) env steps
+    rollout = {"obs": obs, "episode_start": dones, "rollout_states": initial_lstm_state, "values": values}  # lstm-probe
     for epoch in range(args.update_epochs):
         np.random.shuffle(envinds)
         for mb, start in enumerate(range(0, args.num_envs, envsperbatch)):
@@ -204,18 +245,11 @@ for iteration in range(args.iterations):
 
             tags = dict(phase="train", iteration=iteration, epoch=epoch, minibatch=mb, env=mbenvinds, env_step=steps)
             with probe.tag(**tags, **({} if bare else {"episode_start": dones[:, mbenvinds].T.numpy()})):
+                probe.measure_batch(lambda agent, s: evaluate(agent, s, mb_inds), states=init, **rollout)  # lstm-probe
                 _, newlogprob, entropy, newvalue, _ = agent.get_action_and_value(
                     b_obs[mb_inds], init, b_dones[mb_inds], b_actions.long()[mb_inds]
                 )
-            logratio = newlogprob - b_logprobs[mb_inds]
-            ratio = logratio.exp()
-            mb_advantages = b_advantages[mb_inds]
-            mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
-            pg_loss1 = -mb_advantages * ratio
-            pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - clip_coef, 1 + clip_coef)
-            pg_loss = torch.max(pg_loss1, pg_loss2).mean()
-            v_loss = 0.5 * ((newvalue.view(-1) - b_returns[mb_inds]) ** 2).mean()
-            loss = pg_loss - ent_coef * entropy.mean() + v_loss * vf_coef
+            loss = ppo_loss(newlogprob, entropy, newvalue, mb_inds)["loss"]
             optimizer.zero_grad()
             loss.backward()
             nn.utils.clip_grad_norm_(agent.parameters(), 0.5)

@@ -3,7 +3,8 @@
 ``lstm_probe.trace(model, out)`` hooks every recurrent module of any torch model; a training loop says
 what each call is with :meth:`Tracer.tag` blocks. :class:`GenericIntegration` turns the innermost
 block's tags into the core's :class:`~lstm_probe.contract.Tags`, and declares what the user tagged as
-the log's capabilities.
+the log's capabilities. ``trace(..., what_if=True)`` and :meth:`Tracer.measure_batch` give the loop what-if
+(``own_measure.py``: the loop passes its rollout, minibatch and a function that evaluates it).
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ from lstm_probe.capture.modules import find_recurrent
 from lstm_probe.capture.tracer import CoreTracer
 from lstm_probe.contract import PHASE, USER_CALL_TAGS, USER_GRID_TAGS, USER_TAGS, Capabilities, Grid, Tags
 from lstm_probe.errors import BadInput
+from lstm_probe.integrations.own_measure import Copy, Inputs, OwnWhatIf, starts_of
+from lstm_probe.integrations.own_memory import Heads, OwnMemory
 from lstm_probe.log.schema import COLUMN, PHASES
-from lstm_probe.options import AUTO_WINDOW, CaptureOptions, capture_options
+from lstm_probe.options import AUTO_WINDOW, CaptureOptions, Measure, capture_options, route, settle
 
 TAGS = USER_TAGS  # the schema's user-taggable columns
 PROVENANCE = USER_GRID_TAGS
@@ -43,10 +46,13 @@ class GenericIntegration(Tagged):
         self._cache: dict[tuple[int, int, int], Tags] = {}
         self._cached: dict[str, Any] | None = None  # the block whose calls' tags _cache holds
         self._epochs = False
+        self.replay = False  # a minibatch was measured (Tracer.measure_batch)
+        self.respond = False  # a rollout's memory horizon was measured (Tracer.measure_batch)
 
     def capabilities(self) -> Capabilities:
-        """framework 'generic'; ``epochs`` once a call was tagged with an epoch."""
-        return Capabilities("generic", epochs=self._epochs)
+        """framework 'generic'; ``epochs`` once a call was tagged with an epoch; ``replay`` (what-if) and
+        ``respond`` (the memory horizon) once :meth:`Tracer.measure_batch` measured them."""
+        return Capabilities("generic", epochs=self._epochs, replay=self.replay, respond=self.respond)
 
     def metadata(self) -> dict[str, Any]:
         return dict(self._metadata)
@@ -117,9 +123,69 @@ class Tracer(Probe, CoreTracer):
         **capture: Any,
     ):
         super().__init__(modules, capture_options(options, out, **capture), GenericIntegration(metadata), shard=shard)
+        self.what_if: OwnWhatIf | None = None  # trace(..., what_if=True)
+        self.memory: OwnMemory | None = None  # trace(..., memory=True)
+        self._step_hook: Any = None
 
     def _core(self) -> CoreTracer:
         return self
+
+    def _attach(self) -> None:
+        w = self.what_if
+        if w is not None and w.optimizer is not None:  # the gradient the loop steps with
+            self._step_hook = w.optimizer.register_step_pre_hook(w.step_hook)
+
+    def _detach(self) -> None:
+        if self._step_hook is not None:
+            self._step_hook.remove()
+            self._step_hook = None
+
+    def _final(self) -> dict[str, Any]:
+        measured = {k: m.metadata() for k, m in (("what_if", self.what_if), ("memory", self.memory)) if m is not None}
+        return {k: v for k, v in measured.items() if v is not None}
+
+    def measure_batch(
+        self,
+        evaluate: Any,
+        *,
+        obs: Any,
+        episode_start: Any,
+        rollout_states: Any,
+        states: Any,
+        values: Any = None,
+        env: Any = None,
+        step: Any = 0,
+        iteration: int | None = None,
+        epoch: int | None = None,
+        minibatch: int | None = None,
+    ) -> None:
+        """What-if and the memory horizon, called before each training minibatch's loss (nothing unless
+        ``trace(..., what_if=True)`` or ``memory=True``; on a private copy of the model: training is untouched).
+        What-if on the minibatches it samples: ``evaluate(model, states)``, the loop's forward and loss on this
+        minibatch from ``states``, on the ``model`` it is given, returning a dict (values, log_prob, loss,
+        returns; entropy, policy_loss, value_loss, clip_fraction, dist where it has them). The memory horizon at
+        the first call of each rollout (its weights). The rollout, step-major: ``obs`` (T, N, ...),
+        ``episode_start`` (T, N), ``rollout_states`` (at its first step, or before each step), ``values`` (T, N;
+        memory only). The minibatch: its sequences' ``env`` and first ``step``, the ``states`` the loop trains it
+        with. ``iteration``, ``epoch``, ``minibatch`` and ``env``: those of the enclosing ``tag()`` block where
+        not given. docs/own-loops.md shows each on CleanRL's loop."""
+        if self.what_if is None and self.memory is None:
+            return
+        user = self.integration._user[-1] if self.integration._user else {}
+        given = {"iteration": iteration, "epoch": epoch, "minibatch": minibatch, "env": env}
+        got = {k: user.get(k) if v is None else v for k, v in given.items()}
+        missing = [k for k, v in got.items() if v is None]
+        if missing:
+            raise BadInput(f"measure_batch needs {', '.join(missing)} (or a tag() block around it that gives them)")
+        where = (int(got["iteration"] or 0), int(got["epoch"] or 0), int(got["minibatch"] or 0))
+        if self.memory is not None:
+            starts = starts_of(episode_start)
+            if self.memory.measure(where[0], obs, starts, rollout_states, values):
+                self.integration.respond = True
+        if self.what_if is not None:
+            kw = {"obs": obs, "episode_start": episode_start, "rollout_states": rollout_states, "states": states}
+            if self.what_if.measure_batch(evaluate, where, env=got["env"], step=step, **kw):
+                self.integration.replay = True
 
     def tag(self, **tags: Any) -> contextlib.AbstractContextManager[None]:
         """Tag every call inside the block: phase, iteration, epoch, minibatch, env, env_step, episode,
@@ -136,6 +202,12 @@ def trace(
     metadata: dict[str, Any] | None = None,
     shard: str | None = None,
     options: CaptureOptions | None = None,
+    measure: Measure | None = None,
+    optimizer: Any = None,
+    epochs: int = 1,
+    minibatches: int = 1,
+    inputs: Inputs | None = None,
+    heads: Heads | None = None,
     **capture: Any,
 ) -> Tracer:
     """Trace every nn.LSTM / nn.GRU / nn.LSTMCell / nn.GRUCell in ``model`` (or those named in ``modules``).
@@ -152,8 +224,29 @@ def trace(
     ``drift_c`` against the rollout state of the same (env, env_step) and the report its provenance check and
     staleness: by default as many as the rollout between two training calls holds; 0 keeps none). Each is
     documented on :class:`~lstm_probe.options.CaptureOptions`.
+
+    What-if (docs/own-loops.md): ``what_if=True`` (``what_if_every``, ``burn_in``: a
+    :class:`~lstm_probe.options.Measure`'s fields, or ``measure=``), then :meth:`Tracer.measure_batch` before
+    each minibatch's loss; ``epochs`` and ``minibatches``: how many of each the loop runs per rollout (which
+    it samples); ``optimizer``: the gradient comparison (a step pre-hook); ``inputs(model, obs)``: the
+    recurrent modules' inputs from observations (by default the observations). The memory horizon:
+    ``memory=True`` (``memory_every``) and ``heads(model, hidden)``: the policy's ``dist`` and ``values`` from
+    the recurrent modules' outputs.
     """
-    opts = capture_options(options, out, **capture)
-    if "reference_window" not in capture and opts.reference_window == 0:  # the rollout's own length
+    cap, me = route(capture, (CaptureOptions, Measure), "trace")
+    m = settle(Measure, measure, me)
+    if m.capture_obs or m.info_keys:
+        raise BadInput("an own loop gives what-if and memory; capture_obs and info are not built for it")
+    opts = capture_options(options, out, **cap)
+    if "reference_window" not in cap and opts.reference_window == 0:  # the rollout's own length
         opts = dataclasses.replace(opts, reference_window=AUTO_WINDOW)
-    return Tracer(find_recurrent(model, modules), metadata=metadata, options=opts, shard=shard)
+    found = find_recurrent(model, modules)
+    tracer = Tracer(found, metadata=metadata, options=opts, shard=shard)
+    copy = Copy(model, list(found), inputs) if m.what_if or m.memory else None
+    if copy is not None and m.what_if:
+        tracer.what_if = OwnWhatIf(
+            copy, epochs=epochs, minibatches=minibatches, every=m.what_if_every, burn_in=m.burn_in, optimizer=optimizer
+        )
+    if copy is not None and m.memory:
+        tracer.memory = OwnMemory(copy, heads, every=m.memory_every)
+    return tracer

@@ -213,7 +213,8 @@ class WhatIf(Section[WhatIfSection]):
         return [
             "what if (counterfactual initial states, burn-in): needs an integration that keeps the rollout's "
             "inputs and can re-run a minibatch on a copy of the policy (sb3, rsl_rl, TorchRL and RLlib: lstm-probe "
-            "run --what-if; in code, what_if=True where the probe is attached)"
+            "run --what-if; in code, what_if=True where the probe is attached; an own loop: trace(..., what_if=True) "
+            "and probe.measure_batch(evaluate, ...) before each minibatch's loss, docs/own-loops.md)"
         ]
 
     def warnings(self, data: WhatIfSection, log: Log) -> list[str]:

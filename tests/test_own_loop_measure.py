@@ -1,0 +1,289 @@
+"""What-if on an own training loop (``trace(..., what_if=True)`` and ``probe.measure_batch``): a CleanRL-shaped
+loop on random observations, its minibatches either whole envs from the state stored at the rollout's start
+(CleanRL's ppo_atari_lstm) or chunks of 8 steps from the states stored before each step. Training is untouched
+(the same final parameters and RNG states); the oracle holds (at minibatch 0 of epoch 0 stored = refreshed, the
+copy's gradient from refreshed states is the one the loop steps with: cosine 1); planted weights give the answers
+they must (an LSTM that ignores its state: zero states move nothing; one that integrates: they move values);
+the example's --what-if writes a report with a What-if section and a measured verdict."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.distributions import Categorical
+
+import lstm_probe
+from lstm_probe.errors import BadInput
+from lstm_probe.integrations import own_memory
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "cleanrl_lstm.py"
+N, T, OBS, HID = 4, 16, 3, 8
+
+
+def parts(state: Any) -> tuple:
+    return state if isinstance(state, tuple) else (state,)
+
+
+def shaped(pieces: tuple, lstm: bool) -> Any:
+    """The state as the loop keeps it: (h, c) for an LSTM, h for a GRU."""
+    return pieces if lstm else pieces[0]
+
+
+class Agent(nn.Module):
+    def __init__(self, lstm: bool = True) -> None:
+        super().__init__()
+        self.enc = nn.Sequential(nn.Linear(OBS, 6), nn.Tanh())
+        self.rnn = nn.LSTM(6, HID) if lstm else nn.GRU(6, HID)
+        self.actor = nn.Linear(HID, 3)
+        self.critic = nn.Linear(HID, 1)
+
+    def forward(self, x: torch.Tensor, state: Any, done: torch.Tensor) -> tuple:
+        """x (T, B, OBS), done (T, B): each step's state reset where done, CleanRL's way."""
+        hidden = self.enc(x)
+        out = []
+        for h, d in zip(hidden, done, strict=True):
+            keep = (1.0 - d).view(1, -1, 1)
+            given = tuple(keep * s for s in state) if isinstance(state, tuple) else keep * state
+            o, state = self.rnn(h.unsqueeze(0), given)
+            out.append(o)
+        return torch.cat(out), state
+
+
+def _plant(agent: Agent, integrate: bool) -> None:
+    """No recurrent weights; the forget gate shut (the state is ignored) or open (the input integrated)."""
+    rnn = agent.rnn
+    with torch.no_grad():
+        rnn.weight_hh_l0.zero_()
+        rnn.bias_hh_l0.zero_()
+        rnn.bias_ih_l0.zero_()
+        rnn.bias_ih_l0[HID : 2 * HID] = 20.0 if integrate else -50.0
+        rnn.bias_ih_l0[:HID] = 20.0
+        rnn.bias_ih_l0[3 * HID :] = 20.0
+
+
+def loop(
+    path: Path,
+    what_if: bool,
+    *,
+    chunk: int | None = None,
+    lr: float = 3e-3,
+    plant: bool | None = None,
+    iterations: int = 3,
+    done_p: float = 0.1,
+    lstm: bool = True,
+) -> tuple[list[torch.Tensor], torch.Tensor, dict]:
+    """A CleanRL-shaped PPO loop; ``chunk``: train on chunks of that many steps from the per-step stored states
+    (else whole envs from the rollout's first state). Returns the final parameters, torch's RNG state, NumPy's."""
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    agent = Agent(lstm)
+    if plant is not None:
+        _plant(agent, plant)
+    opt = torch.optim.Adam(agent.parameters(), lr=lr)
+    extra = {"inputs": lambda a, x: a.enc(x), "memory": what_if, "heads": heads}
+    probe = lstm_probe.trace(
+        agent, out=path, force=True, capture="summary", what_if=what_if, optimizer=opt, epochs=2, minibatches=2, **extra
+    )
+    probe.start()
+    state = shaped((torch.zeros(1, N, HID), torch.zeros(1, N, HID)), lstm)
+    done = torch.zeros(N)
+    for it in range(iterations):
+        first = shaped(tuple(p.clone() for p in parts(state)), lstm)
+        obs, dones = torch.randn(T, N, OBS), torch.zeros(T, N)
+        saved = tuple(torch.zeros(T, 1, N, HID) for _ in parts(state))  # the states before each step
+        actions, logps, values = torch.zeros(T, N, dtype=torch.long), torch.zeros(T, N), torch.zeros(T, N)
+        with torch.no_grad():
+            for t in range(T):
+                dones[t] = done
+                for keep, p in zip(saved, parts(state), strict=True):
+                    keep[t] = p
+                with probe.tag(
+                    phase="rollout", iteration=it, env=np.arange(N), env_step=it * T + t, episode_start=done.numpy()
+                ):
+                    out, state = agent(obs[t : t + 1], state, done[None])
+                dist = Categorical(logits=agent.actor(out[0]))
+                actions[t] = dist.sample()
+                logps[t], values[t] = dist.log_prob(actions[t]), agent.critic(out[0]).view(-1)
+                done = torch.from_numpy(rng.random(N) < done_p).float()
+        returns = values + torch.randn(T, N)
+        adv = returns - values
+        stored = shaped(saved, lstm) if chunk else first
+        rollout = {"obs": obs, "episode_start": dones, "rollout_states": stored, "values": values}
+        starts = [0] if chunk is None else list(range(0, T, chunk))
+        length = T if chunk is None else chunk
+        for epoch in range(2):
+            order = rng.permutation(N)
+            for mb, envs in enumerate([order[: N // 2], order[N // 2 :]]):
+                env = np.repeat(envs, len(starts))
+                step = np.tile(starts, len(envs))
+                cols = (torch.from_numpy(env), torch.from_numpy(step))
+                if chunk is None:
+                    init = shaped(tuple(p[:, envs] for p in parts(first)), lstm)
+                else:
+                    init = shaped(tuple(p[cols[1], :, cols[0]].transpose(0, 1) for p in saved), lstm)
+                window = torch.from_numpy(step)[None, :] + torch.arange(length)[:, None]  # (L, B) rollout steps
+                e = torch.from_numpy(env)[None, :].expand_as(window)
+
+                data = {"obs": obs, "dones": dones, "actions": actions, "logps": logps, "adv": adv, "ret": returns}
+                evaluate = functools.partial(ppo, data=data, at=(window, e))
+                steps = (it * T + window.T).numpy()
+                with probe.tag(
+                    phase="train",
+                    iteration=it,
+                    epoch=epoch,
+                    minibatch=mb,
+                    env=env,
+                    env_step=steps,
+                    episode_start=dones[window, e].T.numpy(),
+                ):
+                    probe.measure_batch(evaluate, states=init, step=step, **rollout)
+                    loss = evaluate(agent, init)["loss"]
+                opt.zero_grad()
+                loss.backward()
+                nn.utils.clip_grad_norm_(agent.parameters(), 0.5)
+                opt.step()
+    probe.close()
+    assert not opt._optimizer_step_pre_hooks  # the step hook came off
+    return [p.detach().clone() for p in agent.parameters()], torch.get_rng_state(), rng.bit_generator.state
+
+
+def heads(model: nn.Module, hidden: torch.Tensor) -> dict:
+    """The policy's outputs from the LSTM's."""
+    return {"dist": Categorical(logits=model.actor(hidden)), "values": model.critic(hidden)}
+
+
+def ppo(model: nn.Module, s: tuple, data: dict, at: tuple) -> dict:
+    """The minibatch ``at`` (rollout steps, envs: each (L, B)) from states ``s``: forward and PPO loss."""
+    d = {k: v[at] for k, v in data.items()}
+    out, _ = model(d["obs"], s, d["dones"])
+    dist = Categorical(logits=model.actor(out))
+    logp, v = dist.log_prob(d["actions"]), model.critic(out).squeeze(-1)
+    ratio = (logp - d["logps"]).exp()
+    a = d["adv"]
+    pg = torch.max(-a * ratio, -a * ratio.clamp(0.8, 1.2)).mean()
+    vl = ((v - d["ret"]) ** 2).mean()
+    ent = dist.entropy()
+    loss = pg + 0.5 * vl - 0.01 * ent.mean()
+    out_ = {"values": v, "log_prob": logp, "loss": loss, "returns": d["ret"], "dist": dist, "entropy": ent}
+    return out_ | {"policy_loss": pg, "value_loss": vl}
+
+
+def records(path: Path) -> list[dict]:
+    cols = lstm_probe.read_info(path).metadata["what_if"]["records"]
+    return [dict(zip(cols, row, strict=True)) for row in zip(*cols.values(), strict=True)]
+
+
+@pytest.mark.parametrize("chunk,lstm", [(None, True), (8, True), (8, False)])
+def test_training_untouched_and_the_oracle_holds(tmp_path, chunk, lstm):
+    runs = (loop(tmp_path / f"{w}.parquet", w, chunk=chunk, lstm=lstm) for w in (False, True))
+    (pa, ra, na), (pb, rb, nb) = runs
+    assert all(torch.equal(x, y) for x, y in zip(pa, pb, strict=True))
+    assert torch.equal(ra, rb) and na == nb
+    rows = records(tmp_path / "True.parquet")
+    assert {r["iteration"] for r in rows} == {0, 1, 2}
+    assert {(r["epoch"], r["minibatch"]) for r in rows} == {(0, 0), (0, 1), (1, 0), (1, 1)}
+    stored = [r for r in rows if r["alternative"] == "stored"]
+    for r in stored:
+        if (r["epoch"], r["minibatch"]) == (0, 0) or chunk is None:  # CleanRL's: stored = refreshed always
+            assert r["state_rnn"] == pytest.approx(0, abs=1e-6) and r["value_abs"] == pytest.approx(0, abs=1e-6)
+            assert r["kl"] == pytest.approx(0, abs=1e-7)
+            assert r["grad_cos_policy"] == pytest.approx(1, abs=1e-5)
+            assert r["grad_cos_value"] == pytest.approx(1, abs=1e-5)
+    if chunk:  # chunks from per-step states computed with older weights: stale by the last epoch
+        assert max(r["state_rnn"] for r in stored if r["epoch"] == 1) > 1e-4
+    info = lstm_probe.read_info(tmp_path / "True.parquet")
+    assert info.metadata["capabilities"]["replay"] is True and info.metadata["capabilities"]["respond"] is True
+    assert set(info.metadata["memory"]["records"]["iteration"]) == {0, 1, 2}
+    assert lstm_probe.read_info(tmp_path / "False.parquet").metadata["capabilities"]["replay"] is False
+    report = lstm_probe.summarize(tmp_path / "True.parquet").to_dict()
+    assert report["what_if"]["check"]["ok"] is True
+    assert not any(u.startswith("what if") for u in report["unavailable"]) and report["memory"]["measured"]
+    off = lstm_probe.summarize(tmp_path / "False.parquet").to_dict()["unavailable"]
+    assert any(u.startswith("what if") and "measure_batch" in u for u in off)
+
+
+@pytest.mark.parametrize("integrate", [False, True])
+def test_planted_weights(tmp_path, integrate):
+    loop(tmp_path / "p.parquet", True, lr=0.0, plant=integrate, done_p=0.02)
+    zero = [r for r in records(tmp_path / "p.parquet") if r["alternative"] == "zero" and r["iteration"] >= 1]
+    assert zero and all(r["episode_starts"] < r["sequences"] for r in zero)  # some state carried into the rollout
+    moved = max(r["value_abs"] for r in zero)
+    if integrate:
+        assert moved > 1e-3 and max(r["state_rnn"] for r in zero) == pytest.approx(1.0)
+    else:
+        assert moved == pytest.approx(0, abs=1e-6) and max(r["kl"] for r in zero) == pytest.approx(0, abs=1e-9)
+    memory = lstm_probe.summarize(tmp_path / "p.parquet").to_dict()["memory"]
+    last = [h for h in memory["horizons"] if h["iteration"] == 2]
+    assert {(h["module"], h["metric"]) for h in last} == {("actor", "kl")}
+    for h in last:  # an integrator remembers past the rollout; a shut forget gate and no recurrence: nothing
+        assert (h["beyond"], h["unused"]) == ((True, False) if integrate else (False, True)), h
+
+
+def test_replayed_states_are_the_rollouts():
+    """With the states at the rollout's first step only, memory re-runs the rollout on the copy: the states
+    before each step are the rollout's own (resets at episode starts included)."""
+    torch.manual_seed(1)
+    lstm, x = nn.LSTM(3, 5), torch.randn(T, N, 3)
+    starts = np.random.default_rng(1).random((T, N)) < 0.2
+    s = first = (torch.randn(1, N, 5), torch.randn(1, N, 5))
+    seen = []
+    with torch.no_grad():
+        for t in range(T):
+            seen.append(s)
+            keep = torch.as_tensor(1.0 - starts[t], dtype=torch.float32).view(1, -1, 1)
+            _, s = lstm(x[t : t + 1], (keep * s[0], keep * s[1]))
+        h, c = own_memory._replay(lstm, x, first, starts)
+    assert torch.equal(h, torch.stack([a for a, _ in seen])) and torch.equal(c, torch.stack([b for _, b in seen]))
+
+
+def test_refusals(tmp_path):
+    agent = Agent()
+    with pytest.raises(BadInput, match="heads="):
+        lstm_probe.trace(agent, out=tmp_path / "m.parquet", what_if=True, memory=True)
+    with pytest.raises(BadInput, match="capture_obs"):
+        lstm_probe.trace(agent, out=tmp_path / "m.parquet", capture_obs=True)
+    with pytest.raises(BadInput, match="LSTMCell"):
+        lstm_probe.trace(nn.LSTMCell(3, 4), out=tmp_path / "m.parquet", what_if=True)
+    probe = lstm_probe.trace(agent, out=tmp_path / "r.parquet", force=True, what_if=True)
+    state = (torch.zeros(1, N, HID), torch.zeros(1, N, HID))
+    per_step = {"obs": torch.zeros(T, N, OBS), "episode_start": torch.zeros(T, N), "rollout_states": state}
+    with probe:
+        with pytest.raises(BadInput, match="iteration, epoch, minibatch"):
+            probe.measure_batch(lambda m, s: {}, states=state, **per_step)
+        with pytest.raises(BadInput, match="one per step"):  # a chunk at step 8 needs the states stored there
+            probe.measure_batch(
+                lambda m, s: {}, states=state, env=np.arange(N), step=8, iteration=0, epoch=0, minibatch=0, **per_step
+            )
+
+
+def test_example_what_if_memory_report(tmp_path):
+    """The example's --what-if --memory: every traced state the same as without (training untouched), and a
+    report with both sections and a measured verdict."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    logs = {}
+    for name, flags in (("plain", []), ("measured", ["--what-if", "--memory"])):
+        logs[name] = tmp_path / f"{name}.parquet"
+        args = [sys.executable, str(EXAMPLE), "--iterations", "2", *flags, "--out", str(logs[name])]
+        done = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+    plain, measured = (lstm_probe.load(logs[k]) for k in ("plain", "measured"))
+    for col in ("h", "c"):
+        assert np.array_equal(np.stack(plain[col].to_numpy()), np.stack(measured[col].to_numpy()))
+    report = [sys.executable, "-m", "lstm_probe", "report", str(logs["measured"])]
+    rep = subprocess.run([*report, "--json"], capture_output=True, text=True, env=env)
+    assert rep.returncode == 0, rep.stderr
+    data = json.loads(rep.stdout)
+    assert data["what_if"]["measured"] and data["what_if"]["check"]["ok"] is True and data["memory"]["measured"]
+    assert data["verdict"]["matters"] is not None and not any("unmeasured" in v for v in data["verdict"]["lines"])
+    text = subprocess.run(report, capture_output=True, text=True, env={**env, "COLUMNS": "120"})
+    assert "What if" in text.stdout and "Memory" in text.stdout
