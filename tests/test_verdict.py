@@ -63,7 +63,7 @@ def test_no_drift_is_unmeasured_never_fresh():
     assert none.stale is None and "do not start from stored rollout states" in none.lines[0]
     # a framework that cannot re-run a minibatch is not told to pass a flag its run refuses
     rllib = verdict(staleness(0.05, 0.05), None, Capabilities("rllib", stored_states=True))
-    assert "unmeasured; this log's integration (rllib) cannot re-run" in rllib.lines[-1]
+    assert "unmeasured; this log's integration (rllib) re-ran no training minibatch" in rllib.lines[-1]
     assert "run with --what-if" not in rllib.lines[-1]
 
 

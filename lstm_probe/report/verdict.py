@@ -127,8 +127,9 @@ def _matters(v: Verdict, wi: WhatIfSection | None, caps: Capabilities) -> None:
             )
         else:  # the integration cannot re-run a minibatch on a copy of the policy (yet): say so, not a flag it refuses
             how = (
-                f"this log's integration ({caps.framework}) cannot re-run a training minibatch from other states "
-                "yet; --what-if measures it on sb3, rsl_rl and TorchRL runs"
+                f"this log's integration ({caps.framework}) re-ran no training minibatch from other states; "
+                "--what-if measures it on sb3, rsl_rl, TorchRL and RLlib runs, and an own loop with "
+                "trace(..., what_if=True) and probe.measure_batch(evaluate, ...) (docs/own-loops.md)"
             )
         v.lines.append(f"whether it matters for values and actions: unmeasured; {how}")
         return

@@ -107,8 +107,9 @@ class Memory(Section[MemorySection]):
             return [f"{MEMORY_NOTE}: not measured in this run; lstm-probe run --memory (memory=True in code) adds it"]
         return [
             f"{MEMORY_NOTE}: needs an integration that can re-run a rollout on a copy of the policy with its state "
-            "ablated (sb3, rsl_rl and TorchRL: lstm-probe run --memory; in code, memory=True where the probe is "
-            "attached)"
+            "ablated (sb3, rsl_rl, TorchRL and RLlib: lstm-probe run --memory; in code, memory=True where the probe "
+            "is attached; an own loop: trace(..., memory=True, heads=...) and probe.measure_batch, "
+            "docs/own-loops.md)"
         ]
 
     def compute(self, log: Log, acc: SequenceLengths) -> MemorySection:
