@@ -233,14 +233,19 @@ class Capabilities:
         if isinstance(stored, dict):
             known = {k: v for k, v in stored.items() if k in Capabilities.__dataclass_fields__}
             if framework == "sb3" and "respond" not in known:  # an sb3 log from before they were declared
-                known |= {"respond": True, "observe": True}
+                known |= {"replay": True, "respond": True, "observe": True}  # what sb3's integration provides
             return Capabilities(**known)
         if framework == "sb3":
-            return Capabilities("sb3", epochs=True, rollout_buffer=True, stored_states=True, respond=True, observe=True)
+            return Capabilities(
+                "sb3", epochs=True, rollout_buffer=True, stored_states=True, replay=True, respond=True, observe=True
+            )
         if framework == "rllib":
             rl = meta.get("rllib") or {}
             msl = rl.get("max_seq_len") if isinstance(rl, dict) else None
-            return Capabilities("rllib", shards=True, max_seq_len=msl, stored_states=True)
+            # what RLlib's integration provides: what-if, memory, observations (integrations/rllib/)
+            return Capabilities(
+                "rllib", shards=True, max_seq_len=msl, stored_states=True, replay=True, respond=True, observe=True
+            )
         return Capabilities(framework)
 
 

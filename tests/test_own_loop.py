@@ -21,7 +21,8 @@ from lstm_probe import summarize
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "cleanrl_lstm.py"
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 TINY = ["--iterations", "3", "--num-envs", "4", "--num-steps", "32"]
-WHAT_IF = ("what if (counterfactual initial states", "the memory horizon")  # notes every own loop's report has
+# the notes every own loop's report has
+WHAT_IF = ("what if (counterfactual initial states", "the memory horizon", "linear probes")
 
 
 def run(tmp_path: Path, *args: str) -> tuple[Path, int]:

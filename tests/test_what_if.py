@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -309,7 +310,11 @@ def test_settings_and_unavailable():
     log = types.SimpleNamespace(caps=Capabilities("rllib"))
     assert "Capabilities.replay" not in section.unavailable(WhatIfSection(False), log)[0]  # plain words
     assert "copy of the policy" in section.unavailable(WhatIfSection(False), log)[0]
-    assert section.unavailable(WhatIfSection(False), types.SimpleNamespace(caps=Capabilities("sb3", replay=True))) == []
+    sb3 = types.SimpleNamespace(caps=Capabilities("sb3", replay=True))
+    assert section.unavailable(WhatIfSection(False), sb3) == [
+        "what if (counterfactual initial states, burn-in): not measured in this run; lstm-probe run --what-if "
+        "(what_if=True in code) adds it"
+    ]
     assert section.to_json(WhatIfSection(False)) is None
 
 
@@ -318,3 +323,12 @@ def test_cli_refuses_memory_for_rllib():
     r = subprocess.run(args, capture_output=True, text=True, timeout=120)
     takes = "--memory applies to --framework sb3, rsl_rl and torchrl only"
     assert r.returncode == 2 and takes in r.stdout + r.stderr
+
+
+def test_a_report_names_each_measurement_its_log_lacks_and_the_option_that_adds_it():
+    """The sample sb3 log was written with none of --what-if, --memory, --capture-obs: the report says so, each
+    with its option, and nothing else of these sections."""
+    rep = lstm_probe.summarize(Path(__file__).resolve().parent.parent / "sample_runs" / "pendulum-1env.parquet")
+    lacks = {u.split(" (")[0]: u for u in rep.unavailable}
+    assert "--what-if" in lacks["what if"] and "--memory" in lacks["the memory horizon"]
+    assert "--capture-obs" in lacks["linear probes"]

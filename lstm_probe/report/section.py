@@ -275,6 +275,9 @@ class Section(ABC, Generic[D]):
         """Warnings the section raises (plain text)."""
         return []
 
+    says_when_absent: ClassVar[bool] = False
+    """:meth:`unavailable` is asked also where :meth:`compute` gave None (the section then says why)."""
+
     def unavailable(self, data: D, log: Log) -> list[str]:
         """What the section cannot show from this log, and why (plain text)."""
         return []

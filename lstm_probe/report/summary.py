@@ -121,6 +121,7 @@ def _summarize(path: str | os.PathLike[str], chunk_rows: int, progress: Progress
     for s in _json_order():
         if results[s.key] is not None:
             warnings.extend(s.warnings(results[s.key], log))
+        if results[s.key] is not None or s.says_when_absent:
             unavailable.extend(s.unavailable(results[s.key], log))
     ranked = sorted(sections, key=lambda s: s.findings_rank)
     findings = [f for s in ranked for f in s.findings(results[s.key])]

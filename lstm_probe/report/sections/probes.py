@@ -48,10 +48,31 @@ def _spread(values: list[int], n: int) -> list[int]:
     return [values[i] for i in idx]
 
 
+PROBES_NOTE = "linear probes (what h encodes of the observations)"
+"""How the report names the section where a log lacks it."""
+
+
 class Probes(Section[ProbesSection | None]):
     key = "probes"
     needs: ClassVar[str | None] = "observe"  # the rows keep the observations (the obs and info columns)
     findings_rank: ClassVar[int] = 13
+
+    says_when_absent: ClassVar[bool] = True
+
+    def unavailable(self, data: ProbesSection | None, log: Log) -> list[str]:
+        if data is not None:
+            return []
+        meta = log.meta
+        if isinstance(meta.get("obs_size"), int) or meta.get("info_keys"):
+            if (meta.get("capture") or {}).get("mode") == "summary":
+                return [f"{PROBES_NOTE}: the log was written with --capture summary, which stores no h vectors"]
+            return []
+        if log.caps.observe:
+            return [f"{PROBES_NOTE}: the rows keep no observations; lstm-probe run --capture-obs adds them"]
+        return [
+            f"{PROBES_NOTE}: needs an integration that keeps each step's observation beside its rows (sb3, rsl_rl, "
+            "TorchRL and RLlib: lstm-probe run --capture-obs)"
+        ]
 
     def compute(self, log: Log, acc: Any) -> ProbesSection | None:
         meta = log.meta

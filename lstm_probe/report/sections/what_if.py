@@ -208,8 +208,13 @@ class WhatIf(Section[WhatIfSection]):
         return super().to_json(data) if data.measured else None
 
     def unavailable(self, data: WhatIfSection, log: Log) -> list[str]:
-        if data.measured or log.caps.replay:
+        if data.measured:
             return []
+        if log.caps.replay:
+            return [
+                "what if (counterfactual initial states, burn-in): not measured in this run; lstm-probe run "
+                "--what-if (what_if=True in code) adds it"
+            ]
         return [
             "what if (counterfactual initial states, burn-in): needs an integration that keeps the rollout's "
             "inputs and can re-run a minibatch on a copy of the policy (sb3, rsl_rl, TorchRL and RLlib: lstm-probe "
