@@ -5,7 +5,8 @@ none of the user's code, so their hooks never see a measurement, and training ne
 spectral-norm hooks, which compute weights, stay), without instance attributes that shadow its methods (a
 user's wrappers, a probe's own), and without what a module keeps of its last call (a distribution, tensors that
 are part of an autograd graph: those cannot be deep-copied, and are rebuilt by the copy's next call).
-:func:`sync` copies the user's current parameter and buffer values into the copy.
+:func:`sync` copies the user's current parameter and buffer values into the copy; :func:`twin` is an
+``nn.LSTM``/``nn.GRU`` of another layout (sequence- or batch-first) on a module's own parameter tensors.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from typing import Any, TypeVar
 
 import torch
 from torch import nn
+
+from lstm_probe.errors import BadInput
 
 M = TypeVar("M", bound=nn.Module)
 
@@ -64,3 +67,24 @@ def sync(copied: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
     with torch.no_grad():
         for mine, theirs in copied:
             mine.copy_(theirs)
+
+
+def twin(rnn: nn.Module, batch_first: bool = True) -> nn.LSTM | nn.GRU:
+    """An ``nn.LSTM``/``nn.GRU`` (batch first unless ``batch_first=False``, no dropout) holding ``rnn``'s own
+    parameter tensors: it computes with the current weights and changes nothing of them (the caller runs it
+    without autograd). ``rnn``: an ``nn.RNNBase`` LSTM or GRU (torch's, TorchRL's python-based one, RLlib's)."""
+    mode = getattr(rnn, "mode", None)
+    cls: type[nn.LSTM] | type[nn.GRU] = nn.LSTM if mode == "LSTM" else nn.GRU
+    if mode not in ("LSTM", "GRU") or getattr(rnn, "bidirectional", False) or getattr(rnn, "proj_size", 0):
+        raise BadInput(f"lstm-probe traces unidirectional LSTMs/GRUs without proj_size, not {rnn!r}")
+    copy = cls(
+        int(rnn.input_size),  # type: ignore[arg-type]
+        int(rnn.hidden_size),  # type: ignore[arg-type]
+        int(rnn.num_layers),  # type: ignore[arg-type]
+        bias=bool(rnn.bias),
+        batch_first=batch_first,
+        device="meta",
+    )
+    for name in copy._flat_weights_names:
+        setattr(copy, name, getattr(rnn, name))  # RNNBase.__setattr__ refreshes _flat_weights
+    return copy

@@ -38,21 +38,6 @@ ENCODERS = {
 the one shared encoder's states are ``STATE_IN`` itself)."""
 
 
-def _sequence_first(lstm: nn.Module) -> nn.Module:
-    """A sequence-first nn.LSTM whose parameters are ``lstm``'s (the same tensors)."""
-    twin = nn.LSTM(
-        int(lstm.input_size),  # type: ignore[arg-type]
-        int(lstm.hidden_size),  # type: ignore[arg-type]
-        int(lstm.num_layers),  # type: ignore[arg-type]
-        bias=bool(lstm.bias),
-        batch_first=False,
-        device="meta",
-    )
-    for name in twin._flat_weights_names:
-        setattr(twin, name, getattr(lstm, name))  # RNNBase.__setattr__ keeps its flat weight list in step
-    return twin
-
-
 def leaves(state: Any, key: str | None) -> tuple[Any, ...]:
     """(h, c) of one encoder from a (nested) state dict."""
     s = state if key is None else state[key]
@@ -74,7 +59,7 @@ class Replica:
         copied = dict(self.copy.named_modules())
         self.encoders = {ENCODERS[n][0]: (n[: -len(".lstm")], ENCODERS[n][1]) for n in sorted(found)}
         self.rnns: dict[str, nn.Module] = {
-            role: _sequence_first(copied[f"{path}.lstm"]) for role, (path, _) in self.encoders.items()
+            role: copies.twin(copied[f"{path}.lstm"], batch_first=False) for role, (path, _) in self.encoders.items()
         }
         """Each LSTM of the copy as the engines take it: sequence-first (RLlib's are batch-first), its parameters
         the copy's own (one sync updates both)."""

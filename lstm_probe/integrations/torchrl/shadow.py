@@ -7,27 +7,12 @@ from __future__ import annotations
 from torch import nn
 
 from lstm_probe.errors import BadInput
+from lstm_probe.measure import copies
 
 
 def shadow(rnn: nn.Module, batch_first: bool = True) -> nn.LSTM | nn.GRU:
-    """An ``nn.LSTM``/``nn.GRU`` (batch first unless ``batch_first=False``, no dropout) holding ``rnn``'s own
-    parameter tensors: it computes with the current weights and changes nothing of them (the caller runs it
-    without autograd). ``rnn``: torch's or torchrl's python-based ``LSTM``/``GRU`` (an ``nn.RNNBase``)."""
-    mode = getattr(rnn, "mode", None)
-    cls: type[nn.LSTM] | type[nn.GRU] = nn.LSTM if mode == "LSTM" else nn.GRU
-    if mode not in ("LSTM", "GRU") or getattr(rnn, "bidirectional", False) or getattr(rnn, "proj_size", 0):
-        raise BadInput(f"lstm-probe traces unidirectional LSTMs/GRUs without proj_size, not {rnn!r}")
-    copy = cls(
-        int(rnn.input_size),  # type: ignore[arg-type]
-        int(rnn.hidden_size),  # type: ignore[arg-type]
-        int(rnn.num_layers),  # type: ignore[arg-type]
-        bias=bool(rnn.bias),
-        batch_first=batch_first,
-        device="meta",
-    )
-    for name in copy._flat_weights_names:
-        setattr(copy, name, getattr(rnn, name))  # RNNBase.__setattr__ refreshes _flat_weights
-    return copy
+    """An ``nn.LSTM``/``nn.GRU`` holding ``rnn``'s own parameter tensors (``measure/copies.py:twin``)."""
+    return copies.twin(rnn, batch_first)
 
 
 def inner_rnn(m: nn.Module) -> nn.Module:
