@@ -318,10 +318,10 @@ def test_settings_and_unavailable():
     assert section.to_json(WhatIfSection(False)) is None
 
 
-def test_cli_refuses_memory_for_rllib():
-    args = [sys.executable, "-m", "lstm_probe", "run", "CartPole-v1", "--framework", "rllib", "--memory"]
+def test_cli_refuses_info_for_rllib():
+    args = [sys.executable, "-m", "lstm_probe", "run", "CartPole-v1", "--framework", "rllib", "--info", "x"]
     r = subprocess.run(args, capture_output=True, text=True, timeout=120)
-    takes = "--memory applies to --framework sb3, rsl_rl and torchrl only"
+    takes = "--info applies to --framework sb3 only"
     assert r.returncode == 2 and takes in r.stdout + r.stderr
 
 
