@@ -38,6 +38,8 @@ DEFAULT_EVERY = 1
 """Measure every iteration by default: one measurement costs a few batched LSTM runs over the rollout's inputs
 (about as many LSTM steps as one rollout, in a few calls; see docs/performance.md)."""
 KEYS = ("iteration", "module", "k", "pairs", "kl", "value_rel")
+KEPT_LENGTHS = 10_000
+"""Completed episodes' lengths kept for the metadata's median and max (the latest)."""
 
 
 @dataclass
@@ -172,12 +174,15 @@ class Memory:
                 self._open[e] += self.n_steps
                 continue
             first = self._open[e] + s[0]
-            if first > 0:
-                self.episode_lengths.append(int(first))
-            self.episode_lengths += [int(x) for x in np.diff(s)]
+            self.completed(([int(first)] if first > 0 else []) + [int(x) for x in np.diff(s)])
             self._open[e] = self.n_steps - s[-1]
-        if len(self.episode_lengths) > 10_000:
-            del self.episode_lengths[:-10_000]
+
+    def completed(self, lengths: Sequence[int]) -> None:
+        """Lengths of episodes that completed (:meth:`observe`'s, or an adapter's where its rollout holds whole
+        episodes); the last :data:`KEPT_LENGTHS` are kept."""
+        self.episode_lengths += [int(n) for n in lengths]
+        if len(self.episode_lengths) > KEPT_LENGTHS:
+            del self.episode_lengths[:-KEPT_LENGTHS]
 
     def measure(self, make: Callable[[], Rollout], device: torch.device) -> None:
         """Measure effect(k) on the rollout ``make()`` builds (on the copy, weights synced by it)."""

@@ -67,9 +67,7 @@ class Memory:
             )
         eng = self.engine
         whole = chunks.episode_start & chunks.ended
-        eng.episode_lengths += [int(n) - 1 for n in chunks.lengths[whole]]  # less the appended bootstrap step
-        if len(eng.episode_lengths) > 10_000:
-            del eng.episode_lengths[:-10_000]
+        eng.completed([int(n) - 1 for n in chunks.lengths[whole]])  # less the appended bootstrap step
         if not eng.wants(iteration) or n_chunks == 0:
             return
         eng.n_envs = n_chunks

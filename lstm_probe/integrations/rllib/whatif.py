@@ -87,15 +87,13 @@ class WhatIf:
     def on_update(self, iteration: int, chunks: Chunks, total: int) -> None:
         """Keep the update's episode chunks (``total``: their timesteps) as the rollout the engine re-runs."""
         if self.engine is None:
-            self._start(find_learner())
+            self.engine = self._start(find_learner())
         n_chunks, length = chunks.shape
         self.chunks = chunks.index
         starts = np.zeros(n_chunks * length, bool)
         starts[::length] = chunks.episode_start
-        size = int(self.learner.config.minibatch_size or total) if self.learner is not None else total
-        self.per_epoch = max(1, math.ceil(total / max(1, size)))
-        if self.engine is not None:
-            self.engine.n_minibatches = self.per_epoch
+        size = int(self.learner.config.minibatch_size or total)
+        self.per_epoch = self.engine.n_minibatches = max(1, math.ceil(total / max(1, size)))
         observations = chunks.obs
 
         def features(rows: np.ndarray) -> dict[str, torch.Tensor]:
@@ -112,7 +110,8 @@ class WhatIf:
             features=features,
         )
 
-    def _start(self, learner: Any) -> None:
+    def _start(self, learner: Any) -> engine.WhatIf:
+        """The engine, the loss's coefficients and the gradient hook from the learner (the first update's)."""
         if learner is None or not hasattr(learner, "entropy_coeff_schedulers_per_module"):
             raise BadInput("--what-if on RLlib follows PPO's torch learner (PPOTorchLearner); none is running here")
         self.learner = learner
@@ -120,19 +119,20 @@ class WhatIf:
         config = learner.config
         named = [(n, p) for n, p in self.copy.named_parameters() if p.requires_grad]
         theirs = dict(self.module.named_parameters())
-        self.engine = engine.WhatIf(
+        eng = engine.WhatIf(
             every=every,
             burn_in=burn_in,
             n_minibatches=1,
             last_epoch=max(0, int(config.num_epochs) - 1),
             modules=list(self.rnns),
-            critic="lstm" if "critic" in self.rnns else "shared",
+            critic="shared" if self.replica.shared else "lstm",
             params=[p for _, p in named],
             user_params=[theirs[n] for n, _ in named],
             value_side=[n.startswith(VALUE_SIDE) for n, _ in named],
         )
         for _, optimizer in learner.get_optimizers_for_module(self.module_id):
-            self.hooks.append(optimizer.register_step_pre_hook(self.engine.step_hook))
+            self.hooks.append(optimizer.register_step_pre_hook(eng.step_hook))
+        return eng
 
     def close(self) -> None:
         while self.hooks:
