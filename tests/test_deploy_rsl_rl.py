@@ -161,7 +161,7 @@ def test_hostile_checkpoints_are_refused_in_one_line(checkpoints, tmp_path):
     cases = {
         "code.pt": (lambda p: p.write_bytes(pickle.dumps(_Boom())), "without unpickling code"),
         "objects.pt": (lambda p: torch.save({**good, "infos": _Boom()}, p), "without unpickling code"),
-        "noinfo.pt": (lambda p: torch.save({**good, "infos": None}, p), "holds no actor configuration"),
+        "noinfo.pt": (lambda p: torch.save({**good, "infos": None}, p), "holds no policy configuration"),
         "class.pt": (
             lambda p: torch.save(
                 {

@@ -29,22 +29,24 @@ from __future__ import annotations
 
 import copy
 import os
-import warnings
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
+from lstm_probe.deploy.saved import read_checkpoint
 from lstm_probe.deploy.spec import Policy, Spec, State, Step
 from lstm_probe.errors import BadInput, one_line
-from lstm_probe.log import budget
-from lstm_probe.log.budget import open_regular
+from lstm_probe.integrations.rsl_rl import versions
 
-MODEL = "rsl_rl.models.RNNModel"
+MODEL = versions.MODEL
 DISTRIBUTIONS = ("GaussianDistribution", "HeteroscedasticGaussianDistribution")
 """The distributions of rsl_rl/modules/distribution.py a configuration may name (by its class name)."""
-_FIX = "pass a checkpoint (model_*.pt) saved by `lstm-probe run --framework rsl_rl`"
+_FIX = (
+    "pass an rsl_rl 2-5 checkpoint (model_*.pt) with its run's params/agent.yaml beside it, or one "
+    "`lstm-probe run --framework rsl_rl` saved"
+)
 
 
 def loader(model: Any, trust_model: bool = False, env_id: str | None = None) -> Policy:
@@ -80,26 +82,12 @@ def models_of(model: Any) -> tuple[Any, Any]:
 def _from_checkpoint(path: str) -> tuple[Any, Any]:
     """The actor and critic of a checkpoint, read as hostile: a regular file, within the memory budget, no
     pickled code (``weights_only``), and models built only as :func:`_build` builds them."""
-    with open_regular(path, _FIX) as f:
-        size = os.fstat(f.fileno()).st_size
-        budget.refuse(2 * size, f"reading {path}")  # its tensors, and the models they are loaded into
-        try:
-            with warnings.catch_warnings():  # torch.load's note on a pickle protocol: the refusal says it all
-                warnings.simplefilter("ignore")
-                saved = torch.load(f, map_location="cpu", weights_only=True)
-        except Exception as exc:
-            raise BadInput(
-                f"{path} is not a checkpoint torch.load reads without unpickling code ({type(exc).__name__}); {_FIX}"
-            ) from None
-    if not isinstance(saved, dict) or not {"actor_state_dict", "critic_state_dict"} <= set(saved):
-        raise BadInput(f"{path} is not an rsl_rl checkpoint (OnPolicyRunner.save: actor_state_dict, critic_state_dict)")
-    infos = saved.get("infos")
-    ours = infos.get("lstm_probe") if isinstance(infos, dict) else None
-    cfg = ours.get("cfg") if isinstance(ours, dict) else None
-    if not isinstance(cfg, dict) or not isinstance(cfg.get("actor"), dict) or not isinstance(cfg.get("critic"), dict):
-        raise BadInput(f"{path} holds no actor configuration (infos['lstm_probe']['cfg']); {_FIX}")
-    actor = _build(saved["actor_state_dict"], cfg["actor"], True, path)
-    critic = _build(saved["critic_state_dict"], cfg["critic"], False, path)
+    saved = read_checkpoint(path, _FIX)
+    if not isinstance(saved, dict):
+        raise BadInput(f"{path} is not an rsl_rl checkpoint (OnPolicyRunner.save: a dict of state dicts)")
+    actor_cfg, critic_cfg, actor_state, critic_state = versions.models(saved, path, _FIX)
+    actor = _build(actor_state, actor_cfg, True, path)
+    critic = _build(critic_state, critic_cfg, False, path)
     return actor, critic
 
 
@@ -125,6 +113,7 @@ def _build(state: Any, cfg: dict[str, Any], is_actor: bool, path: str) -> Any:
         if not isinstance(distribution, dict) or distribution.get("class_name") not in DISTRIBUTIONS:
             raise BadInput(f"{path}: its {who}'s distribution is not one of rsl_rl's {', '.join(DISTRIBUTIONS)}")
         distribution = {k: v for k, v in distribution.items() if k == "class_name" or isinstance(v, int | float)}
+        distribution["std_type"] = "log" if "distribution.log_std_param" in state else "scalar"  # as the weights say
     rnn_type = str(cfg.get("rnn_type", "lstm")).lower()
     if cfg.get("class_name") != MODEL or cell is None or rnn_type != cell or len(mlp) < 1:
         raise BadInput(f"{path}: its {who} is not an {MODEL} with an LSTM or GRU its weights match")
