@@ -92,18 +92,29 @@ def _cli(*args, cwd):
     return subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=300, cwd=cwd)
 
 
+SOURCES = {  # what export verifies on: an env of the same width, normal draws, a recorded run (replay's trace)
+    "v2.3.3": (("--env", "Pendulum-v1"), "5 fresh episodes of Pendulum-v1"),
+    "v3.3.0": (("--synthetic",), "5 episodes of 200 synthetic observations"),
+    "v4.0.1": (("--trace", "play.parquet", "--episodes", "100"), "episodes of play.parquet"),
+}
+
+
 @pytest.mark.parametrize("version", VERSIONS)
 def test_cli_export_of_each_release_agrees_with_it(version, tmp_path):
     import onnxruntime as ort
 
     ckpt = _run(version, tmp_path)
-    r = _cli("export", ckpt.name, "policy.onnx", "--env", "Pendulum-v1", cwd=ckpt.parent)
+    rec = np.load(DATA / version / "recording.npz")
+    _trace(ckpt.parent / "play.parquet", rec, rec["actions"])
+    flags, where = SOURCES[version]
+    r = _cli("export", ckpt.name, "policy.onnx", *flags, cwd=ckpt.parent)
     assert r.returncode == 0, r.stderr
-    assert "policy.onnx" in r.stdout and r.stderr == ""
+    assert "policy.onnx" in r.stdout and where in " ".join(r.stdout.split()) and r.stderr == ""
+    if version == "v4.0.1":  # every episode of the trace: 3 envs, each starting one, and the dones' starts
+        assert f"verified on {rec['obs'].size // 3} steps" in r.stdout
     sess = ort.InferenceSession(str(ckpt.parent / "policy.onnx"))
     names = [i.name for i in sess.get_inputs()][2:]
     spec = loader(ckpt).spec
-    rec = np.load(DATA / version / "recording.npz")
 
     def step(obs, start, state):
         state = state if state is not None else _zeros(spec, obs.shape[0])
@@ -172,6 +183,13 @@ def test_rsl_rl_5_checkpoint_with_isaac_labs_agent_yaml(tmp_path):
             np.testing.assert_array_equal(x, y)
     e = _cli("export", "model_2.pt", "policy.onnx", "--env", "Pendulum-v1", cwd=run)
     assert e.returncode == 0 and (run / "policy.onnx").exists(), e.stderr
+
+
+def test_export_takes_one_source_of_episodes(tmp_path):
+    ckpt = _run("v2.3.3", tmp_path)
+    for flags in ((), ("--synthetic", "--env", "Pendulum-v1")):
+        line = refused_within(bounded_cli("export", ckpt.name, "out.onnx", *flags, cwd=ckpt.parent), "pass one of")
+        assert "--synthetic" in line and "--trace" in line
 
 
 def test_hostile_or_missing_agent_yaml_is_refused_in_one_line(tmp_path):

@@ -397,11 +397,15 @@ _TRUST = "Read a model.zip with SB3's full load (unpickles; see docs/security.md
 @app.command()
 def export(
     model: Annotated[
-        str, typer.Argument(help="A saved model: RecurrentPPO's model.zip, or an rsl_rl checkpoint (.pt) `run` saved.")
+        str, typer.Argument(help="A saved model: RecurrentPPO's model.zip, an rsl_rl or TorchRL checkpoint (.pt).")
     ],
     out_path: Annotated[Path, typer.Argument(metavar="OUT", help="OUT.onnx (ONNX) or OUT.pt (TorchScript).")],
     log: Annotated[str | None, typer.Option(help="Verify on the episodes of this --capture-obs log.")] = None,
     env_id: Annotated[str | None, typer.Option("--env", help="Verify on fresh episodes of this env.")] = None,
+    trace: Annotated[str | None, typer.Option(help="Verify on the episodes of a recorded run (replay's).")] = None,
+    synthetic: Annotated[
+        bool, typer.Option("--synthetic", help=_default("Verify on normal draws (the env is elsewhere).", "off"))
+    ] = False,
     episodes: Annotated[int, typer.Option(help="Episodes to verify on.")] = 5,
     tolerance: Annotated[float, typer.Option(help="Relative tolerance on actions, values, h and c.")] = 1e-5,
     trust_model: Annotated[bool, typer.Option("--trust-model", help=_default(_TRUST, "off"))] = False,
@@ -419,20 +423,15 @@ def export(
             out_path,
             log=log,
             env_id=env_id,
+            trace=trace,
+            synthetic=synthetic,
             episodes=episodes,
             tolerance=tolerance,
             trust_model=trust_model,
             force=force,
             progress=display.update,
         )
-    for kind, rows in (("in ", r.spec.inputs()), ("out", r.spec.outputs())):
-        for name, shape, dtype in rows:
-            line = f"{kind} {name:<15} {dtype:<8} [{', '.join(map(str, shape))}]"
-            out().print(line, highlight=False, markup=False)
-    out().print(f"verified on {r.steps:,} steps of {safe(r.source)}, tolerance {r.tolerance:g}", soft_wrap=True)
-    worst = ", ".join(f"{k} {v:.1e}" for k, v in r.errors.items())
-    out().print(f"max relative error: {worst}", soft_wrap=True)
-    out().print(f"wrote {safe(r.path, limit=None)} ({r.format}, {r.spec.variant}; names and shapes in its metadata)")
+    _ExportDisplay.show(r)
 
 
 @app.command()

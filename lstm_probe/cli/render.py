@@ -184,6 +184,21 @@ class _ExportDisplay:
             count = f" {done:,}/{total:,}" if total > 1 else ""
             self.console.print(f"export: {safe(stage)}{count}, {_clock(now - self.start)} elapsed", soft_wrap=True)
 
+    @staticmethod
+    def show(r: Any) -> None:
+        """What `export` prints once the file is written (``deploy.export.Exported``): its inputs and outputs, where
+        it was verified, the largest errors and the path."""
+        for kind, rows in (("in ", r.spec.inputs()), ("out", r.spec.outputs())):
+            for name, shape, dtype in rows:
+                line = f"{kind} {name:<15} {dtype:<8} [{', '.join(map(str, shape))}]"
+                out().print(line, highlight=False, markup=False)
+        out().print(f"verified on {r.steps:,} steps of {safe(r.source)}, tolerance {r.tolerance:g}", soft_wrap=True)
+        worst = ", ".join(f"{k} {v:.1e}" for k, v in r.errors.items())
+        out().print(f"max relative error: {worst}", soft_wrap=True)
+        out().print(
+            f"wrote {safe(r.path, limit=None)} ({r.format}, {r.spec.variant}; names and shapes in its metadata)"
+        )
+
 
 def _clock(seconds: float) -> str:
     seconds = int(seconds)

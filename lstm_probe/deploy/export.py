@@ -42,6 +42,10 @@ TOLERANCE = 1e-5
 """Default relative tolerance (float32 runtimes agree to ~1e-7 on these networks)."""
 MAX_EPISODE_STEPS = 1000
 """An episode of ``--env`` or of ``--log`` is cut here (its time limit usually ends it first)."""
+SYNTHETIC_STEPS = 200
+"""The length of each ``--synthetic`` episode."""
+MAX_TRACE_ROWS = 1_000_000
+"""The most rows a ``--trace`` may hold (its first episodes are kept: verification takes a few thousand steps)."""
 
 Progress = Callable[[str, int, int], None]
 """``progress(stage, done, total)``: what export is doing, called as each stage starts (``done`` 0) and as it
@@ -93,6 +97,8 @@ def export(
     *,
     log: str | os.PathLike[str] | None = None,
     env_id: str | None = None,
+    trace: str | os.PathLike[str] | None = None,
+    synthetic: bool = False,
     episodes: int = 5,
     tolerance: float = TOLERANCE,
     trust_model: bool = False,
@@ -104,7 +110,9 @@ def export(
     nothing unpickled unless ``trust_model``; an rsl_rl checkpoint ``.pt`` or ``OnPolicyRunner``: its loader,
     ``integrations/rsl_rl/deployed.py``; a TorchRL run's ``.pt`` or ``(actor, critic)``:
     ``integrations/torchrl/deployed.py``) to ``out`` (``.onnx`` or ``.pt``), verified over ``episodes``
-    episodes of ``log`` (a ``--capture-obs`` log) or of ``env_id`` (seeded ``env_seed``, ``env_seed + 1``, ...). An
+    episodes of ``log`` (a ``--capture-obs`` log), of ``env_id`` (seeded ``env_seed``, ``env_seed + 1``, ...), of
+    ``trace`` (a recorded run, as replay reads it) or, with ``synthetic``, of standard normal observations (for a
+    policy whose env is elsewhere, e.g. an Isaac Lab checkpoint; seeded ``env_seed``). An
     existing ``out`` is refused unless ``force``; ``progress`` (:data:`Progress`) hears what it is doing. See
     the module docstring."""
     out = Path(out)
@@ -120,9 +128,10 @@ def export(
     check_writable(out.parent, "choose another OUT")  # before minutes of verification, not after
     if fmt == "onnx":
         require("export", "lstm-probe export")  # the exporter and the runtime that verifies the file
-    if (log is None) == (env_id is None):
+    if sum(x is not None for x in (log, env_id, trace)) + bool(synthetic) != 1:
         raise BadInput(
-            "export verifies on recorded episodes: pass --log LOG (a run with --capture-obs) or --env ENV_ID"
+            "export verifies on episodes: pass one of --env ENV_ID, --log LOG (a run with --capture-obs), "
+            "--trace TRACE (a recorded run) or --synthetic (normal draws, when the policy's env is elsewhere)"
         )
     if not (isinstance(episodes, int) and episodes >= 1):
         raise BadInput(f"--episodes must be an integer >= 1, got {episodes!r}")
@@ -139,6 +148,15 @@ def export(
         tell("reading the log's episodes", 0, 1)
         obs, starts = episodes_from_log(log, spec, episodes)
         where = f"{episodes} episodes of {log}"
+    elif trace is not None:
+        tell("reading the trace's episodes", 0, 1)
+        obs, starts = episodes_from_trace(trace, spec, episodes)
+        where = f"{int(starts.sum())} episodes of {trace}"
+    elif synthetic:
+        rng = np.random.default_rng(env_seed)
+        obs = rng.standard_normal((episodes * SYNTHETIC_STEPS, *spec.obs_shape)).astype(np.float32)
+        starts = np.arange(len(obs)) % SYNTHETIC_STEPS == 0
+        where = f"{episodes} episodes of {SYNTHETIC_STEPS} synthetic observations (standard normal, seed {env_seed})"
     else:
         tell("recording episodes", 0, episodes)
         obs, starts = episodes_from_env(str(env_id), spec, reference, episodes, env_seed, tell)
@@ -280,6 +298,19 @@ def compare(
             "nothing was written"
         )
     return {name: float(e.max(initial=0.0)) for name, e in errors.items()}
+
+
+def episodes_from_trace(trace: str | os.PathLike[str], spec: Spec, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """The observations of the first ``count`` episodes of a recorded run (``replay``'s trace, read as replay reads
+    it: ``deploy/trace.py``), env by env; an env's first row starts an episode whatever it says."""
+    from lstm_probe.deploy.trace import read_trace
+
+    rec = read_trace(trace, spec, MAX_TRACE_ROWS)
+    starts = np.asarray(rec.start, bool).copy()
+    starts[np.r_[True, rec.env[1:] != rec.env[:-1]]] = True
+    first = np.flatnonzero(starts)
+    end = len(starts) if len(first) <= count else int(first[count])
+    return np.asarray(rec.obs[:end], np.float32), starts[:end]
 
 
 def episodes_from_log(log: str | os.PathLike[str], spec: Spec, count: int) -> tuple[np.ndarray, np.ndarray]:
