@@ -142,6 +142,9 @@ class CoreTracer:
         self._key_tags: Tags | None = None
         self._key_batch = 0
         self._key: tuple[Any, ...] | None = None
+        # an integration whose grids' values reach the host later than its calls (TorchRL's: staged on the
+        # device, read in bulk) settles them here, before any kept block is handed over
+        self.before_hand_over: Callable[[], None] | None = None
 
     # -- lifecycle (the core's part: a probe's start, close and `with` are life.Probe's) -----------
     def start(self) -> CoreTracer:
@@ -292,7 +295,10 @@ class CoreTracer:
         self.hook_seconds += time.perf_counter() - start
 
     def flush_pending(self) -> None:
-        """Hand the kept one-step calls to the writer (see :func:`_one_step`)."""
+        """Hand the kept one-step calls to the writer (see :func:`_one_step`), their grids settled first
+        (:attr:`before_hand_over`)."""
+        if self._pending and self.before_hand_over is not None:
+            self.before_hand_over()
         pending, tags, key = dict(self._pending), self._pending_tags, self._pending_key
         self._pending.clear()
         self._pending_tags, self._pending_key, self._stepwise_tags = None, None, None

@@ -33,11 +33,21 @@ per-env count of collection calls (a collector's ``rollout``); other sequential 
 batch size, and never move the collection's counts. The episode starts are ``step_count == 0`` where it
 is present (the truth, whatever ``is_init`` says), else ``is_init``.
 
-Host copies: one per call (samples.host: is_init, step_count, the trajectory ids and the padding mask
-concatenated, one ``.cpu()``): the Grid is numpy and the core reads it while the shadow runs, so the values
-are needed at once. A recurrent-mode call's indices are built on the device from ``is_init``
-(``pieces_on_device``), the pieces sorted longest first so that packing copies nothing and leaves no
-permutation to undo.
+Host copies: none per collection call. A sequential call's is_init, step counts and trajectory ids are
+staged on their device (one small int64 snapshot, ``StagedCall``; its kept observation likewise) and its Grid
+made with the env and env step (the probe's own counts) and the episode columns still to fill; the values
+cross to the host in bulk (samples.host, one copy per device) where they are first needed: before the core
+hands a kept block over (``CoreTracer.before_hand_over``, which reads the grids) or with the next
+recurrent-mode call's own copy (whose provenance lookup needs the collection's trajectory ids); the grids
+are then filled in call order, with the same values a per-call copy gave. Under ``--other-envs none`` with
+more envs than kept, the core takes the kept columns' grid at call time, so those calls settle at once.
+A recurrent-mode call makes one host copy (is_init, step counts, trajectory ids, mask and the estimator's
+pass flags, concatenated): the pieces' number and lengths shape the packed call (TorchRL's "pad" backend
+reads the same split on the host, ``_split_and_pad_for_reset``). tests/test_torchrl_transfer.py counts them:
+on a 4-batch run (128 steps per batch, 4 epochs) 0 per collection call and 1 per recurrent-mode call,
+0.072 per LSTM call over the run (5.26 before, counted the same way). Its indices are built on the device
+from ``is_init`` (``pieces_on_device``), the pieces sorted longest first so that packing copies nothing and
+leaves no permutation to undo.
 """
 
 from __future__ import annotations
@@ -60,13 +70,15 @@ from lstm_probe.contract import SEQ_REASON, Capabilities, Grid, Tags
 from lstm_probe.errors import BadInput
 from lstm_probe.integrations.torchrl import memory, whatif
 from lstm_probe.integrations.torchrl.samples import (
+    Envs,
+    StagedCall,
     gae_batch,
     gae_pass,
     host,
     not_repeated,
     pieces,
     pieces_on_device,
-    start_copy,
+    rows_on_host,
 )
 from lstm_probe.integrations.torchrl.shadow import inner_rnn as _rnn
 from lstm_probe.integrations.torchrl.shadow import shadow
@@ -136,71 +148,6 @@ def find_modules(model: nn.Module | Iterable[nn.Module], names: list[str] | None
     return found
 
 
-class _Counts:
-    """Per env column of one kind of sequential call: its step count, episode and episode step."""
-
-    def __init__(self) -> None:
-        self.env_step = np.zeros(0, np.int64)
-        self.episode = np.full(0, -1, np.int64)
-        self.episode_step = np.zeros(0, np.int64)
-
-    def step(self, start: np.ndarray, step_count: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(env step, episode, episode step) of each column of one call, and the counts advanced."""
-        n = len(start)
-        if n > len(self.env_step):
-            extra = n - len(self.env_step)
-            self.env_step = np.r_[self.env_step, np.zeros(extra, np.int64)]
-            self.episode = np.r_[self.episode, np.full(extra, -1, np.int64)]
-            self.episode_step = np.r_[self.episode_step, np.zeros(extra, np.int64)]
-        first = self.episode[:n] < 0
-        new = start | first
-        self.episode[:n] += new
-        ep_step = step_count if step_count is not None else np.where(new, 0, self.episode_step[:n] + 1)
-        self.episode_step[:n] = ep_step
-        env_step = self.env_step[:n].copy()
-        self.env_step[:n] += 1
-        return env_step, self.episode[:n].copy(), ep_step
-
-
-class _Envs:
-    """One module's provenance of sequential calls: counts per (phase, batch size), so that only the
-    collector's own calls advance the collection's env steps and episodes (an evaluation
-    ``env.rollout(policy)``, phase "other", or a batch of another size counts apart), and per collector
-    trajectory id the env column, episode and the env step of the episode's step 0 (collection only)."""
-
-    def __init__(self) -> None:
-        self.counts: dict[tuple[str, int], _Counts] = {}
-        # traj id -> (env, episode, env step of episode step 0); -1: not collected under the probe
-        self.traj = np.full((1, 3), -1, np.int64)
-
-    def collect(self, phase: str, start: np.ndarray, step_count: np.ndarray | None, traj: np.ndarray | None) -> Grid:
-        n = len(start)
-        counts = self.counts.get((phase, n))
-        if counts is None:
-            counts = self.counts[(phase, n)] = _Counts()
-        env_step, episode, ep_step = counts.step(start, step_count)
-        if phase == "rollout" and traj is not None and len(traj) and traj.min() >= 0:
-            top = int(traj.max()) + 1
-            if top > len(self.traj):
-                self.traj = np.r_[self.traj, np.full((max(top, 2 * len(self.traj)) - len(self.traj), 3), -1, np.int64)]
-            self.traj[traj, 0] = np.arange(n)
-            self.traj[traj, 1] = episode
-            self.traj[traj, 2] = env_step - ep_step
-        return Grid.one_step(np.arange(n), env_step, episode, ep_step, start)
-
-    def lookup(self, traj: np.ndarray | None, step_count: np.ndarray | None) -> tuple[np.ndarray, ...] | None:
-        """(env, episode, env step) of loss-time samples, from their trajectory ids and step counts."""
-        if traj is None or step_count is None:
-            return None
-        known = (traj >= 0) & (traj < len(self.traj))
-        row = self.traj[np.where(known, traj, 0)]
-        known &= row[:, 0] >= 0
-        env = np.where(known, row[:, 0], -1)
-        episode = np.where(known, row[:, 1], -1)
-        env_step = np.where(known, row[:, 2] + step_count, -1)
-        return env, episode, env_step
-
-
 class TorchRLProbe(Probe, Tagged):
     """The TorchRL :class:`~lstm_probe.contract.Integration`: forward hooks on ``LSTMModule``/``GRUModule``
     that re-run each call on a shadow the tracer core hooks (module docstring). Use as a context manager,
@@ -256,8 +203,9 @@ class TorchRLProbe(Probe, Tagged):
             first: Any = next(iter(self._inner.values()))
             self.obs_size = int(first.input_size)
             self._metadata["obs_size"] = self.obs_size
-        self._envs = {name: _Envs() for name in modules}
+        self._envs = {name: Envs() for name in modules}
         self._current: dict[str, Tags] = {}
+        self._staged: list[StagedCall] = []  # sequential calls whose grids wait for their values (_settle)
         self._user: list[dict[str, Any]] = []
         self._epochs = False
         self.iteration = -1
@@ -281,6 +229,7 @@ class TorchRLProbe(Probe, Tagged):
         self.memory = memory.Memory(copy, **asked_m) if asked_m else None
         self._optimizer, self._memory_at = optimizer, -1
         self.tracer = CoreTracer(self.shadows, options, self)
+        self.tracer.before_hand_over = self._settle_staged
 
     # -- the contract --------------------------------------------------------------------------------
     def capabilities(self) -> Capabilities:
@@ -362,6 +311,26 @@ class TorchRLProbe(Probe, Tagged):
 
         return hook
 
+    def _settle_staged(self) -> None:
+        """:meth:`_settle` as the core calls it, before a kept block is handed over."""
+        self._settle()
+
+    def _settle(self, extra: list[torch.Tensor | None] | None = None) -> list[np.ndarray | None]:
+        """The staged sequential calls' grids filled, in call order, from their values on the host, and
+        ``extra`` tensors on the host as well (a recurrent-mode call's): one copy per device for all of
+        them (samples.host), one more for the kept observations (samples.rows_on_host). Run before a kept block
+        is handed over (``CoreTracer.before_hand_over``) and by every recurrent-mode call (whose samples'
+        provenance the collection's trajectory ids give)."""
+        staged, self._staged = self._staged, []
+        tensors: list[torch.Tensor | None] = [s.values for s in staged]
+        arrays = host(tensors + (extra or []))
+        kept = [s.obs for s in staged if s.obs is not None]
+        obs = iter(rows_on_host(kept) if kept else [])
+        for s, values in zip(staged, arrays, strict=False):
+            assert values is not None
+            s.settle(values, next(obs) if s.obs is not None else None)
+        return arrays[len(staged) :]
+
     def _tags(self, phase: str) -> Tags:
         if phase != self._last_phase and self.tracer.writer is not None:  # the collector's progress so far
             self.tracer.writer.progress.update(num_timesteps=self.frames, iterations=self.iteration + 1)
@@ -408,14 +377,16 @@ class TorchRLProbe(Probe, Tagged):
             if self._window_from_collector:
                 self._window()
         keep_obs = phase == "rollout" and self.obs_size is not None and int(x.shape[-1]) == self.obs_size
-        obs = start_copy(x.reshape(n, -1)) if keep_obs else None  # done by the time host() returns
-        init, sc, tr = host([is_init, step_count, traj if phase == "rollout" else None])
-        assert init is not None
-        start = (sc == 0) if sc is not None else init.astype(bool)
+        obs = x.detach().reshape(n, -1).float().clone() if keep_obs else None
         tags = self._tags(phase)
-        tags.grid = self._envs[name].collect(phase, start.astype(bool), sc, tr)
-        if obs is not None:
-            tags.grid.obs = obs[:, None, :]
+        staged = StagedCall(
+            self._envs[name], phase, n, [is_init, step_count, traj if phase == "rollout" else None], obs
+        )
+        self._staged.append(staged)
+        tags.grid = staged.grid  # its episode columns filled before it is read (_settle)
+        keep = self.tracer.keep_envs
+        if keep is not None and n > keep:  # --other-envs none: the core takes the kept columns' grid now
+            self._settle()
         zero = is_init.reshape(n, 1, 1).bool()
         given = [td.get(k, None) for k in (keys[1], keys[2])] if is_lstm else [td.get(keys[1], None)]
         states = [
@@ -461,7 +432,7 @@ class TorchRLProbe(Probe, Tagged):
         source = gae[0] if gae is not None else td
         sc_t, traj_t = source.get("step_count", None), source.get(("collector", "traj_ids"), None)
         mask_t = source.get(("collector", "mask"), None)
-        init, sc, tr, mask, same = host([is_init, sc_t, traj_t, mask_t, gae[1] if gae is not None else None])
+        init, sc, tr, mask, same = self._settle([is_init, sc_t, traj_t, mask_t, gae[1] if gae is not None else None])
         assert init is not None
         nxt = gae_pass(same) if same is not None else None
         if gae is not None and nxt is None:  # neither pass over the batch (its mask holds for both)
@@ -497,7 +468,7 @@ class TorchRLProbe(Probe, Tagged):
         tags.grid = self._grid(name, init, sc, tr, valid, known, phase == "value", bool(nxt), first, at, steps)
         self._current[name] = tags
         # sorted already, lengths on the host: packing makes no device-to-host or host-to-device copy
-        packed = nn.utils.rnn.pack_padded_sequence(xs, torch.from_numpy(lengths), batch_first=True)
+        packed = nn.utils.rnn.pack_padded_sequence(xs, lengths, batch_first=True)  # type: ignore[arg-type]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             rnn(packed, tuple(states) if is_lstm else states[0])
@@ -518,7 +489,7 @@ class TorchRLProbe(Probe, Tagged):
     ) -> Grid:
         """The provenance of a recurrent-mode call's pieces (``at``: each piece's samples, flat indices).
 
-        A sample's env, episode and env step: from its trajectory id and step count (``_Envs.lookup``).
+        A sample's env, episode and env step: from its trajectory id and step count (``Envs.lookup``).
         The samples of a value estimator's pass over ``data["next"]`` (``nxt``) are next observations: the
         same env and episode, the next env step and episode step, never an episode start (a next
         observation is never an episode's first: after a done the reset observation is the next sample's

@@ -11,7 +11,10 @@
   ``ValueEstimatorBase._call_value_nets``), which drops the step counts and trajectory ids the provenance
   needs; the batch they were taken from is that frame's ``data``.
 - :func:`not_repeated`: the samples a sampler repeated as padding where the batch has no mask;
-- :func:`host`: the small integer tensors a call's provenance needs on the host, in one copy per device.
+- :class:`Envs`, :class:`StagedCall`: a module's provenance of sequential calls (env steps, episodes, the
+  collection's trajectory ids), each call's staged on the device until its values reach the host;
+- :func:`host`: small integer tensors on the host, in one copy per device (the staged sequential calls' and a
+  recurrent-mode call's provenance, hooks.py ``TorchRLProbe._settle``).
 """
 
 from __future__ import annotations
@@ -22,6 +25,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from lstm_probe.contract import Grid
+from lstm_probe.log.schema import COLUMN
+
 GAE_FRAME = "_call_value_nets"
 """torchrl/objectives/value/advantages.py ``ValueEstimatorBase._call_value_nets``: every value estimator's
 (GAE, TD(0), TD(1), TD(lambda)) calls of the value network go through it."""
@@ -29,17 +35,20 @@ GAE_FRAME = "_call_value_nets"
 
 def host(tensors: list[torch.Tensor | None]) -> list[np.ndarray | None]:
     """Small integer tensors (is_init, step counts, trajectory ids, masks) on the host as flat int64 arrays,
-    in one copy per device: concatenated where they are, then one ``.cpu()`` (on a GPU the one sync of the
-    call: the Grid, numpy, is built before the shadow runs, so the values are needed at once; on the CPU no
-    copy at all)."""
+    in one copy per device: concatenated where they are, then copied into one host buffer (on a GPU the one
+    wait of the copy; on the CPU no copy at all but the concatenation)."""
     out: list[np.ndarray | None] = [None] * len(tensors)
     devices: dict[torch.device, list[int]] = {}
     for i, t in enumerate(tensors):
         if t is not None:
             devices.setdefault(t.device, []).append(i)
     for idx in devices.values():
-        flat = [tensors[i].detach().reshape(-1).to(torch.int64) for i in idx]  # type: ignore[union-attr]
-        values = torch.cat(flat).cpu().numpy()
+        flat = [tensors[i].detach().reshape(-1).long() for i in idx]  # type: ignore[union-attr]
+        joined = torch.cat(flat)
+        if joined.device.type != "cpu":
+            buf = torch.empty(joined.shape, dtype=joined.dtype, pin_memory=joined.device.type == "cuda")
+            joined = buf.copy_(joined)
+        values = joined.numpy()
         at = 0
         for i, f in zip(idx, flat, strict=True):
             out[i] = values[at : at + f.numel()]
@@ -47,16 +56,19 @@ def host(tensors: list[torch.Tensor | None]) -> list[np.ndarray | None]:
     return out
 
 
-def start_copy(t: torch.Tensor) -> np.ndarray:
-    """A float tensor's rows (one per sample) on the host as (N, width) float32, the copy started: on a GPU into
-    pinned memory without waiting, done once :func:`host` (called after it, on the same stream) returns; on the
-    CPU a copy (the caller's tensor may change in place)."""
-    flat = t.detach().reshape(t.shape[0], -1).to(torch.float32)
-    if flat.device.type == "cuda":
-        buf = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
-        buf.copy_(flat, non_blocking=True)
-        return buf.numpy()
-    return flat.numpy().copy()
+def rows_on_host(tensors: list[torch.Tensor]) -> list[np.ndarray]:
+    """Float32 (N, width) tensors of one device (the staged calls' kept observations) on the host, in one copy:
+    stacked along N where they are, then copied into one host buffer."""
+    joined = torch.cat(tensors)
+    if joined.device.type != "cpu":
+        buf = torch.empty(joined.shape, dtype=joined.dtype, pin_memory=joined.device.type == "cuda")
+        joined = buf.copy_(joined)
+    values = joined.numpy()
+    out, at = [], 0
+    for t in tensors:
+        out.append(values[at : at + t.shape[0]])
+        at += int(t.shape[0])
+    return out
 
 
 def not_repeated(tr: np.ndarray, sc: np.ndarray, rows: int, steps: int) -> np.ndarray | None:
@@ -108,11 +120,12 @@ def pieces_on_device(
     first. The same pieces in the same order as :func:`pieces`."""
     dev = is_init.device
     n = rows * steps
-    cut = is_init.detach().reshape(rows, steps).to(torch.bool).clone()
+    cut = is_init.detach().reshape(rows, steps).bool().clone()
     cut[:, 0] = True
     real = torch.ones(n, dtype=torch.bool, device=dev)
     if valid is not None:
-        ok = valid.detach().reshape(rows, steps).to(device=dev, dtype=torch.bool)
+        ok = valid.detach().reshape(rows, steps)
+        ok = (ok if ok.device == dev else ok.to(dev)).bool()
         before = torch.cat([torch.zeros_like(ok[:, :1]), ok[:, :-1]], dim=1)
         cut = ok & (cut | ~before)
         real = ok.reshape(n)
@@ -120,7 +133,7 @@ def pieces_on_device(
     piece = torch.where(real, piece, count)  # padding: a slot past the pieces, dropped
     pos = torch.arange(n, device=dev)
     first = torch.full((count + 1,), n, dtype=torch.int64, device=dev).scatter_reduce_(0, piece, pos, "amin")
-    lengths = torch.zeros(count + 1, dtype=torch.int64, device=dev).scatter_add_(0, piece, real.to(torch.int64))
+    lengths = torch.zeros(count + 1, dtype=torch.int64, device=dev).scatter_add_(0, piece, real.long())
     first, lengths = first[:count], lengths[:count]
     order = torch.sort(lengths, descending=True, stable=True).indices
     first, lengths = first[order], lengths[order]
@@ -163,7 +176,7 @@ def gae_batch(state: torch.Tensor | None, key: Any) -> tuple[Any, torch.Tensor] 
     sides = [td.get(key, None) if hasattr(td, "get") else None for td in (root, nxt)]
     if not all(isinstance(s, torch.Tensor) and s.shape == state.shape for s in sides):
         return None
-    same = torch.stack([(state == s.to(state.device)).all() for s in sides])  # type: ignore[union-attr]
+    same = torch.stack([(state == (s if s.device == state.device else s.to(state.device))).all() for s in sides])  # type: ignore[union-attr]
     return data, same
 
 
@@ -172,3 +185,109 @@ def gae_pass(same: np.ndarray) -> bool | None:
     from :func:`gae_batch`'s flags on the host; None where its states equal both or neither."""
     root, nxt = bool(same[0]), bool(same[1])
     return None if root == nxt else nxt
+
+
+class Counts:
+    """Per env column of one kind of sequential call: its step count, episode and episode step. The env step
+    is the probe's own count (known at call time, :meth:`advance`); the episode and episode step follow
+    from the call's episode starts, read on the host later (:meth:`settle`, in call order)."""
+
+    def __init__(self) -> None:
+        self.env_step = np.zeros(0, np.int64)
+        self.episode = np.full(0, -1, np.int64)
+        self.episode_step = np.zeros(0, np.int64)
+
+    def advance(self, n: int) -> np.ndarray:
+        """The env step of each of a call's ``n`` columns, and the count advanced."""
+        if n > len(self.env_step):
+            self.env_step = np.r_[self.env_step, np.zeros(n - len(self.env_step), np.int64)]
+        env_step = self.env_step[:n].copy()
+        self.env_step[:n] += 1
+        return env_step
+
+    def settle(self, start: np.ndarray, step_count: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """(episode, episode step) of each column of one call, and the counts advanced."""
+        n = len(start)
+        if n > len(self.episode):
+            extra = n - len(self.episode)
+            self.episode = np.r_[self.episode, np.full(extra, -1, np.int64)]
+            self.episode_step = np.r_[self.episode_step, np.zeros(extra, np.int64)]
+        first = self.episode[:n] < 0
+        new = start | first
+        self.episode[:n] += new
+        ep_step = step_count if step_count is not None else np.where(new, 0, self.episode_step[:n] + 1)
+        self.episode_step[:n] = ep_step
+        return self.episode[:n].copy(), ep_step
+
+
+class StagedCall:
+    """A sequential call whose provenance waits for its values on the host: its grid (the env and env step
+    set, the episode columns to fill) and, on the device, its is_init, step counts and trajectory ids
+    (``values``, one int64 tensor, a snapshot) and kept observation (``obs``)."""
+
+    __slots__ = ("cells", "counts", "env_step", "envs", "grid", "has_sc", "has_traj", "n", "obs", "phase", "values")
+
+    def __init__(self, envs: Envs, phase: str, n: int, tensors: list[torch.Tensor | None], obs: Any) -> None:
+        counts = envs.counts.get((phase, n))
+        if counts is None:
+            counts = envs.counts[(phase, n)] = Counts()
+        self.envs, self.counts, self.phase, self.n = envs, counts, phase, n
+        self.env_step = counts.advance(n)
+        self.has_sc, self.has_traj = tensors[1] is not None, tensors[2] is not None
+        self.values = torch.cat([t.detach().reshape(-1).long() for t in tensors if t is not None])
+        self.obs = obs
+        # the columns the values decide: arrays of the grid's dtypes, which it holds views of, filled by settle()
+        self.cells = {k: np.zeros(n, COLUMN[k].dtype) for k in ("episode", "episode_step", "episode_start")}
+        self.grid = Grid.one_step(np.arange(n), self.env_step, *self.cells.values())
+
+    def settle(self, values: np.ndarray, obs: np.ndarray | None) -> None:
+        """Fill the grid from the call's values on the host (``Envs.collect``'s work, in call order)."""
+        n = self.n
+        init, values = values[:n], values[n:]
+        sc = tr = None
+        if self.has_sc:
+            sc, values = values[:n], values[n:]
+        if self.has_traj:
+            tr = values[:n]
+        start = ((sc == 0) if sc is not None else init.astype(bool)).astype(bool)
+        episode, ep_step = self.counts.settle(start, sc)
+        for name, v in (("episode", episode), ("episode_step", ep_step), ("episode_start", start)):
+            self.cells[name][...] = v
+        if obs is not None:
+            self.grid.obs = obs[:, None, :]
+        self.envs.collected(self.phase, tr, episode, self.env_step - ep_step)
+
+
+class Envs:
+    """One module's provenance of sequential calls: counts per (phase, batch size), so that only the
+    collector's own calls advance the collection's env steps and episodes (an evaluation
+    ``env.rollout(policy)``, phase "other", or a batch of another size counts apart), and per collector
+    trajectory id the env column, episode and the env step of the episode's step 0 (collection only)."""
+
+    def __init__(self) -> None:
+        self.counts: dict[tuple[str, int], Counts] = {}
+        # traj id -> (env, episode, env step of episode step 0); -1: not collected under the probe
+        self.traj = np.full((1, 3), -1, np.int64)
+
+    def collected(self, phase: str, traj: np.ndarray | None, episode: np.ndarray, first_step: np.ndarray) -> None:
+        """A collection call's trajectory ids: their env columns, episodes and episodes' first env steps."""
+        n = len(episode)
+        if phase == "rollout" and traj is not None and len(traj) and traj.min() >= 0:
+            top = int(traj.max()) + 1
+            if top > len(self.traj):
+                self.traj = np.r_[self.traj, np.full((max(top, 2 * len(self.traj)) - len(self.traj), 3), -1, np.int64)]
+            self.traj[traj, 0] = np.arange(n)
+            self.traj[traj, 1] = episode
+            self.traj[traj, 2] = first_step
+
+    def lookup(self, traj: np.ndarray | None, step_count: np.ndarray | None) -> tuple[np.ndarray, ...] | None:
+        """(env, episode, env step) of loss-time samples, from their trajectory ids and step counts."""
+        if traj is None or step_count is None:
+            return None
+        known = (traj >= 0) & (traj < len(self.traj))
+        row = self.traj[np.where(known, traj, 0)]
+        known &= row[:, 0] >= 0
+        env = np.where(known, row[:, 0], -1)
+        episode = np.where(known, row[:, 1], -1)
+        env_step = np.where(known, row[:, 2] + step_count, -1)
+        return env, episode, env_step
