@@ -231,3 +231,31 @@ def test_hostile_or_missing_agent_yaml_is_refused_in_one_line(tmp_path):
     assert not (ckpt.parent / "pwned.txt").exists() and not (ckpt.parent / "out.onnx").exists()
     with pytest.raises(BadInput, match="holds no policy configuration"):
         loader(ckpt)
+
+
+@pytest.mark.parametrize("version", ["v3.3.0", "v4.0.1"])  # GRU (2 layers), LSTM (2 layers)
+def test_replay_of_rsl_rls_own_torchscript_policy(version, tmp_path):
+    """The policy.pt rsl_rl's exporter writes (OnPolicyRunner.export_policy_to_jit: torch.jit.script of
+    RNNModel.as_jit, the state in its buffers) replays with --trust-model: the release's own actions are `correct`,
+    a loop that never feeds the state back is named; without --trust-model it is refused (it is code)."""
+    from lstm_probe.integrations.rsl_rl.deployed import models_of
+
+    ckpt = _run(version, tmp_path)
+    actor, _ = models_of(ckpt)
+    torch.jit.script(actor.as_jit()).save(str(ckpt.parent / "policy.pt"))
+    rec = np.load(DATA / version / "recording.npz")
+    policy = loader(ckpt)
+    n = rec["obs"].shape[1]
+    zeros, _ = _loop(lambda o, s, st: policy.reference(o, s, _zeros(policy.spec, n)), rec, _starts(rec["dones"]))
+    for name, actions in (("correct", rec["actions"]), ("state not fed back", zeros)):
+        trace = _trace(tmp_path / f"{name}.parquet", rec, actions)
+        r = lstm_probe.replay(trace, ckpt.parent / "policy.pt", trust_model=True)
+        assert r.verdict == name, [(lp.name, lp.agree) for lp in r.loops]
+        assert r.envs == 3 and r.steps == rec["obs"].shape[0] * 3
+        assert ("h and c swapped" in [lp.name for lp in r.loops]) == (policy.spec.cell == "lstm")
+    line = refused_within(
+        bounded_cli("replay", "correct.parquet", "--policy", ckpt.parent / "policy.pt", cwd=tmp_path), "--trust-model"
+    )
+    assert "TorchScript" in line
+    r = _cli("replay", "correct.parquet", "--policy", ckpt.parent / "policy.pt", "--trust-model", cwd=tmp_path)
+    assert r.returncode == 0 and "correct" in r.stdout and r.stderr == "", r.stdout + r.stderr

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lstm_probe.deploy import checks, foreign
+from lstm_probe.deploy import checks, foreign, foreign_script
 from lstm_probe.deploy.spec import META_KEY, Spec, State, Step
 from lstm_probe.errors import BadInput, one_line
 from lstm_probe.log import budget
@@ -132,6 +132,8 @@ class PolicyFile:
     raw: bytes = b""
     roles: foreign.Foreign | None = None
     """An ONNX file lstm-probe did not write: which of its inputs and outputs plays which role."""
+    stateful: bool = False
+    """A TorchScript file lstm-probe did not write, its state in its buffers (``foreign_script``)."""
 
     def step(self, half: bool = False) -> Step:
         """Its :data:`Step`; ``half``: its weights rounded to float16 (:func:`rounded` says why)."""
@@ -152,7 +154,9 @@ class PolicyFile:
                 return foreign.step(sess, self.spec, self.roles, where)
             return ort_step(sess, self.spec, where)
         module = torch.jit.load(io.BytesIO(self.raw), map_location="cpu").eval()
-        return torch_step(half_weights(module) if half else module)
+        if half:
+            half_weights(module)
+        return foreign_script.step(module, self.spec, where) if self.stateful else torch_step(module)
 
     def batch(self, envs: int, most: int) -> int:
         """How many envs one step may run at once (at most ``most``): within a quarter of the memory budget,
@@ -198,12 +202,13 @@ def open_file(path: Path, names: dict[str, str] | None = None) -> PolicyFile:
         return PolicyFile(path, spec, False, graph.per_env, proto=proto)
     extra = {f"{META_KEY}.json": ""}
     try:
-        torch.jit.load(io.BytesIO(raw), map_location="cpu", _extra_files=extra)
+        module = torch.jit.load(io.BytesIO(raw), map_location="cpu", _extra_files=extra)
     except Exception as exc:
         raise BadInput(f"cannot read {path} as a TorchScript file: {one_line(exc, kind=False)[:200]}") from None
     _own(path, names)
-    if not extra[f"{META_KEY}.json"]:
-        raise BadInput(f"{path} was not exported by lstm-probe (no {META_KEY}.json); export it again")
+    if not extra[f"{META_KEY}.json"]:  # rsl_rl's or Isaac Lab's policy.pt: the state in its buffers
+        spec = foreign_script.infer(module.eval(), where)
+        return PolicyFile(path, spec, True, per_env_bytes(spec), raw=raw, stateful=True)
     spec = Spec.from_json(extra[f"{META_KEY}.json"], where)
     return PolicyFile(path, spec, True, per_env_bytes(spec), raw=raw)
 
