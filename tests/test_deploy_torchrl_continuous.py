@@ -41,6 +41,7 @@ from torchrl.objectives import ClipPPOLoss
 
 import lstm_probe
 from lstm_probe.errors import BadInput
+from lstm_probe.integrations.torchrl.deployed import loader
 from tests.test_deploy_torchrl import _file_run, _relative
 
 DISTRIBUTION_CHECKS = False  # what TorchRL sets on import (tests/conftest.py; TanhNormal's support fails them)
@@ -151,6 +152,15 @@ def test_export_takes_other_normal_heads(tmp_path):
         critic = Seq(rnn, ValueOperator(nn.Linear(8, 1), in_keys=["embed"]))
         r = lstm_probe.export((actor, critic), tmp_path / "other.onnx", env_id=ENV_ID, episodes=1, force=True)
         assert r.spec.action == "box" and max(r.errors.values()) < 1e-5, r.errors
+        # a batch of 64 envs at once, the step against TorchRL's own
+        policy = loader((actor, critic))
+        obs = np.random.default_rng(0).uniform(-8, 8, (64, 3)).astype(np.float32)
+        start, state = np.ones(64, np.float32), policy.spec.zero_state(64)
+        with torch.no_grad():
+            action = policy.module(torch.as_tensor(obs), torch.as_tensor(start), *map(torch.as_tensor, state))[0]
+        want = policy.reference(obs, start, state)[0]
+        assert np.array_equal(action.numpy(), want) and action.shape == (64, 1)
+        assert (np.abs(want) == 2.0).any() == safe  # the safe actor's clamp is met
 
 
 def _pair_with(encoder=None, critic_encoder=None, dist=TanhNormal, head=None, keys=("loc", "scale")):

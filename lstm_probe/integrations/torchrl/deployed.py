@@ -6,10 +6,12 @@ run.model.pt``).
 What it reads: the ``run.model.pt`` ``lstm-probe run --framework torchrl`` saves (``train.py``:
 ``{"lstm_probe": "torchrl", "config": build()'s arguments, "actor": ..., "critic": ...}``), loaded with
 ``torch.load(weights_only=True)`` after its size is checked against the memory budget (``deploy/saved.py``:
-``read_checkpoint``); or the ``(actor, critic)`` pair :func:`~lstm_probe.integrations.torchrl.train.build`
-makes (a ``ProbabilisticActor`` and a ``TensorDictSequential`` sharing one ``LSTMModule``/``GRUModule``).
-From a file, the sizes (observation width, hidden size, layers, actions) are taken from the weights, the
-configuration checked against them (types and values), and only :func:`~lstm_probe.integrations.torchrl.train.modules`'
+``read_checkpoint``); or an ``(actor, critic)`` pair in memory (a ``ProbabilisticActor`` and a
+``TensorDictSequential`` sharing one ``LSTMModule``/``GRUModule`` and the modules before it: the pair
+:func:`~lstm_probe.integrations.torchrl.train.build` makes, or the user's own, discrete or continuous), or a
+TorchRL loss holding one (``ClipPPOLoss``: its ``actor_network`` and ``critic_network``). From a file,
+the sizes (observation width, hidden size, layers, actions) are taken from the weights, the configuration
+checked against them (types and values), and only :func:`~lstm_probe.integrations.torchrl.train.modules`'
 classes are built (``LSTMModule``/``GRUModule``, linear heads, ``OneHotCategorical``), never a class the
 file names.
 
@@ -23,10 +25,13 @@ policy), with the state made explicit:
   ``nn.LSTM``/``nn.GRU`` on the same weights (``shadow.py``; TorchRL's is batch first, which the ONNX exporter
   wraps in transposes of a size its checks cannot follow), the state ``(layers, batch, hidden)``; TorchRL's
   TensorDict holds it as ``(batch, layers, hidden)``, which :func:`reference_step` transposes;
-- the heads: the ``TensorDictModule``\\ s after the recurrent module, run in order on their in/out keys
-  (actor: to the distribution's ``logits``; critic: to its value);
-- the action: the distribution's deterministic sample (``OneHotCategorical.mode``: the one-hot of the
-  largest logit), exported as its index (an int64 per env, ``Spec.action == 'discrete'``).
+- the encoder and the heads: the ``TensorDictModule``\\ s before the recurrent module (from the observation's
+  key to its in key) and after it (actor: to the distribution's ``logits`` or ``loc``; critic: to its
+  value), run in order on their in/out keys, of the classes ``heads.py`` checks (no other class is run);
+- the action: the distribution's deterministic sample (``heads.py``: ``OneHotCategorical.mode``, the one-hot
+  of the largest logit, exported as its index, an int64 per env, ``Spec.action == 'discrete'``;
+  ``TanhNormal``'s, ``IndependentNormal``'s or ``Normal``'s, float32, ``Spec.action == 'box'`` with the
+  width of ``loc``).
 
 :func:`reference_step` is the same policy as TorchRL runs it: the actor and the critic themselves on a
 TensorDict (``is_init`` from ``episode_start``, the state under the module's in keys), under
