@@ -6,10 +6,12 @@ run.model.pt``).
 What it reads: the ``run.model.pt`` ``lstm-probe run --framework torchrl`` saves (``train.py``:
 ``{"lstm_probe": "torchrl", "config": build()'s arguments, "actor": ..., "critic": ...}``), loaded with
 ``torch.load(weights_only=True)`` after its size is checked against the memory budget (``deploy/saved.py``:
-``read_checkpoint``); or the ``(actor, critic)`` pair :func:`~lstm_probe.integrations.torchrl.train.build`
-makes (a ``ProbabilisticActor`` and a ``TensorDictSequential`` sharing one ``LSTMModule``/``GRUModule``).
-From a file, the sizes (observation width, hidden size, layers, actions) are taken from the weights, the
-configuration checked against them (types and values), and only :func:`~lstm_probe.integrations.torchrl.train.modules`'
+``read_checkpoint``); or an ``(actor, critic)`` pair in memory (a ``ProbabilisticActor`` and a
+``TensorDictSequential`` sharing one ``LSTMModule``/``GRUModule`` and the modules before it: the pair
+:func:`~lstm_probe.integrations.torchrl.train.build` makes, or the user's own, discrete or continuous), or a
+TorchRL loss holding one (``ClipPPOLoss``: its ``actor_network`` and ``critic_network``). From a file,
+the sizes (observation width, hidden size, layers, actions) are taken from the weights, the configuration
+checked against them (types and values), and only :func:`~lstm_probe.integrations.torchrl.train.modules`'
 classes are built (``LSTMModule``/``GRUModule``, linear heads, ``OneHotCategorical``), never a class the
 file names.
 
@@ -23,10 +25,13 @@ policy), with the state made explicit:
   ``nn.LSTM``/``nn.GRU`` on the same weights (``shadow.py``; TorchRL's is batch first, which the ONNX exporter
   wraps in transposes of a size its checks cannot follow), the state ``(layers, batch, hidden)``; TorchRL's
   TensorDict holds it as ``(batch, layers, hidden)``, which :func:`reference_step` transposes;
-- the heads: the ``TensorDictModule``\\ s after the recurrent module, run in order on their in/out keys
-  (actor: to the distribution's ``logits``; critic: to its value);
-- the action: the distribution's deterministic sample (``OneHotCategorical.mode``: the one-hot of the
-  largest logit), exported as its index (an int64 per env, ``Spec.action == 'discrete'``).
+- the encoder and the heads: the ``TensorDictModule``\\ s before the recurrent module (from the observation's
+  key to its in key) and after it (actor: to the distribution's ``logits`` or ``loc``; critic: to its
+  value), run in order on their in/out keys, of the classes ``heads.py`` checks (no other class is run);
+- the action: the distribution's deterministic sample (``heads.py``: ``OneHotCategorical.mode``, the one-hot
+  of the largest logit, exported as its index, an int64 per env, ``Spec.action == 'discrete'``;
+  ``TanhNormal``'s, ``IndependentNormal``'s or ``Normal``'s, float32, ``Spec.action == 'box'`` with the
+  width of ``loc``).
 
 :func:`reference_step` is the same policy as TorchRL runs it: the actor and the critic themselves on a
 TensorDict (``is_init`` from ``episode_start``, the state under the module's in keys), under
@@ -38,6 +43,7 @@ from __future__ import annotations
 
 import copy
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -47,6 +53,7 @@ from torch import nn
 from lstm_probe.deploy import saved
 from lstm_probe.deploy.spec import Policy, Spec, State, Step
 from lstm_probe.errors import BadInput, one_line
+from lstm_probe.integrations.torchrl.heads import Action, Chain
 from lstm_probe.integrations.torchrl.shadow import shadow
 
 MARK = "torchrl"
@@ -71,9 +78,11 @@ def models_of(model: Any) -> tuple[Any, Any]:
         actor, critic = _from_checkpoint(os.fspath(model))
     elif isinstance(model, tuple) and len(model) == 2 and all(isinstance(m, nn.Module) for m in model):
         actor, critic = copy.deepcopy(model)  # one deepcopy: the shared recurrent module stays shared
+    elif _is_loss(model):  # ClipPPOLoss and its kin: the networks it holds (TorchRL 0.14: the modules given it)
+        actor, critic = copy.deepcopy((model.actor_network, model.critic_network))
     else:
         raise BadInput(
-            f"export takes a TorchRL run.model.pt or the (actor, critic) pair torchrl's build() makes, "
+            f"export takes a TorchRL run.model.pt, an (actor, critic) pair or a ClipPPOLoss, "
             f"not {type(model).__name__[:60]}"
         )
     for m in (actor, critic):
@@ -81,6 +90,15 @@ def models_of(model: Any) -> tuple[Any, Any]:
         for p in m.parameters():
             p.requires_grad_(False)
     return actor, critic
+
+
+def _is_loss(model: Any) -> bool:
+    """A TorchRL ``LossModule`` holding an actor and a critic (``ClipPPOLoss``, ``KLPENPPOLoss``, ...)."""
+    from torchrl.objectives import LossModule
+
+    return isinstance(model, LossModule) and all(
+        isinstance(getattr(model, k, None), nn.Module) for k in ("actor_network", "critic_network")
+    )
 
 
 def _from_checkpoint(path: str) -> tuple[Any, Any]:
@@ -169,31 +187,41 @@ def _leaves(module: Any) -> list[Any]:
     return [module]
 
 
-def _parts(actor: Any, critic: Any) -> tuple[Any, list[Any], list[Any], Any]:
-    """(recurrent module, actor heads, critic heads, the actor's distribution module), or BadInput for a
-    policy this loader does not export."""
-    from tensordict.nn import ProbabilisticTensorDictModule, TensorDictModule
-    from torchrl.modules import GRUModule, LSTMModule, OneHotCategorical, ValueOperator
+@dataclass
+class Parts:
+    """A policy's pieces, in the order the step runs them."""
+
+    rnn: Any
+    before: list[Any]
+    """The ``TensorDictModule``\\ s before the recurrent module (shared by the actor and the critic)."""
+    actor_heads: list[Any]
+    critic_heads: list[Any]
+    dist: Any
+    """The actor's ``ProbabilisticTensorDictModule``."""
+
+
+def _parts(actor: Any, critic: Any) -> Parts:
+    """The pieces of an actor and a critic, or BadInput for a policy this loader does not export."""
+    from tensordict.nn import ProbabilisticTensorDictModule
+    from torchrl.modules import GRUModule, LSTMModule
 
     kinds = (LSTMModule, GRUModule)
     a, c = _leaves(actor), _leaves(critic)
     rnns = [m for m in a if isinstance(m, kinds)]
-    if len(rnns) != 1 or a[0] is not rnns[0] or c[0] is not rnns[0] or not c[1:]:
+    at = a.index(rnns[0]) if len(rnns) == 1 else -1
+    shared = at >= 0 and len(c) > at + 1 and all(x is y for x, y in zip(a[: at + 1], c, strict=False))
+    if not shared or any(isinstance(m, kinds) for m in c[at + 1 :]):
         raise BadInput(
-            "export takes a TorchRL actor and critic that each start with one shared LSTMModule or GRUModule "
-            "(as torchrl's build() makes them)"
+            "export takes a TorchRL actor and critic that each run one shared LSTMModule or GRUModule, after "
+            "the same modules if any (as torchrl's build() makes them)"
         )
-    rnn, dist = rnns[0], a[-1]
-    if not isinstance(dist, ProbabilisticTensorDictModule) or dist.distribution_class is not OneHotCategorical:
-        raise BadInput("export takes a TorchRL actor ending in a OneHotCategorical distribution (discrete actions)")
-    heads = a[1:-1], c[1:]
-    for m in (*heads[0], *heads[1]):
-        if type(m) not in (TensorDictModule, ValueOperator):
-            raise BadInput(f"export takes TensorDictModule heads after the recurrent module, not {type(m).__name__}")
-    net = _net(rnn)
+    dist = a[-1]
+    if not isinstance(dist, ProbabilisticTensorDictModule):
+        raise BadInput("export takes a TorchRL actor ending in its distribution (a ProbabilisticActor)")
+    net = _net(rnns[0])
     if getattr(net, "bidirectional", False) or getattr(net, "proj_size", 0):
         raise BadInput("export takes a TorchRL recurrent module over a one-way LSTM/GRU without proj_size")
-    return rnn, list(heads[0]), list(heads[1]), dist
+    return Parts(rnns[0], a[:at], a[at + 1 : -1], c[at + 1 :], dist)
 
 
 def _net(rnn: Any) -> Any:
@@ -202,9 +230,7 @@ def _net(rnn: Any) -> Any:
 
 
 def spec_of(actor: Any, critic: Any) -> Spec:
-    net = _net(_parts(actor, critic)[0])
-    cell = "lstm" if isinstance(net, nn.LSTM) else "gru"
-    return Spec("shared", (int(net.input_size),), "discrete", (), int(net.num_layers), int(net.hidden_size), cell)
+    return Deployed(actor, critic).spec
 
 
 class Deployed(nn.Module):
@@ -212,37 +238,67 @@ class Deployed(nn.Module):
 
     def __init__(self, actor: Any, critic: Any) -> None:
         super().__init__()
-        self.spec = spec_of(actor, critic)
-        rnn, actor_heads, critic_heads, dist = _parts(actor, critic)
+        parts = _parts(actor, critic)
+        rnn = parts.rnn
+        self.before = Chain(parts.before, "before the recurrent module")
+        self.actor_heads = Chain(parts.actor_heads, "after the recurrent module")
+        self.critic_heads = Chain(parts.critic_heads, "after the recurrent module")
+        self.action = Action(parts.dist)
         self.net = shadow(_net(rnn), batch_first=False)  # its own weights; sequence first exports to ONNX
-        self.embed = rnn.out_keys[0]
-        self.actor_heads = nn.ModuleList(m.module for m in actor_heads)
-        self.critic_heads = nn.ModuleList(m.module for m in critic_heads)
-        self.actor_keys = [(list(m.in_keys), list(m.out_keys)) for m in actor_heads]
-        self.critic_keys = [(list(m.in_keys), list(m.out_keys)) for m in critic_heads]
-        self.logits = dist.in_keys[0]
-        self.value = critic_heads[-1].out_keys[0]
-
-    def _heads(self, heads: nn.ModuleList, keys: list[Any], embed: torch.Tensor) -> dict[Any, torch.Tensor]:
-        values = {self.embed: embed}
-        for m, (ins, outs) in zip(heads, keys, strict=True):
-            out = m(*(values[k] for k in ins))
-            values.update(zip(outs, out if isinstance(out, tuple) else (out,), strict=False))
-        return values
+        self.rnn_in, self.embed = rnn.in_keys[0], rnn.out_keys[0]
+        self.value = parts.critic_heads[-1].out_keys[0]
+        self.obs = _observation(self, parts)
+        cell = "lstm" if isinstance(self.net, nn.LSTM) else "gru"
+        width = _width(parts.before[0].module) if parts.before else int(self.net.input_size)
+        layers, hidden = int(self.net.num_layers), int(self.net.hidden_size)
+        self.spec = Spec("shared", (width,), "discrete", (), layers, hidden, cell)
+        if not self.action.discrete:
+            with torch.no_grad():
+                shape = tuple(int(n) for n in self.eval()(*self.spec.example(1))[0].shape[1:])
+            self.spec = Spec("shared", (width,), "box", shape, layers, hidden, cell)
 
     def forward(self, obs: torch.Tensor, episode_start: torch.Tensor, *state: torch.Tensor) -> tuple[torch.Tensor, ...]:
         keep = (1.0 - episode_start).view(1, -1, 1)  # LSTMModule.forward: is_init zeroes the incoming state
-        x = obs.unsqueeze(0)  # one step, sequence first
+        values = self.before({self.obs: obs})
+        x = values[self.rnn_in].unsqueeze(0)  # one step, sequence first
         if self.spec.cell == "lstm":
             out, (h, c) = self.net(x, (state[0] * keep, state[1] * keep))
             new = [h, c]
         else:
             out, h = self.net(x, state[0] * keep)
             new = [h]
-        embed = out.squeeze(0)
-        logits = self._heads(self.actor_heads, self.actor_keys, embed)[self.logits]
-        value = self._heads(self.critic_heads, self.critic_keys, embed)[self.value]
-        return (torch.argmax(logits, dim=-1), value, *new)  # OneHotCategorical.mode, as its index
+        values[self.embed] = out.squeeze(0)
+        action = self.action(self.actor_heads(values))
+        value = self.critic_heads(values)[self.value]
+        return (action, value, *new)
+
+
+def _observation(step: Deployed, parts: Parts) -> Any:
+    """The one key the policy reads from the env (the observation's), or BadInput; every other key a module
+    reads is written by one before it."""
+    rnn = parts.rnn
+    need, have = step.before.missing(set())
+    if rnn.in_keys[0] not in have:
+        need.add(rnn.in_keys[0])
+    have = have | {step.embed}
+    for chain in (step.actor_heads, step.critic_heads):
+        more, _ = chain.missing(have)
+        need |= more
+    dist_needs = {step.action.key} - step.actor_heads.missing(have)[1]
+    if len(need) != 1 or dist_needs or (parts.before and need != set(parts.before[0].in_keys)):
+        raise BadInput(
+            "export takes a TorchRL policy reading one observation key from the env (and the recurrent state), "
+            f"its first module reading it alone; this one reads {sorted(map(str, need | dist_needs))[:4]}"
+        )
+    return next(iter(need))
+
+
+def _width(module: nn.Module) -> int:
+    """The observation width the first module before the recurrent module takes (its first linear layer's)."""
+    first = next((m for m in module.modules() if isinstance(m, nn.Linear)), None)
+    if first is None:
+        raise BadInput("export takes an encoder before the recurrent module that starts with a linear layer")
+    return int(first.in_features)
 
 
 def reference_step(actor: Any, critic: Any) -> Step:
@@ -252,8 +308,9 @@ def reference_step(actor: Any, critic: Any) -> Step:
     from torchrl.modules import set_recurrent_mode
 
     actor, critic = copy.deepcopy((actor, critic))
-    rnn, _, critic_heads, _ = _parts(actor, critic)
-    value_key = critic_heads[-1].out_keys[0]
+    parts = _parts(actor, critic)
+    rnn, value_key, obs_key = parts.rnn, parts.critic_heads[-1].out_keys[0], Deployed(actor, critic).obs
+    discrete = Action(parts.dist).discrete
     state_keys = rnn.in_keys[1:-1]  # (value, *states, is_init)
     next_keys = rnn.out_keys[1:]
 
@@ -265,11 +322,19 @@ def reference_step(actor: Any, critic: Any) -> Step:
             for k, s in zip(state_keys, state, strict=True)
         }
         is_init = torch.as_tensor(np.asarray(start) != 0).view(batch, 1)
-        td = TensorDict({rnn.in_keys[0]: o, **given, "is_init": is_init}, batch_size=[batch])
-        with torch.no_grad(), set_exploration_type(ExplorationType.DETERMINISTIC), set_recurrent_mode(False):
-            acted = actor(td.clone())
-            valued = critic(td.clone())
-        action = acted["action"].argmax(-1)  # the one-hot's index
+        td = TensorDict({obs_key: o, **given, "is_init": is_init}, batch_size=[batch])
+        checks = torch.distributions.Distribution._validate_args
+        # TorchRL turns torch's distribution checks off on import (TanhNormal's support fails them); a process
+        # that turned them on again has them for its own code, not for this step
+        torch.distributions.Distribution.set_default_validate_args(False)
+        try:
+            with torch.no_grad(), set_exploration_type(ExplorationType.DETERMINISTIC), set_recurrent_mode(False):
+                acted = actor(td.clone())
+                valued = critic(td.clone())
+        finally:
+            torch.distributions.Distribution.set_default_validate_args(checks)
+        action = acted[parts.dist.out_keys[0]]
+        action = action.argmax(-1) if discrete else action  # the one-hot's index
         value = valued[value_key]
         new = tuple(acted[k].transpose(0, 1).contiguous().numpy() for k in next_keys)
         return action.numpy(), value.numpy(), new
