@@ -6,6 +6,7 @@ under DETERMINISTIC exploration, with real TorchRL, onnxruntime and torch.jit.""
 from __future__ import annotations
 
 import copy
+import json
 import re
 
 import gymnasium as gym
@@ -275,3 +276,39 @@ def test_replay_says_not_this_policy_for_other_weights(exported):
     pq.write_table(_record("correct", other), d / "other.parquet")
     r = lstm_probe.replay(d / "other.parquet", d / "memory.onnx")
     assert r.verdict == "not this policy", (r.verdict, [(lp.name, lp.agree, lp.steps) for lp in r.loops])
+
+
+def test_cli_run_export_replay_of_a_continuous_torchrl_run(tmp_path):
+    """`run Pendulum-v1 --framework torchrl` trains a TanhNormal policy and saves it with its bounds; `export`
+    from the command line writes a file that agrees with TorchRL's own rollout of the saved policy; replay of
+    a correct recording and of a loop that never resets says so; bad bounds are refused in one line."""
+    import subprocess
+    import sys
+
+    from lstm_probe.integrations.torchrl.deployed import models_of
+    from tests.refusals import bounded_cli, refused_within
+
+    def cli(*args):
+        cmd = [sys.executable, "-m", "lstm_probe", *map(str, args)]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+
+    r = cli("run", ENV_ID, "--framework", "torchrl", "--steps", "256", "--n-steps", "64", "--hidden-size", "8")
+    assert r.returncode == 0 and (tmp_path / "run.model.pt").exists(), r.stderr
+    saved = torch.load(tmp_path / "run.model.pt", weights_only=True)
+    assert (saved["config"]["low"], saved["config"]["high"]) == ([-2.0], [2.0])
+    e = cli("export", "run.model.pt", "policy.onnx", "--env", ENV_ID)
+    assert e.returncode == 0 and e.stderr == "", e.stderr
+    actor, critic = models_of(tmp_path / "run.model.pt")
+    rnn = next(m for m in actor.modules() if isinstance(m, LSTMModule))
+    obs, starts, actions, values, new = _torchrl_rollout(actor, critic, rnn)
+    got_actions, got_values, got_new, meta = _file_run(tmp_path / "policy.onnx", obs, starts)
+    assert meta["action"] == "box" and meta["action_shape"] == [1]
+    errors = [_relative(got_actions, actions), _relative(got_values, values), _relative(got_new, new)]
+    assert max(errors) <= 1e-5, errors
+    for bug in ("correct", "no reset"):
+        pq.write_table(_record(bug, actor), tmp_path / f"{bug}.parquet")
+        r = cli("replay", f"{bug}.parquet", "--policy", "run.model.pt", "--json")
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["verdict"] == BUGS[bug], r.stdout[:400]
+    torch.save({**saved, "config": {**saved["config"], "low": [3.0]}}, tmp_path / "bad.model.pt")
+    refused_within(bounded_cli("export", "bad.model.pt", "x.onnx", "--env", ENV_ID, cwd=tmp_path), "low and high")

@@ -61,6 +61,10 @@ MARK = "torchrl"
 CONFIG = {"env_id": str, "hidden_size": int, "num_layers": int, "cell": str}
 """The configuration ``train.run`` saves (``build()``'s arguments), each entry's type."""
 _FIX = "pass the run.model.pt `lstm-probe run --framework torchrl` saved"
+HEAD = "module.0.module.1.module.weight"
+"""The actor's head in a discrete run's checkpoint (a linear layer to the logits)."""
+HEAD_BOX = "module.0.module.1.module.0.weight"
+"""The actor's head in a continuous run's (a linear layer to loc and scale, then NormalParamExtractor)."""
 
 
 def loader(model: Any, trust_model: bool = False, env_id: str | None = None) -> Policy:
@@ -131,7 +135,8 @@ def _from_checkpoint(path: str) -> tuple[Any, Any]:
         ih, hh = actor_state[f"{rnn}weight_ih_l0"], actor_state[f"{rnn}weight_hh_l0"]
         hidden, obs = int(hh.shape[1]), int(ih.shape[1])
         layers = sum(1 for k in actor_state if k.startswith(f"{rnn}weight_ih_l") and k[len(rnn) + 11 :].isdigit())
-        actions = int(actor_state["module.0.module.1.module.weight"].shape[0])
+        box = HEAD_BOX in actor_state  # a continuous run's head: loc and scale (NormalParamExtractor)
+        actions = int(actor_state[HEAD_BOX if box else HEAD].shape[0]) // (2 if box else 1)
         gates = int(ih.shape[0]) // max(hidden, 1)
     except (KeyError, IndexError, ValueError):
         raise BadInput(f"{path}: its actor is not build()'s ({rnn}*, a linear head); {_FIX}") from None
@@ -142,7 +147,7 @@ def _from_checkpoint(path: str) -> tuple[Any, Any]:
         )
     if actions < 1:
         raise BadInput(f"{path}: its actor's head gives no action; {_FIX}")
-    shapes = _shapes(rnn, cell, obs, hidden, layers, actions)
+    shapes = _shapes(rnn, cell, obs, hidden, layers, actions, box)
     got = {k: tuple(v.shape) for k, v in (*actor_state.items(), *(("critic." + k, v) for k, v in critic_state.items()))}
     if any(got.get(k) != shape for k, shape in shapes.items()):  # the models built are no larger than the weights
         bad = next(k for k, shape in shapes.items() if got.get(k) != shape)
@@ -154,7 +159,8 @@ def _from_checkpoint(path: str) -> tuple[Any, Any]:
     if shared.keys() != mine.keys() or not all(torch.equal(shared[k], mine[k]) for k in mine):
         raise BadInput(f"{path}: its actor and critic do not share one {cell.upper()}, as build() makes them; {_FIX}")
     try:
-        actor, critic, _ = modules(obs, OneHot(actions), hidden_size=hidden, num_layers=layers, cell=cell)
+        spec = _bounds(config, actions, path) if box else OneHot(actions)
+        actor, critic, _ = modules(obs, spec, hidden_size=hidden, num_layers=layers, cell=cell)
         actor.load_state_dict(actor_state, strict=True)
         critic.load_state_dict(critic_state, strict=True)
     except Exception as exc:
@@ -164,7 +170,24 @@ def _from_checkpoint(path: str) -> tuple[Any, Any]:
     return actor, critic
 
 
-def _shapes(rnn: str, cell: str, obs: int, hidden: int, layers: int, actions: int) -> dict[str, tuple[int, ...]]:
+def _bounds(config: dict[str, Any], actions: int, path: str) -> Any:
+    """A continuous run's action spec: its config's ``low`` and ``high`` (finite floats, one per action, low
+    below high), the bounds its TanhNormal maps onto."""
+    from torchrl.data import Bounded
+
+    low, high = config.get("low"), config.get("high")
+    ok = all(
+        isinstance(b, list) and len(b) == actions and all(type(v) in (int, float) and np.isfinite(v) for v in b)
+        for b in (low, high)
+    )
+    if not ok or not all(a < b for a, b in zip(low, high, strict=True)):  # type: ignore[arg-type]
+        raise BadInput(f"{path}: its config's low and high are not {actions} finite bounds, low below high; {_FIX}")
+    return Bounded(low=torch.tensor(low), high=torch.tensor(high), shape=(actions,))
+
+
+def _shapes(
+    rnn: str, cell: str, obs: int, hidden: int, layers: int, actions: int, box: bool = False
+) -> dict[str, tuple[int, ...]]:
     """The shape of every parameter build()'s policy of these sizes holds (the critic's prefixed ``critic.``)."""
     gates = {"lstm": 4, "gru": 3}[cell] * hidden
     want: dict[str, tuple[int, ...]] = {}
@@ -172,7 +195,8 @@ def _shapes(rnn: str, cell: str, obs: int, hidden: int, layers: int, actions: in
         want[f"{rnn}weight_ih_l{layer}"] = (gates, obs if layer == 0 else hidden)
         want[f"{rnn}weight_hh_l{layer}"] = (gates, hidden)
         want[f"{rnn}bias_ih_l{layer}"] = want[f"{rnn}bias_hh_l{layer}"] = (gates,)
-    want["module.0.module.1.module.weight"], want["module.0.module.1.module.bias"] = (actions, hidden), (actions,)
+    head, out = (HEAD_BOX, 2 * actions) if box else (HEAD, actions)
+    want[head], want[head[: -len("weight")] + "bias"] = (out, hidden), (out,)
     want["critic.module.1.module.weight"], want["critic.module.1.module.bias"] = (1, hidden), (1,)
     return want
 

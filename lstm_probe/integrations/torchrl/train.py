@@ -64,8 +64,8 @@ def build(
     env.set_seed(seed)
     obs = int(env.observation_spec["observation"].shape[-1])
     spec = env.action_spec
-    if not isinstance(spec.space, object) or not hasattr(spec.space, "n"):
-        raise BadInput(f"{env_id}: the torchrl run trains discrete-action envs only (a one-hot actor)")
+    if not hasattr(spec.space, "n") and (len(spec.shape) != 1 + (n_envs > 1) or not hasattr(spec.space, "low")):
+        raise BadInput(f"{env_id}: the torchrl run trains discrete or flat bounded (Box) action envs only")
     actor, critic, rnn = modules(
         obs, spec, hidden_size=hidden_size, num_layers=num_layers, cell=cell, recurrent_backend=recurrent_backend
     )
@@ -92,14 +92,31 @@ def modules(
         out_key="embed",
         recurrent_backend=recurrent_backend,
     )
-    head = TensorDictModule(nn.Linear(hidden_size, int(spec.space.n)), in_keys=["embed"], out_keys=["logits"])
-    actor = ProbabilisticActor(
-        TensorDictSequential(rnn, head),
-        in_keys=["logits"],
-        spec=spec,
-        distribution_class=OneHotCategorical,
-        return_log_prob=True,
-    )
+    if hasattr(spec.space, "n"):
+        head = TensorDictModule(nn.Linear(hidden_size, int(spec.space.n)), in_keys=["embed"], out_keys=["logits"])
+        actor = ProbabilisticActor(
+            TensorDictSequential(rnn, head),
+            in_keys=["logits"],
+            spec=spec,
+            distribution_class=OneHotCategorical,
+            return_log_prob=True,
+        )
+    else:  # a Box: loc and scale from the head (NormalParamExtractor), a TanhNormal on the action's bounds
+        from tensordict.nn import NormalParamExtractor
+        from torchrl.modules import TanhNormal
+
+        width = int(spec.shape[-1])
+        params = nn.Sequential(nn.Linear(hidden_size, 2 * width), NormalParamExtractor())
+        head = TensorDictModule(params, in_keys=["embed"], out_keys=["loc", "scale"])
+        low, high = (torch.as_tensor(b, dtype=torch.float32).reshape(-1, width)[0] for b in (spec.low, spec.high))
+        actor = ProbabilisticActor(
+            TensorDictSequential(rnn, head),
+            in_keys=["loc", "scale"],
+            spec=spec,
+            distribution_class=TanhNormal,
+            distribution_kwargs={"low": low, "high": high},
+            return_log_prob=True,
+        )
     critic = TensorDictSequential(rnn, ValueOperator(nn.Linear(hidden_size, 1), in_keys=["embed"]))
     return actor, critic, rnn
 
@@ -238,7 +255,10 @@ def run(
         return probe.close(completed=completed, stop_reason=stop_reason, num_timesteps=done)
 
     def save() -> Path:
-        config = {"env_id": env_id, "hidden_size": hidden, "num_layers": 1, "cell": "lstm"}  # build()'s arguments
+        config: dict[str, Any] = {"env_id": env_id, "hidden_size": hidden, "num_layers": 1, "cell": "lstm"}
+        bounds = actor.module[-1].distribution_kwargs or {}  # a Box's TanhNormal: the bounds it maps onto
+        if "low" in bounds:
+            config["low"], config["high"] = bounds["low"].tolist(), bounds["high"].tolist()
         state = {"lstm_probe": "torchrl", "config": config, "actor": actor.state_dict(), "critic": critic.state_dict()}
         return saved.write(saved_as, lambda f: torch.save(state, f))
 
