@@ -18,7 +18,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "html": ("matplotlib",),
     "export": ("onnx", "onnxruntime", "onnxscript"),
     "rllib": ("ray",),
-    "rsl-rl": ("rsl_rl",),
+    "rsl-rl": ("rsl_rl", "yaml"),
     "torchrl": ("torchrl", "tensordict"),
 }
 """Extra -> the top-level modules it installs."""
