@@ -456,6 +456,7 @@ def _cut(c: dict[str, np.ndarray], n: int) -> tuple[dict[str, np.ndarray], dict[
 
 class Doctor(Section[DoctorSection]):
     key = "doctor"
+    alongside = True
     findings_rank = 20
 
     def compute(self, log: Log, acc: Any) -> DoctorSection:
@@ -502,7 +503,10 @@ class Doctor(Section[DoctorSection]):
             init = whole.column("init")
             if init.null_count == len(init):
                 continue
-            batch = whole.filter(pc.and_(init.is_valid(), pc.equal(whole.column("layer"), 0)))
+            # the doctor's own columns of the init rows (a rollout row group's every row: not copied)
+            batch, layer = whole.select(COLUMNS), whole.column("layer")
+            if init.null_count or layer.null_count or pc.any(pc.not_equal(layer, 0)).as_py():
+                batch = batch.filter(pc.and_(init.is_valid(), pc.equal(layer, 0)))
             if not batch.num_rows:
                 continue
             tally.count_sources(batch)

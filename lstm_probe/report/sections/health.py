@@ -157,6 +157,7 @@ class HealthTotals(Accumulator[pa.RecordBatch]):
 
 class Health(Section[HealthSection]):
     key = "health"
+    alongside = True
     findings_rank: ClassVar[int] = 40
 
     def compute(self, log: Log, acc: Any) -> HealthSection:
