@@ -40,6 +40,7 @@ from lstm_probe.log import budget
 from lstm_probe.log.schema import INITS
 from lstm_probe.report.scan import (
     Test,
+    every_group,
     is_parquet,
     row_groups,
     rows_expr,
@@ -488,7 +489,8 @@ class Doctor(Section[DoctorSection]):
         if parquet:  # the row groups that may hold such rows (statistics), their rows selected batch by batch:
             # Arrow's row filter on every column cost ~0.15 s more CPU on a 9.9M-row log (7% of rows kept), and
             # more on a string column (dictionaries: words_in)
-            rows, filt = row_groups(rows, filt), None
+            # (every row group where each may hold an input-state row: no pruning asked, it would keep them all)
+            rows, filt = row_groups(rows, None if every_group(rows, "init") else filt), None
         # little read ahead (as the scalar scan): a few batches of one file
         budget.check_stream(rows, columns, "the doctor's read of input states")
         if parquet:
