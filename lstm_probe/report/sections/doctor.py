@@ -213,10 +213,14 @@ class _Tally:
         module, env, step, phase = c["module"][idx], c["env"][idx], c["env_step"][idx], c["phase"][idx]
         same = np.r_[False, (module[1:] == module[:-1]) & (env[1:] == env[:-1])]
         prev_step = np.r_[np.nan, step[:-1]]
-        prev_phase = np.empty(len(idx), object)
+        firsts = np.flatnonzero(~same).tolist()  # a module's env column seen in an earlier batch
+        seen = [self.last.get((module[i], env[i]), (np.nan, "")) for i in firsts]
+        # the phases as fixed-width strings wide enough for the earlier batches' too: compared in numpy
+        width = max([phase.dtype.itemsize // 4, 1] + [len(p) for _, p in seen])
+        prev_phase = np.empty(len(idx), f"<U{width}")
         prev_phase[0], prev_phase[1:] = "", phase[:-1]
-        for i in np.flatnonzero(~same).tolist():  # a module's env column seen in an earlier batch
-            prev_step[i], prev_phase[i] = self.last.get((module[i], env[i]), (np.nan, ""))
+        for i, (s, p) in zip(firsts, seen, strict=True):
+            prev_step[i], prev_phase[i] = s, p
         again = prev_step == step
         twice = again & (phase == prev_phase) & (phase != "bootstrap")
         advanced = again & (prev_phase == "bootstrap") & (phase == "rollout") & (c["init"][idx] == "other")
