@@ -1,5 +1,5 @@
 """The report's streaming reads: filtered reads skip row groups by their string columns' statistics too
-(``budget.prune``), rows are selected in numpy as Arrow's filter selects them (``scan.select_rows``), and the
+(``budget.prune``), rows are selected in numpy as Arrow's filter selects them (``rows.select_rows``), and the
 runs of iterations shrink to fit a small memory budget instead of the read being refused (``scan.fit``)."""
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import pytest
 
 from lstm_probe.log import budget
 from lstm_probe.log.reader import dataset
-from lstm_probe.report.scan import REPORT_CHUNK_ROWS, fit, rows_expr, select_rows
+from lstm_probe.report.rows import rows_expr, select_rows
+from lstm_probe.report.scan import REPORT_CHUNK_ROWS, fit
 
 SAMPLE = Path(__file__).resolve().parents[1] / "sample_runs" / "pendulum-1env.parquet"
 

@@ -38,16 +38,8 @@ import pyarrow.dataset as ds
 from lstm_probe.contract import Capabilities
 from lstm_probe.log import budget
 from lstm_probe.log.schema import INITS
-from lstm_probe.report.scan import (
-    Test,
-    every_group,
-    is_parquet,
-    row_groups,
-    rows_expr,
-    select_rows,
-    stream,
-    with_dictionaries,
-)
+from lstm_probe.report.rows import Test, rows_expr, select_rows
+from lstm_probe.report.scan import every_group, is_parquet, row_groups, stream, with_dictionaries
 from lstm_probe.report.section import Block, Line, Log, Section, Table
 from lstm_probe.report.sections.staleness import PROVENANCE_TOLERANCE
 from lstm_probe.text import safe
