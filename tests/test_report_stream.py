@@ -1,5 +1,5 @@
 """The report's streaming reads: filtered reads skip row groups by their string columns' statistics too
-(``budget.prune``), rows are selected in numpy as Arrow's filter selects them (``scan.select_rows``), and the
+(``budget.prune``), rows are selected in numpy as Arrow's filter selects them (``rows.select_rows``), and the
 runs of iterations shrink to fit a small memory budget instead of the read being refused (``scan.fit``)."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
@@ -14,7 +15,8 @@ import pytest
 
 from lstm_probe.log import budget
 from lstm_probe.log.reader import dataset
-from lstm_probe.report.scan import REPORT_CHUNK_ROWS, fit, rows_expr, select_rows
+from lstm_probe.report.rows import rows_expr, select_rows
+from lstm_probe.report.scan import REPORT_CHUNK_ROWS, fit
 
 SAMPLE = Path(__file__).resolve().parents[1] / "sample_runs" / "pendulum-1env.parquet"
 
@@ -78,3 +80,76 @@ def test_runs_shrink_to_fit_a_small_memory_budget() -> None:
         assert fit(10, 20) == 10
     finally:
         budget.set_limit(None)
+
+
+def test_read_scalars_copies_runs_of_one_phase_as_slices_in_log_order(
+    phase_pure: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch spans row groups (several runs of train and other rows): the runs go where masks would put them."""
+    from lstm_probe.report import scan
+
+    data, _ = dataset(phase_pure)
+    strings = scan.with_dictionaries(data, scan.COLUMNS)
+    runs, front = scan.read_scalars(strings, scan.COLUMNS, scan.FIRST_LAYER)
+    monkeypatch.setattr(scan, "RUNS", 1)  # every mixed batch by masks
+    masks, front2 = scan.read_scalars(strings, scan.COLUMNS, scan.FIRST_LAYER)
+    assert front == front2 and 0 < front < len(runs)
+    for name in scan.COLUMNS:
+        np.testing.assert_array_equal(runs[name], masks[name])
+    table = data.to_table(filter=scan.FIRST_LAYER)
+    train = pc.equal(table["phase"], "train").fill_null(False).to_numpy(zero_copy_only=False)
+    call = table["call"].to_numpy(zero_copy_only=False)
+    # the other rows in log order, the train rows after them (packed from the end, batch by batch)
+    np.testing.assert_array_equal(runs["call"][:front], call[~train])
+    np.testing.assert_array_equal(np.sort(runs["call"][front:]), np.sort(call[train]))
+
+
+def test_select_rows_on_sliced_batches(phase_pure: Path) -> None:
+    """Tests read off the columns' buffers (booleans as bits) hold at any offset, with nulls."""
+    data, _ = dataset(phase_pure)
+    tests = (("episode_start", "equal", True), ("t", "greater", 0), ("padding", "equal", False))
+    words = {"phase": ("train",)}
+    for batch in data.to_batches():
+        for part in (batch.slice(3, 301), batch.slice(13)):
+            want = pa.Table.from_batches([part]).filter(rows_expr(tests, words))
+            got = select_rows(part, tests, words)
+            assert got.num_rows == want.num_rows
+            assert got.column("call").to_pylist() == want.column("call").to_pylist()
+
+
+def test_every_group_says_when_pruning_by_input_states_would_keep_them_all(phase_pure: Path, tmp_path: Path) -> None:
+    from lstm_probe.report.scan import every_group, row_groups
+
+    table = pq.read_table(phase_pure)  # an input state at each call's first step (t = 0), as the tracer writes
+    first = pc.equal(table["t"], 0).to_numpy(zero_copy_only=False)
+    table = table.append_column("init", pa.array(np.where(first, "zero", None), pa.string()))
+    filt = (ds.field("layer") == 0) & ds.field("init").is_valid()
+    every, other = tmp_path / "every.parquet", tmp_path / "other.parquet"
+    pq.write_table(table, every, row_group_size=500)
+    with pq.ParquetWriter(other, table.schema) as w:
+        w.write_table(table, row_group_size=500)
+        w.write_table(table.filter(pc.invert(pc.equal(table["t"], 0))).slice(0, 100))  # no input-state row
+    for path, expected in ((every, True), (other, False)):
+        data = dataset(path)[0]
+        assert every_group(data, "init") is expected
+        assert (_groups(row_groups(data, filt)) == _groups(data)) is expected  # what Arrow's pruning keeps
+    assert not every_group(dataset(phase_pure)[0], "init")  # a log without the column
+
+
+def test_sections_computed_alongside_the_scan_give_the_same_report(monkeypatch: pytest.MonkeyPatch) -> None:
+    from lstm_probe import summarize
+    from lstm_probe.report.sections.doctor import Doctor
+    from lstm_probe.report.sections.health import Health
+
+    alongside = summarize(SAMPLE).to_dict()
+    for section in (Doctor, Health):
+        monkeypatch.setattr(section, "alongside", False)
+    assert summarize(SAMPLE).to_dict() == alongside
+    monkeypatch.setattr(Doctor, "alongside", True)
+
+    def broken(self: Doctor, log: object, acc: object) -> None:
+        raise RuntimeError("doctor failed")
+
+    monkeypatch.setattr(Doctor, "compute", broken)
+    with pytest.raises(RuntimeError, match="doctor failed"):
+        summarize(SAMPLE)

@@ -52,17 +52,24 @@ def row_key(columns: list[np.ndarray]) -> np.ndarray | None:
 
 
 def _key(parts: list[tuple[np.ndarray, int, int | None, int]], n: int) -> np.ndarray:
-    key = np.zeros(n, np.int64)
+    key = np.empty(n, np.int64)
     for start in range(0, n, KEY_CHUNK):
         k = key[start : start + KEY_CHUNK]
-        for col, lo, null, width in parts:
+        for i, (col, lo, null, width) in enumerate(parts):
             v = col[start : start + KEY_CHUNK]
             if null is not None:
                 v = np.where(np.isnan(v), null, v)
-            k *= width
+            if i:
+                k *= width
             # integers before adding: int64 + float would be computed in float64, exact only below 2**53
-            k += v.astype(np.int64) if v.dtype.kind == "f" else v
-            k -= lo
+            if not i:
+                k[...] = v  # cast to int64 (floats hold whole numbers here)
+            elif v.dtype.kind == "f":
+                k += v.astype(np.int64)
+            else:
+                k += v
+            if lo:
+                k -= lo
     return key
 
 

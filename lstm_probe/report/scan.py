@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, TypeAlias
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
@@ -29,8 +28,6 @@ Progress: TypeAlias = Callable[[str, int, int], None]
 ``"rows"`` with the first-layer rows read so far and the log's rows, after each run of iterations; then each
 section that reads more of the log, by its key, with the sections done so far and their number. It only
 tells (the CLI draws a line on a terminal); the report never prints."""
-Test = tuple[str, str, Any]
-"""(column, 'equal' or 'greater', value): a test of one row's value (a null passes no test)."""
 SCAN_BATCH = 1 << 18
 """Rows per batch while the scalar columns are read."""
 SMALL_INTS = ("iteration", "epoch", "minibatch", "seq", "seq_len", "env", "episode", "episode_step")
@@ -215,12 +212,7 @@ def read_scalars(
         is_train = phase == vocab["phase"].get("train", -2)
         k_train = int(is_train.sum())
         k_other = m - k_train
-        # where: a phase-pure batch (the writer's row groups) is copied whole, without masks
-        into: list[tuple[slice, Any]] = []
-        if k_other:
-            into.append((slice(front, front + k_other), slice(None) if not k_train else ~is_train))
-        if k_train:
-            into.append((slice(back - k_train, back), slice(None) if not k_other else is_train))
+        into = _runs(is_train, k_train, front, back)
         for name in columns:
             arr = batch.column(name)
             if name == "phase":
@@ -239,6 +231,33 @@ def read_scalars(
         back -= k_train
     assert front == back, "row count changed while reading"
     return Frame(out, {name: list(words) for name, words in vocab.items()}), front
+
+
+RUNS = 64
+"""Most runs of one phase kind in a batch that :func:`read_scalars` copies run by run (slices); more, by masks."""
+
+
+def _runs(is_train: np.ndarray, k_train: int, front: int, back: int) -> list[tuple[slice, Any]]:
+    """Where a batch's rows go in :func:`read_scalars`' arrays: (destination, rows of the batch) pairs, the other
+    rows from ``front`` on and the train rows up to ``back``, each in batch order. A batch of the writer's
+    phase-pure row groups is a few runs of one kind (a batch spans row groups), copied as slices: boolean
+    masks over every column cost ~0.5 s CPU per 10M rows."""
+    m, k_other = len(is_train), len(is_train) - k_train
+    if not k_train or not k_other:  # phase-pure: copied whole
+        return [(slice(front, front + m), slice(None))] if k_other else [(slice(back - m, back), slice(None))]
+    edges = np.flatnonzero(is_train[1:] != is_train[:-1]) + 1
+    if len(edges) >= RUNS:
+        return [(slice(front, front + k_other), ~is_train), (slice(back - k_train, back), is_train)]
+    into: list[tuple[slice, Any]] = []
+    other, train = front, back - k_train
+    for a, b in zip([0, *edges.tolist()], [*edges.tolist(), m], strict=True):
+        if is_train[a]:
+            into.append((slice(train, train + b - a), slice(a, b)))
+            train += b - a
+        else:
+            into.append((slice(other, other + b - a), slice(a, b)))
+            other += b - a
+    return into
 
 
 def fit(chunk_rows: int, columns: int) -> int:
@@ -266,7 +285,7 @@ def _plan(
     for batch in data.scanner(columns=["iteration"], filter=filt, batch_size=SCAN_BATCH).to_batches():
         col = batch.column("iteration")
         nulls += col.null_count
-        parts.append(np.unique(col.drop_null().to_numpy().astype(np.int64), return_counts=True))
+        parts.append(_counted(col.drop_null().to_numpy().astype(np.int64)))
     values = np.concatenate([v for v, _ in parts]) if parts else np.zeros(0, np.int64)
     counts = np.concatenate([n for _, n in parts]) if parts else np.zeros(0, np.int64)
     del parts
@@ -297,45 +316,40 @@ def _plan(
     return out
 
 
-def words_in(batch: pa.RecordBatch, words: Mapping[str, Sequence[str]]) -> np.ndarray:
-    """The rows of ``batch`` whose string column ``name`` holds one of ``words[name]``, for every name (null: no),
-    as a boolean mask: the test is made once per distinct word of the column's dictionary and the rows take
-    its answer by their codes. Arrow's filter on a dictionary column (the form :func:`with_dictionaries` reads
-    strings in) took ~2.5x the time of reading every row's columns (a 9.9M-row log: 1.2 s against 0.5 s)."""
-    keep = np.ones(batch.num_rows, bool)
-    for name, allowed in words.items():
-        col = batch.column(name)
-        enc = col if pa.types.is_dictionary(col.type) else col.dictionary_encode()
-        hit = np.array([w in allowed for w in enc.dictionary.to_pylist()] + [False])
-        codes = enc.indices.fill_null(len(hit) - 1) if enc.null_count else enc.indices
-        keep &= hit[codes.to_numpy(zero_copy_only=False)]
-    return keep
+def _counted(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(values, return_counts=True)``, counted without a sort where the values span a small range
+    (a batch's iterations: a few)."""
+    if not len(values):
+        return values, np.zeros(0, np.int64)
+    lo, hi = int(values.min()), int(values.max())
+    if hi - lo > 4 * len(values) + (1 << 16):
+        return np.unique(values, return_counts=True)
+    counts = np.bincount(values - lo, minlength=hi - lo + 1)
+    seen = np.flatnonzero(counts)
+    return seen + lo, counts[seen]
 
 
-def rows_expr(tests: tuple[Test, ...], words: dict[str, tuple[str, ...]]) -> ds.Expression:
-    """:func:`select_rows`' rows as a filter expression (the row groups that may hold them: footer statistics)."""
-    out = ds.scalar(True)
-    for name, op, value in tests:
-        out &= (ds.field(name) == value) if op == "equal" else (ds.field(name) > value)
-    for name, allowed in words.items():
-        out &= ds.field(name).isin(list(allowed))
-    return out
-
-
-def select_rows(batch: pa.RecordBatch, tests: tuple[Test, ...], words: dict[str, tuple[str, ...]]) -> pa.RecordBatch:
-    """The rows of ``batch`` that pass ``tests`` and hold ``words``, in order: the first test (the most
-    selective) over the batch, each further one over the rows left (Arrow's filter by an expression took
-    ~10 ms a batch, by a dictionary column more; the same rows as Arrow's filter)."""
-    keep: np.ndarray | None = None  # the rows left
-    for name, op, value in tests:
-        col = batch.column(name) if keep is None else batch.column(name).take(pa.array(keep))
-        hit = pc.equal(col, value) if op == "equal" else pc.greater(col, value)
-        hit = pc.fill_null(hit, False).to_numpy(zero_copy_only=False)
-        keep = np.flatnonzero(hit) if keep is None else keep[hit]
-        if not len(keep):
-            return batch.slice(0, 0)
-    left = batch if keep is None else batch.take(pa.array(keep))
-    return left.filter(pa.array(words_in(left, words)))
+def every_group(data: ds.Dataset, column: str, layer: str = "layer") -> bool:
+    """Whether the footer statistics let every row group of ``data`` (a dataset of Parquet files) hold a row of
+    layer 0 whose ``column`` is not null, so that no filter that keeps those rows (``layer == 0 &
+    column.is_valid()``, or'ed with others) can prune one: pruning by it (~0.1-0.3 s of Arrow's statistics
+    tests on a 9.9M-row log) would keep them all. A row group without such statistics may hold one too."""
+    if not is_parquet(data):
+        return False
+    for frag in data.get_fragments():
+        meta = frag.metadata
+        where = {meta.schema.column(j).path: j for j in range(meta.num_columns)}
+        if column not in where or layer not in where:
+            return False
+        ids = [rg.id for rg in frag.row_groups] if frag.row_groups else range(meta.num_row_groups)
+        for i in ids:
+            rg = meta.row_group(i)
+            values, layers = rg.column(where[column]).statistics, rg.column(where[layer]).statistics
+            if values is not None and values.has_null_count and values.null_count >= rg.num_rows:
+                return False
+            if layers is not None and layers.has_min_max and not layers.min <= 0 <= layers.max:
+                return False
+    return True
 
 
 def stream(data: ds.Dataset, columns: list[str], batch_size: int, ahead: int = 2) -> Iterator[pa.RecordBatch]:
@@ -395,13 +409,19 @@ def is_parquet(data: ds.Dataset) -> bool:
     return isinstance(data, ds.FileSystemDataset) and isinstance(data.format, ds.ParquetFileFormat)
 
 
-def row_groups(data: ds.Dataset, filt: ds.Expression) -> ds.Dataset:
+def row_groups(data: ds.Dataset, filt: ds.Expression | None) -> ds.Dataset:
     """The row groups of ``data`` (a dataset of Parquet files) that ``filt`` may select by their statistics,
     in log order, as a dataset: scanned without a filter, it reads them whole (string columns' statistics
-    asked too: :func:`lstm_probe.log.budget.prune`)."""
-    data = budget.prune(data, filt)
-    fragments = [rg for f in data.get_fragments(filter=filt) for rg in f.split_by_row_group(filt, schema=data.schema)]
-    return ds.FileSystemDataset(fragments, data.schema, data.format, data.filesystem)
+    asked too: :func:`lstm_probe.log.budget.prune`). ``filt`` None: every row group."""
+    pruned = data if filt is None else budget.prune(data, filt)
+    if pruned is not data:  # pruned by the filter already (with the strings' statistics): its row groups as kept
+        # (Arrow's pruning again with the dictionary schema keeps them all: it knows less; ~0.12 s a filter)
+        fragments = [rg for f in pruned.get_fragments() for rg in f.split_by_row_group()]
+    else:
+        fragments = [
+            rg for f in data.get_fragments(filter=filt) for rg in f.split_by_row_group(filt, schema=data.schema)
+        ]
+    return ds.FileSystemDataset(fragments, pruned.schema, pruned.format, pruned.filesystem)
 
 
 def duplicates(df: Frame | dict[str, np.ndarray]) -> int:
@@ -420,7 +440,9 @@ def duplicates(df: Frame | dict[str, np.ndarray]) -> int:
             same &= np.diff(c[order]) == 0
         return int(same.sum())
     del columns
-    key.sort()
+    # stable (timsort): a log's rows come nearly in key order (runs of a call's columns and steps), which it
+    # merges ~4x faster than quicksort sorts them (a 4M-row run: 0.06 s instead of 0.23 s)
+    key.sort(kind="stable")
     return int((key[1:] == key[:-1]).sum())
 
 

@@ -259,6 +259,10 @@ class Section(ABC, Generic[D]):
     findings_rank: ClassVar[int] = 60
     """Where the section's findings go in the list (lower first, ties in registry order): what training
     did first, the run's own state last."""
+    alongside: ClassVar[bool] = False
+    """:meth:`compute` reads the log itself, needs nothing the scan finds (no accumulator, not
+    ``Log.iterations``) and holds little: ``summarize`` may compute it in a thread while the scan runs, where
+    the memory budget leaves the scan's runs whole (the same data either way)."""
 
     def applies(self, caps: Capabilities) -> bool:
         return self.needs is None or bool(getattr(caps, self.needs))

@@ -80,7 +80,7 @@ def per_call(df: Frame) -> dict[str, np.ndarray]:
         if ok.all():
             ok = slice(None)
         idx = c[ok].astype(np.int64) - lo
-        np.add.at(rows, idx, 1)
+        rows += np.bincount(idx, minlength=span)
         np.minimum.at(t0, idx, t[part][ok])
         np.maximum.at(t1, idx, t[part][ok])
         for name, c_codes in codes.items():
@@ -99,7 +99,8 @@ def minibatches(
     minibatches: from the train rows ``sel`` selects (one module's)."""
     if not sel.any():
         return {}, {}, {}, 0
-    it, ep, mb, seq = (train[c][sel] for c in ("iteration", "epoch", "minibatch", "seq"))
+    every = bool(sel.all())  # one module's rows (most logs): the columns as they are, not copied
+    it, ep, mb, seq = (train[c] if every else train[c][sel] for c in ("iteration", "epoch", "minibatch", "seq"))
     # Integer keys instead of grouping float columns (several copies of them). The rows of one sequence
     # of one minibatch come together (a call's rows are ordered column, then step), so only the first row
     # of each run of equal (minibatch, seq) keys is looked at.
@@ -118,7 +119,7 @@ def minibatches(
     del runs, run_pair, run_mb, named, pair_first, owner
     values, n = np.unique(counts, return_counts=True)
     spm = {int(k): int(v) for k, v in zip(values, n, strict=True)}
-    by_path = train.counts("path", np.flatnonzero(sel)[first])
+    by_path = train.counts("path", first if every else np.flatnonzero(sel)[first])
     reasons = train.counts("seq_reason", starts)
     return spm, reasons, by_path, len(mbs)
 
@@ -224,6 +225,15 @@ def _grouped(key: np.ndarray) -> tuple[np.ndarray, int, np.ndarray]:
     return inv, n, one
 
 
+def _most(call: np.ndarray) -> int:
+    """The most rows any one call id has (``call``: ids, no nulls): counted in one slot per id where they are
+    dense (a counter), instead of sorted."""
+    lo, hi = int(call.min()), int(call.max())
+    if hi - lo >= 4 * len(call) + (1 << 16):
+        return int(np.unique(call, return_counts=True)[1].max())
+    return int(np.bincount((call - lo).astype(np.int64), minlength=1).max())
+
+
 @dataclass
 class CallsTotals(Accumulator[Chunk]):
     calls: Counts[tuple[str, str, str]] = field(default_factory=Counts)
@@ -261,7 +271,7 @@ class CallsTotals(Accumulator[Chunk]):
             call = part.roll["call"]
             call = call[~np.isnan(call)] if call.dtype.kind == "f" else call
             if len(call):
-                self.roll_batch.add(int(np.unique(call, return_counts=True)[1].max()))
+                self.roll_batch.add(_most(call))
         if len(part.train):
             spm, reasons, by_path, n_mb = minibatches(part.train, part.train_sel, part.starts)
             for k_spm, n in spm.items():

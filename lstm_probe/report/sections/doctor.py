@@ -38,15 +38,8 @@ import pyarrow.dataset as ds
 from lstm_probe.contract import Capabilities
 from lstm_probe.log import budget
 from lstm_probe.log.schema import INITS
-from lstm_probe.report.scan import (
-    Test,
-    is_parquet,
-    row_groups,
-    rows_expr,
-    select_rows,
-    stream,
-    with_dictionaries,
-)
+from lstm_probe.report.rows import Test, rows_expr, select_rows
+from lstm_probe.report.scan import every_group, is_parquet, row_groups, stream, with_dictionaries
 from lstm_probe.report.section import Block, Line, Log, Section, Table
 from lstm_probe.report.sections.staleness import PROVENANCE_TOLERANCE
 from lstm_probe.text import safe
@@ -212,10 +205,14 @@ class _Tally:
         module, env, step, phase = c["module"][idx], c["env"][idx], c["env_step"][idx], c["phase"][idx]
         same = np.r_[False, (module[1:] == module[:-1]) & (env[1:] == env[:-1])]
         prev_step = np.r_[np.nan, step[:-1]]
-        prev_phase = np.empty(len(idx), object)
+        firsts = np.flatnonzero(~same).tolist()  # a module's env column seen in an earlier batch
+        seen = [self.last.get((module[i], env[i]), (np.nan, "")) for i in firsts]
+        # the phases as fixed-width strings wide enough for the earlier batches' too: compared in numpy
+        width = max([phase.dtype.itemsize // 4, 1] + [len(p) for _, p in seen])
+        prev_phase = np.empty(len(idx), f"<U{width}")
         prev_phase[0], prev_phase[1:] = "", phase[:-1]
-        for i in np.flatnonzero(~same).tolist():  # a module's env column seen in an earlier batch
-            prev_step[i], prev_phase[i] = self.last.get((module[i], env[i]), (np.nan, ""))
+        for i, (s, p) in zip(firsts, seen, strict=True):
+            prev_step[i], prev_phase[i] = s, p
         again = prev_step == step
         twice = again & (phase == prev_phase) & (phase != "bootstrap")
         advanced = again & (prev_phase == "bootstrap") & (phase == "rollout") & (c["init"][idx] == "other")
@@ -456,6 +453,7 @@ def _cut(c: dict[str, np.ndarray], n: int) -> tuple[dict[str, np.ndarray], dict[
 
 class Doctor(Section[DoctorSection]):
     key = "doctor"
+    alongside = True
     findings_rank = 20
 
     def compute(self, log: Log, acc: Any) -> DoctorSection:
@@ -487,7 +485,8 @@ class Doctor(Section[DoctorSection]):
         if parquet:  # the row groups that may hold such rows (statistics), their rows selected batch by batch:
             # Arrow's row filter on every column cost ~0.15 s more CPU on a 9.9M-row log (7% of rows kept), and
             # more on a string column (dictionaries: words_in)
-            rows, filt = row_groups(rows, filt), None
+            # (every row group where each may hold an input-state row: no pruning asked, it would keep them all)
+            rows, filt = row_groups(rows, None if every_group(rows, "init") else filt), None
         # little read ahead (as the scalar scan): a few batches of one file
         budget.check_stream(rows, columns, "the doctor's read of input states")
         if parquet:
@@ -502,7 +501,10 @@ class Doctor(Section[DoctorSection]):
             init = whole.column("init")
             if init.null_count == len(init):
                 continue
-            batch = whole.filter(pc.and_(init.is_valid(), pc.equal(whole.column("layer"), 0)))
+            # the doctor's own columns of the init rows (a rollout row group's every row: not copied)
+            batch, layer = whole.select(COLUMNS), whole.column("layer")
+            if init.null_count or layer.null_count or pc.any(pc.not_equal(layer, 0)).as_py():
+                batch = batch.filter(pc.and_(init.is_valid(), pc.equal(layer, 0)))
             if not batch.num_rows:
                 continue
             tally.count_sources(batch)

@@ -69,7 +69,7 @@ class UnitTotals(Accumulator[tuple[np.ndarray, np.ndarray, pa.Array | None]]):
             self.c_max.add(float(finite_c.max()))
         if h_rows is None:
             return
-        sub = h_rows.filter(h_rows.is_valid())
+        sub = h_rows.filter(h_rows.is_valid()) if h_rows.null_count else h_rows
         if len(sub) == 0:
             return
         h = np.asarray(sub.flatten().to_numpy(zero_copy_only=False), np.float32).reshape(-1, h_rows.type.list_size)
@@ -119,13 +119,16 @@ class HealthTotals(Accumulator[pa.RecordBatch]):
         if hcol is not None and hcol.null_count == len(hcol):
             hcol = None
         key = codes * (1 << 16) + (layers.astype(np.int64) - np.iinfo(np.int16).min)  # (module, layer) per row
-        for k in np.unique(key).tolist():  # each (module, layer) of the batch: its rows, in log order
-            sel = np.flatnonzero(key == k)
-            name = (str(names[k >> 16]), int(layers[sel[0]]))
+        distinct = np.unique(key).tolist()
+        for k in distinct:  # each (module, layer) of the batch: its rows, in log order
+            sel: Any = np.flatnonzero(key == k) if len(distinct) > 1 else slice(None)  # one: the whole batch
+            first = 0 if isinstance(sel, slice) else int(sel[0])
+            name = (str(names[k >> 16]), int(layers[first]))
             unit = self.units.get(name)
             if unit is None:
                 unit = self.units[name] = UnitTotals()
-            unit.add((hn[sel], cn[sel], None if hcol is None else hcol.take(sel)))
+            h_rows = None if hcol is None else hcol if isinstance(sel, slice) else hcol.take(sel)
+            unit.add((hn[sel], cn[sel], h_rows))
 
     def _norms(
         self, modules: pa.Array, layers: np.ndarray, iterations: pa.Array, hn: np.ndarray, cn: np.ndarray
@@ -157,6 +160,7 @@ class HealthTotals(Accumulator[pa.RecordBatch]):
 
 class Health(Section[HealthSection]):
     key = "health"
+    alongside = True
     findings_rank: ClassVar[int] = 40
 
     def compute(self, log: Log, acc: Any) -> HealthSection:

@@ -95,12 +95,14 @@ class StalenessTotals(Accumulator[Chunk]):
         if not kept.any():
             return
 
+        every = bool(kept.all())  # every row kept (no padding, a drift on each): the columns as they are
+
         def column(name: str) -> np.ndarray:  # taken when needed and dropped after use: memory is the bound
-            return train[name][kept]
+            return train[name] if every else train[name][kept]
 
         # float64 once: the three groupings' sums (np.bincount) would each convert float32 weights again
         dh, dc = column("drift_h").astype(np.float64), column("drift_c").astype(np.float64)
-        module = train["module"][kept]
+        module = column("module")
         names = train.words("module")
         layer = column("layer")
         epoch, minibatch = column("epoch"), column("minibatch")
