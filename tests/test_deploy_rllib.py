@@ -218,12 +218,14 @@ def _record(bug: str, module, episodes: int = EPISODES, steps: int = STEPS):
     for e in range(episodes):
         obs, _ = env.reset(seed=e)
         for t in range(steps):
-            fresh = (t == 0 and (e == 0 or bug != "no reset")) or bug == "not fed"
+            fresh = (t == 0 and (e == 0 or bug != "no reset")) or bug in ("not fed", "every step")
             batch = {Columns.OBS: torch.as_tensor(obs[None, None]), Columns.STATE_IN: _state_in(module, state, fresh)}
             with torch.no_grad():
                 out = module.forward_inference(batch)
             action = int(out[Columns.ACTION_DIST_INPUTS][0, 0].argmax())
             state = torch.utils._pytree.tree_map(lambda x: x[0], out[Columns.STATE_OUT])
+            if bug == "swapped":  # each encoder's h fed as its c and c as h
+                state = {r: {"h": s["c"], "c": s["h"]} for r, s in state.items()}
             rows.append({"env": 0, "step": len(rows), "obs": [float(x) for x in obs], "action": action})
             rows[-1]["episode_start"] = t == 0
             obs, _, terminated, truncated, _ = env.step(action)
@@ -243,7 +245,13 @@ def memory_policy(tmp_path_factory):
     return d, module, path
 
 
-BUGS = {"correct": "correct", "not fed": "state not fed back", "no reset": "not reset at episode starts"}
+BUGS = {
+    "correct": "correct",
+    "not fed": "state not fed back",
+    "every step": "reset every step",
+    "no reset": "not reset at episode starts",
+    "swapped": "h and c swapped",
+}
 
 
 @pytest.mark.parametrize("bug", list(BUGS))
@@ -255,7 +263,7 @@ def test_replay_names_a_correct_rllib_loop_and_each_planted_bug(memory_policy, b
         loops = [(lp.name, lp.agree, lp.steps) for lp in r.loops]
         if bug == "correct":
             assert r.verdict == "correct" and set(r.also) <= {"float16"}, loops
-        elif bug == "not fed":  # the same computation: the state zeroed before each step
+        elif bug in ("not fed", "every step"):  # the same computation: the state zeroed before each step
             assert (r.verdict, r.also) == ("state not fed back", ["reset every step"]), loops
         else:
             assert r.verdict == BUGS[bug] and r.also == [], loops
