@@ -382,3 +382,12 @@ def test_the_mark_tells_rllib_from_rsl_rl_and_torchrl(trained, tmp_path):
     torch.save(doc, tmp_path / "plain.pt")
     with pytest.raises(BadInput, match="is not an rsl_rl checkpoint"):
         deploy_policy(tmp_path / "plain.pt", False)
+
+
+def test_run_refuses_an_existing_model_before_ray_starts(tmp_path):
+    from lstm_probe.integrations.rllib.train import run
+
+    (tmp_path / "run.model.pt").write_bytes(b"earlier")
+    with pytest.raises(BadInput, match="run.model.pt already exists"):
+        run(ENV_ID, str(tmp_path / "run"), steps=64)
+    assert (tmp_path / "run.model.pt").read_bytes() == b"earlier" and not (tmp_path / "run").exists()

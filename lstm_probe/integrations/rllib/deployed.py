@@ -9,6 +9,8 @@ loaded with ``torch.load(weights_only=True)`` after its size is checked against 
 (``deploy/saved.py``: ``read_checkpoint``); or an RLModule in memory (the learner's, with the critic's
 encoder; an ``inference_only`` one holds no critic when ``vf_share_layers=False``), or a PPO ``Algorithm``
 (its learner's weights, ``LearnerGroup.get_weights``, in a module built from its spaces and model config).
+``Algorithm.get_module()`` is the env runner's module, whose critic RLlib never syncs (docs/rllib.md): given it,
+the file's actions are the trained policy's, its value and critic state that untrained critic's.
 From a file, the sizes (observation width, layer widths, LSTM cell size, actions) are taken from the weights,
 the configuration's types checked and its sizes checked against them, and only RLlib's
 ``DefaultPPOTorchRLModule`` is built (``RLModuleSpec.build``), never a class the file names.
