@@ -388,6 +388,6 @@ def test_run_refuses_an_existing_model_before_ray_starts(tmp_path):
     from lstm_probe.integrations.rllib.train import run
 
     (tmp_path / "run.model.pt").write_bytes(b"earlier")
-    with pytest.raises(BadInput, match="run.model.pt already exists"):
+    with pytest.raises(BadInput, match=r"run\.model\.pt already exists"):
         run(ENV_ID, str(tmp_path / "run"), steps=64)
     assert (tmp_path / "run.model.pt").read_bytes() == b"earlier" and not (tmp_path / "run").exists()
