@@ -209,6 +209,28 @@ def test_a_box_module_exports_its_mean_on_the_bounds(tmp_path):
     torch.save(deployed.checkpoint(module), tmp_path / "box.model.pt")
     r = lstm_probe.export(tmp_path / "box.model.pt", tmp_path / "box.pt", env_id="Pendulum-v1", episodes=2)
     assert r.spec.action == "box" and max(r.errors.values()) < 1e-5, r.errors
+    # a loop stepping the ONNX file (3 episodes of 30 steps), and the same loop never feeding the state back
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(tmp_path / "box.onnx"))
+    for bug, verdict in (("correct", "correct"), ("not fed", "state not fed back")):
+        env, rows = gym.make("Pendulum-v1"), []
+        for e in range(3):
+            obs, _ = env.reset(seed=e)
+            state = [np.zeros((1, 1, 8), np.float32)] * 4
+            for t in range(30):
+                start = np.array([float(t == 0)], np.float32)
+                feed = {"obs": obs[None].astype(np.float32), "episode_start": start}
+                named = dict(zip(["h", "c", "h_critic", "c_critic"], state, strict=True))
+                action, _, *new = sess.run(None, {**feed, **named})
+                state = new if bug == "correct" else state
+                assert -2.0 <= action[0, 0] <= 2.0  # on the Box's bounds
+                rows.append({"step": len(rows), "obs": obs.tolist(), "action": action[0].tolist()})
+                rows[-1]["episode_start"] = t == 0
+                obs, *_ = env.step(action[0])
+        pq.write_table(pa.Table.from_pylist(rows), tmp_path / "box.parquet")
+        r = lstm_probe.replay(tmp_path / "box.parquet", tmp_path / "box.model.pt")
+        assert r.verdict == verdict, (r.verdict, [(lp.name, lp.agree, lp.steps) for lp in r.loops])
 
 
 def _record(bug: str, module, episodes: int = EPISODES, steps: int = STEPS):
