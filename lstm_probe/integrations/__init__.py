@@ -117,6 +117,10 @@ FRAMEWORKS: dict[str, Framework] = {
             refuses=("info_keys",),
             extra="rllib",
             parts_per_process=True,
+            deploy="lstm_probe.integrations.rllib.deployed:loader",
+            deploy_files=(".pt",),
+            deploy_packages=("ray",),
+            deploy_mark="rllib",
         ),
         Framework(
             "rsl_rl",

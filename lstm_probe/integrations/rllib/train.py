@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from lstm_probe.capture import life
+from lstm_probe.deploy import saved
 from lstm_probe.errors import BadInput
 from lstm_probe.integrations.rllib.model import arch
 from lstm_probe.integrations.rllib.options import Rllib
@@ -69,6 +71,8 @@ def run(
     steps, n_envs, n_steps = t.steps, t.n_envs, t.n_steps
     env_runners, learners = r.env_runners, r.learners
     check_env_id(env_id)
+    saved_as = saved.beside(opts.out, "model.pt")  # the trained RLModule, for `lstm-probe export`
+    saved.check_free(saved_as, opts.force)
     fragment = n_steps or 128
     check_size(t, n_steps=fragment, hidden_size=t.hidden_size or 256, lstms=1)  # before ray starts
     training: dict[str, Any] = {} if t.learning_rate is None else {"lr": t.learning_rate}
@@ -115,15 +119,32 @@ def run(
     started = time.perf_counter()
     algo = config.build_algo()
 
+    trained: dict[str, Any] = {}
+
     def loop() -> Iterator[int]:
         done = 0
         while done < steps:
             result = algo.train()
             done = int(result.get("env_runners", {}).get("num_env_steps_sampled_lifetime", done + 1))
             yield done
+        trained["doc"] = _checkpoint(algo)  # training completed: the learner's weights, before algo.stop()
 
     def close_all(completed: bool, stop_reason: str | None, done: int) -> None:
         close(algo, completed=completed, stop_reason=stop_reason, num_timesteps=done)  # every process's probe
 
+    def save() -> Path:
+        return saved.write(saved_as, lambda f: torch.save(trained["doc"], f))
+
     log = _directory(opts.out) or os.fspath(opts.out)
-    return life.train(loop(), close_all, out=log, total=steps, progress=progress, cleanup=algo.stop, started=started)
+    return life.train(
+        loop(), close_all, out=log, total=steps, progress=progress, cleanup=algo.stop, started=started, save=save
+    )
+
+
+def _checkpoint(algo: Any) -> dict[str, Any]:
+    """What ``run`` saves beside its log (``run/`` -> ``run.model.pt``): the learner's RLModule
+    (``deployed.py``: :func:`~lstm_probe.integrations.rllib.deployed.checkpoint`), read by ``lstm-probe export``."""
+    from lstm_probe.integrations.rllib import deployed
+
+    module, act = deployed.module_of(algo)
+    return deployed.checkpoint(module, act.normalize, act.clip)
