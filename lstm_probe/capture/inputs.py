@@ -39,6 +39,14 @@ AUTO_BYTES = 256 << 20
 """An automatic ring grows no further than this many bytes (a loop that never trains keeps its newest steps)."""
 
 
+def _grown(a: np.ndarray, n: int, fill: int = 0) -> np.ndarray:
+    """``a`` with rows up to ``n``, the new ones ``fill``: zeros from a fresh allocation, whose pages are touched
+    only where a row is written (a ring sized for 1,024 envs is tens of MB, much of it written late or never)."""
+    out = np.zeros((n, *a.shape[1:]), a.dtype) if fill == 0 else np.full((n, *a.shape[1:]), fill, a.dtype)
+    out[: len(a)] = a
+    return out
+
+
 class _Store:
     """One module's returned states in one phase group, host arrays of rows (R * H floats: h of every
     layer, then c): the last per env column (``last``, ``has``) and, with a ``window``, a ring of the last
@@ -59,14 +67,13 @@ class _Store:
     def grow(self, envs: int) -> None:
         if envs <= self.envs:
             return
-        extra, width = envs - self.envs, self.last.shape[1]
-        self.last = np.concatenate([self.last, np.zeros((extra, width), np.float32)])
-        self.has = np.concatenate([self.has, np.zeros(extra, np.bool_)])
+        self.last = _grown(self.last, envs)
+        self.has = _grown(self.has, envs)
         if self.window:
             w = self.window
-            self.ring = np.concatenate([self.ring, np.zeros((extra * w, width), np.float32)])
-            self.steps = np.concatenate([self.steps, np.full(extra * w, -1, np.int64)])
-            self.zero_in = np.concatenate([self.zero_in, np.zeros(extra * w, np.bool_)])
+            self.ring = _grown(self.ring, envs * w)
+            self.steps = _grown(self.steps, envs * w, -1)
+            self.zero_in = _grown(self.zero_in, envs * w)
         self.envs = envs
 
     def fit(self, lo: int, hi: int) -> None:
