@@ -111,7 +111,8 @@ class Drift:
         def sink(v: np.ndarray) -> np.ndarray:  # the rows' order -> sink order
             return np.ascontiguousarray(v.reshape(layers, steps, batch).transpose(0, 2, 1)).reshape(n)
 
-        dh, dc, found = self._drift(name, layers, *(lying(k) for k in keys), h, c)
+        layer, env, step = keys
+        dh, dc, found = self._drift(name, layers, lying(layer), lying(env), lying(step), h, c)
         return sink(dh), sink(dc), sink(found)
 
     def _drift(
