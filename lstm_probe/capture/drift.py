@@ -92,17 +92,28 @@ class Drift:
         """(drift_h, drift_c, found) of train rows hs/cs (L, N, T', H), in the sink's row order (layer,
         column, step); ``per_step``: hs/cs come (L, T', N, H) (a multi-step call's layout). None where the
         grid does not cover them (their env and env step are null: no row can have a reference)."""
-        if per_step:
-            hs = hs.transpose(0, 2, 1, 3)
-            cs = cs.transpose(0, 2, 1, 3) if cs is not None else None
-        layers, batch, steps = hs.shape[:3]
+        if per_step:  # rows as they lie (layer, step, column), the drifts put in the sink's order after
+            layers, steps, batch = hs.shape[:3]
+        else:
+            layers, batch, steps = hs.shape[:3]
         keys = grid_keys(grid, t0, steps, layers, batch)
         if keys is None:
             return None
         n = layers * batch * steps  # (a call of no steps has no rows: -1 cannot be inferred from 0)
         h = hs.reshape(n, self.hidden)
         c = cs.reshape(n, self.hidden) if cs is not None else None
-        return self._drift(name, layers, *keys, h, c)
+        if not per_step:
+            return self._drift(name, layers, *keys, h, c)
+
+        def lying(v: np.ndarray) -> np.ndarray:  # sink order -> the rows' order
+            return v.reshape(layers, batch, steps).transpose(0, 2, 1).reshape(n)
+
+        def sink(v: np.ndarray) -> np.ndarray:  # the rows' order -> sink order
+            return np.ascontiguousarray(v.reshape(layers, steps, batch).transpose(0, 2, 1)).reshape(n)
+
+        layer, env, step = keys
+        dh, dc, found = self._drift(name, layers, lying(layer), lying(env), lying(step), h, c)
+        return sink(dh), sink(dc), sink(found)
 
     def _drift(
         self,
@@ -131,8 +142,15 @@ class Drift:
             return dh, dc, found
         found[idx] = True
         whole = len(idx) == n
-        lay = layer[idx]
-        dh[idx] = relative_l2(h if whole else h[idx], table[rows, lay])
-        if c is not None and table.shape[1] > layers:
-            dc[idx] = relative_l2(c if whole else c[idx], table[rows, layers + lay])
+        with_c = c is not None and table.shape[1] > layers
+        if layers == 1:  # one gather of whole ring rows (h, then c), read as two views
+            both = np.take(flat, rows, axis=0)
+            ref_h, ref_c = both[:, : self.hidden], both[:, self.hidden : 2 * self.hidden] if with_c else None
+        else:
+            lay = layer[idx]
+            ref_h, ref_c = table[rows, lay], table[rows, layers + lay] if with_c else None
+        dh[idx] = relative_l2(h if whole else h[idx], ref_h)
+        if with_c:
+            assert c is not None and ref_c is not None
+            dc[idx] = relative_l2(c if whole else c[idx], ref_c)
         return dh, dc, found

@@ -39,6 +39,14 @@ AUTO_BYTES = 256 << 20
 """An automatic ring grows no further than this many bytes (a loop that never trains keeps its newest steps)."""
 
 
+def _grown(a: np.ndarray, n: int, fill: int = 0) -> np.ndarray:
+    """``a`` with rows up to ``n``, the new ones ``fill``: zeros from a fresh allocation, whose pages are touched
+    only where a row is written (a ring sized for 1,024 envs is tens of MB, much of it written late or never)."""
+    out = np.zeros((n, *a.shape[1:]), a.dtype) if fill == 0 else np.full((n, *a.shape[1:]), fill, a.dtype)
+    out[: len(a)] = a
+    return out
+
+
 class _Store:
     """One module's returned states in one phase group, host arrays of rows (R * H floats: h of every
     layer, then c): the last per env column (``last``, ``has``) and, with a ``window``, a ring of the last
@@ -59,14 +67,13 @@ class _Store:
     def grow(self, envs: int) -> None:
         if envs <= self.envs:
             return
-        extra, width = envs - self.envs, self.last.shape[1]
-        self.last = np.concatenate([self.last, np.zeros((extra, width), np.float32)])
-        self.has = np.concatenate([self.has, np.zeros(extra, np.bool_)])
+        self.last = _grown(self.last, envs)
+        self.has = _grown(self.has, envs)
         if self.window:
             w = self.window
-            self.ring = np.concatenate([self.ring, np.zeros((extra * w, width), np.float32)])
-            self.steps = np.concatenate([self.steps, np.full(extra * w, -1, np.int64)])
-            self.zero_in = np.concatenate([self.zero_in, np.zeros(extra * w, np.bool_)])
+            self.ring = _grown(self.ring, envs * w)
+            self.steps = _grown(self.steps, envs * w, -1)
+            self.zero_in = _grown(self.zero_in, envs * w)
         self.envs = envs
 
     def fit(self, lo: int, hi: int) -> None:
@@ -135,11 +142,11 @@ class Inputs:
         block of one-step calls side by side): ``x0`` (R, M, H) their input states, ``out`` (R, M, H) the
         states they returned (None: not kept, e.g. a per-timestep loop's first step), ``t`` the grid step
         of their first step. Columns of one env later in the block compare with the earlier ones' states."""
-        m = x0.shape[1]
-        xs = np.ascontiguousarray(x0.transpose(1, 0, 2)).reshape(m, x0.shape[0] * x0.shape[2])  # (M, R * H)
+        m, width = x0.shape[1], x0.shape[0] * x0.shape[2]
         sq = np.einsum("rmh,rmh->rm", x0, x0, dtype=np.float64)
         norms = np.sqrt(sq[:layers] + sq[layers:] if x0.shape[0] > layers else sq).astype(np.float32)
-        zero: np.ndarray = np.logical_not(xs.any(axis=1))
+        # all zeros exactly where every square is (float32 squares are never 0 in float64; NaN is not 0)
+        zero: np.ndarray = np.logical_not((sq != 0).any(axis=0))
         flags: np.ndarray = zero.astype(np.int8)  # ZERO is bit 1
         env = step = start = None
         if grid is not None and grid.shape[0] == m:
@@ -154,21 +161,20 @@ class Inputs:
         group = GROUP.get(phase, "other")
         store = self.stores.get((name, group))
         if store is None:
-            store = self.stores[(name, group)] = self._store(xs.shape[1], group)
+            store = self.stores[(name, group)] = self._store(width, group)
         if training:
             store.since = -1  # an automatic ring's next rollout starts here
         if env is None or (env < 0).any():  # columns without an env: nothing to compare with
             flags |= FIRST | (UNCHECKED if training else 0)
             if env is not None and out is not None and phase in ACTING and not multistep:
                 # the columns that have an env are still rollout states train rows drift from
-                self._keep(store, env, step, np.ascontiguousarray(out.transpose(1, 0, 2)).reshape(m, xs.shape[1]), zero)
+                self._keep(store, env, step, _rows(out), zero)
             return decode(flags, start, self.stored_states), norms
         store.grow(int(env.max()) + 1)
         if training:
-            flags |= self._stored(store, xs, env, step, zero)
+            flags |= self._stored(store, _rows(x0), env, step, zero)
             return decode(flags, start, self.stored_states), norms
-        outs = np.ascontiguousarray(out.transpose(1, 0, 2)).reshape(m, -1) if out is not None else None
-        acting = phase in ACTING and outs is not None
+        acting = phase in ACTING and out is not None
         # each column's previous state: the same env's earlier column in the block, else the store's
         order = np.argsort(env, kind="stable")
         sorted_env = env[order]
@@ -177,23 +183,27 @@ class Inputs:
         if acting:
             prev[order[1:]] = order[:-1]
             prev[order[new_env]] = -1
-        held = (prev >= 0) | store.has[env]
-        candidate = store.last[env]
-        if acting and (prev >= 0).any():
-            inner = prev >= 0
-            candidate[inner] = outs[prev[inner]]  # type: ignore[index]
-        same = held & (xs == candidate).all(axis=1)
+        inner = prev >= 0
+        held = inner | store.has[env]
+        same = np.zeros(m, np.bool_)
+        stored = np.flatnonzero(held & ~inner)  # compared with the store's state of their env
+        if len(stored):
+            same[stored] = (_rows(x0[:, stored]) == store.last[env[stored]]).all(axis=1)
+        if acting and inner.any():
+            assert out is not None
+            same[inner] = _same_as_earlier(x0, out, prev, np.flatnonzero(inner))
         flags |= (~held) * np.int8(FIRST) | same * np.int8(PREVIOUS)
         rest = ~(zero | same) & held
         if rest.any():
-            flags |= self._other_env(store, xs, env, rest, outs) * np.int8(OTHER_ENV)
+            outs = _rows(out) if out is not None else None
+            flags |= self._other_env(store, _rows(x0), env, rest, outs) * np.int8(OTHER_ENV)
         if acting:
-            assert outs is not None
+            assert out is not None
             last = order[np.r_[sorted_env[1:] != sorted_env[:-1], True]]
-            store.last[env[last]] = outs[last]
+            store.last[env[last]] = _rows(out[:, last])
             store.has[env[last]] = True
             if not multistep:
-                self._keep(store, env, step, outs, zero)
+                self._keep(store, env, step, out, zero, by_state=True)
         return decode(flags, start, self.stored_states), norms
 
     def _store(self, width: int, group: str) -> _Store:
@@ -202,22 +212,37 @@ class Inputs:
         return _Store(width, AUTO_START, auto=True) if self.window < 0 else _Store(width, self.window)
 
     @staticmethod
-    def _keep(store: _Store, env: np.ndarray, step: np.ndarray | None, rows: np.ndarray, zero: np.ndarray) -> None:
+    def _keep(
+        store: _Store,
+        env: np.ndarray,
+        step: np.ndarray | None,
+        rows: np.ndarray,
+        zero: np.ndarray,
+        by_state: bool = False,
+    ) -> None:
         """Rollout states ``rows`` (M, R * H) of (env, env step) into the store's ring (a store without one keeps
-        none), those with an env and a step; ``zero``: whether each call started from zeros."""
+        none), those with an env and a step; ``zero``: whether each call started from zeros. ``by_state``:
+        ``rows`` come (R, M, H), a block's layout (written into the ring's rows without a copy of them first)."""
         if not store.window or step is None:
             return
         ok = (env >= 0) & (step >= 0)
-        if not ok.any():
+        every = bool(ok.all())
+        if not every and not ok.any():
             return
-        env, step = env[ok], step[ok]
+        if not every:
+            env, step, zero = env[ok], step[ok], zero[ok]
         store.grow(int(env.max()) + 1)
         if store.auto:
             store.fit(int(step.min()), int(step.max()))
         slots = env * store.window + step % store.window
-        store.ring[slots] = rows[ok]
+        if by_state:
+            r, _, h = rows.shape
+            source = rows.transpose(1, 0, 2)  # (M, R, H), a view
+            store.ring.reshape(len(store.ring), r, h)[slots] = source if every else source[ok]
+        else:
+            store.ring[slots] = rows if every else rows[ok]
         store.steps[slots] = step
-        store.zero_in[slots] = zero[ok]
+        store.zero_in[slots] = zero
 
     def keep_steps(self, name: str, grid: Grid | None, hs: np.ndarray, cs: np.ndarray | None) -> None:
         """Every step of a multi-step rollout call into the ring of rollout states (:meth:`answer` keeps its
@@ -280,6 +305,23 @@ class Inputs:
         held |= same
         # an env's first step has no earlier state: zeros there are its initial state (a reset)
         return same * np.int8(STORED) | (~held) * np.int8(UNCHECKED) | (before < 0) * np.int8(FIRST)
+
+
+def _rows(states: np.ndarray) -> np.ndarray:
+    """States (R, M, H) as M rows of R * H (h of every layer, then c): the layout the stores keep."""
+    r, m, h = states.shape
+    return np.ascontiguousarray(states.transpose(1, 0, 2)).reshape(m, r * h)
+
+
+def _same_as_earlier(x0: np.ndarray, out: np.ndarray, prev: np.ndarray, inner: np.ndarray) -> np.ndarray:
+    """Whether each column ``inner`` of a block started from the state its env's earlier column ``prev``
+    returned: x0 and out (R, M, H). A block of calls over the same env columns (each column's earlier one
+    the same column of the call before) compares two shifted views, without gathering either side."""
+    m = x0.shape[1]
+    shift = m - len(inner)
+    if shift > 0 and inner[0] == shift and bool((prev[inner] == inner - shift).all()):
+        return (x0[:, shift:] == out[:, : m - shift]).all(axis=2).all(axis=0)
+    return (x0[:, inner] == out[:, prev[inner]]).all(axis=2).all(axis=0)
 
 
 def _decode(flags: np.ndarray, start: np.ndarray | None, stored_states: bool) -> np.ndarray:
