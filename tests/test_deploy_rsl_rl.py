@@ -188,7 +188,8 @@ def test_hostile_checkpoints_are_refused_in_one_line(checkpoints, tmp_path):
         f.truncate(8 << 30)
     refused_within(bounded_cli("export", "huge.pt", "out.onnx", "--env", "Pendulum-v1", cwd=tmp_path), "huge.pt")
     assert not (tmp_path / "pwned.txt").exists() and not (tmp_path / "out.onnx").exists()
-    with pytest.raises(BadInput, match=r"take no a saved model named \.h5 \(they take sb3: \.zip files; rsl_rl: \.pt"):
+    they_take = r"they take sb3: \.zip files; rllib: \.pt files; rsl_rl: \.pt"
+    with pytest.raises(BadInput, match=r"take no a saved model named \.h5 \(" + they_take):
         lstm_probe.export(tmp_path / "model.h5", tmp_path / "x.onnx", env_id="Pendulum-v1")
 
 

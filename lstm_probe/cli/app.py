@@ -397,7 +397,7 @@ _TRUST = "Read a model.zip with SB3's full load (unpickles; see docs/security.md
 @app.command()
 def export(
     model: Annotated[
-        str, typer.Argument(help="A saved model: RecurrentPPO's model.zip, an rsl_rl or TorchRL checkpoint (.pt).")
+        str, typer.Argument(help="A saved model: sb3's model.zip, an RLlib, rsl_rl or TorchRL checkpoint (.pt).")
     ],
     out_path: Annotated[Path, typer.Argument(metavar="OUT", help="OUT.onnx (ONNX) or OUT.pt (TorchScript).")],
     log: Annotated[str | None, typer.Option(help="Verify on the episodes of this --capture-obs log.")] = None,
