@@ -91,3 +91,19 @@ def mark(path: str | os.PathLike[str], fix: str) -> str | None:
     saved = read_checkpoint(path, fix)
     value = saved.get(MARK) if isinstance(saved, dict) else None
     return value if isinstance(value, str) else None
+
+
+def bounds(config: dict[str, object], actions: int, where: str, fix: str) -> tuple[list[float], list[float]]:
+    """A saved continuous policy's action bounds, its config's ``low`` and ``high``: finite numbers, one per
+    action, low below high; anything else refused in one line ending with ``fix``."""
+    import math
+
+    def numbers(b: object) -> list[float] | None:
+        if not isinstance(b, list) or len(b) != actions:
+            return None
+        return b if all(type(v) in (int, float) and math.isfinite(v) for v in b) else None
+
+    low, high = numbers(config.get("low")), numbers(config.get("high"))
+    if low is None or high is None or not all(a < b for a, b in zip(low, high, strict=True)):
+        raise BadInput(f"{where}: its config's low and high are not {actions} finite bounds, low below high; {fix}")
+    return low, high

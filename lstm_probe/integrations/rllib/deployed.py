@@ -266,13 +266,7 @@ def _from_checkpoint(path: str) -> tuple[Any, Actions]:
                 f"{[*config['head_fcnet_hiddens'], out][:8]}; {_FIX}"
             )
     if box:
-        low, high = config.get("low"), config.get("high")
-        ok = all(
-            isinstance(b, list) and len(b) == actions and all(type(v) in (int, float) and np.isfinite(v) for v in b)
-            for b in (low, high)
-        )
-        if not ok or not all(a < b for a, b in zip(low, high, strict=True)):  # type: ignore[arg-type]
-            raise BadInput(f"{path}: its config's low and high are not {actions} finite bounds, low below high; {_FIX}")
+        low, high = saved.bounds(config, actions, path, _FIX)
         space: Any = gym.spaces.Box(np.array(low, np.float32), np.array(high, np.float32), dtype=np.float32)
     else:
         space = gym.spaces.Discrete(actions)

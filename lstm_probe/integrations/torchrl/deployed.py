@@ -175,13 +175,7 @@ def _bounds(config: dict[str, Any], actions: int, path: str) -> Any:
     below high), the bounds its TanhNormal maps onto."""
     from torchrl.data import Bounded
 
-    low, high = config.get("low"), config.get("high")
-    ok = all(
-        isinstance(b, list) and len(b) == actions and all(type(v) in (int, float) and np.isfinite(v) for v in b)
-        for b in (low, high)
-    )
-    if not ok or not all(a < b for a, b in zip(low, high, strict=True)):  # type: ignore[arg-type]
-        raise BadInput(f"{path}: its config's low and high are not {actions} finite bounds, low below high; {_FIX}")
+    low, high = saved.bounds(config, actions, path, _FIX)
     return Bounded(low=torch.tensor(low), high=torch.tensor(high), shape=(actions,))
 
 
