@@ -44,6 +44,15 @@ AGENT_BYTES = 1 << 20
 ACTIVATIONS = ("elu", "selu", "relu", "crelu", "lrelu", "tanh", "sigmoid", "softplus", "gelu", "swish", "mish")
 """``rsl_rl/utils/utils.py:resolve_nn_activation``'s names (``identity`` aside)."""
 _NORMALISER = ("_mean", "_var", "_std", "count")
+LEGACY = {
+    "memory_a": ("actor", "rnn"),
+    "actor": ("actor", "mlp"),
+    "actor_obs_normalizer": ("actor", "obs_normalizer"),
+    "memory_c": ("critic", "rnn"),
+    "critic": ("critic", "mlp"),
+    "critic_obs_normalizer": ("critic", "obs_normalizer"),
+}
+"""rsl_rl 2-3's ActorCriticRecurrent entries: which rsl_rl 5 model and part each becomes."""
 
 
 def models(saved: dict[str, Any], path: str, fix: str) -> tuple[dict[str, Any], dict[str, Any], Any, Any]:
@@ -177,20 +186,12 @@ def _legacy(saved: dict[str, Any], policy: dict[str, Any], path: str) -> tuple[A
         raise BadInput(f"{path}: its actor's std is state-dependent, which export does not support")
     actor: dict[str, Any] = {}
     critic: dict[str, Any] = {}
+    models = {"actor": actor, "critic": critic}
     for key, value in state.items():
         head, _, rest = key.partition(".")
-        if head == "memory_a":
-            actor[f"rnn.{rest}"] = value
-        elif head == "memory_c":
-            critic[f"rnn.{rest}"] = value
-        elif head == "actor":
-            actor[f"mlp.{rest}"] = value
-        elif head == "critic":
-            critic[f"mlp.{rest}"] = value
-        elif head == "actor_obs_normalizer":
-            actor[f"obs_normalizer.{rest}"] = value
-        elif head == "critic_obs_normalizer":
-            critic[f"obs_normalizer.{rest}"] = value
+        if head in LEGACY:
+            who, part = LEGACY[head]
+            models[who][f"{part}.{rest}"] = value
         elif key in ("std", "log_std"):
             actor[_renamed(key)] = value
         else:
