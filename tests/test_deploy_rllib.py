@@ -11,7 +11,6 @@ One training run (a subprocess of the command line, which starts its own Ray): R
 from __future__ import annotations
 
 import copy
-import json
 import os
 import pickle
 import re
@@ -36,6 +35,7 @@ import lstm_probe
 from lstm_probe import BadInput
 from lstm_probe.integrations import deploy_policy
 from lstm_probe.integrations.rllib import deployed
+from tests.deployed import file_run, relative
 from tests.refusals import bounded_cli, one_line_error, refused_within
 
 pytestmark = pytest.mark.rllib
@@ -129,44 +129,6 @@ def _rllib_rollout(module):
     return np.stack(obs), np.array(starts), np.array(actions), np.array(values), np.stack(new, axis=2)
 
 
-def _file_run(path: Path, obs, starts):
-    """The exported file as a deployed loop runs it, read with onnxruntime / torch.jit alone: actions, values,
-    new states (states, layers, step, hidden), its metadata."""
-    if path.suffix == ".onnx":
-        import onnxruntime as ort
-
-        sess = ort.InferenceSession(str(path))
-        meta = json.loads(sess.get_modelmeta().custom_metadata_map["lstm_probe.deploy"])
-        names = [i.name for i in sess.get_inputs()][2:]
-
-        def run(o, s, state):
-            return sess.run(None, {"obs": o, "episode_start": s, **dict(zip(names, state, strict=True))})
-
-    else:
-        files = {"lstm_probe.deploy.json": ""}
-        module = torch.jit.load(str(path), _extra_files=files)
-        meta = json.loads(files["lstm_probe.deploy.json"])
-        names = [n["name"] for n in meta["inputs"]][2:]
-
-        def run(o, s, state):
-            with torch.no_grad():
-                res = module(torch.as_tensor(o), torch.as_tensor(s), *map(torch.as_tensor, state))
-            return [r.numpy() for r in res]
-
-    state = [np.zeros((meta["layers"], 1, meta["hidden"]), np.float32) for _ in names]
-    actions, values, new = [], [], []
-    for o, s in zip(obs, starts, strict=True):
-        action, value, *state = run(o[None].astype(np.float32), np.array([float(s)], np.float32), state)
-        actions.append(action)
-        values.append(value[:, 0])
-        new.append(np.stack(state))
-    return np.concatenate(actions), np.concatenate(values), np.concatenate(new, axis=2), meta
-
-
-def _relative(got, want) -> float:
-    return float(np.abs(got - want).max() / np.abs(want).max())
-
-
 AGREEMENT: dict[str, float] = {}
 
 
@@ -185,16 +147,16 @@ def test_export_agrees_with_rllibs_own_module(trained, shared, fmt, tmp_path):
     assert [n for n, _, _ in r.spec.inputs()] == ["obs", "episode_start", *states]
     obs, starts, actions, values, new = _rllib_rollout(module)
     assert starts.sum() == EPISODES
-    got_actions, got_values, got_new, meta = _file_run(out, obs, starts)
+    got_actions, got_values, got_new, meta = file_run(out, obs, starts)
     assert meta["variant"] == variant and meta["action"] == "discrete"
     assert np.array_equal(got_actions, actions)
-    assert _relative(got_values, values) <= 1e-5, _relative(got_values, values)
-    assert _relative(got_new, new) <= 1e-5, _relative(got_new, new)
-    AGREEMENT[f"{variant} {fmt}"] = max(_relative(got_values, values), _relative(got_new, new))
+    assert relative(got_values, values) <= 1e-5, relative(got_values, values)
+    assert relative(got_new, new) <= 1e-5, relative(got_new, new)
+    AGREEMENT[f"{variant} {fmt}"] = max(relative(got_values, values), relative(got_new, new))
     print(f"\n{variant} {fmt}: values and states within {AGREEMENT[f'{variant} {fmt}']:.2e} relative")
     # the state matters: the same file from zeros at every step parts from RLlib's values
-    _, zero_values, _, _ = _file_run(out, obs, np.ones_like(starts))
-    assert _relative(zero_values, values) > 1e-4
+    _, zero_values, _, _ = file_run(out, obs, np.ones_like(starts))
+    assert relative(zero_values, values) > 1e-4
 
 
 def test_a_box_module_exports_its_mean_on_the_bounds(tmp_path):
@@ -316,7 +278,7 @@ def test_cli_run_export_replay(trained):
     assert r.returncode == 0, r.stderr[-2000:]
     assert "WARNING" not in r.stderr, r.stderr  # RLlib's own notice on building a module is kept quiet
     obs, starts, _, _, _ = _rllib_rollout(_load(d / "run.model.pt"))
-    actions, _, _, _ = _file_run(d / "policy.onnx", obs, starts)
+    actions, _, _, _ = file_run(d / "policy.onnx", obs, starts)
     rows = [
         {"step": i, "obs": o.tolist(), "action": int(a), "episode_start": bool(s)}
         for i, (o, a, s) in enumerate(zip(obs, actions, starts, strict=True))

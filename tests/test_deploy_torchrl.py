@@ -7,7 +7,6 @@ names a correct loop, each planted bug and other weights; a hostile checkpoint i
 from __future__ import annotations
 
 import copy
-import json
 import os
 import pickle
 import re
@@ -34,6 +33,7 @@ import lstm_probe
 from lstm_probe import BadInput
 from lstm_probe.integrations.torchrl.train import build, modules
 from lstm_probe.integrations.torchrl.train import run as torchrl_run
+from tests.deployed import file_run, relative
 from tests.refusals import bounded_cli, one_line_error, refused_within
 
 ENV_ID = "CartPole-v1"
@@ -95,47 +95,9 @@ def _torchrl_rollout(path: Path):
         td["observation"][:end].numpy(),
         starts[:end],
         td["action"][:end].argmax(-1).numpy(),
-        td["state_value"][:end].numpy(),
+        td["state_value"][:end].numpy()[:, 0],
         new.transpose(0, 2, 1, 3),
     )
-
-
-def _file_run(path: Path, obs, starts):
-    """The exported file as a deployed loop runs it, read with onnxruntime / torch.jit alone: actions, values,
-    new states (states, layers, step, hidden), its metadata."""
-    if path.suffix == ".onnx":
-        import onnxruntime as ort
-
-        sess = ort.InferenceSession(str(path))
-        meta = json.loads(sess.get_modelmeta().custom_metadata_map["lstm_probe.deploy"])
-        names = [i.name for i in sess.get_inputs()][2:]
-
-        def run(o, s, state):
-            return sess.run(None, {"obs": o, "episode_start": s, **dict(zip(names, state, strict=True))})
-
-    else:
-        files = {"lstm_probe.deploy.json": ""}
-        module = torch.jit.load(str(path), _extra_files=files)
-        meta = json.loads(files["lstm_probe.deploy.json"])
-        names = [n["name"] for n in meta["inputs"]][2:]
-
-        def run(o, s, state):
-            with torch.no_grad():
-                res = module(torch.as_tensor(o), torch.as_tensor(s), *map(torch.as_tensor, state))
-            return [r.numpy() for r in res]
-
-    state = [np.zeros((meta["layers"], 1, meta["hidden"]), np.float32) for _ in names]
-    actions, values, new = [], [], []
-    for o, s in zip(obs, starts, strict=True):
-        action, value, *state = run(o[None], np.array([float(s)], np.float32), state)
-        actions.append(action)
-        values.append(value)
-        new.append(np.stack(state))
-    return np.concatenate(actions), np.concatenate(values), np.concatenate(new, axis=2), meta
-
-
-def _relative(got, want) -> float:
-    return float(np.abs(got - want).max() / np.abs(want).max())
 
 
 @pytest.mark.parametrize("fmt", ["onnx", "pt"])
@@ -149,14 +111,14 @@ def test_export_agrees_with_torchrls_own_policy(checkpoints, cell, fmt):
     states = ["h", "c"] if cell == "lstm" else ["h"]
     assert [n for n, _, _ in r.spec.inputs()] == ["obs", "episode_start", *states]
     obs, starts, actions, values, new = _torchrl_rollout(saved[cell])
-    got_actions, got_values, got_new, meta = _file_run(out, obs, starts)
+    got_actions, got_values, got_new, meta = file_run(out, obs, starts)
     assert meta["cell"] == cell and meta["action"] == "discrete"
     assert np.array_equal(got_actions, actions)
-    assert _relative(got_values, values) <= 1e-5, _relative(got_values, values)
-    assert _relative(got_new, new) <= 1e-5, _relative(got_new, new)
+    assert relative(got_values, values) <= 1e-5, relative(got_values, values)
+    assert relative(got_new, new) <= 1e-5, relative(got_new, new)
     # the state matters: the same file from zeros at every step parts from TorchRL's values
-    _, zero_values, _, _ = _file_run(out, obs, np.ones_like(starts))
-    assert _relative(zero_values, values) > 1e-3
+    _, zero_values, _, _ = file_run(out, obs, np.ones_like(starts))
+    assert relative(zero_values, values) > 1e-3
 
 
 def test_export_takes_the_policy_build_makes(checkpoints, tmp_path):

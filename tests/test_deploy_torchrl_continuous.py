@@ -43,7 +43,7 @@ from torchrl.objectives import ClipPPOLoss
 import lstm_probe
 from lstm_probe.errors import BadInput
 from lstm_probe.integrations.torchrl.deployed import loader
-from tests.test_deploy_torchrl import _file_run, _relative
+from tests.deployed import file_run, relative
 
 DISTRIBUTION_CHECKS = False  # what TorchRL sets on import (tests/conftest.py; TanhNormal's support fails them)
 ENV_ID = "Pendulum-v1"
@@ -98,7 +98,7 @@ def _torchrl_rollout(actor, critic, rnn):
         td["observation"].numpy(),
         starts,
         td["action"].numpy(),
-        td["state_value"].numpy(),
+        td["state_value"].numpy()[..., 0],
         new.transpose(0, 2, 1, 3),
     )
 
@@ -119,14 +119,14 @@ def test_export_of_a_clip_ppo_loss_agrees_with_torchrls_rollout(losses, cell, fm
     assert r.episodes == 5 and max(r.errors.values()) < 1e-5, r.errors
     rnn = loss.actor_network.module[0].module[1]
     obs, starts, actions, values, new = _torchrl_rollout(loss.actor_network, loss.critic_network, rnn)
-    got_actions, got_values, got_new, meta = _file_run(out, obs, starts)
+    got_actions, got_values, got_new, meta = file_run(out, obs, starts)
     assert meta["action"] == "box" and meta["action_shape"] == [1]
-    errors = [_relative(got_actions, actions), _relative(got_values, values), _relative(got_new, new)]
+    errors = [relative(got_actions, actions), relative(got_values, values), relative(got_new, new)]
     assert max(errors) <= 1e-5, errors
     print(f"{cell} {fmt}: action, value, state relative errors against env.rollout {errors}")
     # the state matters: the same file from zeros at every step parts from TorchRL's actions
-    zero_actions, _, _, _ = _file_run(out, obs, np.ones_like(starts))
-    assert _relative(zero_actions, actions) > 1e-3
+    zero_actions, _, _, _ = file_run(out, obs, np.ones_like(starts))
+    assert relative(zero_actions, actions) > 1e-3
 
 
 def test_export_takes_other_normal_heads(tmp_path):
@@ -301,9 +301,9 @@ def test_cli_run_export_replay_of_a_continuous_torchrl_run(tmp_path):
     actor, critic = models_of(tmp_path / "run.model.pt")
     rnn = next(m for m in actor.modules() if isinstance(m, LSTMModule))
     obs, starts, actions, values, new = _torchrl_rollout(actor, critic, rnn)
-    got_actions, got_values, got_new, meta = _file_run(tmp_path / "policy.onnx", obs, starts)
+    got_actions, got_values, got_new, meta = file_run(tmp_path / "policy.onnx", obs, starts)
     assert meta["action"] == "box" and meta["action_shape"] == [1]
-    errors = [_relative(got_actions, actions), _relative(got_values, values), _relative(got_new, new)]
+    errors = [relative(got_actions, actions), relative(got_values, values), relative(got_new, new)]
     assert max(errors) <= 1e-5, errors
     for bug in ("correct", "no reset"):
         pq.write_table(_record(bug, actor), tmp_path / f"{bug}.parquet")
