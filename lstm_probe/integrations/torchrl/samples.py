@@ -240,6 +240,11 @@ class StagedCall:
         self.cells = {k: np.zeros(n, COLUMN[k].dtype) for k in ("episode", "episode_step", "episode_start")}
         self.grid = Grid.one_step(np.arange(n), self.env_step, *self.cells.values())
 
+    @property
+    def tensors(self) -> list[torch.Tensor | None]:
+        """What crosses to the host for this call (one tensor: ``values``)."""
+        return [self.values]
+
     def settle(self, values: np.ndarray, obs: np.ndarray | None) -> None:
         """Fill the grid from the call's values on the host (``Envs.collect``'s work, in call order)."""
         n = self.n
