@@ -395,9 +395,6 @@ class TorchRLProbe(Probe, Tagged):
         )
         self._staged.append(staged)
         tags.grid = staged.grid  # its episode columns filled before it is read (_settle)
-        keep = self.tracer.keep_envs
-        if keep is not None and n > keep:  # --other-envs none: the core takes the kept columns' grid now
-            self._settle()
         zero = is_init.reshape(n, 1, 1).bool()
         given = [td.get(k, None) for k in (keys[1], keys[2])] if is_lstm else [td.get(keys[1], None)]
         states = [

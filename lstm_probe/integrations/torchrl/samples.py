@@ -222,8 +222,8 @@ class Counts:
 
 class StagedCall:
     """A sequential call whose provenance waits for its values on the host: its grid (the env and env step
-    set, the episode columns to fill) and, on the device, its is_init, step counts and trajectory ids
-    (``values``, one int64 tensor, a snapshot) and kept observation (``obs``)."""
+    set, the episode columns and kept observation to fill, in place) and, on the device, its is_init, step
+    counts and trajectory ids (``values``, one int64 tensor, a snapshot) and kept observation (``obs``)."""
 
     __slots__ = ("cells", "counts", "env_step", "envs", "grid", "has_sc", "has_traj", "n", "obs", "phase", "values")
 
@@ -239,6 +239,8 @@ class StagedCall:
         # the columns the values decide: arrays of the grid's dtypes, which it holds views of, filled by settle()
         self.cells = {k: np.zeros(n, COLUMN[k].dtype) for k in ("episode", "episode_step", "episode_start")}
         self.grid = Grid.one_step(np.arange(n), self.env_step, *self.cells.values())
+        if obs is not None:  # filled by settle() as well (a grid taken of its kept columns holds a view of it)
+            self.grid.obs = np.full((n, 1, int(obs.shape[-1])), np.nan, np.float32)
 
     @property
     def tensors(self) -> list[torch.Tensor | None]:
@@ -259,7 +261,7 @@ class StagedCall:
         for name, v in (("episode", episode), ("episode_step", ep_step), ("episode_start", start)):
             self.cells[name][...] = v
         if obs is not None:
-            self.grid.obs = obs[:, None, :]
+            self.grid.obs[...] = obs[:, None, :]
         self.envs.collected(self.phase, tr, episode, self.env_step - ep_step)
 
 
