@@ -130,3 +130,28 @@ def test_other_envs_none_writes_the_kept_envs_rows_unchanged(tmp_path):
         assert np.array_equal(lstm_probe.states(b, col), lstm_probe.states(chosen, col), equal_nan=True), col
     kept, full = (np.stack([np.asarray(v, np.float32) for v in df["obs"]]) for df in (b, chosen))
     assert kept.shape == (len(b), 4) and np.array_equal(kept, full) and not np.isnan(kept).any()
+
+
+def test_recurrent_calls_replayed_later_write_the_same_log(tmp_path, monkeypatch):
+    """A recurrent-mode call replayed at once (its staged copies over the budget: recurrent.STAGED_BYTES) and
+    one replayed at the next collector batch, after the optimizer steps that changed the module's weights in
+    place, write the same log: the same calls, ids, provenance and states, bit for bit."""
+    from lstm_probe.integrations.torchrl import recurrent
+    from lstm_probe.integrations.torchrl.train import run
+
+    torch.set_num_threads(1)
+    kw = {"steps": 384, "n_steps": 64, "hidden_size": 8, "n_envs": 2, "seed": 7, "n_epochs": 2}
+    run("CartPole-v1", str(tmp_path / "later.parquet"), **kw)
+    monkeypatch.setattr(recurrent, "STAGED_BYTES", {"cpu": 0})
+    with counting() as counts:
+        run("CartPole-v1", str(tmp_path / "now.parquet"), **kw)
+    later, now = lstm_probe.load(tmp_path / "later.parquet"), lstm_probe.load(tmp_path / "now.parquet")
+    recurrent_calls = now[now["phase"] != "rollout"]["call"].nunique()
+    assert counts["integration"] >= recurrent_calls > 0  # each replayed at once: one copy each
+    assert (later["phase"] == "train").any() and len(later) == len(now)
+    for col in later.columns:
+        a, b = later[col], now[col]
+        if a.dtype == object and any(isinstance(x, np.ndarray) for x in a):  # the vector columns
+            assert all(np.array_equal(x, y, equal_nan=True) for x, y in zip(a, b, strict=True)), col
+        else:
+            assert a.equals(b), col

@@ -33,21 +33,24 @@ per-env count of collection calls (a collector's ``rollout``); other sequential 
 batch size, and never move the collection's counts. The episode starts are ``step_count == 0`` where it
 is present (the truth, whatever ``is_init`` says), else ``is_init``.
 
-Host copies: none per collection call. A sequential call's is_init, step counts and trajectory ids are
-staged on their device (one small int64 snapshot, ``StagedCall``; its kept observation likewise) and its Grid
-made with the env and env step (the probe's own counts) and the episode columns still to fill; the values
-cross to the host in bulk (samples.host, one copy per device) where they are first needed: before the core
-hands a kept block over (``CoreTracer.before_hand_over``, which reads the grids) or with the next
-recurrent-mode call's own copy (whose provenance lookup needs the collection's trajectory ids); the grids
-are then filled in call order, with the same values a per-call copy gave. Under ``--other-envs none`` with
-more envs than kept, the core takes the kept columns' grid at call time, so those calls settle at once.
-A recurrent-mode call makes one host copy (is_init, step counts, trajectory ids, mask and the estimator's
-pass flags, concatenated): the pieces' number and lengths shape the packed call (TorchRL's "pad" backend
-reads the same split on the host, ``_split_and_pad_for_reset``). tests/test_torchrl_transfer.py counts them:
-on a 4-batch run (128 steps per batch, 4 epochs) 0 per collection call and 1 per recurrent-mode call,
-0.072 per LSTM call over the run (5.26 before, counted the same way). Its indices are built on the device
-from ``is_init`` (``pieces_on_device``), the pieces sorted longest first so that packing copies nothing and
-leaves no permutation to undo.
+Host copies: none per call. A sequential call's is_init, step counts and trajectory ids are staged on their
+device (one small int64 snapshot, ``StagedCall``; its kept observation likewise) and its Grid made with the
+env and env step (the probe's own counts) and the episode columns still to fill. A recurrent-mode call is
+staged whole (recurrent.py ``StagedRecurrent``: copies of its input, stored states, the weights it ran with
+and its int64 is_init, step counts, trajectory ids, mask and the estimator's pass flags), because its pieces'
+number and lengths shape the packed call the shadow re-runs (TorchRL's "pad" backend reads the same split on
+the host, torchrl/modules/tensordict_module/rnn.py ``_split_and_pad_for_reset``). Every staged call settles
+in call order, all with one copy per device (samples.host), where the values are first needed: before the
+core hands a kept block over (``CoreTracer.before_hand_over``, which reads the grids), at the first
+sequential call after recurrent-mode ones (before it reaches the core, which numbers and writes the calls in
+call order: the next collector batch), and at close. A sequential call's grid is then filled with the same
+values a per-call copy gave (under ``--other-envs none`` the core's grid of the kept columns is a view of it:
+``Grid.take``); a recurrent-mode call is replayed: its pieces and provenance from the host values, its
+indices built on the device from ``is_init`` (``pieces_on_device``), the pieces sorted longest first so that
+packing copies nothing and leaves no permutation to undo, re-run on the shadow holding the staged weights.
+tests/test_torchrl_transfer.py counts the copies: one per collector batch (two with kept observations),
+0.007 per LSTM call over a 4-batch, 128-step-batch run (0.072 with one copy per recurrent-mode call, 5.26
+with one per call, counted the same way).
 """
 
 from __future__ import annotations

@@ -34,11 +34,11 @@ from lstm_probe.contract import SEQ_REASON, Grid, Tags
 from lstm_probe.integrations.torchrl.samples import Envs, gae_pass, not_repeated, pieces, pieces_on_device
 from lstm_probe.log.schema import COLUMN
 
-STAGED_BYTES = {"cpu": 256 << 20}
-"""The most a module's staged recurrent-mode calls hold (copies of their inputs, states and weights) before the
-next is replayed at once, per device type; 2 GiB on an accelerator. A batch's calls (a value estimator's two
-passes and the loss's, every epoch) fit in it up to about 7 full passes over a 1,024-env x 24-step batch at
-hidden 256."""
+STAGED_BYTES = {"cpu": 32 << 20}
+"""The most a probe's staged recurrent-mode calls hold (copies of their inputs, states and weights) before the
+next is replayed at once, per device type: on the CPU the writer's backlog bound (a host copy costs nothing
+there but the count); 2 GiB on an accelerator, where a batch's calls (a value estimator's two passes and the
+loss's, every epoch) fit up to about 7 full passes over a 1,024-env x 24-step batch at hidden 256."""
 
 
 def staged_budget(device: torch.device) -> int:

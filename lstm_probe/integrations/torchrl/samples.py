@@ -13,7 +13,7 @@
 - :func:`not_repeated`: the samples a sampler repeated as padding where the batch has no mask;
 - :class:`Envs`, :class:`StagedCall`: a module's provenance of sequential calls (env steps, episodes, the
   collection's trajectory ids), each call's staged on the device until its values reach the host;
-- :func:`host`: small integer tensors on the host, in one copy per device (the staged sequential calls' and a
+- :func:`host`: small integer tensors on the host, in one copy per device (the staged sequential and
   recurrent-mode call's provenance, hooks.py ``TorchRLProbe._settle``).
 """
 
