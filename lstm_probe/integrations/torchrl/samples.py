@@ -260,8 +260,9 @@ class StagedCall:
         episode, ep_step = self.counts.settle(start, sc)
         for name, v in (("episode", episode), ("episode_step", ep_step), ("episode_start", start)):
             self.cells[name][...] = v
-        if obs is not None:
-            self.grid.obs[...] = obs[:, None, :]
+        kept = self.grid.obs
+        if obs is not None and kept is not None:
+            kept[...] = obs[:, None, :]
         self.envs.collected(self.phase, tr, episode, self.env_step - ep_step)
 
 
