@@ -73,7 +73,7 @@ from lstm_probe.capture.tracer import CoreTracer
 from lstm_probe.contract import Capabilities, Tags
 from lstm_probe.errors import BadInput
 from lstm_probe.integrations.torchrl import memory, whatif
-from lstm_probe.integrations.torchrl.recurrent import StagedRecurrent, holding, staged_budget
+from lstm_probe.integrations.torchrl.recurrent import StagedRecurrent, holding, staged_budget, staged_bytes
 from lstm_probe.integrations.torchrl.samples import Envs, StagedCall, gae_batch, host, rows_on_host
 from lstm_probe.integrations.torchrl.shadow import inner_rnn as _rnn
 from lstm_probe.integrations.torchrl.shadow import shadow
@@ -421,17 +421,19 @@ class TorchRLProbe(Probe, Tagged):
     def _recurrent(self, name: str, mod: Any, td: Any) -> None:
         """A recurrent-mode call (the loss, a value estimator): staged on its device as the hook sees it
         (recurrent.StagedRecurrent), replayed on the shadow at the next settlement (:meth:`_settle`), or now
-        where the calls staged hold more than recurrent.STAGED_BYTES. Each sample's provenance from its batch:
-        the call's own TensorDict (the loss), or the batch a value estimator took the call's samples from
-        (samples.gae_batch: found now, on the stack)."""
+        (not copied) where the calls staged would hold more than recurrent.STAGED_BYTES. Each sample's
+        provenance from its batch: the call's own TensorDict (the loss), or the batch a value estimator took
+        the call's samples from (samples.gae_batch: found now, on the stack)."""
         keys = list(mod.in_keys)
         phase = _phase(True)
         tags = self._tags(phase)
         gae = gae_batch(td.get(keys[1], None), keys[1]) if phase == "value" else None
-        staged = StagedRecurrent(name, self.shadows[name], td, keys, tags, gae)
-        self._staged.append(staged)
-        self._waiting += staged.nbytes
-        if self._waiting > staged_budget(staged.device):
+        rnn = self.shadows[name]
+        size = staged_bytes(rnn, td, keys)
+        now = self._waiting + size > staged_budget(td.get(keys[0]).device)  # replayed at once: nothing copied
+        self._staged.append(StagedRecurrent(name, rnn, td, keys, tags, gae, copy=not now))
+        self._waiting += size
+        if now:
             self._settle()
 
     def _replay(self, staged: StagedRecurrent, arrays: list[np.ndarray | None]) -> None:

@@ -15,8 +15,8 @@ same order as when each call was replayed at once.
 TorchRL writes a recurrent-mode call's TensorDict anew per call (torchrl/modules/tensordict_module/rnn.py
 ``LSTMModule.forward``: ``tensordict.update`` of the outputs and, under the "pad" backend, the in_keys written
 back from ``_inv_pad_for_reset``) and computes is_init afresh for each (an identity match across calls
-fails), and a collector may write its next batch into the buffers the last one was read from: what is staged
-is copied, never referenced.
+fails), and a collector made with ``return_same_td=True`` writes its next batch into the TensorDict it yielded
+last (torchrl/collectors/_single.py ``Collector.iterator``): what is staged is copied, never referenced.
 """
 
 from __future__ import annotations
@@ -46,23 +46,32 @@ def staged_budget(device: torch.device) -> int:
     return STAGED_BYTES.get(device.type, 2 << 30)
 
 
-def _ints(t: torch.Tensor | None) -> torch.Tensor | None:
-    """``t`` flat as int64, a copy where it is (no wait for the device)."""
+def _ints(t: torch.Tensor | None, copy: bool) -> torch.Tensor | None:
+    """``t`` flat as int64, a copy where it is (no wait for the device) unless not ``copy``."""
     if t is None:
         return None
     flat = t.detach().reshape(-1)
-    return flat.clone() if flat.dtype == torch.int64 else flat.long()
+    return flat.clone() if flat.dtype == torch.int64 and copy else flat.long()
 
 
-def _copy(t: torch.Tensor | None, shape: tuple[int, ...]) -> torch.Tensor | None:
-    return None if t is None else t.detach().reshape(shape).clone()
+def _copy(t: torch.Tensor | None, shape: tuple[int, ...], copy: bool) -> torch.Tensor | None:
+    if t is None:
+        return None
+    return t.detach().reshape(shape).clone() if copy else t.detach().reshape(shape)
+
+
+def staged_bytes(rnn: nn.LSTM | nn.GRU, td: Any, keys: list[Any]) -> int:
+    """What staging a call copies (its input, stored states and the shadow's weights), in bytes."""
+    given = [td.get(k, None) for k in keys[: 3 if isinstance(rnn, nn.LSTM) else 2]]
+    return sum(t.numel() * t.element_size() for t in [*given, *rnn._flat_weights] if t is not None)
 
 
 class StagedRecurrent:
     """A recurrent-mode call as its hook saw it, copied on its device: ``tensors`` (is_init, step counts,
     trajectory ids, mask, a value estimator's pass flags: int64, None where absent) for the host copy, the
     input ``x`` (N, F), the stored states (N, layers, hidden), the shadow's weights, and the call's tags,
-    phase and TensorDict shape (``rows`` x ``steps``)."""
+    phase and TensorDict shape (``n`` samples, ``steps`` per row). ``copy=False``: references, for a call
+    replayed at once (nothing can change them first)."""
 
     __slots__ = (
         "gae",
@@ -71,7 +80,6 @@ class StagedRecurrent:
         "lstm",
         "n",
         "name",
-        "nbytes",
         "phase",
         "states",
         "steps",
@@ -81,26 +89,27 @@ class StagedRecurrent:
         "x",
     )
 
-    def __init__(self, name: str, rnn: nn.LSTM | nn.GRU, td: Any, keys: list[Any], tags: Tags, gae: Any) -> None:
+    def __init__(
+        self, name: str, rnn: nn.LSTM | nn.GRU, td: Any, keys: list[Any], tags: Tags, gae: Any, copy: bool = True
+    ) -> None:
         self.name, self.tags, self.phase = name, tags, tags.phase
         self.lstm = isinstance(rnn, nn.LSTM)
         self.layers, self.hidden = layers, hidden = int(rnn.num_layers), int(rnn.hidden_size)
         x = td.get(keys[0])
         self.steps = int(td.shape[-1]) if td.ndim else 1
         self.n = n = td.numel()
-        self.x = _copy(x, (n, int(x.shape[-1])))
+        self.x = _copy(x, (n, int(x.shape[-1])), copy)
         given = (td.get(keys[1], None), td.get(keys[2], None)) if self.lstm else (td.get(keys[1], None),)
-        self.states = [_copy(s, (n, layers, hidden)) for s in given]
+        self.states = [_copy(s, (n, layers, hidden), copy) for s in given]
         # a value estimator's call: its samples' step counts, trajectory ids and mask are its batch's (samples.py)
         self.gae = gae is not None
         source = gae[0] if gae is not None else td
         ints = [td.get(keys[-1]), source.get("step_count", None), source.get(("collector", "traj_ids"), None)]
         ints += [source.get(("collector", "mask"), None), gae[1] if gae is not None else None]
-        self.tensors = [_ints(t) for t in ints]
+        self.tensors = [_ints(t, copy) for t in ints]
         # the weights the call ran with: an optimizer step changes the module's own in place before the replay
-        self.weights = [getattr(rnn, w).detach().clone() for w in rnn._flat_weights_names]
-        held = [self.x, *self.states, *self.tensors, *self.weights]
-        self.nbytes = sum(t.numel() * t.element_size() for t in held if t is not None)
+        own = [getattr(rnn, w).detach() for w in rnn._flat_weights_names]
+        self.weights = [w.clone() for w in own] if copy else own
 
     @property
     def device(self) -> torch.device:
