@@ -134,9 +134,14 @@ class Grid:
         return grid
 
     def take(self, columns: np.ndarray) -> Grid:
-        """The grid of the batch columns ``columns`` (indices), in that order."""
+        """The grid of the batch columns ``columns`` (indices), in that order. A contiguous run of columns
+        (``--other-envs none``'s kept envs) gives views: values an integration fills in later (TorchRL's
+        provenance, settled at a block's hand-over) reach the grid taken before."""
         d = self.__dict__
-        kept = {name: (None if d[name] is None else d[name][columns]) for name in _GRID_NAMES}
+        n, at = len(columns), int(columns[0]) if len(columns) else 0
+        run = n > 0 and np.array_equal(columns, np.arange(at, at + n))
+        cols: Any = slice(at, at + n) if run else columns
+        kept = {name: (None if d[name] is None else d[name][cols]) for name in _GRID_NAMES}
         grid = Grid.of(kept, train=self.train)
         places = d["batch_columns"]
         grid.batch_columns = (np.arange(self.shape[0]) if places is None else places)[columns]

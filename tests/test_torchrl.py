@@ -346,7 +346,7 @@ def test_evaluation_between_collections_keeps_provenance(tmp_path: Path, probe_f
 
 def test_recurrent_pieces_on_device_equal_the_host_pieces() -> None:
     """The device-side indices of a recurrent-mode call's pieces (no host round trip) are the host's."""
-    from lstm_probe.integrations.torchrl.hooks import pieces, pieces_on_device
+    from lstm_probe.integrations.torchrl.samples import pieces, pieces_on_device
 
     gen = np.random.default_rng(0)
     cases = [(3, 5, 0.3), (2, 7, 0.0), (4, 1, 0.5), (2, 6, 1.0), (5, 9, 0.15)]

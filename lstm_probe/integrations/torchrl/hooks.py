@@ -33,21 +33,24 @@ per-env count of collection calls (a collector's ``rollout``); other sequential 
 batch size, and never move the collection's counts. The episode starts are ``step_count == 0`` where it
 is present (the truth, whatever ``is_init`` says), else ``is_init``.
 
-Host copies: none per collection call. A sequential call's is_init, step counts and trajectory ids are
-staged on their device (one small int64 snapshot, ``StagedCall``; its kept observation likewise) and its Grid
-made with the env and env step (the probe's own counts) and the episode columns still to fill; the values
-cross to the host in bulk (samples.host, one copy per device) where they are first needed: before the core
-hands a kept block over (``CoreTracer.before_hand_over``, which reads the grids) or with the next
-recurrent-mode call's own copy (whose provenance lookup needs the collection's trajectory ids); the grids
-are then filled in call order, with the same values a per-call copy gave. Under ``--other-envs none`` with
-more envs than kept, the core takes the kept columns' grid at call time, so those calls settle at once.
-A recurrent-mode call makes one host copy (is_init, step counts, trajectory ids, mask and the estimator's
-pass flags, concatenated): the pieces' number and lengths shape the packed call (TorchRL's "pad" backend
-reads the same split on the host, ``_split_and_pad_for_reset``). tests/test_torchrl_transfer.py counts them:
-on a 4-batch run (128 steps per batch, 4 epochs) 0 per collection call and 1 per recurrent-mode call,
-0.072 per LSTM call over the run (5.26 before, counted the same way). Its indices are built on the device
-from ``is_init`` (``pieces_on_device``), the pieces sorted longest first so that packing copies nothing and
-leaves no permutation to undo.
+Host copies: none per call. A sequential call's is_init, step counts and trajectory ids are staged on their
+device (one small int64 snapshot, ``StagedCall``; its kept observation likewise) and its Grid made with the
+env and env step (the probe's own counts) and the episode columns still to fill. A recurrent-mode call is
+staged whole (recurrent.py ``StagedRecurrent``: copies of its input, stored states, the weights it ran with
+and its int64 is_init, step counts, trajectory ids, mask and the estimator's pass flags), because its pieces'
+number and lengths shape the packed call the shadow re-runs (TorchRL's "pad" backend reads the same split on
+the host, torchrl/modules/tensordict_module/rnn.py ``_split_and_pad_for_reset``). Every staged call settles
+in call order, all with one copy per device (samples.host), where the values are first needed: before the
+core hands a kept block over (``CoreTracer.before_hand_over``, which reads the grids), at the first
+sequential call after recurrent-mode ones (before it reaches the core, which numbers and writes the calls in
+call order: the next collector batch), and at close. A sequential call's grid is then filled with the same
+values a per-call copy gave (under ``--other-envs none`` the core's grid of the kept columns is a view of it:
+``Grid.take``); a recurrent-mode call is replayed: its pieces and provenance from the host values, its
+indices built on the device from ``is_init`` (``pieces_on_device``), the pieces sorted longest first so that
+packing copies nothing and leaves no permutation to undo, re-run on the shadow holding the staged weights.
+tests/test_torchrl_transfer.py counts the copies: one per collector batch (two with kept observations),
+0.007 per LSTM call over a 4-batch, 128-step-batch run (0.072 with one copy per recurrent-mode call, 5.26
+with one per call, counted the same way).
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ import sys
 import time
 import warnings
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -66,23 +70,13 @@ from torch import nn
 from lstm_probe.capture.life import Probe, Tagged
 from lstm_probe.capture.modules import base_metadata
 from lstm_probe.capture.tracer import CoreTracer
-from lstm_probe.contract import SEQ_REASON, Capabilities, Grid, Tags
+from lstm_probe.contract import Capabilities, Tags
 from lstm_probe.errors import BadInput
 from lstm_probe.integrations.torchrl import memory, whatif
-from lstm_probe.integrations.torchrl.samples import (
-    Envs,
-    StagedCall,
-    gae_batch,
-    gae_pass,
-    host,
-    not_repeated,
-    pieces,
-    pieces_on_device,
-    rows_on_host,
-)
+from lstm_probe.integrations.torchrl.recurrent import StagedRecurrent, holding, staged_budget, staged_bytes
+from lstm_probe.integrations.torchrl.samples import Envs, StagedCall, gae_batch, host, rows_on_host
 from lstm_probe.integrations.torchrl.shadow import inner_rnn as _rnn
 from lstm_probe.integrations.torchrl.shadow import shadow
-from lstm_probe.log.schema import COLUMN
 from lstm_probe.options import CaptureOptions, Measure, capture_options, route, settle
 
 _PHASE_OF_PACKAGE = (
@@ -205,7 +199,10 @@ class TorchRLProbe(Probe, Tagged):
             self._metadata["obs_size"] = self.obs_size
         self._envs = {name: Envs() for name in modules}
         self._current: dict[str, Tags] = {}
-        self._staged: list[StagedCall] = []  # sequential calls whose grids wait for their values (_settle)
+        # calls whose provenance waits for its values on the host, in call order (_settle); the bytes the
+        # recurrent-mode ones hold on their device (none: no recurrent-mode call waits)
+        self._staged: list[StagedCall | StagedRecurrent] = []
+        self._waiting = 0
         self._user: list[dict[str, Any]] = []
         self._epochs = False
         self.iteration = -1
@@ -262,6 +259,17 @@ class TorchRLProbe(Probe, Tagged):
         measured = {"what_if": self.what_if, "memory": self.memory}
         return final | {k: m.metadata() for k, m in measured.items() if m is not None and m.metadata() is not None}
 
+    def close(self, completed: bool = True, stop_reason: str | None = None, **extra: Any) -> Path | None:
+        """The staged calls settled (the last recurrent-mode calls replayed), then life.Probe's close."""
+        if self.running:
+            start, core = time.perf_counter(), self.tracer.hook_seconds
+            try:
+                self._settle()
+            except Exception:  # never let a failed replay hide how the run ended (as the core's flush)
+                pass
+            self.tracer.integration_seconds += time.perf_counter() - start - (self.tracer.hook_seconds - core)
+        return super().close(completed, stop_reason, **extra)
+
     def measure_batch(self, data: Any, epoch: int, minibatch: int = 0, iteration: int | None = None) -> None:
         """Call before the loss of each (epoch, minibatch) on the collector's batch ``data`` (the value
         estimator's advantage in it): the memory horizon at the first call per batch (its collection weights),
@@ -315,21 +323,25 @@ class TorchRLProbe(Probe, Tagged):
         """:meth:`_settle` as the core calls it, before a kept block is handed over."""
         self._settle()
 
-    def _settle(self, extra: list[torch.Tensor | None] | None = None) -> list[np.ndarray | None]:
-        """The staged sequential calls' grids filled, in call order, from their values on the host, and
-        ``extra`` tensors on the host as well (a recurrent-mode call's): one copy per device for all of
-        them (samples.host), one more for the kept observations (samples.rows_on_host). Run before a kept block
-        is handed over (``CoreTracer.before_hand_over``) and by every recurrent-mode call (whose samples'
-        provenance the collection's trajectory ids give)."""
-        staged, self._staged = self._staged, []
-        tensors: list[torch.Tensor | None] = [s.values for s in staged]
-        arrays = host(tensors + (extra or []))
-        kept = [s.obs for s in staged if s.obs is not None]
+    def _settle(self) -> None:
+        """The staged calls settled in call order from their values on the host: one copy per device for all
+        of them (samples.host), one more for the kept observations (samples.rows_on_host); each sequential
+        call's grid filled, each recurrent-mode call replayed (:meth:`_replay`). Run before a kept block is
+        handed over (``CoreTracer.before_hand_over``), by a sequential call that follows recurrent-mode calls
+        (before it reaches the core: the core numbers and writes the calls in call order), and at close."""
+        staged, self._staged, self._waiting = self._staged, [], 0
+        if not staged:
+            return
+        arrays = iter(host([t for s in staged for t in s.tensors]))
+        kept = [s.obs for s in staged if isinstance(s, StagedCall) and s.obs is not None]
         obs = iter(rows_on_host(kept) if kept else [])
-        for s, values in zip(staged, arrays, strict=False):
-            assert values is not None
-            s.settle(values, next(obs) if s.obs is not None else None)
-        return arrays[len(staged) :]
+        for s in staged:
+            values = [next(arrays) for _ in s.tensors]
+            if isinstance(s, StagedCall):
+                assert values[0] is not None
+                s.settle(values[0], next(obs) if s.obs is not None else None)
+            else:
+                self._replay(s, values)
 
     def _tags(self, phase: str) -> Tags:
         if phase != self._last_phase and self.tracer.writer is not None:  # the collector's progress so far
@@ -362,6 +374,8 @@ class TorchRLProbe(Probe, Tagged):
         very states the next step starts from, whatever computed them: cuDNN, ATen or torchrl's
         python-based LSTM/GRU), handed over as the shadow's output (:meth:`_returns`); re-run on the shadow
         only where they are not the module's clean step (dropout in effect) or are missing."""
+        if self._waiting:  # recurrent-mode calls replayed first: the core sees every call in call order
+            self._settle()
         keys, out_keys = list(mod.in_keys), list(mod.out_keys)
         is_lstm = self._lstm[name]
         rnn = self.shadows[name]
@@ -384,9 +398,6 @@ class TorchRLProbe(Probe, Tagged):
         )
         self._staged.append(staged)
         tags.grid = staged.grid  # its episode columns filled before it is read (_settle)
-        keep = self.tracer.keep_envs
-        if keep is not None and n > keep:  # --other-envs none: the core takes the kept columns' grid now
-            self._settle()
         zero = is_init.reshape(n, 1, 1).bool()
         given = [td.get(k, None) for k in (keys[1], keys[2])] if is_lstm else [td.get(keys[1], None)]
         states = [
@@ -408,119 +419,37 @@ class TorchRLProbe(Probe, Tagged):
             rnn(x.reshape(n, 1, int(x.shape[-1])), tuple(states) if is_lstm else states[0])
 
     def _recurrent(self, name: str, mod: Any, td: Any) -> None:
-        """A recurrent-mode call (the loss, a value estimator): its (B, T) rows split where ``is_init`` is
-        set after the first step (samples TorchRL marks as padding left out), the pieces re-run on the
-        shadow longest first (the provenance on the host, the indices on the device: the same pieces, see
-        samples.pieces). Each sample's provenance from its batch: the call's own TensorDict (the loss), or
-        the batch a value estimator took the call's samples from (samples.gae_pass)."""
+        """A recurrent-mode call (the loss, a value estimator): staged on its device as the hook sees it
+        (recurrent.StagedRecurrent), replayed on the shadow at the next settlement (:meth:`_settle`), or now
+        (not copied) where the calls staged would hold more than recurrent.STAGED_BYTES. Each sample's
+        provenance from its batch: the call's own TensorDict (the loss), or the batch a value estimator took
+        the call's samples from (samples.gae_batch: found now, on the stack)."""
         keys = list(mod.in_keys)
-        is_lstm = self._lstm[name]
-        rnn = self.shadows[name]
-        layers, hidden = int(rnn.num_layers), int(rnn.hidden_size)
-        x = td.get(keys[0])
-        h = td.get(keys[1], None)
-        c = td.get(keys[2], None) if is_lstm else None
-        is_init = td.get(keys[-1])
-        feat = int(x.shape[-1])
-        steps = int(td.shape[-1]) if td.ndim else 1
-        n = td.numel()
-        rows = n // steps
         phase = _phase(True)
         tags = self._tags(phase)
-        # a value estimator's call: its samples' step counts, trajectory ids and mask are its batch's
-        gae = gae_batch(h, keys[1]) if phase == "value" else None
-        source = gae[0] if gae is not None else td
-        sc_t, traj_t = source.get("step_count", None), source.get(("collector", "traj_ids"), None)
-        mask_t = source.get(("collector", "mask"), None)
-        init, sc, tr, mask, same = self._settle([is_init, sc_t, traj_t, mask_t, gae[1] if gae is not None else None])
-        assert init is not None
-        nxt = gae_pass(same) if same is not None else None
-        if gae is not None and nxt is None:  # neither pass over the batch (its mask holds for both)
-            sc = tr = None
-        valid = mask.astype(bool) if mask is not None else None
-        if valid is None and tr is not None and sc is not None and steps > 1:
-            valid = not_repeated(tr, sc, rows, steps)
-            if valid is not None:  # the same mask where the pieces' indices are built (no host copy)
-                t_d, s_d = (v.reshape(rows, steps) for v in (traj_t, sc_t))
-                again = (t_d[:, 1:] == t_d[:, :-1]) & (s_d[:, 1:] == s_d[:, :-1])
-                mask_t = torch.cat([torch.ones_like(again[:, :1]), ~again], dim=1)
-        first, lengths = pieces(init, rows, steps, valid)
-        if not len(first):  # every sample padding: nothing TorchRL computed is a state
+        gae = gae_batch(td.get(keys[1], None), keys[1]) if phase == "value" else None
+        rnn = self.shadows[name]
+        size = staged_bytes(rnn, td, keys)
+        now = self._waiting + size > staged_budget(td.get(keys[0]).device)  # replayed at once: nothing copied
+        self._staged.append(StagedRecurrent(name, rnn, td, keys, tags, gae, copy=not now))
+        self._waiting += size
+        if now:
+            self._settle()
+
+    def _replay(self, staged: StagedRecurrent, arrays: list[np.ndarray | None]) -> None:
+        """A staged recurrent-mode call's pieces re-run on the shadow with the weights it ran with (the core
+        records the packed call: recurrent.py)."""
+        name = staged.name
+        args = staged.replay(arrays, self._envs[name])
+        if args is None:  # every sample padding: nothing TorchRL computed is a state
             return
-        longest = int(lengths[0])
-        at = np.where(
-            np.arange(longest)[None, :] < lengths[:, None], first[:, None] + np.arange(longest), first[:, None]
-        )
-        valid_d = mask_t if valid is not None else None
-        first_d, at_d = pieces_on_device(
-            is_init if is_init.device == x.device else is_init.to(x.device), rows, steps, len(first), longest, valid_d
-        )
-        xs = x.reshape(n, feat)[at_d]  # (S, T', F): pack_padded_sequence skips the padding
-        states = [
-            torch.zeros(layers, len(first), hidden, dtype=x.dtype, device=x.device)
-            if s is None
-            else s.reshape(n, layers, hidden)[first_d].transpose(0, 1).contiguous()
-            for s in ((h, c) if is_lstm else (h,))
-        ]
-        # known: a loss call's own samples, either pass of an estimator over its batch, or a value call
-        # outside one on samples that carry their trajectory ids
-        known = phase != "value" or nxt is not None or (gae is None and tr is not None)
-        tags.grid = self._grid(name, init, sc, tr, valid, known, phase == "value", bool(nxt), first, at, steps)
-        self._current[name] = tags
-        # sorted already, lengths on the host: packing makes no device-to-host or host-to-device copy
-        packed = nn.utils.rnn.pack_padded_sequence(xs, lengths, batch_first=True)  # type: ignore[arg-type]
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            rnn(packed, tuple(states) if is_lstm else states[0])
-
-    def _grid(
-        self,
-        name: str,
-        init: np.ndarray,
-        sc: np.ndarray | None,
-        tr: np.ndarray | None,
-        valid: np.ndarray | None,
-        known: bool,
-        value: bool,
-        nxt: bool,
-        first: np.ndarray,
-        at: np.ndarray,
-        steps: int,
-    ) -> Grid:
-        """The provenance of a recurrent-mode call's pieces (``at``: each piece's samples, flat indices).
-
-        A sample's env, episode and env step: from its trajectory id and step count (``Envs.lookup``).
-        The samples of a value estimator's pass over ``data["next"]`` (``nxt``) are next observations: the
-        same env and episode, the next env step and episode step, never an episode start (a next
-        observation is never an episode's first: after a done the reset observation is the next sample's
-        own, torchrl/collectors/_single.py ``Collector.rollout``). Where the samples' batch is not
-        ``known`` (a value estimator's call that is neither of its passes over the whole batch) every
-        provenance column is null; a loss call's (not a ``value`` call's) batch without trajectory ids is
-        taken as the collector's, one env per row."""
-        found = self._envs[name].lookup(tr, sc)
-        start = np.full(len(init), -1, np.int8)
-        if known:
-            start = np.zeros(len(init), np.int8) if nxt else ((sc == 0) if sc is not None else init).astype(np.int8)
-        columns: dict[str, np.ndarray | None] = {"episode_start": start[at]}
-        if sc is not None and known:
-            columns["episode_step"] = (sc + nxt)[at]
-        if found is not None and known:
-            env, episode, env_step = found
-            columns.update(env=env[at], episode=episode[at], env_step=np.where(env_step >= 0, env_step + nxt, -1)[at])
-        elif known and valid is None and not value:  # the row is the env column (a collector batch)
-            columns["env"] = np.broadcast_to((first // steps)[:, None], at.shape)
-        # why each piece starts where it does: an episode start, the row's (or real samples') first step,
-        # else TorchRL's split at is_init (a slice's start, or the step after an episode start in
-        # GAE's pass over next observations); null where the samples' batch is not known
-        after_padding = np.zeros(len(first), bool)
-        if valid is not None:
-            after_padding = (first % steps > 0) & ~valid[np.maximum(first - 1, 0)]
-        boundary = (first % steps == 0) | after_padding
-        code = np.where(start[first] == 1, "episode_start", np.where(boundary, "env_boundary", "split"))
-        grid = Grid.of({k: v.astype(COLUMN[k].dtype) for k, v in columns.items() if v is not None}, train=True)
-        reasons = np.array([SEQ_REASON[r] for r in code.tolist()], COLUMN["seq_reason"].dtype)
-        grid.seq_reason = reasons if known else np.full(len(first), -1, COLUMN["seq_reason"].dtype)
-        return grid
+        rnn = self.shadows[name]
+        self._current[name] = staged.tags
+        try:
+            with holding(rnn, staged.weights):
+                rnn(*args)
+        finally:
+            self._current.pop(name, None)
 
 
 def _collector() -> Any:

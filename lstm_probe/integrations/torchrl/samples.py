@@ -13,7 +13,7 @@
 - :func:`not_repeated`: the samples a sampler repeated as padding where the batch has no mask;
 - :class:`Envs`, :class:`StagedCall`: a module's provenance of sequential calls (env steps, episodes, the
   collection's trajectory ids), each call's staged on the device until its values reach the host;
-- :func:`host`: small integer tensors on the host, in one copy per device (the staged sequential calls' and a
+- :func:`host`: small integer tensors on the host, in one copy per device (the staged sequential and
   recurrent-mode call's provenance, hooks.py ``TorchRLProbe._settle``).
 """
 
@@ -222,8 +222,8 @@ class Counts:
 
 class StagedCall:
     """A sequential call whose provenance waits for its values on the host: its grid (the env and env step
-    set, the episode columns to fill) and, on the device, its is_init, step counts and trajectory ids
-    (``values``, one int64 tensor, a snapshot) and kept observation (``obs``)."""
+    set, the episode columns and kept observation to fill, in place) and, on the device, its is_init, step
+    counts and trajectory ids (``values``, one int64 tensor, a snapshot) and kept observation (``obs``)."""
 
     __slots__ = ("cells", "counts", "env_step", "envs", "grid", "has_sc", "has_traj", "n", "obs", "phase", "values")
 
@@ -239,6 +239,13 @@ class StagedCall:
         # the columns the values decide: arrays of the grid's dtypes, which it holds views of, filled by settle()
         self.cells = {k: np.zeros(n, COLUMN[k].dtype) for k in ("episode", "episode_step", "episode_start")}
         self.grid = Grid.one_step(np.arange(n), self.env_step, *self.cells.values())
+        if obs is not None:  # filled by settle() as well (a grid taken of its kept columns holds a view of it)
+            self.grid.obs = np.full((n, 1, int(obs.shape[-1])), np.nan, np.float32)
+
+    @property
+    def tensors(self) -> list[torch.Tensor | None]:
+        """What crosses to the host for this call (one tensor: ``values``)."""
+        return [self.values]
 
     def settle(self, values: np.ndarray, obs: np.ndarray | None) -> None:
         """Fill the grid from the call's values on the host (``Envs.collect``'s work, in call order)."""
@@ -253,8 +260,9 @@ class StagedCall:
         episode, ep_step = self.counts.settle(start, sc)
         for name, v in (("episode", episode), ("episode_step", ep_step), ("episode_start", start)):
             self.cells[name][...] = v
-        if obs is not None:
-            self.grid.obs = obs[:, None, :]
+        kept = self.grid.obs
+        if obs is not None and kept is not None:
+            kept[...] = obs[:, None, :]
         self.envs.collected(self.phase, tr, episode, self.env_step - ep_step)
 
 
