@@ -6,9 +6,7 @@ frame that made it: the TorchRL integration (hooks.py, samples.py, recurrent.py)
 
 from __future__ import annotations
 
-import contextlib
 import sys
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +18,8 @@ pytest.importorskip("torchrl")
 import torch
 
 import lstm_probe
-from lstm_probe.log.logwriter import LogWriter
+from tests.transfers import counting
 
-TRANSFERS = ("cpu", "numpy", "item", "tolist", "to")
 PACKAGE = str(Path(lstm_probe.__file__).parent)
 INTEGRATION = tuple(f"integrations/torchrl/{m}.py" for m in ("hooks", "samples", "recurrent"))
 MOST_PER_CALL = 0.05
@@ -49,36 +46,6 @@ def _maker() -> str:
     return "torchrl"
 
 
-@contextlib.contextmanager
-def counting():
-    """Counts calls of the Tensor methods that move data to the host (or may: ``to``), by who made them,
-    and LogWriter.submit (the blocks and multi-step calls handed to the writer)."""
-    counts: Counter[str] = Counter()
-    saved = {name: getattr(torch.Tensor, name) for name in TRANSFERS}
-    submit = LogWriter.submit
-
-    def wrap(fn):
-        def counted(self, *args, **kwargs):
-            counts[_maker()] += 1
-            return fn(self, *args, **kwargs)
-
-        return counted
-
-    def counted_submit(self, job, nbytes):
-        counts["submits"] += 1
-        return submit(self, job, nbytes)
-
-    for name, fn in saved.items():
-        setattr(torch.Tensor, name, wrap(fn))
-    LogWriter.submit = counted_submit
-    try:
-        yield counts
-    finally:
-        for name, fn in saved.items():
-            setattr(torch.Tensor, name, fn)
-        LogWriter.submit = submit
-
-
 @pytest.mark.parametrize(
     ("n_envs", "steps", "capture"),
     [
@@ -97,7 +64,7 @@ def test_torchrl_hooks_copy_to_the_host_per_batch_not_per_call(tmp_path, n_envs,
 
     torch.set_num_threads(1)
     out = tmp_path / "run.parquet"
-    with counting() as counts:
+    with counting(_maker) as counts:
         run("CartPole-v1", str(out), steps=steps, n_steps=128, hidden_size=16, n_envs=n_envs, seed=3, **capture)
     calls = lstm_probe.read_info(out).metadata["probe_cost"]["calls"]
     phases = lstm_probe.load(out, columns=["call", "phase"]).drop_duplicates("call")["phase"].value_counts()
@@ -143,7 +110,7 @@ def test_recurrent_calls_replayed_later_write_the_same_log(tmp_path, monkeypatch
     kw = {"steps": 384, "n_steps": 64, "hidden_size": 8, "n_envs": 2, "seed": 7, "n_epochs": 2}
     run("CartPole-v1", str(tmp_path / "later.parquet"), **kw)
     monkeypatch.setattr(recurrent, "STAGED_BYTES", {"cpu": 0})
-    with counting() as counts:
+    with counting(_maker) as counts:
         run("CartPole-v1", str(tmp_path / "now.parquet"), **kw)
     later, now = lstm_probe.load(tmp_path / "later.parquet"), lstm_probe.load(tmp_path / "now.parquet")
     recurrent_calls = now[now["phase"] != "rollout"]["call"].nunique()

@@ -2,8 +2,6 @@
 one per block (or multi-step call) handed to the writer, and holding a block's second half back to the next
 hand-over (the CUDA path's order of work) changes nothing in the log."""
 
-import contextlib
-
 import numpy as np
 import pandas as pd
 import pytest
@@ -15,38 +13,7 @@ import lstm_probe
 from lstm_probe import ProbeCallback
 from lstm_probe.capture.transfer import Staged, host_arrays
 from lstm_probe.log.logwriter import LogWriter
-
-TRANSFERS = ("cpu", "numpy", "item", "tolist", "to")
-
-
-@contextlib.contextmanager
-def counting():
-    """Counts calls of the Tensor methods that move data to the host (or may: ``to``), and of
-    LogWriter.submit (the blocks and multi-step calls handed to the writer)."""
-    counts = {"transfers": 0, "submits": 0}
-    saved = {name: getattr(torch.Tensor, name) for name in TRANSFERS}
-    submit = LogWriter.submit
-
-    def wrap(fn):
-        def counted(self, *args, **kwargs):
-            counts["transfers"] += 1
-            return fn(self, *args, **kwargs)
-
-        return counted
-
-    def counted_submit(self, job, nbytes):
-        counts["submits"] += 1
-        return submit(self, job, nbytes)
-
-    for name, fn in saved.items():
-        setattr(torch.Tensor, name, wrap(fn))
-    LogWriter.submit = counted_submit
-    try:
-        yield counts
-    finally:
-        for name, fn in saved.items():
-            setattr(torch.Tensor, name, fn)
-        LogWriter.submit = submit
+from tests.transfers import counting
 
 
 def learn(out, n_envs, lstm_layers=1, **capture):
