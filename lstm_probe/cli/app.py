@@ -212,6 +212,7 @@ def report(
     """Explain, from a log, what the LSTMs did and what is wrong with them."""
     if html_out is None:  # the page draws with pandas; the text and JSON reports need none
         _pyarrow_without_pandas()
+    _reuse_freed_memory()
     from lstm_probe.report import summarize
 
     if html_out is not None:  # a page that cannot be written is refused before the log is read
@@ -263,6 +264,28 @@ def _pyarrow_without_pandas() -> None:
         import pyarrow.dataset  # noqa: F401
     finally:
         sys.meta_path.remove(finder)
+
+
+def _reuse_freed_memory() -> None:
+    """Let ``report`` reuse the memory it frees instead of mapping fresh pages for every buffer (~2/3 of its
+    page faults and ~0.5-1 s of system time on a 9.9M-row log, most of it the kernel zeroing pages). Arrow
+    allocates from the C library's heap (its default pool, mimalloc, hands freed pages back and faults them in
+    again), and glibc keeps buffers up to 32 MiB (a 4M-row run's float64 column) in its heap rather than a
+    mapping of their own that it unmaps on free, and keeps up to 256 MiB of freed memory at the heap's top.
+    Peak memory is what the report holds at once either way (measured: lower, 590 against 735 MB); only the
+    command's entry does this, for its own process."""
+    import ctypes
+
+    import pyarrow as pa
+
+    pa.set_memory_pool(pa.system_memory_pool())
+    try:
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # not glibc (macOS, musl): its allocator as it is
+        return
+    mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD
+    mallopt(-1, 256 << 20)  # M_TRIM_THRESHOLD
 
 
 ARCH_FLAGS = arch_flags()

@@ -17,6 +17,7 @@ from typing import Any, TypeAlias
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
@@ -201,10 +202,7 @@ def read_scalars(
         )
     for batch in batches:
         if iterations is not None:
-            it = batch.column("iteration").to_numpy(zero_copy_only=False)  # nulls: NaN, in no run
-            inside = (it >= iterations[0]) & (it <= iterations[1])
-            if not inside.all():
-                batch = batch.filter(pa.array(inside))
+            batch = _within(batch, iterations)
         m = batch.num_rows
         if not m:
             continue
@@ -231,6 +229,25 @@ def read_scalars(
         back -= k_train
     assert front == back, "row count changed while reading"
     return Frame(out, {name: list(words) for name, words in vocab.items()}), front
+
+
+def _within(batch: pa.RecordBatch, iterations: tuple[int, int]) -> pa.RecordBatch:
+    """The rows of ``batch`` whose iteration is within ``iterations`` (lowest, highest; null: in none), in order:
+    the batch itself where its minimum and maximum say every row is (nearly every batch of a run), a slice
+    (no copy) where they are one stretch of it (a row group at a run's edge, its rows in iteration order),
+    else filtered (Arrow's filter copies every column: ~35 ms a batch)."""
+    col = batch.column("iteration")
+    if not col.null_count:
+        bounds = pc.min_max(col)
+        lo, hi = bounds["min"].as_py(), bounds["max"].as_py()
+        if lo is None or (iterations[0] <= lo and hi <= iterations[1]):
+            return batch
+    it = col.to_numpy(zero_copy_only=False)  # nulls: NaN, in no run
+    mask = (it >= iterations[0]) & (it <= iterations[1])
+    inside = np.flatnonzero(mask)
+    if not len(inside) or inside[-1] - inside[0] + 1 == len(inside):
+        return batch.slice(int(inside[0]) if len(inside) else 0, len(inside))
+    return batch.filter(pa.array(mask))
 
 
 RUNS = 64
