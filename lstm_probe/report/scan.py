@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, TypeAlias
+from typing import Any, Protocol, TypeAlias
 
 import numpy as np
 import pyarrow as pa
@@ -161,6 +161,8 @@ def read_scalars(
     filt: ds.Expression | None,
     rows: int | None = None,
     iterations: tuple[int, int] | None = None,
+    extra: Sequence[str] = (),
+    feeds: Sequence[Feed] = (),
 ) -> tuple[Frame, int]:
     """The scalar columns in compact form, read batch by batch into preallocated arrays: nullable
     small counters as float32 (NaN = null; exact below 2**24), strings as codes into their words. Train rows (the
@@ -171,7 +173,8 @@ def read_scalars(
     ``iteration``): the rows of those iterations, selected here from whole batches, where ``filt`` only
     chooses row groups by their statistics and selects every row of them but by iteration (Arrow's row
     filter copies every column of every batch: ~0.25 s CPU per 10M rows, where nearly every batch is
-    inside the run)."""
+    inside the run). ``feeds``: handed each batch (with ``extra`` columns read too) where no filter selects rows
+    (``filt`` None or ``iterations``; a dataset of Parquet files)."""
     n = data.count_rows(filter=filt) if rows is None else rows
     out: dict[str, np.ndarray] = {}
     vocab: dict[str, dict[str, int]] = {}
@@ -193,10 +196,11 @@ def read_scalars(
         assert filt is not None and "iteration" in columns
         data, filt = row_groups(data, filt), None
     budget.refuse(n * 8 * len(columns), f"the report's scan of {n:,} rows")
-    budget.check_stream(data, columns, "the report's scan")
+    budget.check_stream(data, [*columns, *(c for c in extra if c not in columns)], "the report's scan")
     if filt is None and is_parquet(data):  # read as asked (:func:`stream`), not ahead of this loop's work
-        batches = stream(data, columns, SCAN_BATCH)
+        batches = stream(data, [*columns, *(c for c in extra if c not in columns)], SCAN_BATCH)
     else:
+        assert not feeds, "a filtered read is fed to no reader"
         batches = data.to_batches(
             columns=columns, filter=filt, batch_size=SCAN_BATCH, batch_readahead=2, fragment_readahead=1
         )
@@ -206,6 +210,8 @@ def read_scalars(
         m = batch.num_rows
         if not m:
             continue
+        for feed in feeds:
+            feed.add(batch)
         phase = _codes(batch.column("phase"), vocab["phase"])
         is_train = phase == vocab["phase"].get("train", -2)
         k_train = int(is_train.sum())
@@ -514,30 +520,56 @@ class ScanTotals:
     roll_module: str | None = None
 
 
-def scan(
-    data: ds.Dataset, accumulators: Sequence[Any], chunk_rows: int, progress: Progress | None = None
-) -> ScanTotals:
-    """Read the first layer's scalar rows in runs of whole iterations and add each run into every
-    accumulator (a fresh one per run, merged into the total); ``progress("rows", read, log's rows)`` after
-    each run."""
-    cols = COLUMNS + (["worker"] if "worker" in data.schema.names else [])
-    totals = ScanTotals()
-    strings = with_dictionaries(data, cols)
-    # every row a first-layer one (row-group statistics say so without reading rows: a log of one-layer
-    # modules without initial-state rows): runs are cut by iteration alone, their rows selected in numpy
+def first_layer_only(data: ds.Dataset) -> bool:
+    """Whether ``data`` is a dataset of Parquet files whose every row is a first-layer one (layer 0, t >= 0), as
+    the row groups' statistics say without reading rows (a log of one-layer modules without initial-state
+    rows): :func:`scan` then reads every row of the log, in runs cut by iteration alone."""
+    if not is_parquet(data):
+        return False
     other = (ds.field("layer") != 0) | (ds.field("t") < 0)
     for name in ("layer", "t"):
         if data.schema.field(name).nullable:  # a null is no first-layer row either
             other |= ds.field(name).is_null()
-    plain = is_parquet(strings) and data.count_rows(filter=other) == 0
+    return data.count_rows(filter=other) == 0
+
+
+class Feed(Protocol):
+    """A reader of the scan's own batches (:func:`scan`'s ``feeds``): the columns it needs read with the scan's,
+    and each batch of rows handed to it as read (before the scan's own work on it)."""
+
+    columns: list[str]
+
+    def add(self, batch: pa.RecordBatch) -> None: ...
+
+
+def scan(
+    data: ds.Dataset,
+    accumulators: Sequence[Any],
+    chunk_rows: int,
+    progress: Progress | None = None,
+    feeds: Sequence[Feed] = (),
+    plain: bool | None = None,
+) -> ScanTotals:
+    """Read the first layer's scalar rows in runs of whole iterations and add each run into every
+    accumulator (a fresh one per run, merged into the total); ``progress("rows", read, log's rows)`` after
+    each run. ``feeds`` (only where :func:`first_layer_only`, passed as ``plain`` where known): handed every
+    batch of the log's rows with their columns, in runs of whole iterations, each run in log order."""
+    cols = COLUMNS + (["worker"] if "worker" in data.schema.names else [])
+    totals = ScanTotals()
+    # every row a first-layer one (row-group statistics say so without reading rows: a log of one-layer
+    # modules without initial-state rows): runs are cut by iteration alone, their rows selected in numpy
+    plain = first_layer_only(data) if plain is None else plain
     layer_type = data.schema.field("layer").type
     read = [c for c in cols if c != "layer"] if plain and pa.types.is_integer(layer_type) else cols
+    assert plain or not feeds, "only a log of first-layer rows is fed to other readers"
+    extra = list(dict.fromkeys(c for f in feeds for c in f.columns if c not in read))
+    strings = with_dictionaries(data, cols + extra)
     plan = _plan(data, None if plain else FIRST_LAYER, fit(chunk_rows, len(read)))
     total, done = sum(rows for _, rows, _ in plan), 0
     if progress is not None:
         progress("rows", 0, total)
     for filt, rows, iterations in plan:
-        df, front = read_scalars(strings, read, filt, rows, iterations if plain else None)
+        df, front = read_scalars(strings, read, filt, rows, iterations if plain else None, extra, feeds)
         if "layer" not in df:  # every row's layer is 0, as the statistics say: not read
             df["layer"] = np.zeros(1, layer_type.to_pandas_dtype())[0]
         if "worker" not in df:

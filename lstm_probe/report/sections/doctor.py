@@ -134,6 +134,9 @@ class _Tally:
         self.twice = _First()
         self.advanced = _First()
         self.last: dict[tuple[str, float], tuple[float, str]] = {}  # (module, env) -> its last (env_step, phase)
+        self.last_call: dict[tuple[str, float], float] = {}  # (module, env) -> its last acting call
+        self.disordered = False
+        """A (module, env) met a call earlier than its last one (:attr:`Pass.disordered`)."""
 
     def count_sources(self, batch: pa.RecordBatch) -> None:
         """The init sources per module and phase of one batch of init rows (nulls as ''): each column's
@@ -222,8 +225,13 @@ class _Tally:
             mask[idx[found]] = True
             first.add(c, mask)
             masks.append(mask)
+        calls = c["call"][idx]
+        for i in firsts:
+            if calls[i] <= self.last_call.get((module[i], env[i]), -np.inf):
+                self.disordered = True
         for i in np.flatnonzero(np.r_[~same[1:], True]).tolist():
             self.last[(module[i], env[i])] = (step[i], phase[i])
+            self.last_call[(module[i], env[i])] = calls[i]
         return masks[0]
 
 
@@ -451,79 +459,79 @@ def _cut(c: dict[str, np.ndarray], n: int) -> tuple[dict[str, np.ndarray], dict[
     return {k: v[:n] for k, v in c.items()}, {k: v[n:] for k, v in c.items()}
 
 
-class Doctor(Section[DoctorSection]):
-    key = "doctor"
-    alongside = True
-    findings_rank = 20
+class Pass:
+    """The doctor's one pass over a log's rows, batch by batch in log order (:meth:`add`), for the input states,
+    the episode starts inside training sequences and the per-step training loops (three filtered passes took
+    2.4x the CPU on a 9.9M-row log); :meth:`finish` makes the section. ``columns``: what a batch must hold."""
 
-    def compute(self, log: Log, acc: Any) -> DoctorSection:
-        meta_paths = log.meta.get("minibatch_paths")
-        data = DoctorSection(available="init" in log.data.schema.names)
-        if isinstance(meta_paths, dict):
-            data.minibatch_paths = meta_paths
-            self._fact(data, meta_paths)
-        if not data.available:
-            return data
-        tally = _Tally()
-        # one pass for the input states, the episode starts inside training sequences and the per-step
-        # training loops (three filtered passes took 2.4x the CPU on a 9.9M-row log)
+    def __init__(self, log: Log) -> None:
+        self.tally = _Tally()
         names = set(log.data.schema.names)
-        filt = (ds.field("layer") == 0) & ds.field("init").is_valid()
+        self.filt = (ds.field("layer") == 0) & ds.field("init").is_valid()
         columns = [*COLUMNS, "layer"]
-        leaks = _Leaks() if LEAK_NEEDS <= names else None
-        steps = _StepScan() if STEP_NEEDS <= names else None
-        if leaks is not None:
-            filt |= rows_expr(LEAK_ROWS, LEAK_WORDS)
+        self.leaks = _Leaks() if LEAK_NEEDS <= names else None
+        self.steps = _StepScan() if STEP_NEEDS <= names else None
+        if self.leaks is not None:
+            self.filt |= rows_expr(LEAK_ROWS, LEAK_WORDS)
             columns += [*LEAK_COLUMNS, *LEAK_NEEDS, "layer"]
-        if steps is not None:
-            filt |= rows_expr(STEP_ROWS, STEP_WORDS)
+        if self.steps is not None:
+            self.filt |= rows_expr(STEP_ROWS, STEP_WORDS)
             columns += [*STEP_COLUMNS, "layer", "path", "epoch", "minibatch", "padding"]
-        columns = list(dict.fromkeys(columns))
-        held: dict[str, np.ndarray] | None = None
-        rows = with_dictionaries(log.data, columns)  # strings as stored: no string built per row
-        parquet = is_parquet(rows)
-        if parquet:  # the row groups that may hold such rows (statistics), their rows selected batch by batch:
-            # Arrow's row filter on every column cost ~0.15 s more CPU on a 9.9M-row log (7% of rows kept), and
-            # more on a string column (dictionaries: words_in)
-            # (every row group where each may hold an input-state row: no pruning asked, it would keep them all)
-            rows, filt = row_groups(rows, None if every_group(rows, "init") else filt), None
-        # little read ahead (as the scalar scan): a few batches of one file
-        budget.check_stream(rows, columns, "the doctor's read of input states")
-        if parquet:
-            batches = stream(rows, columns, BATCH)
-        else:
-            batches = rows.to_batches(columns=columns, filter=filt, batch_size=BATCH, batch_readahead=2)
-        for whole in batches:
-            if leaks is not None:
-                leaks.add(whole)
-            if steps is not None:
-                steps.add(whole)
-            init = whole.column("init")
-            if init.null_count == len(init):
-                continue
-            # the doctor's own columns of the init rows (a rollout row group's every row: not copied)
-            batch, layer = whole.select(COLUMNS), whole.column("layer")
-            if init.null_count or layer.null_count or pc.any(pc.not_equal(layer, 0)).as_py():
-                batch = batch.filter(pc.and_(init.is_valid(), pc.equal(layer, 0)))
-            if not batch.num_rows:
-                continue
-            tally.count_sources(batch)
-            c = _columns(batch)
-            if held is not None:
-                c = {k: np.concatenate([held[k], v]) for k, v in c.items()}
-            call = c["call"]
-            other = np.flatnonzero(call != call[-1])
-            if not len(other):  # one call so far: it may go on in the next batch
-                held = c
-                continue
-            # the last call's rows wait for the next batch (a call's rows come together)
-            c, held = _cut(c, int(other[-1]) + 1)
-            tally.add(c)
-        if held is not None and len(held["call"]):
-            tally.add(held)
+        self.columns = list(dict.fromkeys(columns))
+        self.held: dict[str, np.ndarray] | None = None
+
+    @property
+    def disordered(self) -> bool:
+        """Whether the answer may depend on the order the rows came in and on where the batches were cut: a
+        module's env column met a call earlier than one it had met (rows out of call order), or more than one
+        phase has problems or notes of one kind (they are listed in the order the phases were first met, batch
+        by batch)."""
+        t = self.tally
+        kinds = (
+            [p for p, f in t.zero.items() if f.count + t.untagged[p].count],
+            [p for p, f in t.not_reset.items() if f.count],
+            [p for p, n in t.unknown.items() if n],
+            [p for p, f in t.untagged.items() if f.count],
+        )
+        return t.disordered or any(len(phases) > 1 for phases in kinds)
+
+    def add(self, whole: pa.RecordBatch) -> None:
+        """One batch of the log's rows (any rows, with :attr:`columns`), in log order."""
+        if self.leaks is not None:
+            self.leaks.add(whole)
+        if self.steps is not None:
+            self.steps.add(whole)
+        init = whole.column("init")
+        if init.null_count == len(init):
+            return
+        # the doctor's own columns of the init rows (a rollout row group's every row: not copied)
+        batch, layer = whole.select(COLUMNS), whole.column("layer")
+        if init.null_count or layer.null_count or pc.any(pc.not_equal(layer, 0)).as_py():
+            batch = batch.filter(pc.and_(init.is_valid(), pc.equal(layer, 0)))
+        if not batch.num_rows:
+            return
+        self.tally.count_sources(batch)
+        c = _columns(batch)
+        if self.held is not None:
+            c = {k: np.concatenate([self.held[k], v]) for k, v in c.items()}
+        call = c["call"]
+        other = np.flatnonzero(call != call[-1])
+        if not len(other):  # one call so far: it may go on in the next batch
+            self.held = c
+            return
+        # the last call's rows wait for the next batch (a call's rows come together)
+        c, self.held = _cut(c, int(other[-1]) + 1)
+        self.tally.add(c)
+
+    def finish(self, data: DoctorSection) -> DoctorSection:
+        """``data`` (the section as the log's metadata starts it) with what the rows showed."""
+        tally = self.tally
+        if self.held is not None and len(self.held["call"]):
+            tally.add(self.held)
+            self.held = None
         data.sources = {k: dict(sorted(v.items())) for k, v in sorted(tally.sources.items())}
         data.problems = _problems(tally)
-        leak = _First() if leaks is None else leaks.found
+        leak = _First() if self.leaks is None else self.leaks.found
         if leak.count:
             text = (
                 f"an episode starts inside a training sequence {leak.count} times: the state runs on across the "
@@ -531,7 +539,7 @@ class Doctor(Section[DoctorSection]):
                 f"{_where(leak.row)}"
             )
             data.problems.append(Problem("across_episodes", str(leak.row.get("phase")), leak.count, leak.row, text))
-        found = _Steps() if steps is None else steps.result(tally.not_reset_at)
+        found = _Steps() if self.steps is None else self.steps.result(tally.not_reset_at)
         f = found.carried
         if f.count:
             text = (
@@ -543,6 +551,53 @@ class Doctor(Section[DoctorSection]):
             data.problems.append(Problem("carried_in_training", "train", f.count, f.row, text))
         data.findings = [p.text for p in data.problems]
         data.notes = _notes(tally, data.problems, found)
+        return data
+
+
+class Doctor(Section[DoctorSection]):
+    key = "doctor"
+    alongside = True
+    findings_rank = 20
+
+    def compute(self, log: Log, acc: Any) -> DoctorSection:
+        data = self._start(log)
+        if not data.available:
+            return data
+        one = Pass(log)
+        rows = with_dictionaries(log.data, one.columns)  # strings as stored: no string built per row
+        filt: ds.Expression | None = one.filt
+        parquet = is_parquet(rows)
+        if parquet:  # the row groups that may hold such rows (statistics), their rows selected batch by batch:
+            # Arrow's row filter on every column cost ~0.15 s more CPU on a 9.9M-row log (7% of rows kept), and
+            # more on a string column (dictionaries: words_in)
+            # (every row group where each may hold an input-state row: no pruning asked, it would keep them all)
+            rows, filt = row_groups(rows, None if every_group(rows, "init") else filt), None
+        # little read ahead (as the scalar scan): a few batches of one file
+        budget.check_stream(rows, one.columns, "the doctor's read of input states")
+        if parquet:
+            batches = stream(rows, one.columns, BATCH)
+        else:
+            batches = rows.to_batches(columns=one.columns, filter=filt, batch_size=BATCH, batch_readahead=2)
+        for whole in batches:
+            one.add(whole)
+        return one.finish(data)
+
+    def reader(self, log: Log) -> Pass | None:
+        """The doctor's pass fed the scan's own batches (every row of a log whose rows are all first-layer
+        ones, in runs of whole iterations: :meth:`Pass.finish` says None where that order could change the
+        answer), instead of a read of its own: the columns it reads beyond the scan's decoded once."""
+        return Pass(log) if "init" in log.data.schema.names else None
+
+    def from_reader(self, log: Log, one: Pass) -> DoctorSection | None:
+        """The section from a pass the scan fed (:meth:`reader`); None where it must read the log itself."""
+        return None if one.disordered else one.finish(self._start(log))
+
+    def _start(self, log: Log) -> DoctorSection:
+        meta_paths = log.meta.get("minibatch_paths")
+        data = DoctorSection(available="init" in log.data.schema.names)
+        if isinstance(meta_paths, dict):
+            data.minibatch_paths = meta_paths
+            self._fact(data, meta_paths)
         return data
 
     @staticmethod
