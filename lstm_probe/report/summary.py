@@ -14,7 +14,8 @@ from lstm_probe.contract import Capabilities
 from lstm_probe.log.logfiles import reading
 from lstm_probe.log.reader import dataset
 from lstm_probe.report import registry
-from lstm_probe.report.scan import COLUMNS, REPORT_CHUNK_ROWS, Progress, first_layer_only, fit, scan
+from lstm_probe.report.reading import first_layer_only
+from lstm_probe.report.scan import COLUMNS, REPORT_CHUNK_ROWS, Progress, fit, scan
 from lstm_probe.report.section import Block, Line, Log, Panel, Section
 from lstm_probe.report.verdict import Verdict, verdict
 from lstm_probe.text import safe

@@ -38,15 +38,28 @@ import pyarrow.dataset as ds
 from lstm_probe.contract import Capabilities
 from lstm_probe.log import budget
 from lstm_probe.log.schema import INITS
-from lstm_probe.report.rows import Test, rows_expr, select_rows
-from lstm_probe.report.scan import every_group, is_parquet, row_groups, stream, with_dictionaries
+from lstm_probe.report.reading import every_group, is_parquet, row_groups, stream, with_dictionaries
+from lstm_probe.report.rows import rows_expr
 from lstm_probe.report.section import Block, Line, Log, Section, Table
-from lstm_probe.report.sections.staleness import PROVENANCE_TOLERANCE
+from lstm_probe.report.sections.doctor_rows import (
+    LEAK_COLUMNS,
+    LEAK_NEEDS,
+    LEAK_ROWS,
+    LEAK_WORDS,
+    STEP_COLUMNS,
+    STEP_NEEDS,
+    STEP_ROWS,
+    STEP_WORDS,
+    TRAINING,
+    First,
+    Leaks,
+    Steps,
+    StepScan,
+)
 from lstm_probe.text import safe
 
 COLUMNS = ["call", "module", "phase", "env", "env_step", "episode_start", "episode_step", "init", "init_norm"]
 ACTING = ("rollout", "predict", "other", "bootstrap")
-TRAINING = ("train", "value")
 BATCH = 1 << 17
 NOT_RESET = ("previous", "other")
 """Sources that, at an episode start, mean the state was not reset."""
@@ -82,36 +95,6 @@ class DoctorSection:
     """What the doctor could not check because the log lacks a tag, and the tag that adds it (said once)."""
 
 
-@dataclass
-class _First:
-    """The earliest (by call) row of one kind, and the count."""
-
-    count: int = 0
-    call: float = np.inf
-    row: dict[str, Any] = field(default_factory=dict)
-
-    def add(self, cols: dict[str, np.ndarray], mask: np.ndarray, extra: dict[str, Any] | None = None) -> None:
-        n = int(mask.sum())
-        if not n:
-            return
-        self.count += n
-        idx = np.flatnonzero(mask)
-        i = int(idx[np.argmin(cols["call"][idx])])
-        if cols["call"][i] < self.call:
-            self.call = float(cols["call"][i])
-            self.row = {k: _py(cols[k][i]) for k in ("call", "module", "phase", "env", "env_step")}
-            if extra:
-                self.row.update({k: _py(v[i]) if isinstance(v, np.ndarray) else v for k, v in extra.items()})
-
-
-def _py(v: Any) -> Any:
-    if isinstance(v, np.generic):
-        v = v.item()
-    if isinstance(v, float) and np.isnan(v):
-        return None
-    return int(v) if isinstance(v, float) and v.is_integer() else v
-
-
 class _Tally:
     """Counts over the init rows, batch by batch; a call's rows are kept together (the rows of the last
     call of a batch wait for the next batch), so calls with both kinds of reset error are seen whole."""
@@ -120,19 +103,19 @@ class _Tally:
         self.sources: dict[str, dict[str, int]] = {}
         self.carried: dict[str, int] = {}  # phase -> columns that started from the previous state
         self.placed: dict[str, int] = {}  # phase -> columns that started from a non-zero state
-        self.zero: dict[str, _First] = {}  # phase -> zero without an episode start
-        self.untagged: dict[str, _First] = {}  # phase -> zero where no tag says whether an episode started
+        self.zero: dict[str, First] = {}  # phase -> zero without an episode start
+        self.untagged: dict[str, First] = {}  # phase -> zero where no tag says whether an episode started
         self.unknown: dict[str, int] = {}  # phase -> columns with an env step but no tag saying if an episode starts
         self.foreign = 0  # columns of untagged ('other') calls that started from a state it cannot place
-        self.not_reset: dict[str, _First] = {}
+        self.not_reset: dict[str, First] = {}
         self.not_reset_at: set[tuple[str, float, float]] = set()  # (module, env, env_step) not reset there
-        self.wrong_column = _First()
-        self.other_env = _First()
-        self.train_zero = _First()
-        self.train_state = _First()
+        self.wrong_column = First()
+        self.other_env = First()
+        self.train_zero = First()
+        self.train_state = First()
         self.rollout_zero = 0
-        self.twice = _First()
-        self.advanced = _First()
+        self.twice = First()
+        self.advanced = First()
         self.last: dict[tuple[str, float], tuple[float, str]] = {}  # (module, env) -> its last (env_step, phase)
         self.last_call: dict[tuple[str, float], float] = {}  # (module, env) -> its last acting call
         self.disordered = False
@@ -184,10 +167,10 @@ class _Tally:
             here = phase == p
             self.carried[p] = self.carried.get(p, 0) + int((here & (init == "previous")).sum())
             self.placed[p] = self.placed.get(p, 0) + int((here & ~np.isin(init, ("zero", "reset"))).sum())
-            self.zero.setdefault(p, _First()).add(c, here & zero & known)
-            self.untagged.setdefault(p, _First()).add(c, here & zero & ~known)
+            self.zero.setdefault(p, First()).add(c, here & zero & known)
+            self.untagged.setdefault(p, First()).add(c, here & zero & ~known)
             self.unknown[p] = self.unknown.get(p, 0) + int((here & ~known & (c["env_step"] >= 0)).sum())
-            self.not_reset.setdefault(p, _First()).add(c, here & kept)
+            self.not_reset.setdefault(p, First()).add(c, here & kept)
         if kept.any():
             self.not_reset_at.update(zip(*(c[k][kept].tolist() for k in ("module", "env", "env_step")), strict=True))
         self.rollout_zero += int(((phase == "rollout") & (init == "zero")).sum())
@@ -235,94 +218,6 @@ class _Tally:
         return masks[0]
 
 
-LEAK_COLUMNS = ["call", "module", "phase", "env", "env_step"]
-LEAK_NEEDS = {"t", "path", "episode_start", "padding"}
-LEAK_ROWS: tuple[Test, ...] = (("episode_start", "equal", True), ("t", "greater", 0), ("layer", "equal", 0))
-LEAK_ROWS += (("padding", "equal", False),)
-LEAK_WORDS: dict[str, tuple[str, ...]] = {"phase": TRAINING, "path": ("sequence",)}
-"""The rows :class:`_Leaks` reads: those that pass ``LEAK_ROWS`` and whose string columns hold ``LEAK_WORDS``."""
-
-
-class _Leaks:
-    """Training rows of multi-step calls where an episode starts after the sequence's first step: the state
-    runs on across the episode boundary (TorchRL: an all-false ``is_init`` over a batch that crosses
-    episodes; any loop that runs one sequence over several episodes without a reset). Batch by batch, in
-    log order, from the doctor's one pass over the rows."""
-
-    def __init__(self) -> None:
-        self.found = _First()
-
-    def add(self, batch: pa.RecordBatch) -> None:
-        batch = select_rows(batch, LEAK_ROWS, LEAK_WORDS)
-        if batch.num_rows:
-            c = {k: batch.column(k).to_numpy(zero_copy_only=False) for k in LEAK_COLUMNS}
-            c = {k: v.astype(float) if k in ("call", "env", "env_step") else v.astype(str) for k, v in c.items()}
-            self.found.add(c, np.ones(batch.num_rows, bool))
-
-
-@dataclass
-class _Steps:
-    """Per-step training loops (path 'stepwise'): episode starts the state ran on across, rows without a tag."""
-
-    carried: _First = field(default_factory=_First)
-    untagged: int = 0
-    """First-minibatch train rows after a sequence's first step with no ``episode_start``."""
-
-
-STEP_COLUMNS = ["call", "module", "phase", "env", "env_step", "iteration", "seq", "t", "episode_start", "drift_h"]
-STEP_NEEDS = {"t", "path", "episode_start", "padding", "epoch", "minibatch", "iteration", "seq", "drift_h"}
-STEP_ROWS: tuple[Test, ...] = (("epoch", "equal", 0), ("minibatch", "equal", 0), ("layer", "equal", 0))
-STEP_ROWS += (("padding", "equal", False),)
-STEP_WORDS: dict[str, tuple[str, ...]] = {"phase": ("train",), "path": ("stepwise",)}
-"""The rows :class:`_StepScan` reads (as :data:`LEAK_ROWS` and :data:`LEAK_WORDS`)."""
-
-
-class _StepScan:
-    """Episode starts inside the training sequences of a per-timestep training loop that the state ran on
-    across. Before any optimizer step (minibatch 0 of epoch 0) a train state equals the rollout state of its
-    env step; where it does so up to an episode start and departs there, the loop kept its state where the
-    rollout reset it. Batch by batch (:meth:`add`), in log order; :meth:`result` leaves out where the
-    rollout did not reset either."""
-
-    def __init__(self) -> None:
-        self.out = _Steps()
-        self.departs: dict[tuple[str, float, float], float] = {}  # (module, iteration, seq) -> first t off the rollout
-        self.starts: list[dict[str, np.ndarray]] = []  # rows where an episode starts after the sequence's first step
-
-    def add(self, batch: pa.RecordBatch) -> None:
-        batch = select_rows(batch, STEP_ROWS, STEP_WORDS)
-        if not batch.num_rows:
-            return
-        c = {k: batch.column(k).to_numpy(zero_copy_only=False) for k in STEP_COLUMNS if k != "episode_start"}
-        c = {k: v.astype(str) if k in ("module", "phase") else v.astype(float) for k, v in c.items()}
-        flag = batch.column("episode_start")
-        tagged = flag.is_valid().to_numpy(zero_copy_only=False)
-        start = flag.fill_null(False).to_numpy(zero_copy_only=False).astype(bool)
-        later = c["t"] > 0
-        self.out.untagged += int((later & ~tagged).sum())
-        off = np.flatnonzero(c["drift_h"] > PROVENANCE_TOLERANCE)
-        if len(off):  # each sequence's first step off the rollout, one Python step per sequence
-            seqs, inv = np.unique(
-                np.rec.fromarrays([c[k][off] for k in ("module", "iteration", "seq")]), return_inverse=True
-            )
-            first = np.full(len(seqs), np.inf)
-            np.minimum.at(first, inv.reshape(-1), c["t"][off])
-            for key, t in zip(seqs.tolist(), first.tolist(), strict=True):
-                self.departs[key] = min(self.departs.get(key, np.inf), t)
-        if (later & start).any():
-            self.starts.append({k: v[later & start] for k, v in c.items()})
-
-    def result(self, not_reset: set[tuple[str, float, float]]) -> _Steps:
-        """``not_reset``: (module, env, env_step) where the rollout did not reset the state either."""
-        for c in self.starts:
-            keys = zip(c["module"].tolist(), c["iteration"].tolist(), c["seq"].tolist(), strict=True)
-            here = np.array([self.departs.get(k, np.inf) for k in keys]) == c["t"]
-            envs = zip(c["module"].tolist(), c["env"].tolist(), c["env_step"].tolist(), strict=True)
-            here &= ~np.array([k in not_reset for k in envs], bool)
-            self.out.carried.add(c, here)
-        return self.out
-
-
 def _where(first: dict[str, Any]) -> str:
     env = first.get("env")
     step = first.get("env_step")
@@ -332,13 +227,13 @@ def _where(first: dict[str, Any]) -> str:
     return at + ")"
 
 
-def _earlier(a: _First, b: _First) -> _First:
+def _earlier(a: First, b: First) -> First:
     """Both counts, first at the earlier of the two."""
     first = a if a.call <= b.call else b
-    return _First(a.count + b.count, first.call, first.row)
+    return First(a.count + b.count, first.call, first.row)
 
 
-def _notes(t: _Tally, problems: list[Problem], steps: _Steps) -> list[str]:
+def _notes(t: _Tally, problems: list[Problem], steps: Steps) -> list[str]:
     """What the log's tags leave the doctor unable to check, once each, with the tag that adds it."""
     out: list[str] = []
     judged = {p.phase for p in problems if p.kind == "not_passed_back"}
@@ -469,8 +364,8 @@ class Pass:
         names = set(log.data.schema.names)
         self.filt = (ds.field("layer") == 0) & ds.field("init").is_valid()
         columns = [*COLUMNS, "layer"]
-        self.leaks = _Leaks() if LEAK_NEEDS <= names else None
-        self.steps = _StepScan() if STEP_NEEDS <= names else None
+        self.leaks = Leaks() if LEAK_NEEDS <= names else None
+        self.steps = StepScan() if STEP_NEEDS <= names else None
         if self.leaks is not None:
             self.filt |= rows_expr(LEAK_ROWS, LEAK_WORDS)
             columns += [*LEAK_COLUMNS, *LEAK_NEEDS, "layer"]
@@ -531,7 +426,7 @@ class Pass:
             self.held = None
         data.sources = {k: dict(sorted(v.items())) for k, v in sorted(tally.sources.items())}
         data.problems = _problems(tally)
-        leak = _First() if self.leaks is None else self.leaks.found
+        leak = First() if self.leaks is None else self.leaks.found
         if leak.count:
             text = (
                 f"an episode starts inside a training sequence {leak.count} times: the state runs on across the "
@@ -539,7 +434,7 @@ class Pass:
                 f"{_where(leak.row)}"
             )
             data.problems.append(Problem("across_episodes", str(leak.row.get("phase")), leak.count, leak.row, text))
-        found = _Steps() if self.steps is None else self.steps.result(tally.not_reset_at)
+        found = Steps() if self.steps is None else self.steps.result(tally.not_reset_at)
         f = found.carried
         if f.count:
             text = (
