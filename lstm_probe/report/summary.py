@@ -161,7 +161,7 @@ class _Fed:
         return self.reader
 
 
-FED_AHEAD = 4
+FED_AHEAD = 2
 """Batches of the scan a fed section's thread may be behind (each a view of the scan's batch: no copy)."""
 
 
