@@ -75,7 +75,7 @@ print(json.dumps({"seconds": time.perf_counter() - t, "cpu": time.process_time()
 
 
 WRAP = """
-import json, resource, subprocess, sys, time
+import hashlib, json, resource, subprocess, sys, time
 start = time.perf_counter()
 r = subprocess.run(sys.argv[1:], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 wall = time.perf_counter() - start
@@ -84,10 +84,12 @@ sys.stderr.buffer.write(r.stderr)
 if not r.returncode:
     json.loads(r.stdout)  # the report's JSON
 cpu = use.ru_utime + use.ru_stime
-print(json.dumps({"seconds": wall, "cpu": cpu, "rss_mb": use.ru_maxrss / 1024, "rc": r.returncode}))
+print(json.dumps({"seconds": wall, "cpu": cpu, "user": use.ru_utime, "sys": use.ru_stime,
+                  "rss_mb": use.ru_maxrss / 1024, "rc": r.returncode, "json": hashlib.sha256(r.stdout).hexdigest()}))
 """
-"""Runs one command and prints its wall and CPU seconds and peak RSS: a small process of its own whose only
-child is the command, so ``ru_maxrss`` is the command's (not the builder's, nor an earlier run's)."""
+"""Runs one command and prints its wall, CPU (user + system) seconds, peak RSS and a hash of its output: a
+small process of its own whose only child is the command, so ``ru_maxrss`` is the command's (not the
+builder's, nor an earlier run's)."""
 
 
 def _cli_report(log: Path, env: dict[str, str], here: Path) -> dict[str, float]:
@@ -228,8 +230,8 @@ def main() -> None:
                 results.setdefault(label, []).append(_cli_report(out, child_env, here))
                 res = results[label][-1]
                 print(
-                    f"  [{k + 1}] {label}: {res['seconds']:.1f} s ({res['cpu']:.1f} s CPU), "
-                    f"peak RSS {res['rss_mb']:.0f} MB"
+                    f"  [{k + 1}] {label}: {res['seconds']:.1f} s ({res['cpu']:.1f} s CPU: {res['user']:.1f} user, "
+                    f"{res['sys']:.1f} system), peak RSS {res['rss_mb']:.0f} MB"
                 )
                 continue
             flags = ["sections"] if args.sections else []
@@ -266,9 +268,10 @@ def main() -> None:
     if args.cli:
         ratios = [x / y for x, y in zip(a, b, strict=True)]
         ma, mb = (max(x["rss_mb"] for x in v) for v in results.values())
+        outputs = {x["json"] for v in results.values() for x in v}
         print(
             f"{' / '.join(results)}: report --json time {statistics.median(ratios):.2f}x (pairs), "
-            f"peak RSS {ma / mb:.2f}x"
+            f"peak RSS {ma / mb:.2f}x; JSON {'byte-identical' if len(outputs) == 1 else 'DIFFERENT'} in every run"
         )
         _cleanup(tmp, args.keep, out)
         return

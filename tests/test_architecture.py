@@ -11,7 +11,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "lstm_probe"
 DOC = PACKAGE.parent / "docs" / "architecture.md"
 
-CLI_LAYER = {"cli", "cli.app", "cli.flags", "cli.render", "cli.__main__", "__main__"}
+CLI_LAYER = {"cli", "cli.app", "cli.flags", "cli.render", "cli.startup", "cli.__main__", "__main__"}
 """The command line: parses, calls the library, prints. May import anything."""
 INTEGRATION_IMPORTS = {
     "contract",

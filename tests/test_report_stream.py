@@ -118,7 +118,7 @@ def test_select_rows_on_sliced_batches(phase_pure: Path) -> None:
 
 
 def test_every_group_says_when_pruning_by_input_states_would_keep_them_all(phase_pure: Path, tmp_path: Path) -> None:
-    from lstm_probe.report.scan import every_group, row_groups
+    from lstm_probe.report.reading import every_group, row_groups
 
     table = pq.read_table(phase_pure)  # an input state at each call's first step (t = 0), as the tracer writes
     first = pc.equal(table["t"], 0).to_numpy(zero_copy_only=False)

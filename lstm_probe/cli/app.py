@@ -22,6 +22,7 @@ import typer
 from lstm_probe import integrations
 from lstm_probe.cli.flags import NAME_HELP, arch_flags, run_flags, split, with_flags
 from lstm_probe.cli.render import _ExportDisplay, _render, _render_architecture, _render_flow, _RunDisplay, err, out
+from lstm_probe.cli.startup import pyarrow_without_pandas, reuse_freed_memory
 from lstm_probe.errors import BadInput, BadLog, Interrupted, ProbeError, one_line
 from lstm_probe.extras import missing
 from lstm_probe.log.layout import check_writable, fingerprint, output_dir
@@ -211,7 +212,8 @@ def report(
 ) -> None:
     """Explain, from a log, what the LSTMs did and what is wrong with them."""
     if html_out is None:  # the page draws with pandas; the text and JSON reports need none
-        _pyarrow_without_pandas()
+        pyarrow_without_pandas()
+    reuse_freed_memory()
     from lstm_probe.report import summarize
 
     if html_out is not None:  # a page that cannot be written is refused before the log is read
@@ -234,35 +236,6 @@ def report(
         sys.stdout.write(strict_json(rep.to_dict(), indent=2) + "\n")
         return
     _render(rep)
-
-
-class _NoPandas:
-    """A meta path finder under which ``import pandas`` fails (see :func:`_pyarrow_without_pandas`)."""
-
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> None:
-        if fullname == "pandas":
-            raise ModuleNotFoundError("pandas is not imported while pyarrow.dataset loads", name=fullname)
-
-
-def _pyarrow_without_pandas() -> None:
-    """Import pyarrow.dataset without importing pandas (0.2-0.6 s, most of a small log's ``report``).
-
-    Loading pyarrow/_dataset.pyx evaluates ``Expression._scalar(True)``; ``pa.scalar`` asks whether its value
-    is array-like (pyarrow/array.pxi: ``_is_array_like``), and pyarrow's pandas shim answers by importing
-    pandas when it is installed (pyarrow/pandas-shim.pxi: ``_PandasAPIShim._check_import``). While the import
-    runs here, ``import pandas`` fails, so the shim notes pandas as absent; its first call that needs pandas
-    (``Table.to_pandas``, where a report section builds a DataFrame) imports it after all. Until that call
-    pyarrow would not recognise a pandas object handed to ``pa.array``; the report and the probes hand it
-    none. Only the command's entry does this, and only where neither pandas nor pyarrow.dataset is loaded
-    yet (a fresh ``lstm-probe`` process); the library never changes how pyarrow sees pandas."""
-    if "pandas" in sys.modules or "pyarrow.dataset" in sys.modules:
-        return
-    finder = _NoPandas()
-    sys.meta_path.insert(0, finder)
-    try:
-        import pyarrow.dataset  # noqa: F401
-    finally:
-        sys.meta_path.remove(finder)
 
 
 ARCH_FLAGS = arch_flags()
@@ -365,7 +338,7 @@ def probe(
         lag_list = [int(x) for x in lags.split(",") if x.strip()]
     except ValueError:
         raise BadInput(f"--lags takes comma-separated integers, e.g. 0,1,2,4, got {lags!r}") from None
-    _pyarrow_without_pandas()
+    pyarrow_without_pandas()
     from lstm_probe.report.probes import probe_rows
 
     # lstm_probe.probe's rows (its DataFrame less the target column) without pandas; r2 None: constant target

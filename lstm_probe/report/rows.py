@@ -20,7 +20,7 @@ def words_in(batch: pa.RecordBatch, words: Mapping[str, Sequence[str]]) -> np.nd
     """The rows of ``batch`` whose string column ``name`` holds one of ``words[name]``, for every name (null: no),
     as a boolean mask: the test is made once per distinct word of the column's dictionary and the rows take
     its answer by their codes. Arrow's filter on a dictionary column (the form
-    :func:`~lstm_probe.report.scan.with_dictionaries` reads strings in) took ~2.5x the time of reading every
+    :func:`~lstm_probe.report.reading.with_dictionaries` reads strings in) took ~2.5x the time of reading every
     row's columns (a 9.9M-row log: 1.2 s against 0.5 s)."""
     keep = np.ones(batch.num_rows, bool)
     for name, allowed in words.items():

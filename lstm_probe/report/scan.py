@@ -8,20 +8,19 @@ arrays (no pandas: ``lstm-probe report`` starts without importing it).
 
 from __future__ import annotations
 
-import queue
-import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, TypeAlias
+from typing import Any, Protocol, TypeAlias
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as ds
-import pyarrow.parquet as pq
 
 from lstm_probe.log import budget
 from lstm_probe.report.numeric import dense_key, present, row_key
+from lstm_probe.report.reading import first_layer_only, is_parquet, row_groups, stream, with_dictionaries
 
 Progress: TypeAlias = Callable[[str, int, int], None]
 """``progress(step, done, total)``, called as a report reads a log (``summarize(progress=...)``): step
@@ -116,24 +115,6 @@ class Frame:
         return Frame({k: v[rows] for k, v in self.columns.items()}, self._words)
 
 
-def with_dictionaries(data: ds.Dataset, names: Sequence[str]) -> ds.Dataset:
-    """``data`` (a dataset of whole Parquet files, as :func:`lstm_probe.log.reader.dataset` opens a log) reading
-    its string columns among ``names`` as dictionaries, the form the writer stores them in: the scan then
-    skips building every row's string (the scalar scan of a 9.9M-row log: 1.5 s -> 0.65 s CPU).
-    Any other dataset is returned as it is."""
-    if not isinstance(data, ds.FileSystemDataset) or not isinstance(data.format, ds.ParquetFileFormat):
-        return data
-    strings = [n for n in names if n in data.schema.names and pa.types.is_string(data.schema.field(n).type)]
-    if not strings:
-        return data
-    schema = pa.schema(
-        [f.with_type(pa.dictionary(pa.int32(), pa.string())) if f.name in strings else f for f in data.schema],
-        metadata=data.schema.metadata,
-    )
-    fmt = ds.ParquetFileFormat(read_options=ds.ParquetReadOptions(dictionary_columns=strings))
-    return ds.FileSystemDataset.from_paths(data.files, schema=schema, format=fmt, filesystem=data.filesystem)
-
-
 def _codes(arr: pa.Array, words: dict[str, int]) -> np.ndarray:
     """A string (or dictionary) array as codes into ``words`` (new words added; null: -1). Where the
     array's dictionary is ``words``' own order and no value is null (a log's row groups mostly), its
@@ -160,17 +141,20 @@ def read_scalars(
     filt: ds.Expression | None,
     rows: int | None = None,
     iterations: tuple[int, int] | None = None,
+    extra: Sequence[str] = (),
+    feeds: Sequence[Feed] = (),
 ) -> tuple[Frame, int]:
     """The scalar columns in compact form, read batch by batch into preallocated arrays: nullable
     small counters as float32 (NaN = null; exact below 2**24), strings as codes into their words. Train rows (the
     bulk of a log) are packed at the end, so that ``frame.take(slice(front, None))`` is the train rows without a
     copy. Peak memory is about the result plus one batch, whatever the size of the log. ``rows``: the
     number of rows the filter selects, when known (a scan fewer). ``data`` may read strings as
-    dictionaries (:func:`with_dictionaries`). ``iterations`` (lowest, highest; ``columns`` hold
+    dictionaries (:func:`with_dictionaries`). ``iterations`` (lowest, highest, or :data:`NULLS`; ``columns`` hold
     ``iteration``): the rows of those iterations, selected here from whole batches, where ``filt`` only
     chooses row groups by their statistics and selects every row of them but by iteration (Arrow's row
     filter copies every column of every batch: ~0.25 s CPU per 10M rows, where nearly every batch is
-    inside the run)."""
+    inside the run). ``feeds``: handed each batch (with ``extra`` columns read too) where no filter selects rows
+    (``filt`` None or ``iterations``; a dataset of Parquet files)."""
     n = data.count_rows(filter=filt) if rows is None else rows
     out: dict[str, np.ndarray] = {}
     vocab: dict[str, dict[str, int]] = {}
@@ -192,22 +176,22 @@ def read_scalars(
         assert filt is not None and "iteration" in columns
         data, filt = row_groups(data, filt), None
     budget.refuse(n * 8 * len(columns), f"the report's scan of {n:,} rows")
-    budget.check_stream(data, columns, "the report's scan")
+    budget.check_stream(data, [*columns, *(c for c in extra if c not in columns)], "the report's scan")
     if filt is None and is_parquet(data):  # read as asked (:func:`stream`), not ahead of this loop's work
-        batches = stream(data, columns, SCAN_BATCH)
+        batches = stream(data, [*columns, *(c for c in extra if c not in columns)], SCAN_BATCH)
     else:
+        assert not feeds, "a filtered read is fed to no reader"
         batches = data.to_batches(
             columns=columns, filter=filt, batch_size=SCAN_BATCH, batch_readahead=2, fragment_readahead=1
         )
     for batch in batches:
         if iterations is not None:
-            it = batch.column("iteration").to_numpy(zero_copy_only=False)  # nulls: NaN, in no run
-            inside = (it >= iterations[0]) & (it <= iterations[1])
-            if not inside.all():
-                batch = batch.filter(pa.array(inside))
+            batch = _within(batch, iterations)
         m = batch.num_rows
         if not m:
             continue
+        for feed in feeds:
+            feed.add(batch)
         phase = _codes(batch.column("phase"), vocab["phase"])
         is_train = phase == vocab["phase"].get("train", -2)
         k_train = int(is_train.sum())
@@ -231,6 +215,33 @@ def read_scalars(
         back -= k_train
     assert front == back, "row count changed while reading"
     return Frame(out, {name: list(words) for name, words in vocab.items()}), front
+
+
+NULLS = (1, 0)
+"""``read_scalars(iterations=NULLS)``: the rows without an iteration (the last run of a log that has some)."""
+
+
+def _within(batch: pa.RecordBatch, iterations: tuple[int, int]) -> pa.RecordBatch:
+    """The rows of ``batch`` within ``iterations`` (lowest, highest; :data:`NULLS`: those without one), in order:
+    the batch itself or a slice of it (no copy) where they are one stretch (a run's edge), else filtered
+    (Arrow's filter copies every column: ~35 ms a batch, 0.3 s of a 9.9M-row log's scan)."""
+    col = batch.column("iteration")
+    if iterations == NULLS:
+        if col.null_count in (0, len(col)):
+            return batch if col.null_count else batch.slice(0, 0)
+        mask = col.is_null().to_numpy(zero_copy_only=False)
+    else:
+        if not col.null_count:
+            bounds = pc.min_max(col)
+            lo, hi = bounds["min"].as_py(), bounds["max"].as_py()
+            if lo is None or (iterations[0] <= lo and hi <= iterations[1]):
+                return batch
+        it = col.to_numpy(zero_copy_only=False)  # nulls: NaN, in no run
+        mask = (it >= iterations[0]) & (it <= iterations[1])
+    inside = np.flatnonzero(mask)
+    if not len(inside) or inside[-1] - inside[0] + 1 == len(inside):
+        return batch.slice(int(inside[0]) if len(inside) else 0, len(inside))
+    return batch.filter(pa.array(mask))
 
 
 RUNS = 64
@@ -329,101 +340,6 @@ def _counted(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return seen + lo, counts[seen]
 
 
-def every_group(data: ds.Dataset, column: str, layer: str = "layer") -> bool:
-    """Whether the footer statistics let every row group of ``data`` (a dataset of Parquet files) hold a row of
-    layer 0 whose ``column`` is not null, so that no filter that keeps those rows (``layer == 0 &
-    column.is_valid()``, or'ed with others) can prune one: pruning by it (~0.1-0.3 s of Arrow's statistics
-    tests on a 9.9M-row log) would keep them all. A row group without such statistics may hold one too."""
-    if not is_parquet(data):
-        return False
-    for frag in data.get_fragments():
-        meta = frag.metadata
-        where = {meta.schema.column(j).path: j for j in range(meta.num_columns)}
-        if column not in where or layer not in where:
-            return False
-        ids = [rg.id for rg in frag.row_groups] if frag.row_groups else range(meta.num_row_groups)
-        for i in ids:
-            rg = meta.row_group(i)
-            values, layers = rg.column(where[column]).statistics, rg.column(where[layer]).statistics
-            if values is not None and values.has_null_count and values.null_count >= rg.num_rows:
-                return False
-            if layers is not None and layers.has_min_max and not layers.min <= 0 <= layers.max:
-                return False
-    return True
-
-
-def stream(data: ds.Dataset, columns: list[str], batch_size: int, ahead: int = 2) -> Iterator[pa.RecordBatch]:
-    """Every row of ``data`` (a dataset of Parquet files, or of their row groups: :func:`row_groups`) batch by
-    batch in log order, read by a thread at most ``ahead`` batches ahead of the caller (a file's own batch
-    reader). Arrow's dataset scanner reads ahead of a slow consumer without bound: the doctor's pass over a
-    99.9M-row log held 548 MB of Arrow memory, at 5 ms of work a batch ~220 MB after 400 batches."""
-    if not is_parquet(data):
-        yield from data.to_batches(columns=columns, batch_size=batch_size)
-        return
-    ready: queue.Queue[Any] = queue.Queue(maxsize=ahead)
-    stop = threading.Event()
-    end = object()
-
-    def hand(item: Any) -> bool:
-        while not stop.is_set():
-            try:
-                ready.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def read() -> None:
-        try:
-            for batch in _file_batches(data, columns, batch_size):
-                if not hand(batch):
-                    return
-            hand(end)
-        except BaseException as exc:  # raised in the caller's thread
-            hand(exc)
-
-    reader = threading.Thread(target=read, name="lstm-probe-read", daemon=True)
-    reader.start()
-    try:
-        while (item := ready.get()) is not end:
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        stop.set()
-        reader.join()
-
-
-def _file_batches(data: ds.Dataset, columns: list[str], batch_size: int) -> Iterator[pa.RecordBatch]:
-    """:func:`stream`'s batches, read in this thread."""
-    words = [c for c in columns if pa.types.is_dictionary(data.schema.field(c).type)]
-    for frag in data.get_fragments():
-        ids = [rg.id for rg in frag.row_groups] if frag.row_groups else None
-        with frag.filesystem.open_input_file(frag.path) as f:
-            pf = pq.ParquetFile(f, read_dictionary=words)
-            yield from pf.iter_batches(batch_size=batch_size, row_groups=ids, columns=columns, use_threads=True)
-
-
-def is_parquet(data: ds.Dataset) -> bool:
-    """Whether ``data`` is a dataset of Parquet files (its row groups can be picked: :func:`row_groups`)."""
-    return isinstance(data, ds.FileSystemDataset) and isinstance(data.format, ds.ParquetFileFormat)
-
-
-def row_groups(data: ds.Dataset, filt: ds.Expression | None) -> ds.Dataset:
-    """The row groups of ``data`` (a dataset of Parquet files) that ``filt`` may select by their statistics,
-    in log order, as a dataset: scanned without a filter, it reads them whole (string columns' statistics
-    asked too: :func:`lstm_probe.log.budget.prune`). ``filt`` None: every row group."""
-    pruned = data if filt is None else budget.prune(data, filt)
-    if pruned is not data:  # pruned by the filter already (with the strings' statistics): its row groups as kept
-        # (Arrow's pruning again with the dictionary schema keeps them all: it knows less; ~0.12 s a filter)
-        fragments = [rg for f in pruned.get_fragments() for rg in f.split_by_row_group()]
-    else:
-        fragments = [
-            rg for f in data.get_fragments(filter=filt) for rg in f.split_by_row_group(filt, schema=data.schema)
-        ]
-    return ds.FileSystemDataset(fragments, pruned.schema, pruned.format, pruned.filesystem)
-
-
 def duplicates(df: Frame | dict[str, np.ndarray]) -> int:
     """Rows that repeat another's (call, batch column, step): rows are identifiable so only where env or
     seq names the column (a call is one module; layer 0 here). One sort of one int64 key per row."""
@@ -497,30 +413,45 @@ class ScanTotals:
     roll_module: str | None = None
 
 
+class Feed(Protocol):
+    """A reader of the scan's own batches (:func:`scan`'s ``feeds``): its columns read with the scan's, each
+    batch handed to it as read."""
+
+    columns: list[str]
+
+    def add(self, batch: pa.RecordBatch) -> None: ...
+
+
 def scan(
-    data: ds.Dataset, accumulators: Sequence[Any], chunk_rows: int, progress: Progress | None = None
+    data: ds.Dataset,
+    accumulators: Sequence[Any],
+    chunk_rows: int,
+    progress: Progress | None = None,
+    feeds: Sequence[Feed] = (),
+    plain: bool | None = None,
 ) -> ScanTotals:
     """Read the first layer's scalar rows in runs of whole iterations and add each run into every
     accumulator (a fresh one per run, merged into the total); ``progress("rows", read, log's rows)`` after
-    each run."""
+    each run. ``feeds`` (only where :func:`first_layer_only`, passed as ``plain`` where known): handed every
+    batch of the log's rows with their columns, in runs of whole iterations, each run in log order."""
     cols = COLUMNS + (["worker"] if "worker" in data.schema.names else [])
     totals = ScanTotals()
-    strings = with_dictionaries(data, cols)
     # every row a first-layer one (row-group statistics say so without reading rows: a log of one-layer
     # modules without initial-state rows): runs are cut by iteration alone, their rows selected in numpy
-    other = (ds.field("layer") != 0) | (ds.field("t") < 0)
-    for name in ("layer", "t"):
-        if data.schema.field(name).nullable:  # a null is no first-layer row either
-            other |= ds.field(name).is_null()
-    plain = is_parquet(strings) and data.count_rows(filter=other) == 0
+    plain = first_layer_only(data) if plain is None else plain
     layer_type = data.schema.field("layer").type
     read = [c for c in cols if c != "layer"] if plain and pa.types.is_integer(layer_type) else cols
+    assert plain or not feeds, "only a log of first-layer rows is fed to other readers"
+    extra = list(dict.fromkeys(c for f in feeds for c in f.columns if c not in read))
+    strings = with_dictionaries(data, cols + extra)
     plan = _plan(data, None if plain else FIRST_LAYER, fit(chunk_rows, len(read)))
     total, done = sum(rows for _, rows, _ in plan), 0
     if progress is not None:
         progress("rows", 0, total)
     for filt, rows, iterations in plan:
-        df, front = read_scalars(strings, read, filt, rows, iterations if plain else None)
+        # every row first-layer: a run's rows (those without an iteration too) selected in numpy, feeds fed
+        its = (iterations if iterations is not None else None if filt is None else NULLS) if plain else None
+        df, front = read_scalars(strings, read, filt, rows, its, extra, feeds)
         if "layer" not in df:  # every row's layer is 0, as the statistics say: not read
             df["layer"] = np.zeros(1, layer_type.to_pandas_dtype())[0]
         if "worker" not in df:

@@ -275,6 +275,17 @@ class Section(ABC, Generic[D]):
     def compute(self, log: Log, acc: Any) -> D:
         """The section's data, from the log and the accumulator that added up the whole scan."""
 
+    def reader(self, log: Log) -> Any:
+        """For an :attr:`alongside` section: a reader the scan feeds its own batches to instead of the section's
+        read of the log (:class:`lstm_probe.report.scan.Feed`: its columns, ``add(batch)``), where the scan
+        reads every row of the log; None: the section reads for itself."""
+        return None
+
+    def from_reader(self, log: Log, reader: Any) -> D | None:
+        """The section's data from its :meth:`reader` after the scan fed it every batch; None: computed by
+        :meth:`compute` after all (the answer could depend on the order the scan read the rows in)."""
+        return None
+
     def warnings(self, data: D, log: Log) -> list[str]:
         """Warnings the section raises (plain text)."""
         return []

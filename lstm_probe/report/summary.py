@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import queue
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,6 +14,7 @@ from lstm_probe.contract import Capabilities
 from lstm_probe.log.logfiles import reading
 from lstm_probe.log.reader import dataset
 from lstm_probe.report import registry
+from lstm_probe.report.reading import first_layer_only
 from lstm_probe.report.scan import COLUMNS, REPORT_CHUNK_ROWS, Progress, fit, scan
 from lstm_probe.report.section import Block, Line, Log, Panel, Section
 from lstm_probe.report.verdict import Verdict, verdict
@@ -120,6 +122,49 @@ class _Alongside:
         return value
 
 
+class _Fed:
+    """A section's reader (:meth:`Section.reader`) fed the scan's batches in a thread of its own, at most
+    :data:`FED_AHEAD` batches behind the scan (its numpy work overlaps the scan's on two cores; the batches are
+    the scan's, not copies). An error in the reader is raised where the section's data is asked
+    (:meth:`result`); the batches after it are dropped."""
+
+    def __init__(self, reader: Any) -> None:
+        self.reader = reader
+        self.columns: list[str] = list(reader.columns)
+        self._ready: queue.Queue[Any] = queue.Queue(maxsize=FED_AHEAD)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="lstm-probe-fed", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (batch := self._ready.get()) is not None:
+            if self._error is None:
+                try:
+                    self.reader.add(batch)
+                except BaseException as exc:  # raised in the caller's thread, at the section's turn
+                    self._error = exc
+
+    def add(self, batch: Any) -> None:
+        self._ready.put(batch)
+
+    def close(self) -> None:
+        """No more batches (also where the scan failed): the thread ends once it has added those handed."""
+        if self._thread.is_alive():
+            self._ready.put(None)
+            self._thread.join()
+
+    def result(self) -> Any:
+        """The reader, once every batch is added (its error raised here)."""
+        self.close()
+        if self._error is not None:
+            raise self._error
+        return self.reader
+
+
+FED_AHEAD = 2
+"""Batches of the scan a fed section's thread may be behind (each a view of the scan's batch: no copy)."""
+
+
 def summarize(
     path: str | os.PathLike[str], *, chunk_rows: int = REPORT_CHUNK_ROWS, progress: Progress | None = None
 ) -> Report:
@@ -139,9 +184,18 @@ def _summarize(path: str | os.PathLike[str], chunk_rows: int, progress: Progress
     log.upper_layers = info.rows > 0 and data.count_rows(filter=ds.field("layer") > 0) > 0
     sections = [s for s in registry.SECTIONS if s.applies(log.caps)]
     accumulators = {s.key: acc for s in sections if (acc := s.accumulator()) is not None}
-    early = [s for s in sections if s.alongside and s.key not in accumulators]
+    # a log of first-layer rows only: the scan reads every row, and a section that reads rows for itself may be
+    # fed the scan's batches instead (the doctor: its columns decoded once, not twice)
+    plain = first_layer_only(data)
+    readers = {s.key: r for s in sections if s.alongside and plain and (r := s.reader(log)) is not None}
+    early = [s for s in sections if s.alongside and s.key not in accumulators and s.key not in readers]
     ahead = _Alongside(early, log) if early and fit(chunk_rows, len(COLUMNS) + 1) >= chunk_rows else None
-    totals = scan(data, list(accumulators.values()), chunk_rows, progress)
+    fed = {key: _Fed(r) for key, r in readers.items()}
+    try:
+        totals = scan(data, list(accumulators.values()), chunk_rows, progress, list(fed.values()), plain)
+    finally:
+        for f in fed.values():
+            f.close()
     log.iterations = totals.iterations
     warnings = list(info.warnings)
     if totals.duplicates:
@@ -157,6 +211,8 @@ def _summarize(path: str | os.PathLike[str], chunk_rows: int, progress: Progress
             progress(s.key, i, len(sections))
         if ahead is not None and s.key in ahead.keys:
             results[s.key] = ahead.result(s.key)
+        elif s.key in fed and (done := s.from_reader(log, fed[s.key].result())) is not None:
+            results[s.key] = done
         else:
             results[s.key] = s.compute(log, accumulators.get(s.key))
     unavailable: list[str] = []

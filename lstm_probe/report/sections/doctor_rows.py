@@ -1,0 +1,135 @@
+"""The doctor's tallies of rows (``report/sections/doctor.py``): the earliest row of one kind and how many
+(:class:`First`), and its checks of training sequences, batch by batch in log order: episode starts the state
+runs on across inside multi-step training calls (:class:`Leaks`) and in per-timestep training loops
+(:class:`StepScan`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from lstm_probe.report.rows import Test, select_rows
+from lstm_probe.report.sections.staleness import PROVENANCE_TOLERANCE
+
+TRAINING = ("train", "value")
+
+
+@dataclass
+class First:
+    """The earliest (by call) row of one kind, and the count."""
+
+    count: int = 0
+    call: float = np.inf
+    row: dict[str, Any] = field(default_factory=dict)
+
+    def add(self, cols: dict[str, np.ndarray], mask: np.ndarray, extra: dict[str, Any] | None = None) -> None:
+        n = int(mask.sum())
+        if not n:
+            return
+        self.count += n
+        idx = np.flatnonzero(mask)
+        i = int(idx[np.argmin(cols["call"][idx])])
+        if cols["call"][i] < self.call:
+            self.call = float(cols["call"][i])
+            self.row = {k: _py(cols[k][i]) for k in ("call", "module", "phase", "env", "env_step")}
+            if extra:
+                self.row.update({k: _py(v[i]) if isinstance(v, np.ndarray) else v for k, v in extra.items()})
+
+
+def _py(v: Any) -> Any:
+    if isinstance(v, np.generic):
+        v = v.item()
+    if isinstance(v, float) and np.isnan(v):
+        return None
+    return int(v) if isinstance(v, float) and v.is_integer() else v
+
+
+LEAK_COLUMNS = ["call", "module", "phase", "env", "env_step"]
+LEAK_NEEDS = {"t", "path", "episode_start", "padding"}
+LEAK_ROWS: tuple[Test, ...] = (("episode_start", "equal", True), ("t", "greater", 0), ("layer", "equal", 0))
+LEAK_ROWS += (("padding", "equal", False),)
+LEAK_WORDS: dict[str, tuple[str, ...]] = {"phase": TRAINING, "path": ("sequence",)}
+"""The rows :class:`Leaks` reads: those that pass ``LEAK_ROWS`` and whose string columns hold ``LEAK_WORDS``."""
+
+
+class Leaks:
+    """Training rows of multi-step calls where an episode starts after the sequence's first step: the state
+    runs on across the episode boundary (TorchRL: an all-false ``is_init`` over a batch that crosses
+    episodes; any loop that runs one sequence over several episodes without a reset). Batch by batch, in
+    log order, from the doctor's one pass over the rows."""
+
+    def __init__(self) -> None:
+        self.found = First()
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        batch = select_rows(batch, LEAK_ROWS, LEAK_WORDS)
+        if batch.num_rows:
+            c = {k: batch.column(k).to_numpy(zero_copy_only=False) for k in LEAK_COLUMNS}
+            c = {k: v.astype(float) if k in ("call", "env", "env_step") else v.astype(str) for k, v in c.items()}
+            self.found.add(c, np.ones(batch.num_rows, bool))
+
+
+@dataclass
+class Steps:
+    """Per-step training loops (path 'stepwise'): episode starts the state ran on across, rows without a tag."""
+
+    carried: First = field(default_factory=First)
+    untagged: int = 0
+    """First-minibatch train rows after a sequence's first step with no ``episode_start``."""
+
+
+STEP_COLUMNS = ["call", "module", "phase", "env", "env_step", "iteration", "seq", "t", "episode_start", "drift_h"]
+STEP_NEEDS = {"t", "path", "episode_start", "padding", "epoch", "minibatch", "iteration", "seq", "drift_h"}
+STEP_ROWS: tuple[Test, ...] = (("epoch", "equal", 0), ("minibatch", "equal", 0), ("layer", "equal", 0))
+STEP_ROWS += (("padding", "equal", False),)
+STEP_WORDS: dict[str, tuple[str, ...]] = {"phase": ("train",), "path": ("stepwise",)}
+"""The rows :class:`StepScan` reads (as :data:`LEAK_ROWS` and :data:`LEAK_WORDS`)."""
+
+
+class StepScan:
+    """Episode starts inside the training sequences of a per-timestep training loop that the state ran on
+    across. Before any optimizer step (minibatch 0 of epoch 0) a train state equals the rollout state of its
+    env step; where it does so up to an episode start and departs there, the loop kept its state where the
+    rollout reset it. Batch by batch (:meth:`add`), in log order; :meth:`result` leaves out where the
+    rollout did not reset either."""
+
+    def __init__(self) -> None:
+        self.out = Steps()
+        self.departs: dict[tuple[str, float, float], float] = {}  # (module, iteration, seq) -> first t off the rollout
+        self.starts: list[dict[str, np.ndarray]] = []  # rows where an episode starts after the sequence's first step
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        batch = select_rows(batch, STEP_ROWS, STEP_WORDS)
+        if not batch.num_rows:
+            return
+        c = {k: batch.column(k).to_numpy(zero_copy_only=False) for k in STEP_COLUMNS if k != "episode_start"}
+        c = {k: v.astype(str) if k in ("module", "phase") else v.astype(float) for k, v in c.items()}
+        flag = batch.column("episode_start")
+        tagged = flag.is_valid().to_numpy(zero_copy_only=False)
+        start = flag.fill_null(False).to_numpy(zero_copy_only=False).astype(bool)
+        later = c["t"] > 0
+        self.out.untagged += int((later & ~tagged).sum())
+        off = np.flatnonzero(c["drift_h"] > PROVENANCE_TOLERANCE)
+        if len(off):  # each sequence's first step off the rollout, one Python step per sequence
+            seqs, inv = np.unique(
+                np.rec.fromarrays([c[k][off] for k in ("module", "iteration", "seq")]), return_inverse=True
+            )
+            first = np.full(len(seqs), np.inf)
+            np.minimum.at(first, inv.reshape(-1), c["t"][off])
+            for key, t in zip(seqs.tolist(), first.tolist(), strict=True):
+                self.departs[key] = min(self.departs.get(key, np.inf), t)
+        if (later & start).any():
+            self.starts.append({k: v[later & start] for k, v in c.items()})
+
+    def result(self, not_reset: set[tuple[str, float, float]]) -> Steps:
+        """``not_reset``: (module, env, env_step) where the rollout did not reset the state either."""
+        for c in self.starts:
+            keys = zip(c["module"].tolist(), c["iteration"].tolist(), c["seq"].tolist(), strict=True)
+            here = np.array([self.departs.get(k, np.inf) for k in keys]) == c["t"]
+            envs = zip(c["module"].tolist(), c["env"].tolist(), c["env_step"].tolist(), strict=True)
+            here &= ~np.array([k in not_reset for k in envs], bool)
+            self.out.carried.add(c, here)
+        return self.out
