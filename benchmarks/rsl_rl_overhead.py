@@ -3,7 +3,7 @@
 the other envs' columns as summary rows, --other-envs summary, or never off the device, none; both: each)
 side by side in one process, alternating. Total CPU counts this process and its finished children (the
 writer process). Usage: python benchmarks/rsl_rl_overhead.py [--envs 1024] [--iterations 5] [--reps 2]
-[--other-envs summary|none|both] [--before DIR] [--profile FILE]
+[--other-envs summary|none|both] [--writer process|thread] [--before DIR] [--profile FILE]
 
 ``--before DIR``: also the probed runs with another checkout's lstm_probe (e.g. a `git worktree` of an earlier
 commit), interleaved (unprobed, before, this checkout); every run then in a fresh process of its own (after a
@@ -39,6 +39,11 @@ Run = tuple[float, float, int, float, float]
 hooks and callbacks, the log's ``probe_cost``) and the writer process's CPU seconds (0, 0 unprobed)."""
 
 
+WRITER = ["process"]
+"""``--writer``: where the probed runs' rows are made and written (process: a writer process; thread: a thread of
+the training process, which takes the summary rows' arithmetic off the training thread where a core is free)."""
+
+
 def once(envs: int, iterations: int, out: str | None, other_envs: str = "summary") -> Run:
     torch.manual_seed(0)
     env = TorchPendulumVecEnv(envs, seed=0)
@@ -49,7 +54,7 @@ def once(envs: int, iterations: int, out: str | None, other_envs: str = "summary
         runner.learn(iterations)
         size = 0
     else:
-        with attach(runner, out, capture="summary", trace_envs=16, other_envs=other_envs, force=True):
+        with attach(runner, out, capture="summary", trace_envs=16, other_envs=other_envs, writer=WRITER[0], force=True):
             runner.learn(iterations)
         size = os.path.getsize(out)
     wall, total = time.perf_counter() - w, cpu() - c
@@ -68,7 +73,7 @@ def child(checkout: str | None, envs: int, iterations: int, other: str | None) -
     if checkout is not None:
         env["PYTHONPATH"] = os.pathsep.join([checkout, env.get("PYTHONPATH", "")])
     args = [sys.executable, __file__, "--envs", str(envs), "--iterations", str(iterations)]
-    args += ["--one", other or "unprobed"]
+    args += ["--writer", WRITER[0], "--one", other or "unprobed"]
     done = subprocess.run(args, env=env, check=True, capture_output=True, text=True)
     wall, total, size, own, writer = json.loads(done.stdout.strip().splitlines()[-1])
     return wall, total, size, own, writer
@@ -107,8 +112,10 @@ def main() -> None:
     ap.add_argument("--other-envs", choices=("summary", "none", "both"), default="both")
     ap.add_argument("--before", metavar="DIR", help="also the probed runs with DIR's lstm_probe, interleaved")
     ap.add_argument("--profile", metavar="FILE", help="one probed run (--other-envs, not both) under cProfile")
+    ap.add_argument("--writer", choices=("process", "thread"), default="process", help="the probed runs' writer")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    WRITER[0] = a.writer
     torch.set_num_threads(1)
     if a.one:
         one(a.envs, a.iterations, a.one)
@@ -138,7 +145,9 @@ def main() -> None:
         rate = f"{steps / wall:,.0f} env steps/s"
         ratio = "" if runs is u else f"  wall x{wall / u_wall:.2f}, cpu x{total / u_cpu:.2f}"
         print(f"{name:27s} wall {wall:6.2f} s  cpu {total:6.2f} s  ({rate})  log {runs[-1][2]:,} B{ratio}")
-    print(f"({a.envs} envs, {a.iterations} iterations of 24 steps, the faster of {a.reps} runs each)")
+    print(
+        f"({a.envs} envs, {a.iterations} iterations of 24 steps, the faster of {a.reps} runs each, writer {a.writer})"
+    )
 
 
 def _median(runs: list[Run], i: int) -> float:
