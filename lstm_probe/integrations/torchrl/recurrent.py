@@ -37,13 +37,25 @@ from lstm_probe.log.schema import COLUMN
 STAGED_BYTES = {"cpu": 32 << 20}
 """The most a probe's staged recurrent-mode calls hold (copies of their inputs, states and weights) before the
 next is replayed at once, per device type: on the CPU the writer's backlog bound (a host copy costs nothing
-there but the count); 2 GiB on an accelerator, where a batch's calls (a value estimator's two passes and the
-loss's, every epoch) fit up to about 7 full passes over a 1,024-env x 24-step batch at hidden 256."""
+there but the count). On an accelerator (not listed): :data:`ACCELERATOR_SHARE` of its memory, at most
+:data:`ACCELERATOR_BYTES`; 2 GiB hold a batch's calls (a value estimator's two passes and the loss's, every
+epoch) up to about 7 full passes over a 1,024-env x 24-step batch at hidden 256."""
+ACCELERATOR_BYTES = 2 << 30
+ACCELERATOR_SHARE = 0.05
+"""The share of an accelerator's memory the staged calls may hold: what training has is the user's, and a run
+that fits a GPU without the probe fits it with the probe (past the budget each call replays at once: one copy
+each, no memory held)."""
 
 
 def staged_budget(device: torch.device) -> int:
-    """:data:`STAGED_BYTES` for ``device``."""
-    return STAGED_BYTES.get(device.type, 2 << 30)
+    """The budget of staged copies on ``device``: :data:`STAGED_BYTES`, or an accelerator's (its total memory
+    read from its properties, no wait for the device)."""
+    if device.type in STAGED_BYTES:
+        return STAGED_BYTES[device.type]
+    total = ACCELERATOR_BYTES / ACCELERATOR_SHARE
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+    return int(min(ACCELERATOR_BYTES, ACCELERATOR_SHARE * total))
 
 
 def _ints(t: torch.Tensor | None, copy: bool) -> torch.Tensor | None:
