@@ -242,7 +242,18 @@ class Block:
         """A one-step call's returned states h, c (L, N, H) and input states (one (R, N, H) tensor, its parts
         (h0, c0), or None: zeros) into the next slot."""
         assert self.buf is not None
-        k, layers = self.n, int(h.shape[0])
+        k, buf = self.n, self.buf
+        # One torch op for the common case (h, c and input states (h0, c0) of the buffer's dtype): the slot's
+        # (2, R, N, H) view as (2R, N, H), each part's rows in order, written by one cat (no view per part)
+        if c is not None and type(x0) is tuple and len(x0) == 2:
+            h0, c0 = x0
+            dtype = buf.dtype
+            if h.dtype == dtype and c.dtype == dtype and h0.dtype == dtype and c0.dtype == dtype:
+                slot = buf.select(2, k)
+                torch.cat((h, c, h0, c0), out=slot.view(-1, slot.shape[-2], slot.shape[-1]))
+                self.n = k + 1
+                return
+        layers = int(h.shape[0])
         self.buf[0, :layers, k].copy_(h)
         if c is not None:
             self.buf[0, layers:, k].copy_(c)
