@@ -205,7 +205,7 @@ class Block:
         # fixed with the buffer, read by every call: its batch (N) and a rollout-style block's capacity (0: a loop's)
         rollout = buf is not None and buf.dim() == 5
         self.batch = 0 if buf is None else int(buf.shape[-2]) if rollout else int(buf.shape[1])
-        self.capacity = int(buf.shape[2]) if rollout else 0
+        self.capacity = int(buf.shape[2]) if buf is not None and rollout else 0
 
     @staticmethod
     def for_steps(like: torch.Tensor, rows: int) -> Block:
