@@ -64,9 +64,9 @@ def record(args: argparse.Namespace) -> None:
         original_init(self, *a, **k)
         config["writer"] = self.config
 
-    def to_sink(self: LogWriter, method: str, *a: Any) -> None:
-        messages.append(pickle.dumps((method, a), protocol=5))  # a copy: the arrays as they are now
-        original(self, method, *a)
+    def to_sink(self: LogWriter, message: Any) -> None:
+        messages.append(pickle.dumps(message, protocol=5))  # a copy: the arrays as they are now
+        original(self, message)
 
     LogWriter.__init__ = init  # type: ignore[method-assign]
     LogWriter._to_sink = to_sink  # type: ignore[method-assign]
@@ -97,8 +97,8 @@ def replay_once(rec: dict[str, Any], out: str, overrides: dict[str, Any], stages
         s = sink.Sink(config)
         if timers is not None:
             timers.install(s)
-        for method, args in messages:
-            getattr(s, method)(*args)
+        for message in messages:
+            s.take(message)
         cost = {"probe_cost": {"writer_cpu_seconds": 0.0, "writer_busy_seconds": 0.0}}
         s.close({"completed": True, **cost})
         cpu = time.process_time() - cpu0

@@ -192,7 +192,7 @@ class Block:
     ``buf`` (R, N, T, H) and its first step's input states in ``inputs``. A loop recorded whole
     (``CoreTracer.loop_end``) brings its states ``stacked`` instead."""
 
-    __slots__ = ("buf", "calls", "grids", "inputs", "n", "stacked", "t0")
+    __slots__ = ("batch", "buf", "calls", "capacity", "grids", "inputs", "n", "stacked", "t0")
 
     def __init__(self, buf: torch.Tensor | None = None, t0: int = 0) -> None:
         self.t0 = t0  # a per-timestep loop's block: the step in its grid of the block's first step
@@ -202,6 +202,10 @@ class Block:
         self.inputs: list[torch.Tensor] = []
         self.buf = buf
         self.n = 0  # calls (or loop steps) in buf
+        # fixed with the buffer, read by every call: its batch (N) and a rollout-style block's capacity (0: a loop's)
+        rollout = buf is not None and buf.dim() == 5
+        self.batch = 0 if buf is None else int(buf.shape[-2]) if rollout else int(buf.shape[1])
+        self.capacity = int(buf.shape[2]) if buf is not None and rollout else 0
 
     @staticmethod
     def for_steps(like: torch.Tensor, rows: int) -> Block:
@@ -230,19 +234,25 @@ class Block:
             self.stacked = self.stacked[:, :, :k]
 
     @property
-    def batch(self) -> int:
-        assert self.buf is not None
-        return int(self.buf.shape[-2]) if self.buf.dim() == 5 else int(self.buf.shape[1])
-
-    @property
     def full(self) -> bool:
-        return self.buf is not None and self.buf.dim() == 5 and self.n >= self.buf.shape[2]
+        return 0 < self.capacity <= self.n
 
     def put(self, h: torch.Tensor, c: torch.Tensor | None, x0: torch.Tensor | tuple[torch.Tensor, ...] | None) -> None:
         """A one-step call's returned states h, c (L, N, H) and input states (one (R, N, H) tensor, its parts
         (h0, c0), or None: zeros) into the next slot."""
         assert self.buf is not None
-        k, layers = self.n, int(h.shape[0])
+        k, buf = self.n, self.buf
+        # One torch op for the common case (h, c and input states (h0, c0) of the buffer's dtype): the slot's
+        # (2, R, N, H) view as (2R, N, H), each part's rows in order, written by one cat (no view per part)
+        if c is not None and type(x0) is tuple and len(x0) == 2:
+            h0, c0 = x0
+            dtype = buf.dtype
+            if h.dtype == dtype and c.dtype == dtype and h0.dtype == dtype and c0.dtype == dtype:
+                slot = buf.select(2, k)
+                torch.cat((h, c, h0, c0), out=slot.view(-1, slot.shape[-2], slot.shape[-1]))
+                self.n = k + 1
+                return
+        layers = int(h.shape[0])
         self.buf[0, :layers, k].copy_(h)
         if c is not None:
             self.buf[0, layers:, k].copy_(c)

@@ -57,6 +57,8 @@ def _signals_held() -> Iterator[None]:
 
 
 _IOV_MAX = 512  # buffers per writev (POSIX guarantees 16, Linux takes 1024)
+IN_BAND_BYTES = 64 << 10
+"""Arrays smaller than this cross inside a message's pickle; larger ones as buffers of their own (one copy)."""
 
 
 class WriterGone(RuntimeError):
@@ -155,9 +157,18 @@ class Child:
         ``budget`` bytes (the writer process is behind): returns the seconds waited."""
         # Pickle protocol 5 with out-of-band buffers: the state arrays go into the pipe straight from
         # their own memory (one copy, into the pipe), not through the pickle's bytes (two).
-        buffers: list[pickle.PickleBuffer] = []
-        data = pickle.dumps(message, protocol=5, buffer_callback=buffers.append)
-        raws = [b.raw() for b in buffers]
+        # Small arrays (a grid's columns, a block's call ids) go inside the pickle: a piece of its own costs the
+        # writer a read and an unpickling step each, more than the copy.
+        raws: list[memoryview] = []
+
+        def out_of_band(buffer: pickle.PickleBuffer) -> bool:
+            raw = buffer.raw()
+            if raw.nbytes < IN_BAND_BYTES:
+                return True  # in band
+            raws.append(raw)
+            return False
+
+        data = pickle.dumps(message, protocol=5, buffer_callback=out_of_band)
         sizes = [len(data)] + [r.nbytes for r in raws]
         frame = [memoryview(struct.pack(f"<Q{len(sizes)}Q", len(sizes), *sizes)), memoryview(data), *raws]
         return self.pump(budget, frame)
