@@ -381,7 +381,8 @@ class Chunk:
     @cached_property
     def roll(self) -> Frame:
         others = self.df.take(slice(None, self.front))
-        return others.take(others.equals("phase", "rollout"))
+        rollout = others.equals("phase", "rollout")
+        return others if rollout.all() else others.take(rollout)  # every other row a rollout one: views
 
     @cached_property
     def train_sel(self) -> np.ndarray:
