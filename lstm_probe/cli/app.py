@@ -463,7 +463,13 @@ def main(argv: list[str] | None = None) -> None:
     try:
         with warnings.catch_warnings():  # restores the hook after (main called in-process)
             warnings.showwarning = _show_warning
-            code = app(args=args, prog_name="lstm-probe", standalone_mode=False)
+            plain = _json_report(args)
+            if plain is not None:  # `report LOG --json`: the command itself, without typer's parsing
+                limit, path = plain
+                _root(max_memory=limit)
+                code = report(path, as_json=True)
+            else:
+                code = app(args=args, prog_name="lstm-probe", standalone_mode=False)
         if isinstance(code, int) and code:
             raise SystemExit(code)
     except typer.Exit as exc:
@@ -499,6 +505,23 @@ def _show_warning(message: Warning | str, category: type[Warning], *args: Any, *
 ERROR_LIMIT, PATH_MAX = 16_384, 4096
 """An error line is cut at 16,384 characters, and a word in it at 4,096 (the longest path Linux takes):
 paths in an error stay whole, enough to copy."""
+
+
+def _json_report(args: list[str]) -> tuple[str | None, str] | None:
+    """(``--max-memory`` value or None, LOG) where ``args`` (after :func:`_global_first`) are exactly
+    ``[--max-memory SIZE] report LOG --json`` (``--json`` either side of a LOG that is no option), else None.
+    :func:`main` runs that command without typer's parsing: typer coerces every parameter through a pydantic
+    type adapter, and importing pydantic and building the adapters is ~0.2 s of the command's start-up; the
+    command's function and the error boundary are the same."""
+    limit = None
+    if args[:1] == ["--max-memory"] and len(args) > 1:
+        limit, args = args[1], args[2:]
+    elif args[:1] and args[0].startswith("--max-memory="):
+        limit, args = args[0].split("=", 1)[1], args[1:]
+    if len(args) != 3 or args[0] != "report" or "--json" not in args[1:]:
+        return None
+    path = args[2] if args[1] == "--json" else args[1]
+    return None if path.startswith("-") else (limit, path)
 
 
 def _global_first(args: list[str]) -> list[str]:

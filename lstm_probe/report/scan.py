@@ -115,23 +115,30 @@ class Frame:
         return Frame({k: v[rows] for k, v in self.columns.items()}, self._words)
 
 
-def _codes(arr: pa.Array, words: dict[str, int]) -> np.ndarray:
+def _codes(arr: pa.Array, words: dict[str, int], seen: dict[int, tuple[pa.Array, np.ndarray, bool]]) -> np.ndarray:
     """A string (or dictionary) array as codes into ``words`` (new words added; null: -1). Where the
     array's dictionary is ``words``' own order and no value is null (a log's row groups mostly), its
-    indices are the codes, without a copy."""
+    indices are the codes, without a copy. ``seen``: the last dictionary met for ``words`` and its codes (the
+    batches of a row group, and most row groups, share one: not turned into Python strings again)."""
     enc = arr if pa.types.is_dictionary(arr.type) else arr.dictionary_encode()
-    remap = np.array(
-        [words.setdefault(w, len(words)) if w is not None else -1 for w in enc.dictionary.to_pylist()] + [-1],
-        np.int32,
-    )
+    last = seen.get(id(words))
+    if last is not None and last[0].equals(enc.dictionary):
+        remap, same = last[1], last[2]
+    else:
+        remap = np.array(
+            [words.setdefault(w, len(words)) if w is not None else -1 for w in enc.dictionary.to_pylist()] + [-1],
+            np.int32,
+        )
+        same = bool(np.array_equal(remap[:-1], np.arange(len(remap) - 1)))
+        seen[id(words)] = (enc.dictionary, remap, same)
     n = len(enc)
     if enc.null_count == n:  # every value null (a column the rows' phase does not fill)
         return np.broadcast_to(np.int32(-1), (n,))
     if not enc.null_count:
+        if len(remap) == 2:  # one word (a phase-pure row group's module, phase, path): its code, not gathered
+            return np.broadcast_to(remap[0], (n,))
         indices = enc.indices.to_numpy()
-        if np.array_equal(remap[:-1], np.arange(len(remap) - 1)):
-            return indices
-        return remap[indices]
+        return indices if same else remap[indices]
     return remap[enc.indices.fill_null(len(remap) - 1).to_numpy(zero_copy_only=False)]
 
 
@@ -158,6 +165,7 @@ def read_scalars(
     n = data.count_rows(filter=filt) if rows is None else rows
     out: dict[str, np.ndarray] = {}
     vocab: dict[str, dict[str, int]] = {}
+    seen: dict[int, tuple[pa.Array, np.ndarray, bool]] = {}  # :func:`_codes`' last dictionary of each column
     for name in columns:
         typ = data.schema.field(name).type
         if name in SMALL_INTS or pa.types.is_floating(typ):
@@ -192,7 +200,7 @@ def read_scalars(
             continue
         for feed in feeds:
             feed.add(batch)
-        phase = _codes(batch.column("phase"), vocab["phase"])
+        phase = _codes(batch.column("phase"), vocab["phase"], seen)
         is_train = phase == vocab["phase"].get("train", -2)
         k_train = int(is_train.sum())
         k_other = m - k_train
@@ -202,7 +210,7 @@ def read_scalars(
             if name == "phase":
                 values = phase
             elif name in vocab:
-                values = _codes(arr, vocab[name])
+                values = _codes(arr, vocab[name], seen)
             elif arr.null_count == m and out[name].dtype.kind == "f":  # every value null: NaN, nothing to convert
                 values = np.broadcast_to(np.float32(np.nan), (m,))
             else:  # numbers: nulls come as NaN (integers with nulls as float64), cast on assignment below
@@ -381,7 +389,8 @@ class Chunk:
     @cached_property
     def roll(self) -> Frame:
         others = self.df.take(slice(None, self.front))
-        return others.take(others.equals("phase", "rollout"))
+        rollout = others.equals("phase", "rollout")
+        return others if rollout.all() else others.take(rollout)  # every other row a rollout one: views
 
     @cached_property
     def train_sel(self) -> np.ndarray:
