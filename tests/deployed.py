@@ -28,7 +28,7 @@ def file_run(path: Path, obs, starts):
         files = {"lstm_probe.deploy.json": ""}
         module = torch.jit.load(str(path), _extra_files=files)
         meta = json.loads(files["lstm_probe.deploy.json"])
-        names = [n["name"] for n in meta["inputs"]][2:]
+        names = [n["name"] if isinstance(n, dict) else n for n in meta["inputs"]][2:]
 
         def run(o, s, state):
             with torch.no_grad():

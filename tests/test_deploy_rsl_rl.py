@@ -5,7 +5,6 @@ recorded episodes; a hostile checkpoint is refused in one line."""
 
 from __future__ import annotations
 
-import json
 import os
 import pickle
 import subprocess
@@ -24,6 +23,7 @@ import lstm_probe
 from lstm_probe import BadInput
 from lstm_probe.integrations.rsl_rl.train import build_runner, make_env
 from lstm_probe.integrations.rsl_rl.train import run as rsl_run
+from tests.deployed import file_run
 from tests.refusals import bounded_cli, refused_within
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -76,35 +76,9 @@ def _rsl_rl_actions(policy, obs, starts):
 
 
 def _file_actions(path: Path, obs, starts):
-    """The exported file as a deployed loop runs it, read with onnxruntime / torch.jit alone."""
-    meta = None
-    if path.suffix == ".onnx":
-        import onnxruntime as ort
-
-        sess = ort.InferenceSession(str(path))
-        meta = json.loads(sess.get_modelmeta().custom_metadata_map["lstm_probe.deploy"])
-        names = [i.name for i in sess.get_inputs()][2:]
-
-        def run(o, s, state):
-            return sess.run(None, {"obs": o, "episode_start": s, **dict(zip(names, state, strict=True))})
-
-    else:
-        files = {"lstm_probe.deploy.json": ""}
-        module = torch.jit.load(str(path), _extra_files=files)
-        meta = json.loads(files["lstm_probe.deploy.json"])
-        names = [n for n in meta["inputs"]][2:]
-
-        def run(o, s, state):
-            with torch.no_grad():
-                res = module(torch.as_tensor(o), torch.as_tensor(s), *map(torch.as_tensor, state))
-            return [r.numpy() for r in res]
-
-    state = [np.zeros((meta["layers"], 1, meta["hidden"]), np.float32) for _ in names]
-    out = []
-    for o, s in zip(obs, starts, strict=True):
-        action, _, *state = run(o[None], np.array([float(s)], np.float32), state)
-        out.append(action)
-    return np.concatenate(out), meta
+    """The exported file's actions as a deployed loop runs it (tests/deployed.py), and its metadata."""
+    actions, _, _, meta = file_run(path, obs, starts)
+    return actions, meta
 
 
 @pytest.mark.parametrize("fmt", ["onnx", "pt"])
