@@ -513,11 +513,8 @@ def _json_report(args: list[str]) -> tuple[str | None, str] | None:
     :func:`main` runs that command without typer's parsing: typer coerces every parameter through a pydantic
     type adapter, and importing pydantic and building the adapters is ~0.2 s of the command's start-up; the
     command's function and the error boundary are the same."""
-    limit = None
-    if args[:1] == ["--max-memory"] and len(args) > 1:
-        limit, args = args[1], args[2:]
-    elif args[:1] and args[0].startswith("--max-memory="):
-        limit, args = args[0].split("=", 1)[1], args[1:]
+    option, args = _max_memory(args)
+    limit = option[-1].split("=", 1)[-1] if option else None
     if len(args) != 3 or args[0] != "report" or "--json" not in args[1:]:
         return None
     path = args[2] if args[1] == "--json" else args[1]
@@ -527,12 +524,20 @@ def _json_report(args: list[str]) -> tuple[str | None, str] | None:
 def _global_first(args: list[str]) -> list[str]:
     """``--max-memory SIZE`` moved before the command wherever it was given (``lstm-probe report LOG
     --max-memory 8G`` as ``lstm-probe --max-memory 8G report LOG``): it is an option of every command."""
+    option, rest = _max_memory(args)
+    return [*option, *rest]
+
+
+def _max_memory(args: list[str]) -> tuple[list[str], list[str]]:
+    """(the first ``--max-memory`` option's words: ``[--max-memory, SIZE]``, ``[--max-memory=SIZE]`` or
+    none, the other arguments in their order): the one reading of the option, for :func:`_global_first`
+    and :func:`_json_report`."""
     for i, a in enumerate(args):
         if a == "--max-memory" and i + 1 < len(args):
-            return [a, args[i + 1], *args[:i], *args[i + 2 :]]
+            return [a, args[i + 1]], [*args[:i], *args[i + 2 :]]
         if a.startswith("--max-memory="):
-            return [a, *args[:i], *args[i + 1 :]]
-    return args
+            return [a], [*args[:i], *args[i + 1 :]]
+    return [], args
 
 
 def _one_line(exc: BaseException, args: list[str]) -> tuple[str, Exit]:
