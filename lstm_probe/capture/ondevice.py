@@ -190,7 +190,7 @@ class OnDevice:
             plan.add("kept", _lying(np.flatnonzero(kept), layers, batch, steps))
         index = plan.upload(device)
         if valid is not None:
-            mask = index["valid"].view(steps, batch, 1).to(hs.dtype)
+            mask = index["valid"].view(steps, batch, 1).float()
             hs.mul_(mask)  # the lower layers ran on past a sequence's end; the module did not
         cs = cells(hs, parts, layers, per, h0, c0)
         if valid is not None:
