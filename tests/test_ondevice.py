@@ -1,5 +1,5 @@
 """The device path of a summary log's multi-step training calls (issue #50, capture/ondevice.py), forced on the
-CPU (``OnDevice._everywhere``; never a GPU-only test): real rsl_rl and RecurrentPPO runs under ``--capture
+CPU (``OnDevice._engage``; never a GPU-only test): real rsl_rl and RecurrentPPO runs under ``--capture
 summary --trace-envs K`` write the host path's log (rows, keys, call ids, `init` answers and `found` exactly;
 the norms and drifts within 1e-5 relative, 1e-6 absolute: the device recovers c with torch, the host with
 numpy, so a drift of c that is rounding noise, ~1e-7, differs in full), the provenance check holds on it, and
@@ -37,7 +37,7 @@ def device_calls(monkeypatch) -> list[int]:
         taken.append(1)
         return on_device(*args, **kwargs)
 
-    monkeypatch.setattr(OnDevice, "_everywhere", True)
+    monkeypatch.setattr(OnDevice, "_engage", "always")
     monkeypatch.setattr(calls, "_on_device", counted)
     return taken
 

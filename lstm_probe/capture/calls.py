@@ -44,8 +44,9 @@ class Recovery:
     with the batch columns kept (``--other-envs none``; None: all), chosen before any of it is computed, it
     gives the torch half's tensors (on the call's device, lower layers only: for the job's one host copy)
     and what turns their host arrays into :data:`Arrays` (the gates and the c scan, in the job's second
-    half, on the host: one owner, read by the log, drift and live metrics alike; docs/performance.md says
-    why not on the device)."""
+    half, on the host: one owner, read by the log, drift and live metrics alike). A summary log's LSTM call
+    on an accelerator computes its figures there instead (``ondevice.py``, :func:`_on_device`): the host
+    path stays the CPU's (its logs bit-identical)."""
 
     __slots__ = ("c0", "h0", "initial_states", "layers", "module", "scratch", "valid", "weights", "x", "y")
 

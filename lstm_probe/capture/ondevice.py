@@ -25,8 +25,9 @@ the block's returned states copied device to device into their slots (indices fr
 device once per block). Where the host's ring changed in a way not mirrored (its window grew, another kind of
 call kept rollout states, or its slots disagree), the device ring is rebuilt from it (one upload).
 
-Engaged only where a call's states are on an accelerator; ``OnDevice._everywhere`` (tests only) engages it on
-the CPU too. ``emitter.Emitter`` makes one per summary log; ``blocks.py`` and ``calls.py`` call it.
+Engaged only where a call's states are on an accelerator; ``OnDevice._engage`` (tests and benchmarks only)
+engages it on the CPU too ("always"), or nowhere ("never": the host path on an accelerator, to compare).
+``emitter.Emitter`` makes one per summary log; ``blocks.py`` and ``calls.py`` call it.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ class OnDevice:
     """The device path of one summary log (see the module docstring): the device rings of its modules, and
     the figures of the multi-step calls it takes."""
 
-    _everywhere = False  # tests only: engage on the CPU too (the CPU's own path is the host's)
+    _engage = "accelerator"  # tests and benchmarks only: "always" (the CPU too), "never" (the host path alone)
 
     def __init__(self, hidden: int, inputs: Inputs):
         self.hidden, self.inputs = hidden, inputs
@@ -93,7 +94,7 @@ class OnDevice:
     @classmethod
     def on(cls, device: torch.device) -> bool:
         """Whether states on ``device`` take the device path."""
-        return cls._everywhere or device.type != "cpu"
+        return cls._engage == "always" or (cls._engage == "accelerator" and device.type != "cpu")
 
     # -- the device rings ----------------------------------------------------------------------------
     def _ring(self, name: str, device: torch.device) -> _Ring | None:
