@@ -157,7 +157,7 @@ def test_sb3_device_path_writes_the_host_paths_log(tmp_path, monkeypatch):
 # -- a packed call (padding steps), through the generic tracer -------------------------------------------------
 
 
-def packed_run(path, layers: int) -> None:
+def packed_run(path, layers: int, writer: str) -> None:
     """4 envs x 12 rollout steps of one-step calls, then a PackedSequence training call on each env's two
     pieces (lengths differ: padding steps), before any weight changes."""
     torch.manual_seed(0)
@@ -165,7 +165,8 @@ def packed_run(path, layers: int) -> None:
     xs = torch.randn(12, 4, 3)
     h = c = torch.zeros(layers, 4, 8)
     starts = []
-    with torch.no_grad(), lstm_probe.trace(m, path, capture="summary", trace_envs=2, force=True) as probe:
+    options = {"capture": "summary", "trace_envs": 2, "writer": writer, "force": True}
+    with torch.no_grad(), lstm_probe.trace(m, path, **options) as probe:
         for t in range(12):
             starts.append((h, c))
             with probe.tag(phase="rollout", iteration=0, env=np.arange(4), env_step=np.full(4, t)):
@@ -182,11 +183,13 @@ def packed_run(path, layers: int) -> None:
             m(pack_sequence(seqs, enforce_sorted=False), (h0, c0))
 
 
-@pytest.mark.parametrize("layers", [1, 2])
-def test_packed_call_device_path_writes_the_host_paths_log(tmp_path, monkeypatch, layers):
-    packed_run(tmp_path / "host.parquet", layers)
+@pytest.mark.parametrize(("layers", "writer"), [(1, "process"), (2, "thread")])
+def test_packed_call_device_path_writes_the_host_paths_log(tmp_path, monkeypatch, layers, writer):
+    """Padding steps (zero h and c there), drift through a packed call, a writer thread (the job's halves run
+    there)."""
+    packed_run(tmp_path / "host.parquet", layers, writer)
     taken = device_calls(monkeypatch)
-    packed_run(tmp_path / "dev.parquet", layers)
+    packed_run(tmp_path / "dev.parquet", layers, writer)
     assert len(taken) == 1
     host, dev = lstm_probe.load(tmp_path / "host.parquet"), lstm_probe.load(tmp_path / "dev.parquet")
     same_log(host, dev)

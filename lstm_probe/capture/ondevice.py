@@ -64,10 +64,10 @@ class _Ring:
 
     @staticmethod
     def of(ring: np.ndarray, steps: np.ndarray, window: int, envs: int, hidden: int, device: torch.device) -> _Ring:
-        """A copy of the host's ring (one upload)."""
+        """A copy of the host's ring (one upload, from pinned memory: the host does not wait for the device)."""
         table = torch.from_numpy(np.array(ring, np.float32).reshape(len(ring), -1, hidden))
         if device.type != "cpu":
-            table = table.to(device)
+            table = table.pin_memory().to(device, non_blocking=True)
         return _Ring(table, steps.copy(), window, envs)
 
     def matches(self, held: tuple[np.ndarray, np.ndarray, int, int]) -> bool:
@@ -134,7 +134,8 @@ class OnDevice:
         cols, slots = cols[pick], slots[pick]
         device = states.device
         both = _device_ints(np.concatenate([slots, cols]), device)
-        ring.table.index_copy_(0, both[: len(slots)], states.index_select(1, both[len(slots) :]).transpose(0, 1))
+        rows = states.index_select(1, both[len(slots) :]).transpose(0, 1).float()  # (M', R, H)
+        ring.table.index_copy_(0, both[: len(slots)], rows)
         ring.steps[slots] = step[cols]
 
     def stale(self, name: str) -> None:
