@@ -4,7 +4,7 @@ summary --trace-envs K`` write the host path's log (rows, keys, call ids, `init`
 the norms and drifts within 1e-5 relative, 1e-6 absolute: the device recovers c with torch, the host with
 numpy, so a drift of c that is rounding noise, ~1e-7, differs in full), the provenance check holds on it, and
 each of its calls crosses to the host in one copy. A packed call (padding steps) through the generic tracer,
-too. Without the switch, on the CPU, nothing changes (``benchmarks/log_digest.py``: all equal)."""
+and TorchRL's recurrent-mode and value calls, too. Without the switch, on the CPU, nothing changes (``benchmarks/log_digest.py``: all equal)."""
 
 from __future__ import annotations
 
@@ -74,8 +74,7 @@ def first_minibatch_drift(df: pd.DataFrame) -> tuple[float, float]:
 @pytest.fixture
 def rsl():
     pytest.importorskip("rsl_rl")
-    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
-    import test_rsl_rl
+    from tests import test_rsl_rl  # its runner, probe and provenance oracle
 
     saved = torch.distributions.Distribution._validate_args
     torch.distributions.Distribution.set_default_validate_args(False)  # what rsl_rl sets for the process
@@ -196,3 +195,20 @@ def test_packed_call_device_path_writes_the_host_paths_log(tmp_path, monkeypatch
     train = dev[dev.phase == "train"]
     assert train.padding.any() and (train[train.padding].h_norm == 0).all() and (train[train.padding].c_norm == 0).all()
     assert max(first_minibatch_drift(dev)) < 1e-6
+
+
+# -- TorchRL (recurrent-mode calls replayed by its shadow; GAE's value passes) ----------------------------------
+
+
+def test_torchrl_device_path_writes_the_host_paths_log(tmp_path, monkeypatch):
+    pytest.importorskip("torchrl")
+    from lstm_probe.integrations.torchrl.train import run
+
+    opts = {"n_envs": 4, "capture": "summary", "trace_envs": 2, "steps": 256, "n_steps": 32, "hidden_size": 8}
+    host = run("CartPole-v1", tmp_path / "host.parquet", seed=0, force=True, **opts)
+    taken = device_calls(monkeypatch)
+    dev = run("CartPole-v1", tmp_path / "dev.parquet", seed=0, force=True, **opts)
+    a, b = lstm_probe.load(host.path), lstm_probe.load(dev.path)
+    assert len(taken) > 0 and {"train", "value"} <= set(b.phase)
+    same_log(a, b)
+    assert b[b.phase == "train"].drift_h.notna().any()
