@@ -7,7 +7,8 @@ and what does the probe cost at 1, 16, 256 and 1,024 envs?
    own transfers (actions to numpy) are not counted ("warn" rather than "error": one run lists them all).
    Prints the synchronizing calls
    the hooks made, per phase, with the first place each comes from.
-   It runs twice: with every env traced, and with ``--trace-envs 4 --other-envs none`` (the column selection).
+   It runs with every env traced, with ``--trace-envs 4 --other-envs none`` (the column selection), with live
+   metrics, and with ``--capture summary --trace-envs 4`` (the other envs' summary rows: the device path).
 2. Overhead: unprobed and probed runs (summary, full, and summary with ``--trace-envs 16 --other-envs
    none``) side by side, interleaved, on the
    torch-native Pendulum (``lstm_probe/integrations/sb3/torch_env.py``, no gymnasium loop hiding the probe),
@@ -215,6 +216,8 @@ def main() -> None:
             # live metrics on: they read the tracer's messages and wait only where figures are recorded
             # (LogWriter.drain, twice an iteration, outside the hooks counted here)
             ("sync_live_metrics", {"live_metrics": True}),
+            # summary rows of the other envs: the training calls on the device path (capture/ondevice.py)
+            ("sync_summary_device_path", {"capture": "summary", "trace_envs": 4}),
         ):
             results[label] = found = syncs(args.device, 16, 16 * 128 * 2, **capture)
             print(f"{label}: hook calls and hand-overs: {found['hook_calls']}")
