@@ -4,7 +4,8 @@ summary --trace-envs K`` write the host path's log (rows, keys, call ids, `init`
 the norms and drifts within 1e-5 relative, 1e-6 absolute: the device recovers c with torch, the host with
 numpy, so a drift of c that is rounding noise, ~1e-7, differs in full), the provenance check holds on it, and
 each of its calls crosses to the host in one copy. A packed call (padding steps) through the generic tracer,
-and TorchRL's recurrent-mode and value calls, too. Without the switch, on the CPU, nothing changes (``benchmarks/log_digest.py``: all equal)."""
+and TorchRL's recurrent-mode and value calls, too. Without the switch, on the CPU, nothing changes
+(``benchmarks/log_digest.py``: all equal)."""
 
 from __future__ import annotations
 
@@ -156,45 +157,58 @@ def test_sb3_device_path_writes_the_host_paths_log(tmp_path, monkeypatch):
 # -- a packed call (padding steps), through the generic tracer -------------------------------------------------
 
 
-def packed_run(path, layers: int, writer: str) -> None:
-    """4 envs x 12 rollout steps of one-step calls, then a PackedSequence training call on each env's two
-    pieces (lengths differ: padding steps), before any weight changes."""
+def packed_run(path, layers: int, writer: str, window: int | None = None) -> None:
+    """Two iterations of 4 envs x 12 rollout steps of one-step calls, each followed by a PackedSequence
+    training call on each env's two pieces of it (lengths differ: padding steps), before any weight changes.
+    (The device ring is made at the first training call: the second rollout feeds it on the device.)"""
     torch.manual_seed(0)
     m = nn.LSTM(3, 8, num_layers=layers)
-    xs = torch.randn(12, 4, 3)
     h = c = torch.zeros(layers, 4, 8)
-    starts = []
     options = {"capture": "summary", "trace_envs": 2, "writer": writer, "force": True}
+    if window is not None:  # a ring shorter than the rollout: slots written twice in one block
+        options["reference_window"] = window
     with torch.no_grad(), lstm_probe.trace(m, path, **options) as probe:
-        for t in range(12):
-            starts.append((h, c))
-            with probe.tag(phase="rollout", iteration=0, env=np.arange(4), env_step=np.full(4, t)):
-                _, (h, c) = m(xs[t : t + 1], (h, c))
-        cut = [5, 7, 3, 9]  # env e's pieces: steps 0..cut-1 and cut..11
-        pieces = [(e, 0, cut[e]) for e in range(4)] + [(e, cut[e], 12 - cut[e]) for e in range(4)]
-        seqs = [xs[a : a + n, e] for e, a, n in pieces]
-        h0 = torch.stack([starts[a][0][:, e] for e, a, _ in pieces], 1)
-        c0 = torch.stack([starts[a][1][:, e] for e, a, _ in pieces], 1)
-        width = max(n for _, _, n in pieces)
-        steps = np.array([[a + min(t, n - 1) for t in range(width)] for _, a, n in pieces])
-        env = np.array([e for e, _, _ in pieces])
-        with probe.tag(phase="train", iteration=0, epoch=0, minibatch=0, env=env, env_step=steps):
-            m(pack_sequence(seqs, enforce_sorted=False), (h0, c0))
+        for it in range(2):
+            xs = torch.randn(12, 4, 3)
+            starts = []
+            for t in range(12):
+                starts.append((h, c))
+                with probe.tag(phase="rollout", iteration=it, env=np.arange(4), env_step=np.full(4, 12 * it + t)):
+                    _, (h, c) = m(xs[t : t + 1], (h, c))
+            cut = [5, 7, 3, 9][it:] + [5, 7, 3, 9][:it]  # env e's pieces: steps 0..cut-1 and cut..11
+            pieces = [(e, 0, cut[e]) for e in range(4)] + [(e, cut[e], 12 - cut[e]) for e in range(4)]
+            seqs = [xs[a : a + n, e] for e, a, n in pieces]
+            h0 = torch.stack([starts[a][0][:, e] for e, a, _ in pieces], 1)
+            c0 = torch.stack([starts[a][1][:, e] for e, a, _ in pieces], 1)
+            width = max(n for _, _, n in pieces)
+            steps = np.array([[12 * it + a + min(t, n - 1) for t in range(width)] for _, a, n in pieces])
+            env = np.array([e for e, _, _ in pieces])
+            with probe.tag(phase="train", iteration=it, epoch=0, minibatch=0, env=env, env_step=steps):
+                m(pack_sequence(seqs, enforce_sorted=False), (h0, c0))
 
 
-@pytest.mark.parametrize(("layers", "writer"), [(1, "process"), (2, "thread")])
-def test_packed_call_device_path_writes_the_host_paths_log(tmp_path, monkeypatch, layers, writer):
+@pytest.mark.parametrize(("layers", "writer", "window"), [(1, "process", None), (2, "thread", None), (1, "process", 3)])
+def test_packed_call_device_path_writes_the_host_paths_log(tmp_path, monkeypatch, layers, writer, window):
     """Padding steps (zero h and c there), drift through a packed call, a writer thread (the job's halves run
-    there)."""
-    packed_run(tmp_path / "host.parquet", layers, writer)
+    there), a ring of 3 + 2 steps (rows found for the last 5 steps of each env only; slots written twice in
+    one block)."""
+    packed_run(tmp_path / "host.parquet", layers, writer, window)
     taken = device_calls(monkeypatch)
-    packed_run(tmp_path / "dev.parquet", layers, writer)
-    assert len(taken) == 1
+    copies: list[int] = []
+    of = _Ring.of
+    monkeypatch.setattr(_Ring, "of", staticmethod(lambda *a: copies.append(1) or of(*a)))
+    packed_run(tmp_path / "dev.parquet", layers, writer, window)
+    assert len(taken) == 2 and len(copies) == 1  # the second rollout fed the device ring on the device
     host, dev = lstm_probe.load(tmp_path / "host.parquet"), lstm_probe.load(tmp_path / "dev.parquet")
     same_log(host, dev)
     train = dev[dev.phase == "train"]
     assert train.padding.any() and (train[train.padding].h_norm == 0).all() and (train[train.padding].c_norm == 0).all()
-    assert max(first_minibatch_drift(dev)) < 1e-6
+    real = train[~train.padding]
+    if window is None:
+        assert max(first_minibatch_drift(dev)) < 1e-6
+    else:
+        assert (real.drift_h.notna() == (real.env_step % 12 >= 12 - window - 2)).all()
+        assert real.drift_h.max() < 1e-6
 
 
 # -- TorchRL (recurrent-mode calls replayed by its shadow; GAE's value passes) ----------------------------------
