@@ -7,16 +7,25 @@ and what does the probe cost at 1, 16, 256 and 1,024 envs?
    own transfers (actions to numpy) are not counted ("warn" rather than "error": one run lists them all).
    Prints the synchronizing calls
    the hooks made, per phase, with the first place each comes from.
-   It runs twice: with every env traced, and with ``--trace-envs 4 --other-envs none`` (the column selection).
+   It runs with every env traced, with ``--trace-envs 4 --other-envs none`` (the column selection), with live
+   metrics, and with ``--capture summary --trace-envs 4`` (the other envs' summary rows: the device path).
 2. Overhead: unprobed and probed runs (summary, full, and summary with ``--trace-envs 16 --other-envs
    none``) side by side, interleaved, on the
    torch-native Pendulum (``lstm_probe/integrations/sb3/torch_env.py``, no gymnasium loop hiding the probe),
    wall-time medians and their ratios.
 3. Where per-step c of a multi-step call is cheapest: ``benchmarks/c_recovery.py`` on the GPU (host numpy
    after one copy, as the probe does, against a torch recompute on the device).
+4. rsl_rl at Isaac Lab widths (``--rsl-envs``, default 1,024 and 4,096 torch-native Pendulums on the device,
+   LSTM ``--rsl-hidden`` [256] in actor and critic): unprobed, and probed with ``--capture summary
+   --trace-envs 16 --other-envs summary`` on the device path (``capture/ondevice.py``: the summary rows'
+   c, norms and drifts computed on the GPU) and on the host path (``OnDevice._engage = "never"``: every
+   training call's states copied to the host and reduced there, as on a CPU), interleaved; wall medians, their
+   ratios, and the probe's own training-thread seconds (the log's ``probe_cost``).
 
-    python benchmarks/gpu_check.py                       # CUDA: both parts
-    python benchmarks/gpu_check.py --device cpu --steps 1024 --envs 1 16   # a smoke run on CPU (part 2 only)
+    python benchmarks/gpu_check.py                       # CUDA: every part
+    python benchmarks/gpu_check.py --device cpu --steps 1024 --envs 1 16 --rsl-envs 64 --rsl-iterations 1
+                                                         # a smoke run on CPU (parts 2 and 4; part 4's
+                                                         # "device" path forced on the CPU)
 
 With ``$OUT`` set, the results are also written to ``$OUT/gpu_check.json``.
 """
@@ -123,12 +132,78 @@ def timed(n_envs: int, device: str, steps: int, capture: str | None) -> float:
     return time.perf_counter() - start
 
 
+def rsl_rl_timed(n_envs: int, device: str, iterations: int, hidden: int, path: str | None) -> tuple[float, float]:
+    """One rsl_rl run (part 4): wall seconds and the probe's own (hooks and callbacks); ``path``: None
+    unprobed, "device" or "host" the summary rows' path (``OnDevice._engage``)."""
+    from lstm_probe.capture.ondevice import OnDevice
+    from lstm_probe.integrations.rsl_rl import TorchPendulumVecEnv, attach, train_cfg
+    from lstm_probe.integrations.rsl_rl.train import build_runner
+
+    torch.manual_seed(0)
+    env = TorchPendulumVecEnv(n_envs, seed=0, device=device)
+    runner = build_runner(env, train_cfg(learning_rate=1e-3, rnn_type="lstm", rnn_layers=1, hidden_size=hidden))
+    cuda = device.startswith("cuda")
+    if cuda:
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    if path is None:
+        runner.learn(iterations)
+        own = 0.0
+    else:
+        engage = OnDevice._engage
+        OnDevice._engage = "always" if path == "device" else "never"
+        try:
+            with tempfile.TemporaryDirectory() as tmp:
+                out = Path(tmp) / "run.parquet"
+                with attach(runner, out, capture="summary", trace_envs=16, other_envs="summary", force=True):
+                    runner.learn(iterations)
+                cost = lstm_probe.read_info(out).metadata.get("probe_cost", {})
+                own = cost.get("hook_seconds", 0.0) + cost.get("integration_seconds", 0.0)
+        finally:
+            OnDevice._engage = engage
+    if cuda:
+        torch.cuda.synchronize()
+    return time.perf_counter() - start, own
+
+
+def rsl_rl_paths(device: str, envs: list[int], iterations: int, hidden: int, repeats: int) -> list[dict[str, Any]]:
+    """Part 4: rsl_rl unprobed, and probed with summary rows on the device path and on the host path."""
+    rows = []
+    for n in envs:
+        rsl_rl_timed(n, device, 1, hidden, None)  # warm-up: kernels, imports
+        walls: dict[str, list[float]] = {"unprobed": [], "device": [], "host": []}
+        owns: dict[str, list[float]] = {"device": [], "host": []}
+        for _ in range(repeats):
+            for label in walls:
+                wall, own = rsl_rl_timed(n, device, iterations, hidden, None if label == "unprobed" else label)
+                walls[label].append(wall)
+                if label in owns:
+                    owns[label].append(own)
+        base = statistics.median(walls["unprobed"])
+        row: dict[str, Any] = {"envs": n, "iterations": iterations, "hidden": hidden, "unprobed_s": base}
+        for label in owns:
+            row[f"{label}_s"] = statistics.median(walls[label])
+            row[f"{label} ratio"] = row[f"{label}_s"] / base
+            row[f"{label} probe_s"] = statistics.median(owns[label])
+        rows.append(row)
+        print(
+            f"rsl_rl {n:5d} envs, LSTM {hidden}, {iterations} iterations: unprobed {base:6.2f} s; summary rows on the "
+            f"device {row['device ratio']:.2f}x (probe {row['device probe_s']:.2f} s), on the host "
+            f"{row['host ratio']:.2f}x (probe {row['host probe_s']:.2f} s)",
+            flush=True,
+        )
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--envs", type=int, nargs="+", default=[1, 16, 256, 1024])
+    ap.add_argument("--envs", type=int, nargs="*", default=[1, 16, 256, 1024], help="part 2's widths (none: skip it)")
     ap.add_argument("--steps", type=int, default=None, help="env steps per run [envs x 128 x 8]")
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--rsl-envs", type=int, nargs="*", default=[1024, 4096], help="part 4's widths (none: skip it)")
+    ap.add_argument("--rsl-iterations", type=int, default=5)
+    ap.add_argument("--rsl-hidden", type=int, default=256)
     args = ap.parse_args()
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         sys.exit("no CUDA here: pass --device cpu for a smoke run")
@@ -141,6 +216,8 @@ def main() -> None:
             # live metrics on: they read the tracer's messages and wait only where figures are recorded
             # (LogWriter.drain, twice an iteration, outside the hooks counted here)
             ("sync_live_metrics", {"live_metrics": True}),
+            # summary rows of the other envs: the training calls on the device path (capture/ondevice.py)
+            ("sync_summary_device_path", {"capture": "summary", "trace_envs": 4}),
         ):
             results[label] = found = syncs(args.device, 16, 16 * 128 * 2, **capture)
             print(f"{label}: hook calls and hand-overs: {found['hook_calls']}")
@@ -171,6 +248,10 @@ def main() -> None:
         done = subprocess.run([sys.executable, str(here), "--device", args.device], capture_output=True, text=True)
         print(done.stdout + done.stderr[-2000:], flush=True)
         results["c_recovery"] = done.stdout
+    if args.rsl_envs:
+        results["rsl_rl_summary_paths"] = rsl_rl_paths(
+            args.device, args.rsl_envs, args.rsl_iterations, args.rsl_hidden, args.repeats
+        )
     out = os.environ.get("OUT")
     if out:
         Path(out, "gpu_check.json").write_text(json.dumps(results, indent=2))

@@ -165,6 +165,8 @@ def write_block(
         sent = dataclasses.replace(sent, grid=fitted(sent.grid, len(envs), columns))
         states, per_col, envs = select(states, 2, columns), per_col[columns], envs[columns]
     staged = Staged([states], private=True)
+    # the returned states stay on the device for the device's copy of the rollout states (a summary log's)
+    rollout = states[0] if emitter.ondevice is not None and tags.phase == "rollout" else None
 
     def finish(arrays: list[np.ndarray]) -> None:
         both = arrays[0]
@@ -174,6 +176,8 @@ def write_block(
         if grid is None:
             grid = Grid.one_step(envs, -1, -1, -1, -1)
         init = emitter.inputs.answer(name, tags.phase, grid, 0, both[1], hc[:, :, 0], layers)
+        if rollout is not None and emitter.ondevice is not None:  # the device's copy of the rollout states
+            emitter.ondevice.kept(name, sent.grid, rollout)
         emitter.rows += layers * len(per_col)
         cs = hc[layers:] if with_c else None
         emitter.send(writer, name, sent, 0, PATH["step"], per_col, hc[:layers], cs, None, init)

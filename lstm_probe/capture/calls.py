@@ -28,6 +28,7 @@ from lstm_probe.capture.recover import (
 )
 from lstm_probe.capture.transfer import Later, Staged
 from lstm_probe.contract import PATH, Tags
+from lstm_probe.log.messages import Rows
 
 if TYPE_CHECKING:
     from lstm_probe.capture.emitter import Emitter
@@ -43,8 +44,9 @@ class Recovery:
     with the batch columns kept (``--other-envs none``; None: all), chosen before any of it is computed, it
     gives the torch half's tensors (on the call's device, lower layers only: for the job's one host copy)
     and what turns their host arrays into :data:`Arrays` (the gates and the c scan, in the job's second
-    half, on the host: one owner, read by the log, drift and live metrics alike; docs/performance.md says
-    why not on the device)."""
+    half, on the host: one owner, read by the log, drift and live metrics alike). A summary log's LSTM call
+    on an accelerator computes its figures there instead (``ondevice.py``, :func:`_on_device`): the host
+    path stays the CPU's (its logs bit-identical)."""
 
     __slots__ = ("c0", "h0", "initial_states", "layers", "module", "scratch", "valid", "weights", "x", "y")
 
@@ -139,6 +141,15 @@ def write_call(
     the second half that hands the rows to the sink."""
     layers = emitter.layers[name]
     grid = tags.grid
+    ondevice = emitter.ondevice
+    if recovery is not None and ondevice is not None:
+        lstm = isinstance(recovery.module, nn.LSTM)
+        if ondevice.takes(lstm, tags, recovery.x, columns):
+            return _on_device(emitter, writer, name, tags, call, batch, steps, x_in, returned_states, recovery)
+        if tags.phase == "rollout":  # its per-step states go to the host's ring of rollout states
+            ondevice.stale(name)
+    elif ondevice is not None and tags.phase == "rollout":  # a lone rollout call: the host's ring keeps it
+        ondevice.stale(name)
     parts, arrays_of = recovery(columns) if recovery is not None else ([], None)
     sides = [x_in] + ([returned_states] if returned_states is not None else [])
     staged = Staged(sides + parts)
@@ -170,5 +181,49 @@ def write_call(
             path = PATH[tags.path or "step"]  # a train call of one step names its branch
             ids = np.full(batch, call, np.int64)
             emitter.send(writer, name, tags, 0, path, ids, hs, cs, None, first)
+
+    return Later(staged, finish)
+
+
+def _on_device(
+    emitter: Emitter,
+    writer: LogWriter,
+    name: str,
+    tags: Tags,
+    call: int,
+    batch: int,
+    steps: int,
+    x_in: torch.Tensor,
+    returned_states: torch.Tensor | None,
+    recovery: Recovery,
+) -> Later:
+    """A summary log's multi-step LSTM call on the device path (``ondevice.py``): its per-step c, norms, drifts
+    and kept rows computed on the call's device, then one host copy of those figures and of its input and
+    returned states; the second half answers the input states and hands ``messages.Reduced`` to the sink, as
+    ``Emitter.send`` does for the host path."""
+    ondevice = emitter.ondevice
+    assert ondevice is not None and returned_states is not None
+    layers = emitter.layers[name]
+    grid = tags.grid
+    module = recovery.module
+    parts, _ = recovery(None)
+    drift = tags.phase == "train" and emitter.drift is not None and bool(emitter.inputs.window)
+    figures, reduced = ondevice.figures(
+        name, tags, parts, layers, bool(module.bias), recovery.valid, drift, emitter.partial, recovery.initial_states
+    )
+    staged = Staged([*figures, x_in, returned_states])  # the float64 norms first: their host views aligned
+
+    def finish(arrays: list[np.ndarray]) -> None:
+        x_host, returned = arrays[-2], arrays[-1]
+        first = emitter.inputs.answer(name, tags.phase, grid, 0, x_host, returned, layers, steps > 1)
+        emitter.rows += layers * batch * steps
+        rows, initial = reduced(arrays[:-2])
+        ids = np.full(batch * steps, call, np.int64)
+        emitter.hand_over(writer, Rows(name, tags, 0, PATH["sequence"], ids, rows, None, None, first), layers)
+        if initial is not None and grid is not None and grid.train and grid.shape[0] == batch:
+            emitter.rows += layers * batch  # the state each sequence started from (t = -1), as write_call's
+            start = dataclasses.replace(tags, bootstrap=None, grid=grid.initial(), stepwise={})
+            h0, c0 = initial[0][:, :, None, :], initial[1][:, :, None, :]
+            emitter.send(writer, name, start, 0, PATH["sequence"], np.full(batch, call, np.int64), h0, c0, -1, None)
 
     return Later(staged, finish)
