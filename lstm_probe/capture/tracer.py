@@ -291,7 +291,8 @@ class CoreTracer:
         tags.stepwise[name] = t0 + len(steps)
         if t0 == 0 and loop.x0 is not None:
             block.inputs.append(loop.x0)
-        writer.submit(functools.partial(self._write_block, writer, name, tags, True, t0, block), tensor_bytes(stacked))
+        job = functools.partial(self._write_block, writer, name, tags, True, t0, block)
+        writer.submit(job, tensor_bytes(stacked), batch=True)  # a training loop's job: batched (LogWriter.submit)
         self.hook_seconds += time.perf_counter() - start
 
     def flush_pending(self) -> None:
@@ -572,4 +573,4 @@ def _call_job(
     job = functools.partial(
         write_call, tracer.emitter, writer, name, tags, call, batch, steps, x0, out, recovery, columns
     )
-    writer.submit(job, nbytes or tensor_bytes(out))
+    writer.submit(job, nbytes or tensor_bytes(out), batch=True)  # sent with the calls around it (LogWriter.submit)
