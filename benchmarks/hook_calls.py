@@ -163,7 +163,8 @@ for owner, name, phase in [
     (tracer.CoreTracer, "loop_end", "train: loop begin/end (stack)"),
     (tracer.CoreTracer, "_write_block", "hand-over: jobs (host copies, grids)"),
     (inputs.Inputs, "answer", "hand-over: init answers (inputs.py)"),
-    (logwriter.LogWriter, "send", "hand-over: pickle + pipe"),
+    (logwriter.LogWriter, "_to_sink", "hand-over: pickle + pipe"),
+    (tracer.CoreTracer, "batch_jobs", "train: batched jobs' second halves"),
     (metrics.LiveMetrics, "_minibatch_end", "live metrics: figures"),  # before: hooks of their own
     (metrics.LiveMetrics, "observe", "live metrics: figures"),  # now: the tracer's messages
     (metrics.LiveMetrics, "_rollout_end", "live metrics: figures"),

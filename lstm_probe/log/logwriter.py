@@ -137,8 +137,8 @@ class LogWriter:
         changes later is not read), its second half waits with the batch's: they run in order, their messages
         crossing the pipe as one (:class:`~lstm_probe.log.messages.Batch`), once :data:`BATCH_JOBS` jobs or
         :data:`BATCH_BYTES` wait, at the next job not batched (which comes after them), at :meth:`drain` and
-        at close. (A training call's job: the rollout's first block sends an update's training calls as one
-        message.) With a writer thread the job is queued as any other."""
+        at close, or :meth:`flush_batch`. (``CoreTracer.batch_jobs``: sb3's training calls, an update's crossing
+        as one message.) With a writer thread the job is queued as any other."""
         if self.error is not None:
             raise self._failed()
         if self.closed:
@@ -296,6 +296,13 @@ class LogWriter:
         self._batch_bytes += staged.nbytes if staged is not None else 0
         if len(self._batch) >= BATCH_JOBS or self._batch_bytes >= BATCH_BYTES:
             self._send_batch()
+
+    def flush_batch(self) -> None:
+        """Send the batched jobs now (see :meth:`submit`)."""
+        if self._batch:
+            self._send_batch()
+            if self.error is not None:
+                raise self._failed()
 
     def _send_batch(self) -> None:
         """The batch's second halves, in order, their messages into the pipe as one."""
