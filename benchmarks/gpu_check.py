@@ -78,8 +78,8 @@ def syncs(device: str, n_envs: int, steps: int, **capture: Any) -> dict[str, Any
 
     submit = LogWriter.submit
 
-    def guarded_submit(self: LogWriter, job: Any, nbytes: int) -> None:  # hand-overs from callbacks too
-        return patched_call("hand-over", lambda: submit(self, job, nbytes))
+    def guarded_submit(self: LogWriter, job: Any, nbytes: int, batch: bool = False) -> None:  # from callbacks too
+        return patched_call("hand-over", lambda: submit(self, job, nbytes, batch))
 
     def patched_call(phase: str, fn: Any) -> Any:
         calls[phase] += 1

@@ -163,7 +163,8 @@ for owner, name, phase in [
     (tracer.CoreTracer, "loop_end", "train: loop begin/end (stack)"),
     (tracer.CoreTracer, "_write_block", "hand-over: jobs (host copies, grids)"),
     (inputs.Inputs, "answer", "hand-over: init answers (inputs.py)"),
-    (logwriter.LogWriter, "send", "hand-over: pickle + pipe"),
+    (logwriter.LogWriter, "_to_sink", "hand-over: pickle + pipe"),
+    (tracer.CoreTracer, "batch_jobs", "train: batched jobs' second halves"),
     (metrics.LiveMetrics, "_minibatch_end", "live metrics: figures"),  # before: hooks of their own
     (metrics.LiveMetrics, "observe", "live metrics: figures"),  # now: the tracer's messages
     (metrics.LiveMetrics, "_rollout_end", "live metrics: figures"),
@@ -190,11 +191,15 @@ VARIANTS = {"loops": "recorded whole (now)", "calls": "call by call", "before": 
 
 def one(cfg: dict, before: str | None, script: str = CHILD) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1")
+    cwd = None
     if cfg["variant"] == "before":
         assert before is not None
         env["PYTHONPATH"] = before + os.pathsep + env.get("PYTHONPATH", "")
+        cwd = before  # `python -c` puts its working directory first on sys.path: a checkout there would win
         cfg = {**cfg, "variant": "loops"}  # an older checkout has no switch: it runs its own path
-    out = subprocess.run([sys.executable, "-c", script, json.dumps(cfg)], env=env, capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-c", script, json.dumps(cfg)], env=env, capture_output=True, text=True, cwd=cwd
+    )
     if out.returncode:
         raise SystemExit(out.stderr[-3000:])
     return json.loads(out.stdout.strip().splitlines()[-1])

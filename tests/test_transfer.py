@@ -70,3 +70,59 @@ def test_staged_reads_tensors_of_any_dtype_and_shape_in_one_buffer():
     staged = Staged([t])
     t += 1  # a snapshot: later in-place changes are not read
     assert staged.ready and np.array_equal(staged.arrays()[0], np.zeros(3))
+
+
+def _train_sends(monkeypatch, out, **kw):
+    """A 1-env run of 2 updates (4 epochs of one minibatch each: 8 training calls an update), counting what
+    crosses the writer pipe: (messages, train messages, sends carrying train messages)."""
+    from lstm_probe.log import messages
+    from lstm_probe.log.writer_process import Child
+
+    seen = {"messages": 0, "train": 0, "train_sends": 0}
+    send = Child.send
+
+    def counted(self, message, budget):
+        if not isinstance(message, tuple):  # data, not control
+            batch = getattr(messages, "Batch", ())  # (the code before batches had none)
+            each = message.messages if isinstance(message, batch) else [message]
+            train = [m for m in each if not isinstance(m, messages.Progress) and m.tags.phase == "train"]
+            seen["messages"] += len(each)
+            seen["train"] += len(train)
+            seen["train_sends"] += bool(train)
+        return send(self, message, budget)
+
+    monkeypatch.setattr(Child, "send", counted)
+    env = make_vec_env("Pendulum-v1", n_envs=1, seed=0)
+    ppo = {"n_steps": 128, "batch_size": 128, "n_epochs": 4, "policy_kwargs": {"lstm_hidden_size": 16}}
+    model = RecurrentPPO("MlpLstmPolicy", env, seed=0, **ppo)
+    model.learn(256, callback=ProbeCallback(out, force=True, **kw))
+    return seen
+
+
+def test_an_updates_training_calls_cross_the_writer_pipe_as_one_message(tmp_path, monkeypatch):
+    """Issue #50: at 1 env each training call is small, and its fixed costs (a pickled message, the writer's
+    read) were paid call by call; batched (LogWriter.submit), an update's training calls cross as one."""
+    seen = _train_sends(monkeypatch, tmp_path / "run.parquet", capture="summary")
+    assert seen["train"] >= 16  # actor and critic, 4 epochs, 2 updates
+    assert seen["train_sends"] <= 2, seen  # one send an update
+
+
+def test_a_full_batch_is_sent_early_and_the_log_keeps_every_row_in_order(tmp_path, monkeypatch):
+    """A batch sent once it holds BATCH_JOBS jobs (the bound on what it keeps) writes the log a writer
+    thread (no batches) writes, row for row."""
+    from lstm_probe.log import logwriter
+
+    monkeypatch.setattr(logwriter, "BATCH_JOBS", 3)
+    seen = _train_sends(monkeypatch, tmp_path / "batched.parquet")
+    assert seen["train_sends"] >= 2 * 3, seen  # 8 training calls an update, 3 a send at most
+    env = make_vec_env("Pendulum-v1", n_envs=1, seed=0)
+    ppo = {"n_steps": 128, "batch_size": 128, "n_epochs": 4, "policy_kwargs": {"lstm_hidden_size": 16}}
+    model = RecurrentPPO("MlpLstmPolicy", env, seed=0, **ppo)
+    model.learn(256, callback=ProbeCallback(tmp_path / "thread.parquet", force=True, writer="thread"))
+    a = pd.read_parquet(tmp_path / "batched.parquet")
+    b = pd.read_parquet(tmp_path / "thread.parquet")
+    assert len(a) == len(b) > 0
+    for col in ("call", "phase", "epoch", "env", "env_step", "t", "init", "drift_h", "drift_c", "path"):
+        assert a[col].equals(b[col]), col
+    for col in ("h", "c"):
+        assert np.array_equal(lstm_probe.states(a, col), lstm_probe.states(b, col), equal_nan=True)

@@ -31,9 +31,9 @@ def counting(who: Callable[[], str] | None = None) -> Iterator[Counter[str]]:
 
         return counted
 
-    def counted_submit(self, job, nbytes):
+    def counted_submit(self, job, nbytes, batch=False):
         counts["submits"] += 1
-        return submit(self, job, nbytes)
+        return submit(self, job, nbytes, batch)
 
     for name, fn in saved.items():
         setattr(torch.Tensor, name, wrap(fn))

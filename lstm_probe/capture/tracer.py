@@ -145,6 +145,7 @@ class CoreTracer:
         # an integration whose grids' values reach the host later than its calls (TorchRL's: staged on the
         # device, read in bulk) settles them here, before any kept block is handed over
         self.before_hand_over: Callable[[], None] | None = None
+        self.batching = False  # training calls' jobs batched (see batch_jobs)
 
     # -- lifecycle (the core's part: a probe's start, close and `with` are life.Probe's) -----------
     def start(self) -> CoreTracer:
@@ -195,6 +196,18 @@ class CoreTracer:
             **extra,
         }
         return writer.close(final)
+
+    def batch_jobs(self, on: bool) -> None:
+        """From now on (``on``), the jobs of calls that fit no block and of loops recorded whole are batched:
+        with a writer process, their rows cross the pipe together (``LogWriter.submit``'s ``batch``) once the
+        batch is full, at the next block handed over, or here when turned off. An integration turns it on
+        where a burst of training calls starts (sb3: a rollout's end) and off where it ends; the rows wait in
+        the training process until then (a run killed in between loses them, as the writer's open part)."""
+        self.batching = on
+        if not on and self.writer is not None:
+            start = time.perf_counter()  # (an integration's callback's time)
+            self.writer.flush_batch()
+            self.integration_seconds += time.perf_counter() - start
 
     def default_window(self, steps: int) -> None:
         """Keep ``steps`` env steps of rollout states per env (the train rows' drift, the provenance check) where
@@ -291,7 +304,8 @@ class CoreTracer:
         tags.stepwise[name] = t0 + len(steps)
         if t0 == 0 and loop.x0 is not None:
             block.inputs.append(loop.x0)
-        writer.submit(functools.partial(self._write_block, writer, name, tags, True, t0, block), tensor_bytes(stacked))
+        job = functools.partial(self._write_block, writer, name, tags, True, t0, block)
+        writer.submit(job, tensor_bytes(stacked), batch=self.batching)
         self.hook_seconds += time.perf_counter() - start
 
     def flush_pending(self) -> None:
@@ -572,4 +586,4 @@ def _call_job(
     job = functools.partial(
         write_call, tracer.emitter, writer, name, tags, call, batch, steps, x0, out, recovery, columns
     )
-    writer.submit(job, nbytes or tensor_bytes(out))
+    writer.submit(job, nbytes or tensor_bytes(out), batch=tracer.batching)

@@ -50,6 +50,11 @@ class Staged:
         self._flat = flat
 
     @property
+    def nbytes(self) -> int:
+        """The bytes its buffer holds."""
+        return int(self._flat.nelement()) * 4
+
+    @property
     def ready(self) -> bool:
         """Whether :meth:`arrays` returns without waiting for the device."""
         return self._event is None or bool(self._event.query())

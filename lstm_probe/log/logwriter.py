@@ -24,10 +24,16 @@ from typing import Any
 from lstm_probe.errors import OutputError, one_line
 from lstm_probe.log.layout import PART_ROWS, check_output, row_capacity
 from lstm_probe.log.lock import OutputLock, StaleLockWarning
-from lstm_probe.log.messages import Message, Progress
+from lstm_probe.log.messages import Batch, Message, Progress
 from lstm_probe.log.sink import Sink
 from lstm_probe.log.writer_process import Child, WriterGone
 from lstm_probe.options import CaptureOptions, WriterConfig
+
+BATCH_JOBS = 32
+"""Batched jobs (``submit(batch=True)``) a writer process's batch holds before their second halves run and
+their messages cross the pipe as one."""
+BATCH_BYTES = 16 << 20
+"""The most their snapshots (``transfer.Staged``) hold before the batch is sent."""
 
 
 class LogWriter:
@@ -59,6 +65,9 @@ class LogWriter:
         shard: str | None = None,
     ):
         self._later: Any = None  # a job's second half held back to the next submit (see submit)
+        self._batch: list[Any] = []  # batched jobs' second halves, in order (see submit)
+        self._batch_bytes = 0
+        self._gathered: list[Message] | None = None  # messages of the batch being sent (see send)
         config = WriterConfig.of(options, hidden_size, modules, metadata, codes, part_rows=part_rows, shard=shard)
         self.config = config  # checked when made (options.py); what the sink reads, in whichever process
         self.path = Path(config.out)
@@ -113,7 +122,7 @@ class LogWriter:
         return row_capacity(self.config.hidden_size, self.config.vectors)
 
     # -- training thread -------------------------------------------------------------------------
-    def submit(self, job: Callable[[], Any], nbytes: int) -> None:
+    def submit(self, job: Callable[[], Any], nbytes: int, batch: bool = False) -> None:
         """Run ``job``: with a writer process, here and now (its torch ops are few and its messages go
         into the pipe without waiting; a second Python thread would cost training more in interpreter
         lock hand-overs than the job itself); with a writer thread, queued for it (this blocks while
@@ -122,13 +131,24 @@ class LogWriter:
         A job may return its second half (``transfer.Later``: the host side of a block whose device-to-host
         copy it started). With a writer process, a second half whose copy is still under way runs at the
         next submit or at close, after the halves before it (jobs stay in order): the copy overlaps the
-        training steps in between instead of stalling this one."""
+        training steps in between instead of stalling this one.
+
+        ``batch``: with a writer process, the job's first half runs now (its snapshot taken: what the caller
+        changes later is not read), its second half waits with the batch's: they run in order, their messages
+        crossing the pipe as one (:class:`~lstm_probe.log.messages.Batch`), once :data:`BATCH_JOBS` jobs or
+        :data:`BATCH_BYTES` wait, at the next job not batched (which comes after them), at :meth:`drain` and
+        at close, or :meth:`flush_batch`. (``CoreTracer.batch_jobs``: sb3's training calls, an update's crossing
+        as one message.) With a writer thread the job is queued as any other."""
         if self.error is not None:
             raise self._failed()
         if self.closed:
             raise OutputError(f"the log {self.path} is already closed")
         if self._child is not None:
-            self._settle(job)
+            if batch:
+                self._hold(job)
+            else:
+                self._send_batch()
+                self._settle(job)
             if self.error is not None:
                 raise self._failed()
             return
@@ -153,6 +173,7 @@ class LogWriter:
         if self.error is not None:
             raise self._failed()
         if self._child is not None:
+            self._send_batch()
             self._settle(None)
         else:
             with self._cond:
@@ -187,12 +208,20 @@ class LogWriter:
     def send(self, message: Message) -> None:
         """Hand host arrays to the sink, as a declared message (``messages.py``; inside a job: on the writer
         thread, or on the training thread with a writer process)."""
+        gathered = self._gathered
         if self.progress != self._sent_progress:
             self._sent_progress = dict(self.progress)
-            self._to_sink(Progress(self._sent_progress))
-        self._to_sink(message)
+            progress = Progress(self._sent_progress)
+            if gathered is None:
+                self._to_sink(progress)
+            else:
+                gathered.append(progress)
+        if gathered is None:
+            self._to_sink(message)
+        else:
+            gathered.append(message)
 
-    def _to_sink(self, message: Message) -> None:
+    def _to_sink(self, message: Message | Batch) -> None:
         if self._child is not None:
             self.wait_seconds += self._child.send(message, self._queue_bytes)
         else:
@@ -253,6 +282,43 @@ class LogWriter:
             else:
                 self._run(later)
 
+    def _hold(self, job: Callable[[], Any]) -> None:
+        """A batched job (see submit): the second half held back before it first, then its first half now,
+        its second half into the batch; the batch sent once full."""
+        held, self._later = self._later, None
+        if held is not None:
+            self._run(held)
+        later = self._run(job)
+        if later is None:
+            return
+        self._batch.append(later)
+        staged = getattr(later, "staged", None)
+        self._batch_bytes += staged.nbytes if staged is not None else 0
+        if len(self._batch) >= BATCH_JOBS or self._batch_bytes >= BATCH_BYTES:
+            self._send_batch()
+
+    def flush_batch(self) -> None:
+        """Send the batched jobs now (see :meth:`submit`)."""
+        if self._batch:
+            self._send_batch()
+            if self.error is not None:
+                raise self._failed()
+
+    def _send_batch(self) -> None:
+        """The batch's second halves, in order, their messages into the pipe as one."""
+        batch, self._batch, self._batch_bytes = self._batch, [], 0
+        if not batch:
+            return
+        gathered: list[Message] = []
+        self._gathered = gathered
+        try:
+            for later in batch:
+                self._run(later)
+        finally:  # (a Ctrl-C inside one: the messages of those before it still cross)
+            self._gathered = None
+            if gathered and self.error is None:
+                self._run(lambda: self._to_sink(gathered[0] if len(gathered) == 1 else Batch(gathered)))
+
     def _run(self, fn: Callable[[], Any]) -> Any:
         if self.error is not None:
             return None
@@ -296,7 +362,8 @@ class LogWriter:
             interrupted: BaseException | None = None
             if self._child is not None:
                 try:
-                    self._settle(None)  # a second half held back (see submit)
+                    self._send_batch()  # the batched jobs' second halves, then one held back (see submit)
+                    self._settle(None)
                 except BaseException as exc:  # Ctrl-C in it: the log is still published, then it is raised
                     interrupted = exc
             if self._thread is not None:

@@ -1,6 +1,7 @@
 """What the training process hands the sink: one declared message type per kind of data, never a method
 name. :class:`Rows` (a block or one call's states, or their reduced figures), :class:`SequenceCall` (a
-multi-step call's per-step h and c), :class:`Progress` (the live progress figures). The numbers the
+multi-step call's per-step h and c), :class:`Progress` (the live progress figures), :class:`Batch` (several of
+them in order, as one message: a writer process's batched jobs, ``LogWriter.submit``). The numbers the
 training process computes (drifts: ``drift.Drift``) come with the rows; the sink lays them out.
 ``LogWriter.send`` puts them into the writer process's pipe (pickled, arrays out of band) or hands them to
 the writer thread's sink; ``Sink.take`` is the one receiver. Numpy and the core's plain types only:
@@ -84,4 +85,12 @@ class Progress:
 
 
 Message = Rows | SequenceCall | Progress
-"""Every kind of data the sink takes (``Sink.take``)."""
+"""Every kind of data the sink takes (``Sink.take``), alone or in a :class:`Batch`."""
+
+
+@dataclass(slots=True)
+class Batch:
+    """Messages taken in order, as one (``LogWriter.submit``'s batched jobs): one pickle and one read for
+    the writer process, and a Tags object several of them share pickled once."""
+
+    messages: list[Message]

@@ -61,7 +61,7 @@ class Sink:
         self.trace_envs = c.trace_envs  # full vectors for env columns below it only
         self.traced = c.traced  # --trace-envs given: vectors whatever the capture mode, none on padding rows
 
-    def take(self, message: messages.Message) -> None:
+    def take(self, message: messages.Message | messages.Batch) -> None:
         """One message from the training process (``messages.py``): the one way data reaches the sink."""
         kind = type(message)
         if kind is messages.Rows:
@@ -72,8 +72,11 @@ class Sink:
             self.sequence(m.name, m.tags, m.call, m.hs, m.cs, m.init, m.drift)
         elif kind is messages.Progress:
             self.progress(message.values)  # type: ignore[union-attr]
+        elif kind is messages.Batch:
+            for one in message.messages:  # type: ignore[union-attr]
+                self.take(one)
         else:
-            raise TypeError(f"the sink takes Rows, SequenceCall or Progress messages, not {kind.__name__}")
+            raise TypeError(f"the sink takes Rows, SequenceCall, Progress or Batch messages, not {kind.__name__}")
 
     def progress(self, progress: dict[str, Any]) -> None:
         self.log.progress = progress

@@ -32,7 +32,7 @@ from typing import Any
 
 from lstm_probe.errors import BadInput, OutputError, one_line
 from lstm_probe.log.lock import lock_fds, lock_path, release_file
-from lstm_probe.log.messages import Message
+from lstm_probe.log.messages import Batch, Message
 from lstm_probe.log.sink import Sink
 from lstm_probe.options import WriterConfig
 
@@ -151,7 +151,7 @@ class Child:
             raise OutputError(f"cannot start the writer process: {exc}") from None
         return child
 
-    def send(self, message: Message | tuple[str, tuple[Any, ...]], budget: int) -> float:
+    def send(self, message: Message | Batch | tuple[str, tuple[Any, ...]], budget: int) -> float:
         """Write ``message`` into the pipe as far as it takes it without waiting; what does not fit waits
         in a backlog, written first by the next send. Waits only while the backlog holds more than
         ``budget`` bytes (the writer process is behind): returns the seconds waited."""

@@ -308,6 +308,8 @@ class ProbeCallback(BaseCallback, Scope):
 
     def _on_rollout_start(self) -> None:
         self.clock.stop()  # train() ended
+        if self.tracer is not None:
+            self.tracer.batch_jobs(False)  # the update's training calls to the writer, as one message
         if self.metrics is not None:  # a logger that writes somewhere now gets the figures (metrics.py)
             self.metrics.rollout_start(self.model)
         self.iteration += 1
@@ -345,6 +347,8 @@ class ProbeCallback(BaseCallback, Scope):
 
     def _on_rollout_end(self) -> None:
         self.in_rollout = False
+        if self.tracer is not None:
+            self.tracer.batch_jobs(True)  # train() next: its calls' rows cross the pipe together
         self.current = Tags()
         if self.memory is not None:
             self.memory.measure(self.model.rollout_buffer, self.iteration)  # type: ignore[attr-defined]
