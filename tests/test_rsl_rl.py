@@ -309,3 +309,19 @@ def test_the_example_for_a_users_own_runner(tmp_path):
     df = lstm_probe.load(tmp_path / "ex.parquet", vectors=False)
     assert {"rollout", "bootstrap", "train", "predict"} <= set(df.phase)
     assert not lstm_probe.summarize(tmp_path / "ex.parquet").doctor.problems
+
+
+def test_more_minibatches_than_envs_trains_on_empty_ones_and_the_report_says_so(tmp_path):
+    """rsl_rl cuts num_envs // num_mini_batches envs a minibatch: 2 envs in 4 minibatches leave every minibatch
+    empty, and its LSTMs are called with no batch column. Such calls have no rows; the log completes, counts
+    them, and the report warns (the writer used to fail on them)."""
+    out = tmp_path / "empty.parquet"
+    runner = make_runner(2, minibatches=4)
+    with attach(runner, out, capture="summary"):
+        runner.learn(2)
+    info = lstm_probe.read_info(out)
+    assert info.metadata["completed"] is True
+    assert info.metadata["empty_calls"] > 0
+    r = subprocess.run([sys.executable, "-m", "lstm_probe.cli", "report", str(out)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "had no batch column" in " ".join((r.stdout + r.stderr).replace("│", " ").split())

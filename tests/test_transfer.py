@@ -72,9 +72,8 @@ def test_staged_reads_tensors_of_any_dtype_and_shape_in_one_buffer():
     assert staged.ready and np.array_equal(staged.arrays()[0], np.zeros(3))
 
 
-def _train_sends(monkeypatch, out, **kw):
-    """A 1-env run of 2 updates (4 epochs of one minibatch each: 8 training calls an update), counting what
-    crosses the writer pipe: (messages, train messages, sends carrying train messages)."""
+def _counting_sends(monkeypatch):
+    """What crosses the writer pipe from now on: {messages, train messages, sends carrying train messages}."""
     from lstm_probe.log import messages
     from lstm_probe.log.writer_process import Child
 
@@ -92,6 +91,13 @@ def _train_sends(monkeypatch, out, **kw):
         return send(self, message, budget)
 
     monkeypatch.setattr(Child, "send", counted)
+    return seen
+
+
+def _train_sends(monkeypatch, out, **kw):
+    """A 1-env run of 2 updates (4 epochs of one minibatch each: 8 training calls an update), counting what
+    crosses the writer pipe (:func:`_counting_sends`)."""
+    seen = _counting_sends(monkeypatch)
     env = make_vec_env("Pendulum-v1", n_envs=1, seed=0)
     ppo = {"n_steps": 128, "batch_size": 128, "n_epochs": 4, "policy_kwargs": {"lstm_hidden_size": 16}}
     model = RecurrentPPO("MlpLstmPolicy", env, seed=0, **ppo)
@@ -104,6 +110,24 @@ def test_an_updates_training_calls_cross_the_writer_pipe_as_one_message(tmp_path
     read) were paid call by call; batched (LogWriter.submit), an update's training calls cross as one."""
     seen = _train_sends(monkeypatch, tmp_path / "run.parquet", capture="summary")
     assert seen["train"] >= 16  # actor and critic, 4 epochs, 2 updates
+    assert seen["train_sends"] <= 2, seen  # one send an update
+
+
+def test_an_rsl_rl_updates_training_calls_cross_the_writer_pipe_together(tmp_path, monkeypatch):
+    """rsl_rl's integration batches its update's training calls as sb3's does (its minibatch generator)."""
+    pytest.importorskip("rsl_rl")
+    from lstm_probe.integrations.rsl_rl import TorchPendulumVecEnv, attach, train_cfg
+    from lstm_probe.integrations.rsl_rl.train import build_runner
+
+    seen = _counting_sends(monkeypatch)
+    torch.manual_seed(0)
+    cfg = train_cfg(
+        num_mini_batches=2, num_learning_epochs=2, learning_rate=1e-3, rnn_type="lstm", rnn_layers=1, hidden_size=8
+    )
+    runner = build_runner(TorchPendulumVecEnv(4, seed=0), cfg)
+    with attach(runner, tmp_path / "run.parquet", capture="summary", force=True):
+        runner.learn(2)
+    assert seen["train"] >= 16, seen  # actor and critic, 2 epochs of 2 minibatches, 2 updates
     assert seen["train_sends"] <= 2, seen  # one send an update
 
 

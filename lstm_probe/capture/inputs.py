@@ -170,7 +170,7 @@ class Inputs:
                 # the columns that have an env are still rollout states train rows drift from
                 self._keep(store, env, step, _rows(out), zero)
             return decode(flags, start, self.stored_states), norms
-        store.grow(int(env.max()) + 1)
+        store.grow(int(env.max(initial=-1)) + 1)  # (a call of no columns: rsl_rl's minibatch of no envs)
         if training:
             flags |= self._stored(store, _rows(x0), env, step, zero)
             return decode(flags, start, self.stored_states), norms

@@ -127,6 +127,7 @@ class CoreTracer:
         self.calls = 0
         self.call_base = call_base  # first call id: keeps ids unique across the processes of one log
         self.unsupported_calls = 0
+        self.empty_calls = 0  # calls of no batch column (no rows): in the metadata where there were any
         # what the probe costs, measured while it runs (see the log's `probe_cost` metadata)
         self.hook_seconds = 0.0  # training thread, inside the hooks
         self.integration_seconds = 0.0  # training thread, in an integration's own callbacks (sb3, RLlib)
@@ -187,6 +188,7 @@ class CoreTracer:
             "stop_reason": stop_reason,
             "end_time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "unsupported_calls": self.unsupported_calls,
+            **({"empty_calls": self.empty_calls} if self.empty_calls else {}),
             "probe_cost": {
                 "seconds": round(time.monotonic() - self.started, 3),  # start() to close(), wall
                 "calls": self.calls,
@@ -387,6 +389,9 @@ def _rnn_call(tracer: CoreTracer, m: _Hooked, mod: nn.Module, args: tuple[Any, .
         batch, steps = int(shape[0]), int(shape[1])
     else:
         steps, batch = int(shape[0]), int(shape[1])
+    if batch == 0:  # no batch column, no row (rsl_rl trains on empty minibatches where they outnumber the envs)
+        tracer.empty_calls += 1
+        return
     if steps == 1:
         if unbatched:
             hn = hn.unsqueeze(1)
@@ -408,6 +413,9 @@ def _cell_call(tracer: CoreTracer, m: _Hooked, mod: nn.Module, args: tuple[Any, 
         h = h.unsqueeze(0)
         c = c.unsqueeze(0) if c is not None else None
     batch = int(h.shape[0])
+    if batch == 0:  # no batch column, no row
+        tracer.empty_calls += 1
+        return
     x0 = cell_parts(args, batch, m.lstm)
     _one_step(tracer, m, None, batch, h[None], c[None] if c is not None else None, x0)
 

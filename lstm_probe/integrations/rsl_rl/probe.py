@@ -328,6 +328,7 @@ class RslRlProbe(Probe):
             self.tracer.integration_seconds += time.perf_counter() - start
             if self.memory is not None:  # the rollout's own weights: no minibatch has stepped yet
                 self.memory.measure(self.roll["start"], self.iteration)
+            self.tracer.batch_jobs(True)  # the update's training calls cross to the writer together
             try:
                 for k, batch in enumerate(fn(num_mini_batches, num_epochs)):
                     epoch, mb = divmod(k, num_mini_batches)
@@ -343,6 +344,7 @@ class RslRlProbe(Probe):
             finally:
                 self.tags = None
                 self.iteration += 1
+                self.tracer.batch_jobs(False)
 
         return generator
 

@@ -111,8 +111,17 @@ class Run(Section[RunSection]):
         )
 
     def warnings(self, data: RunSection, log: Log) -> list[str]:
-        n = int(log.meta.get("unsupported_calls") or 0)  # calls on inputs the tracer cannot lay out
-        return [f"{n:,} LSTM call(s) on inputs lstm-probe cannot map to rows are not in the log"] if n else []
+        out = []
+        n = _count(log.meta.get("unsupported_calls"))  # calls on inputs the tracer cannot lay out
+        if n:
+            out.append(f"{n:,} LSTM call(s) on inputs lstm-probe cannot map to rows are not in the log")
+        n = _count(log.meta.get("empty_calls"))
+        if n:
+            out.append(
+                f"{n:,} LSTM call(s) had no batch column (no rows): e.g. more minibatches than envs or sequences, "
+                "so training ran on empty minibatches"
+            )
+        return out
 
     def findings(self, data: RunSection) -> list[str]:
         return [] if data.completed else [f"the run did not complete: {data.stop_reason or 'unknown reason'}"]
@@ -146,3 +155,8 @@ def _traced(capture: dict[str, Any]) -> str:
     if capture.get("other_envs") == "none":
         return f", envs 0..{k - 1} only (--trace-envs {k} --other-envs none: the other envs have no rows)"
     return f", vectors of envs 0..{k - 1} only (--trace-envs {k}; the other envs' rows are summary rows)"
+
+
+def _count(value: object) -> int:
+    """A count from the log's metadata (a file may hold anything there): 0 unless a non-negative int."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
