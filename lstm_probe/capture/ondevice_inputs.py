@@ -55,7 +55,7 @@ def row_hashes(rows: torch.Tensor) -> torch.Tensor:
     k, w = rows.shape
     if k == 0:
         return rows.new_zeros(0, dtype=torch.int64)
-    v = rows.contiguous().view(torch.int32).to(torch.int64)
+    v = rows.contiguous().view(torch.int32).long()
     v = v + torch.arange(1, w + 1, device=rows.device, dtype=torch.int64).mul_(_C0)
     v = (v ^ (v >> 30)).mul_(_C1)
     v = (v ^ (v >> 27)).mul_(_C2)
