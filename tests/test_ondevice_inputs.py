@@ -79,20 +79,22 @@ def rsl():
     torch.distributions.Distribution.set_default_validate_args(saved)
 
 
-@pytest.mark.parametrize("layers", [1, 2])
-def test_rsl_rl_rollout_blocks_on_the_device_path(tmp_path, monkeypatch, rsl, layers):
+@pytest.mark.parametrize(("rnn", "layers"), [("lstm", 1), ("lstm", 2), ("gru", 1)])
+def test_rsl_rl_rollout_blocks_on_the_device_path(tmp_path, monkeypatch, rsl, rnn, layers):
     """8 envs, --trace-envs 3: every rollout block on the device path, the same log (`init` previous, reset and
-    stored exactly), O(columns) crossing; the host never needs the device's values (no pull)."""
+    stored exactly), O(columns) crossing; an LSTM's host never needs the device's values (no pull)."""
     capture = {"capture": "summary", "trace_envs": 3}
-    rsl.probed(tmp_path / "host.parquet", 8, layers=layers, **capture)
+    rsl.probed(tmp_path / "host.parquet", 8, rnn, layers=layers, **capture)
     watch = Watch(monkeypatch)
-    rsl.probed(tmp_path / "dev.parquet", 8, layers=layers, **capture)
+    rsl.probed(tmp_path / "dev.parquet", 8, rnn, layers=layers, **capture)
     host, dev = lstm_probe.load(tmp_path / "host.parquet"), lstm_probe.load(tmp_path / "dev.parquet")
     same_log(host, dev)
     assert {"previous", "reset", "stored"} <= codes(dev)
-    assert len(watch.blocks) > 0 and watch.pulls == 0
+    # an LSTM's training calls read the device's states there; a GRU's (the host path) bring them over, once per
+    # iteration and module (actor, critic)
+    assert len(watch.blocks) > 0 and watch.pulls == (0 if rnn == "lstm" else 2 * 2)
     hidden = int(np.asarray(lstm_probe.states(dev[dev.h.notna()].head(1), "h")).shape[-1])
-    watch.o_of_columns(layers, hidden)
+    watch.o_of_columns(layers if rnn == "lstm" else layers / 2, hidden)
 
 
 def test_rsl_rl_rollout_block_one_host_copy(tmp_path, monkeypatch, rsl):
@@ -173,6 +175,11 @@ def loop(path, observed: list | None = None, sequence: bool = True) -> None:
                 done = rng.random(N) < 0.15
                 h[0][:, done] = 0
                 h[1][:, done] = 0
+            last = first + steps
+            with probe.tag(phase="bootstrap", iteration=it, env=np.arange(N), env_step=last):
+                lstm(xs[last - 1 : last], h)  # a one-step bootstrap block (previous, on the device)
+            with probe.tag(phase="bootstrap", iteration=it, env=np.arange(N), env_step=np.full((N, 2), last)):
+                lstm(xs[last - 2 : last], h)  # a multi-step one (its answers the host's)
             env_step = np.broadcast_to(np.arange(first, first + steps), (N, steps))
             if sequence:
                 with probe.tag(phase="train", iteration=it, epoch=0, minibatch=0, env=np.arange(N), env_step=env_step):
@@ -196,6 +203,7 @@ def test_loop_other_env_on_the_device_path(tmp_path, monkeypatch):
     swapped = roll[roll.env_step.isin([10, 30]) & roll.env.isin([0, 1])].init.astype(str)
     assert (swapped[swapped != "zero"] == "other_env").sum() >= 3  # (an env just reset starts from zeros)
     assert "stored" in codes(dev[dev.phase == "train"])
+    assert "previous" in codes(dev[dev.phase == "bootstrap"]) <= {"previous", "zero"}
     assert watch.pulls == 2
     watch.o_of_columns(1, H)
 

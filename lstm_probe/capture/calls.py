@@ -212,16 +212,25 @@ def _on_device(
     figures, reduced = ondevice.figures(
         name, tags, parts, layers, bool(module.bias), recovery.valid, drift, emitter.partial, recovery.initial_states
     )
-    # the input states answered there too (``ondevice_inputs.py``): the `stored` check against the device ring
+    # a training (or value) call's input states answered there too (``ondevice_inputs.py``: the `stored` check
+    # against the device ring); another phase's on the host, from its input and returned states
     answers = emitter.device_inputs
     assert answers is not None
-    plan = _Plan()
-    answer_half, second = answers.train_answer(name, tags.phase, grid, x_in, layers, plan)
-    answer = answer_half(plan.upload(x_in.device))
-    staged = Staged([*figures, *answer])  # the float64 norms first: their host views aligned
+    second: Any = None
+    if tags.phase in ("train", "value"):
+        plan = _Plan()
+        answer_half, second = answers.train_answer(name, tags.phase, grid, x_in, layers, plan)
+        sides = answer_half(plan.upload(x_in.device))
+    else:
+        sides = [x_in, returned_states]
+    staged = Staged([*figures, *sides])  # the float64 norms first: their host views aligned
 
     def finish(arrays: list[np.ndarray]) -> None:
-        first = second(arrays[len(figures) :])
+        if second is not None:
+            first = second(arrays[len(figures) :])
+        else:
+            x_host, returned = arrays[-2], arrays[-1]
+            first = emitter.inputs.answer(name, tags.phase, grid, 0, x_host, returned, layers, steps > 1)
         emitter.rows += layers * batch * steps
         rows, initial = reduced(arrays[: len(figures)])
         ids = np.full(batch * steps, call, np.int64)
