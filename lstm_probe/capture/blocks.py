@@ -128,7 +128,8 @@ def write_block(
     """One block of one-step calls of module ``name`` (``CoreTracer._write_block``, a writer job): its device
     buffer's copy to the host started (one copy: ``transfer.Staged``), and the second half that hands the
     host arrays to the sink (``Emitter.send``: with the train rows' drifts; a summary log's rows as their
-    norms and drifts). Under ``--other-envs none`` only the kept env columns cross (None: none of them)."""
+    norms and drifts). Under ``--other-envs none`` only the kept env columns cross (None: none of them). A
+    summary log's rollout block on an accelerator takes the device path (:func:`_device_block`)."""
     calls = np.array(block.calls, np.int64)
     layers = emitter.layers[name]
     if stepwise:

@@ -17,13 +17,16 @@ rollout states) take this path instead (:meth:`OnDevice.takes`):
   states (:class:`_Ring`, one per module, keyed as the host's ring: env x window slots; the env step each
   slot holds is a host array, so the `found` flags and the slots to read are the host's own arithmetic);
 - the rows whose vectors the log keeps (``--trace-envs``) gathered on the device; then one host copy of
-  the call's input and returned states (the `init` answers stay on the host: ``Inputs.answer``), the
-  figures and the kept rows (:meth:`OnDevice.figures`), and ``messages.Reduced`` as the host path makes it.
+  the figures and the kept rows (:meth:`OnDevice.figures`) and of the `init` answers' flags (a training
+  call's ``stored`` check against the device ring, ``ondevice_inputs.py``; another phase's input and
+  returned states, answered on the host), and ``messages.Reduced`` as the host path makes it.
 
 The device ring is fed where the host's ring is (a rollout block's second half, ``blocks.write_block``):
 the block's returned states copied device to device into their slots (indices from the grid, moved to the
 device once per block). Where the host's ring changed in a way not mirrored (its window grew, another kind of
-call kept rollout states, or its slots disagree), the device ring is rebuilt from it (one upload).
+call kept rollout states, or its slots disagree), the device ring is rebuilt from it (one upload). A summary
+log's rollout blocks on the device path (``ondevice_inputs.py``) feed it alone: the host's ring then keeps the
+slots' steps only, and brings the states over before host code reads them (``inputs._Store.sync``).
 
 Engaged only where a call's states are on an accelerator; ``OnDevice._engage`` (tests and benchmarks only)
 engages it on the CPU too ("always"), or nowhere ("never": the host path on an accelerator, to compare).
