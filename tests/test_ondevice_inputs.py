@@ -149,7 +149,7 @@ def test_sb3_rollout_blocks_on_the_device_path(tmp_path, monkeypatch):
 N, H = 4, 8
 
 
-def loop(path, observed: list | None = None, sequence: bool = True) -> None:
+def loop(path, observed: list | None = None, sequence: bool = True, window: int | None = 24) -> None:
     """4 toy envs, episodes ending at random (their states zeroed), envs 0 and 1 swapping states once (other_env);
     two iterations of a 24-step rollout, each followed by a multi-step training call from the rollout's first
     states (stored on the device path) and a per-step training pass (the host path)."""
@@ -158,7 +158,9 @@ def loop(path, observed: list | None = None, sequence: bool = True) -> None:
     lstm = torch.nn.LSTM(3, H)
     steps = 24
     xs = torch.randn(2 * steps, N, 3)
-    opts = {"capture": "summary", "trace_envs": 1, "force": True, "writer": "thread", "reference_window": steps}
+    opts = {"capture": "summary", "trace_envs": 1, "force": True, "writer": "thread"}
+    if window is not None:  # else the ring sized by the rollout (it grows from 16 steps while the rollout runs)
+        opts["reference_window"] = window
     with lstm_probe.trace(lstm, path, **opts) as probe, torch.no_grad():
         if observed is not None:
             probe.observers.append(lambda m, layers, states: observed.append((m, states)))
@@ -190,12 +192,18 @@ def loop(path, observed: list | None = None, sequence: bool = True) -> None:
                     _, state = lstm(xs[first + t : first + t + 1], state)
 
 
-def test_loop_other_env_on_the_device_path(tmp_path, monkeypatch):
+@pytest.mark.parametrize("grows", [False, True])
+def test_loop_other_env_on_the_device_path(tmp_path, monkeypatch, grows):
     """The swapped envs' inputs answered other_env, the resets reset, the training call's stored, as on the host;
-    the per-step training pass pulls the device's rollout states once per iteration."""
-    loop(tmp_path / "host.parquet")
+    the per-step training pass pulls the device's rollout states once per iteration. ``grows``: blocks of 4
+    calls and a ring sized by the rollout, which outgrows its first 16 steps mid-rollout (the host brings the
+    device's states over before it re-lays its ring, the device ring is rebuilt from it)."""
+    window = None if grows else 24
+    if grows:
+        monkeypatch.setattr(blocks, "MAX_PENDING", 4)
+    loop(tmp_path / "host.parquet", window=window)
     watch = Watch(monkeypatch)
-    loop(tmp_path / "dev.parquet")
+    loop(tmp_path / "dev.parquet", window=window)
     host, dev = lstm_probe.load(tmp_path / "host.parquet"), lstm_probe.load(tmp_path / "dev.parquet")
     same_log(host, dev)
     roll = dev[dev.phase == "rollout"]
@@ -204,7 +212,9 @@ def test_loop_other_env_on_the_device_path(tmp_path, monkeypatch):
     assert (swapped[swapped != "zero"] == "other_env").sum() >= 3  # (an env just reset starts from zeros)
     assert "stored" in codes(dev[dev.phase == "train"])
     assert "previous" in codes(dev[dev.phase == "bootstrap"]) <= {"previous", "zero"}
-    assert watch.pulls == 2
+    assert watch.pulls == (3 if grows else 2)
+    if grows:
+        assert len(watch.blocks) > 2 * 24 // 4  # the rollout's blocks, and the bootstrap's
     watch.o_of_columns(1, H)
 
 
