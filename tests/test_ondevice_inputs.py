@@ -230,3 +230,23 @@ def test_live_metrics_observers_still_get_the_rollout_states(tmp_path, monkeypat
     assert len(roll_host) == len(roll_dev) > 0
     for a, b in zip(roll_host, roll_dev, strict=True):
         assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+
+
+def test_row_hashes_are_the_rows_bits(monkeypatch):
+    """Equal bits, equal hash; -0 and 0 (equal values, different bits) differ, as the host's bytes do; NaNs of one
+    pattern are equal; the chunks change nothing."""
+    from lstm_probe.capture import ondevice_inputs
+
+    torch.manual_seed(0)
+    rows = torch.randn(300, 16)
+    rows[7] = rows[3]
+    rows[9, 2] = 0.0
+    rows[10] = rows[9]
+    rows[10, 2] = -0.0
+    rows[11, 0] = rows[12, 0] = float("nan")
+    rows[12, 1:] = rows[11, 1:]
+    hashes = ondevice_inputs.row_hashes(rows)
+    assert hashes[7] == hashes[3] and hashes[9] != hashes[10] and hashes[11] == hashes[12]
+    assert len(set(hashes.tolist())) == 300 - 2
+    monkeypatch.setattr(ondevice_inputs, "HASH_CHUNK", 5 * 16 + 3)
+    assert torch.equal(ondevice_inputs.row_hashes(rows), hashes)

@@ -49,17 +49,26 @@ Answered = Callable[[list[np.ndarray]], "tuple[np.ndarray, np.ndarray]"]
 _C0, _C1, _C2 = -7046029254386353131, -4658895280553007687, -7723592293110705685  # splitmix64's, as int64
 
 
+HASH_CHUNK = 1 << 22
+"""Elements hashed at a time (:func:`row_hashes`): its int64 scratch stays ~100 MB at most."""
+
+
 def row_hashes(rows: torch.Tensor) -> torch.Tensor:
     """A 64-bit hash of each row's float32 bits, (K, W) -> (K,) int64: each element's bits, salted by its
-    position, through splitmix64's mixer, the mixed values summed (wrapping)."""
+    position, through splitmix64's mixer, the mixed values summed (wrapping); rows taken in chunks."""
     k, w = rows.shape
+    out = rows.new_empty(k, dtype=torch.int64)
     if k == 0:
-        return rows.new_zeros(0, dtype=torch.int64)
-    v = rows.contiguous().view(torch.int32).long()
-    v = v + torch.arange(1, w + 1, device=rows.device, dtype=torch.int64).mul_(_C0)
-    v = (v ^ (v >> 30)).mul_(_C1)
-    v = (v ^ (v >> 27)).mul_(_C2)
-    return (v ^ (v >> 31)).sum(1)
+        return out
+    bits = rows.contiguous().view(torch.int32)
+    salt = torch.arange(1, w + 1, device=rows.device, dtype=torch.int64).mul_(_C0)
+    step = max(1, HASH_CHUNK // max(w, 1))
+    for at in range(0, k, step):
+        v = bits[at : at + step].long().add_(salt)
+        v = v.bitwise_xor_(v >> 30).mul_(_C1)
+        v = v.bitwise_xor_(v >> 27).mul_(_C2)
+        torch.sum(v.bitwise_xor_(v >> 31), 1, out=out[at : at + step])
+    return out
 
 
 def _as_rows(states: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
