@@ -5,7 +5,10 @@ it writes the call's block (a writer job, in call order), asks :class:`Inputs` a
 first step: it compares the input with what the probe already holds, the state the module last returned
 for that env column (per phase group; earlier columns of the same env in the block, else the store) and,
 for training calls, the rollout states of the last ``window`` env steps of each env. Host numpy, one
-vectorized compare per block. The schema's ``init`` column says what each answer means.
+vectorized compare per block. The schema's ``init`` column says what each answer means. (A summary log's
+rollout blocks and training calls on an accelerator answer on the device, ``ondevice_inputs.py``, with the
+same index arithmetic; a store then holds their indices only, and brings their states over before host code
+reads them: ``_Store.sync``.)
 """
 
 from __future__ import annotations
