@@ -250,3 +250,19 @@ def test_row_hashes_are_the_rows_bits(monkeypatch):
     assert len(set(hashes.tolist())) == 300 - 2
     monkeypatch.setattr(ondevice_inputs, "HASH_CHUNK", 5 * 16 + 3)
     assert torch.equal(ondevice_inputs.row_hashes(rows), hashes)
+
+
+def test_torchrl_rollout_blocks_on_the_device_path(tmp_path, monkeypatch):
+    """TorchRL's collection calls (replayed into blocks at the batch's end) on the device path: the same log."""
+    pytest.importorskip("torchrl")
+    from lstm_probe.integrations.torchrl.train import run
+
+    opts = {"n_envs": 4, "capture": "summary", "trace_envs": 2, "steps": 256, "n_steps": 32, "hidden_size": 8}
+    host = run("CartPole-v1", tmp_path / "host.parquet", seed=0, force=True, **opts)
+    watch = Watch(monkeypatch)
+    dev = run("CartPole-v1", tmp_path / "dev.parquet", seed=0, force=True, **opts)
+    a, b = lstm_probe.load(host.path), lstm_probe.load(dev.path)
+    same_log(a, b)
+    assert len(watch.blocks) > 0 and {"previous", "reset"} <= codes(b[b.phase == "rollout"])
+    assert "stored" in codes(b[b.phase == "train"])
+    watch.o_of_columns(1, 8)
