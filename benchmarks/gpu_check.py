@@ -18,8 +18,10 @@ and what does the probe cost at 1, 16, 256 and 1,024 envs?
 4. rsl_rl at Isaac Lab widths (``--rsl-envs``, default 1,024 and 4,096 torch-native Pendulums on the device,
    LSTM ``--rsl-hidden`` [256] in actor and critic): unprobed, and probed with ``--capture summary
    --trace-envs 16 --other-envs summary`` on the device path (``capture/ondevice.py``: the summary rows'
-   c, norms and drifts computed on the GPU) and on the host path (``OnDevice._engage = "never"``: every
-   training call's states copied to the host and reduced there, as on a CPU), interleaved; wall medians, their
+   c, norms and drifts computed on the GPU; ``capture/ondevice_inputs.py``: the rollout blocks' norms and
+   input-state answers too, O(envs) figures crossing per block) and on the host path (``OnDevice._engage =
+   "never"``: every block's and training call's states copied to the host and reduced there, as on a CPU),
+   interleaved; wall medians, their
    ratios, and the probe's own training-thread seconds (the log's ``probe_cost``).
 
     python benchmarks/gpu_check.py                       # CUDA: every part

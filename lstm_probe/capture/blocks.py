@@ -12,8 +12,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from lstm_probe.capture.drift import grid_keys
+from lstm_probe.capture.ondevice import _Plan
 from lstm_probe.capture.transfer import Later, Staged
 from lstm_probe.contract import PATH, Grid, Tags
+from lstm_probe.log.messages import Reduced, Rows
 
 MAX_PENDING = 256
 """One-step calls kept before they are written as one block (bounds the memory they hold)."""
@@ -125,7 +128,8 @@ def write_block(
     """One block of one-step calls of module ``name`` (``CoreTracer._write_block``, a writer job): its device
     buffer's copy to the host started (one copy: ``transfer.Staged``), and the second half that hands the
     host arrays to the sink (``Emitter.send``: with the train rows' drifts; a summary log's rows as their
-    norms and drifts). Under ``--other-envs none`` only the kept env columns cross (None: none of them)."""
+    norms and drifts). Under ``--other-envs none`` only the kept env columns cross (None: none of them). A
+    summary log's rollout block on an accelerator takes the device path (:func:`_device_block`)."""
     calls = np.array(block.calls, np.int64)
     layers = emitter.layers[name]
     if stepwise:
@@ -164,6 +168,10 @@ def write_block(
             return None
         sent = dataclasses.replace(sent, grid=fitted(sent.grid, len(envs), columns))
         states, per_col, envs = select(states, 2, columns), per_col[columns], envs[columns]
+    answers = emitter.device_inputs
+    if answers is not None and columns is None and answers.takes_block(tags.phase, states.device):
+        # a summary log's rollout block on an accelerator: its figures and answers computed there, O(M) crossing
+        return _device_block(emitter, writer, name, tags, sent, states, per_col, envs)
     staged = Staged([states], private=True)
     # the returned states stay on the device for the device's copy of the rollout states (a summary log's)
     rollout = states[0] if emitter.ondevice is not None and tags.phase == "rollout" else None
@@ -181,6 +189,71 @@ def write_block(
         emitter.rows += layers * len(per_col)
         cs = hc[layers:] if with_c else None
         emitter.send(writer, name, sent, 0, PATH["step"], per_col, hc[:layers], cs, None, init)
+
+    return Later(staged, finish)
+
+
+def _device_block(
+    emitter: Emitter,
+    writer: LogWriter,
+    name: str,
+    tags: Tags,
+    sent: Tags,
+    states: torch.Tensor,
+    per_col: np.ndarray,
+    envs: np.ndarray,
+) -> Later:
+    """A rollout (or bootstrap) block of a summary log on the device path (``blocks.write_block``'s): its rows'
+    norms, the answers' figures and the traced columns' returned states (``--trace-envs``) in one host copy
+    (and the whole states where live metrics read them, ``Emitter.observers``), then ``messages.Reduced``
+    to the sink as ``Emitter.send`` makes it."""
+    answers = emitter.device_inputs
+    assert answers is not None
+    layers = emitter.layers[name]
+    out, x0 = states[0], states[1]  # (R, M, H)
+    r, m, hidden = out.shape
+    grid = sent.grid if sent.grid is not None else Grid.one_step(envs, -1, -1, -1, -1)
+    plan = _Plan()
+    answer_half, second = answers.block_answer(name, tags.phase, grid, x0, out, layers, plan)
+    kept = None
+    if emitter.partial is not None:
+        keys = grid_keys(sent.grid, 0, 1, layers, m)
+        kept = np.zeros(layers * m, np.bool_) if keys is None else (keys[1] >= 0) & (keys[1] < emitter.partial)
+        plan.add("kept", np.flatnonzero(kept))
+    index = plan.upload(out.device)
+    o = out.float()
+    flat_h = o[:layers].reshape(layers * m, hidden)
+    h_norm = torch.linalg.vector_norm(flat_h, dim=1, dtype=torch.float64)
+    figures = [h_norm.view(torch.float32)]
+    with_c = r == 2 * layers
+    flat_c = o[layers:].reshape(layers * m, hidden) if with_c else None
+    if flat_c is not None:
+        figures.append(torch.linalg.vector_norm(flat_c, dim=1, dtype=torch.float64).view(torch.float32))
+    if kept is not None:
+        figures.append(flat_h.index_select(0, index["kept"]))
+        if flat_c is not None:
+            figures.append(flat_c.index_select(0, index["kept"]))
+    answer = answer_half(index)
+    observed = bool(emitter.observers)
+    staged = Staged([*figures, *answer, *([out] if observed else [])])
+
+    def finish(arrays: list[np.ndarray]) -> None:
+        at = len(figures)
+        init = second(arrays[at : at + len(answer)])
+        h_norm = arrays[0].view(np.float64)
+        c_norm = arrays[1].view(np.float64) if with_c else None
+        h = c = None
+        if kept is not None:
+            h = arrays[2 if with_c else 1]
+            c = arrays[3] if with_c else None
+        rows = Reduced((layers, m, 1), h_norm, c_norm, None, kept, h, c)
+        states_seen = None
+        if observed:
+            hc = arrays[-1][:, :, None, :]
+            states_seen = (hc[:layers], hc[layers:] if with_c else None)
+        emitter.rows += layers * len(per_col)
+        message = Rows(name, sent, 0, PATH["step"], per_col, rows, None, None, init)
+        emitter.hand_over(writer, message, layers, states_seen)
 
     return Later(staged, finish)
 

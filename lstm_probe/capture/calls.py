@@ -17,6 +17,7 @@ from torch import nn
 
 from lstm_probe.capture.blocks import select, tensor_bytes
 from lstm_probe.capture.inputs import start_states
+from lstm_probe.capture.ondevice import _Plan
 from lstm_probe.capture.recover import (
     Scratch,
     gru_assemble,
@@ -211,13 +212,27 @@ def _on_device(
     figures, reduced = ondevice.figures(
         name, tags, parts, layers, bool(module.bias), recovery.valid, drift, emitter.partial, recovery.initial_states
     )
-    staged = Staged([*figures, x_in, returned_states])  # the float64 norms first: their host views aligned
+    # a training (or value) call's input states answered there too (``ondevice_inputs.py``: the `stored` check
+    # against the device ring); another phase's on the host, from its input and returned states
+    answers = emitter.device_inputs
+    assert answers is not None
+    second: Any = None
+    if tags.phase in ("train", "value"):
+        plan = _Plan()
+        answer_half, second = answers.train_answer(name, tags.phase, grid, x_in, layers, plan)
+        sides = answer_half(plan.upload(x_in.device))
+    else:
+        sides = [x_in, returned_states]
+    staged = Staged([*figures, *sides])  # the float64 norms first: their host views aligned
 
     def finish(arrays: list[np.ndarray]) -> None:
-        x_host, returned = arrays[-2], arrays[-1]
-        first = emitter.inputs.answer(name, tags.phase, grid, 0, x_host, returned, layers, steps > 1)
+        if second is not None:
+            first = second(arrays[len(figures) :])
+        else:
+            x_host, returned = arrays[-2], arrays[-1]
+            first = emitter.inputs.answer(name, tags.phase, grid, 0, x_host, returned, layers, steps > 1)
         emitter.rows += layers * batch * steps
-        rows, initial = reduced(arrays[:-2])
+        rows, initial = reduced(arrays[: len(figures)])
         ids = np.full(batch * steps, call, np.int64)
         emitter.hand_over(writer, Rows(name, tags, 0, PATH["sequence"], ids, rows, None, None, first), layers)
         if initial is not None and grid is not None and grid.train and grid.shape[0] == batch:

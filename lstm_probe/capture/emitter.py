@@ -13,6 +13,7 @@ import numpy as np
 from lstm_probe.capture.drift import Drift, grid_keys, reduced
 from lstm_probe.capture.inputs import Inputs
 from lstm_probe.capture.ondevice import OnDevice
+from lstm_probe.capture.ondevice_inputs import DeviceInputs
 from lstm_probe.contract import Tags
 from lstm_probe.log.messages import Drifts, Message, Rows, SequenceCall
 
@@ -56,6 +57,7 @@ class Emitter:
         self.drift: Drift | None = None  # made by start(): one log's drifts refer to its own rollout only
         # a summary log's multi-step calls on an accelerator: their figures computed there (made by start())
         self.ondevice: OnDevice | None = None
+        self.device_inputs: DeviceInputs | None = None  # its rollout blocks' answers there (ondevice_inputs.py)
         self.observers: list[Observer] = []
         self.rows = 0
 
@@ -66,6 +68,7 @@ class Emitter:
         self.inputs = Inputs(self.inputs.window, self.inputs.stored_states)
         self.drift = Drift(self.hidden, self.inputs.rollout_ring)
         self.ondevice = OnDevice(self.hidden, self.inputs) if self.reduces or self.partial is not None else None
+        self.device_inputs = DeviceInputs(self.ondevice) if self.ondevice is not None else None
 
     def train_drift(
         self, name: str, tags: Tags, t0: int, hs: np.ndarray, cs: np.ndarray | None, per_step: bool = False

@@ -5,11 +5,15 @@ it writes the call's block (a writer job, in call order), asks :class:`Inputs` a
 first step: it compares the input with what the probe already holds, the state the module last returned
 for that env column (per phase group; earlier columns of the same env in the block, else the store) and,
 for training calls, the rollout states of the last ``window`` env steps of each env. Host numpy, one
-vectorized compare per block. The schema's ``init`` column says what each answer means.
+vectorized compare per block. The schema's ``init`` column says what each answer means. (A summary log's
+rollout blocks and training calls on an accelerator answer on the device, ``ondevice_inputs.py``, with the
+same index arithmetic; a store then holds their indices only, and brings their states over before host code
+reads them: ``_Store.sync``.)
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -63,10 +67,24 @@ class _Store:
         self.ring = np.zeros((0, width), np.float32)
         self.steps = np.full(0, -1, np.int64)
         self.zero_in = np.zeros(0, np.bool_)  # the rollout call at that slot's step started from zeros
+        # the device path (``ondevice_inputs.py``): ``last`` and ``ring`` values written on the device only
+        # (``behind``) are brought here by ``pull`` before anything on the host reads or re-lays them;
+        # ``version`` counts the host's own writes of them (the device's copies are rebuilt after one)
+        self.behind = False
+        self.pull: Callable[[], None] | None = None
+        self.version = 0
+
+    def sync(self) -> None:
+        """The values the device path wrote brought to the host (one copy), where it is behind."""
+        if self.behind:
+            self.behind = False
+            if self.pull is not None:
+                self.pull()
 
     def grow(self, envs: int) -> None:
         if envs <= self.envs:
             return
+        self.sync()
         self.last = _grown(self.last, envs)
         self.has = _grown(self.has, envs)
         if self.window:
@@ -91,6 +109,7 @@ class _Store:
     def _resize(self, window: int) -> None:
         """The ring re-laid for ``window`` steps per env column, every held step in its new slot (where two
         share one, the newer)."""
+        self.sync()
         held = np.flatnonzero(self.steps >= 0)
         held = held[np.argsort(self.steps[held], kind="stable")]  # older first
         slots = (held // self.window) * window + self.steps[held] % window
@@ -158,10 +177,8 @@ class Inputs:
         elif grid is None:
             env = np.arange(m, dtype=np.int64)
         training = phase in ("train", "value")
-        group = GROUP.get(phase, "other")
-        store = self.stores.get((name, group))
-        if store is None:
-            store = self.stores[(name, group)] = self._store(width, group)
+        store = self.store(name, phase, width)
+        store.sync()
         if training:
             store.since = -1  # an automatic ring's next rollout starts here
         if env is None or (env < 0).any():  # columns without an env: nothing to compare with
@@ -202,9 +219,19 @@ class Inputs:
             last = order[np.r_[sorted_env[1:] != sorted_env[:-1], True]]
             store.last[env[last]] = _rows(out[:, last])
             store.has[env[last]] = True
+            store.version += 1
             if not multistep:
                 self._keep(store, env, step, out, zero, by_state=True)
         return decode(flags, start, self.stored_states), norms
+
+    def store(self, name: str, phase: str, width: int) -> _Store:
+        """Module ``name``'s store of returned states for ``phase``'s group (made at its first use), rows of
+        ``width`` floats."""
+        group = GROUP.get(phase, "other")
+        store = self.stores.get((name, group))
+        if store is None:
+            store = self.stores[(name, group)] = self._store(width, group)
+        return store
 
     def _store(self, width: int, group: str) -> _Store:
         if group != "rollout" or not self.window:
@@ -216,13 +243,14 @@ class Inputs:
         store: _Store,
         env: np.ndarray,
         step: np.ndarray | None,
-        rows: np.ndarray,
+        rows: np.ndarray | None,
         zero: np.ndarray,
         by_state: bool = False,
     ) -> None:
         """Rollout states ``rows`` (M, R * H) of (env, env step) into the store's ring (a store without one keeps
         none), those with an env and a step; ``zero``: whether each call started from zeros. ``by_state``:
-        ``rows`` come (R, M, H), a block's layout (written into the ring's rows without a copy of them first)."""
+        ``rows`` come (R, M, H), a block's layout (written into the ring's rows without a copy of them first).
+        ``rows`` None: the slots' steps and ``zero`` only (the device path writes the states on the device)."""
         if not store.window or step is None:
             return
         ok = (env >= 0) & (step >= 0)
@@ -235,12 +263,16 @@ class Inputs:
         if store.auto:
             store.fit(int(step.min()), int(step.max()))
         slots = env * store.window + step % store.window
-        if by_state:
+        if rows is None:
+            pass
+        elif by_state:
             r, _, h = rows.shape
             source = rows.transpose(1, 0, 2)  # (M, R, H), a view
             store.ring.reshape(len(store.ring), r, h)[slots] = source if every else source[ok]
         else:
             store.ring[slots] = rows if every else rows[ok]
+        if rows is not None:
+            store.version += 1
         store.steps[slots] = step
         store.zero_in[slots] = zero
 
@@ -253,6 +285,7 @@ class Inputs:
             return
         if grid.env is None or grid.env_step is None:
             return
+        store.sync()
         both = np.concatenate([hs, cs]) if cs is not None else hs  # (R, T, N, H)
         if both.shape[0] * both.shape[3] != store.ring.shape[1]:
             return
@@ -260,13 +293,16 @@ class Inputs:
         rows = both.transpose(1, 2, 0, 3).reshape(steps * batch, -1)  # (T * N, R * H), step-major as env/step
         self._keep(store, env, step, rows, np.zeros(len(env), np.bool_))
 
-    def rollout_ring(self, name: str) -> tuple[np.ndarray, np.ndarray, int, int] | None:
+    def rollout_ring(self, name: str, sync: bool = True) -> tuple[np.ndarray, np.ndarray, int, int] | None:
         """Module ``name``'s rollout states of the last ``window`` env steps of each env column (``drift.Drift``
         reads them: the one store of rollout states in the training process): the (envs * window, R * H)
-        table, the env step each slot holds (-1: none), the window and the env count; None: none held."""
+        table, the env step each slot holds (-1: none), the window and the env count; None: none held.
+        ``sync``: the values the device path wrote brought here first (False: the device path's own read)."""
         store = self.stores.get((name, "rollout"))
         if store is None or not store.window or not store.envs:
             return None
+        if sync:
+            store.sync()
         return store.ring, store.steps, store.window, store.envs
 
     @staticmethod

@@ -17,13 +17,16 @@ rollout states) take this path instead (:meth:`OnDevice.takes`):
   states (:class:`_Ring`, one per module, keyed as the host's ring: env x window slots; the env step each
   slot holds is a host array, so the `found` flags and the slots to read are the host's own arithmetic);
 - the rows whose vectors the log keeps (``--trace-envs``) gathered on the device; then one host copy of
-  the call's input and returned states (the `init` answers stay on the host: ``Inputs.answer``), the
-  figures and the kept rows (:meth:`OnDevice.figures`), and ``messages.Reduced`` as the host path makes it.
+  the figures and the kept rows (:meth:`OnDevice.figures`) and of the `init` answers' flags (a training
+  call's ``stored`` check against the device ring, ``ondevice_inputs.py``; another phase's input and
+  returned states, answered on the host), and ``messages.Reduced`` as the host path makes it.
 
 The device ring is fed where the host's ring is (a rollout block's second half, ``blocks.write_block``):
 the block's returned states copied device to device into their slots (indices from the grid, moved to the
 device once per block). Where the host's ring changed in a way not mirrored (its window grew, another kind of
-call kept rollout states, or its slots disagree), the device ring is rebuilt from it (one upload).
+call kept rollout states, or its slots disagree), the device ring is rebuilt from it (one upload). A summary
+log's rollout blocks on the device path (``ondevice_inputs.py``) feed it alone: the host's ring then keeps the
+slots' steps only, and brings the states over before host code reads them (``inputs._Store.sync``).
 
 Engaged only where a call's states are on an accelerator; ``OnDevice._engage`` (tests and benchmarks only)
 engages it on the CPU too ("always"), or nowhere ("never": the host path on an accelerator, to compare).
@@ -56,11 +59,12 @@ class _Ring:
     """One module's rollout states on the device, as the host's ring holds them (``inputs._Store``):
     ``table`` (envs * window, R, H) on the device, ``steps`` the env step each slot holds (host, -1: none)."""
 
-    __slots__ = ("envs", "stale", "steps", "table", "window")
+    __slots__ = ("envs", "stale", "steps", "table", "version", "window")
 
     def __init__(self, table: torch.Tensor, steps: np.ndarray, window: int, envs: int):
         self.table, self.steps, self.window, self.envs = table, steps, window, envs
         self.stale = False  # the host's ring took rows this one did not (rebuilt at its next use)
+        self.version = -1  # the host store's ``version`` it mirrors (-1: not checked)
 
     @staticmethod
     def of(ring: np.ndarray, steps: np.ndarray, window: int, envs: int, hidden: int, device: torch.device) -> _Ring:
@@ -71,14 +75,12 @@ class _Ring:
         return _Ring(table, steps.copy(), window, envs)
 
     def matches(self, held: tuple[np.ndarray, np.ndarray, int, int]) -> bool:
-        ring, steps, window, envs = held
-        return (
-            not self.stale
-            and window == self.window
-            and envs == self.envs
-            and len(ring) == len(self.table)
-            and np.array_equal(steps, self.steps)
-        )
+        return self.fits(held) and np.array_equal(held[1], self.steps)
+
+    def fits(self, held: tuple[np.ndarray, np.ndarray, int, int]) -> bool:
+        """Laid out as the host's ring (its slots' steps aside: a block about to be fed has moved them on)."""
+        ring, _, window, envs = held
+        return not self.stale and window == self.window and envs == self.envs and len(ring) == len(self.table)
 
 
 class OnDevice:
@@ -97,25 +99,35 @@ class OnDevice:
         return cls._engage == "always" or (cls._engage == "accelerator" and device.type != "cpu")
 
     # -- the device rings ----------------------------------------------------------------------------
-    def _ring(self, name: str, device: torch.device) -> _Ring | None:
+    def _ring(self, name: str, device: torch.device, feeding: bool = False) -> _Ring | None:
         """Module ``name``'s device ring, the host's ring's copy (rebuilt where they disagree); None: the host
-        holds none."""
-        held = self.inputs.rollout_ring(name)
+        holds none. (Where the device path wrote rows the host's ring lacks, the two never disagree: the host
+        brings them over before it re-lays its ring, ``inputs._Store.sync``.)"""
+        held = self.inputs.rollout_ring(name, sync=False)
         if held is None:
             self.rings.pop(name, None)
             return None
         ring = self.rings.get(name)
-        if ring is None or not ring.matches(held) or ring.table.device != device:
+        version = self.inputs.stores[(name, "rollout")].version
+        if (
+            ring is None
+            or not (ring.fits(held) if feeding else ring.matches(held))
+            or ring.table.device != device
+            or ring.version not in (-1, version)
+        ):
             ring = self.rings[name] = _Ring.of(*held, self.hidden, device)
+        ring.version = version
         return ring
 
-    def kept(self, name: str, grid: Grid | None, states: torch.Tensor) -> None:
+    def kept(self, name: str, grid: Grid | None, states: torch.Tensor, make: bool = False) -> None:
         """A rollout block's returned states ``states`` (R, M, H) on the device, after the host's ring kept them
-        (``Inputs.answer``): copied into the device ring's same slots (the host's newest of each slot)."""
+        (``Inputs.answer``) or its slots only (``make``: the device path, ``ondevice_inputs.py``, where the
+        device ring is the one that holds them, made or rebuilt first where needed): copied into the device
+        ring's same slots (the host's newest of each slot)."""
         if not self.on(states.device):
             return
-        held = self.inputs.rollout_ring(name)
-        ring = self.rings.get(name)
+        held = self.inputs.rollout_ring(name, sync=False)
+        ring = self._ring(name, states.device, True) if make and held is not None else self.rings.get(name)
         if held is None or ring is None:
             return  # made (from the host's ring, which holds these rows) at its first use
         if grid is None or grid.env is None or grid.env_step is None or grid.shape[0] != states.shape[1]:
@@ -124,6 +136,7 @@ class OnDevice:
         if window != ring.window or envs != ring.envs or len(host_steps) != len(ring.steps):
             ring.stale = True
             return
+        ring.version = self.inputs.stores[(name, "rollout")].version
         env, step = grid.env[:, 0].astype(np.int64), grid.env_step[:, 0].astype(np.int64)
         cols = np.flatnonzero((env >= 0) & (step >= 0))
         if not len(cols):
