@@ -18,7 +18,7 @@ pytest.importorskip("torchrl")
 import torch
 
 import lstm_probe
-from tests.transfers import counting
+from tests.transfers import counting, pipe_sends
 
 PACKAGE = str(Path(lstm_probe.__file__).parent)
 INTEGRATION = tuple(f"integrations/torchrl/{m}.py" for m in ("hooks", "samples", "recurrent"))
@@ -75,6 +75,18 @@ def test_torchrl_hooks_copy_to_the_host_per_batch_not_per_call(tmp_path, n_envs,
     per = 2 if capture.get("capture_obs") else 1
     assert counts["integration"] <= per * (steps // (128 * n_envs) + 1), seen
     assert counts["core"] <= 2 * counts["submits"], seen
+
+
+def test_the_replayed_training_calls_cross_the_writer_pipe_together(tmp_path, monkeypatch):
+    """The recurrent-mode calls replayed at a collector batch (the loss's, GAE's) cross the writer pipe as one
+    message per settlement, not one per call (``CoreTracer.batch_jobs``, as sb3's and rsl_rl's updates)."""
+    from lstm_probe.integrations.torchrl.train import run
+
+    torch.set_num_threads(1)
+    seen = pipe_sends(monkeypatch)
+    run("CartPole-v1", str(tmp_path / "run.parquet"), steps=256, n_steps=64, hidden_size=8, n_envs=2, seed=3)
+    assert seen["train"] >= 8, seen  # several epochs' calls a batch
+    assert seen["train_sends"] <= 256 // (64 * 2) + 1, seen  # one settlement a collector batch, one at close
 
 
 def test_other_envs_none_writes_the_kept_envs_rows_unchanged(tmp_path):

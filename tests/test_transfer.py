@@ -13,7 +13,7 @@ import lstm_probe
 from lstm_probe import ProbeCallback
 from lstm_probe.capture.transfer import Staged, host_arrays
 from lstm_probe.log.logwriter import LogWriter
-from tests.transfers import counting
+from tests.transfers import counting, pipe_sends
 
 
 def learn(out, n_envs, lstm_layers=1, **capture):
@@ -72,32 +72,10 @@ def test_staged_reads_tensors_of_any_dtype_and_shape_in_one_buffer():
     assert staged.ready and np.array_equal(staged.arrays()[0], np.zeros(3))
 
 
-def _counting_sends(monkeypatch):
-    """What crosses the writer pipe from now on: {messages, train messages, sends carrying train messages}."""
-    from lstm_probe.log import messages
-    from lstm_probe.log.writer_process import Child
-
-    seen = {"messages": 0, "train": 0, "train_sends": 0}
-    send = Child.send
-
-    def counted(self, message, budget):
-        if not isinstance(message, tuple):  # data, not control
-            batch = getattr(messages, "Batch", ())  # (the code before batches had none)
-            each = message.messages if isinstance(message, batch) else [message]
-            train = [m for m in each if not isinstance(m, messages.Progress) and m.tags.phase == "train"]
-            seen["messages"] += len(each)
-            seen["train"] += len(train)
-            seen["train_sends"] += bool(train)
-        return send(self, message, budget)
-
-    monkeypatch.setattr(Child, "send", counted)
-    return seen
-
-
 def _train_sends(monkeypatch, out, **kw):
     """A 1-env run of 2 updates (4 epochs of one minibatch each: 8 training calls an update), counting what
-    crosses the writer pipe (:func:`_counting_sends`)."""
-    seen = _counting_sends(monkeypatch)
+    crosses the writer pipe (tests/transfers.py: ``pipe_sends``)."""
+    seen = pipe_sends(monkeypatch)
     env = make_vec_env("Pendulum-v1", n_envs=1, seed=0)
     ppo = {"n_steps": 128, "batch_size": 128, "n_epochs": 4, "policy_kwargs": {"lstm_hidden_size": 16}}
     model = RecurrentPPO("MlpLstmPolicy", env, seed=0, **ppo)
@@ -119,7 +97,7 @@ def test_an_rsl_rl_updates_training_calls_cross_the_writer_pipe_together(tmp_pat
     from lstm_probe.integrations.rsl_rl import TorchPendulumVecEnv, attach, train_cfg
     from lstm_probe.integrations.rsl_rl.train import build_runner
 
-    seen = _counting_sends(monkeypatch)
+    seen = pipe_sends(monkeypatch)
     torch.manual_seed(0)
     cfg = train_cfg(
         num_mini_batches=2, num_learning_epochs=2, learning_rate=1e-3, rnn_type="lstm", rnn_layers=1, hidden_size=8

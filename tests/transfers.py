@@ -44,3 +44,25 @@ def counting(who: Callable[[], str] | None = None) -> Iterator[Counter[str]]:
         for name, fn in saved.items():
             setattr(torch.Tensor, name, fn)
         LogWriter.submit = submit  # type: ignore[method-assign]
+
+
+def pipe_sends(monkeypatch) -> dict[str, int]:
+    """What crosses the writer pipe from now on: {messages, train messages, sends carrying train messages}."""
+    from lstm_probe.log import messages
+    from lstm_probe.log.writer_process import Child
+
+    seen = {"messages": 0, "train": 0, "train_sends": 0}
+    send = Child.send
+
+    def counted(self, message, budget):
+        if not isinstance(message, tuple):  # data, not control
+            batch = getattr(messages, "Batch", ())  # (the code before batches had none)
+            each = message.messages if isinstance(message, batch) else [message]
+            train = [m for m in each if not isinstance(m, messages.Progress) and m.tags.phase == "train"]
+            seen["messages"] += len(each)
+            seen["train"] += len(train)
+            seen["train_sends"] += bool(train)
+        return send(self, message, budget)
+
+    monkeypatch.setattr(Child, "send", counted)
+    return seen

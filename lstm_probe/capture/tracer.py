@@ -199,17 +199,19 @@ class CoreTracer:
         }
         return writer.close(final)
 
-    def batch_jobs(self, on: bool) -> None:
+    def batch_jobs(self, on: bool, timed: bool = True) -> None:
         """From now on (``on``), the jobs of calls that fit no block and of loops recorded whole are batched:
         with a writer process, their rows cross the pipe together (``LogWriter.submit``'s ``batch``) once the
         batch is full, at the next block handed over, or here when turned off. An integration turns it on
-        where a burst of training calls starts (sb3: a rollout's end) and off where it ends; the rows wait in
-        the training process until then (a run killed in between loses them, as the writer's open part)."""
+        where a burst of training calls starts (sb3: a rollout's end; rsl_rl: its minibatch generator; TorchRL:
+        the replay of staged calls) and off where it ends; the rows wait in the training process until then (lost
+        if the run is killed in between, as the writer's open part). ``timed``: the flush is integration time."""
         self.batching = on
         if not on and self.writer is not None:
-            start = time.perf_counter()  # (an integration's callback's time)
+            start = time.perf_counter()
             self.writer.flush_batch()
-            self.integration_seconds += time.perf_counter() - start
+            if timed:
+                self.integration_seconds += time.perf_counter() - start
 
     def default_window(self, steps: int) -> None:
         """Keep ``steps`` env steps of rollout states per env (the train rows' drift, the provenance check) where

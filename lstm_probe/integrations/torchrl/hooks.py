@@ -335,13 +335,17 @@ class TorchRLProbe(Probe, Tagged):
         arrays = iter(host([t for s in staged for t in s.tensors]))
         kept = [s.obs for s in staged if isinstance(s, StagedCall) and s.obs is not None]
         obs = iter(rows_on_host(kept) if kept else [])
-        for s in staged:
-            values = [next(arrays) for _ in s.tensors]
-            if isinstance(s, StagedCall):
-                assert values[0] is not None
-                s.settle(values[0], next(obs) if s.obs is not None else None)
-            else:
-                self._replay(s, values)
+        self.tracer.batch_jobs(True)  # the replayed calls' rows cross to the writer together
+        try:
+            for s in staged:
+                values = [next(arrays) for _ in s.tensors]
+                if isinstance(s, StagedCall):
+                    assert values[0] is not None
+                    s.settle(values[0], next(obs) if s.obs is not None else None)
+                else:
+                    self._replay(s, values)
+        finally:
+            self.tracer.batch_jobs(False, timed=False)  # (in the hook's or the integration's time already)
 
     def _tags(self, phase: str) -> Tags:
         if phase != self._last_phase and self.tracer.writer is not None:  # the collector's progress so far
