@@ -48,6 +48,19 @@ def local_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+def test_an_updates_training_calls_cross_the_writer_pipe_together(tmp_path: Path, monkeypatch) -> None:
+    """The local learner batches an update's training calls (``LearnerProbe.new_update``): one message crosses
+    the writer pipe an update, not one per call."""
+    from tests.transfers import pipe_sends
+
+    seen = pipe_sends(monkeypatch)
+    rllib.run("CartPole-v1", f"{tmp_path}/cp/", steps=128, shared_lstm=False, **SMALL)
+    updates = lstm_probe.load(tmp_path / "cp", columns=["phase", "iteration"], vectors=False)
+    updates = updates[updates["phase"] == "train"]["iteration"].nunique()
+    assert updates >= 2 and seen["train"] >= 2 * updates, (seen, updates)
+    assert seen["train_sends"] <= updates, (seen, updates)
+
+
 def test_part_files_hold_one_iteration_each(local_run: Path) -> None:
     import pyarrow.parquet as pq
 

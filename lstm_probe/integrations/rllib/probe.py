@@ -268,8 +268,12 @@ class LearnerProbe(_Probe):
         _OPEN.append(self)
 
     def new_update(self) -> None:
+        """An update begins (its batch through the learner connector): the last update's training calls cross
+        to the writer (one message), and this one's are batched until the next (``CoreTracer.batch_jobs``)."""
         self.update += 1
         self.minibatch = 0
+        self.tracer.batch_jobs(False, timed=False)  # (inside the connector's timed call)
+        self.tracer.batch_jobs(True)
 
     def _detach(self) -> None:
         if self.what_if is not None:
