@@ -477,6 +477,9 @@ METADATA_KEYS: dict[str, str] = {
     "completed": "True only when training ran to its end; false after an error or an interruption.",
     "stop_reason": "Null when completed, else what stopped the run (the exception's one-line summary).",
     "progress": "num_timesteps reached, iterations started, calls and rows written.",
+    "unsupported_calls": "LSTM calls on inputs the tracer cannot lay out as rows (not in the log; the report warns).",
+    "empty_calls": "Only where there were any: LSTM calls with no batch column, so no rows (e.g. a framework "
+    "cutting more minibatches than it has envs trains on empty ones; the report warns).",
     "final": "True in the metadata of the part that closed the log (absent from parts written before).",
     "minibatch_paths": "sb3 runs: per path of sb3-contrib's _process_sequence ('sequence': one call over "
     "the minibatch, 'stepwise': one call per step because the minibatch holds an episode start), the "
