@@ -311,13 +311,22 @@ class LogWriter:
             return
         gathered: list[Message] = []
         self._gathered = gathered
+        done = 0
         try:
             for later in batch:
+                done += 1
                 self._run(later)
-        finally:  # (a Ctrl-C inside one: the messages of those before it still cross)
+        finally:
             self._gathered = None
-            if gathered and self.error is None:
+            if done < len(batch) and self.error is None:  # a Ctrl-C inside one: those after it run at close
+                self._batch = batch[done:] + self._batch
+                self._batch_bytes = sum(getattr(getattr(b, "staged", None), "nbytes", 0) for b in self._batch)
+            # the messages handed over before it cross, as they did job by job: a job's failure (self.error,
+            # set by this batch: _run runs nothing once it is set) or a Ctrl-C keeps the rows made before it
+            if gathered:
+                failed, self.error = self.error, None
                 self._run(lambda: self._to_sink(gathered[0] if len(gathered) == 1 else Batch(gathered)))
+                self.error = failed if failed is not None else self.error
 
     def _run(self, fn: Callable[[], Any]) -> Any:
         if self.error is not None:
