@@ -226,3 +226,12 @@ def test_torchrl_device_path_writes_the_host_paths_log(tmp_path, monkeypatch):
     assert len(taken) > 0 and {"train", "value"} <= set(b.phase)
     same_log(a, b)
     assert b[b.phase == "train"].drift_h.notna().any()
+
+
+def test_the_device_path_engages_on_cuda_only():
+    """Another accelerator keeps the host path: MPS has no float64 (the rows' norms are float64 sums), so the
+    device path would fail its writer there. (torch.device objects only: no device is touched.)"""
+    assert OnDevice._engage == "accelerator"
+    assert OnDevice.on(torch.device("cuda", 0))
+    for kind in ("cpu", "mps", "xpu", "meta"):
+        assert not OnDevice.on(torch.device(kind)), kind

@@ -25,8 +25,9 @@ the block's returned states copied device to device into their slots (indices fr
 device once per block). Where the host's ring changed in a way not mirrored (its window grew, another kind of
 call kept rollout states, or its slots disagree), the device ring is rebuilt from it (one upload).
 
-Engaged only where a call's states are on an accelerator; ``OnDevice._engage`` (tests and benchmarks only)
-engages it on the CPU too ("always"), or nowhere ("never": the host path on an accelerator, to compare).
+Engaged only where a call's states are on a CUDA device (another accelerator keeps the host path: MPS has no
+float64 for the norms, and its copies are synchronous anyway); ``OnDevice._engage`` (tests and benchmarks
+only) engages it on the CPU too ("always"), or nowhere ("never": the host path on CUDA, to compare).
 ``emitter.Emitter`` makes one per summary log; ``blocks.py`` and ``calls.py`` call it.
 """
 
@@ -93,8 +94,8 @@ class OnDevice:
 
     @classmethod
     def on(cls, device: torch.device) -> bool:
-        """Whether states on ``device`` take the device path."""
-        return cls._engage == "always" or (cls._engage == "accelerator" and device.type != "cpu")
+        """Whether states on ``device`` take the device path: CUDA's (see the module docstring)."""
+        return cls._engage == "always" or (cls._engage == "accelerator" and device.type == "cuda")
 
     # -- the device rings ----------------------------------------------------------------------------
     def _ring(self, name: str, device: torch.device) -> _Ring | None:
