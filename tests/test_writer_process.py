@@ -463,9 +463,11 @@ def _batched_calls(probe, m, n):
             m(torch.randn(5, 2, 3))  # 5 steps x 2 columns: 10 rows a call, its job batched
 
 
-def test_a_bug_in_a_batched_second_half_keeps_the_rows_of_the_jobs_batched_before_it(tmp_path):
-    """The jobs batched before a failing second half had their rows made: they are published with the failed
-    log, as they were before jobs were batched (each job's rows crossed the pipe when it ran)."""
+@pytest.mark.parametrize("half", ["second", "first"])
+def test_a_bug_in_a_batched_job_keeps_the_rows_of_the_jobs_batched_before_it(tmp_path, half):
+    """The jobs batched before a failing job (its second half, run with theirs; or its first half, run while
+    theirs wait) had their rows made: they are published with the failed log, as they were before jobs were
+    batched (each job's rows crossed the pipe when it ran)."""
     m = nn.LSTM(3, 8)
     out = tmp_path / "b.parquet"
     probe = lstm_probe.trace(m, out).start()
@@ -473,16 +475,21 @@ def test_a_bug_in_a_batched_second_half_keeps_the_rows_of_the_jobs_batched_befor
     _batched_calls(probe, m, 3)
 
     def bug():
-        raise ValueError("a bug in a second half")
+        raise ValueError("a bug in a job")
 
-    probe.writer.submit(lambda: bug, 0, batch=True)
-    _batched_calls(probe, m, 1)  # after the failure: never made
-    with pytest.raises(lstm_probe.OutputError, match="a bug in a second half"):
-        probe.batch_jobs(False)
-    with pytest.raises(lstm_probe.OutputError, match="a bug in a second half"):
+    if half == "second":
+        probe.writer.submit(lambda: bug, 0, batch=True)
+        _batched_calls(probe, m, 1)  # after the failure: never handed over
+        with pytest.raises(lstm_probe.OutputError, match="a bug in a job"):
+            probe.batch_jobs(False)
+    else:
+        with pytest.raises(lstm_probe.OutputError, match="a bug in a job"):
+            probe.writer.submit(bug, 0, batch=True)
+    with pytest.raises(lstm_probe.OutputError, match="a bug in a job"):
         probe.close()
     info = lstm_probe.read_info(out)
     assert not info.completed and info.rows == 3 * 10
+    assert "a bug in a job" in info.metadata["stop_reason"]
 
 
 def test_a_ctrl_c_in_a_batched_second_half_loses_only_that_jobs_rows(tmp_path):
