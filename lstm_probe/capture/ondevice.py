@@ -304,7 +304,15 @@ def cells(
 ) -> torch.Tensor:
     """Per-step c of every layer, (L, T, N, H), on the states' device: ``recover.lstm_cells``'s math in torch.
     ``hs`` (L, T, N, H) the per-step h; ``parts`` the recovery's torch half (per layer: h, input, W_ih and
-    W_hh's i, f, g rows, their biases' sum where ``per`` is 5); h0, c0 (L, N, H)."""
+    W_hh's i, f, g rows, their biases' sum where ``per`` is 5); h0, c0 (L, N, H). In float32 whatever autocast
+    region the hook runs in (a mixed-precision loop's forward): as the host's numpy recovery."""
+    with torch.autocast(hs.device.type, enabled=False):
+        return _cells(hs, parts, layers, per, h0, c0)
+
+
+def _cells(
+    hs: torch.Tensor, parts: list[torch.Tensor], layers: int, per: int, h0: torch.Tensor, c0: torch.Tensor
+) -> torch.Tensor:
     _, steps, batch, hidden = hs.shape
     rows = steps * batch
     cs = torch.empty_like(hs)
