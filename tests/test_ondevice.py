@@ -226,3 +226,40 @@ def test_torchrl_device_path_writes_the_host_paths_log(tmp_path, monkeypatch):
     assert len(taken) > 0 and {"train", "value"} <= set(b.phase)
     same_log(a, b)
     assert b[b.phase == "train"].drift_h.notna().any()
+
+
+def test_the_device_path_engages_on_cuda_only():
+    """Another accelerator keeps the host path: MPS has no float64 (the rows' norms are float64 sums), so the
+    device path would fail its writer there. (torch.device objects only: no device is touched.)"""
+    assert OnDevice._engage == "accelerator"
+    assert OnDevice.on(torch.device("cuda", 0))
+    for kind in ("cpu", "mps", "xpu", "meta"):
+        assert not OnDevice.on(torch.device(kind)), kind
+
+
+def autocast_run(path, layers: int) -> None:
+    """4 envs x 6 rollout steps of one-step calls, then a training call over them under CPU autocast (bfloat16:
+    its matmuls run in lower precision there), as a mixed-precision training loop would call the module."""
+    torch.manual_seed(0)
+    m = nn.LSTM(3, 8, num_layers=layers)
+    h = c = torch.zeros(layers, 4, 8)
+    xs = torch.randn(6, 4, 3)
+    with torch.no_grad(), lstm_probe.trace(m, path, capture="summary", trace_envs=2, force=True) as probe:
+        for t in range(6):
+            with probe.tag(phase="rollout", iteration=0, env=np.arange(4), env_step=np.full(4, t)):
+                _, (h, c) = m(xs[t : t + 1], (h, c))
+        steps = np.tile(np.arange(6), (4, 1))
+        with probe.tag(phase="train", iteration=0, epoch=0, minibatch=0, env=np.arange(4), env_step=steps):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                m(xs, (torch.zeros(layers, 4, 8), torch.zeros(layers, 4, 8)))
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+def test_the_device_paths_figures_are_float32_under_autocast(tmp_path, monkeypatch, layers):
+    """A training call under autocast: the device path recovers c and the figures in float32, as the host path
+    does (numpy), not in the autocast dtype its hook runs under."""
+    autocast_run(tmp_path / "host.parquet", layers)
+    taken = device_calls(monkeypatch)
+    autocast_run(tmp_path / "dev.parquet", layers)
+    assert len(taken) == 1
+    same_log(lstm_probe.load(tmp_path / "host.parquet"), lstm_probe.load(tmp_path / "dev.parquet"))

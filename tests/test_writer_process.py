@@ -452,3 +452,63 @@ def test_row_groups_are_phase_pure_and_a_phase_filter_skips_the_others(tmp_path)
     assert kept == len(rollout)  # the train row groups are skipped by their statistics
     read = data.to_table(columns=["call", "h"], filter=rollout_only)
     assert read.column("call").to_pylist() == df[df.phase == "rollout"].call.tolist()
+
+
+# -- batched jobs (LogWriter.submit(batch=True)): a failure or a Ctrl-C in one loses no other job's rows -----
+
+
+def _batched_calls(probe, m, n):
+    with torch.no_grad():
+        for _ in range(n):
+            m(torch.randn(5, 2, 3))  # 5 steps x 2 columns: 10 rows a call, its job batched
+
+
+@pytest.mark.parametrize("half", ["second", "first"])
+def test_a_bug_in_a_batched_job_keeps_the_rows_of_the_jobs_batched_before_it(tmp_path, half):
+    """The jobs batched before a failing job (its second half, run with theirs; or its first half, run while
+    theirs wait) had their rows made: they are published with the failed log, as they were before jobs were
+    batched (each job's rows crossed the pipe when it ran)."""
+    m = nn.LSTM(3, 8)
+    out = tmp_path / "b.parquet"
+    probe = lstm_probe.trace(m, out).start()
+    probe.batch_jobs(True)
+    _batched_calls(probe, m, 3)
+
+    def bug():
+        raise ValueError("a bug in a job")
+
+    if half == "second":
+        probe.writer.submit(lambda: bug, 0, batch=True)
+        _batched_calls(probe, m, 1)  # after the failure: never handed over
+        with pytest.raises(lstm_probe.OutputError, match="a bug in a job"):
+            probe.batch_jobs(False)
+    else:
+        with pytest.raises(lstm_probe.OutputError, match="a bug in a job"):
+            probe.writer.submit(bug, 0, batch=True)
+    with pytest.raises(lstm_probe.OutputError, match="a bug in a job"):
+        probe.close()
+    info = lstm_probe.read_info(out)
+    assert not info.completed and info.rows == 3 * 10
+    assert "a bug in a job" in info.metadata["stop_reason"]
+
+
+def test_a_ctrl_c_in_a_batched_second_half_loses_only_that_jobs_rows(tmp_path):
+    """Training's KeyboardInterrupt landing in one batched second half: the jobs batched after it still run
+    (at close), as a Ctrl-C lost one job's rows before jobs were batched."""
+    m = nn.LSTM(3, 8)
+    out = tmp_path / "c.parquet"
+    probe = lstm_probe.trace(m, out).start()
+    probe.batch_jobs(True)
+    _batched_calls(probe, m, 1)
+
+    def interrupted():
+        raise KeyboardInterrupt  # what the SIGINT handler raises at the job's next bytecode
+
+    probe.writer.submit(lambda: interrupted, 0, batch=True)
+    _batched_calls(probe, m, 2)
+    with pytest.raises(KeyboardInterrupt):
+        probe.batch_jobs(False)
+    assert probe.writer.error is None
+    probe.close()
+    info = lstm_probe.read_info(out)
+    assert info.completed and info.rows == 3 * 10

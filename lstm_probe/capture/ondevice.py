@@ -28,8 +28,9 @@ call kept rollout states, or its slots disagree), the device ring is rebuilt fro
 log's rollout blocks on the device path (``ondevice_inputs.py``) feed it alone: the host's ring then keeps the
 slots' steps only, and brings the states over before host code reads them (``inputs._Store.sync``).
 
-Engaged only where a call's states are on an accelerator; ``OnDevice._engage`` (tests and benchmarks only)
-engages it on the CPU too ("always"), or nowhere ("never": the host path on an accelerator, to compare).
+Engaged only where a call's states are on a CUDA device (another accelerator keeps the host path: MPS has no
+float64 for the norms, and its copies are synchronous anyway); ``OnDevice._engage`` (tests and benchmarks
+only) engages it on the CPU too ("always"), or nowhere ("never": the host path on CUDA, to compare).
 ``emitter.Emitter`` makes one per summary log; ``blocks.py`` and ``calls.py`` call it.
 """
 
@@ -95,8 +96,8 @@ class OnDevice:
 
     @classmethod
     def on(cls, device: torch.device) -> bool:
-        """Whether states on ``device`` take the device path."""
-        return cls._engage == "always" or (cls._engage == "accelerator" and device.type != "cpu")
+        """Whether states on ``device`` take the device path: CUDA's (see the module docstring)."""
+        return cls._engage == "always" or (cls._engage == "accelerator" and device.type == "cuda")
 
     # -- the device rings ----------------------------------------------------------------------------
     def _ring(self, name: str, device: torch.device, feeding: bool = False) -> _Ring | None:
@@ -316,7 +317,15 @@ def cells(
 ) -> torch.Tensor:
     """Per-step c of every layer, (L, T, N, H), on the states' device: ``recover.lstm_cells``'s math in torch.
     ``hs`` (L, T, N, H) the per-step h; ``parts`` the recovery's torch half (per layer: h, input, W_ih and
-    W_hh's i, f, g rows, their biases' sum where ``per`` is 5); h0, c0 (L, N, H)."""
+    W_hh's i, f, g rows, their biases' sum where ``per`` is 5); h0, c0 (L, N, H). In float32 whatever autocast
+    region the hook runs in (a mixed-precision loop's forward): as the host's numpy recovery."""
+    with torch.autocast(hs.device.type, enabled=False):
+        return _cells(hs, parts, layers, per, h0, c0)
+
+
+def _cells(
+    hs: torch.Tensor, parts: list[torch.Tensor], layers: int, per: int, h0: torch.Tensor, c0: torch.Tensor
+) -> torch.Tensor:
     _, steps, batch, hidden = hs.shape
     rows = steps * batch
     cs = torch.empty_like(hs)

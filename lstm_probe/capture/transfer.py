@@ -43,7 +43,8 @@ class Staged:
             pinned = torch.empty(flat.shape, dtype=torch.float32, pin_memory=True)  # the caching host allocator
             pinned.copy_(flat, non_blocking=True)
             self._event = torch.cuda.Event()
-            self._event.record()
+            # on the copy's stream: that of the tensors' device, which need not be the thread's current one
+            self._event.record(torch.cuda.current_stream(flat.device))
             flat = pinned
         elif flat.device.type != "cpu":  # another accelerator: a plain (synchronous) copy, still one
             flat = flat.to("cpu")

@@ -305,19 +305,31 @@ class LogWriter:
                 raise self._failed()
 
     def _send_batch(self) -> None:
-        """The batch's second halves, in order, their messages into the pipe as one."""
+        """The batch's second halves, in order, their messages into the pipe as one. Every batched job came
+        before any error of the writer (``submit`` takes no job once one is set), so they run and their
+        messages cross whatever failed after them (a later job's first half): the log keeps the rows made
+        before a failure, as it did when each job's rows crossed as it ran."""
         batch, self._batch, self._batch_bytes = self._batch, [], 0
         if not batch:
             return
+        failed, self.error = self.error, None  # (the first error stays the writer's: restored below)
         gathered: list[Message] = []
         self._gathered = gathered
+        done = 0
         try:
             for later in batch:
-                self._run(later)
-        finally:  # (a Ctrl-C inside one: the messages of those before it still cross)
+                done += 1
+                self._run(later)  # (after one fails, the rest are not run: _run runs nothing once it is set)
+        finally:
             self._gathered = None
-            if gathered and self.error is None:
+            if done < len(batch) and self.error is None:  # a Ctrl-C inside one: those after it run at close
+                self._batch = batch[done:] + self._batch
+                self._batch_bytes = sum(getattr(getattr(b, "staged", None), "nbytes", 0) for b in self._batch)
+            if gathered:  # what was handed over before a failure or a Ctrl-C crosses too
+                error, self.error = self.error, None
                 self._run(lambda: self._to_sink(gathered[0] if len(gathered) == 1 else Batch(gathered)))
+                self.error = error if error is not None else self.error
+            self.error = failed if failed is not None else self.error
 
     def _run(self, fn: Callable[[], Any]) -> Any:
         if self.error is not None:

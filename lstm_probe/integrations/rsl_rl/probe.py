@@ -101,7 +101,7 @@ class _Dones:
                 host.copy_(obs, non_blocking=True)
                 self.obs = host.numpy()
             self.event = torch.cuda.Event()
-            self.event.record()
+            self.event.record(torch.cuda.current_stream(d.device))  # the copies' stream (d's device's)
         else:
             self.host = d.to("cpu", copy=True)
             self.obs = None if obs is None else obs.to("cpu", copy=True).numpy()
