@@ -193,15 +193,7 @@ class Inputs:
             return decode(flags, start, self.stored_states), norms
         acting = phase in ACTING and out is not None
         # each column's previous state: the same env's earlier column in the block, else the store's
-        order = np.argsort(env, kind="stable")
-        sorted_env = env[order]
-        new_env = np.r_[True, sorted_env[1:] != sorted_env[:-1]]
-        prev = np.full(m, -1, np.int64)
-        if acting:
-            prev[order[1:]] = order[:-1]
-            prev[order[new_env]] = -1
-        inner = prev >= 0
-        held = inner | store.has[env]
+        order, sorted_env, prev, inner, held = earlier_columns(env, store.has, acting)
         same = np.zeros(m, np.bool_)
         stored = np.flatnonzero(held & ~inner)  # compared with the store's state of their env
         if len(stored):
@@ -341,6 +333,23 @@ class Inputs:
         held |= same
         # an env's first step has no earlier state: zeros there are its initial state (a reset)
         return same * np.int8(STORED) | (~held) * np.int8(UNCHECKED) | (before < 0) * np.int8(FIRST)
+
+
+def earlier_columns(
+    env: np.ndarray, has: np.ndarray, acting: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A block's columns of envs ``env`` (M,), sorted by env (stable: call order within an env): (the order, the
+    sorted envs, each column's earlier column of the same env (-1: none; none at all unless ``acting``), whether
+    it has one, whether any state is held for it: an earlier column's or the store's, ``has`` per env)."""
+    order = np.argsort(env, kind="stable")
+    sorted_env = env[order]
+    new_env = np.r_[True, sorted_env[1:] != sorted_env[:-1]]
+    prev = np.full(len(env), -1, np.int64)
+    if acting:
+        prev[order[1:]] = order[:-1]
+        prev[order[new_env]] = -1
+    inner = prev >= 0
+    return order, sorted_env, prev, inner, inner | has[env]
 
 
 def _rows(states: np.ndarray) -> np.ndarray:

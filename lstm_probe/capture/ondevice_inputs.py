@@ -35,7 +35,18 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from lstm_probe.capture.inputs import ACTING, FIRST, OTHER_ENV, PREVIOUS, STORED, UNCHECKED, Inputs, _Store, decode
+from lstm_probe.capture.inputs import (
+    ACTING,
+    FIRST,
+    OTHER_ENV,
+    PREVIOUS,
+    STORED,
+    UNCHECKED,
+    Inputs,
+    _Store,
+    decode,
+    earlier_columns,
+)
 from lstm_probe.capture.ondevice import OnDevice, _Plan
 from lstm_probe.capture.transfer import host_arrays
 from lstm_probe.contract import Grid
@@ -159,15 +170,7 @@ class DeviceInputs:
         last: torch.Tensor | None = None
         if whole:
             assert env is not None
-            order = np.argsort(env, kind="stable")
-            sorted_env = env[order]
-            new_env = np.r_[True, sorted_env[1:] != sorted_env[:-1]]
-            prev = np.full(m, -1, np.int64)
-            if acting:
-                prev[order[1:]] = order[:-1]
-                prev[order[new_env]] = -1
-            inner = prev >= 0
-            held = inner | store.has[env]
+            order, sorted_env, prev, inner, held = earlier_columns(env, store.has, acting)
             stored = np.flatnonzero(held & ~inner)
             plan.add("stored", stored)
             plan.add("stored_env", env[stored])
