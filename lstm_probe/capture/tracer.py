@@ -151,7 +151,7 @@ class CoreTracer:
     # -- lifecycle (the core's part: a probe's start, close and `with` are life.Probe's) -----------
     def start(self) -> CoreTracer:
         """Open the log and attach the hooks."""
-        self.started = time.monotonic()
+        self.started, self.batching = time.monotonic(), False  # a new log starts with no batch of jobs
         o = self.options
         self.emitter.start()  # each log its own rows counted and states held (a generic tracer may start again)
         self.writer = LogWriter(o, self.hidden, self.names, self.metadata, CODES, shard=self.shard)
