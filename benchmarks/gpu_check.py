@@ -73,7 +73,7 @@ def syncs(device: str, n_envs: int, steps: int, **capture: Any) -> dict[str, Any
         hook = make_hook(self, name)
 
         def guarded(*args: Any) -> Any:
-            phase = getattr(getattr(self, "_resolved", None), "phase", None) or "call"
+            phase = "train" if torch.is_grad_enabled() else "rollout"  # sb3 collects rollouts under no_grad
             return patched_call(phase, lambda: hook(*args))
 
         return guarded
@@ -127,7 +127,10 @@ def timed(n_envs: int, device: str, steps: int, capture: str | None) -> float:
         m.learn(steps)
     else:
         with tempfile.TemporaryDirectory() as tmp:
-            with lstm_probe.ProbeCallback(Path(tmp) / "run.parquet", **CAPTURES[capture]) as probe:
+            options = dict(CAPTURES[capture])
+            if "trace_envs" in options:  # at most the envs there are
+                options["trace_envs"] = min(options["trace_envs"], n_envs)
+            with lstm_probe.ProbeCallback(Path(tmp) / "run.parquet", **options) as probe:
                 m.learn(steps, callback=probe)
     if device.startswith("cuda"):
         torch.cuda.synchronize()
@@ -168,10 +171,16 @@ def rsl_rl_timed(n_envs: int, device: str, iterations: int, hidden: int, path: s
     return time.perf_counter() - start, own
 
 
-def rsl_rl_paths(device: str, envs: list[int], iterations: int, hidden: int, repeats: int) -> list[dict[str, Any]]:
+def rsl_rl_paths(
+    device: str, envs: list[int], iterations: int, hidden: int, repeats: int, budget: Any = None
+) -> list[dict[str, Any]]:
     """Part 4: rsl_rl unprobed, and probed with summary rows on the device path and on the host path."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     for n in envs:
+        if budget is not None and rows and budget.left() < rows[-1]["spent_s"] * n / rows[-1]["envs"] / 2:
+            rows.append({"envs": n, "skipped": f"{budget.left():.0f} s of the budget left"})
+            continue
+        start = time.perf_counter()
         rsl_rl_timed(n, device, 1, hidden, None)  # warm-up: kernels, imports
         walls: dict[str, list[float]] = {"unprobed": [], "device": [], "host": []}
         owns: dict[str, list[float]] = {"device": [], "host": []}
@@ -182,11 +191,18 @@ def rsl_rl_paths(device: str, envs: list[int], iterations: int, hidden: int, rep
                 if label in owns:
                     owns[label].append(own)
         base = statistics.median(walls["unprobed"])
-        row: dict[str, Any] = {"envs": n, "iterations": iterations, "hidden": hidden, "unprobed_s": base}
+        row: dict[str, Any] = {
+            "envs": n,
+            "iterations": iterations,
+            "hidden": hidden,
+            "unprobed_s": base,
+            "walls": walls,
+        }
         for label in owns:
             row[f"{label}_s"] = statistics.median(walls[label])
             row[f"{label} ratio"] = row[f"{label}_s"] / base
             row[f"{label} probe_s"] = statistics.median(owns[label])
+        row["spent_s"] = time.perf_counter() - start
         rows.append(row)
         print(
             f"rsl_rl {n:5d} envs, LSTM {hidden}, {iterations} iterations: unprobed {base:6.2f} s; summary rows on the "
@@ -197,66 +213,135 @@ def rsl_rl_paths(device: str, envs: list[int], iterations: int, hidden: int, rep
     return rows
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--envs", type=int, nargs="*", default=[1, 16, 256, 1024], help="part 2's widths (none: skip it)")
-    ap.add_argument("--steps", type=int, default=None, help="env steps per run [envs x 128 x 8]")
-    ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--rsl-envs", type=int, nargs="*", default=[1024, 4096], help="part 4's widths (none: skip it)")
-    ap.add_argument("--rsl-iterations", type=int, default=5)
-    ap.add_argument("--rsl-hidden", type=int, default=256)
-    args = ap.parse_args()
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        sys.exit("no CUDA here: pass --device cpu for a smoke run")
-    results: dict[str, Any] = {"device": args.device, "torch": torch.__version__}
-    if args.device.startswith("cuda"):
-        results["gpu"] = torch.cuda.get_device_name()
-        for label, capture in (
-            ("sync", {}),
-            ("sync_other_envs_none", {"trace_envs": 4, "other_envs": "none"}),
-            # live metrics on: they read the tracer's messages and wait only where figures are recorded
-            # (LogWriter.drain, twice an iteration, outside the hooks counted here)
-            ("sync_live_metrics", {"live_metrics": True}),
-            # summary rows of the other envs: the training calls on the device path (capture/ondevice.py)
-            ("sync_summary_device_path", {"capture": "summary", "trace_envs": 4}),
-        ):
-            results[label] = found = syncs(args.device, 16, 16 * 128 * 2, **capture)
-            print(f"{label}: hook calls and hand-overs: {found['hook_calls']}")
-            for key, n in sorted(found["syncs"].items(), key=lambda kv: -kv[1]):
-                print(f"  {n:6d} x {key}\n{found['first_seen'][key]}")
-            if not found["syncs"]:
-                print("  no synchronizing call inside a hook or a hand-over")
-    rows = []
-    for n in args.envs:
-        steps = args.steps or n * 128 * 8
+class Budget:
+    """Wall seconds left for the whole check: a device lease is short, so each part runs in priority order and
+    the results so far are written after every step (``$OUT/gpu_check.json``); a part that would start past
+    the budget is skipped and says so."""
+
+    def __init__(self, seconds: float, results: dict[str, Any]) -> None:
+        self.end = time.perf_counter() + seconds
+        self.results = results
+
+    def left(self) -> float:
+        return self.end - time.perf_counter()
+
+    def save(self) -> None:
+        out = os.environ.get("OUT")
+        if out:
+            Path(out, "gpu_check.json").write_text(json.dumps(self.results, indent=2, default=str))
+
+    def part(self, name: str, fn: Any, need: float = 0.0) -> None:
+        if self.left() < need:
+            self.results[name] = f"skipped: {self.left():.0f} s of the budget left, {need:.0f} s needed"
+            print(f"{name}: {self.results[name]}", flush=True)
+            self.save()
+            return
+        start = time.perf_counter()
+        try:
+            self.results[name] = fn()
+        except Exception:  # a broken part must not cost the others their turn
+            self.results[name] = "failed: " + traceback.format_exc()[-3000:]
+            print(f"{name}: {self.results[name]}", flush=True)
+        print(f"[{name}: {time.perf_counter() - start:.1f} s; {self.left():.0f} s of the budget left]", flush=True)
+        self.save()
+
+
+def sync_part(device: str) -> dict[str, Any]:
+    """Part 1: synchronizing calls inside the probe's hooks and hand-overs, four capture settings."""
+    found_all: dict[str, Any] = {}
+    for label, capture in (
+        ("sync", {}),
+        ("sync_other_envs_none", {"trace_envs": 4, "other_envs": "none"}),
+        # live metrics on: they read the tracer's messages and wait only where figures are recorded
+        # (LogWriter.drain, twice an iteration, outside the hooks counted here)
+        ("sync_live_metrics", {"live_metrics": True}),
+        # summary rows of the other envs: the training calls on the device path (capture/ondevice.py)
+        ("sync_summary_device_path", {"capture": "summary", "trace_envs": 4}),
+    ):
+        found_all[label] = found = syncs(device, 16, 16 * 128 * 2, **capture)
+        print(f"{label}: hook calls and hand-overs: {found['hook_calls']}")
+        for key, n in sorted(found["syncs"].items(), key=lambda kv: -kv[1]):
+            print(f"  {n:6d} x {key}\n{found['first_seen'][key]}")
+        if not found["syncs"]:
+            print("  no synchronizing call inside a hook or a hand-over")
+    return found_all
+
+
+def overhead_part(device: str, envs: list[int], steps: int | None, updates: int, repeats: int, budget: Budget):
+    """Part 2: unprobed and probed RecurrentPPO runs side by side, per width, while the budget lasts."""
+    rows: list[dict[str, Any]] = []
+    for n in envs:
+        if rows and "spent_s" in rows[-1] and budget.left() < rows[-1]["spent_s"] * n / rows[-1]["envs"] / 2:
+            rows.append({"envs": n, "skipped": f"{budget.left():.0f} s of the budget left"})
+            continue
+        start = time.perf_counter()
+        n_steps = steps or n * 128 * updates
         times: dict[str, list[float]] = {"none": [], **{label: [] for label in CAPTURES}}
-        timed(n, args.device, n * 128, None)  # warm-up: CUDA context, kernels, imports
-        for _ in range(args.repeats):
+        timed(n, device, n * 128, None)  # warm-up: CUDA context, kernels, imports
+        for _ in range(repeats):
             for label in times:
-                times[label].append(timed(n, args.device, steps, None if label == "none" else label))
+                times[label].append(timed(n, device, n_steps, None if label == "none" else label))
         base = statistics.median(times["none"])
-        row = {"envs": n, "steps": steps, "base_s": base}
+        row: dict[str, Any] = {"envs": n, "steps": n_steps, "base_s": base, "times": times}
+        row["spent_s"] = time.perf_counter() - start
         for label in CAPTURES:
             row[f"{label} ratio"] = statistics.median(times[label]) / base
         rows.append(row)
         ratios = ", ".join(f"{label} {row[f'{label} ratio']:.3f}x" for label in CAPTURES)
-        print(f"{n:5d} envs, {steps:7d} steps: unprobed {base:7.2f} s, {ratios}", flush=True)
-    results["overhead"] = rows
-    if args.device.startswith("cuda"):  # where per-step c is cheapest: on the device, or on the host as now
-        import subprocess
+        print(f"{n:5d} envs, {n_steps:7d} steps: unprobed {base:7.2f} s, {ratios}", flush=True)
+        budget.results["overhead"] = rows
+        budget.save()
+    return rows
 
-        here = Path(__file__).with_name("c_recovery.py")
-        done = subprocess.run([sys.executable, str(here), "--device", args.device], capture_output=True, text=True)
-        print(done.stdout + done.stderr[-2000:], flush=True)
-        results["c_recovery"] = done.stdout
-    if args.rsl_envs:
-        results["rsl_rl_summary_paths"] = rsl_rl_paths(
-            args.device, args.rsl_envs, args.rsl_iterations, args.rsl_hidden, args.repeats
-        )
-    out = os.environ.get("OUT")
-    if out:
-        Path(out, "gpu_check.json").write_text(json.dumps(results, indent=2))
+
+def c_recovery_part(device: str) -> str:
+    """Part 3: where per-step c is cheapest: on the device, or on the host as now."""
+    import subprocess
+
+    here = Path(__file__).with_name("c_recovery.py")
+    done = subprocess.run([sys.executable, str(here), "--device", device], capture_output=True, text=True)
+    print(done.stdout + done.stderr[-2000:], flush=True)
+    return done.stdout + done.stderr[-2000:]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--envs", type=int, nargs="*", default=[1, 16, 256, 1024], help="part 2's widths (none: skip it)")
+    ap.add_argument("--steps", type=int, default=None, help="env steps per run [envs x 128 x --updates]")
+    ap.add_argument("--updates", type=int, default=8, help="part 2's PPO updates per run")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--rsl-envs", type=int, nargs="*", default=[1024, 4096], help="part 4's widths (none: skip it)")
+    ap.add_argument("--rsl-iterations", type=int, default=5)
+    ap.add_argument("--rsl-hidden", type=int, default=256)
+    ap.add_argument("--parts", default="1432", help="which parts, in which order [1432: syncs, rsl_rl, c, sb3]")
+    ap.add_argument("--budget", type=float, default=1e9, help="wall seconds for everything; later parts are skipped")
+    args = ap.parse_args()
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        sys.exit("no CUDA here: pass --device cpu for a smoke run")
+    results: dict[str, Any] = {"device": args.device, "torch": torch.__version__, "cpus": os.cpu_count()}
+    if args.device.startswith("cuda"):
+        results["gpu"] = torch.cuda.get_device_name()
+    budget = Budget(args.budget, results)
+    for part in args.parts:
+        if part == "1" and args.device.startswith("cuda"):
+            budget.part("syncs", lambda: sync_part(args.device), need=30)
+        elif part == "4" and args.rsl_envs:
+            budget.part(
+                "rsl_rl_summary_paths",
+                lambda: rsl_rl_paths(
+                    args.device, args.rsl_envs, args.rsl_iterations, args.rsl_hidden, args.repeats, budget
+                ),
+                need=30,
+            )
+        elif part == "3" and args.device.startswith("cuda"):
+            budget.part("c_recovery", lambda: c_recovery_part(args.device), need=20)
+        elif part == "2" and args.envs:
+            budget.part(
+                "overhead",
+                lambda: overhead_part(args.device, args.envs, args.steps, args.updates, args.repeats, budget),
+                need=20,
+            )
 
 
 if __name__ == "__main__":
