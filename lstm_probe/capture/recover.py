@@ -129,6 +129,34 @@ def _layer_weights(module: nn.LSTM | nn.GRU, layer: int) -> list[torch.Tensor]:
     return [getattr(module, n).detach() for n in names]
 
 
+_BLOCKS: dict[tuple[object, ...], list[torch.Tensor]] = {}
+"""Per (kind, device, dtype, shapes): one layer's weights in one contiguous block, the probe's own (see
+:func:`_in_one_block`)."""
+
+
+def _in_one_block(kind: str, weights: list[torch.Tensor], bias: bool) -> list[torch.Tensor]:
+    """``weights`` (one layer's) as cuDNN wants them: in one contiguous block. A layer's weights taken
+    apart are separate tensors, which cuDNN would copy into a block of its own at every call, with a
+    warning the user would see; here they are copied (device to device) into a block the probe keeps, one
+    per layer shape. Off CUDA, ``weights`` as they are."""
+    import torch
+    from torch import nn
+
+    w0 = weights[0]
+    if w0.device.type != "cuda" or not torch.backends.cudnn.enabled:
+        return weights
+    key = (kind, w0.device, w0.dtype, bias, *(tuple(w.shape) for w in weights))
+    block = _BLOCKS.get(key)
+    if block is None:
+        hidden, size = int(weights[1].shape[1]), int(w0.shape[1])
+        rnn = (nn.LSTM if kind == "LSTM" else nn.GRU)(size, hidden, 1, bias=bias)
+        rnn = rnn.to(device=w0.device, dtype=w0.dtype)  # .to() puts the weights in one block
+        block = _BLOCKS[key] = [p.detach() for p in rnn._flat_weights]  # type: ignore[union-attr]
+    for mine, theirs in zip(block, weights, strict=True):
+        mine.copy_(theirs)
+    return block
+
+
 def snapshot_weights(module: nn.LSTM | nn.GRU, top: bool = True) -> list[list[torch.Tensor]]:
     """Copies of each layer's weights as they are now (an optimizer step changes them in place), for a
     recovery that runs later (on the writer thread). ``top=False`` leaves out the top layer (GRU needs
@@ -170,7 +198,8 @@ def lstm_sequence_parts(
             else:
                 # single fused layer, eval semantics: dropout=0, train=False (no RNG is touched)
                 h0_l, c0_l = h0[layer : layer + 1].detach(), c0[layer : layer + 1].detach()
-                out = torch.lstm(layer_in, (h0_l, c0_l), w, module.bias, 1, 0.0, False, False, False)[0]
+                flat = _in_one_block("LSTM", w, module.bias)
+                out = torch.lstm(layer_in, (h0_l, c0_l), flat, module.bias, 1, 0.0, False, False, False)[0]
             parts += [out, layer_in, w[0][:g3], w[1][:g3]] + ([w[2][:g3] + w[3][:g3]] if module.bias else [])
             layer_in = out
         return [*parts, h0.detach(), c0.detach()]
@@ -243,7 +272,9 @@ def gru_sequence_parts(
             else:
                 w = _layer_weights(module, layer) if weights is None else weights[layer]
                 h0_l = h0[layer : layer + 1].detach()
-                out = torch.gru(layer_in, h0_l, w, module.bias, 1, 0.0, False, False, False)[0]
+                out = torch.gru(
+                    layer_in, h0_l, _in_one_block("GRU", w, module.bias), module.bias, 1, 0.0, False, False, False
+                )[0]
             parts.append(out)
             layer_in = out
         return parts

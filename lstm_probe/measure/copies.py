@@ -5,7 +5,8 @@ none of the user's code, so their hooks never see a measurement, and training ne
 spectral-norm hooks, which compute weights, stay), without instance attributes that shadow its methods (a
 user's wrappers, a probe's own), and without what a module keeps of its last call (a distribution, tensors that
 are part of an autograd graph: those cannot be deep-copied, and are rebuilt by the copy's next call).
-:func:`sync` copies the user's current parameter and buffer values into the copy; :func:`twin` is an
+:func:`sync` copies the user's current parameter and buffer values into the copy (its RNNs' weights kept in
+one block, :func:`flattened`, as cuDNN wants them); :func:`twin` is an
 ``nn.LSTM``/``nn.GRU`` of another layout (sequence- or batch-first) on a module's own parameter tensors.
 """
 
@@ -52,7 +53,18 @@ def private_copy(module: M, drop: Callable[[Any], bool] = _kept_of_last_call) ->
         for name, value in list(own.items()):
             if callable(value) and not isinstance(value, type | nn.Module) and callable(getattr(type(m), name, None)):
                 del own[name]
-    return fresh
+    return flattened(fresh)
+
+
+def flattened(module: M) -> M:
+    """``module`` with each of its RNNs' weights in one contiguous block (``nn.RNNBase.flatten_parameters``,
+    which acts on CUDA only). A deep copy's RNN weights are separate tensors, which cuDNN copies into one
+    block at every call, with a warning the caller would see; call this on copies only, never on the
+    caller's own modules."""
+    for m in module.modules():
+        if isinstance(m, nn.RNNBase):
+            m.flatten_parameters()
+    return module
 
 
 def pairs(mine: nn.Module, theirs: nn.Module) -> list[tuple[torch.Tensor, torch.Tensor]]:

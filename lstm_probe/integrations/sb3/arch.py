@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from lstm_probe.errors import BadInput
+from lstm_probe.measure.copies import flattened
 
 
 @dataclass
@@ -159,7 +160,7 @@ def _deep_copy(policy: Any) -> Any:
         for name, hooks in vars(m).items():
             if "hooks" in name and isinstance(hooks, dict) and hooks:
                 memo[id(hooks)] = type(hooks)()  # not copied: the caller's hooks and what they hold
-    return copy.deepcopy(policy, memo)
+    return flattened(copy.deepcopy(policy, memo))
 
 
 def _rebuilt(policy: Any) -> Any:
@@ -351,6 +352,9 @@ def _arch(model: Any, rollout: bool) -> Architecture:
             policy.get_distribution(one(obs), (z, z), start)
         with _recording(policy, critic_calls):
             policy.predict_values(one(obs), (z, z), start)
+    # in training mode, as RecurrentPPO.train runs the policy (sb3_contrib ppo_recurrent.py:train): cuDNN
+    # computes no RNN backward in eval mode (the copy's RNG draws are undone by the caller, _rng_kept)
+    policy.set_training_mode(True)
     losses = _losses(model, policy, batch)
     named = [(n_, p) for n_, p in policy.named_parameters() if p.requires_grad]
     params = [p for _, p in named]

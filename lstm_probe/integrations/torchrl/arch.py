@@ -52,6 +52,7 @@ def _arch(actor_in: nn.Module, critic_in: nn.Module, device: torch.device) -> Ar
 
     root = private_copy({"actor": actor_in, "critic": critic_in})
     actor, critic = root["actor"], root["critic"]
+    root.train()  # as a training loop runs them: cuDNN computes no RNN backward in eval mode
     rnns = _recurrent(root)
     rng = np.random.default_rng(0)
     shape = (SEQUENCES, STEPS)
