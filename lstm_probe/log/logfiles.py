@@ -28,7 +28,27 @@ MAX_METADATA_BYTES = 16 << 20
 """Largest metadata JSON document parsed (the writer's are a few KB)."""
 MAX_JSON_DEPTH = 64
 """Deepest nesting accepted in a metadata JSON document (the writer's nest 5 levels at most)."""
+ARROW_MIN = (26, 0)
+"""The oldest pyarrow that writes and reads what every log may hold: fixed-size lists with null entries (the
+``obs`` column of ``--capture-obs``, the h and c of ``--trace-envs``' summary rows). pyarrow 17-24 refuse to
+write them ("Lists with non-zero length null components are not supported") and 25 writes what it cannot
+read back (apache/arrow#35692, fixed in 26)."""
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+def arrow_too_old() -> str | None:
+    """What is wrong when this pyarrow is older than :data:`ARROW_MIN`, and how to fix it; None when it is not."""
+    try:
+        have = tuple(int(p) for p in pa.__version__.split(".")[:2])
+    except ValueError:  # a development build: trusted
+        return None
+    if have >= ARROW_MIN:
+        return None
+    need = ".".join(map(str, ARROW_MIN))
+    return (
+        f"lstm-probe needs pyarrow>={need} (this is {pa.__version__}, which cannot write or read back the null "
+        f"vectors logs hold); upgrade it: pip install -U 'pyarrow>={need}'"
+    )
 
 
 def reads(what: str, values: bool = False) -> Callable[[F], F]:
@@ -58,6 +78,8 @@ def reading(path: str | os.PathLike[str], what: str = "read", values: bool = Fal
     except ProbeError:
         raise
     except (pa.ArrowException, OSError, EOFError) as exc:
+        if isinstance(exc, pa.ArrowException) and (old := arrow_too_old()):
+            raise BadLog(f"{path} cannot be {what}: {old}") from exc
         raise BadLog(f"{path} cannot be {what} ({one_line(exc)}): a damaged file, or not an lstm-probe log") from exc
     except (TypeError, ValueError, KeyError, IndexError, AttributeError, OverflowError) as exc:
         if not values:

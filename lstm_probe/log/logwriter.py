@@ -21,9 +21,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from lstm_probe.errors import OutputError, one_line
+from lstm_probe.errors import BadInput, OutputError, one_line
 from lstm_probe.log.layout import PART_ROWS, check_output, row_capacity
 from lstm_probe.log.lock import OutputLock, StaleLockWarning
+from lstm_probe.log.logfiles import arrow_too_old
 from lstm_probe.log.messages import Batch, Message, Progress
 from lstm_probe.log.sink import Sink
 from lstm_probe.log.writer_process import Child, WriterGone
@@ -64,6 +65,8 @@ class LogWriter:
         queue_bytes: int = 32 << 20,
         shard: str | None = None,
     ):
+        if old := arrow_too_old():  # before any file is touched: an old pyarrow fails on the first null vector
+            raise BadInput(old)
         self._later: Any = None  # a job's second half held back to the next submit (see submit)
         self._batch: list[Any] = []  # batched jobs' second halves, in order (see submit)
         self._batch_bytes = 0
