@@ -6,11 +6,11 @@
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import tomllib
 
 from lstm_probe.log.logfiles import ARROW_MIN, arrow_too_old
 

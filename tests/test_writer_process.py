@@ -61,6 +61,26 @@ def test_both_writers_write_the_same_log(tmp_path, writer):
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+def test_a_closed_writer_process_leaves_no_open_file_behind(tmp_path):
+    """Its pipes and stderr file are closed with it: left open, each is a ResourceWarning in the user's process
+    (shown under -W default, pytest, python -X dev) when it is collected."""
+    import gc
+    import warnings
+
+    m = nn.LSTM(3, 8)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with torch.no_grad(), lstm_probe.trace(m, tmp_path / "run.parquet", writer="process") as probe:
+            with probe.tag(phase="rollout", iteration=0):
+                m(torch.randn(1, 2, 3))
+            assert probe.writer._child is not None
+        del probe
+        gc.collect()
+    unclosed = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+    assert unclosed == []
+    assert lstm_probe.read_info(tmp_path / "run.parquet").completed
+
+
 def test_the_writer_process_never_loads_torch(tmp_path):
     m = nn.LSTM(3, 8)
     with torch.no_grad(), lstm_probe.trace(m, tmp_path / "x.parquet") as probe:

@@ -260,6 +260,7 @@ class Child:
         self.send((method, (final,)), 0)
         reply = self.reply()
         self.proc.wait()
+        self._release()
         if reply[0] != "closed":
             raise WriterGone(str(reply[1]), bool(reply[2]) if len(reply) > 2 else False)
 
@@ -267,6 +268,15 @@ class Child:
         with contextlib.suppress(OSError):
             self.proc.kill()
         self.proc.wait()
+        self._release()
+
+    def _release(self) -> None:
+        """Close the pipes and the stderr file of a process that ended (left open, each is a ResourceWarning
+        in the user's process when it is collected)."""
+        for f in (self.proc.stdin, self.proc.stdout, self.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                if f is not None:
+                    f.close()
 
     def fail(self, final: dict[str, Any]) -> None:
         """The training side failed (a job raised): have the process publish what it has, marked failed.
