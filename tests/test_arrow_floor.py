@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import tomllib
 
-from lstm_probe.log.logfiles import ARROW_MIN, arrow_too_old
+from lstm_probe.log.layout import ARROW_MIN, arrow_too_old
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -29,6 +29,33 @@ up front but more row groups, whose footer metadata an open file keeps until it 
 SCALAR_ROW_BYTES = scalar_row_bytes()
 """Bytes one row's scalar columns (and row flags) take in a row buffer."""
 
+ARROW_MIN = (26, 0)
+"""The oldest pyarrow that writes and reads what every log may hold: fixed-size lists with null entries (the
+``obs`` column of ``--capture-obs``, the h and c of ``--trace-envs``' summary rows). pyarrow 17-24 refuse to
+write them ("Lists with non-zero length null components are not supported") and 25 writes what it cannot
+read back (apache/arrow#35692, fixed in 26)."""
+
+
+def arrow_too_old() -> str | None:
+    """What is wrong when this pyarrow is older than :data:`ARROW_MIN`, and how to fix it; None when it is not."""
+    import sys
+    from importlib.metadata import version
+
+    # read from the installed distribution where pyarrow is not loaded: with a writer process, training
+    # never imports it
+    found = getattr(sys.modules.get("pyarrow"), "__version__", None) or version("pyarrow")
+    try:
+        have = tuple(int(p) for p in found.split(".")[:2])
+    except ValueError:  # a development build: trusted
+        return None
+    if have >= ARROW_MIN:
+        return None
+    need = ".".join(map(str, ARROW_MIN))
+    return (
+        f"lstm-probe needs pyarrow>={need} (this is {found}, which cannot write or read back the null "
+        f"vectors logs hold); upgrade it: pip install -U 'pyarrow>={need}'"
+    )
+
 
 def row_capacity(hidden_size: int, vectors: bool = True) -> int:
     """Rows per row buffer (and row group) at this hidden size (the train rows' lane; the other rows' lane

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from lstm_probe.errors import BadLog, ProbeError, one_line
-from lstm_probe.log.layout import partial_dir
+from lstm_probe.log.layout import arrow_too_old, partial_dir
 
 MAX_FOOTER_BYTES = 64 << 20
 """Largest Parquet footer read. The writer's footers hold the metadata twice (as JSON and inside the
@@ -28,27 +28,7 @@ MAX_METADATA_BYTES = 16 << 20
 """Largest metadata JSON document parsed (the writer's are a few KB)."""
 MAX_JSON_DEPTH = 64
 """Deepest nesting accepted in a metadata JSON document (the writer's nest 5 levels at most)."""
-ARROW_MIN = (26, 0)
-"""The oldest pyarrow that writes and reads what every log may hold: fixed-size lists with null entries (the
-``obs`` column of ``--capture-obs``, the h and c of ``--trace-envs``' summary rows). pyarrow 17-24 refuse to
-write them ("Lists with non-zero length null components are not supported") and 25 writes what it cannot
-read back (apache/arrow#35692, fixed in 26)."""
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-def arrow_too_old() -> str | None:
-    """What is wrong when this pyarrow is older than :data:`ARROW_MIN`, and how to fix it; None when it is not."""
-    try:
-        have = tuple(int(p) for p in pa.__version__.split(".")[:2])
-    except ValueError:  # a development build: trusted
-        return None
-    if have >= ARROW_MIN:
-        return None
-    need = ".".join(map(str, ARROW_MIN))
-    return (
-        f"lstm-probe needs pyarrow>={need} (this is {pa.__version__}, which cannot write or read back the null "
-        f"vectors logs hold); upgrade it: pip install -U 'pyarrow>={need}'"
-    )
 
 
 def reads(what: str, values: bool = False) -> Callable[[F], F]:

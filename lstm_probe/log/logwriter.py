@@ -22,9 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from lstm_probe.errors import BadInput, OutputError, one_line
-from lstm_probe.log.layout import PART_ROWS, check_output, row_capacity
+from lstm_probe.log.layout import PART_ROWS, arrow_too_old, check_output, row_capacity
 from lstm_probe.log.lock import OutputLock, StaleLockWarning
-from lstm_probe.log.logfiles import arrow_too_old
 from lstm_probe.log.messages import Batch, Message, Progress
 from lstm_probe.log.sink import Sink
 from lstm_probe.log.writer_process import Child, WriterGone
