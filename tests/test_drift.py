@@ -116,3 +116,22 @@ def test_rollout_columns_without_an_env_leave_the_others_as_references(tmp_path)
             net.lstm(x[:, :2])
     train = lstm_probe.load(tmp_path / "p.parquet", phase="train", vectors=False)
     assert len(train) == 6 and train.drift_h.notna().all() and train.drift_h.max() < 1e-6
+
+
+def test_the_provenance_bound_allows_for_tf32_only_where_cudnn_computed_in_it():
+    """On a GPU, cuDNN computes LSTMs in TF32 by default (10-bit mantissa): the rollout's one-step calls and
+    training's multi-step calls then differ by ~1e-4..1e-3, and a 1e-4 bound calls every such run a provenance
+    bug. The log says where that was so (``cudnn_tf32``); a CPU log says nothing and keeps 1e-4."""
+    from torch import nn
+
+    from lstm_probe.capture.modules import numerics
+    from lstm_probe.report.sections.staleness import (
+        PROVENANCE_TOLERANCE,
+        TF32_PROVENANCE_TOLERANCE,
+        provenance_tolerance,
+    )
+
+    assert numerics({"actor": nn.LSTM(3, 4)}) == {}  # weights on the CPU: no entry, the log is unchanged
+    assert provenance_tolerance({}) == PROVENANCE_TOLERANCE == 1e-4
+    assert provenance_tolerance({"cudnn_tf32": True}) == TF32_PROVENANCE_TOLERANCE == 1e-2
+    assert provenance_tolerance({"cudnn_tf32": "yes"}) == PROVENANCE_TOLERANCE  # a hostile value: no looser bound

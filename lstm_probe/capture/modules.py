@@ -66,6 +66,16 @@ LIBRARIES = {
 """Libraries a run may train with (module -> distribution): the log's ``versions`` names those the run loaded."""
 
 
+def numerics(modules: Mapping[str, nn.Module]) -> dict[str, Any]:
+    """``cudnn_tf32``: True where a traced module's weights are on CUDA and cuDNN may compute in TF32
+    (``torch.backends.cudnn.allow_tf32``, PyTorch's default): the report's provenance check then allows
+    for TF32's rounding (``report/sections/staleness.py``). Nothing on a CPU, so CPU logs are unchanged."""
+    on_cuda = any(p.is_cuda for m in modules.values() for p in m.parameters(recurse=False))
+    if not on_cuda or not torch.backends.cudnn.enabled or not torch.backends.cudnn.allow_tf32:
+        return {}
+    return {"cudnn_tf32": True}
+
+
 def base_metadata() -> dict[str, Any]:
     """The metadata every log starts with: schema and lstm-probe versions, library versions, start time."""
     from importlib.metadata import version

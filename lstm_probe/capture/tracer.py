@@ -34,7 +34,7 @@ from lstm_probe.capture.blocks import Block, KeptColumns, Loop, fitted, kept_col
 from lstm_probe.capture.calls import Recovery, sequence, write_call
 from lstm_probe.capture.emitter import Emitter, Observer
 from lstm_probe.capture.inputs import Inputs, cell_parts, input_parts, joined, module_input, stacked_steps
-from lstm_probe.capture.modules import RECURRENT_TYPES, base_metadata, describe_modules
+from lstm_probe.capture.modules import RECURRENT_TYPES, base_metadata, describe_modules, numerics
 from lstm_probe.capture.recover import Scratch
 from lstm_probe.capture.transfer import Later
 from lstm_probe.contract import CODES, Integration, Resolver, Tags, padded, tag_values
@@ -94,6 +94,7 @@ class CoreTracer:
         self.keep_columns = KeptColumns(self.keep_envs) if self.keep_envs is not None else None
         self.metadata: dict[str, Any] = {
             **base_metadata(),
+            **numerics(self.modules),
             "framework": integration.name,
             "architecture": {"modules": describe_modules(self.modules)},
             "hidden_size": self.hidden,

@@ -480,6 +480,9 @@ METADATA_KEYS: dict[str, str] = {
     "unsupported_calls": "LSTM calls on inputs the tracer cannot lay out as rows (not in the log; the report warns).",
     "empty_calls": "Only where there were any: LSTM calls with no batch column, so no rows (e.g. a framework "
     "cutting more minibatches than it has envs trains on empty ones; the report warns).",
+    "cudnn_tf32": "Only where true: a traced module's weights were on CUDA with cuDNN allowed to compute in TF32 "
+    "(torch.backends.cudnn.allow_tf32, PyTorch's default); the report's provenance check then allows 1e-2 "
+    "rather than 1e-4 (TF32 keeps a 10-bit mantissa).",
     "final": "True in the metadata of the part that closed the log (absent from parts written before).",
     "minibatch_paths": "sb3 runs: per path of sb3-contrib's _process_sequence ('sequence': one call over "
     "the minibatch, 'stepwise': one call per step because the minibatch holds an episode start), the "

@@ -56,6 +56,7 @@ from lstm_probe.report.sections.doctor_rows import (
     Steps,
     StepScan,
 )
+from lstm_probe.report.sections.staleness import provenance_tolerance
 from lstm_probe.text import safe
 
 COLUMNS = ["call", "module", "phase", "env", "env_step", "episode_start", "episode_step", "init", "init_norm"]
@@ -365,7 +366,7 @@ class Pass:
         self.filt = (ds.field("layer") == 0) & ds.field("init").is_valid()
         columns = [*COLUMNS, "layer"]
         self.leaks = Leaks() if LEAK_NEEDS <= names else None
-        self.steps = StepScan() if STEP_NEEDS <= names else None
+        self.steps = StepScan(provenance_tolerance(log.meta)) if STEP_NEEDS <= names else None
         if self.leaks is not None:
             self.filt |= rows_expr(LEAK_ROWS, LEAK_WORDS)
             columns += [*LEAK_COLUMNS, *LEAK_NEEDS, "layer"]

@@ -96,7 +96,8 @@ class StepScan:
     rollout reset it. Batch by batch (:meth:`add`), in log order; :meth:`result` leaves out where the
     rollout did not reset either."""
 
-    def __init__(self) -> None:
+    def __init__(self, tolerance: float = PROVENANCE_TOLERANCE) -> None:
+        self.tolerance = tolerance  # staleness.provenance_tolerance of the log
         self.out = Steps()
         self.departs: dict[tuple[str, float, float], float] = {}  # (module, iteration, seq) -> first t off the rollout
         self.starts: list[dict[str, np.ndarray]] = []  # rows where an episode starts after the sequence's first step
@@ -112,7 +113,7 @@ class StepScan:
         start = flag.fill_null(False).to_numpy(zero_copy_only=False).astype(bool)
         later = c["t"] > 0
         self.out.untagged += int((later & ~tagged).sum())
-        off = np.flatnonzero(c["drift_h"] > PROVENANCE_TOLERANCE)
+        off = np.flatnonzero(c["drift_h"] > self.tolerance)
         if len(off):  # each sequence's first step off the rollout, one Python step per sequence
             seqs, inv = np.unique(
                 np.rec.fromarrays([c[k][off] for k in ("module", "iteration", "seq")]), return_inverse=True

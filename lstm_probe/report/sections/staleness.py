@@ -36,6 +36,18 @@ PROVENANCE_TOLERANCE = 1e-4
 """Relative drift (||train - rollout|| / ||rollout||, per row) above this in the first minibatch of epoch 0
 means a provenance bug. Relative, so that it holds whatever the states' scale: |c| reaches 13 at hidden 256,
 where float32 rounding alone differs by ~1e-6 in absolute terms."""
+TF32_PROVENANCE_TOLERANCE = 1e-2
+"""The same bound for a log whose LSTMs ran on cuDNN in TF32 (metadata ``cudnn_tf32``, PyTorch's default on a
+GPU): its matrix products keep a 10-bit mantissa (~5e-4 relative), and the rollout's one-step calls and
+training's multi-step calls round differently. A provenance bug (another env step's state, a reset) differs by
+far more."""
+
+
+def provenance_tolerance(meta: dict[str, Any]) -> float:
+    """The provenance check's bound for a log (see :data:`TF32_PROVENANCE_TOLERANCE`)."""
+    return TF32_PROVENANCE_TOLERANCE if meta.get("cudnn_tf32") is True else PROVENANCE_TOLERANCE
+
+
 STALENESS_COLUMNS = ["module", "layer", "phase", "iteration", "epoch", "minibatch", "t", "seq_len", "padding"]
 STALENESS_COLUMNS += ["drift_h", "drift_c"]
 UPPER_TRAIN = (ds.field("layer") > 0) & (ds.field("t") >= 0) & (ds.field("phase") == "train")
@@ -196,7 +208,8 @@ class Staleness(Section[StalenessSection]):
         hs = [float(r["max_drift_h"]) for r in per_layer if r["max_drift_h"] is not None]
         cs = [float(r["max_drift_c"]) for r in per_layer if r["max_drift_c"] is not None]
         first_h, first_c = max(hs, default=None), max(cs, default=None)
-        ok = None if first_h is None else bool(max(first_h, first_c or 0.0) <= PROVENANCE_TOLERANCE)
+        bound = provenance_tolerance(log.meta)
+        ok = None if first_h is None else bool(max(first_h, first_c or 0.0) <= bound)
         out: dict[str, list[dict[str, Any]]] = {}
         for label, grouped in drift.items():
             rows: list[dict[str, Any]] = []
@@ -213,6 +226,7 @@ class Staleness(Section[StalenessSection]):
             out["update"],
             out["position"],
             per_layer,
+            provenance_tolerance=bound,
             train_rows=acc.train_rows.value,
         )
 
@@ -283,6 +297,7 @@ class Staleness(Section[StalenessSection]):
         if st.provenance_ok is None:
             return []
         status = "[green]OK[/]" if st.provenance_ok else "[red]FAILED[/]"
+        tf32 = ": cuDNN ran the LSTMs in TF32" if st.provenance_tolerance == TF32_PROVENANCE_TOLERANCE else ""
         layered = len(st.provenance_by_layer) > 1 or any(row["layer"] for row in st.by_epoch)
         parts = []
         for r in st.provenance_by_layer:
@@ -293,7 +308,7 @@ class Staleness(Section[StalenessSection]):
             Line(
                 "provenance check (first minibatch of epoch 0, before any optimizer step): largest relative "
                 "difference ||train - rollout|| / ||rollout|| between a train state and the rollout state of the "
-                f"same env step: {'; '.join(parts)} {status} (allowed {st.provenance_tolerance:g})",
+                f"same env step: {'; '.join(parts)} {status} (allowed {st.provenance_tolerance:g}{tf32})",
                 soft_wrap=True,
             )
         ]
