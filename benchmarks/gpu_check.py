@@ -137,9 +137,17 @@ def timed(n_envs: int, device: str, steps: int, capture: str | None) -> float:
     return time.perf_counter() - start
 
 
-def rsl_rl_timed(n_envs: int, device: str, iterations: int, hidden: int, path: str | None) -> tuple[float, float]:
-    """One rsl_rl run (part 4): wall seconds and the probe's own (hooks and callbacks); ``path``: None
-    unprobed, "device" or "host" the summary rows' path (``OnDevice._engage``)."""
+RSL_PATHS = ("device", "host", "none")
+"""Part 4's probed runs: summary rows of every env on the device path or on the host path
+(``OnDevice._engage``), or ``--other-envs none`` (the 16 traced envs only)."""
+
+
+def rsl_rl_timed(
+    n_envs: int, device: str, iterations: int, hidden: int, path: str | None
+) -> tuple[float, dict[str, float]]:
+    """One rsl_rl run (part 4): wall seconds and the log's ``probe_cost`` (the probe's own seconds on the
+    training thread, the writer process's CPU and busy seconds, the training thread's waits for it); ``path``:
+    None unprobed, else one of :data:`RSL_PATHS`."""
     from lstm_probe.capture.ondevice import OnDevice
     from lstm_probe.integrations.rsl_rl import TorchPendulumVecEnv, attach, train_cfg
     from lstm_probe.integrations.rsl_rl.train import build_runner
@@ -151,30 +159,40 @@ def rsl_rl_timed(n_envs: int, device: str, iterations: int, hidden: int, path: s
     if cuda:
         torch.cuda.synchronize()
     start = time.perf_counter()
+    cost: dict[str, float] = {}
     if path is None:
         runner.learn(iterations)
-        own = 0.0
     else:
         engage = OnDevice._engage
-        OnDevice._engage = "always" if path == "device" else "never"
+        OnDevice._engage = "never" if path == "host" else "always"
+        others = "none" if path == "none" else "summary"
         try:
             with tempfile.TemporaryDirectory() as tmp:
                 out = Path(tmp) / "run.parquet"
-                with attach(runner, out, capture="summary", trace_envs=16, other_envs="summary", force=True):
+                with attach(runner, out, capture="summary", trace_envs=16, other_envs=others, force=True):
                     runner.learn(iterations)
-                cost = lstm_probe.read_info(out).metadata.get("probe_cost", {})
-                own = cost.get("hook_seconds", 0.0) + cost.get("integration_seconds", 0.0)
+                info = lstm_probe.read_info(out)
+                raw = info.metadata.get("probe_cost", {})
+                cost = {k: float(v) for k, v in raw.items() if isinstance(v, int | float)}
+                cost["probe_s"] = cost.get("hook_seconds", 0.0) + cost.get("integration_seconds", 0.0)
+                cost["rows"] = float(info.rows)
         finally:
             OnDevice._engage = engage
     if cuda:
         torch.cuda.synchronize()
-    return time.perf_counter() - start, own
+    return time.perf_counter() - start, cost
 
 
 def rsl_rl_paths(
-    device: str, envs: list[int], iterations: int, hidden: int, repeats: int, budget: Any = None
+    device: str,
+    envs: list[int],
+    iterations: int,
+    hidden: int,
+    repeats: int,
+    budget: Any = None,
+    paths: tuple[str, ...] = ("device", "host"),
 ) -> list[dict[str, Any]]:
-    """Part 4: rsl_rl unprobed, and probed with summary rows on the device path and on the host path."""
+    """Part 4: rsl_rl unprobed, and probed on each of ``paths`` (:data:`RSL_PATHS`), interleaved."""
     rows: list[dict[str, Any]] = []
     for n in envs:
         if budget is not None and rows and budget.left() < rows[-1]["spent_s"] * n / rows[-1]["envs"] / 2:
@@ -182,34 +200,36 @@ def rsl_rl_paths(
             continue
         start = time.perf_counter()
         rsl_rl_timed(n, device, 1, hidden, None)  # warm-up: kernels, imports
-        walls: dict[str, list[float]] = {"unprobed": [], "device": [], "host": []}
-        owns: dict[str, list[float]] = {"device": [], "host": []}
+        walls: dict[str, list[float]] = {"unprobed": [], **{p: [] for p in paths}}
+        costs: dict[str, list[dict[str, float]]] = {p: [] for p in paths}
         for _ in range(repeats):
             for label in walls:
-                wall, own = rsl_rl_timed(n, device, iterations, hidden, None if label == "unprobed" else label)
+                wall, cost = rsl_rl_timed(n, device, iterations, hidden, None if label == "unprobed" else label)
                 walls[label].append(wall)
-                if label in owns:
-                    owns[label].append(own)
+                if label in costs:
+                    costs[label].append(cost)
         base = statistics.median(walls["unprobed"])
-        row: dict[str, Any] = {
-            "envs": n,
-            "iterations": iterations,
-            "hidden": hidden,
-            "unprobed_s": base,
-            "walls": walls,
-        }
-        for label in owns:
+        row: dict[str, Any] = {"envs": n, "iterations": iterations, "hidden": hidden, "unprobed_s": base}
+        row["walls"], row["costs"] = walls, costs
+        said = []
+        for label in paths:
             row[f"{label}_s"] = statistics.median(walls[label])
             row[f"{label} ratio"] = row[f"{label}_s"] / base
-            row[f"{label} probe_s"] = statistics.median(owns[label])
+            for key in ("probe_s", "wait_seconds", "writer_cpu_seconds", "writer_busy_seconds"):
+                row[f"{label} {key}"] = statistics.median(c.get(key, float("nan")) for c in costs[label])
+            said.append(
+                f"{label} {row[f'{label} ratio']:.2f}x (probe {row[f'{label} probe_s']:.2f} s, waits "
+                f"{row[f'{label} wait_seconds']:.2f} s, writer CPU {row[f'{label} writer_cpu_seconds']:.2f} s)"
+            )
         row["spent_s"] = time.perf_counter() - start
         rows.append(row)
         print(
-            f"rsl_rl {n:5d} envs, LSTM {hidden}, {iterations} iterations: unprobed {base:6.2f} s; summary rows on the "
-            f"device {row['device ratio']:.2f}x (probe {row['device probe_s']:.2f} s), on the host "
-            f"{row['host ratio']:.2f}x (probe {row['host probe_s']:.2f} s)",
+            f"rsl_rl {n:5d} envs, LSTM {hidden}, {iterations} iterations: unprobed {base:6.2f} s; " + "; ".join(said),
             flush=True,
         )
+        if budget is not None:
+            budget.results["rsl_rl_summary_paths"] = rows
+            budget.save()
     return rows
 
 
@@ -314,6 +334,9 @@ def main() -> None:
     ap.add_argument("--rsl-envs", type=int, nargs="*", default=[1024, 4096], help="part 4's widths (none: skip it)")
     ap.add_argument("--rsl-iterations", type=int, default=5)
     ap.add_argument("--rsl-hidden", type=int, default=256)
+    ap.add_argument(
+        "--rsl-paths", nargs="+", default=["device", "host"], choices=RSL_PATHS, help="part 4's probed runs"
+    )
     ap.add_argument("--parts", default="1432", help="which parts, in which order [1432: syncs, rsl_rl, c, sb3]")
     ap.add_argument("--budget", type=float, default=1e9, help="wall seconds for everything; later parts are skipped")
     args = ap.parse_args()
@@ -330,7 +353,13 @@ def main() -> None:
             budget.part(
                 "rsl_rl_summary_paths",
                 lambda: rsl_rl_paths(
-                    args.device, args.rsl_envs, args.rsl_iterations, args.rsl_hidden, args.repeats, budget
+                    args.device,
+                    args.rsl_envs,
+                    args.rsl_iterations,
+                    args.rsl_hidden,
+                    args.repeats,
+                    budget,
+                    tuple(args.rsl_paths),
                 ),
                 need=30,
             )

@@ -54,14 +54,15 @@ def report(path: Path, out: Path | None, name: str) -> dict[str, Any]:
         data = json.loads(text)
         found["warnings"] = data.get("warnings", data.get("findings", ""))
         verdict = data.get("verdict") or {}
-        found["verdict"] = {k: verdict.get(k) for k in ("provenance_ok", "stale", "drift", "matters")}
+        found["verdict"] = {k: verdict.get(k) for k in ("provenance_ok", "stale", "matters")}
+        staleness = data.get("staleness") or {}
+        found["provenance"] = {k: v for k, v in staleness.items() if k.startswith("provenance") and "layer" not in k}
     return found
 
 
 def sb3_cli(device: str, tmp: Path, out: Path | None) -> dict[str, Any]:
     runs = {
         "sb3_full_1layer": ["--what-if", "--memory", "--capture-obs"],
-        "sb3_full_2layers": ["--what-if", "--memory", "--lstm-layers", "2"],
         "sb3_summary_trace2_2layers": ["--capture", "summary", "--trace-envs", "2", "--lstm-layers", "2"],
     }
     results: dict[str, Any] = {}
@@ -82,7 +83,23 @@ def sb3_cli(device: str, tmp: Path, out: Path | None) -> dict[str, Any]:
     return results
 
 
-def rsl_rl_run(device: str, tmp: Path, out: Path | None, name: str, envs: int, **capture: Any) -> dict[str, Any]:
+def rsl_rl_run(
+    device: str, tmp: Path, out: Path | None, name: str, envs: int, tf32: bool = True, path: str = "", **capture: Any
+) -> dict[str, Any]:
+    """One probed rsl_rl run (2 LSTM layers of 64) and its report; ``tf32``: cuDNN's TF32 for the run (PyTorch's
+    default: on), ``path`` "host": summary rows on the host path (``OnDevice._engage = "never"``)."""
+    from lstm_probe.capture.ondevice import OnDevice
+
+    allowed, engage = torch.backends.cudnn.allow_tf32, OnDevice._engage
+    torch.backends.cudnn.allow_tf32 = tf32
+    OnDevice._engage = "never" if path == "host" else engage
+    try:
+        return _rsl_rl_run(device, tmp, out, name, envs, **capture)
+    finally:
+        torch.backends.cudnn.allow_tf32, OnDevice._engage = allowed, engage
+
+
+def _rsl_rl_run(device: str, tmp: Path, out: Path | None, name: str, envs: int, **capture: Any) -> dict[str, Any]:
     from lstm_probe.integrations.rsl_rl import TorchPendulumVecEnv, attach, train_cfg
     from lstm_probe.integrations.rsl_rl.train import build_runner
 
@@ -146,7 +163,12 @@ def main() -> None:
                                                capture_obs=True)),
             ("rsl_rl_summary", lambda: rsl_rl_run(args.device, tmp, out, "rsl_summary", 256, capture="summary",
                                                   trace_envs=4)),
-            ("profile", lambda: profile(args.device, args.profile_envs, out)),
+            ("rsl_rl_summary_no_tf32", lambda: rsl_rl_run(args.device, tmp, out, "rsl_summary_no_tf32", 256,
+                                                          tf32=False, capture="summary", trace_envs=4)),
+            ("rsl_rl_summary_host", lambda: rsl_rl_run(args.device, tmp, out, "rsl_summary_host", 256, path="host",
+                                                       capture="summary", trace_envs=4)),
+            ("rsl_rl_full_no_tf32", lambda: rsl_rl_run(args.device, tmp, out, "rsl_full_no_tf32", 16, tf32=False)),
+            *([("profile", lambda: profile(args.device, args.profile_envs, out))] if args.profile_envs else []),
         ):  # fmt: skip
             start = time.perf_counter()
             try:
