@@ -502,5 +502,16 @@ def _one_line(exc: BaseException) -> str:
     return one_line(exc, kind=not isinstance(exc, OSError | BadInput))
 
 
+def _profiled() -> int:
+    """``serve`` under cProfile, its stats written to ``$LSTM_PROBE_WRITER_PROFILE`` on a normal end (a
+    development aid: ``benchmarks/writer_rows.py``)."""
+    import cProfile
+
+    profile = cProfile.Profile()
+    code = profile.runcall(serve)
+    profile.dump_stats(os.environ["LSTM_PROBE_WRITER_PROFILE"])
+    return code
+
+
 if __name__ == "__main__":
-    sys.exit(serve())
+    sys.exit(_profiled() if os.environ.get("LSTM_PROBE_WRITER_PROFILE") else serve())
