@@ -60,6 +60,29 @@ def _unzigzag(n: int) -> int:
     return (n >> 1) ^ -(n & 1)
 
 
+def _field_head(buf: bytes, pos: int, last: int) -> tuple[int, int, int]:
+    """A struct field's header at ``pos`` (``last``: the previous field's id): its id, its type and where its
+    value starts; type ``_STOP`` at the struct's end."""
+    head = buf[pos]
+    if head == _STOP:
+        return 0, _STOP, pos + 1
+    typ, delta = head & 0x0F, head >> 4
+    if delta:
+        return last + delta, typ, pos + 1
+    n, pos = _varint(buf, pos + 1)
+    return _unzigzag(n), typ, pos
+
+
+def _list_head(buf: bytes, pos: int) -> tuple[int, int, int]:
+    """A list's (or set's) header at ``pos``: its size, its elements' type and where the elements start."""
+    head = buf[pos]
+    size, elem = head >> 4, head & 0x0F
+    if size == 15:
+        size, pos = _varint(buf, pos + 1)
+        return size, elem, pos
+    return size, elem, pos + 1
+
+
 def _value(buf: bytes, pos: int, typ: int) -> tuple[Any, int]:
     if typ in (_TRUE, _FALSE, _BYTE):  # (a bool inside a list or map is one byte of its own)
         return buf[pos], pos + 1
@@ -72,11 +95,7 @@ def _value(buf: bytes, pos: int, typ: int) -> tuple[Any, int]:
         n, pos = _varint(buf, pos)
         return bytes(buf[pos : pos + n]), pos + n
     if typ in (_LIST, _SET):
-        head = buf[pos]
-        pos += 1
-        size, elem = head >> 4, head & 0x0F
-        if size == 15:
-            size, pos = _varint(buf, pos)
+        size, elem, pos = _list_head(buf, pos)
         items = []
         for _ in range(size):
             v, pos = _value(buf, pos, elem)
@@ -112,23 +131,13 @@ def _struct(
     fields: list[Field] = []
     last = 0
     while True:
-        head = buf[pos]
-        pos += 1
-        if head == _STOP:
+        fid, typ, pos = _field_head(buf, pos, last)
+        if typ == _STOP:
             return fields, pos
-        typ, delta = head & 0x0F, head >> 4
-        if delta:
-            fid = last + delta
-        else:
-            n, pos = _varint(buf, pos)
-            fid = _unzigzag(n)
         if typ in (_TRUE, _FALSE):
             fields.append((fid, typ, None))
         elif (row_group or raw_row_group) and fid == _ROW_GROUPS and typ == _LIST and buf[pos] & 0x0F == _STRUCT:
-            size, elem = buf[pos] >> 4, buf[pos] & 0x0F
-            pos += 1
-            if size == 15:
-                size, pos = _varint(buf, pos)
+            size, elem, pos = _list_head(buf, pos)
             for _ in range(size):
                 if raw_row_group is not None:
                     pos = raw_row_group(buf, pos)
@@ -292,11 +301,7 @@ def _skip(buf: bytes, pos: int, typ: int) -> int:
         n, pos = _varint(buf, pos)
         return pos + n
     if typ in (_LIST, _SET):
-        head = buf[pos]
-        pos += 1
-        size, elem = head >> 4, head & 0x0F
-        if size == 15:
-            size, pos = _varint(buf, pos)
+        size, elem, pos = _list_head(buf, pos)
         for _ in range(size):
             pos = _skip(buf, pos, elem)
         return pos
@@ -316,14 +321,11 @@ def _skip(buf: bytes, pos: int, typ: int) -> int:
 
 def _skip_struct(buf: bytes, pos: int) -> int:
     while True:
-        head = buf[pos]
-        pos += 1
-        if head == _STOP:
+        _, typ, pos = _field_head(buf, pos, 0)
+        if typ == _STOP:
             return pos
-        if not head >> 4:
-            _, pos = _varint(buf, pos)
-        if head & 0x0F not in (_TRUE, _FALSE):
-            pos = _skip(buf, pos, head & 0x0F)
+        if typ not in (_TRUE, _FALSE):
+            pos = _skip(buf, pos, typ)
 
 
 def _rewrite(buf: bytes, pos: int, out: bytearray, plan: Plan, shift: int, ordinal: int) -> int:
@@ -331,17 +333,10 @@ def _rewrite(buf: bytes, pos: int, out: bytearray, plan: Plan, shift: int, ordin
     last = 0
     while True:
         start = pos
-        head = buf[pos]
-        pos += 1
-        if head == _STOP:
+        fid, typ, pos = _field_head(buf, pos, last)
+        if typ == _STOP:
             out.append(_STOP)
             return pos
-        typ, delta = head & 0x0F, head >> 4
-        if delta:
-            fid = last + delta
-        else:
-            n, pos = _varint(buf, pos)
-            fid = _unzigzag(n)
         last = fid
         act = plan.get(fid)
         if act is not None and act[0] == "refuse":
@@ -366,10 +361,7 @@ def _rewrite(buf: bytes, pos: int, out: bytearray, plan: Plan, shift: int, ordin
             out += buf[start:pos]
             pos = _rewrite(buf, pos, out, act[1], shift, ordinal)
         elif kind == "structs" and typ == _LIST and buf[pos] & 0x0F == _STRUCT:
-            size = buf[pos] >> 4
-            end = pos + 1
-            if size == 15:
-                size, end = _varint(buf, end)
+            size, _, end = _list_head(buf, pos)
             out += buf[start:end]
             pos = end
             for _ in range(size):
