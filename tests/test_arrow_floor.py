@@ -47,3 +47,17 @@ def test_null_vectors_are_written_and_read_back_whole(tmp_path):
     assert all(len(r["h"]) == 8 for r in rollout if r["env"] == 0)
     frame = pq.read_table(out, columns=["obs"]).to_pandas()
     assert frame["obs"].isna().sum() == table.column("obs").null_count
+
+
+def test_the_floor_check_reads_a_pyarrow_without_distribution_metadata(monkeypatch):
+    """pyarrow not yet imported (a writer process's training side) and found without distribution metadata
+    (a build on sys.path): the check asks the module rather than raise PackageNotFoundError."""
+    import importlib.metadata
+    import sys
+
+    def no_metadata(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.delitem(sys.modules, "pyarrow")
+    monkeypatch.setattr(importlib.metadata, "version", no_metadata)
+    assert arrow_too_old() is None

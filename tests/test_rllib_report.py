@@ -91,3 +91,43 @@ def test_a_repeated_rollout_row_pairs_with_the_last_one(tmp_path, changed_last):
         assert not x.state_in_ok and x.state_in_max_abs["actor"] == pytest.approx(0.5, abs=1e-6)
     else:
         assert x.state_in_ok and x.state_in_max_abs == {"actor": 0.0, "critic": 0.0}
+
+
+@pytest.mark.parametrize("tf32", [True, False])
+def test_the_first_pass_bound_allows_for_tf32_where_the_log_says_cudnn_ran_in_it(tmp_path, tf32):
+    """A learner on a GPU computes in TF32 (metadata ``cudnn_tf32``): its states before the first optimizer
+    step differ from the rollout's by ~1e-4..1e-3, which the staleness section's bound allows there, and so must
+    the cross-process check's; a log without the entry keeps 1e-4 and calls that drift a difference."""
+    import json
+
+    import lstm_probe
+
+    out = tmp_path / "log"
+    out.mkdir()
+    for f in sorted(SAMPLE.glob("*.parquet")):
+        t = pq.read_table(f)
+        if "learner" in f.name:  # the learner's states 5e-4 (relative) off the runner's, as TF32 rounds them
+            steps = pc.greater_equal(pc.fill_null(t["t"], -1), 0)
+            for name in ("h", "c"):
+                col = t[name].combine_chunks()
+                scaled = pa.FixedSizeListArray.from_arrays(
+                    pc.multiply(col.flatten(), pa.scalar(1 + 5e-4, pa.float32())),
+                    col.type.list_size,
+                    mask=col.is_null(),
+                )
+                t = t.set_column(t.schema.get_field_index(name), t.schema.field(name), pc.if_else(steps, scaled, col))
+            meta = dict(t.schema.metadata)
+            run = json.loads(meta[b"lstm_probe.run"])
+            if tf32:
+                run["cudnn_tf32"] = True
+            meta[b"lstm_probe.run"] = json.dumps(run).encode()
+            t = t.replace_schema_metadata(meta)
+        pq.write_table(t, out / f.name)
+    report = lstm_probe.summarize(out)
+    x = report.cross_process
+    assert x is not None and x.state_in_ok  # the chunks' initial states (t = -1) untouched
+    actor = [r["max_drift_h"] for r in x.first_pass if r["module"] == "actor"]
+    assert 2e-4 < max(actor) < 1e-3  # (the sample's critic differs anyway: RLlib never syncs the runners' copy)
+    assert x.provenance_tolerance == (1e-2 if tf32 else 1e-4)
+    (actor_finding,) = [f for f in report.findings if f.startswith("actor: ")]
+    assert ("recomputes the rollout states exactly" in actor_finding) == tf32, actor_finding

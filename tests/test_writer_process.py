@@ -214,6 +214,32 @@ def test_a_killed_writer_process_stops_training_with_one_line(tmp_path):
         probe.close()
 
 
+def test_a_writer_process_that_died_leaves_no_open_file_behind(tmp_path):
+    """The fail path: a process that ended on its own (killed here) has its pipes and stderr file closed at
+    close too, not only one that closed the log (each left open is a ResourceWarning when collected)."""
+    import gc
+    import warnings
+
+    m = nn.LSTM(3, 8)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        probe = lstm_probe.trace(m, tmp_path / "k.parquet").start()
+        with torch.no_grad():
+            m(torch.randn(5, 2, 3))
+            child = probe.writer._child
+            child.proc.kill()
+            child.proc.wait()
+            with pytest.raises(lstm_probe.OutputError, match="ended unexpectedly"):
+                for _ in range(50):  # the pipe may take a few messages before the kill shows
+                    m(torch.randn(5, 2, 3))
+        with pytest.raises(lstm_probe.OutputError, match="ended unexpectedly"):
+            probe.close()
+        assert child.proc.stdin.closed and child.proc.stdout.closed and child.stderr.closed
+        del probe, child
+        gc.collect()
+    assert [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)] == []
+
+
 KILLED = r"""
 import os, signal, sys, torch
 from torch import nn

@@ -22,6 +22,7 @@ No random numbers are drawn and no dropout runs, so training is untouched.
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -129,29 +130,36 @@ def _layer_weights(module: nn.LSTM | nn.GRU, layer: int) -> list[torch.Tensor]:
     return [getattr(module, n).detach() for n in names]
 
 
-_BLOCKS: dict[tuple[object, ...], list[torch.Tensor]] = {}
-"""Per (kind, device, dtype, shapes): one layer's weights in one contiguous block, the probe's own (see
-:func:`_in_one_block`)."""
+_BLOCKS = threading.local()
+"""Per thread, ``.blocks``: per (stream, kind, device, dtype, shapes) one layer's weights in one contiguous
+block, the probe's own (see :func:`_in_one_block`). A block is refilled at every call, so two calls share one
+only where their kernels run in order: on one thread (no other thread refills it between its copy and its
+kernel) and one stream (the copy of a later call waits for the kernels of an earlier one). Two logs' writer
+threads, or a hook and a writer thread, each have their own; a thread's die with it."""
 
 
 def _in_one_block(kind: str, weights: list[torch.Tensor], bias: bool) -> list[torch.Tensor]:
     """``weights`` (one layer's) as cuDNN wants them: in one contiguous block. A layer's weights taken
     apart are separate tensors, which cuDNN would copy into a block of its own at every call, with a
     warning the user would see; here they are copied (device to device) into a block the probe keeps, one
-    per layer shape. Off CUDA, ``weights`` as they are."""
+    per layer shape, thread and stream (see :data:`_BLOCKS`). Off CUDA, ``weights`` as they are."""
     import torch
     from torch import nn
 
     w0 = weights[0]
     if w0.device.type != "cuda" or not torch.backends.cudnn.enabled:
         return weights
-    key = (kind, w0.device, w0.dtype, bias, *(tuple(w.shape) for w in weights))
-    block = _BLOCKS.get(key)
+    stream = torch.cuda.current_stream(w0.device).cuda_stream
+    key = (stream, kind, w0.device, w0.dtype, bias, *(tuple(w.shape) for w in weights))
+    blocks: dict[tuple[object, ...], list[torch.Tensor]] | None = getattr(_BLOCKS, "blocks", None)
+    if blocks is None:
+        blocks = _BLOCKS.blocks = {}
+    block = blocks.get(key)
     if block is None:
         hidden, size = int(weights[1].shape[1]), int(w0.shape[1])
         rnn = (nn.LSTM if kind == "LSTM" else nn.GRU)(size, hidden, 1, bias=bias)
         rnn = rnn.to(device=w0.device, dtype=w0.dtype)  # .to() puts the weights in one block
-        block = _BLOCKS[key] = [p.detach() for p in rnn._flat_weights]  # type: ignore[union-attr]
+        block = blocks[key] = [p.detach() for p in rnn._flat_weights]  # type: ignore[union-attr]
     for mine, theirs in zip(block, weights, strict=True):
         mine.copy_(theirs)
     return block

@@ -39,13 +39,20 @@ read back (apache/arrow#35692, fixed in 26)."""
 def arrow_too_old() -> str | None:
     """What is wrong when this pyarrow is older than :data:`ARROW_MIN`, and how to fix it; None when it is not."""
     import sys
-    from importlib.metadata import version
+    from importlib.metadata import PackageNotFoundError, version
 
     # read from the installed distribution where pyarrow is not loaded: with a writer process, training
     # never imports it
-    found = getattr(sys.modules.get("pyarrow"), "__version__", None) or version("pyarrow")
+    found = getattr(sys.modules.get("pyarrow"), "__version__", None)
+    if found is None:
+        try:
+            found = version("pyarrow")
+        except PackageNotFoundError:  # no distribution metadata (a build on sys.path): ask the module
+            import pyarrow
+
+            found = str(pyarrow.__version__)
     try:
-        have = tuple(int(p) for p in found.split(".")[:2])
+        have = tuple(int(p) for p in [*found.split("."), "0"][:2])
     except ValueError:  # a development build: trusted
         return None
     if have >= ARROW_MIN:

@@ -282,6 +282,7 @@ class Child:
         """The training side failed (a job raised): have the process publish what it has, marked failed.
         A process that already ended (it failed itself) published on its own."""
         if self.proc.poll() is not None:
+            self._release()
             return
         try:
             self.close(final, "fail")

@@ -19,7 +19,7 @@ from lstm_probe.log.reader import narrow
 from lstm_probe.log.schema import relative_l2
 from lstm_probe.report.numeric import dense_key, groups
 from lstm_probe.report.section import Block, Line, Log, Section, Table, fmt
-from lstm_probe.report.sections.staleness import PROVENANCE_TOLERANCE
+from lstm_probe.report.sections.staleness import PROVENANCE_TOLERANCE, provenance_tolerance
 from lstm_probe.text import safe
 
 CROSS_KEYS = ["module", "layer", "worker", "env", "env_step"]
@@ -54,6 +54,8 @@ class CrossProcessSection:
     vectors: bool
     state_in_max_relative: dict[str, float] = field(default_factory=dict)
     """Per module: the largest relative L2 difference of h and c between a chunk's initial state and the runner's."""
+    provenance_tolerance: float = PROVENANCE_TOLERANCE
+    """The bound on ``first_pass``' drift (``staleness.provenance_tolerance``: looser where cuDNN ran in TF32)."""
 
 
 def _vectors(table: pa.Table, name: str) -> np.ndarray:
@@ -208,7 +210,9 @@ class CrossProcess(Section[CrossProcessSection]):
     findings_rank: ClassVar[int] = 50
 
     def compute(self, log: Log, acc: Any) -> CrossProcessSection:
-        return cross_process(log.data, log.vectors)
+        data = cross_process(log.data, log.vectors)
+        data.provenance_tolerance = provenance_tolerance(log.meta)
+        return data
 
     def warnings(self, data: CrossProcessSection, log: Log) -> list[str]:
         if data.state_in_ok is not False and data.zero_starts_ok is not False:
@@ -243,7 +247,8 @@ class CrossProcess(Section[CrossProcessSection]):
         per_module: dict[str, list[dict[str, Any]]] = {}
         for row in x.first_pass:
             per_module.setdefault(row["module"], []).append(row)
-        exact = {m: max(r["max_drift_h"] for r in rows) <= PROVENANCE_TOLERANCE for m, rows in per_module.items()}
+        bound = x.provenance_tolerance
+        exact = {m: max(r["max_drift_h"] for r in rows) <= bound for m, rows in per_module.items()}
         for module, rows in per_module.items():
             worst = max(r["max_drift_h"] for r in rows)
             if exact[module]:
@@ -252,7 +257,7 @@ class CrossProcess(Section[CrossProcessSection]):
                     f"(max relative drift {worst:.2g} over {sum(r['rows'] for r in rows)} rows)"
                 )
                 continue
-            clean = [r["iteration"] for r in rows if r["max_drift_h"] <= PROVENANCE_TOLERANCE]
+            clean = [r["iteration"] for r in rows if r["max_drift_h"] <= bound]
             msg = (
                 f"{module}: the learner's states differ from the env runners' rollout states of the same weights "
                 f"version already before the first optimizer step (max relative drift {worst:.2g})"
