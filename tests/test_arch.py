@@ -168,3 +168,24 @@ def test_dot_is_valid_for_every_variant():
     for kwargs in ({}, {"shared_lstm": True, "enable_critic_lstm": False}):
         src = to_dot(arch(model("CartPole-v1", **kwargs)))
         assert pydot.graph_from_dot_data(src)
+
+
+def test_the_gradient_pass_runs_the_copy_in_training_mode_as_recurrent_ppo_train_does(monkeypatch):
+    """cuDNN computes no RNN backward in eval mode ("cudnn RNN backward can only be called in training mode"):
+    with the copy in eval mode every probed RecurrentPPO run on CUDA failed at its first step. The losses run
+    with the copy in training mode, as RecurrentPPO.train runs the policy; the user's policy keeps its mode."""
+    import lstm_probe.integrations.sb3.arch as arch_module
+
+    seen = []
+    losses = arch_module._losses
+
+    def spy(model, policy, batch):
+        seen.append({name: m.training for name, m in policy.named_modules() if name.startswith("lstm")})
+        return losses(model, policy, batch)
+
+    monkeypatch.setattr(arch_module, "_losses", spy)
+    m = model("CartPole-v1", "MlpLstmPolicy")
+    m.policy.set_training_mode(False)
+    arch(m)
+    assert seen and all(all(modes.values()) for modes in seen), seen
+    assert not m.policy.training and not m.policy.lstm_actor.training  # the user's policy as it was
