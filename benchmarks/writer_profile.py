@@ -7,6 +7,8 @@ row making and norms, Arrow arrays, Parquet encoding, zstd, the file write; a mu
 c and every drift come computed in the recorded messages).
 
     python benchmarks/writer_profile.py record --steps 1024 --n-envs 1 --capture full --rec full.rec
+    python benchmarks/writer_profile.py record --rsl-rl --n-envs 1024 --hidden 256 --rec wide.rec
+                                                       # rsl_rl at width: summary rows, --trace-envs 16
     python benchmarks/writer_profile.py replay full.rec --repeats 5
     python benchmarks/writer_profile.py replay full.rec --profile      # cProfile of one replay
     python benchmarks/writer_profile.py replay full.rec --stages       # CPU per stage of one replay
@@ -71,10 +73,21 @@ def record(args: argparse.Namespace) -> None:
     LogWriter.__init__ = init  # type: ignore[method-assign]
     LogWriter._to_sink = to_sink  # type: ignore[method-assign]
     with tempfile.TemporaryDirectory(prefix="writer-profile-") as tmp:
-        env = make_vec_env(args.env, n_envs=args.n_envs, seed=0)
-        model = RecurrentPPO("MlpLstmPolicy", env, seed=0)
-        cb = ProbeCallback(os.path.join(tmp, "log.parquet"), capture=args.capture, force=True, writer="thread")
-        model.learn(args.steps, callback=cb)
+        if args.rsl_rl:  # a wide run: rsl_rl on torch-native Pendulums, summary rows of every env, 16 traced
+            from lstm_probe.integrations.rsl_rl import TorchPendulumVecEnv, attach, train_cfg
+            from lstm_probe.integrations.rsl_rl.train import build_runner
+
+            torch.manual_seed(0)
+            cfg = train_cfg(learning_rate=1e-3, rnn_type="lstm", rnn_layers=1, hidden_size=args.hidden)
+            runner = build_runner(TorchPendulumVecEnv(args.n_envs, seed=0), cfg)
+            out = os.path.join(tmp, "log.parquet")
+            with attach(runner, out, capture="summary", trace_envs=16, force=True, writer="thread"):
+                runner.learn(args.iterations)
+        else:
+            env = make_vec_env(args.env, n_envs=args.n_envs, seed=0)
+            model = RecurrentPPO("MlpLstmPolicy", env, seed=0)
+            cb = ProbeCallback(os.path.join(tmp, "log.parquet"), capture=args.capture, force=True, writer="thread")
+            model.learn(args.steps, callback=cb)
     with open(args.rec, "wb") as f:
         pickle.dump({"config": config["writer"], "messages": messages}, f, protocol=5)
     print(f"{len(messages)} messages, {sum(map(len, messages)) / 1e6:.1f} MB -> {args.rec}")
@@ -247,16 +260,19 @@ def pipe_once(rec: dict[str, Any], out: str, times: int = 1) -> dict[str, Any]:
     config = dataclasses.replace(rec["config"], out=out, pid=None)  # no lock of this run's to free
     messages = [pickle.loads(m) for m in rec["messages"]]
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
     child = Child.start(config)
     for _ in range(times):  # the same messages again: more rows into the same log (memory over GBs)
         for message in messages:
             child.send(message, 32 << 20)
     child.close({"completed": True, "probe_cost": {"writer_cpu_seconds": 0.0, "writer_busy_seconds": 0.0}})
+    wall = time.perf_counter() - start  # the sender never waits but for room in the pipe: the writer's pace
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     info = lstm_probe.read_info(out)
     cost = info.metadata["probe_cost"]
     return {
         "cpu": cost["writer_cpu_seconds"],
+        "wall": wall,
         "process_cpu": after.ru_utime + after.ru_stime - kids.ru_utime - kids.ru_stime,
         "private_mb": cost.get("writer_peak_private_mb", 0.0),
         "rows": info.rows,
@@ -286,10 +302,12 @@ def pipe(args: argparse.Namespace) -> None:
         us = [1e6 * r["cpu"] / n for r in rs]
         whole = [1e6 * r["process_cpu"] / n for r in rs]
         mb = [r["private_mb"] for r in rs]
+        walls = [r["wall"] for r in rs]
         print(
             f"{n} rows: writer CPU {statistics.median(us):.2f} us/row ({min(us):.2f}-{max(us):.2f}), whole process "
             f"{statistics.median(whole):.2f} ({min(whole):.2f}-{max(whole):.2f}), {rs[0]['bytes'] / n:.1f} B/row, "
-            f"peak private {statistics.median(mb):.1f} MB ({min(mb)}-{max(mb)})"
+            f"peak private {statistics.median(mb):.1f} MB ({min(mb)}-{max(mb)}), wall {statistics.median(walls):.2f} s "
+            f"({min(walls):.2f}-{max(walls):.2f}) from start to closed"
         )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -304,6 +322,9 @@ def main() -> None:
     r.add_argument("--n-envs", type=int, default=1)
     r.add_argument("--capture", default="full", choices=["full", "summary"])
     r.add_argument("--rec", required=True)
+    r.add_argument("--rsl-rl", action="store_true", help="record a wide rsl_rl run instead (--n-envs, --hidden)")
+    r.add_argument("--hidden", type=int, default=256)
+    r.add_argument("--iterations", type=int, default=3)
     p = sub.add_parser("replay")
     p.add_argument("rec")
     p.add_argument("--variants", nargs="+", choices=list(VARIANTS))
