@@ -147,17 +147,29 @@ def test_arch_rollout_leaves_the_model_alone(policy_kwargs):
 def test_path_is_the_branch_sb3_took(tmp_path, monkeypatch):
     """Item 4 (`lstm-probe run CartPole-v1 --n-envs 4 --n-steps 2 --batch-size 2 --n-epochs 2`): every
     sequence has length 1, and each train call's path still names sb3's branch."""
+    from sb3_contrib import RecurrentPPO
+
     from lstm_probe import run
 
     branches = []  # (module, one call over the sequences?) of every train-time _process_sequence
     original = RecurrentActorCriticPolicy._process_sequence
+    training = []  # inside RecurrentPPO.train (not the probe's gradient pass on its copy, which runs before)
+    train = RecurrentPPO.train
+
+    def in_train(self):
+        training.append(True)
+        try:
+            return train(self)
+        finally:
+            training.pop()
 
     def spy(features, lstm_states, episode_starts, lstm):
-        if torch.is_grad_enabled() and lstm.training:  # train(), not the probe's measurement on its copy
+        if training and torch.is_grad_enabled():
             branches.append(bool(torch.all(episode_starts == 0.0)))
         return original(features, lstm_states, episode_starts, lstm)
 
     monkeypatch.setattr(RecurrentActorCriticPolicy, "_process_sequence", staticmethod(spy))
+    monkeypatch.setattr(RecurrentPPO, "train", in_train)
     result = run("CartPole-v1", tmp_path / "r.parquet", n_envs=4, n_steps=2, batch_size=2, n_epochs=2, seed=0)
     df = lstm_probe.load(result.path, phase="train", layer=0, vectors=False)
     keys = ["iteration", "epoch", "minibatch", "module"]
