@@ -38,9 +38,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from lstm_probe.log.arrays import fixed_lists, string_array
 from lstm_probe.log.assemble import Assembly
-from lstm_probe.log.background import Behind
 from lstm_probe.log.layout import PART_ROWS, partial_dir, row_capacity
 from lstm_probe.log.schema import COLUMNS, META_RUN_KEY, ROW_FLAGS, Column, log_schema, vector_width
 from lstm_probe.options import CaptureOptions, default
@@ -143,6 +141,39 @@ class Rows:
         raise AttributeError(f"no row buffer {name!r}")
 
 
+def _strings(codes: np.ndarray, names: Sequence[str]) -> pa.Array:
+    """A string column from its codes (-1: null), laid out in numpy: the array Arrow's ``take`` of the names
+    gives (that kernel loads ``pyarrow.compute``, ~0.3 s of a writer process's CPU for a handful of columns
+    per row group). A row group's codes come in runs (a block's rows): each run's bytes are one repeated
+    string; codes that change more often than :data:`_STRING_RUNS` times are laid out name by name."""
+    encoded = [name.encode() for name in names] + [b""]  # code -1 (null) indexes the last entry: no bytes
+    n = len(codes)
+    null = codes < 0
+    sizes = np.array([len(e) for e in encoded], np.int32)
+    offsets = np.empty(n + 1, np.int32)
+    offsets[0] = 0
+    np.cumsum(sizes[codes], out=offsets[1:])
+    starts = np.flatnonzero(codes[1:] != codes[:-1]) + 1
+    if len(starts) < _STRING_RUNS:
+        bounds = [0, *starts.tolist(), n] if n else [0]
+        firsts = codes[bounds[:-1]].tolist()
+        runs = (encoded[c] * (b - a) for c, (a, b) in zip(firsts, itertools.pairwise(bounds), strict=True))
+        data = np.frombuffer(b"".join(runs), np.uint8)
+    else:
+        data = np.empty(int(offsets[-1]), np.uint8)
+        for i, name in enumerate(encoded[:-1]):
+            at = offsets[:-1][codes == i] if name else offsets[:0]
+            for k, byte in enumerate(name if len(at) else b""):
+                data[at + k] = byte
+    nulls = int(np.count_nonzero(null))
+    validity = pa.py_buffer(np.packbits(~null, bitorder="little")) if nulls else None
+    return pa.StringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(data), validity, nulls)
+
+
+_STRING_RUNS = 4096
+"""Runs of one code up to which :func:`_strings` joins each run's bytes (more: name by name)."""
+
+
 class Encoder:
     """Turns filled :class:`Rows` into a record batch of the declared schema, column by column by its
     kind and null convention (``schema.Column``)."""
@@ -166,7 +197,7 @@ class Encoder:
                 own = r.buffers[col.name][s]
                 null = np.isnan(own).all(axis=1)
                 values = pa.array(np.ascontiguousarray(own, np.float32).reshape(-1))
-                arrays.append(fixed_lists(pa.list_(pa.float32(), own.shape[1]), values, null))
+                arrays.append(_lists(pa.list_(pa.float32(), own.shape[1]), values, null))
                 continue
             if kind == "vector":
                 v = r.buffers.get(col.name)
@@ -174,7 +205,7 @@ class Encoder:
                 continue
             v = r.buffers[col.name][s]
             if kind == "code":
-                arrays.append(string_array(v, self.names[col.name]))
+                arrays.append(_strings(v, self.names[col.name]))
             elif kind == "tribool":
                 arrays.append(pa.array(v > 0, typ, mask=v < 0))
             elif not col.nullable:
@@ -193,7 +224,7 @@ class Encoder:
 
     def _vectors(self, v: np.ndarray, null: np.ndarray) -> pa.Array:
         flat = np.ascontiguousarray(v, dtype=np.float16 if self.float16 else np.float32).reshape(-1)
-        return fixed_lists(self.state_type, pa.array(flat), null)
+        return _lists(self.state_type, pa.array(flat), null)
 
     def _no_vectors(self, n: int) -> pa.Array:
         """An all-null vector column of ``n`` rows. Arrow wants n * hidden child values even so: they are a
@@ -202,7 +233,16 @@ class Encoder:
         if self._zeros.size < n * self.hidden:
             self._zeros = np.zeros(n * self.hidden, self._zeros.dtype)
         values = pa.array(self._zeros[: n * self.hidden])
-        return fixed_lists(self.state_type, values, np.ones(n, np.bool_))
+        return _lists(self.state_type, values, np.ones(n, np.bool_))
+
+
+def _lists(typ: pa.DataType, values: pa.Array, null: np.ndarray) -> pa.Array:
+    """Fixed-size lists of ``typ`` over ``values``, null where ``null``: what ``FixedSizeListArray.from_arrays``
+    with a mask gives (whose mask loads ``pyarrow.compute``, ~0.3 s of a writer process's CPU), its validity
+    bitmap packed in numpy."""
+    nulls = int(np.count_nonzero(null))
+    validity = pa.py_buffer(np.packbits(~null, bitorder="little")) if nulls else None
+    return pa.Array.from_buffers(typ, len(null), [validity], null_count=nulls, children=[values])
 
 
 def _spans(iteration: pa.Array, n: int) -> list[tuple[int, int, int]]:
@@ -398,8 +438,8 @@ class FileLog:
         # others (rollout, bootstrap, ...; LANE_OTHER). A phase filter then skips the other lane's row groups
         # by their statistics (the report reads the rollout rows' vectors alone). A lane's pages are touched
         # only as far as it fills (see _limit).
-        self.lanes = [Rows(self.capacity, hidden_size, vectors, self.widths) for _ in range(2)]
-        self._spares: list[list[Rows]] = [[], []]  # each lane's buffers back from the Parquet thread
+        self._buffers = [Rows(self.capacity, hidden_size, vectors, self.widths) for _ in range(2)]
+        self.lanes = list(self._buffers)
         self.part_iterations = part_iterations if self.is_dir else None
         self.span = -1  # the span of iterations (part_iterations) of the buffered rows; -1: none yet
         self._lane = LANE_OTHER  # the lane of the last reserve
@@ -408,7 +448,7 @@ class FileLog:
         self.last_flush = time.monotonic()
         self.rows_written = 0
         self.progress: dict[str, Any] = {}
-        self._parts = PartWriter(
+        self.parts = PartWriter(
             self.parts_dir,
             self.schema,
             part_seconds,
@@ -417,12 +457,6 @@ class FileLog:
             shard=shard,
             part_iterations=self.part_iterations,
         )
-        self.behind = Behind(self._parts)  # row groups written on a thread of their own (background.py)
-
-    @property
-    def parts(self) -> PartWriter:
-        """The part writer, once every row group handed to the Parquet thread is written."""
-        return self.behind.sync()
 
     def reserve(self, n: int, train: bool = False, iteration: int | None = None) -> tuple[Rows, int]:
         """Room for ``n`` rows of one call in its lane (``train``: a train call's rows): the buffer and the
@@ -443,7 +477,6 @@ class FileLog:
         if rows.n + n > self._limit(lane):
             self._write_lane(lane)
             if n > self.capacity:  # one call larger than a buffer: a one-off buffer
-                self._spares[lane].append(self.lanes[lane])
                 self.lanes[lane] = Rows(n, self.hidden_size, self.vectors, self.widths)
             rows = self.lanes[lane]
         self._lane = lane
@@ -471,12 +504,10 @@ class FileLog:
         been open ``part_seconds`` (an idle run's rows too reach a finished part in bounded time)."""
         self.last_flush = time.monotonic()
         if not any(rows.n for rows in self.lanes):
-            parts = self.behind.sync()
-            if parts.part_due():
-                parts.close_part({"progress": dict(self.progress)})
+            if self.parts.part_due():
+                self.parts.close_part({"progress": dict(self.progress)})
             return
         self._write_lanes()
-        self.behind.sync()  # on disk when it returns (a full buffer's row group is written behind: reserve)
 
     def _write_lanes(self) -> None:
         for lane in (LANE_OTHER, LANE_TRAIN):
@@ -487,35 +518,23 @@ class FileLog:
         rows = self.lanes[lane]
         if rows.n == 0:
             return
-        spares = self._spares[lane]
-        self.lanes[lane] = spares.pop() if spares else Rows(self.capacity, self.hidden_size, self.vectors, self.widths)
         try:
-            batch = self.encoder.encode(rows)  # views of the buffers: they wait until the row group is written
-        except BaseException:
+            self.parts.write(self.encoder.encode(rows), {"progress": dict(self.progress)})
+        finally:
             rows.n = 0
-            spares.append(rows)
-            raise
-
-        def done() -> None:  # on the Parquet thread, once the row group is written (a one-off buffer: dropped)
-            rows.n = 0
-            if rows.capacity == self.capacity:
-                spares.append(rows)
-
-        self.behind.write(batch, {"progress": dict(self.progress)}, done)
+            self.lanes[lane] = self._buffers[lane]  # a one-off buffer is dropped after use
 
     def close(self, final: dict[str, Any]) -> None:
         """Write what is left, record ``final`` (completed, stop_reason, ...) and publish the log."""
         self.flush()
         final = {**final, "final": True, "progress": {**self.progress, **final.get("progress", {})}}
         final["progress"]["rows"] = self.rows_written
-        parts = self.behind.sync()
-        self.behind.stop()
-        if parts.writer is None:
+        if self.parts.writer is None:
             # Always end with a part that carries the outcome, even when it holds no rows.
-            parts._open()
-        parts.close_part(final)
+            self.parts._open()
+        self.parts.close_part(final)
         if not self.is_dir:
-            parts.finish_single()
+            self.parts.finish_single()
             shutil.rmtree(self.parts_dir)
 
     def fail(self, final: dict[str, Any]) -> None:
@@ -524,26 +543,24 @@ class FileLog:
         parts hold; else its journal stays, its last part saying how the run ended."""
         with contextlib.suppress(Exception):
             self.flush()
-        parts = self.behind.sync(check=False)  # (its failure, if any, is why this runs)
-        self.behind.stop()
         final = {**final, "final": True, "completed": False}
-        final["progress"] = {**self.progress, **final.get("progress", {}), "rows": parts.rows}
+        final["progress"] = {**self.progress, **final.get("progress", {}), "rows": self.parts.rows}
         try:
-            if parts.writer is None:
-                parts._open()
-            parts.close_part(final)
+            if self.parts.writer is None:
+                self.parts._open()
+            self.parts.close_part(final)
         except Exception:
-            parts.abort()
+            self.parts.abort()
             return
         if self.is_dir:
             return
-        if not parts.single_complete():
-            parts.drop_single()
+        if not self.parts.single_complete():
+            self.parts.drop_single()
             return
         try:
-            parts.finish_single()
+            self.parts.finish_single()
         except Exception:
-            parts.drop_single()
+            self.parts.drop_single()
             return
         shutil.rmtree(self.parts_dir, ignore_errors=True)
 
@@ -551,14 +568,11 @@ class FileLog:
         """The run ended without a close (its process died): publish the rows taken so far as a part of
         the crash journal, without an outcome; the readers salvage it."""
         self.flush()
-        parts = self.behind.sync()
-        self.behind.stop()
-        parts.close_part({"progress": {**self.progress, "rows": self.rows_written}})
-        parts.abort()
+        self.parts.close_part({"progress": {**self.progress, "rows": self.rows_written}})
+        self.parts.abort()
 
     def abort(self) -> None:
-        self.behind.sync(check=False).abort()
-        self.behind.stop()
+        self.parts.abort()
 
 
 __all__ = ["FileLog", "Rows", "META_FINAL_KEY", "META_RUN_KEY"]
