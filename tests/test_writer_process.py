@@ -509,16 +509,22 @@ def _batched_calls(probe, m, n):
             m(torch.randn(5, 2, 3))  # 5 steps x 2 columns: 10 rows a call, its job batched
 
 
+def _batching(out, calls):
+    """A traced LSTM whose training calls' jobs are batched, ``calls`` of them made: (module, probe)."""
+    m = nn.LSTM(3, 8)
+    probe = lstm_probe.trace(m, out).start()
+    probe.batch_jobs(True)
+    _batched_calls(probe, m, calls)
+    return m, probe
+
+
 @pytest.mark.parametrize("half", ["second", "first"])
 def test_a_bug_in_a_batched_job_keeps_the_rows_of_the_jobs_batched_before_it(tmp_path, half):
     """The jobs batched before a failing job (its second half, run with theirs; or its first half, run while
     theirs wait) had their rows made: they are published with the failed log, as they were before jobs were
     batched (each job's rows crossed the pipe when it ran)."""
-    m = nn.LSTM(3, 8)
     out = tmp_path / "b.parquet"
-    probe = lstm_probe.trace(m, out).start()
-    probe.batch_jobs(True)
-    _batched_calls(probe, m, 3)
+    m, probe = _batching(out, 3)
 
     def bug():
         raise ValueError("a bug in a job")
@@ -541,11 +547,8 @@ def test_a_bug_in_a_batched_job_keeps_the_rows_of_the_jobs_batched_before_it(tmp
 def test_a_ctrl_c_in_a_batched_second_half_loses_only_that_jobs_rows(tmp_path):
     """Training's KeyboardInterrupt landing in one batched second half: the jobs batched after it still run
     (at close), as a Ctrl-C lost one job's rows before jobs were batched."""
-    m = nn.LSTM(3, 8)
     out = tmp_path / "c.parquet"
-    probe = lstm_probe.trace(m, out).start()
-    probe.batch_jobs(True)
-    _batched_calls(probe, m, 1)
+    m, probe = _batching(out, 1)
 
     def interrupted():
         raise KeyboardInterrupt  # what the SIGINT handler raises at the job's next bytecode

@@ -280,9 +280,8 @@ def gru_sequence_parts(
             else:
                 w = _layer_weights(module, layer) if weights is None else weights[layer]
                 h0_l = h0[layer : layer + 1].detach()
-                out = torch.gru(
-                    layer_in, h0_l, _in_one_block("GRU", w, module.bias), module.bias, 1, 0.0, False, False, False
-                )[0]
+                flat = _in_one_block("GRU", w, module.bias)
+                out = torch.gru(layer_in, h0_l, flat, module.bias, 1, 0.0, False, False, False)[0]
             parts.append(out)
             layer_in = out
         return parts

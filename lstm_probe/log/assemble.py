@@ -165,13 +165,18 @@ def _put_varint(out: bytearray, n: int) -> None:
     out.append(n)
 
 
+def _put_int(out: bytearray, n: int) -> None:
+    """An integer (i16, i32, i64, a long-form field id) as the compact protocol writes it: zigzag, then varint."""
+    _put_varint(out, (n << 1) ^ (n >> 63))
+
+
 def _put_value(out: bytearray, typ: int, v: Any) -> None:
     if isinstance(v, Encoded):
         out += v
     elif typ in (_TRUE, _FALSE, _BYTE):
         out.append(v & 0xFF)
     elif typ in (_I16, _I32, _I64):
-        _put_varint(out, (v << 1) ^ (v >> 63))
+        _put_int(out, v)
     elif typ == _DOUBLE:
         out += v
     elif typ == _BINARY:
@@ -207,7 +212,7 @@ def _put_struct(out: bytearray, fields: list[Field]) -> None:
             out.append((fid - last) << 4 | typ)
         else:
             out.append(typ)
-            _put_varint(out, (fid << 1) ^ (fid >> 63))
+            _put_int(out, fid)
         if typ not in (_TRUE, _FALSE):
             _put_value(out, typ, v)
         last = fid
@@ -352,11 +357,11 @@ def _rewrite(buf: bytes, pos: int, out: bytearray, plan: Plan, shift: int, ordin
             n, pos = _varint(buf, pos)
             v = _unzigzag(n)
             v = v + shift if v > 0 else v
-            _put_varint(out, (v << 1) ^ (v >> 63))
+            _put_int(out, v)
         elif kind == "ordinal" and typ in (_I16, _I32, _I64):
             out += buf[start:pos]
             pos = _skip(buf, pos, typ)
-            _put_varint(out, (ordinal << 1) ^ (ordinal >> 63))
+            _put_int(out, ordinal)
         elif kind == "struct" and typ == _STRUCT:
             out += buf[start:pos]
             pos = _rewrite(buf, pos, out, act[1], shift, ordinal)

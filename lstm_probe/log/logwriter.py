@@ -294,8 +294,7 @@ class LogWriter:
         if later is None:
             return
         self._batch.append(later)
-        staged = getattr(later, "staged", None)
-        self._batch_bytes += staged.nbytes if staged is not None else 0
+        self._batch_bytes += _staged_bytes(later)
         if len(self._batch) >= BATCH_JOBS or self._batch_bytes >= BATCH_BYTES:
             self._send_batch()
 
@@ -326,7 +325,7 @@ class LogWriter:
             self._gathered = None
             if done < len(batch) and self.error is None:  # a Ctrl-C inside one: those after it run at close
                 self._batch = batch[done:] + self._batch
-                self._batch_bytes = sum(getattr(getattr(b, "staged", None), "nbytes", 0) for b in self._batch)
+                self._batch_bytes = sum(map(_staged_bytes, self._batch))
             if gathered:  # what was handed over before a failure or a Ctrl-C crosses too
                 error, self.error = self.error, None
                 self._run(lambda: self._to_sink(gathered[0] if len(gathered) == 1 else Batch(gathered)))
@@ -458,6 +457,12 @@ class _Sized:
 
     def __init__(self, job: Callable[[], None], nbytes: int):
         self.job, self.nbytes = job, nbytes
+
+
+def _staged_bytes(later: Any) -> int:
+    """The host bytes a batched second half holds (its ``Staged`` copy's; 0 where it has none)."""
+    staged = getattr(later, "staged", None)
+    return staged.nbytes if staged is not None else 0
 
 
 _IDLE: Any = object()

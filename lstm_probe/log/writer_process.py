@@ -505,7 +505,7 @@ def _one_line(exc: BaseException) -> str:
 
 def _profiled() -> int:
     """``serve`` under cProfile, its stats written to ``$LSTM_PROBE_WRITER_PROFILE`` on a normal end (a
-    development aid: ``benchmarks/writer_rows.py``)."""
+    development aid, beside ``benchmarks/writer_profile.py``)."""
     import cProfile
 
     profile = cProfile.Profile()
