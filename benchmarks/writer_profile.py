@@ -7,6 +7,7 @@ row making and norms, Arrow arrays, Parquet encoding, zstd, the file write; a mu
 c and every drift come computed in the recorded messages).
 
     python benchmarks/writer_profile.py record --steps 1024 --n-envs 1 --capture full --rec full.rec
+    python benchmarks/writer_profile.py footer LOG      # the assembly's time per row group, both routes
     python benchmarks/writer_profile.py record --rsl-rl --n-envs 1024 --hidden 256 --rec wide.rec
                                                        # rsl_rl at width: summary rows, --trace-envs 16
     python benchmarks/writer_profile.py replay full.rec --repeats 5
@@ -313,6 +314,46 @@ def pipe(args: argparse.Namespace) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def footer(args: argparse.Namespace) -> None:
+    """How long a single-file log's assembly takes per row group to move a part's row-group metadata: decoded,
+    moved and encoded (``assemble._row_group``, the route before) against byte for byte
+    (``assemble.moved_row_group``), interleaved, on the row groups of a real log (a part, or a whole log)."""
+    from pathlib import Path
+
+    from lstm_probe.log.assemble import Encoded, _row_group, encode, moved_row_group, read_footer
+
+    path = Path(args.log)
+
+    def decoded() -> int:
+        moved: list[Encoded] = []
+        read_footer(path, lambda rg: moved.append(Encoded(encode(_row_group(rg, 100, len(moved))))))
+        return len(moved)
+
+    def raw() -> int:
+        moved: list[Encoded] = []
+
+        def row_group(buf: bytes, pos: int) -> int:
+            metadata, end = moved_row_group(buf, pos, 100, len(moved))
+            moved.append(metadata)
+            return end
+
+        read_footer(path, raw_row_group=row_group)
+        return len(moved)
+
+    times: dict[str, list[float]] = {"decoded": [], "byte for byte": []}
+    groups = 0
+    for _ in range(args.repeats):
+        for label, fn in (("decoded", decoded), ("byte for byte", raw)):
+            start = time.perf_counter()
+            groups = fn()
+            times[label].append((time.perf_counter() - start) / max(groups, 1))
+    ms = {label: 1e3 * statistics.median(t) for label, t in times.items()}
+    print(
+        f"{groups} row groups: decoded {ms['decoded']:.2f} ms per row group, byte for byte "
+        f"{ms['byte for byte']:.2f} ms ({ms['decoded'] / ms['byte for byte']:.2f}x), medians of {args.repeats}"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -341,8 +382,11 @@ def main() -> None:
     q.add_argument("--dir", action="store_true", help="write a dataset directory instead of a single file")
     q.add_argument("--times", type=int, default=1, help="send the recorded messages this many times (one log)")
     q.add_argument("--env", nargs="+", help="KEY=VALUE for the writer process (KEY= : unset)")
+    f = sub.add_parser("footer")
+    f.add_argument("log")
+    f.add_argument("--repeats", type=int, default=30)
     args = ap.parse_args()
-    {"record": record, "replay": replay, "write": write, "pipe": pipe}[args.cmd](args)
+    {"record": record, "replay": replay, "write": write, "pipe": pipe, "footer": footer}[args.cmd](args)
 
 
 if __name__ == "__main__":
