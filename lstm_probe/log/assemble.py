@@ -265,10 +265,10 @@ def _row_group(rg: list[Field], shift: int, ordinal: int) -> list[Field]:
 
 
 # -- moving a row group's metadata without decoding it ---------------------------------------------------
-# A row group's metadata is ~2 kB of Thrift per 36 columns; decoded into Python objects, moved and encoded
-# again it cost ~7 ms, as much per row group as Parquet's own encoding of 25k rows. :func:`moved_row_group`
-# copies every byte it does not change and decodes only the path to the offsets (RowGroup.columns ->
-# ColumnChunk -> ColumnMetaData), with the same output as ``encode(_row_group(decode(...)))``.
+# A row group's metadata is ~2 kB of Thrift for a log's ~30 columns; decoded into Python objects, moved and
+# encoded again it took 1.1-1.2 ms per row group. :func:`moved_row_group` copies every byte it does not change
+# and decodes only the path to the offsets (RowGroup.columns -> ColumnChunk -> ColumnMetaData), with the same
+# output as ``encode(_row_group(decode(...)))``: 0.6 ms (``benchmarks/writer_profile.py footer LOG``).
 
 Plan = dict[int, tuple[Any, ...]]
 """A struct's fields to act on: field id -> ("offset",) move an i64 offset > 0; ("ordinal",) set it;
