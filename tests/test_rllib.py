@@ -444,3 +444,43 @@ def test_evaluation_runners_get_their_own_shard(tmp_path: Path) -> None:
     assert len(evaluation) and set(evaluation["phase"]) == {"predict"}
     assert set(df.loc[df["phase"] == "rollout", "worker"]) == {0}
     assert lstm_probe.summarize(tmp_path / "log").cross_process.state_in_ok is True
+
+
+def test_the_gradient_flow_runs_on_a_copy_in_training_mode_and_never_calls_the_users_module(monkeypatch) -> None:
+    """The learner's architecture record is measured on a private copy: the user's hooks and wrappers never
+    see its synthetic batch, the user's module keeps its mode and the RNGs stay as they were; the copy runs
+    in training mode, as RLlib's learner runs the module (cuDNN has no RNN backward in eval mode)."""
+    import gymnasium as gym
+    import torch
+    from ray.rllib.algorithms.ppo import PPOConfig
+    from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
+
+    import lstm_probe.integrations.rllib.model as model
+
+    env = gym.make("CartPole-v1")
+    config = PPOConfig().environment("CartPole-v1")
+    config = config.rl_module(model_config=DefaultModelConfig(use_lstm=True, lstm_cell_size=8, vf_share_layers=False))
+    module = config.get_rl_module_spec(env=env).build()
+    env.close()
+    module.eval()
+    calls: list[str] = []
+    for name, m in module.named_modules():
+        if isinstance(m, torch.nn.LSTM):
+            m.register_forward_hook(lambda *_, name=name: calls.append(name))
+    users = module.forward_train
+    module.forward_train = lambda batch, **kw: (calls.append("forward_train"), users(batch, **kw))[1]
+    seen = []
+    measured = model._measured
+
+    def spy(copy, shape, device):
+        seen.append({name: m.training for name, m in copy.named_modules() if isinstance(m, torch.nn.LSTM)})
+        return measured(copy, shape, device)
+
+    monkeypatch.setattr(model, "_measured", spy)
+    rng = torch.get_rng_state()
+    flow = model.gradient_flow(module)
+    assert calls == [] and not module.training
+    assert seen and all(all(modes.values()) and modes for modes in seen), seen
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert "separate LSTMs" in flow["verdict"]
+    assert {v for k, v in flow["gradient_flow"].items() if k.startswith("encoder.actor_encoder.")} == {"policy"}

@@ -11,6 +11,8 @@ from torch import nn
 
 from lstm_probe.capture.modules import describe_modules
 from lstm_probe.errors import BadInput, one_line
+from lstm_probe.integrations.sb3.arch import _rng_kept
+from lstm_probe.measure.copies import private_copy
 from lstm_probe.options import TrainOptions, settle
 
 
@@ -43,25 +45,38 @@ def gradient_flow(module: Any) -> dict[str, Any]:
     """Which parameters the policy and the value outputs reach, by autograd on a synthetic batch.
 
     PPO's losses depend on the parameters only through these outputs: the policy and entropy losses through
-    ``action_dist_inputs`` of ``forward_train``, the value loss through ``compute_values``. Runs before any
-    hook is attached, draws the batch from a local RNG and never touches ``.grad`` (``torch.autograd.grad``),
-    so training is unchanged. Returns the record the report's architecture section reads.
+    ``action_dist_inputs`` of ``forward_train``, the value loss through ``compute_values``. Runs on a private
+    copy of ``module`` (``measure/copies.private_copy``: none of the user's hooks or wrappers run, the user's
+    module is never called and keeps its mode) in training mode, as RLlib's learner runs it (cuDNN has no RNN
+    backward in eval mode), with the global RNGs kept (``sb3.arch._rng_kept``); the batch is drawn from a
+    local RNG on the module's device, and no ``.grad`` is touched (``torch.autograd.grad``): training is
+    unchanged. Returns the record the report's architecture section reads.
     """
-    from ray.rllib.core.columns import Columns
 
     space = module.observation_space
     shape = getattr(space, "shape", None)
     if not shape:
         return {"verdict": None, "batch": f"not measured: synthetic batches need a Box observation space ({space})"}
+    first = next(module.parameters(), None)
+    device = first.device if first is not None else torch.device("cpu")
+    with _rng_kept(device):
+        copy = private_copy(module)
+        copy.train(True)
+        return _measured(copy, shape, device)
+
+
+def _measured(module: Any, shape: tuple[int, ...], device: torch.device) -> dict[str, Any]:
+    from ray.rllib.core.columns import Columns
+
     n, t = 2, 3
     rng = np.random.default_rng(0)
-    obs = torch.as_tensor(rng.uniform(-1, 1, size=(n, t, *shape)), dtype=torch.float32)
+    obs = torch.as_tensor(rng.uniform(-1, 1, size=(n, t, *shape)), dtype=torch.float32, device=device)
     initial = module.get_initial_state()
 
     def batched(x: Any) -> Any:
         if isinstance(x, dict):
             return {k: batched(v) for k, v in x.items()}
-        x = torch.as_tensor(x, dtype=torch.float32)
+        x = torch.as_tensor(x, dtype=torch.float32, device=device)
         return x.unsqueeze(0).expand(n, *x.shape).contiguous()
 
     batch = {Columns.OBS: obs, Columns.STATE_IN: batched(initial)}
