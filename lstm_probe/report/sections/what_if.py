@@ -26,6 +26,10 @@ of the returns), and the PPO ratio moved by at most this much on average (mean |
 CHECK_TOLERANCE = 1e-4
 """The oracle's float tolerance: refreshed and stored at minibatch 0 of epoch 0 are the same computation up to
 rounding (a batched pass against sb3's one), so every relative difference stays far below this."""
+TF32_CHECK_TOLERANCE = 1e-2
+"""The same bound for a log whose LSTMs ran on cuDNN in TF32 (metadata ``cudnn_tf32``; as
+``staleness.TF32_PROVENANCE_TOLERANCE``: a 10-bit mantissa in the matrix products, and the two passes may round
+differently)."""
 AVERAGED = (*WHAT_IF_METRICS, "reached", "clipped")
 ZERO, STORED = "burn_in_", "stored_burn_in_"
 """The alternatives' name prefixes of burn-ins from zero and from stored states (the length follows)."""
@@ -95,8 +99,9 @@ def within(row: dict[str, Any], critic: str | None) -> bool:
     return value_ok and policy is not None and policy <= WITHIN
 
 
-def summarize_what_if(meta: dict[str, Any]) -> WhatIfSection:
-    """The section's data from the log's ``what_if`` metadata."""
+def summarize_what_if(meta: dict[str, Any], *, tf32: bool = False) -> WhatIfSection:
+    """The section's data from the log's ``what_if`` metadata; ``tf32``: the log's LSTMs ran on cuDNN in TF32
+    (the oracle's bound is then :data:`TF32_CHECK_TOLERANCE`)."""
     records = meta.get("records") or {}
     n = len(records.get("alternative") or [])
     rows: list[dict[str, Any]] = [{c: v[i] if i < len(v) else None for c, v in records.items()} for i in range(n)]
@@ -147,10 +152,11 @@ def summarize_what_if(meta: dict[str, Any]) -> WhatIfSection:
     }
     cos = [float(r[c]) for r in oracle for c in ("grad_cos_policy", "grad_cos_value") if checked(r, c)]
     worst["grad_cos_gap"] = max((1 - x for x in cos), default=0.0)
+    bound = TF32_CHECK_TOLERANCE if tf32 else CHECK_TOLERANCE
     data.check = {
         "minibatches": len(oracle),
         "max": worst,
-        "ok": all(v <= CHECK_TOLERANCE for v in worst.values()) if oracle else None,
+        "ok": all(v <= bound for v in worst.values()) if oracle else None,
     }
     return data
 
@@ -202,7 +208,7 @@ class WhatIf(Section[WhatIfSection]):
         meta = log.meta.get("what_if")
         if not isinstance(meta, dict) or not isinstance(meta.get("records"), dict):
             return WhatIfSection(measured=False)
-        return summarize_what_if(meta)
+        return summarize_what_if(meta, tf32=log.meta.get("cudnn_tf32") is True)
 
     def to_json(self, data: WhatIfSection) -> Any:
         return super().to_json(data) if data.measured else None
