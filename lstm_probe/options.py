@@ -281,6 +281,13 @@ class WriterConfig:
         their vectors are kept whatever the capture mode says)."""
         return self.capture == "full" or self.traced
 
+    @property
+    def sparse_vectors(self) -> bool:
+        """Whether few rows keep their vectors (``--trace-envs K --other-envs summary``: the other envs' rows are
+        summary rows): the writer then buffers only the kept rows' vectors, and its row groups hold as many
+        rows as a summary log's (``writer.KeptVectors``)."""
+        return self.vectors and self.trace_envs is not None
+
 
 @dataclass(frozen=True)
 class TrainOptions:

@@ -9,6 +9,7 @@ import sys
 
 import numpy as np
 import pyarrow.parquet as pq
+import pytest
 
 import lstm_probe
 
@@ -193,3 +194,58 @@ def test_rsl_rl_summary_capture_with_traced_envs_keeps_their_vectors(tmp_path):
     kept = df["h"].notna()
     assert kept.any() and (kept == (df["env"].isin([0, 1]) & ~df["padding"])).all()
     assert df.loc[~kept, "h_norm"].notna().all()
+
+
+def _lanes(path):
+    """The log's train rows and its other rows, each in file order (each in call order: writer.FileLog)."""
+    import pyarrow.compute as pc
+
+    table = pq.read_table(path)
+    train = pc.equal(table["phase"], "train")
+    return table.filter(train), table.filter(pc.invert(train))
+
+
+@pytest.mark.parametrize(("kept_bytes", "float16"), [(None, False), (1, True)])
+def test_a_traced_log_buffers_only_the_kept_rows_vectors(tmp_path, monkeypatch, kept_bytes, float16):
+    """Issue #50: under --trace-envs K --other-envs summary the writer keeps the traced rows' vectors apart from
+    its row buffers (log/kept.py), so a row group holds as many rows as a summary log's, not the few a buffer
+    of every row's h and c holds at hidden 256; the rows are the full log's, row for row in each phase, and
+    the traced rows' vectors its vectors, bit for bit. With a tiny kept-vector budget (every hand-over written
+    as its own row group) the rows are the same again, and so are float16 vectors."""
+    from lstm_probe.log import writer
+    from lstm_probe.log.layout import row_capacity
+
+    if kept_bytes is not None:
+        monkeypatch.setattr(writer, "KEPT_BYTES", kept_bytes)
+    run = dict(
+        RUN,
+        hidden_size=256,
+        n_envs=8,
+        steps=1024,
+        n_steps=64,
+        batch_size=128,
+        n_epochs=4,
+        writer="thread",
+        float16=float16,
+    )
+    full = lstm_probe.run("Pendulum-v1", tmp_path / "full.parquet", **run)
+    some = lstm_probe.run("Pendulum-v1", tmp_path / "some.parquet", trace_envs=2, **run)
+    meta_full, meta_some = pq.ParquetFile(full.path).metadata, pq.ParquetFile(some.path).metadata
+    groups = [meta_some.row_group(i).num_rows for i in range(meta_some.num_row_groups)]
+    if kept_bytes is None:
+        assert max(groups) > row_capacity(256) and meta_some.num_row_groups < meta_full.num_row_groups
+    else:
+        assert meta_some.num_row_groups > meta_full.num_row_groups
+    for a, b in zip(_lanes(full.path), _lanes(some.path), strict=True):
+        assert a.num_rows == b.num_rows > 0
+        for name in a.column_names:
+            if name not in ("h", "c"):
+                assert a[name].equals(b[name]), name
+        env, padding = b["env"].to_numpy(zero_copy_only=False), b["padding"].to_numpy(zero_copy_only=False)
+        traced = np.isin(env, [0, 1]) & ~padding
+        for col in ("h", "c"):
+            stored = b[col].is_valid().to_numpy(zero_copy_only=False)
+            assert np.array_equal(stored, traced), col
+            x = np.stack(b[col].filter(b[col].is_valid()).to_numpy(zero_copy_only=False))
+            y = np.stack(a[col].filter(b[col].is_valid()).to_numpy(zero_copy_only=False))
+            assert np.array_equal(x, y), col

@@ -29,6 +29,10 @@ up front but more row groups, whose footer metadata an open file keeps until it 
 SCALAR_ROW_BYTES = scalar_row_bytes()
 """Bytes one row's scalar columns (and row flags) take in a row buffer."""
 
+KEPT_BYTES = 16 << 20
+"""Bytes of kept rows' vectors a row buffer of a log where few rows keep theirs (``--trace-envs K
+--other-envs summary``) holds before it is written as a row group, besides its scalar columns."""
+
 ARROW_MIN = (26, 0)
 """The oldest pyarrow that writes and reads what every log may hold: fixed-size lists with null entries (the
 ``obs`` column of ``--capture-obs``, the h and c of ``--trace-envs``' summary rows). pyarrow 17-24 refuse to
@@ -64,13 +68,14 @@ def arrow_too_old() -> str | None:
     )
 
 
-def row_capacity(hidden_size: int, vectors: bool = True) -> int:
+def row_capacity(hidden_size: int, vectors: bool = True, sparse: bool = False) -> int:
     """Rows per row buffer (and row group) at this hidden size (the train rows' lane; the other rows' lane
     holds a quarter of it once train rows came, ``writer.FileLog``). A log that never stores vectors
     (``--capture summary``) keeps no vector columns in its buffer, so its row groups hold ~40x more rows
     in the same memory: fewer row groups, a smaller footer (which the writer keeps in memory until the
-    file closes) and faster reads."""
-    if not vectors:
+    file closes) and faster reads. So does a log where few rows keep their vectors (``sparse``: ``--trace-envs
+    K --other-envs summary``), whose buffers hold the kept rows' vectors apart (:data:`KEPT_BYTES`)."""
+    if not vectors or sparse:
         return BUFFER_BYTES // SCALAR_ROW_BYTES
     row_bytes = 2 * hidden_size * 4 + SCALAR_ROW_BYTES
     return int(max(256, min(65536, BUFFER_BYTES // row_bytes)))

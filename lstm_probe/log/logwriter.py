@@ -121,7 +121,7 @@ class LogWriter:
     @property
     def capacity(self) -> int:
         """Rows per row group."""
-        return row_capacity(self.config.hidden_size, self.config.vectors)
+        return row_capacity(self.config.hidden_size, self.config.vectors, self.config.sparse_vectors)
 
     # -- training thread -------------------------------------------------------------------------
     def submit(self, job: Callable[[], Any], nbytes: int, batch: bool = False) -> None:

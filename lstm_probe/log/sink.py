@@ -54,6 +54,7 @@ class Sink:
             shard=c.shard,
             vectors=c.vectors,
             part_iterations=c.part_iterations,
+            sparse=c.sparse_vectors,
         )
         self.module_code = {n: i for i, n in enumerate(c.modules)}
         self.hidden = c.hidden_size
@@ -139,6 +140,14 @@ class Sink:
             self._fill_null(r, i0, i1, path, call, t0, steps, layers)
         if t is not None:
             r.t[i0:i1] = t
+        it = tags.iteration
+        kept = self.capture == "full" or self.traced  # traced envs: whatever the capture mode
+        r.vectors[i0:i1] = kept and (it is None or it % self.every == 0)
+        if self.trace_envs is not None:  # the other envs' rows: summary rows (a null env, padding: one too)
+            env = r.env[i0:i1]
+            r.vectors[i0:i1] &= (env >= 0) & (env < self.trace_envs)  # -1: a null env (padding, untagged)
+        elif self.traced:  # --other-envs none: the kept columns only arrive; their padding rows as under summary
+            r.vectors[i0:i1] &= ~r.buffers["padding"][i0:i1]
         reduced: Reduced | None = None
         if isinstance(hs, Reduced):
             reduced = hs
@@ -151,14 +160,6 @@ class Sink:
             first = i0 + np.arange(layers)[:, None] * per_layer + np.arange(batch)[None, :] * steps  # (L, N)
             r.init[first] = init[0]
             r.init_norm[first] = init[1]
-        it = tags.iteration
-        kept = self.capture == "full" or self.traced  # traced envs: whatever the capture mode
-        r.vectors[i0:i1] = kept and (it is None or it % self.every == 0)
-        if self.trace_envs is not None:  # the other envs' rows: summary rows (a null env, padding: one too)
-            env = r.env[i0:i1]
-            r.vectors[i0:i1] &= (env >= 0) & (env < self.trace_envs)  # -1: a null env (padding, untagged)
-        elif self.traced:  # --other-envs none: the kept columns only arrive; their padding rows as under summary
-            r.vectors[i0:i1] &= ~r.buffers["padding"][i0:i1]
         if reduced is not None:  # its drifts came with it
             drift = reduced.drift
         if drift is not None:
@@ -188,6 +189,9 @@ class Sink:
         else:
             h = hs.reshape(i1 - i0, self.hidden)
             c = cs.reshape(i1 - i0, self.hidden) if cs is not None else None
+            if r.kept is not None:  # few rows keep their vectors (kept.py): those rows' only, flagged above
+                at = np.flatnonzero(r.vectors[i0:i1])
+                r.kept.add(i0 + at, h[at], c[at] if c is not None else None)
         r.has_c[i0:i1] = cs is not None
         r.h_norm[i0:i1] = row_norms(h)
         if cs is not None:
@@ -207,8 +211,12 @@ class Sink:
         if reduced.kept is None:
             assert r.h is None, "only a summary log's rows come reduced"
             return
-        assert r.h is not None and r.c is not None and reduced.h is not None
+        assert reduced.h is not None
         rows = i0 + np.flatnonzero(reduced.kept)
+        if r.kept is not None:  # a log where few rows keep their vectors (kept.py)
+            r.kept.add(rows, reduced.h, reduced.c)
+            return
+        assert r.h is not None and r.c is not None
         r.h[rows] = reduced.h
         r.c[rows] = reduced.c if reduced.c is not None else 0.0
 

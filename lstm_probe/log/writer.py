@@ -39,7 +39,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from lstm_probe.log.assemble import Assembly
-from lstm_probe.log.layout import PART_ROWS, partial_dir, row_capacity
+from lstm_probe.log.kept import KeptVectors, laid_out
+from lstm_probe.log.layout import KEPT_BYTES, PART_ROWS, partial_dir, row_capacity
 from lstm_probe.log.schema import COLUMNS, META_RUN_KEY, ROW_FLAGS, Column, log_schema, vector_width
 from lstm_probe.options import CaptureOptions, default
 
@@ -114,21 +115,30 @@ class Rows:
     (``rows.env``) and by name (``rows.buffers["env"]``). Without ``vectors`` (a summary log) there
     are no h and c buffers (the attributes are None): the sink stores each row's norms (and drifts)
     only. Vector columns of their own width (``Column.width``: obs, info) always have a buffer, as wide as
-    ``widths`` says (1 where absent: all null)."""
+    ``widths`` says (1 where absent: all null). With ``sparse`` (few rows keep their vectors) h and c are None
+    too, and ``kept`` holds the kept rows' vectors apart (``kept.py``)."""
 
     h: np.ndarray | None
     c: np.ndarray | None
 
-    def __init__(self, capacity: int, hidden_size: int, vectors: bool = True, widths: Mapping[str, int] | None = None):
+    def __init__(
+        self,
+        capacity: int,
+        hidden_size: int,
+        vectors: bool = True,
+        widths: Mapping[str, int] | None = None,
+        sparse: bool = False,
+    ):
         self.capacity = capacity
         self.n = 0
         self.buffers: dict[str, np.ndarray] = {}
+        self.kept = KeptVectors() if vectors and sparse else None
         for col in COLUMNS:
             if col.kind != "vector":
                 self.buffers[col.name] = np.empty(capacity, col.dtype)
             elif col.width is not None:
                 self.buffers[col.name] = np.empty((capacity, (widths or {}).get(col.name, 1)), col.dtype)
-            elif vectors:
+            elif vectors and not sparse:
                 self.buffers[col.name] = np.empty((capacity, hidden_size), col.dtype)
             else:
                 setattr(self, col.name, None)
@@ -201,7 +211,13 @@ class Encoder:
                 continue
             if kind == "vector":
                 v = r.buffers.get(col.name)
-                arrays.append(self._no_vectors(n) if v is None else self._vectors(v[s], ~self._valid(r, col, s)))
+                if v is not None:
+                    arrays.append(self._vectors(v[s], ~self._valid(r, col, s)))
+                elif r.kept is not None and r.kept.chunks:
+                    values = laid_out(r.kept, 0 if col.name == "h" else 1, n, self.hidden, self._zeros.dtype)
+                    arrays.append(_lists(self.state_type, pa.array(values), ~self._valid(r, col, s)))
+                else:
+                    arrays.append(self._no_vectors(n))
                 continue
             v = r.buffers[col.name][s]
             if kind == "code":
@@ -417,6 +433,7 @@ class FileLog:
         shard: str | None = None,
         vectors: bool = True,
         part_iterations: int | None = default(CaptureOptions, "part_iterations"),
+        sparse: bool = False,
     ):
         self.path = Path(out)
         self.is_dir = out.endswith(("/", os.sep)) or self.path.is_dir()
@@ -432,13 +449,14 @@ class FileLog:
         self.schema = log_schema(hidden_size, float16, dict(metadata))
         self.encoder = Encoder(self.schema, modules, codes, float16)
         self.vectors = vectors  # whether any row may store its vectors (not a summary log)
-        self.capacity = row_capacity(hidden_size, vectors)
+        self.sparse = sparse  # few rows keep them: their vectors apart from the buffers (kept.py)
+        self.capacity = row_capacity(hidden_size, vectors, sparse)
         self.widths = {c.name: vector_width(c, hidden_size, metadata) for c in COLUMNS if c.width is not None}
         # Two lanes of row buffers, so that every row group is phase-pure: train rows (LANE_TRAIN) and all
         # others (rollout, bootstrap, ...; LANE_OTHER). A phase filter then skips the other lane's row groups
         # by their statistics (the report reads the rollout rows' vectors alone). A lane's pages are touched
         # only as far as it fills (see _limit).
-        self._buffers = [Rows(self.capacity, hidden_size, vectors, self.widths) for _ in range(2)]
+        self._buffers = [Rows(self.capacity, hidden_size, vectors, self.widths, sparse) for _ in range(2)]
         self.lanes = list(self._buffers)
         self.part_iterations = part_iterations if self.is_dir else None
         self.span = -1  # the span of iterations (part_iterations) of the buffered rows; -1: none yet
@@ -474,10 +492,10 @@ class FileLog:
             if self.lanes[LANE_OTHER].n > self.capacity // 4:
                 self._write_lane(LANE_OTHER)
         rows = self.lanes[lane]
-        if rows.n + n > self._limit(lane):
+        if rows.n + n > self._limit(lane) or (rows.kept is not None and rows.kept.nbytes >= KEPT_BYTES):
             self._write_lane(lane)
             if n > self.capacity:  # one call larger than a buffer: a one-off buffer
-                self.lanes[lane] = Rows(n, self.hidden_size, self.vectors, self.widths)
+                self.lanes[lane] = Rows(n, self.hidden_size, self.vectors, self.widths, self.sparse)
             rows = self.lanes[lane]
         self._lane = lane
         return rows, rows.n
@@ -522,6 +540,8 @@ class FileLog:
             self.parts.write(self.encoder.encode(rows), {"progress": dict(self.progress)})
         finally:
             rows.n = 0
+            if rows.kept is not None:
+                rows.kept.clear()
             self.lanes[lane] = self._buffers[lane]  # a one-off buffer is dropped after use
 
     def close(self, final: dict[str, Any]) -> None:
