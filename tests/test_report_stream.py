@@ -153,3 +153,31 @@ def test_sections_computed_alongside_the_scan_give_the_same_report(monkeypatch: 
     monkeypatch.setattr(Doctor, "compute", broken)
     with pytest.raises(RuntimeError, match="doctor failed"):
         summarize(SAMPLE)
+
+
+def test_the_modules_sequences_are_counted_on_do_not_depend_on_the_row_groups(tmp_path: Path) -> None:
+    """The sections count minibatches and sequences on the first module to train, episodes on the first in the
+    rollout: the modules of the first calls, whatever row of a run the scan happens to hold first (it packs a
+    run's train rows from the back, batch by batch). The sample log cut into row groups of 50 rows, so that
+    the last train row group starts with the other module's rows, gives the sample log's report."""
+    import lstm_probe
+
+    table = pq.read_table(SAMPLE)
+    train = np.flatnonzero(pc.equal(table["phase"], "train").fill_null(False).to_numpy(zero_copy_only=False))
+    first = table.slice(int(train[0]), 1).column("module")[0].as_py()
+    others = [int(i) for i in train if table["module"][int(i)].as_py() != first]
+    cut = others[-1]  # the last train row group starts with a row of the other module
+    while cut > 0 and table["module"][cut - 1].as_py() != first:
+        cut -= 1
+    out = tmp_path / "cut.parquet"
+    final = pq.ParquetFile(SAMPLE).metadata.metadata[b"lstm_probe.final"]
+    with pq.ParquetWriter(out, table.schema) as w:
+        w.write_table(table.slice(0, cut), row_group_size=50)
+        w.write_table(table.slice(cut))
+        w.add_key_value_metadata({b"lstm_probe.final": final})
+    a, b = lstm_probe.summarize(SAMPLE), lstm_probe.summarize(out)
+    assert a.sequences.module == b.sequences.module == first
+    x, y = a.to_dict(), b.to_dict()
+    for doc in (x, y):
+        del doc["path"], doc["run"]["file_bytes"]
+    assert x == y

@@ -470,10 +470,14 @@ def scan(
         if len(df) and not np.isnan(iteration).all():
             totals.iterations = max(totals.iterations, int(np.nanmax(iteration)) + 1)
         chunk = Chunk(df, front, totals.train_module, totals.roll_module)
+        # the module of the first call (not of the first row read: which row comes first in a run depends on
+        # the log's row groups, the call order does not)
         if totals.train_module is None and len(chunk.train):
-            chunk.train_module = totals.train_module = str(chunk.train.word("module", 0))
+            first = int(np.argmin(chunk.train["call"]))
+            chunk.train_module = totals.train_module = str(chunk.train.word("module", first))
         if totals.roll_module is None and len(chunk.roll):
-            chunk.roll_module = totals.roll_module = str(chunk.roll.word("module", 0))
+            first = int(np.argmin(chunk.roll["call"]))
+            chunk.roll_module = totals.roll_module = str(chunk.roll.word("module", first))
         for acc in accumulators:
             part = type(acc)()
             part.add(chunk)
