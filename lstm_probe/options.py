@@ -284,8 +284,8 @@ class WriterConfig:
     @property
     def sparse_vectors(self) -> bool:
         """Whether few rows keep their vectors (``--trace-envs K --other-envs summary``: the other envs' rows are
-        summary rows): the writer then buffers only the kept rows' vectors, and its row groups hold as many
-        rows as a summary log's (``writer.KeptVectors``)."""
+        summary rows): the writer then buffers only the kept rows' vectors (``log/kept.py``), and its row groups
+        hold up to 65,536 rows whatever the hidden size (``layout.row_capacity``)."""
         return self.vectors and self.trace_envs is not None
 
 

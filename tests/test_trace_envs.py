@@ -208,8 +208,8 @@ def _lanes(path):
 @pytest.mark.parametrize(("kept_bytes", "float16"), [(None, False), (1, True)])
 def test_a_traced_log_buffers_only_the_kept_rows_vectors(tmp_path, monkeypatch, kept_bytes, float16):
     """Issue #50: under --trace-envs K --other-envs summary the writer keeps the traced rows' vectors apart from
-    its row buffers (log/kept.py), so a row group holds as many rows as a summary log's, not the few a buffer
-    of every row's h and c holds at hidden 256; the rows are the full log's, row for row in each phase, and
+    its row buffers (log/kept.py), so a row group holds up to 65,536 rows, not the few a buffer of every
+    row's h and c holds at hidden 256; the rows are the full log's, row for row in each phase, and
     the traced rows' vectors its vectors, bit for bit. With a tiny kept-vector budget (every hand-over written
     as its own row group) the rows are the same again, and so are float16 vectors."""
     from lstm_probe.log import writer

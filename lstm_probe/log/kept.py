@@ -2,8 +2,9 @@
 
 Under ``--trace-envs K --other-envs summary`` most rows are summary rows (at 4,096 envs and K = 16, 1 row in
 256 keeps its h and c). A row buffer with a (capacity, hidden) array per vector column would then be sized by
-the vectors nobody keeps: row groups of ~8k rows at hidden 256 where a summary log's hold ~190k, one per
-hand-over at Isaac Lab widths, and the writer's time per row a third more (``benchmarks/writer_profile.py``).
+the vectors nobody keeps: row groups of ~8k rows at hidden 256, one per hand-over at Isaac Lab widths (each
+then a row group of its own), and the writer's time per row a tenth to a third more
+(``benchmarks/writer_profile.py``; docs/performance.md).
 :class:`KeptVectors` holds instead each hand-over's kept rows (their indices in the buffer, their h and c);
 the sink adds them (``sink.py``), the encoder lays them out (:func:`laid_out`), and the buffer is written once
 its scalar columns are full or the kept vectors reach ``layout.KEPT_BYTES``. Torch-free, pyarrow-free.

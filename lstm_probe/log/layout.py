@@ -73,9 +73,12 @@ def row_capacity(hidden_size: int, vectors: bool = True, sparse: bool = False) -
     holds a quarter of it once train rows came, ``writer.FileLog``). A log that never stores vectors
     (``--capture summary``) keeps no vector columns in its buffer, so its row groups hold ~40x more rows
     in the same memory: fewer row groups, a smaller footer (which the writer keeps in memory until the
-    file closes) and faster reads. So does a log where few rows keep their vectors (``sparse``: ``--trace-envs
-    K --other-envs summary``), whose buffers hold the kept rows' vectors apart (:data:`KEPT_BYTES`)."""
-    if not vectors or sparse:
+    file closes) and faster reads. A log where few rows keep their vectors (``sparse``: ``--trace-envs K
+    --other-envs summary``) holds the kept rows' vectors apart (:data:`KEPT_BYTES`): its row groups hold up to
+    65,536 rows whatever the hidden size."""
+    if sparse:  # the cap as a full log's: the scalar buffers' size held the writer's memory at +35 MB
+        return min(65536, BUFFER_BYTES // SCALAR_ROW_BYTES)
+    if not vectors:
         return BUFFER_BYTES // SCALAR_ROW_BYTES
     row_bytes = 2 * hidden_size * 4 + SCALAR_ROW_BYTES
     return int(max(256, min(65536, BUFFER_BYTES // row_bytes)))
