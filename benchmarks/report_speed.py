@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from lstm_probe.log.layout import row_capacity
-from lstm_probe.log.writer import column_encodings
+from lstm_probe.log.parts import column_encodings
 
 CHILD = """
 import json, sys, time

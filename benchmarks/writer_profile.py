@@ -44,7 +44,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "vec-lz4": {"vector_compression": "lz4"},
     "vec-none": {"vector_compression": "none"},
 }
-"""Encoding variants: overrides of ``lstm_probe.log.writer.ENCODING`` (see there)."""
+"""Encoding variants: overrides of ``lstm_probe.log.parts.ENCODING`` (see there)."""
 
 
 def record(args: argparse.Namespace) -> None:
@@ -96,11 +96,11 @@ def record(args: argparse.Namespace) -> None:
 
 def replay_once(rec: dict[str, Any], out: str, overrides: dict[str, Any], stages: bool = False) -> dict[str, Any]:
     """One replay into ``out`` with ``overrides`` of the writer's encoding: CPU seconds, rows, bytes."""
-    from lstm_probe.log import sink, writer
+    from lstm_probe.log import sink
 
-    encoding: dict[str, Any] = getattr(writer, "ENCODING", {})  # absent before the knobs existed
+    encoding: dict[str, Any] = getattr(_knobs(), "ENCODING", {})  # absent before the knobs existed
     if overrides and not encoding:
-        raise SystemExit("this lstm_probe has no encoding knobs (writer.ENCODING): replay the current variant only")
+        raise SystemExit("this lstm_probe has no encoding knobs (parts.ENCODING): replay the current variant only")
     saved = dict(encoding)
     encoding.update(overrides)
     try:
@@ -130,6 +130,18 @@ def replay_once(rec: dict[str, Any], out: str, overrides: dict[str, Any], stages
     return result
 
 
+def _knobs() -> Any:
+    """The module of the writer's Parquet settings (``lstm_probe.log.parts``; ``writer`` in older checkouts)."""
+    try:
+        from lstm_probe.log import parts
+
+        return parts
+    except ImportError:
+        from lstm_probe.log import writer
+
+        return writer
+
+
 class _Stages:
     """CPU time per stage of a replay, by wrapping the sink's and the writer's functions on the instance."""
 
@@ -154,16 +166,15 @@ class _Stages:
         self.wrap(s.log.encoder, "encode", "arrow arrays")
         self.wrap(s.log.parts, "write", "parquet write (encode, zstd, file)")
         self.wrap(s.log.parts, "close_part", "part close")
-        from lstm_probe.log import writer
-
-        make = writer._parquet_writer
+        knobs = _knobs()
+        make = knobs._parquet_writer
 
         def parquet_writer(path: Any, schema: Any) -> Any:
             w = make(path, schema)
             self.wrap(w, "write_batch", "  of which Parquet (encode, zstd, file)")
             return w
 
-        writer._parquet_writer = parquet_writer  # type: ignore[assignment]
+        knobs._parquet_writer = parquet_writer
         if s.log.parts.assembly is not None:
             self.wrap(s.log.parts.assembly, "append", "  of which the single file's copy")
 

@@ -127,6 +127,12 @@ class CaptureOptions:
         "process: rows are made and written by a writer process (training keeps its interpreter lock); "
         "thread: by a thread of the training process. Default: process (thread on Windows).",
     )
+    writer_threads: int = option(
+        0,
+        "Threads that encode row groups in the writer process, each into a part file of its own (0: a quarter "
+        "of the CPUs this process may use, at most 4; 1 with a writer thread or a shard of a multi-process log).",
+        hidden=True,
+    )
     reference_window: int = option(
         0,
         "Env steps of rollout states kept per env, so train rows get drift against them (sb3: n_steps; "
@@ -148,6 +154,7 @@ class CaptureOptions:
             raise BadInput(f"--part-seconds must be > 0 and at most {MAX_PART_SECONDS:,.0f}, got {self.part_seconds}")
         if self.writer not in WRITERS:
             raise BadInput(f"--writer must be one of {', '.join(WRITERS)}, not {self.writer!r}")
+        at_least("writer_threads", self.writer_threads, 0)
         if self.reference_window < AUTO_WINDOW:
             raise BadInput(
                 f"reference_window must be >= 0 (or {AUTO_WINDOW}: the rollout's own length), "
@@ -194,6 +201,19 @@ def check_directory(
         )
 
 
+def encode_threads(given: int, writer: str, shard: str | None) -> int:
+    """Threads that encode a log's row groups: ``given``, or (0) a quarter of the CPUs this process may use, at
+    most 4, in a writer process of a one-process log (a writer thread's would compete with training; the
+    processes of a multi-process log, RLlib's, are many already): a wide run's writer keeps up with a GPU
+    (docs/performance.md), and a 2-core machine keeps one."""
+    if given:
+        return given
+    if writer != "process" or shard is not None:
+        return 1
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(4, cpus // 4))
+
+
 @dataclass(frozen=True)
 class WriterConfig:
     """What one log's writer needs, made once per log (:meth:`of`) from its :class:`CaptureOptions` and what
@@ -229,6 +249,8 @@ class WriterConfig:
     pid: int | None
     """The training process, in whose name a writer process that outlives it frees the output's lock once
     it has published its rows (None: no lock to free)."""
+    encode_threads: int = 1
+    """Threads that encode row groups (``log/parts.py``): :func:`encode_threads` of the options."""
 
     def __post_init__(self) -> None:
         check_directory(self.out, self.directory, self.part_iterations, self.shard)
@@ -268,6 +290,7 @@ class WriterConfig:
             force=o.force,
             writer=o.writer,
             pid=os.getpid(),
+            encode_threads=encode_threads(o.writer_threads, o.writer, shard),
         )
 
     @property

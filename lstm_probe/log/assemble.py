@@ -14,7 +14,7 @@ Only the offsets below change:
 - ``RowGroup``: 5 ``file_offset``; 7 ``ordinal`` (renumbered);
 - ``ColumnChunk``: 2 ``file_offset`` (where not 0);
 - ``ColumnMetaData``: 9 ``data_page_offset``, 10 ``index_page_offset``, 11 ``dictionary_page_offset``.
-The parts are written without page indexes or bloom filters (``writer._parquet_writer``), whose own
+The parts are written without page indexes or bloom filters (``parts._parquet_writer``), whose own
 contents would hold offsets too: a part with either (``ColumnChunk`` 4 or 6, ``ColumnMetaData`` 14) is
 refused (:class:`ValueError`).
 """

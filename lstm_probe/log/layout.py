@@ -107,7 +107,7 @@ def journal_rows(journal: Path) -> int:
 
 
 _OURS = re.compile(r"(part-[A-Za-z0-9_.]*\d{5}\.parquet|\.part-[A-Za-z0-9_.]*\d{5}\.parquet\.tmp)")
-"""The names the writer gives a crash journal's entries (``writer.PartWriter``)."""
+"""The names the writer gives a crash journal's entries (``parts.PartWriter``)."""
 
 
 def others(journal: Path, show: int = 3) -> str | None:

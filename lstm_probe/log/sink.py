@@ -55,6 +55,7 @@ class Sink:
             vectors=c.vectors,
             part_iterations=c.part_iterations,
             sparse=c.sparse_vectors,
+            threads=c.encode_threads,
         )
         self.module_code = {n: i for i, n in enumerate(c.modules)}
         self.hidden = c.hidden_size

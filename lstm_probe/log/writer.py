@@ -5,9 +5,10 @@ fills preallocated columnar numpy buffers (:class:`Rows`; never one Python objec
 call), computes the norms and writes row groups. Row groups are phase-pure: train rows and all other
 rows (rollout, bootstrap, ...) are buffered in two lanes and written apart, so a filter on ``phase``
 skips row groups by their statistics; rows are in call order within each phase (sort by ``call`` for
-the order overall). Row groups go into part files
+the order overall). Row groups go into part files (``parts.py``)
 of a dataset directory (``part-00000.parquet``, ...); a part is closed (footer written, then renamed
-from a hidden ``.tmp`` name) every ``part_seconds`` or ``part_rows``, so a SIGKILL loses at most the
+from a hidden ``.tmp`` name) every ``part_seconds`` or ``part_rows`` (with encoding threads, each row group
+is a part of its own, published once written, in order), so a SIGKILL loses at most the
 part being written and what the training process had not yet handed over (a writer process that
 sees its pipe close publishes the rows it holds). With ``part_iterations`` N (directories only), a
 part also never holds rows of two spans of N iterations (0..N-1, N..2N-1, ...): the files of a span
@@ -26,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import os
 import shutil
 import time
@@ -36,77 +36,12 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from lstm_probe.log.assemble import Assembly
 from lstm_probe.log.kept import KeptVectors, laid_out
 from lstm_probe.log.layout import KEPT_BYTES, PART_ROWS, partial_dir, row_capacity
+from lstm_probe.log.parts import META_FINAL_KEY, PartWriter
 from lstm_probe.log.schema import COLUMNS, META_RUN_KEY, ROW_FLAGS, Column, log_schema, vector_width
 from lstm_probe.options import CaptureOptions, default
-
-META_FINAL_KEY = b"lstm_probe.final"
-"""File-level key written when a part closes: the run's progress and, in the last part, its outcome."""
-
-COMPRESSION = "zstd"
-ENCODING: dict[str, Any] = {
-    "compression_level": None,
-    "vector_bss": True,
-    "vector_compression": COMPRESSION,
-}
-"""Encoding knobs (benchmarks/writer_profile.py measures variants of them side by side): the zstd level
-(None: Arrow's default), byte-stream-split on the state vectors, the vectors' codec."""
-STRING_COLUMNS = [c.name for c in COLUMNS if c.kind == "code"]
-VECTOR_COLUMNS = [c.name for c in COLUMNS if c.kind == "vector"]
-
-
-def _parquet_writer(path: Path, schema: pa.Schema) -> pq.ParquetWriter:
-    # Dictionary encoding and min/max statistics on the float vectors only cost time: random floats
-    # never fit a dictionary and nobody filters on a vector. Measured: 2x faster writes, 8% smaller.
-    # No page index (nor bloom filters): a part's row groups must move into a single-file log with their
-    # offsets in the footer alone (assemble.py).
-    scalars = [n for n in schema.names if n not in VECTOR_COLUMNS]
-    vector_codec = ENCODING["vector_compression"]
-    # per leaf column (a vector's values are "h.list.element"; a name Arrow does not know is uncompressed)
-    compression: Any = {
-        f"{n}.list.element" if pa.types.is_fixed_size_list(schema.field(n).type) else n: (
-            vector_codec if n in VECTOR_COLUMNS else COMPRESSION
-        )
-        for n in schema.names
-    }
-    level = ENCODING["compression_level"]
-    levels = None if level is None else {n: level for n, codec in compression.items() if codec == "zstd"} or None
-    return pq.ParquetWriter(
-        path,
-        schema,
-        compression=compression,
-        compression_level=levels,
-        use_dictionary=STRING_COLUMNS,
-        write_statistics=scalars,
-        column_encoding=column_encodings(schema),
-        write_page_index=False,
-    )
-
-
-def column_encodings(schema: pa.Schema) -> dict[str, str]:
-    """Parquet encodings of the log's columns (both standard Parquet encodings every Arrow engine reads).
-
-    Floats are stored byte-stream-split (the bytes of each value spread over separate streams, so zstd
-    sees the exponent bytes of neighbouring values together); integers delta-encoded (call, env_step,
-    episode_step rise by small steps). Measured on logs of 1024-step Pendulum runs at the defaults (36k
-    rows, hidden 256; float16: 512 steps): full capture 1629 -> 1164 B/row, float16 647 -> 494, summary
-    13.4 -> 8.9; writing is no slower (5.9 -> 5.2 us/row).
-    """
-    out: dict[str, str] = {}
-    for f in schema:
-        typ = f.type
-        if pa.types.is_fixed_size_list(typ):
-            if ENCODING["vector_bss"]:
-                out[f"{f.name}.list.element"] = "BYTE_STREAM_SPLIT"
-        elif pa.types.is_floating(typ):
-            out[f.name] = "BYTE_STREAM_SPLIT"
-        elif pa.types.is_integer(typ):
-            out[f.name] = "DELTA_BINARY_PACKED"
-    return out
 
 
 class Rows:
@@ -197,7 +132,9 @@ class Encoder:
         self._zeros = np.zeros(0, np.float16 if float16 else np.float32)
         self.state_type = pa.list_(pa.float16() if float16 else pa.float32(), self.hidden)
 
-    def encode(self, r: Rows) -> pa.RecordBatch:
+    def encode(self, r: Rows, copy: bool = False) -> pa.RecordBatch:
+        """The filled rows as a record batch; ``copy``: none of its arrays shares memory with the buffers (a
+        batch an encoding thread writes while the buffers fill again, ``parts.py``)."""
         n = r.n
         s = slice(0, n)
         arrays = []
@@ -206,13 +143,13 @@ class Encoder:
             if kind == "vector" and col.width is not None:  # float32, null where every entry is NaN
                 own = r.buffers[col.name][s]
                 null = np.isnan(own).all(axis=1)
-                values = pa.array(np.ascontiguousarray(own, np.float32).reshape(-1))
+                values = pa.array(np.array(own, np.float32, copy=copy or None).reshape(-1))
                 arrays.append(_lists(pa.list_(pa.float32(), own.shape[1]), values, null))
                 continue
             if kind == "vector":
                 v = r.buffers.get(col.name)
                 if v is not None:
-                    arrays.append(self._vectors(v[s], ~self._valid(r, col, s)))
+                    arrays.append(self._vectors(v[s], ~self._valid(r, col, s), copy))
                 elif r.kept is not None and r.kept.chunks:
                     values = laid_out(r.kept, 0 if col.name == "h" else 1, n, self.hidden, self._zeros.dtype)
                     arrays.append(_lists(self.state_type, pa.array(values), ~self._valid(r, col, s)))
@@ -220,6 +157,8 @@ class Encoder:
                     arrays.append(self._no_vectors(n))
                 continue
             v = r.buffers[col.name][s]
+            if copy:
+                v = v.copy()
             if kind == "code":
                 arrays.append(_strings(v, self.names[col.name]))
             elif kind == "tribool":
@@ -238,8 +177,8 @@ class Encoder:
         flags = [r.buffers[f][s] for f in col.valid]
         return flags[0] if len(flags) == 1 else np.logical_and.reduce(flags)
 
-    def _vectors(self, v: np.ndarray, null: np.ndarray) -> pa.Array:
-        flat = np.ascontiguousarray(v, dtype=np.float16 if self.float16 else np.float32).reshape(-1)
+    def _vectors(self, v: np.ndarray, null: np.ndarray, copy: bool = False) -> pa.Array:
+        flat = np.array(v, np.float16 if self.float16 else np.float32, copy=copy or None, order="C").reshape(-1)
         return _lists(self.state_type, pa.array(flat), null)
 
     def _no_vectors(self, n: int) -> pa.Array:
@@ -259,154 +198,6 @@ def _lists(typ: pa.DataType, values: pa.Array, null: np.ndarray) -> pa.Array:
     nulls = int(np.count_nonzero(null))
     validity = pa.py_buffer(np.packbits(~null, bitorder="little")) if nulls else None
     return pa.Array.from_buffers(typ, len(null), [validity], null_count=nulls, children=[values])
-
-
-def _spans(iteration: pa.Array, n: int) -> list[tuple[int, int, int]]:
-    """Runs of rows of the same span of ``n`` iterations: (start, stop, span). A row without an iteration
-    belongs to the run before it (span -1 at the start: any part takes it)."""
-    values = iteration.to_numpy(zero_copy_only=False)
-    if len(values) == 0:
-        return []
-    if values.dtype.kind == "f":  # nulls present: NaN
-        named = ~np.isnan(values)
-        last = np.maximum.accumulate(np.where(named, np.arange(len(values)), -1))
-        span = np.where(last >= 0, values[np.maximum(last, 0)] // n, -1).astype(np.int64)
-    else:
-        span = values.astype(np.int64) // n
-    bounds = [0, *(np.flatnonzero(span[1:] != span[:-1]) + 1).tolist(), len(span)]
-    return [(a, b, int(span[a])) for a, b in itertools.pairwise(bounds)]
-
-
-class PartWriter:
-    """Writes record batches into rolling part files of one directory."""
-
-    def __init__(
-        self,
-        directory: Path,
-        schema: pa.Schema,
-        part_seconds: float,
-        part_rows: int,
-        single: Path | None = None,
-        shard: str | None = None,
-        part_iterations: int | None = default(CaptureOptions, "part_iterations"),
-    ):
-        self.dir = directory
-        self.shard = shard
-        # A single-file log is assembled from the parts (its crash journal) as each is published, so
-        # closing it costs the last part's copy and one footer.
-        self.assembly = Assembly(single) if single is not None else None
-        self.schema = schema
-        self.part_seconds = part_seconds
-        self.part_rows = part_rows
-        self.index = 0
-        self.writer: pq.ParquetWriter | None = None
-        self.tmp: Path | None = None
-        self.opened = 0.0
-        self.part_count = 0
-        self.parts: list[Path] = []
-        self.rows = 0  # rows written into parts (open or published)
-        self.part_iterations = part_iterations
-        self.span = -1
-        """The span of iterations (iteration // part_iterations) of the open part's rows; -1: none yet."""
-
-    def part_name(self) -> str:
-        return f"part-{self.shard}-{self.index:05d}.parquet" if self.shard else f"part-{self.index:05d}.parquet"
-
-    def _open(self) -> None:
-        name = self.part_name()
-        self.tmp = self.dir / f".{name}.tmp"
-        self.writer = _parquet_writer(self.tmp, self.schema)
-        self.opened = time.monotonic()
-        self.part_count = 0
-
-    def write(self, batch: pa.RecordBatch, progress: dict[str, Any]) -> None:
-        if self.part_iterations is None:
-            self._write(batch, progress, -1)
-            return
-        for start, stop, span in _spans(batch.column("iteration"), self.part_iterations):
-            if self.writer is not None and span >= 0 and self.span >= 0 and span != self.span:
-                self.close_part(progress)
-            self._write(batch.slice(start, stop - start), progress, span)
-
-    def _write(self, batch: pa.RecordBatch, progress: dict[str, Any], span: int) -> None:
-        if self.writer is None:
-            self._open()
-            self.span = -1
-        assert self.writer is not None
-        if span >= 0:
-            self.span = span
-        try:
-            self.writer.write_batch(batch)
-        except BaseException:  # a half-written row group: the part cannot be finished (disk full)
-            self.discard()
-            raise
-        self.rows += batch.num_rows
-        self.part_count += batch.num_rows
-        if self.part_count >= self.part_rows or self.part_due():
-            self.close_part(progress)
-
-    def part_due(self) -> bool:
-        """Whether the open part has been open ``part_seconds``: time to publish it."""
-        return self.writer is not None and time.monotonic() - self.opened >= self.part_seconds
-
-    def close_part(self, final: dict[str, Any]) -> None:
-        """Close the open part (if any) with ``final`` in its key-value metadata, then publish it."""
-        if self.writer is None:
-            return
-        assert self.tmp is not None
-        writer, self.writer = self.writer, None
-        try:
-            writer.add_key_value_metadata({META_FINAL_KEY.decode(): json.dumps(final, default=str)})
-            writer.close()
-        except BaseException:  # a part whose footer was not written is not published (disk full)
-            self.discard()
-            raise
-        target = self.dir / self.part_name()
-        os.replace(self.tmp, target)
-        self.parts.append(target)
-        self.index += 1
-        if self.assembly is not None:
-            try:
-                self.assembly.append(target)
-            except BaseException:  # (a full disk) the journal keeps every row; the single file is given up
-                self.drop_single()
-                raise
-
-    def single_complete(self) -> bool:
-        """Whether the single-file log holds every row the published parts hold."""
-        return self.assembly is not None and self.assembly.rows == self.rows and self.writer is None
-
-    def finish_single(self) -> None:
-        """Write the single-file log's footer (the last part's: the outcome) and move it into place."""
-        if self.assembly is None:
-            raise OSError(f"the single-file log was given up after a failed write; its rows are in {self.dir}/")
-        self.assembly.finish()
-
-    def abort(self) -> None:
-        if self.writer is not None:
-            with contextlib.suppress(Exception):
-                self.writer.close()
-        self.writer = None
-        self.drop_single()
-
-    def discard(self) -> None:
-        """Give up the open part after a failed write: close it quietly and remove its temp file (its rows
-        are lost; the parts published before it stay)."""
-        if self.writer is not None:
-            with contextlib.suppress(Exception):
-                self.writer.close()
-            self.writer = None
-        self.rows -= self.part_count
-        self.part_count = 0
-        if self.tmp is not None:
-            with contextlib.suppress(OSError):
-                self.tmp.unlink()
-
-    def drop_single(self) -> None:
-        """Give up the single-file log (the journal keeps the rows): close and remove its temp file."""
-        if self.assembly is not None:
-            self.assembly.drop()
-            self.assembly = None
 
 
 LANE_TRAIN, LANE_OTHER = 0, 1
@@ -434,6 +225,7 @@ class FileLog:
         vectors: bool = True,
         part_iterations: int | None = default(CaptureOptions, "part_iterations"),
         sparse: bool = False,
+        threads: int = 1,
     ):
         self.path = Path(out)
         self.is_dir = out.endswith(("/", os.sep)) or self.path.is_dir()
@@ -474,6 +266,7 @@ class FileLog:
             single=None if self.is_dir else self.path,
             shard=shard,
             part_iterations=self.part_iterations,
+            threads=threads,
         )
 
     def reserve(self, n: int, train: bool = False, iteration: int | None = None) -> tuple[Rows, int]:
@@ -521,6 +314,7 @@ class FileLog:
         """Encode the buffered rows and write each lane's as one row group; publish the open part once it has
         been open ``part_seconds`` (an idle run's rows too reach a finished part in bounded time)."""
         self.last_flush = time.monotonic()
+        self.parts.publish(self.parts.encoding.threads if self.parts.encoding is not None else 0)
         if not any(rows.n for rows in self.lanes):
             if self.parts.part_due():
                 self.parts.close_part({"progress": dict(self.progress)})
@@ -537,7 +331,8 @@ class FileLog:
         if rows.n == 0:
             return
         try:
-            self.parts.write(self.encoder.encode(rows), {"progress": dict(self.progress)})
+            batch = self.encoder.encode(rows, copy=self.parts.encoding is not None)
+            self.parts.write(batch, {"progress": dict(self.progress)})
         finally:
             rows.n = 0
             if rows.kept is not None:
@@ -553,6 +348,7 @@ class FileLog:
             # Always end with a part that carries the outcome, even when it holds no rows.
             self.parts._open()
         self.parts.close_part(final)
+        self.parts.abort_encoding()
         if not self.is_dir:
             self.parts.finish_single()
             shutil.rmtree(self.parts_dir)
@@ -569,6 +365,7 @@ class FileLog:
             if self.parts.writer is None:
                 self.parts._open()
             self.parts.close_part(final)
+            self.parts.abort_encoding()
         except Exception:
             self.parts.abort()
             return

@@ -1,0 +1,105 @@
+"""Issue #50: the writer process encodes row groups on threads of its own (``log/parts.py``), each into a part
+file of its own, published in order. Real runs, real files: the log holds the same row groups, row for row,
+as with one thread; a part that fails takes the ones after it, never one before it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import lstm_probe
+from lstm_probe.errors import BadInput
+from lstm_probe.log.parts import META_FINAL_KEY, PartWriter
+from lstm_probe.options import CaptureOptions, encode_threads
+
+RUN = dict(n_envs=4, steps=2048, n_steps=64, batch_size=64, n_epochs=4, hidden_size=256, seed=0, torch_threads=1)
+
+
+def _row_groups(path: Path) -> list[int]:
+    files = sorted(path.glob("part-*.parquet")) if path.is_dir() else [path]
+    return [
+        m.row_group(i).num_rows for m in (pq.ParquetFile(f).metadata for f in files) for i in range(m.num_row_groups)
+    ]
+
+
+@pytest.mark.parametrize("out", ["run.parquet", "runs/", "spans/"])
+def test_encoding_threads_write_the_log_one_thread_writes(tmp_path: Path, out: str) -> None:
+    """Three encoding threads (in the writer process) and one write the same row groups, the same rows in
+    the same order; a directory log then has a part per row group, in order, each published whole."""
+    spans = {"part_iterations": 2} if out == "spans/" else {}
+    one = lstm_probe.run("Pendulum-v1", f"{tmp_path}/one/{out}", writer_threads=1, **spans, **RUN)
+    three = lstm_probe.run("Pendulum-v1", f"{tmp_path}/three/{out}", writer_threads=3, **spans, **RUN)
+    a, b = tmp_path / "one" / out, tmp_path / "three" / out
+    assert one.completed and three.completed and one.rows == three.rows
+    groups = _row_groups(a)
+    assert len(groups) > 3 and _row_groups(b) == groups
+    assert pq.read_table(a).equals(pq.read_table(b))
+    if out.endswith("/"):
+        parts = sorted(b.glob("part-*.parquet"))
+        assert [p.name for p in parts] == [f"part-{i:05d}.parquet" for i in range(len(parts))]
+        assert len(parts) == len(groups) + 1  # a row group each, and the last part: the outcome, no rows
+        assert not list(b.glob(".*.tmp"))
+        last = json.loads(pq.ParquetFile(parts[-1]).metadata.metadata[META_FINAL_KEY])
+        assert last["final"] and last["completed"] and last["progress"]["rows"] == three.rows
+    else:
+        assert not (b.parent / "run.parquet.partial").exists()
+    report = lstm_probe.summarize(b)
+    assert report.staleness.provenance_ok is True
+
+
+def test_a_part_that_fails_takes_the_ones_after_it_and_the_journal_stays_a_prefix(tmp_path: Path) -> None:
+    """A row group whose write fails on its thread (here: a batch the part's schema refuses) raises at the
+    next publish; the parts before it are published, in order, it and those after it are removed, and the
+    writer counts only the rows it published."""
+    schema = pa.schema([("call", pa.int64())])
+    parts = PartWriter(tmp_path, schema, part_seconds=60.0, part_rows=10**6, threads=3)
+    good = pa.RecordBatch.from_pydict({"call": pa.array(range(5), pa.int64())})
+    bad = pa.RecordBatch.from_pydict({"call": pa.array(["x"])})
+    for _ in range(3):
+        parts.write(good, {"progress": {}})
+    parts.publish()
+    assert [p.name for p in parts.parts] == [f"part-{i:05d}.parquet" for i in range(3)]
+    parts.write(bad, {"progress": {}})
+    parts.write(good, {"progress": {}})
+    with pytest.raises(ValueError, match=r"(?i)schema"):
+        parts.publish()
+    assert [p.name for p in sorted(tmp_path.glob("part-*"))] == [f"part-{i:05d}.parquet" for i in range(3)]
+    assert not list(tmp_path.glob(".*.tmp")) and parts.rows == 15
+    parts.abort()
+
+
+def test_disk_full_on_an_encoding_thread_publishes_the_finished_rows_with_the_cause(tmp_path: Path) -> None:
+    """A file size limit on a run whose writer encodes on three threads: the log says why it ended, and every
+    row it says it holds is read back."""
+    script = (
+        "import resource, signal, sys, lstm_probe\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (2 << 20, 2 << 20))\n"
+        "try:\n"
+        "    lstm_probe.run('Pendulum-v1', 'run.parquet', steps=2048, hidden_size=64, writer_threads=3,\n"
+        "                   part_seconds=0.2, seed=0, torch_threads=1)\n"
+        "except Exception as exc:\n"
+        "    print(type(exc).__name__, exc)\n"
+        "    sys.exit(1)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and "File too large" in proc.stdout, proc.stdout + proc.stderr
+    info = lstm_probe.read_info(tmp_path / "run.parquet")
+    assert not info.completed and "File too large" in info.metadata["stop_reason"]
+    assert info.rows == info.metadata["progress"]["rows"] > 0
+    assert len(lstm_probe.load(tmp_path / "run.parquet", vectors=False)) == info.rows
+
+
+def test_how_many_threads_encode() -> None:
+    """A quarter of the CPUs, at most 4, in a writer process of a one-process log; one elsewhere; as given."""
+    assert encode_threads(3, "thread", None) == 3
+    assert encode_threads(0, "thread", None) == 1 and encode_threads(0, "process", "learner0") == 1
+    assert 1 <= encode_threads(0, "process", None) <= 4
+    with pytest.raises(BadInput, match=r"--writer.threads must be >= 0"):
+        CaptureOptions(writer_threads=-1)
