@@ -137,9 +137,10 @@ def timed(n_envs: int, device: str, steps: int, capture: str | None) -> float:
     return time.perf_counter() - start
 
 
-RSL_PATHS = ("device", "host", "none")
+RSL_PATHS = ("device", "device1", "host", "none")
 """Part 4's probed runs: summary rows of every env on the device path or on the host path
-(``OnDevice._engage``), or ``--other-envs none`` (the 16 traced envs only)."""
+(``OnDevice._engage``), or ``--other-envs none`` (the 16 traced envs only); ``device1``: the device path with
+one thread encoding the writer's row groups (the others: as many as the machine gives, ``log/parts.py``)."""
 
 
 def rsl_rl_timed(
@@ -166,10 +167,12 @@ def rsl_rl_timed(
         engage = OnDevice._engage
         OnDevice._engage = "never" if path == "host" else "always"
         others = "none" if path == "none" else "summary"
+        threads = 1 if path == "device1" else 0  # 0: the writer's own choice
         try:
             with tempfile.TemporaryDirectory() as tmp:
                 out = Path(tmp) / "run.parquet"
-                with attach(runner, out, capture="summary", trace_envs=16, other_envs=others, force=True):
+                kw = {"writer_threads": threads, "force": True}
+                with attach(runner, out, capture="summary", trace_envs=16, other_envs=others, **kw):
                     runner.learn(iterations)
                 info = lstm_probe.read_info(out)
                 raw = info.metadata.get("probe_cost", {})

@@ -260,7 +260,7 @@ def write(args: argparse.Namespace) -> None:
     print(f"{r['rows']} rows, {1e6 * r['cpu'] / r['rows']:.2f} us/row CPU, {r['bytes'] / r['rows']:.1f} B/row")
 
 
-def pipe_once(rec: dict[str, Any], out: str, times: int = 1) -> dict[str, Any]:
+def pipe_once(rec: dict[str, Any], out: str, times: int = 1, threads: int | None = None) -> dict[str, Any]:
     """One replay through a real writer process (the pipe, unpickling, the process's loop): its own CPU
     (``probe_cost.writer_cpu_seconds``: from the open message to the close), the whole process's CPU
     (``RUSAGE_CHILDREN``: its start and imports too), its peak private memory, the log's bytes."""
@@ -270,6 +270,8 @@ def pipe_once(rec: dict[str, Any], out: str, times: int = 1) -> dict[str, Any]:
     from lstm_probe.log.writer_process import Child
 
     config = dataclasses.replace(rec["config"], out=out, pid=None)  # no lock of this run's to free
+    if threads is not None:  # the writer's encoding threads (log/parts.py)
+        config = dataclasses.replace(config, encode_threads=threads)
     messages = [pickle.loads(m) for m in rec["messages"]]
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
@@ -304,25 +306,33 @@ def pipe(args: argparse.Namespace) -> None:
     tmp = tempfile.mkdtemp(prefix="writer-profile-")
     try:
         out = os.path.join(tmp, "log/" if args.dir else "log.parquet")
-        rs = []
+        runs: dict[int | None, list[dict[str, Any]]] = {t: [] for t in args.threads or [None]}
         for _ in range(args.repeats):
-            shutil.rmtree(os.path.join(tmp, "log"), ignore_errors=True)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(tmp, "log.parquet"))
-            rs.append(pipe_once(rec, out, args.times))
-        n = rs[0]["rows"]
-        us = [1e6 * r["cpu"] / n for r in rs]
-        whole = [1e6 * r["process_cpu"] / n for r in rs]
-        mb = [r["private_mb"] for r in rs]
-        walls = [r["wall"] for r in rs]
-        print(
-            f"{n} rows: writer CPU {statistics.median(us):.2f} us/row ({min(us):.2f}-{max(us):.2f}), whole process "
-            f"{statistics.median(whole):.2f} ({min(whole):.2f}-{max(whole):.2f}), {rs[0]['bytes'] / n:.1f} B/row, "
-            f"peak private {statistics.median(mb):.1f} MB ({min(mb)}-{max(mb)}), wall {statistics.median(walls):.2f} s "
-            f"({min(walls):.2f}-{max(walls):.2f}) from start to closed"
-        )
+            for threads, rs in runs.items():  # interleaved: A B A B ...
+                shutil.rmtree(os.path.join(tmp, "log"), ignore_errors=True)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(tmp, "log.parquet"))
+                rs.append(pipe_once(rec, out, args.times, threads))
+        for threads, rs in runs.items():
+            _pipe_line(rs, threads)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _pipe_line(rs: list[dict[str, Any]], threads: int | None) -> None:
+    """One line of :func:`pipe`'s figures: medians and spreads of ``rs``."""
+    n = rs[0]["rows"]
+    us = [1e6 * r["cpu"] / n for r in rs]
+    whole = [1e6 * r["process_cpu"] / n for r in rs]
+    mb = [r["private_mb"] for r in rs]
+    walls = [r["wall"] for r in rs]
+    print(
+        ("" if threads is None else f"{threads} encoding thread(s): ")
+        + f"{n} rows: writer CPU {statistics.median(us):.2f} us/row ({min(us):.2f}-{max(us):.2f}), whole process "
+        f"{statistics.median(whole):.2f} ({min(whole):.2f}-{max(whole):.2f}), {rs[0]['bytes'] / n:.1f} B/row, "
+        f"peak private {statistics.median(mb):.1f} MB ({min(mb)}-{max(mb)}), wall {statistics.median(walls):.2f} s "
+        f"({min(walls):.2f}-{max(walls):.2f}) from start to closed"
+    )
 
 
 def footer(args: argparse.Namespace) -> None:
@@ -392,6 +402,7 @@ def main() -> None:
     q.add_argument("--repeats", type=int, default=3)
     q.add_argument("--dir", action="store_true", help="write a dataset directory instead of a single file")
     q.add_argument("--times", type=int, default=1, help="send the recorded messages this many times (one log)")
+    q.add_argument("--threads", type=int, nargs="+", help="the writer's encoding threads, each count in turn")
     q.add_argument("--env", nargs="+", help="KEY=VALUE for the writer process (KEY= : unset)")
     f = sub.add_parser("footer")
     f.add_argument("log")

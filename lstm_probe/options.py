@@ -129,8 +129,9 @@ class CaptureOptions:
     )
     writer_threads: int = option(
         0,
-        "Threads that encode row groups in the writer process, each into a part file of its own (0: a quarter "
-        "of the CPUs this process may use, at most 4; 1 with a writer thread or a shard of a multi-process log).",
+        "Threads that encode row groups in the writer process, each into a part file of its own, for every row "
+        "group (0: a quarter of the CPUs this process may use, at most 4, for the row groups written while the "
+        "writer is behind, in a writer process of a one-process single-file log; else 1).",
         hidden=True,
     )
     reference_window: int = option(
@@ -201,14 +202,14 @@ def check_directory(
         )
 
 
-def encode_threads(given: int, writer: str, shard: str | None) -> int:
+def encode_threads(given: int, writer: str, shard: str | None, directory: bool = False) -> int:
     """Threads that encode a log's row groups: ``given``, or (0) a quarter of the CPUs this process may use, at
-    most 4, in a writer process of a one-process log (a writer thread's would compete with training; the
-    processes of a multi-process log, RLlib's, are many already): a wide run's writer keeps up with a GPU
-    (docs/performance.md), and a 2-core machine keeps one."""
+    most 4, in a writer process of a one-process single-file log (a writer thread's would compete with training;
+    the processes of a multi-process log, RLlib's, are many already; a directory log would get a part file per
+    row group): a wide run's writer keeps up with a GPU (docs/performance.md), and a 2-core machine keeps one."""
     if given:
         return given
-    if writer != "process" or shard is not None:
+    if writer != "process" or shard is not None or directory:
         return 1
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(1, min(4, cpus // 4))
@@ -251,6 +252,9 @@ class WriterConfig:
     it has published its rows (None: no lock to free)."""
     encode_threads: int = 1
     """Threads that encode row groups (``log/parts.py``): :func:`encode_threads` of the options."""
+    encode_always: bool = False
+    """``writer_threads`` was given: the threads take every row group, not only those written while the writer
+    is behind."""
 
     def __post_init__(self) -> None:
         check_directory(self.out, self.directory, self.part_iterations, self.shard)
@@ -290,7 +294,8 @@ class WriterConfig:
             force=o.force,
             writer=o.writer,
             pid=os.getpid(),
-            encode_threads=encode_threads(o.writer_threads, o.writer, shard),
+            encode_threads=encode_threads(o.writer_threads, o.writer, shard, o.directory),
+            encode_always=o.writer_threads > 0,
         )
 
     @property

@@ -58,7 +58,7 @@ def test_a_part_that_fails_takes_the_ones_after_it_and_the_journal_stays_a_prefi
     next publish; the parts before it are published, in order, it and those after it are removed, and the
     writer counts only the rows it published."""
     schema = pa.schema([("call", pa.int64())])
-    parts = PartWriter(tmp_path, schema, part_seconds=60.0, part_rows=10**6, threads=3)
+    parts = PartWriter(tmp_path, schema, part_seconds=60.0, part_rows=10**6, threads=3, always=True)
     good = pa.RecordBatch.from_pydict({"call": pa.array(range(5), pa.int64())})
     bad = pa.RecordBatch.from_pydict({"call": pa.array(["x"])})
     for _ in range(3):
@@ -72,6 +72,32 @@ def test_a_part_that_fails_takes_the_ones_after_it_and_the_journal_stays_a_prefi
     assert [p.name for p in sorted(tmp_path.glob("part-*"))] == [f"part-{i:05d}.parquet" for i in range(3)]
     assert not list(tmp_path.glob(".*.tmp")) and parts.rows == 15
     parts.abort()
+
+
+@pytest.mark.parametrize("single", [False, True])
+def test_row_groups_encoded_on_threads_and_in_the_open_part_keep_their_order(tmp_path: Path, single: bool) -> None:
+    """The threads take the row groups written while the writer is behind, the open part the others: however
+    they alternate, the parts (and the single file made of them) hold the rows in the order they were written."""
+    schema = pa.schema([("call", pa.int64())])
+    out = tmp_path / "log.parquet"
+    journal = tmp_path / "journal"
+    journal.mkdir()
+    parts = PartWriter(journal, schema, 60.0, 10**6, single=out if single else None, threads=2)
+    behind = [True, True, False, False, True, False, True, True, True, False]
+    for i, b in enumerate(behind):
+        parts.behind = b
+        parts.write(pa.RecordBatch.from_pydict({"call": pa.array(range(10 * i, 10 * i + 7), pa.int64())}), {})
+    if parts.writer is None:  # as FileLog.close: the last part carries the outcome
+        parts._open()
+    parts.close_part({"final": True})
+    parts.abort_encoding()
+    names = sorted(p.name for p in journal.glob("part-*"))
+    assert names == [f"part-{i:05d}.parquet" for i in range(len(names))] and not list(journal.glob(".*.tmp"))
+    want = [10 * i + k for i in range(len(behind)) for k in range(7)]
+    assert pq.read_table(journal).column("call").to_pylist() == want and parts.rows == len(want)
+    if single:
+        parts.finish_single()
+        assert pq.read_table(out).column("call").to_pylist() == want
 
 
 def test_disk_full_on_an_encoding_thread_publishes_the_finished_rows_with_the_cause(tmp_path: Path) -> None:
@@ -97,9 +123,11 @@ def test_disk_full_on_an_encoding_thread_publishes_the_finished_rows_with_the_ca
 
 
 def test_how_many_threads_encode() -> None:
-    """A quarter of the CPUs, at most 4, in a writer process of a one-process log; one elsewhere; as given."""
+    """A quarter of the CPUs, at most 4, in a writer process of a one-process single-file log; one elsewhere;
+    as given."""
     assert encode_threads(3, "thread", None) == 3
     assert encode_threads(0, "thread", None) == 1 and encode_threads(0, "process", "learner0") == 1
+    assert encode_threads(0, "process", None, directory=True) == 1 and encode_threads(2, "process", None, True) == 2
     assert 1 <= encode_threads(0, "process", None) <= 4
     with pytest.raises(BadInput, match=r"--writer.threads must be >= 0"):
         CaptureOptions(writer_threads=-1)

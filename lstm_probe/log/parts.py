@@ -3,11 +3,13 @@ one log (:class:`PartWriter`), and the threads that encode row groups side by si
 
 A part file is written under a hidden ``.tmp`` name and renamed once its footer is written (published); a
 single-file log copies each published part into itself (``assemble.py``). With ``threads`` > 1 (a writer
-process on a machine with cores to spare, ``options.WriterConfig.encode_threads``) each row group is encoded
-by a thread of its own into a part of its own (Parquet's encoding and zstd release the interpreter lock:
-measured, two threads write a 4,096-env run's row groups in half the wall time for the same CPU); the parts
-are published in order as they finish, so the journal always holds a run's first rows, whatever finishes
-first, and the log holds the same row groups as with one thread. Torch-free.
+process on a machine with cores to spare, ``options.WriterConfig.encode_threads``) each row group written while
+the writer is behind (more input waits in its pipe: ``PartWriter.behind``, set by the writer process's loop)
+is encoded by a thread of its own into a part of its own (Parquet's encoding and zstd release the interpreter
+lock: measured, two threads write a 4,096-env run's row groups in half the wall time for the same CPU); the
+other row groups go into the open part, as with one thread. Parts are published in order as they finish, so
+the journal always holds a run's first rows, whatever finishes first, and the log holds the same row groups as
+with one thread. Torch-free.
 """
 
 from __future__ import annotations
@@ -125,6 +127,7 @@ class PartWriter:
         shard: str | None = None,
         part_iterations: int | None = default(CaptureOptions, "part_iterations"),
         threads: int = 1,
+        always: bool = False,
     ):
         self.dir = directory
         self.shard = shard
@@ -145,6 +148,11 @@ class PartWriter:
         self.span = -1
         """The span of iterations (iteration // part_iterations) of the open part's rows; -1: none yet."""
         self.encoding = _Encoding(threads) if threads > 1 else None
+        self.always = always
+        """The threads take every row group (``writer_threads`` given), not only those written while behind."""
+        self.behind = always
+        """Set by the writer process's loop: more input waits in its pipe (the writer is what training waits
+        for). Only then are row groups encoded on the threads; else into the open part, as with one."""
 
     def part_name(self) -> str:
         return f"part-{self.shard}-{self.index:05d}.parquet" if self.shard else f"part-{self.index:05d}.parquet"
@@ -157,7 +165,9 @@ class PartWriter:
         self.part_count = 0
 
     def write(self, batch: pa.RecordBatch, progress: dict[str, Any]) -> None:
-        if self.encoding is not None:  # each batch (each span's rows of it) a part of its own
+        if self.encoding is not None and self.behind:  # each batch (each span's rows of it) a part of its own
+            if self.writer is not None:  # the open part goes first (the threads' parts are named after it)
+                self.close_part(progress)
             spans = [(0, batch.num_rows, -1)] if self.part_iterations is None else None
             for start, stop, _ in spans or _spans(batch.column("iteration"), self.part_iterations or 1):
                 self._submit(batch if stop - start == batch.num_rows else batch.slice(start, stop - start), progress)

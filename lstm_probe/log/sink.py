@@ -56,6 +56,7 @@ class Sink:
             part_iterations=c.part_iterations,
             sparse=c.sparse_vectors,
             threads=c.encode_threads,
+            always=c.encode_always,
         )
         self.module_code = {n: i for i, n in enumerate(c.modules)}
         self.hidden = c.hidden_size

@@ -226,6 +226,7 @@ class FileLog:
         part_iterations: int | None = default(CaptureOptions, "part_iterations"),
         sparse: bool = False,
         threads: int = 1,
+        always: bool = False,
     ):
         self.path = Path(out)
         self.is_dir = out.endswith(("/", os.sep)) or self.path.is_dir()
@@ -267,6 +268,7 @@ class FileLog:
             shard=shard,
             part_iterations=self.part_iterations,
             threads=threads,
+            always=always,
         )
 
     def reserve(self, n: int, train: bool = False, iteration: int | None = None) -> tuple[Rows, int]:

@@ -435,6 +435,9 @@ def serve() -> int:
         if not isinstance(message, tuple):  # data: a declared message (messages.py)
             try:
                 assert sink is not None
+                # behind: the next message is here already (the encoding threads take the row groups)
+                parts = sink.log.parts
+                parts.behind = parts.always or bool(select.select([inp], [], [], 0)[0])
                 sink.take(message)
                 memory.sample_now_and_then()
             except Exception as exc:
