@@ -10,11 +10,13 @@ c and every drift come computed in the recorded messages).
     python benchmarks/writer_profile.py footer LOG      # the assembly's time per row group, both routes
     python benchmarks/writer_profile.py record --rsl-rl --n-envs 1024 --hidden 256 --rec wide.rec
                                                        # rsl_rl at width: summary rows, --trace-envs 16
-    python benchmarks/writer_profile.py replay full.rec --repeats 5
+    python benchmarks/writer_profile.py replay full.rec --variants current zstd1 --repeats 5
     python benchmarks/writer_profile.py replay full.rec --profile      # cProfile of one replay
     python benchmarks/writer_profile.py replay full.rec --stages       # CPU per stage of one replay
+    python benchmarks/writer_profile.py pipe wide.rec --threads 1 2 --repeats 3
+                                 # through a real writer process, with 1 and 2 encoding threads (log/parts.py)
 
-A variant sets ``lstm_probe.log.writer``'s encoding knobs (``ENCODING``) for its replays; the log written
+A variant sets ``lstm_probe.log.parts``' encoding knobs (``ENCODING``) for its replays; the log written
 is read back and compared value by value with the first variant's (only encodings may differ).
 """
 
