@@ -53,6 +53,19 @@ def test_encoding_threads_write_the_log_one_thread_writes(tmp_path: Path, out: s
     assert report.staleness.provenance_ok is True
 
 
+def test_the_writer_process_hands_its_threads_the_row_groups_it_writes_while_behind(tmp_path, monkeypatch) -> None:
+    """As a machine with cores to spare runs it by default (two threads, for the row groups written while more
+    input waits in the pipe; here however the run's timing falls): the log the one thread writes."""
+    import lstm_probe.options as options
+
+    monkeypatch.setattr(options, "encode_threads", lambda given, *a, **k: given or 2)
+    one = lstm_probe.run("Pendulum-v1", f"{tmp_path}/one.parquet", writer_threads=1, **RUN)
+    auto = lstm_probe.run("Pendulum-v1", f"{tmp_path}/auto.parquet", **RUN)
+    assert auto.completed and auto.rows == one.rows
+    assert _row_groups(one.path) == _row_groups(auto.path)
+    assert pq.read_table(one.path).equals(pq.read_table(auto.path))
+
+
 def test_a_part_that_fails_takes_the_ones_after_it_and_the_journal_stays_a_prefix(tmp_path: Path) -> None:
     """A row group whose write fails on its thread (here: a batch the part's schema refuses) raises at the
     next publish; the parts before it are published, in order, it and those after it are removed, and the
