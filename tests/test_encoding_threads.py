@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pyarrow as pa
@@ -144,3 +145,51 @@ def test_how_many_threads_encode() -> None:
     assert 1 <= encode_threads(0, "process", None) <= 4
     with pytest.raises(BadInput, match=r"--writer.threads must be >= 0"):
         CaptureOptions(writer_threads=-1)
+
+
+def test_the_parts_finished_before_a_failed_one_reach_the_single_file(tmp_path: Path) -> None:
+    """A part that fails on its thread, behind one that finished: the finished one is published into the
+    single-file log too (not only renamed in the journal), so a failed run still ends as one file holding
+    every row the writer counts."""
+    schema = pa.schema([("call", pa.int64())])
+    journal = tmp_path / "journal"
+    journal.mkdir()
+    out = tmp_path / "run.parquet"
+    parts = PartWriter(journal, schema, 60.0, 10**7, single=out, threads=2, always=True)
+    big = pa.RecordBatch.from_pydict({"call": pa.array(range(2_000_000), pa.int64())})  # still encoding below
+    parts.write(big, {"progress": {}})
+    parts.write(pa.RecordBatch.from_pydict({"call": pa.array(["x"])}), {"progress": {}})
+    with pytest.raises(ValueError, match=r"(?i)schema"):
+        parts.publish()
+    assert [p.name for p in parts.parts] == ["part-00000.parquet"] and parts.rows == big.num_rows
+    parts._open()
+    parts.close_part({"final": True})
+    parts.abort_encoding()
+    assert parts.single_complete()
+    parts.finish_single()
+    assert pq.read_table(out).column("call").to_pylist() == list(range(2_000_000))
+
+
+@pytest.mark.parametrize("out", ["run.parquet", "runs/"])
+def test_a_part_failing_while_the_writer_fails_still_leaves_the_outcome(tmp_path: Path, out: str) -> None:
+    """The writer fails, and the row group its fail() writes fails on its thread too (a directory where the
+    part's temp file would go): the log still ends with a part that says how the run ended, counting only
+    the rows it holds."""
+    from lstm_probe.log.schema import CODES, COLUMNS
+    from lstm_probe.log.writer import FileLog
+
+    log = FileLog(str(tmp_path / out), 8, ["actor"], {}, CODES, threads=2, always=True)
+    rows, i = log.reserve(50)
+    for col in COLUMNS:  # every column null (or zero): the rows' values do not matter here
+        buf = rows.buffers[col.name]
+        buf[i : i + 50] = -1 if col.kind in ("code", "int", "tribool") and col.nullable else 0
+    for flag in rows.buffers:
+        if flag not in {c.name for c in COLUMNS}:
+            rows.buffers[flag][i : i + 50] = False
+    log.commit(50)
+    (log.parts_dir / ".part-00000.parquet.tmp").mkdir()  # the part fail() writes cannot be opened
+    log.fail({"stop_reason": "the writer failed"})
+    info = lstm_probe.read_info(tmp_path / out)
+    assert not info.completed and info.metadata["stop_reason"] == "the writer failed"
+    assert info.rows == info.metadata["progress"]["rows"] == 0
+    assert not [t for t in threading.enumerate() if t.name.startswith("lstm-probe-parquet")]  # none left running

@@ -211,12 +211,9 @@ class PartWriter:
         pending); a failed one drops those after it (their rows are lost, as a failed part's are)."""
         if self.encoding is None:
             return
-        try:
-            done = self.encoding.finished(keep)
-        except BaseException:
+        done, error = self.encoding.finished(keep)
+        if error is not None:  # the failed part and those after it are dropped; those before it published
             self.rows -= self.encoding.cancel()
-            raise
-        error: BaseException | None = None
         for target, _ in done:  # each one is in the journal already: each is counted, whatever fails
             try:
                 self._published(target)
@@ -331,18 +328,22 @@ class _Encoding:
         future = self.executor.submit(_write_part, tmp, schema, batch, final)
         self.pending.append((future, tmp, target, batch.num_rows))
 
-    def finished(self, keep: int) -> list[tuple[Path, int]]:
+    def finished(self, keep: int) -> tuple[list[tuple[Path, int]], BaseException | None]:
         """The parts written, in order, renamed to their names: (path, rows) each; waits while more than
-        ``keep`` are pending. A failed part raises here and stays first in line (:meth:`cancel` drops it with
-        those after it)."""
-        out = []
+        ``keep`` are pending. A failed part stops the hand-over (the error comes second, the parts renamed
+        before it first: they are in the journal) and stays first in line (:meth:`cancel` drops it with those
+        after it)."""
+        out: list[tuple[Path, int]] = []
         while self.pending and (len(self.pending) > keep or self.pending[0][0].done()):
             future, tmp, target, rows = self.pending[0]
-            future.result()
+            try:
+                future.result()
+                os.replace(tmp, target)
+            except BaseException as exc:
+                return out, exc
             self.pending.popleft()
-            os.replace(tmp, target)
             out.append((target, rows))
-        return out
+        return out, None
 
     def cancel(self) -> int:
         """Wait for the pending parts and remove them unpublished; the rows they held."""

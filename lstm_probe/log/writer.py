@@ -361,6 +361,8 @@ class FileLog:
         parts hold; else its journal stays, its last part saying how the run ended."""
         with contextlib.suppress(Exception):
             self.flush()
+        with contextlib.suppress(Exception):  # the encoding threads' parts: published, or dropped if one failed
+            self.parts.publish()
         final = {**final, "final": True, "completed": False}
         final["progress"] = {**self.progress, **final.get("progress", {}), "rows": self.parts.rows}
         try:
@@ -386,9 +388,11 @@ class FileLog:
     def abandon(self) -> None:
         """The run ended without a close (its process died): publish the rows taken so far as a part of
         the crash journal, without an outcome; the readers salvage it."""
-        self.flush()
-        self.parts.close_part({"progress": {**self.progress, "rows": self.rows_written}})
-        self.parts.abort()
+        try:
+            self.flush()
+            self.parts.close_part({"progress": {**self.progress, "rows": self.rows_written}})
+        finally:  # the encoding threads stopped, whatever failed
+            self.parts.abort()
 
     def abort(self) -> None:
         self.parts.abort()
