@@ -249,3 +249,23 @@ def test_a_traced_log_buffers_only_the_kept_rows_vectors(tmp_path, monkeypatch, 
             x = np.stack(b[col].filter(b[col].is_valid()).to_numpy(zero_copy_only=False))
             y = np.stack(a[col].filter(b[col].is_valid()).to_numpy(zero_copy_only=False))
             assert np.array_equal(x, y), col
+
+
+def test_kept_vectors_are_laid_out_as_a_full_logs_row_buffers_hold_them():
+    """kept.laid_out gives what a full log's float32 row buffers give once encoded: a float64 vector rounds
+    to float16 through float32 (not straight: 1 + 2**-11 + 2**-30 is 1.0 either way in a full log), and
+    the rows of a hand-over that failed before it was committed (past the buffer's rows) are left out."""
+    from lstm_probe.log.kept import KeptVectors, laid_out
+
+    hidden = 4
+    x = np.full((2, hidden), 1 + 2**-11 + 2**-30)
+    dense = np.empty((2, hidden), np.float32)
+    dense[...] = x
+    want = np.array(dense, np.float16).reshape(-1)
+    kept = KeptVectors()
+    kept.add(np.arange(2), x, None)
+    kept.add(np.array([1, 2]), np.ones((2, hidden)), None)  # row 2: past the 2 rows committed
+    want[hidden:] = 1.0
+    got = laid_out(kept, 0, 2, hidden, np.dtype(np.float16))
+    assert np.array_equal(got.view(np.uint16), want.view(np.uint16)) and float(want[0]) == 1.0
+    assert laid_out(kept, 1, 2, hidden, np.dtype(np.float16)).tolist() == [0.0] * 2 * hidden  # no c: zero

@@ -27,18 +27,24 @@ class KeptVectors:
         self.nbytes = 0
 
     def add(self, rows: np.ndarray, h: np.ndarray, c: np.ndarray | None) -> None:
-        """Keep ``h`` and ``c`` (k, H) for the buffer's ``rows`` (k,), copied unless they own their memory (a
-        view would keep the whole array it is cut from, every env's states, until the buffer is written)."""
+        """Keep ``h`` and ``c`` (k, H) for the buffer's ``rows`` (k,), as float32 (a full log's row buffers'
+        dtype: a float16 log's vectors then round once from float32, as a full log's do), copied unless they
+        own their memory (a view would keep the whole array it is cut from, every env's states, until the
+        buffer is written)."""
         if len(rows) == 0:
             return
-        h = h if h.flags.owndata else h.copy()
-        c = None if c is None else c if c.flags.owndata else c.copy()
+        h = _own(h)
+        c = None if c is None else _own(c)
         self.chunks.append((np.asarray(rows, np.int64), h, c))
         self.nbytes += h.nbytes + (0 if c is None else c.nbytes)
 
     def clear(self) -> None:
         self.chunks.clear()
         self.nbytes = 0
+
+
+def _own(v: np.ndarray) -> np.ndarray:
+    return v if v.dtype == np.float32 and v.flags.owndata else np.array(v, np.float32)
 
 
 def laid_out(kept: KeptVectors, which: int, n: int, hidden: int, dtype: np.dtype) -> np.ndarray:
@@ -49,6 +55,10 @@ def laid_out(kept: KeptVectors, which: int, n: int, hidden: int, dtype: np.dtype
     grid = values.reshape(n, hidden)
     for rows, h, c in kept.chunks:
         v = h if which == 0 else c
-        if v is not None:
-            grid[rows] = v
+        if v is None:
+            continue
+        if len(rows) and rows.max() >= n:  # rows of a call whose hand-over failed before it was committed
+            at = rows < n
+            rows, v = rows[at], v[at]
+        grid[rows] = v
     return values

@@ -154,6 +154,12 @@ class PartWriter:
         """Set by the writer process's loop: more input waits in its pipe (the writer is what training waits
         for). Only then are row groups encoded on the threads; else into the open part, as with one."""
 
+    @property
+    def threaded(self) -> bool:
+        """Whether the next row group goes to the encoding threads (its arrays then must not share memory with
+        the row buffers, which fill again while it is encoded)."""
+        return self.encoding is not None and self.behind
+
     def part_name(self) -> str:
         return f"part-{self.shard}-{self.index:05d}.parquet" if self.shard else f"part-{self.index:05d}.parquet"
 
@@ -165,7 +171,7 @@ class PartWriter:
         self.part_count = 0
 
     def write(self, batch: pa.RecordBatch, progress: dict[str, Any]) -> None:
-        if self.encoding is not None and self.behind:  # each batch (each span's rows of it) a part of its own
+        if self.threaded:  # each batch (each span's rows of it) a part of its own
             if self.writer is not None:  # the open part goes first (the threads' parts are named after it)
                 self.close_part(progress)
             spans = [(0, batch.num_rows, -1)] if self.part_iterations is None else None

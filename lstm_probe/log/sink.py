@@ -215,8 +215,12 @@ class Sink:
             return
         assert reduced.h is not None
         rows = i0 + np.flatnonzero(reduced.kept)
-        if r.kept is not None:  # a log where few rows keep their vectors (kept.py)
-            r.kept.add(rows, reduced.h, reduced.c)
+        if r.kept is not None:  # a log where few rows keep their vectors (kept.py): those flagged (not --every's)
+            flagged = r.vectors[rows]
+            if flagged.all():
+                r.kept.add(rows, reduced.h, reduced.c)
+            else:
+                r.kept.add(rows[flagged], reduced.h[flagged], None if reduced.c is None else reduced.c[flagged])
             return
         assert r.h is not None and r.c is not None
         r.h[rows] = reduced.h

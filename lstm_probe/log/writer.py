@@ -333,7 +333,7 @@ class FileLog:
         if rows.n == 0:
             return
         try:
-            batch = self.encoder.encode(rows, copy=self.parts.encoding is not None)
+            batch = self.encoder.encode(rows, copy=self.parts.threaded)
             self.parts.write(batch, {"progress": dict(self.progress)})
         finally:
             rows.n = 0
