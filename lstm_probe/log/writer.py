@@ -9,7 +9,8 @@ the order overall). Row groups go into part files (``parts.py``)
 of a dataset directory (``part-00000.parquet``, ...); a part is closed (footer written, then renamed
 from a hidden ``.tmp`` name) every ``part_seconds`` or ``part_rows`` (with encoding threads, each row group
 is a part of its own, published once written, in order), so a SIGKILL loses at most the
-part being written and what the training process had not yet handed over (a writer process that
+part being written (and the row groups encoding threads hold: at most their count plus one) and what
+the training process had not yet handed over (a writer process that
 sees its pipe close publishes the rows it holds). With ``part_iterations`` N (directories only), a
 part also never holds rows of two spans of N iterations (0..N-1, N..2N-1, ...): the files of a span
 can be moved or deleted together.
