@@ -40,6 +40,9 @@ def test_encoding_threads_write_the_log_one_thread_writes(tmp_path: Path, out: s
     assert one.completed and three.completed and one.rows == three.rows
     groups = _row_groups(a)
     assert len(groups) > 3 and _row_groups(b) == groups
+    cost_one, cost_three = (lstm_probe.read_info(x).metadata["probe_cost"] for x in (a, b))
+    assert "writer_encode_threads" not in cost_one  # one thread: the log says nothing of threads
+    assert cost_three["writer_encode_threads"] == 3 and cost_three["writer_threaded_row_groups"] == len(groups)
     assert pq.read_table(a).equals(pq.read_table(b))
     if out.endswith("/"):
         parts = sorted(b.glob("part-*.parquet"))
@@ -64,6 +67,8 @@ def test_the_writer_process_hands_its_threads_the_row_groups_it_writes_while_beh
     auto = lstm_probe.run("Pendulum-v1", f"{tmp_path}/auto.parquet", **RUN)
     assert auto.completed and auto.rows == one.rows
     assert _row_groups(one.path) == _row_groups(auto.path)
+    cost = lstm_probe.read_info(auto.path).metadata["probe_cost"]
+    assert cost["writer_encode_threads"] == 2 and 0 <= cost["writer_threaded_row_groups"] <= len(_row_groups(one.path))
     assert pq.read_table(one.path).equals(pq.read_table(auto.path))
 
 

@@ -148,6 +148,9 @@ class PartWriter:
         self.span = -1
         """The span of iterations (iteration // part_iterations) of the open part's rows; -1: none yet."""
         self.encoding = _Encoding(threads) if threads > 1 else None
+        self.threads = threads
+        self.threaded_groups = 0
+        """Row groups the encoding threads wrote (each a part of its own)."""
         self.always = always
         """The threads take every row group (``writer_threads`` given), not only those written while behind."""
         self.behind = always
@@ -210,6 +213,7 @@ class PartWriter:
         final = json.dumps(progress, default=str)
         self.encoding.submit(self.dir / f".{name}.tmp", self.dir / name, self.schema, batch, final)
         self.rows += batch.num_rows
+        self.threaded_groups += 1
         self.publish(self.encoding.threads)
 
     def publish(self, keep: int = 0) -> None:

@@ -495,7 +495,8 @@ METADATA_KEYS: dict[str, str] = {
     "writer (process or thread: where rows were made and written), writer_cpu_seconds and "
     "writer_busy_seconds (that writer process or thread), wait_seconds (training waiting for room in the "
     "writer's queue or pipe); with a writer process on Linux also writer_peak_rss_mb (its peak RSS, shared "
-    "libraries included) and writer_peak_private_mb (its peak private memory, sampled each second). "
+    "libraries included) and writer_peak_private_mb (its peak private memory, sampled each second); with "
+    "encoding threads also writer_encode_threads and writer_threaded_row_groups (the row groups they wrote). "
     "Summed over processes in multi-process logs.",
 }
 

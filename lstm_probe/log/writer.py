@@ -345,7 +345,7 @@ class FileLog:
     def close(self, final: dict[str, Any]) -> None:
         """Write what is left, record ``final`` (completed, stop_reason, ...) and publish the log."""
         self.flush()
-        final = {**final, "final": True, "progress": {**self.progress, **final.get("progress", {})}}
+        final = {**self._threads_cost(final), "final": True, "progress": {**self.progress, **final.get("progress", {})}}
         final["progress"]["rows"] = self.rows_written
         if self.parts.writer is None:
             # Always end with a part that carries the outcome, even when it holds no rows.
@@ -356,6 +356,17 @@ class FileLog:
             self.parts.finish_single()
             shutil.rmtree(self.parts_dir)
 
+    def _threads_cost(self, final: dict[str, Any]) -> dict[str, Any]:
+        """``final`` with, where the writer had encoding threads, their count and the row groups they wrote in
+        its ``probe_cost`` (did they engage: ``parts.py``)."""
+        if self.parts.threads <= 1 or not isinstance(final.get("probe_cost"), dict):
+            return final
+        threads = {
+            "writer_encode_threads": self.parts.threads,
+            "writer_threaded_row_groups": self.parts.threaded_groups,
+        }
+        return {**final, "probe_cost": {**final["probe_cost"], **threads}}
+
     def fail(self, final: dict[str, Any]) -> None:
         """The writer failed (a write or a job raised): publish what was finished, with ``final`` (completed
         false, the cause) in the last part. A single-file log is finished too when it holds every row the
@@ -364,7 +375,7 @@ class FileLog:
             self.flush()
         with contextlib.suppress(Exception):  # the encoding threads' parts: published, or dropped if one failed
             self.parts.publish()
-        final = {**final, "final": True, "completed": False}
+        final = {**self._threads_cost(final), "final": True, "completed": False}
         final["progress"] = {**self.progress, **final.get("progress", {}), "rows": self.parts.rows}
         try:
             if self.parts.writer is None:
