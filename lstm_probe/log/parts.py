@@ -224,7 +224,7 @@ class PartWriter:
         done, error = self.encoding.finished(keep)
         if error is not None:  # the failed part and those after it are dropped; those before it published
             self.rows -= self.encoding.cancel()
-        for target, _ in done:  # each one is in the journal already: each is counted, whatever fails
+        for target in done:  # each one is in the journal already: each is counted, whatever fails
             try:
                 self._published(target)
             except BaseException as exc:  # the single file given up (a full disk): the journal keeps the rows
@@ -338,21 +338,21 @@ class _Encoding:
         future = self.executor.submit(_write_part, tmp, schema, batch, final)
         self.pending.append((future, tmp, target, batch.num_rows))
 
-    def finished(self, keep: int) -> tuple[list[tuple[Path, int]], BaseException | None]:
-        """The parts written, in order, renamed to their names: (path, rows) each; waits while more than
+    def finished(self, keep: int) -> tuple[list[Path], BaseException | None]:
+        """The parts written, in order, renamed to their names (their paths); waits while more than
         ``keep`` are pending. A failed part stops the hand-over (the error comes second, the parts renamed
         before it first: they are in the journal) and stays first in line (:meth:`cancel` drops it with those
         after it)."""
-        out: list[tuple[Path, int]] = []
+        out: list[Path] = []
         while self.pending and (len(self.pending) > keep or self.pending[0][0].done()):
-            future, tmp, target, rows = self.pending[0]
+            future, tmp, target, _ = self.pending[0]
             try:
                 future.result()
                 os.replace(tmp, target)
             except BaseException as exc:
                 return out, exc
             self.pending.popleft()
-            out.append((target, rows))
+            out.append(target)
         return out, None
 
     def cancel(self) -> int:

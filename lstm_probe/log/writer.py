@@ -317,7 +317,7 @@ class FileLog:
         """Encode the buffered rows and write each lane's as one row group; publish the open part once it has
         been open ``part_seconds`` (an idle run's rows too reach a finished part in bounded time)."""
         self.last_flush = time.monotonic()
-        self.parts.publish(self.parts.encoding.threads if self.parts.encoding is not None else 0)
+        self.parts.publish(self.parts.threads)  # the threads' finished parts, if any
         if not any(rows.n for rows in self.lanes):
             if self.parts.part_due():
                 self.parts.close_part({"progress": dict(self.progress)})
