@@ -40,9 +40,12 @@ ENCODING: dict[str, Any] = {
     "compression_level": None,
     "vector_bss": True,
     "vector_compression": COMPRESSION,
+    "scalar_compression": COMPRESSION,
+    "float_compression": None,
 }
 """Encoding knobs (benchmarks/writer_profile.py measures variants of them side by side): the zstd level
-(None: Arrow's default), byte-stream-split on the state vectors, the vectors' codec."""
+(None: Arrow's default), byte-stream-split on the state vectors, the vectors' codec, the other columns' codec
+and the float columns' among them (None: the other columns')."""
 STRING_COLUMNS = [c.name for c in COLUMNS if c.kind == "code"]
 VECTOR_COLUMNS = [c.name for c in COLUMNS if c.kind == "vector"]
 
@@ -53,12 +56,9 @@ def _parquet_writer(path: Path, schema: pa.Schema) -> pq.ParquetWriter:
     # No page index (nor bloom filters): a part's row groups must move into a single-file log with their
     # offsets in the footer alone (assemble.py).
     scalars = [n for n in schema.names if n not in VECTOR_COLUMNS]
-    vector_codec = ENCODING["vector_compression"]
     # per leaf column (a vector's values are "h.list.element"; a name Arrow does not know is uncompressed)
     compression: Any = {
-        f"{n}.list.element" if pa.types.is_fixed_size_list(schema.field(n).type) else n: (
-            vector_codec if n in VECTOR_COLUMNS else COMPRESSION
-        )
+        f"{n}.list.element" if pa.types.is_fixed_size_list(schema.field(n).type) else n: _codec(schema.field(n))
         for n in schema.names
     }
     level = ENCODING["compression_level"]
@@ -73,6 +73,14 @@ def _parquet_writer(path: Path, schema: pa.Schema) -> pq.ParquetWriter:
         column_encoding=column_encodings(schema),
         write_page_index=False,
     )
+
+
+def _codec(field: pa.Field) -> str:
+    if field.name in VECTOR_COLUMNS:
+        return str(ENCODING["vector_compression"])
+    if ENCODING["float_compression"] and pa.types.is_floating(field.type):
+        return str(ENCODING["float_compression"])
+    return str(ENCODING["scalar_compression"])
 
 
 def column_encodings(schema: pa.Schema) -> dict[str, str]:
