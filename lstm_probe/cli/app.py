@@ -321,7 +321,7 @@ def schema(
 
 @app.command()
 def probe(
-    path: Annotated[str, typer.Argument(help="A log written with full capture (h vectors).")],
+    path: Annotated[str, typer.Argument(help="A log with h vectors: full capture, or --trace-envs K (envs 0..K-1).")],
     target: Annotated[
         str, typer.Option(help="episode_step, env_step, obs:i (a log run with --capture-obs) or info:KEY (--info KEY).")
     ] = "episode_step",

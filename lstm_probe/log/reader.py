@@ -491,8 +491,7 @@ def load(
     # their full width for every null row): they come back as columns of None
     empty = budget.all_null(data, columns)
     read = [c for c in columns if c not in empty]
-    budget.check_filtered(data, read, filt, f"loading {len(read)} column(s) of {path}", _LOAD_FIX)
-    table = data.to_table(columns=read, filter=filt)
+    table = budget.table(data, read, filt, f"loading {len(read)} column(s) of {path}", _LOAD_FIX)
     # integer and bool columns as pandas' nullable dtypes (Int64, boolean): null env on padding rows
     # stays <NA> instead of turning the column into floats
     import pandas as pd

@@ -217,8 +217,7 @@ def check_out(out: str | os.PathLike[str]) -> None:
 def _read(data: ds.Dataset, columns: list[str], filt: ds.Expression) -> pd.DataFrame:
     """The rows ``filt`` selects in ``data`` (already narrowed to the row groups that can hold them), within
     the memory budget (``budget.py``)."""
-    budget.check_filtered(data, columns, filt, "the page's read of " + ", ".join(columns))
-    return data.to_table(columns=columns, filter=filt).to_pandas()
+    return budget.table(data, columns, filt, "the page's read of " + ", ".join(columns)).to_pandas()
 
 
 def _batches(data: ds.Dataset, columns: list[str], filt: ds.Expression) -> Any:

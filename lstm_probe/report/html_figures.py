@@ -17,6 +17,9 @@ from lstm_probe.report import Report
 from lstm_probe.text import plain
 
 MAX_LAYOUT_EPOCHS = 4
+MAX_LAYOUT_ENVS = 16
+"""Envs the minibatch layout draws (the first ones): a row each per epoch drawn; a 1,024-env run drawn whole made a
+figure 200,000 pixels tall (35 s and 2 GB of matplotlib for one page)."""
 
 
 MAX_COLOUR_LEGEND = 10  # tab10 repeats after ten episodes
@@ -89,6 +92,10 @@ def _layout_figure(
         notes.append(f"minibatch layout: epochs {epochs[:MAX_LAYOUT_EPOCHS]} of {len(epochs)} drawn")
         epochs = epochs[:MAX_LAYOUT_EPOCHS]
     envs = sorted(t["env"].dropna().unique().astype(int).tolist())
+    if len(envs) > MAX_LAYOUT_ENVS:
+        notes.append(f"minibatch layout: envs {envs[0]}-{envs[MAX_LAYOUT_ENVS - 1]} of {len(envs):,} drawn")
+        envs = envs[:MAX_LAYOUT_ENVS]
+        starts = starts[starts["env"] <= envs[-1]]
     cmap = plt.get_cmap("tab10")
     fig, axes = plt.subplots(
         len(epochs), 1, figsize=(11, 0.6 + 0.45 * len(envs) * len(epochs) + 0.5 * len(epochs)), squeeze=False

@@ -31,6 +31,7 @@ from lstm_probe.errors import BadInput
 from lstm_probe.log import budget
 from lstm_probe.log.logfiles import reads
 from lstm_probe.log.reader import dataset, narrow
+from lstm_probe.report.section import stores_vectors
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -254,8 +255,11 @@ def probe_rows(
     if any(not 0 <= int(lag) <= MAX_LAG for lag in lags):
         raise BadInput(f"lags must be 0..{MAX_LAG:,} steps, got {list(lags)}")
     data, info = dataset(path)
-    if (info.metadata.get("capture") or {}).get("mode") == "summary":
-        raise BadInput("probes need the h vectors: this log was written with --capture summary")
+    if not stores_vectors(info.metadata):
+        raise BadInput(
+            "probes need the h vectors: this log was written with --capture summary (--trace-envs K keeps the "
+            "vectors of envs 0..K-1)"
+        )
     its = _iterations(data, iterations)
     names = set(data.schema.names)
     extra = list(dict.fromkeys(str(t).partition(":")[0] for t in targets if not _is_frame(t)))
@@ -268,8 +272,7 @@ def probe_rows(
     for it in its:
         rows_of = (ds.field("phase") == "rollout") & (ds.field("iteration") == it) & ds.field("h").is_valid()
         part = narrow(data, iteration=(it, it))  # the iteration's row groups (statistics)
-        budget.check_filtered(part, columns, rows_of, f"the probe's read of iteration {it}")
-        table = part.to_table(columns=columns, filter=rows_of)
+        table = budget.table(part, columns, rows_of, f"the probe's read of iteration {it}")
         if table.num_rows == 0:
             continue
         rows = {c: _column(table, c) for c in [*keys, *worker]}

@@ -242,8 +242,19 @@ class Log:
 
     @property
     def vectors(self) -> bool:
-        """The log stores h/c vectors (not ``--capture summary``)."""
-        return (self.meta.get("capture") or {}).get("mode") != "summary"
+        """The log's rows may hold h/c vectors (:func:`stores_vectors`)."""
+        return stores_vectors(self.meta)
+
+
+def stores_vectors(meta: dict[str, Any]) -> bool:
+    """Whether a log's rows may hold h/c vectors, from its metadata's ``capture``: every row's unless it was
+    written with ``--capture summary``; the traced envs' rows where ``--trace-envs K`` was given, whatever the
+    mode (``--capture summary --trace-envs 16``: envs 0..15 keep their vectors, the others are summary rows)."""
+    capture = meta.get("capture") or {}
+    if not isinstance(capture, dict):
+        return True
+    traced = capture.get("trace_envs")
+    return capture.get("mode") != "summary" or (isinstance(traced, int) and not isinstance(traced, bool) and traced > 0)
 
 
 class Section(ABC, Generic[D]):

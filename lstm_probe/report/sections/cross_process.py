@@ -127,10 +127,9 @@ def cross_process(data: ds.Dataset, vectors: bool) -> CrossProcessSection:
     part = narrow(data, iteration=(0, CROSS_ITERATIONS - 1))  # the first iterations' row groups (statistics)
     roll, learn = base & (ds.field("phase") == "rollout"), base & ds.field("phase").isin(["train", "value"])
     roll_part, learn_part = budget.prune(part, roll), budget.prune(part, learn)  # their row groups (footer statistics)
-    budget.check_filtered(roll_part, cols, roll, "the cross-process check's rollout rows")
-    budget.check_filtered(learn_part, cols, learn, "the cross-process check's learner rows")
-    roll_t = roll_part.to_table(columns=cols, filter=roll)
-    learn_t = learn_part.to_table(columns=cols, filter=learn)
+    budget.check_filtered(learn_part, cols, learn, "the cross-process check's learner rows")  # both, before either
+    roll_t = budget.table(roll_part, cols, roll, "the cross-process check's rollout rows")
+    learn_t = budget.table(learn_part, cols, learn, "the cross-process check's learner rows")
     if vectors:
         rh, rc, lh, lc = (_vectors(t, n) for t, n in ((roll_t, "h"), (roll_t, "c"), (learn_t, "h"), (learn_t, "c")))
     else:  # summary logs: norms only (a weaker check: equal states have equal norms)
@@ -160,8 +159,7 @@ def cross_process(data: ds.Dataset, vectors: bool) -> CrossProcessSection:
     state_in_ok = None if not start.any() else bool(max(state_in_rel.values()) <= STATE_IN_TOLERANCE)
     # chunks that start an episode must start from zeros: their t = -1 rows have no env_step
     fresh = (ds.field("t") == -1) & ds.field("env_step").is_null() & (ds.field("padding") == False)  # noqa: E712
-    budget.check_filtered(data, ["h_norm", "c_norm"], fresh, "the cross-process check's episode starts")
-    zeros = data.to_table(columns=["h_norm", "c_norm"], filter=fresh)
+    zeros = budget.table(data, ["h_norm", "c_norm"], fresh, "the cross-process check's episode starts")
     norms = np.concatenate(
         [zeros.column(n).to_numpy(zero_copy_only=False).astype(np.float64) for n in ("h_norm", "c_norm")]
     )
@@ -210,7 +208,9 @@ class CrossProcess(Section[CrossProcessSection]):
     findings_rank: ClassVar[int] = 50
 
     def compute(self, log: Log, acc: Any) -> CrossProcessSection:
-        data = cross_process(log.data, log.vectors)
+        # vectors where every row has them; a summary log's norms otherwise (--trace-envs K: only the traced
+        # envs' rows hold vectors, and the norms check the others too)
+        data = cross_process(log.data, (log.meta.get("capture") or {}).get("mode") != "summary")
         data.provenance_tolerance = provenance_tolerance(log.meta)
         return data
 

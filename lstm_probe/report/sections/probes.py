@@ -64,7 +64,7 @@ class Probes(Section[ProbesSection | None]):
             return []
         meta = log.meta
         if isinstance(meta.get("obs_size"), int) or meta.get("info_keys"):
-            if (meta.get("capture") or {}).get("mode") == "summary":
+            if not log.vectors:
                 return [f"{PROBES_NOTE}: the log was written with --capture summary, which stores no h vectors"]
             return []
         if log.caps.observe:
@@ -80,7 +80,7 @@ class Probes(Section[ProbesSection | None]):
         keys = [str(k) for k in meta.get("info_keys") or []]
         if not isinstance(obs_size, int) and not keys:
             return None
-        if (meta.get("capture") or {}).get("mode") == "summary" or log.iterations == 0:
+        if not log.vectors or log.iterations == 0:
             return None
         targets = [f"obs:{i}" for i in range(min(obs_size, MAX_OBS))] if isinstance(obs_size, int) else []
         targets += [f"info:{k}" for k in keys]

@@ -1,0 +1,78 @@
+"""What a wide run's log gives its reader (``--capture summary --trace-envs K``, the setting for hundreds of envs):
+the traced envs' vectors wherever the report reads vectors (state health per unit, probes, heat maps), and a
+page whose figures stay one page whatever the number of envs."""
+
+from __future__ import annotations
+
+import struct
+import subprocess
+import sys
+
+import lstm_probe
+from lstm_probe.report.html import build_html
+from lstm_probe.report.html_figures import MAX_LAYOUT_ENVS
+
+RUN = dict(n_envs=4, steps=512, n_steps=64, batch_size=64, n_epochs=2, hidden_size=16, seed=0, torch_threads=1)
+
+
+def test_summary_capture_reports_from_the_traced_envs_vectors(tmp_path):
+    """The traced envs' vectors are the same bits in a summary log as in a full one (test_trace_envs.py), so
+    every answer read from them is the same too: state health per unit, the probes, the CLI's probe table."""
+    full = lstm_probe.run("Pendulum-v1", tmp_path / "full.parquet", trace_envs=2, capture_obs=True, **RUN)
+    summ = lstm_probe.run(
+        "Pendulum-v1", tmp_path / "summ.parquet", capture="summary", trace_envs=2, capture_obs=True, **RUN
+    )
+    a, b = lstm_probe.summarize(full.path).to_dict(), lstm_probe.summarize(summ.path).to_dict()
+    layers = b["health"]["layers"]
+    assert layers == a["health"]["layers"] and {"dead_units", "constant_units", "saturated_share"} <= set(layers[0])
+    assert b["probes"] is not None and b["probes"]["rows"] == a["probes"]["rows"] and b["probes"]["rows"]
+    assert not any("stores no h" in line for line in b["unavailable"])
+    cmd = [sys.executable, "-m", "lstm_probe.cli", "probe", str(summ.path), "--json"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    same = subprocess.run([*cmd[:4], str(full.path), "--json"], capture_output=True, text=True)
+    assert r.stdout == same.stdout.replace(str(full.path), str(summ.path))
+    # without traced envs a summary log has no vectors, and says so in one line
+    bare = lstm_probe.run("Pendulum-v1", tmp_path / "bare.parquet", capture="summary", capture_obs=True, **RUN)
+    r = subprocess.run([*cmd[:4], str(bare.path)], capture_output=True, text=True)
+    assert r.returncode == 2 and "--trace-envs K keeps the vectors" in r.stderr and "Traceback" not in r.stderr
+
+
+def _png_height(page_text: str, alt: str) -> int:
+    import base64
+    import re
+
+    data = re.search(rf"<img alt='{alt}' src='data:image/png;base64,([A-Za-z0-9+/=]+)'>", page_text)
+    assert data is not None
+    return int(struct.unpack(">I", base64.b64decode(data.group(1))[20:24])[0])
+
+
+def test_the_minibatch_layout_draws_the_first_envs_of_a_wide_run(tmp_path, monkeypatch):
+    """One row per env and epoch: a 1,024-env run drawn whole was a figure 200,000 pixels tall (35 s and 2 GB
+    of matplotlib for one page). The layout draws the first MAX_LAYOUT_ENVS envs and says so."""
+    from lstm_probe.report import html_figures
+
+    n = MAX_LAYOUT_ENVS + 4
+    run = lstm_probe.run(
+        "Pendulum-v1",
+        tmp_path / "wide.parquet",
+        n_envs=n,
+        steps=n * 16,
+        n_steps=16,
+        batch_size=64,
+        n_epochs=1,
+        hidden_size=8,
+        capture="summary",
+        trace_envs=2,
+        seed=0,
+        torch_threads=1,
+    )
+    page = build_html(run.path, tmp_path / "wide.html")
+    assert f"minibatch layout: envs 0-{MAX_LAYOUT_ENVS - 1} of {n} drawn" in page.notes
+    assert "Minibatch layout" in page.figures and "Hidden and cell states" in page.figures  # env 0 is traced
+    capped = _png_height((tmp_path / "wide.html").read_text(), "Minibatch layout")
+    monkeypatch.setattr(html_figures, "MAX_LAYOUT_ENVS", n)
+    page = build_html(run.path, tmp_path / "whole.html")
+    assert not any(note.startswith("minibatch layout: envs") for note in page.notes)
+    whole = _png_height((tmp_path / "whole.html").read_text(), "Minibatch layout")
+    assert whole - capped > 0.8 * 4 * 0.45 * 90  # four env rows of 0.45 inch at 90 dpi fewer
