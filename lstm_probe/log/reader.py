@@ -560,15 +560,19 @@ def pair(
 
     Columns: the train row's provenance, ``h_rollout``/``c_rollout`` and ``h_train``/``c_train`` norms,
     ``drift_h``/``drift_c`` (relative L2, recomputed from the vectors) and ``max_abs_h``/``max_abs_c``.
+    A log written with ``--trace-envs K`` pairs the traced envs' rows (envs 0..K-1): only they hold vectors.
     """
     cols = list(PAIR_COLUMNS)
     keys = list(KEYS)
-    if "worker" in read_info(path).schema.names:  # RLlib: an env is (worker, env)
+    info = read_info(path)
+    if "worker" in info.schema.names:  # RLlib: an env is (worker, env)
         keys.insert(2, "worker")
         cols.insert(cols.index("env"), "worker")
-    train = load(path, phase=phase, iteration=iteration, columns=cols)
+    traced = (info.metadata.get("capture") or {}).get("trace_envs")
+    envs = list(range(traced)) if isinstance(traced, int) and not isinstance(traced, bool) and traced > 0 else None
+    train = load(path, phase=phase, iteration=iteration, env=envs, columns=cols)
     train = train[train["env"].notna()]
-    roll = load(path, phase="rollout", iteration=iteration, columns=[*keys, "h", "c"])
+    roll = load(path, phase="rollout", iteration=iteration, env=envs, columns=[*keys, "h", "c"])
     roll = roll.drop_duplicates(keys, keep="last")
     merged = train.merge(roll, on=keys, how="inner", suffixes=("_train", "_rollout"))
     for which in ("h", "c"):
