@@ -25,12 +25,18 @@ def test_summary_capture_reports_from_the_traced_envs_vectors(tmp_path):
     a, b = lstm_probe.summarize(full.path).to_dict(), lstm_probe.summarize(summ.path).to_dict()
     layers = b["health"]["layers"]
     assert layers == a["health"]["layers"] and {"dead_units", "constant_units", "saturated_share"} <= set(layers[0])
+    assert [(row["rows"], row["vector_rows"]) for row in layers] == [(512, 256), (512, 256)]  # 2 of 4 envs traced
     assert b["probes"] is not None and b["probes"]["rows"] == a["probes"]["rows"] and b["probes"]["rows"]
     assert not any("stores no h" in line for line in b["unavailable"])
     # pair: the traced envs' rows (only they hold vectors), the same in both logs
     pa_, pb = lstm_probe.pair(full.path), lstm_probe.pair(summ.path)
     assert len(pb) and set(pb["env"]) == {0, 1} and pb["drift_h"].notna().all() and pb["drift_c"].notna().all()
     assert pa_.equals(pb)
+    text = subprocess.run(
+        [sys.executable, "-m", "lstm_probe.cli", "report", str(summ.path)], capture_output=True, text=True
+    )
+    words = " ".join(text.stdout.split())
+    assert "saturated, dead and constant units: from the rows that hold vectors (actor layer 0: 256, critic" in words
     cmd = [sys.executable, "-m", "lstm_probe.cli", "probe", str(summ.path), "--json"]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr

@@ -20,6 +20,7 @@ from lstm_probe.report.section import (
     Block,
     GroupStats,
     Keyed,
+    Line,
     Log,
     Max,
     Section,
@@ -54,6 +55,7 @@ class UnitTotals(Accumulator[tuple[np.ndarray, np.ndarray, pa.Array | None]]):
     nan_rows: Sum = field(default_factory=Sum)
     saturated: Sum = field(default_factory=Sum)
     values: Sum = field(default_factory=Sum)
+    vector_rows: Sum = field(default_factory=Sum)
     c_max: Max = field(default_factory=Max)
     max_abs: ArrayMax = field(default_factory=ArrayMax)
     low: ArrayMin = field(default_factory=ArrayMin)
@@ -72,6 +74,7 @@ class UnitTotals(Accumulator[tuple[np.ndarray, np.ndarray, pa.Array | None]]):
         sub = h_rows.filter(h_rows.is_valid()) if h_rows.null_count else h_rows
         if len(sub) == 0:
             return
+        self.vector_rows.add(len(sub))
         h = np.asarray(sub.flatten().to_numpy(zero_copy_only=False), np.float32).reshape(-1, h_rows.type.list_size)
         finite = np.where(np.isfinite(h), h, 0.0)
         self.saturated.add(int((np.abs(finite) > SATURATION).sum()))
@@ -89,6 +92,7 @@ class UnitTotals(Accumulator[tuple[np.ndarray, np.ndarray, pa.Array | None]]):
             "c_norm_max": self.c_max.value,  # None: the module has no cell state (GRU) or none was finite
         }
         if self.max_abs.value is not None and self.low.value is not None and self.high.value is not None:
+            entry["vector_rows"] = self.vector_rows.value  # the rows the per-unit figures are from (--trace-envs)
             entry["saturated_share"] = self.saturated.value / max(self.values.value, 1)
             entry["dead_units"] = [int(i) for i in np.nonzero(self.max_abs.value < DEAD)[0]]
             entry["constant_units"] = [int(i) for i in np.nonzero((self.high.value - self.low.value) < 1e-6)[0]]
@@ -224,10 +228,13 @@ class Health(Section[HealthSection]):
             )
             for row in data.layers
         )
-        return [
-            Table(
-                "State health (rollout states)",
-                ("module", "layer", "rows", *(("max ||c||",) if has_c else ()), *HEALTH_COLUMNS),
-                rows,
-            )
-        ]
+        table = Table(
+            "State health (rollout states)",
+            ("module", "layer", "rows", *(("max ||c||",) if has_c else ()), *HEALTH_COLUMNS),
+            rows,
+        )
+        fewer = [row for row in data.layers if row.get("vector_rows", row["rows"]) < row["rows"]]
+        if not fewer:
+            return [table]
+        kept = ", ".join(f"{safe(row['module'])} layer {row['layer']}: {row['vector_rows']:,}" for row in fewer)
+        return [table, Line(f"saturated, dead and constant units: from the rows that hold vectors ({kept})")]
