@@ -80,3 +80,27 @@ def test_the_minibatch_layout_draws_the_first_envs_of_a_wide_run(tmp_path, monke
     assert not any(note.startswith("minibatch layout: envs") for note in page.notes)
     whole = _png_height((tmp_path / "whole.html").read_text(), "Minibatch layout")
     assert whole - capped > 0.8 * 4 * 0.45 * 90  # four env rows of 0.45 inch at 90 dpi fewer
+
+
+def test_pair_and_the_report_read_any_trace_envs_a_log_states(tmp_path):
+    """``trace_envs`` comes from the log's metadata, which a file may hold anything in: past any env the log can
+    hold (int32), or not a count at all (a bool, 0, negative, a float), pair() still pairs, with no traceback and
+    without allocating an env list of that length; not a count, the log reads as one without traced envs."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    summ = lstm_probe.run("Pendulum-v1", tmp_path / "summ.parquet", capture="summary", trace_envs=2, **RUN)
+    table = pq.read_table(summ.path)
+    every = lstm_probe.pair(summ.path)  # envs 0 and 1
+    for k, vectors in ((10**12, True), (2**70, True), (True, False), (0, False), (-3, False), (2.0, False)):
+        meta = dict(table.schema.metadata)
+        run = json.loads(meta[b"lstm_probe.run"])
+        run["capture"] = dict(run["capture"], trace_envs=k)
+        meta[b"lstm_probe.run"] = json.dumps(run).encode()
+        path = tmp_path / "k.parquet"
+        pq.write_table(table.replace_schema_metadata(meta), path)
+        paired = lstm_probe.pair(path)
+        # every env traced, or none: all envs' rows (envs 2 and 3 hold no vectors to recompute drift from)
+        assert set(paired["env"]) == {0, 1, 2, 3} and paired["drift_h"].isna().sum() == len(paired) - len(every)
+        assert lstm_probe.summarize(path).health.vectors_available == vectors
