@@ -104,3 +104,33 @@ def test_pair_and_the_report_read_any_trace_envs_a_log_states(tmp_path):
         # every env traced, or none: all envs' rows (envs 2 and 3 hold no vectors to recompute drift from)
         assert set(paired["env"]) == {0, 1, 2, 3} and paired["drift_h"].isna().sum() == len(paired) - len(every)
         assert lstm_probe.summarize(path).health.vectors_available == vectors
+
+
+def test_a_summary_log_whose_traced_vectors_do_not_fit_the_budget_is_still_reported(tmp_path):
+    """A --trace-envs log's row groups hold up to 65,536 rows whatever the width, and a null vector takes its full
+    width once read: state health per unit reads every rollout row's h, 2 GiB at hidden 1,024 (over the default
+    budget). A summary log was reported before it read vectors at all; where that read does not fit the budget,
+    it still is (norms and NaN/inf rows), and the report says why the per-unit health is missing."""
+    import pyarrow.dataset as ds
+
+    from lstm_probe.log import budget
+    from lstm_probe.log.reader import dataset
+
+    run = dict(RUN, hidden_size=256, n_envs=16, steps=16 * 64 * 2, capture_obs=True)
+    summ = lstm_probe.run("Pendulum-v1", tmp_path / "summ.parquet", capture="summary", trace_envs=1, **run)
+    rollout = budget.prune(dataset(summ.path)[0], ds.field("phase") == "rollout")
+    need = budget.DECODE * sum(sorted(budget.row_groups(rollout, ["h"]), reverse=True)[: budget.HELD])
+    assert lstm_probe.summarize(summ.path).health.vectors_available
+    try:
+        lstm_probe.set_max_memory(max(need // 2, 1 << 20))
+        report = lstm_probe.summarize(summ.path)
+    finally:
+        lstm_probe.set_max_memory(None)
+    h = report.health
+    assert not h.vectors_available and h.layers and all("dead_units" not in layer for layer in h.layers)
+    (line,) = [u for u in report.unavailable if u.startswith("state health per unit")]
+    assert "memory budget" in line and "--max-memory" in line
+    # the probes read the same vectors: left out too, and said why
+    assert report.probes is None or not report.probes.rows
+    (line,) = [u for u in report.unavailable if u.startswith("linear probes")]
+    assert "memory budget" in line and "--max-memory" in line
