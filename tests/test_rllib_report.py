@@ -131,3 +131,42 @@ def test_the_first_pass_bound_allows_for_tf32_where_the_log_says_cudnn_ran_in_it
     assert x.provenance_tolerance == (1e-2 if tf32 else 1e-4)
     (actor_finding,) = [f for f in report.findings if f.startswith("actor: ")]
     assert ("recomputes the rollout states exactly" in actor_finding) == tf32, actor_finding
+
+
+@pytest.mark.parametrize("off", [1.0, 1.1])
+def test_rows_without_vectors_are_checked_by_their_norms(tmp_path, off):
+    """A full-capture log whose rows do not all hold vectors (``--trace-envs 1``: env 1's rows are summary rows;
+    ``--every K``: the other iterations' rows): those rows are compared by their norms, not read as zero vectors
+    that always agree. Env 1's learner states 10% off the runner's are found; untouched, the check passes."""
+    import json
+
+    import lstm_probe
+
+    out = tmp_path / "log"
+    out.mkdir()
+    for f in sorted(SAMPLE.glob("*.parquet")):
+        t = pq.read_table(f)
+        traced = pc.equal(pc.fill_null(t["env"], -1), 0).to_numpy(zero_copy_only=False)
+        for name in ("h", "c"):  # env 0 keeps its vectors, the other rows are summary rows
+            col = t[name].combine_chunks()
+            kept = pa.FixedSizeListArray.from_arrays(col.flatten(), col.type.list_size, mask=pa.array(~traced))
+            t = t.set_column(t.schema.get_field_index(name), t.schema.field(name), kept)
+        if "learner" in f.name:  # env 1's learner states `off` times the runner's
+            for name in ("h_norm", "c_norm"):
+                norms = t[name].to_numpy().copy()
+                norms[~traced] *= off
+                t = t.set_column(t.schema.get_field_index(name), t.schema.field(name), pa.array(norms))
+        meta = dict(t.schema.metadata)
+        run = json.loads(meta[b"lstm_probe.run"])
+        run["capture"] = dict(run["capture"], trace_envs=1)
+        meta[b"lstm_probe.run"] = json.dumps(run).encode()
+        pq.write_table(t.replace_schema_metadata(meta), out / f.name)
+    x = lstm_probe.summarize(out).cross_process
+    assert x is not None and x.vectors and x.state_in_rows == 317 and x.unpaired == 0
+    if off == 1.0:
+        assert x.state_in_ok and x.state_in_max_abs == {"actor": 0.0, "critic": 0.0}
+    else:  # env 1's chunks start from states 10% off (their norms say so)
+        assert not x.state_in_ok
+        assert max(x.state_in_max_relative.values()) == pytest.approx(0.1, rel=1e-3)
+        actor = [r["max_drift_h"] for r in x.first_pass if r["module"] == "actor"]
+        assert max(actor) == pytest.approx(0.1, rel=1e-3)  # (the sample's critic differs anyway)

@@ -86,3 +86,57 @@ def test_the_minibatch_layout_draws_the_first_envs_of_a_wide_run(tmp_path, monke
     assert not any(note.startswith("minibatch layout: envs") for note in page.notes)
     whole = _png_height((tmp_path / "whole.html").read_text(), "Minibatch layout")
     assert whole - capped > 0.8 * 4 * 0.45 * 90  # four env rows of 0.45 inch at 90 dpi fewer
+
+
+def test_pair_and_the_report_read_any_trace_envs_a_log_states(tmp_path):
+    """``trace_envs`` comes from the log's metadata, which a file may hold anything in: past any env the log can
+    hold (int32), or not a count at all (a bool, 0, negative, a float), pair() still pairs, with no traceback and
+    without allocating an env list of that length; not a count, the log reads as one without traced envs."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    summ = lstm_probe.run("Pendulum-v1", tmp_path / "summ.parquet", capture="summary", trace_envs=2, **RUN)
+    table = pq.read_table(summ.path)
+    every = lstm_probe.pair(summ.path)  # envs 0 and 1
+    for k, vectors in ((10**12, True), (2**70, True), (True, False), (0, False), (-3, False), (2.0, False)):
+        meta = dict(table.schema.metadata)
+        run = json.loads(meta[b"lstm_probe.run"])
+        run["capture"] = dict(run["capture"], trace_envs=k)
+        meta[b"lstm_probe.run"] = json.dumps(run).encode()
+        path = tmp_path / "k.parquet"
+        pq.write_table(table.replace_schema_metadata(meta), path)
+        paired = lstm_probe.pair(path)
+        # every env traced, or none: all envs' rows (envs 2 and 3 hold no vectors to recompute drift from)
+        assert set(paired["env"]) == {0, 1, 2, 3} and paired["drift_h"].isna().sum() == len(paired) - len(every)
+        assert lstm_probe.summarize(path).health.vectors_available == vectors
+
+
+def test_a_summary_log_whose_traced_vectors_do_not_fit_the_budget_is_still_reported(tmp_path):
+    """A --trace-envs log's row groups hold up to 65,536 rows whatever the width, and a null vector takes its full
+    width once read: state health per unit reads every rollout row's h, 2 GiB at hidden 1,024 (over the default
+    budget). A summary log was reported before it read vectors at all; where that read does not fit the budget,
+    it still is (norms and NaN/inf rows), and the report says why the per-unit health is missing."""
+    import pyarrow.dataset as ds
+
+    from lstm_probe.log import budget
+    from lstm_probe.log.reader import dataset
+
+    run = dict(RUN, hidden_size=256, n_envs=16, steps=16 * 64 * 2, capture_obs=True)
+    summ = lstm_probe.run("Pendulum-v1", tmp_path / "summ.parquet", capture="summary", trace_envs=1, **run)
+    rollout = budget.prune(dataset(summ.path)[0], ds.field("phase") == "rollout")
+    need = budget.DECODE * sum(sorted(budget.row_groups(rollout, ["h"]), reverse=True)[: budget.HELD])
+    assert lstm_probe.summarize(summ.path).health.vectors_available
+    try:
+        lstm_probe.set_max_memory(max(need // 2, 1 << 20))
+        report = lstm_probe.summarize(summ.path)
+    finally:
+        lstm_probe.set_max_memory(None)
+    h = report.health
+    assert not h.vectors_available and h.layers and all("dead_units" not in layer for layer in h.layers)
+    (line,) = [u for u in report.unavailable if u.startswith("state health per unit")]
+    assert "memory budget" in line and "--max-memory" in line
+    # the probes read the same vectors: left out too, and said why
+    assert report.probes is None or not report.probes.rows
+    (line,) = [u for u in report.unavailable if u.startswith("linear probes")]
+    assert "memory budget" in line and "--max-memory" in line

@@ -40,6 +40,7 @@ from lstm_probe.log.schema import (
     log_schema,
     relative_l2,
     required_columns,
+    traced_envs,
 )
 from lstm_probe.log.writer import META_FINAL_KEY
 from lstm_probe.options import MAX_HIDDEN_SIZE
@@ -437,10 +438,10 @@ def _values(value: Any) -> list[Any]:
     return list(value) if isinstance(value, list | tuple | set) else [value]
 
 
-def _filter(**equals: Any) -> ds.Expression | None:
+def _filter(expr: ds.Expression | None = None, **equals: Any) -> ds.Expression | None:
+    """``expr`` and each column's value(s)."""
     import pyarrow.dataset as ds
 
-    expr: ds.Expression | None = None
     for col, value in equals.items():
         if value is None:
             continue
@@ -472,12 +473,24 @@ def load(
         {"phase": phase, "module": module},
         columns,
     )
-    data, info = dataset(path)
     within = {
         col: (min(values), max(values))
         for col, value in (("env", env), ("episode", episode))
         if value is not None and (values := _values(value))
     }
+    filt = _filter(phase=phase, module=module, iteration=iteration, layer=layer, env=env, episode=episode)
+    return _load(path, columns, vectors, filt, within)
+
+
+def _load(
+    path: str | os.PathLike[str],
+    columns: list[str] | None,
+    vectors: bool,
+    filt: ds.Expression | None,
+    within: dict[str, tuple[int, int]],
+) -> pd.DataFrame:
+    """:func:`load`'s rows: those ``filt`` selects in the row groups that may hold ``within`` (:func:`narrow`)."""
+    data, info = dataset(path)
     if within:
         data = narrow(data, **within)
     if columns is None:
@@ -486,7 +499,6 @@ def load(
         unknown = set(columns) - set(info.schema.names)
         if unknown:
             raise BadLog(f"no column {sorted(unknown)[0]!r} in the log; columns: {', '.join(info.schema.names)}")
-    filt = _filter(phase=phase, module=module, iteration=iteration, layer=layer, env=env, episode=episode)
     # vector columns with no vector in the log (a summary log's h and c) are not read (Arrow would allocate
     # their full width for every null row): they come back as columns of None
     empty = budget.all_null(data, columns)
@@ -568,11 +580,14 @@ def pair(
     if "worker" in info.schema.names:  # RLlib: an env is (worker, env)
         keys.insert(2, "worker")
         cols.insert(cols.index("env"), "worker")
-    traced = (info.metadata.get("capture") or {}).get("trace_envs")
-    envs = list(range(traced)) if isinstance(traced, int) and not isinstance(traced, bool) and traced > 0 else None
-    train = load(path, phase=phase, iteration=iteration, env=envs, columns=cols)
+    _check_arguments({"iteration": iteration}, {"phase": phase}, None)
+    import pyarrow.dataset as ds
+
+    k = traced_envs(info.metadata.get("capture"))  # envs 0..K-1 alone: env < K (not a list: K may be anything)
+    traced, within = (None, {}) if k is None else (ds.field("env") < k, {"env": (0, k - 1)})
+    train = _load(path, cols, True, _filter(traced, phase=phase, iteration=iteration), within)
     train = train[train["env"].notna()]
-    roll = load(path, phase="rollout", iteration=iteration, env=envs, columns=[*keys, "h", "c"])
+    roll = _load(path, [*keys, "h", "c"], True, _filter(traced, phase="rollout", iteration=iteration), within)
     roll = roll.drop_duplicates(keys, keep="last")
     merged = train.merge(roll, on=keys, how="inner", suffixes=("_train", "_rollout"))
     for which in ("h", "c"):

@@ -440,6 +440,14 @@ def vector_width(column: Column, hidden_size: int, metadata: dict[str, Any] | No
     return max(n, 1)
 
 
+def traced_envs(capture: Any) -> int | None:
+    """K of a log written with ``--trace-envs K``, from its ``capture`` metadata entry (envs 0..K-1 keep their
+    vectors); None where no K was given or the entry holds no positive count. At most 2**31: the env column
+    is int32, so that K covers every env."""
+    k = capture.get("trace_envs") if isinstance(capture, dict) else None
+    return min(k, 1 << 31) if isinstance(k, int) and not isinstance(k, bool) and k > 0 else None
+
+
 def scalar_row_bytes() -> int:
     """Bytes one row takes in a row buffer without its vectors: every scalar column and row flag."""
     scalars = sum(c.dtype.itemsize for c in COLUMNS if c.kind != "vector")

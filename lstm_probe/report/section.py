@@ -22,6 +22,7 @@ import numpy as np
 import pyarrow.dataset as ds
 
 from lstm_probe.contract import Capabilities
+from lstm_probe.log.schema import traced_envs
 from lstm_probe.report.numeric import clean
 from lstm_probe.text import safe
 
@@ -253,8 +254,7 @@ def stores_vectors(meta: dict[str, Any]) -> bool:
     capture = meta.get("capture") or {}
     if not isinstance(capture, dict):
         return True
-    traced = capture.get("trace_envs")
-    return capture.get("mode") != "summary" or (isinstance(traced, int) and not isinstance(traced, bool) and traced > 0)
+    return capture.get("mode") != "summary" or traced_envs(capture) is not None
 
 
 class Section(ABC, Generic[D]):

@@ -66,6 +66,35 @@ def _vectors(table: pa.Table, name: str) -> np.ndarray:
     return np.asarray(col.flatten().to_numpy(zero_copy_only=False), np.float32).reshape(-1, width)
 
 
+def _compare(learner: np.ndarray, runner: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of two (rows, width) arrays: the largest absolute difference and the relative L2 difference
+    (NaN as 0)."""
+    if not len(learner):
+        return np.zeros(0), np.zeros(0)
+    with np.errstate(invalid="ignore"):
+        largest = np.nan_to_num(np.abs(learner - runner), nan=0.0).max(axis=1)
+        return largest, relative_l2(np.nan_to_num(learner), np.nan_to_num(runner))
+
+
+def _differences(
+    learn: pa.Table, roll: pa.Table, which: str, li: np.ndarray, ri: np.ndarray, vectors: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_compare` of each learner row ``li`` with its rollout row ``ri``: their ``which`` vectors where
+    ``vectors`` and both rows hold one, else their norms (a weaker check: equal states have equal norms). A
+    summary row has no vector (a summary log's, ``--trace-envs K``'s other envs', ``--every K``'s other
+    iterations'): read as zeros, it would agree with anything."""
+    norm = f"{which}_norm"
+    out = _compare(*(t.column(norm).to_numpy().astype(np.float32)[i, None] for t, i in ((learn, li), (roll, ri))))
+    if vectors:
+        both = np.flatnonzero(
+            learn.column(which).is_valid().to_numpy(zero_copy_only=False)[li]
+            & roll.column(which).is_valid().to_numpy(zero_copy_only=False)[ri]
+        )
+        largest, relative = _compare(_vectors(learn, which)[li[both]], _vectors(roll, which)[ri[both]])
+        out[0][both], out[1][both] = largest, relative
+    return out
+
+
 def _join(roll: pa.Table, learn: pa.Table) -> np.ndarray:
     """For each learner row, the position of the last rollout row of the same (module, layer, worker, env,
     env_step), or -1: a left join on :data:`CROSS_KEYS` in which a null key meets a null key (the driver's rows
@@ -121,7 +150,7 @@ def _numbers(table: pa.Table, name: str) -> np.ndarray:
 def cross_process(data: ds.Dataset, vectors: bool) -> CrossProcessSection:
     """Join learner rows to env-runner rollout rows of the same (module, layer, worker, env, env_step).
     Only logs of several processes (RLlib) have it; numpy and pyarrow, no pandas."""
-    state = ["h", "c"] if vectors else ["h_norm", "c_norm"]
+    state = ["h", "c", "h_norm", "c_norm"] if vectors else ["h_norm", "c_norm"]
     cols = [*CROSS_KEYS, "phase", "iteration", "minibatch", "t", "bootstrap", *state]
     base = ds.field("env_step").is_valid() & (ds.field("iteration") < CROSS_ITERATIONS)
     part = narrow(data, iteration=(0, CROSS_ITERATIONS - 1))  # the first iterations' row groups (statistics)
@@ -130,23 +159,13 @@ def cross_process(data: ds.Dataset, vectors: bool) -> CrossProcessSection:
     budget.check_filtered(learn_part, cols, learn, "the cross-process check's learner rows")  # both, before either
     roll_t = budget.table(roll_part, cols, roll, "the cross-process check's rollout rows")
     learn_t = budget.table(learn_part, cols, learn, "the cross-process check's learner rows")
-    if vectors:
-        rh, rc, lh, lc = (_vectors(t, n) for t, n in ((roll_t, "h"), (roll_t, "c"), (learn_t, "h"), (learn_t, "c")))
-    else:  # summary logs: norms only (a weaker check: equal states have equal norms)
-        rh, rc, lh, lc = (
-            t.column(n).to_numpy().astype(np.float32)[:, None]
-            for t, n in ((roll_t, "h_norm"), (roll_t, "c_norm"), (learn_t, "h_norm"), (learn_t, "c_norm"))
-        )
     partner = _join(roll_t, learn_t)
     paired = partner >= 0
     last = pc.fill_null(pc.equal(learn_t.column("bootstrap"), "last"), False).to_numpy()
     unpaired = int((~paired & ~last).sum())
     li, ri = np.flatnonzero(paired), partner[paired]
-    with np.errstate(invalid="ignore"):
-        abs_h = np.nan_to_num(np.abs(lh[li] - rh[ri]), nan=0.0).max(axis=1) if len(li) else np.zeros(0)
-        abs_c = np.nan_to_num(np.abs(lc[li] - rc[ri]), nan=0.0).max(axis=1) if len(li) else np.zeros(0)
-        rel_h = relative_l2(np.nan_to_num(lh[li]), np.nan_to_num(rh[ri])) if len(li) else np.zeros(0)
-        rel_c = relative_l2(np.nan_to_num(lc[li]), np.nan_to_num(rc[ri])) if len(li) else np.zeros(0)
+    abs_h, rel_h = _differences(learn_t, roll_t, "h", li, ri, vectors)
+    abs_c, rel_c = _differences(learn_t, roll_t, "c", li, ri, vectors)
     # the paired learner rows' columns, in learner row order
     module = learn_t.column("module").to_numpy().astype(str)[li]
     phase = learn_t.column("phase").to_numpy().astype(str)[li]
@@ -208,8 +227,8 @@ class CrossProcess(Section[CrossProcessSection]):
     findings_rank: ClassVar[int] = 50
 
     def compute(self, log: Log, acc: Any) -> CrossProcessSection:
-        # vectors where every row has them; a summary log's norms otherwise (--trace-envs K: only the traced
-        # envs' rows hold vectors, and the norms check the others too)
+        # the vectors where a row has them, its norms where not (_differences); a summary log's norms alone
+        # (its mostly null vector columns would be decoded whole to find its --trace-envs rows' vectors)
         data = cross_process(log.data, (log.meta.get("capture") or {}).get("mode") != "summary")
         data.provenance_tolerance = provenance_tolerance(log.meta)
         return data

@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 
 from lstm_probe.contract import Capabilities
+from lstm_probe.errors import BadLog
 from lstm_probe.log import budget
 from lstm_probe.report.numeric import group_stats, groups, mean_max, present, row_key
 from lstm_probe.report.section import (
@@ -190,7 +191,15 @@ class Health(Section[HealthSection]):
         # little read ahead (as the scalar scan): a few batches of one file
         rollout = ds.field("phase") == "rollout"
         data = budget.prune(log.data, rollout)  # the rollout row groups alone (footer statistics)
-        budget.check_stream(data, columns, "the state-health read")
+        try:
+            budget.check_stream(data, columns, "the state-health read")
+        except BadLog:
+            # a summary log's vectors are its --trace-envs rows' (of row groups of up to 65,536 rows, each row's
+            # h read at its full width): read without them, as before they were read (unavailable() says why)
+            if not vectors or (log.meta.get("capture") or {}).get("mode") != "summary":
+                raise
+            vectors, columns = False, [c for c in columns if c != "h"]
+            budget.check_stream(data, columns, "the state-health read")
         scanner = data.scanner(
             columns=columns,
             filter=rollout,
@@ -209,6 +218,11 @@ class Health(Section[HealthSection]):
         return HealthSection(layers, norms, vectors)
 
     def unavailable(self, data: HealthSection, log: Log) -> list[str]:
+        if log.vectors and not data.vectors_available and data.layers:
+            return [
+                "state health per unit (dead/constant units, saturation): reading the --trace-envs rows' h "
+                "vectors would go over the memory budget (--max-memory SIZE raises it)"
+            ]
         if log.vectors:
             return []
         return [

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from lstm_probe.contract import Capabilities
+from lstm_probe.errors import BadLog
 from lstm_probe.report.section import Block, Line, Log, Section, Table, fmt
 
 ITERATIONS = 4
@@ -50,6 +51,8 @@ def _spread(values: list[int], n: int) -> list[int]:
 
 PROBES_NOTE = "linear probes (what h encodes of the observations)"
 """How the report names the section where a log lacks it."""
+OVER_BUDGET = "reading the --trace-envs rows' h vectors would go over the memory budget (--max-memory SIZE raises it)"
+"""Why a summary log's probes are missing where its traced rows' vectors do not fit the budget."""
 
 
 class Probes(Section[ProbesSection | None]):
@@ -61,7 +64,7 @@ class Probes(Section[ProbesSection | None]):
 
     def unavailable(self, data: ProbesSection | None, log: Log) -> list[str]:
         if data is not None:
-            return []
+            return [f"{PROBES_NOTE}: {OVER_BUDGET}"] if data.notes == [OVER_BUDGET] else []
         meta = log.meta
         if isinstance(meta.get("obs_size"), int) or meta.get("info_keys"):
             if not log.vectors:
@@ -87,7 +90,16 @@ class Probes(Section[ProbesSection | None]):
         iterations = _spread(list(range(log.iterations)), ITERATIONS)
         from lstm_probe.report.probes import probe_rows  # numpy: the report loads no pandas
 
-        found = probe_rows(log.info.path, targets, lags=LAGS, iterations=iterations, max_rows=MAX_ROWS, strict=False)
+        try:
+            found = probe_rows(
+                log.info.path, targets, lags=LAGS, iterations=iterations, max_rows=MAX_ROWS, strict=False
+            )
+        except BadLog as exc:
+            # a summary log's vectors are its --trace-envs rows' (of row groups of up to 65,536 rows, each row's
+            # h read at its full width): left out, as before they were read, and unavailable() says why
+            if (meta.get("capture") or {}).get("mode") != "summary" or "memory budget" not in str(exc):
+                raise
+            return ProbesSection(targets, list(LAGS), notes=[OVER_BUDGET])
         rows: list[dict[str, Any]] = [
             {k: (None if isinstance(v, float) and not np.isfinite(v) else v) for k, v in r.items()} for r in found
         ]
