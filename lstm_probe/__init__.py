@@ -18,7 +18,8 @@ if TYPE_CHECKING:  # the checker sees the real names; at run time __getattr__ im
     from lstm_probe.integrations.sb3.run import run
     from lstm_probe.integrations.sb3.watch import watch
     from lstm_probe.log.budget import set_limit as set_max_memory
-    from lstm_probe.log.reader import LogInfo, load, pair, read_info, states
+    from lstm_probe.log.paired import pair
+    from lstm_probe.log.reader import LogInfo, load, read_info, states
     from lstm_probe.options import CaptureOptions, Measure, RunResult, TrainOptions
     from lstm_probe.report import summarize
     from lstm_probe.report.probes import probe
@@ -32,7 +33,7 @@ if TYPE_CHECKING:  # the checker sees the real names; at run time __getattr__ im
 _LAZY: dict[str, tuple[str, str]] = {  # name: (module, its attribute; "" for the module itself)
     "LogInfo": ("lstm_probe.log.reader", "LogInfo"),
     "load": ("lstm_probe.log.reader", "load"),
-    "pair": ("lstm_probe.log.reader", "pair"),
+    "pair": ("lstm_probe.log.paired", "pair"),
     "read_info": ("lstm_probe.log.reader", "read_info"),
     "states": ("lstm_probe.log.reader", "states"),
     "summarize": ("lstm_probe.report", "summarize"),

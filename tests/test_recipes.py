@@ -155,7 +155,7 @@ HAND_KEPT = {
     ("report/scan.py", "SMALL_INTS"),
     ("report/sections/staleness.py", "STALENESS_COLUMNS"),
     ("report/sections/doctor.py", "COLUMNS"),
-    ("log/reader.py", "PAIR_COLUMNS"),
+    ("log/paired.py", "PAIR_COLUMNS"),
     ("report/html.py", "START_COLUMNS"),
 }
 """The column lists kept by hand: deliberate subsets, each of the columns one reader needs (the column

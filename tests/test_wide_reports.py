@@ -8,7 +8,10 @@ import struct
 import subprocess
 import sys
 
+import pytest
+
 import lstm_probe
+from lstm_probe.errors import BadInput
 from lstm_probe.report.html import build_html
 from lstm_probe.report.html_figures import MAX_LAYOUT_ENVS
 
@@ -46,6 +49,9 @@ def test_summary_capture_reports_from_the_traced_envs_vectors(tmp_path):
     bare = lstm_probe.run("Pendulum-v1", tmp_path / "bare.parquet", capture="summary", capture_obs=True, **RUN)
     r = subprocess.run([*cmd[:4], str(bare.path)], capture_output=True, text=True)
     assert r.returncode == 2 and "--trace-envs K keeps the vectors" in r.stderr and "Traceback" not in r.stderr
+    # and pair, which recomputes drift from the vectors, says so rather than calling every drift 0
+    with pytest.raises(BadInput, match="pair recomputes drift from the h and c vectors"):
+        lstm_probe.pair(bare.path)
 
 
 def _png_height(page_text: str, alt: str) -> int:
@@ -90,8 +96,9 @@ def test_the_minibatch_layout_draws_the_first_envs_of_a_wide_run(tmp_path, monke
 
 def test_pair_and_the_report_read_any_trace_envs_a_log_states(tmp_path):
     """``trace_envs`` comes from the log's metadata, which a file may hold anything in: past any env the log can
-    hold (int32), or not a count at all (a bool, 0, negative, a float), pair() still pairs, with no traceback and
-    without allocating an env list of that length; not a count, the log reads as one without traced envs."""
+    hold (int32), or not a count at all (a bool, 0, negative, a float): pair() pairs every env, with no traceback
+    and without allocating an env list of that length; not a count, the log reads as a summary log without traced
+    envs, which pair() refuses in one line."""
     import json
 
     import pyarrow.parquet as pq
@@ -106,9 +113,12 @@ def test_pair_and_the_report_read_any_trace_envs_a_log_states(tmp_path):
         meta[b"lstm_probe.run"] = json.dumps(run).encode()
         path = tmp_path / "k.parquet"
         pq.write_table(table.replace_schema_metadata(meta), path)
-        paired = lstm_probe.pair(path)
-        # every env traced, or none: all envs' rows (envs 2 and 3 hold no vectors to recompute drift from)
-        assert set(paired["env"]) == {0, 1, 2, 3} and paired["drift_h"].isna().sum() == len(paired) - len(every)
+        if not vectors:
+            with pytest.raises(BadInput, match="pair recomputes drift"):
+                lstm_probe.pair(path)
+        else:  # every env traced: all envs' rows (envs 2 and 3 hold no vectors to recompute drift from)
+            paired = lstm_probe.pair(path)
+            assert set(paired["env"]) == {0, 1, 2, 3} and paired["drift_h"].isna().sum() == len(paired) - len(every)
         assert lstm_probe.summarize(path).health.vectors_available == vectors
 
 

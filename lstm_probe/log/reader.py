@@ -1,4 +1,5 @@
-"""Read logs: one file, a dataset directory of parts, or the parts a killed run left behind.
+"""Read logs: one file, a dataset directory of parts, or the parts a killed run left behind (``pair``, train rows
+joined to their rollout rows: paired.py).
 
 Nothing here imports torch or sb3, and nothing executes code from a log (Parquet + JSON only).
 
@@ -38,37 +39,11 @@ from lstm_probe.log.schema import (
     META_VERSION_KEY,
     SCHEMA_VERSION,
     log_schema,
-    relative_l2,
     required_columns,
-    traced_envs,
 )
 from lstm_probe.log.writer import META_FINAL_KEY
 from lstm_probe.options import MAX_HIDDEN_SIZE
 
-KEYS = ["module", "layer", "env", "env_step"]
-"""What pairs a train row with its rollout row (:func:`pair`; RLlib logs add ``worker``)."""
-PAIR_COLUMNS = (
-    "call",
-    "module",
-    "layer",
-    "iteration",
-    "epoch",
-    "minibatch",
-    "seq",
-    "t",
-    "seq_len",
-    "seq_reason",
-    "env",
-    "env_step",
-    "episode",
-    "episode_step",
-    "path",
-    "h",
-    "c",
-)
-"""The train rows' columns :func:`pair` reads and returns (``worker`` too where the log has it): a deliberate
-subset, kept by hand (docs/architecture.md's column recipe): the columns that say where a train row comes
-from, not every column a new schema version declares."""
 VECTORS = frozenset(c.name for c in COLUMNS if c.kind == "vector")
 """The vector columns (h, c, obs, info): skipped by ``load(vectors=False)``."""
 
@@ -559,41 +534,3 @@ def states(df: pd.DataFrame, which: str = "h") -> np.ndarray:
         if v is not None and not (isinstance(v, float)):
             out[i] = v
     return out
-
-
-@reads("paired")
-def pair(
-    path: str | os.PathLike[str], *, phase: str = "train", iteration: int | list[int] | None = None
-) -> pd.DataFrame:
-    """Train rows joined to the rollout rows of the same (module, layer, env, env_step), with drift.
-
-    RLlib logs join on the worker too, and ``phase`` may be 'value'; their rows with t = -1 (the state a
-    chunk started from) pair with the rollout row one step before the chunk.
-
-    Columns: the train row's provenance, ``h_rollout``/``c_rollout`` and ``h_train``/``c_train`` norms,
-    ``drift_h``/``drift_c`` (relative L2, recomputed from the vectors) and ``max_abs_h``/``max_abs_c``.
-    A log written with ``--trace-envs K`` pairs the traced envs' rows (envs 0..K-1): only they hold vectors.
-    """
-    cols = list(PAIR_COLUMNS)
-    keys = list(KEYS)
-    info = read_info(path)
-    if "worker" in info.schema.names:  # RLlib: an env is (worker, env)
-        keys.insert(2, "worker")
-        cols.insert(cols.index("env"), "worker")
-    _check_arguments({"iteration": iteration}, {"phase": phase}, None)
-    import pyarrow.dataset as ds
-
-    k = traced_envs(info.metadata.get("capture"))  # envs 0..K-1 alone: env < K (not a list: K may be anything)
-    traced, within = (None, {}) if k is None else (ds.field("env") < k, {"env": (0, k - 1)})
-    train = _load(path, cols, True, _filter(traced, phase=phase, iteration=iteration), within)
-    train = train[train["env"].notna()]
-    roll = _load(path, [*keys, "h", "c"], True, _filter(traced, phase="rollout", iteration=iteration), within)
-    roll = roll.drop_duplicates(keys, keep="last")
-    merged = train.merge(roll, on=keys, how="inner", suffixes=("_train", "_rollout"))
-    for which in ("h", "c"):
-        a = states(merged.rename(columns={f"{which}_train": which}), which)
-        b = states(merged.rename(columns={f"{which}_rollout": which}), which)
-        diff = a - b
-        merged[f"drift_{which}"] = relative_l2(a, b)
-        merged[f"max_abs_{which}"] = np.abs(diff).max(axis=1) if diff.size else np.zeros(len(merged))
-    return merged

@@ -448,6 +448,14 @@ def traced_envs(capture: Any) -> int | None:
     return min(k, 1 << 31) if isinstance(k, int) and not isinstance(k, bool) and k > 0 else None
 
 
+def stores_vectors(meta: dict[str, Any]) -> bool:
+    """Whether a log's rows may hold h/c vectors, from its metadata's ``capture``: every row's unless it was
+    written with ``--capture summary``; the traced envs' rows where ``--trace-envs K`` was given, whatever the
+    mode (``--capture summary --trace-envs 16``: envs 0..15 keep their vectors, the others are summary rows)."""
+    capture = meta.get("capture") or {}
+    return not isinstance(capture, dict) or capture.get("mode") != "summary" or traced_envs(capture) is not None
+
+
 def scalar_row_bytes() -> int:
     """Bytes one row takes in a row buffer without its vectors: every scalar column and row flag."""
     scalars = sum(c.dtype.itemsize for c in COLUMNS if c.kind != "vector")

@@ -31,7 +31,7 @@ from lstm_probe.errors import BadInput
 from lstm_probe.log import budget
 from lstm_probe.log.logfiles import reads
 from lstm_probe.log.reader import dataset, narrow
-from lstm_probe.report.section import stores_vectors
+from lstm_probe.log.schema import stores_vectors
 
 if TYPE_CHECKING:
     import pandas as pd

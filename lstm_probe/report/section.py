@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow.dataset as ds
 
 from lstm_probe.contract import Capabilities
-from lstm_probe.log.schema import traced_envs
+from lstm_probe.log.schema import stores_vectors
 from lstm_probe.report.numeric import clean
 from lstm_probe.text import safe
 
@@ -245,16 +245,6 @@ class Log:
     def vectors(self) -> bool:
         """The log's rows may hold h/c vectors (:func:`stores_vectors`)."""
         return stores_vectors(self.meta)
-
-
-def stores_vectors(meta: dict[str, Any]) -> bool:
-    """Whether a log's rows may hold h/c vectors, from its metadata's ``capture``: every row's unless it was
-    written with ``--capture summary``; the traced envs' rows where ``--trace-envs K`` was given, whatever the
-    mode (``--capture summary --trace-envs 16``: envs 0..15 keep their vectors, the others are summary rows)."""
-    capture = meta.get("capture") or {}
-    if not isinstance(capture, dict):
-        return True
-    return capture.get("mode") != "summary" or traced_envs(capture) is not None
 
 
 class Section(ABC, Generic[D]):
