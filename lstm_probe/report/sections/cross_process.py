@@ -156,9 +156,9 @@ def cross_process(data: ds.Dataset, vectors: bool) -> CrossProcessSection:
     part = narrow(data, iteration=(0, CROSS_ITERATIONS - 1))  # the first iterations' row groups (statistics)
     roll, learn = base & (ds.field("phase") == "rollout"), base & ds.field("phase").isin(["train", "value"])
     roll_part, learn_part = budget.prune(part, roll), budget.prune(part, learn)  # their row groups (footer statistics)
-    budget.check_filtered(learn_part, cols, learn, "the cross-process check's learner rows")  # both, before either
-    roll_t = budget.table(roll_part, cols, roll, "the cross-process check's rollout rows")
-    learn_t = budget.table(learn_part, cols, learn, "the cross-process check's learner rows")
+    budget.check_filtered(roll_part, cols, roll, "the cross-process check's rollout rows")  # both, before either
+    budget.check_filtered(learn_part, cols, learn, "the cross-process check's learner rows")
+    roll_t, learn_t = budget.read(roll_part, cols, roll), budget.read(learn_part, cols, learn)
     partner = _join(roll_t, learn_t)
     paired = partner >= 0
     last = pc.fill_null(pc.equal(learn_t.column("bootstrap"), "last"), False).to_numpy()
@@ -229,7 +229,7 @@ class CrossProcess(Section[CrossProcessSection]):
     def compute(self, log: Log, acc: Any) -> CrossProcessSection:
         # the vectors where a row has them, its norms where not (_differences); a summary log's norms alone
         # (its mostly null vector columns would be decoded whole to find its --trace-envs rows' vectors)
-        data = cross_process(log.data, (log.meta.get("capture") or {}).get("mode") != "summary")
+        data = cross_process(log.data, not log.summary)
         data.provenance_tolerance = provenance_tolerance(log.meta)
         return data
 
