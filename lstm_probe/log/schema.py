@@ -448,12 +448,17 @@ def traced_envs(capture: Any) -> int | None:
     return min(k, 1 << 31) if isinstance(k, int) and not isinstance(k, bool) and k > 0 else None
 
 
+def summary_capture(meta: dict[str, Any]) -> bool:
+    """Whether a log was written with ``--capture summary`` (its metadata's ``capture``)."""
+    capture = meta.get("capture")
+    return isinstance(capture, dict) and capture.get("mode") == "summary"
+
+
 def stores_vectors(meta: dict[str, Any]) -> bool:
-    """Whether a log's rows may hold h/c vectors, from its metadata's ``capture``: every row's unless it was
-    written with ``--capture summary``; the traced envs' rows where ``--trace-envs K`` was given, whatever the
-    mode (``--capture summary --trace-envs 16``: envs 0..15 keep their vectors, the others are summary rows)."""
-    capture = meta.get("capture") or {}
-    return not isinstance(capture, dict) or capture.get("mode") != "summary" or traced_envs(capture) is not None
+    """Whether a log's rows may hold h/c vectors: every row's unless it was written with ``--capture summary``;
+    the traced envs' rows where ``--trace-envs K`` was given, whatever the mode (``--capture summary
+    --trace-envs 16``: envs 0..15 keep their vectors, the others are summary rows)."""
+    return not summary_capture(meta) or traced_envs(meta.get("capture")) is not None
 
 
 def scalar_row_bytes() -> int:

@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow.dataset as ds
 
 from lstm_probe.contract import Capabilities
-from lstm_probe.log.schema import stores_vectors
+from lstm_probe.log.schema import stores_vectors, summary_capture
 from lstm_probe.report.numeric import clean
 from lstm_probe.text import safe
 
@@ -245,6 +245,11 @@ class Log:
     def vectors(self) -> bool:
         """The log's rows may hold h/c vectors (:func:`stores_vectors`)."""
         return stores_vectors(self.meta)
+
+    @property
+    def summary(self) -> bool:
+        """The log was written with ``--capture summary`` (its vectors, if any, are the traced envs' alone)."""
+        return summary_capture(self.meta)
 
 
 class Section(ABC, Generic[D]):

@@ -196,7 +196,7 @@ class Health(Section[HealthSection]):
         except BadLog:
             # a summary log's vectors are its --trace-envs rows' (of row groups of up to 65,536 rows, each row's
             # h read at its full width): read without them, as before they were read (unavailable() says why)
-            if not vectors or (log.meta.get("capture") or {}).get("mode") != "summary":
+            if not vectors or not log.summary:
                 raise
             vectors, columns = False, [c for c in columns if c != "h"]
             budget.check_stream(data, columns, "the state-health read")

@@ -97,7 +97,7 @@ class Probes(Section[ProbesSection | None]):
         except BadLog as exc:
             # a summary log's vectors are its --trace-envs rows' (of row groups of up to 65,536 rows, each row's
             # h read at its full width): left out, as before they were read, and unavailable() says why
-            if (meta.get("capture") or {}).get("mode") != "summary" or "memory budget" not in str(exc):
+            if not log.summary or "memory budget" not in str(exc):
                 raise
             return ProbesSection(targets, list(LAGS), notes=[OVER_BUDGET])
         rows: list[dict[str, Any]] = [

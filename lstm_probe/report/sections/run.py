@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Any, ClassVar
 
 from lstm_probe.contract import Capabilities
+from lstm_probe.log.schema import traced_envs
 from lstm_probe.report.section import Block, Log, Panel, Section, fmt
 from lstm_probe.text import human_bytes, safe
 
@@ -149,8 +150,8 @@ class Run(Section[RunSection]):
 
 def _traced(capture: dict[str, Any]) -> str:
     """Which envs' rows hold vectors, where ``--trace-envs`` chose some."""
-    k = capture.get("trace_envs")
-    if not isinstance(k, int) or isinstance(k, bool):
+    k = traced_envs(capture)
+    if k is None:
         return ""
     if capture.get("other_envs") == "none":
         return f", envs 0..{k - 1} only (--trace-envs {k} --other-envs none: the other envs have no rows)"
