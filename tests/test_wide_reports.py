@@ -122,7 +122,15 @@ def test_pair_and_the_report_read_any_trace_envs_a_log_states(tmp_path):
         assert lstm_probe.summarize(path).health.vectors_available == vectors
 
 
-def test_a_summary_log_whose_traced_vectors_do_not_fit_the_budget_is_still_reported(tmp_path):
+@pytest.fixture(scope="module")
+def traced_one(tmp_path_factory):
+    """A summary log of 16 envs at LSTM 256 that keeps env 0's vectors (and the rollout rows' obs)."""
+    run = dict(RUN, hidden_size=256, n_envs=16, steps=16 * 64 * 2, capture_obs=True)
+    out = tmp_path_factory.mktemp("traced") / "summ.parquet"
+    return lstm_probe.run("Pendulum-v1", out, capture="summary", trace_envs=1, **run).path
+
+
+def test_a_summary_log_whose_traced_vectors_do_not_fit_the_budget_is_still_reported(traced_one):
     """A --trace-envs log's row groups hold up to 65,536 rows whatever the width, and a null vector takes its full
     width once read: state health per unit reads every rollout row's h, 2 GiB at hidden 1,024 (over the default
     budget). A summary log was reported before it read vectors at all; where that read does not fit the budget,
@@ -132,14 +140,13 @@ def test_a_summary_log_whose_traced_vectors_do_not_fit_the_budget_is_still_repor
     from lstm_probe.log import budget
     from lstm_probe.log.reader import dataset
 
-    run = dict(RUN, hidden_size=256, n_envs=16, steps=16 * 64 * 2, capture_obs=True)
-    summ = lstm_probe.run("Pendulum-v1", tmp_path / "summ.parquet", capture="summary", trace_envs=1, **run)
-    rollout = budget.prune(dataset(summ.path)[0], ds.field("phase") == "rollout")
+    path = traced_one
+    rollout = budget.prune(dataset(path)[0], ds.field("phase") == "rollout")
     need = budget.DECODE * sum(sorted(budget.row_groups(rollout, ["h"]), reverse=True)[: budget.HELD])
-    assert lstm_probe.summarize(summ.path).health.vectors_available
+    assert lstm_probe.summarize(path).health.vectors_available
     try:
         lstm_probe.set_max_memory(max(need // 2, 1 << 20))
-        report = lstm_probe.summarize(summ.path)
+        report = lstm_probe.summarize(path)
     finally:
         lstm_probe.set_max_memory(None)
     h = report.health
@@ -150,3 +157,51 @@ def test_a_summary_log_whose_traced_vectors_do_not_fit_the_budget_is_still_repor
     assert report.probes is None or not report.probes.rows
     (line,) = [u for u in report.unavailable if u.startswith("linear probes")]
     assert "memory budget" in line and "--max-memory" in line
+
+
+def test_load_of_a_wide_log_holds_its_stored_vectors_alone(traced_one):
+    """A null vector takes its full width once Arrow reads it, so ``load`` of a 1,024-env ``--trace-envs 16``
+    log was refused (3.8 GiB for ~30 MB of vectors). Vector columns that most rows leave null are read
+    compacted: the same DataFrame as pyarrow's own read, value for value and bit for bit, within a budget
+    the full-width read is refused at."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from lstm_probe.errors import BadLog
+    from lstm_probe.log import budget
+    from lstm_probe.log.reader import VECTORS, dataset
+
+    path = traced_one
+    whole = pq.read_table(path).to_pandas()
+    df = lstm_probe.load(path)
+    assert list(df.columns) == list(whole.columns) and len(df) == len(whole)
+    for name in ("h", "c", "obs"):
+        ours, theirs = df[name].to_numpy(), whole[name].to_numpy()
+        assert [v is None for v in ours] == [v is None for v in theirs], name
+        assert all(
+            np.array_equal(a, b) and a.dtype == b.dtype for a, b in zip(ours, theirs, strict=True) if a is not None
+        )
+    assert (df["h"].notna() == (df["env"] == 0)).all() and 0 < df["h"].notna().sum() < len(df) / 8
+    assert (df["obs"].notna() == (df["phase"] == "rollout")).all()
+    scalars = [c for c in df.columns if c not in VECTORS]
+    assert df[scalars].equals(lstm_probe.load(path, vectors=False)[scalars])
+    # filtered: the same rows as the whole read's
+    train = lstm_probe.load(path, phase="train", env=[0, 3], columns=["call", "env", "h"])
+    rows = whole[(whole["phase"] == "train") & whole["env"].isin([0, 3])]
+    assert train["call"].tolist() == rows["call"].tolist()
+    assert all((a is None and b is None) or np.array_equal(a, b) for a, b in zip(train["h"], rows["h"], strict=True))
+    # within a budget the full-width read does not fit
+    data = dataset(path)[0]
+    columns = list(df.columns)
+    sizes = budget.row_groups(data, columns)
+    full = budget.DECODE * sum(sizes) + sum(sorted(sizes, reverse=True)[: budget.HELD])  # check_filtered's count
+    try:
+        lstm_probe.set_max_memory(full - 1)
+        with pytest.raises(BadLog, match="memory budget"):
+            budget.check_filtered(data, columns, None, "the full-width read")
+        assert len(lstm_probe.load(path)) == len(df)
+        lstm_probe.set_max_memory(1 << 20)
+        with pytest.raises(BadLog, match="memory budget"):
+            lstm_probe.load(path)
+    finally:
+        lstm_probe.set_max_memory(None)

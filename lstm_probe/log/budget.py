@@ -220,13 +220,40 @@ def check_filtered(
         return
     total = sum(size for size, _ in sizes)
     rows = sum(n for _, n in sizes)
-    kept = rows
-    if filt is not None and rows:
-        refs = sorted(set(re.findall(r"\b[a-z_]+\b", str(filt))) & set(data.schema.names))
-        check_stream(data, refs, f"{what}: its filter's columns")
-        kept = data.count_rows(filter=filt)
+    kept = kept_rows(data, filt, rows, what)
     largest = sorted((size for size, _ in sizes), reverse=True)[:HELD]
     refuse(DECODE * (total * kept // max(rows, 1)) + sum(largest), what, fix)
+
+
+def kept_rows(data: ds.Dataset, filt: ds.Expression | None, rows: int, what: str) -> int:
+    """The rows of ``data`` (``rows`` in all) that ``filt`` keeps, counted by reading the filter's columns
+    alone (checked against the budget first)."""
+    if filt is None or not rows:
+        return rows
+    refs = sorted(set(re.findall(r"\b[a-z_]+\b", str(filt))) & set(data.schema.names))
+    check_stream(data, refs, f"{what}: its filter's columns")
+    return int(data.count_rows(filter=filt))
+
+
+def vectors_stored(data: ds.Dataset, names: Iterable[str]) -> dict[str, tuple[int, int, int]]:
+    """Per fixed-size list column among ``names`` (of width > 1): (rows of the selected row groups, rows that
+    hold a vector, bytes of one vector), from the footer alone: a fixed-size list's leaf holds its width's
+    values per stored vector and one per null."""
+    import pyarrow as pa
+
+    out: dict[str, tuple[int, int, int]] = {}
+    wide = {n: data.schema.field(n).type for n in dict.fromkeys(names) if n in data.schema.names}
+    wide = {n: t for n, t in wide.items() if pa.types.is_fixed_size_list(t) and t.list_size > 1}
+    for rg, leaves in _walk(data):
+        for name, t in wide.items():
+            rows, held, _ = out.get(name, (0, 0, 0))
+            width = int(t.list_size)
+            if name in leaves:
+                values = max(int(rg.column(j).num_values) for j in leaves[name])
+                held += min(rg.num_rows, max(0, values - rg.num_rows) // (width - 1))
+            item = max(1, t.value_type.bit_width // 8) if _fixed(t.value_type) else 8
+            out[name] = (rows + rg.num_rows, held, width * item)
+    return out
 
 
 def table(data: ds.Dataset, columns: list[str], filt: ds.Expression | None, what: str, fix: str = "") -> pa.Table:

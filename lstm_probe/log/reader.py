@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # both load in ~0.5 s; the writer process (which imports this
     import pyarrow.dataset as ds
 
 from lstm_probe.errors import BadInput, BadLog
-from lstm_probe.log import budget
+from lstm_probe.log import budget, sparse
 from lstm_probe.log.layout import PARTIAL_SUFFIX, partial_dir
 from lstm_probe.log.lock import Holder, live_holder, lock_path
 from lstm_probe.log.logfiles import check_counts, metadata_json, open_part, reads
@@ -442,7 +442,8 @@ def load(
     (h, c, obs, info).
 
     Each filter reads only the row groups that can hold its values (``env=0, episode=12``: one episode's
-    rows of a large log, not a scan of every row group; see :func:`narrow`)."""
+    rows of a large log, not a scan of every row group; see :func:`narrow`). A vector column that most rows
+    leave null (a ``--trace-envs K`` log's h and c) holds its stored vectors alone (:mod:`log.sparse`)."""
     _check_arguments(
         {"iteration": iteration, "layer": layer, "env": env, "episode": episode},
         {"phase": phase, "module": module},
@@ -478,7 +479,13 @@ def _load(
     # their full width for every null row): they come back as columns of None
     empty = budget.all_null(data, columns)
     read = [c for c in columns if c not in empty]
-    table = budget.table(data, read, filt, f"loading {len(read)} column(s) of {path}", _LOAD_FIX)
+    what = f"loading {len(read)} column(s) of {path}"
+    # vector columns that most rows leave null (a wide run's traced envs, rollout-only obs): compacted
+    compact = sparse.sparse_columns(data, read)
+    if compact:
+        table, held = sparse.table(data, read, compact, filt, what, _LOAD_FIX)
+    else:
+        table, held = budget.table(data, read, filt, what, _LOAD_FIX), {}
     # integer and bool columns as pandas' nullable dtypes (Int64, boolean): null env on padding rows
     # stays <NA> instead of turning the column into floats
     import pandas as pd
@@ -492,6 +499,8 @@ def _load(
             df[name] = pd.Series(words[col.cat.codes.to_numpy()], index=df.index, dtype=object)
     for name in empty:
         df[name] = pd.Series(np.full(len(df), None, dtype=object), index=df.index)
+    for name, col in held.items():
+        df[name] = pd.Series(col.to_numpy(), index=df.index, dtype=object)
     return df[columns]
 
 
