@@ -157,6 +157,23 @@ def test_a_summary_log_whose_traced_vectors_do_not_fit_the_budget_is_still_repor
     assert report.probes is None or not report.probes.rows
     (line,) = [u for u in report.unavailable if u.startswith("linear probes")]
     assert "memory budget" in line and "--max-memory" in line
+    # the page: its heat maps read one episode's rows (here, one row group at its full width, over the budget
+    # too): left out, and its note says why (it said "summary capture", which this log is not without vectors)
+    try:
+        lstm_probe.set_max_memory(max(need // 2, 1 << 20))
+        page = build_html(path, path.with_suffix(".html"), report=report)
+    finally:
+        lstm_probe.set_max_memory(None)
+    assert page.env == 0 and "Hidden and cell states" not in path.with_suffix(".html").read_text()
+    over = "heat-maps: reading the episode's state vectors would go over the memory budget (--max-memory)"
+    assert [note for note in page.notes if "heat-maps" in note] == [over]
+    # within the budget, drawn from the traced env's vectors
+    page = build_html(path, path.with_suffix(".html"), report=report)
+    assert "Hidden and cell states" in path.with_suffix(".html").read_text()
+    assert not any("heat-maps" in note for note in page.notes), page.notes
+    # an env --trace-envs did not keep: the note says so
+    page = build_html(path, path.with_suffix(".html"), env=3, report=report)
+    assert "heat-maps: env 3's rows hold no state vectors (--trace-envs keeps the first envs' only)" in page.notes
 
 
 def test_load_of_a_wide_log_holds_its_stored_vectors_alone(traced_one):

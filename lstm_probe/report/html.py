@@ -22,9 +22,10 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from lstm_probe.contract import Capabilities
-from lstm_probe.errors import BadInput
+from lstm_probe.errors import BadInput, BadLog
 from lstm_probe.log import budget
 from lstm_probe.log.reader import dataset, narrow, states
+from lstm_probe.log.schema import stores_vectors, summary_capture
 from lstm_probe.report import Line, Panel, Report, Table, summarize
 from lstm_probe.report.html_figures import (
     _label,
@@ -92,7 +93,7 @@ def build_html(
     check_out(out)
     plt = _plt()
     rep = report if report is not None else summarize(path)
-    data, _ = dataset(path)
+    data, info = dataset(path)
     # Reads stay bounded whatever the run's length: scans keep distinct values (iterations, envs, episodes)
     # or per-length counts, and rows are read only for the drawn iteration and the drawn episode.
     # Staleness and norms come from the report's aggregates.
@@ -141,7 +142,8 @@ def build_html(
                 "step) axis, coloured by episode; the marker says why each sequence starts there.",
             )
         )
-    heat = _heat_figure(plt, data, first, env, episode, span, notes, rep.health.vectors_available, caps)
+    meta = info.metadata
+    heat = _heat_figure(plt, data, first, env, episode, span, notes, stores_vectors(meta), summary_capture(meta), caps)
     if heat:
         figures.append(
             (
@@ -294,11 +296,15 @@ def _heat_figure(
     span: tuple[int | None, int | None],
     notes: list[str],
     vectors: bool,
+    summary: bool,
     caps: Capabilities,
 ) -> str | None:
     if env is None or episode is None:
         return None
-    if not vectors:  # summary capture: reading the all-null vector columns would still build their values
+    # a summary log without traced envs: reading the all-null vector columns would still build their values.
+    # Not the report's health.vectors_available: its read of every rollout row's h may fall over the memory
+    # budget where one episode's rows fit
+    if not vectors:
         notes.append(NO_VECTORS)
         return None
     filt = first & ROLLOUT & (ds.field("env") == env) & (ds.field("episode") == episode)
@@ -308,9 +314,17 @@ def _heat_figure(
         notes.append(f"heat-maps: the first {MAX_HEAT_EPISODE_STEPS:,} steps of the episode's {last + 1:,}")
     # the episode's row groups only: a filter on episode alone would scan every row group's vectors (`narrow`)
     heat = ["module", "layer", "env", "episode", "env_step", "episode_step", "h", "c"]
-    df = _read(narrow(data, env=(env, env), episode=(episode, episode)), heat, filt)
+    try:
+        df = _read(narrow(data, env=(env, env), episode=(episode, episode)), heat, filt)
+    except BadLog as exc:
+        # a summary log's traced vectors lie in row groups of up to 65,536 rows, each row read at its full
+        # width: left out, as the report's health and probes leave them, and the page says why
+        if not summary or "memory budget" not in str(exc):
+            raise
+        notes.append("heat-maps: reading the episode's state vectors would go over the memory budget (--max-memory)")
+        return None
     if not len(df) or df["h"].isna().all():
-        notes.append(NO_VECTORS)
+        notes.append(f"heat-maps: env {env}'s rows hold no state vectors (--trace-envs keeps the first envs' only)")
         return None
     lo, hi = int(df["env_step"].min()), int(df["env_step"].max())
     # where training sequences of the first epoch start inside the drawn steps (no epochs: all of them)
