@@ -484,3 +484,28 @@ def test_the_gradient_flow_runs_on_a_copy_in_training_mode_and_never_calls_the_u
     assert torch.equal(torch.get_rng_state(), rng)
     assert "separate LSTMs" in flow["verdict"]
     assert {v for k, v in flow["gradient_flow"].items() if k.startswith("encoder.actor_encoder.")} == {"policy"}
+
+
+def test_the_device_path_writes_the_host_paths_log(tmp_path: Path, monkeypatch) -> None:
+    """Issue #50's device path (summary rows computed where the states are), forced on the CPU for RLlib's
+    learner as tests/test_ondevice.py forces it for rsl_rl, RecurrentPPO and TorchRL: the learner's training
+    and value calls take it, and so do the local env runner's rollout blocks, and the log is the host path's (rows, keys, call ids, `init` and `found` exactly; norms
+    and drifts within 1e-5)."""
+    from lstm_probe.capture.ondevice import OnDevice
+    from tests.test_ondevice import device_calls, same_log
+    from tests.test_ondevice_inputs import Watch
+
+    run = dict(SMALL, steps=128, shared_lstm=False, capture="summary", trace_envs=1)
+    rllib.run("CartPole-v1", f"{tmp_path}/host/", **run)
+    taken = device_calls(monkeypatch)
+    blocks = Watch(monkeypatch)  # the env runner's rollout blocks (a local runner: this process)
+    assert OnDevice._engage == "always"
+    rllib.run("CartPole-v1", f"{tmp_path}/dev/", **run)
+    host, dev = lstm_probe.load(tmp_path / "host"), lstm_probe.load(tmp_path / "dev")
+    # the learner's multi-step calls: its training calls and its value calls (GAE's)
+    learner = host[host["phase"].isin(["train", "value"])].groupby("phase")["call"].nunique()
+    assert learner["train"] > 0 and learner["value"] > 0 and len(taken) == learner.sum(), (len(taken), learner)
+    same_log(host, dev)
+    assert len(blocks.blocks) > 0
+    blocks.o_of_columns(layers=1, hidden=SMALL["hidden_size"])
+    assert dev["c_norm"].notna().all() and (dev["h"].notna() == (dev["env"] == 0)).all()
