@@ -54,6 +54,7 @@ def table(
     largest = sorted((size for size, _ in sizes), reverse=True)[: budget.HELD]
     need = budget.DECODE * (scalars * kept // max(rows, 1) + sum(largest)) + vectors + kept * 8 * len(compact)
     budget.refuse(need, what, fix)
+    stored = 0  # the vectors' bytes as read: a footer's counts are the file's word, checked as the rows come
     parts: list[pa.RecordBatch] = []
     held: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {n: [] for n in compact}
     scanner = data.scanner(columns=columns, filter=filt, batch_readahead=0, fragment_readahead=1)
@@ -64,6 +65,9 @@ def table(
             width = arr.type.list_size
             values = arr.flatten().to_numpy(zero_copy_only=False).reshape(-1, width)
             held[name].append((valid, values))
+            stored += values.nbytes + len(values) * VIEW_BYTES
+        if stored > vectors:
+            budget.refuse(need - vectors + stored, what, fix)
         parts.append(batch.select(dense))
     schema = pa.schema([data.schema.field(c) for c in dense], metadata=data.schema.metadata)
     return pa.Table.from_batches(parts, schema=schema), {n: series(pieces) for n, pieces in held.items()}
