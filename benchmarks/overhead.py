@@ -212,8 +212,8 @@ def main() -> None:
     tmp_dir = tempfile.TemporaryDirectory(prefix="lstm-probe-overhead-")  # removed at exit, even on errors
     tmp = tmp_dir.name
     print(
-        f"{args.env}, {args.steps} steps, sb3-contrib defaults (hidden 256, n_steps 128), {args.repeats} "
-        "interleaved repeats\n"
+        f"{args.env}, {args.steps} steps, sb3-contrib defaults (hidden 256, n_steps 128)"
+        f"{' with ' + json.dumps(args.ppo) if args.ppo else ''}, {args.repeats} interleaved repeats\n"
     )
     print(
         f"{'n_envs':>6} {'thr':>3} {'capture':>9} {'totcpu (spread)':>23} {'ratio':>7} {'spread':>15} {'cpu':>6} {'base s':>7} {'probe s':>8} "
