@@ -290,14 +290,16 @@ def test_play_loop(tmp_path, reset):
 def test_cli_run_on_a_gymnasium_env_and_report(tmp_path):
     out = tmp_path / "cli.parquet"
     cmd = [sys.executable, "-m", "lstm_probe.cli", "run", "Pendulum-v1", "--framework", "rsl_rl", "--n-envs", "64"]
-    cmd += ["--n-steps", "8", "--steps", "1024", "--hidden-size", "8", "--n-epochs", "1", "--out", str(out), "-q"]
+    # 1,000 steps asked: rounded up to whole iterations of 64 x 8, and the log says what was asked
+    cmd += ["--n-steps", "8", "--steps", "1000", "--hidden-size", "8", "--n-epochs", "1", "--out", str(out), "-q"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "wrote" in r.stdout and "1,024 env steps" in r.stdout
     df = lstm_probe.load(out, vectors=False)
     assert set(df.env) == set(range(64)) and sorted(df.iteration.unique()) == [0, 1]
     r = subprocess.run([sys.executable, "-m", "lstm_probe.cli", "report", str(out)], capture_output=True, text=True)
-    assert r.returncode == 0 and "provenance check OK" in " ".join(r.stdout.replace("│", " ").split())
+    words = " ".join(r.stdout.replace("│", " ").split())
+    assert r.returncode == 0 and "provenance check OK" in words and "steps 1024 of 1000 asked" in words
 
 
 def test_the_example_for_a_users_own_runner(tmp_path):

@@ -90,3 +90,11 @@ def test_every_report_opens_with_the_verdict(tmp_path):
     doc = json.loads(subprocess.run([*cmd, "--json"], capture_output=True, text=True, check=True).stdout)
     assert doc["verdict"]["stale"] is True and doc["verdict"]["matters"] is None
     assert list(doc)[:4] == ["path", "schema_version", "warnings", "verdict"]
+
+
+def test_percentages_are_never_in_exponent_form():
+    """A drift of 1.26 (a stale critic at width) read "1.3e+02%"; two significant digits stay, in plain form."""
+    from lstm_probe.report.verdict import _pct
+
+    cases = {0.0037: "0.37%", 0.04: "4%", 0.999: "100%", 1.26: "130%", 24.0: "2400%", -2.0: "-200%"}
+    assert {x: _pct(x) for x in cases} == cases

@@ -50,7 +50,9 @@ class Verdict:
 
 
 def _pct(x: float) -> str:
-    return f"{100 * x:.2g}%"
+    """Two significant digits, never in exponent form: 0.37%, 4%, 130%, 2400% (``:.2g`` wrote 1.3e+02%)."""
+    p = float(f"{100 * x:.2g}")
+    return f"{p:.0f}%" if 100 <= abs(p) < float("inf") else f"{p:.2g}%"
 
 
 def _drifts(st: StalenessSection | None) -> tuple[int | None, dict[str, float]]:

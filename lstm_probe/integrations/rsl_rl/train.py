@@ -193,7 +193,7 @@ def run(
     meta = {
         "command": command,
         "env_id": env_id,
-        "total_timesteps": iterations * n_envs * n_steps,
+        "total_timesteps": t.steps,  # as asked (sb3, TorchRL and RLlib say the same); trained: whole iterations
         "n_envs": n_envs,
         "seed": t.seed,
     }
