@@ -207,6 +207,9 @@ def test_load_of_a_wide_log_holds_its_stored_vectors_alone(traced_one):
     rows = whole[(whole["phase"] == "train") & whole["env"].isin([0, 3])]
     assert train["call"].tolist() == rows["call"].tolist()
     assert all((a is None and b is None) or np.array_equal(a, b) for a, b in zip(train["h"], rows["h"], strict=True))
+    # states() of an env --trace-envs did not keep: NaN rows as wide as the log's hidden size (it was (rows, 0))
+    untraced = lstm_probe.states(lstm_probe.load(path, env=3), "h")
+    assert untraced.shape == ((df["env"] == 3).sum(), 256) and np.isnan(untraced).all()
     # within a budget the full-width read does not fit
     data = dataset(path)[0]
     columns = list(df.columns)

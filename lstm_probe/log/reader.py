@@ -501,6 +501,9 @@ def _load(
         df[name] = pd.Series(np.full(len(df), None, dtype=object), index=df.index)
     for name, col in held.items():
         df[name] = pd.Series(col.to_numpy(), index=df.index, dtype=object)
+    hidden = info.metadata.get("hidden_size")
+    if isinstance(hidden, int) and not isinstance(hidden, bool) and 0 < hidden <= MAX_HIDDEN_SIZE:
+        df.attrs["hidden_size"] = hidden  # states(): the width of rows that hold no vector
     return df[columns]
 
 
@@ -531,7 +534,8 @@ def _nullable_dtype(t: pa.DataType) -> Any:
 
 
 def states(df: pd.DataFrame, which: str = "h") -> np.ndarray:
-    """The h or c vectors of a loaded DataFrame as one (rows, hidden) float array (NaN rows where null)."""
+    """The h or c vectors of a loaded DataFrame as one (rows, hidden) float array (NaN rows where null; where no
+    row holds one, as wide as the log's ``hidden_size``, which :func:`load` keeps in ``df.attrs``)."""
     if which not in ("h", "c"):
         raise ValueError("which must be 'h' or 'c'")
     if which not in df.columns:
@@ -539,7 +543,8 @@ def states(df: pd.DataFrame, which: str = "h") -> np.ndarray:
     col = df[which].to_numpy()
     held = np.fromiter((v is not None and not isinstance(v, float) for v in col), bool, len(col))
     rows = col[held]
-    width = len(rows[0]) if len(rows) else 0
+    # no row holds one (an env --trace-envs did not keep, a GRU's c): as wide as the log's hidden size
+    width = len(rows[0]) if len(rows) else int(df.attrs.get("hidden_size", 0))
     out = np.full((len(col), width), np.nan, np.float32)
     if len(rows):  # one copy of the held rows (a wide log's traced envs: a few percent of its rows)
         out[held] = np.stack(list(rows))
