@@ -478,3 +478,14 @@ def test_json_output_is_strict_json_and_negative_r2_is_marked():
     assert worse, "the sample log has probes worse than the mean"
     assert text.count("*") == len(worse) + 1  # each marked row, and the note
     assert "worse than predicting their mean" in " ".join(text.split())
+
+
+def test_probe_of_an_iteration_the_log_lacks_is_refused_in_one_line():
+    """``probe --iteration 9`` of a log with fewer iterations printed an empty table and exited 0 (the HTML
+    page's ``--iteration`` was refused); now one line that says which iterations the log holds, exit 2."""
+    log = str(ROOT_DIR / "sample_runs" / "pendulum-1env.parquet")
+    r = cli("probe", log, "--iteration", "999")
+    assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr, r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert "iteration 999 is not in the log (it holds iterations 0.." in line
+    assert cli("probe", log, "--iteration", "0").returncode == 0

@@ -112,13 +112,22 @@ def score(x: np.ndarray, y: np.ndarray, held_out: np.ndarray, alpha: float = 1e-
     return {"r2": value, "n_fit": int(fit.sum()), "n_test": int(test.sum()), "worse_than_mean": worse_than_mean(value)}
 
 
-def _iterations(data: ds.Dataset, asked: Iterable[int] | None) -> list[int]:
-    if asked is not None:
+def _iterations(data: ds.Dataset, asked: Iterable[int] | None, strict: bool = True) -> list[int]:
+    """The iterations to probe: ``asked`` (each one the log's, where ``strict``: BadInput otherwise, rather than
+    an empty table), else the log's, at most :data:`MAX_ITERATIONS` spread over the run."""
+    if asked is not None and not strict:
         return sorted({int(i) for i in asked})
     rollout = ds.field("phase") == "rollout"
     budget.check_filtered(data, ["iteration"], rollout, "the probe's list of iterations")
     its = pc.unique(data.to_table(columns=["iteration"], filter=rollout)["iteration"])
     values = sorted(int(v) for v in its.to_pylist() if v is not None)
+    if asked is not None:
+        wanted = sorted({int(i) for i in asked})
+        missing = sorted(set(wanted) - set(values))
+        if missing:
+            held = f"iterations {values[0]}..{values[-1]}" if values else "no rollout rows"
+            raise BadInput(f"iteration {missing[0]} is not in the log (it holds {held}); ask for one it holds")
+        return wanted
     if len(values) <= MAX_ITERATIONS:
         return values
     idx = np.unique(np.round(np.linspace(0, len(values) - 1, MAX_ITERATIONS)).astype(int))
@@ -215,7 +224,8 @@ def probe_targets(
     """:func:`probe` for several targets, reading each iteration's rows once; a ``target`` column names each
     row's target (its string; 'values' for a DataFrame). ``max_rows``: at most about this many rows per
     (iteration, module, layer), whole held-out units (episodes) kept evenly (the report's bounded cost).
-    ``strict=False``: an obs or info target without values scores None instead of raising."""
+    ``strict=False``: an obs or info target without values scores None, and an iteration the log lacks is
+    skipped, instead of raising."""
     import pandas as pd
 
     rows = probe_rows(
@@ -260,7 +270,7 @@ def probe_rows(
             "probes need the h vectors: this log was written with --capture summary (--trace-envs K keeps the "
             "vectors of envs 0..K-1)"
         )
-    its = _iterations(data, iterations)
+    its = _iterations(data, iterations, strict)
     names = set(data.schema.names)
     extra = list(dict.fromkeys(str(t).partition(":")[0] for t in targets if not _is_frame(t)))
     keys = ["iteration", "module", "layer", "env", "env_step", "episode", "episode_step"]
