@@ -489,8 +489,8 @@ def test_the_gradient_flow_runs_on_a_copy_in_training_mode_and_never_calls_the_u
 def test_the_device_path_writes_the_host_paths_log(tmp_path: Path, monkeypatch) -> None:
     """Issue #50's device path (summary rows computed where the states are), forced on the CPU for RLlib's
     learner as tests/test_ondevice.py forces it for rsl_rl, RecurrentPPO and TorchRL: the learner's training
-    and value calls take it, and so do the local env runner's rollout blocks, and the log is the host path's (rows, keys, call ids, `init` and `found` exactly; norms
-    and drifts within 1e-5)."""
+    and value calls take it, and so do the local env runner's rollout blocks, and the log is the host path's
+    (rows, keys, call ids, `init` and `found` exactly; norms and drifts within 1e-5)."""
     from lstm_probe.capture.ondevice import OnDevice
     from tests.test_ondevice import device_calls, same_log
     from tests.test_ondevice_inputs import Watch
