@@ -210,7 +210,7 @@ class _Tally:
         from neither the previous step's state nor a reset (the bootstrap call's advance was kept); and the
         columns whose module's previous acting call on their env column was in another phase group
         (:data:`GROUPS`), or that have none, as 1 (the first call of the column in its group; 0: a later one; -1:
-        no env or env step to tell)."""
+        no env or env step to tell), for the columns that started from 'other' (-1 elsewhere)."""
         keep = np.flatnonzero(np.isin(c["phase"], ACTING) & (c["env"] >= 0) & (c["env_step"] >= 0))
         if not len(keep):
             return np.zeros(len(c["call"]), bool), np.full(len(c["call"]), -1, np.int8)
@@ -236,7 +236,8 @@ class _Tally:
             first.add(c, mask)
             masks.append(mask)
         entered = np.full(len(c["call"]), -1, np.int8)  # -1: no env or env step to tell
-        entered[idx] = _group(prev_phase) != _group(phase)  # no earlier call: group '', another than any
+        other = np.flatnonzero(c["init"][idx] == "other")  # told for 'other' columns alone (few, if any)
+        entered[idx[other]] = _group(prev_phase[other]) != _group(phase[other])  # no earlier call: group ''
         calls = c["call"][idx]
         for i in firsts:
             if calls[i] <= self.last_call.get((module[i], env[i]), -np.inf):
