@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow.dataset as ds
 
 from lstm_probe.contract import Capabilities
-from lstm_probe.log.schema import stores_vectors, summary_capture
+from lstm_probe.log.schema import stores_vectors, summary_capture, traced_envs
 from lstm_probe.report.numeric import clean
 from lstm_probe.text import safe
 
@@ -204,6 +204,16 @@ def fmt(v: Any) -> str:
     return safe(v)
 
 
+def kept_columns(kept: int | None, n_envs: int | None) -> str:
+    """The env columns a log keeps rows of, in words: 'env columns 0..3 of 256' (``kept``: K of
+    ``--trace-envs K --other-envs none``; ``n_envs``: the run's envs, where known); '' where every column has
+    rows (``kept`` None)."""
+    if kept is None:
+        return ""
+    cols = "env column 0" if kept == 1 else f"env columns 0..{kept - 1}"
+    return f"{cols} of {n_envs:,}" if n_envs else cols
+
+
 def module_word(kinds: dict[str, str]) -> str:
     """'LSTM' or 'GRU' where every module of ``kinds`` is one (cells included), else 'recurrent module'."""
     words = {k.removesuffix("Cell") for k in kinds.values()}
@@ -240,6 +250,24 @@ class Log:
         """What to call the traced modules in a sentence: 'LSTM' or 'GRU' where every module is one
         (cells included), else 'recurrent module'."""
         return module_word(self.kinds)
+
+    @property
+    def n_envs(self) -> int | None:
+        """The run's number of envs, as its metadata says (None where it says none)."""
+        n = self.meta.get("n_envs")
+        return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
+
+    @property
+    def kept_envs(self) -> int | None:
+        """K where the log keeps the rows of env columns 0..K-1 alone (``--trace-envs K --other-envs none``: the
+        probe writes no row of any other column), fewer than the run's envs: every shape, call and count read
+        from the rows is then of those columns, not the run's. None where every column has rows."""
+        capture = self.meta.get("capture")
+        if not isinstance(capture, dict) or capture.get("other_envs") != "none":
+            return None
+        k = traced_envs(capture)
+        n = self.n_envs
+        return None if k is None or (n is not None and k >= n) else k
 
     @property
     def vectors(self) -> bool:

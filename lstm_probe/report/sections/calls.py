@@ -13,7 +13,7 @@ from lstm_probe.contract import Capabilities
 from lstm_probe.log import budget
 from lstm_probe.report.numeric import KEY_CHUNK, by_count, dense_key, groups
 from lstm_probe.report.scan import Chunk, Frame
-from lstm_probe.report.section import Accumulator, Block, Counts, Line, Log, Max, Section, Sum, Table
+from lstm_probe.report.section import Accumulator, Block, Counts, Line, Log, Max, Section, Sum, Table, kept_columns
 from lstm_probe.text import safe
 
 SHOWN_SHAPES = 6
@@ -45,6 +45,15 @@ class CallsSection:
     explanation: str
     kind: str = "LSTM"
     """What the traced modules are, in a word ('LSTM', 'GRU', 'recurrent module')."""
+    kept_envs: int | None = None
+    """K where the log keeps the rows of env columns 0..K-1 alone (``--trace-envs K --other-envs none``): the
+    groups' calls, rows and shapes, the sequences per minibatch, ``minibatches`` and the start reasons are then
+    of those columns (a call or minibatch without such a column is not counted); None: of every column."""
+    n_envs: int | None = None
+    """The run's envs, as its metadata says."""
+    run_minibatches: dict[str, int] | None = None
+    """The run's own minibatches per path ('sequence', 'stepwise'), where its metadata counts them (sb3's
+    ``minibatch_paths``): whatever columns the log keeps."""
 
 
 def per_call(df: Frame) -> dict[str, np.ndarray]:
@@ -135,6 +144,19 @@ def span(lo: int, hi: int) -> str:
     return str(lo) if lo == hi else f"{lo} to {hi}"
 
 
+def run_paths(meta: dict[str, Any]) -> dict[str, int] | None:
+    """The run's minibatches per path from its ``minibatch_paths`` metadata (sb3), None where it has none."""
+    paths = meta.get("minibatch_paths")
+    if not isinstance(paths, dict):
+        return None
+    out = {}
+    for path in ("sequence", "stepwise"):
+        entry = paths.get(path)
+        n = entry.get("minibatches") if isinstance(entry, dict) else None
+        out[path] = n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else 0
+    return out if sum(out.values()) else None
+
+
 def explain(
     batch: int,
     caps: Capabilities,
@@ -142,13 +164,26 @@ def explain(
     reasons: dict[str, int],
     by_path: dict[str, int],
     kind: str = "LSTM",
+    kept: str = "",
+    run: dict[str, int] | None = None,
 ) -> str:
     """Why training batches have the shape they have, in the terms of the log's capabilities (a rollout
     buffer cut into sequences, or chunks cut at max_seq_len). ``batch``: the largest rollout call's batch;
-    ``kind``: what the modules are called ('LSTM', 'GRU', 'recurrent module')."""
+    ``kind``: what the modules are called ('LSTM', 'GRU', 'recurrent module'); ``kept``: the env columns the log
+    keeps rows of where it keeps only some (:func:`kept_columns`; the shapes and counts are then theirs);
+    ``run``: the run's own minibatches per path where its metadata counts them (:func:`run_paths`)."""
     if not spm:
         return "No training calls were recorded."
     lo, hi = min(spm), max(spm)
+    if kept:
+        rolled = (
+            f"Rollout calls have batch {batch} here: the log keeps the rows of {kept} alone (--other-envs none), "
+            "and every batch and count here is of those columns."
+        )
+        held = f"this log holds {span(lo, hi)} of their sequences per minibatch (the other envs' have no rows)"
+    else:
+        rolled = f"Rollout calls have batch {batch}."
+        held = f"here {span(lo, hi)}"
     if caps.rollout_buffer:
         words = {
             "split": "the rollout buffer's random split point (its shuffling trick: each epoch the flat "
@@ -158,16 +193,26 @@ def explain(
             "minibatch_cut": "a minibatch cut (the previous minibatch ended there)",
         }
         text = (
-            f"Rollout calls have batch {batch} (one column per env, one step each). A training call's batch is the "
-            f"number of sequences in its minibatch, not the number of envs: here {span(lo, hi)} sequences per "
-            f"minibatch. A new sequence starts at every episode start, every env boundary and at the start of "
-            f"each minibatch; sequence starts by reason: {_reasons(words, reasons)}."
+            (
+                f"{rolled} A training call's batch is the number of sequences in its minibatch, not the number of "
+                f"envs: {held}."
+                if kept
+                else f"Rollout calls have batch {batch} (one column per env, one step each). A training call's "
+                f"batch is the number of sequences in its minibatch, not the number of envs: here {span(lo, hi)} "
+                "sequences per minibatch."
+            )
+            + " A new sequence starts at every episode start, every env boundary and at the start of each "
+            f"minibatch; sequence starts by reason{' (of those columns)' if kept else ''}: "
+            f"{_reasons(words, reasons)}."
         )
-        if by_path:
-            stepwise, total = by_path.get("stepwise", 0), sum(by_path.values())
+        paths = run if kept and run else by_path
+        if paths:
+            stepwise, total = paths.get("stepwise", 0), sum(paths.values())
+            whose = " that hold rows of those columns" if kept and paths is by_path else ""
+            of = "the run's " if paths is run else ""
             text += (
-                f" {stepwise} of {total} minibatches held an episode start and so ran the {kind} one step at a "
-                "time ('stepwise': batch = sequences, 1 step per call)"
+                f" {stepwise} of {of}{total} minibatches{whose} held an episode start and so ran the {kind} one "
+                "step at a time ('stepwise': batch = sequences, 1 step per call)"
             )
             text += "; the others ran it once over the padded sequences ('sequence')." if stepwise < total else "."
         return text
@@ -179,16 +224,21 @@ def explain(
             "max_seq_len": "max_seq_len (the previous piece of the episode chunk was full; the state stored at "
             "the step before)",
         }
+        one = (
+            rolled
+            if kept
+            else f"Rollout calls have batch {batch} (one column per env of one env runner, one step each)."
+        )
         return (
-            f"Rollout calls have batch {batch} (one column per env of one env runner, one step each). The learner "
+            f"{one} The learner "
             "cuts each episode chunk (plus one appended bootstrap step) into max_seq_len pieces, zero-padded on the "
             "right; its minibatches slice whole pieces and cycle through the batch across epoch boundaries, so a "
-            f"training call's batch is the number of pieces in its minibatch: here {span(lo, hi)}. "
+            f"training call's batch is the number of pieces in its minibatch: {held.replace('sequences', 'pieces')}. "
             f"Pieces start at: {_reasons(words, reasons)}. The value pass runs once per update over every piece."
         )
     return (
-        f"Rollout calls have batch {batch}. A training call's batch is the number of sequences in its minibatch: "
-        f"here {span(lo, hi)}; why a sequence starts where it does: {_reasons({}, reasons)}."
+        f"{rolled} A training call's batch is the number of sequences in its minibatch: "
+        f"{held}; why a sequence starts where it does: {_reasons({}, reasons)}."
     )
 
 
@@ -302,24 +352,41 @@ class Calls(Section[CallsSection]):
         spm = dict(sorted(acc.spm.items()))
         reasons = by_count(acc.reasons)
         by_path = by_count(acc.by_path)
-        kind = log.kind
-        explanation = explain(int(acc.roll_batch.value or 0), log.caps, spm, reasons, by_path, kind)
-        return CallsSection(groups, spm, reasons, acc.minibatches.value, by_path, explanation, kind)
+        kind, kept, run = log.kind, log.kept_envs, run_paths(log.meta)
+        words = kept_columns(kept, log.n_envs)
+        explanation = explain(int(acc.roll_batch.value or 0), log.caps, spm, reasons, by_path, kind, words, run)
+        return CallsSection(
+            groups, spm, reasons, acc.minibatches.value, by_path, explanation, kind, kept, log.n_envs, run
+        )
 
     def findings(self, data: CallsSection) -> list[str]:
         out: list[str] = []
         spm = data.sequences_per_minibatch
         if spm:
-            out.append(
-                f"training minibatches hold {span(min(spm), max(spm))} "
-                f"sequences: that is the batch dimension of the {data.kind}'s training-time hidden state"
-            )
-            if data.sequence_start_reasons.get("split"):
+            kept = kept_columns(data.kept_envs, data.n_envs)
+            if not kept:  # else the minibatches' other sequences have no rows: said under unavailable
                 out.append(
-                    f"{data.sequence_start_reasons['split']} sequences start at the buffer's random split point, "
-                    "cut off from their episode's earlier steps"
+                    f"training minibatches hold {span(min(spm), max(spm))} "
+                    f"sequences: that is the batch dimension of the {data.kind}'s training-time hidden state"
+                )
+            if data.sequence_start_reasons.get("split"):
+                whose = f" of {kept}" if kept else ""
+                out.append(
+                    f"{data.sequence_start_reasons['split']} sequences{whose} start at the buffer's random split "
+                    "point, cut off from their episode's earlier steps"
                 )
         return out
+
+    def unavailable(self, data: CallsSection, log: Log) -> list[str]:
+        spm = data.sequences_per_minibatch
+        kept = kept_columns(data.kept_envs, data.n_envs)
+        if not (spm and kept):
+            return []
+        return [
+            f"the batch dimension of the {data.kind}'s training-time hidden state (the sequences in a minibatch): "
+            f"the log keeps the rows of {kept} alone (--other-envs none), {span(min(spm), max(spm))} of their "
+            "sequences per minibatch; --other-envs summary keeps a summary row of every env"
+        ]
 
     def text(self, data: CallsSection, caps: Capabilities) -> list[Block]:
         rows = []
@@ -335,11 +402,31 @@ class Calls(Section[CallsSection]):
                 cells += (f"{g.rows:,}",)
             rows.append((*cells, shapes))
         columns = ("module", "phase", "path", "calls") + (("layers", "rows per layer") if layered else ("rows",))
+        kept = kept_columns(data.kept_envs, data.n_envs)
         title = "Calls (per module, phase and path; shapes are steps x batch)"
+        if kept:
+            title = f"Calls with rows of {kept} (per module, phase and path; shapes are steps x their batch columns)"
         out: list[Block] = [Table(title, (*columns, "shapes"), tuple(rows))]
+        if kept:
+            out.append(
+                Line(
+                    f"[dim]--other-envs none: the log keeps the rows of {kept} alone; calls, rows and shapes are "
+                    "of those columns (a call without one is not counted), not the run's[/]"
+                )
+            )
         if data.sequences_per_minibatch:
             dist = ", ".join(f"{k} seq: {v}" for k, v in data.sequences_per_minibatch.items())
-            out.append(Line(f"sequences per training minibatch ({data.minibatches} minibatches): {dist}"))
+            if kept:
+                run = data.run_minibatches
+                of = f" of the run's {sum(run.values())}" if run else ""
+                out.append(
+                    Line(
+                        f"sequences of {kept_columns(data.kept_envs, None)} per training minibatch ({data.minibatches} "
+                        f"minibatches{of} hold rows of them): {dist}"
+                    )
+                )
+            else:
+                out.append(Line(f"sequences per training minibatch ({data.minibatches} minibatches): {dist}"))
             if layered:
                 out.append(
                     Line("[dim]sequences and minibatches are counted on layer 0: every layer runs the same ones[/]")

@@ -40,7 +40,7 @@ from lstm_probe.log import budget
 from lstm_probe.log.schema import INITS
 from lstm_probe.report.reading import every_group, is_parquet, row_groups, stream, with_dictionaries
 from lstm_probe.report.rows import rows_expr
-from lstm_probe.report.section import Block, Line, Log, Section, Table
+from lstm_probe.report.section import Block, Line, Log, Section, Table, kept_columns
 from lstm_probe.report.sections.doctor_rows import (
     LEAK_COLUMNS,
     LEAK_NEEDS,
@@ -56,6 +56,7 @@ from lstm_probe.report.sections.doctor_rows import (
     Steps,
     StepScan,
 )
+from lstm_probe.report.sections.doctor_words import clean_line
 from lstm_probe.report.sections.staleness import provenance_tolerance
 from lstm_probe.text import safe
 
@@ -64,6 +65,8 @@ ACTING = ("rollout", "predict", "other", "bootstrap")
 BATCH = 1 << 17
 NOT_RESET = ("previous", "other")
 """Sources that, at an episode start, mean the state was not reset."""
+GROUPS = {"rollout": "rollout", "bootstrap": "rollout", "predict": "predict", "other": "other"}
+"""Acting phase -> the group whose returned states its calls are compared with (``capture/inputs.py``: GROUP)."""
 
 
 @dataclass
@@ -94,6 +97,17 @@ class DoctorSection:
     facts: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     """What the doctor could not check because the log lacks a tag, and the tag that adds it (said once)."""
+    entered: dict[str, int] = field(default_factory=dict)
+    """'module/phase' (acting phases) -> the columns of its 'other' starts (a state the doctor cannot place) made
+    at the env column's first call in that phase's group: the module's previous call on that env column (with an
+    env step) was in another group, or there was none."""
+    inside: dict[str, int] = field(default_factory=dict)
+    """'module/phase' (acting phases) -> the columns of its 'other' starts made at a later call of the env column
+    in that phase's group (the state changed between two calls of the group). An 'other' start in neither
+    ``entered`` nor ``inside`` has no env or env step to tell."""
+    kept: str = ""
+    """The env columns the log keeps rows of, where ``--other-envs none`` kept only some (every count here is
+    then of those): 'env columns 0..3 of 256'; '' where every column has rows."""
 
 
 class _Tally:
@@ -121,6 +135,8 @@ class _Tally:
         self.last_call: dict[tuple[str, float], float] = {}  # (module, env) -> its last acting call
         self.disordered = False
         """A (module, env) met a call earlier than its last one (:attr:`Pass.disordered`)."""
+        self.entered: dict[str, int] = {}  # 'module/phase' -> 'other' columns at a first call in the phase's group
+        self.inside: dict[str, int] = {}  # 'module/phase' -> 'other' columns at a later call in the phase's group
 
     def count_sources(self, batch: pa.RecordBatch) -> None:
         """The init sources per module and phase of one batch of init rows (nulls as ''): each column's
@@ -151,7 +167,14 @@ class _Tally:
         acting = np.isin(phase, ACTING)
         zero = acting & (init == "zero")
         # a second call at one env step starts from the first one's state: counted as that, not as not reset
-        kept = acting & start & np.isin(init, NOT_RESET) & ~self._twice(c)
+        twice, entered = self._twice(c)
+        kept = acting & start & np.isin(init, NOT_RESET) & ~twice
+        other = acting & (init == "other")
+        for counts, told in ((self.entered, entered == 1), (self.inside, entered == 0)):
+            if (told & other).any():
+                key = np.char.add(np.char.add(c["module"][told & other], "/"), phase[told & other])
+                for k, n in zip(*(a.tolist() for a in np.unique(key, return_counts=True)), strict=True):
+                    counts[k] = counts.get(k, 0) + n
         # a call that kept a state at an episode start and zeroed another column: the wrong column was reset
         call = c["call"]
         both = np.intersect1d(call[zero], call[kept])
@@ -181,13 +204,16 @@ class _Tally:
         self.train_zero.add(c, training & (init == "zero"))
         self.train_state.add(c, training & (c["init_norm"] > 0))
 
-    def _twice(self, c: dict[str, np.ndarray]) -> np.ndarray:
+    def _twice(self, c: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         """Calls of one module at the (env, env_step) of its previous acting call: in the same phase (the
         state advanced twice for one observation), or a rollout call after a bootstrap call that started
-        from neither the previous step's state nor a reset (the bootstrap call's advance was kept)."""
+        from neither the previous step's state nor a reset (the bootstrap call's advance was kept); and the
+        columns whose module's previous acting call on their env column was in another phase group
+        (:data:`GROUPS`), or that have none, as 1 (the first call of the column in its group; 0: a later one; -1:
+        no env or env step to tell), for the columns that started from 'other' (-1 elsewhere)."""
         keep = np.flatnonzero(np.isin(c["phase"], ACTING) & (c["env"] >= 0) & (c["env_step"] >= 0))
         if not len(keep):
-            return np.zeros(len(c["call"]), bool)
+            return np.zeros(len(c["call"]), bool), np.full(len(c["call"]), -1, np.int8)
         idx = keep[np.lexsort((c["call"][keep], c["env"][keep], c["module"][keep]))]
         module, env, step, phase = c["module"][idx], c["env"][idx], c["env_step"][idx], c["phase"][idx]
         same = np.r_[False, (module[1:] == module[:-1]) & (env[1:] == env[:-1])]
@@ -209,6 +235,9 @@ class _Tally:
             mask[idx[found]] = True
             first.add(c, mask)
             masks.append(mask)
+        entered = np.full(len(c["call"]), -1, np.int8)  # -1: no env or env step to tell
+        other = np.flatnonzero(c["init"][idx] == "other")  # told for 'other' columns alone (few, if any)
+        entered[idx[other]] = _group(prev_phase[other]) != _group(phase[other])  # no earlier call: group ''
         calls = c["call"][idx]
         for i in firsts:
             if calls[i] <= self.last_call.get((module[i], env[i]), -np.inf):
@@ -216,7 +245,15 @@ class _Tally:
         for i in np.flatnonzero(np.r_[~same[1:], True]).tolist():
             self.last[(module[i], env[i])] = (step[i], phase[i])
             self.last_call[(module[i], env[i])] = calls[i]
-        return masks[0]
+        return masks[0], entered
+
+
+def _group(phases: np.ndarray) -> np.ndarray:
+    """Each acting phase's group (:data:`GROUPS`); '' for anything else (no earlier call)."""
+    out = np.full(len(phases), "", "<U8")
+    for phase, group in GROUPS.items():
+        out[phases == phase] = group
+    return out
 
 
 def _where(first: dict[str, Any]) -> str:
@@ -426,6 +463,7 @@ class Pass:
             tally.add(self.held)
             self.held = None
         data.sources = {k: dict(sorted(v.items())) for k, v in sorted(tally.sources.items())}
+        data.entered, data.inside = dict(sorted(tally.entered.items())), dict(sorted(tally.inside.items()))
         data.problems = _problems(tally)
         leak = First() if self.leaks is None else self.leaks.found
         if leak.count:
@@ -490,7 +528,7 @@ class Doctor(Section[DoctorSection]):
 
     def _start(self, log: Log) -> DoctorSection:
         meta_paths = log.meta.get("minibatch_paths")
-        data = DoctorSection(available="init" in log.data.schema.names)
+        data = DoctorSection(available="init" in log.data.schema.names, kept=kept_columns(log.kept_envs, log.n_envs))
         if isinstance(meta_paths, dict):
             data.minibatch_paths = meta_paths
             self._fact(data, meta_paths)
@@ -535,8 +573,6 @@ class Doctor(Section[DoctorSection]):
         if data.problems:
             blocks += [Line(f"[yellow]problem:[/] {safe(p.text)}") for p in data.problems]
         elif data.sources:
-            blocks.append(
-                Line("no problem found: every call started from its previous state, a reset or a stored state")
-            )
+            blocks.append(Line(safe(clean_line(data.sources, data.entered, data.inside, data.kept))))
         blocks += [Line(safe(f)) for f in data.facts]
         return blocks

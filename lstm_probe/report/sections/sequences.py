@@ -17,7 +17,18 @@ from lstm_probe.contract import Capabilities
 from lstm_probe.log import budget
 from lstm_probe.report.numeric import dense_key, summary_stats
 from lstm_probe.report.scan import Chunk, Frame
-from lstm_probe.report.section import Accumulator, Block, Log, Mergeable, Panel, Parts, Section, Sum, fmt
+from lstm_probe.report.section import (
+    Accumulator,
+    Block,
+    Log,
+    Mergeable,
+    Panel,
+    Parts,
+    Section,
+    Sum,
+    fmt,
+    kept_columns,
+)
 
 LENGTH_EDGES = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 10**9]
 
@@ -41,6 +52,11 @@ class SequencesSection:
     episodes_from: str | None = None
     """What the episodes were counted from: 'episode_step' (the rollout rows' episode and step in it),
     'episode_start' (from one episode start to the next), or None where the rollout rows carry neither."""
+    kept_envs: int | None = None
+    """K where the log keeps the rows of env columns 0..K-1 alone (``--trace-envs K --other-envs none``): the
+    sequences, episodes, padding and shares are then of those columns; None: of every column."""
+    n_envs: int | None = None
+    """The run's envs, as its metadata says."""
 
 
 @dataclass
@@ -142,7 +158,7 @@ class Sequences(Section[SequencesSection]):
         if not acc.padding_of.value:
             stored = 0.0 if log.caps.stored_states else None
             out = SequencesSection(0, {}, {}, summary_stats(episodes), len(episodes), 0.0, stored)
-            out.episodes_from = source
+            out.episodes_from, out.kept_envs, out.n_envs = source, log.kept_envs, log.n_envs
             return out
         hist: dict[str, int] = {}
         for lo, hi in itertools.pairwise(LENGTH_EDGES):
@@ -163,6 +179,8 @@ class Sequences(Section[SequencesSection]):
             ),
             module=acc.module.value,
             episodes_from=source,
+            kept_envs=log.kept_envs,
+            n_envs=log.n_envs,
         )
 
     def unavailable(self, data: SequencesSection, log: Log) -> list[str]:
@@ -174,19 +192,23 @@ class Sequences(Section[SequencesSection]):
         s = data
         if not (s.sequences and s.length):
             return []
+        kept = kept_columns(s.kept_envs, s.n_envs)
+        of = f" of {kept} (the only env columns with rows)" if kept else ""
         msg = (
             f"gradients flow back at most {s.length['max']:.0f} steps (median {s.length['median']:.0f}) "
-            f"through the training sequences"
+            f"through the training sequences{of}"
         )
         if s.episode_length:
             msg += ", while " + episodes_in_words(s.episode_length, s.episodes_completed)
-        padding = f"{s.padding_share:.0%} of training rows are padding"
+        whose = f"the training rows of {kept_columns(s.kept_envs, None)}" if kept else "training rows"
+        padding = f"{s.padding_share:.0%} of {whose} are padding"
         if s.stored_state_share is None:
             return [msg, padding]
+        which = f"the training sequences of {kept}" if kept else "training sequences"
         return [
             msg,
-            f"{s.stored_state_share:.0%} of training sequences start from a stored mid-episode state "
-            f"rather than a reset; {padding}",
+            f"{s.stored_state_share:.0%} of {which} start from a stored mid-episode state rather than a reset; "
+            + padding,
         ]
 
     def text(self, data: SequencesSection, caps: Capabilities) -> list[Block]:
@@ -200,6 +222,9 @@ class Sequences(Section[SequencesSection]):
         else:
             starts = "whether sequences start from stored states is not recorded (the log declares no stored states)"
         counted = f" of {fmt(s.module)} (layer 0)" if s.module else ""
+        kept = kept_columns(s.kept_envs, s.n_envs)
+        if kept:
+            counted += f", of {kept} alone (--other-envs none: every count here is of those columns)"
         return [
             Panel(
                 "Sequences",

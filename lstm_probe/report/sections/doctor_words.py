@@ -1,0 +1,75 @@
+"""What the doctor's table says where the doctor names no problem (``report/sections/doctor.py``): the line
+under it, true of every column it shows. A column that started from 'previous', 'reset' or 'stored' needs no
+word; the others ('zero', 'other': ``capture/inputs.py`` says what each answer means) are no bug the doctor can
+name where it names none, and the line says why, column kind by column kind."""
+
+from __future__ import annotations
+
+from lstm_probe.report.sections.doctor_rows import TRAINING
+
+PLACED = ("previous", "reset", "stored")
+"""Sources the "no problem found" line names without a word on them."""
+
+
+def clean_line(sources: dict[str, dict[str, int]], entered: dict[str, int], inside: dict[str, int], kept: str) -> str:
+    """The line under a table that shows no problem (``sources``: 'module/phase' -> init value -> columns):
+    what its columns other than previous, reset and stored mean there, and why the doctor names no problem for
+    them (``doctor._problems``). ``entered``, ``inside``: per 'module/phase', the 'other' columns at the first
+    call of their env column in the phase's group, and at a later one; ``kept``: the env columns the log keeps
+    rows of where it keeps only some ('' where every column has rows)."""
+    of = f" (of {kept}: the log keeps no other rows)" if kept else ""
+    parts: list[str] = []
+    for key, values in sources.items():
+        phase = key.rpartition("/")[2]
+        for value, n in values.items():
+            if n and value not in PLACED:
+                parts.append(_unplaced(key, phase, value, n, entered.get(key, 0), inside.get(key, 0)))
+    if not parts:
+        return f"no problem found: every call started from its previous state, a reset or a stored state{of}"
+    return (
+        f"no problem found{of}. Calls that started from neither their previous state, a reset nor a stored state: "
+        + "; ".join(parts)
+    )
+
+
+def _unplaced(key: str, phase: str, value: str, n: int, first: int, later: int) -> str:
+    """Why ``n`` columns of ``key`` that started from ``value`` (not previous, reset or stored) are no problem the
+    doctor names, where it names none (``first``, ``later``: of 'other' columns, at their env column's first
+    call in the phase's group and at a later one)."""
+    if value == "other" and phase in TRAINING:
+        return (
+            f"{n:,} {key} sequences started from a state that is not bit-equal to their env's stored rollout state "
+            "(or one the probe did not hold): the doctor names no bug from that"
+        )
+    if value == "zero" and phase in TRAINING:
+        return f"{n:,} {key} sequences started from zeros, and the rollout never carried its state from step to step"
+    if value == "zero":
+        return (
+            f"{n:,} {key} columns started from zeros where no tag says whether an episode started (see the note "
+            "on episode starts)"
+        )
+    if value == "other" and phase == "other":
+        return f"{n:,} {key} columns started from a state the doctor cannot place (see the note on calls without phase)"
+    if value != "other":
+        return f"{n:,} {key} columns started from '{value}'"
+    text = (
+        f"{n:,} {key} columns ('other') started from a state the doctor cannot place (not zeros, not the state the "
+        "module last returned for that env column in that phase, not a stored one, not another column's), none at "
+        "a tagged episode start (there it names a state not reset)"
+    )
+    said = []
+    if first:
+        said.append(
+            f"{first:,} at the first {phase} call of their env column (after calls in another phase, or none): a "
+            "state brought in from elsewhere, e.g. a play loop going on from the state the rollout left, which is "
+            "right while the env's episode goes on"
+        )
+    if later:
+        said.append(
+            f"{later:,} at a later {phase} call: the state changed between two calls of its env column outside the "
+            "module's step as the probe saw it (dropout the probe's re-run leaves out, noise, an edited state), "
+            "which the doctor cannot tell from a bug"
+        )
+    if n - first - later > 0:
+        said.append(f"{n - first - later:,} with no env or env step to tell where they came from")
+    return text + (": " + ", ".join(said) if said else "")
