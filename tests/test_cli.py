@@ -73,7 +73,8 @@ def test_report_text_and_json(made):
         "7. Doctor",
         "8. Findings",
         "provenance check",
-        "by minibatch order in an iteration (0 = before any optimizer step): 0: ",
+        "by minibatch order in an iteration (epoch x ",
+        "0 = before any optimizer step): 0: ",
         "probe cost: ",
         "CPU on the writer process",  # the default writer
     ):

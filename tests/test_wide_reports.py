@@ -225,3 +225,105 @@ def test_load_of_a_wide_log_holds_its_stored_vectors_alone(traced_one):
             lstm_probe.load(path)
     finally:
         lstm_probe.set_max_memory(None)
+
+
+def _strict_json(text: str) -> dict:
+    """The report's JSON, refusing NaN and Infinity (not JSON)."""
+    import json
+
+    def refuse(name: str) -> None:
+        raise AssertionError(f"{name} in the JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def _orders(rows: list[dict]) -> dict[tuple[str, int], list[int]]:
+    """Per (module, layer): the by_update rows' orders, in the report's order."""
+    out: dict[tuple[str, int], list[int]] = {}
+    for r in rows:
+        out.setdefault((r["module"], r["layer"]), []).append(r["update"])
+    return out
+
+
+def test_sb3_other_envs_none_keeps_the_staleness_section_and_says_why_no_provenance_check(tmp_path):
+    """sb3-contrib's recurrent buffer keeps each env's steps together and only rolls them by a random split index,
+    so --trace-envs 2 --other-envs none leaves envs 0 and 1 in one minibatch of each epoch; with this seed never in
+    minibatch 0 of epoch 0, the only one before any optimizer step. The staleness table is shown all the same,
+    the provenance check says why it was not made (not a wrong 'tag the train calls'), the minibatch orders are
+    their true positions (epoch x 4 + minibatch: gaps, not renumbered from 0), and a line says which
+    minibatches the drifts come from. The same run with --other-envs summary checks every env."""
+    import json
+
+    run = dict(RUN, n_envs=64, steps=2048, n_steps=16, batch_size=256, hidden_size=8, capture="summary", trace_envs=2)
+    none = lstm_probe.run("Pendulum-v1", tmp_path / "none.parquet", other_envs="none", **run)
+    train = lstm_probe.load(none.path, phase="train", vectors=False)
+    train = train[~train["padding"] & train["drift_h"].notna()]
+    assert set(train["env"]) == {0, 1} and not ((train["epoch"] == 0) & (train["minibatch"] == 0)).any()
+    r = subprocess.run(
+        [sys.executable, "-m", "lstm_probe.cli", "report", str(none.path)], capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stderr
+    words = " ".join(r.stdout.replace("│", " ").split())
+    assert "5. Staleness" in words and "tag the train calls" not in words
+    assert (
+        "provenance check (first minibatch of epoch 0, before any optimizer step): not made: envs 0..1, the " in words
+    )
+    assert "were in no update's first minibatch" in words and "--other-envs summary keeps every env's rows" in words
+    assert "by minibatch order in an iteration (epoch x 4 + minibatch; 0 = before any optimizer step)" in words
+    j = subprocess.run(
+        [sys.executable, "-m", "lstm_probe.cli", "report", str(none.path), "--json"], capture_output=True, text=True
+    )
+    assert j.returncode == 0, j.stderr
+    rep = _strict_json(j.stdout)
+    st = rep["staleness"]
+    assert st["provenance_ok"] is None and st["by_epoch"] and st["minibatches_per_epoch"] == 4
+    assert "were in no update's first minibatch" in st["provenance_note"]
+    assert [u for u in rep["unavailable"] if "provenance" in u] == [f"the provenance check: {st['provenance_note']}"]
+    # the order of each minibatch is its true position in the iteration, with its rows
+    order = train["epoch"].astype(int) * 4 + train["minibatch"].astype(int)
+    counts = train.groupby([train["module"].astype(str), "layer", order]).size().to_dict()
+    assert {(b["module"], b["layer"], b["update"]): b["rows"] for b in st["by_update"]} == counts
+    assert all(b["update"] == b["epoch"] * 4 + b["minibatch"] for b in st["by_update"])
+    assert 0 not in {b["update"] for b in st["by_update"]}  # no row of minibatch 0 of epoch 0: no order 0
+    assert st["drift_minibatches"] == sorted(set(train["minibatch"].astype(int)))
+    assert (
+        "keeps the rows of envs 0..1 alone (--trace-envs 2 --other-envs none): these drifts come from"
+        in (st["drift_from"])
+    )
+    assert " ".join(st["drift_from"].split()) in words
+    # --other-envs summary: every env's drift, the check made and passed; the same orders where both have rows
+    summ = lstm_probe.summarize(lstm_probe.run("Pendulum-v1", tmp_path / "summ.parquet", **run).path)
+    assert summ.staleness.provenance_ok is True and summ.staleness.drift_from is None
+    assert summ.staleness.provenance_note is None
+    every = _orders(summ.staleness.by_update)
+    assert all(v == list(range(8)) for v in every.values())
+    assert all(set(v) <= set(every[k]) for k, v in _orders(st["by_update"]).items())
+    json.dumps(summ.to_dict(), allow_nan=False)
+
+
+def test_rsl_rl_other_envs_none_orders_minibatches_by_their_position_and_says_whose_drift(tmp_path):
+    """rsl_rl gives envs 0..K-1 to minibatch 0 of every epoch: a --other-envs none log's drifts are minibatch 0's
+    alone (epoch 0's: before any optimizer step, so 0), and the report says so in text and JSON. Its minibatch
+    orders are epoch x num_mini_batches (0, 4, 8, ...), not 0, 1, 2 as if each were the next minibatch."""
+    pytest.importorskip("rsl_rl")
+    out = tmp_path / "none.parquet"
+    cmd = [sys.executable, "-m", "lstm_probe", "run", "Pendulum-v1", "--framework", "rsl_rl", "--torch-env"]
+    cmd += ["--n-envs", "16", "--steps", "768", "--hidden-size", "8", "--capture", "summary", "--trace-envs", "2"]
+    cmd += ["--other-envs", "none", "--out", str(out)]
+    env = {**__import__("os").environ, "OMP_NUM_THREADS": "1"}
+    made = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    assert made.returncode == 0, made.stderr
+    j = subprocess.run([sys.executable, "-m", "lstm_probe.cli", "report", str(out), "--json"], capture_output=True)
+    assert j.returncode == 0, j.stderr
+    st = _strict_json(j.stdout.decode())["staleness"]
+    per_epoch = lstm_probe.read_info(out).metadata["hyperparameters"]["num_mini_batches"]
+    epochs = lstm_probe.read_info(out).metadata["hyperparameters"]["num_learning_epochs"]
+    orders = [per_epoch * e for e in range(epochs)]
+    assert per_epoch > 1 and _orders(st["by_update"]) == {("actor", 0): orders, ("critic", 0): orders}
+    assert st["minibatches_per_epoch"] == per_epoch and st["provenance_ok"] is True
+    assert st["drift_minibatches"] == [0]
+    assert f"these drifts come from minibatch 0 (of {per_epoch}) of each epoch only" in st["drift_from"]
+    r = subprocess.run([sys.executable, "-m", "lstm_probe.cli", "report", str(out)], capture_output=True, text=True)
+    words = " ".join(r.stdout.replace("│", " ").split())
+    assert " ".join(st["drift_from"].split()) in words
+    assert f"0 = before any optimizer step): 0: 0, {per_epoch}: " in words

@@ -184,6 +184,7 @@ def _staleness_caption(rep: Report) -> str:
     the rollout states of the same env step by epoch and position (drift columns), or, for logs of one writer
     per process (RLlib), the learner's states against the env runners' by minibatch of the update."""
     cross = rep.sections.get("cross_process")
+    note = rep.staleness.drift_from if rep.staleness.by_epoch else None  # only some envs' minibatches: which
     if rep.staleness.by_epoch:
         rows, by = rep.staleness.by_epoch, "by epoch (h solid{c}) and by position in the sequence (h)"
         whose = "train states from the rollout states"
@@ -197,7 +198,7 @@ def _staleness_caption(rep: Report) -> str:
     )
     return (
         f"Relative L2 drift {formula} of {whose} of the same env step, {by.format(c=', c dashed' if with_c else '')} "
-        "(log scale: a drift of 0.001 next to 0.4 stays visible)."
+        "(log scale: a drift of 0.001 next to 0.4 stays visible)." + (f" {note[0].upper()}{note[1:]}." if note else "")
     )
 
 

@@ -14,7 +14,8 @@ import pyarrow.dataset as ds
 
 from lstm_probe.contract import Capabilities
 from lstm_probe.log import budget
-from lstm_probe.report.numeric import group_stats, groups, labelled_groups, mean_max, present, row_key
+from lstm_probe.log.schema import traced_envs
+from lstm_probe.report.numeric import dense_key, group_stats, groups, labelled_groups, mean_max, present
 from lstm_probe.report.scan import Chunk, Frame, chunks, fit, read_scalars
 from lstm_probe.report.section import (
     Accumulator,
@@ -74,6 +75,17 @@ class StalenessSection:
     provenance_tolerance: float = PROVENANCE_TOLERANCE
     train_rows: int = 0
     """Train rows (less padding) of the scan's first layer, with a drift or not."""
+    minibatches_per_epoch: int | None = None
+    """Minibatches in an epoch: as the log's metadata states it, or the largest minibatch index seen + 1. A
+    ``by_update`` row's ``update`` is its minibatch's order in the iteration, epoch * this + minibatch (0: before
+    any optimizer step), so minibatches without rows leave gaps."""
+    provenance_note: str | None = None
+    """Why the provenance check was not made, where train rows have drifts but none is of the first minibatch."""
+    drift_minibatches: list[int] = field(default_factory=list)
+    """The minibatch indices (in their epoch) that the drift figures come from."""
+    drift_from: str | None = None
+    """Where the log keeps only some envs' rows (``--trace-envs K --other-envs none``): which minibatches the
+    figures come from (those that held the kept envs), as the report prints it."""
 
 
 def _drift_groups() -> GroupStats:
@@ -90,17 +102,24 @@ class StalenessTotals(Accumulator[Chunk]):
     first_c: Keyed[int, Max] = field(default_factory=Keyed)
     epoch: GroupStats = field(default_factory=_drift_groups)
     update: GroupStats = field(default_factory=_drift_groups)
-    """Keyed by the order of the minibatch within its iteration (0 = before any optimizer step)."""
+    """Keyed by the minibatch's epoch and its index in the epoch (the order is made of both in ``compute``)."""
     position: GroupStats = field(default_factory=_drift_groups)
     """Keyed by the position in the sequence: 0 first step, 1 middle, 2 last."""
     train_rows: Sum = field(default_factory=Sum)
+    tagged: Sum = field(default_factory=Sum)
+    """Train rows with a drift that name their epoch and minibatch (the provenance check can find its rows)."""
+    held: Sum = field(default_factory=Sum)
+    """Minibatches (iteration, epoch, minibatch) of the scan's first layer with a drift row."""
+    held_epochs: Sum = field(default_factory=Sum)
+    """Epochs (iteration, epoch) of the scan's first layer with a drift row."""
 
     def add(self, part: Chunk) -> None:
         self.train_rows.add(int((~part.train["padding"].astype(bool)).sum()) if len(part.train) else 0)
-        self.add_train(part.train)
+        self.add_train(part.train, count=True)
 
-    def add_train(self, train: Frame) -> None:
-        """Train rows as :func:`~lstm_probe.report.scan.read_scalars` reads them (any layers)."""
+    def add_train(self, train: Frame, count: bool = False) -> None:
+        """Train rows as :func:`~lstm_probe.report.scan.read_scalars` reads them (any layers); ``count``: count
+        the minibatches and epochs that hold them (runs hold whole iterations, so the counts add up)."""
         if not len(train):
             return
         kept = ~train["padding"].astype(bool) & ~np.isnan(train["drift_h"])
@@ -127,26 +146,23 @@ class StalenessTotals(Accumulator[Chunk]):
                 if not np.isnan(dc[mine]).all():
                     self.first_c.setdefault(int(lv), Max()).add(float(np.nanmax(dc[mine])))
         del first
-        _agg(self.epoch, names, module, layer, epoch, dh, dc)
-        # update = order of the minibatch within its iteration (0 = before any optimizer step); runs hold
-        # whole iterations, so the order is the same as over the whole log
-        iteration = column("iteration")
-        named = ~(np.isnan(iteration) | np.isnan(epoch) | np.isnan(minibatch))
-        mb_key = row_key([iteration, epoch, minibatch])
-        del epoch, minibatch
-        if mb_key is not None and named.any():
-            inv, n_mb = groups(mb_key[named])
-            it = np.empty(n_mb, iteration.dtype)
-            it[inv] = iteration[named]  # sorted: minibatches come in iteration order
-            update = np.full(len(mb_key), np.nan, np.float32)
-            update[named] = (np.arange(n_mb) - np.searchsorted(it, it, side="left"))[inv]
-            del mb_key, inv, it, iteration
-            _agg(self.update, names, module, layer, update, dh, dc)
-            del update
+        _agg(self.epoch, names, module, layer, [epoch], dh, dc)
+        named = ~(np.isnan(epoch) | np.isnan(minibatch))
+        self.tagged.add(int(named.sum()))
+        # by the minibatch's epoch and index in it: compute() orders them, gaps left where a minibatch has no row
+        _agg(self.update, names, module, layer, [epoch, minibatch], dh, dc)
+        if count and named.any():
+            iteration = column("iteration")
+            named &= ~np.isnan(iteration)
+            for cols, into in (([iteration, epoch, minibatch], self.held), ([iteration, epoch], self.held_epochs)):
+                key = dense_key([c[named] for c in cols])
+                into.add(groups(key)[1] if len(key) else 0)
+            del iteration
+        del epoch, minibatch, named
         t, seq_len = column("t"), column("seq_len")
         code = np.where(t == 0, 0, np.where(t == seq_len - 1, 2, 1)).astype(np.int8)
         del t, seq_len
-        _agg(self.position, names, module, layer, code, dh, dc)
+        _agg(self.position, names, module, layer, [code], dh, dc)
 
 
 def _agg(
@@ -154,27 +170,114 @@ def _agg(
     names: list[str],
     module: np.ndarray,
     layer: np.ndarray,
-    key: np.ndarray,
+    keys: list[np.ndarray],
     dh: np.ndarray,
     dc: np.ndarray,
 ) -> None:
-    """Rows, count, sum and max of each drift per (module, layer, key); null keys left out."""
-    keep = present(key)
-    mod, lay, key = module[keep], layer[keep], key[keep]
-    by = labelled_groups([mod, lay, key])
-    assert by is not None  # a module code, a layer and one small key
-    inv, n_groups, (mod_g, lay_g, key_g) = by  # each group's labels, read off its key
+    """Rows, count, sum and max of each drift per (module, layer, *keys); rows with a null key left out."""
+    keep: Any = slice(None)
+    for key in keys:
+        here = present(key)
+        if not isinstance(here, slice):
+            keep = here if isinstance(keep, slice) else keep & here
+    if not isinstance(keep, slice) and not keep.any():
+        return
+    by = labelled_groups([module[keep], layer[keep], *(key[keep] for key in keys)])
+    assert by is not None  # a module code, a layer and small keys
+    inv, n_groups, (mod_g, lay_g, *key_g) = by  # each group's labels, read off its key
     rows = np.bincount(inv, minlength=n_groups)
     stats = np.c_[rows, group_stats(inv, n_groups, [dh[keep], dc[keep]], rows)]
-    for m, lv, k, s in zip(mod_g.tolist(), lay_g.tolist(), key_g.tolist(), stats, strict=True):
-        into.add((str(names[int(m)]), int(lv), float(k)), s)
+    labels = zip(mod_g.tolist(), lay_g.tolist(), *(k.tolist() for k in key_g), strict=True)
+    for (m, lv, *k), s in zip(labels, stats, strict=True):
+        into.add((str(names[int(m)]), int(lv), *(float(v) for v in k)), s)
 
 
 LABELS: dict[str, Callable[[float], Any]] = {
     "epoch": lambda k: k,
-    "update": int,
     "position": lambda k: POSITIONS[int(k)],
 }
+
+
+def _count(value: object) -> int:
+    """A count from the log's metadata (a file may hold anything there): 0 unless a positive int."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def minibatches_per_epoch(meta: dict[str, Any], caps: Capabilities) -> int | None:
+    """Minibatches in an epoch as a log's metadata states them; None where it does not. The hyperparameters'
+    ``num_mini_batches``; for a rollout buffer cut into ``batch_size`` pieces, ceil(n_steps * n_envs /
+    batch_size); else the what-if record's count."""
+    hp = meta.get("hyperparameters")
+    hp = hp if isinstance(hp, dict) else {}
+    if n := _count(hp.get("num_mini_batches")):
+        return n
+    if caps.rollout_buffer:
+        steps, size = _count(hp.get("n_steps")), _count(hp.get("batch_size"))
+        envs = _count(hp.get("n_envs")) or _count(meta.get("n_envs"))
+        if steps and size and envs:
+            return -(-steps * envs // size)
+    what_if = meta.get("what_if")
+    sampling = what_if.get("sampling") if isinstance(what_if, dict) else None
+    return (_count(sampling.get("minibatches_per_epoch")) or None) if isinstance(sampling, dict) else None
+
+
+def kept_envs(meta: dict[str, Any]) -> int | None:
+    """K of a log that keeps the rows of envs 0..K-1 alone (``--trace-envs K --other-envs none``, fewer than its
+    envs); None where every env has rows."""
+    capture = meta.get("capture")
+    k = traced_envs(capture)
+    if k is None or not isinstance(capture, dict) or capture.get("other_envs") != "none":
+        return None
+    n = _count(meta.get("n_envs"))
+    return None if n and k >= n else k
+
+
+def _indices(values: list[int], per_epoch: int | None) -> str:
+    """'minibatches 1 and 3 of 4 per epoch'."""
+    words = [str(v) for v in values]
+    listed = words[0] if len(words) == 1 else f"{', '.join(words[:-1])} and {words[-1]}"
+    of = f" of {per_epoch} per epoch" if per_epoch else ""
+    return f"minibatch{'es' if len(words) > 1 else ''} {listed}{of}"
+
+
+def _provenance_note(tagged: int, kept: int | None, first_epoch: list[int], per_epoch: int | None) -> str:
+    """Why no train row could be checked against its rollout state before the first optimizer step
+    (``first_epoch``: the minibatches of epoch 0 with drift rows)."""
+    if not tagged:
+        return (
+            "no train row with a drift is tagged with its epoch and minibatch, so none is known to come before the "
+            "first optimizer step (tag the train calls with epoch and minibatch)"
+        )
+    if kept is not None:
+        fell = f"; in epoch 0 they fell in {_indices(first_epoch, per_epoch)}" if first_epoch else ""
+        return (
+            f"envs 0..{kept - 1}, the only envs with rows in this log (--trace-envs {kept} --other-envs none), were "
+            f"in no update's first minibatch (epoch 0, minibatch 0: the only one before any optimizer step{fell}); "
+            "--other-envs summary keeps every env's rows and checks every env"
+        )
+    return (
+        "no train row tagged epoch 0 and minibatch 0 (the minibatch before any optimizer step; epochs and "
+        "minibatches count from 0) was paired with the rollout state of its env step"
+    )
+
+
+def _drift_from(kept: int, seen: list[int], per_epoch: int | None, acc: StalenessTotals) -> str:
+    """Which minibatches the drifts come from in a log that keeps only some envs' rows."""
+    if len(seen) == 1:
+        which = f"minibatch {seen[0]}{f' (of {per_epoch})' if per_epoch else ''} of each epoch only"
+        if seen[0] == 0:
+            which += " (epoch 0's is the minibatch before any optimizer step: its drift is the provenance check's)"
+    elif not seen:
+        which = "the minibatches that held them"
+    elif acc.held.value and acc.held.value == acc.held_epochs.value:
+        which = f"one minibatch of each epoch, whichever held them ({_indices(seen, per_epoch)})"
+    else:
+        held = f"{acc.held.value:,} minibatches in {acc.held_epochs.value:,} epochs" if acc.held.value else "those"
+        which = f"{held}, those that held them ({_indices(seen, per_epoch)})"
+    return (
+        f"this log keeps the rows of envs 0..{kept - 1} alone (--trace-envs {kept} --other-envs none): these "
+        f"drifts come from {which}, not from every minibatch; --other-envs summary keeps every env's drift"
+    )
 
 
 class Staleness(Section[StalenessSection]):
@@ -211,23 +314,40 @@ class Staleness(Section[StalenessSection]):
         bound = provenance_tolerance(log.meta)
         ok = None if first_h is None else bool(max(first_h, first_c or 0.0) <= bound)
         out: dict[str, list[dict[str, Any]]] = {}
-        for label, grouped in drift.items():
+        for label in ("epoch", "position"):
             rows: list[dict[str, Any]] = []
-            for (module, layer, k), s in sorted(grouped.items()):
+            for (module, layer, k), s in sorted(drift[label].items()):
                 row = {"module": module, "layer": layer, label: LABELS[label](k), "rows": int(s[0])}
                 rows.append(row | mean_max(s, 1, "drift_h") | mean_max(s, 4, "drift_c"))
             out[label] = rows
+        seen = sorted({int(k[3]) for k in acc.update})
+        per_epoch = max(minibatches_per_epoch(log.meta, log.caps) or 0, seen[-1] + 1 if seen else 0) or None
+        by_update = []
+        for (module, layer, ep, mb), s in acc.update.items():
+            order = int(ep) * (per_epoch or 1) + int(mb)
+            row = {"module": module, "layer": layer, "update": order, "epoch": int(ep), "minibatch": int(mb)}
+            by_update.append(row | {"rows": int(s[0])} | mean_max(s, 1, "drift_h") | mean_max(s, 4, "drift_c"))
+        by_update.sort(key=lambda r: (r["module"], r["layer"], r["update"]))
+        kept = kept_envs(log.meta)
+        note = None
+        if ok is None and out["position"]:
+            first_epoch = sorted({int(k[3]) for k in acc.update if k[2] == 0})
+            note = _provenance_note(acc.tagged.value, kept, first_epoch, per_epoch)
         return StalenessSection(
             sum(acc.first_rows.values()),
             first_h,
             first_c,
             ok,
             out["epoch"],
-            out["update"],
+            by_update,
             out["position"],
             per_layer,
             provenance_tolerance=bound,
             train_rows=acc.train_rows.value,
+            minibatches_per_epoch=per_epoch,
+            provenance_note=note,
+            drift_minibatches=seen,
+            drift_from=None if kept is None or not out["epoch"] else _drift_from(kept, seen, per_epoch, acc),
         )
 
     def unavailable(self, data: StalenessSection, log: Log) -> list[str]:
@@ -239,10 +359,7 @@ class Staleness(Section[StalenessSection]):
                 "step (an own loop: tag env and env_step on its rollout and train calls, and keep lstm_probe.trace()'s "
                 "default reference_window)"
             ]
-        return [
-            "the provenance check: no train row is tagged epoch 0 and minibatch 0, the minibatch before any optimizer "
-            "step (tag the train calls with epoch and minibatch)"
-        ]
+        return [f"the provenance check: {data.provenance_note}"] if data.provenance_note else []
 
     def warnings(self, data: StalenessSection, log: Log) -> list[str]:
         if data.provenance_ok is not False:
@@ -294,24 +411,29 @@ class Staleness(Section[StalenessSection]):
 
     def text(self, data: StalenessSection, caps: Capabilities) -> list[Block]:
         st = data
-        if st.provenance_ok is None:
+        if st.provenance_ok is None and not st.by_position:
             return []
-        status = "[green]OK[/]" if st.provenance_ok else "[red]FAILED[/]"
-        tf32 = ": cuDNN ran the LSTMs in TF32" if st.provenance_tolerance == TF32_PROVENANCE_TOLERANCE else ""
         layered = len(st.provenance_by_layer) > 1 or any(row["layer"] for row in st.by_epoch)
-        parts = []
-        for r in st.provenance_by_layer:
-            c = "" if r["max_drift_c"] is None else f", c {r['max_drift_c']:.2g}"
-            layer = f"layer {r['layer']}: " if layered else ""
-            parts.append(f"{layer}h {r['max_drift_h']:.2g}{c} over {r['rows']:,} rows")
-        out: list[Block] = [
-            Line(
-                "provenance check (first minibatch of epoch 0, before any optimizer step): largest relative "
-                "difference ||train - rollout|| / ||rollout|| between a train state and the rollout state of the "
-                f"same env step: {'; '.join(parts)} {status} (allowed {st.provenance_tolerance:g}{tf32})",
-                soft_wrap=True,
+        check = "provenance check (first minibatch of epoch 0, before any optimizer step)"
+        out: list[Block] = []
+        if st.provenance_ok is None:
+            out.append(Line(f"{check}: not made: {safe(st.provenance_note or 'no train row of that minibatch')}"))
+        else:
+            status = "[green]OK[/]" if st.provenance_ok else "[red]FAILED[/]"
+            tf32 = ": cuDNN ran the LSTMs in TF32" if st.provenance_tolerance == TF32_PROVENANCE_TOLERANCE else ""
+            parts = []
+            for r in st.provenance_by_layer:
+                c = "" if r["max_drift_c"] is None else f", c {r['max_drift_c']:.2g}"
+                layer = f"layer {r['layer']}: " if layered else ""
+                parts.append(f"{layer}h {r['max_drift_h']:.2g}{c} over {r['rows']:,} rows")
+            out.append(
+                Line(
+                    f"{check}: largest relative difference ||train - rollout|| / ||rollout|| between a train state "
+                    f"and the rollout state of the same env step: {'; '.join(parts)} {status} (allowed "
+                    f"{st.provenance_tolerance:g}{tf32})",
+                    soft_wrap=True,
+                )
             )
-        ]
         has_c = any(not np.isnan(row["drift_c_mean"]) for row in st.by_epoch)
         rows = tuple(
             (safe(row["module"]),)
@@ -320,34 +442,38 @@ class Staleness(Section[StalenessSection]):
             + ((fmt(row["drift_c_mean"]), fmt(row["drift_c_max"])) if has_c else ())
             for row in st.by_epoch
         )
-        out.append(
-            Table(
-                "Staleness: relative L2 drift ||train - rollout|| / ||rollout|| of train states from the rollout "
-                "states of the same env step, by epoch",
-                ("module",)
-                + (("layer",) if layered else ())
-                + ("epoch", "rows", "h mean", "h max")
-                + (("c mean", "c max") if has_c else ()),
-                rows,
-            )
+        table = Table(
+            "Staleness: relative L2 drift ||train - rollout|| / ||rollout|| of train states from the rollout "
+            "states of the same env step, by epoch",
+            ("module",)
+            + (("layer",) if layered else ())
+            + ("epoch", "rows", "h mean", "h max")
+            + (("c mean", "c max") if has_c else ()),
+            rows,
         )
+        if rows:
+            out.append(table)
 
         def name(row: dict[str, Any]) -> str:
             return f"{safe(row['module'])}{' layer ' + str(row['layer']) if layered else ''}"
 
         pos = ", ".join(f"{name(r)} {r['position']}: {fmt(r['drift_h_mean'])}" for r in st.by_position)
         out.append(Line(f"mean h drift by position in sequence: {pos}"))
+        per_epoch = st.minibatches_per_epoch
+        order = f"epoch x {per_epoch} + minibatch; " if per_epoch and per_epoch > 1 else ""
         for module, layer in dict.fromkeys((r["module"], r["layer"]) for r in st.by_update):
             steps = [r for r in st.by_update if r["module"] == module and r["layer"] == layer]
             shown = ", ".join(f"{int(r['update'])}: {fmt(r['drift_h_mean'])}" for r in steps[:SHOWN_UPDATES])
             more = f", ... {len(steps) - SHOWN_UPDATES} more" if len(steps) > SHOWN_UPDATES else ""
             out.append(
                 Line(
-                    f"mean h drift of {name(steps[0])} by minibatch order in an iteration (0 = before any optimizer "
-                    f"step): {shown}{more}",
+                    f"mean h drift of {name(steps[0])} by minibatch order in an iteration ({order}0 = before any "
+                    f"optimizer step): {shown}{more}",
                     soft_wrap=True,
                 )
             )
+        if st.drift_from:
+            out.append(Line(safe(st.drift_from), soft_wrap=True))
         return out
 
 
