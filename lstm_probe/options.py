@@ -325,11 +325,17 @@ class TrainOptions:
     steps: int = option(250, "Env steps to train (total_timesteps).")
     seed: int | None = option(0, "Seed for the algorithm and the envs.")
     n_envs: int = option(1, "Number of parallel envs.")
-    n_steps: int | None = option(None, "Rollout length per env.", shown="128, sb3-contrib's")
-    batch_size: int | None = option(None, "Minibatch size.", shown="128")
-    n_epochs: int | None = option(None, "Epochs per update.", shown="10")
-    learning_rate: float | None = option(None, "Learning rate.", shown="3e-4")
-    hidden_size: int | None = option(None, "LSTM hidden size.", shown="256")
+    n_steps: int | None = option(
+        None, "Rollout length per env.", shown="the framework's: sb3, torchrl and rllib 128, rsl_rl 24"
+    )
+    batch_size: int | None = option(
+        None,
+        "Minibatch size.",
+        shown="sb3 and rllib 128, rsl_rl a quarter of the rollout, torchrl the whole collector batch",
+    )
+    n_epochs: int | None = option(None, "Epochs per update.", shown="sb3 and rllib 10, rsl_rl 5, torchrl 4")
+    learning_rate: float | None = option(None, "Learning rate.", shown="3e-4, rsl_rl 1e-3, rllib its own")
+    hidden_size: int | None = option(None, "LSTM hidden size.", shown="sb3 and rllib 256, rsl_rl 64, torchrl 32")
     shared_lstm: bool = option(False, "One LSTM for actor and critic.")
     torch_threads: int | None = option(
         None,

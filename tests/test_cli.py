@@ -239,7 +239,10 @@ def test_help_shows_every_default_and_extra(command):
         assert "[default:" in entry, entry
     text = " ".join(r.stdout.split())
     if command == "run":
-        assert "'.[rllib]'" in text and "Rollout length per env. [default: 128, sb3-contrib's]" in text
+        assert "'.[rllib]'" in text
+        # each framework's own default, named (rsl_rl's 64-unit RNN read as "256" for every framework)
+        assert "LSTM hidden size. [default: sb3 and rllib 256, rsl_rl 64, torchrl 32]" in text
+        assert "Rollout length per env. [default: the framework's: sb3, torchrl and rllib 128, rsl_rl 24]" in text
         assert "--torch-threads" in text and "sb3 on CPU: 1" in text
     if command == "report":
         assert "the extra html, pip install '.[html]'" in text
