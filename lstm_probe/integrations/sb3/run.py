@@ -15,6 +15,7 @@ from typing import Any
 from lstm_probe.capture import life
 from lstm_probe.deploy import saved
 from lstm_probe.errors import BadInput, ProbeError, one_line
+from lstm_probe.integrations import devices
 from lstm_probe.integrations.sb3.options import Build, Measure
 from lstm_probe.log.layout import check_output
 from lstm_probe.options import (
@@ -94,12 +95,7 @@ def build(env_id: str, train: TrainOptions | None = None, build_options: Build |
     if torch_threads is not None:
         torch.set_num_threads(torch_threads)
     if device != "auto":
-        try:
-            torch.device(device)
-        except RuntimeError as exc:
-            raise BadInput(f"--device {device!r}: {exc}") from None
-        if device.startswith("cuda") and not torch.cuda.is_available():
-            raise BadInput(f"--device {device}: CUDA is not available here; use --device cpu")
+        devices.checked(device)  # sb3 resolves "auto" itself
     given_pk = kwargs.get("policy_kwargs")
     pk: dict[str, Any] = given_pk if isinstance(given_pk, dict) else {}
     check_size(  # before the envs are made (65,536 of them take a minute)
