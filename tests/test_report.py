@@ -228,6 +228,28 @@ def test_nan_states_are_data(tmp_path):
     assert any("NaN" in f for f in rep.findings)
 
 
+def test_the_first_non_finite_state_is_located(tmp_path):
+    """Where NaN or inf first appeared (the run's first bad rollout state, in call order), so that one
+    ``load(env=..., episode=...)`` reads it: env 1 of iteration 2, then every env."""
+    m = nn.LSTM(2, 4)
+    path = tmp_path / "nan.parquet"
+    with torch.no_grad(), lstm_probe.trace(m, path) as probe:
+        with probe.tag(phase="rollout", iteration=1, env=[0, 1], env_step=[0, 0], episode=[0, 0], episode_step=[0, 0]):
+            m(torch.randn(1, 2, 2))
+        with probe.tag(phase="rollout", iteration=2, env=[0, 1], env_step=[7, 7], episode=[0, 3], episode_step=[7, 2]):
+            x = torch.randn(1, 2, 2)
+            x[0, 1] = float("nan")
+            m(x)
+        with probe.tag(phase="rollout", iteration=2, env=[0, 1], env_step=[8, 8], episode=[0, 3], episode_step=[8, 3]):
+            m(torch.full((1, 2, 2), float("nan")))
+    layer = summarize(path).health.layers[0]
+    assert layer["nan_or_inf_rows"] == 3
+    where = {"call": 1, "iteration": 2, "env": 1, "env_step": 7, "episode": 3, "episode_step": 2}
+    assert layer["first_nan_or_inf"] == where
+    (line,) = [f for f in summarize(path).findings if "NaN" in f]
+    assert line.endswith("the first at iteration 2, env 1, env step 7, episode 3, its step 2, call 1")
+
+
 def test_foreign_parquet_with_lstm_like_columns(tmp_path):
     t = pa.table({"call": [1], "h": [[0.1]]})
     pq.write_table(t, tmp_path / "f.parquet")

@@ -176,6 +176,60 @@ class HealthTotals(Accumulator[pa.RecordBatch]):
             self.norms.add((str(names[int(m)]), int(layer), int(iteration)), values)
 
 
+WHERE = ("call", "iteration", "env", "env_step", "episode", "episode_step")
+"""What says where a module's first non-finite rollout state is (``first_nan_or_inf``)."""
+
+
+def first_non_finite(data: ds.Dataset) -> dict[tuple[str, int], dict[str, int | None]]:
+    """Per (module, layer), where its first rollout row (in call order) with a NaN or inf h is: the rows the
+    health section counts in ``nan_or_inf_rows``, read again (only where some exist) with the columns that say
+    where they are."""
+    import pyarrow.compute as pc
+
+    norm = ds.field("h_norm")
+    bad = (ds.field("phase") == "rollout") & (pc.invert(pc.is_finite(norm)) | norm.is_null())
+    columns = ["module", "layer", *(c for c in WHERE if c in data.schema.names)]
+    if "call" not in columns:
+        return {}
+    budget.check_filtered(data, columns, bad, "the state-health read of non-finite rows")
+    table = budget.read(data, columns, bad)
+    if not table.num_rows:
+        return {}
+    enc = table.column("module").combine_chunks().dictionary_encode()
+    codes = enc.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    layers = table.column("layer").combine_chunks().fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    calls = table.column("call").combine_chunks().fill_null(np.iinfo(np.int64).max).to_numpy(zero_copy_only=False)
+    key = (codes + 1) * (1 << 32) + (layers - np.iinfo(np.int32).min)
+    order = np.lexsort((calls, key))  # by (module, layer), then call: each key's first row leads its run
+    lead = order[np.flatnonzero(np.r_[True, key[order][1:] != key[order][:-1]])]
+    out: dict[tuple[str, int], dict[str, int | None]] = {}
+    for i in lead.tolist():
+        row = table.slice(i, 1).to_pylist()[0]
+        name = (str(row["module"]), int(row["layer"]) if row["layer"] is not None else -1)
+        out[name] = {c: (int(row[c]) if row.get(c) is not None else None) for c in WHERE if c in row}
+    return out
+
+
+def _where(layer: dict[str, Any]) -> str:
+    """', the first at iteration 3, env 17, env step 903, episode 4, its step 12, call 5,210': where
+    ``first_nan_or_inf`` says; '' where it is unknown."""
+    at = layer.get("first_nan_or_inf")
+    if not at:
+        return ""
+    parts = [
+        f"{name.replace('_', ' ')} {at[name]:,}"
+        for name in ("iteration", "env", "env_step")
+        if at.get(name) is not None
+    ]
+    episode = at.get("episode")
+    if episode is not None:
+        step = at.get("episode_step")
+        parts.append(f"episode {episode:,}" + (f", its step {step:,}" if step is not None and step >= 0 else ""))
+    if at.get("call") is not None:
+        parts.append(f"call {at['call']:,}")
+    return f", the first at {', '.join(parts)}" if parts else ""
+
+
 class Health(Section[HealthSection]):
     key = "health"
     alongside = True
@@ -211,6 +265,11 @@ class Health(Section[HealthSection]):
             if batch.num_rows:
                 totals.add(batch)
         layers = [unit.result(module, layer) for (module, layer), unit in sorted(totals.units.items())]
+        if any(layer["nan_or_inf_rows"] for layer in layers):  # where it began: read only where it happened
+            first = first_non_finite(data)
+            for layer in layers:
+                if layer["nan_or_inf_rows"] and (layer["module"], layer["layer"]) in first:
+                    layer["first_nan_or_inf"] = first[(layer["module"], layer["layer"])]
         norms = []
         for (module, layer, iteration), s in sorted(totals.norms.items()):
             row = {"module": module, "layer": layer, "iteration": iteration}
@@ -239,7 +298,7 @@ class Health(Section[HealthSection]):
             if layer.get("saturated_share", 0) > 0.05:
                 out.append(f"{layer['saturated_share']:.0%} of {name}'s h values are saturated (|h| > {SATURATION})")
             if layer["nan_or_inf_rows"]:
-                out.append(f"{layer['nan_or_inf_rows']} rollout rows of {name} hold NaN or inf states")
+                out.append(f"{layer['nan_or_inf_rows']} rollout rows of {name} hold NaN or inf states{_where(layer)}")
         return out
 
     def text(self, data: HealthSection, caps: Capabilities) -> list[Block]:
