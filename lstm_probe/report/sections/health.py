@@ -266,7 +266,10 @@ class Health(Section[HealthSection]):
                 totals.add(batch)
         layers = [unit.result(module, layer) for (module, layer), unit in sorted(totals.units.items())]
         if any(layer["nan_or_inf_rows"] for layer in layers):  # where it began: read only where it happened
-            first = first_non_finite(data)
+            try:
+                first = first_non_finite(data)
+            except BadLog:  # their rows would not fit the memory budget: counted, not located
+                first = {}
             for layer in layers:
                 if layer["nan_or_inf_rows"] and (layer["module"], layer["layer"]) in first:
                     layer["first_nan_or_inf"] = first[(layer["module"], layer["layer"])]
