@@ -263,6 +263,9 @@ def test_cli_with_ray_actors(tmp_path: Path) -> None:
     assert doc["run"]["framework"] == "rllib" and doc["run"]["completed"] is True
     df = lstm_probe.load(tmp_path / "cp", vectors=False)
     assert set(df.loc[df["phase"] == "rollout", "worker"]) == {1}
+    # load(worker=...): one env runner's rows (each runner's envs are 0..N-1 of its own)
+    runner = lstm_probe.load(tmp_path / "cp", worker=1, env=0, vectors=False)
+    assert len(runner) == ((df["worker"] == 1) & (df["env"] == 0)).sum() > 0
     assert set(df.loc[df["phase"] == "train", "learner"]) == {0}
     # call ids are unique across processes: learner ids live in their own block
     assert df.loc[df["phase"] == "train", "call"].min() >= rllib.LEARNER_BLOCK * rllib.CALL_BLOCK

@@ -435,17 +435,19 @@ def load(
     layer: int | list[int] | None = None,
     env: int | list[int] | None = None,
     episode: int | list[int] | None = None,
+    worker: int | list[int] | None = None,
     columns: list[str] | None = None,
     vectors: bool = True,
 ) -> pd.DataFrame:
     """The log's rows as a pandas DataFrame, optionally filtered; ``vectors=False`` skips the vector columns
-    (h, c, obs, info).
+    (h, c, obs, info). ``worker``: the process that wrote the rows where several did (RLlib's env runners, each
+    with envs 0..N-1 of its own: ``worker=1, env=0, episode=3`` is one episode).
 
     Each filter reads only the row groups that can hold its values (``env=0, episode=12``: one episode's
     rows of a large log, not a scan of every row group; see :func:`narrow`). A vector column that most rows
     leave null (a ``--trace-envs K`` log's h and c) holds its stored vectors alone (:mod:`log.sparse`)."""
     _check_arguments(
-        {"iteration": iteration, "layer": layer, "env": env, "episode": episode},
+        {"iteration": iteration, "layer": layer, "env": env, "episode": episode, "worker": worker},
         {"phase": phase, "module": module},
         columns,
     )
@@ -455,6 +457,8 @@ def load(
         if value is not None and (values := _values(value))
     }
     filt = _filter(phase=phase, module=module, iteration=iteration, layer=layer, env=env, episode=episode)
+    if worker is not None:  # every log has the column (null where one process wrote it: no row then)
+        filt = _filter(filt, worker=worker)
     return _load(path, columns, vectors, filt, within)
 
 
