@@ -227,3 +227,9 @@ def test_cli_run_what_if_and_report(tmp_path):
         [*run, "--info", "x", "--out", str(tmp_path / "m.parquet")], capture_output=True, text=True
     )
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "--info" in refused.stderr
+    # --batch-size: the run trains each collector batch whole; it was taken and ignored
+    refused = subprocess.run(
+        [*run, "--batch-size", "64", "--out", str(tmp_path / "b.parquet")], capture_output=True, text=True
+    )
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "--batch-size" in refused.stderr
+    assert "Traceback" not in refused.stderr and not (tmp_path / "b.parquet").exists()

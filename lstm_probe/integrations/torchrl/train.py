@@ -188,6 +188,11 @@ def run(
     trl = settle(Measure, measure, own)
     if trl.info_keys:
         raise BadInput("--info is not built for --framework torchrl yet (--capture-obs keeps the observations)")
+    if t.batch_size is not None:
+        raise BadInput(
+            "--batch-size: the torchrl run trains on each collector batch whole (n_envs x n_steps, one minibatch "
+            "of whole trajectories); set --n-steps or --n-envs instead"
+        )
     check_envs(opts, t)
     check_output(Path(os.fspath(opts.out)), force=opts.force, is_dir=opts.directory)  # before anything is built
     saved_as = saved.beside(opts.out, "model.pt")  # the policy's state dicts, for `lstm-probe export`
