@@ -327,3 +327,22 @@ def test_rsl_rl_other_envs_none_orders_minibatches_by_their_position_and_says_wh
     words = " ".join(r.stdout.replace("│", " ").split())
     assert " ".join(st["drift_from"].split()) in words
     assert f"0 = before any optimizer step): 0: 0, {per_epoch}: " in words
+
+
+def test_torchrl_other_envs_none_trains_every_minibatch_on_the_kept_envs(tmp_path):
+    """TorchRL's run trains each collector batch whole: one minibatch an epoch, which holds every env, kept or
+    not. A --other-envs none log's drifts are then every minibatch's, and no line says they come from some only;
+    the epochs of the staleness table are integers in the JSON, as by_update's are (they read 0.0)."""
+    pytest.importorskip("torchrl")
+    out = tmp_path / "none.parquet"
+    cmd = [sys.executable, "-m", "lstm_probe", "run", "CartPole-v1", "--framework", "torchrl", "--n-envs", "4"]
+    cmd += ["--n-steps", "16", "--steps", "128", "--hidden-size", "8", "--capture", "summary", "--trace-envs", "2"]
+    cmd += ["--other-envs", "none", "--out", str(out)]
+    env = {**__import__("os").environ, "OMP_NUM_THREADS": "1"}
+    made = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    assert made.returncode == 0, made.stderr
+    j = subprocess.run([sys.executable, "-m", "lstm_probe.cli", "report", str(out), "--json"], capture_output=True)
+    assert j.returncode == 0, j.stderr
+    st = _strict_json(j.stdout.decode())["staleness"]
+    assert st["minibatches_per_epoch"] == 1 and st["by_epoch"] and st["drift_from"] is None
+    assert all(type(row["epoch"]) is int for row in st["by_epoch"])

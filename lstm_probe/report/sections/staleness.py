@@ -193,7 +193,7 @@ def _agg(
 
 
 LABELS: dict[str, Callable[[float], Any]] = {
-    "epoch": lambda k: k,
+    "epoch": lambda k: int(k) if k == k else None,  # an integer, as by_update's (it read 0.0)
     "position": lambda k: POSITIONS[int(k)],
 }
 
@@ -261,6 +261,11 @@ def _provenance_note(tagged: int, kept: int | None, first_epoch: list[int], per_
     )
 
 
+def every_minibatch(acc: StalenessTotals, per_epoch: int | None) -> bool:
+    """Whether the kept envs' rows were in every minibatch of every epoch that has any."""
+    return bool(per_epoch and acc.held.value and acc.held.value == acc.held_epochs.value * per_epoch)
+
+
 def _drift_from(kept: int, seen: list[int], per_epoch: int | None, acc: StalenessTotals) -> str:
     """Which minibatches the drifts come from in a log that keeps only some envs' rows."""
     if len(seen) == 1:
@@ -271,9 +276,14 @@ def _drift_from(kept: int, seen: list[int], per_epoch: int | None, acc: Stalenes
         which = "the minibatches that held them"
     elif acc.held.value and acc.held.value == acc.held_epochs.value:
         which = f"one minibatch of each epoch, whichever held them ({_indices(seen, per_epoch)})"
+    elif acc.held.value and per_epoch:
+        which = (
+            f"the {acc.held.value:,} of the {acc.held_epochs.value * per_epoch:,} minibatches of their "
+            f"{acc.held_epochs.value:,} epochs that held them (which ones changed from epoch to epoch: "
+            f"{_indices(seen, per_epoch)})"
+        )
     else:
-        held = f"{acc.held.value:,} minibatches in {acc.held_epochs.value:,} epochs" if acc.held.value else "those"
-        which = f"{held}, those that held them ({_indices(seen, per_epoch)})"
+        which = f"the minibatches that held them ({_indices(seen, per_epoch)})"
     return (
         f"this log keeps the rows of envs 0..{kept - 1} alone (--trace-envs {kept} --other-envs none): these "
         f"drifts come from {which}, not from every minibatch; --other-envs summary keeps every env's drift"
@@ -347,7 +357,10 @@ class Staleness(Section[StalenessSection]):
             minibatches_per_epoch=per_epoch,
             provenance_note=note,
             drift_minibatches=seen,
-            drift_from=None if kept is None or not out["epoch"] else _drift_from(kept, seen, per_epoch, acc),
+            # none where every minibatch held the kept envs (one minibatch an epoch: TorchRL's run)
+            drift_from=None
+            if kept is None or not out["epoch"] or every_minibatch(acc, per_epoch)
+            else _drift_from(kept, seen, per_epoch, acc),
         )
 
     def unavailable(self, data: StalenessSection, log: Log) -> list[str]:
