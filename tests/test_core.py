@@ -1,6 +1,7 @@
 """The core's contract: provenance of every row, proven by the rollout/train oracle."""
 
 import json
+from datetime import datetime
 
 import numpy as np
 import pandas as pd
@@ -143,6 +144,12 @@ def test_metadata_and_plain_pandas(runs_dir):
     assert run["architecture"]["critic"] == "lstm"
     info = lstm_probe.read_info(result.path)
     assert info.completed and info.metadata["end_time"] and info.rows == len(df)
+    # to the millisecond: the Run section's wall of a run under a second read "0 s"
+    start, end = (datetime.fromisoformat(info.metadata[k]) for k in ("start_time", "end_time"))
+    assert start.microsecond % 1000 == 0 and lstm_probe.summarize(result.path).run.wall_seconds == pytest.approx(
+        (end - start).total_seconds()
+    )
+    assert 0 < (end - start).total_seconds() < 600 and "." in info.metadata["end_time"]
     assert info.metadata["versions"]["sb3_contrib"]
     # floats byte-stream-split, integers delta-encoded (standard Parquet encodings; ~25% smaller logs)
     group = pq.ParquetFile(result.path).metadata.row_group(0)

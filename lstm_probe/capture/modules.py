@@ -98,5 +98,5 @@ def base_metadata() -> dict[str, Any]:
         "schema_version": SCHEMA_VERSION,
         "lstm_probe_version": __version__,
         "versions": versions,
-        "start_time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "start_time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds"),
     }

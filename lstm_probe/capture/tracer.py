@@ -187,7 +187,7 @@ class CoreTracer:
         final = {
             "completed": completed,
             "stop_reason": stop_reason,
-            "end_time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "end_time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds"),
             "unsupported_calls": self.unsupported_calls,
             **({"empty_calls": self.empty_calls} if self.empty_calls else {}),
             "probe_cost": {
