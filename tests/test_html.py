@@ -48,7 +48,7 @@ def test_choices_default_and_explicit(page, tmp_path):
     assert p.iteration == 2 and p.env == 0 and p.episode == 0  # 2 envs x 32 steps: 3 iterations in 192 steps
     p2 = build_html(result.path, tmp_path / "x.html", iteration=0, env=1)
     assert p2.iteration == 0 and p2.env == 1
-    with pytest.raises(BadInput, match="--iteration 99 is not in the log"):
+    with pytest.raises(BadInput, match=r"--iteration 99 is not in the log; it holds iterations 0\.\.2 \(drop"):
         build_html(result.path, tmp_path / "y.html", iteration=99)
     with pytest.raises(BadInput, match="--episode 7 is not in the log"):
         build_html(result.path, tmp_path / "y.html", episode=7)

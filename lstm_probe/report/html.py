@@ -114,7 +114,8 @@ def build_html(
         trained = _distinct(data, ["iteration"], first & STARTS)["iteration"]
         iteration = trained[-1] if trained else iters[-1]
     elif iteration is not None and iteration not in iters:
-        raise BadInput(f"--iteration {iteration} is not in the log; it holds iterations {iters[:1]}..{iters[-1:]}")
+        held = f"iterations {iters[0]}..{iters[-1]}" if iters else "no rollout rows"
+        raise BadInput(f"--iteration {iteration} is not in the log; it holds {held} (drop --iteration for the last)")
     if env is None and seen["env"]:
         env = seen["env"][0]
     elif env is not None and env not in seen["env"]:
