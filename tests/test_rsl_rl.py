@@ -311,6 +311,9 @@ def test_the_example_for_a_users_own_runner(tmp_path):
     df = lstm_probe.load(tmp_path / "ex.parquet", vectors=False)
     assert {"rollout", "bootstrap", "train", "predict"} <= set(df.phase)
     assert not lstm_probe.summarize(tmp_path / "ex.parquet").doctor.problems
+    # attach() on a runner the user built: the log says how many envs it has (the report's "env columns 0..7
+    # of 16" needs it; it said "0..7")
+    assert lstm_probe.read_info(tmp_path / "ex.parquet").metadata["n_envs"] == 16
 
 
 def test_more_minibatches_than_envs_trains_on_empty_ones_and_the_report_says_so(tmp_path):

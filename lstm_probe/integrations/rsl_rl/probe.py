@@ -132,12 +132,12 @@ class RslRlProbe(Probe):
         self.storage = alg.storage
         self.n = int(env.num_envs)
         self.steps_per_env = int(self.storage.num_transitions_per_env)
-        self._metadata = metadata
+        self._metadata = {"n_envs": self.n, **metadata}  # the env's own count where the caller gives none
         self.obs_groups: list[str] | None = None  # capture_obs: the actor's observation groups, flattened
         self._obs_next: np.ndarray | None = None  # the last env step's observation, on the host
         if self.measure.capture_obs:
             self.obs_groups = list(getattr(self._models()[0], "obs_groups", None) or ["policy"])
-            self._metadata = {**metadata, "obs_size": self._obs_size()}
+            self._metadata = {**self._metadata, "obs_size": self._obs_size()}
         self.envs = np.arange(self.n)
         self.env_step = np.zeros(self.n, np.int64)
         self.episode = np.zeros(self.n, np.int64)
