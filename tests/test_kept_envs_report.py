@@ -170,3 +170,44 @@ def test_doctor_says_a_state_changed_between_calls(tmp_path):
             assert doc.sources["root/rollout"]["other"] == 1 and doc.inside == {"root/rollout": 1}
     assert CLEAN in lines[False]
     assert CLEAN not in lines[True] and "1 at a later rollout call" in lines[True]
+
+
+def test_what_if_and_memory_say_they_measured_every_env_where_the_log_keeps_some(tmp_path):
+    """CartPole, 8 envs, env 0 kept, --what-if --memory: the what-if figures are of whole minibatches and the
+    memory horizons and episode lengths of all 8 envs (the probe measures them during training), while the BPTT
+    lengths and the drift are read from env column 0's rows. Each section (text and JSON), its findings and the
+    verdict say which figure is of which; a log that keeps every column says nothing of the kind."""
+    kw = dict(RUN, capture="summary", trace_envs=1, what_if=True, memory=True)
+    full = lstm_probe.run("CartPole-v1", tmp_path / "full.parquet", **kw)
+    none = lstm_probe.run("CartPole-v1", tmp_path / "none.parquet", other_envs="none", **kw)
+    a, b = lstm_probe.summarize(full.path), lstm_probe.summarize(none.path)
+    assert a.what_if.measured and b.what_if.measured and a.memory.measured and b.memory.measured
+    # a log with every column: unchanged
+    assert a.what_if.scope is None and a.memory.scope == {} and a.verdict.scope == {}
+    assert not any("every env's columns" in x or "all 8 envs" in x for x in [*a.findings, *a.verdict.lines])
+    # the what-if: whole minibatches, said in its JSON, text and finding
+    assert b.what_if.kept_envs == 1 and b.what_if.n_envs == 8
+    assert b.what_if.scope.startswith("every env's columns of the sampled minibatches")
+    assert "not only env column 0 of 8" in b.what_if.scope
+    assert b.to_dict()["what_if"]["scope"] == b.what_if.scope
+    [wi] = [f for f in b.findings if "stored states move" in f or "stored states leave" in f]
+    assert "measured on every env's columns of the sampled minibatches" in wi
+    # the memory: horizons and episodes of all 8 envs, BPTT of env column 0
+    assert b.memory.sampling["n_envs"] == 8 and b.memory.n_envs == 8 and b.memory.kept_envs == 1
+    scope = b.to_dict()["memory"]["scope"]
+    assert scope["horizons"].startswith("all 8 envs") and scope["episode_length"].startswith("all 8 envs")
+    assert scope["bptt"].startswith("env column 0 of 8")
+    mem = [f for f in b.findings if "depend on the last" in f or "depend further back" in f]
+    assert mem and all("measured on all 8 envs" in f for f in mem), b.findings
+    assert all("training sequences of env column 0 of 8" in f for f in mem if "gradients flow back" in f)
+    assert all("(median over all 8 envs)" in f for f in mem if "episodes last" in f)
+    # the verdict: the drift of env column 0, the what-if of whole minibatches
+    assert set(b.verdict.scope) == {"drift", "matters"}
+    [drift, matters] = b.verdict.lines[:2]
+    assert "training states of env column 0 of 8 (the only env columns with rows)" in drift
+    assert "measured on every env's columns of the sampled minibatches" in matters
+    words = _words(none.path)
+    assert "steps per env of all 8 envs" in words
+    assert "training sequences (BPTT) of env column 0 of 8 (the only env columns with rows)" in words
+    assert "episodes of all 8 envs: median" in words
+    assert "measured on every env's columns of the sampled minibatches (re-run during training), not only env " in words

@@ -231,5 +231,12 @@ def _summarize(path: str | os.PathLike[str], chunk_rows: int, progress: Progress
         capabilities=log.caps,
         findings=findings,
         unavailable=unavailable,
-        verdict=verdict(results.get("staleness"), results.get("what_if"), log.caps, results.get("cross_process")),
+        verdict=verdict(
+            results.get("staleness"),
+            results.get("what_if"),
+            log.caps,
+            results.get("cross_process"),
+            kept_envs=log.kept_envs,
+            n_envs=log.n_envs,
+        ),
     )

@@ -12,8 +12,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from lstm_probe.contract import Capabilities
+from lstm_probe.report.section import kept_columns
 from lstm_probe.report.sections.staleness import StalenessSection
-from lstm_probe.report.sections.what_if import STORED, WITHIN, ZERO, WhatIfSection, shortest, within
+from lstm_probe.report.sections.what_if import STORED, WHOLE, WITHIN, ZERO, WhatIfSection, shortest, within
 
 STALE = 0.01
 """Stored states are called stale when, by the last epoch, the mean relative L2 drift of some module's training
@@ -44,6 +45,10 @@ class Verdict:
     burn_in_measured: list[int] = field(default_factory=list)
     lines: list[str] = field(default_factory=list)
     """The verdict as the text report and the HTML page show it."""
+    scope: dict[str, str] = field(default_factory=dict)
+    """Where the log keeps the rows of some env columns alone (``--trace-envs K --other-envs none``): what the
+    figures are of, under ``drift`` (the kept columns, read from the rows) and ``matters`` (the what-if's whole
+    minibatches, measured during training); empty where every column has rows."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -76,15 +81,29 @@ def _minibatch_drifts(cross: Any) -> tuple[int | None, dict[str, float]]:
 
 
 def verdict(
-    staleness: StalenessSection | None, what_if: WhatIfSection | None, caps: Capabilities, cross: Any = None
+    staleness: StalenessSection | None,
+    what_if: WhatIfSection | None,
+    caps: Capabilities,
+    cross: Any = None,
+    *,
+    kept_envs: int | None = None,
+    n_envs: int | None = None,
 ) -> Verdict:
     """The verdict of one log from its staleness and what-if sections (either may be None: not computed) and,
-    for a sharded log whose drift is paired across processes, its cross-process section."""
+    for a sharded log whose drift is paired across processes, its cross-process section. ``kept_envs``: K where
+    the log keeps the rows of env columns 0..K-1 alone (``Log.kept_envs``; ``n_envs``: the run's): the drift is
+    then of those columns, the what-if of whole minibatches, and each line says which."""
     epoch, drift = _drifts(staleness)
     minibatch = None
     if not drift:
         minibatch, drift = _minibatch_drifts(cross)
     v = Verdict(stale=None if not drift else max(drift.values()) > STALE, drift=drift, epoch=epoch)
+    kept = kept_columns(kept_envs, n_envs)
+    if kept:
+        v.scope = {
+            "drift": f"{kept} alone (the only env columns with rows in this log)",
+            "matters": f"{WHOLE} (re-run during training)",
+        }
     v.provenance_ok = staleness.provenance_ok if staleness is not None else None
     if v.provenance_ok is False:
         v.lines.append(
@@ -103,18 +122,19 @@ def verdict(
     else:
         ranked = sorted(drift.items(), key=lambda kv: -kv[1])
         by = " and ".join(f"{_pct(d)} ({m})" for m, d in ranked)
+        of = f" of {kept} (the only env columns with rows)" if kept else ""
         where = f"by the last epoch ({epoch})" if epoch else "in epoch 0"
         if minibatch is not None:
             where = f"by the last minibatch of an update ({minibatch})"
         if v.stale:
             v.lines.append(
-                f"stored states went stale: {where} training states lie on average {by} from the rollout states of "
-                f"the same env step (relative L2 drift; stale above {_pct(STALE)})"
+                f"stored states went stale: {where} training states{of} lie on average {by} from the rollout states "
+                f"of the same env step (relative L2 drift; stale above {_pct(STALE)})"
             )
         else:
             v.lines.append(
-                f"stored states stayed fresh: {where} training states lie on average {by} from the rollout states "
-                f"of the same env step (relative L2 drift; stale above {_pct(STALE)})"
+                f"stored states stayed fresh: {where} training states{of} lie on average {by} from the rollout "
+                f"states of the same env step (relative L2 drift; stale above {_pct(STALE)})"
             )
     _matters(v, what_if, caps)
     return v
@@ -148,7 +168,8 @@ def _matters(v: Verdict, wi: WhatIfSection | None, caps: Capabilities) -> None:
         if wi.critic == "mlp"
         else (f"values move by {_pct(v.value_rel or 0.0)} of the return spread")
     )
-    effect = f"{values} and the PPO ratio by {_pct(v.ratio_change or 0.0)} against refreshed states (epoch {last})"
+    on = f"; measured on {WHOLE}, not only the env columns with rows" if v.scope else ""
+    effect = f"{values} and the PPO ratio by {_pct(v.ratio_change or 0.0)} against refreshed states (epoch {last}{on})"
     v.burn_in_measured = sorted({*wi.burn_in, *wi.stored_burn_in})
     if not v.matters:
         v.burn_in = 0

@@ -18,7 +18,7 @@ import numpy as np
 from lstm_probe.contract import Capabilities
 from lstm_probe.report.numeric import summary_stats
 from lstm_probe.report.scan import Chunk
-from lstm_probe.report.section import Accumulator, Block, Log, Panel, Parts, Section, Table, fmt
+from lstm_probe.report.section import Accumulator, Block, Log, Panel, Parts, Section, Table, fmt, kept_columns
 
 FRACTION = 0.05
 """The horizon is the smallest k whose effect is below this fraction of effect(1)."""
@@ -66,6 +66,29 @@ class MemorySection:
     rollout_length: int | None = None
     sampling: dict[str, Any] = field(default_factory=dict)
     seconds: float | None = None
+    kept_envs: int | None = None
+    """K where the log keeps the rows of env columns 0..K-1 alone (``--trace-envs K --other-envs none``): the BPTT
+    lengths are then of those columns, while the horizons and the episode lengths are of every env the probe
+    sampled; None where every column has rows."""
+    n_envs: int | None = None
+    """The envs the horizons and episode lengths are measured on (``sampling.n_envs``; else the run's)."""
+    scope: dict[str, str] = field(default_factory=dict)
+    """Where the log keeps only some env columns (``kept_envs``): what each figure is of, in words, under
+    ``horizons`` (and ``latest``), ``episode_length`` and ``bptt``; empty where every column has rows."""
+
+
+def memory_scope(kept: int | None, n_envs: int | None, run_envs: int | None) -> dict[str, str]:
+    """What the memory figures are of where a log keeps env columns 0..``kept``-1 alone: the horizons and the
+    episode lengths of all ``n_envs`` envs (the probe measures them on the whole rollout), the BPTT lengths of the
+    kept columns (read from the log's rows); empty where ``kept`` is None."""
+    if kept is None:
+        return {}
+    every = f"all {n_envs:,} envs" if n_envs else "every env"
+    return {
+        "horizons": f"{every} (sampled rollout steps of each env, measured during the run)",
+        "episode_length": f"{every} (the rollouts' completed episodes)",
+        "bptt": f"{kept_columns(kept, run_envs or n_envs)} alone (the only env columns with rows in this log)",
+    }
 
 
 @dataclass
@@ -117,6 +140,9 @@ class Memory(Section[MemorySection]):
         if not isinstance(meta, dict) or not isinstance(meta.get("records"), dict):
             return MemorySection(measured=False)
         lens = np.concatenate(acc.lengths) if acc is not None and acc.lengths else np.zeros(0)
+        sampling = dict(meta.get("sampling") or {})
+        sampled = sampling.get("n_envs")
+        n_envs = sampled if isinstance(sampled, int) and not isinstance(sampled, bool) and sampled > 0 else log.n_envs
         data = MemorySection(
             measured=True,
             modules=[str(m) for m in meta.get("modules") or []],
@@ -125,8 +151,11 @@ class Memory(Section[MemorySection]):
             bptt=summary_stats(lens) if len(lens) else {},
             episode_length=dict(meta.get("episode_lengths") or {}),
             rollout_length=meta.get("rollout_length"),
-            sampling=dict(meta.get("sampling") or {}),
+            sampling=sampling,
             seconds=meta.get("seconds"),
+            kept_envs=log.kept_envs,
+            n_envs=n_envs,
+            scope=memory_scope(log.kept_envs, n_envs, log.n_envs),
         )
         for (iteration, module), curve in sorted(_curves(meta["records"]).items()):
             metric = METRIC.get(module, "kl")
@@ -164,11 +193,17 @@ class Memory(Section[MemorySection]):
                 continue
             else:
                 reach = f"on the last ~{c['horizon']} steps"
-            msg = f"{module}: {what} depend {reach} (iteration {c['iteration']})"
+            scope = data.scope
+            msg = f"{module}: {what} depend {reach} (iteration {c['iteration']}"
+            msg += f", measured on {_envs(data)})" if scope else ")"
             if data.bptt:
                 msg += f"; gradients flow back at most {data.bptt['max']:.0f} (median {data.bptt['median']:.0f})"
+                if scope:
+                    msg += f" through the training sequences of {kept_columns(data.kept_envs, data.n_envs)}"
             if data.episode_length.get("median") is not None:
                 msg += f"; episodes last {data.episode_length['median']:.0f}"
+                if scope:
+                    msg += f" (median over {_envs(data)})"
             out.append(msg)
         return out
 
@@ -183,13 +218,17 @@ class Memory(Section[MemorySection]):
         for h in data.horizons:
             by_iteration.setdefault(h["module"], []).append(f"{h['iteration']}: {_horizon_words(h)}")
         sampled = data.sampling
+        every, kept = "", ""
+        if data.scope:  # the log keeps some env columns alone: say which figure is of which envs
+            every = f" of {_envs(data)}"
+            kept = f" of {kept_columns(data.kept_envs, data.n_envs)} (the only env columns with rows)"
         lines = (
-            f"state zeroed k steps back at {len(sampled.get('steps_per_env') or [])} steps per env, every "
+            f"state zeroed k steps back at {len(sampled.get('steps_per_env') or [])} steps per env{every}, every "
             f"{fmt(sampled.get('every'))} iteration(s) ({fmt(sampled.get('iterations_measured'))} measured, "
             f"{fmt(data.seconds)} s)\n"
-            f"training sequences (BPTT): median {fmt(data.bptt.get('median'))}, max {fmt(data.bptt.get('max'))}; "
-            f"episodes: median {fmt(data.episode_length.get('median'))}, max {fmt(data.episode_length.get('max'))}; "
-            f"rollout {fmt(data.rollout_length)} steps\n"
+            f"training sequences (BPTT){kept}: median {fmt(data.bptt.get('median'))}, max {fmt(data.bptt.get('max'))}; "
+            f"episodes{every}: median {fmt(data.episode_length.get('median'))}, "
+            f"max {fmt(data.episode_length.get('max'))}; rollout {fmt(data.rollout_length)} steps\n"
             + "\n".join(f"horizon by iteration, {fmt(m)}: {'; '.join(v[-8:])}" for m, v in by_iteration.items())
         )
         return [
@@ -200,6 +239,11 @@ class Memory(Section[MemorySection]):
                 tuple(rows),
             ),
         ]
+
+
+def _envs(data: MemorySection) -> str:
+    """'all 64 envs' (the envs the horizons and episode lengths are of)."""
+    return f"all {data.n_envs:,} envs" if data.n_envs else "every env"
 
 
 def _horizon_words(h: dict[str, Any]) -> str:

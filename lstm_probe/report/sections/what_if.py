@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 
 from lstm_probe.contract import Capabilities
 from lstm_probe.log.schema import WHAT_IF_METRICS
-from lstm_probe.report.section import Block, Line, Log, Panel, Section, Table, fmt
+from lstm_probe.report.section import Block, Line, Log, Panel, Section, Table, fmt, kept_columns
 
 WITHIN = 0.01
 """'Within 1%': the value difference at most this fraction of the minibatch's return spread (standard deviation
@@ -84,6 +84,26 @@ class WhatIfSection:
     the first sampled iteration only."""
     check: dict[str, Any] = field(default_factory=dict)
     """The oracle at minibatch 0 of epoch 0: ``minibatches`` checked, the largest differences, ``ok``."""
+    kept_envs: int | None = None
+    """K where the log keeps the rows of env columns 0..K-1 alone (``--trace-envs K --other-envs none``): the
+    figures here are still of every env's columns of the sampled minibatches (the probe measures them on the
+    whole minibatch during training), not of those K; None where every column has rows."""
+    n_envs: int | None = None
+    """The run's envs, where its metadata says."""
+    scope: str | None = None
+    """Where the log keeps only some env columns (``kept_envs``): what the figures are of, in words; None where
+    every column has rows."""
+
+
+WHOLE = "every env's columns of the sampled minibatches"
+"""What the what-if figures are of (the probe re-runs whole minibatches), said where a log keeps some columns alone."""
+
+
+def what_if_scope(kept: int | None, n_envs: int | None) -> str | None:
+    """The what-if figures' scope where a log keeps env columns 0..``kept``-1 alone; None where ``kept`` is None."""
+    if kept is None:
+        return None
+    return f"{WHOLE} (re-run during training), not only {kept_columns(kept, n_envs)} that the log keeps rows of"
 
 
 def _mean(values: list[Any]) -> float | None:
@@ -208,7 +228,10 @@ class WhatIf(Section[WhatIfSection]):
         meta = log.meta.get("what_if")
         if not isinstance(meta, dict) or not isinstance(meta.get("records"), dict):
             return WhatIfSection(measured=False)
-        return summarize_what_if(meta, tf32=log.meta.get("cudnn_tf32") is True)
+        data = summarize_what_if(meta, tf32=log.meta.get("cudnn_tf32") is True)
+        data.kept_envs, data.n_envs = log.kept_envs, log.n_envs
+        data.scope = what_if_scope(log.kept_envs, log.n_envs)
+        return data
 
     def to_json(self, data: WhatIfSection) -> Any:
         return super().to_json(data) if data.measured else None
@@ -252,7 +275,8 @@ class WhatIf(Section[WhatIfSection]):
             values = f"move values by {_pct(stored['value_rel'])} of the return spread"
         msg = (
             f"{where} (epoch {last}), stored states {values} against refreshed states and the policy by KL "
-            f"{fmt(stored['kl'])} (PPO ratio {_pct(stored['ratio_change'])})"
+            f"{fmt(stored['kl'])} (PPO ratio {_pct(stored['ratio_change'])}"
+            + (f"; measured on {WHOLE}, not only the env columns with rows)" if data.scope else ")")
         )
         unsynced = [
             f"{m}'s stored states come from other weights than it is trained with ({why}): by epoch {last} they "
@@ -309,6 +333,7 @@ class WhatIf(Section[WhatIfSection]):
             f"check: minibatch 0 of epoch 0 (the rollout's weights): stored = refreshed: {verdict} "
             f"({fmt(check.get('minibatches', 0))} minibatches)"
             + "".join(f"; {m}: first iteration only ({why})" for m, why in data.unsynced.items())
+            + (f"\nmeasured on {data.scope}" if data.scope else "")
         )
         header = (
             "states",
