@@ -90,7 +90,7 @@ def test_rsl_rl_other_envs_none_report_says_its_shapes_are_the_kept_columns(tmp_
     with attach(runner, out, capture="summary", trace_envs=2, other_envs="none"):
         runner.learn(2)
     rep = lstm_probe.summarize(out)
-    assert rep.run.n_envs is None  # attach() to an own runner records no n_envs: the columns are named alone
+    assert rep.run.n_envs == 16  # attach() to an own runner: the env's count
     assert rep.calls.sequences_per_minibatch == {2: 2 * 2}  # 2 iterations x 2 epochs, one minibatch each
     shapes = {k for g in rep.calls.groups if g.phase == "train" for k in g.shapes}
     assert shapes == {"8 x 2"}

@@ -248,6 +248,10 @@ def test_the_first_non_finite_state_is_located(tmp_path):
     assert layer["first_nan_or_inf"] == where
     (line,) = [f for f in summarize(path).findings if "NaN" in f]
     assert line.endswith("the first at iteration 2, env 1, env step 7, episode 3, its step 2, call 1")
+    # a loop traced without what-if and memory: "not in this log" says what would add each (memory said nothing)
+    absent = summarize(path).unavailable
+    assert any(u.startswith("the memory horizon") and "trace(..., memory=True" in u for u in absent), absent
+    assert any(u.startswith("what if") and "trace(..., what_if=True)" in u for u in absent), absent
 
 
 def test_foreign_parquet_with_lstm_like_columns(tmp_path):

@@ -111,20 +111,21 @@ def _curves(records: dict[str, list[Any]]) -> dict[tuple[int, str], list[tuple[i
     return out
 
 
-MEMORY_NOTE = "the memory horizon (does the policy use its LSTM, and how far back?)"
+MEMORY_NOTE = "the memory horizon (does the policy use its recurrent state, and how far back?)"
 """How the report names the section where a log lacks it."""
 
 
 class Memory(Section[MemorySection]):
     key = "memory"
     needs: ClassVar[str | None] = "respond"  # the measurement re-runs the policy over a rollout, state ablated
+    says_when_absent: ClassVar[bool] = True  # an integration without the capability: the line says what would
     findings_rank: ClassVar[int] = 12
 
     def accumulator(self) -> SequenceLengths:
         return SequenceLengths()
 
-    def unavailable(self, data: MemorySection, log: Log) -> list[str]:
-        if data.measured:
+    def unavailable(self, data: MemorySection | None, log: Log) -> list[str]:
+        if data is not None and data.measured:
             return []
         if log.caps.respond:
             return [f"{MEMORY_NOTE}: not measured in this run; lstm-probe run --memory (memory=True in code) adds it"]

@@ -219,6 +219,7 @@ def _pct(v: Any) -> str:
 class WhatIf(Section[WhatIfSection]):
     key = "what_if"
     needs: ClassVar[str | None] = "replay"  # the measurement re-runs minibatches on a copy of the policy
+    says_when_absent: ClassVar[bool] = True  # an integration without the capability: the line says what would
     findings_rank: ClassVar[int] = 35  # right after staleness: how stale, then whether it matters
 
     def applies(self, caps: Capabilities) -> bool:
@@ -236,8 +237,8 @@ class WhatIf(Section[WhatIfSection]):
     def to_json(self, data: WhatIfSection) -> Any:
         return super().to_json(data) if data.measured else None
 
-    def unavailable(self, data: WhatIfSection, log: Log) -> list[str]:
-        if data.measured:
+    def unavailable(self, data: WhatIfSection | None, log: Log) -> list[str]:
+        if data is not None and data.measured:
             return []
         if log.caps.replay:
             return [
