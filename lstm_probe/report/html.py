@@ -38,6 +38,7 @@ from lstm_probe.report.html_figures import (
     _staleness_figure,
     _what_if_figure,
 )
+from lstm_probe.report.sections.run import envs_words
 from lstm_probe.text import plain
 
 MAX_HEAT_STEPS = 400
@@ -427,7 +428,7 @@ def _page(rep: Report, figures: list[tuple[str, str, str]], notes: list[str]) ->
     meta = [
         ("env", r.env_id),
         ("algorithm", r.algorithm),
-        ("n_envs", r.n_envs),
+        ("n_envs", envs_words(r) if r.env_runners else r.n_envs),
         ("steps", r.steps_done),
         ("iterations", r.iterations),
         ("completed", r.completed),

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from lstm_probe.contract import Capabilities
+from lstm_probe.report.sections.cross_process import kinds
 from lstm_probe.report.sections.staleness import StalenessSection
 from lstm_probe.report.sections.what_if import STORED, WITHIN, ZERO, WhatIfSection, shortest, within
 
@@ -65,14 +66,17 @@ def _drifts(st: StalenessSection | None) -> tuple[int | None, dict[str, float]]:
     return last, {str(r["module"]): float(r["drift_h_mean"]) for r in rows if int(r["epoch"]) == last}
 
 
-def _minibatch_drifts(cross: Any) -> tuple[int | None, dict[str, float]]:
+def _minibatch_drifts(cross: Any) -> tuple[int | None, dict[str, float], str]:
     """The drift by the last minibatch of an update, from a sharded log's cross-process section (RLlib: its
-    minibatches cycle across epochs, so the last one stands for the last epoch)."""
+    minibatches cycle across epochs, so the last one stands for the last epoch), and how it was measured where
+    not every row by its vectors (``cross_process.kinds``)."""
     rows = [r for r in getattr(cross, "by_minibatch", None) or [] if r.get("drift_h_mean") is not None]
     if not rows:
-        return None, {}
+        return None, {}, ""
     last = max(int(r["minibatch"]) for r in rows)
-    return last, {str(r["module"]): float(r["drift_h_mean"]) for r in rows if int(r["minibatch"]) == last}
+    rows = [r for r in rows if int(r["minibatch"]) == last]
+    how = kinds(sum(int(r.get("l2_rows", r["rows"])) for r in rows), sum(int(r["rows"]) for r in rows))
+    return last, {str(r["module"]): float(r["drift_h_mean"]) for r in rows}, how
 
 
 def verdict(
@@ -81,9 +85,9 @@ def verdict(
     """The verdict of one log from its staleness and what-if sections (either may be None: not computed) and,
     for a sharded log whose drift is paired across processes, its cross-process section."""
     epoch, drift = _drifts(staleness)
-    minibatch = None
+    minibatch, how = None, ""
     if not drift:
-        minibatch, drift = _minibatch_drifts(cross)
+        minibatch, drift, how = _minibatch_drifts(cross)
     v = Verdict(stale=None if not drift else max(drift.values()) > STALE, drift=drift, epoch=epoch)
     v.provenance_ok = staleness.provenance_ok if staleness is not None else None
     if v.provenance_ok is False:
@@ -104,17 +108,18 @@ def verdict(
         ranked = sorted(drift.items(), key=lambda kv: -kv[1])
         by = " and ".join(f"{_pct(d)} ({m})" for m, d in ranked)
         where = f"by the last epoch ({epoch})" if epoch else "in epoch 0"
+        measure = f"relative L2 drift; {how}" if how else "relative L2 drift"
         if minibatch is not None:
             where = f"by the last minibatch of an update ({minibatch})"
         if v.stale:
             v.lines.append(
                 f"stored states went stale: {where} training states lie on average {by} from the rollout states of "
-                f"the same env step (relative L2 drift; stale above {_pct(STALE)})"
+                f"the same env step ({measure}; stale above {_pct(STALE)})"
             )
         else:
             v.lines.append(
                 f"stored states stayed fresh: {where} training states lie on average {by} from the rollout states "
-                f"of the same env step (relative L2 drift; stale above {_pct(STALE)})"
+                f"of the same env step ({measure}; stale above {_pct(STALE)})"
             )
     _matters(v, what_if, caps)
     return v
