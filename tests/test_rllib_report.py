@@ -72,6 +72,7 @@ def test_learner_rows_without_a_rollout_row_are_counted(tmp_path):
     )
     x = cross_process(data, vectors=True)
     assert x.unpaired == want > 0
+    assert cross_process(data, vectors=True, last_iteration=3).unpaired == want  # none past the runner's end
     assert x.state_in_rows < 317 and x.state_in_ok
 
 
@@ -222,3 +223,34 @@ def test_env_columns_and_envs_are_per_env_runner_where_several():
     r = RunSection(*([None] * 5), None, {}, {}, None, None, 2, True, None, 0, 1, 0, None, {}, None, env_runners=2)
     r.n_envs = 32
     assert envs_words(r) == "32 per env runner, 2 env runners"
+
+
+def test_terminal_rows_past_the_runners_last_step_are_not_unpaired(tmp_path):
+    """The learner's 'last' bootstrap rows of the last iteration turned into 'terminal' rows one env step later
+    (as a run that stops right after an episode ends writes them: the runner's forward for that step never
+    ran): counted apart, not as unpaired rows, and no finding names them (rows of the last iteration that lost
+    their rollout row within the runner's steps stay unpaired:
+    :func:`test_learner_rows_without_a_rollout_row_are_counted`)."""
+    iteration = 3
+    import lstm_probe
+
+    out = tmp_path / "log"
+    out.mkdir()
+    moved = 0
+    for f in sorted(SAMPLE.glob("*.parquet")):
+        t = pq.read_table(f)
+        if "learner" in f.name:
+            it = pc.fill_null(pc.equal(t["iteration"], iteration), False)
+            last = pc.and_(it, pc.fill_null(pc.equal(t["bootstrap"].cast(pa.string()), "last"), False))
+            moved = int(pc.sum(last).as_py() or 0)
+            boot = pc.if_else(last, pa.scalar("terminal"), t["bootstrap"].cast(pa.string()))
+            step = pc.if_else(last, pc.add(t["env_step"], pa.scalar(1, t["env_step"].type)), t["env_step"])
+            for name, col in (("bootstrap", boot.cast(t.schema.field("bootstrap").type)), ("env_step", step)):
+                t = t.set_column(t.schema.get_field_index(name), t.schema.field(name), col)
+        pq.write_table(t, out / f.name)
+    assert moved
+    report = lstm_probe.summarize(out)
+    x = report.cross_process
+    assert x is not None
+    lone = [f for f in report.findings if "found no rollout row" in f]
+    assert (x.unpaired, x.after_end, lone) == (0, moved, [])
