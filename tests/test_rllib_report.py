@@ -48,6 +48,7 @@ def test_the_sample_logs_check_exactly():
         "drift_h_mean": 2.1826035379035602e-07,
         "drift_h_max": 4.640100996766705e-07,
         "drift_c_mean": 2.1355029389269475e-07,
+        "l2_rows": 247,
     }
     assert [(r["module"], r["minibatch"]) for r in x.by_minibatch] == [
         (m, mb) for m in ("actor", "critic") for mb in range(5)
@@ -71,6 +72,7 @@ def test_learner_rows_without_a_rollout_row_are_counted(tmp_path):
     )
     x = cross_process(data, vectors=True)
     assert x.unpaired == want > 0
+    assert cross_process(data, vectors=True, last_iteration=3).unpaired == want  # none past the runner's end
     assert x.state_in_rows < 317 and x.state_in_ok
 
 
@@ -170,3 +172,85 @@ def test_rows_without_vectors_are_checked_by_their_norms(tmp_path, off):
         assert max(x.state_in_max_relative.values()) == pytest.approx(0.1, rel=1e-3)
         actor = [r["max_drift_h"] for r in x.first_pass if r["module"] == "actor"]
         assert max(actor) == pytest.approx(0.1, rel=1e-3)  # (the sample's critic differs anyway)
+
+
+def test_a_summary_logs_traced_envs_are_compared_by_their_vectors(tmp_path):
+    """``--capture summary --trace-envs 1``: env 0's rows keep their vectors, the others are summary rows.
+    Env 0's learner h reversed (same norm, other vector) is found by L2 (a norms-only check saw 0), and the
+    findings say which rows were compared how."""
+    import json
+
+    import lstm_probe
+
+    out = tmp_path / "log"
+    out.mkdir()
+    for f in sorted(SAMPLE.glob("*.parquet")):
+        t = pq.read_table(f)
+        traced = pc.equal(pc.fill_null(t["env"], -1), 0).to_numpy(zero_copy_only=False)
+        for name in ("h", "c"):
+            col = t[name].combine_chunks()
+            width = col.type.list_size
+            values = col.flatten().to_numpy(zero_copy_only=False).reshape(-1, width)
+            if "learner" in f.name and name == "h":
+                values = values[:, ::-1]
+            kept = pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), width, mask=pa.array(~traced))
+            t = t.set_column(t.schema.get_field_index(name), t.schema.field(name), kept)
+        meta = dict(t.schema.metadata)
+        run = json.loads(meta[b"lstm_probe.run"])
+        run["capture"] = dict(run["capture"], mode="summary", trace_envs=1)
+        meta[b"lstm_probe.run"] = json.dumps(run).encode()
+        pq.write_table(t.replace_schema_metadata(meta), out / f.name)
+    report = lstm_probe.summarize(out)
+    x = report.cross_process
+    assert x is not None
+    actor = [r for r in x.first_pass if r["module"] == "actor"]
+    assert max(r["max_drift_h"] for r in actor) > 0.1  # env 0's reversed vectors
+    l2, rows = sum(r["l2_rows"] for r in actor), sum(r["rows"] for r in actor)
+    assert 0 < l2 < rows
+    assert 0 < x.state_in_l2_rows < x.state_in_rows
+    (finding,) = [f for f in report.findings if f.startswith("actor: ")]
+    assert f"mixed: {l2:,} rows by relative L2" in finding, finding
+
+
+def test_env_columns_and_envs_are_per_env_runner_where_several():
+    from lstm_probe.report.section import env_runners, kept_columns
+    from lstm_probe.report.sections.run import RunSection, envs_words
+
+    meta = {"n_envs": 32, "rllib": {"env_runners": 2, "envs_per_env_runner": 32}}
+    assert env_runners(meta) == 2 and env_runners({"rllib": {"env_runners": 1}}) is None
+    assert kept_columns(4, 32, 2) == "env columns 0..3 of each runner's 32"
+    assert kept_columns(4, 32, None) == "env columns 0..3 of 32"
+    r = RunSection(*([None] * 5), None, {}, {}, None, None, 2, True, None, 0, 1, 0, None, {}, None, env_runners=2)
+    r.n_envs = 32
+    assert envs_words(r) == "32 per env runner, 2 env runners"
+
+
+def test_terminal_rows_past_the_runners_last_step_are_not_unpaired(tmp_path):
+    """The learner's 'last' bootstrap rows of the last iteration turned into 'terminal' rows one env step later
+    (as a run that stops right after an episode ends writes them: the runner's forward for that step never
+    ran): counted apart, not as unpaired rows, and no finding names them (rows of the last iteration that lost
+    their rollout row within the runner's steps stay unpaired:
+    :func:`test_learner_rows_without_a_rollout_row_are_counted`)."""
+    iteration = 3
+    import lstm_probe
+
+    out = tmp_path / "log"
+    out.mkdir()
+    moved = 0
+    for f in sorted(SAMPLE.glob("*.parquet")):
+        t = pq.read_table(f)
+        if "learner" in f.name:
+            it = pc.fill_null(pc.equal(t["iteration"], iteration), False)
+            last = pc.and_(it, pc.fill_null(pc.equal(t["bootstrap"].cast(pa.string()), "last"), False))
+            moved = int(pc.sum(last).as_py() or 0)
+            boot = pc.if_else(last, pa.scalar("terminal"), t["bootstrap"].cast(pa.string()))
+            step = pc.if_else(last, pc.add(t["env_step"], pa.scalar(1, t["env_step"].type)), t["env_step"])
+            for name, col in (("bootstrap", boot.cast(t.schema.field("bootstrap").type)), ("env_step", step)):
+                t = t.set_column(t.schema.get_field_index(name), t.schema.field(name), col)
+        pq.write_table(t, out / f.name)
+    assert moved
+    report = lstm_probe.summarize(out)
+    x = report.cross_process
+    assert x is not None
+    lone = [f for f in report.findings if "found no rollout row" in f]
+    assert (x.unpaired, x.after_end, lone) == (0, moved, [])

@@ -38,6 +38,8 @@ from lstm_probe.report.html_figures import (
     _staleness_figure,
     _what_if_figure,
 )
+from lstm_probe.report.sections.cross_process import kinds
+from lstm_probe.report.sections.run import envs_words
 from lstm_probe.text import plain
 
 MAX_HEAT_STEPS = 400
@@ -193,6 +195,8 @@ def _staleness_caption(rep: Report) -> str:
         rows = cross.by_minibatch if cross is not None else []
         by = "by minibatch of the update (h solid{c}; minibatch 0: before any optimizer step)"
         whose = "the learner's states from the env runners' rollout states"
+        how = kinds(sum(int(r.get("l2_rows", r["rows"])) for r in rows), sum(int(r["rows"]) for r in rows))
+        note = note or (f"the drifts: {how}" if how else None)
     with_c = any(r.get("drift_c_mean") is not None and r["drift_c_mean"] == r["drift_c_mean"] for r in rows)
     formula = (
         "||s_train - s_rollout|| / ||s_rollout|| (s = h, c)" if with_c else "||h_train - h_rollout|| / ||h_rollout||"
@@ -428,7 +432,7 @@ def _page(rep: Report, figures: list[tuple[str, str, str]], notes: list[str]) ->
     meta = [
         ("env", r.env_id),
         ("algorithm", r.algorithm),
-        ("n_envs", r.n_envs),
+        ("n_envs", envs_words(r) if r.env_runners else r.n_envs),
         ("steps", r.steps_done),
         ("iterations", r.iterations),
         ("completed", r.completed),

@@ -204,13 +204,16 @@ def fmt(v: Any) -> str:
     return safe(v)
 
 
-def kept_columns(kept: int | None, n_envs: int | None) -> str:
+def kept_columns(kept: int | None, n_envs: int | None, runners: int | None = None) -> str:
     """The env columns a log keeps rows of, in words: 'env columns 0..3 of 256' (``kept``: K of
-    ``--trace-envs K --other-envs none``; ``n_envs``: the run's envs, where known); '' where every column has
-    rows (``kept`` None)."""
+    ``--trace-envs K --other-envs none``; ``n_envs``: the run's envs, where known, per env runner where
+    ``runners``, more than one, stepped ``n_envs`` each: 'env columns 0..3 of each runner's 32'); '' where
+    every column has rows (``kept`` None)."""
     if kept is None:
         return ""
     cols = "env column 0" if kept == 1 else f"env columns 0..{kept - 1}"
+    if n_envs and runners and runners > 1:
+        return f"{cols} of each runner's {n_envs:,}"
     return f"{cols} of {n_envs:,}" if n_envs else cols
 
 
@@ -218,6 +221,14 @@ def module_word(kinds: dict[str, str]) -> str:
     """'LSTM' or 'GRU' where every module of ``kinds`` is one (cells included), else 'recurrent module'."""
     words = {k.removesuffix("Cell") for k in kinds.values()}
     return words.pop() if len(words) == 1 and words <= {"LSTM", "GRU"} else "recurrent module"
+
+
+def env_runners(meta: dict[str, Any]) -> int | None:
+    """The env runners of an RLlib run's metadata where more than one (each stepped ``n_envs`` envs, and kept
+    its own ``--trace-envs`` columns); None otherwise."""
+    rl = meta.get("rllib")
+    n = rl.get("env_runners") if isinstance(rl, dict) else None
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 1 else None
 
 
 @dataclass
@@ -256,6 +267,12 @@ class Log:
         """The run's number of envs, as its metadata says (None where it says none)."""
         n = self.meta.get("n_envs")
         return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
+
+    @property
+    def env_runners(self) -> int | None:
+        """RLlib: the env runners that stepped ``n_envs`` envs each, where more than one (``n_envs`` is then
+        per runner); None otherwise."""
+        return env_runners(self.meta)
 
     @property
     def kept_envs(self) -> int | None:

@@ -13,6 +13,7 @@ from typing import Any
 
 from lstm_probe.contract import Capabilities
 from lstm_probe.report.section import kept_columns
+from lstm_probe.report.sections.cross_process import kinds
 from lstm_probe.report.sections.staleness import StalenessSection
 from lstm_probe.report.sections.what_if import STORED, WHOLE, WITHIN, ZERO, WhatIfSection, shortest, within
 
@@ -70,14 +71,17 @@ def _drifts(st: StalenessSection | None) -> tuple[int | None, dict[str, float]]:
     return last, {str(r["module"]): float(r["drift_h_mean"]) for r in rows if int(r["epoch"]) == last}
 
 
-def _minibatch_drifts(cross: Any) -> tuple[int | None, dict[str, float]]:
+def _minibatch_drifts(cross: Any) -> tuple[int | None, dict[str, float], str]:
     """The drift by the last minibatch of an update, from a sharded log's cross-process section (RLlib: its
-    minibatches cycle across epochs, so the last one stands for the last epoch)."""
+    minibatches cycle across epochs, so the last one stands for the last epoch), and how it was measured where
+    not every row by its vectors (``cross_process.kinds``)."""
     rows = [r for r in getattr(cross, "by_minibatch", None) or [] if r.get("drift_h_mean") is not None]
     if not rows:
-        return None, {}
+        return None, {}, ""
     last = max(int(r["minibatch"]) for r in rows)
-    return last, {str(r["module"]): float(r["drift_h_mean"]) for r in rows if int(r["minibatch"]) == last}
+    rows = [r for r in rows if int(r["minibatch"]) == last]
+    how = kinds(sum(int(r.get("l2_rows", r["rows"])) for r in rows), sum(int(r["rows"]) for r in rows))
+    return last, {str(r["module"]): float(r["drift_h_mean"]) for r in rows}, how
 
 
 def verdict(
@@ -94,9 +98,9 @@ def verdict(
     the log keeps the rows of env columns 0..K-1 alone (``Log.kept_envs``; ``n_envs``: the run's): the drift is
     then of those columns, the what-if of whole minibatches, and each line says which."""
     epoch, drift = _drifts(staleness)
-    minibatch = None
+    minibatch, how = None, ""
     if not drift:
-        minibatch, drift = _minibatch_drifts(cross)
+        minibatch, drift, how = _minibatch_drifts(cross)
     v = Verdict(stale=None if not drift else max(drift.values()) > STALE, drift=drift, epoch=epoch)
     kept = kept_columns(kept_envs, n_envs)
     if kept:
@@ -124,17 +128,18 @@ def verdict(
         by = " and ".join(f"{_pct(d)} ({m})" for m, d in ranked)
         of = f" of {kept} (the only env columns with rows)" if kept else ""
         where = f"by the last epoch ({epoch})" if epoch else "in epoch 0"
+        measure = f"relative L2 drift; {how}" if how else "relative L2 drift"
         if minibatch is not None:
             where = f"by the last minibatch of an update ({minibatch})"
         if v.stale:
             v.lines.append(
                 f"stored states went stale: {where} training states{of} lie on average {by} from the rollout states "
-                f"of the same env step (relative L2 drift; stale above {_pct(STALE)})"
+                f"of the same env step ({measure}; stale above {_pct(STALE)})"
             )
         else:
             v.lines.append(
                 f"stored states stayed fresh: {where} training states{of} lie on average {by} from the rollout "
-                f"states of the same env step (relative L2 drift; stale above {_pct(STALE)})"
+                f"states of the same env step ({measure}; stale above {_pct(STALE)})"
             )
     _matters(v, what_if, caps)
     return v

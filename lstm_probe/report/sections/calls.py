@@ -50,10 +50,12 @@ class CallsSection:
     groups' calls, rows and shapes, the sequences per minibatch, ``minibatches`` and the start reasons are then
     of those columns (a call or minibatch without such a column is not counted); None: of every column."""
     n_envs: int | None = None
-    """The run's envs, as its metadata says."""
+    """The run's envs, as its metadata says (per env runner where ``env_runners``)."""
     run_minibatches: dict[str, int] | None = None
     """The run's own minibatches per path ('sequence', 'stepwise'), where its metadata counts them (sb3's
     ``minibatch_paths``): whatever columns the log keeps."""
+    env_runners: int | None = None
+    """RLlib: the env runners, where more than one, that stepped ``n_envs`` envs each."""
 
 
 def per_call(df: Frame) -> dict[str, np.ndarray]:
@@ -353,17 +355,19 @@ class Calls(Section[CallsSection]):
         reasons = by_count(acc.reasons)
         by_path = by_count(acc.by_path)
         kind, kept, run = log.kind, log.kept_envs, run_paths(log.meta)
-        words = kept_columns(kept, log.n_envs)
+        words = kept_columns(kept, log.n_envs, log.env_runners)
         explanation = explain(int(acc.roll_batch.value or 0), log.caps, spm, reasons, by_path, kind, words, run)
-        return CallsSection(
+        data = CallsSection(
             groups, spm, reasons, acc.minibatches.value, by_path, explanation, kind, kept, log.n_envs, run
         )
+        data.env_runners = log.env_runners
+        return data
 
     def findings(self, data: CallsSection) -> list[str]:
         out: list[str] = []
         spm = data.sequences_per_minibatch
         if spm:
-            kept = kept_columns(data.kept_envs, data.n_envs)
+            kept = kept_columns(data.kept_envs, data.n_envs, data.env_runners)
             if not kept:  # else the minibatches' other sequences have no rows: said under unavailable
                 out.append(
                     f"training minibatches hold {span(min(spm), max(spm))} "
@@ -379,7 +383,7 @@ class Calls(Section[CallsSection]):
 
     def unavailable(self, data: CallsSection, log: Log) -> list[str]:
         spm = data.sequences_per_minibatch
-        kept = kept_columns(data.kept_envs, data.n_envs)
+        kept = kept_columns(data.kept_envs, data.n_envs, data.env_runners)
         if not (spm and kept):
             return []
         return [
@@ -402,7 +406,7 @@ class Calls(Section[CallsSection]):
                 cells += (f"{g.rows:,}",)
             rows.append((*cells, shapes))
         columns = ("module", "phase", "path", "calls") + (("layers", "rows per layer") if layered else ("rows",))
-        kept = kept_columns(data.kept_envs, data.n_envs)
+        kept = kept_columns(data.kept_envs, data.n_envs, data.env_runners)
         title = "Calls (per module, phase and path; shapes are steps x batch)"
         if kept:
             title = f"Calls with rows of {kept} (per module, phase and path; shapes are steps x their batch columns)"

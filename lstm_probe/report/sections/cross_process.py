@@ -16,7 +16,7 @@ import pyarrow.dataset as ds
 from lstm_probe.contract import Capabilities
 from lstm_probe.log import budget
 from lstm_probe.log.reader import narrow
-from lstm_probe.log.schema import relative_l2
+from lstm_probe.log.schema import relative_l2, traced_envs
 from lstm_probe.report.numeric import dense_key, groups
 from lstm_probe.report.section import Block, Line, Log, Section, Table, fmt
 from lstm_probe.report.sections.staleness import PROVENANCE_TOLERANCE, provenance_tolerance
@@ -46,7 +46,7 @@ class CrossProcessSection:
     zero_starts: int
     zero_starts_ok: bool | None
     unpaired: int
-    """Learner rows (not padding, not a 'last' bootstrap step) without a rollout partner."""
+    """Learner rows (not padding, not a 'last' bootstrap step, not :attr:`after_end`) without a rollout partner."""
     first_pass: list[dict[str, Any]]
     """Per module and iteration: the value pass and minibatch 0 (before any optimizer step) vs the rollout
     states of the same weights version."""
@@ -56,6 +56,12 @@ class CrossProcessSection:
     """Per module: the largest relative L2 difference of h and c between a chunk's initial state and the runner's."""
     provenance_tolerance: float = PROVENANCE_TOLERANCE
     """The bound on ``first_pass``' drift (``staleness.provenance_tolerance``: looser where cuDNN ran in TF32)."""
+    state_in_l2_rows: int = 0
+    """Of the ``state_in_rows``, those compared by the relative L2 difference of their vectors (both sides hold
+    them); the others by their norms alone (``first_pass`` and ``by_minibatch`` rows give theirs as ``l2_rows``)."""
+    after_end: int = 0
+    """'terminal' bootstrap rows of the last iteration past the env runner's last step: the runner's forward
+    for that step never ran (training stopped), so they have no rollout row by design (not ``unpaired``)."""
 
 
 def _vectors(table: pa.Table, name: str) -> np.ndarray:
@@ -76,23 +82,45 @@ def _compare(learner: np.ndarray, runner: np.ndarray) -> tuple[np.ndarray, np.nd
         return largest, relative_l2(np.nan_to_num(learner), np.nan_to_num(runner))
 
 
+Held = tuple[tuple[pa.Table, np.ndarray], tuple[pa.Table, np.ndarray]]
+"""The vectors read for each side (learner, runner): a table of ``h`` and ``c`` and, per row of that side's
+table, its row there (-1: its vectors were not read)."""
+
+
 def _differences(
-    learn: pa.Table, roll: pa.Table, which: str, li: np.ndarray, ri: np.ndarray, vectors: bool
-) -> tuple[np.ndarray, np.ndarray]:
+    learn: pa.Table, roll: pa.Table, which: str, li: np.ndarray, ri: np.ndarray, held: Held | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """:func:`_compare` of each learner row ``li`` with its rollout row ``ri``: their ``which`` vectors where
-    ``vectors`` and both rows hold one, else their norms (a weaker check: equal states have equal norms). A
-    summary row has no vector (a summary log's, ``--trace-envs K``'s other envs', ``--every K``'s other
-    iterations'): read as zeros, it would agree with anything."""
+    both rows hold one (``held``), else their norms (a weaker check: equal states have equal norms; the relative
+    figure is then abs(||a|| - ||b||) / ||b||); and per pair whether it was compared by its vectors. A summary row has
+    no vector (a summary log's, ``--trace-envs K``'s other envs', ``--every K``'s other iterations'): read as
+    zeros, it would agree with anything."""
     norm = f"{which}_norm"
     out = _compare(*(t.column(norm).to_numpy().astype(np.float32)[i, None] for t, i in ((learn, li), (roll, ri))))
-    if vectors:
-        both = np.flatnonzero(
-            learn.column(which).is_valid().to_numpy(zero_copy_only=False)[li]
-            & roll.column(which).is_valid().to_numpy(zero_copy_only=False)[ri]
+    by_l2 = np.zeros(len(li), bool)
+    if held is not None:
+        (lv, lpos), (rv, rpos) = held
+        a, b = lpos[li], rpos[ri]
+        ok = (a >= 0) & (b >= 0)
+        ok[ok] = (
+            lv.column(which).is_valid().to_numpy(zero_copy_only=False)[a[ok]]
+            & rv.column(which).is_valid().to_numpy(zero_copy_only=False)[b[ok]]
         )
-        largest, relative = _compare(_vectors(learn, which)[li[both]], _vectors(roll, which)[ri[both]])
+        both = np.flatnonzero(ok)
+        largest, relative = _compare(_vectors(lv, which)[a[both]], _vectors(rv, which)[b[both]])
         out[0][both], out[1][both] = largest, relative
-    return out
+        by_l2 = ok
+    return out[0], out[1], by_l2
+
+
+def kinds(l2_rows: int, rows: int) -> str:
+    """How a drift figure over ``rows`` pairs was measured, in words, where not every pair by the relative L2
+    difference of its vectors: '' where all were; else which by their norms alone."""
+    if l2_rows >= rows:
+        return ""
+    if not l2_rows:
+        return f"by norms only, abs(||learner|| - ||rollout||) / ||rollout||, over {rows:,} rows (no vectors)"
+    return f"mixed: {l2_rows:,} rows by relative L2 of their vectors, {rows - l2_rows:,} by norms only (no vectors)"
 
 
 def _join(roll: pa.Table, learn: pa.Table) -> np.ndarray:
@@ -147,26 +175,76 @@ def _numbers(table: pa.Table, name: str) -> np.ndarray:
     return pc.fill_null(table.column(name).cast(pa.float64()), np.nan).to_numpy()
 
 
-def cross_process(data: ds.Dataset, vectors: bool) -> CrossProcessSection:
+def _positions(table: pa.Table, keep: np.ndarray | None) -> np.ndarray:
+    """Per row of ``table``: its row among those ``keep`` holds (all where None), else -1."""
+    if keep is None:
+        return np.arange(table.num_rows)
+    out = np.full(table.num_rows, -1, np.int64)
+    out[keep] = np.arange(int(keep.sum()))
+    return out
+
+
+def _past_rollout(roll: pa.Table, learn: pa.Table, rows: np.ndarray) -> np.ndarray:
+    """Which of the learner ``rows`` lie past the last rollout env step of their worker (a null worker: the
+    driver's)."""
+    codes = pc.dictionary_encode(
+        pa.concat_arrays([roll.column("worker").combine_chunks(), learn.column("worker").combine_chunks()]),
+        null_encoding="encode",
+    ).indices.to_numpy(zero_copy_only=False)
+    n = roll.num_rows
+    last = np.full(int(codes.max()) + 1 if len(codes) else 0, -np.inf)
+    np.maximum.at(last, codes[:n], _numbers(roll, "env_step"))
+    return _numbers(learn, "env_step")[rows] > last[codes[n:][rows]]
+
+
+def cross_process(
+    data: ds.Dataset, vectors: bool, traced: int | None = None, last_iteration: int | None = None
+) -> CrossProcessSection:
     """Join learner rows to env-runner rollout rows of the same (module, layer, worker, env, env_step).
-    Only logs of several processes (RLlib) have it; numpy and pyarrow, no pandas."""
-    state = ["h", "c", "h_norm", "c_norm"] if vectors else ["h_norm", "c_norm"]
+    Only logs of several processes (RLlib) have it; numpy and pyarrow, no pandas. ``vectors``: rows may hold
+    h/c vectors (``schema.stores_vectors``); ``traced``: K where env columns 0..K-1 alone may (``--capture
+    summary --trace-envs K``: their vectors are read apart, the other rows' would be decoded as nulls);
+    ``last_iteration``: the log's last iteration, whose learner rows past the runner's last step are counted
+    apart (their rollout row was never written: training stopped)."""
+    state = ["h", "c", "h_norm", "c_norm"] if vectors and traced is None else ["h_norm", "c_norm"]
     cols = [*CROSS_KEYS, "phase", "iteration", "minibatch", "t", "bootstrap", *state]
     base = ds.field("env_step").is_valid() & (ds.field("iteration") < CROSS_ITERATIONS)
     part = narrow(data, iteration=(0, CROSS_ITERATIONS - 1))  # the first iterations' row groups (statistics)
     roll, learn = base & (ds.field("phase") == "rollout"), base & ds.field("phase").isin(["train", "value"])
     roll_part, learn_part = budget.prune(part, roll), budget.prune(part, learn)  # their row groups (footer statistics)
-    budget.check_filtered(roll_part, cols, roll, "the cross-process check's rollout rows")  # both, before either
+    apart = vectors and traced is not None
+    if apart:
+        roll_v, learn_v = roll & (ds.field("env") < traced), learn & (ds.field("env") < traced)
+        roll_vp, learn_vp = budget.prune(roll_part, roll_v), budget.prune(learn_part, learn_v)
+    budget.check_filtered(roll_part, cols, roll, "the cross-process check's rollout rows")  # all, before any
     budget.check_filtered(learn_part, cols, learn, "the cross-process check's learner rows")
+    if apart:
+        budget.check_filtered(roll_vp, ["h", "c"], roll_v, "the cross-process check's traced rollout vectors")
+        budget.check_filtered(learn_vp, ["h", "c"], learn_v, "the cross-process check's traced learner vectors")
     roll_t, learn_t = budget.read(roll_part, cols, roll), budget.read(learn_part, cols, learn)
+    held: Held | None = None
+    if apart:
+        # the same rows in the same order as the tables above where env < traced (both scans keep file order)
+        sides = []
+        for table, part_v, filt in ((learn_t, learn_vp, learn_v), (roll_t, roll_vp, roll_v)):
+            keep = pc.fill_null(pc.less(table.column("env"), traced), False).to_numpy(zero_copy_only=False)
+            sides.append((budget.read(part_v, ["h", "c"], filt), _positions(table, keep)))
+        held = (sides[0], sides[1])
+    elif vectors:
+        held = ((learn_t, _positions(learn_t, None)), (roll_t, _positions(roll_t, None)))
     partner = _join(roll_t, learn_t)
     paired = partner >= 0
     last = pc.fill_null(pc.equal(learn_t.column("bootstrap"), "last"), False).to_numpy()
-    unpaired = int((~paired & ~last).sum())
+    terminal = pc.fill_null(pc.equal(learn_t.column("bootstrap"), "terminal"), False).to_numpy()
+    lone = np.flatnonzero(~paired & ~last)
+    after = np.zeros(len(lone), bool)
+    if last_iteration is not None and len(lone):
+        at_end = terminal[lone] & (_numbers(learn_t, "iteration")[lone] == last_iteration)
+        after[at_end] = _past_rollout(roll_t, learn_t, lone[at_end])
+    unpaired, after_end = int((~after).sum()), int(after.sum())
     li, ri = np.flatnonzero(paired), partner[paired]
-    abs_h, rel_h = _differences(learn_t, roll_t, "h", li, ri, vectors)
-    abs_c, rel_c = _differences(learn_t, roll_t, "c", li, ri, vectors)
-    # the paired learner rows' columns, in learner row order
+    abs_h, rel_h, l2 = _differences(learn_t, roll_t, "h", li, ri, held)
+    abs_c, rel_c, _ = _differences(learn_t, roll_t, "c", li, ri, held)
     module = learn_t.column("module").to_numpy().astype(str)[li]
     phase = learn_t.column("phase").to_numpy().astype(str)[li]
     t = _numbers(learn_t, "t")[li]
@@ -193,6 +271,7 @@ def cross_process(data: ds.Dataset, vectors: bool) -> CrossProcessSection:
             "max_abs_h": _max(abs_h[g]),
             "max_drift_h": _max(rel_h[g]),
             "max_drift_c": _max(rel_c[g]),
+            "l2_rows": int(l2[g].sum()),
         }
         for (mod, it), g in _groups([module, iteration], first)
     ]
@@ -204,6 +283,7 @@ def cross_process(data: ds.Dataset, vectors: bool) -> CrossProcessSection:
             "drift_h_mean": _mean(rel_h[g]),
             "drift_h_max": _max(rel_h[g]),
             "drift_c_mean": _mean(rel_c[g]),
+            "l2_rows": int(l2[g].sum()),
         }
         for (mod, mb), g in _groups([module, minibatch], steps & (phase == "train"))
     ]
@@ -218,6 +298,8 @@ def cross_process(data: ds.Dataset, vectors: bool) -> CrossProcessSection:
         by_minibatch=by_minibatch,
         vectors=vectors,
         state_in_max_relative=state_in_rel,
+        state_in_l2_rows=int(l2[start].sum()),
+        after_end=after_end,
     )
 
 
@@ -227,9 +309,10 @@ class CrossProcess(Section[CrossProcessSection]):
     findings_rank: ClassVar[int] = 50
 
     def compute(self, log: Log, acc: Any) -> CrossProcessSection:
-        # the vectors where a row has them, its norms where not (_differences); a summary log's norms alone
-        # (its mostly null vector columns would be decoded whole to find its --trace-envs rows' vectors)
-        data = cross_process(log.data, not log.summary)
+        # the vectors where both rows have them, their norms where not (_differences); a summary log's
+        # --trace-envs K rows' vectors read apart (env < K), not its mostly null vector columns whole
+        traced = traced_envs(log.meta.get("capture")) if log.summary else None
+        data = cross_process(log.data, log.vectors, traced, log.iterations - 1 if log.iterations else None)
         data.provenance_tolerance = provenance_tolerance(log.meta)
         return data
 
@@ -257,9 +340,11 @@ class CrossProcess(Section[CrossProcessSection]):
         if x.state_in_ok is not None:
             worst = max(x.state_in_max_abs.values(), default=0.0)
             rel = max(x.state_in_max_relative.values(), default=0.0)
+            how = kinds(x.state_in_l2_rows, x.state_in_rows)
             out.append(
                 f"RLlib oracle: {x.state_in_rows} learner chunks that continue an episode start from exactly the "
-                f"state the env runner produced one step earlier (max |diff| {worst:.2g}, relative {rel:.2g}: "
+                f"state the env runner produced one step earlier (max |diff| {worst:.2g}, relative {rel:.2g}"
+                f"{'; ' + how if how else ''}: "
                 f"{'OK' if x.state_in_ok else 'FAILED'}); {x.zero_starts} chunks that start an episode start from "
                 f"{'zeros' if x.zero_starts_ok else 'NON-ZERO states'}"
             )
@@ -270,16 +355,20 @@ class CrossProcess(Section[CrossProcessSection]):
         exact = {m: max(r["max_drift_h"] for r in rows) <= bound for m, rows in per_module.items()}
         for module, rows in per_module.items():
             worst = max(r["max_drift_h"] for r in rows)
+            how = kinds(sum(r.get("l2_rows", r["rows"]) for r in rows), sum(r["rows"] for r in rows))
             if exact[module]:
+                n = sum(r["rows"] for r in rows)
                 out.append(
                     f"{module}: before the first optimizer step the learner recomputes the rollout states exactly "
-                    f"(max relative drift {worst:.2g} over {sum(r['rows'] for r in rows)} rows)"
+                    f"(max relative drift {worst:.2g} over {n} rows{'; ' + how if how else ''})"
+                    + (": equal norms, not proven equal vectors" if how.startswith("by norms only") else "")
                 )
                 continue
             clean = [r["iteration"] for r in rows if r["max_drift_h"] <= bound]
             msg = (
                 f"{module}: the learner's states differ from the env runners' rollout states of the same weights "
-                f"version already before the first optimizer step (max relative drift {worst:.2g})"
+                f"version already before the first optimizer step (max relative drift {worst:.2g}"
+                f"{'; ' + how if how else ''})"
             )
             if any(exact.values()) and x.state_in_ok:
                 msg += (
@@ -295,7 +384,11 @@ class CrossProcess(Section[CrossProcessSection]):
                     )
             out.append(msg)
         if x.unpaired:
-            out.append(f"{x.unpaired} learner rows found no rollout row of the same worker, env and env step")
+            out.append(
+                f"{x.unpaired} learner rows found no rollout row of the same worker, env and env step (not 'last' "
+                "bootstrap steps, not the last iteration's steps past the runner's end): the join of this log's "
+                "processes misses rows"
+            )
         return out
 
     def text(self, data: CrossProcessSection, caps: Capabilities) -> list[Block]:
@@ -309,7 +402,13 @@ class CrossProcess(Section[CrossProcessSection]):
                 f"runners' states one step earlier, largest difference relative to the runner's state {rel:.2g} "
                 f"(allowed {STATE_IN_TOLERANCE:g}), max |diff| {worst:.2g} {verdict[x.state_in_ok]}; "
                 f"{x.zero_starts:,} episode-start chunks from zeros {verdict[x.zero_starts_ok]}; "
-                f"{x.unpaired:,} learner rows without a rollout partner",
+                f"{x.unpaired:,} learner rows without a rollout partner"
+                + (
+                    f" ({x.after_end:,} more: 'terminal' bootstrap steps of the last iteration past the env runners' "
+                    "last step, whose forward never ran as training stopped)"
+                    if x.after_end
+                    else ""
+                ),
                 soft_wrap=True,
             ),
             Table(
@@ -329,6 +428,10 @@ class CrossProcess(Section[CrossProcessSection]):
                 ),
             ),
         ]
+        rows, l2 = sum(r["rows"] for r in x.by_minibatch), sum(r.get("l2_rows", r["rows"]) for r in x.by_minibatch)
+        how = kinds(l2, rows)
+        if how:
+            out.append(Line(f"the staleness table's drifts: {how}", soft_wrap=True))
         for module in dict.fromkeys(r["module"] for r in x.first_pass):
             rows = [r for r in x.first_pass if r["module"] == module]
             shown = ", ".join(f"{r['iteration']}: {fmt(r['max_drift_h'])}" for r in rows[:SHOWN_ITERATIONS])

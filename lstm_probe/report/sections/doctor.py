@@ -528,7 +528,9 @@ class Doctor(Section[DoctorSection]):
 
     def _start(self, log: Log) -> DoctorSection:
         meta_paths = log.meta.get("minibatch_paths")
-        data = DoctorSection(available="init" in log.data.schema.names, kept=kept_columns(log.kept_envs, log.n_envs))
+        data = DoctorSection(
+            available="init" in log.data.schema.names, kept=kept_columns(log.kept_envs, log.n_envs, log.env_runners)
+        )
         if isinstance(meta_paths, dict):
             data.minibatch_paths = meta_paths
             self._fact(data, meta_paths)

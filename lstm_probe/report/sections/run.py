@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 from lstm_probe.contract import Capabilities
 from lstm_probe.log.schema import traced_envs
-from lstm_probe.report.section import Block, Log, Panel, Section, fmt
+from lstm_probe.report.section import Block, Log, Panel, Section, env_runners, fmt
 from lstm_probe.text import human_bytes, safe
 
 SHOWN_HYPERPARAMETERS = (
@@ -51,6 +51,8 @@ class RunSection:
     wall_seconds: float | None
     capture: dict[str, Any]
     command: str | None
+    env_runners: int | None = None
+    """RLlib: the env runners, where more than one: each stepped ``n_envs`` envs (the run stepped their product)."""
     probe_cost: dict[str, Any] | None = None
     """What recording cost while the run went (absent in older logs): ``calls``,
     ``hook_seconds`` and ``integration_seconds`` on the training thread, ``writer_cpu_seconds`` of
@@ -109,6 +111,7 @@ class Run(Section[RunSection]):
             capture=meta.get("capture") or {},
             command=meta.get("command"),
             probe_cost=meta.get("probe_cost"),
+            env_runners=env_runners(meta),
         )
 
     def warnings(self, data: RunSection, log: Log) -> list[str]:
@@ -130,12 +133,13 @@ class Run(Section[RunSection]):
     def text(self, data: RunSection, caps: Capabilities) -> list[Block]:
         r = data
         lines = [
-            f"env [bold]{fmt(r.env_id)}[/], {fmt(r.algorithm)} / {fmt(r.policy)}, n_envs {fmt(r.n_envs)}, "
+            f"env [bold]{fmt(r.env_id)}[/], {fmt(r.algorithm)} / {fmt(r.policy)}, n_envs {envs_words(r)}, "
             f"seed {fmt(r.seed)}",
             f"steps {fmt(r.steps_done)} of {fmt(r.steps_asked)} asked, {r.iterations} iterations, "
             f"{'completed' if r.completed else '[red]NOT completed[/]: ' + fmt(r.stop_reason)}",
             f"{r.rows:,} rows in {r.files} file(s), {human_bytes(r.file_bytes)}, wall {fmt(r.wall_seconds)} s, "
-            f"capture {safe(r.capture.get('mode', '-'))} ({safe(r.capture.get('dtype', '-'))})" + _traced(r.capture),
+            f"capture {safe(r.capture.get('mode', '-'))} ({safe(r.capture.get('dtype', '-'))})"
+            + _traced(r.capture, r.env_runners),
         ]
         if r.probe_cost:
             lines.append(safe(cost_line(r.probe_cost, r.wall_seconds, caps.shards)))
@@ -148,14 +152,22 @@ class Run(Section[RunSection]):
         return [Panel("Run", tuple(lines))]
 
 
-def _traced(capture: dict[str, Any]) -> str:
-    """Which envs' rows hold vectors, where ``--trace-envs`` chose some."""
+def envs_words(r: RunSection) -> str:
+    """The run's envs in words: '32', or '32 per env runner, 2 env runners' (RLlib, several runners)."""
+    if r.env_runners and isinstance(r.n_envs, int):
+        return f"{r.n_envs:,} per env runner, {r.env_runners} env runners"
+    return fmt(r.n_envs)
+
+
+def _traced(capture: dict[str, Any], runners: int | None = None) -> str:
+    """Which envs' rows hold vectors, where ``--trace-envs`` chose some (of each env runner, where several)."""
     k = traced_envs(capture)
     if k is None:
         return ""
+    each = " of each env runner" if runners else ""
     if capture.get("other_envs") == "none":
-        return f", envs 0..{k - 1} only (--trace-envs {k} --other-envs none: the other envs have no rows)"
-    return f", vectors of envs 0..{k - 1} only (--trace-envs {k}; the other envs' rows are summary rows)"
+        return f", envs 0..{k - 1}{each} only (--trace-envs {k} --other-envs none: the other envs have no rows)"
+    return f", vectors of envs 0..{k - 1}{each} only (--trace-envs {k}; the other envs' rows are summary rows)"
 
 
 def _count(value: object) -> int:

@@ -56,7 +56,9 @@ class SequencesSection:
     """K where the log keeps the rows of env columns 0..K-1 alone (``--trace-envs K --other-envs none``): the
     sequences, episodes, padding and shares are then of those columns; None: of every column."""
     n_envs: int | None = None
-    """The run's envs, as its metadata says."""
+    """The run's envs, as its metadata says (per env runner where ``env_runners``)."""
+    env_runners: int | None = None
+    """RLlib: the env runners, where more than one, that stepped ``n_envs`` envs each."""
 
 
 @dataclass
@@ -159,6 +161,7 @@ class Sequences(Section[SequencesSection]):
             stored = 0.0 if log.caps.stored_states else None
             out = SequencesSection(0, {}, {}, summary_stats(episodes), len(episodes), 0.0, stored)
             out.episodes_from, out.kept_envs, out.n_envs = source, log.kept_envs, log.n_envs
+            out.env_runners = log.env_runners
             return out
         hist: dict[str, int] = {}
         for lo, hi in itertools.pairwise(LENGTH_EDGES):
@@ -181,6 +184,7 @@ class Sequences(Section[SequencesSection]):
             episodes_from=source,
             kept_envs=log.kept_envs,
             n_envs=log.n_envs,
+            env_runners=log.env_runners,
         )
 
     def unavailable(self, data: SequencesSection, log: Log) -> list[str]:
@@ -192,7 +196,7 @@ class Sequences(Section[SequencesSection]):
         s = data
         if not (s.sequences and s.length):
             return []
-        kept = kept_columns(s.kept_envs, s.n_envs)
+        kept = kept_columns(s.kept_envs, s.n_envs, s.env_runners)
         of = f" of {kept} (the only env columns with rows)" if kept else ""
         msg = (
             f"gradients flow back at most {s.length['max']:.0f} steps (median {s.length['median']:.0f}) "
@@ -222,7 +226,7 @@ class Sequences(Section[SequencesSection]):
         else:
             starts = "whether sequences start from stored states is not recorded (the log declares no stored states)"
         counted = f" of {fmt(s.module)} (layer 0)" if s.module else ""
-        kept = kept_columns(s.kept_envs, s.n_envs)
+        kept = kept_columns(s.kept_envs, s.n_envs, s.env_runners)
         if kept:
             counted += f", of {kept} alone (--other-envs none: every count here is of those columns)"
         return [
