@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from refusals import one_line_error
 
+import lstm_probe
 from lstm_probe.errors import BadInput, BadLog
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "100"}
@@ -320,3 +321,27 @@ def test_a_summary_logs_null_vectors_are_not_read(tmp_path: Path) -> None:
         budget.set_limit(None)
     assert len(df) == res.rows and df["h"].isna().all() and df["c"].isna().all()
     assert df["h_norm"].notna().all()
+
+
+def test_epochs_and_minibatches_far_apart_are_reported_not_a_crash(tmp_path: Path) -> None:
+    """Staleness groups drifts by (module, layer, epoch, minibatch) in one int64 key; a file's epoch and minibatch
+    as far apart as int32 allows did not fit it, and the report stopped on an assertion. Now grouped on their
+    distinct rows: the same figures under the file's labels."""
+    src = pq.read_table(SAMPLE)
+    big = np.iinfo(np.int32).max
+    t = src
+    for name in ("epoch", "minibatch"):
+        values = t.column(name).to_numpy(zero_copy_only=False).astype(np.float64)
+        values = np.where(values == 1, big, values)  # epoch 1 and minibatch 1 become int32's largest
+        arr = pa.array(np.nan_to_num(values, nan=0).astype(np.int64), t.schema.field(name).type, mask=np.isnan(values))
+        t = t.set_column(t.schema.get_field_index(name), t.schema.field(name), arr)
+    log = tmp_path / "far.parquet"
+    pq.write_table(t, log)
+    rep = lstm_probe.summarize(log)
+    epochs = {row["epoch"] for row in rep.staleness.by_epoch}  # the scan holds them as float32: 2**31 here
+    assert 0 in epochs and max(epochs) >= big - 1
+    assert any(row["epoch"] >= big - 1 and row["minibatch"] >= big - 1 for row in rep.staleness.by_update)
+    r = subprocess.run(
+        [sys.executable, "-m", "lstm_probe", "report", str(log)], capture_output=True, text=True, env=ENV
+    )
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]

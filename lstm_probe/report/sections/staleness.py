@@ -182,8 +182,13 @@ def _agg(
             keep = here if isinstance(keep, slice) else keep & here
     if not isinstance(keep, slice) and not keep.any():
         return
-    by = labelled_groups([module[keep], layer[keep], *(key[keep] for key in keys)])
-    assert by is not None  # a module code, a layer and small keys
+    columns = [module[keep], layer[keep], *(key[keep] for key in keys)]
+    by = labelled_groups(columns)
+    if by is None:  # keys too far apart for one int64 together (a hand-made epoch and minibatch): their rows
+        distinct, inv = np.unique(
+            np.stack([np.asarray(c, np.float64) for c in columns], 1), axis=0, return_inverse=True
+        )
+        by = (inv.reshape(-1), len(distinct), [distinct[:, i] for i in range(distinct.shape[1])])
     inv, n_groups, (mod_g, lay_g, *key_g) = by  # each group's labels, read off its key
     rows = np.bincount(inv, minlength=n_groups)
     stats = np.c_[rows, group_stats(inv, n_groups, [dh[keep], dc[keep]], rows)]
