@@ -254,3 +254,19 @@ def test_terminal_rows_past_the_runners_last_step_are_not_unpaired(tmp_path):
     assert x is not None
     lone = [f for f in report.findings if "found no rollout row" in f]
     assert (x.unpaired, x.after_end, lone) == (0, moved, [])
+
+
+def test_terminal_rows_of_a_runner_without_rollout_rows_stay_unpaired(tmp_path):
+    """A runner none of whose rollout rows are in the log (its part files lost): its learner rows, the last
+    iteration's terminal ones too, are unpaired (the join missed them), not rows past its last step."""
+    import lstm_probe
+
+    out = tmp_path / "log"
+    out.mkdir()
+    for f in sorted(SAMPLE.glob("*.parquet")):
+        t = pq.read_table(f)
+        if "learner" not in f.name:  # the runners' rows without their rollout rows
+            t = t.filter(pc.invert(pc.fill_null(pc.equal(t["phase"].cast(pa.string()), "rollout"), False)))
+        pq.write_table(t, out / f.name)
+    x = lstm_probe.summarize(out).cross_process
+    assert x is not None and x.after_end == 0 and x.unpaired > 0

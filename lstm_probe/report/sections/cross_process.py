@@ -186,7 +186,7 @@ def _positions(table: pa.Table, keep: np.ndarray | None) -> np.ndarray:
 
 def _past_rollout(roll: pa.Table, learn: pa.Table, rows: np.ndarray) -> np.ndarray:
     """Which of the learner ``rows`` lie past the last rollout env step of their worker (a null worker: the
-    driver's)."""
+    driver's); none of a worker that has no rollout row (its rows are unpaired: the join missed them)."""
     codes = pc.dictionary_encode(
         pa.concat_arrays([roll.column("worker").combine_chunks(), learn.column("worker").combine_chunks()]),
         null_encoding="encode",
@@ -194,7 +194,8 @@ def _past_rollout(roll: pa.Table, learn: pa.Table, rows: np.ndarray) -> np.ndarr
     n = roll.num_rows
     last = np.full(int(codes.max()) + 1 if len(codes) else 0, -np.inf)
     np.maximum.at(last, codes[:n], _numbers(roll, "env_step"))
-    return _numbers(learn, "env_step")[rows] > last[codes[n:][rows]]
+    mine = last[codes[n:][rows]]
+    return np.isfinite(mine) & (_numbers(learn, "env_step")[rows] > mine)  # a worker without rollout rows: none
 
 
 def cross_process(
@@ -229,7 +230,9 @@ def cross_process(
         for table, part_v, filt in ((learn_t, learn_vp, learn_v), (roll_t, roll_vp, roll_v)):
             keep = pc.fill_null(pc.less(table.column("env"), traced), False).to_numpy(zero_copy_only=False)
             sides.append((budget.read(part_v, ["h", "c"], filt), _positions(table, keep)))
-        held = (sides[0], sides[1])
+        # a file whose row-group statistics misstate its envs gives the vector read other rows: norms, then
+        if all(vec.num_rows == int((at >= 0).sum()) for vec, at in sides):
+            held = (sides[0], sides[1])
     elif vectors:
         held = ((learn_t, _positions(learn_t, None)), (roll_t, _positions(roll_t, None)))
     partner = _join(roll_t, learn_t)
