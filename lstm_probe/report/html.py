@@ -25,7 +25,7 @@ from lstm_probe.contract import Capabilities
 from lstm_probe.errors import BadInput, BadLog
 from lstm_probe.log import budget
 from lstm_probe.log.reader import dataset, narrow, states
-from lstm_probe.log.schema import stores_vectors, summary_capture
+from lstm_probe.log.schema import stores_vectors, summary_capture, traced_envs
 from lstm_probe.report import Line, Panel, Report, Table, summarize
 from lstm_probe.report.html_figures import (
     _label,
@@ -146,7 +146,10 @@ def build_html(
             )
         )
     meta = info.metadata
-    heat = _heat_figure(plt, data, first, env, episode, span, notes, stores_vectors(meta), summary_capture(meta), caps)
+    traced = traced_envs(meta.get("capture"))
+    heat = _heat_figure(
+        plt, data, first, env, episode, span, notes, stores_vectors(meta), summary_capture(meta), traced, caps
+    )
     if heat:
         figures.append(
             (
@@ -303,6 +306,7 @@ def _heat_figure(
     notes: list[str],
     vectors: bool,
     summary: bool,
+    traced: int | None,
     caps: Capabilities,
 ) -> str | None:
     if env is None or episode is None:
@@ -330,7 +334,12 @@ def _heat_figure(
         notes.append("heat-maps: reading the episode's state vectors would go over the memory budget (--max-memory)")
         return None
     if not len(df) or df["h"].isna().all():
-        notes.append(f"heat-maps: env {env}'s rows hold no state vectors (--trace-envs keeps the first envs' only)")
+        if traced is not None:
+            notes.append(
+                f"heat-maps: env {env}'s rows hold no state vectors (--trace-envs keeps envs 0..{traced - 1}'s)"
+            )
+        else:  # e.g. --every K: the other iterations' rows
+            notes.append("heat-maps: the log holds no state vectors for that episode")
         return None
     lo, hi = int(df["env_step"].min()), int(df["env_step"].max())
     # where training sequences of the first epoch start inside the drawn steps (no epochs: all of them)
