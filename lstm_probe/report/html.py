@@ -335,9 +335,8 @@ def _heat_figure(
         return None
     if not len(df) or df["h"].isna().all():
         if traced is not None:
-            notes.append(
-                f"heat-maps: env {env}'s rows hold no state vectors (--trace-envs keeps envs 0..{traced - 1}'s)"
-            )
+            kept = "env 0's" if traced == 1 else f"envs 0..{traced - 1}'s"
+            notes.append(f"heat-maps: env {env}'s rows hold no state vectors (--trace-envs keeps {kept})")
         else:  # e.g. --every K: the other iterations' rows
             notes.append("heat-maps: the log holds no state vectors for that episode")
         return None
