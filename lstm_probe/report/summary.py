@@ -238,5 +238,6 @@ def _summarize(path: str | os.PathLike[str], chunk_rows: int, progress: Progress
             results.get("cross_process"),
             kept_envs=log.kept_envs,
             n_envs=log.n_envs,
+            env_runners=log.env_runners,
         ),
     )
