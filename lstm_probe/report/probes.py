@@ -113,21 +113,26 @@ def score(x: np.ndarray, y: np.ndarray, held_out: np.ndarray, alpha: float = 1e-
 
 
 def _iterations(data: ds.Dataset, asked: Iterable[int] | None, strict: bool = True) -> list[int]:
-    """The iterations to probe: ``asked`` (each one the log's, where ``strict``: BadInput otherwise, rather than
-    an empty table), else the log's, at most :data:`MAX_ITERATIONS` spread over the run."""
+    """The iterations to probe: those of ``asked`` the log holds (where ``strict``, BadInput if it holds none of
+    them, rather than an empty table), else the log's, at most :data:`MAX_ITERATIONS` spread over the run."""
     if asked is not None and not strict:
         return sorted({int(i) for i in asked})
     rollout = ds.field("phase") == "rollout"
     budget.check_filtered(data, ["iteration"], rollout, "the probe's list of iterations")
     its = pc.unique(data.to_table(columns=["iteration"], filter=rollout)["iteration"])
     values = sorted(int(v) for v in its.to_pylist() if v is not None)
-    if asked is not None:
+    if asked is not None:  # those the log holds (range(10_000): every one); none of them: BadInput
         wanted = sorted({int(i) for i in asked})
-        missing = sorted(set(wanted) - set(values))
-        if missing:
+        found = sorted(set(wanted) & set(values))
+        if not found:
             held = f"iterations {values[0]}..{values[-1]}" if values else "no rollout rows"
-            raise BadInput(f"iteration {missing[0]} is not in the log (it holds {held}); ask for one it holds")
-        return wanted
+            which = (
+                f"iteration {wanted[0]} is not"
+                if len(wanted) == 1
+                else f"none of iterations {wanted[0]}..{wanted[-1]} is"
+            )
+            raise BadInput(f"{which} in the log (it holds {held}); ask for one it holds")
+        return found
     if len(values) <= MAX_ITERATIONS:
         return values
     idx = np.unique(np.round(np.linspace(0, len(values) - 1, MAX_ITERATIONS)).astype(int))
