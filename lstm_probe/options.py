@@ -331,7 +331,7 @@ class TrainOptions:
     batch_size: int | None = option(
         None,
         "Minibatch size.",
-        shown="sb3 and rllib 128, rsl_rl a quarter of the rollout; torchrl takes none (each collector batch whole)",
+        shown="sb3 and rllib 128, rsl_rl a quarter of the rollout, torchrl the collector batch (no other)",
     )
     n_epochs: int | None = option(None, "Epochs per update.", shown="sb3 and rllib 10, rsl_rl 5, torchrl 4")
     learning_rate: float | None = option(None, "Learning rate.", shown="3e-4, rsl_rl 1e-3, rllib its own")

@@ -237,7 +237,7 @@ def _summarize(path: str | os.PathLike[str], chunk_rows: int, progress: Progress
             log.caps,
             results.get("cross_process"),
             kept_envs=log.kept_envs,
-            n_envs=log.n_envs,
-            env_runners=log.env_runners,
+            run_envs=log.n_envs,
+            runners=log.env_runners,
         ),
     )

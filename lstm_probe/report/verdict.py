@@ -91,20 +91,20 @@ def verdict(
     cross: Any = None,
     *,
     kept_envs: int | None = None,
-    n_envs: int | None = None,
-    env_runners: int | None = None,
+    run_envs: int | None = None,
+    runners: int | None = None,
 ) -> Verdict:
     """The verdict of one log from its staleness and what-if sections (either may be None: not computed) and,
     for a sharded log whose drift is paired across processes, its cross-process section. ``kept_envs``: K where
-    the log keeps the rows of env columns 0..K-1 alone (``Log.kept_envs``; ``n_envs``: the run's, per env runner
-    where ``env_runners``): the drift is then of those columns, the what-if of whole minibatches, and each line
+    the log keeps the rows of env columns 0..K-1 alone (``Log.kept_envs``; ``run_envs``: the run's, per env runner
+    where ``runners``): the drift is then of those columns, the what-if of whole minibatches, and each line
     says which."""
     epoch, drift = _drifts(staleness)
     minibatch, how = None, ""
     if not drift:
         minibatch, drift, how = _minibatch_drifts(cross)
     v = Verdict(stale=None if not drift else max(drift.values()) > STALE, drift=drift, epoch=epoch)
-    kept = kept_columns(kept_envs, n_envs, env_runners)
+    kept = kept_columns(kept_envs, run_envs, runners)
     if kept:
         v.scope = {
             "drift": f"{kept} alone (the only env columns with rows in this log)",

@@ -23,8 +23,6 @@ class RslRl:
         "angular velocity in the observation (partially observable).",
     )
 
-    device: str = option("auto", "Torch device: auto, cpu, cuda, cuda:1...")
-
     def __post_init__(self) -> None:
         if self.rnn_type not in RNN_TYPES:
             raise BadInput(f"--rnn-type must be lstm or gru, not {self.rnn_type!r}")

@@ -17,7 +17,6 @@ import torch
 from lstm_probe.capture import life
 from lstm_probe.deploy import saved
 from lstm_probe.errors import BadInput
-from lstm_probe.integrations import devices
 from lstm_probe.integrations.rsl_rl import arch as analysis
 from lstm_probe.integrations.rsl_rl.envs import GymVecEnv, TorchPendulumVecEnv
 from lstm_probe.integrations.rsl_rl.options import RslRl
@@ -173,7 +172,6 @@ def run(
     per_batch = t.batch_size or max(1, n_envs * n_steps // 4)
     mini_batches = min(n_envs, max(1, n_envs * n_steps // per_batch))
     iterations = math.ceil(t.steps / (n_envs * n_steps))
-    device = devices.checked(r.device)  # the runner and the env on it (build_runner: the env's device)
     torch.set_num_threads(t.torch_threads or 1)
     if t.seed is not None:
         torch.manual_seed(t.seed)
@@ -181,7 +179,7 @@ def run(
         what = "gymnasium envs for --framework rsl_rl (one Python object each); --torch-env takes more"
         check_env_count(n_envs, MAX_GYM_ENVS, what)
     check_size(t, n_steps=n_steps, hidden_size=t.hidden_size or 64, layers=r.rnn_layers)  # before any env is made
-    env = make_env(env_id, n_envs, seed=t.seed or 0, torch_env=r.torch_env, device=device)
+    env = make_env(env_id, n_envs, seed=t.seed or 0, torch_env=r.torch_env, device="cpu")
     cfg = train_cfg(
         num_steps_per_env=n_steps,
         num_mini_batches=mini_batches,

@@ -188,10 +188,11 @@ def run(
     trl = settle(Measure, measure, own)
     if trl.info_keys:
         raise BadInput("--info is not built for --framework torchrl yet (--capture-obs keeps the observations)")
-    if t.batch_size is not None:
+    whole = t.n_envs * (t.n_steps or 128)
+    if t.batch_size is not None and t.batch_size != whole:
         raise BadInput(
-            "--batch-size: the torchrl run trains on each collector batch whole (n_envs x n_steps, one minibatch "
-            "of whole trajectories); set --n-steps or --n-envs instead"
+            f"--batch-size {t.batch_size}: the torchrl run trains on each collector batch whole (n_envs x n_steps "
+            f"= {whole:,} here, one minibatch of whole trajectories); drop it, or set --n-steps or --n-envs"
         )
     check_envs(opts, t)
     check_output(Path(os.fspath(opts.out)), force=opts.force, is_dir=opts.directory)  # before anything is built
