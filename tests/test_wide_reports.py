@@ -301,21 +301,26 @@ def test_sb3_other_envs_none_keeps_the_staleness_section_and_says_why_no_provena
     json.dumps(summ.to_dict(), allow_nan=False)
 
 
+def _none_staleness(out, env_id: str, framework: str, *sizes: str) -> dict:
+    """``lstm-probe run ENV_ID --framework FRAMEWORK SIZES`` at hidden 8 with ``--capture summary --trace-envs 2
+    --other-envs none`` into ``out``, then its report's staleness section, read as strict JSON."""
+    cmd = [sys.executable, "-m", "lstm_probe", "run", env_id, "--framework", framework, *sizes, "--hidden-size", "8"]
+    cmd += ["--capture", "summary", "--trace-envs", "2", "--other-envs", "none", "--out", str(out)]
+    env = {**__import__("os").environ, "OMP_NUM_THREADS": "1"}
+    made = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    assert made.returncode == 0, made.stderr
+    j = subprocess.run([sys.executable, "-m", "lstm_probe.cli", "report", str(out), "--json"], capture_output=True)
+    assert j.returncode == 0, j.stderr
+    return _strict_json(j.stdout.decode())["staleness"]
+
+
 def test_rsl_rl_other_envs_none_orders_minibatches_by_their_position_and_says_whose_drift(tmp_path):
     """rsl_rl gives envs 0..K-1 to minibatch 0 of every epoch: a --other-envs none log's drifts are minibatch 0's
     alone (epoch 0's: before any optimizer step, so 0), and the report says so in text and JSON. Its minibatch
     orders are epoch x num_mini_batches (0, 4, 8, ...), not 0, 1, 2 as if each were the next minibatch."""
     pytest.importorskip("rsl_rl")
     out = tmp_path / "none.parquet"
-    cmd = [sys.executable, "-m", "lstm_probe", "run", "Pendulum-v1", "--framework", "rsl_rl", "--torch-env"]
-    cmd += ["--n-envs", "16", "--steps", "768", "--hidden-size", "8", "--capture", "summary", "--trace-envs", "2"]
-    cmd += ["--other-envs", "none", "--out", str(out)]
-    env = {**__import__("os").environ, "OMP_NUM_THREADS": "1"}
-    made = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    assert made.returncode == 0, made.stderr
-    j = subprocess.run([sys.executable, "-m", "lstm_probe.cli", "report", str(out), "--json"], capture_output=True)
-    assert j.returncode == 0, j.stderr
-    st = _strict_json(j.stdout.decode())["staleness"]
+    st = _none_staleness(out, "Pendulum-v1", "rsl_rl", "--torch-env", "--n-envs", "16", "--steps", "768")
     per_epoch = lstm_probe.read_info(out).metadata["hyperparameters"]["num_mini_batches"]
     epochs = lstm_probe.read_info(out).metadata["hyperparameters"]["num_learning_epochs"]
     orders = [per_epoch * e for e in range(epochs)]
@@ -334,15 +339,8 @@ def test_torchrl_other_envs_none_trains_every_minibatch_on_the_kept_envs(tmp_pat
     not. A --other-envs none log's drifts are then every minibatch's, and no line says they come from some only;
     the epochs of the staleness table are integers in the JSON, as by_update's are (they read 0.0)."""
     pytest.importorskip("torchrl")
-    out = tmp_path / "none.parquet"
-    cmd = [sys.executable, "-m", "lstm_probe", "run", "CartPole-v1", "--framework", "torchrl", "--n-envs", "4"]
-    cmd += ["--n-steps", "16", "--steps", "128", "--hidden-size", "8", "--capture", "summary", "--trace-envs", "2"]
-    cmd += ["--other-envs", "none", "--out", str(out)]
-    env = {**__import__("os").environ, "OMP_NUM_THREADS": "1"}
-    made = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    assert made.returncode == 0, made.stderr
-    j = subprocess.run([sys.executable, "-m", "lstm_probe.cli", "report", str(out), "--json"], capture_output=True)
-    assert j.returncode == 0, j.stderr
-    st = _strict_json(j.stdout.decode())["staleness"]
+    st = _none_staleness(
+        tmp_path / "none.parquet", "CartPole-v1", "torchrl", "--n-envs", "4", "--n-steps", "16", "--steps", "128"
+    )
     assert st["minibatches_per_epoch"] == 1 and st["by_epoch"] and st["drift_from"] is None
     assert all(type(row["epoch"]) is int for row in st["by_epoch"])
