@@ -14,7 +14,6 @@ import pyarrow.dataset as ds
 
 from lstm_probe.contract import Capabilities
 from lstm_probe.log import budget
-from lstm_probe.log.schema import traced_envs
 from lstm_probe.report.numeric import dense_key, group_stats, groups, labelled_groups, mean_max, present
 from lstm_probe.report.scan import Chunk, Frame, chunks, fit, read_scalars
 from lstm_probe.report.section import (
@@ -226,17 +225,6 @@ def minibatches_per_epoch(meta: dict[str, Any], caps: Capabilities) -> int | Non
     return (_count(sampling.get("minibatches_per_epoch")) or None) if isinstance(sampling, dict) else None
 
 
-def kept_envs(meta: dict[str, Any]) -> int | None:
-    """K of a log that keeps the rows of envs 0..K-1 alone (``--trace-envs K --other-envs none``, fewer than its
-    envs); None where every env has rows."""
-    capture = meta.get("capture")
-    k = traced_envs(capture)
-    if k is None or not isinstance(capture, dict) or capture.get("other_envs") != "none":
-        return None
-    n = _count(meta.get("n_envs"))
-    return None if n and k >= n else k
-
-
 def _indices(values: list[int], per_epoch: int | None) -> str:
     """'minibatches 1 and 3 of 4 per epoch'."""
     words = [str(v) for v in values]
@@ -343,7 +331,7 @@ class Staleness(Section[StalenessSection]):
             row = {"module": module, "layer": layer, "update": order, "epoch": int(ep), "minibatch": int(mb)}
             by_update.append(row | {"rows": int(s[0])} | mean_max(s, 1, "drift_h") | mean_max(s, 4, "drift_c"))
         by_update.sort(key=lambda r: (r["module"], r["layer"], r["update"]))
-        kept = kept_envs(log.meta)
+        kept = log.kept_envs
         note = None
         if ok is None and out["position"]:
             first_epoch = sorted({int(k[3]) for k in acc.update if k[2] == 0})
