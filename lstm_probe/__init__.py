@@ -20,7 +20,7 @@ if TYPE_CHECKING:  # the checker sees the real names; at run time __getattr__ im
     from lstm_probe.log.budget import set_limit as set_max_memory
     from lstm_probe.log.paired import pair
     from lstm_probe.log.reader import LogInfo, load, read_info, states
-    from lstm_probe.options import CaptureOptions, Measure, RunResult, TrainOptions
+    from lstm_probe.options import CaptureOptions, Measure, Placement, RunResult, TrainOptions
     from lstm_probe.report import summarize
     from lstm_probe.report.probes import probe
 
@@ -47,6 +47,7 @@ _LAZY: dict[str, tuple[str, str]] = {  # name: (module, its attribute; "" for th
     "run": ("lstm_probe.integrations.sb3.run", "run"),
     "Build": ("lstm_probe.integrations.sb3.options", "Build"),
     "Measure": ("lstm_probe.options", "Measure"),
+    "Placement": ("lstm_probe.options", "Placement"),
     "arch": ("lstm_probe.integrations.sb3.commands", "arch"),
     "load_model": ("lstm_probe.integrations.sb3.commands", "load_model"),
     "watch": ("lstm_probe.integrations.sb3.watch", "watch"),  # the doctor over predict calls outside learn()
@@ -65,6 +66,7 @@ __all__ = [
     "LogInfo",
     "Measure",
     "OutputError",
+    "Placement",
     "ProbeCallback",
     "ProbeError",
     "RunResult",

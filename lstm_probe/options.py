@@ -526,6 +526,15 @@ class RunResult:
 
 
 @dataclass(frozen=True)
+class Placement:
+    """Where a training run (``lstm-probe run``) trains: one declaration that each framework whose ``run`` places
+    its policy takes (sb3's model, rsl_rl's runner and env: ``--framework F --device D``); checked before anything
+    is built (``integrations/devices.py``)."""
+
+    device: str = option("auto", "Torch device: auto (CUDA where torch sees one), cpu, cuda, cuda:1...")
+
+
+@dataclass(frozen=True)
 class Measure:
     """What the probe measures beyond the states, on a copy of the policy (``ProbeCallback``'s, ``rsl_rl.attach``'s and
     ``torchrl.attach``'s keyword arguments of these names): each framework that provides the capability takes it

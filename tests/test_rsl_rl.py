@@ -330,3 +330,51 @@ def test_more_minibatches_than_envs_trains_on_empty_ones_and_the_report_says_so(
     r = subprocess.run([sys.executable, "-m", "lstm_probe.cli", "report", str(out)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert "had no batch column" in " ".join((r.stdout + r.stderr).replace("│", " ").split())
+
+
+def test_device_flag_is_checked_before_anything_is_built(tmp_path):
+    """rsl_rl's runs take ``--device`` as sb3's do (the env and the runner on it; ``auto``: CUDA where torch sees
+    one): a word torch does not take, or CUDA where torch sees none, is refused in one line before any env is made;
+    the CPU trains as before."""
+    import torch
+
+    from tests.refusals import one_line_error
+
+    run = [sys.executable, "-m", "lstm_probe.cli", "run", "Pendulum-v1", "--framework", "rsl_rl", "--n-envs", "4"]
+    run += ["--n-steps", "8", "--steps", "32", "--hidden-size", "8", "--n-epochs", "1", "-q"]
+    r = subprocess.run(
+        [*run, "--device", "bogus", "--out", str(tmp_path / "b.parquet")], capture_output=True, text=True
+    )
+    one_line_error(r, "--device 'bogus': Expected one of cpu")
+    if not torch.cuda.is_available():
+        r = subprocess.run(
+            [*run, "--device", "cuda", "--out", str(tmp_path / "c.parquet")], capture_output=True, text=True
+        )
+        one_line_error(r, "--device cuda: CUDA is not available here; use --device cpu")
+    assert not (tmp_path / "b.parquet").exists() and not (tmp_path / "c.parquet").exists()
+    r = subprocess.run([*run, "--device", "cpu", "--out", str(tmp_path / "cpu.parquet")], capture_output=True)
+    assert r.returncode == 0, r.stderr
+    assert lstm_probe.read_info(tmp_path / "cpu.parquet").rows > 0
+
+
+def test_one_device_option_for_sb3_and_rsl_rl(tmp_path):
+    """``--device`` is one declaration (``Placement``) that sb3's and rsl_rl's runs take: the CLI's help names
+    both, a keyword ``device=`` reaches each framework's run, and TorchRL's run refuses it in one line."""
+    import dataclasses
+
+    from lstm_probe import integrations
+    from lstm_probe.options import Placement
+    from tests.refusals import one_line_error
+
+    takes = {n for n, f in integrations.FRAMEWORKS.items() if "device" in integrations.run_options(f)}
+    assert takes == {"sb3", "rsl_rl"}
+    assert [f.name for f in dataclasses.fields(Placement)] == ["device"]
+    with pytest.raises(lstm_probe.BadInput, match="--device 'bogus'"):
+        lstm_probe.run("Pendulum-v1", steps=8, device="bogus", out=tmp_path / "never.parquet")
+    assert not list(tmp_path.iterdir())
+    r = subprocess.run(
+        [sys.executable, "-m", "lstm_probe.cli", "run", "Pendulum-v1", "--framework", "torchrl", "--device", "cpu"],
+        capture_output=True,
+        text=True,
+    )
+    one_line_error(r, "--device applies to --framework sb3 and rsl_rl only")

@@ -97,6 +97,7 @@ FRAMEWORKS: dict[str, Framework] = {
             title="RecurrentPPO",
             groups=(
                 ("build_options", "lstm_probe.integrations.sb3.options:Build"),
+                ("placement", "lstm_probe.options:Placement"),
                 ("measure", "lstm_probe.options:Measure"),
             ),
             arch_options=("critic_lstm", "lstm_layers", "hyperparams", "env_id", "trust_model", "dot", "svg", "png"),
@@ -130,6 +131,7 @@ FRAMEWORKS: dict[str, Framework] = {
             arch_options=("rnn_type", "lstm_layers", "dot", "svg", "png"),
             groups=(
                 ("rsl_rl", "lstm_probe.integrations.rsl_rl.options:RslRl"),
+                ("placement", "lstm_probe.options:Placement"),
                 ("measure", "lstm_probe.options:Measure"),
             ),
             extra="rsl-rl",

@@ -1,6 +1,6 @@
 """The torch device a training run (``lstm-probe run``) trains on, checked before anything is built: sb3's
-``--device`` (``auto``, ``cpu``, ``cuda``, ``cuda:1``, ...), refused in one line; any framework's run that takes
-a device checks it here."""
+``--device`` and rsl_rl's take the same words (``auto``, ``cpu``, ``cuda``, ``cuda:1``, ...) and refuse the same
+way, in one line."""
 
 from __future__ import annotations
 

@@ -17,6 +17,7 @@ import torch
 from lstm_probe.capture import life
 from lstm_probe.deploy import saved
 from lstm_probe.errors import BadInput
+from lstm_probe.integrations import devices
 from lstm_probe.integrations.rsl_rl import arch as analysis
 from lstm_probe.integrations.rsl_rl.envs import GymVecEnv, TorchPendulumVecEnv
 from lstm_probe.integrations.rsl_rl.options import RslRl
@@ -25,6 +26,7 @@ from lstm_probe.log.layout import check_output
 from lstm_probe.options import (
     CaptureOptions,
     Measure,
+    Placement,
     RunResult,
     TrainOptions,
     check_env_count,
@@ -140,6 +142,7 @@ def run(
     options: CaptureOptions | None = None,
     train: TrainOptions | None = None,
     rsl_rl: RslRl | None = None,
+    placement: Placement | None = None,
     measure: Measure | None = None,
     command: str | None = None,
     progress: Callable[[int, int], None] | None = None,
@@ -149,18 +152,22 @@ def run(
 
     Settings: ``options`` (:class:`~lstm_probe.options.CaptureOptions`), ``train``
     (:class:`~lstm_probe.options.TrainOptions`), ``rsl_rl`` (:class:`~lstm_probe.integrations.rsl_rl.options.RslRl`),
+    ``placement`` (:class:`~lstm_probe.options.Placement`: the runner's and the env's device; ``auto``: CUDA where
+    torch sees one),
     ``measure`` (:class:`~lstm_probe.options.Measure`: what-if);
     keyword arguments of their fields' names override them. Defaults: rsl_rl's own where it has them (24 steps
     per env, 5 epochs, learning rate 1e-3 with the adaptive schedule), a 64-unit RNN and (64, 64) heads;
     minibatches of ``batch_size`` timesteps (whole envs: rsl_rl cuts minibatches by env), else 4 (at most
     ``n_envs``). ``steps`` is rounded up to whole iterations of n_envs x n_steps.
     """
-    cap, tr, own, me = route(overrides, (CaptureOptions, TrainOptions, RslRl, Measure), "run --framework rsl_rl")
+    groups = (CaptureOptions, TrainOptions, RslRl, Placement, Measure)
+    cap, tr, own, pl, me = route(overrides, groups, "run --framework rsl_rl")
     if out is not None:
         cap["out"] = out
     opts = settle(CaptureOptions, options, cap)
     t = settle(TrainOptions, train, tr)
     r = settle(RslRl, rsl_rl, own)
+    p = settle(Placement, placement, pl)
     m = settle(Measure, measure, me)
     check_envs(opts, t)
     check_output(Path(os.fspath(opts.out)), force=opts.force, is_dir=opts.directory)  # before anything is built
@@ -172,6 +179,7 @@ def run(
     per_batch = t.batch_size or max(1, n_envs * n_steps // 4)
     mini_batches = min(n_envs, max(1, n_envs * n_steps // per_batch))
     iterations = math.ceil(t.steps / (n_envs * n_steps))
+    device = devices.checked(p.device)  # the runner and the env on it (build_runner: the env's device)
     torch.set_num_threads(t.torch_threads or 1)
     if t.seed is not None:
         torch.manual_seed(t.seed)
@@ -179,7 +187,7 @@ def run(
         what = "gymnasium envs for --framework rsl_rl (one Python object each); --torch-env takes more"
         check_env_count(n_envs, MAX_GYM_ENVS, what)
     check_size(t, n_steps=n_steps, hidden_size=t.hidden_size or 64, layers=r.rnn_layers)  # before any env is made
-    env = make_env(env_id, n_envs, seed=t.seed or 0, torch_env=r.torch_env, device="cpu")
+    env = make_env(env_id, n_envs, seed=t.seed or 0, torch_env=r.torch_env, device=device)
     cfg = train_cfg(
         num_steps_per_env=n_steps,
         num_mini_batches=mini_batches,

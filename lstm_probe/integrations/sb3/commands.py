@@ -13,7 +13,7 @@ from lstm_probe.integrations.sb3.arch import Architecture
 from lstm_probe.integrations.sb3.arch import arch as analyse
 from lstm_probe.integrations.sb3.options import Build
 from lstm_probe.log.budget import open_regular
-from lstm_probe.options import RunResult, TrainOptions, route, settle
+from lstm_probe.options import Placement, RunResult, TrainOptions, route, settle
 
 __all__ = ["arch", "default_threads", "load_model", "run"]
 
@@ -22,16 +22,16 @@ def run(
     env_id: str,
     *,
     train: TrainOptions | None = None,
-    build_options: Build | None = None,
+    placement: Placement | None = None,
     **kwargs: Any,
 ) -> RunResult:
     """``lstm_probe.run`` with the CLI's thread default: ``torch_threads`` None takes
     :func:`default_threads`. Takes what ``lstm_probe.run`` takes."""
-    tr, bo, rest = route(kwargs, (TrainOptions, Build), "run", rest=True)
-    t, b = settle(TrainOptions, train, tr), settle(Build, build_options, bo)
+    tr, pl, rest = route(kwargs, (TrainOptions, Placement), "run", rest=True)
+    t, p = settle(TrainOptions, train, tr), settle(Placement, placement, pl)
     if t.torch_threads is None:
-        t = dataclasses.replace(t, torch_threads=default_threads(env_id, b.device))
-    return training.run(env_id, train=t, build_options=b, **rest)
+        t = dataclasses.replace(t, torch_threads=default_threads(env_id, p.device))
+    return training.run(env_id, train=t, placement=p, **rest)
 
 
 def default_threads(env_id: str, device: str) -> int | None:

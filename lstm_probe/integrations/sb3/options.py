@@ -19,7 +19,6 @@ class Build:
 
     lstm_layers: int | None = option(None, "LSTM layers.", shown="1")
     critic_lstm: bool = option(True, "Give the critic its own LSTM.")
-    device: str = option("auto", "Torch device: auto, cpu, cuda, cuda:1...")
     hyperparams: Mapping[str, Any] | Sequence[str] | None = option(
         None,
         "KEY=VALUE passed to RecurrentPPO; repeatable.",

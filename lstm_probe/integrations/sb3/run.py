@@ -20,6 +20,7 @@ from lstm_probe.integrations.sb3.options import Build, Measure
 from lstm_probe.log.layout import check_output
 from lstm_probe.options import (
     CaptureOptions,
+    Placement,
     Progress,
     RunResult,
     TrainOptions,
@@ -75,15 +76,21 @@ def policy_for(observation_space: Any) -> str:
     )
 
 
-def build(env_id: str, train: TrainOptions | None = None, build_options: Build | None = None) -> Any:
-    """The RecurrentPPO that ``run`` trains: env, policy class by observation space, sb3-contrib defaults."""
+def build(
+    env_id: str,
+    train: TrainOptions | None = None,
+    build_options: Build | None = None,
+    placement: Placement | None = None,
+) -> Any:
+    """The RecurrentPPO that ``run`` trains: env, policy class by observation space, sb3-contrib defaults, on
+    ``placement``'s device."""
     check_env_id(env_id)
-    t, b = train or TrainOptions(), build_options or Build()
+    t, b, device = train or TrainOptions(), build_options or Build(), (placement or Placement()).device
     hyperparams = b.hyperparams
     if hyperparams is not None and not isinstance(hyperparams, Mapping):
         hyperparams = parse_hyperparams(hyperparams)
     kwargs = dict(hyperparams or {})
-    seed, n_envs, hidden_size, lstm_layers, device = t.seed, t.n_envs, t.hidden_size, b.lstm_layers, b.device
+    seed, n_envs, hidden_size, lstm_layers = t.seed, t.n_envs, t.hidden_size, b.lstm_layers
     shared_lstm, critic_lstm, torch_threads = t.shared_lstm, b.critic_lstm, t.torch_threads
     if shared_lstm and critic_lstm:
         critic_lstm = False  # sb3-contrib asserts against both; --shared-lstm means the critic reads the actor's LSTM
@@ -160,6 +167,7 @@ def run(
     options: CaptureOptions | None = None,
     train: TrainOptions | None = None,
     build_options: Build | None = None,
+    placement: Placement | None = None,
     measure: Measure | None = None,
     command: str | None = None,
     progress: Progress | None = None,
@@ -171,25 +179,27 @@ def run(
     The settings come as objects, each declared once with its defaults and checks: ``options``
     (:class:`~lstm_probe.options.CaptureOptions`: the log), ``train``
     (:class:`~lstm_probe.options.TrainOptions`: steps [250], envs, rollout, ...), ``build_options``
-    (:class:`~lstm_probe.integrations.sb3.options.Build`: layers, critic LSTM, device, ``hyperparams``) and
+    (:class:`~lstm_probe.integrations.sb3.options.Build`: layers, critic LSTM, ``hyperparams``), ``placement``
+    (:class:`~lstm_probe.options.Placement`: the device) and
     ``measure`` (:class:`~lstm_probe.integrations.sb3.options.Measure`: what-if, memory, observations).
     Keyword arguments of any of their fields' names override them (``run("Pendulum-v1", steps=4096,
     what_if=True)``); an unknown name is refused. Every option is checked before training starts; those
     left None take sb3-contrib's defaults. ``hyperparams``: RecurrentPPO keyword arguments, as a dict or as
     ``KEY=VALUE`` strings (the CLI's ``--hyperparam``).
     """
-    cap, tr, bo, me = route(overrides, (CaptureOptions, TrainOptions, Build, Measure), "run")
+    cap, tr, bo, pl, me = route(overrides, (CaptureOptions, TrainOptions, Build, Placement, Measure), "run")
     if out is not None:
         cap["out"] = out
     opts = settle(CaptureOptions, options, cap)
     t = settle(TrainOptions, train, tr)
     b = settle(Build, build_options, bo)
+    p = settle(Placement, placement, pl)
     m = settle(Measure, measure, me)
     check_envs(opts, t)
     check_output(Path(os.fspath(opts.out)), force=opts.force, is_dir=opts.directory)
     saved_as = saved.beside(opts.out, "model.zip")  # the trained model, for `lstm-probe export`
     saved.check_free(saved_as, opts.force)
-    model = build(env_id, t, b)
+    model = build(env_id, t, b, p)
     env = model.get_env()
 
     from stable_baselines3.common.callbacks import BaseCallback, CallbackList
