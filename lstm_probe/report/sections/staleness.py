@@ -48,6 +48,10 @@ def provenance_tolerance(meta: dict[str, Any]) -> float:
     return TF32_PROVENANCE_TOLERANCE if meta.get("cudnn_tf32") is True else PROVENANCE_TOLERANCE
 
 
+PROVENANCE_NOT_MADE = "the provenance check: not made (the staleness section says why)"
+"""What "not in this log" says of a provenance check not made: its reason (``provenance_note``) is shown once, in
+the staleness section."""
+
 STALENESS_COLUMNS = ["module", "layer", "phase", "iteration", "epoch", "minibatch", "t", "seq_len", "padding"]
 STALENESS_COLUMNS += ["drift_h", "drift_c"]
 UPPER_TRAIN = (ds.field("layer") > 0) & (ds.field("t") >= 0) & (ds.field("phase") == "train")
@@ -365,7 +369,8 @@ class Staleness(Section[StalenessSection]):
                 "step (an own loop: tag env and env_step on its rollout and train calls, and keep lstm_probe.trace()'s "
                 "default reference_window)"
             ]
-        return [f"the provenance check: {data.provenance_note}"] if data.provenance_note else []
+        # the reason is the staleness section's, shown there beside the drifts it qualifies: said once
+        return [PROVENANCE_NOT_MADE] if data.provenance_note else []
 
     def warnings(self, data: StalenessSection, log: Log) -> list[str]:
         if data.provenance_ok is not False:
