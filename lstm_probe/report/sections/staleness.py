@@ -29,6 +29,7 @@ from lstm_probe.report.section import (
     Sum,
     Table,
     fmt,
+    kept_columns,
 )
 from lstm_probe.text import safe
 
@@ -89,6 +90,13 @@ class StalenessSection:
     drift_from: str | None = None
     """Where the log keeps only some envs' rows (``--trace-envs K --other-envs none``): which minibatches the
     figures come from (those that held the kept envs), as the report prints it."""
+    kept_envs: int | None = None
+    """K where the log keeps the rows of env columns 0..K-1 alone (``--trace-envs K --other-envs none``): the
+    provenance check and the drifts are then of those columns, and the findings say so; None: of every column."""
+    n_envs: int | None = None
+    """The run's envs, as its metadata says (per env runner where ``env_runners``)."""
+    env_runners: int | None = None
+    """RLlib: the env runners, where more than one, that stepped ``n_envs`` envs each."""
 
 
 def _drift_groups() -> GroupStats:
@@ -358,6 +366,9 @@ class Staleness(Section[StalenessSection]):
             drift_from=None
             if kept is None or not out["epoch"] or every_minibatch(acc, per_epoch)
             else _drift_from(kept, seen, per_epoch, acc),
+            kept_envs=kept,
+            n_envs=log.n_envs,
+            env_runners=log.env_runners,
         )
 
     def unavailable(self, data: StalenessSection, log: Log) -> list[str]:
@@ -388,13 +399,15 @@ class Staleness(Section[StalenessSection]):
     def findings(self, data: StalenessSection) -> list[str]:
         st = data
         out: list[str] = []
+        kept = kept_columns(st.kept_envs, st.n_envs, st.env_runners)
+        of = f" of {kept} (the only env columns with rows)" if kept else ""
         if st.provenance_ok is not None:
             c = "" if st.provenance_max_drift_c is None else f" and {st.provenance_max_drift_c:.2g} (c)"
             verdict = "OK" if st.provenance_ok else "FAILED"
             out.append(
                 f"provenance check {verdict}: in the first minibatch (before any optimizer step) train states differ "
                 f"from the rollout states of the same env step by at most {st.provenance_max_drift_h:.2g} (h){c} "
-                f"relative to the rollout state's norm, over {st.provenance_check_rows:,} rows"
+                f"relative to the rollout state's norm, over {st.provenance_check_rows:,} rows{of}"
                 f"{_layers(st.provenance_by_layer)}"
             )
         last_epoch: dict[str, float] = {}
@@ -409,13 +422,13 @@ class Staleness(Section[StalenessSection]):
                 ratio = b / a
                 far, near = ("critic", "actor") if ratio >= 1 else ("actor", "critic")
                 out.append(
-                    f"by the last epoch {far} states are {max(ratio, 1 / ratio):.1f}x as far from their rollout "
+                    f"by the last epoch {far} states{of} are {max(ratio, 1 / ratio):.1f}x as far from their rollout "
                     f"states as {near} states{where} (mean relative drift actor {a:.2g}, critic {b:.2g})"
                 )
         elif last_epoch:
             for m, v in last_epoch.items():
                 out.append(
-                    f"by the last epoch {m} states{where} drift {v:.2g} from the rollout states (mean relative L2 "
+                    f"by the last epoch {m} states{of}{where} drift {v:.2g} from the rollout states (mean relative L2 "
                     "distance)"
                 )
         return out
