@@ -97,6 +97,7 @@ def test_rsl_rl_other_envs_none_report_says_its_shapes_are_the_kept_columns(tmp_
     assert not any("batch dimension" in f for f in rep.findings), rep.findings
     assert any("batch dimension" in u and "env columns 0..1" in u for u in rep.unavailable)
     assert "Rollout calls have batch 2 here: the log keeps the rows of env columns 0..1" in rep.calls.explanation
+    assert "(the other envs' have no rows); 4 minibatches hold rows of them;" in rep.calls.explanation
     words = _words(out)
     assert "Calls with rows of env columns 0..1" in words
     assert "sequences of env columns 0..1 per training minibatch (4 minibatches hold rows of them): 2 seq: 4" in words

@@ -154,6 +154,11 @@ def test_a_log_whose_sequences_start_at_rollout_or_episode_starts_has_no_stale_s
     assert "by construction: from stored states values move by 0% of the return spread" in matters
     assert not any("stored states went stale" in x or "it does not matter here" in x for x in v["lines"])
     assert drift in words and matters in words
+    if framework != "own":  # the calls section's line gives the run's minibatch count, as sb3's does
+        n = doc["calls"]["minibatches"]
+        assert n > 1 and f"sequence per minibatch, over {n} minibatches;" in doc["calls"]["explanation"].replace(
+            "sequences per", "sequence per"
+        )
 
 
 def test_an_own_loop_that_records_no_start_reason_is_not_told_its_stored_states_went_stale(tmp_path):
