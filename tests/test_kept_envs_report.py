@@ -97,9 +97,21 @@ def test_rsl_rl_other_envs_none_report_says_its_shapes_are_the_kept_columns(tmp_
     assert not any("batch dimension" in f for f in rep.findings), rep.findings
     assert any("batch dimension" in u and "env columns 0..1" in u for u in rep.unavailable)
     assert "Rollout calls have batch 2 here: the log keeps the rows of env columns 0..1" in rep.calls.explanation
+    assert "(the other envs' have no rows); 4 minibatches hold rows of them;" in rep.calls.explanation
     words = _words(out)
     assert "Calls with rows of env columns 0..1" in words
     assert "sequences of env columns 0..1 per training minibatch (4 minibatches hold rows of them): 2 seq: 4" in words
+    # the staleness findings: the drifts and the provenance check are of the kept columns, and say so
+    stale = [f for f in rep.findings if "from their rollout states" in f or f.startswith("provenance check")]
+    assert len(stale) == 2, rep.findings
+    of = "of env columns 0..1 of 16 (the only env columns with rows)"
+    assert all(of in f for f in stale), stale
+    assert any(
+        f.startswith((f"by the last epoch critic states {of} are", f"by the last epoch actor states {of} are"))
+        for f in stale
+    ), stale
+    assert all(" ".join(f.split()) in words for f in stale)
+    assert rep.staleness.kept_envs == 2 and rep.staleness.n_envs == 16
 
 
 def test_doctor_says_what_a_play_loops_other_columns_are(tmp_path):

@@ -235,3 +235,33 @@ def test_capture_obs_keeps_what_each_env_returned(tmp_path: Path) -> None:
         assert np.array_equal(got, np.stack(seen[: len(got)]).astype(np.float32))
     # the rows' own provenance agrees: an episode's first row holds a reset observation
     assert df["obs"].map(len).eq(4).all()
+
+
+_TEXT: dict = {"capture_output": True, "text": True, "check": True}
+
+
+def test_what_if_and_memory_count_kept_columns_per_env_runner(tmp_path):
+    """Two env runners of 2 envs each, --trace-envs 1 --other-envs none: the log keeps env column 0 of each
+    runner's 2. The what-if and memory sections say so as the calls section does, never "of 2" (the run's 4 envs
+    are 2 per runner) nor of the envs the memory sampled."""
+    small = ["--env-runners", "2", "--steps", "128", "--n-envs", "2", "--n-steps", "32", "--batch-size", "32"]
+    small += ["--n-epochs", "2", "--hidden-size", "8", "--max-seq-len", "8", "--capture", "summary"]
+    r = _cli(
+        "run", "CartPole-v1", "--framework", "rllib", *small, "--trace-envs", "1", "--other-envs", "none",
+        "--what-if", "--memory", "--out", "k/", cwd=tmp_path,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    rep = lstm_probe.summarize(tmp_path / "k")
+    kept = "env column 0 of each runner's 2"
+    assert kept in rep.calls.explanation  # the calls section's words, which the others now share
+    assert rep.what_if.measured and rep.memory.measured
+    assert rep.what_if.scope.endswith(f"not only {kept} that the log keeps rows of"), rep.what_if.scope
+    assert rep.memory.scope["bptt"].startswith(f"{kept} alone"), rep.memory.scope
+    assert rep.what_if.env_runners == 2 and rep.memory.env_runners == 2
+    bptt = [f for f in rep.findings if "through the training sequences of env column" in f]
+    assert bptt and all(f"through the training sequences of {kept}" in f for f in bptt), bptt
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
+    text = subprocess.run([sys.executable, "-m", "lstm_probe", "report", str(tmp_path / "k")], **_TEXT, env=env)
+    words = " ".join(text.stdout.replace("│", " ").split())
+    assert f"training sequences (BPTT) of {kept} (the only env columns with rows)" in words
+    assert "env column 0 of 2 " not in words and "env column 0 of 2:" not in words

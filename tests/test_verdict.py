@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from lstm_probe.contract import Capabilities
 from lstm_probe.report.sections.staleness import StalenessSection
 from lstm_probe.report.sections.what_if import WhatIfSection
@@ -89,6 +91,10 @@ def test_every_report_opens_with_the_verdict(tmp_path):
     assert text.stdout.lstrip().startswith("╭") and text.stdout.index("Verdict") < text.stdout.index("1. Run")
     doc = json.loads(subprocess.run([*cmd, "--json"], capture_output=True, text=True, check=True).stdout)
     assert doc["verdict"]["stale"] is True and doc["verdict"]["matters"] is None
+    # sb3 cuts sequences mid-rollout and starts them from stored states: those went stale, as the verdict says
+    assert {"split", "minibatch_cut"} <= set(doc["calls"]["sequence_start_reasons"])
+    assert doc["verdict"]["stored_starts"] is True
+    assert doc["verdict"]["lines"][0].startswith("stored states went stale: by the last epoch")
     assert list(doc)[:4] == ["path", "schema_version", "warnings", "verdict"]
 
 
@@ -98,3 +104,71 @@ def test_percentages_are_never_in_exponent_form():
 
     cases = {0.0037: "0.37%", 0.04: "4%", 0.999: "100%", 1.26: "130%", 24.0: "2400%", -2.0: "-200%"}
     assert {x: _pct(x) for x in cases} == cases
+
+
+def _report(log: Path) -> tuple[dict, str]:
+    """The report of ``log`` through the CLI: its JSON and its text, in words (box lines dropped)."""
+    cmd = [sys.executable, "-m", "lstm_probe", "report", str(log)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
+    doc = json.loads(subprocess.run([*cmd, "--json"], capture_output=True, text=True, check=True, env=env).stdout)
+    text = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env).stdout
+    return doc, " ".join(text.replace("│", " ").split())
+
+
+def _made(args: list[str], cwd: Path) -> None:
+    done = subprocess.run(args, capture_output=True, text=True, cwd=cwd, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+RUNS = {
+    "rsl_rl": ["Pendulum-v1", "--framework", "rsl_rl", "--steps", "96", "--n-envs", "2"],
+    "torchrl": ["CartPole-v1", "--framework", "torchrl", "--steps", "128", "--n-envs", "2", "--n-steps", "32"],
+}
+
+
+@pytest.mark.parametrize("framework", ["rsl_rl", "torchrl", "own"])
+def test_a_log_whose_sequences_start_at_rollout_or_episode_starts_has_no_stale_stored_states(tmp_path, framework):
+    """rsl_rl, TorchRL and CleanRL's loop start each training sequence at its rollout's start or at an episode
+    start: no stored mid-rollout state to go stale, the what-if's stored states are refreshed ones (0 by
+    construction), and the drift is the training pass recomputing the states with the new weights. The verdict
+    says that, never "stored states went stale" (read from the start reasons the log records, and for an own loop,
+    which records none, from the what-if's stored states)."""
+    pytest.importorskip({"rsl_rl": "rsl_rl", "torchrl": "torchrl", "own": "torch"}[framework])
+    log = tmp_path / "r.parquet"
+    if framework == "own":
+        args = [sys.executable, str(ROOT / "examples" / "cleanrl_lstm.py"), "--iterations", "2", "--num-envs", "2"]
+        _made([*args, "--num-steps", "32", "--what-if", "--out", str(log)], tmp_path)
+    else:
+        run = [sys.executable, "-m", "lstm_probe", "run", *RUNS[framework], "--hidden-size", "8", "--what-if"]
+        _made([*run, "--out", str(log), "-q"], tmp_path)
+    doc, words = _report(log)
+    v = doc["verdict"]
+    reasons = doc["calls"]["sequence_start_reasons"]
+    assert set(reasons) <= {"env_boundary", "episode_start"} and (framework == "own") == (not reasons)
+    assert v["stored_starts"] is False and v["drift"] and v["matters"] is False and v["burn_in"] == 0
+    drift, matters = v["lines"]
+    assert drift.startswith("training states drifted: " if v["stale"] else "training states stayed close: ")
+    assert "no training sequence starts mid-rollout from a stored state" in drift
+    assert "the drift is the training pass recomputing the states with the updated weights" in drift
+    assert matters.startswith("nothing stale to matter: every training sequence starts at its rollout's start")
+    assert "by construction: from stored states values move by 0% of the return spread" in matters
+    assert not any("stored states went stale" in x or "it does not matter here" in x for x in v["lines"])
+    assert drift in words and matters in words
+    if framework != "own":  # the calls section's line gives the run's minibatch count, as sb3's does
+        n = doc["calls"]["minibatches"]
+        assert n > 1 and f"sequence per minibatch, over {n} minibatches;" in doc["calls"]["explanation"].replace(
+            "sequences per", "sequence per"
+        )
+
+
+def test_an_own_loop_that_records_no_start_reason_is_not_told_its_stored_states_went_stale(tmp_path):
+    """CleanRL's loop without --what-if: the log says neither where its sequences start nor whether stored states
+    equal refreshed ones; the verdict says what it measured and that this is not known."""
+    log = tmp_path / "r.parquet"
+    args = [sys.executable, str(ROOT / "examples" / "cleanrl_lstm.py"), "--iterations", "2", "--num-envs", "2"]
+    _made([*args, "--num-steps", "32", "--out", str(log)], tmp_path)
+    v = _report(log)[0]["verdict"]
+    assert v["stored_starts"] is None and v["drift"]
+    assert v["lines"][0].startswith("training states drifted: " if v["stale"] else "training states stayed close: ")
+    assert "where the training sequences start is not recorded" in v["lines"][0]
+    assert not any("stored states went stale" in x or "stored states stayed fresh" in x for x in v["lines"])

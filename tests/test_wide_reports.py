@@ -278,7 +278,12 @@ def test_sb3_other_envs_none_keeps_the_staleness_section_and_says_why_no_provena
     st = rep["staleness"]
     assert st["provenance_ok"] is None and st["by_epoch"] and st["minibatches_per_epoch"] == 4
     assert "were in no update's first minibatch" in st["provenance_note"]
-    assert [u for u in rep["unavailable"] if "provenance" in u] == [f"the provenance check: {st['provenance_note']}"]
+    # the reason shows once, in the staleness section; "not in this log" points to it
+    assert [u for u in rep["unavailable"] if "provenance" in u] == [
+        "the provenance check: not made (the staleness section says why)"
+    ]
+    assert words.count(" ".join(st["provenance_note"].split())) == 1
+    assert "not in this log: the provenance check: not made (the staleness section says why)" in words
     # the order of each minibatch is its true position in the iteration, with its rows
     order = train["epoch"].astype(int) * 4 + train["minibatch"].astype(int)
     counts = train.groupby([train["module"].astype(str), "layer", order]).size().to_dict()

@@ -239,5 +239,6 @@ def _summarize(path: str | os.PathLike[str], chunk_rows: int, progress: Progress
             kept_envs=log.kept_envs,
             run_envs=log.n_envs,
             runners=log.env_runners,
+            reasons=getattr(results.get("calls"), "sequence_start_reasons", None),
         ),
     )

@@ -20,6 +20,10 @@ from lstm_probe.report.sections.what_if import STORED, WHOLE, WITHIN, ZERO, What
 STALE = 0.01
 """Stored states are called stale when, by the last epoch, the mean relative L2 drift of some module's training
 states from the rollout states of the same env step (layer 0, ||train - rollout|| / ||rollout||) is above this."""
+MID_ROLLOUT = ("split", "minibatch_cut", "max_seq_len")
+"""The start reasons (``seq_reason``) of training sequences that start mid-rollout, from a state the rollout
+stored there with older weights: the only states that can go stale. A sequence that starts at its rollout's start
+('env_boundary') or at an episode start starts from the state refreshed states start from too."""
 
 
 @dataclass
@@ -27,7 +31,15 @@ class Verdict:
     """The report's verdict (its JSON: ``verdict``)."""
 
     stale: bool | None
-    """Stored states went stale (drift above :data:`STALE` by the last epoch); None: unmeasured."""
+    """The drift is above :data:`STALE` by the last epoch; None: unmeasured. Where ``stored_starts`` is False no
+    stored state is involved: the drift is then the training pass recomputing the states with the updated weights,
+    not stale stored states (the lines say which)."""
+    stored_starts: bool | None = None
+    """Some training sequence starts mid-rollout from a state the rollout stored there (its start reason is one of
+    :data:`MID_ROLLOUT`, or the what-if found stored initial states away from refreshed ones): a drift above
+    :data:`STALE` is of stored states gone stale. False: every sequence starts at its rollout's start or at an
+    episode start (the start reasons say so, or the what-if's stored states equal refreshed ones), where stored
+    states are refreshed states by construction. None: the log says neither."""
     drift: dict[str, float] = field(default_factory=dict)
     """Module -> mean relative drift of its layer-0 training states in the last epoch."""
     epoch: int | None = None
@@ -93,17 +105,21 @@ def verdict(
     kept_envs: int | None = None,
     run_envs: int | None = None,
     runners: int | None = None,
+    reasons: dict[str, int] | None = None,
 ) -> Verdict:
     """The verdict of one log from its staleness and what-if sections (either may be None: not computed) and,
     for a sharded log whose drift is paired across processes, its cross-process section. ``kept_envs``: K where
     the log keeps the rows of env columns 0..K-1 alone (``Log.kept_envs``; ``run_envs``: the run's, per env runner
     where ``runners``): the drift is then of those columns, the what-if of whole minibatches, and each line
-    says which."""
+    says which. ``reasons``: why the training sequences start where they do, counted (the calls section's
+    ``sequence_start_reasons``): with the what-if's stored states, whether any starts from a stored mid-rollout
+    state (``Verdict.stored_starts``), and so what the drift is."""
     epoch, drift = _drifts(staleness)
     minibatch, how = None, ""
     if not drift:
         minibatch, drift, how = _minibatch_drifts(cross)
     v = Verdict(stale=None if not drift else max(drift.values()) > STALE, drift=drift, epoch=epoch)
+    v.stored_starts = _stored_starts(reasons, what_if)
     kept = kept_columns(kept_envs, run_envs, runners)
     if kept:
         v.scope = {
@@ -133,22 +149,56 @@ def verdict(
         measure = f"relative L2 drift; {how}" if how else "relative L2 drift"
         if minibatch is not None:
             where = f"by the last minibatch of an update ({minibatch})"
-        if v.stale:
-            v.lines.append(
-                f"stored states went stale: {where} training states{of} lie on average {by} from the rollout states "
-                f"of the same env step ({measure}; stale above {_pct(STALE)})"
-            )
+        lie = f"{where} training states{of} lie on average {by} from the rollout states of the same env step"
+        if v.stored_starts or (v.stored_starts is None and caps.stored_states):
+            said = "stored states went stale" if v.stale else "stored states stayed fresh"
+            v.lines.append(f"{said}: {lie} ({measure}; stale above {_pct(STALE)})")
         else:
-            v.lines.append(
-                f"stored states stayed fresh: {where} training states{of} lie on average {by} from the rollout "
-                f"states of the same env step ({measure}; stale above {_pct(STALE)})"
+            said = "training states drifted" if v.stale else "training states stayed close"
+            bound = f"{'above' if v.stale else 'within'} {_pct(STALE)}"
+            why = (
+                "no training sequence starts mid-rollout from a stored state (each starts at its rollout's start or "
+                "at an episode start), so no stored state went stale: the drift is the training pass recomputing "
+                "the states with the updated weights"
+                if v.stored_starts is False
+                else "the training pass recomputes the states with the updated weights; where the training "
+                "sequences start is not recorded, so whether some start mid-rollout from stored states that went "
+                "stale is not known"
             )
+            v.lines.append(f"{said}: {lie} ({measure}; {bound}): {why}")
     _matters(v, what_if, caps)
     return v
 
 
+def _stored_starts(reasons: dict[str, int] | None, wi: WhatIfSection | None) -> bool | None:
+    """Whether some training sequence starts mid-rollout from a stored state (``Verdict.stored_starts``): from the
+    sequences' start reasons where the log records them, and the what-if's stored initial states where it measured
+    them (any away from refreshed: True; every one equal: False)."""
+    mid = None if not reasons else any(n > 0 for r, n in reasons.items() if r in MID_ROLLOUT)
+    moved = None
+    if wi is not None and wi.measured:
+        rows = [r for r in wi.by_epoch if r.get("alternative") == "stored"]
+        states = [float(x) for r in rows for k, x in r.items() if k.startswith("state_") and x is not None]
+        moved = any(x != 0 for x in states) if states else None
+    if mid or moved:
+        return True
+    return None if mid is None and moved is None else False
+
+
 def _matters(v: Verdict, wi: WhatIfSection | None, caps: Capabilities) -> None:
     if wi is None or not wi.measured or not wi.by_epoch:
+        if v.stored_starts is False:
+            how = (
+                "run with --what-if to measure what the state carried into each rollout is worth (zero states) and "
+                "how long a history would do (burn-ins)"
+                if caps.replay
+                else "--what-if measures what the state carried into each rollout is worth (zero states)"
+            )
+            v.lines.append(
+                "whether it matters for values and actions: no stored state is stale here, so none to matter (no "
+                f"training sequence starts mid-rollout from one); {how}"
+            )
+            return
         if caps.replay:
             how = (
                 "run with --what-if (lstm-probe run ... --what-if; in code, what_if=True where the probe is attached) "
@@ -178,6 +228,14 @@ def _matters(v: Verdict, wi: WhatIfSection | None, caps: Capabilities) -> None:
     on = f"; measured on {WHOLE}, not only the env columns with rows" if v.scope else ""
     effect = f"{values} and the PPO ratio by {_pct(v.ratio_change or 0.0)} against refreshed states (epoch {last}{on})"
     v.burn_in_measured = sorted({*wi.burn_in, *wi.stored_burn_in})
+    if not v.matters and v.stored_starts is False:
+        v.burn_in = 0
+        v.lines.append(
+            "nothing stale to matter: every training sequence starts at its rollout's start or at an episode start, "
+            f"where stored states are refreshed states by construction: from stored states {effect}; no burn-in "
+            "needed"
+        )
+        return
     if not v.matters:
         v.burn_in = 0
         v.lines.append(

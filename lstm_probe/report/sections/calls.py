@@ -168,12 +168,14 @@ def explain(
     kind: str = "LSTM",
     kept: str = "",
     run: dict[str, int] | None = None,
+    total: int = 0,
 ) -> str:
     """Why training batches have the shape they have, in the terms of the log's capabilities (a rollout
     buffer cut into sequences, or chunks cut at max_seq_len). ``batch``: the largest rollout call's batch;
     ``kind``: what the modules are called ('LSTM', 'GRU', 'recurrent module'); ``kept``: the env columns the log
     keeps rows of where it keeps only some (:func:`kept_columns`; the shapes and counts are then theirs);
-    ``run``: the run's own minibatches per path where its metadata counts them (:func:`run_paths`)."""
+    ``run``: the run's own minibatches per path where its metadata counts them (:func:`run_paths`); ``total``: the
+    training minibatches the log holds rows of (said where neither a rollout buffer's paths nor chunks count them)."""
     if not spm:
         return "No training calls were recorded."
     lo, hi = min(spm), max(spm)
@@ -237,6 +239,12 @@ def explain(
             "right; its minibatches slice whole pieces and cycle through the batch across epoch boundaries, so a "
             f"training call's batch is the number of pieces in its minibatch: {held.replace('sequences', 'pieces')}. "
             f"Pieces start at: {_reasons(words, reasons)}. The value pass runs once per update over every piece."
+        )
+    if total:
+        held += (
+            f"; {total:,} minibatches hold rows of them"
+            if kept
+            else f" sequence{'s' if hi > 1 else ''} per minibatch, over {total:,} minibatches"
         )
     return (
         f"{rolled} A training call's batch is the number of sequences in its minibatch: "
@@ -356,7 +364,9 @@ class Calls(Section[CallsSection]):
         by_path = by_count(acc.by_path)
         kind, kept, run = log.kind, log.kept_envs, run_paths(log.meta)
         words = kept_columns(kept, log.n_envs, log.env_runners)
-        explanation = explain(int(acc.roll_batch.value or 0), log.caps, spm, reasons, by_path, kind, words, run)
+        explanation = explain(
+            int(acc.roll_batch.value or 0), log.caps, spm, reasons, by_path, kind, words, run, acc.minibatches.value
+        )
         data = CallsSection(
             groups, spm, reasons, acc.minibatches.value, by_path, explanation, kind, kept, log.n_envs, run
         )

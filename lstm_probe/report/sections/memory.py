@@ -72,22 +72,29 @@ class MemorySection:
     sampled; None where every column has rows."""
     n_envs: int | None = None
     """The envs the horizons and episode lengths are measured on (``sampling.n_envs``; else the run's)."""
+    run_envs: int | None = None
+    """The run's envs, as its metadata says (per env runner where ``env_runners``): the kept columns are of these."""
+    env_runners: int | None = None
+    """RLlib: the env runners, where more than one, that stepped ``run_envs`` envs each."""
     scope: dict[str, str] = field(default_factory=dict)
     """Where the log keeps only some env columns (``kept_envs``): what each figure is of, in words, under
     ``horizons`` (and ``latest``), ``episode_length`` and ``bptt``; empty where every column has rows."""
 
 
-def memory_scope(kept: int | None, n_envs: int | None, run_envs: int | None) -> dict[str, str]:
+def memory_scope(
+    kept: int | None, n_envs: int | None, run_envs: int | None, runners: int | None = None
+) -> dict[str, str]:
     """What the memory figures are of where a log keeps env columns 0..``kept``-1 alone: the horizons and the
     episode lengths of all ``n_envs`` envs (the probe measures them on the whole rollout), the BPTT lengths of the
-    kept columns (read from the log's rows); empty where ``kept`` is None."""
+    kept columns (read from the log's rows; of ``run_envs``, per env runner where ``runners``); empty where
+    ``kept`` is None."""
     if kept is None:
         return {}
     every = f"all {n_envs:,} envs" if n_envs else "every env"
     return {
         "horizons": f"{every} (sampled rollout steps of each env, measured during the run)",
         "episode_length": f"{every} (the rollouts' completed episodes)",
-        "bptt": f"{kept_columns(kept, run_envs or n_envs)} alone (the only env columns with rows in this log)",
+        "bptt": f"{kept_columns(kept, run_envs or n_envs, runners)} alone (the only env columns with rows in this log)",
     }
 
 
@@ -156,7 +163,9 @@ class Memory(Section[MemorySection]):
             seconds=meta.get("seconds"),
             kept_envs=log.kept_envs,
             n_envs=n_envs,
-            scope=memory_scope(log.kept_envs, n_envs, log.n_envs),
+            run_envs=log.n_envs,
+            env_runners=log.env_runners,
+            scope=memory_scope(log.kept_envs, n_envs, log.n_envs, log.env_runners),
         )
         for (iteration, module), curve in sorted(_curves(meta["records"]).items()):
             metric = METRIC.get(module, "kl")
@@ -200,7 +209,7 @@ class Memory(Section[MemorySection]):
             if data.bptt:
                 msg += f"; gradients flow back at most {data.bptt['max']:.0f} (median {data.bptt['median']:.0f})"
                 if scope:
-                    msg += f" through the training sequences of {kept_columns(data.kept_envs, data.n_envs)}"
+                    msg += f" through the training sequences of {_kept(data)}"
             if data.episode_length.get("median") is not None:
                 msg += f"; episodes last {data.episode_length['median']:.0f}"
                 if scope:
@@ -222,7 +231,7 @@ class Memory(Section[MemorySection]):
         every, kept = "", ""
         if data.scope:  # the log keeps some env columns alone: say which figure is of which envs
             every = f" of {_envs(data)}"
-            kept = f" of {kept_columns(data.kept_envs, data.n_envs)} (the only env columns with rows)"
+            kept = f" of {_kept(data)} (the only env columns with rows)"
         lines = (
             f"state zeroed k steps back at {len(sampled.get('steps_per_env') or [])} steps per env{every}, every "
             f"{fmt(sampled.get('every'))} iteration(s) ({fmt(sampled.get('iterations_measured'))} measured, "
@@ -240,6 +249,12 @@ class Memory(Section[MemorySection]):
                 tuple(rows),
             ),
         ]
+
+
+def _kept(data: MemorySection) -> str:
+    """The env columns the log keeps rows of, in words, as the calls section says them (per env runner where
+    several)."""
+    return kept_columns(data.kept_envs, data.run_envs or data.n_envs, data.env_runners)
 
 
 def _envs(data: MemorySection) -> str:

@@ -29,6 +29,7 @@ from lstm_probe.report.section import (
     Sum,
     Table,
     fmt,
+    kept_columns,
 )
 from lstm_probe.text import safe
 
@@ -47,6 +48,10 @@ def provenance_tolerance(meta: dict[str, Any]) -> float:
     """The provenance check's bound for a log (see :data:`TF32_PROVENANCE_TOLERANCE`)."""
     return TF32_PROVENANCE_TOLERANCE if meta.get("cudnn_tf32") is True else PROVENANCE_TOLERANCE
 
+
+PROVENANCE_NOT_MADE = "the provenance check: not made (the staleness section says why)"
+"""What "not in this log" says of a provenance check not made: its reason (``provenance_note``) is shown once, in
+the staleness section."""
 
 STALENESS_COLUMNS = ["module", "layer", "phase", "iteration", "epoch", "minibatch", "t", "seq_len", "padding"]
 STALENESS_COLUMNS += ["drift_h", "drift_c"]
@@ -85,6 +90,13 @@ class StalenessSection:
     drift_from: str | None = None
     """Where the log keeps only some envs' rows (``--trace-envs K --other-envs none``): which minibatches the
     figures come from (those that held the kept envs), as the report prints it."""
+    kept_envs: int | None = None
+    """K where the log keeps the rows of env columns 0..K-1 alone (``--trace-envs K --other-envs none``): the
+    provenance check and the drifts are then of those columns, and the findings say so; None: of every column."""
+    n_envs: int | None = None
+    """The run's envs, as its metadata says (per env runner where ``env_runners``)."""
+    env_runners: int | None = None
+    """RLlib: the env runners, where more than one, that stepped ``n_envs`` envs each."""
 
 
 def _drift_groups() -> GroupStats:
@@ -354,6 +366,9 @@ class Staleness(Section[StalenessSection]):
             drift_from=None
             if kept is None or not out["epoch"] or every_minibatch(acc, per_epoch)
             else _drift_from(kept, seen, per_epoch, acc),
+            kept_envs=kept,
+            n_envs=log.n_envs,
+            env_runners=log.env_runners,
         )
 
     def unavailable(self, data: StalenessSection, log: Log) -> list[str]:
@@ -365,7 +380,8 @@ class Staleness(Section[StalenessSection]):
                 "step (an own loop: tag env and env_step on its rollout and train calls, and keep lstm_probe.trace()'s "
                 "default reference_window)"
             ]
-        return [f"the provenance check: {data.provenance_note}"] if data.provenance_note else []
+        # the reason is the staleness section's, shown there beside the drifts it qualifies: said once
+        return [PROVENANCE_NOT_MADE] if data.provenance_note else []
 
     def warnings(self, data: StalenessSection, log: Log) -> list[str]:
         if data.provenance_ok is not False:
@@ -383,13 +399,15 @@ class Staleness(Section[StalenessSection]):
     def findings(self, data: StalenessSection) -> list[str]:
         st = data
         out: list[str] = []
+        kept = kept_columns(st.kept_envs, st.n_envs, st.env_runners)
+        of = f" of {kept} (the only env columns with rows)" if kept else ""
         if st.provenance_ok is not None:
             c = "" if st.provenance_max_drift_c is None else f" and {st.provenance_max_drift_c:.2g} (c)"
             verdict = "OK" if st.provenance_ok else "FAILED"
             out.append(
                 f"provenance check {verdict}: in the first minibatch (before any optimizer step) train states differ "
                 f"from the rollout states of the same env step by at most {st.provenance_max_drift_h:.2g} (h){c} "
-                f"relative to the rollout state's norm, over {st.provenance_check_rows:,} rows"
+                f"relative to the rollout state's norm, over {st.provenance_check_rows:,} rows{of}"
                 f"{_layers(st.provenance_by_layer)}"
             )
         last_epoch: dict[str, float] = {}
@@ -404,13 +422,13 @@ class Staleness(Section[StalenessSection]):
                 ratio = b / a
                 far, near = ("critic", "actor") if ratio >= 1 else ("actor", "critic")
                 out.append(
-                    f"by the last epoch {far} states are {max(ratio, 1 / ratio):.1f}x as far from their rollout "
+                    f"by the last epoch {far} states{of} are {max(ratio, 1 / ratio):.1f}x as far from their rollout "
                     f"states as {near} states{where} (mean relative drift actor {a:.2g}, critic {b:.2g})"
                 )
         elif last_epoch:
             for m, v in last_epoch.items():
                 out.append(
-                    f"by the last epoch {m} states{where} drift {v:.2g} from the rollout states (mean relative L2 "
+                    f"by the last epoch {m} states{of}{where} drift {v:.2g} from the rollout states (mean relative L2 "
                     "distance)"
                 )
         return out

@@ -89,7 +89,9 @@ class WhatIfSection:
     figures here are still of every env's columns of the sampled minibatches (the probe measures them on the
     whole minibatch during training), not of those K; None where every column has rows."""
     n_envs: int | None = None
-    """The run's envs, where its metadata says."""
+    """The run's envs, where its metadata says (per env runner where ``env_runners``)."""
+    env_runners: int | None = None
+    """RLlib: the env runners, where more than one, that stepped ``n_envs`` envs each."""
     scope: str | None = None
     """Where the log keeps only some env columns (``kept_envs``): what the figures are of, in words; None where
     every column has rows."""
@@ -99,11 +101,13 @@ WHOLE = "every env's columns of the sampled minibatches"
 """What the what-if figures are of (the probe re-runs whole minibatches), said where a log keeps some columns alone."""
 
 
-def what_if_scope(kept: int | None, n_envs: int | None) -> str | None:
-    """The what-if figures' scope where a log keeps env columns 0..``kept``-1 alone; None where ``kept`` is None."""
+def what_if_scope(kept: int | None, n_envs: int | None, runners: int | None = None) -> str | None:
+    """The what-if figures' scope where a log keeps env columns 0..``kept``-1 alone (of ``n_envs``, per env runner
+    where ``runners``); None where ``kept`` is None."""
     if kept is None:
         return None
-    return f"{WHOLE} (re-run during training), not only {kept_columns(kept, n_envs)} that the log keeps rows of"
+    cols = kept_columns(kept, n_envs, runners)
+    return f"{WHOLE} (re-run during training), not only {cols} that the log keeps rows of"
 
 
 def _mean(values: list[Any]) -> float | None:
@@ -230,8 +234,8 @@ class WhatIf(Section[WhatIfSection]):
         if not isinstance(meta, dict) or not isinstance(meta.get("records"), dict):
             return WhatIfSection(measured=False)
         data = summarize_what_if(meta, tf32=log.meta.get("cudnn_tf32") is True)
-        data.kept_envs, data.n_envs = log.kept_envs, log.n_envs
-        data.scope = what_if_scope(log.kept_envs, log.n_envs)
+        data.kept_envs, data.n_envs, data.env_runners = log.kept_envs, log.n_envs, log.env_runners
+        data.scope = what_if_scope(log.kept_envs, log.n_envs, log.env_runners)
         return data
 
     def to_json(self, data: WhatIfSection) -> Any:
