@@ -99,10 +99,12 @@ def test_every_report_opens_with_the_verdict(tmp_path):
 
 
 def test_percentages_are_never_in_exponent_form():
-    """A drift of 1.26 (a stale critic at width) read "1.3e+02%"; two significant digits stay, in plain form."""
+    """A drift of 1.26 (a stale critic at width) read "1.3e+02%", a change of 8.7e-7 "8.7e-05%"; two significant
+    digits stay, in plain form."""
     from lstm_probe.report.verdict import _pct
 
     cases = {0.0037: "0.37%", 0.04: "4%", 0.999: "100%", 1.26: "130%", 24.0: "2400%", -2.0: "-200%"}
+    cases |= {8.7e-7: "0.000087%", 0.0: "0%", 1.2345e-5: "0.0012%"}  # a tiny run's ratio change read "8.7e-05%"
     assert {x: _pct(x) for x in cases} == cases
 
 

@@ -8,8 +8,11 @@ the what-if section's counterfactuals where the run measured them. What a log ca
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+import numpy as np
 
 from lstm_probe.contract import Capabilities
 from lstm_probe.report.section import kept_columns
@@ -68,9 +71,12 @@ class Verdict:
 
 
 def _pct(x: float) -> str:
-    """Two significant digits, never in exponent form: 0.37%, 4%, 130%, 2400% (``:.2g`` wrote 1.3e+02%)."""
+    """Two significant digits, never in exponent form: 0.000087%, 0.37%, 4%, 130%, 2400% (``:.2g`` wrote
+    1.3e+02% and 8.7e-05%)."""
     p = float(f"{100 * x:.2g}")
-    return f"{p:.0f}%" if 100 <= abs(p) < float("inf") else f"{p:.2g}%"
+    if not math.isfinite(p):
+        return f"{p}%"
+    return f"{p:.0f}%" if abs(p) >= 100 else f"{np.format_float_positional(p, trim='-')}%"
 
 
 def _drifts(st: StalenessSection | None) -> tuple[int | None, dict[str, float]]:
