@@ -237,9 +237,8 @@ def _matters(v: Verdict, wi: WhatIfSection | None, caps: Capabilities) -> None:
     if not v.matters and v.stored_starts is False:
         v.burn_in = 0
         v.lines.append(
-            "nothing stale to matter: every training sequence starts at its rollout's start or at an episode start, "
-            f"where stored states are refreshed states by construction: from stored states {effect}; no burn-in "
-            "needed"
+            "nothing stale to matter: where every training sequence starts, stored states are refreshed states by "
+            f"construction (from stored states {effect}); no burn-in needed"
         )
         return
     if not v.matters:
