@@ -153,7 +153,7 @@ def test_a_log_whose_sequences_start_at_rollout_or_episode_starts_has_no_stale_s
     assert "no training sequence starts mid-rollout from a stored state" in drift
     assert "the drift is the training pass recomputing the states with the updated weights" in drift
     assert matters.startswith("nothing stale to matter: where every training sequence starts, stored states are")
-    assert "by construction: from stored states values move by 0% of the return spread" in matters
+    assert "by construction (from stored states values move by 0% of the return spread" in matters
     assert not any("stored states went stale" in x or "it does not matter here" in x for x in v["lines"])
     assert drift in words and matters in words
     if framework != "own":  # the calls section's line gives the run's minibatch count, as sb3's does
