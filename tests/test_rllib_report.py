@@ -3,6 +3,8 @@ part files (real Parquet in tmp_path), against oracles computed row by row in Py
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -270,3 +272,55 @@ def test_terminal_rows_of_a_runner_without_rollout_rows_stay_unpaired(tmp_path):
         pq.write_table(t, out / f.name)
     x = lstm_probe.summarize(out).cross_process
     assert x is not None and x.after_end == 0 and x.unpaired > 0
+
+
+def _alone(data, columns, filt) -> tuple[int, int]:
+    """What one filtered read is checked for (``budget.check_filtered``): the rows it keeps, held twice, and
+    the row groups it decodes, computed here from the footer and the rows the filter keeps."""
+    from lstm_probe.log import budget
+
+    sizes = budget.groups(data, columns)
+    total, rows = sum(s for s, _ in sizes), sum(n for _, n in sizes)
+    kept = data.count_rows(filter=filt)
+    return budget.DECODE * (total * kept // max(rows, 1)), sum(sorted((s for s, _ in sizes), reverse=True)[:4])
+
+
+def test_the_cross_process_reads_are_checked_together_against_the_budget():
+    """The check holds its rollout rows, learner rows and episode starts at once: a budget each read fits
+    alone but not their sum is refused in one line (it read all three, 2-4x the budget at wider logs)."""
+    import pyarrow.dataset as ds
+
+    from lstm_probe.errors import BadLog
+    from lstm_probe.log import budget
+    from lstm_probe.log.reader import narrow
+
+    data, _ = dataset(SAMPLE)
+    cols = [*CROSS_KEYS, "phase", "iteration", "minibatch", "t", "bootstrap", "h", "c", "h_norm", "c_norm"]
+    base = ds.field("env_step").is_valid() & (ds.field("iteration") < CROSS_ITERATIONS)
+    part = narrow(data, iteration=(0, CROSS_ITERATIONS - 1))
+    roll, learn = base & (ds.field("phase") == "rollout"), base & ds.field("phase").isin(["train", "value"])
+    fresh = (ds.field("t") == -1) & ds.field("env_step").is_null() & (ds.field("padding") == False)  # noqa: E712
+    needs = [
+        _alone(budget.prune(part, roll), cols, roll),
+        _alone(budget.prune(part, learn), cols, learn),
+        _alone(data, ["h_norm", "c_norm"], fresh),
+    ]
+    alone = max(held + decoding for held, decoding in needs)
+    together = sum(held for held, _ in needs) + max(decoding for _, decoding in needs)
+    assert together > alone * 1.1 and alone >= 1 << 20
+    limit = (alone + together) // 2
+    budget.set_limit(limit)
+    try:
+        with pytest.raises(BadLog, match=r"the cross-process check's reads .* over the .* memory budget") as err:
+            cross_process(data, vectors=True)
+        assert "\n" not in str(err.value) and "--max-memory" in str(err.value)
+        budget.set_limit(together)  # the sum fits: the check as without a budget
+        assert cross_process(data, vectors=True).state_in_rows == 317
+    finally:
+        budget.set_limit(None)
+    # the CLI's report: the same one-line refusal, exit 2
+    from refusals import ENV, one_line_error
+
+    cmd = [sys.executable, "-m", "lstm_probe.cli", "report", str(SAMPLE), "--max-memory", str(limit)]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=120)
+    one_line_error(r, "the cross-process check's reads", "memory budget", "--max-memory")

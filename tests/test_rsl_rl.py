@@ -284,7 +284,34 @@ def test_play_loop(tmp_path, reset):
                     policy.reset(dones)
     df = lstm_probe.load(tmp_path / "play.parquet", vectors=False)
     assert set(df.phase) == {"predict"} and set(df.module) == {"actor"} and len(df) == 25 * 4
+    assert lstm_probe.read_info(tmp_path / "play.parquet").num_timesteps == 0  # no training: no run steps
     assert problems(tmp_path / "play.parquet") == ({} if reset else {"not_reset": "predict"})
+
+
+def test_a_play_loop_after_training_adds_predict_rows_and_no_steps(tmp_path):
+    """The run's env steps are training's: 2 iterations of 4 envs x 16 steps, and a 25-step play loop after
+    ``learn()`` (its actions from ``get_inference_policy()``) gives 'predict' rows but no steps (the log said
+    128 + 100)."""
+    runner = make_runner(4)
+    env = runner.env
+    path = tmp_path / "trained-then-played.parquet"
+    with attach(runner, path):
+        runner.learn(2)
+        policy = runner.get_inference_policy()
+        obs = env.get_observations()
+        with torch.inference_mode():
+            for _ in range(25):
+                obs, _, dones, _ = env.step(policy(obs))
+                policy.reset(dones)
+    trained = 2 * STEPS * 4
+    assert lstm_probe.read_info(path).num_timesteps == trained
+    rep = lstm_probe.summarize(path)
+    assert rep.run.steps_done == trained
+    df = lstm_probe.load(path, vectors=False)
+    play = df[df.phase == "predict"]
+    assert len(play) == 25 * 4 and set(play.module) == {"actor"} and play.iteration.isna().all()
+    # the play rows keep counting each env's steps after training's
+    assert play.env_step.min() == 2 * STEPS and play.env_step.max() == 2 * STEPS + 24
 
 
 def test_cli_run_on_a_gymnasium_env_and_report(tmp_path):

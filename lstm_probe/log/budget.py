@@ -215,14 +215,32 @@ def check_filtered(
     rows it keeps (counted first by reading the filter's columns alone, within the budget too) at the
     average width of the row groups they come from, held twice (Arrow, then the caller's copy), plus the
     row groups held while they are decoded."""
+    held, decoding = filtered_need(data, columns, filt, what)
+    refuse(held + decoding, what, fix)
+
+
+def filtered_need(data: ds.Dataset, columns: Iterable[str], filt: ds.Expression | None, what: str) -> tuple[int, int]:
+    """What :func:`check_filtered` counts for one read, in two parts: (bytes its rows hold once read, bytes of
+    the row groups held while it decodes them)."""
     sizes = groups(data, columns)
     if not sizes:
-        return
+        return 0, 0
     total = sum(size for size, _ in sizes)
     rows = sum(n for _, n in sizes)
     kept = kept_rows(data, filt, rows, what)
     largest = sorted((size for size, _ in sizes), reverse=True)[:HELD]
-    refuse(DECODE * (total * kept // max(rows, 1)) + sum(largest), what, fix)
+    return DECODE * (total * kept // max(rows, 1)), sum(largest)
+
+
+def check_together(
+    reads: Iterable[tuple[ds.Dataset, Iterable[str], ds.Expression | None, str]], what: str, fix: str = ""
+) -> None:
+    """Several filtered reads whose tables are held at once (each ``(data, columns, filter, what)``, read one
+    after another with :func:`read`) fit the budget together: the rows each keeps (:func:`filtered_need`),
+    summed, plus the largest of their decoding row groups (one read decodes at a time). One line names
+    ``what`` where the sum is over (each alone may fit)."""
+    needs = [filtered_need(data, columns, filt, part) for data, columns, filt, part in reads]
+    refuse(sum(held for held, _ in needs) + max((d for _, d in needs), default=0), what, fix)
 
 
 def kept_rows(data: ds.Dataset, filt: ds.Expression | None, rows: int, what: str) -> int:

@@ -12,8 +12,9 @@ if TYPE_CHECKING:
     import pandas as pd
 
 from lstm_probe.errors import BadInput
+from lstm_probe.log import held
 from lstm_probe.log.logfiles import reads
-from lstm_probe.log.reader import _check_arguments, _filter, _load, read_info, states
+from lstm_probe.log.reader import _check_arguments, _filter, _load, dataset, states
 from lstm_probe.log.schema import relative_l2, stores_vectors, traced_envs
 
 KEYS = ["module", "layer", "env", "env_step"]
@@ -57,7 +58,7 @@ def pair(
     """
     cols = list(PAIR_COLUMNS)
     keys = list(KEYS)
-    info = read_info(path)
+    data, info = dataset(path)
     if not stores_vectors(info.metadata):
         raise BadInput(
             f"pair recomputes drift from the h and c vectors, and {path} was written with --capture summary, which "
@@ -68,6 +69,7 @@ def pair(
         keys.insert(2, "worker")
         cols.insert(cols.index("env"), "worker")
     _check_arguments({"iteration": iteration}, {"phase": phase}, None)
+    held.check(data, {"phase": phase, "iteration": iteration}, "pair")  # values no row group can hold
     import pyarrow.dataset as ds
 
     k = traced_envs(info.metadata.get("capture"))  # envs 0..K-1 alone: env < K (not a list: K may be anything)

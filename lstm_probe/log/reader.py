@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # both load in ~0.5 s; the writer process (which imports this
     import pyarrow.dataset as ds
 
 from lstm_probe.errors import BadInput, BadLog
-from lstm_probe.log import budget, sparse
+from lstm_probe.log import budget, held, sparse
 from lstm_probe.log.layout import PARTIAL_SUFFIX, partial_dir
 from lstm_probe.log.lock import Holder, live_holder, lock_path
 from lstm_probe.log.logfiles import check_counts, metadata_json, open_part, reads
@@ -445,7 +445,12 @@ def load(
 
     Each filter reads only the row groups that can hold its values (``env=0, episode=12``: one episode's
     rows of a large log, not a scan of every row group; see :func:`narrow`). A vector column that most rows
-    leave null (a ``--trace-envs K`` log's h and c) holds its stored vectors alone (:mod:`log.sparse`)."""
+    leave null (a ``--trace-envs K`` log's h and c) holds its stored vectors alone (:mod:`log.sparse`).
+
+    A filter none of whose values the log can hold (``env=5`` in a 4-env log, ``phase="bogus"``, an iteration
+    past the last) raises :class:`BadInput` naming the values it holds, from the footer statistics alone
+    (:mod:`log.held`); filters whose values the log holds but whose combination selects no row give an empty
+    frame."""
     _check_arguments(
         {"iteration": iteration, "layer": layer, "env": env, "episode": episode, "worker": worker},
         {"phase": phase, "module": module},
@@ -459,7 +464,10 @@ def load(
     filt = _filter(phase=phase, module=module, iteration=iteration, layer=layer, env=env, episode=episode)
     if worker is not None:  # every log has the column (null where one process wrote it: no row then)
         filt = _filter(filt, worker=worker)
-    return _load(path, columns, vectors, filt, within)
+    opened = dataset(path)
+    asked = {"phase": phase, "module": module, "iteration": iteration, "layer": layer, "env": env}
+    held.check(opened[0], {**asked, "episode": episode, "worker": worker})  # values no row group can hold
+    return _load(path, columns, vectors, filt, within, opened)
 
 
 def _load(
@@ -468,9 +476,11 @@ def _load(
     vectors: bool,
     filt: ds.Expression | None,
     within: dict[str, tuple[int, int]],
+    opened: tuple[ds.Dataset, LogInfo] | None = None,
 ) -> pd.DataFrame:
-    """:func:`load`'s rows: those ``filt`` selects in the row groups that may hold ``within`` (:func:`narrow`)."""
-    data, info = dataset(path)
+    """:func:`load`'s rows: those ``filt`` selects in the row groups that may hold ``within`` (:func:`narrow`);
+    ``opened``: the log's :func:`dataset` where the caller has it."""
+    data, info = opened or dataset(path)
     if within:
         data = narrow(data, **within)
     if columns is None:

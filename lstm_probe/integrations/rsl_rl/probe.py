@@ -45,7 +45,9 @@ Where the probe reads device data, and where it may wait for it (never in a hook
 
 Calls outside ``act``/``compute_returns``/``update`` (a play loop: ``runner.get_inference_policy()``,
 which is the actor itself) with one column per env are tagged phase 'predict' with the env counters the
-``env.step`` wrapper keeps, so the report's doctor sees a play loop that never resets its memory.
+``env.step`` wrapper keeps, so the report's doctor sees a play loop that never resets its memory. The run's
+env steps (``progress_num_timesteps``) are training's alone: an env step counts where a ``PPO.act`` came
+since the last one, as in ``OnPolicyRunner.learn``; a play loop's steps give 'predict' rows, not steps.
 """
 
 from __future__ import annotations
@@ -148,6 +150,11 @@ class RslRlProbe(Probe):
         self._arrived: list[_Dones] = []  # env steps whose dones are not applied yet, in order
         self.waits = 0  # waits (outside the hooks) that found a dones copy still under way
         self._playing = False  # the calls since the last env step were play-loop ('predict') calls
+        # the run's env steps (the log's progress_num_timesteps): training's alone, those an env.step takes after
+        # a PPO.act (runners/on_policy_runner.py:OnPolicyRunner.learn steps the env once per alg.act, nowhere
+        # else); a play loop's, whose actions come from get_inference_policy() and not act, are not counted
+        self.trained_steps = 0
+        self._acted = False  # a PPO.act since the last env step
         self.iteration = 0  # updates done so far: rollout k is followed by update k
         shape = (self.steps_per_env, self.n)
         self.roll = {k: np.full(shape, -1, np.int64) for k in ("env_step", "episode", "episode_step")}
@@ -259,6 +266,9 @@ class RslRlProbe(Probe):
             start = time.perf_counter()
             obs = self._flat(out[0]) if self.obs_groups is not None else None
             self._arrived.append(_Dones(out[2], obs))  # rsl_rl's VecEnv.step: (obs, rewards, dones, extras)
+            if self._acted:  # a training step (its action from PPO.act); else a play loop's or a step of the user's
+                self.trained_steps += self.n
+                self._acted = False
             self.tracer.integration_seconds += time.perf_counter() - start
             # a play loop's next call is tagged in a hook, which never waits: its dones are read here
             self._settle(wait=self._playing)
@@ -269,6 +279,7 @@ class RslRlProbe(Probe):
     def _act(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         def act(*args: Any, **kwargs: Any) -> Any:
             self._playing = False
+            self._acted = True
             self._settle(wait=True)  # outside the hooks; in OnPolicyRunner.learn the copy is done by now
             t = int(self.storage.step)  # the storage index this step's transition will have
             if t < self.steps_per_env:
@@ -392,9 +403,10 @@ class RslRlProbe(Probe):
 
     # -- the end -----------------------------------------------------------------------------------
     def _final(self) -> dict[str, Any]:
-        """The env steps taken (the dones still on their way applied first: outside the hooks)."""
+        """The env steps training took (a play loop's not counted; the dones still on their way applied first:
+        outside the hooks)."""
         self._settle(wait=True)
-        final: dict[str, Any] = {"progress_num_timesteps": int(self.env_step.sum())}
+        final: dict[str, Any] = {"progress_num_timesteps": self.trained_steps}
         if self.what_if is not None:
             final["what_if"] = self.what_if.metadata()
         if self.memory is not None:

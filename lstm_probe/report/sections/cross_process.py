@@ -217,11 +217,18 @@ def cross_process(
     if apart:
         roll_v, learn_v = roll & (ds.field("env") < traced), learn & (ds.field("env") < traced)
         roll_vp, learn_vp = budget.prune(roll_part, roll_v), budget.prune(learn_part, learn_v)
-    budget.check_filtered(roll_part, cols, roll, "the cross-process check's rollout rows")  # all, before any
-    budget.check_filtered(learn_part, cols, learn, "the cross-process check's learner rows")
+    # chunks that start an episode must start from zeros: their t = -1 rows have no env_step
+    fresh = (ds.field("t") == -1) & ds.field("env_step").is_null() & (ds.field("padding") == False)  # noqa: E712
+    reads = [
+        (roll_part, cols, roll, "the cross-process check's rollout rows"),
+        (learn_part, cols, learn, "the cross-process check's learner rows"),
+        (data, ["h_norm", "c_norm"], fresh, "the cross-process check's episode starts"),
+    ]
     if apart:
-        budget.check_filtered(roll_vp, ["h", "c"], roll_v, "the cross-process check's traced rollout vectors")
-        budget.check_filtered(learn_vp, ["h", "c"], learn_v, "the cross-process check's traced learner vectors")
+        reads.append((roll_vp, ["h", "c"], roll_v, "the cross-process check's traced rollout vectors"))
+        reads.append((learn_vp, ["h", "c"], learn_v, "the cross-process check's traced learner vectors"))
+    # every table below is held until the section is computed: the reads checked together, before any
+    budget.check_together(reads, "the cross-process check's reads (rollout and learner rows, their vectors)")
     roll_t, learn_t = budget.read(roll_part, cols, roll), budget.read(learn_part, cols, learn)
     held: Held | None = None
     if apart:
@@ -257,9 +264,7 @@ def cross_process(
     state_in = {str(k[0]): float(max(_max(abs_h[g]), _max(abs_c[g]))) for k, g in by_module}
     state_in_rel = {str(k[0]): float(max(_max(rel_h[g]), _max(rel_c[g]))) for k, g in by_module}
     state_in_ok = None if not start.any() else bool(max(state_in_rel.values()) <= STATE_IN_TOLERANCE)
-    # chunks that start an episode must start from zeros: their t = -1 rows have no env_step
-    fresh = (ds.field("t") == -1) & ds.field("env_step").is_null() & (ds.field("padding") == False)  # noqa: E712
-    zeros = budget.table(data, ["h_norm", "c_norm"], fresh, "the cross-process check's episode starts")
+    zeros = budget.read(data, ["h_norm", "c_norm"], fresh)  # checked with the others above
     norms = np.concatenate(
         [zeros.column(n).to_numpy(zero_copy_only=False).astype(np.float64) for n in ("h_norm", "c_norm")]
     )
