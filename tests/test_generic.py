@@ -287,3 +287,19 @@ def test_report_says_when_calls_were_not_traced(tmp_path):
         probe.unsupported_calls = 2  # calls on an input the tracer cannot lay out (none is known today)
     warnings = lstm_probe.summarize(tmp_path / "u.parquet").warnings
     assert any("2 LSTM call(s)" in w and "not in the log" in w for w in warnings)
+
+
+def test_a_model_that_is_no_module_is_refused_in_one_line(tmp_path):
+    """A dict or list of modules (an actor and a critic kept apart) raised AttributeError ('dict' object has no
+    attribute 'named_modules'); it is refused in one line that says to put them in an nn.ModuleDict, which traces."""
+    modules = {"actor": nn.LSTM(3, 4), "critic": nn.GRU(3, 4)}
+    for model in (modules, list(modules.values()), 3):
+        with pytest.raises(lstm_probe.BadInput, match=r"must be a torch nn\.Module, not (dict|list|int)"):
+            lstm_probe.trace(model, out=tmp_path / "x.parquet")
+    assert not (tmp_path / "x.parquet").exists()
+    probe = lstm_probe.trace(nn.ModuleDict(modules), out=tmp_path / "x.parquet")
+    with probe:
+        with probe.tag(phase="rollout", iteration=0, env=[0], env_step=[0]):
+            modules["actor"](torch.zeros(1, 1, 3))
+            modules["critic"](torch.zeros(1, 1, 3))
+    assert sorted(lstm_probe.load(tmp_path / "x.parquet").module.unique()) == ["actor", "critic"]

@@ -23,7 +23,12 @@ RECURRENT_TYPES = (nn.LSTM, nn.GRU, nn.LSTMCell, nn.GRUCell)
 
 
 def find_recurrent(model: nn.Module, names: list[str] | None = None) -> dict[str, nn.Module]:
-    """Every nn.LSTM / nn.GRU / nn.LSTMCell / nn.GRUCell in ``model`` (or those ``names``)."""
+    """Every nn.LSTM / nn.GRU / nn.LSTMCell / nn.GRUCell in ``model`` (or those ``names``); :class:`BadInput` for
+    a ``model`` that is no torch module (a dict or list of them: an ``nn.ModuleDict`` holds several)."""
+    if not isinstance(model, nn.Module):
+        several = isinstance(model, dict | list | tuple)
+        fix = "put them in torch.nn.ModuleDict({...})" if several else "pass the policy's torch module"
+        raise BadInput(f"the model to trace must be a torch nn.Module, not {type(model).__name__}; {fix}")
     found: dict[str, nn.Module] = {
         name or "root": m for name, m in model.named_modules() if isinstance(m, RECURRENT_TYPES)
     }
