@@ -671,3 +671,48 @@ def test_an_exception_in_the_env_reaches_you_and_closes_the_log(tmp_path):
     info = lstm_probe.read_info(out)
     assert not info.completed and "the env broke at step 150" in info.metadata["stop_reason"]
     assert info.rows == info.metadata["progress"]["rows"] > 0
+
+
+_OWN_LOOP = """
+import sys, time, torch, lstm_probe
+m = torch.nn.LSTM(3, 4)
+probe = lstm_probe.trace(m, out=sys.argv[1]).start()  # start() and close(), never reached: no with
+t = 0
+while True:
+    with probe.tag(phase="rollout", iteration=0, env=[0], env_step=[t]):
+        m(torch.zeros(1, 1, 3))
+    t += 1
+    if t == 20:
+        open(sys.argv[2], "w").close()  # rows are flowing
+    if t == 20 and sys.argv[3] == "raise":
+        raise RuntimeError("boom in the loop")
+    time.sleep(0.001)
+probe.close()
+"""
+
+
+@pytest.mark.parametrize("how", ["sigint", "raise"])
+def test_an_own_loop_without_with_keeps_its_log_when_ctrl_c_or_an_exception_ends_it(tmp_path, how):
+    """``probe.start()`` ... ``probe.close()`` (the docs' equal of ``with``) ended by Ctrl-C or an exception that
+    nothing catches left an empty ``LOG.partial/`` and no log: the close was never reached. The process's exit
+    closes it now, not completed, with the exception that ended it."""
+    script, log, ready = tmp_path / "loop.py", tmp_path / "own.parquet", tmp_path / "ready"
+    script.write_text(_OWN_LOOP)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(log), str(ready), how], env=ENV, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 240
+    while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ready.exists(), proc.stderr.read() if proc.poll() is not None else "no rows in 240 s"
+    if how == "sigint":
+        proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    assert "Exception ignored" not in err
+    info = lstm_probe.read_info(log)
+    assert not info.completed and info.rows >= 20
+    cause = "KeyboardInterrupt: interrupted" if how == "sigint" else "RuntimeError: boom in the loop"
+    assert info.metadata["stop_reason"] == f"the process exited before close() ({cause})"
+    assert not (tmp_path / "own.parquet.partial").exists()
+    assert len(lstm_probe.load(log, vectors=False)) == info.rows

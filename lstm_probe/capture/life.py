@@ -16,15 +16,17 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from lstm_probe.capture.tracer import CoreTracer
-from lstm_probe.errors import BadInput, one_line
+from lstm_probe.errors import BadInput, OutputError, one_line
 from lstm_probe.options import Progress, RunResult
 
 S = TypeVar("S", bound="Scope")
@@ -98,13 +100,31 @@ class Probe(Scope):
         except BaseException:
             self._detach()
             raise
+        atexit.register(self._at_exit)
         return self
 
     def close(self, completed: bool = True, stop_reason: str | None = None, **extra: Any) -> Path | None:
         """Detach, then finish the log with how the run ended (``extra``: more of its outcome); returns the
         log's path (None when it was not open)."""
+        atexit.unregister(self._at_exit)
         self._detach()
         return CoreTracer.close(self._core(), completed, stop_reason, **{**self._final(), **extra})
+
+    def _at_exit(self) -> None:
+        """The process ends with the log open: ``start()`` without ``close()`` and an exception or Ctrl-C that
+        nothing caught (``with`` closes the log itself). The log is closed as not completed, with the exception
+        that ended the process where the interpreter kept it (``sys.last_value``), so its rows stay readable."""
+        if not self.running:
+            return
+        exc = getattr(sys, "last_value", None)
+        why = f" ({stop_reason(exc)})" if isinstance(exc, BaseException) else ""
+        writer = self._core().writer
+        failed = writer is not None and writer.error is not None
+        try:
+            self.close(completed=False, stop_reason=f"the process exited before close(){why}")
+        except OutputError:
+            if not failed:  # new at exit: say it; a writer error was already raised where it happened
+                raise
 
 
 class Tagged:
