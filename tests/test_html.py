@@ -275,3 +275,45 @@ def test_cli_html_errors_are_one_line(page, tmp_path, args, needle):
     assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
     assert needle.format(tmp=tmp_path) in lines[0], lines[0]
     assert not (tmp_path / "r.html").exists()
+
+
+def test_an_own_loop_tagged_with_episode_start_alone_gets_its_page(tmp_path):
+    """docs/own-loops.md's fewest tags (episode_start, no episode numbers): the page stopped on "cannot convert
+    float NaN to integer" (the layout coloured each sequence by its episode). The layout's bars are uncoloured
+    and a note says why; the CLI's line says the log has no episode numbers."""
+    import numpy as np
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    n, steps = 4, 16
+    lstm = nn.LSTM(3, 8)
+    state = (torch.zeros(1, n, 8), torch.zeros(1, n, 8))
+    done, xs = np.zeros(n, bool), torch.randn(steps, n, 3)
+    log = tmp_path / "own.parquet"
+    with lstm_probe.trace(lstm, out=log) as probe, torch.no_grad():
+        initial, dones = state, np.zeros((steps, n), bool)
+        for t in range(steps):
+            keep = torch.tensor(1.0 - done, dtype=torch.float32).view(1, n, 1)
+            with probe.tag(phase="rollout", iteration=0, env=np.arange(n), env_step=t, episode_start=done):
+                _, state = lstm(xs[t : t + 1], (keep * state[0], keep * state[1]))
+            dones[t], done = done, np.arange(n) == t % n
+        for mb, envs in enumerate([np.arange(0, n // 2), np.arange(n // 2, n)]):
+            s = (initial[0][:, envs], initial[1][:, envs])
+            tags = dict(env=envs, env_step=np.arange(steps)[None, :], episode_start=dones[:, envs].T)
+            with probe.tag(phase="train", iteration=0, epoch=0, minibatch=mb, **tags):
+                for t in range(steps):
+                    keep = torch.tensor(1.0 - dones[t, envs], dtype=torch.float32).view(1, -1, 1)
+                    _, s = lstm(xs[t : t + 1, envs], (keep * s[0], keep * s[1]))
+    assert lstm_probe.load(log, vectors=False).episode.isna().all()
+    page = tmp_path / "own.html"
+    r = subprocess.run(
+        [sys.executable, "-m", "lstm_probe", "report", str(log), "--html", str(page)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "no episode numbers)" in r.stderr and "Traceback" not in r.stderr
+    text = page.read_text()
+    assert "Minibatch layout" in text and "bars uncoloured" in text

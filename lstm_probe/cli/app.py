@@ -230,7 +230,8 @@ def report(
         page = build_html(path, html_out, iteration=iteration, env=env, episode=episode, report=rep)
         err().print(
             f"wrote {safe(page.path, limit=None)}: {len(page.figures)} figures, {human_bytes(page.bytes)} (iteration "
-            f"{page.iteration}, env {page.env}, episode {page.episode})"
+            f"{page.iteration}, env {page.env}, "
+            + ("no episode numbers)" if page.episode is None else f"episode {page.episode})")
         )
     if as_json:
         sys.stdout.write(strict_json(rep.to_dict(), indent=2) + "\n")

@@ -53,6 +53,11 @@ def _label(value: Any) -> str:
     return plain(value).replace("$", r"\$")
 
 
+def _whole(v: Any) -> str:
+    """An integer cell as a label: '?' where it is null."""
+    return "?" if pd.isna(v) else str(int(v))
+
+
 def _png(fig: Any) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
@@ -100,17 +105,20 @@ def _layout_figure(
     fig, axes = plt.subplots(
         len(epochs), 1, figsize=(11, 0.6 + 0.45 * len(envs) * len(epochs) + 0.5 * len(epochs)), squeeze=False
     )
+    if starts["episode"].isna().all():  # an own loop tagged episode_start alone: no episode number to colour by
+        notes.append("minibatch layout: the rows carry no episode numbers (tag episode=...): bars uncoloured")
     for ax, ep in zip(axes[:, 0], epochs, strict=True):
         s = starts[starts["epoch"] == ep]
         for _, row in s.iterrows():
             y = int(row["env"])
             x0 = int(row["env_step"])
+            length = 1 if pd.isna(row["seq_len"]) else int(row["seq_len"])
             ax.barh(
                 y,
-                int(row["seq_len"]),
+                length,
                 left=x0 - 0.5,
                 height=0.6,
-                color=cmap(int(row["episode"]) % 10),
+                color="lightgrey" if pd.isna(row["episode"]) else cmap(int(row["episode"]) % 10),
                 edgecolor="black",
                 linewidth=0.6,
                 alpha=0.85,
@@ -118,9 +126,9 @@ def _layout_figure(
             marker = REASON_MARKERS.get(str(row["seq_reason"]), ("x", "?"))[0]
             ax.plot(x0 - 0.5, y, marker=marker, color="black", markersize=7, markerfacecolor="white")
             ax.text(
-                x0 + int(row["seq_len"]) / 2 - 0.5,
+                x0 + length / 2 - 0.5,
                 y,
-                f"mb{row['mb_label']}" if "mb_label" in row else f"mb{int(row['minibatch'])}",
+                f"mb{row['mb_label']}" if "mb_label" in row else f"mb{_whole(row['minibatch'])}",
                 ha="center",
                 va="center",
                 fontsize=7,
