@@ -202,3 +202,46 @@ def test_sample_keeps_whole_units():
     keep = _sample(units, 100)
     assert keep.sum() == 100 and set(np.unique(units[keep])) == {0, 5}
     assert _sample(units, None).all() and _sample(units, 10_000).all()
+
+
+def _own_loop_log(path, numbered):
+    """A 3-env own loop of 3 rollouts of 24 steps with random episode ends, tagged with episode_start alone
+    (docs/own-loops.md's fewest tags) or with the episode numbers and steps it counted itself too."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    n, steps, lstm = 3, 24, nn.LSTM(2, 8)
+    state = (torch.zeros(1, n, 8), torch.zeros(1, n, 8))
+    start = np.ones(n, bool)  # every env's first step opens its episode
+    episode, episode_step = np.full(n, -1), np.zeros(n, int)
+    with lstm_probe.trace(lstm, out=path) as probe, torch.no_grad():
+        for it in range(3):
+            for t in range(steps):
+                episode, episode_step = np.where(start, episode + 1, episode), np.where(start, 0, episode_step + 1)
+                keep = torch.tensor(1.0 - start, dtype=torch.float32).view(1, n, 1)
+                x = torch.tensor(np.stack([episode_step / 10.0, rng.normal(size=n)], 1), dtype=torch.float32)
+                tags = dict(phase="rollout", iteration=it, env=np.arange(n), env_step=it * steps + t)
+                tags |= dict(episode_start=start)
+                if numbered:
+                    tags |= dict(episode=episode, episode_step=episode_step)
+                with probe.tag(**tags):
+                    _, state = lstm(x[None], (keep * state[0], keep * state[1]))
+                start = rng.random(n) < 0.15
+
+
+def test_an_own_loop_tagged_with_episode_start_alone_is_probed_as_if_it_counted_its_episodes(tmp_path):
+    """An own loop's rows without episode numbers (episode_start alone) gave every probe 0 fit and test rows
+    (R² '-', exit 0): the held-out units and the episode_step target come from the episode numbers. They are now
+    counted from the episode starts, as the report counts episode lengths: the same R² at every lag, value for
+    value, as the same loop tagged with the numbers it counted itself."""
+    counted, numbered = tmp_path / "counted.parquet", tmp_path / "numbered.parquet"
+    _own_loop_log(counted, numbered=False)
+    _own_loop_log(numbered, numbered=True)
+    assert lstm_probe.load(counted, vectors=False).episode.isna().all()
+    for target in ("episode_step", "env_step"):
+        got = probe_targets(counted, [target], lags=[0, 2])
+        want = probe_targets(numbered, [target], lags=[0, 2])
+        assert (got.n_fit > 0).all() and (got.n_test > 0).all()
+        pd.testing.assert_frame_equal(got, want)

@@ -277,6 +277,7 @@ def probe_rows(
         )
     its = _iterations(data, iterations, strict)
     names = set(data.schema.names)
+    counted = _counted_episodes(data, "worker" in names)
     extra = list(dict.fromkeys(str(t).partition(":")[0] for t in targets if not _is_frame(t)))
     keys = ["iteration", "module", "layer", "env", "env_step", "episode", "episode_step"]
     worker = ["worker"] if "worker" in names else []
@@ -295,12 +296,11 @@ def probe_rows(
         h = table["h"].combine_chunks()
         hidden = h.type.list_size
         x = h.flatten().to_numpy(zero_copy_only=False).astype(np.float64).reshape(-1, hidden)
-        env_key = rows["env"].astype(np.int64)
-        if worker:  # RLlib: env numbers repeat across env runners (worker null: the driver)
-            env_key = (
-                env_key + (np.nan_to_num(rows["worker"].astype(np.float64), nan=-1).astype(np.int64) + 1) * 1_000_000
-            )
+        env_key = _env_keys(rows["env"], rows["worker"] if worker else None)
         all_steps = rows["env_step"].astype(np.int64)
+        if counted is not None:  # an own loop's episode_start alone: episodes counted from it (the row's target too)
+            rows["episode"], rows["episode_step"] = _look_up(counted, env_key, all_steps)
+            values = [rows["episode_step"] if t == "episode_step" else v for t, v in zip(targets, values, strict=True)]
         for module, layer, idx in _groups(rows["module"], rows["layer"]):
             if want is not None and module not in want:
                 continue
@@ -324,6 +324,65 @@ def probe_rows(
                     row = {"iteration": it, "module": module, "layer": layer, "target": name}
                     out.append({**row, "lag": int(lag), **result})
     return out
+
+
+def _env_keys(env: np.ndarray, worker: np.ndarray | None) -> np.ndarray:
+    """One int64 per (worker, env): RLlib's env numbers repeat across env runners (worker null: the driver)."""
+    key = env.astype(np.int64)
+    if worker is not None:
+        key = key + (np.nan_to_num(worker.astype(np.float64), nan=-1).astype(np.int64) + 1) * 1_000_000
+    return key
+
+
+Counted = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+"""Each rollout (env, env step) of a log, sorted: env keys, env steps, episode, step in the episode."""
+
+
+def _counted_episodes(data: ds.Dataset, worker: bool) -> Counted | None:
+    """Where the rollout rows carry no episode numbers but ``episode_start`` (an own loop with the fewest tags,
+    docs/own-loops.md): each rollout (env, env step)'s episode and its step in it, counted from the episode starts
+    as the report counts its episode lengths (an env's first step opens its episode 0); None where the rows carry
+    episode numbers, or no episode starts to count from."""
+    if "episode_start" not in data.schema.names:
+        return None
+    rollout = ds.field("phase") == "rollout"
+    if budget.table(data, ["episode"], rollout & ds.field("episode").is_valid(), "the probe's episode check").num_rows:
+        return None
+    columns = ["env", "env_step", "episode_start", *(["worker"] if worker else [])]
+    keep = rollout & ds.field("env").is_valid() & ds.field("env_step").is_valid()
+    table = budget.table(data, columns, keep, "the probe's episode starts")
+    if not table.num_rows:
+        return None
+    env = _env_keys(_column(table, "env"), _column(table, "worker") if worker else None)
+    step = _column(table, "env_step").astype(np.int64)
+    start = table["episode_start"].fill_null(False).to_numpy(zero_copy_only=False).astype(bool)
+    order = np.lexsort((step, env))
+    env, step, start = env[order], step[order], start[order]
+    same = np.r_[False, (env[1:] == env[:-1]) & (step[1:] == step[:-1])]  # the step's other modules and layers
+    start = np.logical_or.reduceat(start, np.flatnonzero(~same)) if len(start) else start
+    env, step = env[~same], step[~same]
+    new_env = np.r_[True, env[1:] != env[:-1]]
+    opens = new_env | start  # an episode opens at each start and at an env's first step
+    segment = np.cumsum(opens) - 1
+    first = np.flatnonzero(opens)
+    episode = segment - segment[np.flatnonzero(new_env)][np.cumsum(new_env) - 1]
+    return env, step, episode.astype(np.float64), (step - step[first][segment]).astype(np.float64)
+
+
+def _look_up(counted: Counted, env: np.ndarray, step: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The counted episode and step in it of each (env key, env step): NaN where the rollout held none."""
+    keys_env, keys_step, episode, episode_step = counted
+    at = np.searchsorted(keys_env, env, side="left")
+    out_e, out_s = np.full(len(env), np.nan), np.full(len(env), np.nan)
+    for i in np.unique(at):  # each env's run of keys, searched by step
+        rows = np.flatnonzero(at == i)
+        hi = np.searchsorted(keys_env, keys_env[min(i, len(keys_env) - 1)], side="right")
+        if i >= len(keys_env) or keys_env[i] != env[rows[0]]:
+            continue
+        j = i + np.searchsorted(keys_step[i:hi], step[rows])
+        hit = (j < hi) & (keys_step[np.minimum(j, hi - 1)] == step[rows])
+        out_e[rows[hit]], out_s[rows[hit]] = episode[j[hit]], episode_step[j[hit]]
+    return out_e, out_s
 
 
 def _groups(module: np.ndarray, layer: np.ndarray) -> list[tuple[str, int, np.ndarray]]:
