@@ -168,3 +168,22 @@ def test_the_export_line_after_a_torch_env_run_is_a_command_that_works(tmp_path:
     )
     assert exported.returncode == 0, exported.stderr
     assert (tmp_path / "policy.onnx").is_file() and "verified on" in exported.stdout
+
+
+def test_export_log_of_a_torchrl_run_reads_its_shared_modules_observations(tmp_path: Path) -> None:
+    """A TorchRL `--capture-obs` log's rows are its shared module's ('lstm'): `export --log` read the actor's
+    alone and said "holds no observations; ... record with --capture-obs" of a log that held them. A log with
+    fewer episodes than asked names how many it holds and says to pass that many."""
+    pytest.importorskip("torchrl")
+    run = [sys.executable, "-m", "lstm_probe", "run", "Pendulum-v1", "--framework", "torchrl", "--capture-obs"]
+    small = ["--steps", "256", "--hidden-size", "8", "--n-steps", "128", "--n-epochs", "1", "-q", "--out", "t.parquet"]
+    done = subprocess.run([*run, *small], capture_output=True, text=True, cwd=tmp_path, env=ENV)
+    assert done.returncode == 0, done.stderr
+    export = [sys.executable, "-m", "lstm_probe", "export", "t.model.pt", "p.onnx", "--log", "t.parquet"]
+    r = subprocess.run([*export, "--episodes", "1"], capture_output=True, text=True, cwd=tmp_path, env=ENV)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "p.onnx").is_file() and "verified on 200 steps" in r.stdout
+    r = subprocess.run([*export, "--force"], capture_output=True, text=True, cwd=tmp_path, env=ENV)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "error: t.parquet holds 2 episodes, fewer than --episodes 5: pass --episodes 2, or record a longer run"
+    ]

@@ -313,6 +313,14 @@ def episodes_from_trace(trace: str | os.PathLike[str], spec: Spec, count: int) -
     return np.asarray(rec.obs[:end], np.float32), starts[:end]
 
 
+def _obs_module(meta: dict[str, Any]) -> str:
+    """The module whose layer-0 rollout rows the observations are read from (each module's rows hold the same
+    observations): the actor where the log has one, else its first module (TorchRL's shared 'lstm')."""
+    modules = (meta.get("architecture") or {}).get("modules") if isinstance(meta.get("architecture"), dict) else None
+    names = [str(n) for n in modules] if isinstance(modules, dict) else []
+    return "actor" if "actor" in names or not names else names[0]
+
+
 def episodes_from_log(log: str | os.PathLike[str], spec: Spec, count: int) -> tuple[np.ndarray, np.ndarray]:
     """The observations of the first ``count`` episodes of a ``--capture-obs`` log (by env, then episode), each
     cut at :data:`MAX_EPISODE_STEPS` steps, back to back, and the episode starts.
@@ -334,7 +342,8 @@ def episodes_from_log(log: str | os.PathLike[str], spec: Spec, count: int) -> tu
     width = typ.list_size if pa.types.is_fixed_size_list(typ) else None
     if width != size:
         raise BadInput(f"{log}'s observations hold {width} values, the policy takes {size}: another env's log?")
-    rows = ds.field("phase").isin(["rollout"]) & ds.field("module").isin(["actor"]) & (ds.field("layer") == 0)
+    rows = ds.field("phase").isin(["rollout"]) & ds.field("module").isin([_obs_module(info.metadata)])
+    rows = rows & (ds.field("layer") == 0)
     keys = ["env", "episode", "env_step"]
     for name in keys:
         rows = rows & ds.field(name).is_valid()
@@ -342,9 +351,13 @@ def episodes_from_log(log: str | os.PathLike[str], spec: Spec, count: int) -> tu
     best = np.empty((0, 3), np.int64)  # (env, episode, its first env_step), the first `count`
     for batch in data.to_batches(columns=keys, filter=rows):
         best = _first_episodes(np.concatenate([best, _ints(batch)]), count)
+    if not len(best):
+        what = "no rollout step with its episode"
+        raise BadInput(f"{log} holds {what}: record one with `lstm-probe run ENV_ID --capture-obs`")
     if len(best) < count:
-        found = "no observations" if not len(best) else f"{len(best)} episodes, fewer than --episodes {count}"
-        raise BadInput(f"{log} holds {found}; pass a smaller --episodes, or record with --capture-obs")
+        fix = f"pass --episodes {len(best)}, or record a longer run"
+        held = f"{len(best)} episode{'s' if len(best) != 1 else ''}"
+        raise BadInput(f"{log} holds {held}, fewer than --episodes {count}: {fix}")
     most = count * MAX_EPISODE_STEPS
     budget.refuse(3 * 4 * size * most, f"reading the observations of {count} episodes of {log}")
     budget.check_stream(data, [*keys, "obs"], f"reading the observations of {log}")
