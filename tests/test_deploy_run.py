@@ -187,3 +187,32 @@ def test_export_log_of_a_torchrl_run_reads_its_shared_modules_observations(tmp_p
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
         "error: t.parquet holds 2 episodes, fewer than --episodes 5: pass --episodes 2, or record a longer run"
     ]
+
+
+def test_export_never_writes_over_its_own_model_or_log(tmp_path: Path) -> None:
+    """`export run.model.pt run.model.pt --force` (a slip for policy.pt, with the --force the "already exists"
+    line asks for) replaced the trained checkpoint by the exported file. OUT naming the model, the --log or the
+    --trace (by any path: a link, another spelling) is refused in one line, force or not, and the file stays."""
+    model = tmp_path / "m.pt"
+    model.write_bytes(b"the trained model, whatever it holds")
+    (tmp_path / "link.pt").symlink_to(model)
+    for given, out, extra in [
+        (model, tmp_path / "sub" / ".." / "m.pt", ["--env", "Pendulum-v1"]),
+        (tmp_path / "link.pt", model, ["--env", "Pendulum-v1"]),
+    ]:
+        (tmp_path / "sub").mkdir(exist_ok=True)
+        r = subprocess.run(
+            [sys.executable, "-m", "lstm_probe", "export", str(given), str(out), *extra, "--force"],
+            capture_output=True,
+            text=True,
+            env=ENV,
+        )
+        assert r.returncode == 2, r.stderr
+        assert r.stderr.strip().splitlines() == [
+            f"error: {out} is the model to export: writing it would destroy it; choose another OUT, e.g. policy.pt"
+        ]
+    log = tmp_path / "run.onnx"
+    log.write_bytes(b"a log")
+    with pytest.raises(BadInput, match="is the --log: writing it would destroy it"):
+        lstm_probe.export(model, log, log=log, force=True)
+    assert model.read_bytes() == b"the trained model, whatever it holds" and log.read_bytes() == b"a log"

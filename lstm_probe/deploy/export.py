@@ -123,6 +123,9 @@ def export(
         raise BadInput(f"{out}: its directory {out.parent} does not exist; create it first")
     if out.is_dir():
         raise BadInput(f"{out} is a directory; name the file to write, e.g. {out / ('policy' + out.suffix)}")
+    for given, what in ((model, "the model to export"), (log, "the --log"), (trace, "the --trace")):
+        if isinstance(given, str | os.PathLike) and _same_file(Path(given), out):  # --force would destroy it
+            raise BadInput(f"{out} is {what}: writing it would destroy it; choose another OUT, e.g. policy{out.suffix}")
     if out.exists() and not force:
         raise BadInput(f"{out} already exists; pass --force (force=True) to overwrite it, or choose another OUT")
     check_writable(out.parent, "choose another OUT")  # before minutes of verification, not after
@@ -313,6 +316,14 @@ def episodes_from_trace(trace: str | os.PathLike[str], spec: Spec, count: int) -
     return np.asarray(rec.obs[:end], np.float32), starts[:end]
 
 
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether ``a`` and ``b`` name one file (a link or another spelling of the path included)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # either does not exist (yet): the same path, spelt alike once resolved
+        return a.resolve() == b.resolve()
+
+
 def _obs_module(meta: dict[str, Any]) -> str:
     """The module whose layer-0 rollout rows the observations are read from (each module's rows hold the same
     observations): the actor where the log has one, else its first module (TorchRL's shared 'lstm')."""
@@ -356,8 +367,8 @@ def episodes_from_log(log: str | os.PathLike[str], spec: Spec, count: int) -> tu
         raise BadInput(f"{log} holds {what}: record one with `lstm-probe run ENV_ID --capture-obs`")
     if len(best) < count:
         fix = f"pass --episodes {len(best)}, or record a longer run"
-        held = f"{len(best)} episode{'s' if len(best) != 1 else ''}"
-        raise BadInput(f"{log} holds {held}, fewer than --episodes {count}: {fix}")
+        there = f"{len(best)} episode{'s' if len(best) != 1 else ''}"
+        raise BadInput(f"{log} holds {there}, fewer than --episodes {count}: {fix}")
     most = count * MAX_EPISODE_STEPS
     budget.refuse(3 * 4 * size * most, f"reading the observations of {count} episodes of {log}")
     budget.check_stream(data, [*keys, "obs"], f"reading the observations of {log}")
