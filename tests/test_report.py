@@ -541,8 +541,8 @@ def test_gru_report_says_only_what_the_log_holds(tmp_path):
     text = blocks_of(rep)
     assert rep.calls.explanation == (
         "Rollout calls have batch 2. A training call's batch is the number of sequences in its minibatch: here 2 "
-        "sequences per minibatch, over 4 minibatches; why a sequence starts where it does: not recorded (the integration that wrote this log does not say why a "
-        "training sequence starts)."
+        "sequences per minibatch, over 4 minibatches; why a sequence starts where it does: not recorded (the "
+        "integration that wrote this log does not say why a training sequence starts)."
     )
     assert rep.findings == [
         "gradients flow back at most 6 steps (median 6) through the training sequences, while completed episodes "

@@ -57,6 +57,25 @@ def test_a_failed_provenance_check_comes_first():
     assert v.provenance_ok is False and v.lines[0].startswith("the provenance check FAILED")
 
 
+def test_what_if_figures_are_not_judged_where_a_check_failed():
+    """An own loop training from zeros where its rollout carried the state (the provenance and what-if checks both
+    fail) was told "it does not matter here ... no burn-in needed" from the what-if figures its report called
+    untrustworthy: whether it matters is not judged where either check failed."""
+    for ok, checked, words in [
+        (False, {"ok": True}, "the provenance check FAILED"),
+        (True, {"ok": False, "max": {"actor": 0.3}}, "the what-if check FAILED"),
+        (False, {"ok": False, "max": {"actor": 0.3}}, "the what-if and the provenance checks FAILED"),
+    ]:
+        wi = what_if(0.005, {4: 0.001})
+        wi.check = checked
+        v = verdict(staleness(0.05, 0.05, ok=ok), wi, SB3)
+        assert v.matters is None and v.burn_in is None, words
+        assert v.lines[-1].startswith(f"whether it matters for values and actions: not judged: {words}")
+    wi = what_if(0.005, {4: 0.001})
+    wi.check = {"ok": True}
+    assert verdict(staleness(0.05, 0.05), wi, SB3).matters is False
+
+
 def test_no_drift_is_unmeasured_never_fresh():
     empty = StalenessSection(0, None, None, None, [], [], [])
     assert verdict(empty, None, SB3).stale is None
@@ -172,5 +191,5 @@ def test_an_own_loop_that_records_no_start_reason_is_not_told_its_stored_states_
     v = _report(log)[0]["verdict"]
     assert v["stored_starts"] is None and v["drift"]
     assert v["lines"][0].startswith("training states drifted: " if v["stale"] else "training states stayed close: ")
-    assert "where the training sequences start is not recorded" in v["lines"][0]
+    assert "where the training sequences start is not recorded, so which of the two it is" in v["lines"][0]
     assert not any("stored states went stale" in x or "stored states stayed fresh" in x for x in v["lines"])

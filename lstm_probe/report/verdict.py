@@ -167,9 +167,9 @@ def verdict(
                 "at an episode start), so no stored state went stale: the drift is the training pass recomputing "
                 "the states with the updated weights"
                 if v.stored_starts is False
-                else "the training pass recomputes the states with the updated weights; where the training "
-                "sequences start is not recorded, so whether some start mid-rollout from stored states that went "
-                "stale is not known"
+                else "the training pass recomputes the states with the updated weights, and sequences that start "
+                "mid-rollout start from stored states that may have gone stale; where the training sequences start "
+                "is not recorded, so which of the two it is, is not known"
             )
             v.lines.append(f"{said}: {lie} ({measure}; {bound}): {why}")
     _matters(v, what_if, caps)
@@ -182,7 +182,7 @@ def _stored_starts(reasons: dict[str, int] | None, wi: WhatIfSection | None) -> 
     them (any away from refreshed: True; every one equal: False)."""
     mid = None if not reasons else any(n > 0 for r, n in reasons.items() if r in MID_ROLLOUT)
     moved = None
-    if wi is not None and wi.measured:
+    if wi is not None and wi.measured and wi.check.get("ok") is not False:  # a failed check's states say nothing
         rows = [r for r in wi.by_epoch if r.get("alternative") == "stored"]
         states = [float(x) for r in rows for k, x in r.items() if k.startswith("state_") and x is not None]
         moved = any(x != 0 for x in states) if states else None
@@ -217,6 +217,15 @@ def _matters(v: Verdict, wi: WhatIfSection | None, caps: Capabilities) -> None:
                 "trace(..., what_if=True) and probe.measure_batch(evaluate, ...) (docs/own-loops.md)"
             )
         v.lines.append(f"whether it matters for values and actions: unmeasured; {how}")
+        return
+    checks = (("what-if", wi.check.get("ok") is False), ("provenance", v.provenance_ok is False))
+    failed = [name for name, bad in checks if bad]
+    if failed:  # the what-if's states or the rows' pairing are wrong: its figures would answer a wrong question
+        v.lines.append(
+            f"whether it matters for values and actions: not judged: the {' and the '.join(failed)} "
+            f"check{'s' if len(failed) > 1 else ''} FAILED, "
+            "so the what-if's counterfactuals start from other states than training's (the warnings say how far)"
+        )
         return
     last = max(int(r["epoch"]) for r in wi.by_epoch)
     at = {r["alternative"]: r for r in wi.by_epoch if r["epoch"] == last}
