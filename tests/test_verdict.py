@@ -182,14 +182,68 @@ def test_a_log_whose_sequences_start_at_rollout_or_episode_starts_has_no_stale_s
         )
 
 
-def test_an_own_loop_that_records_no_start_reason_is_not_told_its_stored_states_went_stale(tmp_path):
-    """CleanRL's loop without --what-if: the log says neither where its sequences start nor whether stored states
-    equal refreshed ones; the verdict says what it measured and that this is not known."""
+def test_an_own_loop_that_records_no_start_reason_is_judged_by_its_env_steps(tmp_path):
+    """CleanRL's loop without --what-if records no start reason; its train rows' env steps say each sequence starts
+    at its env's first rollout step of the iteration (or an episode start): no stored state, the drift is the
+    recomputation (``mid_rollout_starts`` 0)."""
     log = tmp_path / "r.parquet"
     args = [sys.executable, str(ROOT / "examples" / "cleanrl_lstm.py"), "--iterations", "2", "--num-envs", "2"]
     _made([*args, "--num-steps", "32", "--out", str(log)], tmp_path)
-    v = _report(log)[0]["verdict"]
-    assert v["stored_starts"] is None and v["drift"]
-    assert v["lines"][0].startswith("training states drifted: " if v["stale"] else "training states stayed close: ")
-    assert "where the training sequences start is not recorded, so which of the two it is" in v["lines"][0]
+    doc = _report(log)[0]
+    v = doc["verdict"]
+    assert doc["sequences"]["mid_rollout_starts"] == 0 and v["stored_starts"] is False and v["drift"]
+    assert "no training sequence starts mid-rollout from a stored state" in v["lines"][0]
     assert not any("stored states went stale" in x or "stored states stayed fresh" in x for x in v["lines"])
+
+
+def _chunked_loop(path, chunk, starts=True):
+    """An own loop of 2 envs, 2 iterations of 8 rollout steps (every env's step 0 an episode start, no other),
+    trained in chunks of ``chunk`` steps, each from the state the rollout stored before its first step, tagged
+    with ``episode_start`` on the train rows (``starts``) or without."""
+    import numpy as np
+    import torch
+    from torch import nn
+
+    import lstm_probe
+
+    torch.manual_seed(0)
+    n, steps, lstm = 2, 8, nn.LSTM(3, 4)
+    opt = torch.optim.SGD(lstm.parameters(), lr=0.5)
+    state = (torch.zeros(1, n, 4), torch.zeros(1, n, 4))
+    with lstm_probe.trace(lstm, out=path) as probe:
+        for it in range(2):
+            xs, before = torch.randn(steps, n, 3), []
+            with torch.no_grad():
+                for t in range(steps):
+                    before.append(state)
+                    tags = dict(env=np.arange(n), env_step=it * steps + t, episode_start=np.full(n, it + t == 0))
+                    with probe.tag(phase="rollout", iteration=it, **tags):
+                        _, state = lstm(xs[t : t + 1], state)
+            for mb, lo in enumerate(range(0, steps, chunk)):
+                tags = dict(env=np.arange(n), env_step=np.arange(it * steps + lo, it * steps + lo + chunk)[None])
+                if starts:
+                    tags["episode_start"] = np.zeros((n, chunk), bool) | (it + lo == 0)
+                with probe.tag(phase="train", iteration=it, epoch=0, minibatch=mb, **tags):
+                    y, _ = lstm(xs[lo : lo + chunk], before[lo])
+                opt.zero_grad()
+                y.pow(2).mean().backward()
+                opt.step()
+
+
+def test_an_own_loop_whose_chunks_start_mid_rollout_has_stored_states_that_can_go_stale(tmp_path):
+    """A chunked own loop (training from the states its rollout stored mid-rollout) was told "where the training
+    sequences start is not recorded": its env steps say so. Chunks of 4 of 8 steps: per iteration and env, the
+    chunk at step 4 starts mid-rollout (2 envs x 2 iterations = 4 of 8 sequences); whole sequences: none. A log
+    whose train rows carry no episode_start cannot say (None)."""
+    for chunk, mid in ((4, 4), (8, 0)):
+        log = tmp_path / f"c{chunk}.parquet"
+        _chunked_loop(log, chunk)
+        doc = _report(log)[0]
+        assert (doc["sequences"]["sequences"], doc["sequences"]["mid_rollout_starts"]) == (16 // chunk * 2, mid)
+        assert doc["verdict"]["stored_starts"] is (mid > 0)
+        first = doc["verdict"]["lines"][-2]
+        assert first.startswith("stored states") if mid else "no training sequence starts mid-rollout" in first, first
+    log = tmp_path / "untagged.parquet"
+    _chunked_loop(log, 4, starts=False)
+    doc = _report(log)[0]
+    assert doc["sequences"]["mid_rollout_starts"] is None and doc["verdict"]["stored_starts"] is None

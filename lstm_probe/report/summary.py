@@ -240,5 +240,6 @@ def _summarize(path: str | os.PathLike[str], chunk_rows: int, progress: Progress
             run_envs=log.n_envs,
             runners=log.env_runners,
             reasons=getattr(results.get("calls"), "sequence_start_reasons", None),
+            mid_rollout=getattr(results.get("sequences"), "mid_rollout_starts", None),
         ),
     )

@@ -112,6 +112,7 @@ def verdict(
     run_envs: int | None = None,
     runners: int | None = None,
     reasons: dict[str, int] | None = None,
+    mid_rollout: int | None = None,
 ) -> Verdict:
     """The verdict of one log from its staleness and what-if sections (either may be None: not computed) and,
     for a sharded log whose drift is paired across processes, its cross-process section. ``kept_envs``: K where
@@ -119,13 +120,15 @@ def verdict(
     where ``runners``): the drift is then of those columns, the what-if of whole minibatches, and each line
     says which. ``reasons``: why the training sequences start where they do, counted (the calls section's
     ``sequence_start_reasons``): with the what-if's stored states, whether any starts from a stored mid-rollout
-    state (``Verdict.stored_starts``), and so what the drift is."""
+    state (``Verdict.stored_starts``), and so what the drift is; ``mid_rollout``: where the log records no start
+    reason (an own loop), how many training sequences start mid-rollout by their env steps (the sequences
+    section's ``mid_rollout_starts``)."""
     epoch, drift = _drifts(staleness)
     minibatch, how = None, ""
     if not drift:
         minibatch, drift, how = _minibatch_drifts(cross)
     v = Verdict(stale=None if not drift else max(drift.values()) > STALE, drift=drift, epoch=epoch)
-    v.stored_starts = _stored_starts(reasons, what_if)
+    v.stored_starts = _stored_starts(reasons, what_if, mid_rollout)
     kept = kept_columns(kept_envs, run_envs, runners)
     if kept:
         v.scope = {
@@ -176,11 +179,16 @@ def verdict(
     return v
 
 
-def _stored_starts(reasons: dict[str, int] | None, wi: WhatIfSection | None) -> bool | None:
+def _stored_starts(
+    reasons: dict[str, int] | None, wi: WhatIfSection | None, mid_rollout: int | None = None
+) -> bool | None:
     """Whether some training sequence starts mid-rollout from a stored state (``Verdict.stored_starts``): from the
-    sequences' start reasons where the log records them, and the what-if's stored initial states where it measured
-    them (any away from refreshed: True; every one equal: False)."""
+    sequences' start reasons where the log records them, else from their env steps (``mid_rollout``), and the
+    what-if's stored initial states where it measured them (any away from refreshed: True; every one equal:
+    False)."""
     mid = None if not reasons else any(n > 0 for r, n in reasons.items() if r in MID_ROLLOUT)
+    if mid is None and mid_rollout is not None:
+        mid = mid_rollout > 0
     moved = None
     if wi is not None and wi.measured and wi.check.get("ok") is not False:  # a failed check's states say nothing
         rows = [r for r in wi.by_epoch if r.get("alternative") == "stored"]

@@ -7,6 +7,7 @@ env's episode runs from one start to the next (an env's step 0 starts its first)
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -59,6 +60,11 @@ class SequencesSection:
     """The run's envs, as its metadata says (per env runner where ``env_runners``)."""
     env_runners: int | None = None
     """RLlib: the env runners, where more than one, that stepped ``n_envs`` envs each."""
+    mid_rollout_starts: int | None = None
+    """Where the log records no start reasons (an own loop): the training sequences (of :attr:`module`, layer 0)
+    that start mid-rollout, neither at an episode start nor at their env's first step of that iteration's rollout,
+    so from a state the rollout stored there (:func:`mid_rollout`); None where the reasons are recorded, or the
+    rows cannot say (no episode_start on the train rows, or no rollout rows)."""
 
 
 @dataclass
@@ -168,7 +174,9 @@ class Sequences(Section[SequencesSection]):
             n = int(((lens >= lo) & (lens < hi)).sum())
             if n:
                 hist[f"{lo}-{hi - 1}" if hi < 10**9 else f">={lo}"] = n
+        mid = mid_rollout(log, acc.module.value) if not acc.known_starts.value else None
         return SequencesSection(
+            mid_rollout_starts=mid,
             sequences=len(lens),
             length=summary_stats(lens),
             length_histogram=hist,
@@ -273,6 +281,51 @@ def _from_starts(log: Log) -> np.ndarray | None:
     rows = np.unique(np.nan_to_num(np.concatenate(keys), nan=-1.0), axis=0)  # sorted: worker, env, env step
     same = (rows[1:, 0] == rows[:-1, 0]) & (rows[1:, 1] == rows[:-1, 1])
     return (rows[1:, 2] - rows[:-1, 2])[same].astype(np.float32)
+
+
+def mid_rollout(log: Log, module: str | None) -> int | None:
+    """How many training sequences of ``module`` (layer 0: each one's t = 0 row) start mid-rollout: where the train
+    row's episode_start is False and its env step lies after its env's first rollout step of the same iteration
+    (worker too, RLlib). Read only for a log whose train rows carry no start reason (an own loop), apart from the
+    scan: the rollout rows' first steps, then the sequences' first rows. None: nothing to count from."""
+    names = set(log.data.schema.names)
+    if module is None or not {"episode_start", "env", "env_step", "iteration"} <= names:
+        return None
+    keys = ["iteration", "env", *(["worker"] if "worker" in names else [])]
+    valid = ds.field("env").is_valid() & ds.field("env_step").is_valid() & ds.field("iteration").is_valid()
+    roll = (ds.field("layer") == 0) & (ds.field("phase") == "rollout") & valid
+    first = (ds.field("layer") == 0) & (ds.field("phase") == "train") & (ds.field("t") == 0) & valid
+    first &= (ds.field("module") == module) & ds.field("episode_start").is_valid()
+    budget.check_stream(log.data, [*keys, "env_step", "episode_start"], "the sequences' start read")
+
+    def batches(filt: ds.Expression, cols: list[str]) -> Iterator[list[np.ndarray]]:
+        scanner = budget.prune(log.data, filt).scanner(columns=cols, filter=filt, batch_size=1 << 17)
+        for batch in scanner.to_batches():
+            if batch.num_rows:
+                yield [batch.column(c).to_numpy(zero_copy_only=False) for c in cols]
+
+    def key(cols: list[np.ndarray]) -> np.ndarray:
+        return np.stack([np.nan_to_num(c.astype(np.float64), nan=-1.0) for c in cols], axis=1)
+
+    def lowest(k: np.ndarray, step: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each distinct key of ``k`` and its smallest step."""
+        keys, inv = np.unique(k, axis=0, return_inverse=True)
+        low = np.full(len(keys), np.inf)
+        np.minimum.at(low, inv.reshape(-1), step.astype(np.float64))
+        return keys, low
+
+    found = [lowest(key(cols[:-1]), cols[-1]) for cols in batches(roll, [*keys, "env_step"])]  # one row a key
+    train = list(batches(first, [*keys, "env_step", "episode_start"]))  # one row a sequence
+    if not found or not train:
+        return None
+    rkeys, low = lowest(np.concatenate([k for k, _ in found]), np.concatenate([v for _, v in found]))
+    *tk, tstep, tstart = (np.concatenate(c) for c in zip(*train, strict=True))
+    both, where = np.unique(np.concatenate([rkeys, key(tk)]), axis=0, return_inverse=True)
+    where = where.reshape(-1)
+    lowest_of = np.full(len(both), np.inf)  # each (iteration, env)'s first rollout step; inf: none
+    lowest_of[where[: len(rkeys)]] = low
+    after = tstep.astype(np.float64) > lowest_of[where[len(rkeys) :]]
+    return int((after & ~tstart.astype(bool)).sum())
 
 
 def episodes_in_words(length: dict[str, float], completed: int) -> str:
