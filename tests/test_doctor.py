@@ -38,7 +38,7 @@ def _loop(tmp_path, bug, steps=40):
                 with probe.tag(phase="rollout", iteration=it, env=np.arange(N), env_step=step, episode_start=done):
                     _, h = lstm(xs[step : step + 1], h)
                 done = rng.random(N) < 0.1
-                if bug in ("ok", "shuffled", "train_zeros"):
+                if bug in ("ok", "shuffled", "train_zeros", "train_mis_indexed"):
                     h[0][:, done] = 0
                     h[1][:, done] = 0
                 elif bug == "wrong_column":
@@ -50,6 +50,15 @@ def _loop(tmp_path, bug, steps=40):
             # CleanRL's get_states: one step at a time from the rollout's first state, masked by the dones
             state = zeros if bug == "train_zeros" else initial
             env_step = np.broadcast_to(np.arange(first, first + steps), (N, steps))
+            if bug == "train_mis_indexed":  # minibatches of envs [0, 1] and [2, 3], both from states [:, :2]
+                for mb, envs in enumerate((np.arange(2), np.arange(2, N))):
+                    s = (initial[0][:, :2], initial[1][:, :2])  # by position, not initial[0][:, envs]
+                    tags = dict(env=envs, env_step=env_step[envs], episode_start=dones[envs])
+                    with probe.tag(phase="train", iteration=it, epoch=0, minibatch=mb, **tags):
+                        for t in range(steps):
+                            keep = torch.tensor(1.0 - dones[envs, t], dtype=torch.float32).view(1, -1, 1)
+                            _, s = lstm(xs[first + t : first + t + 1, envs], (keep * s[0], keep * s[1]))
+                continue
             with probe.tag(phase="train", iteration=it, env=np.arange(N), env_step=env_step, episode_start=dones):
                 for t in range(steps):
                     keep = torch.tensor(1.0 - dones[:, t], dtype=torch.float32).view(1, -1, 1)
@@ -85,6 +94,20 @@ def test_each_planted_bug_is_named_with_its_first_occurrence(tmp_path, bug, kind
     for key, value in first.items():
         assert problems[0].first[key] == value, problems[0].first
     assert rep.findings.count(problems[0].text) == 1  # in the report's findings, once
+
+
+def test_training_from_another_env_columns_stored_state_is_named(tmp_path):
+    """A minibatch's initial states taken by position (``initial[:, :2]`` for envs 2 and 3) rather than by env:
+    the doctor said "no problem found" (its train sequences started from 'other' states), and where the wrong
+    minibatch is not the first, the provenance check passes. Each is bit-equal to the state another env column stored at that step: other_env, in
+    training, first at iteration 1's first step of env 2 or 3 (iteration 0 starts from zeros: a reset)."""
+    rep = _loop(tmp_path, "train_mis_indexed")
+    problems = rep.doctor.problems
+    assert [(p.kind, p.phase) for p in problems] == [("other_env", "train")], rep.doctor.findings
+    assert problems[0].first["env"] in (2, 3) and problems[0].first["env_step"] == 40
+    sources = rep.doctor.sources["root/train"]
+    assert sources.get("other_env", 0) + sources.get("reset", 0) >= 2 and "other" not in sources
+    assert rep.staleness.provenance_ok is True  # it checks minibatch 0 (envs 0 and 1): only the doctor sees this
 
 
 def test_watch_names_a_predict_loop_that_drops_the_state():

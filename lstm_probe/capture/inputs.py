@@ -24,6 +24,9 @@ from lstm_probe.contract import Grid
 from lstm_probe.log.schema import CODE
 
 ZERO, PREVIOUS, STORED, OTHER_ENV, FIRST, UNCHECKED = 1, 2, 4, 8, 16, 32
+OTHER_ENV_BUDGET = 1 << 22
+"""Most floats a training call's answer compares against other env columns' stored states (only where some
+column did not start from its own env's: a wrong start), so a wide run with that bug stays bounded."""
 """Bits of a column's answer (:func:`decode` turns them into the ``init`` codes): the input is all zeros;
 bit-equal to the state the module last returned for this env column; bit-equal to the stored rollout
 state (train); bit-equal to a state another env column returned; no state known for this env column yet;
@@ -330,9 +333,32 @@ class Inputs:
         same = held & (xs == store.ring[slots]).all(axis=1)
         here = env * store.window + step % store.window
         same |= zero & (store.steps[here] == step) & store.zero_in[here]
+        other = Inputs._stored_of_other_env(store, xs, env, before, np.flatnonzero(held & ~same & ~zero))
         held |= same
         # an env's first step has no earlier state: zeros there are its initial state (a reset)
-        return same * np.int8(STORED) | (~held) * np.int8(UNCHECKED) | (before < 0) * np.int8(FIRST)
+        flags = same * np.int8(STORED) | (~held) * np.int8(UNCHECKED) | (before < 0) * np.int8(FIRST)
+        return flags | other * np.int8(OTHER_ENV)
+
+    @staticmethod
+    def _stored_of_other_env(
+        store: _Store, xs: np.ndarray, env: np.ndarray, before: np.ndarray, odd: np.ndarray
+    ) -> np.ndarray:
+        """Train columns ``odd`` (their env's stored state is held, and differs): bit-equal to the state another
+        env column stored at the same env step (a minibatch's initial states indexed by position, not by env).
+        Only a wrong start pays it; at most :data:`OTHER_ENV_BUDGET` floats are compared in a call, the columns
+        past it stay 'other'."""
+        found = np.zeros(len(xs), np.bool_)
+        envs = len(store.steps) // store.window if store.window else 0
+        if not len(odd) or envs < 2:
+            return found
+        ring = store.ring.reshape(envs, store.window, -1)
+        steps = store.steps.reshape(envs, store.window)
+        for i in odd[: max(1, OTHER_ENV_BUDGET // (envs * ring.shape[2]))].tolist():
+            b = int(before[i]) % store.window
+            candidates = steps[:, b] == before[i]
+            candidates[env[i]] = False
+            found[i] = bool((candidates & (ring[:, b] == xs[i]).all(axis=1)).any())
+        return found
 
 
 def earlier_columns(
