@@ -99,8 +99,9 @@ def test_each_planted_bug_is_named_with_its_first_occurrence(tmp_path, bug, kind
 def test_training_from_another_env_columns_stored_state_is_named(tmp_path):
     """A minibatch's initial states taken by position (``initial[:, :2]`` for envs 2 and 3) rather than by env:
     the doctor said "no problem found" (its train sequences started from 'other' states), and where the wrong
-    minibatch is not the first, the provenance check passes. Each is bit-equal to the state another env column stored at that step: other_env, in
-    training, first at iteration 1's first step of env 2 or 3 (iteration 0 starts from zeros: a reset)."""
+    minibatch is not the first, the provenance check passes. Each is bit-equal to the state another env column
+    stored at that step: other_env, in training, first at iteration 1's first step of env 2 or 3 (iteration 0
+    starts from zeros: a reset)."""
     rep = _loop(tmp_path, "train_mis_indexed")
     problems = rep.doctor.problems
     assert [(p.kind, p.phase) for p in problems] == [("other_env", "train")], rep.doctor.findings

@@ -303,3 +303,19 @@ def test_a_model_that_is_no_module_is_refused_in_one_line(tmp_path):
             modules["actor"](torch.zeros(1, 1, 3))
             modules["critic"](torch.zeros(1, 1, 3))
     assert sorted(lstm_probe.load(tmp_path / "x.parquet").module.unique()) == ["actor", "critic"]
+
+
+def test_a_tag_block_before_start_is_refused_and_after_close_is_harmless(tmp_path):
+    """A tag block and a traced call before ``start()`` recorded nothing, silently (no log at all); it is refused
+    in one line naming the fix. After ``close()`` a tag block is harmless (nothing is hooked) and stays allowed."""
+    lstm = nn.LSTM(3, 4)
+    probe = lstm_probe.trace(lstm, out=tmp_path / "x.parquet")
+    with pytest.raises(lstm_probe.BadInput, match=r"before probe\.start\(\): nothing would be recorded"):
+        with probe.tag(phase="rollout", iteration=0, env=[0], env_step=[0]):
+            lstm(torch.zeros(1, 1, 3))
+    with probe:
+        with probe.tag(phase="rollout", iteration=0, env=[0], env_step=[0]):
+            lstm(torch.zeros(1, 1, 3))
+    with probe.tag(phase="rollout", iteration=1, env=[0], env_step=[1]):
+        lstm(torch.zeros(1, 1, 3))
+    assert len(lstm_probe.load(tmp_path / "x.parquet", vectors=False)) == 1  # the one call inside start..close

@@ -71,6 +71,8 @@ class Probe(Scope):
     :meth:`_detach` and :meth:`_final`."""
 
     tracer: CoreTracer
+    started_once: bool = False
+    """Whether :meth:`start` ever opened this probe's log (a tag block before it records nothing)."""
 
     def _core(self) -> CoreTracer:
         """The core tracer this probe runs (the generic tracer is its own)."""
@@ -101,6 +103,7 @@ class Probe(Scope):
             self._detach()
             raise
         atexit.register(self._at_exit)
+        self.started_once = True
         return self
 
     def close(self, completed: bool = True, stop_reason: str | None = None, **extra: Any) -> Path | None:
@@ -149,6 +152,11 @@ class Tagged:
         unknown = set(tags) - set(self.tag_keys)
         if unknown:
             raise BadInput(f"unknown tag {sorted(unknown)[0]!r}; {self.tag_refusal}")
+        if not getattr(self, "started_once", True):  # after close() a tag block is harmless: nothing is hooked
+            raise BadInput(
+                "probe.tag(...) before probe.start(): nothing would be recorded; call probe.start() first, or use "
+                "`with probe:`"
+            )
         self._check_tags(tags)
         if tags.get("epoch") is not None:
             self._epochs = True

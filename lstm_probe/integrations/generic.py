@@ -191,6 +191,11 @@ class Tracer(Probe, CoreTracer):
         """Tag every call inside the block: phase, iteration, epoch, minibatch, env, env_step, episode,
         episode_step, episode_start (scalars, or arrays with one value per batch column).
         Nested blocks add to and override the outer ones."""
+        if not self.started_once:  # after close() a tag block is harmless: nothing is hooked
+            raise BadInput(
+                "probe.tag(...) before probe.start(): nothing would be recorded; call probe.start() first, or use "
+                "`with probe:`"
+            )
         return self.integration.tag(**tags)
 
 
