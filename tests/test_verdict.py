@@ -76,6 +76,20 @@ def test_what_if_figures_are_not_judged_where_a_check_failed():
     assert verdict(staleness(0.05, 0.05), wi, SB3).matters is False
 
 
+def test_a_failed_provenance_check_is_never_explained_as_recomputation():
+    """CleanRL's loop with a planted training bug (no reset inside training, a zero start): every sequence starts
+    at a rollout or episode start, and the verdict said "the drift is the training pass recomputing the states"
+    and "none to matter" of a 210% drift the bug made. With the provenance check failed it says neither."""
+    generic = Capabilities("generic")
+    v = verdict(staleness(2.1, 2.1, ok=False), None, generic, reasons={"env_boundary": 4, "episode_start": 2})
+    assert v.stored_starts is False and v.lines[0].startswith("the provenance check FAILED")
+    assert "but the provenance check FAILED" in v.lines[1] and "recomputation alone" in v.lines[1]
+    assert "so no stored state went stale" not in v.lines[1]
+    assert v.lines[2].startswith("whether it matters for values and actions: not judged: the provenance check")
+    ok = verdict(staleness(2.1, 2.1), None, generic, reasons={"env_boundary": 4})
+    assert "the drift is the training pass recomputing the states" in ok.lines[0]
+
+
 def test_no_drift_is_unmeasured_never_fresh():
     empty = StalenessSection(0, None, None, None, [], [], [])
     assert verdict(empty, None, SB3).stale is None

@@ -166,8 +166,12 @@ def verdict(
             said = "training states drifted" if v.stale else "training states stayed close"
             bound = f"{'above' if v.stale else 'within'} {_pct(STALE)}"
             why = (
-                "no training sequence starts mid-rollout from a stored state (each starts at its rollout's start or "
-                "at an episode start), so no stored state went stale: the drift is the training pass recomputing "
+                "no training sequence starts mid-rollout from a stored state, but the provenance check FAILED: "
+                "training starts or resets its states unlike the rollout, so the drift is not the recomputation "
+                "alone (the doctor says where)"
+                if v.stored_starts is False and v.provenance_ok is False
+                else "no training sequence starts mid-rollout from a stored state (each starts at its rollout's start "
+                "or at an episode start), so no stored state went stale: the drift is the training pass recomputing "
                 "the states with the updated weights"
                 if v.stored_starts is False
                 else "the training pass recomputes the states with the updated weights, and sequences that start "
@@ -200,6 +204,12 @@ def _stored_starts(
 
 
 def _matters(v: Verdict, wi: WhatIfSection | None, caps: Capabilities) -> None:
+    if v.provenance_ok is False and v.stored_starts is False and (wi is None or not wi.measured):
+        v.lines.append(
+            "whether it matters for values and actions: not judged: the provenance check FAILED (training does not "
+            "start from the states the rollout had)"
+        )
+        return
     if wi is None or not wi.measured or not wi.by_epoch:
         if v.stored_starts is False:
             how = (
