@@ -245,3 +245,16 @@ def test_an_own_loop_tagged_with_episode_start_alone_is_probed_as_if_it_counted_
         want = probe_targets(numbered, [target], lags=[0, 2])
         assert (got.n_fit > 0).all() and (got.n_test > 0).all()
         pd.testing.assert_frame_equal(got, want)
+
+
+def test_counted_episodes_are_looked_up_by_env_and_step_whatever_the_rows_order():
+    """The look-up of counted episodes grouped rows by their search position and checked the first row's env
+    alone: rows of an env the count lacks (or without an env) took another env's episodes, or hid them."""
+    from lstm_probe.report.probes import _look_up
+
+    counted = (np.array([0, 0, 1, 1]), np.array([0, 1, 0, 1]), np.array([0.0, 1, 0, 0]), np.array([0.0, 0, 0, 1]))
+    env, step = np.array([-(2**63), 0, 0, 1, 5]), np.array([0, 0, 1, 1, 0])
+    known = np.array([False, True, True, True, True])
+    episode, episode_step = _look_up(counted, env, step, known)
+    np.testing.assert_array_equal(episode, [np.nan, 0, 1, 0, np.nan])
+    np.testing.assert_array_equal(episode_step, [np.nan, 0, 0, 1, np.nan])

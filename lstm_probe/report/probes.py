@@ -299,7 +299,8 @@ def probe_rows(
         env_key = _env_keys(rows["env"], rows["worker"] if worker else None)
         all_steps = rows["env_step"].astype(np.int64)
         if counted is not None:  # an own loop's episode_start alone: episodes counted from it (the row's target too)
-            rows["episode"], rows["episode_step"] = _look_up(counted, env_key, all_steps)
+            known = ~np.isnan(rows["env"].astype(np.float64))
+            rows["episode"], rows["episode_step"] = _look_up(counted, env_key, all_steps, known)
             values = [rows["episode_step"] if t == "episode_step" else v for t, v in zip(targets, values, strict=True)]
         for module, layer, idx in _groups(rows["module"], rows["layer"]):
             if want is not None and module not in want:
@@ -339,27 +340,31 @@ Counted = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 
 def _counted_episodes(data: ds.Dataset, worker: bool) -> Counted | None:
-    """Where the rollout rows carry no episode numbers but ``episode_start`` (an own loop with the fewest tags,
-    docs/own-loops.md): each rollout (env, env step)'s episode and its step in it, counted from the episode starts
-    as the report counts its episode lengths (an env's first step opens its episode 0); None where the rows carry
-    episode numbers, or no episode starts to count from."""
-    if "episode_start" not in data.schema.names:
-        return None
-    rollout = ds.field("phase") == "rollout"
-    if budget.table(data, ["episode"], rollout & ds.field("episode").is_valid(), "the probe's episode check").num_rows:
+    """Where no row carries an episode number but the rollout rows carry ``episode_start`` (an own loop with the
+    fewest tags, docs/own-loops.md): each rollout (env, env step)'s episode and its step in it, counted from the
+    episode starts as the report counts its episode lengths (an env's first step opens its episode 0); None
+    where some row carries an episode number (the footer statistics say so: nothing is read) or no episode
+    start to count from. Reads one layer-0 row per (module, env, env step); the budget holds that read and its
+    sorting (four times the table)."""
+    from lstm_probe.log import held
+
+    if "episode_start" not in data.schema.names or held.spans(data, "episode") != []:
         return None
     columns = ["env", "env_step", "episode_start", *(["worker"] if worker else [])]
-    keep = rollout & ds.field("env").is_valid() & ds.field("env_step").is_valid()
+    keep = (ds.field("phase") == "rollout") & (ds.field("layer") == 0)
+    keep &= ds.field("env").is_valid() & ds.field("env_step").is_valid()
     table = budget.table(data, columns, keep, "the probe's episode starts")
     if not table.num_rows:
         return None
+    budget.refuse(4 * table.nbytes + 48 * table.num_rows, "the probe's episode count")
     env = _env_keys(_column(table, "env"), _column(table, "worker") if worker else None)
     step = _column(table, "env_step").astype(np.int64)
     start = table["episode_start"].fill_null(False).to_numpy(zero_copy_only=False).astype(bool)
+    del table
     order = np.lexsort((step, env))
     env, step, start = env[order], step[order], start[order]
-    same = np.r_[False, (env[1:] == env[:-1]) & (step[1:] == step[:-1])]  # the step's other modules and layers
-    start = np.logical_or.reduceat(start, np.flatnonzero(~same)) if len(start) else start
+    same = np.r_[False, (env[1:] == env[:-1]) & (step[1:] == step[:-1])]  # the step's other modules
+    start = np.logical_or.reduceat(start, np.flatnonzero(~same))
     env, step = env[~same], step[~same]
     new_env = np.r_[True, env[1:] != env[:-1]]
     opens = new_env | start  # an episode opens at each start and at an env's first step
@@ -369,19 +374,22 @@ def _counted_episodes(data: ds.Dataset, worker: bool) -> Counted | None:
     return env, step, episode.astype(np.float64), (step - step[first][segment]).astype(np.float64)
 
 
-def _look_up(counted: Counted, env: np.ndarray, step: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The counted episode and step in it of each (env key, env step): NaN where the rollout held none."""
+def _look_up(counted: Counted, env: np.ndarray, step: np.ndarray, known: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The counted episode and step in it of each (env key, env step) (``known``: the rows that have an env):
+    NaN where the rollout held none. One sorted key per (env, step), searched once."""
     keys_env, keys_step, episode, episode_step = counted
-    at = np.searchsorted(keys_env, env, side="left")
     out_e, out_s = np.full(len(env), np.nan), np.full(len(env), np.nan)
-    for i in np.unique(at):  # each env's run of keys, searched by step
-        rows = np.flatnonzero(at == i)
-        hi = np.searchsorted(keys_env, keys_env[min(i, len(keys_env) - 1)], side="right")
-        if i >= len(keys_env) or keys_env[i] != env[rows[0]]:
-            continue
-        j = i + np.searchsorted(keys_step[i:hi], step[rows])
-        hit = (j < hi) & (keys_step[np.minimum(j, hi - 1)] == step[rows])
-        out_e[rows[hit]], out_s[rows[hit]] = episode[j[hit]], episode_step[j[hit]]
+    envs = np.unique(keys_env)
+    lo = int(min(keys_step.min(), step.min(initial=0)))
+    span = int(max(keys_step.max(), step.max(initial=0))) - lo + 1
+    if len(envs) * span >= 1 << 62:  # the keys would not fit one int64 (a hostile log's steps): none counted
+        return out_e, out_s
+    table = np.searchsorted(envs, keys_env) * span + (keys_step - lo)  # sorted: keys are by (env, step)
+    rank = np.minimum(np.searchsorted(envs, env), len(envs) - 1)
+    asked = rank * span + (step - lo)
+    at = np.minimum(np.searchsorted(table, asked), len(table) - 1)
+    hit = known & (envs[rank] == env) & (table[at] == asked)
+    out_e[hit], out_s[hit] = episode[at[hit]], episode_step[at[hit]]
     return out_e, out_s
 
 
