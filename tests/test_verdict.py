@@ -210,7 +210,7 @@ def test_an_own_loop_that_records_no_start_reason_is_judged_by_its_env_steps(tmp
     assert not any("stored states went stale" in x or "stored states stayed fresh" in x for x in v["lines"])
 
 
-def _chunked_loop(path, chunk, starts=True):
+def _chunked_loop(path, chunk, starts=True, zeros=False):
     """An own loop of 2 envs, 2 iterations of 8 rollout steps (every env's step 0 an episode start, no other),
     trained in chunks of ``chunk`` steps, each from the state the rollout stored before its first step, tagged
     with ``episode_start`` on the train rows (``starts``) or without."""
@@ -238,7 +238,7 @@ def _chunked_loop(path, chunk, starts=True):
                 if starts:
                     tags["episode_start"] = np.zeros((n, chunk), bool) | (it + lo == 0)
                 with probe.tag(phase="train", iteration=it, epoch=0, minibatch=mb, **tags):
-                    y, _ = lstm(xs[lo : lo + chunk], before[lo])
+                    y, _ = lstm(xs[lo : lo + chunk], None if zeros else before[lo])
                 opt.zero_grad()
                 y.pow(2).mean().backward()
                 opt.step()
@@ -257,6 +257,9 @@ def test_an_own_loop_whose_chunks_start_mid_rollout_has_stored_states_that_can_g
         assert doc["verdict"]["stored_starts"] is (mid > 0)
         first = doc["verdict"]["lines"][-2]
         assert first.startswith("stored states") if mid else "no training sequence starts mid-rollout" in first, first
+    log = tmp_path / "zeros.parquet"  # chunks from zeros (the review's case): mid-rollout, but from no stored state
+    _chunked_loop(log, 4, zeros=True)
+    assert _report(log)[0]["sequences"]["mid_rollout_starts"] == 0
     log = tmp_path / "untagged.parquet"
     _chunked_loop(log, 4, starts=False)
     doc = _report(log)[0]

@@ -296,7 +296,12 @@ def mid_rollout(log: Log, module: str | None) -> int | None:
     roll = (ds.field("layer") == 0) & (ds.field("phase") == "rollout") & valid
     first = (ds.field("layer") == 0) & (ds.field("phase") == "train") & (ds.field("t") == 0) & valid
     first &= (ds.field("module") == module) & ds.field("episode_start").is_valid()
+    if "init" in names:  # a sequence started from zeros (or a reset) starts from no stored state, wherever it is
+        first &= ds.field("init").is_null() | ~ds.field("init").isin(["zero", "reset"])
     budget.check_stream(log.data, [*keys, "env_step", "episode_start"], "the sequences' start read")
+    room = budget.limit() // 64  # rows of keys (and their sorting's copies) the count may hold: else it says None
+    if budget.prune(log.data, first).count_rows(filter=first) > room:
+        return None
 
     def batches(filt: ds.Expression, cols: list[str]) -> Iterator[list[np.ndarray]]:
         scanner = budget.prune(log.data, filt).scanner(columns=cols, filter=filt, batch_size=1 << 17)
@@ -314,7 +319,12 @@ def mid_rollout(log: Log, module: str | None) -> int | None:
         np.minimum.at(low, inv.reshape(-1), step.astype(np.float64))
         return keys, low
 
-    found = [lowest(key(cols[:-1]), cols[-1]) for cols in batches(roll, [*keys, "env_step"])]  # one row a key
+    found, held = [], 0
+    for cols in batches(roll, [*keys, "env_step"]):
+        found.append(lowest(key(cols[:-1]), cols[-1]))  # one row a key
+        held += len(found[-1][1])
+        if held > room:
+            return None
     train = list(batches(first, [*keys, "env_step", "episode_start"]))  # one row a sequence
     if not found or not train:
         return None
