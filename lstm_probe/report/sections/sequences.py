@@ -296,9 +296,11 @@ def mid_rollout(log: Log, module: str | None) -> int | None:
     roll = (ds.field("layer") == 0) & (ds.field("phase") == "rollout") & valid
     first = (ds.field("layer") == 0) & (ds.field("phase") == "train") & (ds.field("t") == 0) & valid
     first &= (ds.field("module") == module) & ds.field("episode_start").is_valid()
+    budget.check_stream(log.data, [*keys, "env_step", "episode_start"], "the sequences' start read")
+    if not budget.prune(log.data, first).count_rows(filter=first):
+        return None  # no train row says whether its sequence starts at an episode start
     if "init" in names:  # a sequence started from zeros (or a reset) starts from no stored state, wherever it is
         first &= ds.field("init").is_null() | ~ds.field("init").isin(["zero", "reset"])
-    budget.check_stream(log.data, [*keys, "env_step", "episode_start"], "the sequences' start read")
     room = budget.limit() // 64  # rows of keys (and their sorting's copies) the count may hold: else it says None
     if budget.prune(log.data, first).count_rows(filter=first) > room:
         return None
@@ -326,8 +328,10 @@ def mid_rollout(log: Log, module: str | None) -> int | None:
         if held > room:
             return None
     train = list(batches(first, [*keys, "env_step", "episode_start"]))  # one row a sequence
-    if not found or not train:
+    if not found:
         return None
+    if not train:
+        return 0
     rkeys, low = lowest(np.concatenate([k for k, _ in found]), np.concatenate([v for _, v in found]))
     *tk, tstep, tstart = (np.concatenate(c) for c in zip(*train, strict=True))
     both, where = np.unique(np.concatenate([rkeys, key(tk)]), axis=0, return_inverse=True)
