@@ -216,3 +216,6 @@ def test_export_never_writes_over_its_own_model_or_log(tmp_path: Path) -> None:
     with pytest.raises(BadInput, match="is the --log: writing it would destroy it"):
         lstm_probe.export(model, log, log=log, force=True)
     assert model.read_bytes() == b"the trained model, whatever it holds" and log.read_bytes() == b"a log"
+    (tmp_path / "loop.pt").symlink_to(tmp_path / "loop.pt")  # resolving it raised RuntimeError: exit 1, a traceback
+    with pytest.raises(BadInput, match=r"loop\.pt is a symlink loop; choose another path"):
+        lstm_probe.export(model, tmp_path / "loop.pt", synthetic=True)

@@ -716,3 +716,32 @@ def test_an_own_loop_without_with_keeps_its_log_when_ctrl_c_or_an_exception_ends
     assert info.metadata["stop_reason"] == f"the process exited before close() ({cause})"
     assert not (tmp_path / "own.parquet.partial").exists()
     assert len(lstm_probe.load(log, vectors=False)) == info.rows
+
+
+_FORKED = """
+import os, sys, torch, lstm_probe
+m = torch.nn.LSTM(3, 4)
+probe = lstm_probe.trace(m, out=sys.argv[1]).start()
+with probe.tag(phase="rollout", iteration=0, env=[0], env_step=[0]):
+    m(torch.zeros(1, 1, 3))
+pid = os.fork()
+if pid == 0:
+    sys.exit(0)  # a forked child that exits normally runs the exit hooks it inherited
+os.waitpid(pid, 0)
+with probe.tag(phase="rollout", iteration=0, env=[0], env_step=[1]):
+    m(torch.zeros(1, 1, 3))
+probe.close()
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork")
+def test_a_forked_child_does_not_close_its_parents_log(tmp_path):
+    """The exit-time close of a probe left open ran in a forked child too (it inherits the hook): the child's
+    normal exit published the parent's log half-way, and the parent's close() then failed. Only the process that
+    started the probe closes it at exit."""
+    script, log = tmp_path / "fork.py", tmp_path / "f.parquet"
+    script.write_text(_FORKED)
+    r = subprocess.run([sys.executable, str(script), str(log)], env=ENV, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    info = lstm_probe.read_info(log)
+    assert info.completed and info.rows == 2

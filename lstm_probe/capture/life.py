@@ -102,6 +102,9 @@ class Probe(Scope):
         except BaseException:
             self._detach()
             raise
+        # the process's exit closes a log left open; only this process's (a forked child inherits the hook) and
+        # with the exception that ends it, not one the interpreter kept from before (sys.last_value)
+        self._exit_owner, self._exit_before = os.getpid(), getattr(sys, "last_value", None)
         atexit.register(self._at_exit)
         self.started_once = True
         return self
@@ -117,10 +120,11 @@ class Probe(Scope):
         """The process ends with the log open: ``start()`` without ``close()`` and an exception or Ctrl-C that
         nothing caught (``with`` closes the log itself). The log is closed as not completed, with the exception
         that ended the process where the interpreter kept it (``sys.last_value``), so its rows stay readable."""
-        if not self.running:
+        if os.getpid() != getattr(self, "_exit_owner", None) or not self.running:
             return
         exc = getattr(sys, "last_value", None)
-        why = f" ({stop_reason(exc)})" if isinstance(exc, BaseException) else ""
+        fresh = isinstance(exc, BaseException) and exc is not getattr(self, "_exit_before", None)
+        why = f" ({stop_reason(exc)})" if fresh and isinstance(exc, BaseException) else ""
         writer = self._core().writer
         failed = writer is not None and writer.error is not None
         try:
@@ -128,6 +132,8 @@ class Probe(Scope):
         except OutputError:
             if not failed:  # new at exit: say it; a writer error was already raised where it happened
                 raise
+        except Exception:  # anything else at exit (a device error while settling): the crash journal keeps the rows
+            pass
 
 
 class Tagged:

@@ -321,7 +321,14 @@ def _same_file(a: Path, b: Path) -> bool:
     try:
         return os.path.samefile(a, b)
     except OSError:  # either does not exist (yet): the same path, spelt alike once resolved
-        return a.resolve() == b.resolve()
+        pass
+    resolved = []
+    for path in (b, a):
+        try:
+            resolved.append(path.resolve())
+        except (OSError, RuntimeError):  # a symlink loop (RuntimeError before Python 3.13)
+            raise BadInput(f"{path} is a symlink loop; choose another path") from None
+    return resolved[0] == resolved[1]
 
 
 def _obs_module(meta: dict[str, Any]) -> str:
