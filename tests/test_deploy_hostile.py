@@ -440,8 +440,9 @@ def test_export_reads_a_hostile_log_within_the_budget(cartpole):
     d = cartpole
     export = ("export", d / "model.zip")
     refused(cli(*export, d / "w.onnx", "--log", d / "wide.parquet", cwd=d), "hold 50000 values, the policy takes 4")
-    long = cli(*export, d / "l.onnx", "--log", d / "long.parquet", cwd=d)
-    refused(long, "1 episode, fewer than --episodes 5: pass --episodes 1")
+    line = refused(cli(*export, d / "l.onnx", "--log", d / "long.parquet", cwd=d), "holds 1 episode, fewer than")
+    assert "--episodes 5: pass --episodes 1, or record a longer run" in line
+    assert "--capture-obs" not in line  # the log has observations
     r, took, peak = cli(*export, d / "long.pt", "--log", d / "long.parquet", "--episodes", "1", cwd=d)
     assert r.returncode == 0, r.stderr.decode()[-2000:]
     assert b"verified on 1,000 steps" in r.stdout and took < SECONDS and peak < PEAK_MB, (took, peak)

@@ -116,6 +116,7 @@ def test_replay_names_a_correct_rsl_rl_loop_and_a_planted_bug(checkpoints):
             r = lstm_probe.replay(d / "trace.parquet", policy)
             assert r.verdict == name, [(lp.name, lp.agree) for lp in r.loops]
             assert r.also == ([] if name == "correct" else ["reset every step"])
+            assert not r.notes  # --vecnormalize is sb3's: no note saying to pass it
         assert "h and c swapped" not in [lp.name for lp in r.loops]  # a GRU has no c
 
 
@@ -163,7 +164,7 @@ def test_hostile_checkpoints_are_refused_in_one_line(checkpoints, tmp_path):
     refused_within(bounded_cli("export", "huge.pt", "out.onnx", "--env", "Pendulum-v1", cwd=tmp_path), "huge.pt")
     assert not (tmp_path / "pwned.txt").exists() and not (tmp_path / "out.onnx").exists()
     they_take = r"they take sb3: \.zip files; rllib: \.pt files; rsl_rl: \.pt"
-    with pytest.raises(BadInput, match=r"take no a saved model named \.h5 \(" + they_take):
+    with pytest.raises(BadInput, match=r"take no saved model named \.h5 \(" + they_take):
         lstm_probe.export(tmp_path / "model.h5", tmp_path / "x.onnx", env_id="Pendulum-v1")
 
 
@@ -180,3 +181,11 @@ def test_replay_tells_a_checkpoint_from_torchscript(checkpoints):
     with pytest.raises(BadInput, match="is TorchScript, which holds code"):
         lstm_probe.replay(d / "other.parquet", d / "ts.pt")
     assert lstm_probe.replay(d / "other.parquet", saved["lstm"]).verdict == "not this policy"
+
+
+def test_an_env_of_other_observations_names_both_shapes(checkpoints):
+    _, saved = checkpoints
+    with pytest.raises(
+        BadInput, match=r"CartPole-v1's observations have the shape \(4,\), the policy's \(3,\); pass the env"
+    ):
+        lstm_probe.export(saved["lstm"], saved["lstm"].with_suffix(".x.onnx"), env_id="CartPole-v1")

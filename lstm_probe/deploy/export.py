@@ -35,6 +35,7 @@ from lstm_probe.deploy.runtime import Pace, load_file
 from lstm_probe.deploy.spec import META_KEY, Policy, Spec, Step
 from lstm_probe.errors import BadInput, one_line
 from lstm_probe.extras import require
+from lstm_probe.log import budget
 from lstm_probe.log.layout import check_writable
 from lstm_probe.options import CaptureOptions, check_env_id, default
 
@@ -44,6 +45,9 @@ MAX_EPISODE_STEPS = 1000
 """An episode of ``--env`` or of ``--log`` is cut here (its time limit usually ends it first)."""
 SYNTHETIC_STEPS = 200
 """The length of each ``--synthetic`` episode."""
+MAX_EPISODES = 1000
+"""The most ``--episodes`` export verifies on: a few tell a faulty export (the default is 5); 1,000 episodes of
+1,000 steps already take the 10 minutes verification may."""
 MAX_TRACE_ROWS = 1_000_000
 """The most rows a ``--trace`` may hold (its first episodes are kept: verification takes a few thousand steps)."""
 
@@ -136,8 +140,12 @@ def export(
             "export verifies on episodes: pass one of --env ENV_ID, --log LOG (a run with --capture-obs), "
             "--trace TRACE (a recorded run) or --synthetic (normal draws, when the policy's env is elsewhere)"
         )
-    if not (isinstance(episodes, int) and episodes >= 1):
-        raise BadInput(f"--episodes must be an integer >= 1, got {episodes!r}")
+    if isinstance(episodes, bool) or not isinstance(episodes, int) or not 1 <= episodes <= MAX_EPISODES:
+        got = "a number beyond int64" if isinstance(episodes, int) and episodes.bit_length() > 63 else repr(episodes)
+        raise BadInput(
+            f"--episodes must be an integer from 1 to {MAX_EPISODES:,} (a few episodes tell a faulty export; the "
+            f"default is 5), got {got[:40]}; pass --episodes {MAX_EPISODES} or fewer"
+        )
     if not (isinstance(tolerance, int | float) and 0 < tolerance < 1):
         raise BadInput(f"--tolerance must be a relative error in (0, 1), e.g. 1e-5, got {tolerance!r}")
     source = str(model) if isinstance(model, str | os.PathLike) else type(model).__name__
@@ -150,20 +158,22 @@ def export(
     if log is not None:
         tell("reading the log's episodes", 0, 1)
         obs, starts = episodes_from_log(log, spec, episodes)
-        where = f"{episodes} episodes of {log}"
+        where = f"{_count(episodes, 'episode')} of {log}"
     elif trace is not None:
         tell("reading the trace's episodes", 0, 1)
         obs, starts = episodes_from_trace(trace, spec, episodes)
-        where = f"{int(starts.sum())} episodes of {trace}"
+        where = f"{_count(int(starts.sum()), 'episode')} of {trace}"
     elif synthetic:
+        budget.refuse(episodes * SYNTHETIC_STEPS * _step_bytes(spec), "verifying on the synthetic episodes", _FEWER)
         rng = np.random.default_rng(env_seed)
         obs = rng.standard_normal((episodes * SYNTHETIC_STEPS, *spec.obs_shape)).astype(np.float32)
         starts = np.arange(len(obs)) % SYNTHETIC_STEPS == 0
-        where = f"{episodes} episodes of {SYNTHETIC_STEPS} synthetic observations (standard normal, seed {env_seed})"
+        where = f"{_count(episodes, 'episode')} of {SYNTHETIC_STEPS} synthetic observations"
+        where += f" (standard normal, seed {env_seed})"
     else:
         tell("recording episodes", 0, episodes)
         obs, starts = episodes_from_env(str(env_id), spec, reference, episodes, env_seed, tell)
-        where = f"{episodes} fresh episodes of {env_id} (seeds {env_seed}..{env_seed + episodes - 1})"
+        where = f"{_count(episodes, 'fresh episode')} of {env_id} (seeds {env_seed}..{env_seed + episodes - 1})"
     # a new file of a name no one can guess, made by this call alone (O_EXCL: never through a link planted
     # there), written through its descriptor, renamed over OUT once verified (a link at OUT is replaced,
     # never followed); read back by its suffix
@@ -182,6 +192,21 @@ def export(
     finally:
         tmp.unlink(missing_ok=True)
     return Exported(out, fmt, spec, int(starts.sum()), len(obs), float(tolerance), errors, where, exporter)
+
+
+_FEWER = "pass a smaller --episodes"
+
+
+def _count(n: int, noun: str) -> str:
+    """``1 episode``, ``2 episodes``."""
+    return f"{n:,} {noun}{'s' * (n != 1)}"
+
+
+def _step_bytes(spec: Spec) -> int:
+    """Bytes export holds per recorded step: the observation (recorded, then stacked) and both loops' outputs
+    (float64, kept for the comparison)."""
+    outputs = sum(int(np.prod([d for d in shape if d != "batch"])) for _, shape, _ in spec.outputs())
+    return 2 * 4 * int(np.prod(spec.obs_shape)) + 2 * 8 * outputs
 
 
 @contextlib.contextmanager
@@ -209,8 +234,10 @@ def _readable(f: Any) -> None:
         os.fchmod(f.fileno(), 0o666 & ~mask)
 
 
-def _meta(spec: Spec, source: str, exporter: str) -> str:
-    return spec.to_json(source=Path(source).name, exporter=exporter, batch="any number of envs")
+def _meta(policy: Policy, source: str, exporter: str) -> str:
+    return policy.spec.to_json(
+        source=Path(source).name, framework=policy.framework, exporter=exporter, batch="any number of envs"
+    )
 
 
 def _write_onnx(policy: Policy, f: BinaryIO, source: str) -> str:
@@ -234,7 +261,7 @@ def _write_onnx(policy: Policy, f: BinaryIO, source: str) -> str:
     assert program is not None
     proto = program.model_proto
     entry = proto.metadata_props.add()
-    entry.key, entry.value = META_KEY, _meta(spec, source, exporter)
+    entry.key, entry.value = META_KEY, _meta(policy, source, exporter)
     f.write(proto.SerializeToString())  # the weights inside the one file (onnx.save_model's own default)
     return exporter
 
@@ -245,7 +272,7 @@ def _write_torchscript(policy: Policy, f: BinaryIO, source: str) -> str:
         traced = torch.jit.trace(policy.module, policy.spec.example(), check_trace=False)
     except Exception as exc:
         raise BadInput(f"torch.jit.trace could not trace this policy: {one_line(exc, kind=False)[:300]}") from None
-    torch.jit.save(traced, f, _extra_files={f"{META_KEY}.json": _meta(policy.spec, source, exporter)})
+    torch.jit.save(traced, f, _extra_files={f"{META_KEY}.json": _meta(policy, source, exporter)})
     return exporter
 
 
@@ -374,8 +401,7 @@ def episodes_from_log(log: str | os.PathLike[str], spec: Spec, count: int) -> tu
         raise BadInput(f"{log} holds {what}: record one with `lstm-probe run ENV_ID --capture-obs`")
     if len(best) < count:
         fix = f"pass --episodes {len(best)}, or record a longer run"
-        there = f"{len(best)} episode{'s' if len(best) != 1 else ''}"
-        raise BadInput(f"{log} holds {there}, fewer than --episodes {count}: {fix}")
+        raise BadInput(f"{log} holds {_count(len(best), 'episode')}, fewer than --episodes {count}: {fix}")
     most = count * MAX_EPISODE_STEPS
     budget.refuse(3 * 4 * size * most, f"reading the observations of {count} episodes of {log}")
     budget.check_stream(data, [*keys, "obs"], f"reading the observations of {log}")
@@ -444,9 +470,17 @@ def episodes_from_env(
 
     check_env_id(env_id)
     env = gym.make(env_id)
-    if tuple(env.observation_space.shape or ()) != spec.obs_shape:
-        raise BadInput(f"{env_id}'s observations have the shape {env.observation_space.shape}, not the policy's")
+    shape = tuple(env.observation_space.shape or ())
+    if shape != spec.obs_shape:
+        env.close()
+        raise BadInput(
+            f"{env_id}'s observations have the shape {shape}, the policy's {spec.obs_shape}; pass the env the "
+            "policy was trained on"
+        )
     obs_list, starts = [], []
+    what = f"recording {_count(count, 'episode')} of {env_id}"
+    pace = Pace(count, what, _FEWER)  # the same 10 minutes as verification, measured from the first second on
+    per_step = _step_bytes(spec)
     try:
         for e in range(count):
             o, _ = env.reset(seed=seed + e)
@@ -460,6 +494,8 @@ def episodes_from_env(
                 if terminated or truncated:
                     break
             progress("recording episodes", e + 1, count)
+            budget.refuse(len(obs_list) * per_step, what, _FEWER)  # what the episodes hold, as they grow
+            pace.tick(1)
     finally:
         env.close()
     return np.stack(obs_list), np.array(starts)

@@ -158,7 +158,7 @@ def replay(
     ``obs``, ``h``, ``c``, ``action``, ``h_out``, ``c_out``, ``value``: ``deploy/foreign.py``)."""
     if not (isinstance(tolerance, int | float) and 0 < tolerance < HALF):
         raise BadInput(f"--tolerance must be a relative error in (0, {HALF:g}), e.g. 1e-4, got {tolerance!r}")
-    spec, step, half, batch = _policy(policy, trust_model, dict(names or {}))
+    spec, step, half, batch, framework = _policy(policy, trust_model, dict(names or {}))
     rec = read_trace(trace, spec, MAX_ROWS)
     norm = None if vecnormalize is None else _normaliser(Path(vecnormalize), trust_model, spec)
     obs = rec.obs if norm is None else norm(rec.obs)
@@ -187,8 +187,14 @@ def replay(
     notes = []
     if norm is not None:
         runs[NO_NORM] = _run(step, spec, rec, rec.obs, "correct", plan, pace)
-    else:
+    elif framework == "sb3":  # VecNormalize is sb3's: other frameworks normalise inside the policy
         notes.append(f"'{NO_NORM}' not checked: pass --vecnormalize STATS if the model was trained under VecNormalize")
+    if not rec.start.any():
+        notes.append(
+            "the trace marks no episode start (episode_start is 0 at every step, even each env's first): replay "
+            "starts each env from a zero state, so a recording begun mid-episode parts at once; record episode_start "
+            "1 at each episode's first step"
+        )
     runs[FLOAT16] = _run(half, spec, rec, obs, "correct", plan, pace)
     loops_found = [_compare(name, actions, rec, spec, tolerance) for name, actions in runs.items()]
     verdict, also = _verdict(loops_found, tolerance)
@@ -196,9 +202,10 @@ def replay(
     return Replay(verdict, also, correct.first_diff, loops_found, len(rec.env), len(plan.first), tolerance, notes)
 
 
-def _policy(policy: Any, trust_model: bool, names: dict[str, str]) -> tuple[Spec, Step, Step, Any]:
-    """The spec, the float32 step and the float16 step of a policy file, model.zip or model, and how many envs
-    one step may run at once (``envs -> batch``); ``names``: a foreign ONNX file's (``open_file``)."""
+def _policy(policy: Any, trust_model: bool, names: dict[str, str]) -> tuple[Spec, Step, Step, Any, str]:
+    """The spec, the float32 step and the float16 step of a policy file, model.zip or model, how many envs
+    one step may run at once (``envs -> batch``) and its framework ('' for a file from elsewhere); ``names``:
+    a foreign ONNX file's (``open_file``)."""
     if isinstance(policy, str | os.PathLike) and Path(policy).suffix in (".onnx", ".pt") and _exported(Path(policy)):
         path = Path(policy)
         if path.suffix == ".pt" and not trust_model:
@@ -212,7 +219,7 @@ def _policy(policy: Any, trust_model: bool, names: dict[str, str]) -> tuple[Spec
             warnings.simplefilter("ignore", DeprecationWarning)
             opened = open_file(path, names)
             step, half = opened.step(), rounded(opened.step(half=True))
-        return opened.spec, step, half, lambda envs: opened.batch(envs, BATCH)
+        return opened.spec, step, half, lambda envs: opened.batch(envs, BATCH), opened.framework
     if names:
         raise BadInput(
             f"{FLAG} names the inputs and outputs of an ONNX file lstm-probe did not write; {policy} is not one"
@@ -226,7 +233,8 @@ def _policy(policy: Any, trust_model: bool, names: dict[str, str]) -> tuple[Spec
     def batch(envs: int) -> int:
         return max(1, min(envs, BATCH, budget.limit() // (4 * per_env)))
 
-    return spec, torch_step(module), rounded(torch_step(half_weights(copy.deepcopy(module)))), batch
+    half = rounded(torch_step(half_weights(copy.deepcopy(module))))
+    return spec, torch_step(module), half, batch, found.framework
 
 
 def _exported(path: Path) -> bool:

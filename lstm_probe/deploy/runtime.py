@@ -134,6 +134,9 @@ class PolicyFile:
     """An ONNX file lstm-probe did not write: which of its inputs and outputs plays which role."""
     stateful: bool = False
     """A TorchScript file lstm-probe did not write, its state in its buffers (``foreign_script``)."""
+    framework: str = ""
+    """The framework the policy was exported from, as its metadata states it ('' for a file from elsewhere;
+    a file written before the metadata stated it: 'sb3' where its source is a model.zip or RecurrentPPO)."""
 
     def step(self, half: bool = False) -> Step:
         """Its :data:`Step`; ``half``: its weights rounded to float16 (:func:`rounded` says why)."""
@@ -199,7 +202,7 @@ def open_file(path: Path, names: dict[str, str] | None = None) -> PolicyFile:
         _own(path, names)
         spec = Spec.from_json(meta[META_KEY], where)
         graph = checks.check(proto, spec, where)
-        return PolicyFile(path, spec, False, graph.per_env, proto=proto)
+        return PolicyFile(path, spec, False, graph.per_env, proto=proto, framework=framework(meta[META_KEY]))
     extra = {f"{META_KEY}.json": ""}
     try:
         module = torch.jit.load(io.BytesIO(raw), map_location="cpu", _extra_files=extra)
@@ -210,7 +213,20 @@ def open_file(path: Path, names: dict[str, str] | None = None) -> PolicyFile:
         spec = foreign_script.infer(module.eval(), where)
         return PolicyFile(path, spec, True, per_env_bytes(spec), raw=raw, stateful=True)
     spec = Spec.from_json(extra[f"{META_KEY}.json"], where)
-    return PolicyFile(path, spec, True, per_env_bytes(spec), raw=raw)
+    return PolicyFile(path, spec, True, per_env_bytes(spec), raw=raw, framework=framework(extra[f"{META_KEY}.json"]))
+
+
+def framework(meta: str) -> str:
+    """The framework an export's metadata (checked by :meth:`Spec.from_json`) names: its ``framework``, or for
+    a file written before it was stated, 'sb3' where its ``source`` is a model.zip or a RecurrentPPO."""
+    import json
+
+    doc = json.loads(meta)
+    named = doc.get("framework")
+    if isinstance(named, str):
+        return named[:40]
+    source = doc.get("source")
+    return "sb3" if isinstance(source, str) and (source.endswith(".zip") or source == "RecurrentPPO") else ""
 
 
 def _own(path: Path, names: dict[str, str] | None) -> None:

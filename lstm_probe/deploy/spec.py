@@ -43,6 +43,9 @@ class Spec:
     hidden: int
     cell: str = "lstm"
     """'lstm' (states h and c) or 'gru' (h alone)."""
+    choices: int = 0
+    """A discrete action's count (``Discrete(choices)``: the indices 0 to choices - 1); 0 where unknown (a box
+    action, a file from elsewhere, or one exported before the count was stored)."""
 
     @property
     def critic_state(self) -> bool:
@@ -116,7 +119,9 @@ class Spec:
         cell = doc.get("cell", "lstm")  # files written before GRUs were exported state none
         if cell not in CELLS:
             raise BadInput(f"{where}: its {META_KEY} metadata states the cell {str(cell)[:40]!r}; export it again")
-        return cls(str(variant), obs, str(action), act, layers, hidden, str(cell))
+        choices = doc.get("choices", 0)  # files written before the count was stored state none
+        choices = 0 if choices == 0 and not isinstance(choices, bool) else _count(choices, "choices", where, MAX_SIZE)
+        return cls(str(variant), obs, str(action), act, layers, hidden, str(cell), choices)
 
 
 VARIANTS = ("separate", "shared", "no critic LSTM")
@@ -168,6 +173,9 @@ class Policy:
     reference: Step
     """The framework's own step of the same policy (its own forward, deterministic): what export verifies
     the written file against."""
+    framework: str = ""
+    """The framework's name (``integrations.FRAMEWORKS``), set by ``integrations.deploy_policy``; stored in an
+    exported file's metadata (``replay`` tells from it whether ``--vecnormalize``, sb3's, applies)."""
 
 
 Loader = Callable[[Any, bool, str | None], Policy]

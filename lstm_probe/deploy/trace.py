@@ -68,15 +68,88 @@ def read_trace(path: str | os.PathLike[str], spec: Spec, most: int) -> Trace:
     action = _matrix(table, "action", n, p)
     width = 1 if spec.action == "discrete" else int(np.prod(spec.action_shape))
     if action.shape[1] != width:
-        raise BadInput(f"{p}'s action holds {action.shape[1]} values per step, the policy gives {width}")
+        hint = ""
+        if spec.action == "discrete":
+            hint = "; record a Discrete action as its index (a one-hot's argmax), one number per step"
+        raise BadInput(f"{p}'s action holds {action.shape[1]} values per step, the policy gives {width}{hint}")
     ints = "env and step must be integers, episode_start 0/1 or true/false, with no nulls"
     env = _numbers(table, "env", p, "int64", ints) if "env" in table.column_names else np.zeros(n, np.int64)
     step = _numbers(table, "step", p, "int64", ints)
-    start = _numbers(table, "episode_start", p, "float64", ints) != 0
+    start = _numbers(table, "episode_start", p, "float64", ints)
     order = np.lexsort((step, env))
     env, step = env[order], step[order]
     _check_steps(env, step, p)
-    return Trace(env, step, obs[order].reshape((-1, *spec.obs_shape)), action[order], start[order])
+    obs, action, start = obs[order], action[order], start[order]
+    names = (_names(table, "obs", obs.shape[1]), _names(table, "action", action.shape[1]))
+    _check_values(p, env, step, obs, action, start, spec, names)
+    return Trace(env, step, obs.reshape((-1, *spec.obs_shape)), action, start != 0)
+
+
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def _names(table: Any, name: str, width: int) -> list[str]:
+    """How messages name each value of a trace's ``name``: ``obs[1]`` (a list column) or ``obs_1`` (CSV)."""
+    if name in table.column_names:
+        if width == 1 and not _is_list(table.column(name).type):
+            return [name]
+        return [f"{name}[{i}]" for i in range(width)]
+    return [f"{name}_{i}" for i in range(width)]
+
+
+def _is_list(t: Any) -> bool:
+    import pyarrow as pa
+
+    return bool(pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t))
+
+
+def _check_values(
+    p: Path,
+    env: np.ndarray,
+    step: np.ndarray,
+    obs: np.ndarray,
+    action: np.ndarray,
+    start: np.ndarray,
+    spec: Spec,
+    names: tuple[list[str], list[str]],
+) -> None:
+    """Rows in (env, step) order hold what a float32 runtime fed and got: observations finite within float32's
+    range, actions within it (a NaN action is what a broken runtime sent: a divergence, not refused), a
+    discrete action an index of the policy's ``Discrete(n)``, ``episode_start`` 0 or 1. BadInput (one line)
+    naming the column and the first such step."""
+
+    def where(i: int) -> str:
+        return f"env {int(env[i])} step {int(step[i])}"
+
+    for what, values, names_of, nan_ok in (("obs", obs, names[0], False), ("action", action, names[1], True)):
+        bad = ~(np.abs(values) <= FLOAT32_MAX)
+        if nan_ok:
+            bad &= ~np.isnan(values)
+        if bad.any():
+            i, j = (int(k) for k in np.argwhere(bad)[0])
+            v = float(values[i, j])
+            kind = "not a number" if np.isnan(v) else "infinite" if np.isinf(v) else "beyond float32's range"
+            raise BadInput(
+                f"{p}: {names_of[j]} at {where(i)} is {v:g} ({kind}); a runtime feeds and sends float32 values: "
+                f"record the {what} it {'fed the policy' if what == 'obs' else 'sent'}"
+            )
+    if spec.action == "discrete":
+        a = action[:, 0]
+        bad = ~np.isnan(a) & ((a != np.round(a)) | (a < 0) | ((a >= spec.choices) if spec.choices else False))
+        if bad.any():
+            i = int(np.argmax(bad))
+            space = f"Discrete({spec.choices})" if spec.choices else "the policy's Discrete space"
+            raise BadInput(
+                f"{p}: action {float(a[i]):g} at {where(i)} is not an index of {space}; record a Discrete action "
+                "as its index (0, 1, ...; a one-hot's argmax)"
+            )
+    bad = (start != 0) & (start != 1)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise BadInput(
+            f"{p}: episode_start at {where(i)} is {float(start[i]):g}; it must be 0/1 or true/false "
+            "(1 at an episode's first step)"
+        )
 
 
 def _wanted(name: str) -> bool:

@@ -210,7 +210,7 @@ def deploy_policy(model: Any, trust_model: bool, env_id: str | None = None) -> P
     if isinstance(model, str | os.PathLike):
         suffix = os.path.splitext(os.fspath(model))[1].lower()
         found = [f for f in takers if suffix in f.deploy_files]
-        what = f"a saved model named {suffix or 'without a suffix'}"
+        what = f"saved model named {suffix}" if suffix else "saved model without a suffix"
         if len(found) > 1:  # rsl_rl's and TorchRL's .pt: told apart by the mark TorchRL's run writes
             from lstm_probe.deploy import saved
 
@@ -221,16 +221,23 @@ def deploy_policy(model: Any, trust_model: bool, env_id: str | None = None) -> P
         one = model[0] if isinstance(model, tuple) and model else model  # an (actor, critic) pair
         package = type(one).__module__.partition(".")[0]
         found = [f for f in takers if package in f.deploy_packages]
-        what = f"a {type(model).__name__[:60]}"
+        what = type(model).__name__[:60]
     if not found:
         takes = "; ".join(f"{f.name}: {', '.join(f.deploy_files)} files" for f in takers)
+        if isinstance(model, str | os.PathLike) and os.path.isdir(model):
+            raise BadInput(f"{os.fspath(model)[:200]} is a directory; pass a saved model file ({takes})")
+        if isinstance(model, str | os.PathLike) and suffix == ".onnx":
+            raise BadInput(
+                f"{os.fspath(model)[:200]} is already an exported file; pass the model.zip or .pt checkpoint it was "
+                "exported from (replay takes the .onnx file itself as --policy)"
+            )
         raise BadInput(f"export and replay take no {what} (they take {takes})")
     fw = found[0]
     assert fw.deploy is not None
     if fw.extra is not None:
         require(fw.extra, f"a {fw.name} model")
     loader: Loader = declared(fw.deploy)
-    return loader(model, trust_model, env_id)
+    return dataclasses.replace(loader(model, trust_model, env_id), framework=fw.name)
 
 
 def declared(where: str | None) -> Any:

@@ -369,6 +369,7 @@ class Deployed(nn.Module):
             shape,
             int(lstm.num_layers),
             int(lstm.hidden_size),
+            choices=int(space.n) if self.discrete else 0,
         )
 
     def forward(self, obs: torch.Tensor, episode_start: torch.Tensor, *state: torch.Tensor) -> tuple[torch.Tensor, ...]:

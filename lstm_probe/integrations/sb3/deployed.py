@@ -81,7 +81,9 @@ def spec_of(policy: Any) -> Spec:
     else:
         raise BadInput(f"export takes Box or Discrete actions, not {act}")
     lstm = policy.lstm_actor
-    return Spec(variant(policy), tuple(obs.shape), kind, tuple(act.shape), lstm.num_layers, lstm.hidden_size)
+    choices = int(act.n) if isinstance(act, spaces.Discrete) else 0
+    shape = tuple(act.shape)
+    return Spec(variant(policy), tuple(obs.shape), kind, shape, lstm.num_layers, lstm.hidden_size, "lstm", choices)
 
 
 class Deployed(nn.Module):

@@ -571,8 +571,10 @@ def _plan(data: dict[str, Any], env: Any) -> Plan:
             except Unsafe:
                 continue  # not stated in plain text: the env's space, checked by the weights below
             if stated.shape != given.shape or stated.kind != given.kind:
-                space = getattr(env, f"{what}_space")
-                raise BadInput(f"the env's {what} space {space} differs from the model's {stated.text}")
+                raise BadInput(
+                    f"the env's {what} space {given.text} differs from the model's {stated.text}; pass the env "
+                    "the policy was trained on"
+                )
     return Plan(policy, kwargs, policy_kwargs, obs, act, n_envs, data, env is not None)
 
 

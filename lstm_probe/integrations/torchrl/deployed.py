@@ -270,10 +270,21 @@ class Deployed(nn.Module):
         width = _width(parts.before[0].module) if parts.before else int(self.net.input_size)
         layers, hidden = int(self.net.num_layers), int(self.net.hidden_size)
         self.spec = Spec("shared", (width,), "discrete", (), layers, hidden, cell)
-        if not self.action.discrete:
+        if self.action.discrete:  # how many: the logits' width, from one step of zeros
+            self.spec = Spec("shared", (width,), "discrete", (), layers, hidden, cell, self._logits())
+        else:
             with torch.no_grad():
                 shape = tuple(int(n) for n in self.eval()(*self.spec.example(1))[0].shape[1:])
             self.spec = Spec("shared", (width,), "box", shape, layers, hidden, cell)
+
+    def _logits(self) -> int:
+        """The width of the actor's logits (a discrete action's count): one step of zeros on this copy."""
+        obs, _, *state = self.spec.example(1)
+        with torch.no_grad():
+            values = self.before({self.obs: obs})
+            out = self.net(values[self.rnn_in].unsqueeze(0), tuple(state) if len(state) > 1 else state[0])[0]
+            values[self.embed] = out.squeeze(0)
+            return int(self.actor_heads(values)[self.action.key].shape[-1])
 
     def forward(self, obs: torch.Tensor, episode_start: torch.Tensor, *state: torch.Tensor) -> tuple[torch.Tensor, ...]:
         keep = (1.0 - episode_start).view(1, -1, 1)  # LSTMModule.forward: is_init zeroes the incoming state
