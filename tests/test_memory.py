@@ -88,6 +88,7 @@ def test_forget_gate_shut_is_memory_unused(tmp_path, policy_kwargs):
         assert ks[0] == 1 and len(ks) >= 4
         assert max(effects) < (1e-12 if metric == "kl" else 1e-6), (module, effects)  # float rounding only
     rep = summarize(tmp_path / "m.parquet")
+    assert set(rep.memory.latest) == {"actor", "critic"}  # a shared LSTM's values (the critic's) too
     assert all(c["unused"] and c["horizon"] == 0 for c in rep.memory.latest.values())
     assert any("do not depend on its recurrent state" in f for f in rep.findings)
     assert rep.to_dict()["memory"]["measured"] is True

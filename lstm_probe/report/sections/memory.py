@@ -168,21 +168,24 @@ class Memory(Section[MemorySection]):
             scope=memory_scope(log.kept_envs, n_envs, log.n_envs, log.env_runners),
         )
         for (iteration, module), curve in sorted(_curves(meta["records"]).items()):
-            metric = METRIC.get(module, "kl")
-            ks = [k for k, _ in curve]
-            effects = [row.get(metric) for _, row in curve]
-            h = horizon(ks, effects, NEGLIGIBLE[metric])
-            data.horizons.append(
-                {"iteration": iteration, "module": module, "metric": metric, "effect_1": effects[0], **h}
-            )
-            data.latest[module] = {
-                "iteration": iteration,
-                "metric": metric,
-                "k": ks,
-                "effect": effects,
-                "pairs": [row.get("pairs") for _, row in curve],
-                **h,
-            }
+            views = [(module, METRIC.get(module, "kl"))]
+            if data.critic == "shared" and module == "actor" and any(r.get("value_rel") is not None for _, r in curve):
+                views.append(("critic", "value_rel"))  # the values read the actor's LSTM: their horizon too
+            for label, metric in views:
+                ks = [k for k, _ in curve]
+                effects = [row.get(metric) for _, row in curve]
+                h = horizon(ks, effects, NEGLIGIBLE[metric])
+                data.horizons.append(
+                    {"iteration": iteration, "module": label, "metric": metric, "effect_1": effects[0], **h}
+                )
+                data.latest[label] = {
+                    "iteration": iteration,
+                    "metric": metric,
+                    "k": ks,
+                    "effect": effects,
+                    "pairs": [row.get("pairs") for _, row in curve],
+                    **h,
+                }
         return data
 
     def findings(self, data: MemorySection) -> list[str]:
@@ -223,7 +226,8 @@ class Memory(Section[MemorySection]):
         rows = []
         for module, c in data.latest.items():
             curve = ", ".join(f"{k}: {fmt(e)}" for k, e in zip(c["k"], c["effect"], strict=True))
-            rows.append((fmt(module), fmt(c["metric"]), _horizon_words(c), curve))
+            label = f"{module} (the actor's LSTM)" if data.critic == "shared" and module == "critic" else module
+            rows.append((fmt(label), fmt(c["metric"]), _horizon_words(c), curve))
         by_iteration: dict[str, list[str]] = {}
         for h in data.horizons:
             by_iteration.setdefault(h["module"], []).append(f"{h['iteration']}: {_horizon_words(h)}")
