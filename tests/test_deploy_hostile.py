@@ -494,3 +494,26 @@ def test_the_allow_list_is_what_an_export_writes(pendulum):
     assert {n.op_type for n in proto.graph.node} <= checks.OPS
     graph = checks.check(proto, _spec_of(d / "policy.onnx"), "policy.onnx")
     assert graph.per_env < 64 << 10 and graph.macs < 100_000 and graph.weights < 1 << 20
+
+
+def test_a_checkpoint_with_flipped_bytes_is_refused_as_corrupted(tmp_path):
+    """torch.load does not check a checkpoint's CRC-32s: bytes flipped inside the weights loaded without a word
+    and the export then failed its own check ("the exported onnx file parts from the PyTorch policy"), blaming
+    the export. The records are checked first: one line naming the record, exit 2."""
+    from lstm_probe.deploy import saved
+
+    good = tmp_path / "good.pt"
+    torch.save({"lstm_probe": "torchrl", "w": torch.arange(4096, dtype=torch.float32)}, good)
+    assert saved.read_checkpoint(good, "fix")["w"][7] == 7
+    data = bytearray(good.read_bytes())
+    with zipfile.ZipFile(good) as z:
+        record = next(i for i in z.infolist() if i.filename.endswith("data/0"))
+    start = record.header_offset + 30 + len(record.filename.encode())  # its local header, then (extra,) data
+    data[start + 2000 : start + 2300] = bytes(b ^ 0xFF for b in data[start + 2000 : start + 2300])
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(BadInput, match=r"bad\.pt is corrupted: its record '.*data/0' fails its CRC-32 check"):
+        saved.read_checkpoint(bad, "fix")
+    out = tmp_path / "p.onnx"
+    refused(bounded_cli("export", bad, out, "--synthetic", cwd=tmp_path), "is corrupted", "fails its CRC-32 check")
+    assert not out.exists()
