@@ -365,7 +365,8 @@ def probe(
         out().print(f"* {BELOW_ZERO}.", highlight=False)
 
 
-_TRUST = "Read a model.zip with SB3's full load (unpickles; see docs/security.md); replay: also .pt and .pkl files."
+_TRUST = "Read a model.zip with SB3's full load (unpickles; see docs/security.md)."
+_TRUST_REPLAY = "Read a model.zip with SB3's full load, a TorchScript .pt, a VecNormalize .pkl (unpickles)."
 
 
 @app.command()
@@ -381,7 +382,7 @@ def export(
         bool, typer.Option("--synthetic", help=_default("Verify on normal draws (the env is elsewhere).", "off"))
     ] = False,
     episodes: Annotated[int, typer.Option(help="Episodes to verify on.")] = 5,
-    tolerance: Annotated[float, typer.Option(help="Relative tolerance on actions, values, h and c.")] = 1e-5,
+    tolerance: Annotated[float, typer.Option(help="Relative tolerance on actions, values, h and c, in (0, 1).")] = 1e-5,
     trust_model: Annotated[bool, typer.Option("--trust-model", help=_default(_TRUST, "off"))] = False,
     force: Annotated[bool, typer.Option("--force", help=_default("Overwrite an existing OUT.", "off"))] = default(
         CaptureOptions, "force"
@@ -414,14 +415,14 @@ def replay(
     policy: Annotated[
         str,
         typer.Option(
-            help="The policy: OUT.onnx (ours, or rsl_rl's / Isaac Lab's), OUT.pt, MODEL.zip or an rsl_rl checkpoint."
+            help="The policy: OUT.onnx (ours, rsl_rl's, Isaac Lab's), OUT.pt, MODEL.zip, a .pt of rsl_rl/TorchRL/RLlib."
         ),
     ],
     vecnormalize: Annotated[
         str | None, typer.Option(help=_default("VecNormalize statistics (.npz, or .pkl with --trust-model).", "none"))
     ] = None,
-    tolerance: Annotated[float, typer.Option(help="Relative tolerance on the recorded actions.")] = 1e-4,
-    trust_model: Annotated[bool, typer.Option("--trust-model", help=_default(_TRUST, "off"))] = False,
+    tolerance: Annotated[float, typer.Option(help="Relative tolerance on the recorded actions, in (0, 0.02).")] = 1e-4,
+    trust_model: Annotated[bool, typer.Option("--trust-model", help=_default(_TRUST_REPLAY, "off"))] = False,
     as_json: Annotated[bool, typer.Option("--json", help=_default("Print the result as JSON.", "off"))] = False,
     name: Annotated[list[str] | None, typer.Option("--name", metavar="ROLE=NAME", help=NAME_HELP)] = None,
 ) -> None:
