@@ -224,7 +224,7 @@ def test_planted_weights(tmp_path, integrate):
         assert moved == pytest.approx(0, abs=1e-6) and max(r["kl"] for r in zero) == pytest.approx(0, abs=1e-9)
     memory = lstm_probe.summarize(tmp_path / "p.parquet").to_dict()["memory"]
     last = [h for h in memory["horizons"] if h["iteration"] == 2]
-    assert {(h["module"], h["metric"]) for h in last} == {("actor", "kl")}
+    assert {(h["module"], h["metric"]) for h in last} == {("actor", "kl"), ("critic", "value_rel")}
     for h in last:  # an integrator remembers past the rollout; a shut forget gate and no recurrence: nothing
         assert (h["beyond"], h["unused"]) == ((True, False) if integrate else (False, True)), h
 

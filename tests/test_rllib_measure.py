@@ -131,7 +131,8 @@ def test_planted_weights(tmp_path: Path, integrate: bool) -> None:
     _train(_config(shared=True, lr=0.0), 2, tmp_path / "p", plant=_plant(integrate), what_if=True, memory=True)
     memory = lstm_probe.summarize(tmp_path / "p").to_dict()["memory"]
     last = [h for h in memory["horizons"] if h["iteration"] == 1]
-    assert {(h["module"], h["metric"]) for h in last} == {("actor", "kl")}  # one LSTM: the critic reads it
+    # one LSTM: the values read it (the critic's curve is the values' through the actor's LSTM)
+    assert {(h["module"], h["metric"]) for h in last} == {("actor", "kl"), ("critic", "value_rel")}
     for h in last:  # an integrator remembers past the rollout; a shut forget gate and no recurrence: nothing
         assert (h["beyond"], h["unused"]) == ((True, False) if integrate else (False, True)), h
     rows = records(tmp_path / "p")

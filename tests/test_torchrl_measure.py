@@ -188,7 +188,7 @@ def test_planted_weights(tmp_path, integrate):
     train(log, plant=integrate, lr=0.0, batches=5)
     memory = lstm_probe.summarize(log).to_dict()["memory"]
     late = [h for h in memory["horizons"] if h["iteration"] >= 1]
-    assert late and {(h["module"], h["metric"]) for h in late} == {("actor", "kl")}
+    assert late and {(h["module"], h["metric"]) for h in late} == {("actor", "kl"), ("critic", "value_rel")}
     for h in late:  # a clock remembers past every k measured; a shut forget gate and no recurrence: nothing
         assert (h["beyond"], h["unused"]) == ((True, False) if integrate else (False, True)), h
     zero = [r for r in records(log) if r["alternative"] == "zero" and r["episode_starts"] < r["sequences"]]
