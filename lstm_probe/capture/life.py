@@ -136,6 +136,16 @@ class Probe(Scope):
             pass
 
 
+def refuse_unstarted(probe: object) -> None:
+    """:class:`BadInput` for a tag block of a probe never started (nothing would be recorded); after ``close()``
+    a tag block is harmless (nothing is hooked). An object that is no :class:`Probe` passes."""
+    if not getattr(probe, "started_once", True):
+        raise BadInput(
+            "probe.tag(...) before probe.start(): nothing would be recorded; call probe.start() first, or use "
+            "`with probe:`"
+        )
+
+
 class Tagged:
     """``tag(**tags)`` blocks, for the probes that let the user say what each call inside is (the generic
     tracer's integration; TorchRL's own loss loop). ``_user`` holds the open blocks, each merged over the
@@ -158,11 +168,7 @@ class Tagged:
         unknown = set(tags) - set(self.tag_keys)
         if unknown:
             raise BadInput(f"unknown tag {sorted(unknown)[0]!r}; {self.tag_refusal}")
-        if not getattr(self, "started_once", True):  # after close() a tag block is harmless: nothing is hooked
-            raise BadInput(
-                "probe.tag(...) before probe.start(): nothing would be recorded; call probe.start() first, or use "
-                "`with probe:`"
-            )
+        refuse_unstarted(self)
         self._check_tags(tags)
         if tags.get("epoch") is not None:
             self._epochs = True

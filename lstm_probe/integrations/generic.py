@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from torch import nn
 
-from lstm_probe.capture.life import Probe, Tagged
+from lstm_probe.capture.life import Probe, Tagged, refuse_unstarted
 from lstm_probe.capture.modules import find_recurrent
 from lstm_probe.capture.tracer import CoreTracer
 from lstm_probe.contract import PHASE, USER_CALL_TAGS, USER_GRID_TAGS, USER_TAGS, Capabilities, Grid, Tags
@@ -191,11 +191,7 @@ class Tracer(Probe, CoreTracer):
         """Tag every call inside the block: phase, iteration, epoch, minibatch, env, env_step, episode,
         episode_step, episode_start (scalars, or arrays with one value per batch column).
         Nested blocks add to and override the outer ones."""
-        if not self.started_once:  # after close() a tag block is harmless: nothing is hooked
-            raise BadInput(
-                "probe.tag(...) before probe.start(): nothing would be recorded; call probe.start() first, or use "
-                "`with probe:`"
-            )
+        refuse_unstarted(self)
         return self.integration.tag(**tags)
 
 
