@@ -22,7 +22,7 @@ import pytest
 from refusals import one_line_error
 
 from lstm_probe import BadInput, load_model
-from lstm_probe.integrations.sb3 import model_zip
+from lstm_probe.integrations.sb3 import model_settings, model_zip
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 ENV.pop(model_zip.ENV, None)
@@ -387,8 +387,8 @@ def test_the_size_check_counts_what_sb3_builds(tmp_path, kind, k):
     built = sum(p.numel() for p in model.policy.parameters())
     data = model_zip.read_data(path)
     for given in [env] if kind == "dict" else [env, None]:
-        plan = model_zip._plan(data, given)
-        model_zip.needs(plan)
+        plan = model_settings.make_plan(data, given)
+        model_settings.needs(plan)
         assert plan.params == built
     if kind != "dict" and "lstm_kwargs" in KWARGS[k]:  # sized, but a policy that cannot act (issue #46)
         with pytest.raises(BadInput, match="cannot run such an LSTM"):
