@@ -59,9 +59,14 @@ def _loop(tmp_path, bug, steps=40):
                             keep = torch.tensor(1.0 - dones[envs, t], dtype=torch.float32).view(1, -1, 1)
                             _, s = lstm(xs[first + t : first + t + 1, envs], (keep * s[0], keep * s[1]))
                 continue
-            with probe.tag(phase="train", iteration=it, env=np.arange(N), env_step=env_step, episode_start=dones):
+            # "noreset_train_*": tagged as one minibatch of epoch 0 (the doctor's per-step check reads those)
+            first_minibatch = {"epoch": 0, "minibatch": 0} if bug.startswith("noreset_train") else {}
+            tags = dict(env=np.arange(N), env_step=env_step, episode_start=dones, **first_minibatch)
+            with probe.tag(phase="train", iteration=it, **tags):
                 for t in range(steps):
                     keep = torch.tensor(1.0 - dones[:, t], dtype=torch.float32).view(1, -1, 1)
+                    if bug == "noreset_train_carries":  # the training loop ignores the dones as well
+                        keep = torch.ones_like(keep)
                     _, state = lstm(xs[first + t : first + t + 1], (keep * state[0], keep * state[1]))
     return summarize(out)
 
@@ -94,6 +99,26 @@ def test_each_planted_bug_is_named_with_its_first_occurrence(tmp_path, bug, kind
     for key, value in first.items():
         assert problems[0].first[key] == value, problems[0].first
     assert rep.findings.count(problems[0].text) == 1  # in the report's findings, once
+
+
+@pytest.mark.parametrize("train", ["resets", "carries"])
+def test_a_rollout_that_never_resets_names_the_training_loop_where_it_carries_the_state_too(tmp_path, train):
+    """The rollout never resets its state: where the per-step training loop does not either (its train states
+    still equal the rollout's at an episode start inside a sequence), it is named too, since fixing the rollout
+    alone would leave it carrying the state across; where it resets (and so departs from the rollout's unreset
+    state there) it is not."""
+    rep = _loop(tmp_path, f"noreset_train_{train}")
+    kinds = [(p.kind, p.phase) for p in rep.doctor.problems]
+    if train == "resets":
+        assert kinds == [("not_reset", "rollout")], rep.doctor.findings
+        return
+    assert kinds == [("not_reset", "rollout"), ("carried_in_training", "train")], rep.doctor.findings
+    p = rep.doctor.problems[1]
+    assert "nor does the rollout" in p.text and rep.findings.count(p.text) == 1
+    # its first row: an episode start after the sequence's first step, the train state the rollout's there
+    df = lstm_probe.load(tmp_path / "noreset_train_carries.parquet", phase="train", vectors=False)
+    at = df[(df.call == p.first["call"]) & (df.env == p.first["env"])]
+    assert bool(at.episode_start.iloc[0]) and int(at.t.iloc[0]) > 0 and at.drift_h.iloc[0] == 0
 
 
 def test_training_from_another_env_columns_stored_state_is_named(tmp_path):

@@ -63,7 +63,8 @@ def test_correct_loop_gives_a_true_report(tmp_path):
     "bug,kinds",
     [
         ("no-reset-in-train", {("carried_in_training", "train")}),
-        ("no-reset", {("not_reset", "rollout"), ("not_reset", "bootstrap")}),
+        # get_states resets nowhere: the training loop carries the state across episode starts too
+        ("no-reset", {("not_reset", "rollout"), ("not_reset", "bootstrap"), ("carried_in_training", "train")}),
         ("reset-every-step", {("not_passed_back", "rollout"), ("not_passed_back", "bootstrap")}),
         ("bootstrap-zero-state", {("not_passed_back", "bootstrap")}),
         ("zero-train-start", {("train_from_zeros", "train")}),
@@ -75,6 +76,12 @@ def test_each_planted_bug_is_named(tmp_path, bug, kinds):
     assert {(p.kind, p.phase) for p in rep.doctor.problems} == kinds, rep.doctor.findings
     for p in rep.doctor.problems:
         assert rep.findings.count(p.text) == 1
+    if bug == "no-reset":  # the training loop is named too: fixing the rollout alone would leave it carrying
+        (train,) = [p for p in rep.doctor.problems if p.phase == "train"]
+        assert "nor does the rollout" in train.text and "reset it in both loops" in train.text
+        df = lstm_probe.load(out, phase="train", vectors=False)
+        at = df[(df.call == train.first["call"]) & (df.env == train.first["env"]) & (df.layer == 0)]
+        assert bool(at.episode_start.iloc[0]) and int(at.t.iloc[0]) > 0 and at.drift_h.iloc[0] == 0
     if rep.staleness.provenance_ok is False:  # the failure names what to check, not the log
         (warning,) = rep.warnings
         assert "cannot be trusted" not in warning and "env_step" in warning and "resets" in warning

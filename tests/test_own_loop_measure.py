@@ -287,3 +287,11 @@ def test_example_what_if_memory_report(tmp_path):
     assert data["verdict"]["matters"] is not None and not any("unmeasured" in v for v in data["verdict"]["lines"])
     text = subprocess.run(report, capture_output=True, text=True, env={**env, "COLUMNS": "120"})
     assert "What if" in text.stdout and "Memory" in text.stdout
+    # every sequence starts at the rollout's start (stored = refreshed): the verdict says no burn-in is needed,
+    # and so do the What-if footer and its JSON, not the shortest burn-in measured (which is within 1% too)
+    assert data["verdict"]["matters"] is False and data["verdict"]["burn_in"] == 0
+    for key in ("within", "within_stored"):
+        assert data["what_if"][key] and all(w["burn_in"] == 0 and w["stored_within"] for w in data["what_if"][key])
+    words = " ".join(text.stdout.split())
+    assert "no burn-in needed (0 steps): stored states are within 1% of refreshed" in words
+    assert "steps; from stored" not in words

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from lstm_probe.contract import Capabilities
+from lstm_probe.report.section import Line
 from lstm_probe.report.sections.staleness import StalenessSection
-from lstm_probe.report.sections.what_if import WhatIfSection
+from lstm_probe.report.sections.what_if import WhatIf, WhatIfSection, summarize_what_if
 from lstm_probe.report.verdict import STALE, verdict
 
 SB3 = Capabilities("sb3", epochs=True, rollout_buffer=True, stored_states=True, replay=True)
@@ -114,6 +115,44 @@ def test_the_shortest_burn_in_that_suffices_from_zero_or_stored():
     v = verdict(staleness(0.05, 0.05), what_if(0.2, {4: 0.5, 16: 0.3}), SB3)
     assert v.matters is True and v.burn_in is None and v.burn_in_measured == [4, 16]
     assert "none of the burn-ins measured (4, 16 steps)" in v.lines[-1]
+
+
+def test_the_what_if_footer_names_the_burn_in_the_verdict_does():
+    """One rule for both: an epoch whose stored states are within 1% needs no burn-in (0 steps), whatever the
+    burn-ins measure; one whose stored states are not needs the shortest burn-in that is. Epoch 0 here: stored
+    within, burn-ins of 4 within too; epoch 1: stored 20% away, from zero 16 steps, from stored 4 steps."""
+    figures = {
+        0: {"stored": 0.0, "burn_in_4": 0.001, "burn_in_16": 0.001, "stored_burn_in_4": 0.0, "stored_burn_in_16": 0.0},
+        1: {"stored": 0.2, "burn_in_4": 0.5, "burn_in_16": 0.005, "stored_burn_in_4": 0.002, "stored_burn_in_16": 0.0},
+    }
+    rows = [(e, alt, x) for e, alts in figures.items() for alt, x in alts.items()]
+    records = {
+        "iteration": [0] * len(rows),
+        "epoch": [e for e, _, _ in rows],
+        "minibatch": [0] * len(rows),
+        "alternative": [alt for _, alt, _ in rows],
+        "value_rel": [x for _, _, x in rows],
+        "ratio_change": [x / 2 for _, _, x in rows],
+    }
+    meta = {"records": records, "modules": ["actor"], "critic": "lstm", "burn_in": [4, 16], "stored_burn_in": [4, 16]}
+    wi = summarize_what_if(meta)
+    assert [(w["epoch"], w["burn_in"], w["stored_within"]) for w in wi.within] == [(0, 0, True), (1, 16, False)]
+    assert [(w["epoch"], w["burn_in"]) for w in wi.within_stored] == [(0, 0), (1, 4)]
+    footer = " ".join(b.text for b in WhatIf().text(wi, SB3) if isinstance(b, Line) and "burn-in" in b.text[:30])
+    assert "epoch 0: 0 steps (stored states are within); epoch 1: 16 steps" in footer
+    assert "from stored: epoch 0: 0 steps (stored states are within); epoch 1: 4 steps" in footer
+    v = verdict(staleness(0.05, 0.05), wi, SB3)
+    assert v.matters is True and (v.burn_in, v.burn_in_from) == (4, "stored")
+    # stored states within in every epoch (here: epoch 1 as epoch 0): no burn-in, in the footer as in the verdict
+    figures[1] = dict(figures[0])
+    records["value_rel"] = [figures[e][alt] for e, alt, _ in rows]
+    records["ratio_change"] = [x / 2 for x in records["value_rel"]]
+    wi = summarize_what_if(meta)
+    assert all(w["burn_in"] == 0 and w["stored_within"] for w in wi.within + wi.within_stored)
+    footer = " ".join(b.text for b in WhatIf().text(wi, SB3) if isinstance(b, Line))
+    assert "no burn-in needed (0 steps): stored states are within 1% of refreshed" in footer
+    v = verdict(staleness(0.05, 0.05), wi, SB3)
+    assert v.matters is False and v.burn_in == 0 and v.lines[-1].endswith("no burn-in needed")
 
 
 def test_every_report_opens_with_the_verdict(tmp_path):

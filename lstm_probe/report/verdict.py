@@ -18,7 +18,15 @@ from lstm_probe.contract import Capabilities
 from lstm_probe.report.section import kept_columns
 from lstm_probe.report.sections.cross_process import kinds
 from lstm_probe.report.sections.staleness import StalenessSection
-from lstm_probe.report.sections.what_if import STORED, WHOLE, WITHIN, ZERO, WhatIfSection, shortest, within
+from lstm_probe.report.sections.what_if import (
+    STORED,
+    WHOLE,
+    WITHIN,
+    ZERO,
+    WhatIfSection,
+    burn_in_needed,
+    stored_within,
+)
 
 STALE = 0.01
 """Stored states are called stale when, by the last epoch, the mean relative L2 drift of some module's training
@@ -54,8 +62,9 @@ class Verdict:
     value_rel: float | None = None
     ratio_change: float | None = None
     burn_in: int | None = None
-    """The shortest measured burn-in that brings values and actions within 1%; 0: none needed; None: unmeasured,
-    or none measured suffices (``burn_in_measured`` then lists them)."""
+    """The shortest measured burn-in that brings values and actions within 1%; 0: none needed (stored states are
+    within); None: unmeasured, or none measured suffices (``burn_in_measured`` then lists them). The what-if
+    section's footer and its ``within`` say the same for each epoch (``what_if.burn_in_needed``)."""
     burn_in_from: str | None = None
     """'zero' or 'stored': where that burn-in starts."""
     burn_in_measured: list[int] = field(default_factory=list)
@@ -251,7 +260,9 @@ def _matters(v: Verdict, wi: WhatIfSection | None, caps: Capabilities) -> None:
     if stored is None:
         v.lines.append("whether it matters for values and actions: unmeasured (no stored-state record in the log)")
         return
-    v.matters = not within(stored, wi.critic)
+    # the what-if section's footer says the same (one rule: 0 steps where stored states are within)
+    need = {"zero": burn_in_needed(wi, last, ZERO), "stored": burn_in_needed(wi, last, STORED)}
+    v.matters = not stored_within(wi, last)
     v.value_rel, v.ratio_change = stored.get("value_rel"), stored.get("ratio_change")
     values = (
         "values have no state (the critic has no LSTM)"
@@ -262,21 +273,20 @@ def _matters(v: Verdict, wi: WhatIfSection | None, caps: Capabilities) -> None:
     effect = f"{values} and the PPO ratio by {_pct(v.ratio_change or 0.0)} against refreshed states (epoch {last}{on})"
     v.burn_in_measured = sorted({*wi.burn_in, *wi.stored_burn_in})
     if not v.matters and v.stored_starts is False:
-        v.burn_in = 0
+        v.burn_in = need["zero"]  # 0
         v.lines.append(
             "nothing stale to matter: where every training sequence starts, stored states are refreshed states by "
             f"construction (from stored states {effect}); no burn-in needed"
         )
         return
     if not v.matters:
-        v.burn_in = 0
+        v.burn_in = need["zero"]  # 0
         v.lines.append(
             f"it does not matter here: from stored states {effect}, within {_pct(WITHIN)}; no burn-in needed"
         )
         return
     v.lines.append(f"it matters: from stored states {effect}, beyond {_pct(WITHIN)}")
-    shortest_of = {"zero": shortest(wi, last, ZERO), "stored": shortest(wi, last, STORED)}
-    hits = [(k, kind) for kind, k in shortest_of.items() if k is not None]
+    hits = [(k, kind) for kind, k in need.items() if k is not None]
     if hits:
         v.burn_in, v.burn_in_from = min(hits)
         start = "from zero" if v.burn_in_from == "zero" else "from the stored state"

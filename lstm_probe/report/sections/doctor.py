@@ -13,7 +13,8 @@ and names, each with its count and first occurrence (call, module, env, env_step
 - training sequences that start from zeros although the rollout carried its state (or the reverse);
 - an episode start inside a training sequence that the state runs on across: in one multi-step call (no
   reset possible), or in a per-timestep training loop whose train states match the rollout's before any
-  optimizer step up to the episode start and depart from them there;
+  optimizer step up to the episode start and depart from them there (or, where the rollout did not reset
+  either, still match them there: neither loop resets);
 - a state advanced twice for one observation: two calls of one module at one (env, env_step) in one acting
   phase, or a rollout call that started from the state a bootstrap call at that step left (not restored).
 
@@ -481,6 +482,15 @@ class Pass:
                 "sequences: before any optimizer step (minibatch 0 of epoch 0) their train states match the "
                 "rollout's up to a step where an episode starts and depart from them there (reset the state where "
                 f"the stored dones say an episode began, as the rollout does); first at {_where(f.row)}"
+            )
+            data.problems.append(Problem("carried_in_training", "train", f.count, f.row, text))
+        f = found.carried_too
+        if f.count:
+            text = (
+                "the per-step training loop does not reset the state at episode starts either (nor does the rollout): "
+                f"at {f.count} episode starts inside training sequences, before any optimizer step, the train states "
+                "still equal the rollout's unreset ones; reset it in both loops (fixing the rollout alone leaves "
+                f"training carrying the state across); first at {_where(f.row)}"
             )
             data.problems.append(Problem("carried_in_training", "train", f.count, f.row, text))
         data.findings = [p.text for p in data.problems]

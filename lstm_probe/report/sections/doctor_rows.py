@@ -77,6 +77,10 @@ class Steps:
     """Per-step training loops (path 'stepwise'): episode starts the state ran on across, rows without a tag."""
 
     carried: First = field(default_factory=First)
+    carried_too: First = field(default_factory=First)
+    """Episode starts the rollout did not reset the state at either, where the train state still equals the
+    rollout's there: the training loop carried the state across them too (fixing the rollout alone would not
+    do)."""
     untagged: int = 0
     """First-minibatch train rows after a sequence's first step with no ``episode_start``."""
 
@@ -93,8 +97,9 @@ class StepScan:
     """Episode starts inside the training sequences of a per-timestep training loop that the state ran on
     across. Before any optimizer step (minibatch 0 of epoch 0) a train state equals the rollout state of its
     env step; where it does so up to an episode start and departs there, the loop kept its state where the
-    rollout reset it. Batch by batch (:meth:`add`), in log order; :meth:`result` leaves out where the
-    rollout did not reset either."""
+    rollout reset it. Where the rollout did not reset the state there either, a train state that still equals the
+    rollout's at the episode start (it departs nowhere up to it) was carried across by the training loop too.
+    Batch by batch (:meth:`add`), in log order; :meth:`result` tells the two apart."""
 
     def __init__(self, tolerance: float = PROVENANCE_TOLERANCE) -> None:
         self.tolerance = tolerance  # staleness.provenance_tolerance of the log
@@ -129,8 +134,11 @@ class StepScan:
         """``not_reset``: (module, env, env_step) where the rollout did not reset the state either."""
         for c in self.starts:
             keys = zip(c["module"].tolist(), c["iteration"].tolist(), c["seq"].tolist(), strict=True)
-            here = np.array([self.departs.get(k, np.inf) for k in keys]) == c["t"]
+            departs = np.array([self.departs.get(k, np.inf) for k in keys])
             envs = zip(c["module"].tolist(), c["env"].tolist(), c["env_step"].tolist(), strict=True)
-            here &= ~np.array([k in not_reset for k in envs], bool)
-            self.out.carried.add(c, here)
+            kept = np.array([k in not_reset for k in envs], bool)
+            self.out.carried.add(c, (departs == c["t"]) & ~kept)
+            # still on the rollout's state at the episode start (a drift measured there, none off it before)
+            on = (departs > c["t"]) & (c["drift_h"] <= self.tolerance)
+            self.out.carried_too.add(c, on & kept)
         return self.out

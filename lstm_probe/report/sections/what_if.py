@@ -8,7 +8,7 @@ stored inputs; burn-in k from stored: the stored state k steps earlier, run the 
 against *refreshed* states (the LSTMs re-run with the current weights over the rollout). Here they are averaged
 by epoch, checked against the exact oracle (minibatch 0 of epoch 0 runs on the rollout's own weights, so refreshed
 equals stored), and the shortest burn-in of each kind that brings values and policy within 1% of refreshed is
-named.
+named: none (0 steps) where the stored states already are.
 """
 
 from __future__ import annotations
@@ -72,8 +72,10 @@ class WhatIfSection:
     stored states, to the rollout start; ``clipped``: share of sequences whose burn-in window is cut at the rollout's
     first step with no episode start in it)."""
     within: list[dict[str, Any]] = field(default_factory=list)
-    """Per epoch: the shortest burn-in from zero whose mean value and policy differences are within :data:`WITHIN`
-    (None: none measured is)."""
+    """Per epoch: ``burn_in``, the burn-in from zero needed to bring the mean value and policy differences within
+    :data:`WITHIN` of refreshed (:func:`burn_in_needed`, the verdict's rule): 0 where that epoch's stored states
+    already are (``stored_within`` true: no burn-in needed), else the shortest measured one that is (None: none
+    measured is)."""
     within_stored: list[dict[str, Any]] = field(default_factory=list)
     """As ``within``, for the burn-ins from stored states."""
     notes: list[str] = field(default_factory=list)
@@ -151,9 +153,11 @@ def summarize_what_if(meta: dict[str, Any], *, tf32: bool = False) -> WhatIfSect
             row[col] = _mean([g.get(col) for g in group])
         data.by_epoch.append(row)
     for epoch in sorted({e for e, _ in groups}):
-        data.within.append({"epoch": epoch, "burn_in": shortest(data, epoch, ZERO)})
+        ok = stored_within(data, epoch)
+        data.within.append({"epoch": epoch, "burn_in": burn_in_needed(data, epoch, ZERO), "stored_within": ok})
         if data.stored_burn_in:
-            data.within_stored.append({"epoch": epoch, "burn_in": shortest(data, epoch, STORED)})
+            need = burn_in_needed(data, epoch, STORED)
+            data.within_stored.append({"epoch": epoch, "burn_in": need, "stored_within": ok})
     data.notes = _notes(data)
     oracle = [r for r in rows if r["epoch"] == 0 and r["minibatch"] == 0 and r["alternative"] == "stored"]
     # a module whose stored states the framework computes with other weights than it trains (meta "unsynced")
@@ -191,6 +195,46 @@ def shortest(data: WhatIfSection, epoch: int, prefix: str) -> int | None:
     burn.sort(key=lambda r: int(r["alternative"].removeprefix(prefix)))
     hit = next((r for r in burn if within(r, data.critic)), None)
     return None if hit is None else int(hit["alternative"].removeprefix(prefix))
+
+
+def stored_within(data: WhatIfSection, epoch: int) -> bool:
+    """Whether ``epoch``'s stored states bring values and policy within :data:`WITHIN` of refreshed states
+    (:func:`within`): then no burn-in is needed there, whatever the burn-ins measure (so too where nothing is
+    stale: a sequence that starts at its rollout's start or at an episode start starts from refreshed states)."""
+    stored = next((r for r in data.by_epoch if r["epoch"] == epoch and r["alternative"] == "stored"), None)
+    return stored is not None and within(stored, data.critic)
+
+
+def burn_in_needed(data: WhatIfSection, epoch: int, prefix: str) -> int | None:
+    """The burn-in of this kind (``prefix``) ``epoch`` needs to bring values and policy within :data:`WITHIN` of
+    refreshed states: 0 where its stored states already are (:func:`stored_within`), else the shortest measured
+    one that is (:func:`shortest`; None: none is). The footer, the JSON's ``within`` and the verdict all say this."""
+    return 0 if stored_within(data, epoch) else shortest(data, epoch, prefix)
+
+
+def _footer(data: WhatIfSection) -> str:
+    """The line under the tables: the burn-in each epoch needs (:func:`burn_in_needed`)."""
+    if data.within and all(w["stored_within"] for w in data.within):
+        return (
+            f"no burn-in needed (0 steps): stored states are within {_pct(WITHIN)} of refreshed (values and policy) "
+            "in every epoch measured"
+        )
+
+    def needed(within: list[dict[str, Any]]) -> str:
+        return "; ".join(
+            f"epoch {w['epoch']}: "
+            + (
+                "0 steps (stored states are within)"
+                if w["stored_within"]
+                else "none measured"
+                if w["burn_in"] is None
+                else f"{w['burn_in']} steps"
+            )
+            for w in within
+        )
+
+    line = f"burn-in needed to bring values and policy within {_pct(WITHIN)} of refreshed: {needed(data.within)}"
+    return line + (f"; from stored: {needed(data.within_stored)}" if data.within_stored else "")
 
 
 def _notes(data: WhatIfSection) -> list[str]:
@@ -288,7 +332,7 @@ class WhatIf(Section[WhatIfSection]):
             f"are {fmt(stored.get(f'state_{m}'))} (relative) off refreshed states"
             for m, why in data.unsynced.items()
         ]
-        if within(stored, data.critic):  # stored states already within: no burn-in is needed, whatever it measures
+        if stored_within(data, last):  # no burn-in is needed, whatever the burn-ins measure
             return [*unsynced, msg + f"; that is within {_pct(WITHIN)}: no burn-in needed"]
         hit = next((w["burn_in"] for w in data.within if w["epoch"] == last), None)
         burn = ", ".join(str(k) for k in data.burn_in)
@@ -364,15 +408,6 @@ class WhatIf(Section[WhatIfSection]):
                 )
             )
 
-        def shortest(within: list[dict[str, Any]]) -> str:
-            return "; ".join(
-                f"epoch {w['epoch']}: {'none measured' if w['burn_in'] is None else str(w['burn_in']) + ' steps'}"
-                for w in within
-            )
-
-        within = f"burn-in within {_pct(WITHIN)} of refreshed (values and policy): {shortest(data.within)}"
-        if data.within_stored:
-            within += f"; from stored: {shortest(data.within_stored)}"
         reach = "reach: sequences whose burn-in reaches back to an episode start"
         reach += (
             " (from stored, or to the rollout start), where it equals refreshed"
@@ -389,6 +424,6 @@ class WhatIf(Section[WhatIfSection]):
                 )
                 for e, t in tables.items()
             ),
-            Line(f"{within}; {reach}"),
+            Line(f"{_footer(data)}; {reach}"),
             *(Line(f"note: {n}") for n in data.notes),
         ]
