@@ -118,7 +118,10 @@ def test_a_rollout_that_never_resets_leaves_the_gradient_uncut(tmp_path):
     s = rep.sequences
     assert s.starts_inside > 0 and s.cut_by_resets is False and s.carried_by == "not_reset"
     assert s.gradient_length == s.length
-    assert any("in the rollout too" in f for f in rep.findings if f.startswith("gradients flow back at most"))
+    said = [f for f in rep.findings if f.startswith("gradients flow back at most")]
+    assert len(said) == 1 and said[0].endswith(
+        "(the doctor finds the rollout not resetting it at episode starts either)"
+    )
 
 
 @pytest.mark.parametrize("log", ["cartpole-4env.parquet", "pendulum-1env.parquet", "cartpole-rllib"])

@@ -304,7 +304,7 @@ class Sequences(Section[SequencesSection]):
         else:
             starts = "whether sequences start from stored states is not recorded (the log declares no stored states)"
         counted = f" of {fmt(s.module)} (layer 0)" if s.module else ""
-        horizon = " (the truncated-BPTT horizon)" if s.cut_by_resets is not True or not s.starts_inside else ""
+        horizon = " (the truncated-BPTT horizon)" if not s.starts_inside or s.cut_by_resets is False else ""
         kept = kept_columns(s.kept_envs, s.n_envs, s.env_runners)
         if kept:
             counted += f", of {kept} alone (--other-envs none: every count here is of those columns)"
@@ -327,7 +327,7 @@ class Sequences(Section[SequencesSection]):
 
 CARRIED = {
     "carried_in_training": ("train", "the doctor finds the per-step training loop carrying it across episode starts"),
-    "not_reset": ("rollout", "the doctor finds it not reset where an episode starts, in the rollout too"),
+    "not_reset": ("rollout", "the doctor finds the rollout not resetting it at episode starts either"),
 }
 """The doctor's problems (kind: its phase, and why in words) that say the state runs on across the episode starts
 inside training sequences, and the gradient with it."""
@@ -355,13 +355,12 @@ def horizon_in_words(s: SequencesSection, of: str) -> tuple[str, str]:
             f"the training sequences{of}",
             "",
         )
-    starts = "the one episode start" if s.starts_inside == 1 else f"the {s.starts_inside:,} episode starts"
+    starts = _starts(s)
     if s.cut_by_resets is False:
-        why = CARRIED.get(s.carried_by or "", ("", "the doctor finds the state carried across them"))[1]
         return (
             f"gradients flow back at most {s.length['max']:.0f} steps (median {s.length['median']:.0f}) through "
             f"the training sequences{of}, across {starts} inside them",
-            f": the state is not reset there ({why})",
+            f": the state is not reset there ({_why(s)})",
         )
     g, n = s.gradient_length, s.length
     steps = f"{n['max']:.0f} steps"
@@ -374,15 +373,24 @@ def horizon_in_words(s: SequencesSection, of: str) -> tuple[str, str]:
     )
 
 
+def _starts(s: SequencesSection) -> str:
+    """'the 24 episode starts' (inside the sequences), 'the one episode start'."""
+    return "the one episode start" if s.starts_inside == 1 else f"the {s.starts_inside:,} episode starts"
+
+
+def _why(s: SequencesSection) -> str:
+    """Why the episode starts inside the sequences do not cut the gradient: the doctor's problem, in words."""
+    return CARRIED.get(s.carried_by or "", ("", "the doctor finds the state carried across them"))[1]
+
+
 def _cuts_line(s: SequencesSection) -> str:
     """The panel's line on the episode starts inside the sequences ('' where none)."""
     if not s.starts_inside:
         return ""
-    starts = "the one episode start" if s.starts_inside == 1 else f"the {s.starts_inside:,} episode starts"
+    starts = _starts(s)
     if s.cut_by_resets is False:
-        why = CARRIED.get(s.carried_by or "", ("", "the doctor finds the state carried across them"))[1]
         verb = "does" if s.starts_inside == 1 else "do"
-        return f"{starts} inside them {verb} not cut the gradient: the state is not reset there ({why})\n"
+        return f"{starts} inside them {verb} not cut the gradient: the state is not reset there ({_why(s)})\n"
     g = s.gradient_length
     return (
         f"the state is reset at {starts} inside them, cutting the gradient: the stretches between them (the "
