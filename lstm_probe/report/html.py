@@ -170,9 +170,7 @@ def build_html(
         figures.append(("Staleness", stale, _staleness_caption(rep)))
     hist = _lengths_figure(plt, rep, _length_counts(data, first & STARTS))
     if hist:
-        figures.append(
-            ("Sequence lengths vs episode lengths", hist, "The truncated-BPTT horizon next to the episodes it cuts.")
-        )
+        figures.append(("Sequence lengths vs episode lengths", hist, _lengths_caption(rep)))
     norms = _norms_figure(plt, rep)
     if norms:
         figures.append(("Norms over iterations", norms, "Mean rollout-state norms per module and layer."))
@@ -183,6 +181,19 @@ def build_html(
     with open(out, "w", encoding="utf-8") as f:
         f.write(page)
     return Page(str(out), len(page.encode()), [t for t, _, _ in figures], iteration, env, episode, notes, markers)
+
+
+def _lengths_caption(rep: Report) -> str:
+    """The sequence lengths figure's caption: the lengths are the truncated-BPTT horizon unless a per-step loop
+    resets the state at episode starts inside the sequences (the section's ``cut_by_resets``): then shorter."""
+    s = rep.sequences
+    if not s.starts_inside or s.cut_by_resets is False or not s.gradient_length:
+        return "The truncated-BPTT horizon next to the episodes it cuts."
+    return (
+        f"Training sequence lengths next to the episode lengths. The state is reset at the {s.starts_inside:,} "
+        f"episode starts inside the sequences, which cuts the gradient there: gradients flow back at most "
+        f"{s.gradient_length['max']:.0f} steps (median {s.gradient_length['median']:.0f}; dotted line)."
+    )
 
 
 def _staleness_caption(rep: Report) -> str:

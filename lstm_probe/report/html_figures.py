@@ -236,6 +236,9 @@ def _lengths_figure(plt: Any, rep: Report, counts: np.ndarray) -> str | None:
     ep = rep.sequences.episode_length
     if ep:
         ax.axvline(ep["median"], color="red", linestyle="--", label=f"median episode length ({ep['median']:.0f})")
+    cut = rep.sequences.gradient_length if rep.sequences.starts_inside and rep.sequences.cut_by_resets else {}
+    if cut:  # a per-step loop resets the state at the episode starts inside the sequences: a shorter horizon
+        ax.axvline(cut["median"], color="black", linestyle=":", label=f"median gradient path ({cut['median']:.0f})")
     ax.set_xlabel("steps")
     ax.set_ylabel("training sequences")
     ax.legend(fontsize=8)

@@ -17,6 +17,7 @@ from lstm_probe.report import registry
 from lstm_probe.report.reading import first_layer_only
 from lstm_probe.report.scan import COLUMNS, REPORT_CHUNK_ROWS, Progress, fit, scan
 from lstm_probe.report.section import Block, Line, Log, Panel, Section
+from lstm_probe.report.sections.sequences import judge_resets
 from lstm_probe.report.verdict import Verdict, verdict
 from lstm_probe.text import safe
 
@@ -165,6 +166,18 @@ FED_AHEAD = 2
 """Batches of the scan a fed section's thread may be behind (each a view of the scan's batch: no copy)."""
 
 
+def _resets_inside(results: dict[str, Any]) -> None:
+    """The doctor's verdict reaches the sections that say how far back gradients flow (after every section is
+    computed, before the findings): the episode starts inside a per-step loop's training sequences cut the
+    gradient unless the doctor found the state carried across them (:func:`judge_resets`)."""
+    sequences, doctor, memory = results.get("sequences"), results.get("doctor"), results.get("memory")
+    if sequences is None or not sequences.starts_inside:
+        return
+    judge_resets(sequences, [(p.kind, p.phase) for p in doctor.problems] if doctor is not None else [])
+    if memory is not None and memory.measured:
+        memory.judged(sequences)
+
+
 def summarize(
     path: str | os.PathLike[str], *, chunk_rows: int = REPORT_CHUNK_ROWS, progress: Progress | None = None
 ) -> Report:
@@ -215,6 +228,7 @@ def _summarize(path: str | os.PathLike[str], chunk_rows: int, progress: Progress
             results[s.key] = done
         else:
             results[s.key] = s.compute(log, accumulators.get(s.key))
+    _resets_inside(results)
     unavailable: list[str] = []
     for s in _json_order():
         if results[s.key] is not None:

@@ -18,7 +18,8 @@ import numpy as np
 from lstm_probe.contract import Capabilities
 from lstm_probe.report.numeric import summary_stats
 from lstm_probe.report.scan import Chunk
-from lstm_probe.report.section import Accumulator, Block, Log, Panel, Parts, Section, Table, fmt, kept_columns
+from lstm_probe.report.section import Accumulator, Block, Log, Panel, Parts, Section, Sum, Table, fmt, kept_columns
+from lstm_probe.report.sections.sequences import SequencesSection, gradient_segments
 
 FRACTION = 0.05
 """The horizon is the smallest k whose effect is below this fraction of effect(1)."""
@@ -61,7 +62,9 @@ class MemorySection:
     latest: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Module -> the last measured iteration's curve: iteration, metric, k, effect, pairs, and its horizon."""
     bptt: dict[str, float] = field(default_factory=dict)
-    """Training sequence lengths (longest and median: how far back gradients flow)."""
+    """How far back gradients flow (longest and median), as the sequences section's ``gradient_length``: the
+    training sequences' lengths, or where a per-step training loop resets the state at episode starts inside them,
+    the stretches between those (unless the doctor found the state carried across them: :meth:`judged`)."""
     episode_length: dict[str, Any] = field(default_factory=dict)
     rollout_length: int | None = None
     sampling: dict[str, Any] = field(default_factory=dict)
@@ -79,6 +82,18 @@ class MemorySection:
     scope: dict[str, str] = field(default_factory=dict)
     """Where the log keeps only some env columns (``kept_envs``): what each figure is of, in words, under
     ``horizons`` (and ``latest``), ``episode_length`` and ``bptt``; empty where every column has rows."""
+    starts_inside: int = 0
+    """Episode starts inside the training sequences of a per-step training loop (the sequences section's
+    ``starts_inside``)."""
+    cut_by_resets: bool | None = None
+    """Whether those starts cut the gradient (the sequences section's ``cut_by_resets``); None where there are none."""
+
+    def judged(self, sequences: SequencesSection) -> None:
+        """The sequences section's verdict on the episode starts inside the training sequences (``judge_resets``):
+        where the state runs on across them, the BPTT figures are the whole sequences' (of the same rows)."""
+        self.cut_by_resets = sequences.cut_by_resets
+        if sequences.cut_by_resets is False and self.bptt:
+            self.bptt = dict(sequences.length)
 
 
 def memory_scope(
@@ -101,10 +116,15 @@ def memory_scope(
 @dataclass
 class SequenceLengths(Accumulator[Chunk]):
     lengths: Parts[np.ndarray] = field(default_factory=Parts)
+    """Per run: the stretches gradients flow through (:func:`~lstm_probe.report.sections.sequences.gradient_segments`:
+    each training sequence's length where no episode start lies inside it)."""
+    inside: Sum = field(default_factory=Sum)
 
     def add(self, part: Chunk) -> None:
         if len(part.train):
-            self.lengths.append(part.train["seq_len"][part.starts].astype(np.float64))
+            stretches, inside = gradient_segments(part)
+            self.lengths.append(stretches)
+            self.inside.add(inside)
 
 
 def _curves(records: dict[str, list[Any]]) -> dict[tuple[int, str], list[tuple[int, dict[str, Any]]]]:
@@ -157,6 +177,7 @@ class Memory(Section[MemorySection]):
             critic=meta.get("critic"),
             lags=[int(k) for k in meta.get("lags") or []],
             bptt=summary_stats(lens) if len(lens) else {},
+            starts_inside=acc.inside.value if acc is not None else 0,
             episode_length=dict(meta.get("episode_lengths") or {}),
             rollout_length=meta.get("rollout_length"),
             sampling=sampling,
@@ -213,6 +234,12 @@ class Memory(Section[MemorySection]):
                 msg += f"; gradients flow back at most {data.bptt['max']:.0f} (median {data.bptt['median']:.0f})"
                 if scope:
                     msg += f" through the training sequences of {_kept(data)}"
+                if data.starts_inside:
+                    msg += (
+                        ", across the episode starts inside the training sequences (the state is not reset there)"
+                        if data.cut_by_resets is False
+                        else ", cut at the episode starts inside the training sequences (the state is reset there)"
+                    )
             if data.episode_length.get("median") is not None:
                 msg += f"; episodes last {data.episode_length['median']:.0f}"
                 if scope:
@@ -240,7 +267,7 @@ class Memory(Section[MemorySection]):
             f"state zeroed k steps back at {len(sampled.get('steps_per_env') or [])} steps per env{every}, every "
             f"{fmt(sampled.get('every'))} iteration(s) ({fmt(sampled.get('iterations_measured'))} measured, "
             f"{fmt(data.seconds)} s)\n"
-            f"training sequences (BPTT){kept}: median {fmt(data.bptt.get('median'))}, max {fmt(data.bptt.get('max'))}; "
+            f"{_bptt_label(data, kept)}: median {fmt(data.bptt.get('median'))}, max {fmt(data.bptt.get('max'))}; "
             f"episodes{every}: median {fmt(data.episode_length.get('median'))}, "
             f"max {fmt(data.episode_length.get('max'))}; rollout {fmt(data.rollout_length)} steps\n"
             + "\n".join(f"horizon by iteration, {fmt(m)}: {'; '.join(v[-8:])}" for m, v in by_iteration.items())
@@ -253,6 +280,17 @@ class Memory(Section[MemorySection]):
                 tuple(rows),
             ),
         ]
+
+
+def _bptt_label(data: MemorySection, kept: str) -> str:
+    """What the BPTT figures are of: the training sequences, or the stretches between the episode starts inside
+    them where the state is reset there."""
+    if not data.starts_inside:
+        return f"training sequences (BPTT){kept}"
+    starts = "the one episode start" if data.starts_inside == 1 else f"the {data.starts_inside:,} episode starts"
+    if data.cut_by_resets is False:
+        return f"training sequences (BPTT){kept}, across {starts} inside them (the state is not reset there)"
+    return f"BPTT{kept} (the training sequences cut at {starts} inside them, where the state is reset)"
 
 
 def _kept(data: MemorySection) -> str:

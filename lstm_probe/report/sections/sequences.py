@@ -65,6 +65,67 @@ class SequencesSection:
     that start mid-rollout, neither at an episode start nor at their env's first step of that iteration's rollout,
     so from a state the rollout stored there (:func:`mid_rollout`); None where the reasons are recorded, or the
     rows cannot say (no episode_start on the train rows, or no rollout rows)."""
+    gradient_length: dict[str, float] = field(default_factory=dict)
+    """How far back gradients flow (the truncated-BPTT horizon; statistics as :attr:`length`'s): the stretches of
+    the training sequences between the episode starts inside them where a per-step training loop resets the state
+    there (:func:`gradient_segments`); :attr:`length` where no sequence holds one, or where the doctor found the
+    state carried across them (:attr:`cut_by_resets` False)."""
+    starts_inside: int = 0
+    """Episode starts inside the training sequences (t > 0, not padding) of a per-step training loop (path
+    'stepwise', rows of :attr:`module`, layer 0); a multi-step call's starts inside it are not counted: it cannot
+    reset there."""
+    cut_by_resets: bool | None = None
+    """Whether the episode starts inside the sequences (:attr:`starts_inside`) cut the gradient: True where the
+    loop resets the state there, False where the doctor found the state run on across them (:attr:`carried_by`);
+    None where no sequence holds one. Set once the doctor has looked (:func:`judge_resets`)."""
+    carried_by: str | None = None
+    """Where :attr:`cut_by_resets` is False: the doctor's problem that says so, 'carried_in_training' (the per-step
+    training loop carries the state across episode starts) or 'not_reset' (the rollout does not reset it either)."""
+
+
+def gradient_segments(part: Chunk) -> tuple[np.ndarray, int]:
+    """How far back gradients can flow in one scan run's training sequences (of ``part.train_module``, layer 0:
+    each one's first row, ``part.starts``), one length per stretch, and how many episode starts lie inside them.
+
+    A per-step training loop (path 'stepwise': one LSTM call a step, as CleanRL's ``(1 - done) * h``) resets the
+    state where an episode starts at t > 0, and the product with zero cuts the gradient there: such a sequence
+    counts as the stretches between its cuts (0, each cut's t, its seq_len). A multi-step call (one call over T
+    steps) cannot reset inside the call, so its episode starts at t > 0 cut nothing (the state runs on: the doctor's
+    ``across_episodes``). Padding rows cut nothing. Without a cut: each sequence's ``seq_len``, in order (the
+    training sequences' lengths themselves). Vectorized: the stretches are the differences of the sorted
+    (sequence, position) pairs within each sequence."""
+    train, starts = part.train, part.starts
+    lens = train["seq_len"][starts].astype(np.float64)
+    if not len(starts) or "episode_start" not in train or "stepwise" not in train.words("path"):
+        return lens, 0  # no per-step training row here: nothing resets inside a sequence
+    cut = part.train_sel & train.equals("path", "stepwise") & (train["t"] > 0)
+    cut &= train["episode_start"] & ~train["padding"]
+    at = np.flatnonzero(cut)
+    if not len(at):
+        return lens, 0
+    both = dense_key([np.concatenate([train[c][starts], train[c][at]]) for c in SEQUENCE_KEY])
+    key, cut_key = both[: len(starts)], both[len(starts) :]
+    order = np.argsort(key, kind="stable")  # the sequences' keys are distinct (one first row each)
+    where = np.minimum(np.searchsorted(key[order], cut_key), len(order) - 1)
+    seq, t = order[where], train["t"][at].astype(np.int64)
+    ok = (key[seq] == cut_key) & (t < lens[seq])  # in a sequence of this run, before its end (a null seq_len: no)
+    seq, t = seq[ok], t[ok]
+    if not len(seq):
+        return lens, 0
+    held = np.zeros(len(starts), bool)
+    held[seq] = True
+    ends = lens[held].astype(np.int64)
+    span = int(ends.max()) + 1
+    pairs = np.unique(  # (sequence, position) as one int64, sorted, repeated rows once
+        np.concatenate([np.flatnonzero(held) * span, np.flatnonzero(held) * span + ends, seq * span + t])
+    )
+    same = pairs[1:] // span == pairs[:-1] // span
+    stretches = np.diff(pairs)[same].astype(np.float64)
+    return np.concatenate([lens[~held], stretches]), len(pairs) - 2 * len(ends)
+
+
+SEQUENCE_KEY = ("iteration", "epoch", "minibatch", "seq")
+"""The columns that name a training sequence (as :attr:`~lstm_probe.report.scan.Chunk.starts` groups them)."""
 
 
 @dataclass
@@ -74,6 +135,11 @@ class SequenceTotals(Accumulator[Chunk]):
     module's), one row each."""
     lengths: Parts[np.ndarray] = field(default_factory=Parts)
     """Per run: each training sequence's length."""
+    gradient: Parts[np.ndarray] = field(default_factory=Parts)
+    """Per run: the stretches of the training sequences between the episode starts inside them
+    (:func:`gradient_segments`)."""
+    inside: Sum = field(default_factory=Sum)
+    """Episode starts inside the training sequences of a per-step training loop (:func:`gradient_segments`)."""
     stored_starts: Sum = field(default_factory=Sum)
     """Sequences whose start reason is known and is not an episode start."""
     known_starts: Sum = field(default_factory=Sum)
@@ -89,6 +155,9 @@ class SequenceTotals(Accumulator[Chunk]):
             sel = part.train_sel
             first = part.train.take(part.starts)
             self.lengths.append(first["seq_len"].astype(np.float64))
+            stretches, inside = gradient_segments(part)
+            self.gradient.append(stretches)
+            self.inside.add(inside)
             known = first["seq_reason"] >= 0
             self.known_starts.add(int(known.sum()))
             self.stored_starts.add(int((known & ~first.equals("seq_reason", "episode_start")).sum()))
@@ -163,6 +232,7 @@ class Sequences(Section[SequencesSection]):
             source = "episode_start" if starts is not None else None
             episodes = starts if starts is not None else episodes
         lens = np.concatenate(acc.lengths) if acc.lengths else np.zeros(0)
+        stretches = np.concatenate(acc.gradient) if acc.gradient else np.zeros(0)
         if not acc.padding_of.value:
             stored = 0.0 if log.caps.stored_states else None
             out = SequencesSection(0, {}, {}, summary_stats(episodes), len(episodes), 0.0, stored)
@@ -193,6 +263,8 @@ class Sequences(Section[SequencesSection]):
             kept_envs=log.kept_envs,
             n_envs=log.n_envs,
             env_runners=log.env_runners,
+            gradient_length=summary_stats(stretches) if acc.inside.value else summary_stats(lens),
+            starts_inside=acc.inside.value,
         )
 
     def unavailable(self, data: SequencesSection, log: Log) -> list[str]:
@@ -206,12 +278,10 @@ class Sequences(Section[SequencesSection]):
             return []
         kept = kept_columns(s.kept_envs, s.n_envs, s.env_runners)
         of = f" of {kept} (the only env columns with rows)" if kept else ""
-        msg = (
-            f"gradients flow back at most {s.length['max']:.0f} steps (median {s.length['median']:.0f}) "
-            f"through the training sequences{of}"
-        )
+        msg, why = horizon_in_words(s, of)
         if s.episode_length:
             msg += ", while " + episodes_in_words(s.episode_length, s.episodes_completed)
+        msg += why
         whose = f"the training rows of {kept_columns(s.kept_envs, None)}" if kept else "training rows"
         padding = f"{s.padding_share:.0%} of {whose} are padding"
         if s.stored_state_share is None:
@@ -234,6 +304,7 @@ class Sequences(Section[SequencesSection]):
         else:
             starts = "whether sequences start from stored states is not recorded (the log declares no stored states)"
         counted = f" of {fmt(s.module)} (layer 0)" if s.module else ""
+        horizon = " (the truncated-BPTT horizon)" if not s.starts_inside or s.cut_by_resets is False else ""
         kept = kept_columns(s.kept_envs, s.n_envs, s.env_runners)
         if kept:
             counted += f", of {kept} alone (--other-envs none: every count here is of those columns)"
@@ -241,9 +312,10 @@ class Sequences(Section[SequencesSection]):
             Panel(
                 "Sequences",
                 (
-                    f"{s.sequences:,} training sequences{counted}; length (the truncated-BPTT horizon): "
+                    f"{s.sequences:,} training sequences{counted}; length{horizon}: "
                     f"min {fmt(s.length.get('min'))}, median {fmt(s.length.get('median'))}, "
                     f"mean {fmt(s.length.get('mean'))}, max {fmt(s.length.get('max'))}\n"
+                    f"{_cuts_line(s)}"
                     f"histogram: {', '.join(f'{k}: {v}' for k, v in s.length_histogram.items())}\n"
                     f"episodes completed: {s.episodes_completed}, length median "
                     f"{fmt(s.episode_length.get('median'))}, max {fmt(s.episode_length.get('max'))}\n"
@@ -251,6 +323,80 @@ class Sequences(Section[SequencesSection]):
                 ),
             )
         ]
+
+
+CARRIED = {
+    "carried_in_training": ("train", "the doctor finds the per-step training loop carrying it across episode starts"),
+    "not_reset": ("rollout", "the doctor finds the rollout not resetting it at episode starts either"),
+}
+"""The doctor's problems (kind: its phase, and why in words) that say the state runs on across the episode starts
+inside training sequences, and the gradient with it."""
+
+
+def judge_resets(data: SequencesSection, problems: list[tuple[str, str]]) -> None:
+    """Whether the episode starts inside ``data``'s training sequences cut the gradient, from the doctor's
+    ``problems`` (kind, phase): not where one of :data:`CARRIED` says the state runs on across them (the horizon is
+    then the sequences' length), else they do (it is the stretches between them, as computed). Nothing where no
+    sequence holds one."""
+    if not data.starts_inside:
+        return
+    carried = next((kind for kind, (phase, _) in CARRIED.items() if (kind, phase) in problems), None)
+    data.cut_by_resets, data.carried_by = carried is None, carried
+    if carried is not None:
+        data.gradient_length = dict(data.length)
+
+
+def horizon_in_words(s: SequencesSection, of: str) -> tuple[str, str]:
+    """How far back gradients flow through the training sequences (``of``: whose), and why where the episode starts
+    inside them do not cut it (said after the episode lengths; '' otherwise)."""
+    if not s.starts_inside or not s.gradient_length:
+        return (
+            f"gradients flow back at most {s.length['max']:.0f} steps (median {s.length['median']:.0f}) through "
+            f"the training sequences{of}",
+            "",
+        )
+    starts = _starts(s)
+    if s.cut_by_resets is False:
+        return (
+            f"gradients flow back at most {s.length['max']:.0f} steps (median {s.length['median']:.0f}) through "
+            f"the training sequences{of}, across {starts} inside them",
+            f": the state is not reset there ({_why(s)})",
+        )
+    g, n = s.gradient_length, s.length
+    steps = f"{n['max']:.0f} steps"
+    if n["min"] != n["max"]:
+        steps = f"up to {steps} (median {n['median']:.0f})"
+    return (
+        f"training sequences{of} are {steps}, but the state is reset at {starts} inside them, so gradients flow back "
+        f"at most {g['max']:.0f} steps (median {g['median']:.0f})",
+        "",
+    )
+
+
+def _starts(s: SequencesSection) -> str:
+    """'the 24 episode starts' (inside the sequences), 'the one episode start'."""
+    return "the one episode start" if s.starts_inside == 1 else f"the {s.starts_inside:,} episode starts"
+
+
+def _why(s: SequencesSection) -> str:
+    """Why the episode starts inside the sequences do not cut the gradient: the doctor's problem, in words."""
+    return CARRIED.get(s.carried_by or "", ("", "the doctor finds the state carried across them"))[1]
+
+
+def _cuts_line(s: SequencesSection) -> str:
+    """The panel's line on the episode starts inside the sequences ('' where none)."""
+    if not s.starts_inside:
+        return ""
+    starts = _starts(s)
+    if s.cut_by_resets is False:
+        verb = "does" if s.starts_inside == 1 else "do"
+        return f"{starts} inside them {verb} not cut the gradient: the state is not reset there ({_why(s)})\n"
+    g = s.gradient_length
+    return (
+        f"the state is reset at {starts} inside them, cutting the gradient: the stretches between them (the "
+        f"truncated-BPTT horizon): min {fmt(g.get('min'))}, median {fmt(g.get('median'))}, "
+        f"mean {fmt(g.get('mean'))}, max {fmt(g.get('max'))}\n"
+    )
 
 
 ACTING_STARTS = ("rollout", "bootstrap")
