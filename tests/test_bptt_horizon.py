@@ -116,11 +116,15 @@ def test_a_rollout_that_never_resets_leaves_the_gradient_uncut(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     rep = summarize(log)
     s = rep.sequences
-    assert s.starts_inside > 0 and s.cut_by_resets is False and s.carried_by == "not_reset"
+    # neither loop resets: the doctor names the training loop itself (its train states stay on the rollout's
+    # unreset ones across the episode starts), which says why the gradient runs on
+    kinds = {(p.kind, p.phase) for p in rep.doctor.problems}
+    assert {("not_reset", "rollout"), ("carried_in_training", "train")} <= kinds
+    assert s.starts_inside > 0 and s.cut_by_resets is False and s.carried_by == "carried_in_training"
     assert s.gradient_length == s.length
     said = [f for f in rep.findings if f.startswith("gradients flow back at most")]
     assert len(said) == 1 and said[0].endswith(
-        "(the doctor finds the rollout not resetting it at episode starts either)"
+        "(the doctor finds the per-step training loop carrying it across episode starts)"
     )
 
 
