@@ -20,7 +20,7 @@ from typing import Annotated, Any
 import typer
 
 from lstm_probe import integrations
-from lstm_probe.cli.flags import NAME_HELP, arch_flags, run_flags, split, with_flags
+from lstm_probe.cli.flags import NAME_HELP, arch_flags, html_only, run_flags, split, with_flags
 from lstm_probe.cli.render import _ExportDisplay, _render, _render_architecture, _render_flow, _RunDisplay, err, out
 from lstm_probe.cli.startup import pyarrow_without_pandas, reuse_freed_memory
 from lstm_probe.errors import BadInput, BadLog, Interrupted, ProbeError, one_line
@@ -211,7 +211,7 @@ def report(
     ] = None,
 ) -> None:
     """Explain, from a log, what the LSTMs did and what is wrong with them."""
-    if html_out is None:  # the page draws with pandas; the text and JSON reports need none
+    if not html_only(html_out, iteration=iteration, env=env, episode=episode):  # only the page needs pandas
         pyarrow_without_pandas()
     reuse_freed_memory()
     from lstm_probe.report import summarize

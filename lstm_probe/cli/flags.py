@@ -13,6 +13,7 @@ from typing import Annotated, Any
 import typer
 
 from lstm_probe import integrations
+from lstm_probe.errors import BadInput
 from lstm_probe.options import CaptureOptions, TrainOptions, flag
 
 NAME_HELP = (
@@ -108,3 +109,16 @@ def arch_flags() -> list[Declared]:
         *declared(Build, only=("critic_lstm", "lstm_layers", "hyperparams")),
         *declared(RslRl, only=("rnn_type",)),
     ]
+
+
+def html_only(html: object, **picked: int | None) -> bool:
+    """Whether ``report`` writes a page (``html``: its ``--html`` path, or None). Its ``--iteration``, ``--env``
+    and ``--episode`` pick what the page draws: without ``--html`` they would be taken and ignored, so they are
+    refused in one line."""
+    given = [f"--{k}" for k, v in picked.items() if v is not None]
+    if given and html is None:
+        raise BadInput(
+            f"{' and '.join(given)} pick{'s' if len(given) == 1 else ''} what --html draws; add --html FILE "
+            "(the text and JSON reports cover every iteration, env and episode)"
+        )
+    return html is not None

@@ -143,7 +143,15 @@ class Copy:
 
 def flat_dist(dist: Any, n: int, index: Any = None) -> list[Any] | None:
     """The action distribution over the batch's ``n`` elements, flattened (optionally those at ``index``), as a
-    list of one torch distribution; None for a kind this does not flatten (KL not measured)."""
+    list of one torch distribution; None for a kind this does not flatten (KL not measured).
+
+    A bijective transform of a Normal (TorchRL's ``TanhNormal`` on a Box's bounds: tanh, then an affine map)
+    flattens to its base Normal: the KL divergence is invariant under a bijection applied to both distributions,
+    and both sides of every comparison here come from the same actor, so from the same transform."""
+    if isinstance(dist, torch.distributions.TransformedDistribution):
+        if not all(getattr(t, "bijective", False) for t in dist.transforms):
+            return None
+        dist = dist.base_dist
     d = dist.base_dist if isinstance(dist, torch.distributions.Independent) else dist
     if isinstance(d, torch.distributions.Categorical):  # torchrl's OneHotCategorical, MaskedCategorical too
         logits = d.logits.reshape(n, -1)

@@ -248,8 +248,19 @@ def explain(
         )
     return (
         f"{rolled} A training call's batch is the number of sequences in its minibatch: "
-        f"{held}; why a sequence starts where it does: {_reasons({}, reasons)}."
+        f"{held}; why a sequence starts where it does: {_reasons(GENERIC_REASONS, reasons)}."
     )
+
+
+GENERIC_REASONS = {
+    "episode_start": "an episode start (zero state)",
+    "env_boundary": "the first step of its env's rollout (the state the previous rollout ended with)",
+    "split": "a cut inside the rollout (the state stored at that step)",
+    "minibatch_cut": "a minibatch cut (the previous minibatch ended there)",
+    "max_seq_len": "max_seq_len (the previous piece was full)",
+}
+"""The start reasons in words where the log has neither a rollout buffer nor max_seq_len chunks (rsl_rl, TorchRL,
+own loops that record them): the same words whatever the framework."""
 
 
 def layer_rows(g: CallGroup) -> str:

@@ -133,9 +133,10 @@ class Run(Section[RunSection]):
     def text(self, data: RunSection, caps: Capabilities) -> list[Block]:
         r = data
         lines = [
-            f"env [bold]{fmt(r.env_id)}[/], {fmt(r.algorithm)} / {fmt(r.policy)}, n_envs {envs_words(r)}, "
-            f"seed {fmt(r.seed)}",
-            f"steps {fmt(r.steps_done)} of {fmt(r.steps_asked)} asked, {r.iterations} iterations, "
+            f"env [bold]{fmt(r.env_id)}[/], {fmt(r.algorithm)}"
+            + (f" / {fmt(r.policy)}" if r.policy is not None else "")
+            + f", n_envs {envs_words(r)}, seed {fmt(r.seed)}",
+            _steps(r) + f"{r.iterations} iterations, "
             f"{'completed' if r.completed else '[red]NOT completed[/]: ' + fmt(r.stop_reason)}",
             f"{r.rows:,} rows in {r.files} file(s), {human_bytes(r.file_bytes)}, wall {fmt(r.wall_seconds)} s, "
             f"capture {safe(r.capture.get('mode', '-'))} ({safe(r.capture.get('dtype', '-'))})"
@@ -150,6 +151,13 @@ class Run(Section[RunSection]):
         if r.versions:
             lines.append("versions: " + ", ".join(f"{safe(k)} {safe(v)}" for k, v in r.versions.items()))
         return [Panel("Run", tuple(lines))]
+
+
+def _steps(r: RunSection) -> str:
+    """'steps 512 of 512 asked, ', or as much as the log records of them (an own loop's may record neither)."""
+    if r.steps_asked is None:
+        return "" if r.steps_done is None else f"steps {fmt(r.steps_done)}, "
+    return f"steps {fmt(r.steps_done)} of {fmt(r.steps_asked)} asked, "
 
 
 def envs_words(r: RunSection) -> str:

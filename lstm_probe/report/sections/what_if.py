@@ -101,6 +101,8 @@ class WhatIfSection:
 
 WHOLE = "every env's columns of the sampled minibatches"
 """What the what-if figures are of (the probe re-runs whole minibatches), said where a log keeps some columns alone."""
+NO_KL = "the integration cannot compare this kind of action distribution"
+"""Why a KL divergence is missing (a distribution the integration does not flatten)."""
 
 
 def what_if_scope(kept: int | None, n_envs: int | None, runners: int | None = None) -> str | None:
@@ -322,10 +324,13 @@ class WhatIf(Section[WhatIfSection]):
             values = "leave values alone (the critic has no LSTM)"
         else:
             values = f"move values by {_pct(stored['value_rel'])} of the return spread"
-        msg = (
-            f"{where} (epoch {last}), stored states {values} against refreshed states and the policy by KL "
-            f"{fmt(stored['kl'])} (PPO ratio {_pct(stored['ratio_change'])}"
-            + (f"; measured on {WHOLE}, not only the env columns with rows)" if data.scope else ")")
+        policy = (
+            f"the policy by KL {fmt(stored['kl'])} (PPO ratio {_pct(stored['ratio_change'])}"
+            if stored.get("kl") is not None
+            else f"the PPO ratio by {_pct(stored['ratio_change'])} (KL not measured: {NO_KL}"
+        )
+        msg = f"{where} (epoch {last}), stored states {values} against refreshed states and {policy}" + (
+            f"; measured on {WHOLE}, not only the env columns with rows)" if data.scope else ")"
         )
         unsynced = [
             f"{m}'s stored states come from other weights than it is trained with ({why}): by epoch {last} they "
@@ -350,7 +355,11 @@ class WhatIf(Section[WhatIfSection]):
             )
         if zero is not None:
             msg += (
-                f"; zero states would move the policy by KL {fmt(zero['kl'])}"
+                (
+                    f"; zero states would move the policy by KL {fmt(zero['kl'])}"
+                    if zero.get("kl") is not None
+                    else f"; zero states would move the PPO ratio by {_pct(zero['ratio_change'])}"
+                )
                 if data.critic == "mlp"
                 else f"; zero states would move values by {_pct(zero['value_rel'])}"
             )
@@ -367,10 +376,13 @@ class WhatIf(Section[WhatIfSection]):
         if not data.measured:
             return []
         s = data.sampling
+        sb3 = caps.rollout_buffer  # sb3's option names, on sb3's logs alone
         critic = {
             "lstm": "the critic has its own LSTM",
-            "shared": "one LSTM (shared_lstm): the critic reads the actor's, so actor states move values too",
-            "mlp": "the critic has no LSTM (enable_critic_lstm=False): its values have no state to vary",
+            "shared": f"one LSTM{' (shared_lstm)' if sb3 else ''} for actor and critic: the critic reads the "
+            "actor's, so actor states move values too",
+            "mlp": f"the critic has no LSTM{' (enable_critic_lstm=False)' if sb3 else ''}: its values have no state "
+            "to vary",
         }.get(str(data.critic), f"critic: {fmt(data.critic)}")
         check = data.check
         verdict = {True: "OK", False: "[red]FAILED[/]", None: "not sampled"}[check.get("ok")]

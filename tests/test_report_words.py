@@ -1,0 +1,122 @@
+"""What a user of each framework reads: real tiny runs of `lstm-probe run` (TorchRL on a Box env, CleanRL's LSTM
+loop with what-if and memory) and their reports. A continuous TorchRL policy (a TanhNormal on the bounds) gets
+its KL divergence measured (what-if and the memory horizon of the actor); sb3's option names stay on sb3's logs;
+start reasons read as words on every framework; the Run panel shows no '-' where an own loop records no policy
+or step count; the report's --html options are refused without --html."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import lstm_probe
+from lstm_probe.report.sections.what_if import WhatIf
+from tests.conftest import probed_run
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "lstm_probe", *args], capture_output=True, text=True, cwd=ROOT)
+
+
+@pytest.fixture(scope="module")
+def torchrl_box(tmp_path_factory) -> Path:
+    pytest.importorskip("torchrl")
+    log = tmp_path_factory.mktemp("torchrl-box") / "r.parquet"
+    size = ["--steps", "128", "--n-envs", "2", "--n-steps", "32", "--n-epochs", "2", "--hidden-size", "8"]
+    done = _cli("run", "Pendulum-v1", "--framework", "torchrl", *size, "--what-if", "--memory", "--out", str(log), "-q")
+    assert done.returncode == 0, done.stderr
+    return log
+
+
+@pytest.fixture(scope="module")
+def own_loop(tmp_path_factory) -> Path:
+    log = tmp_path_factory.mktemp("own-loop") / "own.parquet"
+    args = ["--iterations", "2", "--num-envs", "2", "--num-steps", "16", "--hidden", "8", "--what-if", "--memory"]
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "cleanrl_lstm.py"), *args, "--out", str(log)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr
+    return log
+
+
+def _text(log: Path) -> str:
+    done = _cli("report", str(log))
+    assert done.returncode == 0, done.stderr
+    return " ".join(done.stdout.replace("│", " ").split())  # the panels' words, unwrapped
+
+
+def test_torchrl_tanh_normal_kl_is_measured(torchrl_box):
+    """TorchRL's TanhNormal (its run's policy on a Box env) is a bijective transform of a Normal: its KL is the
+    base Normals' KL. It was left unmeasured: the actor's memory horizon read '-' at every iteration and the
+    what-if's KL column '-' (the finding: 'the policy by KL -')."""
+    rep = lstm_probe.summarize(torchrl_box).to_dict()
+    actor = [h for h in rep["memory"]["horizons"] if h["module"] == "actor"]
+    assert actor and all(h["effect_1"] is not None and h["effect_1"] > 0 for h in actor), actor
+    zero = [r for r in rep["what_if"]["by_epoch"] if r["alternative"] == "zero"]
+    assert zero and all(r["kl"] is not None and r["kl"] > 0 for r in zero), zero
+    stored = [r for r in rep["what_if"]["by_epoch"] if r["alternative"] == "stored"]
+    assert all(r["kl"] == pytest.approx(0, abs=1e-9) for r in stored)  # stored = refreshed on TorchRL
+    assert "KL -" not in _text(torchrl_box)
+
+
+def test_a_missing_kl_is_said_not_shown_as_a_dash(torchrl_box):
+    """Where an integration cannot compare the action distributions (KL null in every record), the finding
+    names the PPO ratio and says why there is no KL, rather than 'the policy by KL -'."""
+    rep = lstm_probe.summarize(torchrl_box)
+    data = rep.sections["what_if"]
+    data = dataclasses.replace(data, by_epoch=[{**r, "kl": None} for r in data.by_epoch])
+    (finding,) = [f for f in WhatIf().findings(data) if "stored states" in f]
+    assert "KL -" not in finding and "KL not measured" in finding, finding
+    assert "the PPO ratio by" in finding
+
+
+def test_no_sb3_option_names_outside_sb3(torchrl_box, own_loop):
+    """'shared_lstm' is sb3's option: a TorchRL run and an own loop (one LSTM for actor and critic) do not
+    have it."""
+    for log in (torchrl_box, own_loop):
+        text = _text(log)
+        assert "one LSTM for actor and critic" in text, text
+        assert "shared_lstm" not in text and "enable_critic_lstm" not in text
+
+
+def test_sb3_keeps_its_option_name(runs_dir):
+    log = probed_run(runs_dir, "CartPole-v1", shared_lstm=True, critic_lstm=False, what_if=True).path
+    assert "one LSTM (shared_lstm) for actor and critic" in _text(log)
+
+
+def test_start_reasons_in_words(torchrl_box):
+    """rsl_rl, TorchRL and own loops that record start reasons: the calls explanation says them in words, as it
+    does for sb3 and RLlib, not as the log's identifiers ('env_boundary: 12')."""
+    explanation = json.loads(_cli("report", str(torchrl_box), "--json").stdout)["calls"]["explanation"]
+    assert "env_boundary" not in explanation and "episode_start" not in explanation, explanation
+    assert "the first step of its env's rollout" in explanation and "an episode start" in explanation
+
+
+def test_run_panel_without_policy_or_steps(own_loop):
+    """An own loop records no policy class and no step counts: the Run panel leaves them out rather than print
+    'PPO (...) / -' and 'steps - of - asked'."""
+    meta = lstm_probe.read_info(own_loop).metadata
+    assert meta.get("policy") is None and meta.get("total_timesteps") is None  # what the example records
+    text = _text(own_loop)
+    run = text[text.index("1. Run") : text.index("2. Architecture")]
+    assert " / -" not in run and "steps -" not in run and "of - asked" not in run, run
+    assert "2 iterations, completed" in run
+
+
+@pytest.mark.parametrize("picked", [["--iteration", "0"], ["--env", "0", "--episode", "0"]])
+def test_html_options_need_html(runs_dir, picked):
+    """--iteration, --env and --episode pick what --html draws: without --html they were taken and ignored."""
+    log = probed_run(runs_dir).path
+    done = _cli("report", str(log), *picked)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "--html" in done.stderr and picked[0] in done.stderr and not done.stdout
