@@ -320,8 +320,9 @@ def _problems(t: _Tally) -> list[Problem]:
             out.append(Problem("reset_without_start", phase, f.count, f.row, text))
     for phase, f in t.not_reset.items():
         if f.count:
+            starts = "episode start" if f.count == 1 else "episode starts"
             text = (
-                f"the state was not reset at {f.count} episode start{'' if f.count == 1 else 's'} ({phase}: the loop does not zero the state "
+                f"the state was not reset at {f.count} {starts} ({phase}: the loop does not zero the state "
                 f"where an episode ended, h[:, done] = 0); first at {_where(f.row)}"
             )
             out.append(Problem("not_reset", phase, f.count, f.row, text))
