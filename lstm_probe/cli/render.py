@@ -15,7 +15,7 @@ import sys
 import time
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from lstm_probe.text import human_bytes, safe, strict_json
 
@@ -132,6 +132,9 @@ class _ExportDisplay:
 
     EVERY = 10.0
     """Seconds between two lines while verifying, when stdout is not a terminal."""
+    UNITS: ClassVar[dict[str, str]] = {"verifying": " steps"}
+    """What a stage's count counts where its name does not say it: verifying, the episodes' steps (each one step
+    of the file and one of the PyTorch policy: the steps export reports it verified on)."""
 
     def __init__(self, quiet: bool, console: Console | None = None) -> None:
         self.quiet, self.every = quiet, self.EVERY
@@ -147,19 +150,19 @@ class _ExportDisplay:
 
         self.start = time.monotonic()
         if self.terminal and not self.quiet:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
             self.bar = Progress(
                 TextColumn("export: {task.description}"),
                 BarColumn(),
-                MofNCompleteColumn(),
+                TextColumn("{task.fields[count]}"),  # the count as the plain lines write it
                 TimeElapsedColumn(),
                 console=self.console,
                 transient=True,
                 refresh_per_second=4,
             )
             self.bar.__enter__()
-            self.task = self.bar.add_task("", total=None)
+            self.task = self.bar.add_task("", total=None, count="")
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -178,10 +181,11 @@ class _ExportDisplay:
             return
         self.stage = stage
         self.due = now + (0.25 if self.terminal else self.every)
+        count = f"{done:,}/{total:,}{self.UNITS.get(stage, '')}" if total > 1 else ""
         if self.bar is not None:
-            self.bar.update(self.task, description=safe(stage), completed=done, total=total)
+            self.bar.update(self.task, description=safe(stage), completed=done, total=total, count=count)
         else:
-            count = f" {done:,}/{total:,}" if total > 1 else ""
+            count = f" {count}" if count else ""
             self.console.print(f"export: {safe(stage)}{count}, {_clock(now - self.start)} elapsed", soft_wrap=True)
 
     @staticmethod

@@ -55,7 +55,8 @@ Progress = Callable[[str, int, int], None]
 """``progress(stage, done, total)``: what export is doing, called as each stage starts (``done`` 0) and as it
 goes. The stages, in order (each a fixed phrase, no string from a file): ``reading the policy``, ``recording
 episodes`` (``--env``: done and total in episodes) or ``reading the log's episodes`` (``--log``), ``writing
-the file``, ``verifying`` (done and total in policy steps, both loops': called every step, so keep it cheap)."""
+the file``, ``verifying`` (done and total in the episodes' steps, each step one of the file's and one of the
+PyTorch policy's, so ``total`` is the ``steps`` export reports: called every step, so keep it cheap)."""
 
 
 def _quiet_progress(stage: str, done: int, total: int) -> None:
@@ -295,13 +296,13 @@ def compare(
     got: list[list[np.ndarray]] = [[] for _ in names]
     want: list[list[np.ndarray]] = [[] for _ in names]
     pace = Pace(2 * len(obs), f"verifying the exported {what} file", "pass a smaller --episodes")
-    progress("verifying", 0, 2 * len(obs))
+    progress("verifying", 0, len(obs))
     for i in range(len(obs)):
         o, s = obs[i : i + 1], starts[i : i + 1].astype(np.float32)
         a, v, mine = step(o, s, mine)
         ra, rv, theirs = reference(o, s, theirs)
         pace.tick(2)
-        progress("verifying", 2 * i + 2, 2 * len(obs))
+        progress("verifying", i + 1, len(obs))
         for k, (x, y) in enumerate(zip((a, v, *mine), (ra, rv, *theirs), strict=True)):
             got[k].append(np.asarray(x, np.float64).ravel())
             want[k].append(np.asarray(y, np.float64).ravel())
