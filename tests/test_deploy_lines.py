@@ -1,18 +1,24 @@
 """The lines `lstm-probe export` and `replay` print (a user trial): export's progress counts the steps it
 says it verified on, on a terminal as in plain lines; Ctrl-C (SIGINT) during export or replay ends in one
 line on stderr saying it was interrupted and what was (not) written, exit 130, no traceback, OUT never half
-written; replay's verdict shows the largest action difference beside the tolerance, so a float16 runtime
-(~1e-3 of the action scale) is told from a float32 one (~1e-7) even where both are within it. A real (tiny)
-RecurrentPPO, real files, the CLI in a subprocess as a user runs it."""
+written. A real (tiny) RecurrentPPO, real files, the CLI in a subprocess as a user runs it."""
 
 from __future__ import annotations
 
 import io
 import os
+import queue
 import re
+import signal
 import subprocess
 import sys
+import threading
+import time
+from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 from sb3_contrib import RecurrentPPO
@@ -67,3 +73,100 @@ def test_the_terminal_line_counts_as_the_plain_line():
         display.update("verifying", 250, 1000)
         display.bar.refresh()
     assert re.search(r"export: verifying .* 250/1,000 steps", buf.getvalue()), buf.getvalue()
+
+
+def _interrupted(args, cwd, ready):
+    """``lstm-probe ARGS`` in a subprocess, sent SIGINT once ``ready(process, stdout so far)`` holds (checked as
+    each stdout line comes, and every 50 ms): (exit code, stdout, stderr). Fails if it ends first."""
+    p = subprocess.Popen(
+        [sys.executable, "-m", "lstm_probe", *map(str, args)],
+        cwd=cwd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    lines: queue.Queue[str | None] = queue.Queue()
+    threading.Thread(target=lambda: [*map(lines.put, p.stdout), lines.put(None)], daemon=True).start()
+    seen: list[str] = []
+    deadline = time.monotonic() + WAIT
+    try:
+        while not ready(p, "".join(seen)):
+            assert time.monotonic() < deadline, f"not ready in {WAIT} s: {''.join(seen)}"
+            try:
+                line = lines.get(timeout=0.05)
+            except queue.Empty:
+                continue
+            assert line is not None, f"ended before it was interrupted:\n{''.join(seen)}{p.stderr.read()}"
+            seen.append(line)
+        p.send_signal(signal.SIGINT)
+        code = p.wait(timeout=WAIT)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    while (line := lines.get(timeout=WAIT)) is not None:
+        seen.append(line)
+    return code, "".join(seen), p.stderr.read()
+
+
+def _verifying(p, stdout):
+    return "export: verifying 0/" in stdout
+
+
+@pytest.mark.parametrize("earlier", [False, True])
+def test_ctrl_c_during_export_says_so_and_leaves_no_file(pendulum, earlier):
+    """1,000 synthetic episodes (200,000 steps: minutes of verification), SIGINT as the progress says it
+    verifies: one line, exit 130, no OUT (or, with --force, the file there before, unchanged), no temporary."""
+    d, _ = pendulum
+    out = d / f"long-{earlier}.onnx"
+    if earlier:
+        out.write_bytes(b"an earlier export")
+    force = ["--force"] if earlier else []
+    code, stdout, stderr = _interrupted(
+        ["export", "pendulum.zip", out.name, "--synthetic", "--episodes", "1000", *force], d, _verifying
+    )
+    assert code == 130, stdout + stderr
+    assert "Traceback" not in stdout + stderr
+    lines = stderr.strip().splitlines()
+    if earlier:
+        want = f"interrupted (signal SIGINT): nothing was written, the {out.name} there before is left as it was"
+    else:
+        want = f"interrupted (signal SIGINT): {out.name} was not written"
+    assert lines == [f"{want} (stopped while verifying)"], stderr
+    assert out.read_bytes() == b"an earlier export" if earlier else not out.exists()
+    assert not [p.name for p in d.iterdir() if p.name.startswith(f".{out.stem}.")]  # the temporary removed
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="waits on /proc/PID/maps (Linux)")
+def test_ctrl_c_during_replay_says_so(pendulum):
+    """A trace of 150,000 steps (750,000 policy steps over replay's 5 loops: a minute or more); SIGINT once
+    replay has loaded onnxruntime to read the policy (it prints nothing until its verdict)."""
+    d, _ = pendulum
+    n = 150_000
+    rng = np.random.default_rng(0)
+    obs = pa.FixedSizeListArray.from_arrays(pa.array(rng.standard_normal(3 * n).astype(np.float32)), 3)
+    rows = {"step": np.arange(n), "obs": obs, "action": np.zeros(n, np.float32), "episode_start": np.arange(n) == 0}
+    pq.write_table(pa.table(rows), d / "long.parquet")
+
+    def loading(p, stdout):
+        try:
+            return "onnxruntime" in Path(f"/proc/{p.pid}/maps").read_text()
+        except OSError:  # it ended: the wait fails on its end of output
+            return False
+
+    code, stdout, stderr = _interrupted(["replay", "long.parquet", "--policy", "pendulum.onnx"], d, loading)
+    assert code == 130 and "Traceback" not in stdout + stderr, stdout + stderr
+    assert stderr.strip().splitlines() == ["interrupted (signal SIGINT): no verdict (replay writes no file)"]
+    assert "verdict" not in stdout
+
+
+def test_an_error_raised_from_a_ctrl_c_is_the_ctrl_c():
+    """onnxruntime's module, interrupted as it loads, raises ImportError('initialization failed') from the
+    KeyboardInterrupt (seen in the replay test above): the Ctrl-C goes on, never 'cannot run the file'."""
+    from lstm_probe.deploy.runtime import interrupt_behind
+
+    try:
+        try:
+            raise KeyboardInterrupt("signal SIGINT")
+        except KeyboardInterrupt as ki:
+            raise ImportError("initialization failed") from ki
+    except ImportError as exc:
+        with pytest.raises(KeyboardInterrupt, match="signal SIGINT"):
+            interrupt_behind(exc)
+        interrupt_behind(ValueError("not from a Ctrl-C"))  # returns: the caller's own error goes on

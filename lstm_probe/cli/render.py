@@ -136,8 +136,11 @@ class _ExportDisplay:
     """What a stage's count counts where its name does not say it: verifying, the episodes' steps (each one step
     of the file and one of the PyTorch policy: the steps export reports it verified on)."""
 
-    def __init__(self, quiet: bool, console: Console | None = None) -> None:
+    def __init__(self, quiet: bool, out_path: Path | None = None, console: Console | None = None) -> None:
+        from lstm_probe.log.layout import fingerprint
+
         self.quiet, self.every = quiet, self.EVERY
+        self.out_path, self.before = out_path, None if out_path is None else fingerprint(out_path)
         self.console = out() if console is None else console
         self.terminal = self.console.is_terminal
         self.stage = ""
@@ -173,13 +176,13 @@ class _ExportDisplay:
         """Export's progress callback (every verified step: cheap unless the stage changes or a line is due)."""
         import time
 
+        new = stage != self.stage
+        self.stage = stage  # kept with --quiet too: an interruption's line names it
         if self.quiet:
             return
         now = time.monotonic()
-        new = stage != self.stage
         if not new and now < self.due:
             return
-        self.stage = stage
         self.due = now + (0.25 if self.terminal else self.every)
         count = f"{done:,}/{total:,}{self.UNITS.get(stage, '')}" if total > 1 else ""
         if self.bar is not None:
@@ -187,6 +190,20 @@ class _ExportDisplay:
         else:
             count = f" {count}" if count else ""
             self.console.print(f"export: {safe(stage)}{count}, {_clock(now - self.start)} elapsed", soft_wrap=True)
+
+    def interrupted(self) -> str:
+        """What an interrupted export left at OUT, and in which stage: export renames the file there only once
+        it is verified, so OUT is the earlier file (or none), or the whole verified file (a Ctrl-C just after)."""
+        from lstm_probe.log.layout import fingerprint
+
+        when = f" (stopped while {self.stage})" if self.stage else ""
+        if self.out_path is None:
+            return f"nothing was written{when}"
+        if fingerprint(self.out_path) != self.before:
+            return f"{self.out_path} was written and verified before it"
+        if self.before is None:
+            return f"{self.out_path} was not written{when}"
+        return f"nothing was written, the {self.out_path} there before is left as it was{when}"
 
     @staticmethod
     def show(r: Any) -> None:
@@ -202,6 +219,42 @@ class _ExportDisplay:
         out().print(
             f"wrote {safe(r.path, limit=None)} ({r.format}, {r.spec.variant}; names and shapes in its metadata)"
         )
+
+
+def _render_replay(r: Any, as_json: bool) -> None:
+    """What `replay` prints (``deploy.replay.Replay``): each loop's agreeing steps, the verdict, where the correct
+    loop parts, notes."""
+    if as_json:
+        sys.stdout.write(strict_json(r.to_dict(), indent=2) + "\n")
+        return
+    for lp in r.loops:
+        first = "" if lp.first_diff is None else f", first differs at env {lp.first_diff[0]} step {lp.first_diff[1]}"
+        out().print(f"{lp.name:<34}{lp.agree:>6,} / {lp.steps:,} steps agree{first}", highlight=False, soft_wrap=True)
+    same = f" (the same actions as: {', '.join(r.also)})" if r.also else ""
+    out().print(f"verdict: {r.verdict}{same}", highlight=False, soft_wrap=True)
+    if r.parted is not None:
+        out().print(f"the correct loop and the recording part at env {r.parted[0]} step {r.parted[1]}", highlight=False)
+    for note in r.notes:
+        out().print(f"note: {note}", highlight=False, soft_wrap=True)
+
+
+def _render_schema(markdown: bool) -> None:
+    """``lstm-probe schema``: docs/schema.md with ``--markdown``, else the log's columns as a table and its
+    metadata keys."""
+    from rich.table import Table
+
+    from lstm_probe.log.schema import COLUMNS, METADATA_KEYS, SCHEMA_VERSION, schema_markdown
+
+    if markdown:
+        sys.stdout.write(schema_markdown())
+        return
+    table = Table(title=f"lstm-probe log schema v{SCHEMA_VERSION}", show_lines=False)
+    for col in ("column", "type", "null", "meaning"):
+        table.add_column(col, overflow="fold")
+    for c in COLUMNS:
+        table.add_row(c.name, "list<float32>[hidden]" if c.type is None else c.type, "yes" if c.nullable else "", c.doc)
+    out().print(table)
+    out().print("metadata keys (JSON under lstm_probe.run): " + ", ".join(METADATA_KEYS))
 
 
 def _clock(seconds: float) -> str:

@@ -31,7 +31,7 @@ from typing import Any, BinaryIO
 import numpy as np
 import torch
 
-from lstm_probe.deploy.runtime import Pace, load_file
+from lstm_probe.deploy.runtime import Pace, interrupt_behind, load_file
 from lstm_probe.deploy.spec import META_KEY, Policy, Spec, Step
 from lstm_probe.errors import BadInput, one_line
 from lstm_probe.extras import require
@@ -258,6 +258,7 @@ def _write_onnx(policy: Policy, f: BinaryIO, source: str) -> str:
             verbose=False,
         )
     except Exception as exc:
+        interrupt_behind(exc)
         raise BadInput(f"torch.onnx.export could not export this policy: {one_line(exc, kind=False)[:300]}") from None
     assert program is not None
     proto = program.model_proto
@@ -272,6 +273,7 @@ def _write_torchscript(policy: Policy, f: BinaryIO, source: str) -> str:
     try:
         traced = torch.jit.trace(policy.module, policy.spec.example(), check_trace=False)
     except Exception as exc:
+        interrupt_behind(exc)
         raise BadInput(f"torch.jit.trace could not trace this policy: {one_line(exc, kind=False)[:300]}") from None
     torch.jit.save(traced, f, _extra_files={f"{META_KEY}.json": _meta(policy, source, exporter)})
     return exporter
