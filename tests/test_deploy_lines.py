@@ -1,7 +1,9 @@
 """The lines `lstm-probe export` and `replay` print (a user trial): export's progress counts the steps it
 says it verified on, on a terminal as in plain lines; Ctrl-C (SIGINT) during export or replay ends in one
 line on stderr saying it was interrupted and what was (not) written, exit 130, no traceback, OUT never half
-written. A real (tiny) RecurrentPPO, real files, the CLI in a subprocess as a user runs it."""
+written; replay's verdict shows the largest action difference beside the tolerance, so a float16 runtime
+(~1e-3 of the action scale) is told from a float32 one (~1e-7) even where both are within it. A real (tiny)
+RecurrentPPO, real files, the CLI in a subprocess as a user runs it."""
 
 from __future__ import annotations
 
@@ -16,7 +18,9 @@ import threading
 import time
 from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -24,6 +28,7 @@ import torch
 from sb3_contrib import RecurrentPPO
 
 import lstm_probe
+from lstm_probe.deploy.replay import Loop, Replay
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200", "NO_COLOR": "1"}
 WAIT = 240
@@ -154,6 +159,79 @@ def test_ctrl_c_during_replay_says_so(pendulum):
     assert code == 130 and "Traceback" not in stdout + stderr, stdout + stderr
     assert stderr.strip().splitlines() == ["interrupted (signal SIGINT): no verdict (replay writes no file)"]
     assert "verdict" not in stdout
+
+
+def _half(a):
+    return np.asarray(a, np.float32).astype(np.float16).astype(np.float32)
+
+
+def _record(model, half, episodes=2, steps=60):
+    """A correct deployment loop (sb3's own predict, state fed back, reset at episode starts), in float32 or
+    as a half-precision runtime runs it: weights, observations and states rounded to float16."""
+    policy = model.policy
+    if half:
+        policy = model.policy_class(
+            model.observation_space, model.action_space, model.lr_schedule, **model.policy_kwargs
+        )
+        policy.load_state_dict(model.policy.state_dict())
+        policy.set_training_mode(False)
+        with torch.no_grad():
+            for p in policy.parameters():
+                p.copy_(p.half().float())
+    env, rows, state = gym.make("Pendulum-v1"), [], None
+    for e in range(episodes):
+        raw, _ = env.reset(seed=e)
+        for t in range(steps):
+            obs = raw[None].astype(np.float32)
+            if half:
+                obs = _half(obs)
+                state = None if state is None else tuple(_half(s) for s in state)
+            action, state = policy.predict(obs, state=state, episode_start=np.array([t == 0]), deterministic=True)
+            rows.append({"step": e * steps + t, "obs": raw.tolist(), "action": action[0].tolist()})
+            rows[-1]["episode_start"] = t == 0
+            raw, *_ = env.step(action[0])
+    return pd.DataFrame(rows)
+
+
+VERDICT = re.compile(
+    r"verdict: (?P<verdict>[^;]+); (?P<whose>the correct loop's )?largest action difference (?P<diff>\S+) of the "
+    r"action scale, (?P<ratio>\S+)x the tolerance (?P<tolerance>\S+)"
+)
+
+
+def test_the_verdict_shows_the_largest_action_difference_beside_the_tolerance(pendulum):
+    """float32 and float16 recordings of a correct loop: at the default tolerance (1e-4) the float16 one is
+    named, its difference shown; at 1e-2 both are 'correct', and the line shows ~1e-3 beside ~1e-7."""
+    d, model = pendulum
+    for name, half in (("f32", False), ("f16", True)):
+        _record(model, half).to_parquet(d / f"{name}.parquet")
+    found = {}
+    for trace, tolerance in (("f32", "1e-4"), ("f16", "1e-4"), ("f32", "1e-2"), ("f16", "1e-2")):
+        r = cli("replay", f"{trace}.parquet", "--policy", "pendulum.onnx", "--tolerance", tolerance, cwd=d)
+        assert r.returncode == 0, r.stderr
+        line = next(x for x in r.stdout.splitlines() if x.startswith("verdict: "))
+        m = VERDICT.fullmatch(line)
+        assert m, line
+        assert float(m["tolerance"]) == float(tolerance), line
+        assert float(m["ratio"]) == pytest.approx(float(m["diff"]) / float(tolerance), rel=0.1), line
+        found[trace, tolerance] = m
+    for tolerance in ("1e-4", "1e-2"):
+        m = found["f32", tolerance]
+        assert m["verdict"].startswith("correct") and not m["whose"] and float(m["diff"]) < 1e-5, m[0]
+    assert found["f16", "1e-4"]["verdict"] == "float16" and found["f16", "1e-4"]["whose"], found["f16", "1e-4"][0]
+    assert found["f16", "1e-2"]["verdict"].startswith("correct"), found["f16", "1e-2"][0]  # within a loose one
+    for tolerance in ("1e-4", "1e-2"):
+        half, full = float(found["f16", tolerance]["diff"]), float(found["f32", tolerance]["diff"])
+        assert 1e-4 < half < 2e-2 and half > 100 * full, (half, full)
+
+
+def test_discrete_actions_and_verdicts_naming_no_loop_show_no_difference():
+    from lstm_probe.cli.render import _difference
+
+    loops = [Loop("correct", 10, 10, None, 0.0), Loop("float16", 10, 10, None, 0.0)]
+    assert _difference(Replay("correct", [], None, loops, 10, 1, 1e-4, action="discrete")) == ""
+    assert _difference(Replay("not this policy", [], (0, 0), loops, 10, 1, 1e-4)) == ""
+    assert _difference(Replay("correct", [], None, loops, 10, 1, 1e-4)).startswith("; largest action difference 0.0e")
 
 
 def test_an_error_raised_from_a_ctrl_c_is_the_ctrl_c():

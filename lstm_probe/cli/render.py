@@ -10,6 +10,7 @@ time quadratic in a long word, and would style a file's text as if it meant some
 
 from __future__ import annotations
 
+import math
 import shutil
 import sys
 import time
@@ -222,8 +223,8 @@ class _ExportDisplay:
 
 
 def _render_replay(r: Any, as_json: bool) -> None:
-    """What `replay` prints (``deploy.replay.Replay``): each loop's agreeing steps, the verdict, where the correct
-    loop parts, notes."""
+    """What `replay` prints (``deploy.replay.Replay``): each loop's agreeing steps, the verdict with its loop's
+    largest action difference beside the tolerance (:func:`_difference`), where the correct loop parts, notes."""
     if as_json:
         sys.stdout.write(strict_json(r.to_dict(), indent=2) + "\n")
         return
@@ -231,11 +232,26 @@ def _render_replay(r: Any, as_json: bool) -> None:
         first = "" if lp.first_diff is None else f", first differs at env {lp.first_diff[0]} step {lp.first_diff[1]}"
         out().print(f"{lp.name:<34}{lp.agree:>6,} / {lp.steps:,} steps agree{first}", highlight=False, soft_wrap=True)
     same = f" (the same actions as: {', '.join(r.also)})" if r.also else ""
-    out().print(f"verdict: {r.verdict}{same}", highlight=False, soft_wrap=True)
+    out().print(f"verdict: {r.verdict}{same}{_difference(r)}", highlight=False, soft_wrap=True)
     if r.parted is not None:
         out().print(f"the correct loop and the recording part at env {r.parted[0]} step {r.parted[1]}", highlight=False)
     for note in r.notes:
         out().print(f"note: {note}", highlight=False, soft_wrap=True)
+
+
+def _difference(r: Any) -> str:
+    """``; largest action difference 3.1e-07 of the action scale, 0.0031x the tolerance 1e-04``: for a verdict
+    that is a loop agreeing at every step, that loop's; for ``float16``, the correct loop's (a float16 runtime
+    parts from float32 by ~1e-3 of the action scale, float32 runtimes by ~1e-7, both may be within a loose
+    tolerance); nothing for Discrete actions (equal or not) or a verdict naming no loop."""
+    loops = {lp.name: lp for lp in r.loops}
+    whose, lp = ("", loops.get(r.verdict)) if r.verdict != "float16" else ("the correct loop's ", r.loops[0])
+    if lp is None or r.action == "discrete" or not math.isfinite(lp.max_error):
+        return ""
+    return (
+        f"; {whose}largest action difference {lp.max_error:.1e} of the action scale, "
+        f"{lp.max_error / r.tolerance:.2g}x the tolerance {r.tolerance:g}"
+    )
 
 
 def _render_schema(markdown: bool) -> None:
