@@ -20,7 +20,8 @@ class OutputError(ProbeError):
 
 
 class Interrupted(ProbeError):
-    """Training was interrupted (Ctrl-C, SIGTERM); the log was closed with completed = false (exit 130)."""
+    """A command was interrupted (Ctrl-C, SIGTERM; exit 130): training's log closed with completed = false,
+    export's OUT not written (or left as it was)."""
 
 
 def one_line(exc: BaseException, *, kind: bool = True) -> str:

@@ -64,7 +64,8 @@ def verdict(run) -> str:
     assert r.returncode == 0 and not r.stderr, r.stderr.decode("utf-8", "replace")[-3000:]
     assert took < SECONDS and peak < PEAK_MB, (took, peak)
     out = r.stdout.decode()
-    return next(line for line in out.splitlines() if line.startswith("verdict: ")).removeprefix("verdict: ")
+    line = next(line for line in out.splitlines() if line.startswith("verdict: "))
+    return line.removeprefix("verdict: ").split(";")[0]  # the verdict, without its largest action difference
 
 
 # -- a genuine policy, its exported file and a trace of its correct loop ------------------------------------

@@ -7,6 +7,7 @@ boundary (:func:`main`) turns every expected failure into one line on stderr and
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import re
@@ -14,12 +15,14 @@ import shlex
 import signal
 import sys
 import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from lstm_probe import integrations
+from lstm_probe.cli import render
 from lstm_probe.cli.flags import NAME_HELP, arch_flags, html_only, run_flags, split, with_flags
 from lstm_probe.cli.render import _ExportDisplay, _render, _render_architecture, _render_flow, _RunDisplay, err, out
 from lstm_probe.cli.startup import pyarrow_without_pandas, reuse_freed_memory
@@ -140,12 +143,9 @@ def run(
     _EARLIER[out_path] = fingerprint(out_path)  # what is at OUT now: an earlier log is not this run's
     command = "lstm-probe " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     display = _RunDisplay(env_id, train.steps, out_path, integrations.declared(fw.live), quiet, progress_seconds)
-    with display:
-        try:
-            result = module.run(env_id, options=options, train=train, command=command, progress=display.update, **own)
-        except KeyboardInterrupt as exc:  # Ctrl-C / SIGTERM: the probe already closed the log
-            note = f"the log in {out_path} holds the rows up to it" if fw.parts_per_process else _partial_note(out_path)
-            raise Interrupted(f"interrupted ({exc or 'Ctrl-C'}): {note}") from None
+    dirs = f"the log in {out_path} holds the rows up to it"  # Ctrl-C / SIGTERM: the probe closed the log
+    with _interrupted(lambda: dirs if fw.parts_per_process else _partial_note(out_path)), display:
+        result = module.run(env_id, options=options, train=train, command=command, progress=display.update, **own)
     shown = f"{result.path}/" if fw.parts_per_process else str(result.path)
     out().print(  # paths as written (never read as markup, never cut), control characters shown as codes
         f"wrote [bold]{safe(shown, limit=None)}[/]: {result.rows:,} rows, {human_bytes(result.bytes)}, "
@@ -304,20 +304,7 @@ def schema(
     markdown: Annotated[bool, typer.Option("--markdown", help=_default("Print docs/schema.md.", "off"))] = False,
 ) -> None:
     """Print the log's Arrow schema (the contract every log follows)."""
-    from rich.table import Table
-
-    from lstm_probe.log.schema import COLUMNS, METADATA_KEYS, SCHEMA_VERSION, schema_markdown
-
-    if markdown:
-        sys.stdout.write(schema_markdown())
-        return
-    table = Table(title=f"lstm-probe log schema v{SCHEMA_VERSION}", show_lines=False)
-    for col in ("column", "type", "null", "meaning"):
-        table.add_column(col, overflow="fold")
-    for c in COLUMNS:
-        table.add_row(c.name, "list<float32>[hidden]" if c.type is None else c.type, "yes" if c.nullable else "", c.doc)
-    out().print(table)
-    out().print("metadata keys (JSON under lstm_probe.run): " + ", ".join(METADATA_KEYS))
+    render._render_schema(markdown)
 
 
 @app.command()
@@ -392,7 +379,7 @@ def export(
     """Export a recurrent policy with explicit state (ONNX or TorchScript), verified before it is written."""
     from lstm_probe.deploy.export import export as run_export
 
-    with _ExportDisplay(quiet) as display:
+    with _ExportDisplay(quiet, out_path) as display, _interrupted(display.interrupted):
         r = run_export(
             model,
             out_path,
@@ -431,19 +418,20 @@ def replay(
     from lstm_probe.deploy.replay import replay as run_replay
 
     names = parse_names(name)
-    r = run_replay(trace, policy, vecnormalize=vecnormalize, trust_model=trust_model, tolerance=tolerance, names=names)
-    if as_json:
-        sys.stdout.write(strict_json(r.to_dict(), indent=2) + "\n")
-        return
-    for lp in r.loops:
-        first = "" if lp.first_diff is None else f", first differs at env {lp.first_diff[0]} step {lp.first_diff[1]}"
-        out().print(f"{lp.name:<34}{lp.agree:>6,} / {lp.steps:,} steps agree{first}", highlight=False, soft_wrap=True)
-    same = f" (the same actions as: {', '.join(r.also)})" if r.also else ""
-    out().print(f"verdict: {r.verdict}{same}", highlight=False)
-    if r.parted is not None:
-        out().print(f"the correct loop and the recording part at env {r.parted[0]} step {r.parted[1]}", highlight=False)
-    for note in r.notes:
-        out().print(f"note: {note}", highlight=False, soft_wrap=True)
+    with _interrupted(lambda: "no verdict (replay writes no file)"):
+        r = run_replay(
+            trace, policy, vecnormalize=vecnormalize, trust_model=trust_model, tolerance=tolerance, names=names
+        )
+    render._render_replay(r, as_json)
+
+
+@contextlib.contextmanager
+def _interrupted(note: Callable[[], str]) -> Iterator[None]:
+    """Ctrl-C, SIGTERM: one line ending with what ``note()`` says was (not) written (typer's exit 130 says none)."""
+    try:
+        yield
+    except KeyboardInterrupt as exc:
+        raise Interrupted(f"interrupted ({exc or 'Ctrl-C'}): {note()}") from None
 
 
 def _interrupt(signum: int, frame: Any) -> None:

@@ -10,12 +10,13 @@ time quadratic in a long word, and would style a file's text as if it meant some
 
 from __future__ import annotations
 
+import math
 import shutil
 import sys
 import time
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from lstm_probe.text import human_bytes, safe, strict_json
 
@@ -132,9 +133,15 @@ class _ExportDisplay:
 
     EVERY = 10.0
     """Seconds between two lines while verifying, when stdout is not a terminal."""
+    UNITS: ClassVar[dict[str, str]] = {"verifying": " steps"}
+    """What a stage's count counts where its name does not say it: verifying, the episodes' steps (each one step
+    of the file and one of the PyTorch policy: the steps export reports it verified on)."""
 
-    def __init__(self, quiet: bool, console: Console | None = None) -> None:
+    def __init__(self, quiet: bool, out_path: Path | None = None, console: Console | None = None) -> None:
+        from lstm_probe.log.layout import fingerprint
+
         self.quiet, self.every = quiet, self.EVERY
+        self.out_path, self.before = out_path, None if out_path is None else fingerprint(out_path)
         self.console = out() if console is None else console
         self.terminal = self.console.is_terminal
         self.stage = ""
@@ -147,19 +154,19 @@ class _ExportDisplay:
 
         self.start = time.monotonic()
         if self.terminal and not self.quiet:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
             self.bar = Progress(
                 TextColumn("export: {task.description}"),
                 BarColumn(),
-                MofNCompleteColumn(),
+                TextColumn("{task.fields[count]}"),  # the count as the plain lines write it
                 TimeElapsedColumn(),
                 console=self.console,
                 transient=True,
                 refresh_per_second=4,
             )
             self.bar.__enter__()
-            self.task = self.bar.add_task("", total=None)
+            self.task = self.bar.add_task("", total=None, count="")
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -170,19 +177,34 @@ class _ExportDisplay:
         """Export's progress callback (every verified step: cheap unless the stage changes or a line is due)."""
         import time
 
+        new = stage != self.stage
+        self.stage = stage  # kept with --quiet too: an interruption's line names it
         if self.quiet:
             return
         now = time.monotonic()
-        new = stage != self.stage
         if not new and now < self.due:
             return
-        self.stage = stage
         self.due = now + (0.25 if self.terminal else self.every)
+        count = f"{done:,}/{total:,}{self.UNITS.get(stage, '')}" if total > 1 else ""
         if self.bar is not None:
-            self.bar.update(self.task, description=safe(stage), completed=done, total=total)
+            self.bar.update(self.task, description=safe(stage), completed=done, total=total, count=count)
         else:
-            count = f" {done:,}/{total:,}" if total > 1 else ""
+            count = f" {count}" if count else ""
             self.console.print(f"export: {safe(stage)}{count}, {_clock(now - self.start)} elapsed", soft_wrap=True)
+
+    def interrupted(self) -> str:
+        """What an interrupted export left at OUT, and in which stage: export renames the file there only once
+        it is verified, so OUT is the earlier file (or none), or the whole verified file (a Ctrl-C just after)."""
+        from lstm_probe.log.layout import fingerprint
+
+        when = f" (stopped while {self.stage})" if self.stage else ""
+        if self.out_path is None:
+            return f"nothing was written{when}"
+        if fingerprint(self.out_path) != self.before:
+            return f"{self.out_path} was written and verified before it"
+        if self.before is None:
+            return f"{self.out_path} was not written{when}"
+        return f"nothing was written, the {self.out_path} there before is left as it was{when}"
 
     @staticmethod
     def show(r: Any) -> None:
@@ -198,6 +220,57 @@ class _ExportDisplay:
         out().print(
             f"wrote {safe(r.path, limit=None)} ({r.format}, {r.spec.variant}; names and shapes in its metadata)"
         )
+
+
+def _render_replay(r: Any, as_json: bool) -> None:
+    """What `replay` prints (``deploy.replay.Replay``): each loop's agreeing steps, the verdict with its loop's
+    largest action difference beside the tolerance (:func:`_difference`), where the correct loop parts, notes."""
+    if as_json:
+        sys.stdout.write(strict_json(r.to_dict(), indent=2) + "\n")
+        return
+    for lp in r.loops:
+        first = "" if lp.first_diff is None else f", first differs at env {lp.first_diff[0]} step {lp.first_diff[1]}"
+        out().print(f"{lp.name:<34}{lp.agree:>6,} / {lp.steps:,} steps agree{first}", highlight=False, soft_wrap=True)
+    same = f" (the same actions as: {', '.join(r.also)})" if r.also else ""
+    out().print(f"verdict: {r.verdict}{same}{_difference(r)}", highlight=False, soft_wrap=True)
+    if r.parted is not None:
+        out().print(f"the correct loop and the recording part at env {r.parted[0]} step {r.parted[1]}", highlight=False)
+    for note in r.notes:
+        out().print(f"note: {note}", highlight=False, soft_wrap=True)
+
+
+def _difference(r: Any) -> str:
+    """``; largest action difference 3.1e-07 of the action scale, 0.0031x the tolerance 1e-04``: for a verdict
+    that is a loop agreeing at every step, that loop's; for ``float16``, the correct loop's (a float16 runtime
+    parts from float32 by ~1e-3 of the action scale, float32 runtimes by ~1e-7, both may be within a loose
+    tolerance); nothing for Discrete actions (equal or not) or a verdict naming no loop."""
+    loops = {lp.name: lp for lp in r.loops}
+    whose, lp = ("", loops.get(r.verdict)) if r.verdict != "float16" else ("the correct loop's ", r.loops[0])
+    if lp is None or r.action == "discrete" or not math.isfinite(lp.max_error):
+        return ""
+    return (
+        f"; {whose}largest action difference {lp.max_error:.1e} of the action scale, "
+        f"{lp.max_error / r.tolerance:.2g}x the tolerance {r.tolerance:g}"
+    )
+
+
+def _render_schema(markdown: bool) -> None:
+    """``lstm-probe schema``: docs/schema.md with ``--markdown``, else the log's columns as a table and its
+    metadata keys."""
+    from rich.table import Table
+
+    from lstm_probe.log.schema import COLUMNS, METADATA_KEYS, SCHEMA_VERSION, schema_markdown
+
+    if markdown:
+        sys.stdout.write(schema_markdown())
+        return
+    table = Table(title=f"lstm-probe log schema v{SCHEMA_VERSION}", show_lines=False)
+    for col in ("column", "type", "null", "meaning"):
+        table.add_column(col, overflow="fold")
+    for c in COLUMNS:
+        table.add_row(c.name, "list<float32>[hidden]" if c.type is None else c.type, "yes" if c.nullable else "", c.doc)
+    out().print(table)
+    out().print("metadata keys (JSON under lstm_probe.run): " + ", ".join(METADATA_KEYS))
 
 
 def _clock(seconds: float) -> str:

@@ -31,7 +31,7 @@ from typing import Any, BinaryIO
 import numpy as np
 import torch
 
-from lstm_probe.deploy.runtime import Pace, load_file
+from lstm_probe.deploy.runtime import Pace, interrupt_behind, load_file
 from lstm_probe.deploy.spec import META_KEY, Policy, Spec, Step
 from lstm_probe.errors import BadInput, one_line
 from lstm_probe.extras import require
@@ -55,7 +55,8 @@ Progress = Callable[[str, int, int], None]
 """``progress(stage, done, total)``: what export is doing, called as each stage starts (``done`` 0) and as it
 goes. The stages, in order (each a fixed phrase, no string from a file): ``reading the policy``, ``recording
 episodes`` (``--env``: done and total in episodes) or ``reading the log's episodes`` (``--log``), ``writing
-the file``, ``verifying`` (done and total in policy steps, both loops': called every step, so keep it cheap)."""
+the file``, ``verifying`` (done and total in the episodes' steps, each step one of the file's and one of the
+PyTorch policy's, so ``total`` is the ``steps`` export reports: called every step, so keep it cheap)."""
 
 
 def _quiet_progress(stage: str, done: int, total: int) -> None:
@@ -257,6 +258,7 @@ def _write_onnx(policy: Policy, f: BinaryIO, source: str) -> str:
             verbose=False,
         )
     except Exception as exc:
+        interrupt_behind(exc)
         raise BadInput(f"torch.onnx.export could not export this policy: {one_line(exc, kind=False)[:300]}") from None
     assert program is not None
     proto = program.model_proto
@@ -271,6 +273,7 @@ def _write_torchscript(policy: Policy, f: BinaryIO, source: str) -> str:
     try:
         traced = torch.jit.trace(policy.module, policy.spec.example(), check_trace=False)
     except Exception as exc:
+        interrupt_behind(exc)
         raise BadInput(f"torch.jit.trace could not trace this policy: {one_line(exc, kind=False)[:300]}") from None
     torch.jit.save(traced, f, _extra_files={f"{META_KEY}.json": _meta(policy, source, exporter)})
     return exporter
@@ -295,13 +298,13 @@ def compare(
     got: list[list[np.ndarray]] = [[] for _ in names]
     want: list[list[np.ndarray]] = [[] for _ in names]
     pace = Pace(2 * len(obs), f"verifying the exported {what} file", "pass a smaller --episodes")
-    progress("verifying", 0, 2 * len(obs))
+    progress("verifying", 0, len(obs))
     for i in range(len(obs)):
         o, s = obs[i : i + 1], starts[i : i + 1].astype(np.float32)
         a, v, mine = step(o, s, mine)
         ra, rv, theirs = reference(o, s, theirs)
         pace.tick(2)
-        progress("verifying", 2 * i + 2, 2 * len(obs))
+        progress("verifying", i + 1, len(obs))
         for k, (x, y) in enumerate(zip((a, v, *mine), (ra, rv, *theirs), strict=True)):
             got[k].append(np.asarray(x, np.float64).ravel())
             want[k].append(np.asarray(y, np.float64).ravel())

@@ -106,6 +106,8 @@ class Loop:
     first_diff: tuple[int, int] | None
     """(env, step) of the first row where it parts from the recording."""
     max_error: float
+    """The largest difference from the recorded actions, relative to the action scale (Discrete: 1 where any
+    step's action differs, else 0)."""
 
 
 @dataclass
@@ -122,6 +124,9 @@ class Replay:
     envs: int
     tolerance: float
     notes: list[str] = field(default_factory=list)
+    action: str = "box"
+    """The policy's actions: 'box' (each loop's ``max_error`` relative to the action scale) or 'discrete'
+    (``max_error`` 1 where any step's action differs)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -135,6 +140,7 @@ class Replay:
             "envs": self.envs,
             "tolerance": self.tolerance,
             "notes": self.notes,
+            "action": self.action,
         }
 
 
@@ -199,7 +205,8 @@ def replay(
     loops_found = [_compare(name, actions, rec, spec, tolerance) for name, actions in runs.items()]
     verdict, also = _verdict(loops_found, tolerance)
     correct = loops_found[0]
-    return Replay(verdict, also, correct.first_diff, loops_found, len(rec.env), len(plan.first), tolerance, notes)
+    found = (loops_found, len(rec.env), len(plan.first), tolerance, notes, spec.action)
+    return Replay(verdict, also, correct.first_diff, *found)
 
 
 def _policy(policy: Any, trust_model: bool, names: dict[str, str]) -> tuple[Spec, Step, Step, Any, str]:

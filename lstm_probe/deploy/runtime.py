@@ -31,6 +31,19 @@ FILE_COPIES = 4
 handed to onnxruntime, the float16 copy)."""
 
 
+def interrupt_behind(exc: BaseException) -> None:
+    """Raise the KeyboardInterrupt (Ctrl-C, or the CLI's SIGTERM) that ``exc`` was raised from, if any: a library
+    that meets one in its own code may answer with an error of its own (onnxruntime's module, interrupted as it
+    loads, raises ImportError 'initialization failed' from it), which is no fault of the file or the policy."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, KeyboardInterrupt):
+            raise cause from None
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+
+
 def torch_step(module: Any) -> Step:
     """:data:`Step` of a torch module (a :attr:`Policy.module <lstm_probe.deploy.spec.Policy.module>` or a
     TorchScript one), in float32."""
@@ -152,6 +165,7 @@ class PolicyFile:
             try:
                 sess = session(proto)
             except Exception as exc:
+                interrupt_behind(exc)
                 raise BadInput(f"cannot run {where} with onnxruntime: {one_line(exc, kind=False)[:300]}") from None
             if self.roles is not None:
                 return foreign.step(sess, self.spec, self.roles, where)
