@@ -7,7 +7,6 @@ boundary (:func:`main`) turns every expected failure into one line on stderr and
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import enum
 import re
@@ -15,7 +14,6 @@ import shlex
 import signal
 import sys
 import warnings
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -26,6 +24,7 @@ from lstm_probe.cli import render
 from lstm_probe.cli.flags import NAME_HELP, arch_flags, html_only, run_flags, split, with_flags
 from lstm_probe.cli.render import _ExportDisplay, _render, _render_architecture, _render_flow, _RunDisplay, err, out
 from lstm_probe.cli.startup import pyarrow_without_pandas, reuse_freed_memory
+from lstm_probe.cli.stops import interrupted, on_signal, stops
 from lstm_probe.errors import BadInput, BadLog, Interrupted, ProbeError, one_line
 from lstm_probe.extras import missing
 from lstm_probe.log.layout import check_writable, fingerprint, output_dir
@@ -144,7 +143,7 @@ def run(
     command = "lstm-probe " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     display = _RunDisplay(env_id, train.steps, out_path, integrations.declared(fw.live), quiet, progress_seconds)
     dirs = f"the log in {out_path} holds the rows up to it"  # Ctrl-C / SIGTERM: the probe closed the log
-    with _interrupted(lambda: dirs if fw.parts_per_process else _partial_note(out_path)), display:
+    with interrupted(lambda: dirs if fw.parts_per_process else _partial_note(out_path)), display:
         result = module.run(env_id, options=options, train=train, command=command, progress=display.update, **own)
     shown = f"{result.path}/" if fw.parts_per_process else str(result.path)
     out().print(  # paths as written (never read as markup, never cut), control characters shown as codes
@@ -185,6 +184,7 @@ def _framework_options(taken: tuple[str, ...], command: str, **options: tuple[st
 
 
 @app.command()
+@stops("no report (report writes a page with --html only, and wrote none)")
 def report(
     path: Annotated[str, typer.Argument(help="A log file, a dataset directory, or a killed run's log name.")],
     as_json: Annotated[
@@ -296,7 +296,9 @@ def arch(
         _render_architecture(result, as_json, **drawings)
 
 
-app.command()(with_flags(arch, ARCH_FLAGS))
+app.command()(
+    stops("no analysis (a --dot, --svg or --png file not finished may be missing)")(with_flags(arch, ARCH_FLAGS))
+)
 
 
 @app.command()
@@ -308,6 +310,7 @@ def schema(
 
 
 @app.command()
+@stops("no probes (probe writes no file)")
 def probe(
     path: Annotated[str, typer.Argument(help="A log with h vectors: full capture, or --trace-envs K (envs 0..K-1).")],
     target: Annotated[
@@ -379,7 +382,7 @@ def export(
     """Export a recurrent policy with explicit state (ONNX or TorchScript), verified before it is written."""
     from lstm_probe.deploy.export import export as run_export
 
-    with _ExportDisplay(quiet, out_path) as display, _interrupted(display.interrupted):
+    with _ExportDisplay(quiet, out_path) as display, interrupted(display.interrupted):
         r = run_export(
             model,
             out_path,
@@ -418,24 +421,11 @@ def replay(
     from lstm_probe.deploy.replay import replay as run_replay
 
     names = parse_names(name)
-    with _interrupted(lambda: "no verdict (replay writes no file)"):
+    with interrupted(lambda: "no verdict (replay writes no file)"):
         r = run_replay(
             trace, policy, vecnormalize=vecnormalize, trust_model=trust_model, tolerance=tolerance, names=names
         )
     render._render_replay(r, as_json)
-
-
-@contextlib.contextmanager
-def _interrupted(note: Callable[[], str]) -> Iterator[None]:
-    """Ctrl-C, SIGTERM: one line ending with what ``note()`` says was (not) written (typer's exit 130 says none)."""
-    try:
-        yield
-    except KeyboardInterrupt as exc:
-        raise Interrupted(f"interrupted ({exc or 'Ctrl-C'}): {note()}") from None
-
-
-def _interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -446,8 +436,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         # Both stop training and close the log; SIGINT explicitly, since a shell's background job
         # inherits it ignored.
-        signal.signal(signal.SIGTERM, _interrupt)
-        signal.signal(signal.SIGINT, _interrupt)
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
     except ValueError:  # not the main thread
         pass
     try:
@@ -543,7 +533,7 @@ def _one_line(exc: BaseException, args: list[str]) -> tuple[str, Exit]:
     if isinstance(exc, ProbeError):  # OutputError and the rest
         return f"error: {exc}", Exit.FAILED
     if isinstance(exc, KeyboardInterrupt):
-        return f"interrupted ({exc or 'Ctrl-C'})", Exit.INTERRUPTED
+        return f"interrupted ({str(exc) or 'Ctrl-C'})", Exit.INTERRUPTED
     if isinstance(exc, ModuleNotFoundError) and (line := missing(exc.name, f"lstm-probe {args[0] if args else ''}")):
         return f"error: {line}", Exit.BAD_INPUT
     note = _partial_note(_out_arg(args)) if args and args[0] == "run" else "rerun with --traceback for details"

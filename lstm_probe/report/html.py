@@ -10,8 +10,10 @@ bounded reads the heat-maps and the minibatch layout need.
 
 from __future__ import annotations
 
+import contextlib
 import html
 import os
+import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -178,9 +180,26 @@ def build_html(
     if what_if:
         figures.append(("What if: other initial states", what_if, "Against refreshed states, by epoch."))
     page = _page(rep, figures, notes)
-    with open(out, "w", encoding="utf-8") as f:
-        f.write(page)
+    _write(out, page)
     return Page(str(out), len(page.encode()), [t for t, _, _ in figures], iteration, env, episode, notes, markers)
+
+
+def _write(out: str | os.PathLike[str], page: str) -> None:
+    """The page written under a temporary name beside ``out``, then renamed onto it: a Ctrl-C or a full disk
+    leaves the file there before (or none), never half a page. Readable as any file the user writes."""
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(out)), prefix=".lstm-probe.", suffix=".html")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            if hasattr(os, "fchmod"):  # mkstemp makes it owner-only
+                mask = os.umask(0)
+                os.umask(mask)
+                os.fchmod(f.fileno(), 0o666 & ~mask)
+            f.write(page)
+        os.replace(tmp, out)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def _lengths_caption(rep: Report) -> str:
