@@ -147,6 +147,28 @@ def test_existing_output_needs_force(made):
     assert len(r.stderr.strip().splitlines()) == 1
 
 
+def test_an_existing_directory_with_other_files_is_refused(tmp_path):
+    """`--out DIR` (with or without the trailing slash, even with --force) where DIR holds files that are not a log's
+    wrote the log's part files among them: refused in one line, nothing written; a directory holding a log's own
+    files alone is refused as a log ("already holds a log")."""
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "notes.txt").write_text("mine")
+    for out in (["results"], ["results/"], ["results", "--force"]):
+        r = cli("run", "CartPole-v1", "--steps", "8", "--n-steps", "8", "--out", *out, cwd=tmp_path)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 1, (out, r.stderr)
+        assert "results/ holds files that are not a log's (notes.txt); name a new or empty directory" in lines[0]
+        assert sorted(p.name for p in results.iterdir()) == ["notes.txt"] and not list(tmp_path.glob("*.model.*"))
+    log = tmp_path / "log"
+    log.mkdir()
+    for name in ("part-00000.parquet", "part-runner1-00002.parquet", ".part-learner0-00001.parquet.tmp"):
+        (log / name).write_bytes(b"")
+    (log / ".lstm-probe.lock").write_bytes(b"")
+    r = cli("run", "CartPole-v1", "--steps", "8", "--n-steps", "8", "--out", "log", cwd=tmp_path)
+    assert r.returncode == 2 and "log/ already holds a log; pass --force" in r.stderr, r.stderr
+
+
 def test_traceback_flag_shows_traceback(tmp_path):
     r = cli("report", "missing.parquet", "--traceback", cwd=tmp_path)
     assert r.returncode != 0 and "Traceback" in r.stderr

@@ -1,6 +1,7 @@
 """summarize() on real logs: numbers recomputed independently from the rows, and bad logs."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -13,6 +14,7 @@ from torch import nn
 
 import lstm_probe
 from lstm_probe import summarize
+from lstm_probe.log.reader import _clean_device
 
 
 @pytest.mark.parametrize(
@@ -732,3 +734,20 @@ def test_report_tables_never_cut_a_number():
     assert lines[1] == "  states: stored; state Δ actor / critic: 0.00161 / 0.272; value Δ/spread: 0.0643%; KL: 0; " + (
         "ratio Δ: 0.000133%; grad cos π / V: 0.999 / 0.987; reach: -"
     )
+
+
+def test_the_device_reads_as_torch_names_it(runs_dir):
+    """sb3's hyperparameters recorded the device as its repr ("device(type='cpu')"): a new log records 'cpu', and
+    an older log's repr reads back as 'cpu' (the report's JSON and read_info alike), the rest of it unchanged."""
+    result = probed_run(runs_dir, "Pendulum-v1")
+    raw = json.loads(pq.ParquetFile(result.path).schema_arrow.metadata[b"lstm_probe.run"])
+    assert raw["hyperparameters"]["device"] == "cpu"
+    sample = Path(__file__).parent.parent / "sample_runs" / "pendulum-1env.parquet"
+    old = json.loads(pq.ParquetFile(sample).schema_arrow.metadata[b"lstm_probe.run"])["hyperparameters"]
+    assert old["device"] == "device(type='cpu')"  # as the sample log recorded it
+    assert summarize(sample).run.hyperparameters == {**old, "device": "cpu"}
+    assert lstm_probe.read_info(sample).metadata["hyperparameters"]["device"] == "cpu"
+    for recorded, shown in [("device(type='cuda', index=1)", "cuda:1"), ("device(type='mps')", "mps"), ("cpu", "cpu")]:
+        meta = {"hyperparameters": {"device": recorded, "n_steps": 8}}
+        _clean_device(meta)
+        assert meta["hyperparameters"] == {"device": shown, "n_steps": 8}

@@ -176,6 +176,35 @@ def test_report_prints_the_cross_process_check(local_run: Path) -> None:
     assert report.architecture.shared_lstm is False
 
 
+def test_the_hyperparameters_are_rllibs_config(local_run: Path) -> None:
+    """The log records the AlgorithmConfig's training settings under ``hyperparameters`` (as sb3's, rsl_rl's and
+    TorchRL's logs do theirs), read from the config, and the Run panel shows them (it had no hyperparameters line)."""
+    from ray.rllib.algorithms.ppo import PPOConfig
+
+    from lstm_probe.report.sections.run import Run
+
+    hp = lstm_probe.read_info(local_run).metadata["hyperparameters"]
+    default = PPOConfig()
+    fragment, envs = SMALL["n_steps"], SMALL["n_envs"]
+    assert hp == {
+        "rollout_fragment_length": fragment,
+        "train_batch_size_per_learner": fragment * envs,
+        "minibatch_size": SMALL["batch_size"],
+        "num_epochs": SMALL["n_epochs"],
+        "max_seq_len": SMALL["max_seq_len"],
+        **{k: getattr(default, k) for k in ("lr", "gamma", "clip_param", "vf_clip_param", "entropy_coeff")},
+        **{k: getattr(default, k) for k in ("vf_loss_coeff", "grad_clip", "use_kl_loss", "kl_coeff", "kl_target")},
+        "lambda": default.lambda_,
+    }
+    report = lstm_probe.summarize(local_run)
+    (panel,) = Run().text(report.run, report.capabilities)
+    assert (
+        f"hyperparameters: rollout_fragment_length={fragment}, train_batch_size_per_learner={fragment * envs}, "
+        f"minibatch_size={SMALL['batch_size']}, num_epochs={SMALL['n_epochs']}, max_seq_len={SMALL['max_seq_len']}, "
+        f"lr={default.lr:g}, gamma={default.gamma:g}, lambda={default.lambda_:g}, clip_param={default.clip_param:g}"
+    ) in panel.lines
+
+
 def test_probe_does_not_change_training(tmp_path: Path) -> None:
     import torch
     from ray.rllib.algorithms.ppo import PPOConfig

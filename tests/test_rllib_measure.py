@@ -101,6 +101,13 @@ def test_training_untouched_and_the_oracle_holds(tmp_path: Path) -> None:
 
     meta = lstm_probe.read_info(tmp_path / "w").metadata
     assert set(meta["what_if"]["unsynced"]) == {"critic"} and meta["capabilities"]["replay"] is True
+    hp = meta["hyperparameters"]  # read from the user's own config (_config), not from lstm-probe's options
+    assert (hp["train_batch_size_per_learner"], hp["minibatch_size"], hp["num_epochs"], hp["max_seq_len"]) == (
+        64,
+        32,
+        2,
+        8,
+    )
     report = lstm_probe.summarize(tmp_path / "w").to_dict()
     assert report["what_if"]["check"]["ok"] is True
     assert any("critic's stored states come from other weights" in f for f in report["findings"])

@@ -27,6 +27,8 @@ import lstm_probe
 from lstm_probe.errors import BadInput
 from lstm_probe.integrations.torchrl.hooks import probe
 from lstm_probe.integrations.torchrl.train import build
+from lstm_probe.report.section import Table, module_label
+from lstm_probe.report.sections.what_if import WhatIf
 
 EPOCHS = 2
 
@@ -108,6 +110,16 @@ def test_training_untouched_and_the_oracle_holds(tmp_path, cell):
         assert r["grad_cos_value"] == pytest.approx(1, abs=1e-5)
     report = lstm_probe.summarize(log).to_dict()
     assert report["what_if"]["check"]["ok"] is True and report["memory"]["measured"]
+    # named as the rows name the module (find_modules: one module, called by its kind), its role beside it; the
+    # what-if and memory section had called it "actor" ("critic (the actor's LSTM)")
+    traced = set(lstm_probe.load(log, columns=["module"], vectors=False)["module"])
+    assert traced == {cell} and meta["what_if"]["module_names"] == meta["memory"]["module_names"]
+    assert meta["what_if"]["module_names"] == {"actor": cell, "critic": cell}
+    assert report["what_if"]["labels"] == {"actor": f"{cell} (actor)"}
+    assert module_label("critic", meta["memory"]["module_names"], "shared") == f"{cell} (critic, shared)"
+    rep = lstm_probe.summarize(log)
+    headers = [b.columns for b in WhatIf().text(rep.what_if, rep.capabilities) if isinstance(b, Table)]
+    assert headers and all(h[1] == f"state Δ {cell} (actor)" for h in headers)
 
 
 def test_a_critic_with_its_own_lstm(tmp_path):
@@ -164,6 +176,11 @@ def test_a_critic_with_its_own_lstm(tmp_path):
     meta = lstm_probe.read_info(log).metadata
     assert meta["what_if"]["modules"] == meta["memory"]["modules"] == ["actor", "critic"]
     assert meta["what_if"]["critic"] == "lstm"
+    names = meta["what_if"]["module_names"]  # each role's module as the rows name it
+    traced = lstm_probe.load(log, columns=["module"], vectors=False)["module"]
+    assert set(names) == {"actor", "critic"} and set(names.values()) == set(traced) and len(set(traced)) == 2
+    labels = lstm_probe.summarize(log).what_if.labels
+    assert labels == {r: f"{names[r]} ({r})" for r in ("actor", "critic")}
     rows = records(log)
     for r in (r for r in rows if r["alternative"] == "stored"):
         assert r["state_actor"] == r["state_critic"] == r["value_abs"] == 0, r

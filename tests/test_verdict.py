@@ -303,3 +303,36 @@ def test_an_own_loop_whose_chunks_start_mid_rollout_has_stored_states_that_can_g
     _chunked_loop(log, 4, starts=False)
     doc = _report(log)[0]
     assert doc["sequences"]["mid_rollout_starts"] is None and doc["verdict"]["stored_starts"] is None
+
+
+def test_a_module_whose_rollout_copy_is_not_synced_is_not_called_stale():
+    """RLlib's env runners never receive the critic's weights: its drift (170% on the RLlib sample log) is there
+    before any optimizer step, as the cross-process check finds. The verdict called it staleness; it now says why
+    it is not, and judges staleness on the actor alone."""
+    from lstm_probe import summarize
+
+    rep = summarize(ROOT / "sample_runs" / "cartpole-rllib")
+    v = rep.verdict
+    assert set(v.drift) == {"actor", "critic"} and v.drift["critic"] > 1 > v.drift["actor"] > STALE
+    assert set(v.unsynced) == {"critic"} and v.stale is True  # the actor's 17%
+    assert v.lines[0].startswith("stored states went stale") and "(actor)" in v.lines[0]
+    assert "critic" not in v.lines[0]
+    (line,) = [x for x in v.lines if x.startswith("critic: ")]
+    assert line.startswith(
+        "critic: not judged stale: its rollout-time copy runs other weights than training's (before any optimizer "
+        "step its states already lie up to 2.7, relative, from the rollout's); its 170% drift"
+    )
+    assert any("the env runners ran this module with other weights" in f for f in rep.findings)  # as the findings
+    # the integration's own word (RLlib's what-if: ``unsynced``) alone does it too, and a fresh actor is fresh
+    wi = what_if(0.005, {4: 0.001})
+    wi.unsynced = {"critic": "RLlib's env runners never receive the critic encoder's weights"}
+    v = verdict(staleness(0.002, 0.39), wi, SB3)
+    assert v.stale is False and v.drift["critic"] == 0.39 and list(v.unsynced) == ["critic"]
+    assert v.lines[0].startswith("stored states stayed fresh") and "critic" not in v.lines[0]
+    assert v.lines[1] == (
+        "critic: not judged stale: its rollout-time copy is never synced with the weights training updates; its "
+        "39% drift from the rollout states comes from that, not from stored states going stale"
+    )
+    wi.unsynced = {"actor": "x", "critic": "y"}  # nothing left to judge: unmeasured, never fresh
+    v = verdict(staleness(0.002, 0.39), wi, SB3)
+    assert v.stale is None and v.lines[0].startswith("staleness unmeasured: the drift of actor and critic is of")

@@ -130,6 +130,27 @@ def others(journal: Path, show: int = 3) -> str | None:
     return f"files ({names})"
 
 
+_A_LOGS = re.compile(r"\.?part-(?:[A-Za-z0-9_.]+-)?\d{5}\.parquet(?:\.tmp)?|\.lstm-probe(?:-[A-Za-z0-9_.]+)?\.lock")
+"""The names of what a dataset directory's log keeps there: its part files (published, or hidden while written,
+``parts.PartWriter``; one series per shard) and its locks (``lock.py``)."""
+
+
+def strangers(directory: Path, show: int = 3) -> str | None:
+    """What in the dataset directory ``directory`` is not a log's own (:data:`_A_LOGS`; anything not a plain file
+    counts), in words; None when it holds nothing else."""
+    found = []
+    for entry in directory.iterdir():
+        if not _A_LOGS.fullmatch(entry.name) or entry.is_symlink() or not entry.is_file():
+            found.append(entry.name)
+            if len(found) > show:
+                break
+    if not found:
+        return None
+    from lstm_probe.text import plain
+
+    return ", ".join(plain(n)[:80] for n in found[:show]) + (", ..." if len(found) > show else "")
+
+
 def check_output(path: Path, *, force: bool, is_dir: bool, shard: str | None = None) -> None:
     """Refuse to clobber a log without ``force`` and fail early on an unwritable location. A log another
     live run is writing is refused even with ``force`` (its lock, ``lock.py``); so is, without ``force``,
@@ -138,6 +159,12 @@ def check_output(path: Path, *, force: bool, is_dir: bool, shard: str | None = N
     if is_dir:
         # a shard (one worker of a multi-process run) owns only its own part files
         pattern = f"part-{shard}-*.parquet" if shard else "part-*.parquet"
+        other = strangers(path) if path.is_dir() else None
+        if other:  # a log's part files would land among someone else's files
+            raise BadInput(
+                f"{path}/ holds files that are not a log's ({other}); name a new or empty directory for --out "
+                "(or a file: run.parquet)"
+            )
         if path.exists() and any(path.glob(pattern)):
             if not force:
                 raise BadInput(f"{path}/ already holds a log; pass --force to overwrite it or choose another --out")

@@ -261,6 +261,7 @@ def read_info(path: str | os.PathLike[str]) -> LogInfo:
             stop_reason=metadata.get("stop_reason") or "the log was never closed (process killed)",
         )
     _check_types(metadata, warnings)
+    _clean_device(metadata)
     live = writing(path) if root != Path(path) or root.is_dir() else None
     if live is not None and open_shards:
         metadata.update(
@@ -296,6 +297,20 @@ def _check_types(metadata: dict[str, Any], warnings: list[str]) -> None:
             warnings.append(f"metadata {key!r} is a {type(value).__name__}, not a {typ.__name__}: ignored")  # type: ignore[union-attr]
     if "completed" in metadata and not isinstance(metadata["completed"], bool):
         metadata["completed"] = False
+
+
+_DEVICE_REPR = re.compile(r"device\(type='(\w+)'(?:, index=(\d+))?\)")
+"""How older sb3 logs recorded the device (its repr), for :func:`_clean_device`."""
+
+
+def _clean_device(metadata: dict[str, Any]) -> None:
+    """The hyperparameters' ``device`` as torch names it ('cpu', 'cuda:0'), where an older log recorded its repr
+    ("device(type='cpu')")."""
+    hp = metadata.get("hyperparameters")
+    device = hp.get("device") if isinstance(hp, dict) else None
+    m = _DEVICE_REPR.fullmatch(device) if isinstance(device, str) else None
+    if m is not None and isinstance(hp, dict):
+        metadata["hyperparameters"] = {**hp, "device": m[1] + (f":{m[2]}" if m[2] else "")}
 
 
 ROLLOUT_KEYS = frozenset({"n_envs", "progress"})

@@ -480,7 +480,8 @@ METADATA_KEYS: dict[str, str] = {
     "shards": "Multi-process logs (read back, not stored): per writing process, completed and progress.",
     "policy": "Policy class name.",
     "hyperparameters": "The algorithm's hyperparameters actually used (RecurrentPPO: n_steps, batch_size, n_epochs, "
-    "...; rsl_rl: num_steps_per_env, num_mini_batches, clip_param, ...).",
+    "...; rsl_rl: num_steps_per_env, num_mini_batches, clip_param, ...; RLlib: its AlgorithmConfig's "
+    "train_batch_size_per_learner, minibatch_size, num_epochs, max_seq_len, lr, lambda, ...).",
     "seed": "Seed passed to the algorithm (null when none).",
     "n_envs": "Number of envs in the vectorized env.",
     "total_timesteps": "Env steps asked for by learn().",

@@ -204,6 +204,19 @@ def fmt(v: Any) -> str:
     return safe(v)
 
 
+def module_label(role: str, names: Any, critic: Any = None) -> str:
+    """What the what-if and memory sections call a recurrent module they name by its role ('actor', 'critic'): the
+    name the log's rows give it (``names``: the measurement's ``module_names``, role -> traced name; a role without
+    one is its own name, as sb3's, rsl_rl's and RLlib's modules are), with the role beside it where it says more:
+    'lstm (actor)', and 'lstm (critic, shared)' for values read off the actor's module (``critic`` 'shared')."""
+    given = names if isinstance(names, dict) else {}
+    shared = critic == "shared" and role == "critic"
+    name = str(given.get(role) or (given.get("actor") if shared else None) or ("actor" if shared else role))
+    if shared:
+        return f"{name} (critic, shared)"
+    return name if name == role else f"{name} ({role})"
+
+
 def kept_columns(kept: int | None, n_envs: int | None, runners: int | None = None) -> str:
     """The env columns a log keeps rows of, in words: 'env columns 0..3 of 256' (``kept``: K of
     ``--trace-envs K --other-envs none``; ``n_envs``: the run's envs, where known, per env runner where

@@ -16,7 +16,7 @@ import numpy as np
 
 from lstm_probe.contract import Capabilities
 from lstm_probe.report.section import kept_columns
-from lstm_probe.report.sections.cross_process import kinds
+from lstm_probe.report.sections.cross_process import kinds, unsynced
 from lstm_probe.report.sections.staleness import StalenessSection
 from lstm_probe.report.sections.what_if import (
     STORED,
@@ -53,6 +53,11 @@ class Verdict:
     states are refreshed states by construction. None: the log says neither."""
     drift: dict[str, float] = field(default_factory=dict)
     """Module -> mean relative drift of its layer-0 training states in the last epoch."""
+    unsynced: dict[str, str] = field(default_factory=dict)
+    """Modules whose rollout-time copy runs other weights than training's (module -> why, as the log says it: the
+    what-if's ``unsynced``, or the cross-process check's first pass: :func:`~lstm_probe.report.sections.
+    cross_process.unsynced`): their drift is already there before any optimizer step, so it is not staleness;
+    ``stale`` is judged on the other modules alone (None where none is left)."""
     epoch: int | None = None
     """The last epoch the drift and the what-if figures are from."""
     provenance_ok: bool | None = None
@@ -136,7 +141,10 @@ def verdict(
     minibatch, how = None, ""
     if not drift:
         minibatch, drift, how = _minibatch_drifts(cross)
-    v = Verdict(stale=None if not drift else max(drift.values()) > STALE, drift=drift, epoch=epoch)
+    v = Verdict(stale=None, drift=drift, epoch=epoch)
+    v.unsynced = _unsynced(what_if, cross, drift)
+    judged = {m: d for m, d in drift.items() if m not in v.unsynced}
+    v.stale = None if not judged else max(judged.values()) > STALE
     v.stored_starts = _stored_starts(reasons, what_if, mid_rollout)
     kept = kept_columns(kept_envs, run_envs, runners)
     if kept:
@@ -152,15 +160,17 @@ def verdict(
             "state unlike the rollout), so the drifts below compare unlike states (the doctor and the staleness "
             "section say where)"
         )
-    if not drift:
+    if not judged:
         why = (
             "its training sequences do not start from stored rollout states"
             if not caps.stored_states
-            else ("no training row of this log carries a drift against the rollout state of its env step")
+            else "no training row of this log carries a drift against the rollout state of its env step"
+            if not drift
+            else f"the drift of {' and '.join(drift)} is of a rollout-time copy that is not synced (below)"
         )
         v.lines.append(f"staleness unmeasured: {why}")
     else:
-        ranked = sorted(drift.items(), key=lambda kv: -kv[1])
+        ranked = sorted(judged.items(), key=lambda kv: -kv[1])
         by = " and ".join(f"{_pct(d)} ({m})" for m, d in ranked)
         of = f" of {kept} (the only env columns with rows)" if kept else ""
         where = f"by the last epoch ({epoch})" if epoch else "in epoch 0"
@@ -188,8 +198,35 @@ def verdict(
                 "is not recorded, so which of the two it is, is not known"
             )
             v.lines.append(f"{said}: {lie} ({measure}; {bound}): {why}")
+    for m, why in v.unsynced.items():
+        v.lines.append(
+            f"{m}: not judged stale: {why}; its {_pct(drift[m])} drift from the rollout states comes from that, not "
+            "from stored states going stale"
+        )
     _matters(v, what_if, caps)
     return v
+
+
+def _unsynced(wi: WhatIfSection | None, cross: Any, drift: dict[str, float]) -> dict[str, str]:
+    """The modules of ``drift`` whose rollout-time copy is not synced with the trained weights, as the log says:
+    the what-if's ``unsynced`` (the integration declares it), or the cross-process check's first pass (its states
+    already differ from the rollout's before any optimizer step, while the other modules' and the provenance agree)."""
+    declared = wi.unsynced if wi is not None and wi.measured else {}
+    first = unsynced(cross)
+    out = {}
+    for m in drift:
+        seen = first.get(m)
+        before = (
+            f" (before any optimizer step its states already lie up to {seen['drift']:.2g}, relative, from the "
+            "rollout's)"
+            if seen
+            else ""
+        )
+        if m in declared or (seen and seen["never_synced"]):
+            out[m] = f"its rollout-time copy is never synced with the weights training updates{before}"
+        elif seen:
+            out[m] = f"its rollout-time copy runs other weights than training's{before}"
+    return out
 
 
 def _stored_starts(

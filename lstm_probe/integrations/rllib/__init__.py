@@ -3,7 +3,8 @@
 ``probe.py``: the probes, the provenance connector, :func:`probe_config` and :func:`close` (see its
 docstring for the RLlib behaviour relied on); ``model.py``: the RLModule's LSTMs and their measured
 gradient flow (:func:`arch`); ``train.py``: :func:`run`, training RLlib PPO with the probe
-(``lstm-probe run --framework rllib``). Everything is re-exported here, loaded on first use;
+(``lstm-probe run --framework rllib``); ``settings.py``: what the log records of the run's AlgorithmConfig
+(:func:`config_metadata`). Everything is re-exported here, loaded on first use;
 ``options.py``: RLlib's own ``run`` options.
 """
 
@@ -28,11 +29,11 @@ if TYPE_CHECKING:
         ProvenanceConnector,
         RolloutProbe,
         close,
-        config_metadata,
         probe_config,
         provenance,
         train_grid,
     )
+    from lstm_probe.integrations.rllib.settings import config_metadata
     from lstm_probe.integrations.rllib.train import run
 
 # name -> the submodule that defines it; loaded on first use, so that ``rllib.options`` (the CLI's flags)
@@ -43,12 +44,13 @@ _LAZY = {
     **dict.fromkeys(
         (
             *("CALL_BLOCK", "COLUMN", "EVAL_WORKER", "FIELDS", "KEY", "LEARNER_BLOCK", "LearnerProbe", "Options"),
-            *("ProvenanceConnector", "RolloutProbe", "close", "config_metadata", "probe_config", "provenance"),
+            *("ProvenanceConnector", "RolloutProbe", "close", "probe_config", "provenance"),
             "train_grid",
         ),
         "probe",
     ),
     "run": "train",
+    "config_metadata": "settings",
 }
 
 __all__ = [

@@ -55,6 +55,7 @@ from lstm_probe.contract import BOOTSTRAP, SEQ_REASON, Capabilities, Grid, Tags
 from lstm_probe.errors import BadInput
 from lstm_probe.integrations.rllib import chunks, memory, whatif
 from lstm_probe.integrations.rllib.model import gradient_flow, lstms
+from lstm_probe.integrations.rllib.settings import config_metadata
 from lstm_probe.options import CaptureOptions, Measure, capture_options, route, settle
 
 KEY = "lstm_probe"
@@ -512,32 +513,6 @@ def probe_config(
     )
     config.learners(learner_connector=functools.partial(_build_connector, opts, config._learner_connector))
     return config
-
-
-def config_metadata(config: Any) -> dict[str, Any]:
-    model = getattr(config, "model_config", None) or {}
-    get = model.get if isinstance(model, dict) else lambda k, d=None: getattr(model, k, d)
-    env = config.env if isinstance(config.env, str) else getattr(config.env, "__name__", repr(config.env))
-    return {
-        "algorithm": getattr(getattr(config, "algo_class", None), "__name__", None),
-        "env_id": env,
-        "seed": config.seed,
-        "rllib": {
-            "env_runners": config.num_env_runners,
-            "learners": config.num_learners,
-            "envs_per_env_runner": config.num_envs_per_env_runner,
-            "rollout_fragment_length": config.rollout_fragment_length,
-            "train_batch_size": config.train_batch_size_per_learner,
-            "minibatch_size": config.minibatch_size,
-            "num_epochs": config.num_epochs,
-            "max_seq_len": get("max_seq_len"),
-            "lstm_cell_size": get("lstm_cell_size"),
-            "vf_share_layers": get("vf_share_layers"),
-            "lr": config.lr,
-            "gamma": config.gamma,
-            "lambda": getattr(config, "lambda_", None),
-        },
-    }
 
 
 def _close_here(completed: bool, stop_reason: str | None, extra: dict[str, Any], *_: Any) -> int:

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 import numpy as np
+import torch
 from stable_baselines3.common.callbacks import BaseCallback
 
 from lstm_probe.capture.life import Scope
@@ -93,6 +94,8 @@ def _jsonable(v: Any) -> Any:
         return [_jsonable(x) for x in v]
     if isinstance(v, type):
         return v.__name__
+    if isinstance(v, torch.device):
+        return str(v)  # 'cpu', 'cuda:0'
     return repr(v)
 
 

@@ -220,7 +220,7 @@ class TorchRLProbe(Probe, Tagged):
         asked_w, asked_m = whatif.settings(m), memory.settings(m)
         if (asked_w or asked_m) and loss is None:
             raise BadInput("what_if and memory on TorchRL re-run the loss: pass loss= (the ClipPPOLoss) and optimizer=")
-        copy: Any = whatif.Copy(loss) if asked_w or asked_m else None
+        copy: Any = whatif.Copy(loss, self.td_modules) if asked_w or asked_m else None
         sizes: dict[str, Any] = {"epochs": epochs, "minibatches": minibatches, "gradient": optimizer is not None}
         self.what_if = whatif.WhatIf(copy, **sizes, **asked_w) if asked_w else None
         self.memory = memory.Memory(copy, **asked_m) if asked_m else None

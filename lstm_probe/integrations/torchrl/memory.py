@@ -67,7 +67,9 @@ class Memory:
         self.engine: engine.Memory | None = None
 
     def metadata(self) -> dict[str, Any] | None:
-        return self.engine.metadata() if self.engine is not None else None
+        if self.engine is None:
+            return None
+        return self.engine.metadata() | {"module_names": dict(self.copy.names)}
 
     def measure(self, data: Any, iteration: int) -> None:
         """Measure the collected batch ``data`` (the collector's, ``(envs, steps)``)."""

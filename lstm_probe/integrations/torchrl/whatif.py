@@ -86,7 +86,7 @@ class Copy:
     their state keys, a sequence-first ``nn.LSTM``/``nn.GRU`` on each one's weights, and the copy's parameters
     beside the user's (those its optimizer steps)."""
 
-    def __init__(self, loss: Any):
+    def __init__(self, loss: Any, traced: dict[str, Any] | None = None):
         from torchrl.objectives import ClipPPOLoss
 
         if not isinstance(loss, ClipPPOLoss):
@@ -105,6 +105,11 @@ class Copy:
         if self.critic == "lstm":
             self.modules["critic"] = critic[0]
         self.value_modules = {"lstm": ["critic"], "shared": ["actor"], "mlp": []}[self.critic]
+        # each role's module by the name the probe traces it under (``traced``: name -> the user's module, which
+        # the user's loss holds): the report names the what-if's and memory's modules as its other sections do
+        by_id = {id(m): name for name, m in (traced or {}).items()}
+        users = {"actor": recurrent(loss.actor_network), "critic": recurrent(loss.critic_network)}
+        self.names = {r: by_id[id(users[r][0])] for r in ("actor", "critic") if users[r] and id(users[r][0]) in by_id}
         # separate_losses: the user's critic loss leaves a shared module alone (PPOLoss.__init__ hands the critic
         # detached copies of the actor's parameters), the non-functional copy's would not: no gradient comparison
         self.same_gradient = not (getattr(loss, "separate_losses", False) and self.critic == "shared")
@@ -184,7 +189,10 @@ class WhatIf:
             value_side=[v for _, _, v in params],
         )
         self.step_hook = self.engine.step_hook
-        self.metadata = self.engine.metadata
+
+    def metadata(self) -> dict[str, Any]:
+        """The log's ``what_if``, with each role's traced module name (``module_names``)."""
+        return self.engine.metadata() | {"module_names": dict(self.copy.names)}
 
     def on_batch(self, data: Any, where: tuple[int, int, int]) -> None:
         """Called before the loss of every (epoch, minibatch): measures it if sampled. ``data``: the batch the

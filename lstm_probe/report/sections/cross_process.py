@@ -311,6 +311,28 @@ def cross_process(
     )
 
 
+def unsynced(x: CrossProcessSection | None) -> dict[str, dict[str, Any]]:
+    """The modules the env runners ran with other weights than the learner (module -> ``drift``: the largest
+    relative drift of its states before any optimizer step; ``never_synced``: exact in the first iteration alone,
+    when both still had the initial weights): their first-pass drift is above the bound while another module's is
+    within it and the chunks start from the env runners' states exactly (provenance checks out). Their drift from
+    the rollout states is then the env runners' copy's, not stored states gone stale (the verdict)."""
+    if x is None or not x.state_in_ok:
+        return {}
+    per_module: dict[str, list[dict[str, Any]]] = {}
+    for row in x.first_pass:
+        per_module.setdefault(row["module"], []).append(row)
+    worst = {m: max(r["max_drift_h"] for r in rows) for m, rows in per_module.items()}
+    if not any(w <= x.provenance_tolerance for w in worst.values()):
+        return {}
+    out = {}
+    for m, rows in per_module.items():
+        if worst[m] > x.provenance_tolerance:
+            clean = [r["iteration"] for r in rows if r["max_drift_h"] <= x.provenance_tolerance]
+            out[m] = {"drift": worst[m], "never_synced": clean == [min(r["iteration"] for r in rows)]}
+    return out
+
+
 class CrossProcess(Section[CrossProcessSection]):
     key = "cross_process"
     needs: ClassVar[str | None] = "shards"
@@ -361,6 +383,7 @@ class CrossProcess(Section[CrossProcessSection]):
             per_module.setdefault(row["module"], []).append(row)
         bound = x.provenance_tolerance
         exact = {m: max(r["max_drift_h"] for r in rows) <= bound for m, rows in per_module.items()}
+        other = unsynced(x)
         for module, rows in per_module.items():
             worst = max(r["max_drift_h"] for r in rows)
             how = kinds(sum(r.get("l2_rows", r["rows"]) for r in rows), sum(r["rows"] for r in rows))
@@ -372,23 +395,22 @@ class CrossProcess(Section[CrossProcessSection]):
                     + (": equal norms, not proven equal vectors" if how.startswith("by norms only") else "")
                 )
                 continue
-            clean = [r["iteration"] for r in rows if r["max_drift_h"] <= bound]
             msg = (
                 f"{module}: the learner's states differ from the env runners' rollout states of the same weights "
                 f"version already before the first optimizer step (max relative drift {worst:.2g}"
                 f"{'; ' + how if how else ''})"
             )
-            if any(exact.values()) and x.state_in_ok:
+            if module in other:
                 msg += (
                     ", while provenance and stored states check out: the env runners ran this module with other "
                     "weights than the learner"
                 )
-                if clean == [min(r["iteration"] for r in rows)]:
+                if other[module]["never_synced"]:
                     msg += (
-                        f" (exact in iteration {clean[0]} only, when both still had the initial weights: the env "
-                        "runners' copy is never synced; RLlib 2.60's inference-only env-runner module keeps the "
-                        "critic at its initial weights, so every stored critic state a chunk starts from comes "
-                        "from an untrained critic)"
+                        f" (exact in iteration {min(r['iteration'] for r in rows)} only, when both still had the "
+                        "initial weights: the env runners' copy is never synced; RLlib 2.60's inference-only "
+                        "env-runner module keeps the critic at its initial weights, so every stored critic state a "
+                        "chunk starts from comes from an untrained critic)"
                     )
             out.append(msg)
         if x.unpaired:

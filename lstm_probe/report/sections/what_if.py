@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 
 from lstm_probe.contract import Capabilities
 from lstm_probe.log.schema import WHAT_IF_METRICS
-from lstm_probe.report.section import Block, Line, Log, Panel, Section, Table, fmt, kept_columns
+from lstm_probe.report.section import Block, Line, Log, Panel, Section, Table, fmt, kept_columns, module_label
 
 WITHIN = 0.01
 """'Within 1%': the value difference at most this fraction of the minibatch's return spread (standard deviation
@@ -52,6 +52,11 @@ class WhatIfSection:
 
     measured: bool
     modules: list[str] = field(default_factory=list)
+    """The recurrent modules by their roles ('actor', 'critic'), as the records' ``state_<module>`` columns name
+    them."""
+    labels: dict[str, str] = field(default_factory=dict)
+    """Role -> what the text calls the module (``section.module_label``: the name the log's rows give it, with the
+    role beside it where it differs: 'lstm (actor)')."""
     critic: str | None = None
     """'lstm' (its own LSTM), 'shared' (reads the actor's LSTM), 'mlp' (no LSTM: values have no state)."""
     burn_in: list[int] = field(default_factory=list)
@@ -137,6 +142,7 @@ def summarize_what_if(meta: dict[str, Any], *, tf32: bool = False) -> WhatIfSect
     data = WhatIfSection(
         measured=True,
         modules=modules,
+        labels={m: module_label(m, meta.get("module_names")) for m in modules},
         critic=meta.get("critic"),
         burn_in=[int(k) for k in meta.get("burn_in") or []],
         stored_burn_in=[int(k) for k in meta.get("stored_burn_in") or []],
@@ -333,8 +339,8 @@ class WhatIf(Section[WhatIfSection]):
             f"; measured on {WHOLE}, not only the env columns with rows)" if data.scope else ")"
         )
         unsynced = [
-            f"{m}'s stored states come from other weights than it is trained with ({why}): by epoch {last} they "
-            f"are {fmt(stored.get(f'state_{m}'))} (relative) off refreshed states"
+            f"{data.labels.get(m, m)}'s stored states come from other weights than it is trained with ({why}): "
+            f"by epoch {last} they are {fmt(stored.get(f'state_{m}'))} (relative) off refreshed states"
             for m, why in data.unsynced.items()
         ]
         if stored_within(data, last):  # no burn-in is needed, whatever the burn-ins measure
@@ -393,12 +399,14 @@ class WhatIf(Section[WhatIfSection]):
             f"against refreshed states (the LSTMs re-run over the rollout with those weights); {critic}\n"
             f"check: minibatch 0 of epoch 0 (the rollout's weights): stored = refreshed: {verdict} "
             f"({fmt(check.get('minibatches', 0))} minibatches)"
-            + "".join(f"; {m}: first iteration only ({why})" for m, why in data.unsynced.items())
+            + "".join(
+                f"; {fmt(data.labels.get(m, m))}: first iteration only ({why})" for m, why in data.unsynced.items()
+            )
             + (f"\nmeasured on {data.scope}" if data.scope else "")
         )
         header = (
             "states",
-            f"state Δ {' / '.join(fmt(m) for m in data.modules)}",
+            f"state Δ {' / '.join(fmt(data.labels.get(m, m)) for m in data.modules)}",
             "value Δ/spread",
             "KL",
             "ratio Δ",
