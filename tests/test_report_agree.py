@@ -83,7 +83,12 @@ def test_stored_starts_say_where_the_state_comes_from_and_agree_with_the_verdict
     assert s.stored_state_share and s.stored_rollout_start_share == s.stored_state_share
     assert s.stored_mid_rollout_share == 0 and rep.verdict.stored_starts is False
     words = _words(rsl_rl)
-    share = f"{s.stored_state_share:.1%} of sequences start from a stored mid-episode state rather than a reset"
+    n = s.stored_starts
+    assert n["mid_rollout"] == 0 and n["rollout_start"] == round(s.stored_state_share * n["with_reason"])
+    share = (
+        f"{s.stored_state_share:.1%} of sequences ({n['rollout_start']} of {n['with_reason']}) start from a stored "
+        "mid-episode state rather than a reset"
+    )
     assert f"{share}: all at their rollout's start (the state the rollout itself began from)" in words
     assert "no training sequence starts mid-rollout from a stored state" in words  # the verdict, now not contradicted
     assert any("rather than a reset: all at their rollout's start" in f for f in rep.findings), rep.findings
@@ -101,9 +106,13 @@ def test_sb3_splits_its_stored_starts_the_same_way(runs_dir):
     assert s.stored_rollout_start_share + s.stored_mid_rollout_share == pytest.approx(s.stored_state_share)
     doc = rep.to_dict()["sequences"]
     assert {"stored_state_share", "stored_rollout_start_share", "stored_mid_rollout_share"} <= doc.keys()
+    n = doc["stored_starts"]
+    assert n == {"with_reason": known, "rollout_start": reasons.get("env_boundary", 0), "mid_rollout": mid}
     words = _words(path)
-    split = f"{s.stored_mid_rollout_share:.1%} mid-rollout (a state the rollout stored there"
-    assert split in words and f"{s.stored_state_share:.1%} of sequences start from a stored" in words
+    stored = n["rollout_start"] + n["mid_rollout"]
+    assert f"{s.stored_state_share:.1%} of sequences ({stored} of {known}) start from a stored" in words
+    assert f": {n['rollout_start']} at their rollout's start (the state the rollout itself began from), {mid} " in words
+    assert f"{mid} mid-rollout (a state the rollout stored there, with the weights it ran with)" in words
 
 
 def test_one_answer_to_how_long_episodes_are(own_loop):

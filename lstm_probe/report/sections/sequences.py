@@ -93,6 +93,10 @@ class SequencesSection:
     """Of :attr:`stored_state_share`: the sequences that start mid-rollout (start reasons
     :data:`~lstm_probe.report.verdict.MID_ROLLOUT`: a split, a minibatch cut, max_seq_len), from a state the rollout
     stored there: the only stored states that can go stale; None as :attr:`stored_state_share`."""
+    stored_starts: dict[str, int] = field(default_factory=dict)
+    """The counts behind the shares (what the text says, exact where rounded shares would not add up):
+    'with_reason' (the sequences with a start reason), 'rollout_start' and 'mid_rollout'; empty where
+    :attr:`stored_state_share` is None."""
 
 
 def gradient_segments(part: Chunk) -> tuple[np.ndarray, int]:
@@ -265,6 +269,11 @@ class Sequences(Section[SequencesSection]):
         return SequencesSection(
             stored_rollout_start_share=(stored - acc.mid_starts.value) / of if shares else None,
             stored_mid_rollout_share=acc.mid_starts.value / of if shares else None,
+            stored_starts=(
+                {"with_reason": of, "rollout_start": stored - acc.mid_starts.value, "mid_rollout": acc.mid_starts.value}
+                if shares
+                else {}
+            ),
             mid_rollout_starts=mid,
             sequences=len(lens),
             length=summary_stats(lens),
@@ -304,8 +313,8 @@ class Sequences(Section[SequencesSection]):
         which = f"the training sequences of {kept}" if kept else "training sequences"
         return [
             msg,
-            f"{s.stored_state_share:.0%} of {which} start from a stored mid-episode state rather than a reset"
-            f"{_stored_from(s, '.0%')}; {padding}",
+            f"{s.stored_state_share:.0%} of {which}{_of(s)} start from a stored mid-episode state rather than a "
+            f"reset{_stored_from(s)}; {padding}",
         ]
 
     def text(self, data: SequencesSection, caps: Capabilities) -> list[Block]:
@@ -314,8 +323,8 @@ class Sequences(Section[SequencesSection]):
             return []
         if s.stored_state_share is not None:
             starts = (
-                f"{s.stored_state_share:.1%} of sequences start from a stored mid-episode state rather than a reset"
-                f"{_stored_from(s, '.1%')}"
+                f"{s.stored_state_share:.1%} of sequences{_of(s)} start from a stored mid-episode state rather than "
+                f"a reset{_stored_from(s)}"
             )
         elif s.mid_rollout_starts is not None:
             starts = _mid_rollout_words(s)
@@ -522,18 +531,28 @@ AT_ROLLOUT_START = "at their rollout's start (the state the rollout itself began
 MID_ROLLOUT_WORDS = "mid-rollout (a state the rollout stored there, with the weights it ran with)"
 
 
-def _stored_from(s: SequencesSection, form: str) -> str:
-    """Where the stored states the sequences start from come from, after their share: ': all at their rollout's
-    start (...)', ': all mid-rollout (...)', or ': 30.0% at their rollout's start (...), 16.7% mid-rollout (...)'
-    (shares of every sequence with a start reason, ``form`` as the share's); '' where none starts from one."""
-    at, mid = s.stored_rollout_start_share, s.stored_mid_rollout_share
-    if not s.stored_state_share or at is None or mid is None:
+def _of(s: SequencesSection) -> str:
+    """' (42 of 90)': the sequences that start from a stored state, of those with a start reason ('' where none
+    does)."""
+    n = s.stored_starts
+    if not s.stored_state_share or not n:
         return ""
+    return f" ({n['rollout_start'] + n['mid_rollout']:,} of {n['with_reason']:,})"
+
+
+def _stored_from(s: SequencesSection) -> str:
+    """Where the stored states the sequences start from come from, after their share: ': all at their rollout's
+    start (...)', ': all mid-rollout (...)', or ': 12 at their rollout's start (...), 30 mid-rollout (...)' (counts:
+    they add up, where rounded shares may not); '' where none starts from one."""
+    n = s.stored_starts
+    if not s.stored_state_share or not n:
+        return ""
+    at, mid = n["rollout_start"], n["mid_rollout"]
     if not mid:
         return f": all {AT_ROLLOUT_START}"
     if not at:
         return f": all {MID_ROLLOUT_WORDS}"
-    return f": {at:{form}} {AT_ROLLOUT_START}, {mid:{form}} {MID_ROLLOUT_WORDS}"
+    return f": {at:,} {AT_ROLLOUT_START}, {mid:,} {MID_ROLLOUT_WORDS}"
 
 
 def _mid_rollout_words(s: SequencesSection) -> str:
