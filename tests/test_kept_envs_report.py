@@ -221,5 +221,6 @@ def test_what_if_and_memory_say_they_measured_every_env_where_the_log_keeps_some
     words = _words(none.path)
     assert "steps per env of all 8 envs" in words
     assert "training sequences (BPTT) of env column 0 of 8 (the only env columns with rows)" in words
-    assert "episodes of all 8 envs: median" in words
+    assert "episodes seen by the memory measurement of all 8 envs: " in words  # not the log's: of env column 0
+    assert b.memory.episodes_from == "measurement" and a.memory.episodes_from == "log"
     assert "measured on every env's columns of the sampled minibatches (re-run during training), not only env " in words

@@ -8,8 +8,11 @@ import pytest
 import lstm_probe
 from lstm_probe import ProbeCallback
 from lstm_probe.errors import BadInput
+from lstm_probe.integrations.sb3.obs import InfoKeyWarning
 from lstm_probe.log.reader import load, states
 from lstm_probe.report.probes import _sample, probe_targets, r2, ridge, split
+from lstm_probe.report.section import Line, Table
+from lstm_probe.report.sections.probes import Probes
 
 
 def test_ridge_recovers_a_linear_map():
@@ -113,8 +116,11 @@ def captured(tmp_path_factory):
     model = RecurrentPPO(
         "MlpLstmPolicy", env, n_steps=128, batch_size=128, n_epochs=1, seed=0, policy_kwargs={"lstm_hidden_size": 8}
     )
-    with ProbeCallback(out, force=True, capture_obs=True, info_keys=["cos", "missing"]) as probe:
-        model.learn(512, callback=probe)
+    # an info key the env never sets: said once, at the log's close (the log holds no values for it)
+    with pytest.warns(InfoKeyWarning, match="the env's info never held 'missing'") as seen:
+        with ProbeCallback(out, force=True, capture_obs=True, info_keys=["cos", "missing"]) as probe:
+            model.learn(512, callback=probe)
+    assert [str(w.message).split(":")[0] for w in seen if w.category is InfoKeyWarning] == ["--info missing"]
     return out, model
 
 
@@ -150,6 +156,13 @@ def test_report_probe_table(captured, log):
     got = {(r["target"], r["module"], r["lag"]) for r in probes["rows"]}
     assert ("info:cos", "actor", 0) in got and ("obs:2", "critic", 1) in got
     assert all(r["r2"] is None for r in probes["rows"] if r["target"] == "info:missing")
+    assert probes["empty"] == ["info:missing"]  # no value in any row probed: a line, not a table of '-'
+    rep = lstm_probe.summarize(out)
+    blocks = Probes().text(rep.probes, rep.capabilities)
+    said = [b.text for b in blocks if isinstance(b, Line)]
+    assert any("the log holds no values for info:missing" in t for t in said), said
+    table = next(b for b in blocks if isinstance(b, Table))
+    assert all(row[2] != "info:missing" for row in table.rows) and any(row[2] == "info:cos" for row in table.rows)
     assert lstm_probe.summarize(log).to_dict()["probes"] is None  # no observations captured
     # the section's numpy rows (probe_rows) are the DataFrame's (probe_targets), NaN as None, of the same types
     frame = probe_targets(out, probes["targets"], lags=[0, 1], iterations=[0, 1], max_rows=4096, strict=False)

@@ -40,6 +40,7 @@ from lstm_probe.report.html_figures import (
     _staleness_figure,
     _what_if_figure,
 )
+from lstm_probe.report.section import fmt_steps
 from lstm_probe.report.sections.cross_process import kinds
 from lstm_probe.report.sections.run import envs_words
 from lstm_probe.text import plain
@@ -211,7 +212,7 @@ def _lengths_caption(rep: Report) -> str:
     return (
         f"Training sequence lengths next to the episode lengths. The state is reset at the {s.starts_inside:,} "
         f"episode starts inside the sequences, which cuts the gradient there: gradients flow back at most "
-        f"{s.gradient_length['max']:.0f} steps (median {s.gradient_length['median']:.0f}; dotted line)."
+        f"{fmt_steps(s.gradient_length['max'])} steps (median {fmt_steps(s.gradient_length['median'])}; dotted line)."
     )
 
 

@@ -14,6 +14,7 @@ import pandas as pd
 from lstm_probe.contract import Capabilities
 from lstm_probe.errors import BadInput
 from lstm_probe.report import Report
+from lstm_probe.report.section import fmt_steps
 from lstm_probe.text import plain
 
 MAX_LAYOUT_EPOCHS = 4
@@ -235,10 +236,14 @@ def _lengths_figure(plt: Any, rep: Report, counts: np.ndarray) -> str | None:
     ax.hist(lengths, bins=30, weights=counts[lengths], alpha=0.7, label="training sequence length")
     ep = rep.sequences.episode_length
     if ep:
-        ax.axvline(ep["median"], color="red", linestyle="--", label=f"median episode length ({ep['median']:.0f})")
+        ax.axvline(
+            ep["median"], color="red", linestyle="--", label=f"median episode length ({fmt_steps(ep['median'])})"
+        )
     cut = rep.sequences.gradient_length if rep.sequences.starts_inside and rep.sequences.cut_by_resets else {}
     if cut:  # a per-step loop resets the state at the episode starts inside the sequences: a shorter horizon
-        ax.axvline(cut["median"], color="black", linestyle=":", label=f"median gradient path ({cut['median']:.0f})")
+        ax.axvline(
+            cut["median"], color="black", linestyle=":", label=f"median gradient path ({fmt_steps(cut['median'])})"
+        )
     ax.set_xlabel("steps")
     ax.set_ylabel("training sequences")
     ax.legend(fontsize=8)

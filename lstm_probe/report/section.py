@@ -217,6 +217,15 @@ def module_label(role: str, names: Any, critic: Any = None) -> str:
     return name if name == role else f"{name} ({role})"
 
 
+def fmt_steps(v: float | None) -> str:
+    """A step count or a statistic of step counts (a length, its median or mean) as the text says it, in panels
+    and findings alike: three significant digits below 1,000 (20.5, 21.8, 200: a median of 20.5 is never said as
+    20), whole steps above (1,000, 12,346); '-' for None."""
+    if v is None:
+        return "-"
+    return f"{v:.3g}" if abs(v) < 1000 else f"{v:,.0f}"
+
+
 def kept_columns(kept: int | None, n_envs: int | None, runners: int | None = None) -> str:
     """The env columns a log keeps rows of, in words: 'env columns 0..3 of 256' (``kept``: K of
     ``--trace-envs K --other-envs none``; ``n_envs``: the run's envs, where known, per env runner where

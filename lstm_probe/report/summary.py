@@ -178,6 +178,14 @@ def _resets_inside(results: dict[str, Any]) -> None:
         memory.judged(sequences)
 
 
+def _memory_episodes(results: dict[str, Any]) -> None:
+    """The memory section sets the log's completed episodes (the sequences section's figures) beside its horizons,
+    where the log holds them for every env column, so the report gives one answer to how long episodes are."""
+    sequences, memory = results.get("sequences"), results.get("memory")
+    if sequences is not None and memory is not None:
+        memory.episodes_of(sequences)
+
+
 def summarize(
     path: str | os.PathLike[str], *, chunk_rows: int = REPORT_CHUNK_ROWS, progress: Progress | None = None
 ) -> Report:
@@ -229,6 +237,7 @@ def _summarize(path: str | os.PathLike[str], chunk_rows: int, progress: Progress
         else:
             results[s.key] = s.compute(log, accumulators.get(s.key))
     _resets_inside(results)
+    _memory_episodes(results)
     unavailable: list[str] = []
     for s in _json_order():
         if results[s.key] is not None:

@@ -363,6 +363,7 @@ class ProbeCallback(BaseCallback, Scope):
     # -- lifecycle -------------------------------------------------------------------------------
     def _finish(self, completed: bool, reason: str | None) -> None:
         if self._attachment is not None:
+            self.observations.warn_unseen()
             tracer = self.tracer
             self.path = self._attachment.finish(completed, reason)
             if tracer is not None and self.metrics is not None:

@@ -15,6 +15,7 @@ keeps it in ``reset_infos``; the step's info then describes the terminal observa
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,6 +23,10 @@ import numpy as np
 
 from lstm_probe.contract import Grid
 from lstm_probe.errors import BadInput
+
+
+class InfoKeyWarning(UserWarning):
+    """An ``--info KEY`` the env's info never held in the run: the log's info:KEY has no value."""
 
 
 def _number(value: Any) -> float:
@@ -50,6 +55,8 @@ class Observations:
             raise BadInput(f"info keys repeat: {self.keys}")
         self.active = self.capture_obs or bool(self.keys)
         self.info = np.zeros((0, 0), np.float32)
+        self.unseen = set(self.keys)
+        """The keys no info dict has held yet."""
 
     def start(self, model: Any) -> dict[str, Any]:
         """Checks the observation space; the metadata keys of the columns that will be filled."""
@@ -77,6 +84,19 @@ class Observations:
         for i in range(len(self.info)):
             src = infos[i] if i < len(infos) else {}
             self.info[i] = [_number(src.get(k, math.nan)) for k in self.keys]
+            if self.unseen:
+                self.unseen.difference_update(src.keys())
+
+    def warn_unseen(self) -> None:
+        """At the log's close: a warning for each key the env's info never held (once)."""
+        for key in sorted(self.unseen):
+            warnings.warn(
+                f"--info {key}: the env's info never held {key!r} in this run, so the log holds no values for "
+                f"info:{key} (the probes report leaves it out)",
+                InfoKeyWarning,
+                stacklevel=2,
+            )
+        self.unseen = set()
 
     def fill(self, grid: Grid, model: Any) -> None:
         """The grid of one rollout call (N envs, one step): obs and info as (N, 1, width)."""

@@ -18,9 +18,24 @@ import numpy as np
 from lstm_probe.contract import Capabilities
 from lstm_probe.report.numeric import summary_stats
 from lstm_probe.report.scan import Chunk
-from lstm_probe.report.section import Accumulator, Block, Log, Panel, Parts, Section, Sum, Table, fmt, kept_columns
+from lstm_probe.report.section import (
+    Accumulator,
+    Block,
+    Log,
+    Panel,
+    Parts,
+    Section,
+    Sum,
+    Table,
+    fmt,
+    fmt_steps,
+    kept_columns,
+)
 from lstm_probe.report.sections.sequences import SequencesSection, gradient_segments
 
+SHOWN_ITERATIONS = 8
+"""The text shows the horizons of the last this-many measured iterations per module (and says so where there are
+more; the JSON keeps every one)."""
 FRACTION = 0.05
 """The horizon is the smallest k whose effect is below this fraction of effect(1)."""
 NEGLIGIBLE = {"kl": 1e-8, "value_rel": 1e-5}
@@ -66,6 +81,21 @@ class MemorySection:
     training sequences' lengths, or where a per-step training loop resets the state at episode starts inside them,
     the stretches between those (unless the doctor found the state carried across them: :meth:`judged`)."""
     episode_length: dict[str, Any] = field(default_factory=dict)
+    """The episodes the text sets beside the horizons (count, median, max): where the log holds every env column's
+    rows and its rollout rows count completed episodes, the sequences section's (the same figures as its panel:
+    ``episodes_from`` 'log'); else those the measurement saw (``measured_episode_length``: 'measurement')."""
+    measured_episode_length: dict[str, Any] = field(default_factory=dict)
+    """The episodes the measurement itself saw (the log's ``memory.episode_lengths``: count, median, max), of every
+    env, over the whole run: episodes that end in a rollout (or, for chunked rollouts, those whole within one
+    chunk), the last 10,000."""
+    episodes_from: str = "measurement"
+    """Where :attr:`episode_length` comes from: 'log' (the sequences section's count of the log's rollout rows) or
+    'measurement' (:attr:`measured_episode_length`)."""
+    chunks: int | None = None
+    """Where the measured rollouts are episode chunks (an integration whose training cuts them at ``max_seq_len``,
+    RLlib: each chunk one episode's steps within one rollout fragment, read as an env column): the chunks of the
+    last measured update; ``rollout_length`` is then the length chunks are read to (the first update's longest
+    chunk, its appended bootstrap step included) and ``n_envs`` None. None: env-major rollouts."""
     rollout_length: int | None = None
     sampling: dict[str, Any] = field(default_factory=dict)
     seconds: float | None = None
@@ -74,7 +104,8 @@ class MemorySection:
     lengths are then of those columns, while the horizons and the episode lengths are of every env the probe
     sampled; None where every column has rows."""
     n_envs: int | None = None
-    """The envs the horizons and episode lengths are measured on (``sampling.n_envs``; else the run's)."""
+    """The envs the horizons and episode lengths are measured on (``sampling.n_envs``; else the run's; None where
+    the rollouts are episode chunks: ``chunks``)."""
     run_envs: int | None = None
     """The run's envs, as its metadata says (per env runner where ``env_runners``): the kept columns are of these."""
     env_runners: int | None = None
@@ -95,20 +126,34 @@ class MemorySection:
         if sequences.cut_by_resets is False and self.bptt:
             self.bptt = dict(sequences.length)
 
+    def episodes_of(self, sequences: SequencesSection) -> None:
+        """One answer to "how long are episodes": where the log holds every env column's rows (no ``kept_envs``) and
+        the sequences section counted completed episodes in them, the text says its figures, not the measurement's
+        own count (which misses the episodes that end at the last rollout's end, and, for chunked rollouts, those
+        split over two chunks); else the measurement's, said as such."""
+        if self.measured and self.kept_envs is None and sequences.episodes_completed and sequences.episode_length:
+            e = sequences.episode_length
+            self.episode_length = {"count": sequences.episodes_completed, "median": e["median"], "max": e["max"]}
+            self.episodes_from = "log"
+
 
 def memory_scope(
-    kept: int | None, n_envs: int | None, run_envs: int | None, runners: int | None = None
+    kept: int | None, n_envs: int | None, run_envs: int | None, runners: int | None = None, chunked: bool = False
 ) -> dict[str, str]:
     """What the memory figures are of where a log keeps env columns 0..``kept``-1 alone: the horizons and the
-    episode lengths of all ``n_envs`` envs (the probe measures them on the whole rollout), the BPTT lengths of the
-    kept columns (read from the log's rows; of ``run_envs``, per env runner where ``runners``); empty where
-    ``kept`` is None."""
+    episode lengths of all ``n_envs`` envs (the probe measures them on the whole rollout; ``chunked``: on each
+    update's episode chunks), the BPTT lengths of the kept columns (read from the log's rows; of ``run_envs``, per
+    env runner where ``runners``); empty where ``kept`` is None."""
     if kept is None:
         return {}
     every = f"all {n_envs:,} envs" if n_envs else "every env"
     return {
-        "horizons": f"{every} (sampled rollout steps of each env, measured during the run)",
-        "episode_length": f"{every} (the rollouts' completed episodes)",
+        "horizons": f"{every} (sampled steps of each update's episode chunks, measured during the run)"
+        if chunked
+        else f"{every} (sampled rollout steps of each env, measured during the run)",
+        "episode_length": f"{every} (the episodes whole within one chunk)"
+        if chunked
+        else f"{every} (the rollouts' completed episodes)",
         "bptt": f"{kept_columns(kept, run_envs or n_envs, runners)} alone (the only env columns with rows in this log)",
     }
 
@@ -171,6 +216,8 @@ class Memory(Section[MemorySection]):
         sampling = dict(meta.get("sampling") or {})
         sampled = sampling.get("n_envs")
         n_envs = sampled if isinstance(sampled, int) and not isinstance(sampled, bool) and sampled > 0 else log.n_envs
+        chunks = n_envs if log.caps.max_seq_len is not None else None  # RLlib's rollout: an update's episode chunks
+        episodes = dict(meta.get("episode_lengths") or {})
         data = MemorySection(
             measured=True,
             modules=[str(m) for m in meta.get("modules") or []],
@@ -178,15 +225,23 @@ class Memory(Section[MemorySection]):
             lags=[int(k) for k in meta.get("lags") or []],
             bptt=summary_stats(lens) if len(lens) else {},
             starts_inside=acc.inside.value if acc is not None else 0,
-            episode_length=dict(meta.get("episode_lengths") or {}),
+            episode_length=episodes,
+            measured_episode_length=dict(episodes),
+            chunks=chunks,
             rollout_length=meta.get("rollout_length"),
             sampling=sampling,
             seconds=meta.get("seconds"),
             kept_envs=log.kept_envs,
-            n_envs=n_envs,
+            n_envs=None if chunks is not None else n_envs,
             run_envs=log.n_envs,
             env_runners=log.env_runners,
-            scope=memory_scope(log.kept_envs, n_envs, log.n_envs, log.env_runners),
+            scope=memory_scope(
+                log.kept_envs,
+                None if chunks is not None else n_envs,
+                log.n_envs,
+                log.env_runners,
+                chunked=chunks is not None,
+            ),
         )
         for (iteration, module), curve in sorted(_curves(meta["records"]).items()):
             views = [(module, METRIC.get(module, "kl"))]
@@ -231,7 +286,10 @@ class Memory(Section[MemorySection]):
             msg = f"{module}: {what} depend {reach} (iteration {c['iteration']}"
             msg += f", measured on {_envs(data)})" if scope else ")"
             if data.bptt:
-                msg += f"; gradients flow back at most {data.bptt['max']:.0f} (median {data.bptt['median']:.0f})"
+                msg += (
+                    f"; gradients flow back at most {fmt_steps(data.bptt['max'])} "
+                    f"(median {fmt_steps(data.bptt['median'])})"
+                )
                 if scope:
                     msg += f" through the training sequences of {_kept(data)}"
                 if data.starts_inside:
@@ -241,8 +299,8 @@ class Memory(Section[MemorySection]):
                         else ", cut at the episode starts inside the training sequences (the state is reset there)"
                     )
             if data.episode_length.get("median") is not None:
-                msg += f"; episodes last {data.episode_length['median']:.0f}"
-                if scope:
+                msg += f"; episodes last {fmt_steps(data.episode_length['median'])}"
+                if scope and data.episodes_from == "measurement":
                     msg += f" (median over {_envs(data)})"
             out.append(msg)
         return out
@@ -263,14 +321,20 @@ class Memory(Section[MemorySection]):
         if data.scope:  # the log keeps some env columns alone: say which figure is of which envs
             every = f" of {_envs(data)}"
             kept = f" of {_kept(data)} (the only env columns with rows)"
+        steps = len(sampled.get("steps_per_env") or [])
+        where = f"{steps} steps per env{every}"
+        if data.chunks is not None:
+            where = (
+                f"up to {steps} steps per episode chunk (an episode's steps within one rollout fragment; "
+                f"{data.chunks:,} chunks in the last measured update)"
+            )
         lines = (
-            f"state zeroed k steps back at {len(sampled.get('steps_per_env') or [])} steps per env{every}, every "
+            f"state zeroed k steps back at {where}, every "
             f"{fmt(sampled.get('every'))} iteration(s) ({fmt(sampled.get('iterations_measured'))} measured, "
             f"{fmt(data.seconds)} s)\n"
-            f"{_bptt_label(data, kept)}: median {fmt(data.bptt.get('median'))}, max {fmt(data.bptt.get('max'))}; "
-            f"episodes{every}: median {fmt(data.episode_length.get('median'))}, "
-            f"max {fmt(data.episode_length.get('max'))}; rollout {fmt(data.rollout_length)} steps\n"
-            + "\n".join(f"horizon by iteration, {fmt(m)}: {'; '.join(v[-8:])}" for m, v in by_iteration.items())
+            f"{_bptt_label(data, kept)}: median {fmt_steps(data.bptt.get('median'))}, "
+            f"max {fmt_steps(data.bptt.get('max'))}; {_episodes_words(data, every)}; {_rollout_words(data)}\n"
+            + "\n".join(_by_iteration(m, v) for m, v in by_iteration.items())
         )
         return [
             Panel("Memory", (lines,)),
@@ -280,6 +344,39 @@ class Memory(Section[MemorySection]):
                 tuple(rows),
             ),
         ]
+
+
+def _by_iteration(module: str, horizons: list[str]) -> str:
+    """A module's horizons by measured iteration: the last :data:`SHOWN_ITERATIONS`, and how many are left out."""
+    if len(horizons) <= SHOWN_ITERATIONS:
+        return f"horizon by iteration, {fmt(module)}: {'; '.join(horizons)}"
+    return (
+        f"horizon by iteration, {fmt(module)} (the last {SHOWN_ITERATIONS} of {len(horizons)} measured iterations; "
+        f"--json has every one): {'; '.join(horizons[-SHOWN_ITERATIONS:])}"
+    )
+
+
+def _episodes_words(data: MemorySection, every: str) -> str:
+    """The episodes beside the horizons: the log's completed episodes (the sequences section's figures), or those
+    the measurement saw, said as such."""
+    e = data.episode_length
+    figures = f"median {fmt_steps(e.get('median'))}, max {fmt_steps(e.get('max'))}"
+    count = e.get("count")
+    n = f"{int(count):,}, " if isinstance(count, int | float) and not isinstance(count, bool) else ""
+    if data.episodes_from == "log":
+        return f"episodes completed: {n}{figures}"
+    whole = " (those whole within one chunk)" if data.chunks is not None else ""
+    return f"episodes seen by the memory measurement{every}{whole}: {n}{figures}"
+
+
+def _rollout_words(data: MemorySection) -> str:
+    """The length of the rollouts the measurement reads: an env's rollout, or how far episode chunks are read."""
+    if data.chunks is not None:
+        return (
+            f"chunks read to their first {fmt(data.rollout_length)} steps (the first update's longest chunk, its "
+            "appended bootstrap step included)"
+        )
+    return f"rollout {fmt(data.rollout_length)} steps"
 
 
 def _bptt_label(data: MemorySection, kept: str) -> str:
@@ -300,7 +397,8 @@ def _kept(data: MemorySection) -> str:
 
 
 def _envs(data: MemorySection) -> str:
-    """'all 64 envs' (the envs the horizons and episode lengths are of)."""
+    """'all 64 envs' (the envs the horizons and episode lengths are of); 'every env' where the count is unknown or
+    the rollouts are episode chunks."""
     return f"all {data.n_envs:,} envs" if data.n_envs else "every env"
 
 

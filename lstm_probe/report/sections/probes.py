@@ -40,6 +40,9 @@ class ProbesSection:
     max_rows: int = MAX_ROWS
     notes: list[str] = field(default_factory=list)
     """Why some R² are below 0, where any is (how many, the lowest, the held-out rows they were scored on)."""
+    empty: list[str] = field(default_factory=list)
+    """The targets without a value in any row probed (an ``--info KEY`` the env's info never held there): the text
+    says so in a line instead of a table of '-'; their rows stay in ``rows``."""
 
 
 def _spread(values: list[int], n: int) -> list[int]:
@@ -104,7 +107,8 @@ class Probes(Section[ProbesSection | None]):
             {k: (None if isinstance(v, float) and not np.isfinite(v) else v) for k, v in r.items()} for r in found
         ]
         its = sorted({int(r["iteration"]) for r in rows if r["iteration"] is not None})
-        return ProbesSection(targets, list(LAGS), its, rows, notes=_notes(rows))
+        empty = [t for t in targets if rows and not any(r["n_fit"] + r["n_test"] for r in rows if r["target"] == t)]
+        return ProbesSection(targets, list(LAGS), its, rows, notes=_notes(rows), empty=empty)
 
     def findings(self, data: ProbesSection | None) -> list[str]:
         """How well h reads each info key (quantities the policy does not observe) at the last iteration."""
@@ -131,16 +135,32 @@ class Probes(Section[ProbesSection | None]):
     def text(self, data: ProbesSection | None, caps: Capabilities) -> list[Block]:
         if data is None or not data.rows:
             return []
+        lines: list[Block] = [Line(_empty_words(t)) for t in data.empty]
         cells: dict[tuple[str, int, str, int], dict[int, Any]] = {}
         for r in data.rows:
+            if r["target"] in data.empty:
+                continue
             cells.setdefault((r["module"], r["layer"], r["target"], r["lag"]), {})[r["iteration"]] = r["r2"]
         header = ("module", "layer", "target", "lag", *(f"it {i}" for i in data.iterations))
         body = tuple(
             (fmt(m), fmt(layer), fmt(t), fmt(lag), *(_cell(v.get(i)) for i in data.iterations))
             for (m, layer, t, lag), v in sorted(cells.items())
         )
+        if not body:
+            return lines
         table = Table("Linear probes: R² from h on held-out episodes, by iteration", header, body)
-        return [table, *(Line(f"* {n}") for n in data.notes)]
+        return [table, *(Line(f"* {n}") for n in data.notes), *lines]
+
+
+def _empty_words(target: str) -> str:
+    """The line for a target without a value in any row probed."""
+    column, _, key = target.partition(":")
+    if column == "info":
+        return (
+            f"linear probes: the log holds no values for info:{fmt(key)} in the rows probed (the env's info "
+            f"never held {fmt(repr(key))} there): left out of the table"
+        )
+    return f"linear probes: the log holds no values for {fmt(target)} in the rows probed: left out of the table"
 
 
 def _cell(value: Any) -> str:

@@ -28,8 +28,10 @@ from lstm_probe.report.section import (
     Section,
     Sum,
     fmt,
+    fmt_steps,
     kept_columns,
 )
+from lstm_probe.report.verdict import MID_ROLLOUT
 
 LENGTH_EDGES = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 10**9]
 
@@ -46,7 +48,9 @@ class SequencesSection:
     padding_share: float
     stored_state_share: float | None
     """Share of sequences that start from a stored mid-episode state rather than a reset; None where the log
-    does not say (its integration declares no ``stored_states``, or no sequence carries a start reason)."""
+    does not say (its integration declares no ``stored_states``, or no sequence carries a start reason). It splits
+    by where the stored state comes from into :attr:`stored_rollout_start_share` and
+    :attr:`stored_mid_rollout_share`."""
     module: str | None = None
     """The module whose layer-0 train rows the sequences are counted on (every module and layer of an
     integration that declares ``stored_states`` runs the same sequences)."""
@@ -81,6 +85,18 @@ class SequencesSection:
     carried_by: str | None = None
     """Where :attr:`cut_by_resets` is False: the doctor's problem that says so, 'carried_in_training' (the per-step
     training loop carries the state across episode starts) or 'not_reset' (the rollout does not reset it either)."""
+    stored_rollout_start_share: float | None = None
+    """Of :attr:`stored_state_share`: the sequences that start at their env's first rollout step (start reason
+    'env_boundary'), from the state the rollout itself began from (stored at the previous rollout's end, so never
+    of older weights than the rollout's); None as :attr:`stored_state_share`."""
+    stored_mid_rollout_share: float | None = None
+    """Of :attr:`stored_state_share`: the sequences that start mid-rollout (start reasons
+    :data:`~lstm_probe.report.verdict.MID_ROLLOUT`: a split, a minibatch cut, max_seq_len), from a state the rollout
+    stored there: the only stored states that can go stale; None as :attr:`stored_state_share`."""
+    stored_starts: dict[str, int] = field(default_factory=dict)
+    """The counts behind the shares (what the text says, exact where rounded shares would not add up):
+    'with_reason' (the sequences with a start reason), 'rollout_start' and 'mid_rollout'; empty where
+    :attr:`stored_state_share` is None."""
 
 
 def gradient_segments(part: Chunk) -> tuple[np.ndarray, int]:
@@ -144,6 +160,8 @@ class SequenceTotals(Accumulator[Chunk]):
     """Sequences whose start reason is known and is not an episode start."""
     known_starts: Sum = field(default_factory=Sum)
     """Sequences with a start reason."""
+    mid_starts: Sum = field(default_factory=Sum)
+    """Sequences whose start reason says they start mid-rollout (:data:`~lstm_probe.report.verdict.MID_ROLLOUT`)."""
     padding: Sum = field(default_factory=Sum)
     padding_of: Sum = field(default_factory=Sum)
     module: First = field(default_factory=lambda: First())
@@ -161,6 +179,7 @@ class SequenceTotals(Accumulator[Chunk]):
             known = first["seq_reason"] >= 0
             self.known_starts.add(int(known.sum()))
             self.stored_starts.add(int((known & ~first.equals("seq_reason", "episode_start")).sum()))
+            self.mid_starts.add(int(sum(first.equals("seq_reason", r).sum() for r in MID_ROLLOUT)))
             self.padding.add(int(part.train["padding"][sel].sum()))
             self.padding_of.add(int(sel.sum()))
             self.module.add(part.train_module)
@@ -245,7 +264,16 @@ class Sequences(Section[SequencesSection]):
             if n:
                 hist[f"{lo}-{hi - 1}" if hi < 10**9 else f">={lo}"] = n
         mid = mid_rollout(log, acc.module.value) if not acc.known_starts.value else None
+        shares = log.caps.stored_states and acc.known_starts.value
+        stored, of = acc.stored_starts.value, acc.known_starts.value
         return SequencesSection(
+            stored_rollout_start_share=(stored - acc.mid_starts.value) / of if shares else None,
+            stored_mid_rollout_share=acc.mid_starts.value / of if shares else None,
+            stored_starts=(
+                {"with_reason": of, "rollout_start": stored - acc.mid_starts.value, "mid_rollout": acc.mid_starts.value}
+                if shares
+                else {}
+            ),
             mid_rollout_starts=mid,
             sequences=len(lens),
             length=summary_stats(lens),
@@ -253,11 +281,7 @@ class Sequences(Section[SequencesSection]):
             episode_length=summary_stats(episodes),
             episodes_completed=len(episodes),
             padding_share=acc.padding.value / acc.padding_of.value,
-            stored_state_share=(
-                acc.stored_starts.value / acc.known_starts.value
-                if log.caps.stored_states and acc.known_starts.value
-                else None
-            ),
+            stored_state_share=stored / of if shares else None,
             module=acc.module.value,
             episodes_from=source,
             kept_envs=log.kept_envs,
@@ -289,8 +313,8 @@ class Sequences(Section[SequencesSection]):
         which = f"the training sequences of {kept}" if kept else "training sequences"
         return [
             msg,
-            f"{s.stored_state_share:.0%} of {which} start from a stored mid-episode state rather than a reset; "
-            + padding,
+            f"{s.stored_state_share:.0%} of {which}{_of(s)} start from a stored mid-episode state rather than a "
+            f"reset{_stored_from(s)}; {padding}",
         ]
 
     def text(self, data: SequencesSection, caps: Capabilities) -> list[Block]:
@@ -298,7 +322,12 @@ class Sequences(Section[SequencesSection]):
         if not s.sequences:
             return []
         if s.stored_state_share is not None:
-            starts = f"{s.stored_state_share:.1%} of sequences start from a stored mid-episode state"
+            starts = (
+                f"{s.stored_state_share:.1%} of sequences{_of(s)} start from a stored mid-episode state rather than "
+                f"a reset{_stored_from(s)}"
+            )
+        elif s.mid_rollout_starts is not None:
+            starts = _mid_rollout_words(s)
         elif caps.stored_states:
             starts = "where sequences start from is not recorded (no start reasons)"
         else:
@@ -313,12 +342,12 @@ class Sequences(Section[SequencesSection]):
                 "Sequences",
                 (
                     f"{s.sequences:,} training sequences{counted}; length{horizon}: "
-                    f"min {fmt(s.length.get('min'))}, median {fmt(s.length.get('median'))}, "
-                    f"mean {fmt(s.length.get('mean'))}, max {fmt(s.length.get('max'))}\n"
+                    f"min {fmt_steps(s.length.get('min'))}, median {fmt_steps(s.length.get('median'))}, "
+                    f"mean {fmt_steps(s.length.get('mean'))}, max {fmt_steps(s.length.get('max'))}\n"
                     f"{_cuts_line(s)}"
                     f"histogram: {', '.join(f'{k}: {v}' for k, v in s.length_histogram.items())}\n"
-                    f"episodes completed: {s.episodes_completed}, length median "
-                    f"{fmt(s.episode_length.get('median'))}, max {fmt(s.episode_length.get('max'))}\n"
+                    f"episodes completed: {s.episodes_completed:,}, length median "
+                    f"{fmt_steps(s.episode_length.get('median'))}, max {fmt_steps(s.episode_length.get('max'))}\n"
                     f"padding {s.padding_share:.1%} of train rows; {starts}",
                 ),
             )
@@ -351,24 +380,26 @@ def horizon_in_words(s: SequencesSection, of: str) -> tuple[str, str]:
     inside them do not cut it (said after the episode lengths; '' otherwise)."""
     if not s.starts_inside or not s.gradient_length:
         return (
-            f"gradients flow back at most {s.length['max']:.0f} steps (median {s.length['median']:.0f}) through "
+            f"gradients flow back at most {fmt_steps(s.length['max'])} steps (median {fmt_steps(s.length['median'])}) "
+            "through "
             f"the training sequences{of}",
             "",
         )
     starts = _starts(s)
     if s.cut_by_resets is False:
         return (
-            f"gradients flow back at most {s.length['max']:.0f} steps (median {s.length['median']:.0f}) through "
+            f"gradients flow back at most {fmt_steps(s.length['max'])} steps (median {fmt_steps(s.length['median'])}) "
+            "through "
             f"the training sequences{of}, across {starts} inside them",
             f": the state is not reset there ({_why(s)})",
         )
     g, n = s.gradient_length, s.length
-    steps = f"{n['max']:.0f} steps"
+    steps = f"{fmt_steps(n['max'])} steps"
     if n["min"] != n["max"]:
-        steps = f"up to {steps} (median {n['median']:.0f})"
+        steps = f"up to {steps} (median {fmt_steps(n['median'])})"
     return (
         f"training sequences{of} are {steps}, but the state is reset at {starts} inside them, so gradients flow back "
-        f"at most {g['max']:.0f} steps (median {g['median']:.0f})",
+        f"at most {fmt_steps(g['max'])} steps (median {fmt_steps(g['median'])})",
         "",
     )
 
@@ -394,8 +425,8 @@ def _cuts_line(s: SequencesSection) -> str:
     g = s.gradient_length
     return (
         f"the state is reset at {starts} inside them, cutting the gradient: the stretches between them (the "
-        f"truncated-BPTT horizon): min {fmt(g.get('min'))}, median {fmt(g.get('median'))}, "
-        f"mean {fmt(g.get('mean'))}, max {fmt(g.get('max'))}\n"
+        f"truncated-BPTT horizon): min {fmt_steps(g.get('min'))}, median {fmt_steps(g.get('median'))}, "
+        f"mean {fmt_steps(g.get('mean'))}, max {fmt_steps(g.get('max'))}\n"
     )
 
 
@@ -492,5 +523,45 @@ def episodes_in_words(length: dict[str, float], completed: int) -> str:
     """How long completed episodes last, in words: 'the one completed episode lasts 200 steps', or
     'completed episodes last 19 steps (the median of 24 episodes)'."""
     if completed == 1:
-        return f"the one completed episode lasts {length['median']:.0f} steps"
-    return f"completed episodes last {length['median']:.0f} steps (the median of {completed} episodes)"
+        return f"the one completed episode lasts {fmt_steps(length['median'])} steps"
+    return f"completed episodes last {fmt_steps(length['median'])} steps (the median of {completed:,} episodes)"
+
+
+AT_ROLLOUT_START = "at their rollout's start (the state the rollout itself began from)"
+MID_ROLLOUT_WORDS = "mid-rollout (a state the rollout stored there, with the weights it ran with)"
+
+
+def _of(s: SequencesSection) -> str:
+    """' (42 of 90)': the sequences that start from a stored state, of those with a start reason ('' where none
+    does)."""
+    n = s.stored_starts
+    if not s.stored_state_share or not n:
+        return ""
+    return f" ({n['rollout_start'] + n['mid_rollout']:,} of {n['with_reason']:,})"
+
+
+def _stored_from(s: SequencesSection) -> str:
+    """Where the stored states the sequences start from come from, after their share: ': all at their rollout's
+    start (...)', ': all mid-rollout (...)', or ': 12 at their rollout's start (...), 30 mid-rollout (...)' (counts:
+    they add up, where rounded shares may not); '' where none starts from one."""
+    n = s.stored_starts
+    if not s.stored_state_share or not n:
+        return ""
+    at, mid = n["rollout_start"], n["mid_rollout"]
+    if not mid:
+        return f": all {AT_ROLLOUT_START}"
+    if not at:
+        return f": all {MID_ROLLOUT_WORDS}"
+    return f": {at:,} {AT_ROLLOUT_START}, {mid:,} {MID_ROLLOUT_WORDS}"
+
+
+def _mid_rollout_words(s: SequencesSection) -> str:
+    """Where a log records no start reasons (an own loop): how many sequences start mid-rollout, counted from their
+    env steps (:attr:`SequencesSection.mid_rollout_starts`)."""
+    n = s.mid_rollout_starts or 0
+    if not n:
+        return "no sequence starts mid-rollout from a stored state, as their env steps show (no start reasons recorded)"
+    return (
+        f"{n:,} of {s.sequences:,} sequences start {MID_ROLLOUT_WORDS}, as their env steps show (no start "
+        "reasons recorded)"
+    )
