@@ -28,6 +28,7 @@ from lstm_probe.errors import BadInput
 from lstm_probe.integrations.torchrl.hooks import probe
 from lstm_probe.integrations.torchrl.train import build
 from lstm_probe.report.section import Table, module_label
+from lstm_probe.report.sections.memory import Memory
 from lstm_probe.report.sections.what_if import WhatIf
 
 EPOCHS = 2
@@ -120,6 +121,10 @@ def test_training_untouched_and_the_oracle_holds(tmp_path, cell):
     rep = lstm_probe.summarize(log)
     headers = [b.columns for b in WhatIf().text(rep.what_if, rep.capabilities) if isinstance(b, Table)]
     assert headers and all(h[1] == f"state Δ {cell} (actor)" for h in headers)
+    # the memory table and its horizons by iteration name it the same way
+    blocks = Memory().text(rep.memory, rep.capabilities)
+    named = [row[0] for b in blocks if isinstance(b, Table) for row in b.rows]
+    assert named == [f"{cell} (actor)", f"{cell} (critic, shared)"], named
 
 
 def test_a_critic_with_its_own_lstm(tmp_path):

@@ -30,6 +30,7 @@ from lstm_probe.report.section import (
     fmt,
     fmt_steps,
     kept_columns,
+    module_label,
 )
 from lstm_probe.report.sections.sequences import SequencesSection, gradient_segments
 
@@ -71,6 +72,9 @@ class MemorySection:
     measured: bool
     modules: list[str] = field(default_factory=list)
     critic: str | None = None
+    module_names: dict[str, str] = field(default_factory=dict)
+    """Role ('actor', 'critic') -> the traced module's name where they differ (TorchRL's and own loops' ``lstm``),
+    as the measurement recorded it; the text names a module as the other sections do (``section.module_label``)."""
     lags: list[int] = field(default_factory=list)
     horizons: list[dict[str, Any]] = field(default_factory=list)
     """Per measured (iteration, module): horizon, unused, beyond, max_k, metric, effect_1."""
@@ -222,6 +226,9 @@ class Memory(Section[MemorySection]):
             measured=True,
             modules=[str(m) for m in meta.get("modules") or []],
             critic=meta.get("critic"),
+            module_names={str(k): str(v) for k, v in (meta.get("module_names") or {}).items()}
+            if isinstance(meta.get("module_names"), dict)
+            else {},
             lags=[int(k) for k in meta.get("lags") or []],
             bptt=summary_stats(lens) if len(lens) else {},
             starts_inside=acc.inside.value if acc is not None else 0,
@@ -311,11 +318,12 @@ class Memory(Section[MemorySection]):
         rows = []
         for module, c in data.latest.items():
             curve = ", ".join(f"{k}: {fmt(e)}" for k, e in zip(c["k"], c["effect"], strict=True))
-            label = f"{module} (the actor's LSTM)" if data.critic == "shared" and module == "critic" else module
+            label = module_label(module, data.module_names, data.critic)
             rows.append((fmt(label), fmt(c["metric"]), _horizon_words(c), curve))
         by_iteration: dict[str, list[str]] = {}
         for h in data.horizons:
-            by_iteration.setdefault(h["module"], []).append(f"{h['iteration']}: {_horizon_words(h)}")
+            label = module_label(h["module"], data.module_names, data.critic)
+            by_iteration.setdefault(label, []).append(f"{h['iteration']}: {_horizon_words(h)}")
         sampled = data.sampling
         every, kept = "", ""
         if data.scope:  # the log keeps some env columns alone: say which figure is of which envs
