@@ -18,6 +18,7 @@ from conftest import probed_run
 
 from lstm_probe import summarize
 from lstm_probe.report.scan import Chunk, Frame
+from lstm_probe.report.section import fmt_steps
 from lstm_probe.report.sections.sequences import gradient_segments
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,11 +73,13 @@ def test_a_per_step_loop_that_resets_cuts_the_gradient_at_the_episode_starts_ins
     assert s.gradient_length["min"] == pieces.min()
     said = (
         f"training sequences are {SEQ_LEN} steps, but the state is reset at the {cuts} episode starts inside them, "
-        f"so gradients flow back at most {pieces.max():.0f} steps (median {np.median(pieces):.0f}), while completed "
-        "episodes last"
+        f"so gradients flow back at most {fmt_steps(pieces.max())} steps "
+        f"(median {fmt_steps(np.median(pieces))}), while completed episodes last"
     )
     assert any(f.startswith(said) for f in rep.findings), rep.findings
     assert not any(f"at most {SEQ_LEN} steps" in f for f in rep.findings)
+    # 2 envs in 2 minibatches: one sequence each, said in the singular
+    assert "training minibatches hold 1 sequence: that is the batch dimension" in " ".join(rep.findings)
     doc = rep.to_dict()["sequences"]
     assert doc["gradient_length"]["max"] == pieces.max() and doc["starts_inside"] == cuts and doc["cut_by_resets"]
     # the memory section's BPTT figures are the same stretches

@@ -392,7 +392,7 @@ class Calls(Section[CallsSection]):
             if not kept:  # else the minibatches' other sequences have no rows: said under unavailable
                 out.append(
                     f"training minibatches hold {span(min(spm), max(spm))} "
-                    f"sequences: that is the batch dimension of the {data.kind}'s training-time hidden state"
+                    f"{'sequence' if max(spm) == 1 else 'sequences'}: that is the batch dimension of the {data.kind}'s training-time hidden state"
                 )
             if data.sequence_start_reasons.get("split"):
                 whose = f" of {kept}" if kept else ""
