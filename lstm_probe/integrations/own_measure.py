@@ -289,7 +289,11 @@ class OwnWhatIf:
     def _evaluate(self, evaluate: Callable[[nn.Module, Any], dict[str, Any]], alternatives: list[States]) -> Outcome:
         """The user's ``evaluate`` on the copy from each alternative's states, gathered as the engine takes it."""
         copy = self.copy.get()
-        got = [evaluate(copy, self.copy.give(s)) for s in alternatives]
+        device = next((p.device for p in copy.parameters()), torch.device("cpu"))
+        got = []
+        for s in alternatives:
+            engine.reseed(device)  # every alternative draws alike (dropout, a sampled entropy)
+            got.append(evaluate(copy, self.copy.give(s)))
         for key in ("values", "log_prob", "loss", "returns"):
             if key not in got[0]:
                 raise BadInput(f"evaluate must return {key!r} (values, log_prob, loss, returns; see docs/own-loops.md)")

@@ -413,3 +413,16 @@ class WhatIf:
             "seconds": round(self.seconds, 3),
             "records": self.columns,
         }
+
+
+def reseed(device: torch.device) -> None:
+    """Before each alternative's pass, for an adapter that runs them one by one (TorchRL's loss, an own loop's
+    ``evaluate``): the generators the engine seeded (the CPU's, and ``device``'s if CUDA) seeded again, so every
+    pass draws the same random numbers (a sampled entropy estimate, as ClipPPOLoss makes for a TanhNormal; dropout)
+    and equal states give equal terms, bit for bit. Inside the engine's ``fork_rng``: the user's generators are
+    restored afterwards."""
+    torch.random.default_generator.manual_seed(0)
+    if device.type == "cuda":
+        torch.cuda.default_generators[
+            device.index if device.index is not None else torch.cuda.current_device()
+        ].manual_seed(0)

@@ -254,6 +254,7 @@ class WhatIf:
                     full[ie, it] = s.transpose(0, 1).to(full.dtype)
                     x.set(key, full)
             batches.append(x)
+            engine.reseed(ie.device)  # every alternative's loss draws alike (its entropy may be sampled)
             with set_recurrent_mode(True):
                 out = loss(x)
             zero = torch.zeros((), device=out["loss_objective"].device)

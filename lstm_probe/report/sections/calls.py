@@ -390,9 +390,10 @@ class Calls(Section[CallsSection]):
         if spm:
             kept = kept_columns(data.kept_envs, data.n_envs, data.env_runners)
             if not kept:  # else the minibatches' other sequences have no rows: said under unavailable
+                noun = "sequence" if max(spm) == 1 else "sequences"
                 out.append(
-                    f"training minibatches hold {span(min(spm), max(spm))} "
-                    f"{'sequence' if max(spm) == 1 else 'sequences'}: that is the batch dimension of the {data.kind}'s training-time hidden state"
+                    f"training minibatches hold {span(min(spm), max(spm))} {noun}: that is the batch dimension of "
+                    f"the {data.kind}'s training-time hidden state"
                 )
             if data.sequence_start_reasons.get("split"):
                 whose = f" of {kept}" if kept else ""
