@@ -124,3 +124,19 @@ def test_the_probe_does_not_show_a_once_shown_warning_again(tmp_path):
                 warnings.warn("the user's warning", UserWarning, stacklevel=1)
     collector.shutdown()
     assert [str(w.message) for w in caught].count("the user's warning") == 1
+
+
+def test_the_target_pass_is_linked_to_its_next_samples_and_its_zero_starts_found(tmp_path):
+    """DQNLoss's target pass (``value_estimate`` -> ``_next_value``: the value network on
+    ``step_mdp(td_copy)``) runs on the batch's next samples: its rows are those samples (env step one on), and
+    it starts from the ("next", state) the online pass just wrote over (zeros except at each trajectory's
+    end, rnn.py), not from the collected states: the doctor says so, naming the value phase."""
+    _train(_dqn(), tmp_path / "dqn.parquet")
+    df = lstm_probe.load(tmp_path / "dqn.parquet", vectors=False)
+    value = df[(df.phase == "value") & ~df.padding]
+    assert value.env_step.notna().all() and not value.episode_start.any()
+    first = value[(value.iteration == 0) & (value.minibatch == 0)]
+    assert sorted(set(first.env_step.astype(int))) == list(range(1, FRAMES + 1))  # the next samples of batch 0
+    problems = lstm_probe.summarize(tmp_path / "dqn.parquet").doctor.problems
+    zeros = [p for p in problems if p.kind == "train_from_zeros"]
+    assert zeros and zeros[0].phase == "value" and "value-estimator sequences" in zeros[0].text
