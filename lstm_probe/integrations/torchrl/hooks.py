@@ -58,7 +58,6 @@ from __future__ import annotations
 import os
 import sys
 import time
-import warnings
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -73,7 +72,13 @@ from lstm_probe.capture.tracer import CoreTracer
 from lstm_probe.contract import Capabilities, Tags
 from lstm_probe.errors import BadInput
 from lstm_probe.integrations.torchrl import memory, whatif
-from lstm_probe.integrations.torchrl.recurrent import StagedRecurrent, holding, staged_budget, staged_bytes
+from lstm_probe.integrations.torchrl.recurrent import (
+    StagedRecurrent,
+    cudnn_quiet,
+    holding,
+    staged_budget,
+    staged_bytes,
+)
 from lstm_probe.integrations.torchrl.samples import Envs, StagedCall, gae_batch, host, rows_on_host
 from lstm_probe.integrations.torchrl.shadow import inner_rnn as _rnn
 from lstm_probe.integrations.torchrl.shadow import shadow
@@ -210,6 +215,13 @@ class TorchRLProbe(Probe, Tagged):
         self.frames = 0  # env steps collected under the probe (the collection calls' batch sizes)
         self.unprobed: dict[str, int] = {}  # calls the probe could not read (keyword calls), per module
         self._handles: list[Any] = []
+        # in_keys a module also writes (``in_key == out_key``, TorchRL's recurrent-DQN tutorial's "embed"): the
+        # call's TensorDict holds its output there once it returns, so a pre-hook keeps what it was given
+        self._rewritten = {
+            name: [k for k in getattr(m, "in_keys", []) if k in list(getattr(m, "out_keys", []))]
+            for name, m in modules.items()
+        }
+        self._given: dict[str, dict[Any, Any]] = {}
         # TorchRL's own states of a sequential call, which the shadow's call returns (see _sequential)
         self._returned: dict[str, Any] = {}
         for name, s in self.shadows.items():
@@ -245,6 +257,8 @@ class TorchRLProbe(Probe, Tagged):
     # -- lifecycle (start, close, with, tag: life.Probe and life.Tagged) -----------------------------
     def _attach(self) -> None:
         for name, m in self.td_modules.items():
+            if self._rewritten[name]:
+                self._handles.append(m.register_forward_pre_hook(self._make_pre_hook(name)))
             self._handles.append(m.register_forward_hook(self._make_hook(name)))
         if self.what_if is not None and self._optimizer is not None:  # the gradient the optimizer steps with
             self._handles.append(self._optimizer.register_step_pre_hook(self.what_if.step_hook))
@@ -283,6 +297,20 @@ class TorchRLProbe(Probe, Tagged):
             self.what_if.on_batch(data, (it, epoch, minibatch))
 
     # -- the hook ------------------------------------------------------------------------------------
+    def _make_pre_hook(self, name: str) -> Any:
+        """Keeps the tensors (references: TorchRL sets new ones, it never writes into them) of the in_keys
+        the module overwrites with its output, for the hook after the call (:meth:`_make_hook`)."""
+        from tensordict import TensorDictBase
+
+        keys = self._rewritten[name]
+
+        def pre_hook(mod: nn.Module, args: tuple[Any, ...]) -> None:
+            td = args[0] if args else None
+            if isinstance(td, TensorDictBase):
+                self._given[name] = {k: td.get(k, None) for k in keys}
+
+        return pre_hook
+
     def _make_hook(self, name: str) -> Any:
         from tensordict import TensorDictBase
 
@@ -290,9 +318,15 @@ class TorchRLProbe(Probe, Tagged):
             start = time.perf_counter()
             core = self.tracer.hook_seconds
             td = args[0] if args else None
+            given = self._given.pop(name, None)
             if not isinstance(td, TensorDictBase) or self.tracer.writer is None:
                 self.unprobed[name] = self.unprobed.get(name, 0) + 1
                 return
+            if given:  # the call's input where its output now stands (a shallow copy: the user's td untouched)
+                td = td.copy()
+                for k, v in given.items():
+                    if v is not None:
+                        td.set(k, v)
             grad = torch.is_grad_enabled()
             torch.set_grad_enabled(False)
             try:
@@ -418,8 +452,7 @@ class TorchRLProbe(Probe, Tagged):
             ends = [e.transpose(0, 1) for e in ends]  # (layers, n, hidden), as nn.LSTM returns them
             self._returned[name] = (y, tuple(ends) if is_lstm else ends[0])
         self._current[name] = tags
-        with warnings.catch_warnings():  # a shadow of cuDNN-flattened weights is not one contiguous chunk
-            warnings.simplefilter("ignore", UserWarning)
+        with cudnn_quiet(x.device):  # a shadow of cuDNN-flattened weights is not one contiguous chunk
             rnn(x.reshape(n, 1, int(x.shape[-1])), tuple(states) if is_lstm else states[0])
 
     def _recurrent(self, name: str, mod: Any, td: Any) -> None:
@@ -435,7 +468,10 @@ class TorchRLProbe(Probe, Tagged):
         rnn = self.shadows[name]
         size = staged_bytes(rnn, td, keys)
         now = self._waiting + size > staged_budget(td.get(keys[0]).device)  # replayed at once: nothing copied
-        self._staged.append(StagedRecurrent(name, rnn, td, keys, tags, gae, copy=not now))
+        # the weights the call ran with are the inner module's now: a loss's target network puts its own there
+        # (``target_value_network_params.to_module``), which the shadow's (the module's own) are not
+        staged = StagedRecurrent(name, rnn, td, keys, tags, gae, copy=not now, weights_of=self._inner[name])
+        self._staged.append(staged)
         self._waiting += size
         if now:
             self._settle()

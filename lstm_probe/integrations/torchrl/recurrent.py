@@ -102,7 +102,15 @@ class StagedRecurrent:
     )
 
     def __init__(
-        self, name: str, rnn: nn.LSTM | nn.GRU, td: Any, keys: list[Any], tags: Tags, gae: Any, copy: bool = True
+        self,
+        name: str,
+        rnn: nn.LSTM | nn.GRU,
+        td: Any,
+        keys: list[Any],
+        tags: Tags,
+        gae: Any,
+        copy: bool = True,
+        weights_of: nn.Module | None = None,
     ) -> None:
         self.name, self.tags, self.phase = name, tags, tags.phase
         self.lstm = isinstance(rnn, nn.LSTM)
@@ -119,8 +127,10 @@ class StagedRecurrent:
         ints = [td.get(keys[-1]), source.get("step_count", None), source.get(("collector", "traj_ids"), None)]
         ints += [source.get(("collector", "mask"), None), gae[1] if gae is not None else None]
         self.tensors = [_ints(t, copy) for t in ints]
-        # the weights the call ran with: an optimizer step changes the module's own in place before the replay
-        own = [getattr(rnn, w).detach() for w in rnn._flat_weights_names]
+        # the weights the call ran with (``weights_of``'s, the user's module, where given: a functional call
+        # such as a target network's swaps others in): an optimizer step changes them in place before the replay
+        source = rnn if weights_of is None else weights_of
+        own = [getattr(source, w).detach() for w in rnn._flat_weights_names]
         self.weights = [w.clone() for w in own] if copy else own
 
     @property
@@ -181,6 +191,21 @@ class StagedRecurrent:
         return packed, tuple(states) if self.lstm else states[0]
 
 
+def cudnn_quiet(device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    """cuDNN's warning that a shadow's weights are not one contiguous chunk silenced, on a CUDA device only:
+    ``warnings.catch_warnings`` resets every module's record of the warnings it has shown (its filters
+    change on entry and exit), so a user's once-shown warning (gymnasium's, say) would be shown again after
+    every traced call; the CPU never emits this one."""
+    return _quiet_block() if device.type == "cuda" else contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _quiet_block() -> Iterator[None]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        yield
+
+
 @contextlib.contextmanager
 def holding(rnn: nn.LSTM | nn.GRU, weights: list[torch.Tensor]) -> Iterator[None]:
     """The shadow ``rnn`` computing with ``weights`` (a staged call's) while the block runs, its own (the
@@ -191,8 +216,7 @@ def holding(rnn: nn.LSTM | nn.GRU, weights: list[torch.Tensor]) -> Iterator[None
     try:
         for w, t in zip(names, weights, strict=True):
             setattr(rnn, w, nn.Parameter(t, requires_grad=False))
-        with warnings.catch_warnings():  # a shadow of cuDNN-flattened weights is not one contiguous chunk
-            warnings.simplefilter("ignore", UserWarning)
+        with cudnn_quiet(weights[0].device if weights else torch.device("cpu")):
             yield
     finally:
         for w, p in zip(names, own, strict=True):

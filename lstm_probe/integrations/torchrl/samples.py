@@ -30,7 +30,11 @@ from lstm_probe.log.schema import COLUMN
 
 GAE_FRAME = "_call_value_nets"
 """torchrl/objectives/value/advantages.py ``ValueEstimatorBase._call_value_nets``: every value estimator's
-(GAE, TD(0), TD(1), TD(lambda)) calls of the value network go through it."""
+(GAE, TD(0), TD(1), TD(lambda)) calls of the value network in its ``forward`` go through it."""
+NEXT_FRAME = "_next_value"
+"""advantages.py ``ValueEstimatorBase._next_value``: an estimator's ``value_estimate`` (a loss's target, DQN's
+with ``target_params``) runs the value network on ``step_td = step_mdp(tensordict, keep_other=False)``
+alone: the pass over the batch's next samples."""
 
 
 def host(tensors: list[torch.Tensor | None]) -> list[np.ndarray | None]:
@@ -143,13 +147,20 @@ def pieces_on_device(
 
 
 def _estimator_locals() -> dict[str, Any] | None:
-    """The locals of the innermost value estimator's :data:`GAE_FRAME` on the stack, None outside one."""
+    """The locals of the innermost value estimator's :data:`GAE_FRAME` on the stack (``data``, ``data_root``,
+    ``data_next``), or of its :data:`NEXT_FRAME` as the same names (its batch ``tensordict`` as ``data`` and
+    ``data_root``, ``step_td`` as ``data_next``); None outside both."""
     frame: Any = sys._getframe(1)
     while frame is not None:
-        if frame.f_code.co_name == GAE_FRAME and frame.f_globals.get("__name__", "").startswith(
+        name = frame.f_code.co_name
+        if name in (GAE_FRAME, NEXT_FRAME) and frame.f_globals.get("__name__", "").startswith(
             "torchrl.objectives.value"
         ):
-            return dict(frame.f_locals)
+            found = dict(frame.f_locals)
+            if name == GAE_FRAME:
+                return found
+            batch = found.get("tensordict")
+            return {"data": batch, "data_root": batch, "data_next": found.get("step_td")}
         frame = frame.f_back
     return None
 

@@ -359,18 +359,25 @@ def _problems(t: _Tally) -> list[Problem]:
     f = t.train_zero
     if f.count and carried:
         text = (
-            f"training sequences start from zeros {f.count} times (not at an episode start) although the rollout "
+            f"{_sequences(f.row)} start from zeros {f.count} times (not at an episode start) although the rollout "
             f"carried its state from step to step; first at {_where(f.row)}"
         )
         out.append(Problem("train_from_zeros", str(f.row.get("phase")), f.count, f.row, text))
     f = t.train_state
     if f.count and not carried and t.rollout_zero:
         text = (
-            f"training sequences start from non-zero states {f.count} times although the rollout started every "
+            f"{_sequences(f.row)} start from non-zero states {f.count} times although the rollout started every "
             f"step from zeros; first at {_where(f.row)}"
         )
         out.append(Problem("train_from_states", str(f.row.get("phase")), f.count, f.row, text))
     return out
+
+
+def _sequences(row: dict[str, Any]) -> str:
+    """A training-side call's sequences by its phase: a value estimator's are not the loss's."""
+    if row.get("phase") == "value":
+        return "value-estimator sequences (GAE's passes or a loss's target network, phase value)"
+    return "training sequences"
 
 
 def _columns(batch: pa.RecordBatch) -> dict[str, np.ndarray]:

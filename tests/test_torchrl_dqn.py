@@ -1,0 +1,142 @@
+"""TorchRL's recurrent DQN (its tutorial ``dqn_with_rnn.py``, on CartPole's state): an encoder before an
+``LSTMModule`` whose in_key is its out_key ("embed"), a ``QValueModule`` and ``EGreedyModule``, a replay buffer
+of whole collector batches, ``DQNLoss(delay_value=True)`` in recurrent mode and ``SoftUpdate``. Probed as
+docs/torchrl.md says (``probe([policy, ...])``, ``p.tag(...)`` around the loss)."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torchrl")
+
+import torch
+from tensordict.nn import TensorDictModule, TensorDictSequential
+from torchrl.collectors import Collector
+from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
+from torchrl.envs import Compose, DoubleToFloat, GymEnv, InitTracker, StepCounter, TransformedEnv, step_mdp
+from torchrl.modules import MLP, EGreedyModule, LSTMModule, QValueModule, set_recurrent_mode
+from torchrl.objectives import DQNLoss, SoftUpdate
+
+import lstm_probe
+from lstm_probe.integrations.torchrl import probe
+
+DISTRIBUTION_CHECKS = False  # what TorchRL sets for the process (see conftest.py)
+FRAMES, BATCHES, UTD = 20, 3, 2
+
+
+def _dqn(hidden: int = 8) -> dict[str, Any]:
+    torch.manual_seed(0)
+    env = TransformedEnv(GymEnv("CartPole-v1"), Compose(StepCounter(), InitTracker(), DoubleToFloat()))
+    env.set_seed(0)
+    feature = TensorDictModule(MLP(in_features=4, out_features=8, num_cells=[8]), ["observation"], ["embed"])
+    lstm = LSTMModule(input_size=8, hidden_size=hidden, in_key="embed", out_key="embed")  # the tutorial's keys
+    env.append_transform(lstm.make_tensordict_primer())
+    head = TensorDictModule(MLP(in_features=hidden, out_features=2, num_cells=[8]), ["embed"], ["action_value"])
+    policy = TensorDictSequential(feature, lstm, head, QValueModule(spec=env.action_spec))
+    explore = TensorDictSequential(policy, EGreedyModule(spec=env.action_spec, eps_init=0.2))
+    loss = DQNLoss(policy, action_space=env.action_spec, delay_value=True)
+    return {"env": env, "policy": policy, "explore": explore, "loss": loss, "lstm": lstm}
+
+
+def _train(parts: dict[str, Any], out: Path, before_loss: Any = None) -> Any:
+    """The tutorial's loop, tiny; ``before_loss(s)`` runs before each loss call. Returns the last sample."""
+    torch.set_num_threads(1)
+    loss, policy = parts["loss"], parts["policy"]
+    updater = SoftUpdate(loss, eps=0.95)
+    optim = torch.optim.Adam(policy.parameters(), lr=1e-2)
+    collector = Collector(parts["env"], parts["explore"], frames_per_batch=FRAMES, total_frames=FRAMES * BATCHES)
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(100), batch_size=2)
+    s = None
+    with probe([parts["explore"], policy], out, force=True) as p:
+        for data in collector:
+            rb.extend(data.unsqueeze(0).to_tensordict())
+            for k in range(UTD):
+                s = rb.sample()
+                if before_loss is not None:
+                    before_loss(s)
+                with p.tag(epoch=0, minibatch=k), set_recurrent_mode(True):
+                    losses = loss(s)
+                losses["loss"].backward()
+                optim.step()
+                optim.zero_grad()
+            updater.step()
+    collector.shutdown()
+    return s
+
+
+def test_an_lstm_whose_in_key_is_its_out_key_is_re_run_on_its_input(tmp_path):
+    """The tutorial's ``in_key="embed", out_key="embed"``: the call's TensorDict holds the LSTM's output under
+    its input key once it returns; the training states are the ones TorchRL computed from its input, so the
+    provenance check holds (every sample of the first minibatch is the first batch's: drift 0)."""
+    _train(_dqn(), tmp_path / "dqn.parquet")
+    df = lstm_probe.load(tmp_path / "dqn.parquet", vectors=False)
+    first = df[(df.phase == "train") & ~df.padding & (df.iteration == 0) & (df.minibatch == 0)]
+    assert len(first) == 2 * FRAMES and first.env_step.notna().all()
+    assert first.drift_h.max() < 1e-5 and first.drift_c.max() < 1e-5
+    assert lstm_probe.summarize(tmp_path / "dqn.parquet").staleness.provenance_ok is True
+
+
+def test_a_target_network_call_is_re_run_with_the_target_weights(tmp_path):
+    """DQNLoss's target pass runs the module with ``target_value_network_params`` put in (``to_module``): the
+    rows of that call are the states TorchRL computed with them, not with the module's own weights."""
+    parts = _dqn()
+    loss = parts["loss"]
+    target = loss.target_value_network_params
+    expected: list[np.ndarray] = []
+
+    def before_loss(s: Any) -> None:
+        if not expected:  # a target network well apart from the online one
+            target.apply_(lambda t: t.data.add_(0.2))
+        with torch.no_grad(), set_recurrent_mode(True):  # DQNLoss.forward's two passes, TorchRL's own
+            td = s.clone(False)
+            with loss.value_network_params.to_module(loss.value_network):
+                loss.value_network(td)
+            nxt = step_mdp(td, keep_other=False)
+            with target.to_module(loss.value_network):
+                loss.value_network(nxt)
+        expected.append(nxt["embed"].reshape(-1, 8).numpy())  # the top layer's h at every step
+
+    _train(parts, tmp_path / "dqn.parquet", before_loss=before_loss)
+    torchrl_h = expected[-1]
+    df = lstm_probe.load(tmp_path / "dqn.parquet")
+    value = df[(df.phase == "value") & ~df.padding]
+    last = value[value.call == value.call.max()]
+    assert len(last) == len(torchrl_h)
+    logged = lstm_probe.states(last, "h")
+    err = np.linalg.norm(logged[:, None, :] - torchrl_h[None, :, :], axis=-1).min(axis=1)
+    assert err.max() < 1e-5 * np.linalg.norm(torchrl_h, axis=-1).max()
+
+
+def test_the_probe_does_not_show_a_once_shown_warning_again(tmp_path):
+    """A warning the user's code shows once (the 'default' action: once per place) stays shown once while
+    the probe traces: the probe's hooks do not reset the warnings module's record of what was shown."""
+    parts = _dqn()
+    collector = Collector(parts["env"], parts["explore"], frames_per_batch=FRAMES, total_frames=FRAMES * BATCHES)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        with probe(parts["explore"], tmp_path / "w.parquet", force=True):
+            for _ in collector:
+                warnings.warn("the user's warning", UserWarning, stacklevel=1)
+    collector.shutdown()
+    assert [str(w.message) for w in caught].count("the user's warning") == 1
+
+
+def test_the_target_pass_is_linked_to_its_next_samples_and_its_zero_starts_found(tmp_path):
+    """DQNLoss's target pass (``value_estimate`` -> ``_next_value``: the value network on
+    ``step_mdp(td_copy)``) runs on the batch's next samples: its rows are those samples (env step one on), and
+    it starts from the ("next", state) the online pass just wrote over (zeros except at each trajectory's
+    end, rnn.py), not from the collected states: the doctor says so, naming the value phase."""
+    _train(_dqn(), tmp_path / "dqn.parquet")
+    df = lstm_probe.load(tmp_path / "dqn.parquet", vectors=False)
+    value = df[(df.phase == "value") & ~df.padding]
+    assert value.env_step.notna().all() and not value.episode_start.any()
+    first = value[(value.iteration == 0) & (value.minibatch == 0)]
+    assert sorted(set(first.env_step.astype(int))) == list(range(1, FRAMES + 1))  # the next samples of batch 0
+    problems = lstm_probe.summarize(tmp_path / "dqn.parquet").doctor.problems
+    zeros = [p for p in problems if p.kind == "train_from_zeros"]
+    assert zeros and zeros[0].phase == "value" and "value-estimator sequences" in zeros[0].text
