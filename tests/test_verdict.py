@@ -294,7 +294,7 @@ def test_an_own_loop_whose_chunks_start_mid_rollout_has_stored_states_that_can_g
         doc = _report(log)[0]
         assert (doc["sequences"]["sequences"], doc["sequences"]["mid_rollout_starts"]) == (16 // chunk * 2, mid)
         assert doc["verdict"]["stored_starts"] is (mid > 0)
-        first = doc["verdict"]["lines"][-2]
+        first = doc["verdict"]["lines"][0]
         assert first.startswith("stored states") if mid else "no training sequence starts mid-rollout" in first, first
     log = tmp_path / "zeros.parquet"  # chunks from zeros (the review's case): mid-rollout, but from no stored state
     _chunked_loop(log, 4, zeros=True)

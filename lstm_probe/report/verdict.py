@@ -216,8 +216,8 @@ def verdict(
             f"{m}: not judged stale: {why}; its {_pct(drift[m])} drift from the rollout states comes from that, not "
             "from stored states going stale"
         )
-    _matters(v, what_if, caps, (not_measurable or {}).get("what_if"), staleness)
     _doctor(v, problems or [])
+    _matters(v, what_if, caps, (not_measurable or {}).get("what_if"), staleness)
     return v
 
 
