@@ -169,9 +169,13 @@ def verdict(
             "section say where)"
         )
     if not judged:
+        untagged = staleness is not None and bool(staleness.by_position) and not staleness.by_epoch
         why = (
             "its training sequences do not start from stored rollout states"
             if not caps.stored_states
+            else "its train rows carry drifts but no epoch, so none is known to be of the last epoch or minibatch "
+            "(tag the training calls with epoch and minibatch; a loop of updates: epoch 0, minibatch k)"
+            if not drift and untagged
             else "no training row of this log carries a drift against the rollout state of its env step"
             if not drift
             else f"the drift of {' and '.join(drift)} is of a rollout-time copy that is not synced (below)"
@@ -306,7 +310,7 @@ def _matters(
             stale = (
                 "none of the stored states measured is stale, so none to matter there (no training sequence starts "
                 "mid-rollout from one); the train rows without a measured drift are not judged"
-                if st is not None and unmeasured(st)
+                if st is not None and unmeasured(st) and v.stale is not None
                 else "no stored state is stale here, so none to matter (no training sequence starts mid-rollout from "
                 "one)"
             )
