@@ -43,13 +43,13 @@ def _dqn(hidden: int = 8) -> dict[str, Any]:
     return {"env": env, "policy": policy, "explore": explore, "loss": loss, "lstm": lstm}
 
 
-def _train(parts: dict[str, Any], out: Path, before_loss: Any = None) -> Any:
+def _train(parts: dict[str, Any], out: Path, before_loss: Any = None, batches: int = BATCHES) -> Any:
     """The tutorial's loop, tiny; ``before_loss(s)`` runs before each loss call. Returns the last sample."""
     torch.set_num_threads(1)
     loss, policy = parts["loss"], parts["policy"]
     updater = SoftUpdate(loss, eps=0.95)
     optim = torch.optim.Adam(policy.parameters(), lr=1e-2)
-    collector = Collector(parts["env"], parts["explore"], frames_per_batch=FRAMES, total_frames=FRAMES * BATCHES)
+    collector = Collector(parts["env"], parts["explore"], frames_per_batch=FRAMES, total_frames=FRAMES * batches)
     rb = TensorDictReplayBuffer(storage=LazyTensorStorage(100), batch_size=2)
     s = None
     with probe([parts["explore"], policy], out, force=True) as p:
@@ -140,3 +140,78 @@ def test_the_target_pass_is_linked_to_its_next_samples_and_its_zero_starts_found
     problems = lstm_probe.summarize(tmp_path / "dqn.parquet").doctor.problems
     zeros = [p for p in problems if p.kind == "train_from_zeros"]
     assert zeros and zeros[0].phase == "value" and "value-estimator sequences" in zeros[0].text
+
+
+@pytest.fixture(scope="module")
+def replayed(tmp_path_factory):
+    """One run of eight collector batches: most samples of the later updates are of earlier batches."""
+    log = tmp_path_factory.mktemp("dqn") / "dqn.parquet"
+    _train(_dqn(), log, batches=8)
+    return log, lstm_probe.summarize(log)
+
+
+def _words(report: Any) -> list[str]:
+    """Every line the text report shows (the verdict, each section's lines and panels, what the log lacks, the
+    findings)."""
+    from lstm_probe.report.section import Line, Panel, Table
+
+    out: list[str] = []
+    for blocks in report.text():
+        for b in blocks:
+            out += [b.text] if isinstance(b, Line) else list(b.lines) if isinstance(b, Panel) else []
+            out += [b.title] if isinstance(b, Table) else []
+    return out
+
+
+def test_train_rows_without_a_drift_are_counted_and_left_unjudged(replayed):
+    """A replay buffer's samples of earlier collector batches have no drift (the probe holds the current batch's
+    rollout states only): the staleness section counts them and the verdict says they are not judged, rather than
+    concluding from the measured rows alone that no stored state went stale."""
+    log, report = replayed
+    df = lstm_probe.load(log, vectors=False)
+    train = df[(df.phase == "train") & ~df.padding & (df.layer == 0)]
+    missing = int(train.drift_h.isna().sum())
+    assert 0 < missing < len(train) and missing > len(train) / 2  # most rows unmeasured, as in the trial
+    st = report.staleness
+    assert st.unmeasured_rows == missing and st.train_rows == len(train)
+    share = f"{100 * (len(train) - missing) / len(train):.0f}%"
+    said = [line for line in report.verdict.lines if line.startswith(f"drift measured on {share} of train rows")]
+    assert said and "no longer holds" in said[0] and said[0].endswith("not judged")
+    assert not any("so no stored state went stale" in line for line in report.verdict.lines)
+    assert said[0] in _words(report)  # the staleness section says it too
+    assert report.to_dict()["staleness"]["unmeasured_rows"] == missing
+
+
+def test_the_verdict_points_at_the_doctors_training_side_problem(replayed):
+    """The doctor finds the target pass starting from zeros (phase value): the verdict does not read as all clear."""
+    _, report = replayed
+    assert any(p.kind == "train_from_zeros" and p.phase == "value" for p in report.doctor.problems)
+    (line,) = [x for x in report.verdict.lines if x.startswith("not all clear: the doctor reports")]
+    assert "train_from_zeros in the value phase" in line
+
+
+def test_what_if_is_not_suggested_for_a_loss_it_cannot_re_run(replayed):
+    """What-if and memory re-run a ClipPPOLoss: a DQNLoss run's log declares neither (the loss is found on the
+    stack, no loss= given) and says why, and no line of the report suggests --what-if or --memory."""
+    log, report = replayed
+    assert report.capabilities.replay is False and report.capabilities.respond is False
+    why = lstm_probe.log.reader.read_info(log).metadata["not_measurable"]
+    assert set(why) == {"what_if", "memory"} and "DQNLoss" in why["what_if"]
+    words = _words(report)
+    assert not any("--what-if" in w and "not available" not in w for w in words)
+    assert not any("--memory" in w for w in words)
+    assert sum("not available for this run" in w and "DQNLoss" in w for w in words) == 3  # verdict, what-if, memory
+
+
+def test_a_loop_of_updates_is_not_worded_as_epochs(replayed):
+    """Every train row is of epoch 0 (``p.tag(epoch=0, minibatch=k)``): the drift is said by the last minibatch of
+    an update, from that minibatch's rows, not "in epoch 0", "by the last epoch" or "epoch x N + minibatch"."""
+    _, report = replayed
+    words = _words(report)
+    for ppo in ("in epoch 0", "by the last epoch", "epoch x "):
+        assert not any(ppo in w for w in words), ppo
+    last = max(r["minibatch"] for r in report.staleness.by_update)
+    assert report.verdict.lines[0].startswith(f"training states drifted: by the last minibatch of an update ({last})")
+    at = [r for r in report.staleness.by_update if r["minibatch"] == last]
+    assert report.verdict.drift == {"lstm": at[0]["drift_h_mean"]}
+    assert any(f.startswith(f"by the last minibatch of an update ({last}) lstm states drift") for f in report.findings)

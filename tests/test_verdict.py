@@ -294,7 +294,7 @@ def test_an_own_loop_whose_chunks_start_mid_rollout_has_stored_states_that_can_g
         doc = _report(log)[0]
         assert (doc["sequences"]["sequences"], doc["sequences"]["mid_rollout_starts"]) == (16 // chunk * 2, mid)
         assert doc["verdict"]["stored_starts"] is (mid > 0)
-        first = doc["verdict"]["lines"][-2]
+        first = doc["verdict"]["lines"][0]
         assert first.startswith("stored states") if mid else "no training sequence starts mid-rollout" in first, first
     log = tmp_path / "zeros.parquet"  # chunks from zeros (the review's case): mid-rollout, but from no stored state
     _chunked_loop(log, 4, zeros=True)
@@ -336,3 +336,13 @@ def test_a_module_whose_rollout_copy_is_not_synced_is_not_called_stale():
     wi.unsynced = {"actor": "x", "critic": "y"}  # nothing left to judge: unmeasured, never fresh
     v = verdict(staleness(0.002, 0.39), wi, SB3)
     assert v.stale is None and v.lines[0].startswith("staleness unmeasured: the drift of actor and critic is of")
+
+
+def test_drifts_that_carry_no_epoch_are_not_called_missing():
+    """Train rows with drifts but no epoch tag (a loop of updates tagged ``minibatch=k`` alone) were told "no
+    training row of this log carries a drift": the verdict says they carry drifts, and which tag is missing."""
+    position = [{"module": "lstm", "layer": 0, "position": "first", "rows": 4, "drift_h_mean": 0.1}]
+    st = StalenessSection(0, None, None, None, [], [], position, train_rows=8)
+    v = verdict(st, None, Capabilities("torchrl", stored_states=True), reasons={"env_boundary": 2})
+    assert v.stale is None and v.lines[0].startswith("staleness unmeasured: its train rows carry drifts but no epoch")
+    assert "tag the training calls with epoch and minibatch" in v.lines[0]

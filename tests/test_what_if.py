@@ -307,7 +307,7 @@ def test_settings_and_unavailable():
         with pytest.raises(BadInput):
             Measure(what_if=args[0], what_if_every=args[1], burn_in=args[2])
     section = WhatIf()
-    log = types.SimpleNamespace(caps=Capabilities("rllib"))
+    log = types.SimpleNamespace(caps=Capabilities("rllib"), not_measurable={})
     assert "Capabilities.replay" not in section.unavailable(WhatIfSection(False), log)[0]  # plain words
     assert "copy of the policy" in section.unavailable(WhatIfSection(False), log)[0]
     sb3 = types.SimpleNamespace(caps=Capabilities("sb3", replay=True))

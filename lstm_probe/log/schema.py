@@ -490,6 +490,8 @@ METADATA_KEYS: dict[str, str] = {
     "critic ('lstm' | 'shared' | 'mlp').",
     "capabilities": "What the writing integration's logs can hold (framework, shards, epochs, rollout_buffer, "
     "max_seq_len, stored_states, replay): report sections ask these, never the framework's name.",
+    "not_measurable": "Only where the integration says so: what_if, memory -> why it cannot measure them for this "
+    "run (TorchRL: the loss is not a ClipPPOLoss); capabilities then declare neither replay nor respond.",
     "hidden_size": "Length of the h and c vectors.",
     "capture": "'full' | 'summary'; with every_k and dtype ('float32' | 'float16'), and trace_envs K where only env "
     "columns 0..K-1 store vectors, whatever the mode (--trace-envs; padding rows store none), other_envs 'none' "

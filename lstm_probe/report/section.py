@@ -273,6 +273,13 @@ class Log:
         return self.info.metadata
 
     @property
+    def not_measurable(self) -> dict[str, str]:
+        """What the writing integration says it cannot measure for this run, and why (metadata ``not_measurable``:
+        ``what_if``, ``memory`` -> a sentence); empty where it says nothing."""
+        said = self.meta.get("not_measurable")
+        return {str(k): str(v) for k, v in said.items() if isinstance(v, str)} if isinstance(said, dict) else {}
+
+    @property
     def kinds(self) -> dict[str, str]:
         """Module name -> its kind ('LSTM', 'GRU', 'LSTMCell', 'GRUCell'), as the log's metadata declares it."""
         modules = (self.meta.get("architecture") or {}).get("modules") or {}

@@ -264,5 +264,7 @@ def _summarize(path: str | os.PathLike[str], chunk_rows: int, progress: Progress
             runners=log.env_runners,
             reasons=getattr(results.get("calls"), "sequence_start_reasons", None),
             mid_rollout=getattr(results.get("sequences"), "mid_rollout_starts", None),
+            problems=getattr(results.get("doctor"), "problems", None),
+            not_measurable=log.not_measurable,
         ),
     )

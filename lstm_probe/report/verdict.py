@@ -17,7 +17,7 @@ import numpy as np
 from lstm_probe.contract import Capabilities
 from lstm_probe.report.section import kept_columns
 from lstm_probe.report.sections.cross_process import kinds, unsynced
-from lstm_probe.report.sections.staleness import StalenessSection
+from lstm_probe.report.sections.staleness import StalenessSection, last_update, unmeasured
 from lstm_probe.report.sections.what_if import (
     STORED,
     WHOLE,
@@ -52,7 +52,8 @@ class Verdict:
     episode start (the start reasons say so, or the what-if's stored states equal refreshed ones), where stored
     states are refreshed states by construction. None: the log says neither."""
     drift: dict[str, float] = field(default_factory=dict)
-    """Module -> mean relative drift of its layer-0 training states in the last epoch."""
+    """Module -> mean relative drift of its layer-0 training states in the last epoch; where every train row is of
+    one epoch over several minibatches (a loop of updates), at the last minibatch of an update."""
     unsynced: dict[str, str] = field(default_factory=dict)
     """Modules whose rollout-time copy runs other weights than training's (module -> why, as the log says it: the
     what-if's ``unsynced``, or the cross-process check's first pass: :func:`~lstm_probe.report.sections.
@@ -127,6 +128,8 @@ def verdict(
     runners: int | None = None,
     reasons: dict[str, int] | None = None,
     mid_rollout: int | None = None,
+    problems: list[Any] | None = None,
+    not_measurable: dict[str, str] | None = None,
 ) -> Verdict:
     """The verdict of one log from its staleness and what-if sections (either may be None: not computed) and,
     for a sharded log whose drift is paired across processes, its cross-process section. ``kept_envs``: K where
@@ -136,9 +139,14 @@ def verdict(
     ``sequence_start_reasons``): with the what-if's stored states, whether any starts from a stored mid-rollout
     state (``Verdict.stored_starts``), and so what the drift is; ``mid_rollout``: where the log records no start
     reason (an own loop), how many training sequences start mid-rollout by their env steps (the sequences
-    section's ``mid_rollout_starts``)."""
+    section's ``mid_rollout_starts``). ``problems``: the doctor's (``DoctorSection.problems``): those of training-side
+    calls get a line pointing at them; ``not_measurable``: what the integration says it cannot measure for this run,
+    and why (the log's metadata: ``what_if``), said in place of the option that would measure it."""
     epoch, drift = _drifts(staleness)
     minibatch, how = None, ""
+    update = last_update(staleness) if staleness is not None and epoch == 0 else None
+    if update is not None:  # one epoch over several minibatches: by the end of an update
+        minibatch, drift = update
     if not drift:
         minibatch, drift, how = _minibatch_drifts(cross)
     v = Verdict(stale=None, drift=drift, epoch=epoch)
@@ -161,9 +169,13 @@ def verdict(
             "section say where)"
         )
     if not judged:
+        untagged = staleness is not None and bool(staleness.by_position) and not staleness.by_epoch
         why = (
             "its training sequences do not start from stored rollout states"
             if not caps.stored_states
+            else "its train rows carry drifts but no epoch, so none is known to be of the last epoch or minibatch "
+            "(tag the training calls with epoch and minibatch; a loop of updates: epoch 0, minibatch k)"
+            if not drift and untagged
             else "no training row of this log carries a drift against the rollout state of its env step"
             if not drift
             else f"the drift of {' and '.join(drift)} is of a rollout-time copy that is not synced (below)"
@@ -178,6 +190,9 @@ def verdict(
         if minibatch is not None:
             where = f"by the last minibatch of an update ({minibatch})"
         lie = f"{where} training states{of} lie on average {by} from the rollout states of the same env step"
+        partial = unmeasured(staleness) if staleness is not None else None
+        if partial:  # some train rows have no drift: every figure is of the others
+            measure = measure.replace("relative L2 drift", "relative L2 drift of the train rows measured", 1)
         if v.stored_starts or (v.stored_starts is None and caps.stored_states):
             said = "stored states went stale" if v.stale else "stored states stayed fresh"
             v.lines.append(f"{said}: {lie} ({measure}; stale above {_pct(STALE)})")
@@ -190,21 +205,41 @@ def verdict(
                 "alone (the doctor says where)"
                 if v.stored_starts is False and v.provenance_ok is False
                 else "no training sequence starts mid-rollout from a stored state (each starts at its rollout's start "
-                "or at an episode start), so no stored state went stale: the drift is the training pass recomputing "
-                "the states with the updated weights"
+                f"or at an episode start), so {'on the rows measured ' if partial else ''}no stored state went stale: "
+                "the drift is the training pass recomputing the states with the updated weights"
                 if v.stored_starts is False
                 else "the training pass recomputes the states with the updated weights, and sequences that start "
                 "mid-rollout start from stored states that may have gone stale; where the training sequences start "
                 "is not recorded, so which of the two it is, is not known"
             )
             v.lines.append(f"{said}: {lie} ({measure}; {bound}): {why}")
+        if partial:
+            v.lines.append(partial)
     for m, why in v.unsynced.items():
         v.lines.append(
             f"{m}: not judged stale: {why}; its {_pct(drift[m])} drift from the rollout states comes from that, not "
             "from stored states going stale"
         )
-    _matters(v, what_if, caps)
+    _doctor(v, problems or [])
+    _matters(v, what_if, caps, (not_measurable or {}).get("what_if"), staleness)
     return v
+
+
+TRAINING_SIDE = ("train", "value")
+"""The phases of the doctor's problems the verdict points at: the calls its drift and what-if are of."""
+
+
+def _doctor(v: Verdict, problems: list[Any]) -> None:
+    """A line pointing at the doctor's problems of training-side calls (by kind and phase), which no figure above
+    shows (where the provenance check failed its line already points at the doctor)."""
+    found = [p for p in problems if getattr(p, "phase", None) in TRAINING_SIDE]
+    if not found or v.provenance_ok is False:
+        return
+    kinds = "; ".join(f"{p.kind} in the {p.phase} phase, {p.count:,} times" for p in found)
+    v.lines.append(
+        f"not all clear: the doctor reports {'a problem' if len(found) == 1 else f'{len(found)} problems'} in "
+        f"training-side calls that the lines above do not judge ({kinds}); the doctor's section says where"
+    )
 
 
 def _unsynced(wi: WhatIfSection | None, cross: Any, drift: dict[str, float]) -> dict[str, str]:
@@ -249,7 +284,13 @@ def _stored_starts(
     return None if mid is None and moved is None else False
 
 
-def _matters(v: Verdict, wi: WhatIfSection | None, caps: Capabilities) -> None:
+def _matters(
+    v: Verdict,
+    wi: WhatIfSection | None,
+    caps: Capabilities,
+    refused: str | None = None,
+    st: StalenessSection | None = None,
+) -> None:
     if v.provenance_ok is False and v.stored_starts is False and (wi is None or not wi.measured):
         v.lines.append(
             "whether it matters for values and actions: not judged: the provenance check FAILED (training does not "
@@ -259,17 +300,25 @@ def _matters(v: Verdict, wi: WhatIfSection | None, caps: Capabilities) -> None:
     if wi is None or not wi.measured or not wi.by_epoch:
         if v.stored_starts is False:
             how = (
-                "run with --what-if to measure what the state carried into each rollout is worth (zero states) and "
-                "how long a history would do (burn-ins)"
+                f"--what-if is not available for this run ({refused})"
+                if refused and not caps.replay
+                else "run with --what-if to measure what the state carried into each rollout is worth (zero states) "
+                "and how long a history would do (burn-ins)"
                 if caps.replay
                 else "--what-if measures what the state carried into each rollout is worth (zero states)"
             )
-            v.lines.append(
-                "whether it matters for values and actions: no stored state is stale here, so none to matter (no "
-                f"training sequence starts mid-rollout from one); {how}"
+            stale = (
+                "none of the stored states measured is stale, so none to matter there (no training sequence starts "
+                "mid-rollout from one); the train rows without a measured drift are not judged"
+                if st is not None and unmeasured(st) and v.stale is not None
+                else "no stored state is stale here, so none to matter (no training sequence starts mid-rollout from "
+                "one)"
             )
+            v.lines.append(f"whether it matters for values and actions: {stale}; {how}")
             return
-        if caps.replay:
+        if refused and not caps.replay:
+            how = f"--what-if is not available for this run ({refused})"
+        elif caps.replay:
             how = (
                 "run with --what-if (lstm-probe run ... --what-if; in code, what_if=True where the probe is attached) "
                 "to measure it and the burn-in that would suffice"

@@ -237,6 +237,10 @@ class TorchRLProbe(Probe, Tagged):
         self.what_if = whatif.WhatIf(copy, **sizes, **asked_w) if asked_w else None
         self.memory = memory.Memory(copy, **asked_m) if asked_m else None
         self._optimizer, self._memory_at = optimizer, -1
+        # the loss the training calls run in, once found on the stack: what-if and memory re-run a ClipPPOLoss only,
+        # so a run of another loss (a DQNLoss) declares neither and says why (whatif.refused)
+        self._loss_found = False
+        self._refused: str | None = None
         self.tracer = CoreTracer(self.shadows, options, self)
         self.tracer.before_hand_over = self._settle_staged
 
@@ -245,6 +249,8 @@ class TorchRLProbe(Probe, Tagged):
         """framework 'torchrl': training sequences start from the states stored at collection; a batch can be
         re-run on a copy of the loss (whatif.py, memory.py)."""
         caps = {"stored_states": True, "replay": True, "respond": True, "observe": True}
+        if self._refused:  # the run's loss is not one they re-run
+            caps |= {"replay": False, "respond": False}
         return Capabilities("torchrl", epochs=self._epochs, **caps)
 
     def metadata(self) -> dict[str, Any]:
@@ -269,7 +275,9 @@ class TorchRLProbe(Probe, Tagged):
         self._handles.clear()
 
     def _final(self) -> dict[str, Any]:
-        final = {"torchrl_unprobed_calls": dict(self.unprobed)} if self.unprobed else {}
+        final: dict[str, Any] = {"torchrl_unprobed_calls": dict(self.unprobed)} if self.unprobed else {}
+        if self._refused:
+            final["not_measurable"] = {"what_if": self._refused, "memory": self._refused}
         measured = {"what_if": self.what_if, "memory": self.memory}
         return final | {k: m.metadata() for k, m in measured.items() if m is not None and m.metadata() is not None}
 
@@ -463,6 +471,9 @@ class TorchRLProbe(Probe, Tagged):
         the call's samples from (samples.gae_batch: found now, on the stack)."""
         keys = list(mod.in_keys)
         phase = _phase(True)
+        if phase == "train" and not self._loss_found:  # until a loss module is found on the stack
+            loss = _loss()
+            self._loss_found, self._refused = loss is not None, whatif.refused(loss)
         tags = self._tags(phase)
         gae = gae_batch(td.get(keys[1], None), keys[1]) if phase == "value" else None
         rnn = self.shadows[name]
@@ -490,6 +501,21 @@ class TorchRLProbe(Probe, Tagged):
                 rnn(*args)
         finally:
             self._current.pop(name, None)
+
+
+def _loss() -> Any:
+    """The innermost TorchRL loss module (``LossModule``) whose method is on the stack (the frame's ``self``), None
+    where none is."""
+    from torchrl.objectives import LossModule
+
+    frame: Any = sys._getframe(1)
+    while frame is not None:
+        if frame.f_globals.get("__name__", "").startswith("torchrl.objectives"):
+            s = frame.f_locals.get("self")
+            if isinstance(s, LossModule):
+                return s
+        frame = frame.f_back
+    return None
 
 
 def _collector() -> Any:

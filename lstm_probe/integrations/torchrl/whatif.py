@@ -80,6 +80,16 @@ def as_rows(data: Any) -> Any:
     return data
 
 
+def refused(loss: Any) -> str | None:
+    """Why what-if and memory cannot measure a run whose loss is ``loss`` (None: they can, or no loss known): they
+    re-run a copy of a ``ClipPPOLoss`` (:class:`Copy`)."""
+    from torchrl.objectives import ClipPPOLoss
+
+    if loss is None or isinstance(loss, ClipPPOLoss):
+        return None
+    return f"what-if and memory on TorchRL re-run a ClipPPOLoss; this run's loss is {type(loss).__name__}"
+
+
 class Copy:
     """A private copy of the user's ``ClipPPOLoss`` (its actor and critic), run non-functional, and what the
     adapters read of it: the recurrent module of each role (``actor``; ``critic`` where the critic has its own),

@@ -203,6 +203,8 @@ class Memory(Section[MemorySection]):
     def unavailable(self, data: MemorySection | None, log: Log) -> list[str]:
         if data is not None and data.measured:
             return []
+        if not log.caps.respond and (why := log.not_measurable.get("memory")):
+            return [f"{MEMORY_NOTE}: not available for this run ({why})"]
         if log.caps.respond:
             return [f"{MEMORY_NOTE}: not measured in this run; lstm-probe run --memory (memory=True in code) adds it"]
         return [

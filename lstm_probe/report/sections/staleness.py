@@ -79,6 +79,10 @@ class StalenessSection:
     provenance_tolerance: float = PROVENANCE_TOLERANCE
     train_rows: int = 0
     """Train rows (less padding) of the scan's first layer, with a drift or not."""
+    unmeasured_rows: int = 0
+    """Of ``train_rows``, those without a drift where some have one: their rollout states are older than the
+    rollout states the probe held when they trained (a replay buffer's samples of earlier collector batches),
+    so no figure here is of them; 0 where every train row has a drift, or none has."""
     minibatches_per_epoch: int | None = None
     """Minibatches in an epoch: as the log's metadata states it, or the largest minibatch index seen + 1. A
     ``by_update`` row's ``update`` is its minibatch's order in the iteration, epoch * this + minibatch (0: before
@@ -117,6 +121,8 @@ class StalenessTotals(Accumulator[Chunk]):
     position: GroupStats = field(default_factory=_drift_groups)
     """Keyed by the position in the sequence: 0 first step, 1 middle, 2 last."""
     train_rows: Sum = field(default_factory=Sum)
+    drift_rows: Sum = field(default_factory=Sum)
+    """Of ``train_rows``, those with a drift."""
     tagged: Sum = field(default_factory=Sum)
     """Train rows with a drift that name their epoch and minibatch (the provenance check can find its rows)."""
     held: Sum = field(default_factory=Sum)
@@ -125,7 +131,11 @@ class StalenessTotals(Accumulator[Chunk]):
     """Epochs (iteration, epoch) of the scan's first layer with a drift row."""
 
     def add(self, part: Chunk) -> None:
-        self.train_rows.add(int((~part.train["padding"].astype(bool)).sum()) if len(part.train) else 0)
+        train = part.train
+        if len(train):
+            real = ~train["padding"].astype(bool)
+            self.train_rows.add(int(real.sum()))
+            self.drift_rows.add(int((real & ~np.isnan(train["drift_h"])).sum()))
         self.add_train(part.train, count=True)
 
     def add_train(self, train: Frame, count: bool = False) -> None:
@@ -359,6 +369,7 @@ class Staleness(Section[StalenessSection]):
             per_layer,
             provenance_tolerance=bound,
             train_rows=acc.train_rows.value,
+            unmeasured_rows=acc.train_rows.value - acc.drift_rows.value if acc.drift_rows.value else 0,
             minibatches_per_epoch=per_epoch,
             provenance_note=note,
             drift_minibatches=seen,
@@ -415,6 +426,9 @@ class Staleness(Section[StalenessSection]):
         for row in st.by_epoch:
             if row["layer"] == 0:
                 last_epoch[row["module"]] = row["drift_h_mean"]
+        when = "by the last epoch"
+        if (update := last_update(st)) is not None:  # one epoch: by the end of an update
+            when, last_epoch = f"by the last minibatch of an update ({update[0]})", update[1]
         where = " in layer 0" if layered else ""
         if len(last_epoch) == 2 and min(last_epoch.values()) > 0:
             a, b = last_epoch.get("actor"), last_epoch.get("critic")
@@ -422,15 +436,16 @@ class Staleness(Section[StalenessSection]):
                 ratio = b / a
                 far, near = ("critic", "actor") if ratio >= 1 else ("actor", "critic")
                 out.append(
-                    f"by the last epoch {far} states{of} are {max(ratio, 1 / ratio):.1f}x as far from their rollout "
+                    f"{when} {far} states{of} are {max(ratio, 1 / ratio):.1f}x as far from their rollout "
                     f"states as {near} states{where} (mean relative drift actor {a:.2g}, critic {b:.2g})"
                 )
         elif last_epoch:
             for m, v in last_epoch.items():
                 out.append(
-                    f"by the last epoch {m} states{of}{where} drift {v:.2g} from the rollout states (mean relative L2 "
-                    "distance)"
+                    f"{when} {m} states{of}{where} drift {v:.2g} from the rollout states (mean relative L2 distance)"
                 )
+        if (words := unmeasured(st)) is not None:
+            out.append(words)
         return out
 
     def text(self, data: StalenessSection, caps: Capabilities) -> list[Block]:
@@ -484,7 +499,8 @@ class Staleness(Section[StalenessSection]):
         pos = ", ".join(f"{name(r)} {r['position']}: {fmt(r['drift_h_mean'])}" for r in st.by_position)
         out.append(Line(f"mean h drift by position in sequence: {pos}"))
         per_epoch = st.minibatches_per_epoch
-        order = f"epoch x {per_epoch} + minibatch; " if per_epoch and per_epoch > 1 else ""
+        epochs = any(r["epoch"] for r in st.by_update)  # one epoch: the order is the minibatch's
+        order = f"epoch x {per_epoch} + minibatch; " if per_epoch and per_epoch > 1 and epochs else ""
         for module, layer in dict.fromkeys((r["module"], r["layer"]) for r in st.by_update):
             steps = [r for r in st.by_update if r["module"] == module and r["layer"] == layer]
             shown = ", ".join(f"{int(r['update'])}: {fmt(r['drift_h_mean'])}" for r in steps[:SHOWN_UPDATES])
@@ -498,7 +514,43 @@ class Staleness(Section[StalenessSection]):
             )
         if st.drift_from:
             out.append(Line(safe(st.drift_from), soft_wrap=True))
+        if (words := unmeasured(st)) is not None:
+            out.append(Line(words))
         return out
+
+
+def _share(part: int, whole: int) -> str:
+    """'34%' (never 0% or 100% for a part that is neither none nor all)."""
+    p = 100 * part / whole
+    return "<1%" if 0 < p < 1 else ">99%" if 99 < p < 100 else f"{p:.0f}%"
+
+
+def unmeasured(st: StalenessSection) -> str | None:
+    """Where some train rows have no drift (``unmeasured_rows``): how many, and why, as the section, its finding
+    and the verdict say it; None where every train row has one (or none has)."""
+    u, n = st.unmeasured_rows, st.train_rows
+    if not u or u >= n:
+        return None
+    return (
+        f"drift measured on {_share(n - u, n)} of train rows ({n - u:,} of {n:,}: the samples whose rollout states "
+        f"the probe still held, the latest rollout's); the other {_share(u, n)} ({u:,} rows) train from earlier "
+        "rollouts' stored states, which the probe no longer holds (a replay buffer's samples of earlier collector "
+        "batches): not judged"
+    )
+
+
+def last_update(st: StalenessSection) -> tuple[int, dict[str, float]] | None:
+    """Where every train row is of one epoch (epoch 0: a loop of updates, not of epochs, as a replay buffer's) over
+    more than one minibatch: the last minibatch and each module's mean layer-0 h drift at its last minibatch (the
+    drift by the end of an update, as "by the last epoch" is of a loop of epochs); else None."""
+    rows = [r for r in st.by_update if r["layer"] == 0 and r.get("drift_h_mean") is not None]
+    if not rows or any(r["epoch"] for r in st.by_update) or len({r["minibatch"] for r in rows}) < 2:
+        return None
+    last: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        if r["module"] not in last or r["minibatch"] > last[r["module"]]["minibatch"]:
+            last[r["module"]] = r
+    return max(r["minibatch"] for r in rows), {m: float(r["drift_h_mean"]) for m, r in last.items()}
 
 
 def _layers(per_layer: list[dict[str, Any]]) -> str:

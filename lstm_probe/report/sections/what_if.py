@@ -296,6 +296,8 @@ class WhatIf(Section[WhatIfSection]):
     def unavailable(self, data: WhatIfSection | None, log: Log) -> list[str]:
         if data is not None and data.measured:
             return []
+        if not log.caps.replay and (why := log.not_measurable.get("what_if")):
+            return [f"what if (counterfactual initial states, burn-in): not available for this run ({why})"]
         if log.caps.replay:
             return [
                 "what if (counterfactual initial states, burn-in): not measured in this run; lstm-probe run "
