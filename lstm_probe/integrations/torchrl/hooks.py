@@ -239,7 +239,7 @@ class TorchRLProbe(Probe, Tagged):
         self._optimizer, self._memory_at = optimizer, -1
         # the loss the training calls run in, once found on the stack: what-if and memory re-run a ClipPPOLoss only,
         # so a run of another loss (a DQNLoss) declares neither and says why (whatif.refused)
-        self._loss_found = False
+        self._loss_looks = 8  # the first train calls look for it (a hand-written loss: none, and the look stops)
         self._refused: str | None = None
         self.tracer = CoreTracer(self.shadows, options, self)
         self.tracer.before_hand_over = self._settle_staged
@@ -471,9 +471,9 @@ class TorchRLProbe(Probe, Tagged):
         the call's samples from (samples.gae_batch: found now, on the stack)."""
         keys = list(mod.in_keys)
         phase = _phase(True)
-        if phase == "train" and not self._loss_found:  # until a loss module is found on the stack
+        if phase == "train" and self._loss_looks:  # until a loss module is found on the stack
             loss = _loss()
-            self._loss_found, self._refused = loss is not None, whatif.refused(loss)
+            self._loss_looks, self._refused = 0 if loss is not None else self._loss_looks - 1, whatif.refused(loss)
         tags = self._tags(phase)
         gae = gae_batch(td.get(keys[1], None), keys[1]) if phase == "value" else None
         rnn = self.shadows[name]
