@@ -116,18 +116,24 @@ def others(journal: Path, show: int = 3) -> str | None:
     directory is itself someone else's."""
     if not journal.is_dir() or journal.is_symlink():
         return f"a {'link' if journal.is_symlink() else 'file'} of that name"
-    foreign = []
-    for entry in journal.iterdir():
-        if not _OURS.fullmatch(entry.name) or entry.is_symlink() or not entry.is_file():
-            foreign.append(entry.name)
-            if len(foreign) > show:
+    names = _not_named(journal, _OURS, show)
+    return None if names is None else f"files ({names})"
+
+
+def _not_named(directory: Path, ours: re.Pattern[str], show: int) -> str | None:
+    """The entries of ``directory`` not named as ``ours`` (or not plain files), the first ``show`` of them in
+    words; None where there is none."""
+    found = []
+    for entry in directory.iterdir():
+        if not ours.fullmatch(entry.name) or entry.is_symlink() or not entry.is_file():
+            found.append(entry.name)
+            if len(found) > show:
                 break
-    if not foreign:
+    if not found:
         return None
     from lstm_probe.text import plain
 
-    names = ", ".join(plain(n)[:80] for n in foreign[:show]) + (", ..." if len(foreign) > show else "")
-    return f"files ({names})"
+    return ", ".join(plain(n)[:80] for n in found[:show]) + (", ..." if len(found) > show else "")
 
 
 _A_LOGS = re.compile(r"\.?part-(?:[A-Za-z0-9_.]+-)?\d{5}\.parquet(?:\.tmp)?|\.lstm-probe(?:-[A-Za-z0-9_.]+)?\.lock")
@@ -138,17 +144,7 @@ _A_LOGS = re.compile(r"\.?part-(?:[A-Za-z0-9_.]+-)?\d{5}\.parquet(?:\.tmp)?|\.ls
 def strangers(directory: Path, show: int = 3) -> str | None:
     """What in the dataset directory ``directory`` is not a log's own (:data:`_A_LOGS`; anything not a plain file
     counts), in words; None when it holds nothing else."""
-    found = []
-    for entry in directory.iterdir():
-        if not _A_LOGS.fullmatch(entry.name) or entry.is_symlink() or not entry.is_file():
-            found.append(entry.name)
-            if len(found) > show:
-                break
-    if not found:
-        return None
-    from lstm_probe.text import plain
-
-    return ", ".join(plain(n)[:80] for n in found[:show]) + (", ..." if len(found) > show else "")
+    return _not_named(directory, _A_LOGS, show)
 
 
 def check_output(path: Path, *, force: bool, is_dir: bool, shard: str | None = None) -> None:
