@@ -235,10 +235,10 @@ def _doctor(v: Verdict, problems: list[Any]) -> None:
     found = [p for p in problems if getattr(p, "phase", None) in TRAINING_SIDE]
     if not found or v.provenance_ok is False:
         return
-    kinds = "; ".join(f"{p.kind} in the {p.phase} phase, {p.count:,} times" for p in found)
+    kinds = "; ".join(f"the {p.phase} phase's calls, {p.count:,} times" for p in found)
     v.lines.append(
         f"not all clear: the doctor reports {'a problem' if len(found) == 1 else f'{len(found)} problems'} in "
-        f"training-side calls that the lines above do not judge ({kinds}); the doctor's section says where"
+        f"training-side calls that the lines above do not judge ({kinds}); the doctor's section says what and where"
     )
 
 
