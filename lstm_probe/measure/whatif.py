@@ -289,9 +289,9 @@ class WhatIf:
         start = time.perf_counter()
         self._thin()
         device = like.device
-        devices = [device.index or torch.cuda.current_device()] if device.type == "cuda" else []
+        devices = [_index(device)] if device.type == "cuda" else []  # the generator reseed() seeds
         with torch.random.fork_rng(devices=devices):
-            self._measure(rollout, batch, like, devices)
+            self._measure(rollout, batch, like)
         self.seconds += time.perf_counter() - start
 
     def step_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -308,7 +308,7 @@ class WhatIf:
             self.columns[name][row] = _round(_cos([grads[i] for i in pick], [ref[i] for i in pick]))
         self.seconds += time.perf_counter() - start
 
-    def _measure(self, rollout: Rollout, batch: Minibatch, like: torch.Tensor, devices: list[int]) -> None:
+    def _measure(self, rollout: Rollout, batch: Minibatch, like: torch.Tensor) -> None:
         n = rollout.n_steps
         env, step = batch.env, batch.step
         first_rows = env * n + step
@@ -322,7 +322,7 @@ class WhatIf:
         alternatives = {"refreshed": computed["refreshed"], "stored": batch.stored, "zero": zero}
         alternatives.update({name: states for name, states in computed.items() if name != "refreshed"})
         names = list(alternatives)
-        self._seed(devices)
+        reseed(like.device)
         with torch.no_grad():
             out = batch.evaluate(list(alternatives.values()))
         mask = out.mask
@@ -372,21 +372,14 @@ class WhatIf:
             if name == "stored":
                 stored_row = len(self.columns["iteration"]) - 1
         if self.params:
-            self._pending = (stored_row, self._gradient(batch, alternatives["refreshed"], devices))
+            self._pending = (stored_row, self._gradient(batch, alternatives["refreshed"], like.device))
 
-    def _gradient(self, batch: Minibatch, states: States, devices: list[int]) -> list[torch.Tensor]:
+    def _gradient(self, batch: Minibatch, states: States, device: torch.device) -> list[torch.Tensor]:
         """The loss gradient on the copy from ``states`` (flattened per parameter), as the framework takes it."""
-        self._seed(devices)
+        reseed(device)
         loss = batch.evaluate([states]).terms["loss"][0]
         grads = torch.autograd.grad(loss, self.params, allow_unused=True)
         return _flat(grads, self.params)
-
-    @staticmethod
-    def _seed(devices: list[int]) -> None:
-        """The same dropout draws (if any) for every pass, on the generators fork_rng restores afterwards."""
-        torch.random.default_generator.manual_seed(0)
-        for d in devices:
-            torch.cuda.default_generators[d].manual_seed(0)
 
     def _thin(self) -> None:
         """Keep at most :data:`MAX_ITERATIONS` sampled iterations: drop every other one, double the stride."""
@@ -416,13 +409,16 @@ class WhatIf:
 
 
 def reseed(device: torch.device) -> None:
-    """Before each alternative's pass, for an adapter that runs them one by one (TorchRL's loss, an own loop's
-    ``evaluate``): the generators the engine seeded (the CPU's, and ``device``'s if CUDA) seeded again, so every
-    pass draws the same random numbers (a sampled entropy estimate, as ClipPPOLoss makes for a TanhNormal; dropout)
-    and equal states give equal terms, bit for bit. Inside the engine's ``fork_rng``: the user's generators are
-    restored afterwards."""
+    """The generators a pass draws from (the CPU's, and ``device``'s if CUDA) seeded to one value: before the
+    engine's passes, and before each alternative's pass of an adapter that runs them one by one (TorchRL's loss,
+    an own loop's ``evaluate``), so every pass draws the same random numbers (a sampled entropy estimate, as
+    ClipPPOLoss makes for a TanhNormal; dropout) and equal states give equal terms, bit for bit. Inside the
+    engine's ``fork_rng``: the user's generators are restored afterwards."""
     torch.random.default_generator.manual_seed(0)
     if device.type == "cuda":
-        torch.cuda.default_generators[
-            device.index if device.index is not None else torch.cuda.current_device()
-        ].manual_seed(0)
+        torch.cuda.default_generators[_index(device)].manual_seed(0)
+
+
+def _index(device: torch.device) -> int:
+    """A CUDA device's index (its bare name, ``cuda``, is the current device)."""
+    return device.index if device.index is not None else torch.cuda.current_device()
