@@ -170,20 +170,19 @@ def _resets_inside(results: dict[str, Any]) -> None:
     """The doctor's verdict reaches the sections that say how far back gradients flow (after every section is
     computed, before the findings): the episode starts inside a per-step loop's training sequences cut the
     gradient unless the doctor found the state carried across them (:func:`judge_resets`)."""
-    sequences, doctor, memory = results.get("sequences"), results.get("doctor"), results.get("memory")
+    sequences, doctor = results.get("sequences"), results.get("doctor")
     if sequences is None or not sequences.starts_inside:
         return
     judge_resets(sequences, [(p.kind, p.phase) for p in doctor.problems] if doctor is not None else [])
-    if memory is not None and memory.measured:
-        memory.judged(sequences)
 
 
-def _memory_episodes(results: dict[str, Any]) -> None:
-    """The memory section sets the log's completed episodes (the sequences section's figures) beside its horizons,
-    where the log holds them for every env column, so the report gives one answer to how long episodes are."""
+def _memory_from_sequences(results: dict[str, Any]) -> None:
+    """The memory section sets what the sequences section counted beside its horizons (how far back gradients
+    flow; the log's completed episodes, where it holds them for every env column), so the report gives one answer
+    to each (``MemorySection.from_sequences``)."""
     sequences, memory = results.get("sequences"), results.get("memory")
-    if sequences is not None and memory is not None:
-        memory.episodes_of(sequences)
+    if sequences is not None and memory is not None and memory.measured:
+        memory.from_sequences(sequences)
 
 
 def summarize(
@@ -237,7 +236,7 @@ def _summarize(path: str | os.PathLike[str], chunk_rows: int, progress: Progress
         else:
             results[s.key] = s.compute(log, accumulators.get(s.key))
     _resets_inside(results)
-    _memory_episodes(results)
+    _memory_from_sequences(results)
     unavailable: list[str] = []
     for s in _json_order():
         if results[s.key] is not None:

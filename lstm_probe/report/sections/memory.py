@@ -13,26 +13,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-import numpy as np
-
 from lstm_probe.contract import Capabilities
-from lstm_probe.report.numeric import summary_stats
-from lstm_probe.report.scan import Chunk
 from lstm_probe.report.section import (
-    Accumulator,
     Block,
     Log,
     Panel,
-    Parts,
     Section,
-    Sum,
     Table,
     fmt,
     fmt_steps,
     kept_columns,
     module_label,
 )
-from lstm_probe.report.sections.sequences import SequencesSection, gradient_segments
+from lstm_probe.report.sections.sequences import SequencesSection
 
 SHOWN_ITERATIONS = 8
 """The text shows the horizons of the last this-many measured iterations per module (and says so where there are
@@ -83,7 +76,8 @@ class MemorySection:
     bptt: dict[str, float] = field(default_factory=dict)
     """How far back gradients flow (longest and median), as the sequences section's ``gradient_length``: the
     training sequences' lengths, or where a per-step training loop resets the state at episode starts inside them,
-    the stretches between those (unless the doctor found the state carried across them: :meth:`judged`)."""
+    the stretches between those (unless the doctor found the state carried across them): set by
+    :meth:`from_sequences`, from the rows the sequences section counted."""
     episode_length: dict[str, Any] = field(default_factory=dict)
     """The episodes the text sets beside the horizons (count, median, max): where the log holds every env column's
     rows and its rollout rows count completed episodes, the sequences section's (the same figures as its panel:
@@ -123,12 +117,13 @@ class MemorySection:
     cut_by_resets: bool | None = None
     """Whether those starts cut the gradient (the sequences section's ``cut_by_resets``); None where there are none."""
 
-    def judged(self, sequences: SequencesSection) -> None:
-        """The sequences section's verdict on the episode starts inside the training sequences (``judge_resets``):
-        where the state runs on across them, the BPTT figures are the whole sequences' (of the same rows)."""
-        self.cut_by_resets = sequences.cut_by_resets
-        if sequences.cut_by_resets is False and self.bptt:
-            self.bptt = dict(sequences.length)
+    def from_sequences(self, sequences: SequencesSection) -> None:
+        """What the sequences section counted on the log's rows, set beside the horizons: how far back gradients
+        flow (its ``gradient_length``, after its verdict on the episode starts inside the sequences, ``judge_resets``),
+        and, through :meth:`episodes_of`, the episodes."""
+        self.bptt = dict(sequences.gradient_length)
+        self.starts_inside, self.cut_by_resets = sequences.starts_inside, sequences.cut_by_resets
+        self.episodes_of(sequences)
 
     def episodes_of(self, sequences: SequencesSection) -> None:
         """One answer to "how long are episodes": where the log holds every env column's rows (no ``kept_envs``) and
@@ -162,20 +157,6 @@ def memory_scope(
     }
 
 
-@dataclass
-class SequenceLengths(Accumulator[Chunk]):
-    lengths: Parts[np.ndarray] = field(default_factory=Parts)
-    """Per run: the stretches gradients flow through (:func:`~lstm_probe.report.sections.sequences.gradient_segments`:
-    each training sequence's length where no episode start lies inside it)."""
-    inside: Sum = field(default_factory=Sum)
-
-    def add(self, part: Chunk) -> None:
-        if len(part.train):
-            stretches, inside = gradient_segments(part)
-            self.lengths.append(stretches)
-            self.inside.add(inside)
-
-
 def _curves(records: dict[str, list[Any]]) -> dict[tuple[int, str], list[tuple[int, dict[str, Any]]]]:
     out: dict[tuple[int, str], list[tuple[int, dict[str, Any]]]] = {}
     n = len(records.get("k", []))
@@ -197,9 +178,6 @@ class Memory(Section[MemorySection]):
     says_when_absent: ClassVar[bool] = True  # an integration without the capability: the line says what would
     findings_rank: ClassVar[int] = 12
 
-    def accumulator(self) -> SequenceLengths:
-        return SequenceLengths()
-
     def unavailable(self, data: MemorySection | None, log: Log) -> list[str]:
         if data is not None and data.measured:
             return []
@@ -214,11 +192,10 @@ class Memory(Section[MemorySection]):
             "docs/own-loops.md)"
         ]
 
-    def compute(self, log: Log, acc: SequenceLengths) -> MemorySection:
+    def compute(self, log: Log, acc: Any) -> MemorySection:
         meta = log.meta.get("memory")
         if not isinstance(meta, dict) or not isinstance(meta.get("records"), dict):
             return MemorySection(measured=False)
-        lens = np.concatenate(acc.lengths) if acc is not None and acc.lengths else np.zeros(0)
         sampling = dict(meta.get("sampling") or {})
         sampled = sampling.get("n_envs")
         n_envs = sampled if isinstance(sampled, int) and not isinstance(sampled, bool) and sampled > 0 else log.n_envs
@@ -232,8 +209,6 @@ class Memory(Section[MemorySection]):
             if isinstance(meta.get("module_names"), dict)
             else {},
             lags=[int(k) for k in meta.get("lags") or []],
-            bptt=summary_stats(lens) if len(lens) else {},
-            starts_inside=acc.inside.value if acc is not None else 0,
             episode_length=episodes,
             measured_episode_length=dict(episodes),
             chunks=chunks,
