@@ -205,8 +205,9 @@ def replay(
     loops_found = [_compare(name, actions, rec, spec, tolerance) for name, actions in runs.items()]
     verdict, also = _verdict(loops_found, tolerance)
     correct = loops_found[0]
-    found = (loops_found, len(rec.env), len(plan.first), tolerance, notes, spec.action)
-    return Replay(verdict, also, correct.first_diff, *found)
+    return Replay(
+        verdict, also, correct.first_diff, loops_found, len(rec.env), len(plan.first), tolerance, notes, spec.action
+    )
 
 
 def _policy(policy: Any, trust_model: bool, names: dict[str, str]) -> tuple[Spec, Step, Step, Any, str]:

@@ -378,22 +378,16 @@ def judge_resets(data: SequencesSection, problems: list[tuple[str, str]]) -> Non
 def horizon_in_words(s: SequencesSection, of: str) -> tuple[str, str]:
     """How far back gradients flow through the training sequences (``of``: whose), and why where the episode starts
     inside them do not cut it (said after the episode lengths; '' otherwise)."""
-    if not s.starts_inside or not s.gradient_length:
-        return (
-            f"gradients flow back at most {fmt_steps(s.length['max'])} steps (median {fmt_steps(s.length['median'])}) "
-            "through "
-            f"the training sequences{of}",
-            "",
-        )
+    g, n = s.gradient_length, s.length
+    whole = (
+        f"gradients flow back at most {fmt_steps(n['max'])} steps (median {fmt_steps(n['median'])}) through the "
+        f"training sequences{of}"
+    )
+    if not s.starts_inside or not g:
+        return whole, ""
     starts = _starts(s)
     if s.cut_by_resets is False:
-        return (
-            f"gradients flow back at most {fmt_steps(s.length['max'])} steps (median {fmt_steps(s.length['median'])}) "
-            "through "
-            f"the training sequences{of}, across {starts} inside them",
-            f": the state is not reset there ({_why(s)})",
-        )
-    g, n = s.gradient_length, s.length
+        return f"{whole}, across {starts} inside them", f": the state is not reset there ({_why(s)})"
     steps = f"{fmt_steps(n['max'])} steps"
     if n["min"] != n["max"]:
         steps = f"up to {steps} (median {fmt_steps(n['median'])})"
