@@ -298,11 +298,10 @@ def _matters(
         )
         return
     if wi is None or not wi.measured or not wi.by_epoch:
+        not_here = f"--what-if is not available for this run ({refused})" if refused and not caps.replay else None
         if v.stored_starts is False:
-            how = (
-                f"--what-if is not available for this run ({refused})"
-                if refused and not caps.replay
-                else "run with --what-if to measure what the state carried into each rollout is worth (zero states) "
+            how = not_here or (
+                "run with --what-if to measure what the state carried into each rollout is worth (zero states) "
                 "and how long a history would do (burn-ins)"
                 if caps.replay
                 else "--what-if measures what the state carried into each rollout is worth (zero states)"
@@ -316,8 +315,8 @@ def _matters(
             )
             v.lines.append(f"whether it matters for values and actions: {stale}; {how}")
             return
-        if refused and not caps.replay:
-            how = f"--what-if is not available for this run ({refused})"
+        if not_here:
+            how = not_here
         elif caps.replay:
             how = (
                 "run with --what-if (lstm-probe run ... --what-if; in code, what_if=True where the probe is attached) "
