@@ -113,6 +113,20 @@ def test_the_writer_process_never_loads_pandas(tmp_path):
     assert "libarrow" in maps and "/pandas/" not in maps
 
 
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+def test_the_writer_process_asks_numpy_for_no_huge_pages_and_the_training_process_keeps_its_own(tmp_path):
+    """Numpy advises huge pages for arrays of 4 MB or more; the writer's are written and freed at once (a wide
+    log's kept vectors laid out in a row group's mostly untouched array), and each first touch of a huge page
+    zeroes 2 MB. Its own process is told so; the user's process is not touched."""
+    m = nn.LSTM(3, 8)
+    before = os.environ.get("NUMPY_MADVISE_HUGEPAGE")
+    with torch.no_grad(), lstm_probe.trace(m, tmp_path / "x.parquet") as probe:
+        m(torch.randn(5, 2, 3))
+        environ = Path(f"/proc/{_child(probe).pid}/environ").read_bytes().split(b"\0")
+    assert b"NUMPY_MADVISE_HUGEPAGE=0" in environ
+    assert os.environ.get("NUMPY_MADVISE_HUGEPAGE") == before
+
+
 TRAIN_WITHOUT_PYARROW = """
 import sys
 from sb3_contrib import RecurrentPPO

@@ -87,6 +87,7 @@ WRITER_ENV: dict[str, str | None] = {
     "ARROW_DEFAULT_MEMORY_POOL": "system",
     "MALLOC_ARENA_MAX": "1",
     "MALLOC_MMAP_THRESHOLD_": "1048576",
+    "NUMPY_MADVISE_HUGEPAGE": "0",
 }
 """The writer process's environment on top of the training process's (see :meth:`Child.start`)."""
 
@@ -117,6 +118,10 @@ class Child:
         # +10 MB per GB written without it, flat with it). 1 MB, not 64 kB: below it every Arrow page buffer
         # was mapped anew with its page faults; 1 MB cut the writer's CPU per row by ~28% for ~8 MB more
         # private memory (benchmarks/writer_profile.py pipe, docs/performance-history.md "Writer CPU").
+        # No huge pages for numpy's arrays: numpy advises them for every array of 4 MB or more, and each first
+        # touch then zeroes 2 MB; a wide log's kept vectors are laid out in a mostly untouched array of a row
+        # group's rows (``kept.laid_out``), written and freed at once (1,024 envs: 0.59 -> 0.52 us a row of
+        # writer CPU, medians of 8 interleaved runs; docs/performance.md "The writer at width").
         env = {k: v for k, v in {**os.environ, **WRITER_ENV}.items() if v is not None}  # None: unset
         # The same lstm_probe as this process's, also when it was found through a sys.path edit
         # (a checkout next to a script) rather than installed.
