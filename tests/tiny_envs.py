@@ -31,3 +31,8 @@ class TinyDictEnv(gym.Env):
     def step(self, action):
         self.t += 1
         return self.observation_space.sample(), float(action[0]), False, self.t >= 12, {}
+
+
+for _cls in (TinyImageEnv, TinyDictEnv):  # `lstm-probe run tiny_envs:TinyDictEnv-v0` (gym.make's module:id)
+    if f"{_cls.__name__}-v0" not in gym.registry:
+        gym.register(f"{_cls.__name__}-v0", entry_point=_cls)

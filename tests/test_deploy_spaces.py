@@ -1,7 +1,13 @@
-"""A CnnLstmPolicy trained on a channel-last image env: arch and export take the env it was trained on (sb3
-transposes its observations to channel-first), and the file agrees with ``model.predict`` on that env."""
+"""Observation spaces beyond a flat Box: a CnnLstmPolicy trained on a channel-last image env (arch and export
+take the env it was trained on: sb3 transposes its observations to channel-first, and the file agrees with
+``model.predict`` on that env); a MultiInputLstmPolicy, which export refuses (and ``run`` says so)."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -61,3 +67,18 @@ def test_export_of_an_image_model_takes_its_channel_last_env_and_agrees_with_pre
         action, _, *state = sess.run(None, dict(zip(names, feed, strict=True)))
         assert action.tolist() == want.tolist()
         assert np.allclose(state[0], pstate[0], atol=1e-5) and np.allclose(state[1], pstate[1], atol=1e-5)
+
+
+def test_run_of_a_dict_env_says_export_refuses_its_model_instead_of_an_export_command(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200", "NO_COLOR": "1"}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")])
+    small = ["--steps", "32", "--n-steps", "16", "--batch-size", "16", "--n-epochs", "1", "--hidden-size", "8"]
+    argv = [sys.executable, "-m", "lstm_probe", "run", "tiny_envs:TinyDictEnv-v0", *small, "-q"]
+    r = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    last = r.stdout.strip().splitlines()[-1]
+    # was: export it: lstm-probe export run.model.zip policy.onnx --env tiny_envs:TinyDictEnv-v0 (then refused)
+    assert last.startswith("lstm-probe export would refuse it: export takes a Box observation space, not Dict("), last
+    assert "MultiInputLstmPolicy is not exported" in last and "lstm-probe export run.model.zip" not in r.stdout
+    with pytest.raises(lstm_probe.BadInput, match="MultiInputLstmPolicy is not exported"):
+        lstm_probe.export(tmp_path / "run.model.zip", tmp_path / "p.onnx", env_id="tiny_envs:TinyDictEnv-v0")
