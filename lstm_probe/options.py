@@ -523,6 +523,9 @@ class RunResult:
     """How ``lstm-probe export`` can verify that model: 'env' (fresh episodes of the run's env id, ``--env``),
     'log' (the log's own observations, ``--log``: a ``--capture-obs`` run on an env without a gymnasium id, such
     as rsl_rl's ``--torch-env``), None (neither: such a run without ``--capture-obs``)."""
+    unexportable: str | None = None
+    """Why ``lstm-probe export`` refuses that model (sb3: a Dict observation space, squashed gSDE actions), in
+    export's own words; None where it takes it."""
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,8 @@
 """Linear probes from a log (issue 27): exact oracles on a real tiny run's hidden states."""
 
+import subprocess
+import sys
+
 import gymnasium as gym
 import numpy as np
 import pandas as pd
@@ -271,3 +274,20 @@ def test_counted_episodes_are_looked_up_by_env_and_step_whatever_the_rows_order(
     episode, episode_step = _look_up(counted, env, step, known)
     np.testing.assert_array_equal(episode, [np.nan, 0, 1, 0, np.nan])
     np.testing.assert_array_equal(episode_step, [np.nan, 0, 0, 1, np.nan])
+
+
+def test_a_constant_observation_component_is_said_in_a_line_not_rows_of_dashes(tmp_path):
+    """An observation component that never moves (an image's border pixel) has no R² at any iteration: the
+    section says so in one line and leaves it out of the table (was: its rows, all '-')."""
+    import tiny_envs  # registers TinyConstantEnv-v0
+
+    assert tiny_envs.TinyConstantEnv
+    size = {"n_steps": 32, "batch_size": 32, "n_epochs": 1, "hidden_size": 8}
+    log = lstm_probe.run("TinyConstantEnv-v0", tmp_path / "c.parquet", steps=96, capture_obs=True, **size).path
+    s = lstm_probe.summarize(log)
+    assert s.probes.targets == ["obs:0", "obs:1", "obs:2"] and s.probes.constant == ["obs:2"]
+    assert all(r["r2"] is None for r in s.probes.rows if r["target"] == "obs:2")
+    done = subprocess.run([sys.executable, "-m", "lstm_probe", "report", str(log)], capture_output=True, text=True)
+    text = " ".join(done.stdout.replace("│", " ").split())
+    assert "linear probes: obs:2 is constant in the rows probed at every iteration (no R² to give)" in text, text
+    assert "obs:2 0" not in text and "obs:0 0" in text  # the table: obs:0's rows, none of obs:2

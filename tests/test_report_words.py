@@ -135,3 +135,17 @@ def test_html_options_need_html(runs_dir, picked):
     done = _cli("report", str(log), *picked)
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
     assert "--html" in done.stderr and picked[0] in done.stderr and not done.stdout
+
+
+def test_without_a_critic_lstm_the_stored_state_sentence_is_the_policys(runs_dir):
+    """enable_critic_lstm=False: the verdict and the finding say what stored states do to the policy in a
+    sentence of its own (was: 'from stored states values have no state (the critic has no LSTM) and the PPO
+    ratio by ...'; 'stored states leave values alone (...) against refreshed states and the policy by KL ...')."""
+    log = probed_run(runs_dir, "Pendulum-v1", critic_lstm=False, what_if=True).path
+    report = json.loads(_cli("report", str(log), "--json").stdout)
+    said = " ".join(report["verdict"]["lines"])
+    assert "from stored states the PPO ratio moves by " in said, said
+    assert "values have no state: the critic has no LSTM)" in said and "have no state (the critic" not in said
+    finding = next(f for f in report["findings"] if "stored states move" in f)
+    assert finding.startswith("by the last epoch (epoch 1), stored states move the policy by KL "), finding
+    assert "against refreshed states (values have no state: the critic has no LSTM); that is within 1%" in finding

@@ -31,3 +31,26 @@ class TinyDictEnv(gym.Env):
     def step(self, action):
         self.t += 1
         return self.observation_space.sample(), float(action[0]), False, self.t >= 12, {}
+
+
+class TinyConstantEnv(gym.Env):
+    """Box observations whose last component never moves (as an image's border pixel never does)."""
+
+    observation_space = spaces.Box(-10, 10, (3,), np.float32)
+    action_space = spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t, self.x = 0, 0.0
+        return np.array([self.x, 0.0, 0.0], np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        self.x += 1.0 if action else -1.0
+        obs = np.array([self.x, self.t / 10, 0.0], np.float32)
+        return obs, float(action), False, self.t >= 10, {}
+
+
+for _cls in (TinyImageEnv, TinyDictEnv, TinyConstantEnv):  # for `lstm-probe run tiny_envs:TinyDictEnv-v0`
+    if f"{_cls.__name__}-v0" not in gym.registry:
+        gym.register(f"{_cls.__name__}-v0", entry_point=_cls)

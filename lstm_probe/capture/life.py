@@ -190,6 +190,7 @@ def train(
     started: float | None = None,
     save: Callable[[], Path] | None = None,
     verify: str | None = "env",
+    unexportable: str | None = None,
 ) -> RunResult:
     """Train with the probe on and say what it wrote: every framework's ``run`` once its run is built.
 
@@ -203,7 +204,8 @@ def train(
     completed, the env steps done, and the seconds from ``started`` (a ``time.perf_counter()``; default: now)
     to the close. ``save`` saves the trained model once the loop ran to its end and the envs are cleaned up
     (not after a failure or Ctrl-C) and returns where: the result's ``model``; ``verify``: how ``export`` can
-    verify it (:attr:`~lstm_probe.options.RunResult.verify`).
+    verify it (:attr:`~lstm_probe.options.RunResult.verify`); ``unexportable``: why ``export`` refuses it
+    (:attr:`~lstm_probe.options.RunResult.unexportable`).
     """
     from lstm_probe.log.reader import read_info
 
@@ -227,4 +229,4 @@ def train(
     seconds = time.perf_counter() - start
     info = read_info(path if path is not None else os.fspath(out))
     model = save() if save is not None else None
-    return RunResult(info.path, info.rows, info.bytes, info.completed, done, seconds, model, verify)
+    return RunResult(info.path, info.rows, info.bytes, info.completed, done, seconds, model, verify, unexportable)

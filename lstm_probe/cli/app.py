@@ -154,7 +154,10 @@ def run(
     out().print(f"next: lstm-probe report {safe(again, limit=None)}")
     if result.model is not None:  # the trained model, saved beside the log
         out().print(f"saved the trained model in [bold]{safe(result.model, limit=None)}[/]")
-        if fw.deploy is not None:
+        if fw.deploy is not None and result.unexportable is not None:
+            line = f"lstm-probe export would refuse it: {result.unexportable}"
+            out().print(safe(line, limit=None, markup=False), highlight=False, markup=False, soft_wrap=True)
+        elif fw.deploy is not None:
             model, env = shlex.quote(str(result.model)), shlex.quote(env_id)
             line = {
                 "env": f"export it: lstm-probe export {model} policy.onnx --env {env}",

@@ -19,6 +19,7 @@ from lstm_probe.report.section import kept_columns
 from lstm_probe.report.sections.cross_process import kinds, unsynced
 from lstm_probe.report.sections.staleness import StalenessSection, last_update, unmeasured
 from lstm_probe.report.sections.what_if import (
+    NO_STATE,
     STORED,
     WHOLE,
     WITHIN,
@@ -349,13 +350,13 @@ def _matters(
     need = {"zero": burn_in_needed(wi, last, ZERO), "stored": burn_in_needed(wi, last, STORED)}
     v.matters = not stored_within(wi, last)
     v.value_rel, v.ratio_change = stored.get("value_rel"), stored.get("ratio_change")
-    values = (
-        "values have no state (the critic has no LSTM)"
-        if wi.critic == "mlp"
-        else (f"values move by {_pct(v.value_rel or 0.0)} of the return spread")
-    )
     on = f"; measured on {WHOLE}, not only the env columns with rows" if v.scope else ""
-    effect = f"{values} and the PPO ratio by {_pct(v.ratio_change or 0.0)} against refreshed states (epoch {last}{on})"
+    ratio = _pct(v.ratio_change or 0.0)
+    if wi.critic == "mlp":  # no value moves: the sentence is the policy's alone
+        effect = f"the PPO ratio moves by {ratio} against refreshed states (epoch {last}{on}; {NO_STATE})"
+    else:
+        values = f"values move by {_pct(v.value_rel or 0.0)} of the return spread"
+        effect = f"{values} and the PPO ratio by {ratio} against refreshed states (epoch {last}{on})"
     v.burn_in_measured = sorted({*wi.burn_in, *wi.stored_burn_in})
     if not v.matters and v.stored_starts is False:
         v.burn_in = need["zero"]  # 0

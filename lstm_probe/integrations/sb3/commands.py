@@ -121,7 +121,7 @@ def load_model(
             from stable_baselines3.common.env_util import make_vec_env
 
             training.check_env_id(env_id)
-            env = make_vec_env(env_id, n_envs=1, seed=0)
+            env = sb3_env(make_vec_env(env_id, n_envs=1, seed=0))
         if not trust_model:
             from lstm_probe.integrations.sb3 import model_zip
 
@@ -146,6 +146,15 @@ _NO_LSTM = (
     "lstm-probe arch reads sb3-contrib RecurrentPPO models (MlpLstmPolicy, CnnLstmPolicy, MultiInputLstmPolicy): "
     "train one with sb3_contrib.RecurrentPPO or `lstm-probe run`"
 )
+
+
+def sb3_env(env: Any) -> Any:
+    """``env`` as RecurrentPPO sees it once given to the algorithm (``RecurrentPPO(env=...)`` and
+    ``RecurrentPPO.load(env=...)`` both call ``_wrap_env``): a channel-last image observation (its own or a
+    Dict's) transposed to channel-first by ``VecTransposeImage``, the space the model's policy was built on."""
+    from sb3_contrib import RecurrentPPO
+
+    return RecurrentPPO._wrap_env(env, verbose=0, monitor_wrapper=False)
 
 
 def _refuse_non_recurrent(target: str) -> None:

@@ -70,6 +70,11 @@ def spec_of(policy: Any) -> Spec:
     from gymnasium import spaces
 
     obs, act = policy.observation_space, policy.action_space
+    if isinstance(obs, spaces.Dict):
+        raise BadInput(
+            f"export takes a Box observation space, not {obs}: a MultiInputLstmPolicy is not exported (train on "
+            "flattened observations, gymnasium's FlattenObservation, for a policy export takes)"
+        )
     if not isinstance(obs, spaces.Box):
         raise BadInput(f"export takes a Box observation space, not {obs}; flatten the observations with a wrapper")
     if isinstance(act, spaces.Box):

@@ -43,6 +43,10 @@ class ProbesSection:
     empty: list[str] = field(default_factory=list)
     """The targets without a value in any row probed (an ``--info KEY`` the env's info never held there): the text
     says so in a line instead of a table of '-'; their rows stay in ``rows``."""
+    constant: list[str] = field(default_factory=list)
+    """The targets with values but no R² at any iteration probed (constant there: an image's border pixel, a
+    component the env never moves): the text says so in a line instead of rows of '-'; their rows stay in
+    ``rows``."""
 
 
 def _spread(values: list[int], n: int) -> list[int]:
@@ -108,7 +112,10 @@ class Probes(Section[ProbesSection | None]):
         ]
         its = sorted({int(r["iteration"]) for r in rows if r["iteration"] is not None})
         empty = [t for t in targets if rows and not any(r["n_fit"] + r["n_test"] for r in rows if r["target"] == t)]
-        return ProbesSection(targets, list(LAGS), its, rows, notes=_notes(rows), empty=empty)
+        constant = [
+            t for t in targets if t not in empty and rows and all(r["r2"] is None for r in rows if r["target"] == t)
+        ]
+        return ProbesSection(targets, list(LAGS), its, rows, notes=_notes(rows), empty=empty, constant=constant)
 
     def findings(self, data: ProbesSection | None) -> list[str]:
         """How well h reads each info key (quantities the policy does not observe) at the last iteration."""
@@ -136,9 +143,12 @@ class Probes(Section[ProbesSection | None]):
         if data is None or not data.rows:
             return []
         lines: list[Block] = [Line(_empty_words(t)) for t in data.empty]
+        if data.constant:
+            lines.append(Line(_constant_words(data.constant)))
+        left_out = {*data.empty, *data.constant}
         cells: dict[tuple[str, int, str, int], dict[int, Any]] = {}
         for r in data.rows:
-            if r["target"] in data.empty:
+            if r["target"] in left_out:
                 continue
             cells.setdefault((r["module"], r["layer"], r["target"], r["lag"]), {})[r["iteration"]] = r["r2"]
         header = ("module", "layer", "target", "lag", *(f"it {i}" for i in data.iterations))
@@ -161,6 +171,15 @@ def _empty_words(target: str) -> str:
             f"never held {fmt(repr(key))} there): left out of the table"
         )
     return f"linear probes: the log holds no values for {fmt(target)} in the rows probed: left out of the table"
+
+
+def _constant_words(targets: list[str]) -> str:
+    """The line for the targets that are constant in every iteration probed (no R² to give)."""
+    shown = ", ".join(fmt(t) for t in targets[:8]) + (f" and {len(targets) - 8} more" if len(targets) > 8 else "")
+    return (
+        f"linear probes: {shown} {'is' if len(targets) == 1 else 'are'} constant in the rows probed at every "
+        "iteration (no R² to give): left out of the table"
+    )
 
 
 def _cell(value: Any) -> str:

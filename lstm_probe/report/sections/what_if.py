@@ -107,6 +107,8 @@ class WhatIfSection:
 WHOLE = "every env's columns of the sampled minibatches"
 """What the what-if figures are of (the probe re-runs whole minibatches), said where a log keeps some columns alone."""
 NO_KL = "the integration cannot compare this kind of action distribution"
+NO_STATE = "values have no state: the critic has no LSTM"
+"""What stored states do to values where the critic has no LSTM (the verdict and the findings)."""
 """Why a KL divergence is missing (a distribution the integration does not flatten)."""
 
 
@@ -328,18 +330,17 @@ class WhatIf(Section[WhatIfSection]):
         if stored is None:
             return []
         where = "by the last epoch" if last > 0 else "in epoch 0"
-        if data.critic == "mlp":
-            values = "leave values alone (the critic has no LSTM)"
-        else:
-            values = f"move values by {_pct(stored['value_rel'])} of the return spread"
         policy = (
             f"the policy by KL {fmt(stored['kl'])} (PPO ratio {_pct(stored['ratio_change'])}"
             if stored.get("kl") is not None
             else f"the PPO ratio by {_pct(stored['ratio_change'])} (KL not measured: {NO_KL}"
         )
-        msg = f"{where} (epoch {last}), stored states {values} against refreshed states and {policy}" + (
-            f"; measured on {WHOLE}, not only the env columns with rows)" if data.scope else ")"
-        )
+        scope = f"; measured on {WHOLE}, not only the env columns with rows)" if data.scope else ")"
+        if data.critic == "mlp":  # no value moves: the sentence is the policy's alone
+            msg = f"{where} (epoch {last}), stored states move {policy}{scope} against refreshed states ({NO_STATE})"
+        else:
+            values = f"move values by {_pct(stored['value_rel'])} of the return spread"
+            msg = f"{where} (epoch {last}), stored states {values} against refreshed states and {policy}{scope}"
         unsynced = [
             f"{data.labels.get(m, m)}'s stored states come from other weights than it is trained with ({why}): "
             f"by epoch {last} they are {fmt(stored.get(f'state_{m}'))} (relative) off refreshed states"

@@ -1,0 +1,84 @@
+"""Observation spaces beyond a flat Box: a CnnLstmPolicy trained on a channel-last image env (arch and export
+take the env it was trained on: sb3 transposes its observations to channel-first, and the file agrees with
+``model.predict`` on that env); a MultiInputLstmPolicy, which export refuses (and ``run`` says so)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from sb3_contrib import RecurrentPPO
+from stable_baselines3.common.env_util import make_vec_env
+from tiny_envs import TinyImageEnv
+
+import lstm_probe
+
+ENV_ID = "TinyImageEnv-v0"
+
+
+@pytest.fixture(scope="module")
+def image_model(tmp_path_factory):
+    if ENV_ID not in gym.registry:
+        gym.register(ENV_ID, entry_point=TinyImageEnv)
+    env = make_vec_env(ENV_ID, n_envs=1, seed=0)
+    model = RecurrentPPO(
+        "CnnLstmPolicy",
+        env,
+        n_steps=16,
+        batch_size=16,
+        n_epochs=1,
+        seed=0,
+        policy_kwargs={"lstm_hidden_size": 8, "features_extractor_kwargs": {"features_dim": 16}},
+    )
+    model.learn(16)
+    assert model.observation_space.shape == (3, 36, 36)  # sb3's VecTransposeImage: channel-first
+    path = tmp_path_factory.mktemp("image") / "model.zip"
+    model.save(path)
+    return model, path
+
+
+def test_arch_of_an_image_model_zip_takes_its_channel_last_env(image_model):
+    _, path = image_model
+    a = lstm_probe.arch(path, env_id=ENV_ID)  # was: the env's Box(36, 36, 3) differs from the model's
+    assert "features extractor is shared and trained by both losses" in a.verdict
+
+
+def test_export_of_an_image_model_takes_its_channel_last_env_and_agrees_with_predict(image_model, tmp_path):
+    import onnxruntime as ort
+
+    model, path = image_model
+    out = tmp_path / "policy.onnx"
+    lstm_probe.export(path, out, env_id=ENV_ID, episodes=2)
+    sess = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    names = [i.name for i in sess.get_inputs()]
+    assert sess.get_inputs()[0].shape[1:] == [3, 36, 36]
+    # the env's own (channel-last) frames: predict transposes them, the file takes them transposed
+    frames = np.random.default_rng(0).integers(0, 256, (12, 36, 36, 3), dtype=np.uint8)
+    state, pstate = [np.zeros((1, 1, 8), np.float32) for _ in range(4)], None
+    for t, frame in enumerate(frames):
+        start = np.array([t == 0])
+        want, pstate = model.predict(frame[None], state=pstate, episode_start=start, deterministic=True)
+        feed = [np.transpose(frame, (2, 0, 1))[None].astype(np.float32), start.astype(np.float32), *state]
+        action, _, *state = sess.run(None, dict(zip(names, feed, strict=True)))
+        assert action.tolist() == want.tolist()
+        assert np.allclose(state[0], pstate[0], atol=1e-5) and np.allclose(state[1], pstate[1], atol=1e-5)
+
+
+def test_run_of_a_dict_env_says_export_refuses_its_model_instead_of_an_export_command(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200", "NO_COLOR": "1"}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")])
+    small = ["--steps", "32", "--n-steps", "16", "--batch-size", "16", "--n-epochs", "1", "--hidden-size", "8"]
+    argv = [sys.executable, "-m", "lstm_probe", "run", "tiny_envs:TinyDictEnv-v0", *small, "-q"]
+    r = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    last = r.stdout.strip().splitlines()[-1]
+    # was: export it: lstm-probe export run.model.zip policy.onnx --env tiny_envs:TinyDictEnv-v0 (then refused)
+    assert last.startswith("lstm-probe export would refuse it: export takes a Box observation space, not Dict("), last
+    assert "MultiInputLstmPolicy is not exported" in last and "lstm-probe export run.model.zip" not in r.stdout
+    with pytest.raises(lstm_probe.BadInput, match="MultiInputLstmPolicy is not exported"):
+        lstm_probe.export(tmp_path / "run.model.zip", tmp_path / "p.onnx", env_id="tiny_envs:TinyDictEnv-v0")
