@@ -1,6 +1,6 @@
 """rsl_rl (rsl-rl-lib 5.5) set-ups beyond OnPolicyRunner's defaults, run for real at tiny scale: a
 DistillationRunner with a recurrent student and teacher (refused in one line: distillation is not traced);
-export of a runner right after learn()."""
+export of a runner right after learn(), of an asymmetric actor-critic and of an MLP critic (refused, named)."""
 
 from __future__ import annotations
 
@@ -54,6 +54,57 @@ def test_a_distillation_runner_is_refused_in_one_line(tmp_path):
     assert not (tmp_path / "run.parquet").exists()
     assert "step" not in vars(env) and "act" not in vars(runner.alg)
     runner.learn(1)
+
+
+class PrivilegedPendulum(TorchPendulumVecEnv):
+    """The torch Pendulum with a second observation group, 'critic' (the velocity the actor does not see): an
+    asymmetric actor-critic as Isaac Lab configures them (``obs_groups``: critic ['policy', 'critic'])."""
+
+    def get_observations(self):
+        obs = super().get_observations()
+        obs["critic"] = self.pendulum.observe()[:, :1] * 0.0 + self.pendulum.steps[:, None].float()
+        return obs
+
+
+def _runner(env, critic_groups=("policy",), critic_rnn=True):
+    torch.manual_seed(0)
+    cfg = train_cfg(
+        num_steps_per_env=8,
+        num_mini_batches=2,
+        learning_rate=1e-3,
+        rnn_type="gru",
+        rnn_layers=2,
+        hidden_size=8,
+        mlp=(8,),
+    )
+    cfg["obs_groups"] = {"actor": ["policy"], "critic": list(critic_groups)}
+    if not critic_rnn:
+        cfg["critic"] = {"class_name": "rsl_rl.models.MLPModel", "hidden_dims": [8]}
+    return build_runner(env, cfg), cfg
+
+
+def test_export_of_an_asymmetric_actor_critic_names_both_widths(tmp_path):
+    """A critic that reads more observations than the actor (privileged 'critic' group): export feeds one
+    observation to both, and says so in one line (it was torch.export's own error, cut after its first line)."""
+    runner, _ = _runner(PrivilegedPendulum(4, seed=0, max_steps=10), critic_groups=("policy", "critic"))
+    runner.learn(1)
+    with pytest.raises(
+        lstm_probe.BadInput, match=r"this critic reads 3 values \(its observation groups\), the actor 2$"
+    ):
+        lstm_probe.export(runner, tmp_path / "policy.onnx", synthetic=True, episodes=1)
+    assert not (tmp_path / "policy.onnx").exists()
+
+
+def test_export_of_an_mlp_critic_checkpoint_names_the_critic(tmp_path):
+    """An Isaac Lab run folder (model_*.pt, params/agent.yaml) whose critic is an MLPModel: the refusal names the
+    critic and its class (it said the run's 'models are not RNNModels', the recurrent actor among them)."""
+    yaml = pytest.importorskip("yaml")
+    runner, cfg = _runner(TorchPendulumVecEnv(4, seed=0, max_steps=10), critic_rnn=False)
+    (tmp_path / "params").mkdir()
+    (tmp_path / "params" / "agent.yaml").write_text(yaml.dump(cfg))
+    runner.save(str(tmp_path / "model_0.pt"))
+    with pytest.raises(lstm_probe.BadInput, match=r"agent\.yaml.s critic is MLPModel, not an RNNModel; export writes"):
+        lstm_probe.export(tmp_path / "model_0.pt", tmp_path / "policy.onnx", synthetic=True, episodes=1)
 
 
 @pytest.mark.parametrize("cell", ["lstm", "gru"])

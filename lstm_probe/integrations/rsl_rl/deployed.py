@@ -157,6 +157,11 @@ def spec_of(actor: Any, critic: Any) -> Spec:
         type(rnn),
     ):
         raise BadInput("export takes an rsl_rl actor and critic with RNNs of one type, width and depth")
+    if int(critic.obs_dim) != int(actor.obs_dim):  # the file feeds one observation to both
+        raise BadInput(
+            f"export takes an rsl_rl actor and critic that read the same observation; this critic reads "
+            f"{int(critic.obs_dim)} values (its observation groups), the actor {int(actor.obs_dim)}"
+        )
     out = actor.distribution.input_dim if actor.distribution is not None else actor.mlp[-1].out_features
     out = out if isinstance(out, int) else int(np.prod(out))
     width = int(actor.obs_dim)
