@@ -1,11 +1,16 @@
 """rsl_rl (rsl-rl-lib 5.5) set-ups beyond OnPolicyRunner's defaults, run for real at tiny scale: a
 DistillationRunner with a recurrent student and teacher (refused in one line: distillation is not traced);
-export of a runner right after learn(), of an asymmetric actor-critic and of an MLP critic (refused, named)."""
+export of a runner right after learn(), of an asymmetric actor-critic and of an MLP critic (refused, named); the
+what-if words of a GRU run."""
 
 from __future__ import annotations
 
 import contextlib
 import io
+import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -126,3 +131,20 @@ def test_export_of_a_runner_right_after_learn(tmp_path, cell):
     runner.learn(1)
     done = lstm_probe.export(runner, tmp_path / "policy.onnx", synthetic=True, episodes=1)
     assert (tmp_path / "policy.onnx").exists() and done.errors["action"] < 1e-5 and done.steps > 0
+
+
+def test_what_if_of_a_gru_run_says_gru(tmp_path):
+    """A GRU actor and critic measured with what_if: the report's What-if section and the verdict's words name the
+    GRU (they said 'the critic has its own LSTM', 'the LSTMs re-run'); an MLP critic 'has no GRU'."""
+    for critic_rnn in (True, False):
+        runner, _ = _runner(TorchPendulumVecEnv(4, seed=0, max_steps=10), critic_rnn=critic_rnn)
+        log = tmp_path / f"{critic_rnn}.parquet"
+        with attach(runner, log, capture="summary", what_if=True):
+            runner.learn(1)
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
+        cmd = [sys.executable, "-m", "lstm_probe", "report", str(log)]
+        text = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True).stdout
+        assert "the GRUs re-run over the rollout" in text and "LSTM" not in text
+        assert ("the critic has its own GRU" if critic_rnn else "the critic has no GRU: its values") in text
+        doc = json.loads(subprocess.run([*cmd, "--json"], capture_output=True, text=True, env=env, check=True).stdout)
+        assert doc["what_if"]["kind"] == "GRU" and doc["what_if"]["critic"] == ("lstm" if critic_rnn else "mlp")

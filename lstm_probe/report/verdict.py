@@ -350,7 +350,7 @@ def _matters(
     v.matters = not stored_within(wi, last)
     v.value_rel, v.ratio_change = stored.get("value_rel"), stored.get("ratio_change")
     values = (
-        "values have no state (the critic has no LSTM)"
+        f"values have no state (the critic has no {wi.kind})"
         if wi.critic == "mlp"
         else (f"values move by {_pct(v.value_rel or 0.0)} of the return spread")
     )

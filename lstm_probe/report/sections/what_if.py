@@ -59,6 +59,8 @@ class WhatIfSection:
     role beside it where it differs: 'lstm (actor)')."""
     critic: str | None = None
     """'lstm' (its own LSTM), 'shared' (reads the actor's LSTM), 'mlp' (no LSTM: values have no state)."""
+    kind: str = "LSTM"
+    """What the text calls the recurrent modules ('LSTM', 'GRU': ``Log.kind``)."""
     burn_in: list[int] = field(default_factory=list)
     """Burn-in lengths measured from zero (``burn_in_<k>``)."""
     stored_burn_in: list[int] = field(default_factory=list)
@@ -287,6 +289,7 @@ class WhatIf(Section[WhatIfSection]):
             return WhatIfSection(measured=False)
         data = summarize_what_if(meta, tf32=log.meta.get("cudnn_tf32") is True)
         data.kept_envs, data.n_envs, data.env_runners = log.kept_envs, log.n_envs, log.env_runners
+        data.kind = log.kind
         data.scope = what_if_scope(log.kept_envs, log.n_envs, log.env_runners)
         return data
 
@@ -329,7 +332,7 @@ class WhatIf(Section[WhatIfSection]):
             return []
         where = "by the last epoch" if last > 0 else "in epoch 0"
         if data.critic == "mlp":
-            values = "leave values alone (the critic has no LSTM)"
+            values = f"leave values alone (the critic has no {data.kind})"
         else:
             values = f"move values by {_pct(stored['value_rel'])} of the return spread"
         policy = (
@@ -386,11 +389,11 @@ class WhatIf(Section[WhatIfSection]):
         s = data.sampling
         sb3 = caps.rollout_buffer  # sb3's option names, on sb3's logs alone
         critic = {
-            "lstm": "the critic has its own LSTM",
-            "shared": f"one LSTM{' (shared_lstm)' if sb3 else ''} for actor and critic: the critic reads the "
+            "lstm": f"the critic has its own {data.kind}",
+            "shared": f"one {data.kind}{' (shared_lstm)' if sb3 else ''} for actor and critic: the critic reads the "
             "actor's, so actor states move values too",
-            "mlp": f"the critic has no LSTM{' (enable_critic_lstm=False)' if sb3 else ''}: its values have no state "
-            "to vary",
+            "mlp": f"the critic has no {data.kind}{' (enable_critic_lstm=False)' if sb3 else ''}: its values have no "
+            "state to vary",
         }.get(str(data.critic), f"critic: {fmt(data.critic)}")
         check = data.check
         verdict = {True: "OK", False: "[red]FAILED[/]", None: "not sampled"}[check.get("ok")]
@@ -398,7 +401,7 @@ class WhatIf(Section[WhatIfSection]):
             f"{data.minibatches} minibatches of {data.iterations} iterations (first and last minibatch of epochs "
             f"{', '.join(fmt(e) for e in s.get('epochs') or [])}, every {fmt(s.get('every'))} iteration(s)), each "
             f"evaluated on a copy of the policy with the weights it was trained with; {fmt(data.seconds)} s\n"
-            f"against refreshed states (the LSTMs re-run over the rollout with those weights); {critic}\n"
+            f"against refreshed states (the {data.kind}s re-run over the rollout with those weights); {critic}\n"
             f"check: minibatch 0 of epoch 0 (the rollout's weights): stored = refreshed: {verdict} "
             f"({fmt(check.get('minibatches', 0))} minibatches)"
             + "".join(
