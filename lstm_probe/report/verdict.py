@@ -19,13 +19,13 @@ from lstm_probe.report.section import kept_columns
 from lstm_probe.report.sections.cross_process import kinds, unsynced
 from lstm_probe.report.sections.staleness import StalenessSection, last_update, unmeasured
 from lstm_probe.report.sections.what_if import (
-    NO_STATE,
     STORED,
     WHOLE,
     WITHIN,
     ZERO,
     WhatIfSection,
     burn_in_needed,
+    no_state,
     stored_within,
 )
 
@@ -353,7 +353,7 @@ def _matters(
     on = f"; measured on {WHOLE}, not only the env columns with rows" if v.scope else ""
     ratio = _pct(v.ratio_change or 0.0)
     if wi.critic == "mlp":  # no value moves: the sentence is the policy's alone
-        effect = f"the PPO ratio moves by {ratio} against refreshed states (epoch {last}{on}; {NO_STATE})"
+        effect = f"the PPO ratio moves by {ratio} against refreshed states (epoch {last}{on}; {no_state(wi.kind)})"
     else:
         values = f"values move by {_pct(v.value_rel or 0.0)} of the return spread"
         effect = f"{values} and the PPO ratio by {ratio} against refreshed states (epoch {last}{on})"

@@ -39,6 +39,7 @@ from lstm_probe.deploy.saved import read_checkpoint
 from lstm_probe.deploy.spec import Policy, Spec, State, Step
 from lstm_probe.errors import BadInput, one_line
 from lstm_probe.integrations.rsl_rl import versions
+from lstm_probe.measure.copies import private_copy
 
 MODEL = versions.MODEL
 DISTRIBUTIONS = ("GaussianDistribution", "HeteroscedasticGaussianDistribution")
@@ -58,13 +59,14 @@ def loader(model: Any, trust_model: bool = False, env_id: str | None = None) -> 
 
 
 def models_of(model: Any) -> tuple[Any, Any]:
-    """Private CPU copies of the actor and critic, in eval mode, without gradients."""
+    """Private CPU copies of the actor and critic (``measure/copies.py``: without what their last call left, e.g.
+    the distribution of training's last minibatch, part of an autograd graph), in eval mode, without gradients."""
     if isinstance(model, str | os.PathLike):
         actor, critic = _from_checkpoint(os.fspath(model))
     elif isinstance(model, tuple) and len(model) == 2:
-        actor, critic = (copy.deepcopy(m) for m in model)
-    elif hasattr(model, "alg"):  # an OnPolicyRunner
-        actor, critic = copy.deepcopy(model.alg.actor), copy.deepcopy(model.alg.critic)
+        actor, critic = (private_copy(m) for m in model)
+    elif hasattr(model, "alg"):  # an OnPolicyRunner (after learn(): its distribution holds a graph, not copied)
+        actor, critic = private_copy(model.alg.actor), private_copy(model.alg.critic)
     else:
         raise BadInput(
             f"export takes an rsl_rl checkpoint, OnPolicyRunner or (actor, critic), not {type(model).__name__}"
@@ -155,6 +157,11 @@ def spec_of(actor: Any, critic: Any) -> Spec:
         type(rnn),
     ):
         raise BadInput("export takes an rsl_rl actor and critic with RNNs of one type, width and depth")
+    if int(critic.obs_dim) != int(actor.obs_dim):  # the file feeds one observation to both
+        raise BadInput(
+            f"export takes an rsl_rl actor and critic that read the same observation; this critic reads "
+            f"{int(critic.obs_dim)} values (its observation groups), the actor {int(actor.obs_dim)}"
+        )
     out = actor.distribution.input_dim if actor.distribution is not None else actor.mlp[-1].out_features
     out = out if isinstance(out, int) else int(np.prod(out))
     width = int(actor.obs_dim)

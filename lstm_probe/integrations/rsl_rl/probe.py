@@ -492,6 +492,11 @@ def attach(
     env = env if env is not None else getattr(runner, "env", None)
     if env is None or not hasattr(alg, "storage"):
         raise BadInput("attach(runner): give an rsl_rl OnPolicyRunner, or its algorithm with env=the VecEnv it steps")
+    if not hasattr(alg, "actor") or not hasattr(alg, "critic"):  # Distillation: student and teacher, no update
+        raise BadInput(  # to tag (its training steps the student one step a call, from storage.generator())
+            f"lstm-probe traces rsl_rl's PPO (an actor and a critic); this runner's algorithm is "
+            f"{type(alg).__name__}, which it does not trace (distillation is not traced)"
+        )
     if getattr(alg, "is_multi_gpu", False):
         raise BadInput("lstm-probe traces single-process rsl_rl runs; this one is multi-GPU")
     cap, me = route(capture, (CaptureOptions, Measure), "rsl_rl.attach")

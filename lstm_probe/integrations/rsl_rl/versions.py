@@ -71,7 +71,7 @@ def models(saved: dict[str, Any], path: str, fix: str) -> tuple[dict[str, Any], 
         if not isinstance(actor, dict) or not isinstance(critic, dict):
             raise BadInput(f"{path}: its agent.yaml has no actor and critic entries (rsl_rl 4 and 5); {fix}")
         actor_state, actor_cfg = _v4(saved["actor_state_dict"], actor, path)
-        return actor_cfg, _model_cfg(critic, path), actor_state, saved["critic_state_dict"]
+        return actor_cfg, _model_cfg(critic, path, who="critic"), actor_state, saved["critic_state_dict"]
     if "model_state_dict" in saved:
         policy = _agent(path, fix).get("policy")
         if not isinstance(policy, dict) or _name(policy.get("class_name")) != "ActorCriticRecurrent":
@@ -143,10 +143,16 @@ def _rnn(cfg: dict[str, Any]) -> str:
     return value.lower() if isinstance(value, str) and value.lower() in ("lstm", "gru") else "?"
 
 
-def _model_cfg(cfg: dict[str, Any], path: str, distribution: dict[str, Any] | None = None) -> dict[str, Any]:
+def _model_cfg(
+    cfg: dict[str, Any], path: str, distribution: dict[str, Any] | None = None, who: str = "actor"
+) -> dict[str, Any]:
     """Our configuration entry of an rsl_rl 4-5 model entry (its class checked by name, never imported)."""
-    if _name(cfg.get("class_name")) != "RNNModel":
-        raise BadInput(f"{path}: its agent.yaml's models are not rsl_rl RNNModels; export takes recurrent policies")
+    name = _name(cfg.get("class_name"))
+    if name != "RNNModel":
+        raise BadInput(
+            f"{path}: its agent.yaml's {who} {f'is {name}, not an RNNModel' if name else 'is not an rsl_rl RNNModel'}; "
+            "export writes the actor's and the critic's RNN and takes runs whose actor and critic are both recurrent"
+        )
     out: dict[str, Any] = {"class_name": MODEL, "activation": _activation(cfg, path), "rnn_type": _rnn(cfg)}
     dist = cfg.get("distribution_cfg") if distribution is None else distribution
     if isinstance(dist, dict):

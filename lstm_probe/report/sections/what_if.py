@@ -59,6 +59,8 @@ class WhatIfSection:
     role beside it where it differs: 'lstm (actor)')."""
     critic: str | None = None
     """'lstm' (its own LSTM), 'shared' (reads the actor's LSTM), 'mlp' (no LSTM: values have no state)."""
+    kind: str = "LSTM"
+    """What the text calls the recurrent modules ('LSTM', 'GRU': ``Log.kind``)."""
     burn_in: list[int] = field(default_factory=list)
     """Burn-in lengths measured from zero (``burn_in_<k>``)."""
     stored_burn_in: list[int] = field(default_factory=list)
@@ -107,8 +109,14 @@ class WhatIfSection:
 WHOLE = "every env's columns of the sampled minibatches"
 """What the what-if figures are of (the probe re-runs whole minibatches), said where a log keeps some columns alone."""
 NO_KL = "the integration cannot compare this kind of action distribution"
-NO_STATE = "values have no state: the critic has no LSTM"
-"""What stored states do to values where the critic has no LSTM (the verdict and the findings)."""
+
+
+def no_state(kind: str) -> str:
+    """What stored states do to values where the critic has no recurrent module of ``kind`` (the verdict and
+    the findings)."""
+    return f"values have no state: the critic has no {kind}"
+
+
 """Why a KL divergence is missing (a distribution the integration does not flatten)."""
 
 
@@ -289,6 +297,7 @@ class WhatIf(Section[WhatIfSection]):
             return WhatIfSection(measured=False)
         data = summarize_what_if(meta, tf32=log.meta.get("cudnn_tf32") is True)
         data.kept_envs, data.n_envs, data.env_runners = log.kept_envs, log.n_envs, log.env_runners
+        data.kind = log.kind
         data.scope = what_if_scope(log.kept_envs, log.n_envs, log.env_runners)
         return data
 
@@ -337,7 +346,8 @@ class WhatIf(Section[WhatIfSection]):
         )
         scope = f"; measured on {WHOLE}, not only the env columns with rows)" if data.scope else ")"
         if data.critic == "mlp":  # no value moves: the sentence is the policy's alone
-            msg = f"{where} (epoch {last}), stored states move {policy}{scope} against refreshed states ({NO_STATE})"
+            alone = no_state(data.kind)
+            msg = f"{where} (epoch {last}), stored states move {policy}{scope} against refreshed states ({alone})"
         else:
             values = f"move values by {_pct(stored['value_rel'])} of the return spread"
             msg = f"{where} (epoch {last}), stored states {values} against refreshed states and {policy}{scope}"
@@ -387,11 +397,11 @@ class WhatIf(Section[WhatIfSection]):
         s = data.sampling
         sb3 = caps.rollout_buffer  # sb3's option names, on sb3's logs alone
         critic = {
-            "lstm": "the critic has its own LSTM",
-            "shared": f"one LSTM{' (shared_lstm)' if sb3 else ''} for actor and critic: the critic reads the "
+            "lstm": f"the critic has its own {data.kind}",
+            "shared": f"one {data.kind}{' (shared_lstm)' if sb3 else ''} for actor and critic: the critic reads the "
             "actor's, so actor states move values too",
-            "mlp": f"the critic has no LSTM{' (enable_critic_lstm=False)' if sb3 else ''}: its values have no state "
-            "to vary",
+            "mlp": f"the critic has no {data.kind}{' (enable_critic_lstm=False)' if sb3 else ''}: its values have no "
+            "state to vary",
         }.get(str(data.critic), f"critic: {fmt(data.critic)}")
         check = data.check
         verdict = {True: "OK", False: "[red]FAILED[/]", None: "not sampled"}[check.get("ok")]
@@ -399,7 +409,7 @@ class WhatIf(Section[WhatIfSection]):
             f"{data.minibatches} minibatches of {data.iterations} iterations (first and last minibatch of epochs "
             f"{', '.join(fmt(e) for e in s.get('epochs') or [])}, every {fmt(s.get('every'))} iteration(s)), each "
             f"evaluated on a copy of the policy with the weights it was trained with; {fmt(data.seconds)} s\n"
-            f"against refreshed states (the LSTMs re-run over the rollout with those weights); {critic}\n"
+            f"against refreshed states (the {data.kind}s re-run over the rollout with those weights); {critic}\n"
             f"check: minibatch 0 of epoch 0 (the rollout's weights): stored = refreshed: {verdict} "
             f"({fmt(check.get('minibatches', 0))} minibatches)"
             + "".join(

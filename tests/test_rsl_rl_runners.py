@@ -1,0 +1,150 @@
+"""rsl_rl (rsl-rl-lib 5.5) set-ups beyond OnPolicyRunner's defaults, run for real at tiny scale: a
+DistillationRunner with a recurrent student and teacher (refused in one line: distillation is not traced);
+export of a runner right after learn(), of an asymmetric actor-critic and of an MLP critic (refused, named); the
+what-if words of a GRU run."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import lstm_probe
+
+rsl_rl = pytest.importorskip("rsl_rl")
+DISTRIBUTION_CHECKS = False  # what the framework sets for the process (see conftest.py)
+
+from rsl_rl.runners import DistillationRunner  # noqa: E402
+
+from lstm_probe.integrations.rsl_rl import TorchPendulumVecEnv, attach, train_cfg  # noqa: E402
+from lstm_probe.integrations.rsl_rl.train import build_runner  # noqa: E402
+
+
+def test_a_distillation_runner_is_refused_in_one_line(tmp_path):
+    """A DistillationRunner (recurrent student and teacher, the teacher loaded from a PPO checkpoint) is refused
+    with BadInput naming the algorithm, nothing wrapped and no log written: its training still runs."""
+    torch.manual_seed(0)
+    env = TorchPendulumVecEnv(4, seed=0, max_steps=10)
+    cfg = train_cfg(
+        num_steps_per_env=8,
+        num_mini_batches=2,
+        learning_rate=1e-3,
+        rnn_type="gru",
+        rnn_layers=1,
+        hidden_size=8,
+        mlp=(8,),
+    )
+    teacher = build_runner(env, cfg)
+    teacher.save(str(tmp_path / "teacher.pt"))
+    actor = cfg["actor"]
+    dcfg = {
+        "num_steps_per_env": 8,
+        "save_interval": 10**9,
+        "obs_groups": {"student": ["policy"], "teacher": ["policy"]},
+        "student": actor,
+        "teacher": actor,
+        "algorithm": {"class_name": "rsl_rl.algorithms.Distillation", "num_learning_epochs": 1, "gradient_length": 4},
+    }
+    with contextlib.redirect_stdout(io.StringIO()):
+        runner = DistillationRunner(env, dcfg, log_dir=None)
+    runner.load(str(tmp_path / "teacher.pt"))
+    with pytest.raises(lstm_probe.BadInput, match="algorithm is Distillation, which it does not trace"):
+        attach(runner, tmp_path / "run.parquet")
+    assert not (tmp_path / "run.parquet").exists()
+    assert "step" not in vars(env) and "act" not in vars(runner.alg)
+    runner.learn(1)
+
+
+class PrivilegedPendulum(TorchPendulumVecEnv):
+    """The torch Pendulum with a second observation group, 'critic' (the velocity the actor does not see): an
+    asymmetric actor-critic as Isaac Lab configures them (``obs_groups``: critic ['policy', 'critic'])."""
+
+    def get_observations(self):
+        obs = super().get_observations()
+        obs["critic"] = self.pendulum.observe()[:, :1] * 0.0 + self.pendulum.steps[:, None].float()
+        return obs
+
+
+def _runner(env, critic_groups=("policy",), critic_rnn=True):
+    torch.manual_seed(0)
+    cfg = train_cfg(
+        num_steps_per_env=8,
+        num_mini_batches=2,
+        learning_rate=1e-3,
+        rnn_type="gru",
+        rnn_layers=2,
+        hidden_size=8,
+        mlp=(8,),
+    )
+    cfg["obs_groups"] = {"actor": ["policy"], "critic": list(critic_groups)}
+    if not critic_rnn:
+        cfg["critic"] = {"class_name": "rsl_rl.models.MLPModel", "hidden_dims": [8]}
+    return build_runner(env, cfg), cfg
+
+
+def test_export_of_an_asymmetric_actor_critic_names_both_widths(tmp_path):
+    """A critic that reads more observations than the actor (privileged 'critic' group): export feeds one
+    observation to both, and says so in one line (it was torch.export's own error, cut after its first line)."""
+    runner, _ = _runner(PrivilegedPendulum(4, seed=0, max_steps=10), critic_groups=("policy", "critic"))
+    runner.learn(1)
+    with pytest.raises(
+        lstm_probe.BadInput, match=r"this critic reads 3 values \(its observation groups\), the actor 2$"
+    ):
+        lstm_probe.export(runner, tmp_path / "policy.onnx", synthetic=True, episodes=1)
+    assert not (tmp_path / "policy.onnx").exists()
+
+
+def test_export_of_an_mlp_critic_checkpoint_names_the_critic(tmp_path):
+    """An Isaac Lab run folder (model_*.pt, params/agent.yaml) whose critic is an MLPModel: the refusal names the
+    critic and its class (it said the run's 'models are not RNNModels', the recurrent actor among them)."""
+    yaml = pytest.importorskip("yaml")
+    runner, cfg = _runner(TorchPendulumVecEnv(4, seed=0, max_steps=10), critic_rnn=False)
+    (tmp_path / "params").mkdir()
+    (tmp_path / "params" / "agent.yaml").write_text(yaml.dump(cfg))
+    runner.save(str(tmp_path / "model_0.pt"))
+    with pytest.raises(lstm_probe.BadInput, match=r"agent\.yaml.s critic is MLPModel, not an RNNModel; export writes"):
+        lstm_probe.export(tmp_path / "model_0.pt", tmp_path / "policy.onnx", synthetic=True, episodes=1)
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_export_of_a_runner_right_after_learn(tmp_path, cell):
+    """``lstm_probe.export(runner, ...)`` after ``runner.learn()``, as a training script ends: the actor's
+    distribution still holds the last minibatch's graph, which a deep copy refused (RuntimeError); the file is
+    written and verified against rsl_rl's own policy."""
+    torch.manual_seed(0)
+    cfg = train_cfg(
+        num_steps_per_env=8,
+        num_mini_batches=2,
+        learning_rate=1e-3,
+        rnn_type=cell,
+        rnn_layers=2,
+        hidden_size=8,
+        mlp=(8,),
+    )
+    runner = build_runner(TorchPendulumVecEnv(4, seed=0, max_steps=10), cfg)
+    runner.learn(1)
+    done = lstm_probe.export(runner, tmp_path / "policy.onnx", synthetic=True, episodes=1)
+    assert (tmp_path / "policy.onnx").exists() and done.errors["action"] < 1e-5 and done.steps > 0
+
+
+def test_what_if_of_a_gru_run_says_gru(tmp_path):
+    """A GRU actor and critic measured with what_if: the report's What-if section and the verdict's words name the
+    GRU (they said 'the critic has its own LSTM', 'the LSTMs re-run'); an MLP critic 'has no GRU'."""
+    for critic_rnn in (True, False):
+        runner, _ = _runner(TorchPendulumVecEnv(4, seed=0, max_steps=10), critic_rnn=critic_rnn)
+        log = tmp_path / f"{critic_rnn}.parquet"
+        with attach(runner, log, capture="summary", what_if=True):
+            runner.learn(1)
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
+        cmd = [sys.executable, "-m", "lstm_probe", "report", str(log)]
+        text = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True).stdout
+        assert "the GRUs re-run over the rollout" in text and "LSTM" not in text
+        assert ("the critic has its own GRU" if critic_rnn else "the critic has no GRU: its values") in text
+        doc = json.loads(subprocess.run([*cmd, "--json"], capture_output=True, text=True, env=env, check=True).stdout)
+        assert doc["what_if"]["kind"] == "GRU" and doc["what_if"]["critic"] == ("lstm" if critic_rnn else "mlp")
