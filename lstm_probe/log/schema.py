@@ -315,12 +315,9 @@ COLUMNS: tuple[Column, ...] = (
         "episode_start",
         "bool",
         True,
-        "True where an episode starts at this step: its observation is the episode's first (the step after a "
-        "done), as the framework's episode flags (or the loop's tag) say, whether or not the state was reset "
-        "there: the doctor judges that (the init column, and on train rows an episode start after a sequence's "
-        "first step). Train rows of a sequence of next observations (TorchRL's value estimators and target "
-        "networks run on data['next'], which holds no episode's first observation): True at a step after the "
-        "sequence's first whose episode is not the previous step's (the sequence runs on into another episode).",
+        "True where an episode starts at this step (its observation is the episode's first), whether or not the "
+        "state was reset there (the doctor judges that). Train rows of next observations (TorchRL's value passes on "
+        "data['next']): True after a sequence's first step where the episode is not the previous step's.",
         "grid",
         user=True,
         initial="null",
