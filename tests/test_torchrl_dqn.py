@@ -134,7 +134,7 @@ def test_the_target_pass_is_linked_to_its_next_samples_and_its_zero_starts_found
     _train(_dqn(), tmp_path / "dqn.parquet")
     df = lstm_probe.load(tmp_path / "dqn.parquet", vectors=False)
     value = df[(df.phase == "value") & ~df.padding]
-    assert value.env_step.notna().all() and not value.episode_start.any()
+    assert value.env_step.notna().all() and not value[value.t == 0].episode_start.any()  # (episode starts: below)
     first = value[(value.iteration == 0) & (value.minibatch == 0)]
     assert sorted(set(first.env_step.astype(int))) == list(range(1, FRAMES + 1))  # the next samples of batch 0
     problems = lstm_probe.summarize(tmp_path / "dqn.parquet").doctor.problems
@@ -144,10 +144,49 @@ def test_the_target_pass_is_linked_to_its_next_samples_and_its_zero_starts_found
 
 @pytest.fixture(scope="module")
 def replayed(tmp_path_factory):
-    """One run of eight collector batches: most samples of the later updates are of earlier batches."""
+    """One run of eight collector batches: most samples of the later updates are of earlier batches. With the
+    trajectory ids of every sample the loss was given, and the next samples' is_init, in loss order."""
     log = tmp_path_factory.mktemp("dqn") / "dqn.parquet"
-    _train(_dqn(), log, batches=8)
-    return log, lstm_probe.summarize(log)
+    seen: list[tuple[np.ndarray, np.ndarray]] = []
+
+    def before_loss(s: Any) -> None:
+        seen.append((s["collector", "traj_ids"].numpy().copy(), s["next", "is_init"].numpy().copy()))
+
+    _train(_dqn(), log, batches=8, before_loss=before_loss)
+    return log, lstm_probe.summarize(log), seen
+
+
+def test_the_target_pass_running_on_into_the_next_episode_is_named(replayed):
+    """DQNLoss's target pass runs the value network on ``step_mdp(td)``: the next samples, whose is_init is all
+    false, so TorchRL runs each 20-step sample row as one sequence, its state carried from one episode into the
+    next wherever the row crosses an episode's end (its trajectory id changes). The log marks each such next
+    observation an episode start (never a sequence's first step), and the doctor names them in the value phase:
+    as many episode starts, in as many sequences, as the samples hold; the verdict counts them in words."""
+    log, report, seen = replayed
+    assert not any(init.any() for _, init in seen)  # TorchRL splits none of the next pass's rows
+    crossings = [traj[:, 1:] != traj[:, :-1] for traj, _ in seen]  # (rows, steps - 1) per loss call
+    starts = sum(int(c.sum()) for c in crossings)
+    rows = sum(int(c.any(axis=1).sum()) for c in crossings)
+    assert 0 < rows and starts > rows  # some rows cross more than one episode's end
+    df = lstm_probe.load(log, vectors=False)
+    value = df[(df.phase == "value") & ~df.padding & (df.layer == 0)]
+    marked = value[value.episode_start]
+    assert len(marked) == starts and (marked.t > 0).all() and (marked.episode_step == 1).all()
+    assert marked.groupby(["call", "seq"]).ngroups == rows
+    episode = value.set_index(["call", "seq", "t"]).episode  # each marked row's episode is not the step before's
+    before = episode.loc[list(zip(marked.call, marked.seq, marked.t - 1, strict=True))].to_numpy()
+    assert (before >= 0).all() and (before != marked.episode.to_numpy()).all()
+    train = df[(df.phase == "train") & ~df.padding & (df.layer == 0)]
+    assert not train[train.t > 0].episode_start.any()  # the online pass splits at is_init: no start inside
+    (across,) = [p for p in report.doctor.problems if p.kind == "across_episodes"]
+    assert across.phase == "value" and across.count == starts
+    assert across.text.startswith(
+        f"an episode starts inside a value-estimator sequence (GAE's passes or a loss's target network, phase "
+        f"value) {starts} times (in {rows} sequences): the state runs on across the episode boundary"
+    )
+    assert across.text in report.findings
+    (line,) = [x for x in report.verdict.lines if x.startswith("not all clear: the doctor reports 2 problems")]
+    assert f"the value phase's episode starts inside a sequence the state runs on across, {starts:,} times" in line
 
 
 def _words(report: Any) -> list[str]:
@@ -167,7 +206,7 @@ def test_train_rows_without_a_drift_are_counted_and_left_unjudged(replayed):
     """A replay buffer's samples of earlier collector batches have no drift (the probe holds the current batch's
     rollout states only): the staleness section counts them and the verdict says they are not judged, rather than
     concluding from the measured rows alone that no stored state went stale."""
-    log, report = replayed
+    log, report, _ = replayed
     df = lstm_probe.load(log, vectors=False)
     train = df[(df.phase == "train") & ~df.padding & (df.layer == 0)]
     missing = int(train.drift_h.isna().sum())
@@ -184,17 +223,18 @@ def test_train_rows_without_a_drift_are_counted_and_left_unjudged(replayed):
 
 def test_the_verdict_points_at_the_doctors_training_side_problem(replayed):
     """The doctor finds the target pass starting from zeros (phase value): the verdict does not read as all clear."""
-    _, report = replayed
+    _, report, _ = replayed
     assert any(p.kind == "train_from_zeros" and p.phase == "value" for p in report.doctor.problems)
     (line,) = [x for x in report.verdict.lines if x.startswith("not all clear: the doctor reports")]
-    count = next(p.count for p in report.doctor.problems if p.phase == "value")
-    assert f"(the value phase's calls, {count:,} times)" in line and "train_from_zeros" not in line  # words only
+    count = next(p.count for p in report.doctor.problems if p.kind == "train_from_zeros")
+    assert f"(the value phase's sequences that start from zeros, {count:,} times; " in line
+    assert "train_from_zeros" not in line and "across_episodes" not in line  # words only
 
 
 def test_what_if_is_not_suggested_for_a_loss_it_cannot_re_run(replayed):
     """What-if and memory re-run a ClipPPOLoss: a DQNLoss run's log declares neither (the loss is found on the
     stack, no loss= given) and says why, and no line of the report suggests --what-if or --memory."""
-    log, report = replayed
+    log, report, _ = replayed
     assert report.capabilities.replay is False and report.capabilities.respond is False
     why = lstm_probe.log.reader.read_info(log).metadata["not_measurable"]
     assert set(why) == {"what_if", "memory"} and "DQNLoss" in why["what_if"]
@@ -207,7 +247,7 @@ def test_what_if_is_not_suggested_for_a_loss_it_cannot_re_run(replayed):
 def test_a_loop_of_updates_is_not_worded_as_epochs(replayed):
     """Every train row is of epoch 0 (``p.tag(epoch=0, minibatch=k)``): the drift is said by the last minibatch of
     an update, from that minibatch's rows, not "in epoch 0", "by the last epoch" or "epoch x N + minibatch"."""
-    _, report = replayed
+    _, report, _ = replayed
     words = _words(report)
     for ppo in ("in epoch 0", "by the last epoch", "epoch x "):
         assert not any(ppo in w for w in words), ppo

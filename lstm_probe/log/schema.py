@@ -315,7 +315,9 @@ COLUMNS: tuple[Column, ...] = (
         "episode_start",
         "bool",
         True,
-        "True when the state was reset before this step (first step of an episode).",
+        "True where an episode starts at this step (its observation is the episode's first), whether or not the "
+        "state was reset there (the doctor judges that). Train rows of next observations (TorchRL's value passes on "
+        "data['next']): True after a sequence's first step where the episode is not the previous step's.",
         "grid",
         user=True,
         initial="null",

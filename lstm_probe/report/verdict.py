@@ -230,13 +230,23 @@ TRAINING_SIDE = ("train", "value")
 """The phases of the doctor's problems the verdict points at: the calls its drift and what-if are of."""
 
 
+WHAT = {
+    "train_from_zeros": "sequences that start from zeros",
+    "train_from_states": "sequences that start from non-zero states",
+    "across_episodes": "episode starts inside a sequence the state runs on across",
+    "carried_in_training": "episode starts the training loop carries the state across",
+    "other_env": "sequences that start from another env column's state",
+}
+"""What each kind of the doctor's training-side problems counts, in words (else: "calls")."""
+
+
 def _doctor(v: Verdict, problems: list[Any]) -> None:
     """A line pointing at the doctor's problems of training-side calls (by kind and phase), which no figure above
     shows (where the provenance check failed its line already points at the doctor)."""
     found = [p for p in problems if getattr(p, "phase", None) in TRAINING_SIDE]
     if not found or v.provenance_ok is False:
         return
-    kinds = "; ".join(f"the {p.phase} phase's calls, {p.count:,} times" for p in found)
+    kinds = "; ".join(f"the {p.phase} phase's {WHAT.get(p.kind, 'calls')}, {p.count:,} times" for p in found)
     v.lines.append(
         f"not all clear: the doctor reports {'a problem' if len(found) == 1 else f'{len(found)} problems'} in "
         f"training-side calls that the lines above do not judge ({kinds}); the doctor's section says what and where"

@@ -240,9 +240,11 @@ def provenance(
 
     A sample's env, episode and env step: from its trajectory id and step count (``Envs.lookup``).
     The samples of a value estimator's pass over ``data["next"]`` (``nxt``) are next observations: the
-    same env and episode, the next env step and episode step, never an episode start (a next
-    observation is never an episode's first: after a done the reset observation is the next sample's
-    own, torchrl/collectors/_single.py ``Collector.rollout``). Where the samples' batch is not
+    same env and episode, the next env step and episode step. A next observation is never an episode's
+    first (after a done the reset observation is the next sample's own, torchrl/collectors/_single.py
+    ``Collector.rollout``), so such a pass holds no episode's first step: its episode starts are where a
+    piece enters an episode after its first step, the sample's episode (trajectory id; without ids, a step
+    count of 0) not the previous sample's (:func:`entered`). Where the samples' batch is not
     ``known`` (a value estimator's call that is neither of its passes over the whole batch) every
     provenance column is null; a loss call's (not a ``value`` call's) batch without trajectory ids is
     taken as the collector's, one env per row."""
@@ -250,7 +252,9 @@ def provenance(
     start = np.full(len(init), -1, np.int8)
     if known:
         start = np.zeros(len(init), np.int8) if nxt else ((sc == 0) if sc is not None else init).astype(np.int8)
-    columns: dict[str, np.ndarray | None] = {"episode_start": start[at]}
+    # next observations: where a piece enters another episode (no piece starts one: start is 0 there)
+    starts = entered(tr, sc, len(init), first, at, steps).astype(np.int8) if known and nxt else start[at]
+    columns: dict[str, np.ndarray | None] = {"episode_start": starts}
     if sc is not None and known:
         columns["episode_step"] = (sc + nxt)[at]
     if found is not None and known:
@@ -270,3 +274,22 @@ def provenance(
     reasons = np.array([SEQ_REASON[r] for r in code.tolist()], COLUMN["seq_reason"].dtype)
     grid.seq_reason = reasons if known else np.full(len(first), -1, COLUMN["seq_reason"].dtype)
     return grid
+
+
+def entered(
+    tr: np.ndarray | None, sc: np.ndarray | None, n: int, first: np.ndarray, at: np.ndarray, steps: int
+) -> np.ndarray:
+    """(pieces, longest) bool: where a piece of next observations enters another episode after its first step
+    (a value estimator's pass over ``data["next"]`` run as one sequence across an episode's end: all-false
+    ``is_init`` there, as DQNLoss's target pass, ``step_mdp``, leaves it). The sample at a piece's step t > 0 is
+    the one after its step t - 1 in the batch row; it is of another episode where its trajectory id differs
+    (a collector gives each episode its own), or, without ids, where its step count is 0 (its own observation
+    an episode's first, so its next one that episode's second). Never at a piece's first step, nor on its padding
+    (``at`` repeats the piece's first sample there). ``n``: the batch's samples, ``steps`` a row's."""
+    new = np.zeros(n, bool)
+    if tr is not None:
+        new[1:] = tr[1:] != tr[:-1]
+    elif sc is not None:
+        new = sc == 0
+    new &= np.arange(n) % steps > 0
+    return new[at] & (at != first[:, None])

@@ -474,14 +474,10 @@ class Pass:
         data.sources = {k: dict(sorted(v.items())) for k, v in sorted(tally.sources.items())}
         data.entered, data.inside = dict(sorted(tally.entered.items())), dict(sorted(tally.inside.items()))
         data.problems = _problems(tally)
-        leak = First() if self.leaks is None else self.leaks.found
-        if leak.count:
-            text = (
-                f"an episode starts inside a training sequence {leak.count} times: the state runs on across the "
-                f"episode boundary (is_init / episode starts not set where an episode began); first at "
-                f"{_where(leak.row)}"
-            )
-            data.problems.append(Problem("across_episodes", str(leak.row.get("phase")), leak.count, leak.row, text))
+        leaks = self.leaks
+        for phase, leak in sorted(leaks.found.items() if leaks else [], key=lambda kv: kv[1].call):  # first seen first
+            text = f"{leaks.words(phase)}; first at {_where(leak.row)}"  # type: ignore[union-attr]
+            data.problems.append(Problem("across_episodes", phase, leak.count, leak.row, text))
         found = Steps() if self.steps is None else self.steps.result(tally.not_reset_at)
         f = found.carried
         if f.count:

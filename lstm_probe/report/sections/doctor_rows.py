@@ -47,29 +47,55 @@ def _py(v: Any) -> Any:
     return int(v) if isinstance(v, float) and v.is_integer() else v
 
 
-LEAK_COLUMNS = ["call", "module", "phase", "env", "env_step"]
+LEAK_COLUMNS = ["call", "module", "phase", "env", "env_step", "seq"]
 LEAK_NEEDS = {"t", "path", "episode_start", "padding"}
 LEAK_ROWS: tuple[Test, ...] = (("episode_start", "equal", True), ("t", "greater", 0), ("layer", "equal", 0))
 LEAK_ROWS += (("padding", "equal", False),)
 LEAK_WORDS: dict[str, tuple[str, ...]] = {"phase": TRAINING, "path": ("sequence",)}
 """The rows :class:`Leaks` reads: those that pass ``LEAK_ROWS`` and whose string columns hold ``LEAK_WORDS``."""
+SEQUENCE = {"value": "a value-estimator sequence (GAE's passes or a loss's target network, phase value)"}
+"""A training-side call's sequence by its phase, where not "a training sequence"."""
 
 
 class Leaks:
     """Training rows of multi-step calls where an episode starts after the sequence's first step: the state
     runs on across the episode boundary (TorchRL: an all-false ``is_init`` over a batch that crosses
-    episodes; any loop that runs one sequence over several episodes without a reset). Batch by batch, in
-    log order, from the doctor's one pass over the rows."""
+    episodes, or a value estimator's pass over next observations that runs on into the next episode, such as
+    DQNLoss's target pass; any loop that runs one sequence over several episodes without a reset). Per
+    phase, the episode starts (:attr:`found`) and the sequences that hold them (:attr:`sequences`). Batch by
+    batch, in log order, from the doctor's one pass over the rows: a sequence's rows come together (a call's
+    rows do, layer 0's by batch column and step), so its episode starts are counted as one sequence where the
+    (call, module, seq) changes from the row before."""
 
     def __init__(self) -> None:
-        self.found = First()
+        self.found: dict[str, First] = {}
+        self.sequences: dict[str, int] = {}
+        self.last: tuple[float, str, float] | None = None  # (call, module, seq) of the last row read
 
     def add(self, batch: pa.RecordBatch) -> None:
         batch = select_rows(batch, LEAK_ROWS, LEAK_WORDS)
         if batch.num_rows:
             c = {k: batch.column(k).to_numpy(zero_copy_only=False) for k in LEAK_COLUMNS}
-            c = {k: v.astype(float) if k in ("call", "env", "env_step") else v.astype(str) for k, v in c.items()}
-            self.found.add(c, np.ones(batch.num_rows, bool))
+            c = {k: v.astype(str) if k in ("module", "phase") else v.astype(float) for k, v in c.items()}
+            call, module, seq = c["call"], c["module"], c["seq"]
+            new = np.r_[True, (call[1:] != call[:-1]) | (module[1:] != module[:-1]) | (seq[1:] != seq[:-1])]
+            new[0] = self.last != (call[0], module[0], seq[0])
+            self.last = (float(call[-1]), str(module[-1]), float(seq[-1]))
+            for p in np.unique(c["phase"]).tolist():
+                here = c["phase"] == p
+                self.found.setdefault(p, First()).add(c, here)
+                self.sequences[p] = self.sequences.get(p, 0) + int((here & new).sum())
+
+    def words(self, phase: str) -> str:
+        """The finding for ``phase``'s episode starts (where they were first seen is the caller's to add)."""
+        n, seqs = self.found[phase].count, self.sequences[phase]
+        times = "once" if n == 1 else f"{n:,} times"
+        where = "in one sequence" if seqs == 1 else f"in {seqs:,} sequences"
+        return (
+            f"an episode starts inside {SEQUENCE.get(phase, 'a training sequence')} {times} ({where}): the state "
+            "runs on across the episode boundary, from one episode into the next (is_init / episode starts not "
+            "set where an episode began)"
+        )
 
 
 @dataclass
