@@ -195,3 +195,25 @@ def test_random_initial_episode_lengths_go_on_from_the_envs_count(tmp_path):
     m = train.merge(roll, on=["module", "env", "env_step"], suffixes=("", "_r"))
     assert len(m) == len(train) and (m.episode_step == m.episode_step_r).all()
     assert {p.kind for p in lstm_probe.summarize(path).doctor.problems} == set()
+
+
+@pytest.mark.parametrize("framework", [(), ("--framework", "rsl_rl")], ids=["sb3-default", "rsl_rl"])
+def test_arch_of_an_rsl_rl_checkpoint_says_how_to_see_it(tmp_path, framework):
+    """``lstm-probe arch model_0.pt`` (the checkpoint OnPolicyRunner.save writes): one line, exit 2, that gives the
+    command showing its architecture, the sizes read from its weights (was: 'cannot load ... as a RecurrentPPO
+    model: it is not an SB3 model.zip', or with --framework rsl_rl 'unknown env id')."""
+    torch.manual_seed(0)
+    cfg = train_cfg(
+        num_steps_per_env=8, num_mini_batches=2, learning_rate=1e-3, rnn_type="gru", rnn_layers=2, hidden_size=12
+    )
+    runner = build_runner(TorchPendulumVecEnv(4, seed=0, max_steps=10), cfg)
+    path = tmp_path / "model_0.pt"
+    runner.save(str(path))
+    cmd = [sys.executable, "-m", "lstm_probe", "arch", str(path), *framework]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr
+    assert r.stderr == (
+        f"error: {path} is a checkpoint of rsl_rl, which arch does not read: arch builds the policy from the env id "
+        "the run trained on, `lstm-probe arch ENV_ID --framework rsl_rl --rnn-type gru --hidden-size 12 "
+        "--lstm-layers 2` (export reads the checkpoint itself)\n"
+    )
