@@ -148,3 +148,72 @@ def test_what_if_of_a_gru_run_says_gru(tmp_path):
         assert ("the critic has its own GRU" if critic_rnn else "the critic has no GRU: its values") in text
         doc = json.loads(subprocess.run([*cmd, "--json"], capture_output=True, text=True, env=env, check=True).stdout)
         assert doc["what_if"]["kind"] == "GRU" and doc["what_if"]["critic"] == ("lstm" if critic_rnn else "mlp")
+
+
+class CountedPendulum(TorchPendulumVecEnv):
+    """The torch Pendulum that keeps what ``OnPolicyRunner.learn(init_at_random_ep_len=True)`` set its
+    ``episode_length_buf`` to (each env's step in its first episode)."""
+
+    randomized: torch.Tensor | None = None
+
+    @TorchPendulumVecEnv.episode_length_buf.setter  # type: ignore[attr-defined]
+    def episode_length_buf(self, value):
+        self.randomized = value.clone()
+        self.pendulum.steps = value
+
+
+def test_random_initial_episode_lengths_go_on_from_the_envs_count(tmp_path):
+    """``learn(init_at_random_ep_len=True)`` (Isaac Lab's train.py) puts env e k_e steps into its first episode
+    (10-step episodes: it ends after 10 - k_e steps). The rollout rows say episode step (k_e + s) % 10 at env step
+    s, an episode start only where that is 0, and the report counts as complete only the episodes whose first
+    step is in the log (env e's first only where k_e == 0), all 10 steps long; the oracle and the doctor agree."""
+    torch.manual_seed(3)  # counts [9, 0, 7, 9, 7, 1, 0, 6]: fresh starts, and ends at the log's last steps
+    env = CountedPendulum(8, seed=0, max_steps=10)
+    cfg = train_cfg(
+        num_steps_per_env=16, num_mini_batches=2, learning_rate=1e-3, rnn_type="lstm", rnn_layers=1, hidden_size=8
+    )
+    cfg["algorithm"]["num_learning_epochs"] = 2
+    runner = build_runner(env, cfg)
+    path = tmp_path / "random-lengths.parquet"
+    with attach(runner, path):
+        runner.learn(2, init_at_random_ep_len=True)
+    k = env.randomized.numpy()
+    assert k.tolist() == [9, 0, 7, 9, 7, 1, 0, 6]
+    df = lstm_probe.load(path, vectors=False)
+    roll = df[(df.phase == "rollout") & (df.module == "actor")]
+    assert len(roll) == 8 * 32
+    at = k[roll.env.to_numpy()] + roll.env_step.to_numpy()
+    assert (roll.episode_step.to_numpy() == at % 10).all() and (roll.episode.to_numpy() == at // 10).all()
+    assert (roll.episode_start.to_numpy() == (at % 10 == 0)).all()
+    # complete: episodes whose first step (env step 10 j - k_e) is in the log and whose last (9 more) is not
+    # the log's last step (31: the report cannot see it end)
+    complete = sum(1 for ke in k for j in range(5) if 10 * j - ke >= 0 and 10 * j - ke + 9 < 31)
+    seq = lstm_probe.summarize(path).sequences
+    assert seq.episodes_completed == complete == 20  # 3 each at k 0 and k 9 (the third: 21-30), else 2
+    assert seq.episode_length["min"] == seq.episode_length["max"] == 10
+    train = df[(df.phase == "train") & (df.module == "actor") & ~df.padding & (df.epoch == 0) & (df.minibatch == 0)]
+    m = train.merge(roll, on=["module", "env", "env_step"], suffixes=("", "_r"))
+    assert len(m) == len(train) and (m.episode_step == m.episode_step_r).all()
+    assert {p.kind for p in lstm_probe.summarize(path).doctor.problems} == set()
+
+
+@pytest.mark.parametrize("framework", [(), ("--framework", "rsl_rl")], ids=["sb3-default", "rsl_rl"])
+def test_arch_of_an_rsl_rl_checkpoint_says_how_to_see_it(tmp_path, framework):
+    """``lstm-probe arch model_0.pt`` (the checkpoint OnPolicyRunner.save writes): one line, exit 2, that gives the
+    command showing its architecture, the sizes read from its weights (was: 'cannot load ... as a RecurrentPPO
+    model: it is not an SB3 model.zip', or with --framework rsl_rl 'unknown env id')."""
+    torch.manual_seed(0)
+    cfg = train_cfg(
+        num_steps_per_env=8, num_mini_batches=2, learning_rate=1e-3, rnn_type="gru", rnn_layers=2, hidden_size=12
+    )
+    runner = build_runner(TorchPendulumVecEnv(4, seed=0, max_steps=10), cfg)
+    path = tmp_path / "model_0.pt"
+    runner.save(str(path))
+    cmd = [sys.executable, "-m", "lstm_probe", "arch", str(path), *framework]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr
+    assert r.stderr == (
+        f"error: {path} is a checkpoint of rsl_rl, which arch does not read: arch builds the policy from the env id "
+        "the run trained on, `lstm-probe arch ENV_ID --framework rsl_rl --rnn-type gru --hidden-size 12 "
+        "--lstm-layers 2` (export reads the checkpoint itself)\n"
+    )

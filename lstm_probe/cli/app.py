@@ -279,6 +279,7 @@ def arch(
 ) -> None:
     """Show what actor and critic share, and which loss trains which layer (measured gradient flow)."""
     fw = integrations.framework(framework, "arch")
+    integrations.refuse_checkpoint(target)
     own = {
         "env_id": ("--env", env_id, None),
         "trust_model": ("--trust-model", trust_model, False),

@@ -82,6 +82,11 @@ class Framework:
     deploy_packages: tuple[str, ...] = ()
     """The packages whose objects its ``deploy`` loader takes ('sb3_contrib'): how :func:`deploy_policy` picks
     the framework of a model object (its class's top-level package)."""
+    arch_flags: str | None = None
+    """The "module:function" giving, for one of its checkpoints (a path, read as data), the ``arch`` flags that
+    rebuild its recurrent layers (``--rnn-type gru --hidden-size 16 --lstm-layers 1``; '' where it cannot say):
+    what ``arch``'s refusal of that checkpoint (:func:`refuse_checkpoint`) hands the user; None: the refusal
+    names the flags without their values."""
     deploy_mark: str | None = None
     """Where several frameworks' loaders read one suffix (rsl_rl's and TorchRL's ``.pt``): the value of the
     checkpoint's top-level ``"lstm_probe"`` entry that marks its saved models (``deploy/saved.py``: ``MARK``);
@@ -137,6 +142,7 @@ FRAMEWORKS: dict[str, Framework] = {
             extra="rsl-rl",
             refuses=("info_keys",),
             deploy="lstm_probe.integrations.rsl_rl.deployed:loader",
+            arch_flags="lstm_probe.integrations.rsl_rl.versions:arch_flags",
             deploy_files=(".pt",),
             deploy_packages=("rsl_rl",),
         ),
@@ -238,6 +244,38 @@ def deploy_policy(model: Any, trust_model: bool, env_id: str | None = None) -> P
         require(fw.extra, f"a {fw.name} model")
     loader: Loader = declared(fw.deploy)
     return dataclasses.replace(loader(model, trust_model, env_id), framework=fw.name)
+
+
+CHECKPOINTS = (".pt", ".pth")
+"""The suffixes of ``torch.save`` checkpoints (rsl_rl's ``model_*.pt``, TorchRL's and RLlib's saved models)."""
+
+
+def refuse_checkpoint(target: str) -> None:
+    """``lstm-probe arch`` builds a framework's policy from an env id (sb3's also reads a model.zip): a
+    ``.pt`` checkpoint is refused in one line that says how to see its architecture, ``arch ENV_ID --framework
+    NAME`` with the sizes the checkpoint holds. The framework is the one :func:`deploy_policy` would choose (the
+    suffix, then the checkpoint's mark, read as data); a file none reads names rsl_rl's and TorchRL's."""
+    import os
+
+    if os.path.splitext(target)[1].lower() not in CHECKPOINTS or not os.path.isfile(target):
+        return
+    found = [f for f in FRAMEWORKS.values() if f.arch and ".pt" in f.deploy_files]
+    flags = "--rnn-type, --hidden-size and --lstm-layers as the run had them"
+    try:
+        from lstm_probe.deploy import saved
+
+        mark = saved.mark(target, "")
+        found = [f for f in found if f.deploy_mark == mark] or found
+        if len(found) == 1 and found[0].arch_flags is not None:
+            flags = declared(found[0].arch_flags)(target) or flags
+    except (BadInput, ImportError):  # not a checkpoint torch reads as data, or torch missing: the plain words
+        pass
+    names = " or ".join(f.name for f in found)
+    raise BadInput(
+        f"{target} is a checkpoint of {names}, which arch does not read: arch builds the policy from the env id the "
+        f"run trained on, `lstm-probe arch ENV_ID --framework {found[0].name if len(found) == 1 else 'NAME'} "
+        f"{flags}` (export reads the checkpoint itself)"
+    )
 
 
 def declared(where: str | None) -> Any:

@@ -147,6 +147,7 @@ class RslRlProbe(Probe):
         # a fresh memory (None: zeros) starts an episode for the probe; else the episode began before it
         self.episode_step = np.zeros(self.n, np.int64) if fresh else np.full(self.n, -1, np.int64)
         self.starts = np.full(self.n, 1 if fresh else 0, np.int8)
+        self._counted = False  # the env's own episode counts were read (or an env step came first: never)
         self._arrived: list[_Dones] = []  # env steps whose dones are not applied yet, in order
         self.waits = 0  # waits (outside the hooks) that found a dones copy still under way
         self._playing = False  # the calls since the last env step were play-loop ('predict') calls
@@ -222,6 +223,25 @@ class RslRlProbe(Probe):
         self.tracer.integration_seconds += time.perf_counter() - start
         return not self._arrived
 
+    def _env_counts(self) -> None:
+        """At the first ``PPO.act`` with no env step since the probe started: each env's step in its episode as
+        the env counts it (``episode_length_buf``, where the env has one, N non-negative integers), read once
+        (on a GPU one wait, once per attach). ``OnPolicyRunner.learn(init_at_random_ep_len=True)`` randomizes it
+        before the first step (``runners/on_policy_runner.py:OnPolicyRunner.learn``), so an env whose count is
+        k > 0 is k steps into an episode that began before the probe: its episode step goes on from k, no
+        episode start is tagged (the report counts no episode whose first row is not step 0 as complete), as
+        for an episode under way when the probe attaches. Where the env has no count, the probe's own rule
+        stands (a fresh memory starts an episode; else its step is unknown)."""
+        self._counted = True
+        buf = getattr(self.env, "episode_length_buf", None)
+        if not isinstance(buf, torch.Tensor) or buf.numel() != self.n or buf.dtype.is_floating_point:
+            return
+        count = buf.detach().reshape(-1).cpu().numpy().astype(np.int64)
+        if (count < 0).any():
+            return
+        self.episode_step = count
+        self.starts = (count == 0).astype(np.int8)
+
     def _grid(self, **cells: Any) -> Grid:
         return Grid.one_step(self.envs, self.env_step, self.episode, self.episode_step, self.starts, **cells)
 
@@ -266,6 +286,7 @@ class RslRlProbe(Probe):
             start = time.perf_counter()
             obs = self._flat(out[0]) if self.obs_groups is not None else None
             self._arrived.append(_Dones(out[2], obs))  # rsl_rl's VecEnv.step: (obs, rewards, dones, extras)
+            self._counted = True  # the counters moved on from the probe's start: the env's counts are not read
             if self._acted:  # a training step (its action from PPO.act); else a play loop's or a step of the user's
                 self.trained_steps += self.n
                 self._acted = False
@@ -281,6 +302,8 @@ class RslRlProbe(Probe):
             self._playing = False
             self._acted = True
             self._settle(wait=True)  # outside the hooks; in OnPolicyRunner.learn the copy is done by now
+            if not self._counted:
+                self._env_counts()
             t = int(self.storage.step)  # the storage index this step's transition will have
             if t < self.steps_per_env:
                 roll = self.roll

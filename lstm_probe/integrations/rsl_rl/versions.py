@@ -83,6 +83,26 @@ def models(saved: dict[str, Any], path: str, fix: str) -> tuple[dict[str, Any], 
     raise BadInput(f"{path} is not an rsl_rl checkpoint (OnPolicyRunner.save: actor_state_dict or model_state_dict)")
 
 
+def arch_flags(path: str) -> str:
+    """The ``lstm-probe arch --framework rsl_rl`` flags that rebuild the actor's RNN of the checkpoint at ``path``
+    (read as data: ``deploy/saved.py:read_checkpoint``), from its weights (any release's layout: rsl_rl 5's
+    ``actor_state_dict`` ``rnn.rnn.*``, 2-3's ``model_state_dict`` ``memory_a.rnn.*``): the gates of
+    ``weight_hh_l0`` (4 an LSTM's, 3 a GRU's), its width, the layers; '' where the file does not say."""
+    from lstm_probe.deploy.saved import read_checkpoint
+
+    saved = read_checkpoint(path, "")
+    state = saved.get("actor_state_dict", saved.get("model_state_dict")) if isinstance(saved, dict) else None
+    if not isinstance(state, dict):
+        return ""
+    prefix = "rnn.rnn." if "rnn.rnn.weight_hh_l0" in state else "memory_a.rnn."
+    hh = state.get(prefix + "weight_hh_l0")
+    if not isinstance(hh, torch.Tensor) or hh.dim() != 2 or hh.shape[0] not in (3 * hh.shape[1], 4 * hh.shape[1]):
+        return ""
+    kind = "lstm" if hh.shape[0] == 4 * hh.shape[1] else "gru"
+    layers = sum(1 for k in state if k.startswith(prefix + "weight_hh_l") and k[len(prefix) + 11 :].isdigit())
+    return f"--rnn-type {kind} --hidden-size {int(hh.shape[1])} --lstm-layers {layers}"
+
+
 def _agent(path: str, fix: str) -> dict[str, Any]:
     """The ``agent.yaml`` beside checkpoint ``path`` (:data:`AGENT`), read as hostile: a regular file of at
     most :data:`AGENT_BYTES`, plain YAML (a ``!!python/tuple`` read as a list, any other Python tag as
