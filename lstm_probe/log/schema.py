@@ -305,10 +305,9 @@ COLUMNS: tuple[Column, ...] = (
         "episode_step",
         "int64",
         True,
-        "Step within the episode (0 at its first observation). Null on padding rows, and for an episode "
-        "that began before the probe did (learn() continued without a reset) where the env does not count its "
-        "steps; rsl_rl: from the env's own count (episode_length_buf, randomized by init_at_random_ep_len) "
-        "where it has one.",
+        "Step within the episode (0 at its first observation). Null on padding rows, and for an episode that "
+        "began before the probe did (learn() continued without a reset) where the env does not count its steps; "
+        "rsl_rl: from the env's own count (episode_length_buf, randomized by init_at_random_ep_len) if any.",
         "grid",
         user=True,
         initial="previous",

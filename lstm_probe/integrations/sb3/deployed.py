@@ -31,6 +31,7 @@ from torch import nn
 
 from lstm_probe.deploy.spec import Policy, Spec, State, Step
 from lstm_probe.errors import BadInput
+from lstm_probe.integrations.sb3.exportable import refusal
 from lstm_probe.log.budget import open_regular
 
 
@@ -69,22 +70,11 @@ def spec_of(policy: Any) -> Spec:
     """The spec of a RecurrentPPO policy; BadInput for what :class:`Deployed` does not export."""
     from gymnasium import spaces
 
+    why = refusal(policy)
+    if why is not None:
+        raise BadInput(why)
     obs, act = policy.observation_space, policy.action_space
-    if isinstance(obs, spaces.Dict):
-        raise BadInput(
-            f"export takes a Box observation space, not {obs}: a MultiInputLstmPolicy is not exported (train on "
-            "flattened observations, gymnasium's FlattenObservation, for a policy export takes)"
-        )
-    if not isinstance(obs, spaces.Box):
-        raise BadInput(f"export takes a Box observation space, not {obs}; flatten the observations with a wrapper")
-    if isinstance(act, spaces.Box):
-        if policy.squash_output:
-            raise BadInput("export does not take squashed (gSDE) actions yet; train without use_sde to export")
-        kind = "box"
-    elif isinstance(act, spaces.Discrete):
-        kind = "discrete"
-    else:
-        raise BadInput(f"export takes Box or Discrete actions, not {act}")
+    kind = "box" if isinstance(act, spaces.Box) else "discrete"
     lstm = policy.lstm_actor
     choices = int(act.n) if isinstance(act, spaces.Discrete) else 0
     shape = tuple(act.shape)

@@ -222,19 +222,10 @@ def run(
     def save() -> Path:
         return saved.write(saved_as, model.save)  # RecurrentPPO.save: what `lstm-probe export` reads
 
-    refused = _unexportable(model)
+    from lstm_probe.integrations.sb3.exportable import refusal
+
+    refused = refusal(model.policy)
     return life.train(loop(), close, out=opts.out, total=t.steps, cleanup=env.close, save=save, unexportable=refused)
-
-
-def _unexportable(model: Any) -> str | None:
-    """Why ``lstm-probe export`` refuses ``model``'s policy (its own one line), or None."""
-    from lstm_probe.integrations.sb3.deployed import spec_of
-
-    try:
-        spec_of(model.policy)
-    except BadInput as exc:
-        return str(exc)
-    return None
 
 
 class _ProgressCallback:  # built lazily so that importing run.py does not import sb3
