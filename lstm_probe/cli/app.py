@@ -317,7 +317,11 @@ def schema(
 def probe(
     path: Annotated[str, typer.Argument(help="A log with h vectors: full capture, or --trace-envs K (envs 0..K-1).")],
     target: Annotated[
-        str, typer.Option(help="episode_step, env_step, obs:i (a log run with --capture-obs) or info:KEY (--info KEY).")
+        str,
+        typer.Option(
+            help="episode_step, env_step, obs:i or obs:KEY[i] (a log run with --capture-obs; KEY: a Dict "
+            "observation's key) or info:KEY (--info KEY)."
+        ),
     ] = "episode_step",
     lags: Annotated[str, typer.Option(help="Comma-separated lags L: the target at t - L in the same episode.")] = "0",
     iteration: Annotated[

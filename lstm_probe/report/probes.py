@@ -2,9 +2,10 @@
 and layer), by iteration, scored on held-out episodes (``lstm_probe.probe``, ``lstm-probe probe``).
 
 A target is a column of the rollout rows (``episode_step``, ``env_step``, an observation component ``obs:1`` of a
-log written with ``--capture-obs``, ``info:KEY`` of one written with ``--info KEY``), or the user's own values as a
-DataFrame with ``env``, ``env_step`` and ``value`` (``worker`` too for RLlib logs). At lag L the target of the row
-at env step t is its value at t - L in the same episode (rows whose episode is shorter than L so far are left out).
+log written with ``--capture-obs``, or ``obs:KEY[i]`` where the observation was a Dict (``obs_keys`` metadata),
+``info:KEY`` of one written with ``--info KEY``), or the user's own values as a DataFrame with ``env``,
+``env_step`` and ``value`` (``worker`` too for RLlib logs). At lag L the target of the row at env step t is its
+value at t - L in the same episode (rows whose episode is shorter than L so far are left out).
 
 Closed-form ridge in numpy, not a library: the read side stays free of heavy dependencies (no scikit-learn, no
 torch), a probe on a few hundred hidden units is one small linear solve, and the result is deterministic. The
@@ -139,6 +140,62 @@ def _iterations(data: ds.Dataset, asked: Iterable[int] | None, strict: bool = Tr
     return [values[i] for i in idx]
 
 
+def obs_parts(meta: dict[str, Any]) -> list[tuple[str, int, int]]:
+    """(key, start, size) of each key of a Dict observation's flattened ``obs`` vector (``obs_keys`` metadata), in
+    their order; none where the log has no such metadata or it does not tile ``obs_size`` (then components are
+    named by index only)."""
+    parts, at = [], 0
+    raw = meta.get("obs_keys")
+    if not isinstance(raw, list):
+        return []
+    for p in raw:
+        if not isinstance(p, dict):
+            return []
+        key, start, size = p.get("key"), p.get("start"), p.get("size")
+        if not isinstance(key, str) or type(start) is not int or type(size) is not int or start != at or size < 0:
+            return []
+        parts.append((key, start, size))
+        at += size
+    return parts if parts and at == meta.get("obs_size") else []
+
+
+def obs_names(meta: dict[str, Any], limit: int | None = None) -> list[str]:
+    """The targets of the ``obs`` vector's components: ``obs:KEY[i]`` for a Dict observation (``obs_keys``),
+    else ``obs:i``. ``limit``: at most this many, in the vector's order; for a Dict, the first components of every
+    key in turn (one key's image does not crowd out the others)."""
+    size = meta.get("obs_size")
+    if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
+        return []
+    parts = obs_parts(meta)
+    if not parts:
+        return [f"obs:{i}" for i in range(size if limit is None else min(size, limit))]
+    taken = [0] * len(parts)
+    total = size if limit is None else min(size, limit)
+    while sum(taken) < total:  # one more component of each key in turn, while any key has one left
+        for j, (_, _, n) in enumerate(parts):
+            if taken[j] < n and sum(taken) < total:
+                taken[j] += 1
+    return [f"obs:{key}[{i}]" for (key, _, _), k in zip(parts, taken, strict=True) for i in range(k)]
+
+
+def _obs_index(name: str, index: str, meta: dict[str, Any]) -> int:
+    """The position in the ``obs`` vector of ``obs:i`` or ``obs:KEY[i]``."""
+    if index.isdigit():
+        return int(index)
+    parts = obs_parts(meta)
+    key, bracket, rest = index.rpartition("[")
+    i = rest[:-1] if rest.endswith("]") else ""
+    for k, start, n in parts:
+        if bracket and k == key and i.isdigit():
+            if int(i) >= n:
+                raise BadInput(f"target {name!r}: the observation's {key!r} has {n} components (0..{n - 1})")
+            return start + int(i)
+    if parts:
+        keys = ", ".join(f"{k} ({n})" for k, _, n in parts)
+        raise BadInput(f"target {name!r}: name a component obs:KEY[i] or obs:i (the observation's keys: {keys})")
+    raise BadInput(f"target {name!r}: obs is a vector column, name a component: obs:0")
+
+
 def _is_frame(target: Any) -> bool:
     """Whether ``target`` is a DataFrame (the user's own values); no DataFrame exists unless pandas is loaded."""
     pd = sys.modules.get("pandas")
@@ -151,10 +208,12 @@ def _column(table: pa.Table, name: str) -> np.ndarray:
 
 
 def _target_values(
-    rows: dict[str, np.ndarray], table: pa.Table, target: Any, info_keys: Sequence[str] = (), strict: bool = True
+    rows: dict[str, np.ndarray], table: pa.Table, target: Any, meta: dict[str, Any], strict: bool = True
 ) -> np.ndarray:
     """The target's value at each row (at lag 0). ``info:KEY`` names an entry of the info vectors by its key
-    (``info_keys`` in the metadata)."""
+    (``info_keys`` in the metadata), ``obs:KEY[i]`` one of the obs vectors by a Dict observation's key
+    (``obs_keys``)."""
+    info_keys: Sequence[str] = meta.get("info_keys") or ()
     if _is_frame(target):  # the user's DataFrame: pandas is loaded
         import pandas as pd
 
@@ -185,6 +244,8 @@ def _target_values(
         if index not in info_keys:
             raise BadInput(f"target {name!r}: the log's info keys are {', '.join(info_keys) or 'none'}")
         index = str(list(info_keys).index(index))
+    if column == "obs":
+        index = str(_obs_index(name, index, meta))
     if pa.types.is_fixed_size_list(col.type) or pa.types.is_list(col.type):
         if not index.isdigit():
             raise BadInput(f"target {name!r}: {column} is a vector column, name a component: {column}:0")
@@ -282,7 +343,6 @@ def probe_rows(
     keys = ["iteration", "module", "layer", "env", "env_step", "episode", "episode_step"]
     worker = ["worker"] if "worker" in names else []
     columns = list(dict.fromkeys([*keys, *worker, "h", *(c for c in extra if c in names)]))
-    info_keys = info.metadata.get("info_keys") or ()
     out: list[dict[str, Any]] = []
     want = None if modules is None else set(modules)
     for it in its:
@@ -292,7 +352,7 @@ def probe_rows(
         if table.num_rows == 0:
             continue
         rows = {c: _column(table, c) for c in [*keys, *worker]}
-        values = [_target_values(rows, table, t, info_keys, strict) for t in targets]
+        values = [_target_values(rows, table, t, info.metadata, strict) for t in targets]
         h = table["h"].combine_chunks()
         hidden = h.type.list_size
         x = h.flatten().to_numpy(zero_copy_only=False).astype(np.float64).reshape(-1, hidden)

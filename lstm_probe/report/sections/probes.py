@@ -3,7 +3,8 @@
 observation component and info key, at lags 0 and 1, on held-out episodes, at a few iterations spread over the
 run (:func:`lstm_probe.report.probes.probe_rows`, numpy only; ``lstm-probe probe`` gives any target, lag and iteration).
 
-Bounded cost: at most :data:`ITERATIONS` iterations, :data:`MAX_OBS` observation components and about
+A Dict observation's components are named by key (``obs:pos[0]``, the ``obs_keys`` metadata), the first ones of
+every key in turn. Bounded cost: at most :data:`ITERATIONS` iterations, :data:`MAX_OBS` observation components and about
 :data:`MAX_ROWS` rows per (iteration, module, layer), whole episodes sampled evenly.
 """
 
@@ -21,7 +22,7 @@ from lstm_probe.report.section import Block, Line, Log, Section, Table, fmt
 ITERATIONS = 4
 """Iterations probed (evenly spaced, the first and last included)."""
 MAX_OBS = 8
-"""Observation components probed (the first ones)."""
+"""Observation components probed (the first ones; of a Dict observation, the first of each key in turn)."""
 MAX_ROWS = 4096
 """About this many rows per (iteration, module, layer) at most."""
 LAGS = (0, 1)
@@ -92,10 +93,10 @@ class Probes(Section[ProbesSection | None]):
             return None
         if not log.vectors or log.iterations == 0:
             return None
-        targets = [f"obs:{i}" for i in range(min(obs_size, MAX_OBS))] if isinstance(obs_size, int) else []
-        targets += [f"info:{k}" for k in keys]
+        from lstm_probe.report.probes import obs_names, probe_rows  # numpy: the report loads no pandas
+
+        targets = obs_names(meta, MAX_OBS) + [f"info:{k}" for k in keys]
         iterations = _spread(list(range(log.iterations)), ITERATIONS)
-        from lstm_probe.report.probes import probe_rows  # numpy: the report loads no pandas
 
         try:
             found = probe_rows(
