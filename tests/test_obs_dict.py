@@ -22,7 +22,13 @@ def dict_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("obsdict") / "d.parquet"
     env = make_vec_env(TinyDictEnv, n_envs=2, seed=0)
     model = RecurrentPPO(
-        "MultiInputLstmPolicy", env, n_steps=32, batch_size=32, n_epochs=1, seed=0, policy_kwargs={"lstm_hidden_size": 8}
+        "MultiInputLstmPolicy",
+        env,
+        n_steps=32,
+        batch_size=32,
+        n_epochs=1,
+        seed=0,
+        policy_kwargs={"lstm_hidden_size": 8},
     )
     with ProbeCallback(out, force=True, capture_obs=True) as probe:  # was: BadInput, "needs an array observation"
         model.learn(128, callback=probe)

@@ -102,15 +102,38 @@ def worse_than_mean(value: float | None) -> bool | None:
     return None if value is None else bool(value < 0)
 
 
-def score(x: np.ndarray, y: np.ndarray, held_out: np.ndarray, alpha: float = 1e-3) -> dict[str, Any]:
+MIN_HELD_OUT_UNITS = 2
+"""Fewest held-out units (episodes, or 16-step runs of one: :func:`_units`) an R² is scored on. R² compares the
+probe's error with the held-out targets' spread about their own mean; from one unit that spread is the little
+one episode (or 16 steps) moves, and an offset between units, which the fit cannot know, scores far below 0
+(-1893 on 15 rows) whatever h encodes. Two is what the split itself aims at (:func:`_units` falls back to
+16-step runs where whole episodes would hold out fewer than two)."""
+TOO_FEW = (
+    f"too few held-out rows to score: R² needs held-out rows from at least {MIN_HELD_OUT_UNITS} episodes (or "
+    "16-step runs of one); from one, their spread about their own mean is what one episode moves, and any offset "
+    "of the fit scores far below 0 whatever h encodes. Longer rollouts (--n-steps) or more traced envs "
+    "(--trace-envs) give the probes more"
+)
+"""Why a probe has no R²: the report's line beside the probes (the rows carry the ``too_few`` flag)."""
+
+
+def score(
+    x: np.ndarray, y: np.ndarray, held_out: np.ndarray, alpha: float = 1e-3, units: np.ndarray | None = None
+) -> dict[str, Any]:
     """Fit on the rows not held out, R² on the held-out ones (``worse_than_mean``: R² below 0, see
-    :data:`BELOW_ZERO`)."""
+    :data:`BELOW_ZERO`). ``units``: each row's held-out unit; the held-out rows come from ``n_test_units`` of them,
+    and with fewer than :data:`MIN_HELD_OUT_UNITS` there is no R² (``too_few``, see :data:`TOO_FEW`)."""
     fit, test = ~held_out, held_out
-    if fit.sum() < 2 or test.sum() < 2:
-        return {"r2": None, "n_fit": int(fit.sum()), "n_test": int(test.sum()), "worse_than_mean": None}
+    n_units = int(test.sum()) if units is None else len(np.unique(units[test]))
+    counts = {"n_fit": int(fit.sum()), "n_test": int(test.sum()), "n_test_units": n_units}
+    too_few = n_units < MIN_HELD_OUT_UNITS or test.sum() < 2
+    if too_few and len(y) and np.all(y == y[0]):  # a constant target has no R² whatever the split
+        too_few = False
+    if fit.sum() < 2 or too_few:
+        return {"r2": None, **counts, "worse_than_mean": None, "too_few": bool(too_few)}
     w, b = ridge(x[fit], y[fit], alpha)
     value = r2(y[test], x[test] @ w + b)
-    return {"r2": value, "n_fit": int(fit.sum()), "n_test": int(test.sum()), "worse_than_mean": worse_than_mean(value)}
+    return {"r2": value, **counts, "worse_than_mean": worse_than_mean(value), "too_few": False}
 
 
 def _iterations(data: ds.Dataset, asked: Iterable[int] | None, strict: bool = True) -> list[int]:
@@ -269,7 +292,9 @@ def probe(
     ``target``: 'episode_step', 'env_step', 'COLUMN' or 'COLUMN:i' (a vector column's component: ``obs:1``; an
     info key stored with ``--info KEY``: ``info:KEY``), or a DataFrame with env, env_step, value. ``iterations``:
     default up to :data:`MAX_ITERATIONS` evenly spaced. Returns one row per (iteration, module, layer, lag): r2,
-    n_fit, n_test, worse_than_mean (R² below 0: worse than predicting the held-out mean, see :data:`BELOW_ZERO`)."""
+    n_fit, n_test, n_test_units (the held-out episodes or 16-step runs), worse_than_mean (R² below 0: worse than
+    predicting the held-out mean, see :data:`BELOW_ZERO`), too_few (held out from fewer than
+    :data:`MIN_HELD_OUT_UNITS` units: no R², see :data:`TOO_FEW`)."""
     out = probe_targets(path, [target], lags=lags, iterations=iterations, modules=modules, alpha=alpha, holdout=holdout)
     return out.drop(columns=["target"])
 
@@ -308,7 +333,19 @@ def probe_targets(
     return pd.DataFrame(rows, columns=list(ROW_KEYS))
 
 
-ROW_KEYS = ("iteration", "module", "layer", "target", "lag", "r2", "n_fit", "n_test", "worse_than_mean")
+ROW_KEYS = (
+    "iteration",
+    "module",
+    "layer",
+    "target",
+    "lag",
+    "r2",
+    "n_fit",
+    "n_test",
+    "n_test_units",
+    "worse_than_mean",
+    "too_few",
+)
 
 
 @reads("probed")
@@ -380,7 +417,7 @@ def probe_rows(
                         y = _at(env, step, value[idx], step - int(lag))
                         y[~(episode_step >= lag)] = np.nan  # t - L must lie in the same episode
                     ok = np.isfinite(y) & keep
-                    result = score(x[idx][ok], y[ok], held[ok], alpha)
+                    result = score(x[idx][ok], y[ok], held[ok], alpha, units[ok])
                     name = "values" if _is_frame(target) else str(target)
                     row = {"iteration": it, "module": module, "layer": layer, "target": name}
                     out.append({**row, "lag": int(lag), **result})
