@@ -82,3 +82,46 @@ def test_run_of_a_dict_env_says_export_refuses_its_model_instead_of_an_export_co
     assert "MultiInputLstmPolicy is not exported" in last and "lstm-probe export run.model.zip" not in r.stdout
     with pytest.raises(lstm_probe.BadInput, match="MultiInputLstmPolicy is not exported"):
         lstm_probe.export(tmp_path / "run.model.zip", tmp_path / "p.onnx", env_id="tiny_envs:TinyDictEnv-v0")
+
+
+def test_replay_reads_a_channel_last_image_trace_and_refuses_a_flat_one(image_model, tmp_path):
+    """A runtime recording the env's own frames (H, W, C), as docs/deploy.md's recorder does (obs.tolist()): replay
+    transposes them to the policy's (C, H, W), as sb3 does (was: each frame's values reshaped to (3, 36, 36) as
+    they lay, every pixel misplaced, and the verdict not 'correct'). Flat frames do not say their layout: one
+    line, exit 2."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tests.refusals import one_line_error
+
+    model, path = image_model
+    frames = np.random.default_rng(1).integers(0, 256, (16, 36, 36, 3), dtype=np.uint8)
+    starts = np.arange(16) % 8 == 0  # two episodes of 8 steps
+    actions, state = [], None
+    for frame, start in zip(frames, starts, strict=True):
+        action, state = model.predict(frame[None], state=state, episode_start=np.array([start]), deterministic=True)
+        actions.append(int(action[0]))
+    assert len(set(actions)) == 2  # both actions taken: a misread frame shows
+
+    def trace(name, obs):
+        rows = {"step": list(range(16)), "obs": obs, "action": actions, "episode_start": starts.tolist()}
+        pq.write_table(pa.table(rows), tmp_path / name)
+        return tmp_path / name
+
+    hwc = trace("hwc.parquet", [f.tolist() for f in frames])
+    chw = trace("chw.parquet", [np.transpose(f, (2, 0, 1)).tolist() for f in frames])
+    for recorded in (hwc, chw):
+        r = lstm_probe.replay(recorded, path, trust_model=True)
+        assert r.verdict == "correct" and r.parted is None, (recorded.name, r.verdict, r.parted)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200", "NO_COLOR": "1"}
+    flat = trace("flat.parquet", [f.ravel().tolist() for f in frames])
+    done = subprocess.run(
+        [sys.executable, "-m", "lstm_probe", "replay", str(flat), "--policy", str(path), "--trust-model"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    one_line_error(done, "obs are flat", "channel-last (36, 36, 3) or channel-first (3, 36, 36)", "obs.tolist()")
+    odd = trace("odd.parquet", [f.reshape(36, 108).tolist() for f in frames])
+    with pytest.raises(lstm_probe.BadInput, match=r"frames of shape \(36, 108\), the policy takes \(3, 36, 36\)"):
+        lstm_probe.replay(odd, path, trust_model=True)

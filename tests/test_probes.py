@@ -291,3 +291,55 @@ def test_a_constant_observation_component_is_said_in_a_line_not_rows_of_dashes(t
     text = " ".join(done.stdout.replace("│", " ").split())
     assert "linear probes: obs:2 is constant in the rows probed at every iteration (no R² to give)" in text, text
     assert "obs:2 0" not in text and "obs:0 0" in text  # the table: obs:0's rows, none of obs:2
+
+
+class GoalInInfo(gym.Wrapper):
+    """info["goal"]: a value drawn at each reset that moves 1e-3 a step (a goal the policy is not shown)."""
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        self.goal = float(self.env.unwrapped.np_random.uniform(-1, 1))
+        return obs, {**info, "goal": self.goal}
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        return obs, reward, terminated, truncated, {**info, "goal": self.goal + 1e-3 * self.env.unwrapped.t}
+
+
+def test_a_probe_held_out_from_one_episode_or_run_is_too_few_not_a_finding(tmp_path):
+    """A Dict run with --trace-envs 1 and 32-step rollouts of 12-step episodes: each probe holds out the rows of
+    one unit of the split (8-12 rows), whose goal moves 1e-3 a step; scored, R² was -80,000 and more and a finding
+    ("h reads info:goal with R² -83889.74"). Now no R², 'few' in the table, the note under it, no finding."""
+    from sb3_contrib import RecurrentPPO
+    from stable_baselines3.common.env_util import make_vec_env
+    from tiny_envs import TinyDictEnv
+
+    from lstm_probe.report.probes import MIN_HELD_OUT_UNITS, TOO_FEW
+
+    out = tmp_path / "few.parquet"
+    env = make_vec_env(TinyDictEnv, n_envs=2, seed=0, wrapper_class=GoalInInfo)
+    kwargs = {"n_steps": 32, "batch_size": 32, "n_epochs": 1, "seed": 0, "policy_kwargs": {"lstm_hidden_size": 8}}
+    model = RecurrentPPO("MultiInputLstmPolicy", env, **kwargs)
+    with ProbeCallback(out, force=True, capture_obs=True, info_keys=["goal"], trace_envs=1) as probe:
+        model.learn(128, callback=probe)
+    rep = lstm_probe.summarize(out)
+    doc = rep.to_dict()
+    goal = [r for r in doc["probes"]["rows"] if r["target"] == "info:goal"]
+    assert len(goal) == 2 * 2 * 2 and MIN_HELD_OUT_UNITS == 2  # 2 iterations, actor and critic, lags 0 and 1
+    for r in goal:  # one unit held out, 4-12 rows: no R², in JSON
+        assert r["n_test_units"] == 1 and 4 <= r["n_test"] <= 12 and r["n_fit"] >= 16, r
+        assert r["too_few"] is True and r["r2"] is None and r["worse_than_mean"] is None
+    assert "info:goal" in doc["probes"]["too_few"] and doc["probes"]["constant"] == []
+    assert not any("info:goal" in f for f in doc["findings"]), doc["findings"]  # was: two findings of R² -8e4
+    blocks = Probes().text(rep.probes, rep.capabilities)
+    table = next(b for b in blocks if isinstance(b, Table))
+    assert {row[4:] for row in table.rows if row[2] == "info:goal"} == {("few", "few")}
+    said = " ".join(b.text for b in blocks if isinstance(b, Line))
+    assert f"few: {TOO_FEW}. Here " in said and "of fewer than 2 episodes or 16-step runs" in said, said
+    # the library's rows say so too; lstm-probe probe prints 'few' and why
+    frame = lstm_probe.probe(out, "info:goal")
+    assert frame["too_few"].all() and frame["r2"].isna().all() and (frame["n_test_units"] == 1).all()
+    done = subprocess.run(
+        [sys.executable, "-m", "lstm_probe", "probe", str(out), "--target", "info:goal"], capture_output=True, text=True
+    )
+    assert done.returncode == 0 and " few " in done.stdout and "few: too few held-out rows to score" in done.stdout

@@ -318,7 +318,11 @@ def schema(
 def probe(
     path: Annotated[str, typer.Argument(help="A log with h vectors: full capture, or --trace-envs K (envs 0..K-1).")],
     target: Annotated[
-        str, typer.Option(help="episode_step, env_step, obs:i (a log run with --capture-obs) or info:KEY (--info KEY).")
+        str,
+        typer.Option(
+            help="episode_step, env_step, obs:i or obs:KEY[i] (a log run with --capture-obs; KEY: a Dict "
+            "observation's key) or info:KEY (--info KEY)."
+        ),
     ] = "episode_step",
     lags: Annotated[str, typer.Option(help="Comma-separated lags L: the target at t - L in the same episode.")] = "0",
     iteration: Annotated[
@@ -336,7 +340,8 @@ def probe(
     pyarrow_without_pandas()
     from lstm_probe.report.probes import probe_rows
 
-    # lstm_probe.probe's rows (its DataFrame less the target column) without pandas; r2 None: constant target
+    # lstm_probe.probe's rows (its DataFrame less the target column) without pandas; r2 None: constant target, or
+    # too_few held-out rows to score
     res = [
         {k: v for k, v in r.items() if k != "target"}
         for r in probe_rows(path, [target], lags=lag_list or [0], iterations=iteration)
@@ -350,6 +355,7 @@ def probe(
     for r in res:
         value = r["r2"]
         r2 = "-" if value is None else f"{float(value):.3f}" + ("*" if r.get("worse_than_mean") else "")
+        r2 = "few" if r.get("too_few") else r2
         row = (str(r["iteration"]), safe(r["module"]), str(r["layer"]), str(r["lag"]), r2)
         table.add_row(*row, f"{r['n_fit']} / {r['n_test']}")
     out().print(table)
@@ -357,6 +363,10 @@ def probe(
         from lstm_probe.report.probes import BELOW_ZERO
 
         out().print(f"* {BELOW_ZERO}.", highlight=False)
+    if any(r.get("too_few") for r in res):
+        from lstm_probe.report.probes import TOO_FEW
+
+        out().print(f"few: {TOO_FEW}.", highlight=False)
 
 
 _TRUST = "Read a model.zip with SB3's full load (unpickles; see docs/security.md)."

@@ -61,11 +61,12 @@ def read_trace(path: str | os.PathLike[str], spec: Spec, most: int) -> Trace:
             raise BadInput(
                 f"{p} has no {need!r} column; a trace has env, step, obs, action, episode_start (docs/deploy.md)"
             )
-    obs = _matrix(table, "obs", n, p)
+    obs, frame = _matrix(table, "obs", n, p)
     size = int(np.prod(spec.obs_shape))
     if obs.shape[1] != size:
         raise BadInput(f"{p}'s obs hold {obs.shape[1]} values per step, the policy takes {size}")
-    action = _matrix(table, "action", n, p)
+    channel_last = _layout(p, frame, tuple(spec.obs_shape))
+    action, _ = _matrix(table, "action", n, p)
     width = 1 if spec.action == "discrete" else int(np.prod(spec.action_shape))
     if action.shape[1] != width:
         hint = ""
@@ -82,7 +83,40 @@ def read_trace(path: str | os.PathLike[str], spec: Spec, most: int) -> Trace:
     obs, action, start = obs[order], action[order], start[order]
     names = (_names(table, "obs", obs.shape[1]), _names(table, "action", action.shape[1]))
     _check_values(p, env, step, obs, action, start, spec, names)
+    if channel_last:  # (H, W, C) frames: the policy's (C, H, W), as sb3's VecTransposeImage gives them
+        c, h, w = spec.obs_shape
+        return Trace(env, step, obs.reshape(-1, h, w, c).transpose(0, 3, 1, 2).copy(), action, start != 0)
     return Trace(env, step, obs.reshape((-1, *spec.obs_shape)), action, start != 0)
+
+
+def _is_image(shape: tuple[int, ...]) -> bool:
+    """Whether a policy's observation shape is a channel-first image of several channels, (C, H, W) with C the
+    smallest (as sb3's ``is_image_space_channels_first`` decides): its frames flatten differently channel-last."""
+    return len(shape) == 3 and 1 < shape[0] < min(shape[1:])
+
+
+def _layout(p: Path, frame: tuple[int, ...], shape: tuple[int, ...]) -> bool:
+    """Whether a trace's obs are channel-last frames of a channel-first image policy (to be transposed). A trace's
+    nested lists give each obs's shape (``obs.tolist()`` of a frame): the policy's (C, H, W), or the env's
+    channel-last (H, W, C), which a CnnLstmPolicy's env gives (sb3 transposes it before the policy). Flat obs of
+    such a policy do not say which of the two they were flattened from: refused (one line) rather than guessed.
+    Any other shape of the same size is refused too."""
+    if not _is_image(shape):
+        return False
+    c, h, w = shape
+    if frame == shape:
+        return False
+    if frame == (h, w, c):
+        return True
+    fix = (
+        f"record each obs as the frame's nested list (obs.tolist()), channel-last {(h, w, c)} or channel-first {shape}"
+    )
+    if len(frame) <= 1:
+        raise BadInput(
+            f"{p}'s obs are flat: {c * h * w} values per step do not say whether a frame was channel-last "
+            f"{(h, w, c)} or channel-first {shape} (the policy's), and the wrong guess misplaces every pixel; {fix}"
+        )
+    raise BadInput(f"{p}'s obs are frames of shape {frame}, the policy takes {shape}; {fix}")
 
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -208,15 +242,17 @@ def _values(col: Any, name: str, p: Path, dtype: str, fix: str) -> np.ndarray:
         raise BadInput(f"{p}: {name} does not hold numbers; {fix}") from None
 
 
-def _matrix(table: Any, name: str, n: int, p: Path) -> np.ndarray:
+def _matrix(table: Any, name: str, n: int, p: Path) -> tuple[np.ndarray, tuple[int, ...]]:
     """A column ``name`` (numbers, or lists of the same count of numbers at every step), or the columns
-    ``name_0``, ``name_1``, ... (CSV), as an (n, width) float64 array."""
+    ``name_0``, ``name_1``, ... (CSV), as an (n, width) float64 array, with the shape of one step's value (the
+    lengths of its nested lists: () for a number, (width,) for a flat list or CSV columns)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     fix = f"{name} must be numbers, the same count at every step, with no nulls"
     if name in table.column_names:
         col, width = table.column(name), 1
+        shape: tuple[int, ...] = ()
         while pa.types.is_list(col.type) or pa.types.is_large_list(col.type) or pa.types.is_fixed_size_list(col.type):
             if col.null_count:
                 raise BadInput(f"{p}: {name} has nulls; {fix}")
@@ -225,11 +261,12 @@ def _matrix(table: Any, name: str, n: int, p: Path) -> np.ndarray:
             if low != high:
                 raise BadInput(f"{p}: {name} holds {low} values at one step and {high} at another; {fix}")
             width *= high or 0
+            shape = (*shape, high or 0)
             col = pc.list_flatten(col)
-        return _values(col, name, p, "float64", fix).reshape(n, width)
+        return _values(col, name, p, "float64", fix).reshape(n, width), shape
     parts = [f"{name}_{i}" for i in range(table.num_columns) if f"{name}_{i}" in table.column_names]
     if parts:
-        return np.stack([_numbers(table, part, p, "float64", fix) for part in parts], axis=1)
+        return np.stack([_numbers(table, part, p, "float64", fix) for part in parts], axis=1), (len(parts),)
     raise BadInput(f"{p} has no {name!r} column (nor {name}_0, {name}_1, ...); see the trace schema in docs/deploy.md")
 
 

@@ -372,7 +372,8 @@ COLUMNS: tuple[Column, ...] = (
         True,
         "Rollout rows with --capture-obs: the observation the policy saw at this step, flattened (fixed-size "
         "list of float32, length `obs_size` in the metadata; sb3: the model's last observation passed to the "
-        "policy, after any VecNormalize). Null on other rows and without --capture-obs (then of length 1).",
+        "policy, after any VecNormalize; a Dict's keys as `obs_keys` says). Null on other rows and without "
+        "--capture-obs (then of length 1).",
         "grid",
         since=4,
         width="obs_size",
@@ -516,6 +517,8 @@ METADATA_KEYS: dict[str, str] = {
     "minibatches and the training wall seconds the probe measured for them (from one minibatch's "
     "_get_samples to the next, or to the end of train()).",
     "obs_size": "--capture-obs: length of the `obs` vectors (the flattened observation).",
+    "obs_keys": "--capture-obs of a Dict observation (sb3): per key, in the order sb3 concatenates them, its slice of "
+    "`obs` (key, start, size; encoding 'one-hot' for Discrete/MultiDiscrete, else 'values'; space); names obs:KEY[i].",
     "info_keys": "--info: the info keys stored in the `info` vectors, in their order.",
     "probe_cost": "What recording cost, measured by the probe while it ran: seconds (start to close, wall), "
     "calls, hook_seconds and integration_seconds (training thread: hooks, the integration's callbacks), "

@@ -2,9 +2,10 @@
 and layer), by iteration, scored on held-out episodes (``lstm_probe.probe``, ``lstm-probe probe``).
 
 A target is a column of the rollout rows (``episode_step``, ``env_step``, an observation component ``obs:1`` of a
-log written with ``--capture-obs``, ``info:KEY`` of one written with ``--info KEY``), or the user's own values as a
-DataFrame with ``env``, ``env_step`` and ``value`` (``worker`` too for RLlib logs). At lag L the target of the row
-at env step t is its value at t - L in the same episode (rows whose episode is shorter than L so far are left out).
+log written with ``--capture-obs``, or ``obs:KEY[i]`` where the observation was a Dict (``obs_keys`` metadata),
+``info:KEY`` of one written with ``--info KEY``), or the user's own values as a DataFrame with ``env``,
+``env_step`` and ``value`` (``worker`` too for RLlib logs). At lag L the target of the row at env step t is its
+value at t - L in the same episode (rows whose episode is shorter than L so far are left out).
 
 Closed-form ridge in numpy, not a library: the read side stays free of heavy dependencies (no scikit-learn, no
 torch), a probe on a few hundred hidden units is one small linear solve, and the result is deterministic. The
@@ -101,15 +102,38 @@ def worse_than_mean(value: float | None) -> bool | None:
     return None if value is None else bool(value < 0)
 
 
-def score(x: np.ndarray, y: np.ndarray, held_out: np.ndarray, alpha: float = 1e-3) -> dict[str, Any]:
+MIN_HELD_OUT_UNITS = 2
+"""Fewest held-out units (episodes, or 16-step runs of one: :func:`_units`) an R² is scored on. R² compares the
+probe's error with the held-out targets' spread about their own mean; from one unit that spread is the little
+one episode (or 16 steps) moves, and an offset between units, which the fit cannot know, scores far below 0
+(-1893 on 15 rows) whatever h encodes. Two is what the split itself aims at (:func:`_units` falls back to
+16-step runs where whole episodes would hold out fewer than two)."""
+TOO_FEW = (
+    f"too few held-out rows to score: R² needs held-out rows from at least {MIN_HELD_OUT_UNITS} episodes (or "
+    "16-step runs of one); from one, their spread about their own mean is what one episode moves, and any offset "
+    "of the fit scores far below 0 whatever h encodes. Longer rollouts (--n-steps) or more traced envs "
+    "(--trace-envs) give the probes more"
+)
+"""Why a probe has no R²: the report's line beside the probes (the rows carry the ``too_few`` flag)."""
+
+
+def score(
+    x: np.ndarray, y: np.ndarray, held_out: np.ndarray, alpha: float = 1e-3, units: np.ndarray | None = None
+) -> dict[str, Any]:
     """Fit on the rows not held out, R² on the held-out ones (``worse_than_mean``: R² below 0, see
-    :data:`BELOW_ZERO`)."""
+    :data:`BELOW_ZERO`). ``units``: each row's held-out unit; the held-out rows come from ``n_test_units`` of them,
+    and with fewer than :data:`MIN_HELD_OUT_UNITS` there is no R² (``too_few``, see :data:`TOO_FEW`)."""
     fit, test = ~held_out, held_out
-    if fit.sum() < 2 or test.sum() < 2:
-        return {"r2": None, "n_fit": int(fit.sum()), "n_test": int(test.sum()), "worse_than_mean": None}
+    n_units = int(test.sum()) if units is None else len(np.unique(units[test]))
+    counts = {"n_fit": int(fit.sum()), "n_test": int(test.sum()), "n_test_units": n_units}
+    too_few = n_units < MIN_HELD_OUT_UNITS or test.sum() < 2
+    if too_few and len(y) and np.all(y == y[0]):  # a constant target has no R² whatever the split
+        too_few = False
+    if fit.sum() < 2 or too_few:
+        return {"r2": None, **counts, "worse_than_mean": None, "too_few": bool(too_few)}
     w, b = ridge(x[fit], y[fit], alpha)
     value = r2(y[test], x[test] @ w + b)
-    return {"r2": value, "n_fit": int(fit.sum()), "n_test": int(test.sum()), "worse_than_mean": worse_than_mean(value)}
+    return {"r2": value, **counts, "worse_than_mean": worse_than_mean(value), "too_few": False}
 
 
 def _iterations(data: ds.Dataset, asked: Iterable[int] | None, strict: bool = True) -> list[int]:
@@ -139,6 +163,62 @@ def _iterations(data: ds.Dataset, asked: Iterable[int] | None, strict: bool = Tr
     return [values[i] for i in idx]
 
 
+def obs_parts(meta: dict[str, Any]) -> list[tuple[str, int, int]]:
+    """(key, start, size) of each key of a Dict observation's flattened ``obs`` vector (``obs_keys`` metadata), in
+    their order; none where the log has no such metadata or it does not tile ``obs_size`` (then components are
+    named by index only)."""
+    parts, at = [], 0
+    raw = meta.get("obs_keys")
+    if not isinstance(raw, list):
+        return []
+    for p in raw:
+        if not isinstance(p, dict):
+            return []
+        key, start, size = p.get("key"), p.get("start"), p.get("size")
+        if not isinstance(key, str) or type(start) is not int or type(size) is not int or start != at or size < 0:
+            return []
+        parts.append((key, start, size))
+        at += size
+    return parts if parts and at == meta.get("obs_size") else []
+
+
+def obs_names(meta: dict[str, Any], limit: int | None = None) -> list[str]:
+    """The targets of the ``obs`` vector's components: ``obs:KEY[i]`` for a Dict observation (``obs_keys``),
+    else ``obs:i``. ``limit``: at most this many, in the vector's order; for a Dict, the first components of every
+    key in turn (one key's image does not crowd out the others)."""
+    size = meta.get("obs_size")
+    if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
+        return []
+    parts = obs_parts(meta)
+    if not parts:
+        return [f"obs:{i}" for i in range(size if limit is None else min(size, limit))]
+    taken = [0] * len(parts)
+    total = size if limit is None else min(size, limit)
+    while sum(taken) < total:  # one more component of each key in turn, while any key has one left
+        for j, (_, _, n) in enumerate(parts):
+            if taken[j] < n and sum(taken) < total:
+                taken[j] += 1
+    return [f"obs:{key}[{i}]" for (key, _, _), k in zip(parts, taken, strict=True) for i in range(k)]
+
+
+def _obs_index(name: str, index: str, meta: dict[str, Any]) -> int:
+    """The position in the ``obs`` vector of ``obs:i`` or ``obs:KEY[i]``."""
+    if index.isdigit():
+        return int(index)
+    parts = obs_parts(meta)
+    key, bracket, rest = index.rpartition("[")
+    i = rest[:-1] if rest.endswith("]") else ""
+    for k, start, n in parts:
+        if bracket and k == key and i.isdigit():
+            if int(i) >= n:
+                raise BadInput(f"target {name!r}: the observation's {key!r} has {n} components (0..{n - 1})")
+            return start + int(i)
+    if parts:
+        keys = ", ".join(f"{k} ({n})" for k, _, n in parts)
+        raise BadInput(f"target {name!r}: name a component obs:KEY[i] or obs:i (the observation's keys: {keys})")
+    raise BadInput(f"target {name!r}: obs is a vector column, name a component: obs:0")
+
+
 def _is_frame(target: Any) -> bool:
     """Whether ``target`` is a DataFrame (the user's own values); no DataFrame exists unless pandas is loaded."""
     pd = sys.modules.get("pandas")
@@ -151,10 +231,12 @@ def _column(table: pa.Table, name: str) -> np.ndarray:
 
 
 def _target_values(
-    rows: dict[str, np.ndarray], table: pa.Table, target: Any, info_keys: Sequence[str] = (), strict: bool = True
+    rows: dict[str, np.ndarray], table: pa.Table, target: Any, meta: dict[str, Any], strict: bool = True
 ) -> np.ndarray:
     """The target's value at each row (at lag 0). ``info:KEY`` names an entry of the info vectors by its key
-    (``info_keys`` in the metadata)."""
+    (``info_keys`` in the metadata), ``obs:KEY[i]`` one of the obs vectors by a Dict observation's key
+    (``obs_keys``)."""
+    info_keys: Sequence[str] = meta.get("info_keys") or ()
     if _is_frame(target):  # the user's DataFrame: pandas is loaded
         import pandas as pd
 
@@ -185,6 +267,8 @@ def _target_values(
         if index not in info_keys:
             raise BadInput(f"target {name!r}: the log's info keys are {', '.join(info_keys) or 'none'}")
         index = str(list(info_keys).index(index))
+    if column == "obs":
+        index = str(_obs_index(name, index, meta))
     if pa.types.is_fixed_size_list(col.type) or pa.types.is_list(col.type):
         if not index.isdigit():
             raise BadInput(f"target {name!r}: {column} is a vector column, name a component: {column}:0")
@@ -208,7 +292,9 @@ def probe(
     ``target``: 'episode_step', 'env_step', 'COLUMN' or 'COLUMN:i' (a vector column's component: ``obs:1``; an
     info key stored with ``--info KEY``: ``info:KEY``), or a DataFrame with env, env_step, value. ``iterations``:
     default up to :data:`MAX_ITERATIONS` evenly spaced. Returns one row per (iteration, module, layer, lag): r2,
-    n_fit, n_test, worse_than_mean (R² below 0: worse than predicting the held-out mean, see :data:`BELOW_ZERO`)."""
+    n_fit, n_test, n_test_units (the held-out episodes or 16-step runs), worse_than_mean (R² below 0: worse than
+    predicting the held-out mean, see :data:`BELOW_ZERO`), too_few (held out from fewer than
+    :data:`MIN_HELD_OUT_UNITS` units: no R², see :data:`TOO_FEW`)."""
     out = probe_targets(path, [target], lags=lags, iterations=iterations, modules=modules, alpha=alpha, holdout=holdout)
     return out.drop(columns=["target"])
 
@@ -247,7 +333,19 @@ def probe_targets(
     return pd.DataFrame(rows, columns=list(ROW_KEYS))
 
 
-ROW_KEYS = ("iteration", "module", "layer", "target", "lag", "r2", "n_fit", "n_test", "worse_than_mean")
+ROW_KEYS = (
+    "iteration",
+    "module",
+    "layer",
+    "target",
+    "lag",
+    "r2",
+    "n_fit",
+    "n_test",
+    "n_test_units",
+    "worse_than_mean",
+    "too_few",
+)
 
 
 @reads("probed")
@@ -282,7 +380,6 @@ def probe_rows(
     keys = ["iteration", "module", "layer", "env", "env_step", "episode", "episode_step"]
     worker = ["worker"] if "worker" in names else []
     columns = list(dict.fromkeys([*keys, *worker, "h", *(c for c in extra if c in names)]))
-    info_keys = info.metadata.get("info_keys") or ()
     out: list[dict[str, Any]] = []
     want = None if modules is None else set(modules)
     for it in its:
@@ -292,7 +389,7 @@ def probe_rows(
         if table.num_rows == 0:
             continue
         rows = {c: _column(table, c) for c in [*keys, *worker]}
-        values = [_target_values(rows, table, t, info_keys, strict) for t in targets]
+        values = [_target_values(rows, table, t, info.metadata, strict) for t in targets]
         h = table["h"].combine_chunks()
         hidden = h.type.list_size
         x = h.flatten().to_numpy(zero_copy_only=False).astype(np.float64).reshape(-1, hidden)
@@ -320,7 +417,7 @@ def probe_rows(
                         y = _at(env, step, value[idx], step - int(lag))
                         y[~(episode_step >= lag)] = np.nan  # t - L must lie in the same episode
                     ok = np.isfinite(y) & keep
-                    result = score(x[idx][ok], y[ok], held[ok], alpha)
+                    result = score(x[idx][ok], y[ok], held[ok], alpha, units[ok])
                     name = "values" if _is_frame(target) else str(target)
                     row = {"iteration": it, "module": module, "layer": layer, "target": name}
                     out.append({**row, "lag": int(lag), **result})

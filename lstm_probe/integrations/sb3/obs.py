@@ -3,6 +3,8 @@
 
 ``obs``: at each rollout call, the observation sb3-contrib passes to the policy (``ppo_recurrent.py:
 collect_rollouts`` converts ``self._last_obs``, after any VecNormalize), flattened to ``obs_size`` floats.
+A Dict observation (MultiInputLstmPolicy) is flattened as sb3's feature extractor concatenates it
+(:func:`dict_layout`), and the ``obs_keys`` metadata says which slice of the vector is which key.
 
 ``info``: ``info[KEY]`` for the observation that went in, as one float vector column whose order is the
 ``info_keys`` metadata, not one column per key: the schema's columns are declared once (``schema.COLUMNS``),
@@ -43,6 +45,68 @@ def _innermost(env: Any) -> Any:
     return env
 
 
+def _part(key: str, space: Any) -> dict[str, Any]:
+    """One key's slice of a flattened Dict observation (``start`` is filled in by :func:`dict_layout`)."""
+    from gymnasium import spaces
+
+    if isinstance(space, spaces.Discrete):
+        size, encoding = int(space.n), "one-hot"
+    elif isinstance(space, spaces.MultiDiscrete):
+        size, encoding = int(np.sum(space.nvec)), "one-hot"
+    elif isinstance(space, spaces.Box | spaces.MultiBinary):
+        size, encoding = int(np.prod(space.shape)), "values"
+    else:
+        raise BadInput(
+            f"--capture-obs: the Dict observation's key {key!r} is a {type(space).__name__} space, which sb3's "
+            "feature extractor does not take (Box, Discrete, MultiDiscrete and MultiBinary)"
+        )
+    return {"key": key, "start": 0, "size": size, "encoding": encoding, "space": str(space)}
+
+
+def dict_layout(space: Any) -> list[dict[str, Any]]:
+    """Where each key of a Dict observation lies in its flattened vector: one part per key, in the order sb3
+    concatenates them, each flattened as sb3 preprocesses it. stable_baselines3/common/torch_layers.py:
+    ``CombinedExtractor.forward`` concatenates the keys in the order of ``observation_space.spaces`` (a
+    gymnasium Dict's: sorted, unless built from an OrderedDict); common/preprocessing.py: ``preprocess_obs``
+    makes a Discrete key one-hot (``n`` floats), a MultiDiscrete key one one-hot per entry (``sum(nvec)``),
+    a MultiBinary or Box key floats, then each extractor flattens it row-major (``nn.Flatten``). An image key's
+    pixels are kept as the policy receives them (channel-first after VecTransposeImage, 0..255: the scaling by
+    255 and the CNN come after), as a Box observation's capture keeps them."""
+    parts, start = [], 0
+    for key, sub in space.spaces.items():
+        part = _part(str(key), sub)
+        part["start"] = start
+        start += part["size"]
+        parts.append(part)
+    return parts
+
+
+def _one_hot(values: np.ndarray, n: int) -> np.ndarray:
+    out = np.zeros((len(values), n), np.float32)
+    out[np.arange(len(values)), values] = 1.0
+    return out
+
+
+def flatten_dict(obs: dict[str, Any], space: Any) -> np.ndarray:
+    """A batch of Dict observations (each key (N, ...)) as (N, obs_size) float32, laid out as
+    :func:`dict_layout` says."""
+    from gymnasium import spaces
+
+    columns = []
+    for key, sub in space.spaces.items():
+        value = np.asarray(obs[key])
+        n = value.shape[0]
+        if isinstance(sub, spaces.Discrete):
+            columns.append(_one_hot(value.reshape(n).astype(np.int64) - int(sub.start), int(sub.n)))
+        elif isinstance(sub, spaces.MultiDiscrete):
+            entries = value.reshape(n, -1).astype(np.int64) - np.asarray(sub.start, np.int64).reshape(1, -1)
+            nvec = np.asarray(sub.nvec).reshape(-1)
+            columns += [_one_hot(entries[:, j], int(k)) for j, k in enumerate(nvec)]
+        else:
+            columns.append(value.astype(np.float32).reshape(n, -1))
+    return np.concatenate(columns, axis=1)
+
+
 class Observations:
     """Fills rollout grids' ``obs`` and ``info`` columns while capture is on."""
 
@@ -54,6 +118,8 @@ class Observations:
         if len(set(self.keys)) != len(self.keys):
             raise BadInput(f"info keys repeat: {self.keys}")
         self.active = self.capture_obs or bool(self.keys)
+        self.dict_space: Any = None
+        """A Dict observation space (its observations flattened by :func:`flatten_dict`); None for an array."""
         self.info = np.zeros((0, 0), np.float32)
         self.unseen = set(self.keys)
         """The keys no info dict has held yet."""
@@ -62,10 +128,19 @@ class Observations:
         """Checks the observation space; the metadata keys of the columns that will be filled."""
         meta: dict[str, Any] = {}
         if self.capture_obs:
-            shape = getattr(model.observation_space, "shape", None)
-            if not shape:
-                raise BadInput(f"--capture-obs needs an array observation space, not {model.observation_space}")
-            meta["obs_size"] = int(np.prod(shape))
+            space = model.observation_space
+            self.dict_space = space if hasattr(space, "spaces") and isinstance(space.spaces, dict) else None
+            if self.dict_space is not None:
+                parts = dict_layout(space)
+                meta["obs_size"] = sum(p["size"] for p in parts)
+                meta["obs_keys"] = parts
+            else:
+                shape = getattr(space, "shape", None)
+                if not shape:
+                    raise BadInput(
+                        f"--capture-obs needs an array or Dict observation space, not {model.observation_space}"
+                    )
+                meta["obs_size"] = int(np.prod(shape))
         if self.keys:
             meta["info_keys"] = list(self.keys)
             n_envs = int(model.n_envs)
@@ -101,7 +176,10 @@ class Observations:
     def fill(self, grid: Grid, model: Any) -> None:
         """The grid of one rollout call (N envs, one step): obs and info as (N, 1, width)."""
         if self.capture_obs:
-            obs = np.array(model._last_obs, np.float32)  # a copy: the writer may read it later
+            if self.dict_space is not None:
+                obs = flatten_dict(model._last_obs, self.dict_space)  # a new array: the writer may read it later
+            else:
+                obs = np.array(model._last_obs, np.float32)  # a copy: the writer may read it later
             grid.obs = obs.reshape(obs.shape[0], 1, -1)
         if self.keys:
             grid.info = self.info.copy()[:, None, :]

@@ -3,7 +3,8 @@
 observation component and info key, at lags 0 and 1, on held-out episodes, at a few iterations spread over the
 run (:func:`lstm_probe.report.probes.probe_rows`, numpy only; ``lstm-probe probe`` gives any target, lag and iteration).
 
-Bounded cost: at most :data:`ITERATIONS` iterations, :data:`MAX_OBS` observation components and about
+A Dict observation's components are named by key (``obs:pos[0]``, the ``obs_keys`` metadata), the first ones of
+every key in turn. Bounded cost: at most :data:`ITERATIONS` iterations, :data:`MAX_OBS` observation components and about
 :data:`MAX_ROWS` rows per (iteration, module, layer), whole episodes sampled evenly.
 """
 
@@ -21,7 +22,7 @@ from lstm_probe.report.section import Block, Line, Log, Section, Table, fmt
 ITERATIONS = 4
 """Iterations probed (evenly spaced, the first and last included)."""
 MAX_OBS = 8
-"""Observation components probed (the first ones)."""
+"""Observation components probed (the first ones; of a Dict observation, the first of each key in turn)."""
 MAX_ROWS = 4096
 """About this many rows per (iteration, module, layer) at most."""
 LAGS = (0, 1)
@@ -35,11 +36,13 @@ class ProbesSection:
     lags: list[int] = field(default_factory=list)
     iterations: list[int] = field(default_factory=list)
     rows: list[dict[str, Any]] = field(default_factory=list)
-    """One per (iteration, module, layer, target, lag): r2 (None where the target is constant), n_fit, n_test,
-    worse_than_mean (r2 below 0; None without an r2)."""
+    """One per (iteration, module, layer, target, lag): r2 (None where the target is constant or too_few), n_fit,
+    n_test, n_test_units, worse_than_mean (r2 below 0; None without an r2), too_few (held out from fewer than two
+    episodes or 16-step runs: no R², ``report.probes.TOO_FEW``)."""
     max_rows: int = MAX_ROWS
     notes: list[str] = field(default_factory=list)
-    """Why some R² are below 0, where any is (how many, the lowest, the held-out rows they were scored on)."""
+    """Why some R² are below 0, where any is (how many, the lowest, the held-out rows they were scored on); why
+    some probes have no R² for too few held-out rows, where any has not."""
     empty: list[str] = field(default_factory=list)
     """The targets without a value in any row probed (an ``--info KEY`` the env's info never held there): the text
     says so in a line instead of a table of '-'; their rows stay in ``rows``."""
@@ -47,6 +50,9 @@ class ProbesSection:
     """The targets with values but no R² at any iteration probed (constant there: an image's border pixel, a
     component the env never moves): the text says so in a line instead of rows of '-'; their rows stay in
     ``rows``."""
+    too_few: list[str] = field(default_factory=list)
+    """The targets with a probe held out from too few rows to score (``too_few`` rows): shown as 'few' in the
+    table, never a finding, and a note under the table says why."""
 
 
 def _spread(values: list[int], n: int) -> list[int]:
@@ -92,10 +98,10 @@ class Probes(Section[ProbesSection | None]):
             return None
         if not log.vectors or log.iterations == 0:
             return None
-        targets = [f"obs:{i}" for i in range(min(obs_size, MAX_OBS))] if isinstance(obs_size, int) else []
-        targets += [f"info:{k}" for k in keys]
+        from lstm_probe.report.probes import obs_names, probe_rows  # numpy: the report loads no pandas
+
+        targets = obs_names(meta, MAX_OBS) + [f"info:{k}" for k in keys]
         iterations = _spread(list(range(log.iterations)), ITERATIONS)
-        from lstm_probe.report.probes import probe_rows  # numpy: the report loads no pandas
 
         try:
             found = probe_rows(
@@ -113,12 +119,17 @@ class Probes(Section[ProbesSection | None]):
         its = sorted({int(r["iteration"]) for r in rows if r["iteration"] is not None})
         empty = [t for t in targets if rows and not any(r["n_fit"] + r["n_test"] for r in rows if r["target"] == t)]
         constant = [
-            t for t in targets if t not in empty and rows and all(r["r2"] is None for r in rows if r["target"] == t)
+            t
+            for t in targets
+            if t not in empty and rows and all(r["r2"] is None and not r["too_few"] for r in rows if r["target"] == t)
         ]
-        return ProbesSection(targets, list(LAGS), its, rows, notes=_notes(rows), empty=empty, constant=constant)
+        few = [t for t in targets if t not in empty and any(r["too_few"] for r in rows if r["target"] == t)]
+        notes = _notes(rows) + _few_notes([r for r in rows if r["target"] not in {*empty, *constant}])
+        return ProbesSection(targets, list(LAGS), its, rows, notes=notes, empty=empty, constant=constant, too_few=few)
 
     def findings(self, data: ProbesSection | None) -> list[str]:
-        """How well h reads each info key (quantities the policy does not observe) at the last iteration."""
+        """How well h reads each info key (quantities the policy does not observe) at the last iteration; none from
+        a probe with too few held-out rows (no R²: the table says 'few')."""
         if data is None or not data.iterations:
             return []
         first, last = data.iterations[0], data.iterations[-1]
@@ -150,7 +161,9 @@ class Probes(Section[ProbesSection | None]):
         for r in data.rows:
             if r["target"] in left_out:
                 continue
-            cells.setdefault((r["module"], r["layer"], r["target"], r["lag"]), {})[r["iteration"]] = r["r2"]
+            cells.setdefault((r["module"], r["layer"], r["target"], r["lag"]), {})[r["iteration"]] = (
+                FEW if r.get("too_few") else r["r2"]
+            )
         header = ("module", "layer", "target", "lag", *(f"it {i}" for i in data.iterations))
         body = tuple(
             (fmt(m), fmt(layer), fmt(t), fmt(lag), *(_cell(v.get(i)) for i in data.iterations))
@@ -182,8 +195,15 @@ def _constant_words(targets: list[str]) -> str:
     )
 
 
+FEW = "few"
+"""The table's cell for a probe with too few held-out rows to score (the note under the table says why)."""
+
+
 def _cell(value: Any) -> str:
-    """An R² in the table: marked where below 0 (the note under the table says why)."""
+    """An R² in the table: marked where below 0 (the note under the table says why); 'few' where too few held-out
+    rows."""
+    if value == FEW:
+        return FEW
     return fmt(value) + ("*" if isinstance(value, float) and value < 0 else "")
 
 
@@ -205,4 +225,20 @@ def _notes(rows: list[dict[str, Any]]) -> list[str]:
     return [
         f"{BELOW_ZERO}. Here {len(below)} of {scored} probes (lowest {fmt(low['r2'])}: {fmt(low['module'])} "
         f"{fmt(low['target'])}, lag {low['lag']}, iteration {low['iteration']}), scored on {held} held-out rows"
+    ]
+
+
+def _few_notes(rows: list[dict[str, Any]]) -> list[str]:
+    """The note on probes with too few held-out rows (how many, the held-out rows and units they had); none where
+    every probe had enough."""
+    few = [r for r in rows if r.get("too_few")]
+    if not few:
+        return []
+    from lstm_probe.report.probes import MIN_HELD_OUT_UNITS, TOO_FEW
+
+    tests = sorted(int(r["n_test"]) for r in few)
+    held = f"{tests[0]}" if tests[0] == tests[-1] else f"{tests[0]}-{tests[-1]}"
+    return [
+        f"{FEW}: {TOO_FEW}. Here {len(few)} of {len(rows)} probes held out {held} rows, of fewer than "
+        f"{MIN_HELD_OUT_UNITS} episodes or 16-step runs"
     ]
