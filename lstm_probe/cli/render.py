@@ -259,7 +259,8 @@ def _render_schema(markdown: bool) -> None:
     metadata keys."""
     from rich.table import Table
 
-    from lstm_probe.log.schema import COLUMNS, METADATA_KEYS, SCHEMA_VERSION, schema_markdown
+    from lstm_probe.log.metadata_keys import METADATA_KEYS
+    from lstm_probe.log.schema import COLUMNS, SCHEMA_VERSION, schema_markdown
 
     if markdown:
         sys.stdout.write(schema_markdown())

@@ -1,0 +1,64 @@
+"""The keys of a log's run metadata (JSON under ``lstm_probe.run`` in the Parquet file's key-value metadata),
+each with what it holds: the metadata half of the contract that ``schema.py``'s columns are the other half of.
+``lstm-probe schema`` prints both; docs/schema.md is that output."""
+
+from __future__ import annotations
+
+METADATA_KEYS: dict[str, str] = {
+    "schema_version": "Version of this schema (also stored under its own key).",
+    "lstm_probe_version": "Version of lstm-probe that wrote the log.",
+    "framework": "'sb3', 'rllib', 'rsl_rl', 'torchrl' or 'generic'.",
+    "versions": "torch, numpy, pyarrow and python versions, and of the libraries the run loaded (stable-baselines3, "
+    "sb3-contrib, gymnasium, ray, rsl_rl, torchrl, tensordict).",
+    "env_id": "Gymnasium env id (sb3 runs).",
+    "algorithm": "Algorithm class name, e.g. RecurrentPPO (RLlib: PPO).",
+    "rllib": "RLlib runs: env runners, learners, envs per runner, rollout_fragment_length, "
+    "train_batch_size, minibatch_size, num_epochs, max_seq_len, vf_share_layers, lstm_cell_size.",
+    "shards": "Multi-process logs (read back, not stored): per writing process, completed and progress.",
+    "policy": "Policy class name.",
+    "hyperparameters": "The algorithm's hyperparameters actually used (RecurrentPPO: n_steps, batch_size, n_epochs, "
+    "...; rsl_rl: num_steps_per_env, num_mini_batches, clip_param, ...; RLlib: its AlgorithmConfig's "
+    "train_batch_size_per_learner, minibatch_size, num_epochs, max_seq_len, lr, lambda, ...).",
+    "seed": "Seed passed to the algorithm (null when none).",
+    "n_envs": "Number of envs in the vectorized env.",
+    "total_timesteps": "Env steps asked for by learn().",
+    "command": "The command line that made the log (CLI runs).",
+    "architecture": "modules: {name: {kind, hidden_size, num_layers, input_size}}, shared_lstm, "
+    "critic ('lstm' | 'shared' | 'mlp').",
+    "capabilities": "What the writing integration's logs can hold (framework, shards, epochs, rollout_buffer, "
+    "max_seq_len, stored_states, replay): report sections ask these, never the framework's name.",
+    "not_measurable": "Only where the integration says so: what_if, memory -> why it cannot measure them for this "
+    "run (TorchRL: the loss is not a ClipPPOLoss); capabilities then declare neither replay nor respond.",
+    "hidden_size": "Length of the h and c vectors.",
+    "capture": "'full' | 'summary'; with every_k and dtype ('float32' | 'float16'), and trace_envs K where only env "
+    "columns 0..K-1 store vectors, whatever the mode (--trace-envs; padding rows store none), other_envs 'none' "
+    "where the other env columns have no rows.",
+    "start_time": "UTC ISO time the probe started.",
+    "end_time": "UTC ISO time the log was closed (final part only).",
+    "completed": "True only when training ran to its end; false after an error or an interruption.",
+    "stop_reason": "Null when completed, else what stopped the run (the exception's one-line summary).",
+    "progress": "num_timesteps reached, iterations started, calls and rows written.",
+    "unsupported_calls": "LSTM calls on inputs the tracer cannot lay out as rows (not in the log; the report warns).",
+    "empty_calls": "Only where there were any: LSTM calls with no batch column, so no rows (e.g. a framework "
+    "cutting more minibatches than it has envs trains on empty ones; the report warns).",
+    "cudnn_tf32": "Only where true: a traced module's weights were on CUDA with cuDNN allowed to compute in TF32 "
+    "(torch.backends.cudnn.allow_tf32, PyTorch's default); the report's provenance check then allows 1e-2 "
+    "rather than 1e-4 (TF32 keeps a 10-bit mantissa).",
+    "final": "True in the metadata of the part that closed the log (absent from parts written before).",
+    "minibatch_paths": "sb3 runs: per path of sb3-contrib's _process_sequence ('sequence': one call over "
+    "the minibatch, 'stepwise': one call per step because the minibatch holds an episode start), the "
+    "minibatches and the training wall seconds the probe measured for them (from one minibatch's "
+    "_get_samples to the next, or to the end of train()).",
+    "obs_size": "--capture-obs: length of the `obs` vectors (the flattened observation).",
+    "obs_keys": "--capture-obs of a Dict observation (sb3): per key, in the order sb3 concatenates them, its slice of "
+    "`obs` (key, start, size; encoding 'one-hot' for Discrete/MultiDiscrete, else 'values'; space); names obs:KEY[i].",
+    "info_keys": "--info: the info keys stored in the `info` vectors, in their order.",
+    "probe_cost": "What recording cost, measured by the probe while it ran: seconds (start to close, wall), "
+    "calls, hook_seconds and integration_seconds (training thread: hooks, the integration's callbacks), "
+    "writer (process or thread: where rows were made and written), writer_cpu_seconds and "
+    "writer_busy_seconds (that writer process or thread), wait_seconds (training waiting for room in the "
+    "writer's queue or pipe); with a writer process on Linux also writer_peak_rss_mb (its peak RSS, shared "
+    "libraries included) and writer_peak_private_mb (its peak private memory, sampled each second); with "
+    "encoding threads also writer_encode_threads and writer_threaded_row_groups (the row groups they wrote). "
+    "Summed over processes in multi-process logs.",
+}
