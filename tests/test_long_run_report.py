@@ -1,7 +1,8 @@
 """A report of a run long in iterations (tiny in width: hidden 4, 8-step rollouts, 60 iterations) shows trends over
 the whole run, not only its last iterations: the Memory panel's horizons by iteration cover every measured
 iteration (runs of equal horizons, or spans with their most common horizon and range), and a finding on the last
-iteration says where that iteration's horizon is not the recent iterations' usual one."""
+iteration says where that iteration's horizon is not the recent iterations' usual one; `lstm-probe probe` says which
+of the run's iterations its default probes."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def long_log(tmp_path_factory) -> Path:
     log = tmp_path_factory.mktemp("long") / "long.parquet"
     done = _cli(
         "run", "Pendulum-v1", "--steps", str(8 * ITERATIONS), "--n-steps", "8", "--batch-size", "8",
-        "--n-epochs", "1", "--hidden-size", "4", "--memory", "--capture", "summary", "--out", str(log), "-q",
+        "--n-epochs", "1", "--hidden-size", "4", "--memory", "--out", str(log), "-q",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     return log
@@ -104,3 +105,14 @@ def test_memory_horizons_by_iteration_cover_the_whole_run(long_log):
         else:
             assert "of the last" not in finding
     assert spans_seen  # this run's horizons change too often for runs in at least one module
+
+
+def test_probe_says_it_probes_some_of_the_iterations(long_log):
+    done = _cli("probe", str(long_log), "--target", "episode_step")
+    assert done.returncode == 0, done.stderr
+    words = " ".join(done.stdout.split())
+    probed = sorted({int(line.split("│")[1]) for line in done.stdout.splitlines() if line.count("│") > 5})
+    assert probed[0] == 0 and probed[-1] == ITERATIONS - 1 and len(probed) == 8
+    assert f"8 of the log's {ITERATIONS} iterations, spread over the run (first and last included)" in words
+    picked = _cli("probe", str(long_log), "--target", "episode_step", "--iteration", "3")
+    assert picked.returncode == 0 and "of the log's" not in picked.stdout  # asked for: nothing left out to say
