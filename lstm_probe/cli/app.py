@@ -359,6 +359,17 @@ def probe(
         row = (str(r["iteration"]), safe(r["module"]), str(r["layer"]), str(r["lag"]), r2)
         table.add_row(*row, f"{r['n_fit']} / {r['n_test']}")
     out().print(table)
+    if iteration is None:  # the default picks some iterations of a long log: say so
+        from lstm_probe.log.reader import dataset
+        from lstm_probe.report.probes import held_iterations
+
+        held, probed = held_iterations(dataset(path)[0]), {r["iteration"] for r in res}
+        if probed and len(held) > len(probed):
+            out().print(
+                f"{len(probed)} of the log's {len(held):,} iterations, spread over the run (first and last "
+                "included); --iteration N (repeatable) probes others",
+                highlight=False,
+            )
     if any(r.get("worse_than_mean") for r in res):
         from lstm_probe.report.probes import BELOW_ZERO
 

@@ -136,15 +136,20 @@ def score(
     return {"r2": value, **counts, "worse_than_mean": worse_than_mean(value), "too_few": False}
 
 
+def held_iterations(data: ds.Dataset) -> list[int]:
+    """The iterations the log's rollout rows hold, ascending (what probes pick from)."""
+    rollout = ds.field("phase") == "rollout"
+    budget.check_filtered(data, ["iteration"], rollout, "the probe's list of iterations")
+    its = pc.unique(data.to_table(columns=["iteration"], filter=rollout)["iteration"])
+    return sorted(int(v) for v in its.to_pylist() if v is not None)
+
+
 def _iterations(data: ds.Dataset, asked: Iterable[int] | None, strict: bool = True) -> list[int]:
     """The iterations to probe: those of ``asked`` the log holds (where ``strict``, BadInput if it holds none of
     them, rather than an empty table), else the log's, at most :data:`MAX_ITERATIONS` spread over the run."""
     if asked is not None and not strict:
         return sorted({int(i) for i in asked})
-    rollout = ds.field("phase") == "rollout"
-    budget.check_filtered(data, ["iteration"], rollout, "the probe's list of iterations")
-    its = pc.unique(data.to_table(columns=["iteration"], filter=rollout)["iteration"])
-    values = sorted(int(v) for v in its.to_pylist() if v is not None)
+    values = held_iterations(data)
     if asked is not None:  # those the log holds (range(10_000): every one); none of them: BadInput
         wanted = sorted({int(i) for i in asked})
         found = sorted(set(wanted) & set(values))

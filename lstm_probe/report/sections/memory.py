@@ -10,6 +10,7 @@ drops within the measured k.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -27,9 +28,11 @@ from lstm_probe.report.section import (
 )
 from lstm_probe.report.sections.sequences import SequencesSection
 
-SHOWN_ITERATIONS = 8
-"""The text shows the horizons of the last this-many measured iterations per module (and says so where there are
-more; the JSON keeps every one)."""
+SHOWN_RUNS = 12
+"""The text shows a module's horizons over every measured iteration as runs of equal horizons (``2-67: 4``) where
+there are at most this many runs; else as :data:`SPANS` spans of the measured iterations (the JSON keeps every one)."""
+SPANS = 8
+"""Spans of measured iterations the text sums a module's horizons up in where they change too often for runs."""
 FRACTION = 0.05
 """The horizon is the smallest k whose effect is below this fraction of effect(1)."""
 NEGLIGIBLE = {"kl": 1e-8, "value_rel": 1e-5}
@@ -267,7 +270,7 @@ class Memory(Section[MemorySection]):
             else:
                 reach = f"on the last ~{c['horizon']} steps"
             scope = data.scope
-            msg = f"{module}: {what} depend {reach} (iteration {c['iteration']}"
+            msg = f"{module}: {what} depend {reach} (iteration {c['iteration']}{_recent(data, module, c)}"
             msg += f", measured on {_envs(data)})" if scope else ")"
             if data.bptt:
                 msg += (
@@ -297,10 +300,10 @@ class Memory(Section[MemorySection]):
             curve = ", ".join(f"{k}: {fmt(e)}" for k, e in zip(c["k"], c["effect"], strict=True))
             label = module_label(module, data.module_names, data.critic)
             rows.append((fmt(label), fmt(c["metric"]), _horizon_words(c), curve))
-        by_iteration: dict[str, list[str]] = {}
+        by_iteration: dict[str, list[tuple[int, dict[str, Any]]]] = {}
         for h in data.horizons:
             label = module_label(h["module"], data.module_names, data.critic)
-            by_iteration.setdefault(label, []).append(f"{h['iteration']}: {_horizon_words(h)}")
+            by_iteration.setdefault(label, []).append((int(h["iteration"]), h))
         sampled = data.sampling
         every, kept = "", ""
         if data.scope:  # the log keeps some env columns alone: say which figure is of which envs
@@ -331,14 +334,64 @@ class Memory(Section[MemorySection]):
         ]
 
 
-def _by_iteration(module: str, horizons: list[str]) -> str:
-    """A module's horizons by measured iteration: the last :data:`SHOWN_ITERATIONS`, and how many are left out."""
-    if len(horizons) <= SHOWN_ITERATIONS:
-        return f"horizon by iteration, {fmt(module)}: {'; '.join(horizons)}"
+def _by_iteration(module: str, horizons: list[tuple[int, dict[str, Any]]]) -> str:
+    """A module's horizons over every measured iteration (in order): runs of equal horizons where there are at most
+    :data:`SHOWN_RUNS`, else :data:`SPANS` spans of the measured iterations, each with its most common horizon and
+    their range, so that a long run's trend shows whole (never only its last iterations)."""
+    words = [(it, _horizon_words(h)) for it, h in horizons]
+    runs: list[tuple[int, int, str]] = []
+    for it, w in words:
+        if runs and runs[-1][2] == w:
+            runs[-1] = (runs[-1][0], it, w)
+        else:
+            runs.append((it, it, w))
+    if len(runs) <= SHOWN_RUNS:
+        return f"horizon by iteration, {fmt(module)}: {'; '.join(f'{_span(a, b)}: {w}' for a, b, w in runs)}"
+    n = len(words)
+    spans = []
+    for i in range(SPANS):
+        part = words[i * n // SPANS : (i + 1) * n // SPANS]
+        counts = Counter(w for _, w in part)
+        common = max(counts, key=lambda w: (counts[w], -_order(w)))  # ties: the shorter horizon
+        ordered = sorted(counts, key=_order)
+        spread = f" ({ordered[0]} to {ordered[-1]})" if len(ordered) > 1 else ""
+        spans.append(f"{_span(part[0][0], part[-1][0])}: {common}{spread}")
     return (
-        f"horizon by iteration, {fmt(module)} (the last {SHOWN_ITERATIONS} of {len(horizons)} measured iterations; "
-        f"--json has every one): {'; '.join(horizons[-SHOWN_ITERATIONS:])}"
+        f"horizon by iteration, {fmt(module)} ({SPANS} spans of the {n:,} measured iterations: the most common "
+        f"horizon, its range in brackets; --json has every one): {'; '.join(spans)}"
     )
+
+
+def _recent(data: MemorySection, module: str, latest: dict[str, Any]) -> str:
+    """Where the last measured iteration's horizon is not the most common of the last measured iterations (the last
+    of :data:`SPANS` spans of them, at least 2): that one, so that one iteration's outlier is not read as the run's
+    ('; ~4 at 24 of the last 25 measured iterations'); else nothing."""
+    words = [_horizon_words(h) for h in data.horizons if h["module"] == module]
+    tail = words[-max(2, len(words) // SPANS) :]
+    if len(tail) < 2:
+        return ""
+    counts = Counter(tail)
+    common = max(counts, key=lambda w: (counts[w], -_order(w)))
+    if common == _horizon_words(latest) or counts[common] * 2 <= len(tail):
+        return ""
+    reach = "unused" if common == "unused" else f"{common}" if common.startswith(">") else f"~{common}"
+    return f"; {reach} at {counts[common]:,} of the last {len(tail):,} measured iterations"
+
+
+def _span(first: int, last: int) -> str:
+    return str(first) if first == last else f"{first}-{last}"
+
+
+def _order(words: str) -> float:
+    """A horizon's words as a number to sort by: unused 0, k, '> K' past K, unmeasured ('-') last."""
+    if words == "unused":
+        return 0.0
+    if words.startswith("> "):
+        return float(words[2:].replace(",", "")) + 0.5
+    try:
+        return float(words.replace(",", ""))
+    except ValueError:
+        return float("inf")
 
 
 def _episodes_words(data: MemorySection, every: str) -> str:
