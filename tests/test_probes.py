@@ -307,9 +307,11 @@ class GoalInInfo(gym.Wrapper):
 
 
 def test_a_probe_held_out_from_one_episode_or_run_is_too_few_not_a_finding(tmp_path):
-    """A Dict run with --trace-envs 1 and 32-step rollouts of 12-step episodes: each probe holds out the rows of
-    one unit of the split (8-12 rows), whose goal moves 1e-3 a step; scored, R² was -80,000 and more and a finding
-    ("h reads info:goal with R² -83889.74"). Now no R², 'few' in the table, the note under it, no finding."""
+    """A Dict run with --trace-envs 1 and 32-step rollouts of 12-step episodes held out the rows of one unit of the
+    split (8-12 rows), whose goal moves 1e-3 a step; scored, R² was -80,000 and more and a finding ("h reads
+    info:goal with R² -83889.74"). The split now takes shorter runs (4-16 steps) so that two units are held out
+    where a rollout has rows enough; where even 4-step runs are too few (16-step rollouts here): no R², 'few' in
+    the table, the note under it, no finding."""
     from sb3_contrib import RecurrentPPO
     from stable_baselines3.common.env_util import make_vec_env
     from tiny_envs import TinyDictEnv
@@ -318,16 +320,16 @@ def test_a_probe_held_out_from_one_episode_or_run_is_too_few_not_a_finding(tmp_p
 
     out = tmp_path / "few.parquet"
     env = make_vec_env(TinyDictEnv, n_envs=2, seed=0, wrapper_class=GoalInInfo)
-    kwargs = {"n_steps": 32, "batch_size": 32, "n_epochs": 1, "seed": 0, "policy_kwargs": {"lstm_hidden_size": 8}}
+    kwargs = {"n_steps": 16, "batch_size": 16, "n_epochs": 1, "seed": 0, "policy_kwargs": {"lstm_hidden_size": 8}}
     model = RecurrentPPO("MultiInputLstmPolicy", env, **kwargs)
     with ProbeCallback(out, force=True, capture_obs=True, info_keys=["goal"], trace_envs=1) as probe:
-        model.learn(128, callback=probe)
+        model.learn(64, callback=probe)
     rep = lstm_probe.summarize(out)
     doc = rep.to_dict()
     goal = [r for r in doc["probes"]["rows"] if r["target"] == "info:goal"]
     assert len(goal) == 2 * 2 * 2 and MIN_HELD_OUT_UNITS == 2  # 2 iterations, actor and critic, lags 0 and 1
-    for r in goal:  # one unit held out, 4-12 rows: no R², in JSON
-        assert r["n_test_units"] == 1 and 4 <= r["n_test"] <= 12 and r["n_fit"] >= 16, r
+    for r in goal:  # one unit held out, 3-4 rows (lag 1 drops an episode's first): no R², in JSON
+        assert r["n_test_units"] == 1 and 3 <= r["n_test"] <= 4 and r["n_fit"] >= 8, r
         assert r["too_few"] is True and r["r2"] is None and r["worse_than_mean"] is None
     assert "info:goal" in doc["probes"]["too_few"] and doc["probes"]["constant"] == []
     assert not any("info:goal" in f for f in doc["findings"]), doc["findings"]  # was: two findings of R² -8e4
@@ -335,7 +337,7 @@ def test_a_probe_held_out_from_one_episode_or_run_is_too_few_not_a_finding(tmp_p
     table = next(b for b in blocks if isinstance(b, Table))
     assert {row[4:] for row in table.rows if row[2] == "info:goal"} == {("few", "few")}
     said = " ".join(b.text for b in blocks if isinstance(b, Line))
-    assert f"few: {TOO_FEW}. Here " in said and "of fewer than 2 episodes or 16-step runs" in said, said
+    assert f"few: {TOO_FEW}. Here " in said and "of fewer than 2 episodes or runs of 4-16 steps" in said, said
     # the library's rows say so too; lstm-probe probe prints 'few' and why
     frame = lstm_probe.probe(out, "info:goal")
     assert frame["too_few"].all() and frame["r2"].isna().all() and (frame["n_test_units"] == 1).all()
@@ -343,3 +345,19 @@ def test_a_probe_held_out_from_one_episode_or_run_is_too_few_not_a_finding(tmp_p
         [sys.executable, "-m", "lstm_probe", "probe", str(out), "--target", "info:goal"], capture_output=True, text=True
     )
     assert done.returncode == 0 and " few " in done.stdout and "few: too few held-out rows to score" in done.stdout
+
+
+def test_one_envs_rollout_within_an_episode_is_split_into_runs_short_enough_to_hold_out_two():
+    """One env, a 64-step rollout inside one 200-step episode (the sample log, `run Pendulum-v1`): 16-step runs
+    gave 4 units and held out one, so every probe was 'few'; 8-step runs give 8 and hold out two."""
+    from lstm_probe.report.probes import _units, split
+
+    env, episode, step = np.zeros(64, np.int64), np.zeros(64), np.arange(100, 164)
+    units = _units(env, episode, step, 0.25)
+    assert len(np.unique(units)) == 8 and len(np.unique(units[split(units, 0.25)])) == 2
+    # a rollout of 16 steps: 4-step runs at the shortest, one held out
+    units = _units(env[:16], episode[:16], step[:16], 0.25)
+    assert len(np.unique(units)) == 4 and len(np.unique(units[split(units, 0.25)])) == 1
+    # episodes enough: whole episodes, as before
+    many = np.repeat(np.arange(8), 8).astype(float)
+    assert len(np.unique(_units(env, many, step, 0.25))) == 8

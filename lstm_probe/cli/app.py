@@ -21,6 +21,7 @@ import typer
 
 from lstm_probe import integrations
 from lstm_probe.cli import render
+from lstm_probe.cli.argv import global_first, json_report, out_arg
 from lstm_probe.cli.flags import NAME_HELP, arch_flags, html_only, run_flags, split, with_flags
 from lstm_probe.cli.render import _ExportDisplay, _render, _render_architecture, _render_flow, _RunDisplay, err, out
 from lstm_probe.cli.startup import pyarrow_without_pandas, reuse_freed_memory
@@ -457,7 +458,7 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point: one error boundary for the whole CLI."""
     args = list(sys.argv[1:] if argv is None else argv)
     show_tb = "--traceback" in args
-    args = _global_first([a for a in args if a != "--traceback"])
+    args = global_first([a for a in args if a != "--traceback"])
     try:
         # Both stop training and close the log; SIGINT explicitly, since a shell's background job
         # inherits it ignored.
@@ -468,7 +469,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         with warnings.catch_warnings():  # restores the hook after (main called in-process)
             warnings.showwarning = _show_warning
-            plain = _json_report(args)
+            plain = json_report(args)
             if plain is not None:  # `report LOG --json`: the command itself, without typer's parsing
                 limit, path = plain
                 _root(max_memory=limit)
@@ -512,39 +513,6 @@ ERROR_LIMIT, PATH_MAX = 16_384, 4096
 paths in an error stay whole, enough to copy."""
 
 
-def _json_report(args: list[str]) -> tuple[str | None, str] | None:
-    """(``--max-memory`` value or None, LOG) where ``args`` (after :func:`_global_first`) are exactly
-    ``[--max-memory SIZE] report LOG --json`` (``--json`` either side of a LOG that is no option), else None.
-    :func:`main` runs that command without typer's parsing: typer coerces every parameter through a pydantic
-    type adapter, and importing pydantic and building the adapters is ~0.2 s of the command's start-up; the
-    command's function and the error boundary are the same."""
-    option, args = _max_memory(args)
-    limit = option[-1].split("=", 1)[-1] if option else None
-    if len(args) != 3 or args[0] != "report" or "--json" not in args[1:]:
-        return None
-    path = args[2] if args[1] == "--json" else args[1]
-    return None if path.startswith("-") else (limit, path)
-
-
-def _global_first(args: list[str]) -> list[str]:
-    """``--max-memory SIZE`` moved before the command wherever it was given (``lstm-probe report LOG
-    --max-memory 8G`` as ``lstm-probe --max-memory 8G report LOG``): it is an option of every command."""
-    option, rest = _max_memory(args)
-    return [*option, *rest]
-
-
-def _max_memory(args: list[str]) -> tuple[list[str], list[str]]:
-    """(the first ``--max-memory`` option's words: ``[--max-memory, SIZE]``, ``[--max-memory=SIZE]`` or
-    none, the other arguments in their order): the one reading of the option, for :func:`_global_first`
-    and :func:`_json_report`."""
-    for i, a in enumerate(args):
-        if a == "--max-memory" and i + 1 < len(args):
-            return [a, args[i + 1]], [*args[:i], *args[i + 2 :]]
-        if a.startswith("--max-memory="):
-            return [a], [*args[:i], *args[i + 1 :]]
-    return [], args
-
-
 def _one_line(exc: BaseException, args: list[str]) -> tuple[str, Exit]:
     """The one line and the exit code for an error that reached the boundary."""
     if isinstance(exc, typer.TyperException):  # usage errors: unknown option, bad type, missing argument
@@ -561,18 +529,8 @@ def _one_line(exc: BaseException, args: list[str]) -> tuple[str, Exit]:
         return f"interrupted ({str(exc) or 'Ctrl-C'})", Exit.INTERRUPTED
     if isinstance(exc, ModuleNotFoundError) and (line := missing(exc.name, f"lstm-probe {args[0] if args else ''}")):
         return f"error: {line}", Exit.BAD_INPUT
-    note = _partial_note(_out_arg(args)) if args and args[0] == "run" else "rerun with --traceback for details"
+    note = _partial_note(out_arg(args)) if args and args[0] == "run" else "rerun with --traceback for details"
     return f"error: {one_line(exc)} ({note})", Exit.FAILED
-
-
-def _out_arg(args: list[str]) -> str:
-    path = "run.parquet"
-    for i, a in enumerate(args):
-        if a in ("--out", "-o") and i + 1 < len(args):
-            path = args[i + 1]
-        elif a.startswith("--out="):
-            path = a.split("=", 1)[1]
-    return path
 
 
 _EARLIER: dict[str, Any] = {}

@@ -10,7 +10,7 @@ value at t - L in the same episode (rows whose episode is shorter than L so far 
 Closed-form ridge in numpy, not a library: the read side stays free of heavy dependencies (no scikit-learn, no
 torch), a probe on a few hundred hidden units is one small linear solve, and the result is deterministic. The
 episodes are split without an RNG: every ``round(1 / holdout)``-th (env, episode) in sorted order is held out
-(contiguous runs of 16 steps of an episode where a rollout holds too few episodes).
+(contiguous runs of 16 steps of an episode, or of 8 or 4, where a rollout holds too few episodes).
 
 pandas is imported by the functions that build a DataFrame, not by this module: the report and ``lstm-probe
 probe`` call :func:`probe_rows` (numpy) and load no pandas, probe targets or not.
@@ -43,7 +43,9 @@ length leaves no rows)."""
 MAX_ITERATIONS = 8
 """Iterations probed by default (evenly spaced over the log, the first and last included)."""
 SEGMENT = 16
-"""Env steps per held-out unit where episodes are too few to hold out whole ones."""
+"""Env steps per held-out unit where episodes are too few to hold out whole ones (halved, down to
+:data:`MIN_SEGMENT`, where runs of 16 are too few too)."""
+MIN_SEGMENT = 4
 COLUMN_TARGETS = ("episode_step", "env_step")
 
 
@@ -80,17 +82,24 @@ def split(episode_keys: np.ndarray, holdout: float) -> np.ndarray:
 
 def _units(env: np.ndarray, episode: np.ndarray, step: np.ndarray, holdout: float) -> np.ndarray:
     """What the split holds out whole: (env, episode), or, where a rollout holds too few episodes for the split
-    (long episodes, short rollouts), contiguous runs of :data:`SEGMENT` env steps of one episode."""
+    (long episodes, short rollouts), contiguous runs of :data:`SEGMENT` env steps of one episode, or of 8 or 4
+    where runs of 16 are too few for two to be held out."""
     ep = np.nan_to_num(episode, nan=-1).astype(np.int64)
     units = env * 1_000_000_000 + ep
-    if len(np.unique(units)) >= 2 * max(2, round(1 / holdout)):
+    need = 2 * max(2, round(1 / holdout))  # the split then holds out at least two
+    if len(np.unique(units)) >= need:
         return units
-    return (units * 1_000_000 + step // SEGMENT).astype(np.int64)
+    seg = SEGMENT
+    while True:  # shorter runs where 16-step ones are too few (one env's 64-step rollout: 8-step runs)
+        runs = (units * 1_000_000 + step // seg).astype(np.int64)
+        if seg <= MIN_SEGMENT or len(np.unique(runs)) >= need:
+            return runs
+        seg //= 2
 
 
 BELOW_ZERO = (
     "R² below 0: the probe predicts the held-out rows worse than predicting their mean would. It happens when few "
-    "episodes (or 16-step runs of one) are held out, so their targets spread little and any offset of the fit "
+    "episodes (or runs of 4-16 steps of one) are held out, so their targets spread little and any offset of the fit "
     "dominates, and when the held-out states drift from the ones the probe was fitted on (another part of the "
     "episode or state space, where the linear map extrapolates)"
 )
@@ -103,14 +112,14 @@ def worse_than_mean(value: float | None) -> bool | None:
 
 
 MIN_HELD_OUT_UNITS = 2
-"""Fewest held-out units (episodes, or 16-step runs of one: :func:`_units`) an R² is scored on. R² compares the
+"""Fewest held-out units (episodes, or runs of 4-16 steps of one: :func:`_units`) an R² is scored on. R² compares the
 probe's error with the held-out targets' spread about their own mean; from one unit that spread is the little
-one episode (or 16 steps) moves, and an offset between units, which the fit cannot know, scores far below 0
+one episode (or run) moves, and an offset between units, which the fit cannot know, scores far below 0
 (-1893 on 15 rows) whatever h encodes. Two is what the split itself aims at (:func:`_units` falls back to
-16-step runs where whole episodes would hold out fewer than two)."""
+shorter runs where whole episodes would hold out fewer than two)."""
 TOO_FEW = (
     f"too few held-out rows to score: R² needs held-out rows from at least {MIN_HELD_OUT_UNITS} episodes (or "
-    "16-step runs of one); from one, their spread about their own mean is what one episode moves, and any offset "
+    "runs of 4-16 steps of one); from one, their spread about their own mean is what one episode moves, and any offset "
     "of the fit scores far below 0 whatever h encodes. Longer rollouts (--n-steps) or more traced envs "
     "(--trace-envs) give the probes more"
 )
@@ -297,7 +306,7 @@ def probe(
     ``target``: 'episode_step', 'env_step', 'COLUMN' or 'COLUMN:i' (a vector column's component: ``obs:1``; an
     info key stored with ``--info KEY``: ``info:KEY``), or a DataFrame with env, env_step, value. ``iterations``:
     default up to :data:`MAX_ITERATIONS` evenly spaced. Returns one row per (iteration, module, layer, lag): r2,
-    n_fit, n_test, n_test_units (the held-out episodes or 16-step runs), worse_than_mean (R² below 0: worse than
+    n_fit, n_test, n_test_units (the held-out episodes or runs of steps), worse_than_mean (R² below 0: worse than
     predicting the held-out mean, see :data:`BELOW_ZERO`), too_few (held out from fewer than
     :data:`MIN_HELD_OUT_UNITS` units: no R², see :data:`TOO_FEW`)."""
     out = probe_targets(path, [target], lags=lags, iterations=iterations, modules=modules, alpha=alpha, holdout=holdout)

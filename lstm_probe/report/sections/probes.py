@@ -38,7 +38,7 @@ class ProbesSection:
     rows: list[dict[str, Any]] = field(default_factory=list)
     """One per (iteration, module, layer, target, lag): r2 (None where the target is constant or too_few), n_fit,
     n_test, n_test_units, worse_than_mean (r2 below 0; None without an r2), too_few (held out from fewer than two
-    episodes or 16-step runs: no R², ``report.probes.TOO_FEW``)."""
+    episodes or runs of steps: no R², ``report.probes.TOO_FEW``)."""
     max_rows: int = MAX_ROWS
     notes: list[str] = field(default_factory=list)
     """Why some R² are below 0, where any is (how many, the lowest, the held-out rows they were scored on); why
@@ -240,5 +240,5 @@ def _few_notes(rows: list[dict[str, Any]]) -> list[str]:
     held = f"{tests[0]}" if tests[0] == tests[-1] else f"{tests[0]}-{tests[-1]}"
     return [
         f"{FEW}: {TOO_FEW}. Here {len(few)} of {len(rows)} probes held out {held} rows, of fewer than "
-        f"{MIN_HELD_OUT_UNITS} episodes or 16-step runs"
+        f"{MIN_HELD_OUT_UNITS} episodes or runs of 4-16 steps"
     ]
