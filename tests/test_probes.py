@@ -352,7 +352,7 @@ def test_one_envs_rollout_within_an_episode_is_split_into_runs_short_enough_to_h
     gave 4 units and held out one, so every probe was 'few'; 8-step runs give 8 and hold out two."""
     from lstm_probe.report.probes import _units, split
 
-    env, episode, step = np.zeros(64, np.int64), np.zeros(64), np.arange(100, 164)
+    env, episode, step = np.zeros(64, np.int64), np.zeros(64), np.arange(128, 192)
     units = _units(env, episode, step, 0.25)
     assert len(np.unique(units)) == 8 and len(np.unique(units[split(units, 0.25)])) == 2
     # a rollout of 16 steps: 4-step runs at the shortest, one held out
