@@ -362,11 +362,13 @@ def _matters(
     v.value_rel, v.ratio_change = stored.get("value_rel"), stored.get("ratio_change")
     on = f"; measured on {WHOLE}, not only the env columns with rows" if v.scope else ""
     ratio = _pct(v.ratio_change or 0.0)
+    # the section's one rule reads medians over the sampled minibatches: one outlier carries no epoch
+    med = f", median of {stored['minibatches']} minibatches" if stored.get("minibatches", 0) > 1 else ""
     if wi.critic == "mlp":  # no value moves: the sentence is the policy's alone
-        effect = f"the PPO ratio moves by {ratio} against refreshed states (epoch {last}{on}; {no_state(wi.kind)})"
+        effect = f"the PPO ratio moves by {ratio} against refreshed states (epoch {last}{med}{on}; {no_state(wi.kind)})"
     else:
         values = f"values move by {_pct(v.value_rel or 0.0)} of the return spread"
-        effect = f"{values} and the PPO ratio by {ratio} against refreshed states (epoch {last}{on})"
+        effect = f"{values} and the PPO ratio by {ratio} against refreshed states (epoch {last}{med}{on})"
     v.burn_in_measured = sorted({*wi.burn_in, *wi.stored_burn_in})
     if not v.matters and v.stored_starts is False:
         v.burn_in = need["zero"]  # 0

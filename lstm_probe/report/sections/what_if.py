@@ -5,16 +5,20 @@ The records come from the log's ``what_if`` metadata (written by ``integrations/
 minibatches, with the weights that minibatch was trained with, the same minibatch evaluated from other initial
 states at each sequence start (stored: what sb3 trained with; zero; burn-in k: zero k steps earlier, run over the
 stored inputs; burn-in k from stored: the stored state k steps earlier, run the same way, R2D2's variant), each
-against *refreshed* states (the LSTMs re-run with the current weights over the rollout). Here they are averaged
-by epoch, checked against the exact oracle (minibatch 0 of epoch 0 runs on the rollout's own weights, so refreshed
-equals stored), and the shortest burn-in of each kind that brings values and policy within 1% of refreshed is
-named: none (0 steps) where the stored states already are.
+against *refreshed* states (the LSTMs re-run with the current weights over the rollout). Here they are summarized
+by epoch as medians over the sampled minibatches (one outlier minibatch cannot carry an epoch's figure; the spread
+and the outliers, by iteration and minibatch, are shown beside them), checked against the exact oracle (minibatch
+0 of epoch 0 runs on the rollout's own weights, so refreshed equals stored), and the shortest burn-in of each kind
+that brings values and policy within 1% of refreshed is named: none (0 steps) where the stored states already are.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
+
+import numpy as np
 
 from lstm_probe.contract import Capabilities
 from lstm_probe.log.schema import WHAT_IF_METRICS
@@ -31,6 +35,19 @@ TF32_CHECK_TOLERANCE = 1e-2
 ``staleness.TF32_PROVENANCE_TOLERANCE``: a 10-bit mantissa in the matrix products, and the two passes may round
 differently)."""
 AVERAGED = (*WHAT_IF_METRICS, "reached", "clipped")
+SHARES = ("reached", "clipped")
+"""Shares of sequences (in [0, 1]): their epoch figure stays the mean over the minibatches, the share of all the
+sequences measured; every other figure is the median."""
+OUTLIER = 10.0
+"""A minibatch is named as an outlier where its value difference, KL or ratio change is more than this many times
+its epoch's median and beyond :data:`FLOOR` (rounding-sized figures are never named)."""
+FLOOR = {"value_rel": WITHIN, "ratio_change": WITHIN, "kl": WITHIN**2 / 2}
+"""The least figure named as an outlier: 1% of the return spread, a 1% ratio change, and the KL of about a 1%
+change in the log-probabilities (Δ²/2)."""
+HEADLINE = ("value_rel", "ratio_change", "kl")
+"""The figures whose outliers the text names."""
+SHOWN_OUTLIERS = 5
+"""Outliers named under the tables (the largest against their medians); the JSON's ``outliers`` keeps them all."""
 ZERO, STORED = "burn_in_", "stored_burn_in_"
 """The alternatives' name prefixes of burn-ins from zero and from stored states (the length follows)."""
 ROLLOUT_START_NOTE = (
@@ -71,7 +88,10 @@ class WhatIfSection:
     iterations: int = 0
     seconds: float | None = None
     by_epoch: list[dict[str, Any]] = field(default_factory=list)
-    """Per (epoch, alternative): means over the measured minibatches of each metric (``state_<module>``: relative
+    """Per (epoch, alternative): medians over the measured minibatches of each metric (``reached`` and
+    ``clipped``: means, see :data:`SHARES`); beside them ``mean``, ``p10``, ``p90`` (metric -> figure over the
+    minibatches) and ``furthest`` (metric -> the minibatch furthest from the median: ``value``, ``iteration``,
+    ``minibatch``). The metrics (``state_<module>``: relative
     L2 distance of the initial states from refreshed; ``value_rel``: mean |Δ value| / return spread; ``kl``:
     KL(refreshed || alternative); ``ratio_change``: mean |exp(Δ log p) - 1|; ``*_delta``: alternative - refreshed;
     ``grad_cos_*``: cosine of the loss gradient training stepped with (stored only) against refreshed's; ``reached``:
@@ -79,12 +99,16 @@ class WhatIfSection:
     stored states, to the rollout start; ``clipped``: share of sequences whose burn-in window is cut at the rollout's
     first step with no episode start in it)."""
     within: list[dict[str, Any]] = field(default_factory=list)
-    """Per epoch: ``burn_in``, the burn-in from zero needed to bring the mean value and policy differences within
+    """Per epoch: ``burn_in``, the burn-in from zero needed to bring the median value and policy differences within
     :data:`WITHIN` of refreshed (:func:`burn_in_needed`, the verdict's rule): 0 where that epoch's stored states
     already are (``stored_within`` true: no burn-in needed), else the shortest measured one that is (None: none
     measured is)."""
     within_stored: list[dict[str, Any]] = field(default_factory=list)
     """As ``within``, for the burn-ins from stored states."""
+    outliers: list[dict[str, Any]] = field(default_factory=list)
+    """Minibatches whose value difference, KL or ratio change is more than :data:`OUTLIER` times its epoch's
+    median (:func:`outliers`): ``epoch``, ``alternative``, ``metric``, ``value``, ``iteration``, ``minibatch``,
+    ``median``, ``mean``; the largest against their medians first."""
     notes: list[str] = field(default_factory=list)
     """What to know reading the table: why a burn-in from zero never reaches refreshed where the rollout start cuts
     its window (with the share of such sequences), and what the burn-in from stored states starts from."""
@@ -134,6 +158,51 @@ def _mean(values: list[Any]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
+def _figures(group: list[dict[str, Any]], col: str) -> dict[str, Any] | None:
+    """A metric over an epoch's minibatches: ``median``, ``mean``, ``p10``, ``p90`` and ``furthest`` (the
+    minibatch furthest from the median); None where none measured it."""
+    got = [(float(g[col]), g) for g in group if g.get(col) is not None]
+    if not got:
+        return None
+    xs = np.array([x for x, _ in got])
+    median = float(np.median(xs))
+    x, g = max(got, key=lambda xg: abs(xg[0] - median))
+    return {
+        "median": _round(median),
+        "mean": _round(float(xs.mean())),
+        "p10": _round(float(np.percentile(xs, 10))),
+        "p90": _round(float(np.percentile(xs, 90))),
+        "furthest": {"value": x, "iteration": int(g["iteration"]), "minibatch": int(g["minibatch"])},
+    }
+
+
+def _round(v: float) -> float:
+    """Six significant digits, as the records keep them."""
+    return float(f"{v:.6g}")
+
+
+def outliers(data: WhatIfSection) -> list[dict[str, Any]]:
+    """The minibatches whose value difference, KL or ratio change (:data:`HEADLINE`) is more than :data:`OUTLIER`
+    times its epoch's median and beyond :data:`FLOOR`, the largest against their medians first."""
+    out = []
+    for r in data.by_epoch:
+        for col in HEADLINE:
+            far, median = r.get("furthest", {}).get(col), r.get(col)
+            if far is None or median is None or far["value"] <= max(OUTLIER * median, FLOOR[col]):
+                continue
+            out.append(
+                {
+                    "epoch": r["epoch"],
+                    "alternative": r["alternative"],
+                    "metric": col,
+                    **far,
+                    "median": median,
+                    "mean": r["mean"].get(col),
+                }
+            )
+    return sorted(out, key=lambda o: -o["value"] / o["median"] if o["median"] > 0 else -math.inf)
+
+
 def within(row: dict[str, Any], critic: str | None) -> bool:
     """Whether an alternative's values and policy are within :data:`WITHIN` of refreshed states."""
     value = row.get("value_rel")
@@ -167,9 +236,14 @@ def summarize_what_if(meta: dict[str, Any], *, tf32: bool = False) -> WhatIfSect
     order = ["stored", "zero", *(f"{ZERO}{k}" for k in data.burn_in), *(f"{STORED}{k}" for k in data.stored_burn_in)]
     for (epoch, alt), group in sorted(groups.items(), key=lambda kv: (kv[0][0], _rank(order, kv[0][1]))):
         row: dict[str, Any] = {"epoch": epoch, "alternative": alt, "minibatches": len(group)}
+        spread: dict[str, dict[str, Any]] = {"mean": {}, "p10": {}, "p90": {}, "furthest": {}}
         for col in [f"state_{m}" for m in modules] + list(AVERAGED):
-            row[col] = _mean([g.get(col) for g in group])
-        data.by_epoch.append(row)
+            figures = _figures(group, col)
+            row[col] = None if figures is None else figures["mean" if col in SHARES else "median"]
+            for key, by in spread.items():
+                by[col] = None if figures is None else figures[key]
+        data.by_epoch.append({**row, **spread})
+    data.outliers = outliers(data)
     for epoch in sorted({e for e, _ in groups}):
         ok = stored_within(data, epoch)
         data.within.append({"epoch": epoch, "burn_in": burn_in_needed(data, epoch, ZERO), "stored_within": ok})
@@ -357,7 +431,11 @@ class WhatIf(Section[WhatIfSection]):
             for m, why in data.unsynced.items()
         ]
         if stored_within(data, last):  # no burn-in is needed, whatever the burn-ins measure
-            return [*unsynced, msg + f"; that is within {_pct(WITHIN)}: no burn-in needed"]
+            return [
+                *unsynced,
+                msg + f"; that is within {_pct(WITHIN)}: no burn-in needed",
+                *_outlier_finding(data, last),
+            ]
         hit = next((w["burn_in"] for w in data.within if w["epoch"] == last), None)
         burn = ", ".join(str(k) for k in data.burn_in)
         msg += (
@@ -383,6 +461,7 @@ class WhatIf(Section[WhatIfSection]):
                 else f"; zero states would move values by {_pct(zero['value_rel'])}"
             )
         out = [*unsynced, msg]
+        out += _outlier_finding(data, last)
         cp, cv = stored.get("grad_cos_policy"), stored.get("grad_cos_value")
         if cp is not None or cv is not None:
             out.append(
@@ -423,6 +502,7 @@ class WhatIf(Section[WhatIfSection]):
             "value Δ/spread",
             "KL",
             "ratio Δ",
+            "ratio Δ p90",
             "grad cos π / V",
             "reach",
         )
@@ -436,6 +516,7 @@ class WhatIf(Section[WhatIfSection]):
                     _pct(r["value_rel"]),
                     fmt(r["kl"]),
                     _pct(r["ratio_change"]),
+                    _pct(r.get("p90", {}).get("ratio_change")),
                     " / ".join(fmt(r.get(c)) for c in ("grad_cos_policy", "grad_cos_value")),
                     _pct(r["reached"]) if r["reached"] is not None else "-",
                 )
@@ -451,12 +532,54 @@ class WhatIf(Section[WhatIfSection]):
             Panel("What if: other initial states", (lines,)),
             *(
                 Table(
-                    f"What if, epoch {e}: against refreshed states, mean over the measured minibatches",
+                    f"What if, epoch {e}: against refreshed states, median over the measured minibatches",
                     header,
                     tuple(t),
                 )
                 for e, t in tables.items()
             ),
+            *_outlier_lines(data),
             Line(f"{_footer(data)}; {reach}"),
             *(Line(f"note: {n}") for n in data.notes),
         ]
+
+
+NAMES = {"value_rel": "value Δ/spread", "ratio_change": "ratio Δ", "kl": "KL"}
+
+
+def _outlier_finding(data: WhatIfSection, epoch: int) -> list[str]:
+    """The largest outlier of ``epoch``'s stored or zero states, where one is: the findings' figures are medians,
+    which leave it out."""
+    far = [o for o in data.outliers if o["epoch"] == epoch and o["alternative"] in ("stored", "zero")]
+    if not far:
+        return []
+    o = far[0]
+    show = fmt if o["metric"] == "kl" else _pct
+    return [
+        f"the what-if figures are medians over the sampled minibatches: in epoch {epoch}, {o['alternative']} states "
+        f"at iteration {o['iteration']}, minibatch {o['minibatch']} move {NAMES[o['metric']]} by {show(o['value'])} "
+        f"(median {show(o['median'])}, mean {show(o['mean'])})"
+    ]
+
+
+def _outlier_lines(data: WhatIfSection) -> list[Line]:
+    """The outliers the medians leave out (:func:`outliers`), named by iteration and minibatch."""
+    if not data.outliers:
+        return []
+
+    def say(o: dict[str, Any]) -> str:
+        show = fmt if o["metric"] == "kl" else _pct
+        return (
+            f"epoch {o['epoch']}, {_label(o['alternative'])}: {NAMES[o['metric']]} {show(o['value'])} at iteration "
+            f"{o['iteration']}, minibatch {o['minibatch']} (median {show(o['median'])}, mean {show(o['mean'])})"
+        )
+
+    shown = data.outliers[:SHOWN_OUTLIERS]
+    more = len(data.outliers) - len(shown)
+    return [
+        Line(
+            f"outliers (more than {OUTLIER:g}x their epoch's median; the medians above leave them out): "
+            + "; ".join(say(o) for o in shown)
+            + (f"; and {more} more (JSON: what_if.outliers)" if more else "")
+        )
+    ]
