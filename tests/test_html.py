@@ -17,6 +17,7 @@ FIGURES = [
     "Minibatch layout",
     "Hidden and cell states",
     "Staleness",
+    "Staleness over iterations",
     "Sequence lengths vs episode lengths",
     "Norms over iterations",
 ]
@@ -63,7 +64,7 @@ def test_cli_html(page, tmp_path):
         timeout=300,
     )
     assert r.returncode == 0, r.stderr
-    assert "5 figures" in r.stderr and (tmp_path / "c.html").exists()
+    assert "6 figures" in r.stderr and (tmp_path / "c.html").exists()
 
 
 def test_real_browser_renders_without_console_errors(page, tmp_path):

@@ -38,11 +38,13 @@ from lstm_probe.report.html_figures import (
     _png,
     _reasons,
     _staleness_figure,
+    _staleness_trend_figure,
     _what_if_figure,
 )
 from lstm_probe.report.section import fmt_steps
 from lstm_probe.report.sections.cross_process import kinds
 from lstm_probe.report.sections.run import envs_words
+from lstm_probe.report.sections.staleness_trend import POINTS
 from lstm_probe.text import plain
 
 MAX_HEAT_STEPS = 400
@@ -171,6 +173,9 @@ def build_html(
     stale = _staleness_figure(plt, rep)
     if stale:
         figures.append(("Staleness", stale, _staleness_caption(rep)))
+    trend = _staleness_trend_figure(plt, rep)
+    if trend:
+        figures.append(("Staleness over iterations", trend, _trend_caption(rep)))
     hist = _lengths_figure(plt, rep, _length_counts(data, first & STARTS))
     if hist:
         figures.append(("Sequence lengths vs episode lengths", hist, _lengths_caption(rep)))
@@ -238,6 +243,24 @@ def _staleness_caption(rep: Report) -> str:
     return (
         f"Relative L2 drift {formula} of {whose} of the same env step, {by.format(c=', c dashed' if with_c else '')} "
         "(log scale: a drift of 0.001 next to 0.4 stays visible)." + (f" {note[0].upper()}{note[1:]}." if note else "")
+    )
+
+
+def _trend_caption(rep: Report) -> str:
+    """What the staleness trend figure draws: each iteration's last-epoch drift, or spans of iterations' where the
+    run has more than the JSON keeps, and whether a c line is drawn (dashed)."""
+    rows = rep.staleness.by_iteration
+    spans = any(r["iteration_last"] > r["iteration_first"] for r in rows)
+    with_c = any(r["drift_c_mean"] is not None and r["drift_c_mean"] == r["drift_c_mean"] for r in rows)
+    of = (
+        f"in spans of iterations (the run has more than {POINTS} with a drift: each span drawn at its middle)"
+        if spans
+        else "by iteration"
+    )
+    return (
+        f"Mean relative L2 drift of train states from the rollout states of the same env step in each iteration's "
+        f"last epoch, {of} (h solid{', c dashed' if with_c else ''}; log scale): whether stored states go staler as "
+        "training goes on, which the figure by epoch averages over."
     )
 
 

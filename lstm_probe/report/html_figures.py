@@ -208,6 +208,29 @@ def _staleness_figure(plt: Any, rep: Report) -> str | None:
     return _png(fig)
 
 
+def _staleness_trend_figure(plt: Any, rep: Report) -> str | None:
+    """Each iteration's last-epoch drift (the staleness section's ``by_iteration``: iterations, or spans of them
+    drawn at their middle) per module and layer, h solid and c dashed; log scale. None where no module and layer has
+    a drift in more than one entry."""
+    g = pd.DataFrame(rep.staleness.by_iteration)
+    if not len(g) or not (g.groupby(["module", "layer"]).size() > 1).any():
+        return None
+    layered = bool((g["layer"] > 0).any())
+    g = g.assign(at=(g["iteration_first"] + g["iteration_last"]) / 2)
+    fig, ax = plt.subplots(figsize=(11, 3.4))
+    for (module, layer), d in g.groupby(["module", "layer"]):
+        name = f"{_label(module)} L{layer}" if layered else _label(module)
+        ax.plot(d["at"], d["drift_h_mean"], marker=".", label=f"{name} h")
+        if d["drift_c_mean"].notna().any():
+            ax.plot(d["at"], d["drift_c_mean"], marker=".", linestyle="--", label=f"{name} c")
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("mean relative drift, last epoch")
+    ax.set_yscale("log", nonpositive="mask")
+    ax.xaxis.set_major_locator(_integer_ticks())
+    ax.legend(fontsize=8)
+    return _png(fig)
+
+
 def _cross_staleness_figure(plt: Any, by_minibatch: list[dict[str, Any]]) -> str:
     g = pd.DataFrame(by_minibatch)
     fig, ax = plt.subplots(figsize=(11, 3.4))

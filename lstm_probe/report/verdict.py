@@ -18,6 +18,7 @@ from lstm_probe.contract import Capabilities
 from lstm_probe.report.section import kept_columns
 from lstm_probe.report.sections.cross_process import kinds, unsynced
 from lstm_probe.report.sections.staleness import StalenessSection, last_update, unmeasured
+from lstm_probe.report.sections.staleness_trend import last_span, name_span
 from lstm_probe.report.sections.what_if import (
     STORED,
     WHOLE,
@@ -214,6 +215,8 @@ def verdict(
                 "is not recorded, so which of the two it is, is not known"
             )
             v.lines.append(f"{said}: {lie} ({measure}; {bound}): {why}")
+        if minibatch is None and not how and staleness is not None:
+            _over_run(v, staleness, judged, [m for m, _ in ranked])
         if partial:
             v.lines.append(partial)
     for m, why in v.unsynced.items():
@@ -224,6 +227,21 @@ def verdict(
     _doctor(v, problems or [])
     _matters(v, what_if, caps, (not_measurable or {}).get("what_if"), staleness)
     return v
+
+
+def _over_run(v: Verdict, st: StalenessSection, judged: dict[str, float], order: list[str]) -> None:
+    """A line where the run-wide figures hide a change over training: each module's figure in the run's last span of
+    iterations (the staleness section's trend), where some module's differs from its run-wide figure by 2x or more."""
+    tail = last_span(st.by_iteration, judged, v.epoch, STALE)
+    if tail is None:
+        return
+    span, n = tail["span"], tail["iterations"]
+    by = " and ".join(f"{_pct(tail['drift'][m])} ({m})" for m in order if m in tail["drift"])
+    these = "that figure is" if len(tail["drift"]) == 1 else "those figures are"
+    v.lines.append(
+        f"{these} over the run's {n:,} iterations; in its last {span['iterations']:,} iterations "
+        f"({name_span(span)}) the last epoch's drift is {by} (the staleness section has it by iteration)"
+    )
 
 
 TRAINING_SIDE = ("train", "value")

@@ -138,7 +138,7 @@ def minibatches(
 def _reasons(words: dict[str, str], reasons: dict[str, int]) -> str:
     if not reasons:
         return "not recorded (the integration that wrote this log does not say why a training sequence starts)"
-    return "; ".join(f"{words.get(k, k)}: {v}" for k, v in sorted(reasons.items(), key=lambda kv: -kv[1]))
+    return "; ".join(f"{words.get(k, k)}: {v:,}" for k, v in sorted(reasons.items(), key=lambda kv: -kv[1]))
 
 
 def span(lo: int, hi: int) -> str:
@@ -398,7 +398,7 @@ class Calls(Section[CallsSection]):
             if data.sequence_start_reasons.get("split"):
                 whose = f" of {kept}" if kept else ""
                 out.append(
-                    f"{data.sequence_start_reasons['split']} sequences{whose} start at the buffer's random split "
+                    f"{data.sequence_start_reasons['split']:,} sequences{whose} start at the buffer's random split "
                     "point, cut off from their episode's earlier steps"
                 )
         return out
@@ -418,7 +418,7 @@ class Calls(Section[CallsSection]):
         rows = []
         layered = any(len(g.rows_by_layer) > 1 for g in data.groups)
         for g in data.groups:
-            shapes = ", ".join(f"{k} ({v})" for k, v in list(g.shapes.items())[:SHOWN_SHAPES])
+            shapes = ", ".join(f"{k} ({v:,})" for k, v in list(g.shapes.items())[:SHOWN_SHAPES])
             if len(g.shapes) > SHOWN_SHAPES:
                 shapes += f", ... {len(g.shapes) - SHOWN_SHAPES} more"
             cells: tuple[str, ...] = (safe(g.module), safe(g.phase), safe(g.path), f"{g.calls:,}")
@@ -441,18 +441,18 @@ class Calls(Section[CallsSection]):
                 )
             )
         if data.sequences_per_minibatch:
-            dist = ", ".join(f"{k} seq: {v}" for k, v in data.sequences_per_minibatch.items())
+            dist = ", ".join(f"{k} seq: {v:,}" for k, v in data.sequences_per_minibatch.items())
             if kept:
                 run = data.run_minibatches
-                of = f" of the run's {sum(run.values())}" if run else ""
+                of = f" of the run's {sum(run.values()):,}" if run else ""
                 out.append(
                     Line(
-                        f"sequences of {kept_columns(data.kept_envs, None)} per training minibatch ({data.minibatches} "
-                        f"minibatches{of} hold rows of them): {dist}"
+                        f"sequences of {kept_columns(data.kept_envs, None)} per training minibatch "
+                        f"({data.minibatches:,} minibatches{of} hold rows of them): {dist}"
                     )
                 )
             else:
-                out.append(Line(f"sequences per training minibatch ({data.minibatches} minibatches): {dist}"))
+                out.append(Line(f"sequences per training minibatch ({data.minibatches:,} minibatches): {dist}"))
             if layered:
                 out.append(
                     Line("[dim]sequences and minibatches are counted on layer 0: every layer runs the same ones[/]")

@@ -345,7 +345,7 @@ class Sequences(Section[SequencesSection]):
                     f"min {fmt_steps(s.length.get('min'))}, median {fmt_steps(s.length.get('median'))}, "
                     f"mean {fmt_steps(s.length.get('mean'))}, max {fmt_steps(s.length.get('max'))}\n"
                     f"{_cuts_line(s)}"
-                    f"histogram: {', '.join(f'{k}: {v}' for k, v in s.length_histogram.items())}\n"
+                    f"histogram: {', '.join(f'{k}: {v:,}' for k, v in s.length_histogram.items())}\n"
                     f"episodes completed: {s.episodes_completed:,}, length median "
                     f"{fmt_steps(s.episode_length.get('median'))}, max {fmt_steps(s.episode_length.get('max'))}\n"
                     f"padding {s.padding_share:.1%} of train rows; {starts}",

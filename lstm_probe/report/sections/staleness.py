@@ -31,6 +31,7 @@ from lstm_probe.report.section import (
     fmt,
     kept_columns,
 )
+from lstm_probe.report.sections import staleness_trend
 from lstm_probe.text import safe
 
 PROVENANCE_TOLERANCE = 1e-4
@@ -101,6 +102,9 @@ class StalenessSection:
     """The run's envs, as its metadata says (per env runner where ``env_runners``)."""
     env_runners: int | None = None
     """RLlib: the env runners, where more than one, that stepped ``n_envs`` envs each."""
+    by_iteration: list[dict[str, Any]] = field(default_factory=list)
+    """Per module and layer, each iteration's mean drift in its last epoch, or spans of iterations where many
+    (:func:`~lstm_probe.report.sections.staleness_trend.by_iteration`)."""
 
 
 def _drift_groups() -> GroupStats:
@@ -120,6 +124,8 @@ class StalenessTotals(Accumulator[Chunk]):
     """Keyed by the minibatch's epoch and its index in the epoch (the order is made of both in ``compute``)."""
     position: GroupStats = field(default_factory=_drift_groups)
     """Keyed by the position in the sequence: 0 first step, 1 middle, 2 last."""
+    iteration: GroupStats = field(default_factory=_drift_groups)
+    """Keyed by iteration and epoch (the trend over training: O(iterations x epochs) groups per module and layer)."""
     train_rows: Sum = field(default_factory=Sum)
     drift_rows: Sum = field(default_factory=Sum)
     """Of ``train_rows``, those with a drift."""
@@ -172,6 +178,7 @@ class StalenessTotals(Accumulator[Chunk]):
         self.tagged.add(int(named.sum()))
         # by the minibatch's epoch and index in it: compute() orders them, gaps left where a minibatch has no row
         _agg(self.update, names, module, layer, [epoch, minibatch], dh, dc)
+        _agg(self.iteration, names, module, layer, [column("iteration"), epoch], dh, dc)
         if count and named.any():
             iteration = column("iteration")
             named &= ~np.isnan(iteration)
@@ -380,6 +387,7 @@ class Staleness(Section[StalenessSection]):
             kept_envs=kept,
             n_envs=log.n_envs,
             env_runners=log.env_runners,
+            by_iteration=staleness_trend.by_iteration(acc.iteration),
         )
 
     def unavailable(self, data: StalenessSection, log: Log) -> list[str]:
@@ -512,6 +520,7 @@ class Staleness(Section[StalenessSection]):
                     soft_wrap=True,
                 )
             )
+        out.extend(Line(words, soft_wrap=True) for words in staleness_trend.lines(st.by_iteration, layered))
         if st.drift_from:
             out.append(Line(safe(st.drift_from), soft_wrap=True))
         if (words := unmeasured(st)) is not None:

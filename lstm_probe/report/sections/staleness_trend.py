@@ -1,0 +1,161 @@
+"""The staleness section's trend over training: each iteration's last-epoch drift, per module and layer, from
+the drift groups the section's accumulator adds up by (module, layer, iteration, epoch) in the scan's runs
+(O(iterations x epochs x modules x layers), whatever the log's rows). The JSON's ``staleness.by_iteration`` holds
+at most :data:`POINTS` entries per module and layer (one per iteration, or spans of iterations where the run has
+more); the text's line and the verdict read :data:`SPANS` spans of those entries."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from lstm_probe.report.numeric import mean_max
+from lstm_probe.report.section import GroupStats, fmt
+from lstm_probe.text import safe
+
+POINTS = 100
+"""Entries of ``by_iteration`` per module and layer at most: one per iteration up to this many iterations with a
+drift, else this many spans of consecutive iterations (equal in count, within one)."""
+SPANS = 8
+"""Spans of iterations the text's trend line and the verdict read (each iteration where there are no more)."""
+
+
+def _split(n: int, parts: int) -> list[tuple[int, int]]:
+    """``parts`` consecutive [start, stop) ranges of ``range(n)``, equal within one (``n`` where fewer)."""
+    k = min(n, parts)
+    return [(i * n // k, (i + 1) * n // k) for i in range(k)]
+
+
+def by_iteration(groups: GroupStats) -> list[dict[str, Any]]:
+    """Per module and layer, each iteration's drift in its last epoch (the highest epoch with a drift row in that
+    iteration): ``iteration_first``, ``iteration_last`` (equal, or a span's first and last iteration where the run
+    has more than :data:`POINTS` iterations), ``iterations`` (with a drift, in the span), ``epoch`` (that last
+    epoch; a span's where its iterations share it, else None), ``rows`` and the mean drift of h and c over those
+    rows."""
+    last: dict[tuple[str, int, int], tuple[int, np.ndarray]] = {}
+    for (module, layer, it, ep), s in groups.items():
+        key = (module, layer, int(it))
+        if key not in last or ep > last[key][0]:
+            last[key] = (int(ep), s)
+    series: dict[tuple[str, int], list[tuple[int, int, np.ndarray]]] = {}
+    for (module, layer, it), (ep, s) in sorted(last.items()):
+        series.setdefault((module, layer), []).append((it, ep, s))
+    out: list[dict[str, Any]] = []
+    for (module, layer), points in series.items():
+        for a, b in _split(len(points), POINTS):
+            part = points[a:b]
+            s = np.sum([p[2] for p in part], axis=0)  # counts and sums add; the maxima are not shown
+            epochs = {p[1] for p in part}
+            out.append(
+                {
+                    "module": module,
+                    "layer": layer,
+                    "iteration_first": part[0][0],
+                    "iteration_last": part[-1][0],
+                    "iterations": len(part),
+                    "epoch": epochs.pop() if len(epochs) == 1 else None,
+                    "rows": int(s[0]),
+                    "drift_h_mean": mean_max(s, 1, "drift_h")["drift_h_mean"],
+                    "drift_c_mean": mean_max(s, 4, "drift_c")["drift_c_mean"],
+                }
+            )
+    return out
+
+
+def spans(entries: list[dict[str, Any]]) -> dict[tuple[str, int], list[dict[str, Any]]]:
+    """Per (module, layer): :data:`SPANS` spans of its ``by_iteration`` entries (each entry where there are no
+    more), each with ``iteration_first``, ``iteration_last``, ``iterations`` (with a drift), ``epoch`` (shared, or
+    None), ``rows`` and ``drift_h_mean`` over its rows."""
+    per: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for e in entries:
+        per.setdefault((e["module"], e["layer"]), []).append(e)
+    out: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for key, es in per.items():
+        rows = []
+        for a, b in _split(len(es), SPANS):
+            part = es[a:b]
+            n = sum(e["rows"] for e in part)
+            h = sum(e["rows"] * e["drift_h_mean"] for e in part if e["rows"])
+            epochs = {e["epoch"] for e in part}
+            rows.append(
+                {
+                    "iteration_first": part[0]["iteration_first"],
+                    "iteration_last": part[-1]["iteration_last"],
+                    "iterations": sum(e["iterations"] for e in part),
+                    "epoch": epochs.pop() if len(epochs) == 1 else None,
+                    "rows": n,
+                    "drift_h_mean": h / n if n else None,
+                }
+            )
+        out[key] = rows
+    return out
+
+
+def name_span(span: dict[str, Any]) -> str:
+    """'12' or '12-19'."""
+    a, b = span["iteration_first"], span["iteration_last"]
+    return str(a) if a == b else f"{a}-{b}"
+
+
+def iterations(entries: list[dict[str, Any]]) -> int:
+    """The iterations with a drift of one module and layer's entries (the most of any)."""
+    per: dict[tuple[str, int], int] = {}
+    for e in entries:
+        key = (e["module"], e["layer"])
+        per[key] = per.get(key, 0) + e["iterations"]
+    return max(per.values(), default=0)
+
+
+def lines(entries: list[dict[str, Any]], layered: bool) -> list[str]:
+    """The text's trend lines: per module and layer with a drift in more than one iteration, its last-epoch mean h
+    drift in :data:`SPANS` spans of the run's iterations (each iteration where there are no more), the largest
+    named."""
+    out = []
+    for (module, layer), rows in spans(entries).items():
+        n = sum(r["iterations"] for r in rows)
+        if n < 2:
+            continue
+        epochs = {r["epoch"] for r in rows}
+        epoch = f" ({epochs.pop()})" if len(epochs) == 1 and None not in epochs else ""
+        named = [r for r in rows if r["drift_h_mean"] is not None]
+        if not named:
+            continue
+        parts = ", ".join(f"{name_span(r)}: {fmt(r['drift_h_mean'])}" for r in named)
+        top = max(named, key=lambda r: r["drift_h_mean"])
+        json = "each" if n <= POINTS else f"{POINTS} spans"
+        how = f", {len(rows)} spans of its {n:,} iterations (--json has {json})" if n > len(rows) else ""
+        who = f"{safe(module)}{' layer ' + str(layer) if layered else ''}"
+        whose = "the" if epoch else "each iteration's"
+        out.append(
+            f"mean h drift of {who} in {whose} last epoch{epoch} by iteration{how}: {parts}; largest in "
+            f"{'iteration' if top['iterations'] == 1 else 'iterations'} {name_span(top)}"
+        )
+    return out
+
+
+def last_span(
+    entries: list[dict[str, Any]], drift: dict[str, float], epoch: int | None, bound: float
+) -> dict[str, Any] | None:
+    """Where a run-wide figure of the verdict (``drift``: module -> mean layer-0 h drift over every iteration's
+    ``epoch``) hides a change over training: the last of :data:`SPANS` spans of the run's iterations, with each
+    module's figure in it (``drift``), where some module's differs from its run-wide one by a factor of 2 or more
+    and one of the two is above ``bound`` (the verdict's ``STALE``); None otherwise, and where the run has fewer
+    than :data:`SPANS` iterations with a drift, or some span is not of ``epoch`` alone (its figures would be of
+    another epoch)."""
+    per = {m: rows for (m, layer), rows in spans(entries).items() if layer == 0 and m in drift}
+    if epoch is None or not per:
+        return None
+    last: dict[str, float] = {}
+    for m, rows in per.items():
+        if len(rows) < SPANS or any(r["epoch"] != epoch for r in rows) or rows[-1]["drift_h_mean"] is None:
+            return None
+        last[m] = float(rows[-1]["drift_h_mean"])
+    moved = any(max(drift[m], x) > bound and (x >= 2 * drift[m] or 2 * x <= drift[m]) for m, x in last.items())
+    if not moved:
+        return None
+    tails = {(rows[-1]["iteration_first"], rows[-1]["iteration_last"]) for rows in per.values()}
+    if len(tails) > 1:  # the modules' drifts are of other iterations: no one span to name
+        return None
+    tail = next(iter(per.values()))[-1]
+    return {"span": tail, "iterations": iterations(entries), "drift": last}
