@@ -114,7 +114,8 @@ class CaptureOptions:
     force: bool = option(False, "Overwrite an existing log.")
     part_seconds: float = option(
         60.0,
-        "Close a finished part file this often: a killed run loses at most the rows of the last this-many seconds.",
+        "Publish every row in a finished part file at most this many seconds after the writer took it: a killed run "
+        "loses at most the rows of its last this-many seconds.",
     )
     part_iterations: int | None = option(
         None,

@@ -444,6 +444,57 @@ def test_an_idle_run_publishes_its_rows_within_part_seconds(tmp_path, writer):
         probe.close()
 
 
+@pytest.mark.parametrize("writer", ["process", "thread"])
+def test_rows_handed_over_at_a_slow_rate_are_published_within_part_seconds(tmp_path, writer):
+    """A run that hands over a row now and then (summary capture, a slow env) never fills a row buffer: each
+    row must still reach a published part within --part-seconds of its hand-over, plus a small slack (what "a
+    SIGKILL of everything loses at most --part-seconds" rests on). The idle test above waits for its rows to be
+    published at all; here every call's hand-over is stamped, and every part when it first appears, and each
+    call's age at publication is measured. Before, a row waited up to part_seconds / 2 in its buffer, then its
+    part counted part_seconds from its first row group: rows were published up to twice part_seconds late."""
+    import pyarrow.parquet as pq
+
+    from lstm_probe import Tracer
+    from lstm_probe.capture.modules import find_recurrent
+
+    part_seconds, slack, every, calls = 2.0, 0.5, 0.05, 100  # a call each 50 ms for 5 s: 2.5 part_seconds
+    m = nn.LSTM(3, 8)
+    partial = tmp_path / "slow.parquet.partial"
+    probe = Tracer(find_recurrent(m), tmp_path / "slow.parquet", part_seconds=part_seconds, writer=writer).start()
+    appeared: dict[str, float] = {}  # part -> when it was first seen
+
+    def look() -> int:
+        now = time.monotonic()
+        for f in partial.glob("part-*.parquet"):
+            appeared.setdefault(f.name, now)
+        return len(appeared)
+
+    handed = []  # call -> when it was handed over
+    try:
+        with torch.no_grad():
+            # two-step calls: handed over as they return (one-step calls wait in blocks on the training side)
+            m(torch.randn(2, 1, 3))  # call 0: the writer is up once its rows are published
+            wait_for(lambda: look() > 0, "the first rows were never published")
+            start = time.monotonic()
+            for k in range(1, calls + 1):  # paced by the clock; each wait records the parts that appear
+                wait_for(lambda k=k: look() >= 0 and time.monotonic() >= start + k * every, "(pacing)")
+                handed.append(time.monotonic())
+                m(torch.randn(2, 1, 3))  # two rows
+            wait_for(lambda: look() and _rows_of(partial) == 2 * (calls + 1), "the rows were never all published")
+        where = {}  # call -> the part it was published in
+        for name in appeared:
+            for call in pq.read_table(partial / name, columns=["call"]).column("call").to_pylist():
+                assert where.get(call, name) == name, f"call {call} published twice"
+                where[call] = name
+    finally:
+        probe.close()
+    assert sorted(where) == list(range(calls + 1))
+    ages = [appeared[where[k + 1]] - t for k, t in enumerate(handed)]
+    late = [(k + 1, round(age, 2)) for k, age in enumerate(ages) if age > part_seconds + slack]
+    assert not late, f"rows published more than {part_seconds} s + {slack} s after their hand-over: {late[:5]}"
+    assert len(appeared) >= 3  # a part each part_seconds, not one at the end
+
+
 def test_a_close_on_the_writer_thread_closes_the_log_instead_of_joining_itself(tmp_path):
     """An object whose __del__ closes the probe (sb3's learn() guard) can be collected on the writer
     thread; the thread cannot join itself: it closes the log once its job returns."""

@@ -12,6 +12,7 @@ training needs, so its whole cost lands on training; in its own process it uses 
 from __future__ import annotations
 
 import atexit
+import math
 import threading
 import time
 import warnings
@@ -240,14 +241,14 @@ class LogWriter:
         torch.set_num_threads(1)
         sink = self.sink  # the thread exists only without a writer process
         assert sink is not None
-        flush_seconds = self.config.part_seconds / 2
         while True:
             with self._cond:
                 while not self._jobs:
-                    timeout = flush_seconds - (time.monotonic() - sink.log.last_flush)
+                    # wake when the oldest unpublished row is due (FileLog.write_due), idle or not
+                    timeout = sink.log.due_at() - time.monotonic()
                     if timeout <= 0:
                         break
-                    self._cond.wait(timeout)
+                    self._cond.wait(None if timeout == math.inf else timeout)
                 item = self._jobs.popleft() if self._jobs else _IDLE
             if item is None:  # close(): stop; close() finishes the log
                 self.cpu_seconds = time.thread_time()  # this thread's CPU time, start to end
@@ -260,7 +261,7 @@ class LogWriter:
                         self.lock.release()
                 return
             if item is _IDLE:  # small or idle logs too reach disk in bounded time
-                self._run(sink.flush_if_due)
+                self._run(sink.write_due)
                 continue
             later = self._run(item.job)
             if later is not None:  # the writer thread may wait for the device: the second half now
@@ -269,7 +270,7 @@ class LogWriter:
                 self._queued_bytes -= item.nbytes
                 self._unfinished -= 1
                 self._cond.notify_all()
-            self._run(sink.flush_if_due)
+            self._run(sink.write_due)
 
     def _settle(self, job: Callable[[], Any] | None) -> None:
         """Run the second half held back from the job before (first: nothing already copied is lost if the

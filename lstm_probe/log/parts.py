@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import math
 import os
 import time
 from collections import deque
@@ -148,7 +149,8 @@ class PartWriter:
         self.index = 0
         self.writer: pq.ParquetWriter | None = None
         self.tmp: Path | None = None
-        self.opened = 0.0
+        self.oldest = math.inf
+        """When the writer took the oldest row of the open part (``time.monotonic()``; inf: none yet)."""
         self.part_count = 0
         self.parts: list[Path] = []
         self.rows = 0  # rows written into parts (open or published)
@@ -178,26 +180,31 @@ class PartWriter:
         name = self.part_name()
         self.tmp = self.dir / f".{name}.tmp"
         self.writer = _parquet_writer(self.tmp, self.schema)
-        self.opened = time.monotonic()
+        self.oldest = math.inf
         self.part_count = 0
 
-    def write(self, batch: pa.RecordBatch, progress: dict[str, Any]) -> None:
+    def write(self, batch: pa.RecordBatch, progress: dict[str, Any], since: float | None = None) -> None:
+        """Write ``batch`` as a row group; ``since``: when the writer took its oldest row (``time.monotonic()``;
+        None: now), from which its part's age is counted (:meth:`oldest_row`)."""
+        since = time.monotonic() if since is None else since
         if self.threaded:  # each batch (each span's rows of it) a part of its own
             if self.writer is not None:  # the open part goes first (the threads' parts are named after it)
                 self.close_part(progress)
             spans = [(0, batch.num_rows, -1)] if self.part_iterations is None else None
             for start, stop, _ in spans or _spans(batch.column("iteration"), self.part_iterations or 1):
-                self._submit(batch if stop - start == batch.num_rows else batch.slice(start, stop - start), progress)
+                self._submit(
+                    batch if stop - start == batch.num_rows else batch.slice(start, stop - start), progress, since
+                )
             return
         if self.part_iterations is None:
-            self._write(batch, progress, -1)
+            self._write(batch, progress, -1, since)
             return
         for start, stop, span in _spans(batch.column("iteration"), self.part_iterations):
             if self.writer is not None and span >= 0 and self.span >= 0 and span != self.span:
                 self.close_part(progress)
-            self._write(batch.slice(start, stop - start), progress, span)
+            self._write(batch.slice(start, stop - start), progress, span, since)
 
-    def _write(self, batch: pa.RecordBatch, progress: dict[str, Any], span: int) -> None:
+    def _write(self, batch: pa.RecordBatch, progress: dict[str, Any], span: int, since: float) -> None:
         if self.writer is None:
             self._open()
             self.span = -1
@@ -211,15 +218,17 @@ class PartWriter:
             raise
         self.rows += batch.num_rows
         self.part_count += batch.num_rows
-        if self.part_count >= self.part_rows or self.part_due():
+        self.oldest = min(self.oldest, since)
+        # (its age closes it where the log's owner asks: FileLog.write_due, with the rows still buffered)
+        if self.part_count >= self.part_rows:
             self.close_part(progress)
 
-    def _submit(self, batch: pa.RecordBatch, progress: dict[str, Any]) -> None:
+    def _submit(self, batch: pa.RecordBatch, progress: dict[str, Any], since: float) -> None:
         assert self.encoding is not None
         name = self.part_name()
         self.index += 1
         final = json.dumps(progress, default=str)
-        self.encoding.submit(self.dir / f".{name}.tmp", self.dir / name, self.schema, batch, final)
+        self.encoding.submit(self.dir / f".{name}.tmp", self.dir / name, self.schema, batch, final, since)
         self.rows += batch.num_rows
         self.threaded_groups += 1
         self.publish(self.encoding.threads)
@@ -249,9 +258,15 @@ class PartWriter:
                 self.drop_single()
                 raise
 
+    def oldest_row(self) -> float:
+        """When the writer took the oldest row written and not yet published (in the open part or a part the
+        encoding threads hold; ``time.monotonic()``, inf: none)."""
+        oldest = self.oldest if self.writer is not None else math.inf
+        return min(oldest, self.encoding.oldest()) if self.encoding is not None else oldest
+
     def part_due(self) -> bool:
-        """Whether the open part has been open ``part_seconds``: time to publish it."""
-        return self.writer is not None and time.monotonic() - self.opened >= self.part_seconds
+        """Whether the open part's oldest row was taken ``part_seconds`` ago: time to publish it."""
+        return self.writer is not None and time.monotonic() - self.oldest >= self.part_seconds
 
     def close_part(self, final: dict[str, Any]) -> None:
         """Close the open part (if any) with ``final`` in its key-value metadata, then publish it (after
@@ -340,11 +355,17 @@ class _Encoding:
     def __init__(self, threads: int):
         self.threads = threads
         self.executor = ThreadPoolExecutor(threads, thread_name_prefix="lstm-probe-parquet")
-        self.pending: deque[tuple[Future[None], Path, Path, int]] = deque()
+        self.pending: deque[tuple[Future[None], Path, Path, int, float]] = deque()
 
-    def submit(self, tmp: Path, target: Path, schema: pa.Schema, batch: pa.RecordBatch, final: str) -> None:
+    def submit(
+        self, tmp: Path, target: Path, schema: pa.Schema, batch: pa.RecordBatch, final: str, since: float
+    ) -> None:
         future = self.executor.submit(_write_part, tmp, schema, batch, final)
-        self.pending.append((future, tmp, target, batch.num_rows))
+        self.pending.append((future, tmp, target, batch.num_rows, since))
+
+    def oldest(self) -> float:
+        """When the writer took the oldest row of the pending parts (inf: none)."""
+        return min((p[4] for p in self.pending), default=math.inf)
 
     def finished(self, keep: int) -> tuple[list[Path], BaseException | None]:
         """The parts written, in order, renamed to their names (their paths); waits while more than
@@ -353,7 +374,7 @@ class _Encoding:
         after it)."""
         out: list[Path] = []
         while self.pending and (len(self.pending) > keep or self.pending[0][0].done()):
-            future, tmp, target, _ = self.pending[0]
+            future, tmp, target, _, _ = self.pending[0]
             try:
                 future.result()
                 os.replace(tmp, target)
@@ -367,7 +388,7 @@ class _Encoding:
         """Wait for the pending parts and remove them unpublished; the rows they held."""
         rows = 0
         while self.pending:
-            future, tmp, _, n = self.pending.popleft()
+            future, tmp, _, n, _ = self.pending.popleft()
             with contextlib.suppress(BaseException):
                 future.result()
             with contextlib.suppress(OSError):

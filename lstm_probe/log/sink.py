@@ -274,9 +274,9 @@ class Sink:
         r.seq[i0:i1] = np.tile(seq, layers) if layers > 1 else seq
         r.t[i0:i1] = np.tile(t, layers) if layers > 1 else t
 
-    def flush_if_due(self) -> None:
-        if self.log.flush_due():
-            self.log.flush()
+    def write_due(self) -> None:
+        """Write and publish what has waited ``part_seconds`` (``FileLog.write_due``)."""
+        self.log.write_due()
 
     def close(self, final: dict[str, Any]) -> None:
         self.log.close(final)

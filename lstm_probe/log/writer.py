@@ -7,9 +7,10 @@ rows (rollout, bootstrap, ...) are buffered in two lanes and written apart, so a
 skips row groups by their statistics; rows are in call order within each phase (sort by ``call`` for
 the order overall). Row groups go into part files (``parts.py``)
 of a dataset directory (``part-00000.parquet``, ...); a part is closed (footer written, then renamed
-from a hidden ``.tmp`` name) every ``part_seconds`` or ``part_rows`` (with encoding threads, each row group
-is a part of its own, published once written, in order), so a SIGKILL loses at most the
-part being written (and the row groups encoding threads hold: at most their count plus one) and what
+from a hidden ``.tmp`` name) once its oldest row has waited ``part_seconds`` since the writer took it, with every
+row buffered then (:meth:`FileLog.write_due`), or after ``part_rows`` (with encoding threads, each row group is a
+part of its own, published once written, in order), so a SIGKILL loses at most the rows of the last
+``part_seconds`` (the part being written, the buffered rows, the row groups encoding threads hold) and what
 the training process had not yet handed over (a writer process that
 sees its pipe close publishes the rows it holds). With ``part_iterations`` N (directories only), a
 part also never holds rows of two spans of N iterations (0..N-1, N..2N-1, ...): the files of a span
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import os
 import shutil
 import time
@@ -256,8 +258,9 @@ class FileLog:
         self.span = -1  # the span of iterations (part_iterations) of the buffered rows; -1: none yet
         self._lane = LANE_OTHER  # the lane of the last reserve
         self._trained = False  # whether a train row came: the other lane then holds a quarter (_limit)
-        self.flush_seconds = part_seconds / 2
-        self.last_flush = time.monotonic()
+        self.part_seconds = part_seconds
+        self._since = [math.inf, math.inf]
+        """Per lane: when the writer took its oldest buffered row (``time.monotonic()``; inf: none buffered)."""
         self.rows_written = 0
         self.progress: dict[str, Any] = {}
         self.parts = PartWriter(
@@ -305,24 +308,40 @@ class FileLog:
         return self.capacity // 4 if lane == LANE_OTHER and self._trained else self.capacity
 
     def commit(self, n: int) -> None:
-        self.lanes[self._lane].n += n
+        rows = self.lanes[self._lane]
+        if not rows.n:  # the lane's oldest row: its age counts from now
+            self._since[self._lane] = time.monotonic()
+        rows.n += n
         self.rows_written += n
 
-    def flush_due(self) -> bool:
-        """Whether the buffered rows have waited long enough to be written (small or idle logs too reach
-        disk in bounded time)."""
-        return time.monotonic() - self.last_flush >= self.flush_seconds
+    def due_at(self) -> float:
+        """When the oldest row taken and not yet published (buffered, in the open part, or held by an encoding
+        thread) will have waited ``part_seconds`` (``time.monotonic()``; inf: every row is published). By then
+        :meth:`write_due` must have run: the writer's loop wakes for it, idle or not."""
+        return min(self._since[0], self._since[1], self.parts.oldest_row()) + self.part_seconds
 
-    def flush(self) -> None:
-        """Encode the buffered rows and write each lane's as one row group; publish the open part once it has
-        been open ``part_seconds`` (an idle run's rows too reach a finished part in bounded time)."""
-        self.last_flush = time.monotonic()
+    def write_due(self) -> None:
+        """Publish the parts the encoding threads finished; and once the oldest unpublished row has waited
+        ``part_seconds`` (:meth:`due_at`), write every buffered row (a row group per lane) and publish the open
+        part with them: no row waits longer than ``part_seconds`` plus this call's own time, whatever the
+        rate or size of the rows. Cheap when nothing is due (the writer process calls it after each message).
+
+        Rows wait in their lane's buffer until it is full or this moment, so a slow run writes a row group per
+        lane per ``part_seconds`` (a fast one fills its buffers first: full row groups, and one partial one per
+        lane per part)."""
         self.parts.publish(self.parts.threads)  # the threads' finished parts, if any
-        if not any(rows.n for rows in self.lanes):
-            if self.parts.part_due():
-                self.parts.close_part({"progress": dict(self.progress)})
+        if time.monotonic() < self.due_at():
             return
         self._write_lanes()
+        self.parts.close_part({"progress": dict(self.progress)})
+
+    def flush(self) -> None:
+        """Encode the buffered rows and write each lane's as one row group; publish the open part if its oldest
+        row was taken ``part_seconds`` ago."""
+        self.parts.publish(self.parts.threads)  # the threads' finished parts, if any
+        self._write_lanes()
+        if self.parts.part_due():
+            self.parts.close_part({"progress": dict(self.progress)})
 
     def _write_lanes(self) -> None:
         for lane in (LANE_OTHER, LANE_TRAIN):
@@ -335,9 +354,10 @@ class FileLog:
             return
         try:
             batch = self.encoder.encode(rows, copy=self.parts.threaded)
-            self.parts.write(batch, {"progress": dict(self.progress)})
+            self.parts.write(batch, {"progress": dict(self.progress)}, self._since[lane])
         finally:
             rows.n = 0
+            self._since[lane] = math.inf
             if rows.kept is not None:
                 rows.kept.clear()
             self.lanes[lane] = self._buffers[lane]  # a one-off buffer is dropped after use

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import os
 import pickle
 import re
@@ -321,7 +322,7 @@ class _NoPandas:
 class _Frames:
     """Reads messages (see :meth:`Child.send`) from a non-blocking pipe as its bytes arrive, never waiting
     for a frame's end: the training process may hold a frame's tail in its backlog until its next send,
-    and meanwhile the writer's flush timer must keep running."""
+    and meanwhile the writer must keep publishing rows as they come due (``FileLog.write_due``)."""
 
     def __init__(self, fd: int):
         self.fd = fd
@@ -417,9 +418,9 @@ def serve() -> int:
         os._exit(1)  # no destructors: a half-written Parquet file would complain on stderr
 
     while True:
-        timeout = None
-        if sink is not None:
-            timeout = max(0.0, sink.log.flush_seconds - (time.monotonic() - sink.log.last_flush))
+        timeout = None  # nothing unpublished: wait for input alone
+        if sink is not None and (due := sink.log.due_at()) != math.inf:
+            timeout = max(0.0, due - time.monotonic())  # wake when the oldest unpublished row is due, idle or not
         ready, _, _ = select.select([inp], [], [], timeout)
         message = frames.read() if ready else None
         if message is None:
@@ -432,7 +433,7 @@ def serve() -> int:
                 return 0
             if sink is not None:
                 try:
-                    sink.flush_if_due()
+                    sink.write_due()
                 except Exception as exc:
                     return failed(exc)
             continue
@@ -444,6 +445,7 @@ def serve() -> int:
                 parts = sink.log.parts
                 parts.behind = parts.always or bool(select.select([inp], [], [], 0)[0])
                 sink.take(message)
+                sink.write_due()  # also while messages keep coming: the loop may never time out then
                 memory.sample_now_and_then()
             except Exception as exc:
                 return failed(exc)
