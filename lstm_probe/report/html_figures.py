@@ -190,14 +190,8 @@ def _staleness_figure(plt: Any, rep: Report) -> str | None:
 
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3.4))
     for (module, layer), g in by_epoch.groupby(["module", "layer"]):
-        a1.plot(g["epoch"], g["drift_h_mean"], marker="o", label=f"{name(module, layer)} h")
-        if g["drift_c_mean"].notna().any():
-            a1.plot(g["epoch"], g["drift_c_mean"], marker="s", linestyle="--", label=f"{name(module, layer)} c")
-    a1.set_xlabel("epoch")
-    a1.set_ylabel("mean relative drift")
-    a1.set_yscale("log", nonpositive="mask")
-    a1.xaxis.set_major_locator(_integer_ticks())
-    a1.legend(fontsize=8)
+        _h_and_c(a1, g["epoch"], g, name(module, layer), ("o", "s"))
+    _drift_axes(a1, "epoch", "mean relative drift")
     pos = pd.DataFrame(st.by_position)
     pos = pos[pos["position"] != "middle"]
     pos = pos.assign(name=[name(m, lv) for m, lv in zip(pos["module"], pos["layer"], strict=True)])
@@ -219,29 +213,33 @@ def _staleness_trend_figure(plt: Any, rep: Report) -> str | None:
     g = g.assign(at=(g["iteration_first"] + g["iteration_last"]) / 2)
     fig, ax = plt.subplots(figsize=(11, 3.4))
     for (module, layer), d in g.groupby(["module", "layer"]):
-        name = f"{_label(module)} L{layer}" if layered else _label(module)
-        ax.plot(d["at"], d["drift_h_mean"], marker=".", label=f"{name} h")
-        if d["drift_c_mean"].notna().any():
-            ax.plot(d["at"], d["drift_c_mean"], marker=".", linestyle="--", label=f"{name} c")
-    ax.set_xlabel("iteration")
-    ax.set_ylabel("mean relative drift, last epoch")
+        _h_and_c(ax, d["at"], d, f"{_label(module)} L{layer}" if layered else _label(module), (".", "."))
+    _drift_axes(ax, "iteration", "mean relative drift, last epoch")
+    return _png(fig)
+
+
+def _h_and_c(ax: Any, x: Any, d: pd.DataFrame, name: str, markers: tuple[str, str]) -> None:
+    """A module's mean h drift (solid) and, where it has one, its c drift (dashed) against ``x``."""
+    ax.plot(x, d["drift_h_mean"], marker=markers[0], label=f"{name} h")
+    if d["drift_c_mean"].notna().any():
+        ax.plot(x, d["drift_c_mean"], marker=markers[1], linestyle="--", label=f"{name} c")
+
+
+def _drift_axes(ax: Any, xlabel: str, ylabel: str) -> None:
+    """A drift figure's axes: integer x ticks, drift on a log scale, the legend."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
     ax.set_yscale("log", nonpositive="mask")
     ax.xaxis.set_major_locator(_integer_ticks())
     ax.legend(fontsize=8)
-    return _png(fig)
 
 
 def _cross_staleness_figure(plt: Any, by_minibatch: list[dict[str, Any]]) -> str:
     g = pd.DataFrame(by_minibatch)
     fig, ax = plt.subplots(figsize=(11, 3.4))
     for module, d in g.groupby("module"):
-        ax.plot(d["minibatch"], d["drift_h_mean"], marker="o", label=f"{_label(module)} h")
-        ax.plot(d["minibatch"], d["drift_c_mean"], marker="s", linestyle="--", label=f"{_label(module)} c")
-    ax.set_xlabel("minibatch (0 = before any optimizer step)")
-    ax.set_ylabel("mean relative drift")
-    ax.set_yscale("log", nonpositive="mask")
-    ax.xaxis.set_major_locator(_integer_ticks())
-    ax.legend(fontsize=8)
+        _h_and_c(ax, d["minibatch"], d, _label(module), ("o", "s"))
+    _drift_axes(ax, "minibatch (0 = before any optimizer step)", "mean relative drift")
     return _png(fig)
 
 
