@@ -225,9 +225,14 @@ class Capabilities:
     observe: bool = False
     """The integration can keep each rollout step's observation beside its rows (the *observe* capability: the
     ``obs`` column, linear probes, ``--capture-obs``)."""
+    rollout_start: str | None = None
+    """Where a rollout's first step takes its state from by the framework's design, where that is not the state the
+    previous rollout's last step left: 'training' (the state training's last pass over the previous rollout ended
+    with; rsl_rl's distillation). The doctor words such a start so; None: the previous rollout's last step."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+        """The fields, less ``rollout_start`` where None (the metadata of the logs that declare none is as before)."""
+        return {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "rollout_start" or self.rollout_start}
 
     @staticmethod
     def from_metadata(meta: dict[str, Any]) -> Capabilities:

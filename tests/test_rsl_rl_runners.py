@@ -1,5 +1,5 @@
 """rsl_rl (rsl-rl-lib 5.5) set-ups beyond OnPolicyRunner's defaults, run for real at tiny scale: a
-DistillationRunner with a recurrent student and teacher (refused in one line: distillation is not traced);
+DistillationRunner with a recurrent student and teacher (traced: rollout and per-step training rows);
 export of a runner right after learn(), of an asymmetric actor-critic and of an MLP critic (refused, named); the
 what-if words of a GRU run."""
 
@@ -26,17 +26,17 @@ from lstm_probe.integrations.rsl_rl import TorchPendulumVecEnv, attach, train_cf
 from lstm_probe.integrations.rsl_rl.train import build_runner  # noqa: E402
 
 
-def test_a_distillation_runner_is_refused_in_one_line(tmp_path):
-    """A DistillationRunner (recurrent student and teacher, the teacher loaded from a PPO checkpoint) is refused
-    with BadInput naming the algorithm, nothing wrapped and no log written: its training still runs."""
+def _distillation(tmp_path, cell, layers=1):
+    """A DistillationRunner (recurrent student and teacher, the teacher loaded from a PPO checkpoint): 4 envs, 8 steps,
+    2 epochs, gradient_length 4, episodes of 10 steps."""
     torch.manual_seed(0)
     env = TorchPendulumVecEnv(4, seed=0, max_steps=10)
     cfg = train_cfg(
         num_steps_per_env=8,
         num_mini_batches=2,
         learning_rate=1e-3,
-        rnn_type="gru",
-        rnn_layers=1,
+        rnn_type=cell,
+        rnn_layers=layers,
         hidden_size=8,
         mlp=(8,),
     )
@@ -49,16 +49,65 @@ def test_a_distillation_runner_is_refused_in_one_line(tmp_path):
         "obs_groups": {"student": ["policy"], "teacher": ["policy"]},
         "student": actor,
         "teacher": actor,
-        "algorithm": {"class_name": "rsl_rl.algorithms.Distillation", "num_learning_epochs": 1, "gradient_length": 4},
+        "algorithm": {"class_name": "rsl_rl.algorithms.Distillation", "num_learning_epochs": 2, "gradient_length": 4},
     }
     with contextlib.redirect_stdout(io.StringIO()):
         runner = DistillationRunner(env, dcfg, log_dir=None)
     runner.load(str(tmp_path / "teacher.pt"))
-    with pytest.raises(lstm_probe.BadInput, match="algorithm is Distillation, which it does not trace"):
-        attach(runner, tmp_path / "run.parquet")
-    assert not (tmp_path / "run.parquet").exists()
-    assert "step" not in vars(env) and "act" not in vars(runner.alg)
-    runner.learn(1)
+    return runner
+
+
+@pytest.mark.parametrize(("cell", "layers"), [("gru", 1), ("lstm", 2)])
+def test_a_distillation_runner_is_traced(tmp_path, cell, layers):
+    """A DistillationRunner (it was refused): student and teacher rollout rows, the student's training replay as train
+    rows by epoch and gradient window (one 4-step sequence per env), the provenance check OK before the first optimizer
+    step, the BPTT horizon gradient_length, and the doctor's words on the rollout that starts from training's state."""
+    runner = _distillation(tmp_path, cell, layers)
+    log = tmp_path / "run.parquet"
+    with attach(runner, log):
+        runner.learn(2)
+    rows = lstm_probe.load(log)
+    rollout, train = rows[rows.phase == "rollout"], rows[rows.phase == "train"]
+    assert sorted(rows.phase.unique()) == ["rollout", "train"]
+    assert len(rollout) == 2 * 2 * 8 * 4 * layers  # (student, teacher) x iterations x steps x envs x layers
+    assert (rollout.groupby("module").size() == 2 * 8 * 4 * layers).all()
+    assert len(train) == 2 * 2 * 8 * 4 * layers and set(train.module) == {"student"}  # iterations x epochs x ...
+    assert set(train.path) == {"stepwise"} and set(train.seq_len) == {4}
+    layer0 = train[train.layer == 0]
+    keys = layer0.groupby(["iteration", "epoch", "minibatch"]).size()
+    assert keys.to_dict() == {(i, e, m): 16 for i in (0, 1) for e in (0, 1) for m in (0, 1)}
+    assert (layer0.t == layer0.env_step % 8 % 4).all() and (layer0.seq == layer0.env).all()
+    # each train row keyed to the rollout row of the same storage step: env step, episode, episode step
+    roll = rollout[(rollout.module == "student") & (rollout.layer == 0)].set_index(["env", "env_step"])
+    paired = layer0.join(roll[["episode", "episode_step"]], on=["env", "env_step"], rsuffix="_r")
+    assert (paired.episode == paired.episode_r).all() and (paired.episode_step == paired.episode_step_r).all()
+    first = train[(train.epoch == 0) & (train.minibatch == 0)]
+    assert len(first) == 2 * 4 * 4 * layers and first.drift_h.max() < 1e-6
+    assert train[train.epoch == 1].drift_h.min() > 0  # after optimizer steps
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "400"}
+    cmd = [sys.executable, "-m", "lstm_probe", "report", str(log)]
+    text = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True).stdout
+    assert "provenance check OK" in text
+    assert (
+        "4 student/rollout columns started their rollout's first step from the state training's last pass over the "
+        "previous rollout ended with"
+    ) in text and "no provenance bug" in text
+    doc = json.loads(subprocess.run([*cmd, "--json"], capture_output=True, text=True, env=env, check=True).stdout)
+    assert doc["staleness"]["provenance_ok"] is True
+    assert doc["sequences"]["gradient_length"]["max"] == 4  # gradient_length
+    assert doc["doctor"]["rolled"] == {"student/rollout": 4}
+    meta = lstm_probe.read_info(log).metadata
+    assert meta["capabilities"]["rollout_start"] == "training" and meta["rsl_rl"]["gradient_length"] == 4
+    assert meta["algorithm"] == "Distillation"
+
+
+def test_distillation_refuses_what_if(tmp_path):
+    """What-if and memory re-run PPO's stored minibatches: refused in one line for a DistillationRunner, nothing
+    wrapped."""
+    runner = _distillation(tmp_path, "gru")
+    with pytest.raises(lstm_probe.BadInput, match="--what-if is not built for rsl_rl's distillation"):
+        attach(runner, tmp_path / "run.parquet", what_if=True)
+    assert "act" not in vars(runner.alg)
 
 
 class PrivilegedPendulum(TorchPendulumVecEnv):

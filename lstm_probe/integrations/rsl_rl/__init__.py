@@ -1,6 +1,7 @@
 """rsl_rl (``rsl-rl-lib``, the PPO of Isaac Lab and legged_gym): the probe on a runner the user built.
 
-``probe.py``: :func:`attach` and :class:`RslRlProbe` (see its docstring for the rsl_rl behaviour relied on);
+``runners.py``: :func:`attach`; ``probe.py``: :class:`RslRlProbe` (see its docstring for the rsl_rl behaviour
+relied on); ``distill.py``: ``DistillProbe``, a DistillationRunner's;
 ``envs.py``: envs as rsl_rl's VecEnv (the torch-native Pendulum, gymnasium ids); ``train.py``: :func:`run`
 (``lstm-probe run --framework rsl_rl``); ``options.py``: rsl_rl's own ``run`` options; ``deployed.py``: the
 deploy layer's loader (``lstm-probe export`` of a checkpoint). Names are loaded on
@@ -16,7 +17,8 @@ from lstm_probe.integrations import lazy_names
 if TYPE_CHECKING:
     from lstm_probe.integrations.rsl_rl.envs import GymVecEnv, TorchPendulumVecEnv
     from lstm_probe.integrations.rsl_rl.options import RslRl
-    from lstm_probe.integrations.rsl_rl.probe import RslRlProbe, attach, recurrent_modules
+    from lstm_probe.integrations.rsl_rl.probe import RslRlProbe, recurrent_modules
+    from lstm_probe.integrations.rsl_rl.runners import attach
     from lstm_probe.integrations.rsl_rl.train import make_env, run, train_cfg
 
 _LAZY = {
@@ -24,7 +26,7 @@ _LAZY = {
     "TorchPendulumVecEnv": "envs",
     "RslRl": "options",
     "RslRlProbe": "probe",
-    "attach": "probe",
+    "attach": "runners",
     "recurrent_modules": "probe",
     "make_env": "train",
     "run": "train",

@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -68,22 +67,23 @@ from lstm_probe.capture.tracer import CoreTracer
 from lstm_probe.contract import BOOTSTRAP, SEQ_REASON, Capabilities, Grid, Tags
 from lstm_probe.errors import BadInput
 from lstm_probe.integrations.rsl_rl import memory, whatif
-from lstm_probe.options import CaptureOptions, Measure, capture_options, route, settle
+from lstm_probe.options import CaptureOptions, Measure
 
 ROLES = ("actor", "critic")
 
 
-def recurrent_modules(alg: Any) -> dict[str, nn.Module]:
-    """The nn.LSTM/GRU of the algorithm's recurrent models ('actor', 'critic'): ``model.rnn.rnn``
-    (``models/rnn_model.py:RNNModel.rnn`` is ``modules/rnn.py:RNN``, whose ``rnn`` is the torch module)."""
+def recurrent_modules(alg: Any, roles: tuple[str, ...] = ROLES) -> dict[str, nn.Module]:
+    """The nn.LSTM/GRU of the algorithm's recurrent models (``roles``: 'actor', 'critic'; distillation's 'student',
+    'teacher'): ``model.rnn.rnn`` (``models/rnn_model.py:RNNModel.rnn`` is ``modules/rnn.py:RNN``, whose ``rnn`` is
+    the torch module)."""
     found: dict[str, nn.Module] = {}
-    for role in ROLES:
+    for role in roles:
         model = getattr(alg, f"_raw_{role}", None) or getattr(alg, role, None)
         rnn = getattr(getattr(model, "rnn", None), "rnn", None)
         if isinstance(rnn, nn.LSTM | nn.GRU):
             found[role] = rnn
     if not found:
-        raise BadInput("this rsl_rl algorithm has no recurrent actor or critic (RNNModel) to trace")
+        raise BadInput(f"this rsl_rl algorithm has no recurrent {' or '.join(roles)} (RNNModel) to trace")
     return found
 
 
@@ -125,6 +125,7 @@ class RslRlProbe(Probe):
     :class:`~lstm_probe.capture.life.Probe`: ``close()`` takes the wrappers off and finishes the log; ``with``."""
 
     name = "rsl_rl"
+    roles = ROLES
 
     def __init__(
         self, alg: Any, env: Any, options: CaptureOptions, metadata: dict[str, Any], measure: Measure | None = None
@@ -167,13 +168,13 @@ class RslRlProbe(Probe):
         self._undo: list[tuple[Any, str, Any]] = []
         window = options.reference_window or self.steps_per_env + 1
         self.options = dataclasses.replace(options, reference_window=window)
-        self.tracer = CoreTracer(recurrent_modules(alg), self.options, self)
+        self.tracer = CoreTracer(recurrent_modules(alg, self.roles), self.options, self)
         self.what_if: Any = None  # whatif.WhatIf while attached with what_if
         self.memory: Any = None  # memory.Memory while attached with memory
         self._hooks: list[Any] = []
 
     def _models(self) -> list[Any]:
-        return [getattr(self.alg, f"_raw_{r}", None) or getattr(self.alg, r) for r in ROLES]
+        return [getattr(self.alg, f"_raw_{r}", None) or getattr(self.alg, r) for r in self.roles]
 
     # -- the contract ------------------------------------------------------------------------------
     def capabilities(self) -> Capabilities:
@@ -486,46 +487,3 @@ def runner_metadata(runner: Any, alg: Any) -> dict[str, Any]:
             "experiment_name": cfg.get("experiment_name") if isinstance(cfg, dict) else None,
         },
     }
-
-
-def attach(
-    runner: Any,
-    out: str | os.PathLike[str] | None = None,
-    *,
-    env: Any = None,
-    metadata: dict[str, Any] | None = None,
-    options: CaptureOptions | None = None,
-    measure: Measure | None = None,
-    **capture: Any,
-) -> RslRlProbe:
-    """Attach the probe to an rsl_rl ``OnPolicyRunner`` the user built (or to its algorithm, ``runner.alg``,
-    with ``env=`` the VecEnv it steps) and start it; returns the probe, a context manager. Call
-    ``runner.learn(...)`` (or your own loop over ``alg.act`` / ``env.step`` / ``alg.process_env_step`` /
-    ``alg.compute_returns`` / ``alg.update``), then :meth:`RslRlProbe.close`.
-
-    ``out``: the log [run.parquet]. ``options`` (a :class:`~lstm_probe.options.CaptureOptions`) and keyword
-    arguments of its fields' names (``capture='summary'``, ``trace_envs=16``, ``float16``, ``force``, ...) are
-    the capture settings; ``measure`` (a :class:`~lstm_probe.options.Measure`) and its fields' names
-    (``what_if=True``, ``memory=True``, ``capture_obs=True``) what the probe measures on copies of the models
-    and keeps beside the rows (``capture_obs``: rollout rows keep the observation, the actor's groups
-    flattened, in the ``obs`` column, ``obs_size`` in the metadata, for linear probes). Attach before training
-    starts: the probe counts env steps from here.
-    """
-    alg = getattr(runner, "alg", runner)
-    env = env if env is not None else getattr(runner, "env", None)
-    if env is None or not hasattr(alg, "storage"):
-        raise BadInput("attach(runner): give an rsl_rl OnPolicyRunner, or its algorithm with env=the VecEnv it steps")
-    if not hasattr(alg, "actor") or not hasattr(alg, "critic"):  # Distillation: student and teacher, no update
-        raise BadInput(  # to tag (its training steps the student one step a call, from storage.generator())
-            f"lstm-probe traces rsl_rl's PPO (an actor and a critic); this runner's algorithm is "
-            f"{type(alg).__name__}, which it does not trace (distillation is not traced)"
-        )
-    if getattr(alg, "is_multi_gpu", False):
-        raise BadInput("lstm-probe traces single-process rsl_rl runs; this one is multi-GPU")
-    cap, me = route(capture, (CaptureOptions, Measure), "rsl_rl.attach")
-    opts = capture_options(options, out, **cap)
-    m = settle(Measure, measure, me)
-    if m.info_keys:
-        raise BadInput("--info is not built for --framework rsl_rl yet (--capture-obs keeps the observations)")
-    meta = {**runner_metadata(runner, alg), **(metadata or {})}
-    return RslRlProbe(alg, env, opts, meta, m).start()

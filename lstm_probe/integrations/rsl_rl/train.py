@@ -21,7 +21,7 @@ from lstm_probe.integrations import devices
 from lstm_probe.integrations.rsl_rl import arch as analysis
 from lstm_probe.integrations.rsl_rl.envs import GymVecEnv, TorchPendulumVecEnv
 from lstm_probe.integrations.rsl_rl.options import RslRl
-from lstm_probe.integrations.rsl_rl.probe import attach
+from lstm_probe.integrations.rsl_rl.runners import attach
 from lstm_probe.log.layout import check_output
 from lstm_probe.options import (
     CaptureOptions,

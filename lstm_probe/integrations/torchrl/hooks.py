@@ -248,7 +248,7 @@ class TorchRLProbe(Probe, Tagged):
     def capabilities(self) -> Capabilities:
         """framework 'torchrl': training sequences start from the states stored at collection; a batch can be
         re-run on a copy of the loss (whatif.py, memory.py)."""
-        caps = {"stored_states": True, "replay": True, "respond": True, "observe": True}
+        caps: dict[str, Any] = {"stored_states": True, "replay": True, "respond": True, "observe": True}
         if self._refused:  # the run's loss is not one they re-run
             caps |= {"replay": False, "respond": False}
         return Capabilities("torchrl", epochs=self._epochs, **caps)

@@ -56,18 +56,19 @@ from lstm_probe.report.sections.doctor_rows import (
     Leaks,
     Steps,
     StepScan,
+    earlier,
+    group,
 )
-from lstm_probe.report.sections.doctor_words import clean_line
+from lstm_probe.report.sections.doctor_words import clean_line, rollout_lines
 from lstm_probe.report.sections.staleness import provenance_tolerance
 from lstm_probe.text import safe
 
 COLUMNS = ["call", "module", "phase", "env", "env_step", "episode_start", "episode_step", "init", "init_norm"]
+COLUMNS += ["iteration"]  # a rollout's first step (_Tally.rolled)
 ACTING = ("rollout", "predict", "other", "bootstrap")
 BATCH = 1 << 17
 NOT_RESET = ("previous", "other")
 """Sources that, at an episode start, mean the state was not reset."""
-GROUPS = {"rollout": "rollout", "bootstrap": "rollout", "predict": "predict", "other": "other"}
-"""Acting phase -> the group whose returned states its calls are compared with (``capture/inputs.py``: GROUP)."""
 
 
 @dataclass
@@ -104,8 +105,11 @@ class DoctorSection:
     env step) was in another group, or there was none."""
     inside: dict[str, int] = field(default_factory=dict)
     """'module/phase' (acting phases) -> the columns of its 'other' starts made at a later call of the env column
-    in that phase's group (the state changed between two calls of the group). An 'other' start in neither
-    ``entered`` nor ``inside`` has no env or env step to tell."""
+    in that phase's group (the state changed between two calls of the group), not at a rollout's first step. An
+    'other' start in none of ``entered``, ``inside`` and ``rolled`` has no env or env step to tell."""
+    rolled: dict[str, int] = field(default_factory=dict)
+    """'module/phase' -> its 'other' starts at a new iteration's first call in the group (a rollout's first step):
+    where a log declares ``Capabilities.rollout_start``, the state its framework carries there by design."""
     kept: str = ""
     """The env columns the log keeps rows of, where ``--other-envs none`` kept only some (every count here is
     then of those): 'env columns 0..3 of 256'; '' where every column has rows."""
@@ -132,12 +136,13 @@ class _Tally:
         self.rollout_zero = 0
         self.twice = First()
         self.advanced = First()
-        self.last: dict[tuple[str, float], tuple[float, str]] = {}  # (module, env) -> its last (env_step, phase)
+        self.last: dict[tuple[str, float], tuple[float, str, float]] = {}  # (module, env) -> (env_step, phase, it.)
         self.last_call: dict[tuple[str, float], float] = {}  # (module, env) -> its last acting call
         self.disordered = False
         """A (module, env) met a call earlier than its last one (:attr:`Pass.disordered`)."""
         self.entered: dict[str, int] = {}  # 'module/phase' -> 'other' columns at a first call in the phase's group
         self.inside: dict[str, int] = {}  # 'module/phase' -> 'other' columns at a later call in the phase's group
+        self.rolled: dict[str, int] = {}  # 'module/phase' -> 'other' columns at a new iteration's first call in it
 
     def count_sources(self, batch: pa.RecordBatch) -> None:
         """The init sources per module and phase of one batch of init rows (nulls as ''): each column's
@@ -171,7 +176,7 @@ class _Tally:
         twice, entered = self._twice(c)
         kept = acting & start & np.isin(init, NOT_RESET) & ~twice
         other = acting & (init == "other")
-        for counts, told in ((self.entered, entered == 1), (self.inside, entered == 0)):
+        for counts, told in ((self.entered, entered == 1), (self.inside, entered == 0), (self.rolled, entered == 2)):
             if (told & other).any():
                 key = np.char.add(np.char.add(c["module"][told & other], "/"), phase[told & other])
                 for k, n in zip(*(a.tolist() for a in np.unique(key, return_counts=True)), strict=True):
@@ -211,22 +216,24 @@ class _Tally:
         from neither the previous step's state nor a reset (the bootstrap call's advance was kept); and the
         columns whose module's previous acting call on their env column was in another phase group
         (:data:`GROUPS`), or that have none, as 1 (the first call of the column in its group; 0: a later one; -1:
-        no env or env step to tell), for the columns that started from 'other' (-1 elsewhere)."""
+        no env or env step to tell; 2: a later one in a new iteration), for the columns that started from 'other'
+        (-1 elsewhere)."""
         keep = np.flatnonzero(np.isin(c["phase"], ACTING) & (c["env"] >= 0) & (c["env_step"] >= 0))
         if not len(keep):
             return np.zeros(len(c["call"]), bool), np.full(len(c["call"]), -1, np.int8)
         idx = keep[np.lexsort((c["call"][keep], c["env"][keep], c["module"][keep]))]
         module, env, step, phase = c["module"][idx], c["env"][idx], c["env_step"][idx], c["phase"][idx]
         same = np.r_[False, (module[1:] == module[:-1]) & (env[1:] == env[:-1])]
-        prev_step = np.r_[np.nan, step[:-1]]
+        prev_step, it = np.r_[np.nan, step[:-1]], c["iteration"][idx]
+        prev_it = np.r_[np.nan, it[:-1]]
         firsts = np.flatnonzero(~same).tolist()  # a module's env column seen in an earlier batch
-        seen = [self.last.get((module[i], env[i]), (np.nan, "")) for i in firsts]
+        seen = [self.last.get((module[i], env[i]), (np.nan, "", np.nan)) for i in firsts]
         # the phases as fixed-width strings wide enough for the earlier batches' too: compared in numpy
-        width = max([phase.dtype.itemsize // 4, 1] + [len(p) for _, p in seen])
+        width = max([phase.dtype.itemsize // 4, 1] + [len(p) for _, p, _ in seen])
         prev_phase = np.empty(len(idx), f"<U{width}")
         prev_phase[0], prev_phase[1:] = "", phase[:-1]
-        for i, (s, p) in zip(firsts, seen, strict=True):
-            prev_step[i], prev_phase[i] = s, p
+        for i, (s, p, k) in zip(firsts, seen, strict=True):
+            prev_step[i], prev_phase[i], prev_it[i] = s, p, k
         again = prev_step == step
         twice = again & (phase == prev_phase) & (phase != "bootstrap")
         advanced = again & (prev_phase == "bootstrap") & (phase == "rollout") & (c["init"][idx] == "other")
@@ -238,23 +245,16 @@ class _Tally:
             masks.append(mask)
         entered = np.full(len(c["call"]), -1, np.int8)  # -1: no env or env step to tell
         other = np.flatnonzero(c["init"][idx] == "other")  # told for 'other' columns alone (few, if any)
-        entered[idx[other]] = _group(prev_phase[other]) != _group(phase[other])  # no earlier call: group ''
+        entered[idx[other]] = group(prev_phase[other]) != group(phase[other])  # no earlier call: group ''
+        entered[idx[other]] += 2 * ((entered[idx[other]] == 0) & (it[other] > prev_it[other]))  # a new iteration
         calls = c["call"][idx]
         for i in firsts:
             if calls[i] <= self.last_call.get((module[i], env[i]), -np.inf):
                 self.disordered = True
         for i in np.flatnonzero(np.r_[~same[1:], True]).tolist():
-            self.last[(module[i], env[i])] = (step[i], phase[i])
+            self.last[(module[i], env[i])] = (step[i], phase[i], it[i])
             self.last_call[(module[i], env[i])] = calls[i]
         return masks[0], entered
-
-
-def _group(phases: np.ndarray) -> np.ndarray:
-    """Each acting phase's group (:data:`GROUPS`); '' for anything else (no earlier call)."""
-    out = np.full(len(phases), "", "<U8")
-    for phase, group in GROUPS.items():
-        out[phases == phase] = group
-    return out
 
 
 def _where(first: dict[str, Any]) -> str:
@@ -264,12 +264,6 @@ def _where(first: dict[str, Any]) -> str:
     at += f", env {env}" if env is not None else ""
     at += f", env_step {step}" if step is not None and step >= 0 else ""
     return at + ")"
-
-
-def _earlier(a: First, b: First) -> First:
-    """Both counts, first at the earlier of the two."""
-    first = a if a.call <= b.call else b
-    return First(a.count + b.count, first.call, first.row)
 
 
 def _notes(t: _Tally, problems: list[Problem], steps: Steps) -> list[str]:
@@ -304,7 +298,7 @@ def _problems(t: _Tally) -> list[Problem]:
         if not f.count + u.count:
             continue
         if t.carried.get(phase, 0) == 0 and t.placed.get(phase, 0) == 0:  # never a state: not passed back
-            f = _earlier(f, u)
+            f = earlier(f, u)
             hint = (
                 "model.predict(obs, state=..., episode_start=...)"
                 if phase == "predict"
@@ -473,6 +467,7 @@ class Pass:
             self.held = None
         data.sources = {k: dict(sorted(v.items())) for k, v in sorted(tally.sources.items())}
         data.entered, data.inside = dict(sorted(tally.entered.items())), dict(sorted(tally.inside.items()))
+        data.rolled = dict(sorted(tally.rolled.items()))
         data.problems = _problems(tally)
         leaks = self.leaks
         for phase, leak in sorted(leaks.found.items() if leaks else [], key=lambda kv: kv[1].call):  # first seen first
@@ -586,9 +581,11 @@ class Doctor(Section[DoctorSection]):
             blocks.append(Table("Doctor: where each call's input state came from", ("module/phase", *values), rows))
         else:
             blocks.append(Line("[bold]Doctor[/]: no call recorded where its input state came from"))
+        rolled = data.rolled if caps.rollout_start else {}  # by the framework's design: rollout_line says so
         if data.problems:
             blocks += [Line(f"[yellow]problem:[/] {safe(p.text)}") for p in data.problems]
         elif data.sources:
-            blocks.append(Line(safe(clean_line(data.sources, data.entered, data.inside, data.kept))))
+            blocks.append(Line(safe(clean_line(data.sources, data.entered, data.inside, data.kept, rolled))))
+        blocks += [Line(safe(line)) for line in rollout_lines(rolled, caps.rollout_start)]
         blocks += [Line(safe(f)) for f in data.facts]
         return blocks

@@ -168,3 +168,21 @@ class StepScan:
             on = (departs > c["t"]) & (c["drift_h"] <= self.tolerance)
             self.out.carried_too.add(c, on & kept)
         return self.out
+
+
+GROUPS = {"rollout": "rollout", "bootstrap": "rollout", "predict": "predict", "other": "other"}
+"""Acting phase -> the group whose returned states its calls are compared with (``capture/inputs.py``: GROUP)."""
+
+
+def group(phases: np.ndarray) -> np.ndarray:
+    """Each acting phase's group (:data:`GROUPS`); '' for anything else (no earlier call)."""
+    out = np.full(len(phases), "", "<U8")
+    for phase, group in GROUPS.items():
+        out[phases == phase] = group
+    return out
+
+
+def earlier(a: First, b: First) -> First:
+    """Both counts, first at the earlier of the two."""
+    first = a if a.call <= b.call else b
+    return First(a.count + b.count, first.call, first.row)

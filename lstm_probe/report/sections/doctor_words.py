@@ -11,18 +11,29 @@ PLACED = ("previous", "reset", "stored")
 """Sources the "no problem found" line names without a word on them."""
 
 
-def clean_line(sources: dict[str, dict[str, int]], entered: dict[str, int], inside: dict[str, int], kept: str) -> str:
+def clean_line(
+    sources: dict[str, dict[str, int]],
+    entered: dict[str, int],
+    inside: dict[str, int],
+    kept: str,
+    rolled: dict[str, int] | None = None,
+) -> str:
     """The line under a table that shows no problem (``sources``: 'module/phase' -> init value -> columns):
     what its columns other than previous, reset and stored mean there, and why the doctor names no problem for
     them (``doctor._problems``). ``entered``, ``inside``: per 'module/phase', the 'other' columns at the first
     call of their env column in the phase's group, and at a later one; ``kept``: the env columns the log keeps
-    rows of where it keeps only some ('' where every column has rows)."""
+    rows of where it keeps only some ('' where every column has rows); ``rolled``: per 'module/phase', the 'other'
+    columns at a rollout's first step that the log's integration declares by design (:func:`rollout_lines` says
+    them, not this line)."""
+    rolled = rolled or {}
     of = f" (of {kept}: the log keeps no other rows)" if kept else ""
     parts: list[str] = []
     for key, values in sources.items():
         phase = key.rpartition("/")[2]
         for value, n in values.items():
-            if n and value not in PLACED:
+            if value == "other":
+                n -= rolled.get(key, 0)
+            if n > 0 and value not in PLACED:
                 parts.append(_unplaced(key, phase, value, n, entered.get(key, 0), inside.get(key, 0)))
     if not parts:
         return f"no problem found: every call started from its previous state, a reset or a stored state{of}"
@@ -73,3 +84,26 @@ def _unplaced(key: str, phase: str, value: str, n: int, first: int, later: int) 
     if n - first - later > 0:
         said.append(f"{n - first - later:,} with no env or env step to tell where they came from")
     return text + (": " + ", ".join(said) if said else "")
+
+
+ROLLOUT_STARTS = {
+    "training": (
+        "the state training's last pass over the previous rollout ended with (the student's module keeps it after the "
+        "update, and the next update's epochs start from it too), not the one the previous rollout's last step left"
+    )
+}
+"""``Capabilities.rollout_start`` -> what a rollout's first step starts from by its framework's design."""
+
+
+def rollout_lines(rolled: dict[str, int], start: str | None) -> list[str]:
+    """The doctor's words on the 'other' starts at a rollout's first step (``rolled``: per 'module/phase') where the
+    log's integration declares where a rollout starts from (``start``: ``Capabilities.rollout_start``)."""
+    if not start:
+        return []
+    what = ROLLOUT_STARTS.get(start, f"'{start}', as this log's integration declares")
+    return [
+        f"{n:,} {key} columns started their rollout's first step from {what}: the framework's design (its "
+        "integration declares it), no provenance bug"
+        for key, n in rolled.items()
+        if n
+    ]
