@@ -128,3 +128,36 @@ def test_a_full_batch_is_sent_early_and_the_log_keeps_every_row_in_order(tmp_pat
         assert a[col].equals(b[col]), col
     for col in ("h", "c"):
         assert np.array_equal(lstm_probe.states(a, col), lstm_probe.states(b, col), equal_nan=True)
+
+
+@pytest.mark.parametrize("how", ["process", "held-back", "thread"])
+def test_hand_overs_forced_by_age_write_the_same_rows(tmp_path, monkeypatch, how):
+    """What waits on the training side (rollout blocks, the update's batched jobs, a held-back second half) is
+    handed over once a quarter of --part-seconds old (capture/held.py): with a tiny part_seconds nearly every
+    call hands over what came before it, in many more, smaller messages. The rows are the same as the same
+    seeded run's without, row for row (sorted by phase and call: the order within each)."""
+    if how == "held-back":  # the CUDA path's order of work: second halves held to the next hand-over, aged too
+        monkeypatch.setattr(LogWriter, "defer_always", True)
+    writer = {"writer": "thread"} if how == "thread" else {}
+    plain, _ = learn(tmp_path / "plain.parquet", 2, 2, **writer)
+    aged, _ = learn(tmp_path / "aged.parquet", 2, 2, part_seconds=0.0004, **writer)  # a share of 0.1 ms
+    assert aged["submits"] > 2 * plain["submits"]  # the blocks and batches went by age, not by size
+    a, b = (
+        pd.read_parquet(tmp_path / f"{name}.parquet").sort_values(["phase", "call"], kind="stable")
+        for name in ("plain", "aged")
+    )
+    a, b = a.reset_index(drop=True), b.reset_index(drop=True)
+    assert list(a.columns) == list(b.columns) and len(a) == len(b) > 0
+    for col in a.columns:
+        if a[col].dtype == object:  # vectors (h, c) and strings: compared value by value
+            same = all(_same(x, y) for x, y in zip(a[col], b[col], strict=True))
+        else:
+            same = a[col].equals(b[col])
+        assert same, col
+
+
+def _same(x, y) -> bool:
+    if isinstance(x, np.ndarray) or isinstance(y, np.ndarray):
+        x, y = np.asarray(x), np.asarray(y)
+        return x.shape == y.shape and np.array_equal(x, y, equal_nan=x.dtype.kind == "f")
+    return x == y or (x is None and y is None) or bool(pd.isna(x) and pd.isna(y))

@@ -495,6 +495,60 @@ def test_rows_handed_over_at_a_slow_rate_are_published_within_part_seconds(tmp_p
     assert len(appeared) >= 3  # a part each part_seconds, not one at the end
 
 
+@pytest.mark.parametrize("writer", ["process", "thread"])
+def test_one_step_calls_at_a_slow_rate_are_published_within_the_whole_bound(tmp_path, writer):
+    """One-step calls (every rollout step) wait on the training side in a block until 256 calls or a change of
+    tags: with a slow env (a call each 100 ms here; a real robot's second) their rows reached the writer only
+    minutes later, and a SIGKILL lost them. A block a quarter of --part-seconds old is handed over at the next
+    call (capture/held.py), the writer publishes within --part-seconds of taking a row: every call must reach a
+    published part within 1.25 x part_seconds of the call, plus the gap to the next call and a small slack.
+    Before, no row of these 30 calls was published before close."""
+    import pyarrow.parquet as pq
+
+    from lstm_probe import Tracer
+    from lstm_probe.capture.held import HOLD_SHARE
+    from lstm_probe.capture.modules import find_recurrent
+
+    part_seconds, slack, every, calls = 1.2, 0.5, 0.1, 30  # 3 s of calls: 2.5 part_seconds, no block filled
+    m = nn.LSTM(3, 8)
+    partial = tmp_path / "steps.parquet.partial"
+    probe = Tracer(find_recurrent(m), tmp_path / "steps.parquet", part_seconds=part_seconds, writer=writer).start()
+    appeared: dict[str, float] = {}  # part -> when it was first seen
+
+    def look() -> int:
+        now = time.monotonic()
+        for f in partial.glob("part-*.parquet"):
+            appeared.setdefault(f.name, now)
+        return len(appeared)
+
+    called = []  # call -> when it was made
+    try:
+        with torch.no_grad(), probe.tag(phase="rollout", iteration=0):  # the same tags throughout: one block
+            start = time.monotonic()
+            for k in range(calls):  # paced by the clock; each wait records the parts that appear
+                wait_for(lambda k=k: look() >= 0 and time.monotonic() >= start + k * every, "(pacing)")
+                called.append(time.monotonic())
+                m(torch.randn(1, 2, 3))  # one step of 2 envs: two rows
+            returned = time.monotonic()  # the last block began by now
+            # the last call's block ages out at the next call: one more call, after its share of part_seconds
+            wait_for(lambda: look() >= 0 and time.monotonic() >= returned + part_seconds * HOLD_SHARE, "(pacing)")
+            m(torch.randn(1, 2, 3))
+            wait_for(lambda: look() and _rows_of(partial) >= 2 * calls, "the rows were never all published", 30.0)
+        where = {}  # call -> the part it was published in
+        for name in appeared:
+            for call in pq.read_table(partial / name, columns=["call"]).column("call").to_pylist():
+                assert where.get(call, name) == name, f"call {call} published twice"
+                where[call] = name
+    finally:
+        probe.close()
+    assert set(range(calls)) <= set(where)
+    bound = part_seconds * (1 + HOLD_SHARE) + every + slack
+    ages = [appeared[where[k]] - t for k, t in enumerate(called)]
+    late = [(k, round(age, 2)) for k, age in enumerate(ages) if age > bound]
+    assert not late, f"rows published more than {bound:.2f} s after their call: {late[:5]}"
+    assert len({where[k] for k in range(calls)}) >= 2  # published as they aged, not in one part at the end
+
+
 def test_a_close_on_the_writer_thread_closes_the_log_instead_of_joining_itself(tmp_path):
     """An object whose __del__ closes the probe (sb3's learn() guard) can be collected on the writer
     thread; the thread cannot join itself: it closes the log once its job returns."""

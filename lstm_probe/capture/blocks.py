@@ -15,7 +15,7 @@ from torch import nn
 from lstm_probe.capture.drift import grid_keys
 from lstm_probe.capture.ondevice import _Plan
 from lstm_probe.capture.transfer import Later, Staged
-from lstm_probe.contract import PATH, Grid, Tags
+from lstm_probe.contract import PATH, Grid, Tags, tag_values
 from lstm_probe.log.messages import Reduced, Rows
 
 MAX_PENDING = 256
@@ -381,3 +381,30 @@ class Loop:
         self.calls: list[int] = []
         self.steps: list[Any] = []
         self.x0: torch.Tensor | None = None
+
+
+class Hooked:
+    """A hooked module as the hook's functions read it, fixed when the hook is made."""
+
+    __slots__ = ("batch_first", "layers", "lstm", "module", "name", "rows", "sequences", "time_axis")
+
+    def __init__(self, name: str, module: nn.Module):
+        self.name, self.module = name, module
+        self.sequences = isinstance(module, nn.LSTM | nn.GRU)  # else a cell: one step per call
+        self.lstm = isinstance(module, nn.LSTM | nn.LSTMCell)  # it returns c as well as h
+        self.batch_first = bool(getattr(module, "batch_first", False))
+        self.time_axis = 1 if self.batch_first else 0
+        self.layers = int(getattr(module, "num_layers", 1))
+        self.rows = self.layers * (2 if self.lstm else 1)  # state rows per step: h of every layer, then c
+
+
+def block_key(tags: Tags, batch: int) -> tuple[Any, ...] | None:
+    """Which block a one-step call of ``batch`` columns under ``tags`` joins: a per-timestep loop's (its
+    grid has several steps), the rollout steps' of these tag values (no grid, or an acting grid of one
+    step), or none (a call of its own)."""
+    grid = tags.grid
+    if grid is not None and grid.shape[1] > 1:
+        return ("stepwise", id(tags))
+    if grid is None or (not grid.train and grid.shape == (batch, 1)):
+        return ("step", tag_values(tags), grid is None)
+    return None

@@ -30,14 +30,26 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 
-from lstm_probe.capture.blocks import Block, KeptColumns, Loop, fitted, kept_columns, select, tensor_bytes, write_block
+from lstm_probe.capture.blocks import (
+    Block,
+    Hooked,
+    KeptColumns,
+    Loop,
+    block_key,
+    fitted,
+    kept_columns,
+    select,
+    tensor_bytes,
+    write_block,
+)
 from lstm_probe.capture.calls import Recovery, sequence, write_call
 from lstm_probe.capture.emitter import Emitter, Observer
+from lstm_probe.capture.held import NEVER, Held
 from lstm_probe.capture.inputs import Inputs, cell_parts, input_parts, joined, module_input, stacked_steps
 from lstm_probe.capture.modules import RECURRENT_TYPES, base_metadata, describe_modules, numerics
 from lstm_probe.capture.recover import Scratch
 from lstm_probe.capture.transfer import Later
-from lstm_probe.contract import CODES, Integration, Resolver, Tags, padded, tag_values
+from lstm_probe.contract import CODES, Integration, Resolver, Tags, padded
 from lstm_probe.errors import BadInput
 from lstm_probe.log.logwriter import LogWriter
 from lstm_probe.options import CaptureOptions
@@ -148,11 +160,14 @@ class CoreTracer:
         # device, read in bulk) settles them here, before any kept block is handed over
         self.before_hand_over: Callable[[], None] | None = None
         self.batching = False  # training calls' jobs batched (see batch_jobs)
+        # what waits on the training side, handed over at the first call past _due (held.py)
+        self.held, self._due = Held(options.part_seconds), NEVER
 
     # -- lifecycle (the core's part: a probe's start, close and `with` are life.Probe's) -----------
     def start(self) -> CoreTracer:
         """Open the log and attach the hooks."""
         self.started, self.batching = time.monotonic(), False  # a new log starts with no batch of jobs
+        self.held, self._due = Held(self.options.part_seconds), NEVER
         o = self.options
         self.emitter.start()  # each log its own rows counted and states held (a generic tracer may start again)
         self.writer = LogWriter(o, self.hidden, self.names, self.metadata, CODES, shard=self.shard)
@@ -211,6 +226,7 @@ class CoreTracer:
         if not on and self.writer is not None:
             start = time.perf_counter()
             self.writer.flush_batch()
+            self.held.batch = NEVER
             if timed:
                 self.integration_seconds += time.perf_counter() - start
 
@@ -223,11 +239,14 @@ class CoreTracer:
 
     # -- hooks: each call to the function of its kind (below the class) -----------------------------
     def _make_hook(self, name: str) -> Callable[..., None]:
-        hooked = _Hooked(name, self.modules[name])
+        hooked = Hooked(name, self.modules[name])
         call = _rnn_call if hooked.sequences else _cell_call
 
         def hook(mod: nn.Module, args: tuple[Any, ...], output: Any) -> None:
             start = time.perf_counter()
+            if start >= self._due:  # something waited a quarter of part_seconds: handed over now (held.py)
+                self._due = NEVER  # (calls made inside, TorchRL's replayed ones, hand over nothing more)
+                self._due = self.held.hand_over(start, self.flush_pending, self.writer)
             loop = self._loop
             if loop is not None and loop.module is mod and args[0].shape[0] == 1:
                 # A step of a loop recorded whole (see loop_begin): its returned states kept as they are (no
@@ -311,6 +330,7 @@ class CoreTracer:
             block.inputs.append(loop.x0)
         job = functools.partial(self._write_block, writer, name, tags, True, t0, block)
         writer.submit(job, tensor_bytes(stacked), batch=self.batching)
+        self._due = min(self._due, self.held.handed(writer, start))
         self.hook_seconds += time.perf_counter() - start
 
     def flush_pending(self) -> None:
@@ -319,6 +339,7 @@ class CoreTracer:
         if self._pending and self.before_hand_over is not None:
             self.before_hand_over()
         pending, tags, key = dict(self._pending), self._pending_tags, self._pending_key
+        since, self.held.blocks = self.held.blocks, NEVER
         self._pending.clear()
         self._pending_tags, self._pending_key, self._stepwise_tags = None, None, None
         writer = self.writer
@@ -332,6 +353,7 @@ class CoreTracer:
             t0 = block.t0 if stepwise else 0
             job = functools.partial(self._write_block, writer, name, tags, stepwise, t0, block)
             writer.submit(job, block.nbytes())
+            self._due = min(self._due, self.held.handed(writer, since))
 
     def _write_block(
         self, writer: LogWriter, name: str, tags: Tags, stepwise: bool, t0: int, block: Block
@@ -351,22 +373,7 @@ class CoreTracer:
 # layer, then c; :class:`~lstm_probe.capture.inputs.Inputs`).
 
 
-class _Hooked:
-    """A hooked module as the hook's functions read it, fixed when the hook is made."""
-
-    __slots__ = ("batch_first", "layers", "lstm", "module", "name", "rows", "sequences", "time_axis")
-
-    def __init__(self, name: str, module: nn.Module):
-        self.name, self.module = name, module
-        self.sequences = isinstance(module, nn.LSTM | nn.GRU)  # else a cell: one step per call
-        self.lstm = isinstance(module, nn.LSTM | nn.LSTMCell)  # it returns c as well as h
-        self.batch_first = bool(getattr(module, "batch_first", False))
-        self.time_axis = 1 if self.batch_first else 0
-        self.layers = int(getattr(module, "num_layers", 1))
-        self.rows = self.layers * (2 if self.lstm else 1)  # state rows per step: h of every layer, then c
-
-
-def _rnn_call(tracer: CoreTracer, m: _Hooked, mod: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+def _rnn_call(tracer: CoreTracer, m: Hooked, mod: nn.Module, args: tuple[Any, ...], output: Any) -> None:
     """An nn.LSTM / nn.GRU call, to the function of its kind by its input: a step of the open per-timestep
     loop's block, another one-step call, a multi-step call or a packed sequence."""
     x = args[0]
@@ -409,7 +416,7 @@ def _rnn_call(tracer: CoreTracer, m: _Hooked, mod: nn.Module, args: tuple[Any, .
     _sequence_call(tracer, m, args, x, y, unbatched, None, output, None)
 
 
-def _cell_call(tracer: CoreTracer, m: _Hooked, mod: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+def _cell_call(tracer: CoreTracer, m: Hooked, mod: nn.Module, args: tuple[Any, ...], output: Any) -> None:
     """An nn.LSTMCell / nn.GRUCell call: one step of one layer."""
     h, c = output if m.lstm else (output, None)
     if h.dim() == 1:
@@ -425,7 +432,7 @@ def _cell_call(tracer: CoreTracer, m: _Hooked, mod: nn.Module, args: tuple[Any, 
 
 def _stepwise_step(
     tracer: CoreTracer,
-    m: _Hooked,
+    m: Hooked,
     tags: Tags,
     mod: nn.Module,
     args: tuple[Any, ...],
@@ -444,27 +451,16 @@ def _stepwise_step(
     block = tracer._pending.get(name)
     if block is None:
         block = tracer._pending[name] = Block.for_loop(h, m.rows, done, tags.grid.shape[1] - done)  # type: ignore[union-attr]
+        tracer._due = min(tracer._due, tracer.held.kept())
     if done == 0:
         block.inputs.append(module_input(mod, args, int(x.shape[1 - m.time_axis]), x, False, m.lstm))
     block.calls.append(call)
     block.put_step(h, c)
 
 
-def _block_key(tags: Tags, batch: int) -> tuple[Any, ...] | None:
-    """Which block a one-step call of ``batch`` columns under ``tags`` joins: a per-timestep loop's (its
-    grid has several steps), the rollout steps' of these tag values (no grid, or an acting grid of one
-    step), or none (a call of its own)."""
-    grid = tags.grid
-    if grid is not None and grid.shape[1] > 1:
-        return ("stepwise", id(tags))
-    if grid is None or (not grid.train and grid.shape == (batch, 1)):
-        return ("step", tag_values(tags), grid is None)
-    return None
-
-
 def _one_step(
     tracer: CoreTracer,
-    m: _Hooked,
+    m: Hooked,
     tags: Tags | None,
     batch: int,
     h: torch.Tensor,
@@ -472,7 +468,7 @@ def _one_step(
     x0: tuple[torch.Tensor, ...] | None,
 ) -> None:
     """A one-step call, its (L, N, H) states ``h``/``c`` as the module returned them and its input states
-    ``x0`` (parts, or None: zeros), copied into the block it joins (:func:`_block_key`; a new block once the
+    ``x0`` (parts, or None: zeros), copied into the block it joins (:func:`block_key`; a new block once the
     key or the batch changes, after the kept ones are handed over); a call that joins none is a job of its
     own. ``tags``: as the hook already asked them (None: asked here)."""
     writer = tracer.writer
@@ -487,7 +483,7 @@ def _one_step(
     if tags is tracer._key_tags and batch == tracer._key_batch:
         key = tracer._key  # the call before had these tags (a rollout step's actor, then critic)
     else:
-        key = _block_key(tags, batch)
+        key = block_key(tags, batch)
         tracer._key_tags, tracer._key_batch, tracer._key = tags, batch, key
     if key is None:
         out = h.clone() if c is None else torch.cat((h, c))
@@ -515,6 +511,7 @@ def _one_step(
         assert grid is not None
         if block is None:
             block = tracer._pending[name] = Block.for_loop(h, rows, t, grid.shape[1] - t)
+            tracer._due = min(tracer._due, tracer.held.kept())
         if t == 0:  # a per-timestep loop's first step: its input state (see Inputs)
             block.inputs.append(joined(x0, rows, batch, h))
         block.calls.append(call)
@@ -522,6 +519,7 @@ def _one_step(
         return
     if block is None:
         block = tracer._pending[name] = Block.for_steps(h, rows)
+        tracer._due = min(tracer._due, tracer.held.kept())
     block.calls.append(call)
     block.put(h, c, x0)
     if grid is not None:
@@ -531,7 +529,7 @@ def _one_step(
 
 
 def _packed_call(
-    tracer: CoreTracer, m: _Hooked, mod: nn.Module, args: tuple[Any, ...], xp: PackedSequence, output: Any
+    tracer: CoreTracer, m: Hooked, mod: nn.Module, args: tuple[Any, ...], xp: PackedSequence, output: Any
 ) -> None:
     """A call on a PackedSequence: rows per (sequence, step) in the caller's batch order
     (pad_packed_sequence undoes the packing's sort by length); the steps after a sequence's end are padding
@@ -546,7 +544,7 @@ def _packed_call(
 
 def _sequence_call(
     tracer: CoreTracer,
-    m: _Hooked,
+    m: Hooked,
     args: tuple[Any, ...],
     x: torch.Tensor,
     y: torch.Tensor,
@@ -598,3 +596,4 @@ def _call_job(
         write_call, tracer.emitter, writer, name, tags, call, batch, steps, x0, out, recovery, columns
     )
     writer.submit(job, nbytes or tensor_bytes(out), batch=tracer.batching)
+    tracer._due = min(tracer._due, tracer.held.handed(writer, time.perf_counter()))

@@ -299,6 +299,26 @@ class LogWriter:
         if len(self._batch) >= BATCH_JOBS or self._batch_bytes >= BATCH_BYTES:
             self._send_batch()
 
+    @property
+    def holds_batch(self) -> bool:
+        """Whether batched jobs wait to be sent (see :meth:`submit`)."""
+        return bool(self._batch)
+
+    @property
+    def holds_later(self) -> bool:
+        """Whether a job's second half is held back to the next submit (see :meth:`submit`)."""
+        return self._later is not None
+
+    def finish_ready(self) -> None:
+        """Run the second half held back, if its copy is complete (never waiting for the device): what a probe
+        held too long, handed over (``capture/held.py``)."""
+        later = self._later
+        if later is not None and later.ready:
+            self._later = None
+            self._run(later)
+            if self.error is not None:
+                raise self._failed()
+
     def flush_batch(self) -> None:
         """Send the batched jobs now (see :meth:`submit`)."""
         if self._batch:

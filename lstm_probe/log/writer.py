@@ -11,7 +11,8 @@ from a hidden ``.tmp`` name) once its oldest row has waited ``part_seconds`` sin
 row buffered then (:meth:`FileLog.write_due`), or after ``part_rows`` (with encoding threads, each row group is a
 part of its own, published once written, in order), so a SIGKILL loses at most the rows of the last
 ``part_seconds`` (the part being written, the buffered rows, the row groups encoding threads hold) and what
-the training process had not yet handed over (a writer process that
+the training process had not yet handed over (at most a quarter of ``part_seconds``, ``capture/held.py``; a
+writer process that
 sees its pipe close publishes the rows it holds). With ``part_iterations`` N (directories only), a
 part also never holds rows of two spans of N iterations (0..N-1, N..2N-1, ...): the files of a span
 can be moved or deleted together.
