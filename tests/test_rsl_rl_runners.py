@@ -88,6 +88,8 @@ def test_a_distillation_runner_is_traced(tmp_path, cell, layers):
     cmd = [sys.executable, "-m", "lstm_probe", "report", str(log)]
     text = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True).stdout
     assert "provenance check OK" in text
+    # each epoch restarts from the state the rollout began from, which the previous rollout did not end with
+    assert "the first step of its env's rollout (the state the rollout began from)" in " ".join(text.split())
     assert (
         "4 student/rollout columns started their rollout's first step from the state training's last pass over the "
         "previous rollout ended with"

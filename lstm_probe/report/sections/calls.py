@@ -254,7 +254,9 @@ def explain(
 
 GENERIC_REASONS = {
     "episode_start": "an episode start (zero state)",
-    "env_boundary": "the first step of its env's rollout (the state the previous rollout ended with)",
+    # the state the rollout began from: the previous rollout's end in PPO, training's last state in rsl_rl's
+    # Distillation (whose every epoch restarts from it)
+    "env_boundary": "the first step of its env's rollout (the state the rollout began from)",
     "split": "a cut inside the rollout (the state stored at that step)",
     "minibatch_cut": "a minibatch cut (the previous minibatch ended there)",
     "max_seq_len": "max_seq_len (the previous piece was full)",
