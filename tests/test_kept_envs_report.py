@@ -156,10 +156,12 @@ def test_doctor_says_what_a_play_loops_other_columns_are(tmp_path):
     assert f"{n} at the first predict call of their env column" in words
 
 
-def test_doctor_says_a_state_changed_between_calls(tmp_path):
+@pytest.mark.parametrize("iterations", [False, True])
+def test_doctor_says_a_state_changed_between_calls(tmp_path, iterations):
     """An own loop whose state one env column's is changed between two rollout calls (noise added, no episode
     start): an 'other' column at a later call of its phase, which the doctor names no problem for and says so;
-    a loop without it keeps the plain line."""
+    a loop without it keeps the plain line. Also where the changed state is a new iteration's first step: the
+    same words (they said "1 with no env or env step to tell" where the log declares no rollout start)."""
     torch.manual_seed(0)
     lstm = torch.nn.LSTM(3, 8)
     xs = torch.randn(6, 4, 3)
@@ -170,7 +172,8 @@ def test_doctor_says_a_state_changed_between_calls(tmp_path):
             h = None
             for step in range(6):
                 start = np.full(4, step == 0)
-                with probe.tag(phase="rollout", iteration=0, env=np.arange(4), env_step=step, episode_start=start):
+                it = step // 3 if iterations else 0
+                with probe.tag(phase="rollout", iteration=it, env=np.arange(4), env_step=step, episode_start=start):
                     _, h = lstm(xs[step : step + 1], h)
                 if noisy and step == 2:
                     h = (h[0].clone(), h[1])
@@ -180,6 +183,7 @@ def test_doctor_says_a_state_changed_between_calls(tmp_path):
         lines[noisy] = _words(out)
         if noisy:
             assert doc.sources["root/rollout"]["other"] == 1 and doc.inside == {"root/rollout": 1}
+            assert doc.rolled == ({"root/rollout": 1} if iterations else {})
     assert CLEAN in lines[False]
     assert CLEAN not in lines[True] and "1 at a later rollout call" in lines[True]
 

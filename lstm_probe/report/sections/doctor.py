@@ -105,11 +105,11 @@ class DoctorSection:
     env step) was in another group, or there was none."""
     inside: dict[str, int] = field(default_factory=dict)
     """'module/phase' (acting phases) -> the columns of its 'other' starts made at a later call of the env column
-    in that phase's group (the state changed between two calls of the group), not at a rollout's first step. An
-    'other' start in none of ``entered``, ``inside`` and ``rolled`` has no env or env step to tell."""
+    in that phase's group (the state changed between two calls of the group). An 'other' start in neither
+    ``entered`` nor ``inside`` has no env or env step to tell."""
     rolled: dict[str, int] = field(default_factory=dict)
-    """'module/phase' -> its 'other' starts at a new iteration's first call in the group (a rollout's first step):
-    where a log declares ``Capabilities.rollout_start``, the state its framework carries there by design."""
+    """'module/phase' -> those of ``inside`` made at a new iteration's first call in the group (a rollout's first
+    step): where a log declares ``Capabilities.rollout_start``, the state its framework carries there by design."""
     kept: str = ""
     """The env columns the log keeps rows of, where ``--other-envs none`` kept only some (every count here is
     then of those): 'env columns 0..3 of 256'; '' where every column has rows."""
@@ -176,7 +176,8 @@ class _Tally:
         twice, entered = self._twice(c)
         kept = acting & start & np.isin(init, NOT_RESET) & ~twice
         other = acting & (init == "other")
-        for counts, told in ((self.entered, entered == 1), (self.inside, entered == 0), (self.rolled, entered == 2)):
+        later = (entered == 0) | (entered == 2)  # rolled: the later calls at a new iteration's first step
+        for counts, told in ((self.entered, entered == 1), (self.inside, later), (self.rolled, entered == 2)):
             if (told & other).any():
                 key = np.char.add(np.char.add(c["module"][told & other], "/"), phase[told & other])
                 for k, n in zip(*(a.tolist() for a in np.unique(key, return_counts=True)), strict=True):

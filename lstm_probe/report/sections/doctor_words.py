@@ -31,10 +31,10 @@ def clean_line(
     for key, values in sources.items():
         phase = key.rpartition("/")[2]
         for value, n in values.items():
-            if value == "other":
-                n -= rolled.get(key, 0)
+            by_design = rolled.get(key, 0) if value == "other" else 0  # rollout_lines says them
+            n -= by_design
             if n > 0 and value not in PLACED:
-                parts.append(_unplaced(key, phase, value, n, entered.get(key, 0), inside.get(key, 0)))
+                parts.append(_unplaced(key, phase, value, n, entered.get(key, 0), inside.get(key, 0) - by_design))
     if not parts:
         return f"no problem found: every call started from its previous state, a reset or a stored state{of}"
     return (
