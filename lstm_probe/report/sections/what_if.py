@@ -133,15 +133,13 @@ class WhatIfSection:
 WHOLE = "every env's columns of the sampled minibatches"
 """What the what-if figures are of (the probe re-runs whole minibatches), said where a log keeps some columns alone."""
 NO_KL = "the integration cannot compare this kind of action distribution"
+"""Why a KL divergence is missing (a distribution the integration does not flatten)."""
 
 
 def no_state(kind: str) -> str:
     """What stored states do to values where the critic has no recurrent module of ``kind`` (the verdict and
     the findings)."""
     return f"values have no state: the critic has no {kind}"
-
-
-"""Why a KL divergence is missing (a distribution the integration does not flatten)."""
 
 
 def what_if_scope(kept: int | None, n_envs: int | None, runners: int | None = None) -> str | None:
@@ -151,11 +149,6 @@ def what_if_scope(kept: int | None, n_envs: int | None, runners: int | None = No
         return None
     cols = kept_columns(kept, n_envs, runners)
     return f"{WHOLE} (re-run during training), not only {cols} that the log keeps rows of"
-
-
-def _mean(values: list[Any]) -> float | None:
-    xs = [float(v) for v in values if v is not None]
-    return sum(xs) / len(xs) if xs else None
 
 
 def _figures(group: list[dict[str, Any]], col: str) -> dict[str, Any] | None:
