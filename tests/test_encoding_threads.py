@@ -77,7 +77,7 @@ def test_a_part_that_fails_takes_the_ones_after_it_and_the_journal_stays_a_prefi
     next publish; the parts before it are published, in order, it and those after it are removed, and the
     writer counts only the rows it published."""
     schema = pa.schema([("call", pa.int64())])
-    parts = PartWriter(tmp_path, schema, part_seconds=60.0, part_rows=10**6, threads=3, always=True)
+    parts = PartWriter(tmp_path, schema, part_rows=10**6, threads=3, always=True)
     good = pa.RecordBatch.from_pydict({"call": pa.array(range(5), pa.int64())})
     bad = pa.RecordBatch.from_pydict({"call": pa.array(["x"])})
     for _ in range(3):
@@ -101,7 +101,7 @@ def test_row_groups_encoded_on_threads_and_in_the_open_part_keep_their_order(tmp
     out = tmp_path / "log.parquet"
     journal = tmp_path / "journal"
     journal.mkdir()
-    parts = PartWriter(journal, schema, 60.0, 10**6, single=out if single else None, threads=2)
+    parts = PartWriter(journal, schema, 10**6, single=out if single else None, threads=2)
     behind = [True, True, False, False, True, False, True, True, True, False]
     for i, b in enumerate(behind):
         parts.behind = b
@@ -160,7 +160,7 @@ def test_the_parts_finished_before_a_failed_one_reach_the_single_file(tmp_path: 
     journal = tmp_path / "journal"
     journal.mkdir()
     out = tmp_path / "run.parquet"
-    parts = PartWriter(journal, schema, 60.0, 10**7, single=out, threads=2, always=True)
+    parts = PartWriter(journal, schema, 10**7, single=out, threads=2, always=True)
     big = pa.RecordBatch.from_pydict({"call": pa.array(range(2_000_000), pa.int64())})  # still encoding below
     parts.write(big, {"progress": {}})
     parts.write(pa.RecordBatch.from_pydict({"call": pa.array(["x"])}), {"progress": {}})

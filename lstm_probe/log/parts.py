@@ -130,7 +130,6 @@ class PartWriter:
         self,
         directory: Path,
         schema: pa.Schema,
-        part_seconds: float,
         part_rows: int,
         single: Path | None = None,
         shard: str | None = None,
@@ -144,7 +143,6 @@ class PartWriter:
         # closing it costs the last part's copy and one footer.
         self.assembly = Assembly(single) if single is not None else None
         self.schema = schema
-        self.part_seconds = part_seconds
         self.part_rows = part_rows
         self.index = 0
         self.writer: pq.ParquetWriter | None = None
@@ -263,10 +261,6 @@ class PartWriter:
         encoding threads hold; ``time.monotonic()``, inf: none)."""
         oldest = self.oldest if self.writer is not None else math.inf
         return min(oldest, self.encoding.oldest()) if self.encoding is not None else oldest
-
-    def part_due(self) -> bool:
-        """Whether the open part's oldest row was taken ``part_seconds`` ago: time to publish it."""
-        return self.writer is not None and time.monotonic() - self.oldest >= self.part_seconds
 
     def close_part(self, final: dict[str, Any]) -> None:
         """Close the open part (if any) with ``final`` in its key-value metadata, then publish it (after

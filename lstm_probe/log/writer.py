@@ -267,7 +267,6 @@ class FileLog:
         self.parts = PartWriter(
             self.parts_dir,
             self.schema,
-            part_seconds,
             part_rows,
             single=None if self.is_dir else self.path,
             shard=shard,
@@ -337,12 +336,10 @@ class FileLog:
         self.parts.close_part({"progress": dict(self.progress)})
 
     def flush(self) -> None:
-        """Encode the buffered rows and write each lane's as one row group; publish the open part if its oldest
-        row was taken ``part_seconds`` ago."""
+        """Encode the buffered rows and write each lane's as one row group (at the log's end: its caller closes
+        the part next; while it runs, :meth:`write_due` publishes parts by their rows' age)."""
         self.parts.publish(self.parts.threads)  # the threads' finished parts, if any
         self._write_lanes()
-        if self.parts.part_due():
-            self.parts.close_part({"progress": dict(self.progress)})
 
     def _write_lanes(self) -> None:
         for lane in (LANE_OTHER, LANE_TRAIN):
