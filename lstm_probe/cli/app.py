@@ -340,6 +340,7 @@ def probe(
         raise BadInput(f"--lags takes comma-separated integers, e.g. 0,1,2,4, got {lags!r}") from None
     pyarrow_without_pandas()
     from lstm_probe.report.probes import probe_rows
+    from lstm_probe.report.sections.probes import FEW
 
     # lstm_probe.probe's rows (its DataFrame less the target column) without pandas; r2 None: constant target, or
     # too_few held-out rows to score
@@ -356,7 +357,7 @@ def probe(
     for r in res:
         value = r["r2"]
         r2 = "-" if value is None else f"{float(value):.3f}" + ("*" if r.get("worse_than_mean") else "")
-        r2 = "few" if r.get("too_few") else r2
+        r2 = FEW if r.get("too_few") else r2
         row = (str(r["iteration"]), safe(r["module"]), str(r["layer"]), str(r["lag"]), r2)
         table.add_row(*row, f"{r['n_fit']} / {r['n_test']}")
     out().print(table)
@@ -378,7 +379,7 @@ def probe(
     if any(r.get("too_few") for r in res):
         from lstm_probe.report.probes import TOO_FEW
 
-        out().print(f"few: {TOO_FEW}.", highlight=False)
+        out().print(f"{FEW}: {TOO_FEW}.", highlight=False)
 
 
 _TRUST = "Read a model.zip with SB3's full load (unpickles; see docs/security.md)."
