@@ -268,3 +268,30 @@ def test_arch_of_an_rsl_rl_checkpoint_says_how_to_see_it(tmp_path, framework):
         "the run trained on, `lstm-probe arch ENV_ID --framework rsl_rl --rnn-type gru --hidden-size 12 "
         "--lstm-layers 2` (export reads the checkpoint itself)\n"
     )
+
+
+@pytest.mark.parametrize("cell", ["gru", "lstm"])
+def test_tracing_a_distillation_runner_changes_nothing(tmp_path, cell):
+    """The probe wraps the runner's storage generator and hooks the student and teacher: the same final student
+    and teacher weights, torch RNG, env state and iteration count with and without it."""
+
+    def state(runner):
+        alg = runner.alg
+        params = [p.detach().clone() for p in [*alg.student.parameters(), *alg.teacher.parameters()]]
+        env = runner.env.pendulum
+        rng = (torch.get_rng_state(), env.generator.get_state(), env.theta.clone())
+        return params, rng, runner.current_learning_iteration
+
+    runs = []
+    for probe in (False, True):
+        (tmp_path / str(probe)).mkdir()
+        runner = _distillation(tmp_path / str(probe), cell)
+        if probe:
+            with attach(runner, tmp_path / "p.parquet"):
+                runner.learn(2)
+        else:
+            runner.learn(2)
+        runs.append(state(runner))
+    (a, ra, ia), (b, rb, ib) = runs
+    assert len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    assert all(torch.equal(x, y) for x, y in zip(ra, rb, strict=True)) and ia == ib
