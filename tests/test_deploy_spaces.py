@@ -121,7 +121,38 @@ def test_replay_reads_a_channel_last_image_trace_and_refuses_a_flat_one(image_mo
         text=True,
         env=env,
     )
-    one_line_error(done, "obs are flat", "channel-last (36, 36, 3) or channel-first (3, 36, 36)", "obs.tolist()")
+    one_line_error(done, "obs are flat", "the env's (36, 36, 3) or the policy's (3, 36, 36)", "obs.tolist()")
     odd = trace("odd.parquet", [f.reshape(36, 108).tolist() for f in frames])
     with pytest.raises(lstm_probe.BadInput, match=r"frames of shape \(36, 108\), the policy takes \(3, 36, 36\)"):
         lstm_probe.replay(odd, path, trust_model=True)
+    # an exported file states the layout (frame_axes in its metadata): replay of it takes the env's frames too
+    onnx = tmp_path / "policy.onnx"
+    lstm_probe.export(path, onnx, env_id=ENV_ID, episodes=1, trust_model=True)
+    for recorded in (hwc, chw):
+        r = lstm_probe.replay(recorded, onnx)
+        assert r.verdict == "correct" and r.parted is None, (recorded.name, r.verdict, r.parted)
+
+
+def test_a_spec_states_the_env_frames_its_framework_rearranges():
+    """The loader says where the framework rearranges an env's frames (sb3's VecTransposeImage), and an exported
+    file's metadata keeps it; a file stating anything but a permutation of its obs axes is refused in one line.
+    A policy of a flat Box states none (its traces' obs are taken as they come)."""
+    from gymnasium import spaces
+
+    from lstm_probe.deploy.spec import Spec
+    from lstm_probe.integrations.sb3.deployed import _frame_axes
+
+    assert _frame_axes(spaces.Box(0, 255, (3, 36, 36), np.uint8)) == (2, 0, 1)
+    assert _frame_axes(spaces.Box(0, 255, (36, 36, 3), np.uint8)) == ()  # sb3 would not transpose this policy's env
+    assert _frame_axes(spaces.Box(-1, 1, (3, 36, 36), np.float32)) == ()  # not an image to sb3 (not uint8)
+    assert _frame_axes(spaces.Box(-1, 1, (3,), np.float32)) == ()
+    spec = Spec("separate", (3, 4, 5), "discrete", (), 1, 8, "lstm", 2, (2, 0, 1))
+    assert spec.frame_shape == (4, 5, 3)
+    frames = np.arange(2 * 4 * 5 * 3, dtype=np.float32).reshape(2, 4, 5, 3)
+    assert np.array_equal(spec.from_frames(frames), np.transpose(frames, (0, 3, 1, 2)))
+    assert Spec.from_json(spec.to_json(), "f") == spec
+    old = spec.to_json().replace(', "frame_axes": [2, 0, 1]', "")
+    assert '"frame_axes"' not in old and Spec.from_json(old, "f").frame_axes == ()  # exported before it was stored
+    for bad in ("[2, 0]", "[0, 0, 1]", '["a", 0, 1]', "[true, 0, 2]", '{"a": 1}', "[2, 0, 1, 3]"):
+        with pytest.raises(lstm_probe.BadInput, match=r"states frame_axes .*not a permutation of the obs_shape's 3"):
+            Spec.from_json(spec.to_json().replace("[2, 0, 1]", bad), "f")

@@ -464,16 +464,6 @@ def _in_window(keys: np.ndarray, best: np.ndarray) -> np.ndarray:
     return keep & (keys[:, 2] >= begin) & (keys[:, 2] < begin + MAX_EPISODE_STEPS)
 
 
-def _channel_last_image(space: Any, policy_shape: tuple[int, ...]) -> bool:
-    """Whether ``space`` is a channel-last image (uint8, height x width x channels) that the policy takes
-    channel-first: sb3 transposes such an env's observations (``VecTransposeImage``) before its policy sees
-    them, so the exported file takes them as ``policy_shape``, (channels, height, width)."""
-    shape = tuple(getattr(space, "shape", None) or ())
-    if len(shape) != 3 or shape == policy_shape or getattr(space, "dtype", None) != np.uint8:
-        return False
-    return (shape[2], shape[0], shape[1]) == tuple(policy_shape)
-
-
 def episodes_from_env(
     env_id: str, spec: Spec, policy: Step, count: int, seed: int, progress: Progress = _quiet_progress
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -484,7 +474,8 @@ def episodes_from_env(
     check_env_id(env_id)
     env = gym.make(env_id)
     shape = tuple(env.observation_space.shape or ())
-    transpose = _channel_last_image(env.observation_space, spec.obs_shape)
+    # the env's own frames where the framework rearranges them (sb3: channel-last images; Spec.frame_axes)
+    transpose = shape != spec.obs_shape and shape == spec.frame_shape
     if shape != spec.obs_shape and not transpose:
         env.close()
         raise BadInput(
@@ -501,7 +492,7 @@ def episodes_from_env(
             state = spec.zero_state()
             for t in range(MAX_EPISODE_STEPS):
                 o = np.asarray(o, np.float32)
-                o = np.transpose(o, (2, 0, 1))[None] if transpose else o[None]
+                o = spec.from_frames(o[None]) if transpose else o[None]
                 obs_list.append(o[0])
                 starts.append(t == 0)
                 action, _, state = policy(o, np.array([float(t == 0)], np.float32), state)

@@ -46,6 +46,26 @@ class Spec:
     choices: int = 0
     """A discrete action's count (``Discrete(choices)``: the indices 0 to choices - 1); 0 where unknown (a box
     action, a file from elsewhere, or one exported before the count was stored)."""
+    frame_axes: tuple[int, ...] = ()
+    """Where the framework rearranges an env's frames before its policy sees them, the axes that do it:
+    ``np.transpose(frame, frame_axes)`` has ``obs_shape`` (sb3 turns a channel-last image env's (H, W, C)
+    frames into its policy's (C, H, W): ``(2, 0, 1)``; the loader says so). Export and replay then take the
+    env's frames in either layout. () where the policy takes the env's observations as they come (every file
+    from elsewhere, and one exported before this was stored)."""
+
+    @property
+    def frame_shape(self) -> tuple[int, ...] | None:
+        """The env's frame shape that :attr:`frame_axes` rearranges into ``obs_shape``; None without one."""
+        if not self.frame_axes:
+            return None
+        shape = [0] * len(self.obs_shape)
+        for i, axis in enumerate(self.frame_axes):
+            shape[axis] = self.obs_shape[i]
+        return tuple(shape)
+
+    def from_frames(self, frames: np.ndarray) -> np.ndarray:
+        """A batch of env frames, (n, *frame_shape), as the policy takes them, (n, *obs_shape)."""
+        return np.ascontiguousarray(np.transpose(frames, (0, *(1 + a for a in self.frame_axes))))
 
     @property
     def critic_state(self) -> bool:
@@ -121,7 +141,13 @@ class Spec:
             raise BadInput(f"{where}: its {META_KEY} metadata states the cell {str(cell)[:40]!r}; export it again")
         choices = doc.get("choices", 0)  # files written before the count was stored state none
         choices = 0 if choices == 0 and not isinstance(choices, bool) else _count(choices, "choices", where, MAX_SIZE)
-        return cls(str(variant), obs, str(action), act, layers, hidden, str(cell), choices)
+        axes = doc.get("frame_axes", [])  # files written before frame_axes was stored state none
+        if not isinstance(axes, list) or (axes and not _permutation(axes, len(obs))):
+            raise BadInput(
+                f"{where}: its {META_KEY} metadata states frame_axes {str(axes)[:60]}, not a permutation of the "
+                f"obs_shape's {len(obs)} axes; export it again"
+            )
+        return cls(str(variant), obs, str(action), act, layers, hidden, str(cell), choices, tuple(int(a) for a in axes))
 
 
 VARIANTS = ("separate", "shared", "no critic LSTM")
@@ -145,6 +171,11 @@ def _count(value: Any, name: str, where: str, most: int) -> int:
             "export it again"
         )
     return value
+
+
+def _permutation(axes: list[Any], n: int) -> bool:
+    """Whether ``axes`` (JSON) is a permutation of 0..n-1."""
+    return len(axes) == n and all(type(a) is int for a in axes) and sorted(axes) == list(range(n))
 
 
 def _dims(value: Any, name: str, where: str, fewest: int) -> tuple[int, ...]:

@@ -65,7 +65,7 @@ def read_trace(path: str | os.PathLike[str], spec: Spec, most: int) -> Trace:
     size = int(np.prod(spec.obs_shape))
     if obs.shape[1] != size:
         raise BadInput(f"{p}'s obs hold {obs.shape[1]} values per step, the policy takes {size}")
-    channel_last = _layout(p, frame, tuple(spec.obs_shape))
+    from_frames = _layout(p, frame, spec)
     action, _ = _matrix(table, "action", n, p)
     width = 1 if spec.action == "discrete" else int(np.prod(spec.action_shape))
     if action.shape[1] != width:
@@ -83,38 +83,27 @@ def read_trace(path: str | os.PathLike[str], spec: Spec, most: int) -> Trace:
     obs, action, start = obs[order], action[order], start[order]
     names = (_names(table, "obs", obs.shape[1]), _names(table, "action", action.shape[1]))
     _check_values(p, env, step, obs, action, start, spec, names)
-    if channel_last:  # (H, W, C) frames: the policy's (C, H, W), as sb3's VecTransposeImage gives them
-        c, h, w = spec.obs_shape
-        return Trace(env, step, obs.reshape(-1, h, w, c).transpose(0, 3, 1, 2).copy(), action, start != 0)
+    if from_frames:  # the env's own frames: rearranged as the framework does before its policy (Spec.frame_axes)
+        return Trace(env, step, spec.from_frames(obs.reshape((-1, *(spec.frame_shape or ())))), action, start != 0)
     return Trace(env, step, obs.reshape((-1, *spec.obs_shape)), action, start != 0)
 
 
-def _is_image(shape: tuple[int, ...]) -> bool:
-    """Whether a policy's observation shape is a channel-first image of several channels, (C, H, W) with C the
-    smallest (as sb3's ``is_image_space_channels_first`` decides): its frames flatten differently channel-last."""
-    return len(shape) == 3 and 1 < shape[0] < min(shape[1:])
-
-
-def _layout(p: Path, frame: tuple[int, ...], shape: tuple[int, ...]) -> bool:
-    """Whether a trace's obs are channel-last frames of a channel-first image policy (to be transposed). A trace's
-    nested lists give each obs's shape (``obs.tolist()`` of a frame): the policy's (C, H, W), or the env's
-    channel-last (H, W, C), which a CnnLstmPolicy's env gives (sb3 transposes it before the policy). Flat obs of
-    such a policy do not say which of the two they were flattened from: refused (one line) rather than guessed.
-    Any other shape of the same size is refused too."""
-    if not _is_image(shape):
+def _layout(p: Path, frame: tuple[int, ...], spec: Spec) -> bool:
+    """Whether a trace's obs are the env's own frames of a policy whose framework rearranges them
+    (``spec.frame_shape``, e.g. sb3's channel-last (H, W, C) images of a (C, H, W) policy), to be rearranged. A
+    trace's nested lists give each obs's shape (``obs.tolist()`` of a frame): the policy's or the env's. Flat obs
+    of such a policy do not say which of the two they were flattened from: refused (one line) rather than
+    guessed. Any other shape of the same size is refused too."""
+    shape, env_frame = tuple(spec.obs_shape), spec.frame_shape
+    if env_frame is None or frame == shape:
         return False
-    c, h, w = shape
-    if frame == shape:
-        return False
-    if frame == (h, w, c):
+    if frame == env_frame:
         return True
-    fix = (
-        f"record each obs as the frame's nested list (obs.tolist()), channel-last {(h, w, c)} or channel-first {shape}"
-    )
+    fix = f"record each obs as the frame's nested list (obs.tolist()), the env's {env_frame} or the policy's {shape}"
     if len(frame) <= 1:
         raise BadInput(
-            f"{p}'s obs are flat: {c * h * w} values per step do not say whether a frame was channel-last "
-            f"{(h, w, c)} or channel-first {shape} (the policy's), and the wrong guess misplaces every pixel; {fix}"
+            f"{p}'s obs are flat: {int(np.prod(shape))} values per step do not say whether a frame was the env's "
+            f"{env_frame} or the policy's {shape}, and the wrong guess misplaces every value; {fix}"
         )
     raise BadInput(f"{p}'s obs are frames of shape {frame}, the policy takes {shape}; {fix}")
 

@@ -78,7 +78,26 @@ def spec_of(policy: Any) -> Spec:
     lstm = policy.lstm_actor
     choices = int(act.n) if isinstance(act, spaces.Discrete) else 0
     shape = tuple(act.shape)
-    return Spec(variant(policy), tuple(obs.shape), kind, shape, lstm.num_layers, lstm.hidden_size, "lstm", choices)
+    lstm_shape = (lstm.num_layers, lstm.hidden_size)
+    return Spec(variant(policy), tuple(obs.shape), kind, shape, *lstm_shape, "lstm", choices, _frame_axes(obs))
+
+
+def _frame_axes(space: Any) -> tuple[int, ...]:
+    """(2, 0, 1) where the policy takes channel-first images (C, H, W) that sb3 makes of a channel-last env's
+    (H, W, C) frames (``BaseAlgorithm._wrap_env`` wraps such an env in ``VecTransposeImage``, whose
+    ``transpose_space`` gives (C, H, W)), so the env's own frames come channel-last; () otherwise."""
+    import warnings
+
+    from stable_baselines3.common.preprocessing import is_image_space, is_image_space_channels_first
+
+    if not is_image_space(space):
+        return ()
+    c, h, w = space.shape
+    frame = type(space)(low=0, high=255, shape=(h, w, c), dtype=space.dtype)
+    with warnings.catch_warnings():  # sb3 warns where the second axis is the smallest
+        warnings.simplefilter("ignore")
+        transposed = is_image_space_channels_first(space) and not is_image_space_channels_first(frame)
+    return (2, 0, 1) if transposed else ()
 
 
 class Deployed(nn.Module):
