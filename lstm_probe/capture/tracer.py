@@ -300,7 +300,7 @@ class CoreTracer:
         grid = tags.grid
         if grid is not None and grid.shape[0] == batch and grid.shape[1] > 1:
             self.flush_pending()  # what came before is written first, as the call-by-call path does
-            self._loop = Loop(module, name, tags)
+            self._loop = Loop(module, name, tags, start)
         self.hook_seconds += time.perf_counter() - start
         return self._loop
 
@@ -329,7 +329,7 @@ class CoreTracer:
         if t0 == 0 and loop.x0 is not None:
             block.inputs.append(loop.x0)
         job = functools.partial(self._write_block, writer, name, tags, True, t0, block)
-        writer.submit(job, tensor_bytes(stacked), batch=self.batching, since=start)
+        writer.submit(job, tensor_bytes(stacked), batch=self.batching, since=loop.began)
         self._due = self.held.due(writer)
         self.hook_seconds += time.perf_counter() - start
 
