@@ -549,6 +549,46 @@ def test_one_step_calls_at_a_slow_rate_are_published_within_the_whole_bound(tmp_
     assert len({where[k] for k in range(calls)}) >= 2  # published as they aged, not in one part at the end
 
 
+@pytest.mark.parametrize("held", ["batch", "second half"])
+def test_a_loop_recorded_whole_is_handed_over_by_the_age_of_its_first_step(tmp_path, monkeypatch, held):
+    """A per-timestep loop recorded whole (sb3's stepwise training path: CoreTracer.loop_begin, loop_end) goes to
+    the writer as one job at its end, there batched or its second half held back (the CUDA path's order of work).
+    Its oldest call is its first step: the age rule (capture/held.py) counts from the loop's beginning, so a loop
+    that took a quarter of --part-seconds is handed over at the next traced call (here a one-step call, which
+    hands nothing over itself). Before, the rule counted from the loop's end: its rows waited a quarter more."""
+    from lstm_probe import Tracer
+    from lstm_probe.capture.held import HOLD_SHARE
+    from lstm_probe.capture.modules import find_recurrent
+    from lstm_probe.log.logwriter import LogWriter
+
+    if held == "second half":
+        monkeypatch.setattr(LogWriter, "defer_always", True)
+    part_seconds, steps, envs = 2.0, 4, 2
+    m = nn.LSTM(3, 8)
+    out = tmp_path / "loop.parquet"
+    probe = Tracer(find_recurrent(m), out, part_seconds=part_seconds).start()
+    try:
+        probe.batch_jobs(held == "batch")
+        grid = {"env": np.arange(envs), "env_step": np.arange(steps)[None, :]}
+        with torch.no_grad():
+            with probe.tag(phase="train", iteration=0, epoch=0, minibatch=0, **grid):
+                loop = probe.loop_begin(m, envs)
+                began = time.perf_counter()  # (after the loop's own beginning)
+                assert loop is not None
+                state = None
+                for _ in range(steps):
+                    _, state = m(torch.randn(1, envs, 3), state)
+                wait_for(lambda: time.perf_counter() >= began + part_seconds * HOLD_SHARE, "(pacing)")
+                probe.loop_end(loop)
+            assert probe.rows == 0  # the loop's rows wait on the training side
+            with probe.tag(phase="rollout", iteration=1):
+                m(torch.randn(1, envs, 3))  # kept in a block
+            assert probe.rows == steps * envs  # the loop's rows, handed over by their age
+    finally:
+        probe.close()
+    assert lstm_probe.read_info(out).rows == steps * envs + envs
+
+
 def test_a_close_on_the_writer_thread_closes_the_log_instead_of_joining_itself(tmp_path):
     """An object whose __del__ closes the probe (sb3's learn() guard) can be collected on the writer
     thread; the thread cannot join itself: it closes the log once its job returns."""

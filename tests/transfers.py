@@ -31,9 +31,9 @@ def counting(who: Callable[[], str] | None = None) -> Iterator[Counter[str]]:
 
         return counted
 
-    def counted_submit(self, job, nbytes, batch=False):
+    def counted_submit(self, job, nbytes, batch=False, since=None):
         counts["submits"] += 1
-        return submit(self, job, nbytes, batch)
+        return submit(self, job, nbytes, batch, since)
 
     for name, fn in saved.items():
         setattr(torch.Tensor, name, wrap(fn))

@@ -371,13 +371,15 @@ class Block:
 
 
 class Loop:
-    """A per-timestep loop recorded whole (:meth:`CoreTracer.loop_begin`): its module and tags, and per step
-    the call id and the states the module returned ((h, c), or h); ``x0``: the first step's input states."""
+    """A per-timestep loop recorded whole (:meth:`CoreTracer.loop_begin`): its module and tags, when it began
+    (``time.perf_counter()``: its oldest call's time), and per step the call id and the states the module
+    returned ((h, c), or h); ``x0``: the first step's input states."""
 
-    __slots__ = ("calls", "lstm", "module", "name", "steps", "tags", "x0")
+    __slots__ = ("began", "calls", "lstm", "module", "name", "steps", "tags", "x0")
 
-    def __init__(self, module: nn.Module, name: str, tags: Tags) -> None:
+    def __init__(self, module: nn.Module, name: str, tags: Tags, began: float) -> None:
         self.module, self.name, self.tags, self.lstm = module, name, tags, isinstance(module, nn.LSTM)
+        self.began = began
         self.calls: list[int] = []
         self.steps: list[Any] = []
         self.x0: torch.Tensor | None = None

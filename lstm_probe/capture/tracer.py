@@ -226,7 +226,7 @@ class CoreTracer:
         if not on and self.writer is not None:
             start = time.perf_counter()
             self.writer.flush_batch()
-            self.held.batch = NEVER
+            self._due = self.held.due(self.writer)
             if timed:
                 self.integration_seconds += time.perf_counter() - start
 
@@ -300,7 +300,7 @@ class CoreTracer:
         grid = tags.grid
         if grid is not None and grid.shape[0] == batch and grid.shape[1] > 1:
             self.flush_pending()  # what came before is written first, as the call-by-call path does
-            self._loop = Loop(module, name, tags)
+            self._loop = Loop(module, name, tags, start)
         self.hook_seconds += time.perf_counter() - start
         return self._loop
 
@@ -329,8 +329,8 @@ class CoreTracer:
         if t0 == 0 and loop.x0 is not None:
             block.inputs.append(loop.x0)
         job = functools.partial(self._write_block, writer, name, tags, True, t0, block)
-        writer.submit(job, tensor_bytes(stacked), batch=self.batching)
-        self._due = min(self._due, self.held.handed(writer, start))
+        writer.submit(job, tensor_bytes(stacked), batch=self.batching, since=loop.began)
+        self._due = self.held.due(writer)
         self.hook_seconds += time.perf_counter() - start
 
     def flush_pending(self) -> None:
@@ -352,8 +352,8 @@ class CoreTracer:
                 continue
             t0 = block.t0 if stepwise else 0
             job = functools.partial(self._write_block, writer, name, tags, stepwise, t0, block)
-            writer.submit(job, block.nbytes())
-            self._due = min(self._due, self.held.handed(writer, since))
+            writer.submit(job, block.nbytes(), since=since)
+        self._due = self.held.due(writer)
 
     def _write_block(
         self, writer: LogWriter, name: str, tags: Tags, stepwise: bool, t0: int, block: Block
@@ -451,7 +451,7 @@ def _stepwise_step(
     block = tracer._pending.get(name)
     if block is None:
         block = tracer._pending[name] = Block.for_loop(h, m.rows, done, tags.grid.shape[1] - done)  # type: ignore[union-attr]
-        tracer._due = min(tracer._due, tracer.held.kept())
+        tracer._due = tracer.held.kept(tracer.writer)
     if done == 0:
         block.inputs.append(module_input(mod, args, int(x.shape[1 - m.time_axis]), x, False, m.lstm))
     block.calls.append(call)
@@ -511,7 +511,7 @@ def _one_step(
         assert grid is not None
         if block is None:
             block = tracer._pending[name] = Block.for_loop(h, rows, t, grid.shape[1] - t)
-            tracer._due = min(tracer._due, tracer.held.kept())
+            tracer._due = tracer.held.kept(writer)
         if t == 0:  # a per-timestep loop's first step: its input state (see Inputs)
             block.inputs.append(joined(x0, rows, batch, h))
         block.calls.append(call)
@@ -519,7 +519,7 @@ def _one_step(
         return
     if block is None:
         block = tracer._pending[name] = Block.for_steps(h, rows)
-        tracer._due = min(tracer._due, tracer.held.kept())
+        tracer._due = tracer.held.kept(writer)
     block.calls.append(call)
     block.put(h, c, x0)
     if grid is not None:
@@ -595,5 +595,5 @@ def _call_job(
     job = functools.partial(
         write_call, tracer.emitter, writer, name, tags, call, batch, steps, x0, out, recovery, columns
     )
-    writer.submit(job, nbytes or tensor_bytes(out), batch=tracer.batching)
-    tracer._due = min(tracer._due, tracer.held.handed(writer, time.perf_counter()))
+    writer.submit(job, nbytes or tensor_bytes(out), batch=tracer.batching)  # (its oldest call: now)
+    tracer._due = tracer.held.due(writer)

@@ -69,6 +69,8 @@ class LogWriter:
             raise BadInput(old)
         self._later: Any = None  # a job's second half held back to the next submit (see submit)
         self._batch: list[Any] = []  # batched jobs' second halves, in order (see submit)
+        # when the oldest call of the held-back second half's job, and of the batch's jobs, was made (held_since)
+        self._later_since = self._batch_since = math.inf
         self._batch_bytes = 0
         self._gathered: list[Message] | None = None  # messages of the batch being sent (see send)
         config = WriterConfig.of(options, hidden_size, modules, metadata, codes, part_rows=part_rows, shard=shard)
@@ -125,7 +127,7 @@ class LogWriter:
         return row_capacity(self.config.hidden_size, self.config.vectors, self.config.sparse_vectors)
 
     # -- training thread -------------------------------------------------------------------------
-    def submit(self, job: Callable[[], Any], nbytes: int, batch: bool = False) -> None:
+    def submit(self, job: Callable[[], Any], nbytes: int, batch: bool = False, since: float | None = None) -> None:
         """Run ``job``: with a writer process, here and now (its torch ops are few and its messages go
         into the pipe without waiting; a second Python thread would cost training more in interpreter
         lock hand-overs than the job itself); with a writer thread, queued for it (this blocks while
@@ -141,17 +143,21 @@ class LogWriter:
         crossing the pipe as one (:class:`~lstm_probe.log.messages.Batch`), once :data:`BATCH_JOBS` jobs or
         :data:`BATCH_BYTES` wait, at the next job not batched (which comes after them), at :meth:`drain` and
         at close, or :meth:`flush_batch`. (``CoreTracer.batch_jobs``: sb3's training calls, an update's crossing
-        as one message.) With a writer thread the job is queued as any other."""
+        as one message.) With a writer thread the job is queued as any other.
+
+        ``since``: when the job's oldest call was made (``time.perf_counter()``; None: now), for
+        :meth:`held_since`."""
         if self.error is not None:
             raise self._failed()
         if self.closed:
             raise OutputError(f"the log {self.path} is already closed")
         if self._child is not None:
+            since = time.perf_counter() if since is None else since
             if batch:
-                self._hold(job)
+                self._hold(job, since)
             else:
                 self._send_batch()
-                self._settle(job)
+                self._settle(job, since)
             if self.error is not None:
                 raise self._failed()
             return
@@ -272,7 +278,7 @@ class LogWriter:
                 self._cond.notify_all()
             self._run(sink.write_due)
 
-    def _settle(self, job: Callable[[], Any] | None) -> None:
+    def _settle(self, job: Callable[[], Any] | None, since: float = math.inf) -> None:
         """Run the second half held back from the job before (first: nothing already copied is lost if the
         new job fails), then ``job``, then run or hold back its second half (see submit)."""
         held, self._later = self._later, None
@@ -281,11 +287,11 @@ class LogWriter:
         later = self._run(job) if job is not None else None
         if later is not None:
             if self.defer_always or not later.ready:
-                self._later = later
+                self._later, self._later_since = later, since
             else:
                 self._run(later)
 
-    def _hold(self, job: Callable[[], Any]) -> None:
+    def _hold(self, job: Callable[[], Any], since: float) -> None:
         """A batched job (see submit): the second half held back before it first, then its first half now,
         its second half into the batch; the batch sent once full."""
         held, self._later = self._later, None
@@ -294,26 +300,25 @@ class LogWriter:
         later = self._run(job)
         if later is None:
             return
+        self._batch_since = min(self._batch_since, since) if self._batch else since
         self._batch.append(later)
         self._batch_bytes += _staged_bytes(later)
         if len(self._batch) >= BATCH_JOBS or self._batch_bytes >= BATCH_BYTES:
             self._send_batch()
 
-    @property
-    def holds_batch(self) -> bool:
-        """Whether batched jobs wait to be sent (see :meth:`submit`)."""
-        return bool(self._batch)
+    def held_since(self) -> float:
+        """When the oldest call was made (``time.perf_counter()``; ``math.inf``: none) whose rows wait in this
+        process: in the batch, or in the second half held back (see :meth:`submit`)."""
+        batch = self._batch_since if self._batch else math.inf
+        return batch if self._later is None else min(batch, self._later_since)
 
-    @property
-    def holds_later(self) -> bool:
-        """Whether a job's second half is held back to the next submit (see :meth:`submit`)."""
-        return self._later is not None
-
-    def finish_ready(self) -> None:
-        """Run the second half held back, if its copy is complete (never waiting for the device): what a probe
-        held too long, handed over (``capture/held.py``)."""
+    def send_held(self, made: float) -> None:
+        """Hand over what waits of calls made at ``made`` or before (``capture/held.py``): the batch, and the
+        second half held back if its copy is complete (never waiting for the device)."""
+        if self._batch and self._batch_since <= made:
+            self.flush_batch()
         later = self._later
-        if later is not None and later.ready:
+        if later is not None and self._later_since <= made and later.ready:
             self._later = None
             self._run(later)
             if self.error is not None:
