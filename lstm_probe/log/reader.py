@@ -33,6 +33,7 @@ from lstm_probe.log import budget, held, sparse
 from lstm_probe.log.layout import PARTIAL_SUFFIX, partial_dir
 from lstm_probe.log.lock import Holder, live_holder, lock_path
 from lstm_probe.log.logfiles import check_counts, metadata_json, open_part, reads
+from lstm_probe.log.metadata_keys import LIVE_KEYS
 from lstm_probe.log.schema import (
     COLUMNS,
     META_RUN_KEY,
@@ -165,6 +166,7 @@ def read_info(path: str | os.PathLike[str]) -> LogInfo:
     runs: dict[str, dict[str, Any]] = {}  # each shard's run metadata (each writing process stores its own)
     finals: dict[str, dict[str, Any]] = {}  # per shard (one per writing process; "" for a one-process log)
     progress: dict[str, dict[str, Any]] = {}
+    live: dict[str, dict[str, Any]] = {}  # per shard: the run metadata its parts carry (metadata_keys.LIVE_KEYS)
     rows = 0
     size = 0
     schema: pa.Schema | None = None
@@ -224,6 +226,7 @@ def read_info(path: str | os.PathLike[str]) -> LogInfo:
             if doc.get("final"):
                 finals[shard] = doc
             progress[shard] = doc.get("progress", progress.get(shard, {}))
+            live[shard] = {**live.get(shard, {}), **{k: doc[k] for k in LIVE_KEYS if k in doc}}
         rows += pf.metadata.num_rows
         size += file.stat().st_size
         if pf.metadata.num_rows:
@@ -239,6 +242,8 @@ def read_info(path: str | os.PathLike[str]) -> LogInfo:
             s: {"completed": bool(finals.get(s, {}).get("completed")), "progress": progress.get(s, {})} for s in shards
         }
     open_shards = [s for s in shards if s not in finals]
+    if any(live.values()):  # a killed run's last parts hold them as they were (a closed one's final part too)
+        metadata.update(merge_shards({s: live[s] for s in shards if live.get(s)}))
     if not open_shards:
         metadata.update(merge_shards(finals))
         if len(shards) > 1:  # what the probe cost, summed over the processes that wrote the log
@@ -278,7 +283,17 @@ def read_info(path: str | os.PathLike[str]) -> LogInfo:
 
 METADATA_TYPES: dict[str, type | tuple[type, ...]] = {
     **dict.fromkeys(
-        ("capture", "architecture", "progress", "probe_cost", "capabilities", "rllib", "versions", "hyperparameters"),
+        (
+            "capture",
+            "architecture",
+            "progress",
+            "probe_cost",
+            "capabilities",
+            "rllib",
+            "versions",
+            "hyperparameters",
+            "returns",
+        ),
         dict,
     ),
     **dict.fromkeys(("hidden_size", "n_envs", "total_timesteps", "progress_num_timesteps", "iterations"), int),
