@@ -93,7 +93,7 @@ class Returns:
     def record(self) -> dict[str, Any]:
         """The log's ``returns`` record (JSON values only)."""
         keys = sorted(self.entries)
-        by = {"iteration": [k * self.stride for k in keys]}
+        by: dict[str, list[Any]] = {"iteration": [k * self.stride for k in keys]}
         for i, name in enumerate(_FIELDS):
             by[name] = [int(self.entries[k][0]) if i == 0 else self.entries[k][i] for k in keys]
         out: dict[str, Any] = {
@@ -108,11 +108,12 @@ class Returns:
             out["nonfinite"] = self.nonfinite
         return out
 
-    def publish(self, progress: dict[str, Any] | None) -> None:
-        """Put the record, if it changed, in the writer's ``progress`` (a new object each time: the writer sends
-        progress where it differs from what it sent, by identity first)."""
-        if progress is not None and (self.changed or self.published is None):
-            self.published = progress["returns"] = self.record()
+    def publish(self, tracer: Any) -> None:
+        """Put the record, if it changed, in the progress of ``tracer``'s writer (a new object each time: the writer
+        sends progress where it differs from what it sent, by identity first); nothing once the log is closed."""
+        writer = getattr(tracer, "writer", None)
+        if writer is not None and (self.changed or self.published is None):
+            self.published = writer.progress["returns"] = self.record()
             self.changed = False
 
 

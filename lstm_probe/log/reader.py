@@ -166,7 +166,7 @@ def read_info(path: str | os.PathLike[str]) -> LogInfo:
     runs: dict[str, dict[str, Any]] = {}  # each shard's run metadata (each writing process stores its own)
     finals: dict[str, dict[str, Any]] = {}  # per shard (one per writing process; "" for a one-process log)
     progress: dict[str, dict[str, Any]] = {}
-    live: dict[str, dict[str, Any]] = {}  # per shard: the run metadata its parts carry (metadata_keys.LIVE_KEYS)
+    records: dict[str, dict[str, Any]] = {}  # per shard: the run metadata its parts carry (metadata_keys.LIVE_KEYS)
     rows = 0
     size = 0
     schema: pa.Schema | None = None
@@ -226,7 +226,7 @@ def read_info(path: str | os.PathLike[str]) -> LogInfo:
             if doc.get("final"):
                 finals[shard] = doc
             progress[shard] = doc.get("progress", progress.get(shard, {}))
-            live[shard] = {**live.get(shard, {}), **{k: doc[k] for k in LIVE_KEYS if k in doc}}
+            records[shard] = {**records.get(shard, {}), **{k: doc[k] for k in LIVE_KEYS if k in doc}}
         rows += pf.metadata.num_rows
         size += file.stat().st_size
         if pf.metadata.num_rows:
@@ -242,8 +242,8 @@ def read_info(path: str | os.PathLike[str]) -> LogInfo:
             s: {"completed": bool(finals.get(s, {}).get("completed")), "progress": progress.get(s, {})} for s in shards
         }
     open_shards = [s for s in shards if s not in finals]
-    if any(live.values()):  # a killed run's last parts hold them as they were (a closed one's final part too)
-        metadata.update(merge_shards({s: live[s] for s in shards if live.get(s)}))
+    if any(records.values()):  # a killed run's last parts hold them as they were (a closed one's final part too)
+        metadata.update(merge_shards({s: records[s] for s in shards if records.get(s)}))
     if not open_shards:
         metadata.update(merge_shards(finals))
         if len(shards) > 1:  # what the probe cost, summed over the processes that wrote the log

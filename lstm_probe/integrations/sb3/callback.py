@@ -71,6 +71,8 @@ HYPERPARAMETERS = (
     "device",
     "n_envs",
 )
+PROVIDED: dict[str, Any] = {"replay": True, "respond": True, "observe": True, "returns": True}
+"""The capabilities sb3's integration provides: what-if, memory, observations, returns."""
 POLICY_KEYS = (
     "lstm_hidden_size",
     "n_lstm_layers",
@@ -488,8 +490,7 @@ class ProbeCallback(BaseCallback, Scope):
     # -- the Integration contract ----------------------------------------------------------------
     def capabilities(self) -> Capabilities:
         """Train rows have epochs; sequences are cut from the rollout buffer and start from its stored states."""
-        caps = {"rollout_buffer": True, "stored_states": True, "replay": True, "respond": True, "observe": True}
-        return Capabilities("sb3", epochs=True, returns=True, **caps)
+        return Capabilities("sb3", epochs=True, rollout_buffer=True, stored_states=True, **PROVIDED)
 
     def metadata(self) -> dict[str, Any]:
         """The model's, its env's and its hyperparameters' record (made when learn() starts)."""

@@ -49,6 +49,5 @@ class Sb3Returns:
         """The record into the writer's progress (once per rollout, and at the end); the record, or None."""
         if self.returns is None:
             return None
-        writer = getattr(self.tracer, "writer", None)
-        self.returns.publish(writer.progress if writer is not None else None)
+        self.returns.publish(self.tracer)
         return self.returns.record()
