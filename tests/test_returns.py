@@ -357,3 +357,31 @@ def test_report_json_and_text_of_an_sb3_log(tmp_path):
     assert pooled == pytest.approx(mean, rel=1e-12)
     blocks = [b.text for blocks in rep.text() for b in blocks if hasattr(b, "text")]
     assert any(t.startswith(f"returns (Monitor's raw rewards): {len(episodes)} episodes ended") for t in blocks)
+
+
+# -- TorchRL -------------------------------------------------------------------------------------------------------
+
+
+def test_torchrl_returns_are_each_trajectorys_summed_rewards(tmp_path):
+    pytest.importorskip("torchrl")
+    sys.path.insert(0, str(ROOT / "tests"))
+    from test_torchrl import _loop
+
+    batches = []
+
+    def keep(data):  # the collector's batch, (envs, steps): its rewards and dones as the loss sees them
+        batches.append((data["next", "reward"].double().clone(), data["next", "done"].clone()))
+
+    _loop(tmp_path / "r.parquet", n_envs=2, steps=24, batches=3, plant=keep)
+    sums, lengths, per = torch.zeros(2, dtype=torch.float64), torch.zeros(2, dtype=torch.int64), {}
+    for it, (rewards, dones) in enumerate(batches):
+        for t in range(rewards.shape[1]):
+            sums += rewards[:, t, 0]
+            lengths += 1
+            d = dones[:, t, 0]
+            for i in torch.nonzero(d).flatten().tolist():
+                per.setdefault(it, []).append((sums[i].item(), lengths[i].item()))
+            sums[d], lengths[d] = 0, 0
+    meta = read_info(tmp_path / "r.parquet").metadata
+    assert meta["capabilities"]["returns"] is True and meta["returns"]["source"] == "rewards"
+    assert _by_iteration(meta["returns"]) == _expected(per) and sum(len(v) for v in per.values()) >= 2
