@@ -385,3 +385,49 @@ def test_torchrl_returns_are_each_trajectorys_summed_rewards(tmp_path):
     meta = read_info(tmp_path / "r.parquet").metadata
     assert meta["capabilities"]["returns"] is True and meta["returns"]["source"] == "rewards"
     assert _by_iteration(meta["returns"]) == _expected(per) and sum(len(v) for v in per.values()) >= 2
+
+
+# -- RLlib -----------------------------------------------------------------------------------------------------------
+
+
+def test_rllib_returns_are_rllibs_episode_metrics(tmp_path):
+    pytest.importorskip("ray")
+    from ray.rllib.algorithms.ppo import PPOConfig
+    from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
+
+    from lstm_probe.integrations import rllib
+
+    torch.set_num_threads(1)
+    config = (
+        PPOConfig()
+        .environment("CartPole-v1")
+        .env_runners(num_env_runners=0, rollout_fragment_length=32, num_envs_per_env_runner=2)
+        .training(train_batch_size_per_learner=64, minibatch_size=32, num_epochs=1)
+        .rl_module(model_config=DefaultModelConfig(use_lstm=True, max_seq_len=8, lstm_cell_size=8))
+        .debugging(seed=0)
+    )
+    rllib.probe_config(config, f"{tmp_path}/log/")
+    algo = config.build_algo()
+    try:
+        for _ in range(3):
+            result = algo.train()
+        rllib.close(algo)
+    finally:
+        algo.stop()
+    runners = result["env_runners"]
+    meta = read_info(tmp_path / "log").metadata
+    record = meta["returns"]
+    assert record["source"] == "rllib" and meta["capabilities"]["returns"] is True
+    by = record["by_iteration"]
+    n = sum(by["episodes"])
+    assert n == record["episodes"] == runners["num_episodes_lifetime"] < 100  # RLlib's window holds them all
+    # RLlib's episode metrics in a result are of the iteration's episodes: the record's last entry
+    assert by["iteration"][-1] == 2 and by["episodes"][-1] == runners["num_episodes"]
+    assert by["return_sum"][-1] / by["episodes"][-1] == runners["episode_return_mean"]
+    assert (by["return_min"][-1], by["return_max"][-1]) == (
+        runners["episode_return_min"],
+        runners["episode_return_max"],
+    )
+    assert by["length_sum"][-1] / by["episodes"][-1] == runners["episode_len_mean"]
+    line = returns_line(lstm_probe.summarize(tmp_path / "log").returns)
+    assert line.startswith(f"returns (RLlib's episode returns): {n} episodes ended")

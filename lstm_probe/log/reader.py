@@ -242,8 +242,6 @@ def read_info(path: str | os.PathLike[str]) -> LogInfo:
             s: {"completed": bool(finals.get(s, {}).get("completed")), "progress": progress.get(s, {})} for s in shards
         }
     open_shards = [s for s in shards if s not in finals]
-    if any(records.values()):  # a killed run's last parts hold them as they were (a closed one's final part too)
-        metadata.update(merge_shards({s: records[s] for s in shards if records.get(s)}))
     if not open_shards:
         metadata.update(merge_shards(finals))
         if len(shards) > 1:  # what the probe cost, summed over the processes that wrote the log
@@ -265,6 +263,11 @@ def read_info(path: str | os.PathLike[str]) -> LogInfo:
             progress=progress.get(open_shards[0], {}),
             stop_reason=metadata.get("stop_reason") or "the log was never closed (process killed)",
         )
+    # a killed run's last parts hold them as they were (a closed one's final part too); several shards' side by side
+    for key in LIVE_KEYS:
+        held = {s: records[s][key] for s in shards if key in records.get(s, {})}
+        if held:
+            metadata[key] = next(iter(held.values())) if len(held) == 1 else {"by_shard": held}
     _check_types(metadata, warnings)
     _clean_device(metadata)
     live = writing(path) if root != Path(path) or root.is_dir() else None

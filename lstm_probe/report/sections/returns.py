@@ -92,11 +92,42 @@ def _pool(entries: list[tuple[int, list[float]]], first: int, last: int) -> Tent
     return Tenth(first, last, int(n), mean, math.sqrt(max(sq / n - mean * mean, 0.0)))
 
 
+def _stride(rec: dict[str, Any]) -> int:
+    return rec["stride"] if isinstance(rec.get("stride"), int) and rec["stride"] > 0 else 1
+
+
+def _merged(record: Any) -> tuple[dict[str, Any], list[tuple[int, list[float]]]]:
+    """One record's fields and entries from the log's, whose ``by_shard`` (several writing processes: RLlib's env
+    runners) are added up entry by entry at the widest stride."""
+    rec = record if isinstance(record, dict) else {}
+    shards = rec.get("by_shard")
+    if not isinstance(shards, dict):
+        return rec, _entries(rec)
+    recs = [r for r in shards.values() if isinstance(r, dict)]
+    stride = max((_stride(r) for r in recs), default=1)
+    bins: dict[int, list[float]] = {}
+    best: dict[str, Any] | None = None
+    for r in recs:
+        for it, e in _entries(r):
+            b = bins.setdefault(it // stride * stride, [0.0, 0.0, 0.0, math.inf, -math.inf, 0.0])
+            b[0], b[1], b[2], b[5] = b[0] + e[0], b[1] + e[1], b[2] + e[2], b[5] + e[5]
+            b[3], b[4] = min(b[3], e[3]), max(b[4], e[4])
+        top = r.get("best")
+        if isinstance(top, dict) and isinstance(top.get("return"), int | float):
+            best = top if best is None or top["return"] > best["return"] else best
+    fields = {
+        "source": next((r["source"] for r in recs if isinstance(r.get("source"), str)), None),
+        "stride": stride,
+        "partial": sum(r["partial"] for r in recs if isinstance(r.get("partial"), int)),
+        "best": best,
+    }
+    return fields, sorted(bins.items())
+
+
 def summarize_returns(record: Any, iterations: int) -> ReturnsSection:
     """The section's data from the log's ``returns`` record and the run's iterations."""
-    entries = _entries(record)
-    rec = record if isinstance(record, dict) else {}
-    stride: int = rec["stride"] if isinstance(rec.get("stride"), int) and rec["stride"] > 0 else 1
+    rec, entries = _merged(record)
+    stride = _stride(rec)
     if entries:
         iterations = max(iterations, entries[-1][0] + stride)
     by: dict[str, list[Any]] = {k: [] for k in ("iteration", "episodes", "return_mean", "return_std")}
