@@ -357,6 +357,11 @@ def test_report_json_and_text_of_an_sb3_log(tmp_path):
     assert pooled == pytest.approx(mean, rel=1e-12)
     blocks = [b.text for blocks in rep.text() for b in blocks if hasattr(b, "text")]
     assert any(t.startswith(f"returns (Monitor's raw rewards): {len(episodes)} episodes ended") for t in blocks)
+    if len(j["by_iteration"]["iteration"]) >= 2:  # the HTML page draws them
+        from lstm_probe.report.html import build_html
+
+        page = build_html(tmp_path / "r.parquet", tmp_path / "r.html")
+        assert "Episode returns" in page.figures
 
 
 # -- TorchRL -------------------------------------------------------------------------------------------------------
