@@ -193,6 +193,7 @@ for iteration in range(args.iterations):
 
         next_obs, reward, terminations, truncations, infos = envs.step(action.cpu().numpy())
         next_done = np.logical_or(terminations, truncations)
+        probe.rewards(reward, next_done, iteration=iteration)  # lstm-probe: episode returns (the report's returns line)
         finished += int(next_done.sum())
         rewards[step] = torch.tensor(reward).view(-1)
         next_obs, next_done = torch.Tensor(next_obs), torch.Tensor(next_done)

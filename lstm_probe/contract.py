@@ -225,14 +225,19 @@ class Capabilities:
     observe: bool = False
     """The integration can keep each rollout step's observation beside its rows (the *observe* capability: the
     ``obs`` column, linear probes, ``--capture-obs``)."""
+    returns: bool = False
+    """The integration records the episodes that ended in each iteration, their returns and lengths (the *returns*
+    capability: the log's ``returns`` metadata, the report's returns line)."""
     rollout_start: str | None = None
     """Where a rollout's first step takes its state from by the framework's design, where that is not the state the
     previous rollout's last step left: 'training' (the state training's last pass over the previous rollout ended
     with; rsl_rl's distillation). The doctor words such a start so; None: the previous rollout's last step."""
 
     def to_dict(self) -> dict[str, Any]:
-        """The fields, less ``rollout_start`` where None (the metadata of the logs that declare none is as before)."""
-        return {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "rollout_start" or self.rollout_start}
+        """The fields, less ``returns`` and ``rollout_start`` where unset (the metadata of the logs that declare
+        neither is as before)."""
+        later = ("returns", "rollout_start")
+        return {k: getattr(self, k) for k in self.__dataclass_fields__ if k not in later or getattr(self, k)}
 
     @staticmethod
     def from_metadata(meta: dict[str, Any]) -> Capabilities:

@@ -20,6 +20,7 @@ INTEGRATION_IMPORTS = {
     "capture.life",
     "options",
     "capture.modules",
+    "capture.returns",
     "errors",
     "log.schema",
     "log.layout",

@@ -96,12 +96,14 @@ def test_report_text_and_json(made):
         "doctor",
         "findings",
         "unavailable",
+        "returns",
         "cross_process",
         "memory",
         "probes",
         "what_if",
     ]
     assert rep["cross_process"] is None  # RLlib logs only
+    assert rep["returns"]["source"] == "monitor" and rep["returns"]["episodes"] > 0  # sb3's Monitor episodes
     assert rep["run"]["env_id"] == "CartPole-v1" and rep["run"]["completed"] is True
     assert rep["staleness"]["provenance_ok"] is True
 

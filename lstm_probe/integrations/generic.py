@@ -25,6 +25,7 @@ from lstm_probe.contract import PHASE, USER_CALL_TAGS, USER_GRID_TAGS, USER_TAGS
 from lstm_probe.errors import BadInput
 from lstm_probe.integrations.own_measure import Copy, Inputs, OwnWhatIf, starts_of
 from lstm_probe.integrations.own_memory import Heads, OwnMemory
+from lstm_probe.integrations.own_returns import OwnReturns
 from lstm_probe.log.schema import COLUMN, PHASES
 from lstm_probe.options import AUTO_WINDOW, CaptureOptions, Measure, capture_options, route, settle
 
@@ -48,11 +49,15 @@ class GenericIntegration(Tagged):
         self._epochs = False
         self.replay = False  # a minibatch was measured (Tracer.measure_batch)
         self.respond = False  # a rollout's memory horizon was measured (Tracer.measure_batch)
+        self.returns = False  # episodes were handed over (Tracer.episodes, Tracer.rewards)
 
     def capabilities(self) -> Capabilities:
         """framework 'generic'; ``epochs`` once a call was tagged with an epoch; ``replay`` (what-if) and
-        ``respond`` (the memory horizon) once :meth:`Tracer.measure_batch` measured them."""
-        return Capabilities("generic", epochs=self._epochs, replay=self.replay, respond=self.respond)
+        ``respond`` (the memory horizon) once :meth:`Tracer.measure_batch` measured them; ``returns`` once the loop
+        handed over episodes (:meth:`Tracer.episodes`, :meth:`Tracer.rewards`)."""
+        return Capabilities(
+            "generic", epochs=self._epochs, replay=self.replay, respond=self.respond, returns=self.returns
+        )
 
     def metadata(self) -> dict[str, Any]:
         return dict(self._metadata)
@@ -126,6 +131,7 @@ class Tracer(Probe, CoreTracer):
         self.what_if: OwnWhatIf | None = None  # trace(..., what_if=True)
         self.memory: OwnMemory | None = None  # trace(..., memory=True)
         self._step_hook: Any = None
+        self.own_returns = OwnReturns()  # the episodes the loop hands over (own_returns.py)
 
     def _core(self) -> CoreTracer:
         return self
@@ -142,7 +148,37 @@ class Tracer(Probe, CoreTracer):
 
     def _final(self) -> dict[str, Any]:
         measured = {k: m.metadata() for k, m in (("what_if", self.what_if), ("memory", self.memory)) if m is not None}
+        self.own_returns.flush()
+        self.own_returns.publish(self)
         return {k: v for k, v in measured.items() if v is not None}
+
+    def episodes(self, returns: Any, lengths: Any, *, iteration: int | None = None) -> None:
+        """Episodes that ended in ``iteration``: their returns and lengths (one value each, host values: e.g.
+        gymnasium's ``RecordEpisodeStatistics`` ``info["episode"]["r"]`` and ``["l"]`` where an episode ended).
+        ``iteration``: the enclosing ``tag()`` block's where not given. The report's returns line and the log's
+        ``returns`` record (source 'user') come from them."""
+        refuse_unstarted(self)
+        self.integration.returns = True
+        if self.own_returns.episodes(returns, lengths, self._iteration(iteration, "episodes")):
+            self.own_returns.publish(self)  # the last iteration's
+
+    def rewards(self, rewards: Any, dones: Any, *, iteration: int | None = None, started: Any = True) -> None:
+        """One env step's ``rewards`` and ``dones`` (one per env, as ``env.step`` gave them): each env's rewards are
+        summed until its episode ends (source 'rewards'). Numpy arrays are summed on the host; torch tensors on
+        their device, copied to the host once per iteration (no wait per step). ``iteration``: the enclosing
+        ``tag()`` block's where not given. ``started``: the envs at an episode's first step at the first call (by
+        default all): an episode under way then is partial, not counted."""
+        refuse_unstarted(self)
+        self.integration.returns = True
+        if self.own_returns.rewards(rewards, dones, self._iteration(iteration, "rewards"), started):
+            self.own_returns.publish(self)  # the last iteration's
+
+    def _iteration(self, given: int | None, what: str) -> int:
+        user = self.integration._user[-1] if self.integration._user else {}
+        it = user.get("iteration") if given is None else given
+        if it is None:
+            raise BadInput(f"{what} needs iteration= (or a tag() block around it that gives one)")
+        return int(it)
 
     def measure_batch(
         self,

@@ -53,6 +53,14 @@ METADATA_KEYS: dict[str, str] = {
     "obs_keys": "--capture-obs of a Dict observation (sb3): per key, in the order sb3 concatenates them, its slice of "
     "`obs` (key, start, size; encoding 'one-hot' for Discrete/MultiDiscrete, else 'values'; space); names obs:KEY[i].",
     "info_keys": "--info: the info keys stored in the `info` vectors, in their order.",
+    "returns": "Where the integration declares the returns capability: the episodes that ended in each iteration "
+    "(rollout), as source ('monitor': sb3's Monitor info['episode'], raw rewards even under VecNormalize; 'rewards': "
+    "the sum of the rewards the algorithm saw; 'rllib': RLlib's episode metrics; 'user': an own loop's "
+    "Tracer.episodes), stride (iterations per entry: past 500 entries neighbours merge, the stride doubling), "
+    "episodes, partial (episodes begun before the probe, not counted), best (return, iteration) and by_iteration: "
+    "lists of iteration (an entry's first), episodes, return_sum, return_sq (sum of squares), return_min, return_max "
+    "and length_sum. Kept up to date while the run goes (written with every part: a killed run keeps it). A log of "
+    "several writing processes (RLlib's env runners) holds {by_shard: {shard: record}}.",
     "probe_cost": "What recording cost, measured by the probe while it ran: seconds (start to close, wall), "
     "calls, hook_seconds and integration_seconds (training thread: hooks, the integration's callbacks), "
     "writer (process or thread: where rows were made and written), writer_cpu_seconds and "
@@ -62,3 +70,7 @@ METADATA_KEYS: dict[str, str] = {
     "encoding threads also writer_encode_threads and writer_threaded_row_groups (the row groups they wrote). "
     "Summed over processes in multi-process logs.",
 }
+
+LIVE_KEYS: tuple[str, ...] = ("returns",)
+"""Run metadata the training side keeps up to date while the run goes: carried in the writer's progress and written
+beside it with every part (``writer.part_doc``), so that a killed run's log keeps what it had."""

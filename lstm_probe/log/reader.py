@@ -33,6 +33,7 @@ from lstm_probe.log import budget, held, sparse
 from lstm_probe.log.layout import PARTIAL_SUFFIX, partial_dir
 from lstm_probe.log.lock import Holder, live_holder, lock_path
 from lstm_probe.log.logfiles import check_counts, metadata_json, open_part, reads
+from lstm_probe.log.metadata_keys import LIVE_KEYS
 from lstm_probe.log.schema import (
     COLUMNS,
     META_RUN_KEY,
@@ -165,6 +166,7 @@ def read_info(path: str | os.PathLike[str]) -> LogInfo:
     runs: dict[str, dict[str, Any]] = {}  # each shard's run metadata (each writing process stores its own)
     finals: dict[str, dict[str, Any]] = {}  # per shard (one per writing process; "" for a one-process log)
     progress: dict[str, dict[str, Any]] = {}
+    records: dict[str, dict[str, Any]] = {}  # per shard: the run metadata its parts carry (metadata_keys.LIVE_KEYS)
     rows = 0
     size = 0
     schema: pa.Schema | None = None
@@ -224,6 +226,7 @@ def read_info(path: str | os.PathLike[str]) -> LogInfo:
             if doc.get("final"):
                 finals[shard] = doc
             progress[shard] = doc.get("progress", progress.get(shard, {}))
+            records[shard] = {**records.get(shard, {}), **{k: doc[k] for k in LIVE_KEYS if k in doc}}
         rows += pf.metadata.num_rows
         size += file.stat().st_size
         if pf.metadata.num_rows:
@@ -260,6 +263,11 @@ def read_info(path: str | os.PathLike[str]) -> LogInfo:
             progress=progress.get(open_shards[0], {}),
             stop_reason=metadata.get("stop_reason") or "the log was never closed (process killed)",
         )
+    # a killed run's last parts hold them as they were (a closed one's final part too); several shards' side by side
+    for key in LIVE_KEYS:
+        held = {s: records[s][key] for s in shards if key in records.get(s, {})}
+        if held:
+            metadata[key] = next(iter(held.values())) if len(held) == 1 else {"by_shard": held}
     _check_types(metadata, warnings)
     _clean_device(metadata)
     live = writing(path) if root != Path(path) or root.is_dir() else None
@@ -278,7 +286,17 @@ def read_info(path: str | os.PathLike[str]) -> LogInfo:
 
 METADATA_TYPES: dict[str, type | tuple[type, ...]] = {
     **dict.fromkeys(
-        ("capture", "architecture", "progress", "probe_cost", "capabilities", "rllib", "versions", "hyperparameters"),
+        (
+            "capture",
+            "architecture",
+            "progress",
+            "probe_cost",
+            "capabilities",
+            "rllib",
+            "versions",
+            "hyperparameters",
+            "returns",
+        ),
         dict,
     ),
     **dict.fromkeys(("hidden_size", "n_envs", "total_timesteps", "progress_num_timesteps", "iterations"), int),

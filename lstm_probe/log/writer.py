@@ -43,6 +43,7 @@ import pyarrow as pa
 
 from lstm_probe.log.kept import KeptVectors, laid_out
 from lstm_probe.log.layout import KEPT_BYTES, PART_ROWS, partial_dir, row_capacity
+from lstm_probe.log.metadata_keys import LIVE_KEYS
 from lstm_probe.log.parts import META_FINAL_KEY, PartWriter
 from lstm_probe.log.schema import COLUMNS, META_RUN_KEY, ROW_FLAGS, Column, log_schema, vector_width
 from lstm_probe.options import CaptureOptions, default
@@ -333,7 +334,7 @@ class FileLog:
         if time.monotonic() < self.due_at():
             return
         self._write_lanes()
-        self.parts.close_part({"progress": dict(self.progress)})
+        self.parts.close_part(part_doc(self.progress))
 
     def flush(self) -> None:
         """Encode the buffered rows and write each lane's as one row group (at the log's end: its caller closes
@@ -352,7 +353,7 @@ class FileLog:
             return
         try:
             batch = self.encoder.encode(rows, copy=self.parts.threaded)
-            self.parts.write(batch, {"progress": dict(self.progress)}, self._since[lane])
+            self.parts.write(batch, part_doc(self.progress), self._since[lane])
         finally:
             rows.n = 0
             self._since[lane] = math.inf
@@ -363,8 +364,8 @@ class FileLog:
     def close(self, final: dict[str, Any]) -> None:
         """Write what is left, record ``final`` (completed, stop_reason, ...) and publish the log."""
         self.flush()
-        final = {**self._threads_cost(final), "final": True, "progress": {**self.progress, **final.get("progress", {})}}
-        final["progress"]["rows"] = self.rows_written
+        doc = part_doc({**self.progress, **final.get("progress", {}), "rows": self.rows_written})
+        final = {**doc, **self._threads_cost(final), "final": True, "progress": doc["progress"]}
         if self.parts.writer is None:
             # Always end with a part that carries the outcome, even when it holds no rows.
             self.parts._open()
@@ -393,8 +394,8 @@ class FileLog:
             self.flush()
         with contextlib.suppress(Exception):  # the encoding threads' parts: published, or dropped if one failed
             self.parts.publish()
-        final = {**self._threads_cost(final), "final": True, "completed": False}
-        final["progress"] = {**self.progress, **final.get("progress", {}), "rows": self.parts.rows}
+        doc = part_doc({**self.progress, **final.get("progress", {}), "rows": self.parts.rows})
+        final = {**doc, **self._threads_cost(final), "final": True, "completed": False, "progress": doc["progress"]}
         try:
             if self.parts.writer is None:
                 self.parts._open()
@@ -420,7 +421,7 @@ class FileLog:
         the crash journal, without an outcome; the readers salvage it."""
         try:
             self.flush()
-            self.parts.close_part({"progress": {**self.progress, "rows": self.rows_written}})
+            self.parts.close_part(part_doc({**self.progress, "rows": self.rows_written}))
         finally:  # the encoding threads stopped, whatever failed
             self.parts.abort()
 
@@ -429,3 +430,13 @@ class FileLog:
 
 
 __all__ = ["FileLog", "Rows", "META_FINAL_KEY", "META_RUN_KEY"]
+
+
+def part_doc(progress: Mapping[str, Any]) -> dict[str, Any]:
+    """A part's key-value document (``META_FINAL_KEY``): the run's progress, and beside it, as keys of the run's
+    metadata, the records the training side keeps up to date in it (``metadata_keys.LIVE_KEYS``: episode returns),
+    so that a killed run's last part holds them as they were."""
+    live = {k: progress[k] for k in LIVE_KEYS if k in progress}
+    if not live:
+        return {"progress": dict(progress)}
+    return {"progress": {k: v for k, v in progress.items() if k not in live}, **live}

@@ -37,6 +37,7 @@ from lstm_probe.report.html_figures import (
     _plt,
     _png,
     _reasons,
+    _returns_figure,
     _staleness_figure,
     _staleness_trend_figure,
     _what_if_figure,
@@ -170,6 +171,9 @@ def build_html(
                 ),
             )
         )
+    returns = _returns_figure(plt, rep)
+    if returns:
+        figures.append(("Episode returns", returns, "The episodes each iteration ended: mean return, min-max band."))
     stale = _staleness_figure(plt, rep)
     if stale:
         figures.append(("Staleness", stale, _staleness_caption(rep)))

@@ -218,6 +218,23 @@ def _staleness_trend_figure(plt: Any, rep: Report) -> str | None:
     return _png(fig)
 
 
+def _returns_figure(plt: Any, rep: Report) -> str | None:
+    """The mean return of the episodes each iteration ended (the returns section's ``by_iteration``), their min-max
+    band shaded. None where the log has no returns or fewer than two iterations with an episode's end."""
+    r = rep.sections.get("returns")
+    if r is None or len(r.by_iteration.get("iteration", [])) < 2:
+        return None
+    g = pd.DataFrame(r.by_iteration)
+    fig, ax = plt.subplots(figsize=(11, 3.2))
+    ax.fill_between(g["iteration"], g["return_min"], g["return_max"], alpha=0.2, label="min-max")
+    ax.plot(g["iteration"], g["return_mean"], marker=".", label="mean")
+    ax.set_xlabel("iteration" if r.stride == 1 else f"iteration (each point: {r.stride} iterations)")
+    ax.set_ylabel("episode return")
+    ax.xaxis.set_major_locator(_integer_ticks())
+    ax.legend(fontsize=8)
+    return _png(fig)
+
+
 def _h_and_c(ax: Any, x: Any, d: pd.DataFrame, name: str, markers: tuple[str, str]) -> None:
     """A module's mean h drift (solid) and, where it has one, its c drift (dashed) against ``x``."""
     ax.plot(x, d["drift_h_mean"], marker=markers[0], label=f"{name} h")

@@ -17,6 +17,7 @@ from lstm_probe.report.sections.doctor import Doctor
 from lstm_probe.report.sections.health import Health
 from lstm_probe.report.sections.memory import Memory
 from lstm_probe.report.sections.probes import Probes
+from lstm_probe.report.sections.returns import Returns
 from lstm_probe.report.sections.run import Run
 from lstm_probe.report.sections.sequences import Sequences
 from lstm_probe.report.sections.staleness import Staleness
@@ -24,6 +25,7 @@ from lstm_probe.report.sections.what_if import WhatIf
 
 SECTIONS: list[Section[Any]] = [
     Run(),
+    Returns(),
     Architecture(),
     Calls(),
     Sequences(),

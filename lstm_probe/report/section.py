@@ -336,6 +336,9 @@ class Section(ABC, Generic[D]):
     """A :class:`~lstm_probe.contract.Capabilities` field the log must declare for the section to apply.
     Such sections come after ``findings`` and ``unavailable`` in the JSON (null where they do not apply),
     so the keys every log has keep their order."""
+    json_when_absent: ClassVar[bool] = True
+    """False: a section that needs a capability has no JSON key at all where it does not apply (not null), so the
+    JSON of logs written before the capability stays as it was."""
     findings_rank: ClassVar[int] = 60
     """Where the section's findings go in the list (lower first, ties in registry order): what training
     did first, the run's own state last."""

@@ -62,7 +62,8 @@ class Report:
         for s in _json_order():
             if s.needs is not None:
                 data = self.sections[s.key]
-                out[s.key] = None if data is None else s.to_json(data)
+                if data is not None or s.json_when_absent:
+                    out[s.key] = None if data is None else s.to_json(data)
         return out
 
     def text(self) -> list[list[Block]]:

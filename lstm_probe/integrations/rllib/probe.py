@@ -50,6 +50,7 @@ from torch import nn
 
 from lstm_probe.capture.life import Probe
 from lstm_probe.capture.modules import describe_modules
+from lstm_probe.capture.returns import Returns
 from lstm_probe.capture.tracer import CoreTracer
 from lstm_probe.contract import BOOTSTRAP, SEQ_REASON, Capabilities, Grid, Tags
 from lstm_probe.errors import BadInput
@@ -131,6 +132,7 @@ class _Probe(Probe):
             replay=True,  # what_if=True (in each learner: whatif.py)
             respond=True,  # memory=True (in each learner: memory.py)
             observe=True,  # capture_obs=True (the env runners' rollout rows)
+            returns=True,  # each env runner's episodes (RolloutProbe.episode_ended)
         )
 
     def metadata(self) -> dict[str, Any]:
@@ -161,6 +163,8 @@ class RolloutProbe(_Probe):
         self.episodes = np.zeros(n, np.int64)  # episodes begun in each env so far
         self.last: list[tuple[Any, dict[str, int]] | None] = [None] * n
         self.tracer = _tracer(lstms(module), self, shard, self.worker * CALL_BLOCK)
+        self.returns = Returns("rllib")  # the episodes this runner ended, by its weights' version
+        self._returns_at = -1
         self.start()
         for name, explore in (("forward_exploration", True), ("forward_inference", False)):
             setattr(module, name, self._wrap(getattr(module, name), explore))
@@ -181,6 +185,20 @@ class RolloutProbe(_Probe):
                 self.env_steps += 1
 
         return forward
+
+    def episode_ended(self, episode: Any, chunks: list[Any]) -> None:
+        """An episode ended (``on_episode_end``): its return and length as RLlib's own metrics count them
+        (``env/single_agent_env_runner.py:SingleAgentEnvRunner.get_metrics``: this chunk's plus the chunks already
+        returned, ``prev_episode_chunks``), under the iteration its rows carry (the weights' version)."""
+        it = int(getattr(self.runner, "_weights_seq_no", 0))
+        if it != self._returns_at:  # the last iteration's record is whole: written with the next part
+            self.returns.publish(self.tracer)
+            self._returns_at = it
+        ret = float(episode.get_return()) + sum(float(c.get_return()) for c in chunks)
+        self.returns.ended(it, [ret], [len(episode) + sum(len(c) for c in chunks)])
+
+    def _final(self) -> dict[str, Any]:
+        return {"returns": self.returns.record()} if not self.evaluation else {}
 
     def _step_tags(self, phase: str) -> Tags:
         episodes = self.runner._ongoing_episodes
@@ -365,10 +383,13 @@ def _on_episode_created(opts: Options, *, env_runner: Any = None, **kwargs: Any)
     _RUNNER_PROBES[env_runner] = RolloutProbe(env_runner, opts)
 
 
-def _on_episode_end(*, episode: Any = None, **kwargs: Any) -> None:
+def _on_episode_end(*, episode: Any = None, env_runner: Any = None, **kwargs: Any) -> None:
     info = getattr(episode, "custom_data", {}).get(KEY)
     if info is not None:
         info["ended"] = True
+    probe = _RUNNER_PROBES.get(env_runner) if env_runner is not None else None
+    if probe is not None and not probe.evaluation:
+        probe.episode_ended(episode, list(kwargs.get("prev_episode_chunks") or []))
 
 
 def _learner_rank() -> int:

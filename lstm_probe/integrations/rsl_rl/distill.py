@@ -70,7 +70,7 @@ class DistillProbe(RslRlProbe):
     def capabilities(self) -> Capabilities:
         """Train rows carry epochs; a rollout's first step goes on from training's last state (no stored states, no
         what-if or memory re-runs of distillation)."""
-        return Capabilities("rsl_rl", epochs=True, observe=True, rollout_start="training")
+        return Capabilities("rsl_rl", epochs=True, observe=True, returns=True, rollout_start="training")
 
     def _attach(self) -> None:
         self._wrap(self.env, "step", self._step)
@@ -82,6 +82,7 @@ class DistillProbe(RslRlProbe):
         def update(*args: Any, **kwargs: Any) -> Any:
             start = time.perf_counter()
             self._settle(wait=True)
+            self.returns.publish(self.tracer)  # the rollout's episodes
             self._update, self._epoch = self.windows(), 0
             self.tracer.integration_seconds += time.perf_counter() - start
             try:

@@ -63,6 +63,7 @@ import torch
 from torch import nn
 
 from lstm_probe.capture.life import Probe
+from lstm_probe.capture.returns import Returns, StepSums
 from lstm_probe.capture.tracer import CoreTracer
 from lstm_probe.contract import BOOTSTRAP, SEQ_REASON, Capabilities, Grid, Tags
 from lstm_probe.errors import BadInput
@@ -88,16 +89,23 @@ def recurrent_modules(alg: Any, roles: tuple[str, ...] = ROLES) -> dict[str, nn.
 
 
 class _Dones:
-    """One env step's dones (and, with ``capture_obs``, its flattened observation) on their way to the host:
-    applied once their copy is done (:meth:`ready`)."""
+    """One env step's dones and rewards (and, with ``capture_obs``, its flattened observation) on their way to the
+    host: applied once their copy is done (:meth:`ready`). ``trained``: a training step (its action from
+    ``PPO.act``), whose episodes' returns count."""
 
-    def __init__(self, dones: torch.Tensor, obs: torch.Tensor | None = None):
+    def __init__(self, dones: torch.Tensor, obs: torch.Tensor | None = None, rewards: Any = None, trained=False):
         d = dones.detach().reshape(-1)
+        r = rewards.detach().reshape(-1) if isinstance(rewards, torch.Tensor) else None
         self.event: Any = None
         self.obs: np.ndarray | None = None
+        self.trained = trained
+        self.rewards: Any = None
         if d.device.type == "cuda":  # pinned host buffers, copied without waiting (read after the event)
             self.host = torch.empty(d.shape, dtype=d.dtype, pin_memory=True)
             self.host.copy_(d, non_blocking=True)
+            if r is not None:
+                self.rewards = torch.empty(r.shape, dtype=r.dtype, pin_memory=True)
+                self.rewards.copy_(r, non_blocking=True)
             if obs is not None:
                 host = torch.empty(obs.shape, dtype=obs.dtype, pin_memory=True)
                 host.copy_(obs, non_blocking=True)
@@ -107,6 +115,7 @@ class _Dones:
         else:
             self.host = d.to("cpu", copy=True)
             self.obs = None if obs is None else obs.to("cpu", copy=True).numpy()
+            self.rewards = None if r is None else r.to("cpu", copy=True)
 
     def ready(self) -> bool:
         """Whether the copy is done (asks the device without waiting)."""
@@ -158,6 +167,8 @@ class RslRlProbe(Probe):
         self.trained_steps = 0
         self._acted = False  # a PPO.act since the last env step
         self.iteration = 0  # updates done so far: rollout k is followed by update k
+        self.returns = Returns("rewards")  # the episodes each rollout's env steps ended (capture/returns.py)
+        self.sums: StepSums | None = None  # each env's reward sum so far, from the first training step on
         shape = (self.steps_per_env, self.n)
         self.roll = {k: np.full(shape, -1, np.int64) for k in ("env_step", "episode", "episode_step")}
         self.roll["start"] = np.full(shape, -1, np.int64)
@@ -180,7 +191,9 @@ class RslRlProbe(Probe):
     def capabilities(self) -> Capabilities:
         """Train rows carry epochs; training trajectories start from states stored during the rollout; a
         minibatch can be re-run on copies of the models (``whatif.py``)."""
-        return Capabilities("rsl_rl", epochs=True, stored_states=True, replay=True, respond=True, observe=True)
+        return Capabilities(
+            "rsl_rl", epochs=True, stored_states=True, replay=True, respond=True, observe=True, returns=True
+        )
 
     def metadata(self) -> dict[str, Any]:
         return dict(self._metadata)
@@ -213,6 +226,10 @@ class RslRlProbe(Probe):
                 self.waits += 1
             done = d.read()
             self._obs_next = d.obs
+            if d.trained and d.rewards is not None:  # read after the dones' wait: the same copy's event
+                if self.sums is None:  # episodes under way when the probe started are partial
+                    self.sums = StepSums(self.n, self.episode_step == 0)
+                self.sums.step(d.rewards.numpy(), done, self.returns, self.iteration)
             # new arrays, never changed in place: the grids handed to the tracer hold views of them
             self.env_step = self.env_step + 1
             self.episode = self.episode + done
@@ -286,7 +303,9 @@ class RslRlProbe(Probe):
             out = fn(*args, **kwargs)
             start = time.perf_counter()
             obs = self._flat(out[0]) if self.obs_groups is not None else None
-            self._arrived.append(_Dones(out[2], obs))  # rsl_rl's VecEnv.step: (obs, rewards, dones, extras)
+            # rsl_rl's VecEnv.step: (obs, rewards, dones, extras); the rewards OnPolicyRunner.learn hands on to
+            # alg.process_env_step and sums per episode in utils/logger.py:Logger.process_env_step (cur_reward_sum)
+            self._arrived.append(_Dones(out[2], obs, out[1], self._acted))
             self._counted = True  # the counters moved on from the probe's start: the env's counts are not read
             if self._acted:  # a training step (its action from PPO.act); else a play loop's or a step of the user's
                 self.trained_steps += self.n
@@ -360,6 +379,7 @@ class RslRlProbe(Probe):
         def generator(num_mini_batches: int, num_epochs: int = 8) -> Iterator[Any]:
             start = time.perf_counter()
             grids = self.layout(num_mini_batches)
+            self.returns.publish(self.tracer)  # the rollout's episodes
             self.tracer.integration_seconds += time.perf_counter() - start
             if self.memory is not None:  # the rollout's own weights: no minibatch has stepped yet
                 self.memory.measure(self.roll["start"], self.iteration)
@@ -430,7 +450,7 @@ class RslRlProbe(Probe):
         """The env steps training took (a play loop's not counted; the dones still on their way applied first:
         outside the hooks)."""
         self._settle(wait=True)
-        final: dict[str, Any] = {"progress_num_timesteps": self.trained_steps}
+        final: dict[str, Any] = {"progress_num_timesteps": self.trained_steps, "returns": self.returns.record()}
         if self.what_if is not None:
             final["what_if"] = self.what_if.metadata()
         if self.memory is not None:

@@ -44,7 +44,7 @@ from lstm_probe.capture.life import Scope
 from lstm_probe.capture.tracer import CoreTracer
 from lstm_probe.contract import SEQ_REASON, Capabilities, Grid, Tags
 from lstm_probe.errors import BadInput
-from lstm_probe.integrations.sb3 import doctor, memory, metrics, obs, whatif
+from lstm_probe.integrations.sb3 import doctor, memory, metrics, obs, returns, whatif
 from lstm_probe.integrations.sb3.arch import summary
 from lstm_probe.integrations.sb3.attach import ACTIVE, Attachment, WeakIntegration, weak
 from lstm_probe.integrations.sb3.options import Measure
@@ -71,6 +71,8 @@ HYPERPARAMETERS = (
     "device",
     "n_envs",
 )
+PROVIDED: dict[str, Any] = {"replay": True, "respond": True, "observe": True, "returns": True}
+"""The capabilities sb3's integration provides: what-if, memory, observations, returns."""
 POLICY_KEYS = (
     "lstm_hidden_size",
     "n_lstm_layers",
@@ -205,6 +207,7 @@ class ProbeCallback(BaseCallback, Scope):
         self.entry: str | None = None  # the wrapped entry point running now: 'bootstrap' or 'predict'
         self.predict_start: Any = None  # the episode_start passed to policy.predict
         self.clock = doctor.PathClock()  # training time per _process_sequence path (doctor.py)
+        self.returns = returns.Sb3Returns(None)  # made again when learn() starts
         self.metrics: metrics.LiveMetrics | None = None
 
     @property
@@ -297,6 +300,8 @@ class ProbeCallback(BaseCallback, Scope):
             attachment.wrap(policy, "predict_values", _entry(me, "bootstrap"))
             attachment.wrap(policy, "predict", _entry(me, "predict"))
             attachment.extra["minibatch_paths"] = self.clock.metadata
+            self.returns = returns.Sb3Returns(model, tracer)  # the episodes each rollout ended (returns.py)
+            attachment.extra["returns"] = self.returns.publish
             self.metrics = metrics.attach(self, self.live_metrics)  # figures through SB3's logger (metrics.py)
             if self.memory_settings is not None:  # the memory horizon, on a copy of the policy (memory.py)
                 self.memory = memory.Memory(model, **self.memory_settings)
@@ -346,6 +351,7 @@ class ProbeCallback(BaseCallback, Scope):
             ]
             if self.observations.keys:
                 self.observations.step(self.model, self.last_dones, infos)
+            self.returns.step(self.locals, self.iteration)
         return True
 
     def _on_rollout_end(self) -> None:
@@ -353,6 +359,7 @@ class ProbeCallback(BaseCallback, Scope):
         if self.tracer is not None:
             self.tracer.batch_jobs(True)  # train() next: its calls' rows cross the pipe together
         self.current = Tags()
+        self.returns.publish()
         if self.memory is not None:
             self.memory.measure(self.model.rollout_buffer, self.iteration)  # type: ignore[attr-defined]
 
@@ -483,9 +490,7 @@ class ProbeCallback(BaseCallback, Scope):
     # -- the Integration contract ----------------------------------------------------------------
     def capabilities(self) -> Capabilities:
         """Train rows have epochs; sequences are cut from the rollout buffer and start from its stored states."""
-        return Capabilities(
-            "sb3", epochs=True, rollout_buffer=True, stored_states=True, replay=True, respond=True, observe=True
-        )
+        return Capabilities("sb3", epochs=True, rollout_buffer=True, stored_states=True, **PROVIDED)
 
     def metadata(self) -> dict[str, Any]:
         """The model's, its env's and its hyperparameters' record (made when learn() starts)."""

@@ -79,6 +79,7 @@ from lstm_probe.integrations.torchrl.recurrent import (
     staged_budget,
     staged_bytes,
 )
+from lstm_probe.integrations.torchrl.returns import BatchReturns
 from lstm_probe.integrations.torchrl.samples import Envs, StagedCall, gae_batch, host, rows_on_host
 from lstm_probe.integrations.torchrl.shadow import inner_rnn as _rnn
 from lstm_probe.integrations.torchrl.shadow import shadow
@@ -211,6 +212,7 @@ class TorchRLProbe(Probe, Tagged):
         self._user: list[dict[str, Any]] = []
         self._epochs = False
         self.iteration = -1
+        self.batch_returns = BatchReturns()  # each collector batch's episodes (returns.py)
         self._last_phase = ""
         self.frames = 0  # env steps collected under the probe (the collection calls' batch sizes)
         self.unprobed: dict[str, int] = {}  # calls the probe could not read (keyword calls), per module
@@ -248,7 +250,7 @@ class TorchRLProbe(Probe, Tagged):
     def capabilities(self) -> Capabilities:
         """framework 'torchrl': training sequences start from the states stored at collection; a batch can be
         re-run on a copy of the loss (whatif.py, memory.py)."""
-        caps: dict[str, Any] = {"stored_states": True, "replay": True, "respond": True, "observe": True}
+        caps: dict[str, Any] = dict.fromkeys(("stored_states", "replay", "respond", "observe", "returns"), True)
         if self._refused:  # the run's loss is not one they re-run
             caps |= {"replay": False, "respond": False}
         return Capabilities("torchrl", epochs=self._epochs, **caps)
@@ -287,6 +289,8 @@ class TorchRLProbe(Probe, Tagged):
             start, core = time.perf_counter(), self.tracer.hook_seconds
             try:
                 self._settle()
+                self.batch_returns.settle()  # the last batch's episodes
+                self.batch_returns.returns.publish(self.tracer)
             except Exception:  # never let a failed replay hide how the run ended (as the core's flush)
                 pass
             self.tracer.integration_seconds += time.perf_counter() - start - (self.tracer.hook_seconds - core)
@@ -439,6 +443,8 @@ class TorchRLProbe(Probe, Tagged):
         keep_obs = phase == "rollout" and self.obs_size is not None and int(x.shape[-1]) == self.obs_size
         obs = x.detach().reshape(n, -1).float().clone() if keep_obs else None
         tags = self._tags(phase)
+        if phase == "rollout" and self.batch_returns.collecting(self.iteration):  # the last batch's, once
+            self.batch_returns.returns.publish(self.tracer)
         staged = StagedCall(
             self._envs[name], phase, n, [is_init, step_count, traj if phase == "rollout" else None], obs
         )
