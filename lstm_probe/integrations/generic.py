@@ -178,14 +178,16 @@ class Tracer(Probe, CoreTracer):
         if missing:
             raise BadInput(f"measure_batch needs {', '.join(missing)} (or a tag() block around it that gives them)")
         where = (int(got["iteration"] or 0), int(got["epoch"] or 0), int(got["minibatch"] or 0))
-        if self.memory is not None:
-            starts = starts_of(episode_start)
-            if self.memory.measure(where[0], obs, starts, rollout_states, values):
-                self.integration.respond = True
-        if self.what_if is not None:
-            kw = {"obs": obs, "episode_start": episode_start, "rollout_states": rollout_states, "states": states}
-            if self.what_if.measure_batch(evaluate, where, env=got["env"], step=step, **kw):
-                self.integration.replay = True
+        copy = (self.memory or self.what_if).copy  # type: ignore[union-attr]
+        with copy.precision(rollout_states):  # the loop's autocast, read from its states' dtype
+            if self.memory is not None:
+                starts = starts_of(episode_start)
+                if self.memory.measure(where[0], obs, starts, rollout_states, values):
+                    self.integration.respond = True
+            if self.what_if is not None:
+                kw = {"obs": obs, "episode_start": episode_start, "rollout_states": rollout_states, "states": states}
+                if self.what_if.measure_batch(evaluate, where, env=got["env"], step=step, **kw):
+                    self.integration.replay = True
 
     def tag(self, **tags: Any) -> contextlib.AbstractContextManager[None]:
         """Tag every call inside the block: phase, iteration, epoch, minibatch, env, env_step, episode,
