@@ -11,12 +11,14 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from torch import nn
 
 import lstm_probe
 from lstm_probe import summarize
+from lstm_probe.report.probes import probe_targets
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "cleanrl_lstm.py"
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -158,3 +160,17 @@ def test_an_explicit_reference_window_wins(tmp_path):
     _loop(tmp_path / "short.parquet", 20, reference_window=5)  # fewer steps than the rollout: the last ones
     df = lstm_probe.load(tmp_path / "short.parquet", phase="train", vectors=False)
     assert df.drift_h.notna().sum() == 2 * 2 * 7  # the last 5 + 2 steps of each rollout
+
+
+def test_own_values_probe_an_own_loops_log(tmp_path):
+    """An own loop keeps no observations beside its rows; linear probes take the user's values (a DataFrame of
+    env, env_step, value) on a log whose episodes come from episode_start alone: an exact linear map of h scores 1,
+    and episode_step is probed beside it."""
+    out, _ = run(tmp_path)
+    df = lstm_probe.load(out, phase="rollout", layer=0, vectors=True).reset_index(drop=True)
+    h = lstm_probe.states(df, "h").astype(np.float64)
+    target = pd.DataFrame({"env": df["env"], "env_step": df["env_step"], "value": h @ np.linspace(-1, 1, h.shape[1])})
+    res = lstm_probe.probe(out, target, alpha=1e-9)
+    assert set(res["iteration"]) == {0, 1, 2} and (res["r2"] > 0.9999).all(), res
+    both = probe_targets(out, ["episode_step", target], alpha=1e-9)
+    assert (both[both["target"] != "episode_step"]["r2"] > 0.9999).all() and len(both) == 6

@@ -412,7 +412,10 @@ def probe_rows(
         if counted is not None:  # an own loop's episode_start alone: episodes counted from it (the row's target too)
             known = ~np.isnan(rows["env"].astype(np.float64))
             rows["episode"], rows["episode_step"] = _look_up(counted, env_key, all_steps, known)
-            values = [rows["episode_step"] if t == "episode_step" else v for t, v in zip(targets, values, strict=True)]
+            values = [
+                rows["episode_step"] if isinstance(t, str) and t == "episode_step" else v
+                for t, v in zip(targets, values, strict=True)
+            ]
         for module, layer, idx in _groups(rows["module"], rows["layer"]):
             if want is not None and module not in want:
                 continue
