@@ -70,6 +70,8 @@ def test_correct_loop_gives_a_true_report(tmp_path):
         ("reset-every-step", {("not_passed_back", "rollout"), ("not_passed_back", "bootstrap")}),
         ("bootstrap-zero-state", {("not_passed_back", "bootstrap")}),
         ("zero-train-start", {("train_from_zeros", "train")}),
+        # the rollout alone forgets the reset: training resets, so its gradient is cut at the episode starts
+        ("no-reset-in-rollout", {("not_reset", "rollout"), ("not_reset", "bootstrap")}),
     ],
 )
 def test_each_planted_bug_is_named(tmp_path, bug, kinds):
@@ -84,6 +86,12 @@ def test_each_planted_bug_is_named(tmp_path, bug, kinds):
         df = lstm_probe.load(out, phase="train", vectors=False)
         at = df[(df.call == train.first["call"]) & (df.env == train.first["env"]) & (df.layer == 0)]
         assert bool(at.episode_start.iloc[0]) and int(at.t.iloc[0]) > 0 and at.drift_h.iloc[0] == 0
+    if bug == "no-reset-in-rollout":
+        (rollout,) = [p for p in rep.doctor.problems if p.phase == "rollout"]
+        assert "the per-step training loop does reset it" in rollout.text and "rollout alone" in rollout.text
+        assert rep.doctor.train_resets > 0 and rep.sequences.cut_by_resets is True
+        assert rep.sequences.gradient_length["median"] < rep.sequences.length["median"]
+        assert not any("not reset there" in f for f in rep.findings)
     if rep.staleness.provenance_ok is False:  # the failure names what to check, not the log
         (warning,) = rep.warnings
         assert "cannot be trusted" not in warning and "env_step" in warning and "resets" in warning
