@@ -18,6 +18,7 @@ from torch import nn
 
 import lstm_probe
 from lstm_probe import summarize
+from lstm_probe.errors import BadInput
 from lstm_probe.report.probes import probe_targets
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "cleanrl_lstm.py"
@@ -182,3 +183,17 @@ def test_own_values_probe_an_own_loops_log(tmp_path):
     assert set(res["iteration"]) == {0, 1, 2} and (res["r2"] > 0.9999).all(), res
     both = probe_targets(out, ["episode_step", target], alpha=1e-9)
     assert (both[both["target"] != "episode_step"]["r2"] > 0.9999).all() and len(both) == 6
+
+
+def test_refusals_of_untagged_columns_say_the_tag(tmp_path):
+    """A log whose loop tags no episode numbers (episode_start alone): loading, drawing or probing what it lacks is
+    refused in one line that names the tag or the way in."""
+    out, _ = run(tmp_path)
+    with pytest.raises(BadInput, match=r"every row leaves episode null \(an own loop's rows hold it where its "):
+        lstm_probe.load(out, env=0, episode=1)
+    cli = [sys.executable, "-m", "lstm_probe"]
+    r = subprocess.run([*cli, "report", str(out), "--html", str(tmp_path / "r.html"), "--env", "1", "--episode", "2"],
+                       capture_output=True, text=True, env=ENV, timeout=300)  # fmt: skip
+    assert r.returncode == 2 and "carry no episode numbers" in r.stderr and "episode=" in r.stderr, r.stderr
+    r = subprocess.run([*cli, "probe", str(out), "--target", "obs:0"], capture_output=True, text=True, env=ENV)
+    assert r.returncode == 2 and "DataFrame with env, env_step, value" in r.stderr, r.stderr

@@ -239,7 +239,10 @@ def trace(
     cap, me = route(capture, (CaptureOptions, Measure), "trace")
     m = settle(Measure, measure, me)
     if m.capture_obs or m.info_keys:
-        raise BadInput("an own loop gives what-if and memory; capture_obs and info are not built for it")
+        raise BadInput(
+            "an own loop gives what-if and memory; capture_obs and info are not built for it: for linear probes "
+            "pass your own values to lstm_probe.probe(log, target) as a DataFrame with env, env_step, value"
+        )
     opts = capture_options(options, out, **cap)
     if "reference_window" not in cap and opts.reference_window == 0:  # the rollout's own length
         opts = dataclasses.replace(opts, reference_window=AUTO_WINDOW)

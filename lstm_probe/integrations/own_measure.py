@@ -94,7 +94,10 @@ class Copy:
         for name in self.names:
             m = own["" if name == "root" else name]
             if not isinstance(m, nn.LSTM | nn.GRU):
-                raise BadInput(f"what-if and memory re-run nn.LSTM / nn.GRU modules; {name} is a {type(m).__name__}")
+                raise BadInput(
+                    f"what-if and memory re-run nn.LSTM / nn.GRU modules; {name} is a {type(m).__name__}: trace it "
+                    "without what_if and memory (its log and report need neither)"
+                )
             if m.bidirectional or getattr(m, "proj_size", None):
                 raise BadInput(f"what-if and memory do not follow a bidirectional or projected LSTM ({name})")
         self._copy: nn.Module | None = None

@@ -276,7 +276,10 @@ def _target_values(
         if not strict:  # nothing captured in these rows: no value
             return np.full(table.num_rows, np.nan)
         flag = "--capture-obs" if column == "obs" else "--info KEY"
-        raise BadInput(f"target {name!r}: the log's {column!r} column is empty (a log written with {flag} has it)")
+        raise BadInput(
+            f"target {name!r}: the log's {column!r} column is empty (a log written with {flag} has it; an own loop's "
+            "log has none: pass your own values as a DataFrame with env, env_step, value)"
+        )
     if column == "info" and not index.isdigit():
         if index not in info_keys:
             raise BadInput(f"target {name!r}: the log's info keys are {', '.join(info_keys) or 'none'}")
