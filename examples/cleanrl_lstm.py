@@ -12,6 +12,7 @@ is started and closed around the flat loop (no ``with``, nothing re-indented); t
 
 - no-reset-in-train: the training loop ignores the stored dones (the state runs on across episode starts);
 - no-reset: get_states never resets the state (rollout and training), the ``h[:, done] = 0`` forgotten;
+- no-reset-in-rollout: the rollout's calls (under no_grad) ignore the dones, training resets as it should;
 - reset-every-step: the LSTM gets no state, so every step starts from zeros (the state is not passed back);
 - bootstrap-zero-state: the bootstrap value call starts from zeros instead of the rollout's last state;
 - zero-train-start: training starts from zeros instead of the state stored at the rollout's start.
@@ -36,7 +37,8 @@ from torch.distributions.categorical import Categorical
 
 import lstm_probe
 
-BUGS = ("no-reset-in-train", "no-reset", "reset-every-step", "bootstrap-zero-state", "zero-train-start")
+BUGS = ("no-reset-in-train", "no-reset", "no-reset-in-rollout", "reset-every-step", "bootstrap-zero-state")
+BUGS += ("zero-train-start",)
 parser = argparse.ArgumentParser()
 parser.add_argument("--iterations", type=int, default=4)
 parser.add_argument("--num-envs", type=int, default=4)
@@ -82,7 +84,7 @@ class Agent(nn.Module):
         batch_size = lstm_state[0].shape[1]
         hidden = hidden.reshape((-1, batch_size, self.lstm.input_size))
         done = done.reshape((-1, batch_size))
-        if args.bug == "no-reset":
+        if args.bug == "no-reset" or (args.bug == "no-reset-in-rollout" and not torch.is_grad_enabled()):
             done = torch.zeros_like(done)
         new_hidden = []
         for h, d in zip(hidden, done, strict=True):

@@ -11,12 +11,15 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from torch import nn
 
 import lstm_probe
 from lstm_probe import summarize
+from lstm_probe.errors import BadInput
+from lstm_probe.report.probes import probe_targets
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "cleanrl_lstm.py"
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -68,6 +71,8 @@ def test_correct_loop_gives_a_true_report(tmp_path):
         ("reset-every-step", {("not_passed_back", "rollout"), ("not_passed_back", "bootstrap")}),
         ("bootstrap-zero-state", {("not_passed_back", "bootstrap")}),
         ("zero-train-start", {("train_from_zeros", "train")}),
+        # the rollout alone forgets the reset: training resets, so its gradient is cut at the episode starts
+        ("no-reset-in-rollout", {("not_reset", "rollout"), ("not_reset", "bootstrap")}),
     ],
 )
 def test_each_planted_bug_is_named(tmp_path, bug, kinds):
@@ -82,6 +87,12 @@ def test_each_planted_bug_is_named(tmp_path, bug, kinds):
         df = lstm_probe.load(out, phase="train", vectors=False)
         at = df[(df.call == train.first["call"]) & (df.env == train.first["env"]) & (df.layer == 0)]
         assert bool(at.episode_start.iloc[0]) and int(at.t.iloc[0]) > 0 and at.drift_h.iloc[0] == 0
+    if bug == "no-reset-in-rollout":
+        (rollout,) = [p for p in rep.doctor.problems if p.phase == "rollout"]
+        assert "the per-step training loop does reset it" in rollout.text and "rollout alone" in rollout.text
+        assert rep.doctor.train_resets > 0 and rep.sequences.cut_by_resets is True
+        assert rep.sequences.gradient_length["median"] < rep.sequences.length["median"]
+        assert not any("not reset there" in f for f in rep.findings)
     if rep.staleness.provenance_ok is False:  # the failure names what to check, not the log
         (warning,) = rep.warnings
         assert "cannot be trusted" not in warning and "env_step" in warning and "resets" in warning
@@ -158,3 +169,31 @@ def test_an_explicit_reference_window_wins(tmp_path):
     _loop(tmp_path / "short.parquet", 20, reference_window=5)  # fewer steps than the rollout: the last ones
     df = lstm_probe.load(tmp_path / "short.parquet", phase="train", vectors=False)
     assert df.drift_h.notna().sum() == 2 * 2 * 7  # the last 5 + 2 steps of each rollout
+
+
+def test_own_values_probe_an_own_loops_log(tmp_path):
+    """An own loop keeps no observations beside its rows; linear probes take the user's values (a DataFrame of
+    env, env_step, value) on a log whose episodes come from episode_start alone: an exact linear map of h scores 1,
+    and episode_step is probed beside it."""
+    out, _ = run(tmp_path)
+    df = lstm_probe.load(out, phase="rollout", layer=0, vectors=True).reset_index(drop=True)
+    h = lstm_probe.states(df, "h").astype(np.float64)
+    target = pd.DataFrame({"env": df["env"], "env_step": df["env_step"], "value": h @ np.linspace(-1, 1, h.shape[1])})
+    res = lstm_probe.probe(out, target, alpha=1e-9)
+    assert set(res["iteration"]) == {0, 1, 2} and (res["r2"] > 0.9999).all(), res
+    both = probe_targets(out, ["episode_step", target], alpha=1e-9)
+    assert (both[both["target"] != "episode_step"]["r2"] > 0.9999).all() and len(both) == 6
+
+
+def test_refusals_of_untagged_columns_say_the_tag(tmp_path):
+    """A log whose loop tags no episode numbers (episode_start alone): loading, drawing or probing what it lacks is
+    refused in one line that names the tag or the way in."""
+    out, _ = run(tmp_path)
+    with pytest.raises(BadInput, match=r"every row leaves episode null \(an own loop's rows hold it where its "):
+        lstm_probe.load(out, env=0, episode=1)
+    cli = [sys.executable, "-m", "lstm_probe"]
+    r = subprocess.run([*cli, "report", str(out), "--html", str(tmp_path / "r.html"), "--env", "1", "--episode", "2"],
+                       capture_output=True, text=True, env=ENV, timeout=300)  # fmt: skip
+    assert r.returncode == 2 and "carry no episode numbers" in r.stderr and "episode=" in r.stderr, r.stderr
+    r = subprocess.run([*cli, "probe", str(out), "--target", "obs:0"], capture_output=True, text=True, env=ENV)
+    assert r.returncode == 2 and "DataFrame with env, env_step, value" in r.stderr, r.stderr

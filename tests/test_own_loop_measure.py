@@ -250,9 +250,9 @@ def test_refusals(tmp_path):
     agent = Agent()
     with pytest.raises(BadInput, match="heads="):
         lstm_probe.trace(agent, out=tmp_path / "m.parquet", what_if=True, memory=True)
-    with pytest.raises(BadInput, match="capture_obs"):
+    with pytest.raises(BadInput, match=r"capture_obs.*DataFrame with env, env_step, value"):
         lstm_probe.trace(agent, out=tmp_path / "m.parquet", capture_obs=True)
-    with pytest.raises(BadInput, match="LSTMCell"):
+    with pytest.raises(BadInput, match="LSTMCell: trace it without what_if and memory"):
         lstm_probe.trace(nn.LSTMCell(3, 4), out=tmp_path / "m.parquet", what_if=True)
     probe = lstm_probe.trace(agent, out=tmp_path / "r.parquet", force=True, what_if=True)
     state = (torch.zeros(1, N, HID), torch.zeros(1, N, HID))

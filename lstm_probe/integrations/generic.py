@@ -214,14 +214,16 @@ class Tracer(Probe, CoreTracer):
         if missing:
             raise BadInput(f"measure_batch needs {', '.join(missing)} (or a tag() block around it that gives them)")
         where = (int(got["iteration"] or 0), int(got["epoch"] or 0), int(got["minibatch"] or 0))
-        if self.memory is not None:
-            starts = starts_of(episode_start)
-            if self.memory.measure(where[0], obs, starts, rollout_states, values):
-                self.integration.respond = True
-        if self.what_if is not None:
-            kw = {"obs": obs, "episode_start": episode_start, "rollout_states": rollout_states, "states": states}
-            if self.what_if.measure_batch(evaluate, where, env=got["env"], step=step, **kw):
-                self.integration.replay = True
+        copy = (self.memory or self.what_if).copy  # type: ignore[union-attr]
+        with copy.precision(rollout_states):  # the loop's autocast, read from its states' dtype
+            if self.memory is not None:
+                starts = starts_of(episode_start)
+                if self.memory.measure(where[0], obs, starts, rollout_states, values):
+                    self.integration.respond = True
+            if self.what_if is not None:
+                kw = {"obs": obs, "episode_start": episode_start, "rollout_states": rollout_states, "states": states}
+                if self.what_if.measure_batch(evaluate, where, env=got["env"], step=step, **kw):
+                    self.integration.replay = True
 
     def tag(self, **tags: Any) -> contextlib.AbstractContextManager[None]:
         """Tag every call inside the block: phase, iteration, epoch, minibatch, env, env_step, episode,
@@ -273,7 +275,10 @@ def trace(
     cap, me = route(capture, (CaptureOptions, Measure), "trace")
     m = settle(Measure, measure, me)
     if m.capture_obs or m.info_keys:
-        raise BadInput("an own loop gives what-if and memory; capture_obs and info are not built for it")
+        raise BadInput(
+            "an own loop gives what-if and memory; capture_obs and info are not built for it: for linear probes "
+            "pass your own values to lstm_probe.probe(log, target) as a DataFrame with env, env_step, value"
+        )
     opts = capture_options(options, out, **cap)
     if "reference_window" not in cap and opts.reference_window == 0:  # the rollout's own length
         opts = dataclasses.replace(opts, reference_window=AUTO_WINDOW)

@@ -28,6 +28,7 @@ to ``trace``); parameters whose name starts with one of :data:`VALUE_PREFIXES` c
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -72,6 +73,16 @@ def _flat_dist(dist: Any, n: int) -> Any:
     return None
 
 
+def _sequence_first(rnn: nn.Module) -> nn.Module:
+    """``rnn`` itself, or where it is batch-first a sequence-first twin on its parameter tensors (with its
+    dropout): the engines feed (steps, batch, features), as the loops they re-run keep them."""
+    if not getattr(rnn, "batch_first", False):
+        return rnn
+    twin = copies.twin(rnn, batch_first=False)
+    twin.dropout = float(rnn.dropout)  # type: ignore[arg-type]
+    return twin
+
+
 class Copy:
     """The private copy of the user's ``model`` both measurements run on (``own_memory.py`` too), made at the
     first measurement (the model is then where it trains), and what they read of it: its recurrent modules by
@@ -83,7 +94,10 @@ class Copy:
         for name in self.names:
             m = own["" if name == "root" else name]
             if not isinstance(m, nn.LSTM | nn.GRU):
-                raise BadInput(f"what-if and memory re-run nn.LSTM / nn.GRU modules; {name} is a {type(m).__name__}")
+                raise BadInput(
+                    f"what-if and memory re-run nn.LSTM / nn.GRU modules; {name} is a {type(m).__name__}: trace it "
+                    "without what_if and memory (its log and report need neither)"
+                )
             if m.bidirectional or getattr(m, "proj_size", None):
                 raise BadInput(f"what-if and memory do not follow a bidirectional or projected LSTM ({name})")
         self._copy: nn.Module | None = None
@@ -96,7 +110,7 @@ class Copy:
             return self._copy
         copy = copies.private_copy(self.model)
         own = dict(copy.named_modules())
-        self.rnns = {name: own["" if name == "root" else name] for name in self.names}
+        self.rnns = {name: _sequence_first(own["" if name == "root" else name]) for name in self.names}
         self.pairs = copies.pairs(copy, self.model)
         self._copy = copy
         return copy
@@ -106,6 +120,8 @@ class Copy:
         copy = self.get()
         copies.sync(self.pairs)
         copy.train(train)
+        for rnn in self.rnns.values():  # a batch-first module's twin is no submodule of the copy
+            rnn.train(train)
         return copy
 
     def states(self, given: Any, what: str) -> dict[str, tuple[torch.Tensor, ...]]:
@@ -118,6 +134,19 @@ class Copy:
         if len(self.names) != 1:
             raise BadInput(f"{what}: a dict by module name, the model has {len(self.names)} recurrent modules")
         return {self.names[0]: _tuple(given)}
+
+    def precision(self, given: Any) -> contextlib.AbstractContextManager[Any]:
+        """The loop's autocast, for runs of the copy from the states ``given`` (as :meth:`states` takes them):
+        states of a lower float precision than the recurrent module's weights came out of a
+        ``torch.autocast`` of their dtype (a module of float32 weights takes no other input dtype), so the
+        copy's runs from them (the refreshed states, burn-ins, ``evaluate`` and ``heads``) are autocast alike."""
+        state = next(iter(self.states(given, "rollout_states").values()))[0]
+        own = dict(self.model.named_modules())[self.names[0] if self.names[0] != "root" else ""]
+        weight = next(own.parameters(), None)
+        low = (torch.float16, torch.bfloat16)
+        if weight is None or state.dtype not in low or weight.dtype != torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(state.device.type, dtype=state.dtype)
 
     def give(self, per_module: dict[str, Any], states: bool = True) -> Any:
         """Per-module values as the user's functions take them: one module's alone, several in a dict by name;

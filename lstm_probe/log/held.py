@@ -69,6 +69,10 @@ def _words(held: list[Span], limit: int = 8) -> str:
     return ", ".join(parts) + (", ..." if len(held) > limit else "")
 
 
+OWN_TAGS = ("iteration", "epoch", "minibatch", "env", "env_step", "episode", "episode_step")
+"""Columns an own loop fills from its ``tag()`` blocks alone (a null one there was not tagged)."""
+
+
 def check(data: ds.Dataset, filters: dict[str, Any], who: str = "load") -> None:
     """:class:`BadInput` (one line) for the first filter none of whose values any row group of ``data`` can
     hold (by its footer statistics; ``filters``: column -> a value, a list of them, or None for no filter).
@@ -90,6 +94,8 @@ def check(data: ds.Dataset, filters: dict[str, Any], who: str = "load") -> None:
         what = repr(values[0]) if len(values) == 1 else f"any of {values[:8]!r}"
         if not held:
             there = f"every row leaves {name} null" + (" (one process wrote the log)" if name == "worker" else "")
+            if name in OWN_TAGS:
+                there += f" (an own loop's rows hold it where its probe.tag(...) blocks give {name}=...)"
         else:
             there = f"its {name} values are {_words(held)} (by its footer statistics)"
         hint = f"; a phase is one of {', '.join(PHASES)}" if name == "phase" and not set(values) <= set(PHASES) else ""

@@ -340,6 +340,11 @@ def _pick_episode(
     eps = sorted(spans)
     if episode is not None:
         if episode not in spans:
+            if not eps:
+                raise BadInput(
+                    f"--episode {episode}: the log's rollout rows of env {env} carry no episode numbers (an own loop "
+                    "tags them with probe.tag(..., episode=...)); leave --episode out"
+                )
             raise BadInput(f"--episode {episode} is not in the log for env {env}; it holds episodes {eps}")
         return episode, spans[episode]
     at = (

@@ -276,7 +276,10 @@ def _target_values(
         if not strict:  # nothing captured in these rows: no value
             return np.full(table.num_rows, np.nan)
         flag = "--capture-obs" if column == "obs" else "--info KEY"
-        raise BadInput(f"target {name!r}: the log's {column!r} column is empty (a log written with {flag} has it)")
+        raise BadInput(
+            f"target {name!r}: the log's {column!r} column is empty (a log written with {flag} has it; an own loop's "
+            "log has none: pass your own values as a DataFrame with env, env_step, value)"
+        )
     if column == "info" and not index.isdigit():
         if index not in info_keys:
             raise BadInput(f"target {name!r}: the log's info keys are {', '.join(info_keys) or 'none'}")
@@ -412,7 +415,10 @@ def probe_rows(
         if counted is not None:  # an own loop's episode_start alone: episodes counted from it (the row's target too)
             known = ~np.isnan(rows["env"].astype(np.float64))
             rows["episode"], rows["episode_step"] = _look_up(counted, env_key, all_steps, known)
-            values = [rows["episode_step"] if t == "episode_step" else v for t, v in zip(targets, values, strict=True)]
+            values = [
+                rows["episode_step"] if isinstance(t, str) and t == "episode_step" else v
+                for t, v in zip(targets, values, strict=True)
+            ]
         for module, layer, idx in _groups(rows["module"], rows["layer"]):
             if want is not None and module not in want:
                 continue

@@ -174,7 +174,10 @@ def _resets_inside(results: dict[str, Any]) -> None:
     sequences, doctor = results.get("sequences"), results.get("doctor")
     if sequences is None or not sequences.starts_inside:
         return
-    judge_resets(sequences, [(p.kind, p.phase) for p in doctor.problems] if doctor is not None else [])
+    if doctor is None:
+        judge_resets(sequences, [])
+    else:
+        judge_resets(sequences, [(p.kind, p.phase) for p in doctor.problems], doctor.train_resets)
 
 
 def _memory_from_sequences(results: dict[str, Any]) -> None:

@@ -59,7 +59,7 @@ from lstm_probe.report.sections.doctor_rows import (
     earlier,
     group,
 )
-from lstm_probe.report.sections.doctor_words import clean_line, rollout_lines
+from lstm_probe.report.sections.doctor_words import clean_line, rollout_alone, rollout_lines
 from lstm_probe.report.sections.staleness import provenance_tolerance
 from lstm_probe.text import safe
 
@@ -110,6 +110,9 @@ class DoctorSection:
     rolled: dict[str, int] = field(default_factory=dict)
     """'module/phase' -> those of ``inside`` made at a new iteration's first call in the group (a rollout's first
     step): where a log declares ``Capabilities.rollout_start``, the state its framework carries there by design."""
+    train_resets: int = 0
+    """Episode starts in a per-step training loop's first-minibatch sequences where the rollout did not reset the
+    state and training did (its states depart from the rollout's there): the gradient is cut there."""
     kept: str = ""
     """The env columns the log keeps rows of, where ``--other-envs none`` kept only some (every count here is
     then of those): 'env columns 0..3 of 256'; '' where every column has rows."""
@@ -493,6 +496,11 @@ class Pass:
                 f"training carrying the state across); first at {_where(f.row)}"
             )
             data.problems.append(Problem("carried_in_training", "train", f.count, f.row, text))
+        if found.reset_only.count:  # the rollout alone forgot the reset: training resets there
+            data.train_resets = found.reset_only.count
+            for p in data.problems:
+                if (p.kind, p.phase) == ("not_reset", "rollout"):
+                    p.text = rollout_alone(p.text, data.train_resets)
         data.findings = [p.text for p in data.problems]
         data.notes = _notes(tally, data.problems, found)
         return data

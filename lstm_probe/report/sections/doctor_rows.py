@@ -107,6 +107,9 @@ class Steps:
     """Episode starts the rollout did not reset the state at either, where the train state still equals the
     rollout's there: the training loop carried the state across them too (fixing the rollout alone would not
     do)."""
+    reset_only: First = field(default_factory=First)
+    """Episode starts the rollout did not reset the state at, where the train state departs from the rollout's
+    right there: the training loop resets it (its gradient is cut there), the rollout alone does not."""
     untagged: int = 0
     """First-minibatch train rows after a sequence's first step with no ``episode_start``."""
 
@@ -164,6 +167,7 @@ class StepScan:
             envs = zip(c["module"].tolist(), c["env"].tolist(), c["env_step"].tolist(), strict=True)
             kept = np.array([k in not_reset for k in envs], bool)
             self.out.carried.add(c, (departs == c["t"]) & ~kept)
+            self.out.reset_only.add(c, (departs == c["t"]) & kept)
             # still on the rollout's state at the episode start (a drift measured there, none off it before)
             on = (departs > c["t"]) & (c["drift_h"] <= self.tolerance)
             self.out.carried_too.add(c, on & kept)

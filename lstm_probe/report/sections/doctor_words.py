@@ -1,7 +1,8 @@
 """What the doctor's table says where the doctor names no problem (``report/sections/doctor.py``): the line
 under it, true of every column it shows. A column that started from 'previous', 'reset' or 'stored' needs no
 word; the others ('zero', 'other': ``capture/inputs.py`` says what each answer means) are no bug the doctor can
-name where it names none, and the line says why, column kind by column kind."""
+name where it names none, and the line says why, column kind by column kind. And the words a problem gains from
+what the per-step training loop showed (:func:`rollout_alone`)."""
 
 from __future__ import annotations
 
@@ -107,3 +108,15 @@ def rollout_lines(rolled: dict[str, int], start: str | None) -> list[str]:
         for key, n in rolled.items()
         if n
     ]
+
+
+def rollout_alone(text: str, count: int) -> str:
+    """The rollout's not-reset problem ``text`` saying that the per-step training loop does reset the state at
+    ``count`` of those episode starts (its states depart from the rollout's there): the rollout alone is at fault."""
+    starts = "that episode start" if count == 1 else f"{count:,} of those episode starts"
+    clause = (
+        f"; the per-step training loop does reset it (at {starts} inside training sequences, before any optimizer "
+        "step, its states depart from the rollout's there), so the rollout alone is at fault and the provenance "
+        "check fails there"
+    )
+    return text.replace("; first at ", f"{clause}; first at ", 1)

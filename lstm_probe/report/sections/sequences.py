@@ -362,14 +362,17 @@ CARRIED = {
 inside training sequences, and the gradient with it."""
 
 
-def judge_resets(data: SequencesSection, problems: list[tuple[str, str]]) -> None:
+def judge_resets(data: SequencesSection, problems: list[tuple[str, str]], train_resets: int = 0) -> None:
     """Whether the episode starts inside ``data``'s training sequences cut the gradient, from the doctor's
     ``problems`` (kind, phase): not where one of :data:`CARRIED` says the state runs on across them (the horizon is
-    then the sequences' length), else they do (it is the stretches between them, as computed). Nothing where no
-    sequence holds one."""
+    then the sequences' length), else they do (it is the stretches between them, as computed). A rollout that does
+    not reset says nothing of training where the doctor saw the training loop reset (``train_resets``: the
+    doctor's count). Nothing where no sequence holds one."""
     if not data.starts_inside:
         return
     carried = next((kind for kind, (phase, _) in CARRIED.items() if (kind, phase) in problems), None)
+    if carried == "not_reset" and train_resets:
+        carried = None
     data.cut_by_resets, data.carried_by = carried is None, carried
     if carried is not None:
         data.gradient_length = dict(data.length)
