@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 
 from lstm_probe.contract import Capabilities
-from lstm_probe.report.section import kept_columns
+from lstm_probe.report.section import kept_columns, span_words
 from lstm_probe.report.sections.cross_process import kinds, unsynced
 from lstm_probe.report.sections.staleness import StalenessSection, last_update, unmeasured
-from lstm_probe.report.sections.staleness_trend import last_span, name_span
+from lstm_probe.report.sections.staleness_trend import last_span
 from lstm_probe.report.sections.what_if import (
     STORED,
     WHOLE,
@@ -236,11 +236,12 @@ def _over_run(v: Verdict, st: StalenessSection, judged: dict[str, float], order:
     if tail is None:
         return
     span, n = tail["span"], tail["iterations"]
+    which = span_words(span["iteration_first"], span["iteration_last"])
     by = " and ".join(f"{_pct(tail['drift'][m])} ({m})" for m in order if m in tail["drift"])
     these = "that figure is" if len(tail["drift"]) == 1 else "those figures are"
     v.lines.append(
         f"{these} over the run's {n:,} iterations; in its last {span['iterations']:,} iterations "
-        f"({name_span(span)}) the last epoch's drift is {by} (the staleness section has it by iteration)"
+        f"({which}) the last epoch's drift is {by} (the staleness section has it by iteration)"
     )
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from lstm_probe.report.numeric import mean_max
-from lstm_probe.report.section import GroupStats, fmt
+from lstm_probe.report.section import GroupStats, cut_spans, fmt, span_words
 from lstm_probe.text import safe
 
 POINTS = 100
@@ -19,12 +19,6 @@ POINTS = 100
 drift, else this many spans of consecutive iterations (equal in count, within one)."""
 SPANS = 8
 """Spans of iterations the text's trend line and the verdict read (each iteration where there are no more)."""
-
-
-def _split(n: int, parts: int) -> list[tuple[int, int]]:
-    """``parts`` consecutive [start, stop) ranges of ``range(n)``, equal within one (``n`` where fewer)."""
-    k = min(n, parts)
-    return [(i * n // k, (i + 1) * n // k) for i in range(k)]
 
 
 def by_iteration(groups: GroupStats) -> list[dict[str, Any]]:
@@ -43,7 +37,7 @@ def by_iteration(groups: GroupStats) -> list[dict[str, Any]]:
         series.setdefault((module, layer), []).append((it, ep, s))
     out: list[dict[str, Any]] = []
     for (module, layer), points in series.items():
-        for a, b in _split(len(points), POINTS):
+        for a, b in cut_spans(len(points), POINTS):
             part = points[a:b]
             s = np.sum([p[2] for p in part], axis=0)  # counts and sums add; the maxima are not shown
             epochs = {p[1] for p in part}
@@ -73,7 +67,7 @@ def spans(entries: list[dict[str, Any]]) -> dict[tuple[str, int], list[dict[str,
     out: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for key, es in per.items():
         rows = []
-        for a, b in _split(len(es), SPANS):
+        for a, b in cut_spans(len(es), SPANS):
             part = es[a:b]
             n = sum(e["rows"] for e in part)
             h = sum(e["rows"] * e["drift_h_mean"] for e in part if e["rows"])
@@ -90,12 +84,6 @@ def spans(entries: list[dict[str, Any]]) -> dict[tuple[str, int], list[dict[str,
             )
         out[key] = rows
     return out
-
-
-def name_span(span: dict[str, Any]) -> str:
-    """'12' or '12-19'."""
-    a, b = span["iteration_first"], span["iteration_last"]
-    return str(a) if a == b else f"{a}-{b}"
 
 
 def iterations(entries: list[dict[str, Any]]) -> int:
@@ -121,15 +109,18 @@ def lines(entries: list[dict[str, Any]], layered: bool) -> list[str]:
         named = [r for r in rows if r["drift_h_mean"] is not None]
         if not named:
             continue
-        parts = ", ".join(f"{name_span(r)}: {fmt(r['drift_h_mean'])}" for r in named)
+        parts = ", ".join(
+            f"{span_words(r['iteration_first'], r['iteration_last'])}: {fmt(r['drift_h_mean'])}" for r in named
+        )
         top = max(named, key=lambda r: r["drift_h_mean"])
+        largest = span_words(top["iteration_first"], top["iteration_last"])
         json = "each" if n <= POINTS else f"{POINTS} spans"
         how = f", {len(rows)} spans of its {n:,} iterations (--json has {json})" if n > len(rows) else ""
         who = f"{safe(module)}{' layer ' + str(layer) if layered else ''}"
         whose = "the" if epoch else "each iteration's"
         out.append(
             f"mean h drift of {who} in {whose} last epoch{epoch} by iteration{how}: {parts}; largest in "
-            f"{'iteration' if top['iterations'] == 1 else 'iterations'} {name_span(top)}"
+            f"{'iteration' if top['iterations'] == 1 else 'iterations'} {largest}"
         )
     return out
 
