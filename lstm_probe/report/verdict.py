@@ -232,7 +232,7 @@ def verdict(
 def _over_run(v: Verdict, st: StalenessSection, judged: dict[str, float], order: list[str]) -> None:
     """A line where the run-wide figures hide a change over training: each module's figure in the run's last span of
     iterations (the staleness section's trend), where some module's differs from its run-wide figure by 2x or more."""
-    tail = last_span(st.by_iteration, judged, v.epoch, STALE)
+    tail = last_span(st.trend, judged, v.epoch, STALE)
     if tail is None:
         return
     span, n = tail["span"], tail["iterations"]
