@@ -34,7 +34,8 @@ SHOWN_RUNS = 12
 """The text shows a module's horizons over every measured iteration as runs of equal horizons (``2-67: 4``) where
 there are at most this many runs; else as :data:`SPANS` spans of the measured iterations (the JSON keeps every one)."""
 SPANS = 8
-"""Spans of measured iterations the text sums a module's horizons up in where they change too often for runs."""
+"""Spans of measured iterations the text sums a module's horizons up in where they change too often for runs; the
+finding's recent iterations are the last of them."""
 FRACTION = 0.05
 """The horizon is the smallest k whose effect is below this fraction of effect(1)."""
 NEGLIGIBLE = {"kl": 1e-8, "value_rel": 1e-5}
@@ -364,11 +365,12 @@ def _by_iteration(module: str, horizons: list[tuple[int, dict[str, Any]]]) -> st
 
 
 def _recent(data: MemorySection, module: str, latest: dict[str, Any]) -> str:
-    """Where the last measured iteration's horizon is not the most common of the last measured iterations (the last
-    of :data:`SPANS` spans of them, at least 2): that one, so that one iteration's outlier is not read as the run's
-    ('; ~4 at 24 of the last 25 measured iterations'); else nothing."""
+    """Where the last measured iteration's horizon is not the most common of the recent measured iterations: that
+    one, so that one iteration's outlier is not read as the run's ('; ~4 at 3 of the last 4 measured iterations');
+    else nothing. The recent iterations are the last of :data:`SPANS` spans of the measured ones, the text's last
+    span where it shows spans (:func:`_by_iteration`); nothing where that span is one iteration."""
     words = [_horizon_words(h) for h in data.horizons if h["module"] == module]
-    tail = words[-max(2, len(words) // SPANS) :]
+    tail = words[cut_spans(len(words), SPANS)[-1][0] :] if words else []
     if len(tail) < 2:
         return ""
     common, counts = _common(tail)
