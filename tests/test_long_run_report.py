@@ -93,8 +93,10 @@ def test_memory_horizons_by_iteration_cover_the_whole_run(long_log):
                 "horizon, its range in brackets; --json has every one): " + "; ".join(parts)
             )
         assert line in words, (line, words)
-        # the finding on the last iteration says the last span's usual horizon where that iteration's differs
-        tail = [w for _, w in said[-(ITERATIONS // 8) :]]
+        # the finding on the last iteration says the last span's usual horizon where that iteration's differs: the
+        # text's last span (52-59: 8 iterations, where the old rule counted the last 7)
+        tail = [w for _, w in said[7 * ITERATIONS // 8 :]]
+        assert len(tail) == 8
         counts = Counter(tail)
         common = max(counts, key=lambda w: (counts[w], -_rank(w)))
         finding = next(f for f in rep.findings if f.startswith(f"{module}: "))

@@ -9,11 +9,12 @@ from sb3_contrib import RecurrentPPO
 from stable_baselines3.common.env_util import make_vec_env
 
 from lstm_probe import ProbeCallback
+from lstm_probe.contract import Capabilities
 from lstm_probe.errors import BadInput
 from lstm_probe.integrations.sb3.memory import lags, reach, sample_steps
 from lstm_probe.log.reader import read_info
 from lstm_probe.report import summarize
-from lstm_probe.report.sections.memory import horizon
+from lstm_probe.report.sections.memory import Memory, MemorySection, horizon
 
 KW = {"n_steps": 32, "batch_size": 16, "n_epochs": 2}
 
@@ -68,6 +69,32 @@ def test_helpers():
         ProbeCallback("x.parquet", memory_every=2)
     with pytest.raises(BadInput):
         ProbeCallback("x.parquet", memory=True, memory_every=0)
+
+
+def test_recent_horizons_are_the_texts_last_span():
+    """25 measured iterations whose horizons change too often for runs: the text's 8 spans of them (the last
+    21-24), and the finding on the last iteration's outlier counts that same span: 3 of its 4 iterations at ~4."""
+    said = [8 if i % 2 == 0 else 16 for i in range(21)] + [4, 4, 4, 2]
+    fixed = {"metric": "kl", "effect_1": 1.0, "unused": False, "beyond": False, "max_k": 64}
+    latest = {"iteration": 24, "metric": "kl", "k": [1, 2], "effect": [1.0, 0.01], "pairs": [16, 16]}
+    data = MemorySection(
+        measured=True,
+        modules=["actor"],
+        horizons=[{"iteration": i, "module": "actor", "horizon": h} | fixed for i, h in enumerate(said)],
+        latest={"actor": latest | {"horizon": 2, "unused": False, "beyond": False, "max_k": 2}},
+    )
+    section = Memory()
+    assert section.findings(data) == [
+        "actor: actions depend on the last ~2 steps (iteration 24; ~4 at 3 of the last 4 measured iterations)"
+    ]
+    panel = section.text(data, Capabilities())[0]
+    assert panel.lines[0].splitlines()[-1] == (
+        "horizon by iteration, actor (8 spans of the 25 measured iterations: the most common horizon, its range in "
+        "brackets; --json has every one): 0-2: 8 (8 to 16); 3-5: 16 (8 to 16); 6-8: 8 (8 to 16); 9-11: 16 (8 to "
+        "16); 12-14: 8 (8 to 16); 15-17: 16 (8 to 16); 18-20: 8 (8 to 16); 21-24: 4 (2 to 4)"
+    )
+    data.horizons[-3]["horizon"] = 16  # 4, 16, 4, 2: no horizon holds more than half the span
+    assert "of the last" not in section.findings(data)[0]
 
 
 @pytest.mark.parametrize(

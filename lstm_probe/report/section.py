@@ -226,6 +226,19 @@ def fmt_steps(v: float | None) -> str:
     return f"{v:.3g}" if abs(v) < 1000 else f"{v:,.0f}"
 
 
+def cut_spans(n: int, parts: int) -> list[tuple[int, int]]:
+    """A run's ``n`` iterations (or other points in order) cut into at most ``parts`` spans: consecutive [start,
+    stop) ranges of ``range(n)``, equal in length within one, the last the longest (one per point where ``n`` is
+    fewer; none where 0). The staleness trend and the memory horizons cut their iterations so."""
+    k = min(n, parts)
+    return [(i * n // k, (i + 1) * n // k) for i in range(k)]
+
+
+def span_words(first: int, last: int) -> str:
+    """A span of iterations (or a range of counts) as the text says it: '12', or '12-19'."""
+    return str(first) if first == last else f"{first}-{last}"
+
+
 def kept_columns(kept: int | None, n_envs: int | None, runners: int | None = None) -> str:
     """The env columns a log keeps rows of, in words: 'env columns 0..3 of 256' (``kept``: K of
     ``--trace-envs K --other-envs none``; ``n_envs``: the run's envs, where known, per env runner where

@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 
 from lstm_probe.contract import Capabilities
-from lstm_probe.report.section import kept_columns
+from lstm_probe.report.section import kept_columns, span_words
 from lstm_probe.report.sections.cross_process import kinds, unsynced
 from lstm_probe.report.sections.staleness import StalenessSection, last_update, unmeasured
-from lstm_probe.report.sections.staleness_trend import last_span, name_span
+from lstm_probe.report.sections.staleness_trend import last_span
 from lstm_probe.report.sections.what_if import (
     STORED,
     WHOLE,
@@ -232,15 +232,16 @@ def verdict(
 def _over_run(v: Verdict, st: StalenessSection, judged: dict[str, float], order: list[str]) -> None:
     """A line where the run-wide figures hide a change over training: each module's figure in the run's last span of
     iterations (the staleness section's trend), where some module's differs from its run-wide figure by 2x or more."""
-    tail = last_span(st.by_iteration, judged, v.epoch, STALE)
+    tail = last_span(st.trend, judged, v.epoch, STALE)
     if tail is None:
         return
     span, n = tail["span"], tail["iterations"]
+    which = span_words(span["iteration_first"], span["iteration_last"])
     by = " and ".join(f"{_pct(tail['drift'][m])} ({m})" for m in order if m in tail["drift"])
     these = "that figure is" if len(tail["drift"]) == 1 else "those figures are"
     v.lines.append(
         f"{these} over the run's {n:,} iterations; in its last {span['iterations']:,} iterations "
-        f"({name_span(span)}) the last epoch's drift is {by} (the staleness section has it by iteration)"
+        f"({which}) the last epoch's drift is {by} (the staleness section has it by iteration)"
     )
 
 

@@ -21,10 +21,12 @@ from lstm_probe.report.section import (
     Panel,
     Section,
     Table,
+    cut_spans,
     fmt,
     fmt_steps,
     kept_columns,
     module_label,
+    span_words,
 )
 from lstm_probe.report.sections.sequences import SequencesSection
 
@@ -32,7 +34,8 @@ SHOWN_RUNS = 12
 """The text shows a module's horizons over every measured iteration as runs of equal horizons (``2-67: 4``) where
 there are at most this many runs; else as :data:`SPANS` spans of the measured iterations (the JSON keeps every one)."""
 SPANS = 8
-"""Spans of measured iterations the text sums a module's horizons up in where they change too often for runs."""
+"""Spans of measured iterations the text sums a module's horizons up in where they change too often for runs; the
+finding's recent iterations are the last of them."""
 FRACTION = 0.05
 """The horizon is the smallest k whose effect is below this fraction of effect(1)."""
 NEGLIGIBLE = {"kl": 1e-8, "value_rel": 1e-5}
@@ -346,16 +349,15 @@ def _by_iteration(module: str, horizons: list[tuple[int, dict[str, Any]]]) -> st
         else:
             runs.append((it, it, w))
     if len(runs) <= SHOWN_RUNS:
-        return f"horizon by iteration, {fmt(module)}: {'; '.join(f'{_span(a, b)}: {w}' for a, b, w in runs)}"
+        return f"horizon by iteration, {fmt(module)}: {'; '.join(f'{span_words(a, b)}: {w}' for a, b, w in runs)}"
     n = len(words)
     spans = []
-    for i in range(SPANS):
-        part = words[i * n // SPANS : (i + 1) * n // SPANS]
-        counts = Counter(w for _, w in part)
-        common = max(counts, key=lambda w: (counts[w], -_order(w)))  # ties: the shorter horizon
+    for a, b in cut_spans(n, SPANS):
+        part = words[a:b]
+        common, counts = _common([w for _, w in part])
         ordered = sorted(counts, key=_order)
         spread = f" ({ordered[0]} to {ordered[-1]})" if len(ordered) > 1 else ""
-        spans.append(f"{_span(part[0][0], part[-1][0])}: {common}{spread}")
+        spans.append(f"{span_words(part[0][0], part[-1][0])}: {common}{spread}")
     return (
         f"horizon by iteration, {fmt(module)} ({SPANS} spans of the {n:,} measured iterations: the most common "
         f"horizon, its range in brackets; --json has every one): {'; '.join(spans)}"
@@ -363,23 +365,25 @@ def _by_iteration(module: str, horizons: list[tuple[int, dict[str, Any]]]) -> st
 
 
 def _recent(data: MemorySection, module: str, latest: dict[str, Any]) -> str:
-    """Where the last measured iteration's horizon is not the most common of the last measured iterations (the last
-    of :data:`SPANS` spans of them, at least 2): that one, so that one iteration's outlier is not read as the run's
-    ('; ~4 at 24 of the last 25 measured iterations'); else nothing."""
+    """Where the last measured iteration's horizon is not the most common of the recent measured iterations: that
+    one, so that one iteration's outlier is not read as the run's ('; ~4 at 3 of the last 4 measured iterations');
+    else nothing. The recent iterations are the last of :data:`SPANS` spans of the measured ones, the text's last
+    span where it shows spans (:func:`_by_iteration`); nothing where that span is one iteration."""
     words = [_horizon_words(h) for h in data.horizons if h["module"] == module]
-    tail = words[-max(2, len(words) // SPANS) :]
+    tail = words[cut_spans(len(words), SPANS)[-1][0] :] if words else []
     if len(tail) < 2:
         return ""
-    counts = Counter(tail)
-    common = max(counts, key=lambda w: (counts[w], -_order(w)))
+    common, counts = _common(tail)
     if common == _horizon_words(latest) or counts[common] * 2 <= len(tail):
         return ""
     reach = "unused" if common == "unused" else f"{common}" if common.startswith(">") else f"~{common}"
     return f"; {reach} at {counts[common]:,} of the last {len(tail):,} measured iterations"
 
 
-def _span(first: int, last: int) -> str:
-    return str(first) if first == last else f"{first}-{last}"
+def _common(words: list[str]) -> tuple[str, Counter[str]]:
+    """The most common of a span's horizons in words (ties: the shorter horizon), and how often each is."""
+    counts = Counter(words)
+    return max(counts, key=lambda w: (counts[w], -_order(w))), counts
 
 
 def _order(words: str) -> float:

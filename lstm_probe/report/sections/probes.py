@@ -17,7 +17,7 @@ import numpy as np
 
 from lstm_probe.contract import Capabilities
 from lstm_probe.errors import BadLog
-from lstm_probe.report.section import Block, Line, Log, Section, Table, fmt
+from lstm_probe.report.section import Block, Line, Log, Section, Table, fmt, span_words
 
 ITERATIONS = 4
 """Iterations probed (evenly spaced, the first and last included)."""
@@ -221,7 +221,7 @@ def _notes(rows: list[dict[str, Any]]) -> list[str]:
     scored = sum(r.get("r2") is not None for r in rows)
     low = min(below, key=lambda r: r["r2"])
     tests = sorted(int(r["n_test"]) for r in below)
-    held = f"{tests[0]}" if tests[0] == tests[-1] else f"{tests[0]}-{tests[-1]}"
+    held = span_words(tests[0], tests[-1])
     return [
         f"{BELOW_ZERO}. Here {len(below)} of {scored} probes (lowest {fmt(low['r2'])}: {fmt(low['module'])} "
         f"{fmt(low['target'])}, lag {low['lag']}, iteration {low['iteration']}), scored on {held} held-out rows"
@@ -237,7 +237,7 @@ def _few_notes(rows: list[dict[str, Any]]) -> list[str]:
     from lstm_probe.report.probes import MIN_HELD_OUT_UNITS, TOO_FEW
 
     tests = sorted(int(r["n_test"]) for r in few)
-    held = f"{tests[0]}" if tests[0] == tests[-1] else f"{tests[0]}-{tests[-1]}"
+    held = span_words(tests[0], tests[-1])
     return [
         f"{FEW}: {TOO_FEW}. Here {len(few)} of {len(rows)} probes held out {held} rows, of fewer than "
         f"{MIN_HELD_OUT_UNITS} episodes or runs of 4-16 steps"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, ClassVar
 
 import numpy as np
@@ -105,6 +106,13 @@ class StalenessSection:
     by_iteration: list[dict[str, Any]] = field(default_factory=list)
     """Per module and layer, each iteration's mean drift in its last epoch, or spans of iterations where many
     (:func:`~lstm_probe.report.sections.staleness_trend.by_iteration`)."""
+
+    @cached_property
+    def trend(self) -> staleness_trend.Trend:
+        """:attr:`by_iteration` in the spans the text's trend line and the verdict read
+        (:func:`~lstm_probe.report.sections.staleness_trend.spans`): computed once, where first read; not a field,
+        so not in the JSON (which holds ``by_iteration``)."""
+        return staleness_trend.spans(self.by_iteration)
 
 
 def _drift_groups() -> GroupStats:
@@ -520,7 +528,7 @@ class Staleness(Section[StalenessSection]):
                     soft_wrap=True,
                 )
             )
-        out.extend(Line(words, soft_wrap=True) for words in staleness_trend.lines(st.by_iteration, layered))
+        out.extend(Line(words, soft_wrap=True) for words in staleness_trend.lines(st.trend, layered))
         if st.drift_from:
             out.append(Line(safe(st.drift_from), soft_wrap=True))
         if (words := unmeasured(st)) is not None:

@@ -2,7 +2,8 @@
 the drift groups the section's accumulator adds up by (module, layer, iteration, epoch) in the scan's runs
 (O(iterations x epochs x modules x layers), whatever the log's rows). The JSON's ``staleness.by_iteration`` holds
 at most :data:`POINTS` entries per module and layer (one per iteration, or spans of iterations where the run has
-more); the text's line and the verdict read :data:`SPANS` spans of those entries."""
+more); the text's line and the verdict read :data:`SPANS` spans of those entries (:func:`spans`, computed once per
+report: ``StalenessSection.trend``)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from lstm_probe.report.numeric import mean_max
-from lstm_probe.report.section import GroupStats, fmt
+from lstm_probe.report.section import GroupStats, cut_spans, fmt, span_words
 from lstm_probe.text import safe
 
 POINTS = 100
@@ -20,11 +21,8 @@ drift, else this many spans of consecutive iterations (equal in count, within on
 SPANS = 8
 """Spans of iterations the text's trend line and the verdict read (each iteration where there are no more)."""
 
-
-def _split(n: int, parts: int) -> list[tuple[int, int]]:
-    """``parts`` consecutive [start, stop) ranges of ``range(n)``, equal within one (``n`` where fewer)."""
-    k = min(n, parts)
-    return [(i * n // k, (i + 1) * n // k) for i in range(k)]
+Trend = dict[tuple[str, int], list[dict[str, Any]]]
+"""(module, layer) -> its :data:`SPANS` spans of iterations (:func:`spans`)."""
 
 
 def by_iteration(groups: GroupStats) -> list[dict[str, Any]]:
@@ -43,7 +41,7 @@ def by_iteration(groups: GroupStats) -> list[dict[str, Any]]:
         series.setdefault((module, layer), []).append((it, ep, s))
     out: list[dict[str, Any]] = []
     for (module, layer), points in series.items():
-        for a, b in _split(len(points), POINTS):
+        for a, b in cut_spans(len(points), POINTS):
             part = points[a:b]
             s = np.sum([p[2] for p in part], axis=0)  # counts and sums add; the maxima are not shown
             epochs = {p[1] for p in part}
@@ -63,17 +61,17 @@ def by_iteration(groups: GroupStats) -> list[dict[str, Any]]:
     return out
 
 
-def spans(entries: list[dict[str, Any]]) -> dict[tuple[str, int], list[dict[str, Any]]]:
+def spans(entries: list[dict[str, Any]]) -> Trend:
     """Per (module, layer): :data:`SPANS` spans of its ``by_iteration`` entries (each entry where there are no
     more), each with ``iteration_first``, ``iteration_last``, ``iterations`` (with a drift), ``epoch`` (shared, or
     None), ``rows`` and ``drift_h_mean`` over its rows."""
     per: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for e in entries:
         per.setdefault((e["module"], e["layer"]), []).append(e)
-    out: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    out: Trend = {}
     for key, es in per.items():
         rows = []
-        for a, b in _split(len(es), SPANS):
+        for a, b in cut_spans(len(es), SPANS):
             part = es[a:b]
             n = sum(e["rows"] for e in part)
             h = sum(e["rows"] * e["drift_h_mean"] for e in part if e["rows"])
@@ -92,27 +90,17 @@ def spans(entries: list[dict[str, Any]]) -> dict[tuple[str, int], list[dict[str,
     return out
 
 
-def name_span(span: dict[str, Any]) -> str:
-    """'12' or '12-19'."""
-    a, b = span["iteration_first"], span["iteration_last"]
-    return str(a) if a == b else f"{a}-{b}"
+def iterations(trend: Trend) -> int:
+    """The iterations with a drift of one module and layer (the most of any)."""
+    return max((sum(r["iterations"] for r in rows) for rows in trend.values()), default=0)
 
 
-def iterations(entries: list[dict[str, Any]]) -> int:
-    """The iterations with a drift of one module and layer's entries (the most of any)."""
-    per: dict[tuple[str, int], int] = {}
-    for e in entries:
-        key = (e["module"], e["layer"])
-        per[key] = per.get(key, 0) + e["iterations"]
-    return max(per.values(), default=0)
-
-
-def lines(entries: list[dict[str, Any]], layered: bool) -> list[str]:
+def lines(trend: Trend, layered: bool) -> list[str]:
     """The text's trend lines: per module and layer with a drift in more than one iteration, its last-epoch mean h
     drift in :data:`SPANS` spans of the run's iterations (each iteration where there are no more), the largest
     named."""
     out = []
-    for (module, layer), rows in spans(entries).items():
+    for (module, layer), rows in trend.items():
         n = sum(r["iterations"] for r in rows)
         if n < 2:
             continue
@@ -121,29 +109,30 @@ def lines(entries: list[dict[str, Any]], layered: bool) -> list[str]:
         named = [r for r in rows if r["drift_h_mean"] is not None]
         if not named:
             continue
-        parts = ", ".join(f"{name_span(r)}: {fmt(r['drift_h_mean'])}" for r in named)
+        parts = ", ".join(
+            f"{span_words(r['iteration_first'], r['iteration_last'])}: {fmt(r['drift_h_mean'])}" for r in named
+        )
         top = max(named, key=lambda r: r["drift_h_mean"])
+        largest = span_words(top["iteration_first"], top["iteration_last"])
         json = "each" if n <= POINTS else f"{POINTS} spans"
         how = f", {len(rows)} spans of its {n:,} iterations (--json has {json})" if n > len(rows) else ""
         who = f"{safe(module)}{' layer ' + str(layer) if layered else ''}"
         whose = "the" if epoch else "each iteration's"
         out.append(
             f"mean h drift of {who} in {whose} last epoch{epoch} by iteration{how}: {parts}; largest in "
-            f"{'iteration' if top['iterations'] == 1 else 'iterations'} {name_span(top)}"
+            f"{'iteration' if top['iterations'] == 1 else 'iterations'} {largest}"
         )
     return out
 
 
-def last_span(
-    entries: list[dict[str, Any]], drift: dict[str, float], epoch: int | None, bound: float
-) -> dict[str, Any] | None:
+def last_span(trend: Trend, drift: dict[str, float], epoch: int | None, bound: float) -> dict[str, Any] | None:
     """Where a run-wide figure of the verdict (``drift``: module -> mean layer-0 h drift over every iteration's
     ``epoch``) hides a change over training: the last of :data:`SPANS` spans of the run's iterations, with each
     module's figure in it (``drift``), where some module's differs from its run-wide one by a factor of 2 or more
     and one of the two is above ``bound`` (the verdict's ``STALE``); None otherwise, and where the run has fewer
     than :data:`SPANS` iterations with a drift, or some span is not of ``epoch`` alone (its figures would be of
     another epoch)."""
-    per = {m: rows for (m, layer), rows in spans(entries).items() if layer == 0 and m in drift}
+    per = {m: rows for (m, layer), rows in trend.items() if layer == 0 and m in drift}
     if epoch is None or not per:
         return None
     last: dict[str, float] = {}
@@ -158,4 +147,4 @@ def last_span(
     if len(tails) > 1:  # the modules' drifts are of other iterations: no one span to name
         return None
     tail = next(iter(per.values()))[-1]
-    return {"span": tail, "iterations": iterations(entries), "drift": last}
+    return {"span": tail, "iterations": iterations(trend), "drift": last}
