@@ -199,6 +199,10 @@ call-level columns)."""
 Resolver = Callable[[str, int, int], Tags]
 
 
+OPTIONAL = ("returns", "rollout_start", "rollout_zeroed")
+"""The :class:`Capabilities` fields a log's metadata holds only where the integration declares them."""
+
+
 @dataclass(frozen=True)
 class Capabilities:
     """What a framework's logs can hold, declared by its integration and stored in the log's metadata
@@ -232,12 +236,15 @@ class Capabilities:
     """Where a rollout's first step takes its state from by the framework's design, where that is not the state the
     previous rollout's last step left: 'training' (the state training's last pass over the previous rollout ended
     with; rsl_rl's distillation). The doctor words such a start so; None: the previous rollout's last step."""
+    rollout_zeroed: dict[str, str] = field(default_factory=dict)
+    """Modules whose state the framework zeroes at every rollout's first step by design while their episodes go on,
+    each with what its outputs are: 'targets' (the training targets another module learns to copy; rsl_rl's
+    distillation: the teacher). The doctor words those zero starts so, with their consequence, not as a bug."""
 
     def to_dict(self) -> dict[str, Any]:
-        """The fields, less ``returns`` and ``rollout_start`` where unset (the metadata of the logs that declare
-        neither is as before)."""
-        later = ("returns", "rollout_start")
-        return {k: getattr(self, k) for k in self.__dataclass_fields__ if k not in later or getattr(self, k)}
+        """The fields, less the :data:`OPTIONAL` ones where not declared (the metadata of the logs that declare none
+        of them is as before)."""
+        return {k: getattr(self, k) for k in self.__dataclass_fields__ if k not in OPTIONAL or getattr(self, k)}
 
     @staticmethod
     def from_metadata(meta: dict[str, Any]) -> Capabilities:
@@ -247,6 +254,9 @@ class Capabilities:
         framework = str(meta.get("framework") or "generic")
         if isinstance(stored, dict):
             known = {k: v for k, v in stored.items() if k in Capabilities.__dataclass_fields__}
+            zeroed = known.pop("rollout_zeroed", None)  # module -> what its outputs are (strings from the file)
+            if isinstance(zeroed, dict):
+                known["rollout_zeroed"] = {str(k): str(v) for k, v in zeroed.items()}
             if framework == "sb3" and "respond" not in known:  # an sb3 log from before they were declared
                 known |= {"replay": True, "respond": True, "observe": True}  # what sb3's integration provides
             return Capabilities(**known)

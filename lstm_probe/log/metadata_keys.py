@@ -24,9 +24,12 @@ METADATA_KEYS: dict[str, str] = {
     "total_timesteps": "Env steps asked for by learn().",
     "command": "The command line that made the log (CLI runs).",
     "architecture": "modules: {name: {kind, hidden_size, num_layers, input_size}}, shared_lstm, "
-    "critic ('lstm' | 'shared' | 'mlp').",
+    "critic ('lstm' | 'shared' | 'mlp'); untraced: {name: {class or kind, hidden_size, num_layers; why}}, the "
+    "models the integration left out of the log (rsl_rl's distillation: an MLP teacher, or one of another hidden "
+    "size).",
     "capabilities": "What the writing integration's logs can hold (framework, shards, epochs, rollout_buffer, "
-    "max_seq_len, stored_states, replay): report sections ask these, never the framework's name.",
+    "max_seq_len, stored_states, replay, respond, observe; rollout_start and rollout_zeroed where declared): report "
+    "sections ask these, never the framework's name.",
     "not_measurable": "Only where the integration says so: what_if, memory -> why it cannot measure them for this "
     "run (TorchRL: the loss is not a ClipPPOLoss); capabilities then declare neither replay nor respond.",
     "hidden_size": "Length of the h and c vectors.",

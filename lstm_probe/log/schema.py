@@ -50,7 +50,7 @@ META_RUN_KEY = b"lstm_probe.run"
 PHASES = ("rollout", "bootstrap", "train", "predict", "other", "value")
 PATHS = ("step", "sequence", "stepwise")
 BOOTSTRAPS = ("terminal", "last")
-SEQ_REASONS = ("episode_start", "env_boundary", "split", "minibatch_cut", "max_seq_len")
+SEQ_REASONS = ("episode_start", "env_boundary", "split", "minibatch_cut", "max_seq_len", "gradient_window")
 INITS = ("zero", "previous", "reset", "stored", "other", "other_env")
 
 SOURCES = ("call", "tags", "grid", "sequence", "position", "state")
@@ -250,7 +250,9 @@ COLUMNS: tuple[Column, ...] = (
         "Why the row's sequence starts where it does (train rows only): 'episode_start', 'env_boundary' "
         "(first step of an env's rollout), 'split' (the rollout buffer's random shuffling split point), "
         "'minibatch_cut' (the previous minibatch ended there), 'max_seq_len' (RLlib: the previous chunk of "
-        "the episode reached max_seq_len). RLlib uses 'env_boundary' for a chunk that starts where the "
+        "the episode reached max_seq_len), 'gradient_window' (a per-step training pass's truncated-BPTT cut: "
+        "the previous gradient window's optimizer step came there, and the state goes on from the pass's "
+        "previous step, detached). RLlib uses 'env_boundary' for a chunk that starts where the "
         "env runner's previous rollout fragment ended.",
         "sequence",
         values=SEQ_REASONS,

@@ -141,7 +141,8 @@ def build_html(
     )
     figures: list[tuple[str, str, str]] = []
     layout = _layout_figure(plt, starts, iteration, notes, caps)
-    markers = [label for _, label in _reasons(caps).values()] if layout else []
+    drawn = set(starts["seq_reason"].dropna().astype(str)) if "seq_reason" in starts else set()
+    markers = [label for _, label in _reasons(caps, drawn).values()] if layout else []
     if layout:
         figures.append(
             (

@@ -32,6 +32,7 @@ REASON_MARKERS = {
     "split": ("*", "buffer split point"),
     "minibatch_cut": ("v", "minibatch cut"),
     "max_seq_len": ("D", "max_seq_len"),
+    "gradient_window": ("^", "gradient window"),
 }
 
 
@@ -66,9 +67,12 @@ def _png(fig: Any) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
-def _reasons(caps: Capabilities) -> dict[str, tuple[str, str]]:
-    """The sequence-start markers a log with these capabilities can show."""
+def _reasons(caps: Capabilities, drawn: set[str]) -> dict[str, tuple[str, str]]:
+    """The sequence-start markers a log with these capabilities can show, and a per-step pass's gradient windows where
+    the figure draws some (``drawn``: the start reasons of its rows)."""
     out = {k: REASON_MARKERS[k] for k in ("episode_start", "env_boundary")}
+    if "gradient_window" in drawn:
+        out["gradient_window"] = REASON_MARKERS["gradient_window"]
     if caps.rollout_buffer:
         out |= {k: REASON_MARKERS[k] for k in ("split", "minibatch_cut")}
     if caps.max_seq_len is not None:
@@ -141,7 +145,7 @@ def _layout_figure(
     axes[-1, 0].set_xlabel("env step")
     handles = [
         plt.Line2D([], [], marker=m, color="black", markerfacecolor="white", linestyle="", label=label)
-        for m, label in _reasons(caps).values()
+        for m, label in _reasons(caps, set(starts["seq_reason"].dropna().astype(str))).values()
     ]
     episodes = sorted(int(e) for e in starts["episode"].dropna().unique())
     colours = [

@@ -8,20 +8,25 @@ What rsl_rl does (rsl-rl-lib 5.5.1), and what the probe relies on:
   ``Distillation.process_env_step`` stores the step (``storage/rollout_storage.py:RolloutStorage.add_transition``:
   observations, teacher actions, dones; no hidden state) and resets both modules' done rows in place
   (``RNN.reset(dones)``). ``Distillation.compute_returns`` does nothing: no bootstrap call. The teacher need not be
-  recurrent (an ``MLPModel``): then only the student is traced.
+  recurrent (an ``MLPModel``), nor of the student's hidden size: then only the student is traced (a log holds one
+  hidden size), and the log's ``architecture.untraced`` says why.
 - Training: ``Distillation.update`` runs ``num_learning_epochs`` epochs; each restarts student and teacher from
   ``last_hidden_states`` (``RNN.reset(hidden_state=...)``: the states the rollout began from) and replays every
   stored step in order (``RolloutStorage.generator``: one batch per env step, all envs), one student call per step
   on (1, num_envs, F), then ``RNN.reset(dones)`` and ``detach_hidden_state(dones)`` of the done rows. Every
   ``gradient_length`` student calls (counted over the whole update, across epochs: ``cnt``) it steps the optimizer
   and detaches the whole state: gradients flow back at most ``gradient_length`` steps, and not across an episode
-  start. The steps after the update's last multiple of ``gradient_length`` are accumulated but never
-  backpropagated. The teacher is not called in training.
+  start nor an epoch's start (the state restarted and detached there). ``cnt`` is a local of ``update``: each update
+  counts from 0, and where ``gradient_length`` does not divide ``num_steps_per_env`` a window runs on from one epoch's
+  last steps into the next's first. The steps after the update's last multiple of ``gradient_length`` are
+  accumulated but never backpropagated (``Distillation.__init__`` warns). The teacher is not called in training.
 - After the last epoch ``last_hidden_states`` is the student's state at its end (the teacher's: its module's, which
   is None once an update has run: ``reset(hidden_state=None)``), and the student's module keeps that state: the
   next rollout's first student step starts from the end of training's last pass over the previous rollout, not from
   the previous rollout's last step (the report's doctor says so: :attr:`Capabilities.rollout_start`), and training
-  starts each epoch from the same state.
+  starts each epoch from the same state. The teacher's saved state is the None it was reset to, so every rollout after
+  the first starts it from zeros while the episodes go on: its outputs there, the student's targets, are those of a
+  teacher without the episode so far (declared: :attr:`Capabilities.rollout_zeroed`).
 
 How the probe tags it: the rollout as for PPO (phase 'rollout', per-env counters from the ``env.step`` wrapper,
 ``probe.py``); each training step's student call is phase 'train' (iteration, epoch), one column per env. A
@@ -29,10 +34,12 @@ How the probe tags it: the rollout as for PPO (phase 'rollout', per-env counters
 epoch, 0 the window the epoch begins in; the never-backpropagated tail is the update's last), and each env's calls
 in one epoch and one window are one training *sequence* (seq = env column, t = step in it): the stretch through
 which the state is carried and gradients flow. A window that spans an epoch's end is two sequences (epoch e's and
-e+1's), each starting where training restarts its state. The calls are recorded as the tracer's per-step loop
-('stepwise' path: one tags object per sequence), their rows keyed to the rollout's env step and episode counters of
-the same storage index. Before the update's first optimizer step (epoch 0's window 0) the student recomputes exactly
-the rollout's states: the provenance check.
+e+1's), each starting where training restarts its state. A sequence's start reason: ``episode_start`` (zeros),
+``env_boundary`` (an epoch's first step: the state the rollout began from) or ``gradient_window`` (a window's first
+step inside an epoch: the state the pass's previous step left, detached). The calls are recorded as the tracer's
+per-step loop ('stepwise' path: one tags object per sequence), their rows keyed to the rollout's env step and episode
+counters of the same storage index. Before the update's first optimizer step (epoch 0's window 0) the student
+recomputes exactly the rollout's states: the provenance check.
 """
 
 from __future__ import annotations
@@ -44,9 +51,10 @@ from typing import Any
 import numpy as np
 from torch import nn
 
+from lstm_probe.capture.modules import describe_modules
 from lstm_probe.contract import SEQ_REASON, Capabilities, Grid, Tags
 from lstm_probe.errors import BadInput
-from lstm_probe.integrations.rsl_rl.probe import RslRlProbe
+from lstm_probe.integrations.rsl_rl.probe import RslRlProbe, recurrent_modules
 
 ROLES = ("student", "teacher")
 
@@ -65,12 +73,40 @@ class DistillProbe(RslRlProbe):
         self.epochs = int(alg.num_learning_epochs)
         self._update: list[list[tuple[int, Tags]]] | None = None  # per epoch: (first step, tags) of each sequence
         self._epoch = 0
+        self.untraced: dict[str, dict[str, Any]] = {}  # the models not traced, and why (_traced)
         super().__init__(alg, *args, **kwargs)
+        if self.untraced:  # the log says which models it leaves out (the report's Architecture section)
+            self.tracer.metadata["architecture"]["untraced"] = self.untraced
 
     def capabilities(self) -> Capabilities:
-        """Train rows carry epochs; a rollout's first step goes on from training's last state (no stored states, no
-        what-if or memory re-runs of distillation)."""
-        return Capabilities("rsl_rl", epochs=True, observe=True, returns=True, rollout_start="training")
+        """Train rows carry epochs; a rollout's first step goes on from training's last state, the teacher's (where
+        traced) from zeros, its outputs the student's targets (no stored states, no what-if or memory re-runs of
+        distillation)."""
+        zeroed = {} if "teacher" in self.untraced else {"teacher": "targets"}  # (_traced runs before the tracer)
+        return Capabilities(
+            "rsl_rl", epochs=True, observe=True, returns=True, rollout_start="training", rollout_zeroed=zeroed
+        )
+
+    def _traced(self) -> dict[str, nn.Module]:
+        """The student's RNN, and the teacher's where it has one of the student's hidden size (a log holds one size:
+        else the teacher, which training does not change, is left out, and the log's metadata says so; an
+        ``MLPModel`` teacher has no state to trace)."""
+        found = recurrent_modules(self.alg, ("student",))
+        student = found["student"]
+        assert isinstance(student, nn.LSTM | nn.GRU)  # recurrent_modules' kinds
+        size = student.hidden_size
+        teacher = getattr(self.alg, "_raw_teacher", None) or getattr(self.alg, "teacher", None)
+        rnn = getattr(getattr(teacher, "rnn", None), "rnn", None)
+        if not isinstance(rnn, nn.LSTM | nn.GRU):
+            self.untraced["teacher"] = {"class": type(teacher).__name__, "why": "no recurrent state"}
+        elif int(rnn.hidden_size) != size:
+            self.untraced["teacher"] = {
+                **describe_modules({"teacher": rnn})["teacher"],
+                "why": f"a log holds one hidden size, the student's {size}",
+            }
+        else:
+            found["teacher"] = rnn
+        return found
 
     def _attach(self) -> None:
         self._wrap(self.env, "step", self._step)
@@ -142,7 +178,7 @@ class DistillProbe(RslRlProbe):
             train=True,
         )
         grid.seq_len = np.full(n, b - a, np.int32)
-        reason = "env_boundary" if a == 0 else "minibatch_cut"
+        reason = "env_boundary" if a == 0 else "gradient_window"  # a window's first step: the previous step's state
         grid.seq_reason = np.where(start[:, 0] == 1, SEQ_REASON["episode_start"], SEQ_REASON[reason]).astype(np.int8)
         return Tags(phase="train", iteration=self.iteration, epoch=epoch, minibatch=window, grid=grid)
 

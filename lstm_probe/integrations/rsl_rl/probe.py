@@ -179,13 +179,17 @@ class RslRlProbe(Probe):
         self._undo: list[tuple[Any, str, Any]] = []
         window = options.reference_window or self.steps_per_env + 1
         self.options = dataclasses.replace(options, reference_window=window)
-        self.tracer = CoreTracer(recurrent_modules(alg, self.roles), self.options, self)
+        self.tracer = CoreTracer(self._traced(), self.options, self)
         self.what_if: Any = None  # whatif.WhatIf while attached with what_if
         self.memory: Any = None  # memory.Memory while attached with memory
         self._hooks: list[Any] = []
 
     def _models(self) -> list[Any]:
         return [getattr(self.alg, f"_raw_{r}", None) or getattr(self.alg, r) for r in self.roles]
+
+    def _traced(self) -> dict[str, nn.Module]:
+        """The modules the tracer hooks: every role's RNN."""
+        return recurrent_modules(self.alg, self.roles)
 
     # -- the contract ------------------------------------------------------------------------------
     def capabilities(self) -> Capabilities:

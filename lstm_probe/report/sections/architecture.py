@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from lstm_probe.contract import Capabilities
@@ -21,6 +21,8 @@ class ArchitectureSection:
     shared_lstm: bool | None
     critic: str | None
     verdict: str
+    untraced: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """The models the integration left out of the log, each with why (``architecture.untraced``)."""
 
 
 def verdict(arch: dict[str, Any], modules: dict[str, Any]) -> str:
@@ -62,6 +64,7 @@ class Architecture(Section[ArchitectureSection]):
             shared_lstm=arch.get("shared_lstm"),
             critic=arch.get("critic"),
             verdict=verdict(arch, modules),
+            untraced={str(k): v for k, v in (arch.get("untraced") or {}).items() if isinstance(v, dict)},
         )
 
     def text(self, data: ArchitectureSection, caps: Capabilities) -> list[Block]:
@@ -70,4 +73,12 @@ class Architecture(Section[ArchitectureSection]):
             f"{safe(m.get('num_layers'))} layer(s)"
             for n, m in data.modules.items()
         )
-        return [Panel("Architecture", (f"{mods}\n{safe(data.verdict)}",))]
+        lines = [mods, safe(data.verdict)]
+        lines += [f"not traced: {safe(n)} ({_untraced(m)})" for n, m in data.untraced.items()]
+        return [Panel("Architecture", ("\n".join(lines),))]
+
+
+def _untraced(m: dict[str, Any]) -> str:
+    """A model the log leaves out: what it is, and why."""
+    what = m.get("class") or f"{m.get('kind')} hidden {m.get('hidden_size')} x {m.get('num_layers')} layer(s)"
+    return safe(f"{what}: {m.get('why')}")

@@ -260,6 +260,8 @@ GENERIC_REASONS = {
     "split": "a cut inside the rollout (the state stored at that step)",
     "minibatch_cut": "a minibatch cut (the previous minibatch ended there)",
     "max_seq_len": "max_seq_len (the previous piece was full)",
+    "gradient_window": "a gradient window's first step (the state goes on from the pass's previous step, detached: "
+    "the previous window's optimizer step came there)",
 }
 """The start reasons in words where the log has neither a rollout buffer nor max_seq_len chunks (rsl_rl, TorchRL,
 own loops that record them): the same words whatever the framework."""

@@ -51,24 +51,19 @@ from lstm_probe.report.sections.doctor_rows import (
     STEP_NEEDS,
     STEP_ROWS,
     STEP_WORDS,
-    TRAINING,
-    First,
     Leaks,
     Steps,
     StepScan,
+    Tally,
     earlier,
-    group,
 )
-from lstm_probe.report.sections.doctor_words import clean_line, rollout_alone, rollout_lines
+from lstm_probe.report.sections.doctor_words import clean_line, rollout_alone, rollout_lines, zeroed_lines
 from lstm_probe.report.sections.staleness import provenance_tolerance
 from lstm_probe.text import safe
 
 COLUMNS = ["call", "module", "phase", "env", "env_step", "episode_start", "episode_step", "init", "init_norm"]
-COLUMNS += ["iteration"]  # a rollout's first step (_Tally.rolled)
-ACTING = ("rollout", "predict", "other", "bootstrap")
+COLUMNS += ["iteration", "seq_reason"]  # a rollout's first step (Tally.rolled); a training sequence's start
 BATCH = 1 << 17
-NOT_RESET = ("previous", "other")
-"""Sources that, at an episode start, mean the state was not reset."""
 
 
 @dataclass
@@ -113,152 +108,15 @@ class DoctorSection:
     train_resets: int = 0
     """Episode starts in a per-step training loop's first-minibatch sequences where the rollout did not reset the
     state and training did (its states depart from the rollout's there): the gradient is cut there."""
+    zeroed: dict[str, int] = field(default_factory=dict)
+    """'module/phase' -> the columns of a module the log declares zeroed at every rollout's start
+    (``Capabilities.rollout_zeroed``) that started a new iteration's first call in the group from zeros with no
+    episode start: the framework's design, said with its consequence (``doctor_words.zeroed_lines``), no problem."""
+    train_other: dict[str, dict[str, int]] = field(default_factory=dict)
+    """'module/phase' (training phases) -> each sequence-start reason ('' none) -> its 'other' starts."""
     kept: str = ""
     """The env columns the log keeps rows of, where ``--other-envs none`` kept only some (every count here is
     then of those): 'env columns 0..3 of 256'; '' where every column has rows."""
-
-
-class _Tally:
-    """Counts over the init rows, batch by batch; a call's rows are kept together (the rows of the last
-    call of a batch wait for the next batch), so calls with both kinds of reset error are seen whole."""
-
-    def __init__(self) -> None:
-        self.sources: dict[str, dict[str, int]] = {}
-        self.carried: dict[str, int] = {}  # phase -> columns that started from the previous state
-        self.placed: dict[str, int] = {}  # phase -> columns that started from a non-zero state
-        self.zero: dict[str, First] = {}  # phase -> zero without an episode start
-        self.untagged: dict[str, First] = {}  # phase -> zero where no tag says whether an episode started
-        self.unknown: dict[str, int] = {}  # phase -> columns with an env step but no tag saying if an episode starts
-        self.foreign = 0  # columns of untagged ('other') calls that started from a state it cannot place
-        self.not_reset: dict[str, First] = {}
-        self.not_reset_at: set[tuple[str, float, float]] = set()  # (module, env, env_step) not reset there
-        self.wrong_column = First()
-        self.other_env = First()
-        self.train_zero = First()
-        self.train_state = First()
-        self.rollout_zero = 0
-        self.twice = First()
-        self.advanced = First()
-        self.last: dict[tuple[str, float], tuple[float, str, float]] = {}  # (module, env) -> (env_step, phase, it.)
-        self.last_call: dict[tuple[str, float], float] = {}  # (module, env) -> its last acting call
-        self.disordered = False
-        """A (module, env) met a call earlier than its last one (:attr:`Pass.disordered`)."""
-        self.entered: dict[str, int] = {}  # 'module/phase' -> 'other' columns at a first call in the phase's group
-        self.inside: dict[str, int] = {}  # 'module/phase' -> 'other' columns at a later call in the phase's group
-        self.rolled: dict[str, int] = {}  # 'module/phase' -> 'other' columns at a new iteration's first call in it
-
-    def count_sources(self, batch: pa.RecordBatch) -> None:
-        """The init sources per module and phase of one batch of init rows (nulls as ''): each column's
-        dictionary codes combined into one small key and counted (the batches are small, a few thousand
-        rows: Arrow's group_by costs ~4 ms a call here, sorting the rows' strings with numpy ~2.5 ms)."""
-        key = np.zeros(batch.num_rows, np.int64)
-        words: list[list[str]] = []
-        for name in ("module", "phase", "init"):
-            col = batch.column(name)
-            enc = col if pa.types.is_dictionary(col.type) else col.dictionary_encode()
-            # the dictionary's codes (no string built per row); null: one more code, the word '' (as a word
-            # '' would be: counts are added up by word below)
-            words.append([w if w is not None else "" for w in enc.dictionary.to_pylist()] + [""])
-            codes = enc.indices.fill_null(len(words[-1]) - 1) if enc.null_count else enc.indices
-            key = key * len(words[-1]) + codes.to_numpy(zero_copy_only=False)
-        counts = np.bincount(key, minlength=1)
-        for flat in np.flatnonzero(counts).tolist():
-            rest, v = divmod(flat, len(words[2]))
-            m, p = divmod(rest, len(words[1]))
-            d = self.sources.setdefault(f"{words[0][m]}/{words[1][p]}", {})
-            d[words[2][v]] = d.get(words[2][v], 0) + int(counts[flat])
-
-    def add(self, c: dict[str, np.ndarray]) -> None:
-        phase, init = c["phase"], c["init"]
-        # an episode start: tagged, or (untagged) an episode's step 0
-        start = (c["episode_start"] == 1) | ((c["episode_start"] < 0) & (c["episode_step"] == 0))
-        known = (c["episode_start"] >= 0) | ~np.isnan(c["episode_step"])  # whether a tag says if one started
-        acting = np.isin(phase, ACTING)
-        zero = acting & (init == "zero")
-        # a second call at one env step starts from the first one's state: counted as that, not as not reset
-        twice, entered = self._twice(c)
-        kept = acting & start & np.isin(init, NOT_RESET) & ~twice
-        other = acting & (init == "other")
-        later = (entered == 0) | (entered == 2)  # rolled: the later calls at a new iteration's first step
-        for counts, told in ((self.entered, entered == 1), (self.inside, later), (self.rolled, entered == 2)):
-            if (told & other).any():
-                key = np.char.add(np.char.add(c["module"][told & other], "/"), phase[told & other])
-                for k, n in zip(*(a.tolist() for a in np.unique(key, return_counts=True)), strict=True):
-                    counts[k] = counts.get(k, 0) + n
-        # a call that kept a state at an episode start and zeroed another column: the wrong column was reset
-        call = c["call"]
-        both = np.intersect1d(call[zero], call[kept])
-        if len(both):
-            in_both = np.isin(call, both)
-            # the first such call: which column kept its state, which was reset instead
-            first = both.min()
-            at = call == first
-            reset_env = c["env"][at & zero][0]
-            self.wrong_column.add(c, in_both & kept, {"reset_env": np.full(len(call), reset_env)})
-            zero &= ~in_both
-            kept &= ~in_both
-        for p in np.unique(phase[acting]).tolist():
-            here = phase == p
-            self.carried[p] = self.carried.get(p, 0) + int((here & (init == "previous")).sum())
-            self.placed[p] = self.placed.get(p, 0) + int((here & ~np.isin(init, ("zero", "reset"))).sum())
-            self.zero.setdefault(p, First()).add(c, here & zero & known)
-            self.untagged.setdefault(p, First()).add(c, here & zero & ~known)
-            self.unknown[p] = self.unknown.get(p, 0) + int((here & ~known & (c["env_step"] >= 0)).sum())
-            self.not_reset.setdefault(p, First()).add(c, here & kept)
-        if kept.any():
-            self.not_reset_at.update(zip(*(c[k][kept].tolist() for k in ("module", "env", "env_step")), strict=True))
-        self.rollout_zero += int(((phase == "rollout") & (init == "zero")).sum())
-        self.foreign += int(((phase == "other") & (init == "other")).sum())
-        self.other_env.add(c, init == "other_env")
-        training = np.isin(phase, TRAINING)
-        self.train_zero.add(c, training & (init == "zero"))
-        self.train_state.add(c, training & (c["init_norm"] > 0))
-
-    def _twice(self, c: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-        """Calls of one module at the (env, env_step) of its previous acting call: in the same phase (the
-        state advanced twice for one observation), or a rollout call after a bootstrap call that started
-        from neither the previous step's state nor a reset (the bootstrap call's advance was kept); and the
-        columns whose module's previous acting call on their env column was in another phase group
-        (:data:`GROUPS`), or that have none, as 1 (the first call of the column in its group; 0: a later one; -1:
-        no env or env step to tell; 2: a later one in a new iteration), for the columns that started from 'other'
-        (-1 elsewhere)."""
-        keep = np.flatnonzero(np.isin(c["phase"], ACTING) & (c["env"] >= 0) & (c["env_step"] >= 0))
-        if not len(keep):
-            return np.zeros(len(c["call"]), bool), np.full(len(c["call"]), -1, np.int8)
-        idx = keep[np.lexsort((c["call"][keep], c["env"][keep], c["module"][keep]))]
-        module, env, step, phase = c["module"][idx], c["env"][idx], c["env_step"][idx], c["phase"][idx]
-        same = np.r_[False, (module[1:] == module[:-1]) & (env[1:] == env[:-1])]
-        prev_step, it = np.r_[np.nan, step[:-1]], c["iteration"][idx]
-        prev_it = np.r_[np.nan, it[:-1]]
-        firsts = np.flatnonzero(~same).tolist()  # a module's env column seen in an earlier batch
-        seen = [self.last.get((module[i], env[i]), (np.nan, "", np.nan)) for i in firsts]
-        # the phases as fixed-width strings wide enough for the earlier batches' too: compared in numpy
-        width = max([phase.dtype.itemsize // 4, 1] + [len(p) for _, p, _ in seen])
-        prev_phase = np.empty(len(idx), f"<U{width}")
-        prev_phase[0], prev_phase[1:] = "", phase[:-1]
-        for i, (s, p, k) in zip(firsts, seen, strict=True):
-            prev_step[i], prev_phase[i], prev_it[i] = s, p, k
-        again = prev_step == step
-        twice = again & (phase == prev_phase) & (phase != "bootstrap")
-        advanced = again & (prev_phase == "bootstrap") & (phase == "rollout") & (c["init"][idx] == "other")
-        masks = []
-        for first, found in ((self.twice, twice), (self.advanced, advanced)):
-            mask = np.zeros(len(c["call"]), bool)
-            mask[idx[found]] = True
-            first.add(c, mask)
-            masks.append(mask)
-        entered = np.full(len(c["call"]), -1, np.int8)  # -1: no env or env step to tell
-        other = np.flatnonzero(c["init"][idx] == "other")  # told for 'other' columns alone (few, if any)
-        entered[idx[other]] = group(prev_phase[other]) != group(phase[other])  # no earlier call: group ''
-        entered[idx[other]] += 2 * ((entered[idx[other]] == 0) & (it[other] > prev_it[other]))  # a new iteration
-        calls = c["call"][idx]
-        for i in firsts:
-            if calls[i] <= self.last_call.get((module[i], env[i]), -np.inf):
-                self.disordered = True
-        for i in np.flatnonzero(np.r_[~same[1:], True]).tolist():
-            self.last[(module[i], env[i])] = (step[i], phase[i], it[i])
-            self.last_call[(module[i], env[i])] = calls[i]
-        return masks[0], entered
 
 
 def _where(first: dict[str, Any]) -> str:
@@ -270,7 +128,7 @@ def _where(first: dict[str, Any]) -> str:
     return at + ")"
 
 
-def _notes(t: _Tally, problems: list[Problem], steps: Steps) -> list[str]:
+def _notes(t: Tally, problems: list[Problem], steps: Steps) -> list[str]:
     """What the log's tags leave the doctor unable to check, once each, with the tag that adds it."""
     out: list[str] = []
     judged = {p.phase for p in problems if p.kind == "not_passed_back"}
@@ -295,7 +153,7 @@ def _notes(t: _Tally, problems: list[Problem], steps: Steps) -> list[str]:
     return out
 
 
-def _problems(t: _Tally) -> list[Problem]:
+def _problems(t: Tally) -> list[Problem]:
     out: list[Problem] = []
     for phase, f in t.zero.items():
         u = t.untagged[phase]
@@ -405,7 +263,8 @@ class Pass:
     2.4x the CPU on a 9.9M-row log); :meth:`finish` makes the section. ``columns``: what a batch must hold."""
 
     def __init__(self, log: Log) -> None:
-        self.tally = _Tally()
+        self.caps = log.caps
+        self.tally = Tally(tuple(log.caps.rollout_zeroed))
         names = set(log.data.schema.names)
         self.filt = (ds.field("layer") == 0) & ds.field("init").is_valid()
         columns = [*COLUMNS, "layer"]
@@ -471,7 +330,8 @@ class Pass:
             self.held = None
         data.sources = {k: dict(sorted(v.items())) for k, v in sorted(tally.sources.items())}
         data.entered, data.inside = dict(sorted(tally.entered.items())), dict(sorted(tally.inside.items()))
-        data.rolled = dict(sorted(tally.rolled.items()))
+        data.rolled, data.zeroed = dict(sorted(tally.rolled.items())), dict(sorted(tally.zeroed.items()))
+        data.train_other = {k: dict(sorted(v.items())) for k, v in sorted(tally.train_other.items())}
         data.problems = _problems(tally)
         leaks = self.leaks
         for phase, leak in sorted(leaks.found.items() if leaks else [], key=lambda kv: kv[1].call):  # first seen first
@@ -501,7 +361,7 @@ class Pass:
             for p in data.problems:
                 if (p.kind, p.phase) == ("not_reset", "rollout"):
                     p.text = rollout_alone(p.text, data.train_resets)
-        data.findings = [p.text for p in data.problems]
+        data.findings = [p.text for p in data.problems] + zeroed_lines(data.zeroed, self.caps.rollout_zeroed)
         data.notes = _notes(tally, data.problems, found)
         return data
 
@@ -594,7 +454,9 @@ class Doctor(Section[DoctorSection]):
         if data.problems:
             blocks += [Line(f"[yellow]problem:[/] {safe(p.text)}") for p in data.problems]
         elif data.sources:
-            blocks.append(Line(safe(clean_line(data.sources, data.entered, data.inside, data.kept, rolled))))
+            told = (data.kept, rolled, data.zeroed, data.train_other, caps.rollout_start)
+            blocks.append(Line(safe(clean_line(data.sources, data.entered, data.inside, *told))))
         blocks += [Line(safe(line)) for line in rollout_lines(rolled, caps.rollout_start)]
+        blocks += [Line(safe(line)) for line in zeroed_lines(data.zeroed, caps.rollout_zeroed)]
         blocks += [Line(safe(f)) for f in data.facts]
         return blocks

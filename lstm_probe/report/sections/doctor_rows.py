@@ -1,7 +1,7 @@
 """The doctor's tallies of rows (``report/sections/doctor.py``): the earliest row of one kind and how many
-(:class:`First`), and its checks of training sequences, batch by batch in log order: episode starts the state
-runs on across inside multi-step training calls (:class:`Leaks`) and in per-timestep training loops
-(:class:`StepScan`)."""
+(:class:`First`), the input states' counts (:class:`Tally`), and its checks of training sequences, batch by batch in
+log order: episode starts the state runs on across inside multi-step training calls (:class:`Leaks`) and in
+per-timestep training loops (:class:`StepScan`)."""
 
 from __future__ import annotations
 
@@ -190,3 +190,166 @@ def earlier(a: First, b: First) -> First:
     """Both counts, first at the earlier of the two."""
     first = a if a.call <= b.call else b
     return First(a.count + b.count, first.call, first.row)
+
+
+ACTING = ("rollout", "predict", "other", "bootstrap")
+NOT_RESET = ("previous", "other")
+"""Sources that, at an episode start, mean the state was not reset."""
+
+
+class Tally:
+    """Counts over the init rows, batch by batch; a call's rows are kept together (the rows of the last
+    call of a batch wait for the next batch), so calls with both kinds of reset error are seen whole."""
+
+    def __init__(self, zeroed: tuple[str, ...] = ()) -> None:
+        self.by_design = np.array(zeroed, str)  # modules the log declares zeroed at a rollout's start
+        self.zeroed: dict[str, int] = {}
+        self.train_other: dict[str, dict[str, int]] = {}
+        self.sources: dict[str, dict[str, int]] = {}
+        self.carried: dict[str, int] = {}  # phase -> columns that started from the previous state
+        self.placed: dict[str, int] = {}  # phase -> columns that started from a non-zero state
+        self.zero: dict[str, First] = {}  # phase -> zero without an episode start
+        self.untagged: dict[str, First] = {}  # phase -> zero where no tag says whether an episode started
+        self.unknown: dict[str, int] = {}  # phase -> columns with an env step but no tag saying if an episode starts
+        self.foreign = 0  # columns of untagged ('other') calls that started from a state it cannot place
+        self.not_reset: dict[str, First] = {}
+        self.not_reset_at: set[tuple[str, float, float]] = set()  # (module, env, env_step) not reset there
+        self.wrong_column = First()
+        self.other_env = First()
+        self.train_zero = First()
+        self.train_state = First()
+        self.rollout_zero = 0
+        self.twice = First()
+        self.advanced = First()
+        self.last: dict[tuple[str, float], tuple[float, str, float]] = {}  # (module, env) -> (env_step, phase, it.)
+        self.last_call: dict[tuple[str, float], float] = {}  # (module, env) -> its last acting call
+        self.disordered = False
+        """A (module, env) met a call earlier than its last one (:attr:`Pass.disordered`)."""
+        self.entered: dict[str, int] = {}  # 'module/phase' -> 'other' columns at a first call in the phase's group
+        self.inside: dict[str, int] = {}  # 'module/phase' -> 'other' columns at a later call in the phase's group
+        self.rolled: dict[str, int] = {}  # 'module/phase' -> 'other' columns at a new iteration's first call in it
+
+    def count_sources(self, batch: pa.RecordBatch) -> None:
+        """The init sources per module and phase of one batch of init rows (nulls as ''): each column's
+        dictionary codes combined into one small key and counted (the batches are small, a few thousand
+        rows: Arrow's group_by costs ~4 ms a call here, sorting the rows' strings with numpy ~2.5 ms)."""
+        key = np.zeros(batch.num_rows, np.int64)
+        words: list[list[str]] = []
+        for name in ("module", "phase", "init"):
+            col = batch.column(name)
+            enc = col if pa.types.is_dictionary(col.type) else col.dictionary_encode()
+            # the dictionary's codes (no string built per row); null: one more code, the word '' (as a word
+            # '' would be: counts are added up by word below)
+            words.append([w if w is not None else "" for w in enc.dictionary.to_pylist()] + [""])
+            codes = enc.indices.fill_null(len(words[-1]) - 1) if enc.null_count else enc.indices
+            key = key * len(words[-1]) + codes.to_numpy(zero_copy_only=False)
+        counts = np.bincount(key, minlength=1)
+        for flat in np.flatnonzero(counts).tolist():
+            rest, v = divmod(flat, len(words[2]))
+            m, p = divmod(rest, len(words[1]))
+            d = self.sources.setdefault(f"{words[0][m]}/{words[1][p]}", {})
+            d[words[2][v]] = d.get(words[2][v], 0) + int(counts[flat])
+
+    def add(self, c: dict[str, np.ndarray]) -> None:
+        phase, init = c["phase"], c["init"]
+        # an episode start: tagged, or (untagged) an episode's step 0
+        start = (c["episode_start"] == 1) | ((c["episode_start"] < 0) & (c["episode_step"] == 0))
+        known = (c["episode_start"] >= 0) | ~np.isnan(c["episode_step"])  # whether a tag says if one started
+        acting = np.isin(phase, ACTING)
+        zero = acting & (init == "zero")
+        # a second call at one env step starts from the first one's state: counted as that, not as not reset
+        twice, entered = self._twice(c)
+        kept = acting & start & np.isin(init, NOT_RESET) & ~twice
+        other = acting & (init == "other")
+        designed = zero & (entered == 2) & np.isin(c["module"], self.by_design)  # a declared zeroing
+        zero &= ~designed
+        _count(self.zeroed, c, designed)
+        training = np.isin(phase, TRAINING)
+        for reason in np.unique(c["seq_reason"][training & (init == "other")]).tolist():
+            _count(self.train_other, c, training & (init == "other") & (c["seq_reason"] == reason), reason)
+        later = (entered == 0) | (entered == 2)  # rolled: the later calls at a new iteration's first step
+        for counts, told in ((self.entered, entered == 1), (self.inside, later), (self.rolled, entered == 2)):
+            _count(counts, c, told & other)
+        # a call that kept a state at an episode start and zeroed another column: the wrong column was reset
+        call = c["call"]
+        both = np.intersect1d(call[zero], call[kept])
+        if len(both):
+            in_both = np.isin(call, both)
+            # the first such call: which column kept its state, which was reset instead
+            first = both.min()
+            at = call == first
+            reset_env = c["env"][at & zero][0]
+            self.wrong_column.add(c, in_both & kept, {"reset_env": np.full(len(call), reset_env)})
+            zero &= ~in_both
+            kept &= ~in_both
+        for p in np.unique(phase[acting]).tolist():
+            here = phase == p
+            self.carried[p] = self.carried.get(p, 0) + int((here & (init == "previous")).sum())
+            self.placed[p] = self.placed.get(p, 0) + int((here & ~np.isin(init, ("zero", "reset"))).sum())
+            self.zero.setdefault(p, First()).add(c, here & zero & known)
+            self.untagged.setdefault(p, First()).add(c, here & zero & ~known)
+            self.unknown[p] = self.unknown.get(p, 0) + int((here & ~known & (c["env_step"] >= 0)).sum())
+            self.not_reset.setdefault(p, First()).add(c, here & kept)
+        if kept.any():
+            self.not_reset_at.update(zip(*(c[k][kept].tolist() for k in ("module", "env", "env_step")), strict=True))
+        self.rollout_zero += int(((phase == "rollout") & (init == "zero")).sum())
+        self.foreign += int(((phase == "other") & (init == "other")).sum())
+        self.other_env.add(c, init == "other_env")
+        self.train_zero.add(c, training & (init == "zero"))
+        self.train_state.add(c, training & (c["init_norm"] > 0))
+
+    def _twice(self, c: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """Calls of one module at the (env, env_step) of its previous acting call: in the same phase (the
+        state advanced twice for one observation), or a rollout call after a bootstrap call that started
+        from neither the previous step's state nor a reset (the bootstrap call's advance was kept); and the
+        columns whose module's previous acting call on their env column was in another phase group
+        (:data:`GROUPS`), or that have none, as 1 (the first call of the column in its group; 0: a later one; -1:
+        no env or env step to tell; 2: a later one in a new iteration), for the columns that started from 'other'
+        (-1 elsewhere)."""
+        keep = np.flatnonzero(np.isin(c["phase"], ACTING) & (c["env"] >= 0) & (c["env_step"] >= 0))
+        if not len(keep):
+            return np.zeros(len(c["call"]), bool), np.full(len(c["call"]), -1, np.int8)
+        idx = keep[np.lexsort((c["call"][keep], c["env"][keep], c["module"][keep]))]
+        module, env, step, phase = c["module"][idx], c["env"][idx], c["env_step"][idx], c["phase"][idx]
+        same = np.r_[False, (module[1:] == module[:-1]) & (env[1:] == env[:-1])]
+        prev_step, it = np.r_[np.nan, step[:-1]], c["iteration"][idx]
+        prev_it = np.r_[np.nan, it[:-1]]
+        firsts = np.flatnonzero(~same).tolist()  # a module's env column seen in an earlier batch
+        seen = [self.last.get((module[i], env[i]), (np.nan, "", np.nan)) for i in firsts]
+        # the phases as fixed-width strings wide enough for the earlier batches' too: compared in numpy
+        width = max([phase.dtype.itemsize // 4, 1] + [len(p) for _, p, _ in seen])
+        prev_phase = np.empty(len(idx), f"<U{width}")
+        prev_phase[0], prev_phase[1:] = "", phase[:-1]
+        for i, (s, p, k) in zip(firsts, seen, strict=True):
+            prev_step[i], prev_phase[i], prev_it[i] = s, p, k
+        again = prev_step == step
+        twice = again & (phase == prev_phase) & (phase != "bootstrap")
+        advanced = again & (prev_phase == "bootstrap") & (phase == "rollout") & (c["init"][idx] == "other")
+        masks = []
+        for first, found in ((self.twice, twice), (self.advanced, advanced)):
+            mask = np.zeros(len(c["call"]), bool)
+            mask[idx[found]] = True
+            first.add(c, mask)
+            masks.append(mask)
+        entered = np.full(len(c["call"]), -1, np.int8)  # -1: no env or env step to tell
+        other = np.flatnonzero(np.isin(c["init"][idx], ("other", "zero")))  # told for these alone (few, if any)
+        entered[idx[other]] = group(prev_phase[other]) != group(phase[other])  # no earlier call: group ''
+        entered[idx[other]] += 2 * ((entered[idx[other]] == 0) & (it[other] > prev_it[other]))  # a new iteration
+        calls = c["call"][idx]
+        for i in firsts:
+            if calls[i] <= self.last_call.get((module[i], env[i]), -np.inf):
+                self.disordered = True
+        for i in np.flatnonzero(np.r_[~same[1:], True]).tolist():
+            self.last[(module[i], env[i])] = (step[i], phase[i], it[i])
+            self.last_call[(module[i], env[i])] = calls[i]
+        return masks[0], entered
+
+
+def _count(into: dict[str, Any], c: dict[str, np.ndarray], mask: np.ndarray, reason: str | None = None) -> None:
+    """``mask``'s columns counted per 'module/phase' into ``into`` (and per ``reason`` under it, where given)."""
+    if mask.any():
+        key = np.char.add(np.char.add(c["module"][mask], "/"), c["phase"][mask])
+        for k, n in zip(*(a.tolist() for a in np.unique(key, return_counts=True)), strict=True):
+            d = into if reason is None else into.setdefault(k, {})
+            at = k if reason is None else reason
+            d[at] = d.get(at, 0) + n

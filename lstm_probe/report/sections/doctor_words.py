@@ -18,6 +18,9 @@ def clean_line(
     inside: dict[str, int],
     kept: str,
     rolled: dict[str, int] | None = None,
+    zeroed: dict[str, int] | None = None,
+    train_other: dict[str, dict[str, int]] | None = None,
+    start: str | None = None,
 ) -> str:
     """The line under a table that shows no problem (``sources``: 'module/phase' -> init value -> columns):
     what its columns other than previous, reset and stored mean there, and why the doctor names no problem for
@@ -25,15 +28,22 @@ def clean_line(
     call of their env column in the phase's group, and at a later one; ``kept``: the env columns the log keeps
     rows of where it keeps only some ('' where every column has rows); ``rolled``: per 'module/phase', the 'other'
     columns at a rollout's first step that the log's integration declares by design (:func:`rollout_lines` says
-    them, not this line)."""
-    rolled = rolled or {}
+    them, not this line); ``zeroed``: per 'module/phase', the 'zero' columns at a rollout's first step of a module
+    the integration declares zeroed there (:func:`zeroed_lines` says them); ``train_other``: per training
+    'module/phase', its 'other' columns by their sequences' start reason (``start``: ``Capabilities.rollout_start``)."""
+    rolled, zeroed, train_other = rolled or {}, zeroed or {}, train_other or {}
     of = f" (of {kept}: the log keeps no other rows)" if kept else ""
     parts: list[str] = []
     for key, values in sources.items():
         phase = key.rpartition("/")[2]
         for value, n in values.items():
-            by_design = rolled.get(key, 0) if value == "other" else 0  # rollout_lines says them
+            # rollout_lines and zeroed_lines say those of the framework's design
+            by_design = {"other": rolled, "zero": zeroed}.get(value, {}).get(key, 0)
             n -= by_design
+            if value == "other" and phase in TRAINING and n > 0:
+                for said, words in _training_starts(key, train_other.get(key, {}), start):
+                    parts.append(words)
+                    n -= said
             if n > 0 and value not in PLACED:
                 parts.append(_unplaced(key, phase, value, n, entered.get(key, 0), inside.get(key, 0) - by_design))
     if not parts:
@@ -42,6 +52,26 @@ def clean_line(
         f"no problem found{of}. Calls that started from neither their previous state, a reset nor a stored state: "
         + "; ".join(parts)
     )
+
+
+def _training_starts(key: str, reasons: dict[str, int], start: str | None) -> list[tuple[int, str]]:
+    """The 'other' starts of ``key``'s training sequences (``reasons``: by the sequence's start reason) whose reason
+    says where their state came from, each as (count, words): a gradient window's first step, and where the log
+    declares a rollout's start (``start``) a sequence that begins at its env's first rollout step."""
+    said = {
+        "gradient_window": (
+            "at a gradient window's first step, from the state their pass's previous step left (detached there: the "
+            "previous window's optimizer step came at that step), which is not the stored rollout state once the "
+            "weights have changed: truncated BPTT within one pass, no bug"
+        )
+    }
+    if start:
+        said["env_boundary"] = (
+            "at their env's first rollout step from the state that rollout began from, which by the framework's design "
+            "(its integration declares it) is not the state the previous rollout's last step left, the stored state "
+            "the doctor compares with: no provenance bug"
+        )
+    return [(n, f"{n:,} {key} sequences started {said[r]}") for r, n in reasons.items() if n and r in said]
 
 
 def _unplaced(key: str, phase: str, value: str, n: int, first: int, later: int) -> str:
@@ -94,6 +124,26 @@ ROLLOUT_STARTS = {
     )
 }
 """``Capabilities.rollout_start`` -> what a rollout's first step starts from by its framework's design."""
+
+OUTPUTS = {"targets": "the training targets another module learns to copy"}
+"""``Capabilities.rollout_zeroed``'s values -> what the module's outputs are."""
+
+
+def zeroed_lines(zeroed: dict[str, int], declared: dict[str, str]) -> list[str]:
+    """The doctor's words on the 'zero' starts at a rollout's first step (``zeroed``: per 'module/phase') of the
+    modules the log's integration declares zeroed at every rollout's start (``declared``: module -> what its
+    outputs are, ``Capabilities.rollout_zeroed``): the framework's design, with its consequence."""
+    out = []
+    for key, n in zeroed.items():
+        module = key.rpartition("/")[0]
+        what = OUTPUTS.get(declared.get(module, ""), f"'{declared.get(module)}', as this log's integration declares")
+        out.append(
+            f"{n:,} {key} columns started their rollout's first step from zeros while their episodes went on: the "
+            f"framework zeroes the {module} module's state at every rollout's start (its integration declares it), so "
+            f"until each env's next episode start its outputs ({what}) are computed without the episode so far, and "
+            f"differ from those of a state kept from step to step wherever the module uses its memory"
+        )
+    return out
 
 
 def rollout_lines(rolled: dict[str, int], start: str | None) -> list[str]:

@@ -23,6 +23,7 @@ SHOWN_HYPERPARAMETERS = (
     "num_learning_epochs",
     "num_epochs",
     "max_seq_len",
+    "gradient_length",
     "learning_rate",
     "lr",
     "gamma",
