@@ -244,3 +244,43 @@ def test_capture_obs_with_a_privileged_teacher_and_its_zeroed_state(tmp_path):
     probe = [sys.executable, "-m", "lstm_probe", "probe", str(log), "--target", "obs:0"]
     out = subprocess.run(probe, capture_output=True, text=True, env=env, check=True).stdout
     assert "student" in out and "teacher" in out
+
+
+def test_capture_obs_of_several_observation_groups_names_each_group(tmp_path):
+    """An actor reading two observation groups (Isaac Lab's policy and a privileged one): the ``obs`` column holds
+    them concatenated in the actor's group order, the ``obs_keys`` metadata says which slice is which group, and the
+    probes name ``obs:GROUP[i]`` (was: ``obs:2``: a user counted widths). One group: no ``obs_keys``, as before."""
+    torch.manual_seed(0)
+    cfg = train_cfg(
+        num_steps_per_env=STEPS,
+        num_mini_batches=2,
+        learning_rate=1e-3,
+        hidden_size=8,
+        mlp=(8,),
+        rnn_type="lstm",
+        rnn_layers=1,
+    )
+    cfg["obs_groups"] = {"actor": ["policy", "critic"], "critic": ["policy"]}
+    runner = build_runner(PrivilegedPendulum(4, seed=0, max_steps=10), cfg)
+    log = tmp_path / "groups.parquet"
+    with attach(runner, log, capture_obs=True):
+        runner.learn(2)
+    meta = lstm_probe.read_info(log).metadata
+    assert meta["obs_size"] == 3  # the torch Pendulum's policy group: (angle, velocity)
+    assert [(p["key"], p["start"], p["size"]) for p in meta["obs_keys"]] == [("policy", 0, 2), ("critic", 2, 1)]
+    rows = lstm_probe.load(log, phase="rollout")
+    first = rows[(rows.module == "actor") & (rows.layer == 0)]
+    privileged = np.stack(first.obs.to_numpy())[:, 2]
+    assert np.allclose(privileged, first.episode_step.to_numpy() * 0.1)  # the 'critic' group: episode step / 10
+    from lstm_probe.report.probes import obs_names
+
+    assert obs_names(meta) == ["obs:policy[0]", "obs:policy[1]", "obs:critic[0]"]
+    r2 = lstm_probe.probe(log, "obs:critic[0]")
+    assert len(r2) and r2["r2"].notna().any()
+    one = tmp_path / "one.parquet"
+    cfg["obs_groups"] = {"actor": ["policy"], "critic": ["policy"]}
+    runner = build_runner(TorchPendulumVecEnv(4, seed=0, max_steps=10), cfg)
+    with attach(runner, one, capture_obs=True):
+        runner.learn(1)
+    meta = lstm_probe.read_info(one).metadata
+    assert meta["obs_size"] == 2 and "obs_keys" not in meta

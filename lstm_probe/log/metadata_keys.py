@@ -53,8 +53,9 @@ METADATA_KEYS: dict[str, str] = {
     "minibatches and the training wall seconds the probe measured for them (from one minibatch's "
     "_get_samples to the next, or to the end of train()).",
     "obs_size": "--capture-obs: length of the `obs` vectors (the flattened observation).",
-    "obs_keys": "--capture-obs of a Dict observation (sb3): per key, in the order sb3 concatenates them, its slice of "
-    "`obs` (key, start, size; encoding 'one-hot' for Discrete/MultiDiscrete, else 'values'; space); names obs:KEY[i].",
+    "obs_keys": "--capture-obs of a Dict observation (sb3) or of several observation groups (rsl_rl): per key or "
+    "group, in the order the framework concatenates them, its slice of `obs` (key, start, size; encoding 'one-hot' "
+    "for Discrete/MultiDiscrete, else 'values'; space); names obs:KEY[i].",
     "info_keys": "--info: the info keys stored in the `info` vectors, in their order.",
     "returns": "Where the integration declares the returns capability: the episodes that ended in each iteration "
     "(rollout), as source ('monitor': sb3's Monitor info['episode'], raw rewards even under VecNormalize; 'rewards': "

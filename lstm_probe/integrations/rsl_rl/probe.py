@@ -149,7 +149,7 @@ class RslRlProbe(Probe):
         self._obs_next: np.ndarray | None = None  # the last env step's observation, on the host
         if self.measure.capture_obs:
             self.obs_groups = list(getattr(self._models()[0], "obs_groups", None) or ["policy"])
-            self._metadata = {**self._metadata, "obs_size": self._obs_size()}
+            self._metadata = {**self._metadata, **self._obs_layout()}
         self.envs = np.arange(self.n)
         self.env_step = np.zeros(self.n, np.int64)
         self.episode = np.zeros(self.n, np.int64)
@@ -351,9 +351,17 @@ class RslRlProbe(Probe):
         parts = [obs] if isinstance(obs, torch.Tensor) else [obs[g] for g in self.obs_groups]
         return torch.cat([p.detach().reshape(p.shape[0], -1) for p in parts], -1).to(torch.float32)
 
-    def _obs_size(self) -> int:
+    def _obs_layout(self) -> dict[str, Any]:
+        """``obs_size``, and where the actor reads several observation groups, ``obs_keys``: each group's slice of
+        the flattened vector, in the order :meth:`_flat` concatenates them (probes name ``obs:GROUP[i]``)."""
         stored = self.storage.observations  # (T, N, ...) per group, allocated with the storage
-        return sum(int(np.prod(stored[g].shape[2:])) for g in self.obs_groups or [])
+        parts, start = [], 0
+        for g in self.obs_groups or []:
+            shape = tuple(int(d) for d in stored[g].shape[2:])
+            size = int(np.prod(shape))
+            parts.append({"key": g, "start": start, "size": size, "encoding": "values", "space": f"group {shape}"})
+            start += size
+        return {"obs_size": start, **({"obs_keys": parts} if len(parts) > 1 else {})}
 
     def _act_obs(self, obs: Any) -> np.ndarray:
         """A rollout step's observation as the grid's (N, 1, width) column: the one the last env step returned
