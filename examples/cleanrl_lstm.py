@@ -15,7 +15,9 @@ is started and closed around the flat loop (no ``with``, nothing re-indented); t
 - no-reset-in-rollout: the rollout's calls (under no_grad) ignore the dones, training resets as it should;
 - reset-every-step: the LSTM gets no state, so every step starts from zeros (the state is not passed back);
 - bootstrap-zero-state: the bootstrap value call starts from zeros instead of the rollout's last state;
-- zero-train-start: training starts from zeros instead of the state stored at the rollout's start.
+- zero-train-start: training starts from zeros instead of the state stored at the rollout's start;
+- global-step: env_step tagged with CleanRL's ``global_step`` (all envs' steps together: it advances by the
+  number of envs each step) instead of each env's own step counter.
 
 ``--tags bare`` tags as lstm-probe's README did before (phase, iteration, env, env_step; bootstrap untagged):
 the report then says which tags are missing instead of guessing.
@@ -38,7 +40,7 @@ from torch.distributions.categorical import Categorical
 import lstm_probe
 
 BUGS = ("no-reset-in-train", "no-reset", "no-reset-in-rollout", "reset-every-step", "bootstrap-zero-state")
-BUGS += ("zero-train-start",)
+BUGS += ("zero-train-start", "global-step")
 parser = argparse.ArgumentParser()
 parser.add_argument("--iterations", type=int, default=4)
 parser.add_argument("--num-envs", type=int, default=4)
@@ -57,6 +59,8 @@ bare = args.tags == "bare"
 torch.manual_seed(args.seed)
 np.random.seed(args.seed)
 torch.set_num_threads(1)
+# the env step tagged for step s of an env (--bug global-step: CleanRL's global_step there, num_envs a step)
+step_of = (lambda s: (s + 1) * args.num_envs) if args.bug == "global-step" else (lambda s: s)
 
 
 def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
@@ -184,7 +188,7 @@ for iteration in range(args.iterations):
         dones[step] = next_done
 
         # ALGO LOGIC: action logic
-        tags = dict(phase="rollout", iteration=iteration, env=env_ids, env_step=first_step + step)
+        tags = dict(phase="rollout", iteration=iteration, env=env_ids, env_step=step_of(first_step + step))
         with torch.no_grad(), probe.tag(**tags, **({} if bare else {"episode_start": next_done.numpy()})):
             action, logprob, _, value, next_lstm_state = agent.get_action_and_value(
                 next_obs, next_lstm_state, next_done
@@ -201,7 +205,7 @@ for iteration in range(args.iterations):
         next_obs, next_done = torch.Tensor(next_obs), torch.Tensor(next_done)
 
     # bootstrap value if not done
-    tags = dict(phase="bootstrap", iteration=iteration, env=env_ids, env_step=first_step + args.num_steps)
+    tags = dict(phase="bootstrap", iteration=iteration, env=env_ids, env_step=step_of(first_step + args.num_steps))
     with torch.no_grad(), probe.tag() if bare else probe.tag(**tags, episode_start=next_done.numpy()):
         state = next_lstm_state
         if args.bug == "bootstrap-zero-state":
@@ -234,7 +238,7 @@ for iteration in range(args.iterations):
     envsperbatch = args.num_envs // args.num_minibatches
     envinds = np.arange(args.num_envs)
     flatinds = np.arange(batch_size).reshape(args.num_steps, args.num_envs)
-    steps = np.arange(first_step, first_step + args.num_steps)[None, :]  # lstm-probe: (1, T) env steps
+    steps = step_of(np.arange(first_step, first_step + args.num_steps))[None, :]  # lstm-probe: (1, T) env steps
     rollout = {"obs": obs, "episode_start": dones, "rollout_states": initial_lstm_state, "values": values}  # lstm-probe
     for epoch in range(args.update_epochs):
         np.random.shuffle(envinds)

@@ -60,6 +60,7 @@ def test_correct_loop_gives_a_true_report(tmp_path):
     assert set(rep.doctor.sources["lstm/bootstrap"]) <= {"previous", "reset"}
     assert rep.run.env_id == "CartPole-v1" and rep.run.n_envs == 4  # metadata= fills the run box
     assert "seq_reason tag" not in rep.calls.explanation  # no tag asked for that tag() refuses
+    assert "env_step_stride" not in rep.to_dict()["sequences"]
 
 
 @pytest.mark.parametrize(
@@ -73,6 +74,8 @@ def test_correct_loop_gives_a_true_report(tmp_path):
         ("zero-train-start", {("train_from_zeros", "train")}),
         # the rollout alone forgets the reset: training resets, so its gradient is cut at the episode starts
         ("no-reset-in-rollout", {("not_reset", "rollout"), ("not_reset", "bootstrap")}),
+        # env_step tagged with CleanRL's global_step (4 a step at 4 envs): its episode lengths would read 4x too long
+        ("global-step", {("global_env_step", "rollout")}),
     ],
 )
 def test_each_planted_bug_is_named(tmp_path, bug, kinds):
@@ -93,6 +96,13 @@ def test_each_planted_bug_is_named(tmp_path, bug, kinds):
         assert rep.doctor.train_resets > 0 and rep.sequences.cut_by_resets is True
         assert rep.sequences.gradient_length["median"] < rep.sequences.length["median"]
         assert not any("not reset there" in f for f in rep.findings)
+    if bug == "global-step":  # the episodes counted from such env steps are withheld, and the panel says why
+        (p,) = rep.doctor.problems
+        assert p.first["stride"] == 4 and "env_step=first + step" in p.text and "global_step" in p.text
+        assert rep.sequences.env_step_stride == 4 and rep.sequences.episode_length == {}
+        assert not any("completed episodes last" in f for f in rep.findings)
+        (panel,) = [b for blocks in rep.text() for b in blocks if getattr(b, "title", "") == "Sequences"]
+        assert "episodes: not counted (the rollout's env_step advances by 4 a step" in " ".join(panel.lines)
     if rep.staleness.provenance_ok is False:  # the failure names what to check, not the log
         (warning,) = rep.warnings
         assert "cannot be trusted" not in warning and "env_step" in warning and "resets" in warning

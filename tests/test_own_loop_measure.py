@@ -24,7 +24,7 @@ from torch.distributions import Categorical
 
 import lstm_probe
 from lstm_probe.errors import BadInput
-from lstm_probe.integrations import own_memory
+from lstm_probe.integrations import own_measure, own_memory
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "cleanrl_lstm.py"
 N, T, OBS, HID = 4, 16, 3, 8
@@ -34,27 +34,37 @@ def parts(state: Any) -> tuple:
     return state if isinstance(state, tuple) else (state,)
 
 
-def shaped(pieces: tuple, lstm: bool) -> Any:
-    """The state as the loop keeps it: (h, c) for an LSTM, h for a GRU."""
-    return pieces if lstm else pieces[0]
+def shaped(pieces: tuple, kind: str) -> Any:
+    """The state as the loop keeps it: (h, c) for an LSTM, h for a GRU; each (1, N, HID), a cell's (N, HID)."""
+    pieces = tuple(p[0] for p in pieces) if kind.endswith("cell") else pieces
+    return pieces if kind.startswith("lstm") else pieces[0]
+
+
+RNNS = {"lstm": nn.LSTM, "gru": nn.GRU, "lstmcell": nn.LSTMCell, "grucell": nn.GRUCell}
 
 
 class Agent(nn.Module):
-    def __init__(self, lstm: bool = True) -> None:
+    def __init__(self, kind: str = "lstm") -> None:
         super().__init__()
         self.enc = nn.Sequential(nn.Linear(OBS, 6), nn.Tanh())
-        self.rnn = nn.LSTM(6, HID) if lstm else nn.GRU(6, HID)
+        self.rnn = RNNS[kind](6, HID)
+        self.cell = kind.endswith("cell")
         self.actor = nn.Linear(HID, 3)
         self.critic = nn.Linear(HID, 1)
 
     def forward(self, x: torch.Tensor, state: Any, done: torch.Tensor) -> tuple:
-        """x (T, B, OBS), done (T, B): each step's state reset where done, CleanRL's way."""
+        """x (T, B, OBS), done (T, B): each step's state reset where done, CleanRL's way (a cell: one call a step
+        on (B, ...) inputs and states)."""
         hidden = self.enc(x)
         out = []
         for h, d in zip(hidden, done, strict=True):
-            keep = (1.0 - d).view(1, -1, 1)
+            keep = (1.0 - d).view(-1, 1) if self.cell else (1.0 - d).view(1, -1, 1)
             given = tuple(keep * s for s in state) if isinstance(state, tuple) else keep * state
-            o, state = self.rnn(h.unsqueeze(0), given)
+            if self.cell:
+                state = self.rnn(h, given)
+                o = (state[0] if isinstance(state, tuple) else state).unsqueeze(0)
+            else:
+                o, state = self.rnn(h.unsqueeze(0), given)
             out.append(o)
         return torch.cat(out), state
 
@@ -80,13 +90,14 @@ def loop(
     plant: bool | None = None,
     iterations: int = 3,
     done_p: float = 0.1,
-    lstm: bool = True,
+    kind: str = "lstm",
 ) -> tuple[list[torch.Tensor], torch.Tensor, dict]:
     """A CleanRL-shaped PPO loop; ``chunk``: train on chunks of that many steps from the per-step stored states
     (else whole envs from the rollout's first state). Returns the final parameters, torch's RNG state, NumPy's."""
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
-    agent = Agent(lstm)
+    agent = Agent(kind)
+    cell = kind.endswith("cell")
     if plant is not None:
         _plant(agent, plant)
     opt = torch.optim.Adam(agent.parameters(), lr=lr)
@@ -95,12 +106,12 @@ def loop(
         agent, out=path, force=True, capture="summary", what_if=what_if, optimizer=opt, epochs=2, minibatches=2, **extra
     )
     probe.start()
-    state = shaped((torch.zeros(1, N, HID), torch.zeros(1, N, HID)), lstm)
+    state = shaped((torch.zeros(1, N, HID), torch.zeros(1, N, HID)), kind)
     done = torch.zeros(N)
     for it in range(iterations):
-        first = shaped(tuple(p.clone() for p in parts(state)), lstm)
+        first = tuple(p.clone() for p in parts(state))
         obs, dones = torch.randn(T, N, OBS), torch.zeros(T, N)
-        saved = tuple(torch.zeros(T, 1, N, HID) for _ in parts(state))  # the states before each step
+        saved = tuple(torch.zeros(T, *parts(state)[0].shape) for _ in parts(state))  # the states before each step
         actions, logps, values = torch.zeros(T, N, dtype=torch.long), torch.zeros(T, N), torch.zeros(T, N)
         with torch.no_grad():
             for t in range(T):
@@ -117,7 +128,7 @@ def loop(
                 done = torch.from_numpy(rng.random(N) < done_p).float()
         returns = values + torch.randn(T, N)
         adv = returns - values
-        stored = shaped(saved, lstm) if chunk else first
+        stored = shaped(saved if chunk else first, "lstm" if kind.startswith("lstm") else "gru")
         rollout = {"obs": obs, "episode_start": dones, "rollout_states": stored, "values": values}
         starts = [0] if chunk is None else list(range(0, T, chunk))
         length = T if chunk is None else chunk
@@ -128,9 +139,10 @@ def loop(
                 step = np.tile(starts, len(envs))
                 cols = (torch.from_numpy(env), torch.from_numpy(step))
                 if chunk is None:
-                    init = shaped(tuple(p[:, envs] for p in parts(first)), lstm)
+                    init = tuple(p[envs] if cell else p[:, envs] for p in parts(first))
                 else:
-                    init = shaped(tuple(p[cols[1], :, cols[0]].transpose(0, 1) for p in saved), lstm)
+                    init = tuple(p[cols[1], cols[0]] if cell else p[cols[1], :, cols[0]].transpose(0, 1) for p in saved)
+                init = init if kind.startswith("lstm") else init[0]
                 window = torch.from_numpy(step)[None, :] + torch.arange(length)[:, None]  # (L, B) rollout steps
                 e = torch.from_numpy(env)[None, :].expand_as(window)
 
@@ -183,9 +195,13 @@ def records(path: Path) -> list[dict]:
     return [dict(zip(cols, row, strict=True)) for row in zip(*cols.values(), strict=True)]
 
 
-@pytest.mark.parametrize("chunk,lstm", [(None, True), (8, True), (8, False)])
-def test_training_untouched_and_the_oracle_holds(tmp_path, chunk, lstm):
-    runs = (loop(tmp_path / f"{w}.parquet", w, chunk=chunk, lstm=lstm) for w in (False, True))
+@pytest.mark.parametrize(
+    "chunk,kind", [(None, "lstm"), (8, "lstm"), (8, "gru"), (None, "lstmcell"), (8, "lstmcell"), (8, "grucell")]
+)
+def test_training_untouched_and_the_oracle_holds(tmp_path, chunk, kind):
+    """Every kind of recurrent module, a cell's (N, hidden) states included (measured on a one-layer nn.LSTM/GRU
+    holding the cell's weights, never on the user's cell: the same parameters and RNG states with or without)."""
+    runs = (loop(tmp_path / f"{w}.parquet", w, chunk=chunk, kind=kind) for w in (False, True))
     (pa, ra, na), (pb, rb, nb) = runs
     assert all(torch.equal(x, y) for x, y in zip(pa, pb, strict=True))
     assert torch.equal(ra, rb) and na == nb
@@ -202,6 +218,7 @@ def test_training_untouched_and_the_oracle_holds(tmp_path, chunk, lstm):
     if chunk:  # chunks from per-step states computed with older weights: stale by the last epoch
         assert max(r["state_rnn"] for r in stored if r["epoch"] == 1) > 1e-4
     info = lstm_probe.read_info(tmp_path / "True.parquet")
+    assert info.rows == lstm_probe.read_info(tmp_path / "False.parquet").rows  # no call of the user's modules
     assert info.metadata["capabilities"]["replay"] is True and info.metadata["capabilities"]["respond"] is True
     assert set(info.metadata["memory"]["records"]["iteration"]) == {0, 1, 2}
     assert lstm_probe.read_info(tmp_path / "False.parquet").metadata["capabilities"]["replay"] is False
@@ -246,14 +263,47 @@ def test_replayed_states_are_the_rollouts():
     assert torch.equal(h, torch.stack([a for a, _ in seen])) and torch.equal(c, torch.stack([b for _, b in seen]))
 
 
+@pytest.mark.parametrize("kind", ["lstmcell", "grucell"])
+def test_a_cells_twin_recomputes_its_states(kind):
+    """A cell loop's what-if and memory run on a one-layer nn.LSTM/GRU holding the cell's weights (the copy's:
+    ``own_measure.Copy``), its (N, hidden) states as (1, N, hidden): re-run over the rollout from the first states,
+    it gives the cell loop's own states before every step (resets included) to 1e-6, and the user's cell never
+    runs for it."""
+    torch.manual_seed(2)
+    agent = Agent(kind)
+    x = torch.randn(T, N, 6)
+    starts = np.random.default_rng(2).random((T, N)) < 0.2
+    first = tuple(torch.randn(N, HID) for _ in range(2 if kind == "lstmcell" else 1))
+    s, seen = first, []
+    with torch.no_grad():
+        for t in range(T):
+            seen.append(s)
+            keep = torch.as_tensor(1.0 - starts[t], dtype=torch.float32).view(-1, 1)
+            s = agent.rnn(x[t], tuple(keep * v for v in s) if len(s) == 2 else keep * s[0])
+            s = s if isinstance(s, tuple) else (s,)
+    calls = []
+    agent.rnn.register_forward_hook(lambda *_: calls.append(1))
+    copy = own_measure.Copy(agent, ["rnn"])
+    copy.sync(False)
+    twin = copy.rnns["rnn"]
+    assert isinstance(twin, nn.LSTM if kind == "lstmcell" else nn.GRU) and twin.num_layers == 1
+    given = copy.states(first if len(first) == 2 else first[0], "rollout_states")["rnn"]
+    assert all(g.shape == (1, N, HID) for g in given)
+    with torch.no_grad():
+        replayed = own_memory._replay(twin, x, given, starts)
+    for i, r in enumerate(replayed):  # (T, 1, N, HID) against the loop's (N, HID) states before each step
+        assert (r[:, 0] - torch.stack([v[i] for v in seen])).abs().max() < 1e-6
+    back = copy.give({"rnn": given})
+    assert all(torch.equal(a, b) for a, b in zip(back if isinstance(back, tuple) else (back,), first, strict=True))
+    assert calls == [] and all(p.requires_grad for p in agent.parameters())
+
+
 def test_refusals(tmp_path):
     agent = Agent()
     with pytest.raises(BadInput, match="heads="):
         lstm_probe.trace(agent, out=tmp_path / "m.parquet", what_if=True, memory=True)
     with pytest.raises(BadInput, match=r"capture_obs.*DataFrame with env, env_step, value"):
         lstm_probe.trace(agent, out=tmp_path / "m.parquet", capture_obs=True)
-    with pytest.raises(BadInput, match="LSTMCell: trace it without what_if and memory"):
-        lstm_probe.trace(nn.LSTMCell(3, 4), out=tmp_path / "m.parquet", what_if=True)
     probe = lstm_probe.trace(agent, out=tmp_path / "r.parquet", force=True, what_if=True)
     state = (torch.zeros(1, N, HID), torch.zeros(1, N, HID))
     per_step = {"obs": torch.zeros(T, N, OBS), "episode_start": torch.zeros(T, N), "rollout_states": state}

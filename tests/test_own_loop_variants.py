@@ -22,20 +22,26 @@ N, T, OBS, HID = 4, 12, 3, 8
 
 
 class Agent(nn.Module):
-    def __init__(self, batch_first: bool) -> None:
+    def __init__(self, batch_first: bool, cell: bool = False) -> None:
         super().__init__()
-        self.batch_first = batch_first
+        self.batch_first, self.cell = batch_first, cell
         self.enc = nn.Sequential(nn.Linear(OBS, 6), nn.Tanh())
-        self.lstm = nn.LSTM(6, HID, num_layers=2, batch_first=batch_first)
+        self.lstm = nn.LSTMCell(6, HID) if cell else nn.LSTM(6, HID, num_layers=2, batch_first=batch_first)
         self.actor = nn.Linear(HID, 2)
         self.critic = nn.Linear(HID, 1)
 
     def forward(self, x: torch.Tensor, state: tuple, done: torch.Tensor) -> tuple:
-        """x (T, B, OBS), done (T, B): one LSTM call a step, the state reset where done (CleanRL's get_states)."""
+        """x (T, B, OBS), done (T, B): one LSTM call a step, the state reset where done (CleanRL's get_states); an
+        LSTMCell's (B, HID) states stepped by hand."""
         out = []
         for h, d in zip(self.enc(x), done, strict=True):
-            keep = (1.0 - d).view(1, -1, 1).to(state[0].dtype)
-            o, state = self.lstm(h.unsqueeze(1 if self.batch_first else 0), (keep * state[0], keep * state[1]))
+            keep = (1.0 - d).view(*([-1, 1] if self.cell else [1, -1, 1])).to(state[0].dtype)
+            given = (keep * state[0], keep * state[1])
+            if self.cell:
+                state = self.lstm(h, given)
+                out.append(state[0])
+                continue
+            o, state = self.lstm(h.unsqueeze(1 if self.batch_first else 0), given)
             out.append(o.squeeze(1 if self.batch_first else 0))
         return torch.stack(out), state
 
@@ -58,12 +64,14 @@ def ppo(model: nn.Module, s: tuple, envs: np.ndarray, data: dict, amp: Any) -> d
     return {"values": v, "log_prob": logp, "loss": loss, "returns": d["ret"], "dist": dist}
 
 
-def loop(path: Path | None, *, batch_first: bool = False, bf16: bool = False) -> tuple[list[torch.Tensor], Any]:
-    """Two iterations of a CleanRL-shaped PPO loop on random observations; ``path`` None: no probe. Returns the
-    final parameters and torch's RNG state."""
+def loop(
+    path: Path | None, *, batch_first: bool = False, bf16: bool = False, cell: bool = False
+) -> tuple[list[torch.Tensor], Any]:
+    """Two iterations of a CleanRL-shaped PPO loop on random observations; ``path`` None: no probe; ``cell``: an
+    LSTMCell stepped by hand. Returns the final parameters and torch's RNG state."""
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
-    agent = Agent(batch_first)
+    agent = Agent(batch_first, cell)
     opt = torch.optim.Adam(agent.parameters(), lr=1e-2)
     amp = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
     probe: Any = None
@@ -74,7 +82,7 @@ def loop(path: Path | None, *, batch_first: bool = False, bf16: bool = False) ->
         )  # fmt: skip
         probe.start()
     tag = probe.tag if probe is not None else (lambda **_: contextlib.nullcontext())
-    state = (torch.zeros(2, N, HID), torch.zeros(2, N, HID))
+    state = (torch.zeros(N, HID), torch.zeros(N, HID)) if cell else (torch.zeros(2, N, HID), torch.zeros(2, N, HID))
     done = torch.zeros(N)
     for it in range(2):
         first = (state[0].clone(), state[1].clone())
@@ -98,7 +106,7 @@ def loop(path: Path | None, *, batch_first: bool = False, bf16: bool = False) ->
         for epoch in range(2):
             order = rng.permutation(N)
             for mb, envs in enumerate([order[: N // 2], order[N // 2 :]]):
-                init = (first[0][:, envs], first[1][:, envs])
+                init = (first[0][envs], first[1][envs]) if cell else (first[0][:, envs], first[1][:, envs])
                 with tag(phase="train", iteration=it, epoch=epoch, minibatch=mb, env=envs, env_step=steps,
                          episode_start=dones[:, envs].T.numpy()):  # fmt: skip
                     if probe is not None:
@@ -137,3 +145,25 @@ def test_batch_first_and_autocast_loops_are_measured(tmp_path, bf16):
     assert {r["iteration"] for r in stored} == {0, 1}
     for r in stored:  # the rollout's weights: the copy's refreshed states are the stored ones, in bfloat16 too
         assert r["state_lstm"] == 0 and r["value_abs"] == 0 and r["kl"] == 0
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_lstmcell_loops_are_measured(tmp_path, bf16):
+    """An LSTMCell stepped by hand ((N, hidden) states), under autocast too: measured on a one-layer nn.LSTM holding
+    the cell's weights (never the user's cell: training untouched), stored = refreshed at
+    minibatch 0 of epoch 0."""
+    plain, plain_rng = loop(None, bf16=bf16, cell=True)
+    path = tmp_path / "cell.parquet"
+    params, rng = loop(path, bf16=bf16, cell=True)
+    assert all(torch.equal(a, b) for a, b in zip(plain, params, strict=True)) and torch.equal(rng, plain_rng)
+    rep = lstm_probe.summarize(path)
+    assert rep.warnings == [] and rep.staleness.provenance_ok is True
+    report = rep.to_dict()
+    assert report["what_if"]["check"]["ok"] is True and report["memory"]["measured"]
+    whatif, memory = measured(path)
+    rows = [dict(zip(whatif, r, strict=True)) for r in zip(*whatif.values(), strict=True)]
+    stored = [r for r in rows if r["alternative"] == "stored" and (r["epoch"], r["minibatch"]) == (0, 0)]
+    assert {r["iteration"] for r in stored} == {0, 1}
+    for r in stored:
+        assert r["state_lstm"] == 0 and r["value_abs"] == 0 and r["kl"] == 0
+    assert set(memory["iteration"]) == {0, 1}

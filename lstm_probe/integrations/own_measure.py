@@ -22,6 +22,10 @@ An own loop has no storage or loss lstm-probe could read, so the loop hands over
   (a tensor, or a dict by module name where the model has several), for the burn-in and refreshed states the
   engine computes; by default the observations themselves.
 
+An nn.LSTMCell or nn.GRUCell stepped by hand is re-run as a one-layer nn.LSTM / nn.GRU holding the cell's weights
+(``measure/copies.cell_twin``): its states come and go as the loop keeps them ((N, hidden) each), the engines see
+them as (1, N, hidden).
+
 The gradient comparison reads the gradient the loop steps with from a step pre-hook on ``optimizer`` (given
 to ``trace``); parameters whose name starts with one of :data:`VALUE_PREFIXES` count as the critic's.
 """
@@ -91,14 +95,15 @@ class Copy:
     def __init__(self, model: nn.Module, names: Sequence[str], inputs: Inputs | None = None):
         self.model, self.names, self.inputs = model, list(names), inputs
         own = dict(model.named_modules())
+        self.cells = {n for n in self.names if isinstance(own["" if n == "root" else n], nn.LSTMCell | nn.GRUCell)}
         for name in self.names:
             m = own["" if name == "root" else name]
-            if not isinstance(m, nn.LSTM | nn.GRU):
+            if not isinstance(m, nn.LSTM | nn.GRU | nn.LSTMCell | nn.GRUCell):
                 raise BadInput(
-                    f"what-if and memory re-run nn.LSTM / nn.GRU modules; {name} is a {type(m).__name__}: trace it "
-                    "without what_if and memory (its log and report need neither)"
+                    f"what-if and memory re-run nn.LSTM / nn.GRU / nn.LSTMCell / nn.GRUCell modules; {name} is a "
+                    f"{type(m).__name__}: trace it without what_if and memory (its log and report need neither)"
                 )
-            if m.bidirectional or getattr(m, "proj_size", None):
+            if getattr(m, "bidirectional", False) or getattr(m, "proj_size", None):
                 raise BadInput(f"what-if and memory do not follow a bidirectional or projected LSTM ({name})")
         self._copy: nn.Module | None = None
         self.rnns: dict[str, nn.Module] = {}
@@ -109,9 +114,15 @@ class Copy:
         if self._copy is not None:
             return self._copy
         copy = copies.private_copy(self.model)
-        own = dict(copy.named_modules())
-        self.rnns = {name: _sequence_first(own["" if name == "root" else name]) for name in self.names}
+        own, theirs = dict(copy.named_modules()), dict(self.model.named_modules())
         self.pairs = copies.pairs(copy, self.model)
+        for name in self.names:
+            m = own["" if name == "root" else name]
+            if name in self.cells:  # a one-layer LSTM/GRU of the cell's weights, kept the user's values by sync
+                self.rnns[name] = copies.cell_twin(m)
+                self.pairs += copies.cell_pairs(self.rnns[name], theirs["" if name == "root" else name])
+            else:
+                self.rnns[name] = _sequence_first(m)
         self._copy = copy
         return copy
 
@@ -125,15 +136,18 @@ class Copy:
         return copy
 
     def states(self, given: Any, what: str) -> dict[str, tuple[torch.Tensor, ...]]:
-        """Per module, (h, c) or (h,): a dict by name, or one module's tuple / tensor."""
+        """Per module, (h, c) or (h,): a dict by name, or one module's tuple / tensor. A cell's (N, hidden) or
+        (T, N, hidden) states come as its twin's (1, N, hidden) or (T, 1, N, hidden)."""
         if isinstance(given, dict):
             missing = [n for n in self.names if n not in given]
             if missing:
                 raise BadInput(f"{what} has no state for {missing[0]!r} (its keys: the recurrent modules' names)")
-            return {n: _tuple(given[n]) for n in self.names}
-        if len(self.names) != 1:
+            got = {n: _tuple(given[n]) for n in self.names}
+        elif len(self.names) != 1:
             raise BadInput(f"{what}: a dict by module name, the model has {len(self.names)} recurrent modules")
-        return {self.names[0]: _tuple(given)}
+        else:
+            got = {self.names[0]: _tuple(given)}
+        return {n: tuple(x.unsqueeze(-3) for x in s) if n in self.cells else s for n, s in got.items()}
 
     def precision(self, given: Any) -> contextlib.AbstractContextManager[Any]:
         """The loop's autocast, for runs of the copy from the states ``given`` (as :meth:`states` takes them):
@@ -150,8 +164,9 @@ class Copy:
 
     def give(self, per_module: dict[str, Any], states: bool = True) -> Any:
         """Per-module values as the user's functions take them: one module's alone, several in a dict by name;
-        ``states``: an LSTM's as (h, c), a GRU's as h."""
+        ``states``: an LSTM's as (h, c), a GRU's as h; a cell's (1, N, hidden) each as (N, hidden)."""
         if states:
+            per_module = {n: tuple(x[0] for x in s) if n in self.cells else s for n, s in per_module.items()}
             per_module = {n: (s if isinstance(self.rnns[n], nn.LSTM) else s[0]) for n, s in per_module.items()}
         return per_module if len(per_module) > 1 else next(iter(per_module.values()))
 

@@ -100,3 +100,22 @@ def twin(rnn: nn.Module, batch_first: bool = True) -> nn.LSTM | nn.GRU:
     for name in copy._flat_weights_names:
         setattr(copy, name, getattr(rnn, name))  # RNNBase.__setattr__ refreshes _flat_weights
     return copy
+
+
+def cell_twin(cell: nn.Module) -> nn.LSTM | nn.GRU:
+    """A one-layer sequence-first ``nn.LSTM`` (of an ``nn.LSTMCell``) or ``nn.GRU`` (of an ``nn.GRUCell``) with
+    weights of its own in one block, on the cell's device and dtype: a loop of cell calls re-run as one module
+    (its (N, hidden) states are the twin's (1, N, hidden)). :func:`cell_pairs` gives it the cell's values: the
+    cell's weight_ih, weight_hh, bias_ih and bias_hh are its layer 0's, gate for gate."""
+    cls: type[nn.LSTM] | type[nn.GRU] = nn.LSTM if isinstance(cell, nn.LSTMCell) else nn.GRU
+    if not isinstance(cell, nn.LSTMCell | nn.GRUCell):
+        raise BadInput(f"a cell twin is made of an nn.LSTMCell or nn.GRUCell, not {type(cell).__name__}")
+    weight = cell.weight_ih
+    twin = cls(cell.input_size, cell.hidden_size, bias=cell.bias, device=weight.device, dtype=weight.dtype)
+    return flattened(twin.requires_grad_(False))
+
+
+def cell_pairs(twin: nn.Module, cell: nn.Module) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The twin's layer-0 parameters beside the cell's (:func:`sync` copies the cell's values in)."""
+    names = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
+    return [(getattr(twin, f"{n}_l0"), getattr(cell, n)) for n in names if getattr(cell, n, None) is not None]

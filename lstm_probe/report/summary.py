@@ -17,7 +17,7 @@ from lstm_probe.report import registry
 from lstm_probe.report.reading import first_layer_only
 from lstm_probe.report.scan import COLUMNS, REPORT_CHUNK_ROWS, Progress, fit, scan
 from lstm_probe.report.section import Block, Line, Log, Panel, Section
-from lstm_probe.report.sections.sequences import judge_resets
+from lstm_probe.report.sections.sequences import judge_env_steps, judge_resets
 from lstm_probe.report.verdict import Verdict, verdict
 from lstm_probe.text import safe
 
@@ -180,6 +180,15 @@ def _resets_inside(results: dict[str, Any]) -> None:
         judge_resets(sequences, [(p.kind, p.phase) for p in doctor.problems], doctor.train_resets)
 
 
+def _env_steps(results: dict[str, Any]) -> None:
+    """The doctor's global counter tagged as env_step (its problem 'global_env_step') reaches the sequences section,
+    which then withholds what it counted from env steps (:func:`judge_env_steps`)."""
+    sequences, doctor = results.get("sequences"), results.get("doctor")
+    found = [p for p in getattr(doctor, "problems", None) or [] if p.kind == "global_env_step"]
+    if sequences is not None and found:
+        judge_env_steps(sequences, int(found[0].first["stride"]))
+
+
 def _memory_from_sequences(results: dict[str, Any]) -> None:
     """The memory section sets what the sequences section counted beside its horizons (how far back gradients
     flow; the log's completed episodes, where it holds them for every env column), so the report gives one answer
@@ -240,6 +249,7 @@ def _summarize(path: str | os.PathLike[str], chunk_rows: int, progress: Progress
         else:
             results[s.key] = s.compute(log, accumulators.get(s.key))
     _resets_inside(results)
+    _env_steps(results)
     _memory_from_sequences(results)
     unavailable: list[str] = []
     for s in _json_order():

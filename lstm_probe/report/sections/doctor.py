@@ -15,6 +15,8 @@ and names, each with its count and first occurrence (call, module, env, env_step
   reset possible), or in a per-timestep training loop whose train states match the rollout's before any
   optimizer step up to the episode start and depart from them there (or, where the rollout did not reset
   either, still match them there: neither loop resets);
+- a rollout whose env_step advances by one k > 1 at every step of an env (never by 1): a global counter tagged as
+  each env's step (CleanRL's global_step), which makes the episode lengths read from it k times too long;
 - a state advanced twice for one observation: two calls of one module at one (env, env_step) in one acting
   phase, or a rollout call that started from the state a bootstrap call at that step left (not restored).
 
@@ -57,12 +59,20 @@ from lstm_probe.report.sections.doctor_rows import (
     Tally,
     earlier,
 )
-from lstm_probe.report.sections.doctor_words import clean_line, rollout_alone, rollout_lines, zeroed_lines
+from lstm_probe.report.sections.doctor_words import (
+    clean_line,
+    global_step,
+    paths_fact,
+    rollout_alone,
+    rollout_lines,
+    zeroed_lines,
+)
 from lstm_probe.report.sections.staleness import provenance_tolerance
 from lstm_probe.text import safe
 
 COLUMNS = ["call", "module", "phase", "env", "env_step", "episode_start", "episode_step", "init", "init_norm"]
 COLUMNS += ["iteration", "seq_reason"]  # a rollout's first step (Tally.rolled); a training sequence's start
+COLUMNS += ["path", "worker"]  # a rollout's advances of env_step (Strides)
 BATCH = 1 << 17
 
 
@@ -211,6 +221,12 @@ def _problems(t: Tally) -> list[Problem]:
             f"(the value call advanced the state and it was not restored); first at {_where(f.row)}"
         )
         out.append(Problem("advanced_by_bootstrap", "rollout", f.count, f.row, text))
+    stride = t.strides.stride()
+    if stride is not None:
+        k, f = stride
+        out.append(
+            Problem("global_env_step", "rollout", f.count, f.row | {"stride": k}, global_step(k, f, _where(f.row)))
+        )
     carried = t.carried.get("rollout", 0)
     f = t.train_zero
     if f.count and carried:
@@ -411,26 +427,9 @@ class Doctor(Section[DoctorSection]):
         )
         if isinstance(meta_paths, dict):
             data.minibatch_paths = meta_paths
-            self._fact(data, meta_paths)
+            data.stepwise_share, fact = paths_fact(meta_paths)
+            data.facts += [fact] if fact else []
         return data
-
-    @staticmethod
-    def _fact(data: DoctorSection, paths: dict[str, Any]) -> None:
-        def get(path: str, what: str) -> float:
-            v = (paths.get(path) or {}).get(what)
-            return float(v) if isinstance(v, int | float) else 0.0
-
-        slow, fast = get("stepwise", "minibatches"), get("sequence", "minibatches")
-        secs_slow, secs = get("stepwise", "seconds"), get("stepwise", "seconds") + get("sequence", "seconds")
-        if not slow + fast:
-            return
-        data.stepwise_share = secs_slow / secs if secs > 0 else None
-        share = f"{100 * data.stepwise_share:.0f}%" if data.stepwise_share is not None else "-"
-        data.facts.append(
-            f"{int(slow)} of {int(slow + fast)} minibatches held an episode start and ran sb3-contrib's per-step "
-            f"path (one LSTM call per step: every minibatch with an episode start does; sb3-contrib #113); they "
-            f"took {share} of the training time the probe measured ({secs_slow:.2f} s of {secs:.2f} s)"
-        )
 
     def unavailable(self, data: DoctorSection, log: Log) -> list[str]:
         if data.available:

@@ -228,6 +228,7 @@ class Tally:
         self.entered: dict[str, int] = {}  # 'module/phase' -> 'other' columns at a first call in the phase's group
         self.inside: dict[str, int] = {}  # 'module/phase' -> 'other' columns at a later call in the phase's group
         self.rolled: dict[str, int] = {}  # 'module/phase' -> 'other' columns at a new iteration's first call in it
+        self.strides = Strides()  # how the rollout's env_step advances: a global counter tagged as it
 
     def count_sources(self, batch: pa.RecordBatch) -> None:
         """The init sources per module and phase of one batch of init rows (nulls as ''): each column's
@@ -251,6 +252,7 @@ class Tally:
             d[words[2][v]] = d.get(words[2][v], 0) + int(counts[flat])
 
     def add(self, c: dict[str, np.ndarray]) -> None:
+        self.strides.add(c)
         phase, init = c["phase"], c["init"]
         # an episode start: tagged, or (untagged) an episode's step 0
         start = (c["episode_start"] == 1) | ((c["episode_start"] < 0) & (c["episode_step"] == 0))
@@ -353,3 +355,50 @@ def _count(into: dict[str, Any], c: dict[str, np.ndarray], mask: np.ndarray, rea
             d = into if reason is None else into.setdefault(k, {})
             at = k if reason is None else reason
             d[at] = d.get(at, 0) + n
+
+
+class Strides:
+    """How an env's ``env_step`` advances between its consecutive one-step rollout calls of one iteration (per
+    module, worker and env column; batch by batch in log order, a call's rows whole): by 1 where the tag counts the
+    env's own steps. Every advance of one size k > 1 and none of 1 is the signature of a global counter tagged as
+    ``env_step`` (CleanRL's ``global_step``, which advances by the number of envs each step); gaps of varied size are
+    not (:meth:`stride` says None). Advances across iterations, between calls out of call order (a resumed run's
+    restarted count) or from a multi-step call are not counted: a kill, a resume, thinned iterations and
+    ``--every`` leave every counted advance at 1."""
+
+    def __init__(self) -> None:
+        self.last: dict[tuple[str, float, float], tuple[float, float, float]] = {}  # -> (call, env_step, iteration)
+        self.ones = 0  # advances of 1
+        self.sizes: dict[float, First] = {}  # advance > 1 -> how many, the first (two sizes: varied, no more kept)
+
+    def add(self, c: dict[str, np.ndarray]) -> None:
+        """One batch of the doctor's init rows (``doctor._columns``: strings, tribools, floats)."""
+        keep = (c["phase"] == "rollout") & (c["path"] == "step") & (c["env"] >= 0) & (c["env_step"] >= 0)
+        rows = np.flatnonzero(keep)
+        if not len(rows):
+            return
+        worker, it = (np.nan_to_num(c[k][rows], nan=-1.0) for k in ("worker", "iteration"))
+        order = np.lexsort((c["call"][rows], c["env"][rows], worker, c["module"][rows]))
+        idx, worker, it = rows[order], worker[order], it[order]
+        module, env, call, step = c["module"][idx], c["env"][idx], c["call"][idx], c["env_step"][idx]
+        same = np.r_[False, (module[1:] == module[:-1]) & (worker[1:] == worker[:-1]) & (env[1:] == env[:-1])]
+        before = np.stack([np.r_[np.nan, a[:-1]] for a in (call, step, it)])  # the previous call's, where same
+        for i in np.flatnonzero(~same).tolist():
+            before[:, i] = self.last.get((str(module[i]), float(worker[i]), float(env[i])), (np.nan,) * 3)
+        advance = step - before[1]
+        counted = (call > before[0]) & (it == before[2]) & (advance > 0)
+        self.ones += int((counted & (advance == 1)).sum())
+        for size in np.unique(advance[counted & (advance > 1)]).tolist()[:2]:
+            if size in self.sizes or len(self.sizes) < 2:
+                mask = np.zeros(len(c["call"]), bool)
+                mask[idx[counted & (advance == size)]] = True
+                self.sizes.setdefault(size, First()).add(c, mask)
+        for i in np.flatnonzero(np.r_[~same[1:], True]).tolist():
+            self.last[(str(module[i]), float(worker[i]), float(env[i]))] = (call[i], step[i], it[i])
+
+    def stride(self) -> tuple[int, First] | None:
+        """(k, where first and how many) where every counted advance is k > 1 (at least two of them); else None."""
+        if self.ones or len(self.sizes) != 1:
+            return None
+        (size, first), *_ = self.sizes.items()
+        return (int(size), first) if first.count >= 2 else None

@@ -6,7 +6,9 @@ what the per-step training loop showed (:func:`rollout_alone`)."""
 
 from __future__ import annotations
 
-from lstm_probe.report.sections.doctor_rows import TRAINING
+from typing import Any
+
+from lstm_probe.report.sections.doctor_rows import TRAINING, First
 
 PLACED = ("previous", "reset", "stored")
 """Sources the "no problem found" line names without a word on them."""
@@ -170,3 +172,37 @@ def rollout_alone(text: str, count: int) -> str:
         "check fails there"
     )
     return text.replace("; first at ", f"{clause}; first at ", 1)
+
+
+def global_step(stride: int, first: First, where: str) -> str:
+    """The problem line of a rollout whose ``env_step`` advances by ``stride`` > 1 at every counted step
+    (``doctor_rows.Strides``): a global counter tagged as each env's step, and the fix."""
+    return (
+        f"the rollout's env_step advances by {stride} at every step of an env ({first.count:,} times, never by 1): "
+        f"a global counter (CleanRL's global_step, which advances by the number of envs each step), not each env's "
+        f"own step: episode lengths read from it come out {stride}x too long, and training's stored start states "
+        f"are sought at the wrong step (counted 'other'); tag each env's own step counter (env_step=first + step "
+        f"of the rollout loop, first = iteration * num_steps; the same counter on the bootstrap and train calls), "
+        f"not global_step; first at {where}"
+    )
+
+
+def paths_fact(paths: dict[str, Any]) -> tuple[float | None, str]:
+    """sb3's ``minibatch_paths`` metadata: the share of the measured training time its per-step path took, and the
+    doctor's fact that says it ('' where no minibatch was measured)."""
+
+    def get(path: str, what: str) -> float:
+        v = (paths.get(path) or {}).get(what)
+        return float(v) if isinstance(v, int | float) else 0.0
+
+    slow, fast = get("stepwise", "minibatches"), get("sequence", "minibatches")
+    secs_slow, secs = get("stepwise", "seconds"), get("stepwise", "seconds") + get("sequence", "seconds")
+    if not slow + fast:
+        return None, ""
+    share = secs_slow / secs if secs > 0 else None
+    words = f"{100 * share:.0f}%" if share is not None else "-"
+    return share, (
+        f"{int(slow)} of {int(slow + fast)} minibatches held an episode start and ran sb3-contrib's per-step "
+        f"path (one LSTM call per step: every minibatch with an episode start does; sb3-contrib #113); they "
+        f"took {words} of the training time the probe measured ({secs_slow:.2f} s of {secs:.2f} s)"
+    )

@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import pyarrow.dataset as ds
@@ -97,6 +97,9 @@ class SequencesSection:
     """The counts behind the shares (what the text says, exact where rounded shares would not add up):
     'with_reason' (the sequences with a start reason), 'rollout_start' and 'mid_rollout'; empty where
     :attr:`stored_state_share` is None."""
+    env_step_stride: int | None = None
+    """k where the doctor found the rollout's env_step a global counter (k a step): the figures read from env steps
+    are withheld (:func:`judge_env_steps`); in the JSON only where set."""
 
 
 def gradient_segments(part: Chunk) -> tuple[np.ndarray, int]:
@@ -291,7 +294,19 @@ class Sequences(Section[SequencesSection]):
             starts_inside=acc.inside.value,
         )
 
+    def to_json(self, data: SequencesSection) -> Any:
+        out = super().to_json(data)
+        if data.env_step_stride is None:
+            del out["env_step_stride"]
+        return out
+
     def unavailable(self, data: SequencesSection, log: Log) -> list[str]:
+        if data.env_step_stride is not None:
+            return [
+                f"episode lengths and where training sequences start: the rollout's env_step advances by "
+                f"{data.env_step_stride} a step (a global counter, see the doctor), so they are not counted from it; "
+                "tag each env's own step counter"
+            ]
         if data.episodes_from is not None or not data.sequences:
             return []
         return ["episode lengths: the rollout calls carry no episode_start tag (nor episode and episode_step)"]
@@ -321,7 +336,9 @@ class Sequences(Section[SequencesSection]):
         s = data
         if not s.sequences:
             return []
-        if s.stored_state_share is not None:
+        if s.env_step_stride is not None:
+            starts = f"where sequences start is not counted ({_global(s)})"
+        elif s.stored_state_share is not None:
             starts = (
                 f"{s.stored_state_share:.1%} of sequences{_of(s)} start from a stored mid-episode state rather than "
                 f"a reset{_stored_from(s)}"
@@ -346,12 +363,29 @@ class Sequences(Section[SequencesSection]):
                     f"mean {fmt_steps(s.length.get('mean'))}, max {fmt_steps(s.length.get('max'))}\n"
                     f"{_cuts_line(s)}"
                     f"histogram: {', '.join(f'{k}: {v:,}' for k, v in s.length_histogram.items())}\n"
-                    f"episodes completed: {s.episodes_completed:,}, length median "
-                    f"{fmt_steps(s.episode_length.get('median'))}, max {fmt_steps(s.episode_length.get('max'))}\n"
+                    f"{_episodes_line(s)}\n"
                     f"padding {s.padding_share:.1%} of train rows; {starts}",
                 ),
             )
         ]
+
+
+def _episodes_line(s: SequencesSection) -> str:
+    if s.env_step_stride is not None:
+        return f"episodes: not counted ({_global(s)})"
+    e, n = s.episode_length, s.episodes_completed
+    return f"episodes completed: {n:,}, length median {fmt_steps(e.get('median'))}, max {fmt_steps(e.get('max'))}"
+
+
+def _global(s: SequencesSection) -> str:
+    return f"the rollout's env_step advances by {s.env_step_stride} a step, a global counter: see the doctor"
+
+
+def judge_env_steps(data: SequencesSection, stride: int) -> None:
+    """The doctor found the rollout's env_step advancing by ``stride`` > 1 at every step (a global counter): the
+    figures counted from env steps (episode lengths and counts, the mid-rollout starts) are withheld."""
+    data.env_step_stride = stride
+    data.episode_length, data.episodes_completed, data.mid_rollout_starts = {}, 0, None
 
 
 CARRIED = {
