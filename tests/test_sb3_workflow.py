@@ -152,3 +152,19 @@ def test_refusals_a_probecallback_user_can_act_on(tmp_path):
         model.learn(32, callback=ProbeCallback(tmp_path / "a.parquet"), reset_num_timesteps=False)
     with pytest.raises(lstm_probe.BadInput, match=r"--capture-obs` \(capture_obs=True in code, e\.g\. ProbeCallback"):
         export(model, tmp_path / "p.pt", log=tmp_path / "a.parquet")
+
+
+def test_a_vecmonitor_above_vecnormalize_records_normalized_returns(tmp_path):
+    from stable_baselines3.common.vec_env import VecMonitor
+
+    env = VecMonitor(VecNormalize(DummyVecEnv([lambda: gym.make("CartPole-v1")] * 2)))
+    model = RecurrentPPO("MlpLstmPolicy", env, seed=0, **KW)
+    model.learn(256, callback=ProbeCallback(tmp_path / "m.parquet"))
+    record = read_info(tmp_path / "m.parquet").metadata["returns"]
+    episodes = list(model.ep_info_buffer)  # VecMonitor's: sums of the normalized rewards
+    assert record["source"] == "normalized" and record["episodes"] == len(episodes) and record["partial"] == 0
+    assert record["best"]["return"] == max(float(e["r"]) for e in episodes)
+    # a VecMonitor beneath VecNormalize records the env's own rewards: Monitor's, as before
+    under = VecNormalize(VecMonitor(DummyVecEnv([lambda: gym.make("CartPole-v1")] * 2)))
+    RecurrentPPO("MlpLstmPolicy", under, seed=0, **KW).learn(128, callback=ProbeCallback(tmp_path / "u.parquet"))
+    assert read_info(tmp_path / "u.parquet").metadata["returns"]["source"] == "monitor"
