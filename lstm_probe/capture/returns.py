@@ -18,7 +18,7 @@ import numpy as np
 
 MAX_ENTRIES = 500
 """Entries of ``by_iteration`` kept: past it, each two neighbours merge into one and the stride doubles."""
-SOURCES = ("monitor", "rewards", "rllib", "user")
+SOURCES = ("monitor", "rewards", "normalized", "rllib", "user")
 """Where the returns come from (the record's ``source``; see ``metadata_keys.py``)."""
 _FIELDS = ("episodes", "return_sum", "return_sq", "return_min", "return_max", "length_sum")
 

@@ -220,6 +220,8 @@ class _ExportDisplay:
         out().print(
             f"wrote {safe(r.path, limit=None)} ({r.format}, {r.spec.variant}; names and shapes in its metadata)"
         )
+        for note in r.notes:
+            out().print(f"note: {safe(note, limit=None)}", highlight=False, soft_wrap=True)
 
 
 def _render_replay(r: Any, as_json: bool) -> None:

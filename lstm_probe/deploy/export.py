@@ -79,6 +79,8 @@ class Exported:
     source: str = ""
     """Where the episodes came from."""
     exporter: str = ""
+    notes: tuple[str, ...] = ()
+    """What the framework's loader says a user of the file must know (``Policy.notes``)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -93,6 +95,7 @@ class Exported:
             "max_relative_error": self.errors,
             "source": self.source,
             "exporter": self.exporter,
+            "notes": list(self.notes),
         }
 
 
@@ -192,7 +195,8 @@ def export(
         os.replace(tmp, out)
     finally:
         tmp.unlink(missing_ok=True)
-    return Exported(out, fmt, spec, int(starts.sum()), len(obs), float(tolerance), errors, where, exporter)
+    steps = int(starts.sum()), len(obs)
+    return Exported(out, fmt, spec, *steps, float(tolerance), errors, where, exporter, policy.notes)
 
 
 _FEWER = "pass a smaller --episodes"
@@ -385,7 +389,10 @@ def episodes_from_log(log: str | os.PathLike[str], spec: Spec, count: int) -> tu
     data, info = reader.dataset(log)
     size = int(np.prod(spec.obs_shape))
     if info.metadata.get("obs_size") is None or "obs" not in data.schema.names:
-        raise BadInput(f"{log} holds no observations: record one with `lstm-probe run ENV_ID --capture-obs`")
+        raise BadInput(
+            f"{log} holds no observations: record one with `lstm-probe run ENV_ID --capture-obs` (capture_obs=True "
+            "in code, e.g. ProbeCallback(..., capture_obs=True)), or verify on --env ENV_ID"
+        )
     typ = data.schema.field("obs").type
     width = typ.list_size if pa.types.is_fixed_size_list(typ) else None
     if width != size:

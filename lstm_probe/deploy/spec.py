@@ -207,6 +207,9 @@ class Policy:
     framework: str = ""
     """The framework's name (``integrations.FRAMEWORKS``), set by ``integrations.deploy_policy``; stored in an
     exported file's metadata (``replay`` tells from it whether ``--vecnormalize``, sb3's, applies)."""
+    notes: tuple[str, ...] = ()
+    """What the loader read of the model that a user of the exported file must know (sb3: trained under
+    VecNormalize, so the file takes normalized observations); ``export`` says each."""
 
 
 Loader = Callable[[Any, bool, str | None], Policy]

@@ -163,7 +163,10 @@ def check_output(path: Path, *, force: bool, is_dir: bool, shard: str | None = N
             )
         if path.exists() and any(path.glob(pattern)):
             if not force:
-                raise BadInput(f"{path}/ already holds a log; pass --force to overwrite it or choose another --out")
+                raise BadInput(
+                    f"{path}/ already holds a log; pass --force (force=True in code) to overwrite it or choose "
+                    "another --out"
+                )
             for old in path.glob(pattern):
                 old.unlink()
         parent = path
@@ -172,7 +175,9 @@ def check_output(path: Path, *, force: bool, is_dir: bool, shard: str | None = N
             if path.is_dir():
                 raise BadInput(f"{path} is a directory; end --out with '/' to write a dataset directory there")
             if not force:
-                raise BadInput(f"{path} already exists; pass --force to overwrite it or choose another --out")
+                raise BadInput(
+                    f"{path} already exists; pass --force (force=True in code) to overwrite it or choose another --out"
+                )
         journal = partial_dir(path)
         if not force and journal.exists():
             foreign = others(journal)

@@ -21,7 +21,11 @@ METADATA_KEYS: dict[str, str] = {
     "train_batch_size_per_learner, minibatch_size, num_epochs, max_seq_len, lr, lambda, ...).",
     "seed": "Seed passed to the algorithm (null when none).",
     "n_envs": "Number of envs in the vectorized env.",
-    "total_timesteps": "Env steps asked for by learn().",
+    "total_timesteps": "Env steps asked for by learn() (sb3: counted from the model's first step, as its "
+    "num_timesteps is).",
+    "start_timesteps": "sb3, only where learn() went on from a trained model (reset_num_timesteps=False): the "
+    "model's num_timesteps when the probe started; the log's env_step and iteration count from there, "
+    "total_timesteps and progress include the steps before it.",
     "command": "The command line that made the log (CLI runs).",
     "architecture": "modules: {name: {kind, hidden_size, num_layers, input_size}}, shared_lstm, "
     "critic ('lstm' | 'shared' | 'mlp'); untraced: {name: {class or kind, hidden_size, num_layers; why}}, the "
@@ -59,7 +63,9 @@ METADATA_KEYS: dict[str, str] = {
     "info_keys": "--info: the info keys stored in the `info` vectors, in their order.",
     "returns": "Where the integration declares the returns capability: the episodes that ended in each iteration "
     "(rollout), as source ('monitor': sb3's Monitor info['episode'], raw rewards even under VecNormalize; 'rewards': "
-    "the sum of the rewards the algorithm saw; 'rllib': RLlib's episode metrics; 'user': an own loop's "
+    "the sum of the rewards the algorithm saw; 'normalized': the same where sb3's VecNormalize normalized them "
+    "(norm_reward, no Monitor beneath; or a VecMonitor above it, whose episodes sum them); 'rllib': RLlib's "
+    "episode metrics; 'user': an own loop's "
     "Tracer.episodes), stride (iterations per entry: past 500 entries neighbours merge, the stride doubling), "
     "episodes, partial (episodes begun before the probe, not counted), best (return, iteration) and by_iteration: "
     "lists of iteration (an entry's first), episodes, return_sum, return_sq (sum of squares), return_min, return_max "

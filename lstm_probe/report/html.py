@@ -505,7 +505,12 @@ def _page(rep: Report, figures: list[tuple[str, str, str]], notes: list[str]) ->
         ("env", r.env_id),
         ("algorithm", r.algorithm),
         ("n_envs", envs_words(r) if r.env_runners else r.n_envs),
-        ("steps", r.steps_done),
+        (
+            "steps",
+            r.steps_done
+            if r.steps_start is None or not isinstance(r.steps_done, int)
+            else f"{r.steps_done - r.steps_start:,} (the model's steps {r.steps_start:,} to {r.steps_done:,})",
+        ),
         ("iterations", r.iterations),
         ("completed", r.completed),
         ("rows", f"{r.rows:,}"),

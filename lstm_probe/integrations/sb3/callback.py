@@ -256,6 +256,8 @@ class ProbeCallback(BaseCallback, Scope):
         # Measured on a private copy of the policy, RNG states restored: the user's modules never run.
         meta["architecture_sb3"]["gradient_flow"] = summary(model)
         meta["total_timesteps"] = int(self.locals.get("total_timesteps", 0))
+        if int(model.num_timesteps) > 0:  # learn(reset_num_timesteps=False): sb3 counts on from the model's steps
+            meta["start_timesteps"] = int(model.num_timesteps)
         meta["architecture_sb3"]["lstm_modules"] = list(modules)
         meta.update(self.observations.start(model))
         meta.update(self.extra_metadata)

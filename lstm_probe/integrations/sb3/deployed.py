@@ -39,7 +39,34 @@ def loader(model: Any, trust_model: bool = False, env_id: str | None = None) -> 
     """sb3's :data:`~lstm_probe.deploy.spec.Loader`: the deploy layer's :class:`Policy` of a RecurrentPPO or
     of its model.zip (see :func:`policy_of`)."""
     module = deployed(policy_of(model, trust_model, env_id))
-    return Policy(module.spec, module, reference_step(module))
+    notes = (NORMALIZED,) if trained_normalized(model) else ()
+    return Policy(module.spec, module, reference_step(module), notes=notes)
+
+
+NORMALIZED = (
+    "the model was trained under VecNormalize: the file takes observations as its policy saw them, normalized "
+    "where VecNormalize normalized them (norm_obs, the default: clip((obs - obs_rms.mean) / sqrt(obs_rms.var + "
+    "epsilon), -clip_obs, clip_obs), with the statistics VecNormalize.save wrote, or your env's own VecNormalize "
+    "loaded with training=False), and does not normalize them itself; `lstm-probe replay --vecnormalize STATS` "
+    "checks that a loop does"
+)
+"""The note on a model trained under VecNormalize (where it normalized observations: ``norm_obs``, the default)."""
+
+
+def trained_normalized(model: Any) -> bool:
+    """Whether a RecurrentPPO or its model.zip was trained under VecNormalize: ``BaseAlgorithm._setup_learn`` sets
+    ``_last_original_obs`` (saved in the zip's ``data``, not excluded like ``_vec_normalize_env``) only where the
+    env is one. Of a zip, only whether that entry is null is read (nothing unpickled, within the reader's bounds)."""
+    if isinstance(model, str | os.PathLike):
+        from lstm_probe.integrations.sb3.model_zip import read_data
+
+        try:
+            return read_data(os.fspath(model)).get("_last_original_obs") is not None
+        except Exception:  # the loader already read this data; a zip it could not is refused before here
+            return False
+    return getattr(model, "_vec_normalize_env", None) is not None or (
+        getattr(model, "_last_original_obs", None) is not None
+    )
 
 
 def policy_of(model: Any, trust_model: bool, env_id: str | None = None) -> Any:

@@ -251,7 +251,8 @@ def make_plan(data: dict[str, Any], env: Any) -> Plan:
             if stated.shape != given.shape or stated.kind != given.kind:
                 raise BadInput(
                     f"the env's {what} space {given.text} differs from the model's {stated.text}; pass the env "
-                    "the policy was trained on"
+                    "the policy was trained on (where a VecEnv wrapper such as VecFrameStack made its space, leave "
+                    "--env out: export verifies on --log LOG of a run with --capture-obs, or --synthetic)"
                 )
     return Plan(policy, kwargs, policy_kwargs, obs, act, n_envs, data, env is not None)
 

@@ -6,8 +6,9 @@ already sees (host arrays; nothing is copied from a device, nothing of sb3's is 
 ``self._update_info_buffer(infos, dones)`` (``common/base_class.py``), which extends ``model.ep_info_buffer`` with
 every ``info["episode"]`` (Monitor's record of a finished episode: raw rewards, even under VecNormalize). The probe
 takes the same ``info["episode"]`` (source 'monitor'); an env without a Monitor gives the sum of the ``rewards``
-the algorithm saw (source 'rewards': VecNormalize's normalized rewards where it wraps the env), before sb3 adds
-the truncation bootstrap to them (``rewards[idx] += gamma * terminal_value``, after the callback).
+the algorithm saw (source 'rewards'; 'normalized' where a VecNormalize with ``norm_reward`` wraps the env, whose
+normalized rewards those are), before sb3 adds the truncation bootstrap to them (``rewards[idx] += gamma *
+terminal_value``, after the callback).
 """
 
 from __future__ import annotations
@@ -28,6 +29,12 @@ class Sb3Returns:
         starts = getattr(model, "_last_episode_starts", None)
         self.sums = StepSums(n, True if starts is None else np.asarray(starts, bool).reshape(-1))
         self.returns: Returns | None = None  # made at the first episode's end, with its source
+        # the rewards env.step gives collect_rollouts are VecNormalize's normalized ones where it normalizes them;
+        # a VecMonitor above that VecNormalize records those too (a Monitor beneath it, the env's own)
+        normalized, above = _normalizes_rewards(model.get_env()) if model is not None else (False, False)
+        self.summed = "normalized" if normalized else "rewards"
+        self.monitor = "normalized" if above else "monitor"
+        self.monitored = False  # whether the returns are the Monitor's episodes (else per-env sums)
         self.tracer = tracer  # the CoreTracer whose writer's progress carries the record
 
     def step(self, locals_: dict[str, Any], iteration: int) -> None:
@@ -37,8 +44,8 @@ class Sb3Returns:
             return
         monitored = [info["episode"] for info in infos if isinstance(info.get("episode"), dict)]
         if self.returns is None and (monitored or np.any(dones)):
-            self.returns = Returns("monitor" if monitored else "rewards")
-        if self.returns is not None and self.returns.source == "monitor":
+            self.returns, self.monitored = Returns(self.monitor if monitored else self.summed), bool(monitored)
+        if self.returns is not None and self.monitored:
             if monitored:
                 r = [float(e.get("r", np.nan)) for e in monitored]
                 self.returns.ended(iteration, r, [float(e.get("l", 0)) for e in monitored])
@@ -51,3 +58,19 @@ class Sb3Returns:
             return None
         self.returns.publish(self.tracer)
         return self.returns.record()
+
+
+def _normalizes_rewards(env: Any) -> tuple[bool, bool]:
+    """Whether ``env`` (the model's VecEnv) holds a VecNormalize that normalizes rewards
+    (``vec_env/vec_normalize.py:VecNormalize.step_wait`` applies ``normalize_reward`` where ``norm_reward``, in
+    training and evaluation alike), and whether a VecMonitor sits above it (its ``info["episode"]`` then sums the
+    normalized rewards); read as attributes along the wrappers' ``venv`` chain, nothing called."""
+    from stable_baselines3.common.vec_env import VecMonitor, VecNormalize
+
+    seen, above = 0, False
+    while env is not None and seen < 64:
+        if isinstance(env, VecNormalize):
+            return bool(env.norm_reward), above and bool(env.norm_reward)
+        above = above or isinstance(env, VecMonitor)
+        env, seen = getattr(env, "venv", None), seen + 1
+    return False, False

@@ -19,6 +19,8 @@ from lstm_probe.text import safe
 SOURCES = {
     "monitor": "Monitor's raw rewards",
     "rewards": "summed rewards the algorithm saw",
+    "normalized": "summed rewards the algorithm saw, normalized by VecNormalize: not the env's returns (a Monitor "
+    "under VecNormalize records those)",
     "rllib": "RLlib's episode returns",
     "user": "as the loop gave them",
 }
@@ -186,9 +188,13 @@ def returns_line(data: ReturnsSection) -> str:
     if not data.episodes:
         return f"returns: no episode ended in the log's {data.iterations:,} iterations" + _partial(data)
     source = SOURCES.get(data.source or "", data.source or "unknown source")
-    line = f"returns ({source}): {data.episodes:,} episodes ended"
+    line = f"returns ({source}): {data.episodes:,} episode{'s' if data.episodes != 1 else ''} ended"
     a, b = data.first_tenth, data.last_tenth
-    if a is not None and b is not None:
+    if a is not None and b is not None and a.return_mean is None and b.return_mean is None:
+        line += f"; none in the first or the last tenth of iterations ({_where(a)}; {_where(b)})"
+    elif a is not None and b is not None and a.return_mean is None:  # the figure first, then the tenth without one
+        line += f"; mean return {_tenth(b, 'last tenth of iterations')}, {_tenth(a, 'first')}"
+    elif a is not None and b is not None:
         line += f"; mean return {_tenth(a, 'first tenth of iterations')}, {_tenth(b, 'last')}"
     best = data.best or {}
     if isinstance(best.get("return"), int | float):
@@ -196,8 +202,12 @@ def returns_line(data: ReturnsSection) -> str:
     return line + _partial(data)
 
 
+def _where(t: Tenth) -> str:
+    return f"iteration {t.first}" if t.first == t.last else f"iterations {t.first}-{t.last}"
+
+
 def _tenth(t: Tenth, which: str) -> str:
-    where = f"iteration {t.first}" if t.first == t.last else f"iterations {t.first}-{t.last}"
+    where = _where(t)
     if t.return_mean is None:
         return f"none ended in the {which} ({where})"
     return f"{t.return_mean:.4g} in the {which} ({where}, {t.episodes:,} episode{'s' if t.episodes != 1 else ''})"

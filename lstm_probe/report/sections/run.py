@@ -65,6 +65,9 @@ class RunSection:
     """What recording cost while the run went (absent in older logs): ``calls``,
     ``hook_seconds`` and ``integration_seconds`` on the training thread, ``writer_cpu_seconds`` of
     the writer (process or thread), ``wait_seconds`` training waited for the writer; summed over processes."""
+    steps_start: int | None = None
+    """sb3: the model's steps when this learn() began, where it went on from a trained model
+    (``reset_num_timesteps=False``); ``steps_asked`` and ``steps_done`` count from the model's first step."""
 
 
 def cost_line(cost: dict[str, Any], wall: float | None, processes: bool) -> str:
@@ -120,6 +123,7 @@ class Run(Section[RunSection]):
             command=meta.get("command"),
             probe_cost=meta.get("probe_cost"),
             env_runners=env_runners(meta),
+            steps_start=_count(meta.get("start_timesteps")) or None,
         )
 
     def warnings(self, data: RunSection, log: Log) -> list[str]:
@@ -162,7 +166,15 @@ class Run(Section[RunSection]):
 
 
 def _steps(r: RunSection) -> str:
-    """'steps 512 of 512 asked, ', or as much as the log records of them (an own loop's may record neither)."""
+    """'steps 512 of 512 asked, ', or as much as the log records of them (an own loop's may record neither); a
+    learn() that went on from a trained model: its own steps, and from which of the model's it went on."""
+    start = r.steps_start
+    if start is not None and isinstance(r.steps_done, int) and isinstance(r.steps_asked, int):
+        return (
+            f"steps {fmt(r.steps_done - start)} of {fmt(r.steps_asked - start)} asked, going on from the model's step "
+            f"{fmt(start)} (learn(reset_num_timesteps=False): the log's env_step and iterations count from there, "
+            "and its first rollout states are those the earlier learn() left), "
+        )
     if r.steps_asked is None:
         return "" if r.steps_done is None else f"steps {fmt(r.steps_done)}, "
     return f"steps {fmt(r.steps_done)} of {fmt(r.steps_asked)} asked, "
