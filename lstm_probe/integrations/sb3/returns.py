@@ -13,11 +13,17 @@ terminal_value``, after the callback).
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from lstm_probe.capture.returns import Returns, StepSums
+
+
+def _none() -> None:
+    return None
 
 
 class Sb3Returns:
@@ -35,7 +41,8 @@ class Sb3Returns:
         self.summed = "normalized" if normalized else "rewards"
         self.monitor = "normalized" if above else "monitor"
         self.monitored = False  # whether the returns are the Monitor's episodes (else per-env sums)
-        self.tracer = tracer  # the CoreTracer whose writer's progress carries the record
+        # the CoreTracer whose writer's progress carries the record; weakly: a closed tracer is not kept alive
+        self.tracer: Callable[[], Any] = weakref.ref(tracer) if tracer is not None else _none
 
     def step(self, locals_: dict[str, Any], iteration: int) -> None:
         """One env step of ``collect_rollouts`` (its locals as the callback sees them)."""
@@ -56,7 +63,7 @@ class Sb3Returns:
         """The record into the writer's progress (once per rollout, and at the end); the record, or None."""
         if self.returns is None:
             return None
-        self.returns.publish(self.tracer)
+        self.returns.publish(self.tracer())
         return self.returns.record()
 
 
