@@ -168,3 +168,43 @@ def test_a_vecmonitor_above_vecnormalize_records_normalized_returns(tmp_path):
     under = VecNormalize(VecMonitor(DummyVecEnv([lambda: gym.make("CartPole-v1")] * 2)))
     RecurrentPPO("MlpLstmPolicy", under, seed=0, **KW).learn(128, callback=ProbeCallback(tmp_path / "u.parquet"))
     assert read_info(tmp_path / "u.parquet").metadata["returns"]["source"] == "monitor"
+
+
+def test_replay_without_the_statistics_of_a_vecnormalize_model_says_what_its_verdict_means(tmp_path):
+    """A file exported from a model trained under VecNormalize says so in its metadata (``normalized``), and replay
+    of it (or of the model.zip) without ``--vecnormalize`` says what that means: a loop that normalises, as it must,
+    reads as 'not this policy' without the statistics (was: the generic 'not checked' note, or none for the file).
+    A file of a model trained without VecNormalize carries no such key and gets no such note."""
+    import json
+
+    import numpy as np
+    import onnx
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    env = VecNormalize(make_vec_env("Pendulum-v1", n_envs=1, seed=0))
+    model = RecurrentPPO("MlpLstmPolicy", env, seed=0, **KW)
+    model.learn(32)
+    model.save(tmp_path / "norm.zip")
+    plain = RecurrentPPO("MlpLstmPolicy", make_vec_env("Pendulum-v1", n_envs=1, seed=0), seed=0, **KW)
+    plain.learn(32)
+    plain.save(tmp_path / "plain.zip")
+    obs = np.random.default_rng(0).uniform(-1, 1, (12, 3)).astype(np.float32)
+    starts = np.arange(12) % 6 == 0
+    for name, m in (("norm", model), ("plain", plain)):
+        out = tmp_path / f"{name}.onnx"
+        lstm_probe.export(tmp_path / f"{name}.zip", out, env_id="Pendulum-v1", episodes=1)
+        meta = {p.key: p.value for p in onnx.load(str(out)).metadata_props}
+        assert json.loads(meta["lstm_probe.deploy"]).get("normalized") is (True if name == "norm" else None)
+        actions, state = [], None
+        for o, s in zip(obs, starts, strict=True):  # a loop that feeds the observations as they come
+            a, state = m.predict(o[None], state=state, episode_start=np.array([s]), deterministic=True)
+            actions.append(a[0].tolist())
+        rows = {"step": list(range(12)), "obs": obs.tolist(), "action": actions, "episode_start": starts.tolist()}
+        pq.write_table(pa.table(rows), tmp_path / f"{name}.parquet")
+        for policy in (out, tmp_path / f"{name}.zip"):
+            r = lstm_probe.replay(tmp_path / f"{name}.parquet", policy, trust_model=True)
+            said = [n for n in r.notes if "trained under VecNormalize and no statistics were given" in n]
+            assert len(said) == (1 if name == "norm" else 0), (policy.name, r.notes)
+            if said:
+                assert "--vecnormalize STATS" in said[0] and "reads as 'not this policy'" in said[0]

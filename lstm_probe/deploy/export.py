@@ -240,8 +240,13 @@ def _readable(f: Any) -> None:
 
 
 def _meta(policy: Policy, source: str, exporter: str) -> str:
+    normalized = {"normalized": True} if policy.normalized else {}  # (files of other models: as before)
     return policy.spec.to_json(
-        source=Path(source).name, framework=policy.framework, exporter=exporter, batch="any number of envs"
+        source=Path(source).name,
+        framework=policy.framework,
+        exporter=exporter,
+        batch="any number of envs",
+        **normalized,
     )
 
 

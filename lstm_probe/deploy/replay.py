@@ -164,7 +164,7 @@ def replay(
     ``obs``, ``h``, ``c``, ``action``, ``h_out``, ``c_out``, ``value``: ``deploy/foreign.py``)."""
     if not (isinstance(tolerance, int | float) and 0 < tolerance < HALF):
         raise BadInput(f"--tolerance must be a relative error in (0, {HALF:g}), e.g. 1e-4, got {tolerance!r}")
-    spec, step, half, batch, framework = _policy(policy, trust_model, dict(names or {}))
+    spec, step, half, batch, framework, normalized = _policy(policy, trust_model, dict(names or {}))
     rec = read_trace(trace, spec, MAX_ROWS)
     norm = None if vecnormalize is None else _normaliser(Path(vecnormalize), trust_model, spec)
     obs = rec.obs if norm is None else norm(rec.obs)
@@ -193,6 +193,13 @@ def replay(
     notes = []
     if norm is not None:
         runs[NO_NORM] = _run(step, spec, rec, rec.obs, "correct", plan, pace)
+    elif normalized:  # the file or model says it was trained under VecNormalize
+        notes.append(
+            f"the model was trained under VecNormalize and no statistics were given: the trace's observations went "
+            f"to the policy as recorded, which is right only where they were recorded normalized; pass "
+            f"--vecnormalize STATS (what VecNormalize.save wrote) to replay a loop that normalises them and check "
+            f"that it does ('{NO_NORM}'): without them such a loop reads as '{OTHER}'"
+        )
     elif framework == "sb3":  # VecNormalize is sb3's: other frameworks normalise inside the policy
         notes.append(f"'{NO_NORM}' not checked: pass --vecnormalize STATS if the model was trained under VecNormalize")
     if not rec.start.any():
@@ -210,7 +217,7 @@ def replay(
     )
 
 
-def _policy(policy: Any, trust_model: bool, names: dict[str, str]) -> tuple[Spec, Step, Step, Any, str]:
+def _policy(policy: Any, trust_model: bool, names: dict[str, str]) -> tuple[Spec, Step, Step, Any, str, bool]:
     """The spec, the float32 step and the float16 step of a policy file, model.zip or model, how many envs
     one step may run at once (``envs -> batch``) and its framework ('' for a file from elsewhere); ``names``:
     a foreign ONNX file's (``open_file``)."""
@@ -227,7 +234,7 @@ def _policy(policy: Any, trust_model: bool, names: dict[str, str]) -> tuple[Spec
             warnings.simplefilter("ignore", DeprecationWarning)
             opened = open_file(path, names)
             step, half = opened.step(), rounded(opened.step(half=True))
-        return opened.spec, step, half, lambda envs: opened.batch(envs, BATCH), opened.framework
+        return opened.spec, step, half, lambda envs: opened.batch(envs, BATCH), opened.framework, opened.normalized
     if names:
         raise BadInput(
             f"{FLAG} names the inputs and outputs of an ONNX file lstm-probe did not write; {policy} is not one"
@@ -242,7 +249,7 @@ def _policy(policy: Any, trust_model: bool, names: dict[str, str]) -> tuple[Spec
         return max(1, min(envs, BATCH, budget.limit() // (4 * per_env)))
 
     half = rounded(torch_step(half_weights(copy.deepcopy(module))))
-    return spec, torch_step(module), half, batch, found.framework
+    return spec, torch_step(module), half, batch, found.framework, found.normalized
 
 
 def _exported(path: Path) -> bool:

@@ -150,6 +150,8 @@ class PolicyFile:
     framework: str = ""
     """The framework the policy was exported from, as its metadata states it ('' for a file from elsewhere;
     a file written before the metadata stated it: 'sb3' where its source is a model.zip or RecurrentPPO)."""
+    normalized: bool = False
+    """Its metadata says the model was trained on observations normalised outside the policy (``Policy.normalized``)."""
 
     def step(self, half: bool = False) -> Step:
         """Its :data:`Step`; ``half``: its weights rounded to float16 (:func:`rounded` says why)."""
@@ -216,7 +218,10 @@ def open_file(path: Path, names: dict[str, str] | None = None) -> PolicyFile:
         _own(path, names)
         spec = Spec.from_json(meta[META_KEY], where)
         graph = checks.check(proto, spec, where)
-        return PolicyFile(path, spec, False, graph.per_env, proto=proto, framework=framework(meta[META_KEY]))
+        text = meta[META_KEY]
+        return PolicyFile(
+            path, spec, False, graph.per_env, proto=proto, framework=framework(text), normalized=normalized(text)
+        )
     extra = {f"{META_KEY}.json": ""}
     try:
         module = torch.jit.load(io.BytesIO(raw), map_location="cpu", _extra_files=extra)
@@ -227,7 +232,10 @@ def open_file(path: Path, names: dict[str, str] | None = None) -> PolicyFile:
         spec = foreign_script.infer(module.eval(), where)
         return PolicyFile(path, spec, True, per_env_bytes(spec), raw=raw, stateful=True)
     spec = Spec.from_json(extra[f"{META_KEY}.json"], where)
-    return PolicyFile(path, spec, True, per_env_bytes(spec), raw=raw, framework=framework(extra[f"{META_KEY}.json"]))
+    text = extra[f"{META_KEY}.json"]
+    return PolicyFile(
+        path, spec, True, per_env_bytes(spec), raw=raw, framework=framework(text), normalized=normalized(text)
+    )
 
 
 def framework(meta: str) -> str:
@@ -241,6 +249,14 @@ def framework(meta: str) -> str:
         return named[:40]
     source = doc.get("source")
     return "sb3" if isinstance(source, str) and (source.endswith(".zip") or source == "RecurrentPPO") else ""
+
+
+def normalized(meta: str) -> bool:
+    """Whether an export's metadata (checked by :meth:`Spec.from_json`) says its model was trained on observations
+    normalised outside the policy (``"normalized": true``; absent from every other file)."""
+    import json
+
+    return json.loads(meta).get("normalized") is True
 
 
 def _own(path: Path, names: dict[str, str] | None) -> None:

@@ -210,6 +210,10 @@ class Policy:
     notes: tuple[str, ...] = ()
     """What the loader read of the model that a user of the exported file must know (sb3: trained under
     VecNormalize, so the file takes normalized observations); ``export`` says each."""
+    normalized: bool = False
+    """The framework normalised the observations outside the policy while it trained (sb3's VecNormalize): the
+    file takes them normalized and does not normalise them itself. Stored in an exported file's metadata
+    (``normalized``); ``replay`` without the statistics says what that means for its verdict."""
 
 
 Loader = Callable[[Any, bool, str | None], Policy]

@@ -39,8 +39,9 @@ def loader(model: Any, trust_model: bool = False, env_id: str | None = None) -> 
     """sb3's :data:`~lstm_probe.deploy.spec.Loader`: the deploy layer's :class:`Policy` of a RecurrentPPO or
     of its model.zip (see :func:`policy_of`)."""
     module = deployed(policy_of(model, trust_model, env_id))
-    notes = (NORMALIZED,) if trained_normalized(model) else ()
-    return Policy(module.spec, module, reference_step(module), notes=notes)
+    normalized = trained_normalized(model)
+    notes = (NORMALIZED,) if normalized else ()
+    return Policy(module.spec, module, reference_step(module), notes=notes, normalized=normalized)
 
 
 NORMALIZED = (
