@@ -436,3 +436,59 @@ def test_rllib_returns_are_rllibs_episode_metrics(tmp_path):
     assert by["length_sum"][-1] / by["episodes"][-1] == runners["episode_len_mean"]
     line = returns_line(lstm_probe.summarize(tmp_path / "log").returns)
     assert line.startswith(f"returns (RLlib's episode returns): {n} episodes ended")
+
+
+def _make_cartpole():
+    from lstm_probe.integrations.torchrl import build
+
+    return build("CartPole-v1", n_envs=1, hidden_size=8, seed=0)[0]
+
+
+@pytest.mark.parametrize("kind", ["extend", "add", "multi"])
+def test_torchrl_collectors_without_a_batch_say_why(tmp_path, kind):
+    """A collector given a replay buffer extends it with its batch (the record as the buffer's rewards say); one that
+    adds each step to it (extend_buffer=False) or a multi-process collector leaves the probe no batch: the log says
+    why, and declares no returns."""
+    pytest.importorskip("torchrl")
+    from torchrl.collectors import Collector, MultiSyncCollector
+    from torchrl.data import LazyTensorStorage, ReplayBuffer
+
+    from lstm_probe.integrations.torchrl import build, probe
+    from lstm_probe.integrations.torchrl.returns import ELSEWHERE, STEPWISE
+
+    torch.set_num_threads(1)
+    env, actor, critic, _ = build("CartPole-v1", n_envs=2, hidden_size=8, seed=0)
+    rb = ReplayBuffer(storage=LazyTensorStorage(1000))
+    if kind == "multi":
+        collector = MultiSyncCollector([_make_cartpole, _make_cartpole], actor, frames_per_batch=32, total_frames=64)
+    else:
+        kw = {"replay_buffer": rb, "extend_buffer": kind == "extend"}
+        collector = Collector(env, actor, frames_per_batch=48, total_frames=144, **kw)
+    with probe([actor, critic], tmp_path / "r.parquet", force=True):
+        for _ in collector:
+            pass
+    collector.shutdown()
+    meta = read_info(tmp_path / "r.parquet").metadata
+    rep = lstm_probe.summarize(tmp_path / "r.parquet")
+    if kind == "extend":  # the buffer holds the batches, (envs, steps) each
+        rewards, dones = rb[:]["next", "reward"].double(), rb[:]["next", "done"]
+        rewards = torch.cat(list(rewards.reshape(3, 2, 24, 1)), dim=1)
+        dones = torch.cat(list(dones.reshape(3, 2, 24, 1)), dim=1)
+        ended = []
+        for i in range(2):
+            s, n = 0.0, 0
+            for t in range(72):
+                s, n = s + rewards[i, t, 0].item(), n + 1
+                if dones[i, t, 0]:
+                    ended.append((s, n))
+                    s, n = 0.0, 0
+        assert meta["capabilities"]["returns"] is True and "not_measurable" not in meta
+        assert rep.returns.episodes == len(ended) >= 2
+        assert sum(rep.returns.by_iteration["episodes"]) == len(ended)
+        assert max(rep.returns.by_iteration["return_max"]) == max(r for r, _ in ended)
+        return
+    why = STEPWISE if kind == "add" else ELSEWHERE
+    assert "returns" not in meta["capabilities"] and meta["not_measurable"] == {"returns": why}
+    assert rep.returns is None and "returns" not in rep.to_dict()
+    said = [u for u in rep.unavailable if u.startswith("returns")]
+    assert said == [f"returns (the episodes each iteration ended): not recorded for this run ({why})"]

@@ -28,6 +28,7 @@ pytestmark = pytest.mark.rllib
 
 SMALL = dict(n_envs=2, n_steps=32, batch_size=32, n_epochs=2, hidden_size=16, max_seq_len=8, seed=0)
 KEYS = ["module", "layer", "worker", "env", "env_step"]
+KEYS_R = ("iteration", "episodes", "return_sum", "return_min", "return_max", "length_sum")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -451,31 +452,87 @@ def test_arch_command_for_rllib(tmp_path: Path, shared: bool) -> None:
     assert doc["shapes"]["encoder." + ("encoder" if shared else "actor_encoder") + ".lstm.weight_hh_l0"] == [32, 8]
 
 
-def test_evaluation_runners_get_their_own_shard(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def runners_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict], int]:
+    """Two remote env runners (each its own writer process and part files) and one evaluation runner, three
+    iterations; RLlib's own per-iteration metrics of the training runners' episodes kept."""
+    import torch
     from ray.rllib.algorithms.ppo import PPOConfig
     from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
 
+    torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("rllib-runners")
     config = (
         PPOConfig()
         .environment("CartPole-v1")
-        .env_runners(num_env_runners=0, rollout_fragment_length=32, num_envs_per_env_runner=2)
+        .env_runners(
+            num_env_runners=2, num_cpus_per_env_runner=0.5, rollout_fragment_length=16, num_envs_per_env_runner=2
+        )
         .training(train_batch_size_per_learner=64, minibatch_size=32, num_epochs=1)
         .rl_module(model_config=DefaultModelConfig(use_lstm=True, max_seq_len=8, lstm_cell_size=8))
         .evaluation(evaluation_interval=1, evaluation_num_env_runners=1, evaluation_duration=2)
         .debugging(seed=0)
     )
-    rllib.probe_config(config, f"{tmp_path}/log/")
+    rllib.probe_config(config, f"{out}/log/")
     algo = config.build_algo()
-    algo.train()
-    assert rllib.close(algo) == 3  # training runner, learner, evaluation runner
-    algo.stop()
-    shards = {p.name.split("-")[1] for p in (tmp_path / "log").glob("part-*.parquet")}
-    assert shards == {"runner0", "learner0", "evalrunner1"}
-    df = lstm_probe.load(tmp_path / "log", vectors=False)
+    try:
+        results = [algo.train() for _ in range(3)]
+        closed = rllib.close(algo)
+    finally:
+        algo.stop()
+    return out / "log", results, closed
+
+
+def test_evaluation_runners_get_their_own_shard(runners_run) -> None:
+    log, _, closed = runners_run
+    assert closed == 4  # two training runners, the learner, the evaluation runner
+    shards = {p.name.split("-")[1] for p in log.glob("part-*.parquet")}
+    assert shards == {"runner1", "runner2", "learner0", "evalrunner1"}
+    df = lstm_probe.load(log, vectors=False)
     evaluation = df[df["worker"] == rllib.EVAL_WORKER + 1]
     assert len(evaluation) and set(evaluation["phase"]) == {"predict"}
-    assert set(df.loc[df["phase"] == "rollout", "worker"]) == {0}
-    assert lstm_probe.summarize(tmp_path / "log").cross_process.state_in_ok is True
+    assert set(df.loc[df["phase"] == "rollout", "worker"]) == {1, 2}
+    assert lstm_probe.summarize(log).cross_process.state_in_ok is True
+
+
+def test_returns_of_several_runners_are_rllibs_metrics(runners_run) -> None:
+    """Each runner's record (``by_shard``) holds RLlib's own figures of its episodes, and the report adds them up:
+    RLlib's per-iteration episodes, min and max; its mean is the mean of the runners' means (RLlib's
+    ``MeanStats`` merge), the report's the mean of the iteration's episodes. The evaluation runner's episodes are
+    not training returns, and its rows' later weights version is not a training iteration."""
+    from lstm_probe.log.reader import read_info
+
+    log, results, _ = runners_run
+    record = read_info(log).metadata["returns"]
+    assert set(record["by_shard"]) == {"runner1", "runner2"}  # not the evaluation runner's
+    shards = [
+        {it: (n, s, lo, hi, ln) for it, n, s, lo, hi, ln in zip(*(r["by_iteration"][k] for k in KEYS_R), strict=True)}
+        for r in record["by_shard"].values()
+    ]
+    returns = lstm_probe.summarize(log).returns
+    by = returns.by_iteration
+    ours = {it: i for i, it in enumerate(by["iteration"])}
+    ended = 0
+    for it, result in enumerate(results):
+        r = result["env_runners"]
+        if not int(r.get("num_episodes", 0)):
+            assert it not in ours
+            continue
+        mine = [s[it] for s in shards if it in s]
+        i = ours.pop(it)
+        assert by["episodes"][i] == int(r["num_episodes"]) == sum(m[0] for m in mine)
+        assert (by["return_min"][i], by["return_max"][i]) == (r["episode_return_min"], r["episode_return_max"])
+        assert by["return_mean"][i] == pytest.approx(sum(m[1] for m in mine) / by["episodes"][i], rel=1e-12)
+        means = [m[1] / m[0] for m in mine]
+        assert sum(means) / len(means) == pytest.approx(r["episode_return_mean"], rel=1e-12)
+        assert sum(m[4] / m[0] for m in mine) / len(mine) == pytest.approx(r["episode_len_mean"], rel=1e-12)
+        ended += 1
+    assert not ours and ended >= 2 and any(len([s for s in shards if it in s]) == 2 for it in range(3))
+    assert returns.episodes == results[-1]["env_runners"]["num_episodes_lifetime"]
+    evaluated = sum(int(r["evaluation"]["env_runners"].get("num_episodes", 0)) for r in results)
+    assert evaluated >= 2  # the evaluation runner ended episodes, none of them counted above
+    # the run's three training iterations: the evaluation runner's rows run one weights version further (3)
+    assert returns.iterations == 3 and returns.last_tenth.first == 2 and returns.last_tenth.episodes
 
 
 def test_the_gradient_flow_runs_on_a_copy_in_training_mode_and_never_calls_the_users_module(monkeypatch) -> None:

@@ -38,6 +38,7 @@ class Returns:
         self.partial = 0  # episodes begun before the probe: not counted
         self.nonfinite = 0  # NaN or infinite returns: not counted
         self.best: tuple[float, int] | None = None
+        self.iterations = 0  # the iterations the integration saw (at()), where it says; 0: the log's
         self.changed = False
         self.published: dict[str, Any] | None = None
 
@@ -71,6 +72,13 @@ class Returns:
         self.changed = True
         if len(self.entries) > self.max_entries:
             self._thin()
+
+    def at(self, iteration: int) -> None:
+        """The integration collects ``iteration`` (where other processes of the log run further: RLlib's evaluation
+        runners, whose rows carry a later weights version than any training rollout)."""
+        if iteration >= self.iterations:
+            self.iterations = iteration + 1
+            self.changed = True
 
     def _thin(self) -> None:
         """Merge each two neighbouring entries (stride doubled) until at most ``max_entries`` are left."""
@@ -106,6 +114,8 @@ class Returns:
         }
         if self.nonfinite:
             out["nonfinite"] = self.nonfinite
+        if self.iterations:
+            out["iterations"] = self.iterations
         return out
 
     def publish(self, tracer: Any) -> None:

@@ -34,8 +34,9 @@ METADATA_KEYS: dict[str, str] = {
     "capabilities": "What the writing integration's logs can hold (framework, shards, epochs, rollout_buffer, "
     "max_seq_len, stored_states, replay, respond, observe; rollout_start and rollout_zeroed where declared): report "
     "sections ask these, never the framework's name.",
-    "not_measurable": "Only where the integration says so: what_if, memory -> why it cannot measure them for this "
-    "run (TorchRL: the loss is not a ClipPPOLoss); capabilities then declare neither replay nor respond.",
+    "not_measurable": "Only where the integration says so: what_if, memory, returns -> why it cannot measure them "
+    "for this run (TorchRL: the loss is not a ClipPPOLoss; no collector batch holds the rewards); capabilities then "
+    "declare neither replay nor respond (no returns).",
     "hidden_size": "Length of the h and c vectors.",
     "capture": "'full' | 'summary'; with every_k and dtype ('float32' | 'float16'), and trace_envs K where only env "
     "columns 0..K-1 store vectors, whatever the mode (--trace-envs; padding rows store none), other_envs 'none' "
@@ -67,7 +68,8 @@ METADATA_KEYS: dict[str, str] = {
     "(norm_reward, no Monitor beneath; or a VecMonitor above it, whose episodes sum them); 'rllib': RLlib's "
     "episode metrics; 'user': an own loop's "
     "Tracer.episodes), stride (iterations per entry: past 500 entries neighbours merge, the stride doubling), "
-    "episodes, partial (episodes begun before the probe, not counted), best (return, iteration) and by_iteration: "
+    "episodes, partial (episodes begun before the probe, not counted), best (return, iteration), iterations (RLlib: "
+    "the training iterations its env runners collected) and by_iteration: "
     "lists of iteration (an entry's first), episodes, return_sum, return_sq (sum of squares), return_min, return_max "
     "and length_sum. Kept up to date while the run goes (written with every part: a killed run keeps it). A log of "
     "several writing processes (RLlib's env runners) holds {by_shard: {shard: record}}.",

@@ -239,7 +239,10 @@ class RolloutProbe(_Probe):
         grid = Grid.one_step(np.arange(n), env_step, episode, step, np.where(step < 0, -1, step == 0))
         grid.worker = np.full((n, 1), self.worker, np.int32)
         grid.bootstrap = boot[:, None]
-        return Tags(phase=phase, iteration=int(getattr(self.runner, "_weights_seq_no", 0)), grid=grid)
+        it = int(getattr(self.runner, "_weights_seq_no", 0))
+        if it >= self.returns.iterations and not self.evaluation:  # the training iterations (not evaluation's)
+            self.returns.at(it)
+        return Tags(phase=phase, iteration=it, grid=grid)
 
 
 def _flat_obs(batch: Any) -> np.ndarray:

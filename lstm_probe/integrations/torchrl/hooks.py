@@ -253,6 +253,8 @@ class TorchRLProbe(Probe, Tagged):
         caps: dict[str, Any] = dict.fromkeys(("stored_states", "replay", "respond", "observe", "returns"), True)
         if self._refused:  # the run's loss is not one they re-run
             caps |= {"replay": False, "respond": False}
+        if self.batch_returns.why:  # no collector batch it could read (returns.py)
+            caps["returns"] = False
         return Capabilities("torchrl", epochs=self._epochs, **caps)
 
     def metadata(self) -> dict[str, Any]:
@@ -280,6 +282,8 @@ class TorchRLProbe(Probe, Tagged):
         final: dict[str, Any] = {"torchrl_unprobed_calls": dict(self.unprobed)} if self.unprobed else {}
         if self._refused:
             final["not_measurable"] = {"what_if": self._refused, "memory": self._refused}
+        if self.batch_returns.why:
+            final["not_measurable"] = {**final.get("not_measurable", {}), "returns": self.batch_returns.why}
         measured = {"what_if": self.what_if, "memory": self.memory}
         return final | {k: m.metadata() for k, m in measured.items() if m is not None and m.metadata() is not None}
 
@@ -294,6 +298,7 @@ class TorchRLProbe(Probe, Tagged):
             except Exception:  # never let a failed replay hide how the run ended (as the core's flush)
                 pass
             self.tracer.integration_seconds += time.perf_counter() - start - (self.tracer.hook_seconds - core)
+        self.batch_returns.ended = True
         return super().close(completed, stop_reason, **extra)
 
     def measure_batch(self, data: Any, epoch: int, minibatch: int = 0, iteration: int | None = None) -> None:

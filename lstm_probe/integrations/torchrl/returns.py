@@ -7,8 +7,17 @@ to the ``tensordicts`` list that the rollout stacks into the batch it returns. A
 ``_sequential``) is inside that ``rollout``: the probe keeps a reference to the list (no copy; the step TensorDicts
 are the collector's own, never changed after they are appended), and once the batch is whole (the next batch's
 first collection call, or close) adds its steps on the device (:class:`~lstm_probe.capture.returns.DeviceSums`)
-and copies the batch's ended episodes to the host at once. A collector that writes its steps straight into a
-replay buffer keeps no such list: no returns then (the log's record stays empty).
+and copies the batch's ended episodes to the host at once. A collector given a ``replay_buffer`` extends it with
+that batch (``extend_buffer=True``, the default: the list is there as above).
+
+Where there is no such list, the probe says why instead (:attr:`BatchReturns.why`: the capability is then not
+declared, and the log's ``not_measurable`` says it):
+
+- ``replay_buffer=`` with ``extend_buffer=False``: ``rollout`` adds each step to the buffer itself
+  (``self.replay_buffer.add(carrier_for_out)``) and its ``tensordicts`` list stays empty;
+- a multi-process collector (torchrl/collectors/_multi_base.py ``MultiCollector``: ``MultiSyncCollector``,
+  ``MultiAsyncCollector``) runs ``rollout`` in its worker processes, on their copies of the policy: the probe's
+  process sees no collection call at all (its batches reach the loss, their rewards collected elsewhere).
 """
 
 from __future__ import annotations
@@ -21,15 +30,32 @@ from lstm_probe.capture.returns import DeviceSums, Returns
 REWARD, DONE = ("next", "reward"), ("next", "done")
 
 
-def _steps_list() -> list[Any] | None:
-    """The ``tensordicts`` local of the collector's ``rollout`` on the stack, None where there is none."""
+STEPWISE = (
+    "the collector adds each step to its replay buffer itself (replay_buffer= with extend_buffer=False): no batch "
+    "of its steps holds the rewards"
+)
+ELSEWHERE = (
+    "no collection call ran in the probe's process: a multi-process collector (MultiSyncCollector, "
+    "MultiAsyncCollector) runs copies of the policy in its worker processes"
+)
+
+
+def _rollout() -> tuple[Any, list[Any] | None] | None:
+    """The collector and the ``tensordicts`` local of its ``rollout`` on the stack; None where there is none."""
     frame: Any = sys._getframe(2)
     while frame is not None:
         if frame.f_code.co_name == "rollout" and frame.f_globals.get("__name__", "").startswith("torchrl.collectors"):
             found = frame.f_locals.get("tensordicts")
-            return found if isinstance(found, list) else None
+            return frame.f_locals.get("self"), found if isinstance(found, list) else None
         frame = frame.f_back
     return None
+
+
+def _stepwise(collector: Any) -> bool:
+    """Whether ``collector`` adds each step to its replay buffer (torchrl/collectors/_single.py ``rollout``)."""
+    if getattr(collector, "replay_buffer", None) is None or getattr(collector, "_ignore_rb", False):
+        return False
+    return getattr(collector, "extend_buffer", True) is False
 
 
 class BatchReturns:
@@ -40,11 +66,28 @@ class BatchReturns:
         self.sums: DeviceSums | None = None
         self._steps: list[Any] | None = None  # the batch being collected: the rollout's own list
         self._iteration = -1
+        self.collected = False  # a collection call came
+        self.stepwise = False  # a collector without the step list (STEPWISE)
+        self.ended = False  # the probe closed (only then is a run without a collection call known)
+
+    @property
+    def why(self) -> str | None:
+        """Why the record holds no returns for this run (None: it holds them, or none ended)."""
+        if self.stepwise:
+            return STEPWISE
+        return ELSEWHERE if self.ended and not self.collected else None
 
     def collecting(self, iteration: int) -> bool:
         """At a collection call: a new batch's list settles the last one (True: the record changed)."""
-        steps = _steps_list()
+        self.collected = True
+        found = _rollout()
+        if found is None:
+            return False
+        collector, steps = found
         if steps is None or steps is self._steps:
+            return False
+        if _stepwise(collector):
+            self.stepwise = True
             return False
         settled = self.settle()
         self._steps, self._iteration = steps, iteration

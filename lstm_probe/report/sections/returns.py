@@ -94,6 +94,10 @@ def _pool(entries: list[tuple[int, list[float]]], first: int, last: int) -> Tent
     return Tenth(first, last, int(n), mean, math.sqrt(max(sq / n - mean * mean, 0.0)))
 
 
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
 def _stride(rec: dict[str, Any]) -> int:
     return rec["stride"] if isinstance(rec.get("stride"), int) and rec["stride"] > 0 else 1
 
@@ -119,6 +123,7 @@ def _merged(record: Any) -> tuple[dict[str, Any], list[tuple[int, list[float]]]]
             best = top if best is None or top["return"] > best["return"] else best
     fields = {
         "source": next((r["source"] for r in recs if isinstance(r.get("source"), str)), None),
+        "iterations": max((r["iterations"] for r in recs if _count(r.get("iterations"))), default=None),
         "stride": stride,
         "partial": sum(r["partial"] for r in recs if isinstance(r.get("partial"), int)),
         "best": best,
@@ -127,9 +132,12 @@ def _merged(record: Any) -> tuple[dict[str, Any], list[tuple[int, list[float]]]]
 
 
 def summarize_returns(record: Any, iterations: int) -> ReturnsSection:
-    """The section's data from the log's ``returns`` record and the run's iterations."""
+    """The section's data from the log's ``returns`` record and the run's iterations (the record's own where it says
+    them: RLlib's training iterations, which its evaluation runners' rows run one weights version beyond)."""
     rec, entries = _merged(record)
     stride = _stride(rec)
+    if _count(rec.get("iterations")):  # the iterations the integration collected (not an evaluation's beyond)
+        iterations = rec["iterations"]
     if entries:
         iterations = max(iterations, entries[-1][0] + stride)
     by: dict[str, list[Any]] = {k: [] for k in ("iteration", "episodes", "return_mean", "return_std")}
@@ -160,9 +168,15 @@ class Returns(Section[ReturnsSection]):
     key = "returns"
     needs: ClassVar[str | None] = "returns"
     json_when_absent: ClassVar[bool] = False  # logs written before the capability: their JSON as it was
+    says_when_absent: ClassVar[bool] = True  # where the integration says why it recorded none
 
     def compute(self, log: Log, acc: Any) -> ReturnsSection:
         return summarize_returns(log.meta.get("returns"), log.iterations)
+
+    def unavailable(self, data: ReturnsSection | None, log: Log) -> list[str]:
+        if data is None and (why := log.not_measurable.get("returns")):
+            return [f"returns (the episodes each iteration ended): not recorded for this run ({why})"]
+        return []
 
     def findings(self, data: ReturnsSection) -> list[str]:
         a, b = data.first_tenth, data.last_tenth
