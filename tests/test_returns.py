@@ -101,20 +101,9 @@ def test_sb3_returns_are_monitors_episodes(tmp_path):
 
 
 def test_sb3_without_monitor_sums_the_rewards_the_algorithm_saw(tmp_path):
-    from stable_baselines3.common.vec_env import DummyVecEnv, VecEnvWrapper
+    from stable_baselines3.common.vec_env import DummyVecEnv
 
-    class Seen(VecEnvWrapper):  # the rewards and dones collect_rollouts gets from env.step
-        def __init__(self, venv):
-            super().__init__(venv)
-            self.steps = []
-
-        def reset(self):
-            return self.venv.reset()
-
-        def step_wait(self):
-            obs, rewards, dones, infos = self.venv.step_wait()
-            self.steps.append((rewards.copy(), dones.copy()))
-            return obs, rewards, dones, infos
+    from tests.vec_seen import Seen
 
     env = Seen(DummyVecEnv([lambda: gym.make("CartPole-v1")] * 2))
     model = _sb3_model(env)

@@ -4,11 +4,12 @@ normalized rewards, its statistics for an exported file), VecFrameStack, and wha
 import gymnasium as gym
 from sb3_contrib import RecurrentPPO
 from stable_baselines3.common.env_util import make_vec_env
-from stable_baselines3.common.vec_env import DummyVecEnv, VecEnvWrapper, VecNormalize
+from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
 import lstm_probe
 from lstm_probe import ProbeCallback
 from lstm_probe.log.reader import read_info
+from tests.vec_seen import Seen
 
 KW = {"n_steps": 32, "batch_size": 32, "n_epochs": 1, "policy_kwargs": {"lstm_hidden_size": 8, "net_arch": [8]}}
 
@@ -55,22 +56,6 @@ def test_a_loaded_model_going_on_says_so_too(tmp_path):
     assert rep.staleness.provenance_ok is True
 
 
-class _Seen(VecEnvWrapper):
-    """The rewards and dones collect_rollouts gets from env.step (VecNormalize's, where it wraps this)."""
-
-    def __init__(self, venv):
-        super().__init__(venv)
-        self.steps = []
-
-    def reset(self):
-        return self.venv.reset()
-
-    def step_wait(self):
-        obs, rewards, dones, infos = self.venv.step_wait()
-        self.steps.append((rewards.copy(), dones.copy()))
-        return obs, rewards, dones, infos
-
-
 def test_normalized_rewards_without_a_monitor_are_said_to_be_normalized(tmp_path):
     raw = DummyVecEnv([lambda: gym.make("CartPole-v1")] * 2)
     env = VecNormalize(raw, norm_obs=True, norm_reward=True)
@@ -84,15 +69,14 @@ def test_normalized_rewards_without_a_monitor_are_said_to_be_normalized(tmp_path
         "under VecNormalize records those)): "
     )
     # without norm_reward the rewards are the env's own: 'rewards', as before
-    plain = RecurrentPPO("MlpLstmPolicy", VecNormalize(_Seen(raw), norm_reward=False), seed=0, **KW)
+    plain = RecurrentPPO("MlpLstmPolicy", VecNormalize(Seen(raw), norm_reward=False), seed=0, **KW)
     plain.learn(128, callback=ProbeCallback(tmp_path / "p.parquet"))
     record = read_info(tmp_path / "p.parquet").metadata["returns"]
     assert record["source"] == "rewards" and record["best"]["return"] == int(record["best"]["return"])
 
 
-def test_export_says_a_vecnormalize_model_takes_normalized_observations(tmp_path):
-    from lstm_probe.deploy.export import export
-
+def _normalized_and_plain(tmp_path):
+    """Two Pendulum models of 32 steps, one trained under VecNormalize, saved as norm.zip and plain.zip."""
     env = VecNormalize(make_vec_env("Pendulum-v1", n_envs=1, seed=0))
     model = RecurrentPPO("MlpLstmPolicy", env, seed=0, **KW)
     model.learn(32)
@@ -100,6 +84,13 @@ def test_export_says_a_vecnormalize_model_takes_normalized_observations(tmp_path
     plain = RecurrentPPO("MlpLstmPolicy", make_vec_env("Pendulum-v1", n_envs=1, seed=0), seed=0, **KW)
     plain.learn(32)
     plain.save(tmp_path / "plain.zip")
+    return model, plain
+
+
+def test_export_says_a_vecnormalize_model_takes_normalized_observations(tmp_path):
+    from lstm_probe.deploy.export import export
+
+    model, plain = _normalized_and_plain(tmp_path)
     kw = {"env_id": "Pendulum-v1", "episodes": 1}
     for source in (tmp_path / "norm.zip", model):  # the zip (nothing unpickled) and the model object
         r = export(source, tmp_path / "n.pt", force=True, **kw)
@@ -182,13 +173,7 @@ def test_replay_without_the_statistics_of_a_vecnormalize_model_says_what_its_ver
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    env = VecNormalize(make_vec_env("Pendulum-v1", n_envs=1, seed=0))
-    model = RecurrentPPO("MlpLstmPolicy", env, seed=0, **KW)
-    model.learn(32)
-    model.save(tmp_path / "norm.zip")
-    plain = RecurrentPPO("MlpLstmPolicy", make_vec_env("Pendulum-v1", n_envs=1, seed=0), seed=0, **KW)
-    plain.learn(32)
-    plain.save(tmp_path / "plain.zip")
+    model, plain = _normalized_and_plain(tmp_path)
     obs = np.random.default_rng(0).uniform(-1, 1, (12, 3)).astype(np.float32)
     starts = np.arange(12) % 6 == 0
     for name, m in (("norm", model), ("plain", plain)):
