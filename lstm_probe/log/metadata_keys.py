@@ -36,7 +36,8 @@ METADATA_KEYS: dict[str, str] = {
     "sections ask these, never the framework's name.",
     "not_measurable": "Only where the integration says so: what_if, memory, returns -> why it cannot measure them "
     "for this run (TorchRL: the loss is not a ClipPPOLoss; no collector batch holds the rewards); capabilities then "
-    "declare neither replay nor respond (no returns).",
+    "declare neither replay nor respond (no returns). staleness -> why train rows carry no env step, so no drift "
+    "(TorchRL: the loss's samples carry no step_count).",
     "hidden_size": "Length of the h and c vectors.",
     "capture": "'full' | 'summary'; with every_k and dtype ('float32' | 'float16'), and trace_envs K where only env "
     "columns 0..K-1 store vectors, whatever the mode (--trace-envs; padding rows store none), other_envs 'none' "

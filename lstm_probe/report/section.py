@@ -288,7 +288,7 @@ class Log:
     @property
     def not_measurable(self) -> dict[str, str]:
         """What the writing integration says it cannot measure for this run, and why (metadata ``not_measurable``:
-        ``what_if``, ``memory`` -> a sentence); empty where it says nothing."""
+        ``what_if``, ``memory``, ``staleness`` -> a sentence); empty where it says nothing."""
         said = self.meta.get("not_measurable")
         return {str(k): str(v) for k, v in said.items() if isinstance(v, str)} if isinstance(said, dict) else {}
 

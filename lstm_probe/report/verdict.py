@@ -143,7 +143,7 @@ def verdict(
     reason (an own loop), how many training sequences start mid-rollout by their env steps (the sequences
     section's ``mid_rollout_starts``). ``problems``: the doctor's (``DoctorSection.problems``): those of training-side
     calls get a line pointing at them; ``not_measurable``: what the integration says it cannot measure for this run,
-    and why (the log's metadata: ``what_if``), said in place of the option that would measure it."""
+    and why (the log's metadata: ``what_if``, ``staleness``), said in place of the option that would measure it."""
     epoch, drift = _drifts(staleness)
     minibatch, how = None, ""
     update = last_update(staleness) if staleness is not None and epoch == 0 else None
@@ -179,6 +179,7 @@ def verdict(
             "(tag the training calls with epoch and minibatch; a loop of updates: epoch 0, minibatch k)"
             if not drift and untagged
             else "no training row of this log carries a drift against the rollout state of its env step"
+            + (f" ({unlinked})" if (unlinked := (not_measurable or {}).get("staleness")) else "")
             if not drift
             else f"the drift of {' and '.join(drift)} is of a rollout-time copy that is not synced (below)"
         )

@@ -91,6 +91,11 @@ _PHASE_OF_PACKAGE = (
     ("torchrl.collectors", "rollout"),
 )
 OTHER_FRAMEWORKS = ("stable_baselines3", "sb3_contrib", "ray")
+UNLINKED = (
+    "the loss's samples carry no step_count, which links each to its collection step: add torchrl's StepCounter() "
+    "to the env's transforms, beside InitTracker()"
+)
+"""Why train rows carry no env step where a loss call's samples have no ``step_count`` (metadata ``not_measurable``)."""
 """Packages the core's version list names where installed; a TorchRL log's list leaves them out."""
 _HELPERS = ("torchrl.modules", "torchrl.envs", "torchrl.objectives.utils", "torchrl.objectives.common", "torchrl._")
 """torchrl packages whose frames say nothing of the phase (modules, envs, helpers every phase calls)."""
@@ -204,6 +209,7 @@ class TorchRLProbe(Probe, Tagged):
             self.obs_size = int(first.input_size)
             self._metadata["obs_size"] = self.obs_size
         self._envs = {name: Envs() for name in modules}
+        self._unlinked = False  # a loss call's samples without step_count: no env step, no drift (UNLINKED)
         self._current: dict[str, Tags] = {}
         # calls whose provenance waits for its values on the host, in call order (_settle); the bytes the
         # recurrent-mode ones hold on their device (none: no recurrent-mode call waits)
@@ -280,10 +286,13 @@ class TorchRLProbe(Probe, Tagged):
 
     def _final(self) -> dict[str, Any]:
         final: dict[str, Any] = {"torchrl_unprobed_calls": dict(self.unprobed)} if self.unprobed else {}
-        if self._refused:
-            final["not_measurable"] = {"what_if": self._refused, "memory": self._refused}
+        not_measurable = {"what_if": self._refused, "memory": self._refused} if self._refused else {}
+        if self._unlinked:
+            not_measurable["staleness"] = UNLINKED
         if self.batch_returns.why:
-            final["not_measurable"] = {**final.get("not_measurable", {}), "returns": self.batch_returns.why}
+            not_measurable["returns"] = self.batch_returns.why
+        if not_measurable:
+            final["not_measurable"] = not_measurable
         measured = {"what_if": self.what_if, "memory": self.memory}
         return final | {k: m.metadata() for k, m in measured.items() if m is not None and m.metadata() is not None}
 
@@ -486,6 +495,8 @@ class TorchRLProbe(Probe, Tagged):
             loss = _loss()
             self._loss_looks, self._refused = 0 if loss is not None else self._loss_looks - 1, whatif.refused(loss)
         tags = self._tags(phase)
+        if phase == "train" and "step_count" not in td.keys():
+            self._unlinked = True
         gae = gae_batch(td.get(keys[1], None), keys[1]) if phase == "value" else None
         rnn = self.shadows[name]
         size = staged_bytes(rnn, td, keys)
@@ -498,11 +509,21 @@ class TorchRLProbe(Probe, Tagged):
         if now:
             self._settle()
 
+    def _samples_of(self, name: str) -> Envs:
+        """Where a module's loss-time samples are looked up (env, episode, env step by trajectory id): its own
+        collection's record, or, for a module the collector's policy does not run (a critic with an LSTM of its
+        own that only the loss and GAE call), another module's: the samples' provenance is the data's, not the
+        module's."""
+        own = self._envs[name]
+        if own.collecting:
+            return own
+        return next((e for e in self._envs.values() if e.collecting), own)
+
     def _replay(self, staged: StagedRecurrent, arrays: list[np.ndarray | None]) -> None:
         """A staged recurrent-mode call's pieces re-run on the shadow with the weights it ran with (the core
         records the packed call: recurrent.py)."""
         name = staged.name
-        args = staged.replay(arrays, self._envs[name])
+        args = staged.replay(arrays, self._samples_of(name))
         if args is None:  # every sample padding: nothing TorchRL computed is a state
             return
         rnn = self.shadows[name]

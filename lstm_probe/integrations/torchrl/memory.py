@@ -27,10 +27,18 @@ from typing import Any
 import numpy as np
 import torch
 
+from lstm_probe.errors import BadInput
 from lstm_probe.integrations.torchrl.whatif import Copy, as_rows, flat_dist
 from lstm_probe.measure import memory as engine
 from lstm_probe.measure.memory import DEFAULT_EVERY, Out, Rollout
 from lstm_probe.options import Measure
+
+SPLIT = (
+    "memory on TorchRL takes the collector's batch, (envs, steps), and this one is split_trajs=True's trajectories "
+    "padded to the longest (it holds ('collector', 'mask')): collect with split_trajs=False, pass that batch to "
+    "measure_batch, and give the loss torchrl.collectors.utils.split_trajectories(data)"
+)
+"""The refusal of a padded batch: its padding would be measured as steps, and its shape changes every batch."""
 
 
 def settings(measure: Measure) -> dict[str, Any] | None:
@@ -75,6 +83,8 @@ class Memory:
         """Measure the collected batch ``data`` (the collector's, ``(envs, steps)``)."""
         c = self.copy
         td = as_rows(data)
+        if ("collector", "mask") in td.keys(include_nested=True):
+            raise BadInput(SPLIT)
         e, t = td.shape
         if self.engine is None:
             self.engine = engine.Memory(n_envs=e, n_steps=t, modules=list(c.modules), critic=c.critic, every=self.every)

@@ -287,6 +287,9 @@ class Envs:
         self.counts: dict[tuple[str, int], Counts] = {}
         # traj id -> (env, episode, env step of episode step 0); -1: not collected under the probe
         self.traj = np.full((1, 3), -1, np.int64)
+        self.collecting = False
+        """Whether a collection call of the module has recorded trajectory ids (a module the collector's policy
+        does not run, a critic with an LSTM of its own, records none)."""
 
     def collected(self, phase: str, traj: np.ndarray | None, episode: np.ndarray, first_step: np.ndarray) -> None:
         """A collection call's trajectory ids: their env columns, episodes and episodes' first env steps."""
@@ -298,6 +301,7 @@ class Envs:
             self.traj[traj, 0] = np.arange(n)
             self.traj[traj, 1] = episode
             self.traj[traj, 2] = first_step
+            self.collecting = True
 
     def lookup(self, traj: np.ndarray | None, step_count: np.ndarray | None) -> tuple[np.ndarray, ...] | None:
         """(env, episode, env step) of loss-time samples, from their trajectory ids and step counts."""

@@ -232,7 +232,7 @@ def _problems(t: Tally) -> list[Problem]:
     if f.count and carried:
         text = (
             f"{_sequences(f.row)} start from zeros {f.count} times (not at an episode start) although the rollout "
-            f"carried its state from step to step; first at {_where(f.row)}"
+            f"carried its state from step to step; first at {_where(f.row)}{_uncollected(t, f.row)}"
         )
         out.append(Problem("train_from_zeros", str(f.row.get("phase")), f.count, f.row, text))
     f = t.train_state
@@ -243,6 +243,19 @@ def _problems(t: Tally) -> list[Problem]:
         )
         out.append(Problem("train_from_states", str(f.row.get("phase")), f.count, f.row, text))
     return out
+
+
+def _uncollected(t: Tally, row: dict[str, Any]) -> str:
+    """Where the module of a training-side call that started from zeros has no rollout call at all (the collection
+    does not run it: a critic with an LSTM of its own left out of the collecting policy), why: its stored states
+    are never its own."""
+    module = row.get("module")
+    if module is None or f"{module}/rollout" in t.sources:
+        return ""
+    return (
+        f" ({module} has no rollout call: the collection does not run it, so the states stored for its training "
+        "are the initial zeros, never the state its episode carried; run it in the collecting policy too)"
+    )
 
 
 def _sequences(row: dict[str, Any]) -> str:

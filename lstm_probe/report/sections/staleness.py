@@ -84,7 +84,10 @@ class StalenessSection:
     unmeasured_rows: int = 0
     """Of ``train_rows``, those without a drift where some have one: their rollout states are older than the
     rollout states the probe held when they trained (a replay buffer's samples of earlier collector batches),
-    so no figure here is of them; 0 where every train row has a drift, or none has."""
+    so no figure here is of them; 0 where every train row has a drift, or none has. Not counting ``undrifted``."""
+    undrifted: dict[str, int] = field(default_factory=dict)
+    """Modules none of whose train rows has a drift, where another's have, and their train rows: no rollout call
+    of theirs (the collection does not run the module: a critic's own LSTM left out of the collecting policy)."""
     minibatches_per_epoch: int | None = None
     """Minibatches in an epoch: as the log's metadata states it, or the largest minibatch index seen + 1. A
     ``by_update`` row's ``update`` is its minibatch's order in the iteration, epoch * this + minibatch (0: before
@@ -137,6 +140,9 @@ class StalenessTotals(Accumulator[Chunk]):
     train_rows: Sum = field(default_factory=Sum)
     drift_rows: Sum = field(default_factory=Sum)
     """Of ``train_rows``, those with a drift."""
+    module_rows: Counts[str] = field(default_factory=Counts)
+    module_drift: Counts[str] = field(default_factory=Counts)
+    """``train_rows`` and ``drift_rows`` per module."""
     tagged: Sum = field(default_factory=Sum)
     """Train rows with a drift that name their epoch and minibatch (the provenance check can find its rows)."""
     held: Sum = field(default_factory=Sum)
@@ -148,8 +154,14 @@ class StalenessTotals(Accumulator[Chunk]):
         train = part.train
         if len(train):
             real = ~train["padding"].astype(bool)
+            drifted = real & ~np.isnan(train["drift_h"])
             self.train_rows.add(int(real.sum()))
-            self.drift_rows.add(int((real & ~np.isnan(train["drift_h"])).sum()))
+            self.drift_rows.add(int(drifted.sum()))
+            names = train.words("module")
+            for mask, into in ((real, self.module_rows), (drifted, self.module_drift)):
+                codes, counts = np.unique(train["module"][mask], return_counts=True)
+                for code, n in zip(codes.tolist(), counts.tolist(), strict=True):
+                    into.add(names[int(code)], int(n))
         self.add_train(part.train, count=True)
 
     def add_train(self, train: Frame, count: bool = False) -> None:
@@ -337,6 +349,7 @@ class Staleness(Section[StalenessSection]):
                 acc.merge(part)
                 del df, part
         drift = {"epoch": acc.epoch, "update": acc.update, "position": acc.position}
+        undrifted = {m: n for m, n in acc.module_rows.items() if acc.drift_rows.value and not acc.module_drift.get(m)}
         if not acc.first_rows and not any(drift.values()):
             return StalenessSection(0, None, None, None, [], [], [], train_rows=acc.train_rows.value)
         per_layer: list[dict[str, Any]] = [
@@ -384,7 +397,8 @@ class Staleness(Section[StalenessSection]):
             per_layer,
             provenance_tolerance=bound,
             train_rows=acc.train_rows.value,
-            unmeasured_rows=acc.train_rows.value - acc.drift_rows.value if acc.drift_rows.value else 0,
+            unmeasured_rows=acc.train_rows.value - acc.drift_rows.value - sum(undrifted.values()),
+            undrifted=undrifted,
             minibatches_per_epoch=per_epoch,
             provenance_note=note,
             drift_minibatches=seen,
@@ -402,11 +416,12 @@ class Staleness(Section[StalenessSection]):
         if not data.train_rows or data.provenance_ok is not None or log.caps.shards:  # shards: cross-process check
             return []
         if not data.by_position:
-            return [
-                "staleness and the provenance check: no train row was paired with the rollout state of its env "
-                "step (an own loop: tag env and env_step on its rollout and train calls, and keep lstm_probe.trace()'s "
-                "default reference_window)"
-            ]
+            why = log.not_measurable.get("staleness") or (
+                "an own loop: tag env and env_step on its rollout and train calls, and keep lstm_probe.trace()'s "
+                "default reference_window"
+            )
+            unpaired = "no train row was paired with the rollout state of its env step"
+            return [f"staleness and the provenance check: {unpaired} ({why})"]
         # the reason is the staleness section's, shown there beside the drifts it qualifies: said once
         return [PROVENANCE_NOT_MADE] if data.provenance_note else []
 
@@ -460,8 +475,7 @@ class Staleness(Section[StalenessSection]):
                 out.append(
                     f"{when} {m} states{of}{where} drift {v:.2g} from the rollout states (mean relative L2 distance)"
                 )
-        if (words := unmeasured(st)) is not None:
-            out.append(words)
+        out.extend(w for w in (unmeasured(st), staleness_trend.undrifted(st.undrifted)) if w is not None)
         return out
 
     def text(self, data: StalenessSection, caps: Capabilities) -> list[Block]:
@@ -531,8 +545,7 @@ class Staleness(Section[StalenessSection]):
         out.extend(Line(words, soft_wrap=True) for words in staleness_trend.lines(st.trend, layered))
         if st.drift_from:
             out.append(Line(safe(st.drift_from), soft_wrap=True))
-        if (words := unmeasured(st)) is not None:
-            out.append(Line(words))
+        out.extend(Line(w) for w in (unmeasured(st), staleness_trend.undrifted(st.undrifted)) if w is not None)
         return out
 
 
@@ -545,7 +558,7 @@ def _share(part: int, whole: int) -> str:
 def unmeasured(st: StalenessSection) -> str | None:
     """Where some train rows have no drift (``unmeasured_rows``): how many, and why, as the section, its finding
     and the verdict say it; None where every train row has one (or none has)."""
-    u, n = st.unmeasured_rows, st.train_rows
+    u, n = st.unmeasured_rows, st.train_rows - sum(st.undrifted.values())
     if not u or u >= n:
         return None
     return (

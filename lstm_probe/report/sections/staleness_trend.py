@@ -148,3 +148,15 @@ def last_span(trend: Trend, drift: dict[str, float], epoch: int | None, bound: f
         return None
     tail = next(iter(per.values()))[-1]
     return {"span": tail, "iterations": iterations(trend), "drift": last}
+
+
+def undrifted(modules: dict[str, int]) -> str | None:
+    """``StalenessSection.undrifted`` (module -> its train rows, none with a drift) as the staleness section and its
+    finding say it; None where there is none."""
+    if not modules:
+        return None
+    names = ", ".join(f"{safe(m)} ({n:,} rows)" for m, n in modules.items())
+    return (
+        f"no drift for the train rows of {names}: the log holds no rollout call of theirs whose state they could "
+        "be compared with (the collection does not run the module): not judged"
+    )
