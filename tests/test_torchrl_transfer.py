@@ -31,7 +31,8 @@ one per collector batch for all of its calls."""
 
 def _maker() -> str:
     """Who made the transfer being counted: the innermost lstm-probe frame's part ("integration": the
-    TorchRL hooks; "core": capture/ and log/; "torchrl": no probe frame but the run's own loop)."""
+    TorchRL hooks; "returns": the returns capability's copy of a batch's episodes (capture/returns.py, for the
+    integration); "core": capture/ and log/; "torchrl": no probe frame but the run's own loop)."""
     frame: Any = sys._getframe(2)
     while frame is not None:
         name = frame.f_code.co_filename
@@ -39,6 +40,8 @@ def _maker() -> str:
             rel = name[len(PACKAGE) + 1 :]
             if rel.endswith(INTEGRATION):
                 return "integration"
+            if rel == "capture/returns.py":
+                return "returns"
             if rel.startswith(("capture/", "log/")):
                 return "core"
             return "torchrl"  # the run's loop (train.py): TorchRL's own work below it
@@ -70,10 +73,12 @@ def test_torchrl_hooks_copy_to_the_host_per_batch_not_per_call(tmp_path, n_envs,
     phases = lstm_probe.load(out, columns=["call", "phase"]).drop_duplicates("call")["phase"].value_counts()
     assert phases["rollout"] >= 2 * 128 // min(n_envs, 2) and phases["train"] + phases.get("value", 0) > 0, phases
     seen = (dict(counts), calls, dict(phases))
-    assert counts["integration"] / calls <= MOST_PER_CALL, seen
+    assert (counts["integration"] + counts["returns"]) / calls <= MOST_PER_CALL, seen
     # one settlement per collector batch and one at close, each one copy (two where observations are kept)
-    per = 2 if capture.get("capture_obs") else 1
-    assert counts["integration"] <= per * (steps // (128 * n_envs) + 1), seen
+    per, batches = 2 if capture.get("capture_obs") else 1, steps // (128 * n_envs)
+    assert counts["integration"] <= per * (batches + 1), seen
+    # the returns: one copy of a batch's episodes (counted twice: .cpu() and .numpy()), and the sums' start
+    assert counts["returns"] <= 2 * (batches + 1) + 1, seen
     assert counts["core"] <= 2 * counts["submits"], seen
 
 

@@ -176,7 +176,7 @@ class DeviceSums:
 
         with torch.no_grad():
             d = dones.detach().reshape(-1) != 0
-            self.sums += rewards.detach().reshape(-1).to(torch.float64)
+            self.sums += rewards.detach().reshape(-1)  # (float64 += float32: no conversion of its own)
             self.lengths += 1
             self.steps.append((self.sums.clone(), self.lengths.clone(), d & self.seen, d & ~self.seen))
             self.sums.masked_fill_(d, 0.0)
@@ -189,8 +189,10 @@ class DeviceSums:
 
         if not self.steps:
             return
-        sums, lengths, ended, partial = (torch.stack(x).cpu().numpy() for x in zip(*self.steps, strict=True))
+        # one host copy: the four (steps, envs) columns as float64 (lengths and flags exact in it)
+        packed = torch.stack([torch.stack(x).double() for x in zip(*self.steps, strict=True)]).cpu().numpy()
         self.steps.clear()
+        sums, lengths, ended, partial = packed[0], packed[1].astype(np.int64), packed[2] != 0, packed[3] != 0
         if partial.any():
             returns.partial += int(partial.sum())
             returns.changed = True
