@@ -385,7 +385,7 @@ def test_torchrl_returns_are_each_trajectorys_summed_rewards(tmp_path):
 
 
 def test_rllib_returns_are_rllibs_episode_metrics(tmp_path):
-    pytest.importorskip("ray")
+    ray = pytest.importorskip("ray")
     from ray.rllib.algorithms.ppo import PPOConfig
     from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
 
@@ -401,13 +401,18 @@ def test_rllib_returns_are_rllibs_episode_metrics(tmp_path):
         .debugging(seed=0)
     )
     rllib.probe_config(config, f"{tmp_path}/log/")
-    algo = config.build_algo()
+    # ray started here and shut down after, as tests/test_rllib.py's fixture does (a ray left running fails its init)
+    ray.init(include_dashboard=False, log_to_driver=False, logging_level="ERROR", num_cpus=2)
     try:
-        for _ in range(3):
-            result = algo.train()
-        rllib.close(algo)
+        algo = config.build_algo()
+        try:
+            for _ in range(3):
+                result = algo.train()
+            rllib.close(algo)
+        finally:
+            algo.stop()
     finally:
-        algo.stop()
+        ray.shutdown()
     runners = result["env_runners"]
     meta = read_info(tmp_path / "log").metadata
     record = meta["returns"]
