@@ -149,3 +149,14 @@ def test_without_a_critic_lstm_the_stored_state_sentence_is_the_policys(runs_dir
     finding = next(f for f in report["findings"] if "stored states move" in f)
     assert finding.startswith("by the last epoch (epoch 1), stored states move the policy by KL "), finding
     assert "against refreshed states (values have no state: the critic has no LSTM); that is within 1%" in finding
+
+
+def test_run_panel_counts_one_iteration_in_the_singular(tmp_path):
+    """A one-iteration own loop: '1 iteration, completed' (was '1 iterations')."""
+    log = tmp_path / "one.parquet"
+    args = ["--iterations", "1", "--num-envs", "2", "--num-steps", "8", "--hidden", "8", "--out", str(log)]
+    done = subprocess.run([sys.executable, str(ROOT / "examples" / "cleanrl_lstm.py"), *args], capture_output=True)
+    assert done.returncode == 0, done.stderr
+    text = _text(log)
+    run = text[text.index("1. Run") : text.index("2. Architecture")]
+    assert "1 iteration, completed" in run, run

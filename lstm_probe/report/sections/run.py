@@ -148,7 +148,7 @@ class Run(Section[RunSection]):
             f"env [bold]{fmt(r.env_id)}[/], {fmt(r.algorithm)}"
             + (f" / {fmt(r.policy)}" if r.policy is not None else "")
             + f", n_envs {envs_words(r)}, seed {fmt(r.seed)}",
-            _steps(r) + f"{r.iterations} iterations, "
+            _steps(r) + f"{r.iterations} iteration{'s' * (r.iterations != 1)}, "
             f"{'completed' if r.completed else '[red]NOT completed[/]: ' + fmt(r.stop_reason)}",
             f"{r.rows:,} rows in {r.files} file(s), {human_bytes(r.file_bytes)}, wall {fmt(r.wall_seconds)} s, "
             f"capture {safe(r.capture.get('mode', '-'))} ({safe(r.capture.get('dtype', '-'))})"
