@@ -176,3 +176,34 @@ def test_torchrl_capture_obs_rows_hold_the_collected_observations(tmp_path):
     assert np.array_equal(got, expected)
     rep = lstm_probe.summarize(tmp_path / "t.parquet").to_dict()
     assert rep["probes"]["targets"] == ["obs:0", "obs:1", "obs:2", "obs:3"]
+
+
+def test_torchrl_arch_of_a_policy_with_an_encoder_before_its_lstm():
+    """An encoder of the observation before the LSTM (its input key is the encoder's output): the synthetic batch
+    cannot make up the observation, so arch asks for an example in one line (was a bare KeyError 'observation'),
+    and with ``example`` (a TensorDict as env.reset() gives) the encoder is found trained by both losses."""
+    from tensordict import TensorDict
+    from tensordict.nn import TensorDictModule, TensorDictSequential
+    from torchrl.modules import LSTMModule, OneHotCategorical, ProbabilisticActor, ValueOperator
+
+    torch.manual_seed(0)
+    encoder = TensorDictModule(torch.nn.Linear(4, 6), in_keys=["observation"], out_keys=["features"])
+    lstm = LSTMModule(input_size=6, hidden_size=8, in_key="features", out_key="embed")
+    head = TensorDictModule(torch.nn.Linear(8, 2), in_keys=["embed"], out_keys=["logits"])
+    actor = ProbabilisticActor(
+        TensorDictSequential(encoder, lstm, head),
+        in_keys=["logits"],
+        distribution_class=OneHotCategorical,
+        return_log_prob=True,
+    )
+    own = LSTMModule(input_size=6, hidden_size=8, in_key="features", out_key="embed_v")
+    critic = TensorDictSequential(encoder, own, ValueOperator(torch.nn.Linear(8, 1), in_keys=["embed_v"]))
+    with pytest.raises(lstm_probe.BadInput, match=r"reads 'observation' before its RNN.*example=env.reset\(\)"):
+        torchrl_arch((actor, critic))
+    example = TensorDict({"observation": torch.zeros(4)}, batch_size=[])
+    a = torchrl_arch((actor, critic), example=example)
+    table = a.table()
+    assert table["actor.module.0.module.0.module.weight"] == "both"  # the encoder, shared by actor and critic
+    assert table["actor.module.0.module.1.lstm.weight_hh_l0"] == "policy"
+    assert table["critic.module.1.lstm.weight_hh_l0"] == "value"
+    assert "other shared modules: actor.module.0.module.0.module" in a.verdict

@@ -28,12 +28,14 @@ TERMS = {"policy": "loss_objective", "value": "loss_critic", "entropy": "loss_en
 """ClipPPOLoss's output for each loss term of the Architecture."""
 
 
-def arch(actor: nn.Module, critic: nn.Module) -> Architecture:
+def arch(actor: nn.Module, critic: nn.Module, example: Any = None) -> Architecture:
     """Architecture and measured gradient flow of a TorchRL policy (a ``ProbabilisticActor``) and value
-    module, analysed as they are (an env id: ``train.arch``)."""
+    module, analysed as they are (an env id: ``train.arch``). The synthetic batch fills each RNN's own input; a
+    policy that reads other keys before its RNN (an encoder of the observation) needs ``example``: a TensorDict
+    holding them (``env.reset()``), whose shapes and dtypes the batch takes (its values are drawn anew)."""
     device = next(actor.parameters()).device
     with _rng_kept(device):
-        return _arch(actor, critic, device)
+        return _arch(actor, critic, device, example)
 
 
 def _recurrent(root: nn.Module) -> list[tuple[str, Any]]:
@@ -45,7 +47,7 @@ def _recurrent(root: nn.Module) -> list[tuple[str, Any]]:
     return found
 
 
-def _arch(actor_in: nn.Module, critic_in: nn.Module, device: torch.device) -> Architecture:
+def _arch(actor_in: nn.Module, critic_in: nn.Module, device: torch.device, example: Any) -> Architecture:
     from tensordict import TensorDict
     from torchrl.modules import set_recurrent_mode
     from torchrl.objectives import ClipPPOLoss
@@ -67,6 +69,7 @@ def _arch(actor_in: nn.Module, critic_in: nn.Module, device: torch.device) -> Ar
         columns[init_key] = first
         for key in state_keys:
             columns[key] = torch.zeros((*shape, rnn.num_layers, rnn.hidden_size))
+    _inputs(columns, [*getattr(actor, "in_keys", ()), *getattr(critic, "in_keys", ())], example, rng, shape)
     batch = TensorDict(columns, batch_size=list(shape)).to(device)
     loss = ClipPPOLoss(actor, critic)
 
@@ -102,6 +105,30 @@ def _arch(actor_in: nn.Module, critic_in: nn.Module, device: torch.device) -> Ar
         },
         verdict=_verdict,
     )
+
+
+def _inputs(columns: dict[Any, torch.Tensor], keys: list[Any], example: Any, rng: Any, shape: tuple[int, int]) -> None:
+    """The keys the modules read that no RNN's input fills (an encoder's observation), into ``columns``: drawn as
+    ``example`` holds them (its feature shape and dtype); BadInput naming them where there is no example."""
+    missing = [k for k in dict.fromkeys(keys) if k not in columns]
+    if not missing:
+        return
+    have = [] if example is None else list(example.keys(include_nested=True, leaves_only=True))
+    absent = [k for k in missing if k not in have]
+    if absent:
+        names = ", ".join(repr(k) for k in absent[:4])
+        raise BadInput(
+            f"the policy reads {names} before its RNN, which the synthetic batch cannot make up: pass example="
+            "env.reset() (a TensorDict holding them) to arch((actor, critic), example=...)"
+        )
+    lead = len(example.batch_size)
+    for key in missing:
+        value = example[key]
+        feature = tuple(value.shape[lead:])
+        if value.dtype.is_floating_point:
+            columns[key] = torch.as_tensor(rng.normal(size=(*shape, *feature)), dtype=value.dtype)
+        else:
+            columns[key] = torch.zeros((*shape, *feature), dtype=value.dtype)
 
 
 def _verdict(a: Architecture) -> str:

@@ -121,8 +121,9 @@ def modules(
     return actor, critic, rnn
 
 
-ARCH_OPTIONS = ("shared_lstm", "hidden_size", "rnn_type", "lstm_layers")
-"""The keywords :func:`arch` takes (the CLI's arch flags that apply to TorchRL)."""
+ARCH_OPTIONS = ("shared_lstm", "hidden_size", "rnn_type", "lstm_layers", "example")
+"""The keywords :func:`arch` takes (the CLI's arch flags that apply to TorchRL; ``example``: a pair's, see
+``torchrl/arch.py``)."""
 
 
 def arch(target: Any, **options: Any) -> Any:
@@ -136,7 +137,8 @@ def arch(target: Any, **options: Any) -> Any:
     hidden_size, lstm_layers = options.get("hidden_size"), options.get("lstm_layers")
     rnn_type = options.get("rnn_type") or "lstm"
     if isinstance(target, tuple | list) and len(target) == 2 and all(isinstance(m, nn.Module) for m in target):
-        return analysis.arch(*target)
+        actor, critic = target
+        return analysis.arch(actor, critic, example=options.get("example"))
     if not isinstance(target, str | os.PathLike):
         raise BadInput(
             f"arch takes an env id or a pair (actor, critic) of TorchRL modules, not {type(target).__name__}"
