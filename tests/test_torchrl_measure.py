@@ -130,35 +130,11 @@ def test_training_untouched_and_the_oracle_holds(tmp_path, cell):
 def test_a_critic_with_its_own_lstm(tmp_path):
     """Actor and critic each with an LSTMModule (states under keys of their own; the collector runs both): both
     modules vary, the oracle holds, memory has an actor (KL) and a critic (value) horizon."""
-    from tensordict.nn import TensorDictModule, TensorDictSequential
-    from torchrl.envs import Compose, DoubleToFloat, GymEnv, InitTracker, SerialEnv, StepCounter, TransformedEnv
-    from torchrl.modules import LSTMModule, OneHotCategorical, ProbabilisticActor, ValueOperator
+    from tensordict.nn import TensorDictSequential
 
-    torch.manual_seed(0)
-    env = TransformedEnv(
-        SerialEnv(2, lambda: GymEnv("CartPole-v1")), Compose(InitTracker(), StepCounter(), DoubleToFloat())
-    )
-    env.set_seed(0)
-    rnns = {
-        r: LSTMModule(
-            input_size=4,
-            hidden_size=8,
-            in_keys=["observation", f"h{r}", f"c{r}"],
-            out_keys=[f"e{r}", ("next", f"h{r}"), ("next", f"c{r}")],
-        )
-        for r in "ac"
-    }
-    for rnn in rnns.values():
-        env.append_transform(rnn.make_tensordict_primer())
-    head = TensorDictModule(torch.nn.Linear(8, 2), in_keys=["ea"], out_keys=["logits"])
-    actor = ProbabilisticActor(
-        TensorDictSequential(rnns["a"], head),
-        in_keys=["logits"],
-        spec=env.action_spec,
-        distribution_class=OneHotCategorical,
-        return_log_prob=True,
-    )
-    critic = TensorDictSequential(rnns["c"], ValueOperator(torch.nn.Linear(8, 1), in_keys=["ec"]))
+    from tests.torchrl_policies import two_lstms
+
+    env, actor, critic = two_lstms()
     collector = Collector(env, TensorDictSequential(actor, critic), frames_per_batch=32, total_frames=96)
     adv = GAE(gamma=0.99, lmbda=0.95, value_network=critic, average_gae=True, deactivate_vmap=True)
     loss_module = ClipPPOLoss(actor, critic, clip_epsilon=0.2)

@@ -18,45 +18,20 @@ import pytest
 pytest.importorskip("torchrl")
 
 import torch
-from tensordict.nn import TensorDictModule, TensorDictSequential
+from tensordict.nn import TensorDictSequential
 from torchrl.collectors import Collector
-from torchrl.envs import Compose, DoubleToFloat, GymEnv, InitTracker, SerialEnv, StepCounter, TransformedEnv
-from torchrl.modules import LSTMModule, OneHotCategorical, ProbabilisticActor, ValueOperator, set_recurrent_mode
+from torchrl.modules import set_recurrent_mode
 from torchrl.objectives import ClipPPOLoss
 from torchrl.objectives.value import GAE
 
 import lstm_probe
 from lstm_probe.integrations.torchrl.hooks import UNLINKED, probe
+from tests.torchrl_policies import two_lstms
 
 
 def _run(out: Path, *, collect_critic: bool = False, step_counter: bool = True) -> None:
-    torch.manual_seed(0)
     torch.set_num_threads(1)
-    env = TransformedEnv(
-        SerialEnv(2, lambda: GymEnv("CartPole-v1")),
-        Compose(InitTracker(), *([StepCounter()] if step_counter else []), DoubleToFloat()),
-    )
-    env.set_seed(0)
-    rnns = {
-        r: LSTMModule(
-            input_size=4,
-            hidden_size=8,
-            in_keys=["observation", f"h{r}", f"c{r}"],
-            out_keys=[f"e{r}", ("next", f"h{r}"), ("next", f"c{r}")],
-        )
-        for r in "ac"
-    }
-    for rnn in rnns.values():
-        env.append_transform(rnn.make_tensordict_primer())
-    head = TensorDictModule(torch.nn.Linear(8, 2), in_keys=["ea"], out_keys=["logits"])
-    actor = ProbabilisticActor(
-        TensorDictSequential(rnns["a"], head),
-        in_keys=["logits"],
-        spec=env.action_spec,
-        distribution_class=OneHotCategorical,
-        return_log_prob=True,
-    )
-    critic = TensorDictSequential(rnns["c"], ValueOperator(torch.nn.Linear(8, 1), in_keys=["ec"]))
+    env, actor, critic = two_lstms(step_counter)
     policy = TensorDictSequential(actor, critic) if collect_critic else actor  # the actor alone: the mistake
     collector = Collector(env, policy, frames_per_batch=64, total_frames=128)
     adv = GAE(gamma=0.99, lmbda=0.95, value_network=critic, deactivate_vmap=True)
