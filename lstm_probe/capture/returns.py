@@ -42,8 +42,12 @@ class Returns:
         self.changed = False
         self.published: dict[str, Any] | None = None
 
-    def ended(self, iteration: int, returns: Any, lengths: Any) -> None:
-        """Episodes that ended in ``iteration``: their returns and lengths (host arrays or sequences, one each)."""
+    def ended(self, iteration: int, returns: Any, lengths: Any, partial: int = 0) -> None:
+        """Episodes that ended in ``iteration``: their returns and lengths (host arrays or sequences, one each);
+        ``partial``: how many more ended that began before the probe saw them (counted, not recorded)."""
+        if partial:
+            self.partial += partial
+            self.changed = True
         r = np.asarray(returns, np.float64).reshape(-1)
         n = np.asarray(lengths, np.float64).reshape(-1)
         if not r.size:
@@ -118,13 +122,18 @@ class Returns:
             out["iterations"] = self.iterations
         return out
 
-    def publish(self, tracer: Any) -> None:
+    def publish(self, tracer: Any) -> dict[str, Any]:
         """Put the record, if it changed, in the progress of ``tracer``'s writer (a new object each time: the writer
-        sends progress where it differs from what it sent, by identity first); nothing once the log is closed."""
+        sends progress where it differs from what it sent, by identity first; nothing once the log is closed).
+        Returns the record (made once per change)."""
+        if not self.changed and self.published is not None:
+            return self.published
+        record = self.record()
         writer = getattr(tracer, "writer", None)
-        if writer is not None and (self.changed or self.published is None):
-            self.published = writer.progress["returns"] = self.record()
+        if writer is not None:
+            self.published = writer.progress["returns"] = record
             self.changed = False
+        return record
 
 
 class StepSums:
@@ -147,10 +156,7 @@ class StepSums:
             return
         full = d & self.seen
         if returns is not None:
-            if not full[d].all():
-                returns.partial += int(d.sum()) - int(full.sum())
-                returns.changed = True
-            returns.ended(iteration, self.sums[full], self.lengths[full])
+            returns.ended(iteration, self.sums[full], self.lengths[full], partial=int(d.sum()) - int(full.sum()))
         self.sums[d] = 0.0
         self.lengths[d] = 0
         self.seen[d] = True
@@ -193,7 +199,4 @@ class DeviceSums:
         packed = torch.stack([torch.stack(x).double() for x in zip(*self.steps, strict=True)]).cpu().numpy()
         self.steps.clear()
         sums, lengths, ended, partial = packed[0], packed[1].astype(np.int64), packed[2] != 0, packed[3] != 0
-        if partial.any():
-            returns.partial += int(partial.sum())
-            returns.changed = True
-        returns.ended(iteration, sums[ended], lengths[ended])
+        returns.ended(iteration, sums[ended], lengths[ended], partial=int(partial.sum()))

@@ -61,10 +61,7 @@ class Sb3Returns:
 
     def publish(self) -> dict[str, Any] | None:
         """The record into the writer's progress (once per rollout, and at the end); the record, or None."""
-        if self.returns is None:
-            return None
-        self.returns.publish(self.tracer())
-        return self.returns.record()
+        return None if self.returns is None else self.returns.publish(self.tracer())
 
 
 def _normalizes_rewards(env: Any) -> tuple[bool, bool]:
