@@ -185,7 +185,7 @@ class StagedRecurrent:
         # outside one on samples that carry their trajectory ids
         value = self.phase == "value"
         known = not value or nxt is not None or (not self.gae and tr is not None)
-        self.tags.grid = provenance(envs, init, sc, tr, valid, known, value, bool(nxt), first, at, steps)
+        self.tags.grid = provenance(envs, init, sc, tr, valid, known, bool(nxt), first, at, steps)
         # sorted already, lengths on the host: packing makes no device-to-host or host-to-device copy
         packed = nn.utils.rnn.pack_padded_sequence(xs, lengths, batch_first=True)  # type: ignore[arg-type]
         return packed, tuple(states) if self.lstm else states[0]
@@ -230,7 +230,6 @@ def provenance(
     tr: np.ndarray | None,
     valid: np.ndarray | None,
     known: bool,
-    value: bool,
     nxt: bool,
     first: np.ndarray,
     at: np.ndarray,
@@ -246,8 +245,8 @@ def provenance(
     piece enters an episode after its first step, the sample's episode (trajectory id; without ids, a step
     count of 0) not the previous sample's (:func:`entered`). Where the samples' batch is not
     ``known`` (a value estimator's call that is neither of its passes over the whole batch) every
-    provenance column is null; a loss call's (not a ``value`` call's) batch without trajectory ids is
-    taken as the collector's, one env per row."""
+    provenance column is null. Without trajectory ids a sample's env is null: a batch row is not an env
+    (a minibatch of some of the collector's rows, or of its rows shuffled, holds other envs' rows there)."""
     found = envs.lookup(tr, sc)
     start = np.full(len(init), -1, np.int8)
     if known:
@@ -260,8 +259,6 @@ def provenance(
     if found is not None and known:
         env, episode, env_step = found
         columns.update(env=env[at], episode=episode[at], env_step=np.where(env_step >= 0, env_step + nxt, -1)[at])
-    elif known and valid is None and not value:  # the row is the env column (a collector batch)
-        columns["env"] = np.broadcast_to((first // steps)[:, None], at.shape)
     # why each piece starts where it does: an episode start, the row's (or real samples') first step,
     # else TorchRL's split at is_init (a slice's start, or the step after an episode start in
     # GAE's pass over next observations); null where the samples' batch is not known

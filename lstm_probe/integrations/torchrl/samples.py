@@ -304,13 +304,15 @@ class Envs:
             self.collecting = True
 
     def lookup(self, traj: np.ndarray | None, step_count: np.ndarray | None) -> tuple[np.ndarray, ...] | None:
-        """(env, episode, env step) of loss-time samples, from their trajectory ids and step counts."""
-        if traj is None or step_count is None:
+        """(env, episode, env step) of loss-time samples, from their trajectory ids and step counts; without step
+        counts (no ``StepCounter``) the env and episode all the same (a trajectory id names both), the env step
+        unknown (-1). None without trajectory ids."""
+        if traj is None:
             return None
         known = (traj >= 0) & (traj < len(self.traj))
         row = self.traj[np.where(known, traj, 0)]
         known &= row[:, 0] >= 0
         env = np.where(known, row[:, 0], -1)
         episode = np.where(known, row[:, 1], -1)
-        env_step = np.where(known, row[:, 2] + step_count, -1)
+        env_step = np.where(known, row[:, 2] + step_count, -1) if step_count is not None else np.full_like(env, -1)
         return env, episode, env_step
