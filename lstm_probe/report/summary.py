@@ -192,10 +192,14 @@ def _env_steps(results: dict[str, Any]) -> None:
 def _memory_from_sequences(results: dict[str, Any]) -> None:
     """The memory section sets what the sequences section counted beside its horizons (how far back gradients
     flow; the log's completed episodes, where it holds them for every env column), so the report gives one answer
-    to each (``MemorySection.from_sequences``)."""
+    to each (``MemorySection.from_sequences``), and marks the modules the calls section finds no rollout call of
+    (``MemorySection.from_calls``)."""
     sequences, memory = results.get("sequences"), results.get("memory")
     if sequences is not None and memory is not None and memory.measured:
         memory.from_sequences(sequences)
+    calls = results.get("calls")
+    if calls is not None and memory is not None and memory.measured:
+        memory.from_calls({g.module for g in calls.groups if g.phase == "rollout"}, {g.module for g in calls.groups})
 
 
 def summarize(

@@ -131,6 +131,23 @@ class MemorySection:
         self.starts_inside, self.cut_by_resets = sequences.starts_inside, sequences.cut_by_resets
         self.episodes_of(sequences)
 
+    def from_calls(self, rollout_modules: set[str], traced: set[str]) -> None:
+        """Marks the curves of a module the collection never runs (``rollout_modules``: the modules with a rollout
+        call in the log; a module not among them, a critic with an LSTM of its own left out of the collecting
+        policy): the states stored for it are the initial zeros (TorchRL: the primer's), which zeroing leaves as
+        they are, so its effect(1) is 0 by construction, not a sign of an unused memory. Its curves get
+        ``uncollected`` and no horizon; nothing changes where the log holds no rollout call at all, nor for a
+        module without calls in the log (``traced``: the modules with any call)."""
+        if not rollout_modules:
+            return
+        curves = [(str(h["module"]), h) for h in self.horizons] + list(self.latest.items())
+        for role, curve in curves:
+            if self.critic == "shared" and role == "critic":
+                continue  # the actor's module read for values: collected with the actor
+            name = str(self.module_names.get(role) or role)
+            if name in traced and name not in rollout_modules:
+                curve.update(horizon=None, unused=False, beyond=False, uncollected=True)
+
     def episodes_of(self, sequences: SequencesSection) -> None:
         """One answer to "how long are episodes": where the log holds every env column's rows (no ``kept_envs``) and
         the sequences section counted completed episodes in them, the text says its figures, not the measurement's
@@ -173,6 +190,13 @@ def _curves(records: dict[str, list[Any]]) -> dict[tuple[int, str], list[tuple[i
         v.sort(key=lambda kr: kr[0])
     return out
 
+
+UNCOLLECTED = (
+    "the collection never runs this module, so the states stored for it in the rollout are the initial zeros "
+    "(TorchRL: the primer's), which zeroing leaves as they are (its effect at k = 1 is 0 by construction, not a "
+    "sign that it is unused); run it in the collecting policy too"
+)
+"""Why a module the collection never runs has no memory horizon (``MemorySection.from_calls``)."""
 
 MEMORY_NOTE = "the memory horizon (does the policy use its recurrent state, and how far back?)"
 """How the report names the section where a log lacks it."""
@@ -260,6 +284,10 @@ class Memory(Section[MemorySection]):
         out = []
         for module, c in data.latest.items():
             what = "actions" if c["metric"] == "kl" else "values"
+            if c.get("uncollected"):
+                label = module_label(module, data.module_names, data.critic)
+                out.append(f"{label}: memory not measured (iteration {c['iteration']}): {UNCOLLECTED}")
+                continue
             if c["unused"]:
                 out.append(
                     f"{module}: the policy's {what} do not depend on its recurrent state (iteration {c['iteration']}): "
@@ -445,6 +473,8 @@ def _envs(data: MemorySection) -> str:
 
 
 def _horizon_words(h: dict[str, Any]) -> str:
+    if h.get("uncollected"):
+        return "not run in collection"
     if h.get("unused"):
         return "unused"
     if h.get("beyond"):
