@@ -45,7 +45,10 @@ def find_recurrent(model: nn.Module, names: list[str] | None = None) -> dict[str
 
 
 def describe_modules(modules: Mapping[str, nn.Module]) -> dict[str, dict[str, Any]]:
-    """Each module's kind, hidden and input size and layers, as the log's metadata ``modules`` holds them."""
+    """Each module's kind, hidden and input size and layers, as the log's metadata ``modules`` holds them, and for
+    an ``nn.LSTM``/``nn.GRU`` its ``dropout`` (the probability between its layers, as the module has it: with more
+    than one layer, in training mode, the states of the layers above the first carry dropout masks no re-run draws
+    again; the report names it where the provenance check fails above layer 0 alone). Cells have none."""
     out = {}
     for name, m in modules.items():
         size: Any = m.hidden_size
@@ -56,6 +59,8 @@ def describe_modules(modules: Mapping[str, nn.Module]) -> dict[str, dict[str, An
             "num_layers": int(getattr(m, "num_layers", 1)),
             "input_size": int(inputs),
         }
+        if isinstance(m, nn.RNNBase):
+            out[name]["dropout"] = float(m.dropout)
     return out
 
 

@@ -27,7 +27,8 @@ METADATA_KEYS: dict[str, str] = {
     "model's num_timesteps when the probe started; the log's env_step and iteration count from there, "
     "total_timesteps and progress include the steps before it.",
     "command": "The command line that made the log (CLI runs).",
-    "architecture": "modules: {name: {kind, hidden_size, num_layers, input_size}}, shared_lstm, "
+    "architecture": "modules: {name: {kind, hidden_size, num_layers, input_size; dropout: nn.LSTM/nn.GRU's "
+    "dropout between layers, absent for cells and in older logs}}, shared_lstm, "
     "critic ('lstm' | 'shared' | 'mlp'); untraced: {name: {class or kind, hidden_size, num_layers; why}}, the "
     "models the integration left out of the log (rsl_rl's distillation: an MLP teacher, or one of another hidden "
     "size).",

@@ -163,7 +163,11 @@ def verdict(
             "matters": f"{WHOLE} (re-run during training)",
         }
     v.provenance_ok = staleness.provenance_ok if staleness is not None else None
-    if v.provenance_ok is False:
+    if v.provenance_ok is False and staleness is not None and staleness.provenance_dropout:
+        v.lines.append(
+            f"the provenance check FAILED on the layers above the first alone: {staleness.provenance_dropout}"
+        )
+    elif v.provenance_ok is False:
         v.lines.append(
             "the provenance check FAILED: before any optimizer step training states differ from the rollout "
             "states they were paired with (the train rows name other env steps, or training starts or resets its "

@@ -251,6 +251,8 @@ class TorchRLProbe(Probe, Tagged):
         self._refused: str | None = None
         self.tracer = CoreTracer(self.shadows, options, self)
         self.tracer.before_hand_over = self._settle_staged
+        for name, entry in self.tracer.metadata["architecture"]["modules"].items():  # the user's, not the shadow's
+            entry["dropout"] = self._metadata["torchrl"]["modules"][name]["dropout"]
 
     # -- the contract --------------------------------------------------------------------------------
     def capabilities(self) -> Capabilities:

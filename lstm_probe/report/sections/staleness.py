@@ -109,6 +109,7 @@ class StalenessSection:
     by_iteration: list[dict[str, Any]] = field(default_factory=list)
     """Per module and layer, each iteration's mean drift in its last epoch, or spans of iterations where many
     (:func:`~lstm_probe.report.sections.staleness_trend.by_iteration`)."""
+    provenance_dropout: str | None = None  # why the check fails above layer 0 alone: dropout (JSON: where set)
 
     @cached_property
     def trend(self) -> staleness_trend.Trend:
@@ -410,7 +411,11 @@ class Staleness(Section[StalenessSection]):
             n_envs=log.n_envs,
             env_runners=log.env_runners,
             by_iteration=staleness_trend.by_iteration(acc.iteration),
+            provenance_dropout=staleness_trend.dropout_cause(log.meta, per_layer, bound) if ok is False else None,
         )
+
+    def to_json(self, data: StalenessSection) -> Any:
+        return {k: v for k, v in super().to_json(data).items() if k != "provenance_dropout" or v is not None}
 
     def unavailable(self, data: StalenessSection, log: Log) -> list[str]:
         if not data.train_rows or data.provenance_ok is not None or log.caps.shards:  # shards: cross-process check
@@ -428,6 +433,8 @@ class Staleness(Section[StalenessSection]):
     def warnings(self, data: StalenessSection, log: Log) -> list[str]:
         if data.provenance_ok is not False:
             return []
+        if data.provenance_dropout:
+            return [f"provenance check FAILED on the layers above the first alone: {data.provenance_dropout}"]
         return [
             f"provenance check FAILED: train states before the first optimizer step differ from "
             f"the rollout states of the same env step (largest relative difference ||train - rollout|| / "
@@ -450,7 +457,7 @@ class Staleness(Section[StalenessSection]):
                 f"provenance check {verdict}: in the first minibatch (before any optimizer step) train states differ "
                 f"from the rollout states of the same env step by at most {st.provenance_max_drift_h:.2g} (h){c} "
                 f"relative to the rollout state's norm, over {st.provenance_check_rows:,} rows{of}"
-                f"{_layers(st.provenance_by_layer)}"
+                f"{_layers(st.provenance_by_layer)}" + (f": {st.provenance_dropout}" if st.provenance_dropout else "")
             )
         last_epoch: dict[str, float] = {}
         layered = any(row["layer"] for row in st.by_epoch)
@@ -490,6 +497,7 @@ class Staleness(Section[StalenessSection]):
         else:
             status = "[green]OK[/]" if st.provenance_ok else "[red]FAILED[/]"
             tf32 = ": cuDNN ran the LSTMs in TF32" if st.provenance_tolerance == TF32_PROVENANCE_TOLERANCE else ""
+            why = f": {safe(st.provenance_dropout)}" if st.provenance_dropout else ""
             parts = []
             for r in st.provenance_by_layer:
                 c = "" if r["max_drift_c"] is None else f", c {r['max_drift_c']:.2g}"
@@ -499,7 +507,7 @@ class Staleness(Section[StalenessSection]):
                 Line(
                     f"{check}: largest relative difference ||train - rollout|| / ||rollout|| between a train state "
                     f"and the rollout state of the same env step: {'; '.join(parts)} {status} (allowed "
-                    f"{st.provenance_tolerance:g}{tf32})",
+                    f"{st.provenance_tolerance:g}{tf32}){why}",
                     soft_wrap=True,
                 )
             )

@@ -160,3 +160,28 @@ def undrifted(modules: dict[str, int]) -> str | None:
         f"no drift for the train rows of {names}: the log holds no rollout call of theirs whose state they could "
         "be compared with (the collection does not run the module): not judged"
     )
+
+
+def dropout_cause(meta: dict[str, Any], per_layer: list[dict[str, Any]], bound: float) -> str | None:
+    """Why a provenance check fails on the layers above the first alone, where the log's metadata records dropout
+    between the layers of a traced module (``architecture.modules[NAME].dropout`` > 0, more than one layer): the
+    rollout's and training's states of those layers are then computed with different dropout masks (or one of them
+    without dropout), so they differ by construction. None where layer 0 fails too (a provenance bug whatever the
+    dropout), where no layer above the first fails, or where the metadata records no such dropout (older logs)."""
+    modules = (meta.get("architecture") or {}).get("modules")
+    if not isinstance(modules, dict):
+        return None
+    found = {}
+    for name, m in modules.items():
+        p = m.get("dropout") if isinstance(m, dict) else None
+        if isinstance(p, int | float) and not isinstance(p, bool) and p > 0 and int(m.get("num_layers") or 1) > 1:
+            found[str(name)] = float(p)
+    failed = {int(r["layer"]) for r in per_layer if max(r["max_drift_h"] or 0.0, r["max_drift_c"] or 0.0) > bound}
+    if not found or not failed or 0 in failed or not any(r["layer"] == 0 for r in per_layer):
+        return None
+    which = ", ".join(f"{safe(n)} {p:g}" for n, p in found.items())
+    return (
+        f"dropout between the LSTM layers (nn.LSTM dropout: {which}): the states of the layers above the first are "
+        "computed with other dropout masks in the rollout than in training (or without dropout in one of them), so "
+        "they differ by construction; layer 0 agrees: no provenance bug"
+    )
