@@ -199,7 +199,7 @@ call-level columns)."""
 Resolver = Callable[[str, int, int], Tags]
 
 
-OPTIONAL = ("returns", "rollout_start", "rollout_zeroed")
+OPTIONAL = ("returns", "rollout_start", "rollout_zeroed", "cycling_minibatches")
 """The :class:`Capabilities` fields a log's metadata holds only where the integration declares them."""
 
 
@@ -232,6 +232,11 @@ class Capabilities:
     returns: bool = False
     """The integration records the episodes that ended in each iteration, their returns and lengths (the *returns*
     capability: the log's ``returns`` metadata, the report's returns line)."""
+    cycling_minibatches: bool = False
+    """A train row's ``minibatch`` numbers it in its whole update, whose minibatches cycle through the batch across
+    epoch boundaries (one minibatch may straddle two epochs), so train rows carry no epoch: the staleness trend over
+    training takes each iteration's last minibatch (the update's latest weights), as it takes a loop of epochs' last
+    epoch. Logs that do not declare it (written before it was) get no such trend, and report as they did."""
     rollout_start: str | None = None
     """Where a rollout's first step takes its state from by the framework's design, where that is not the state the
     previous rollout's last step left: 'training' (the state training's last pass over the previous rollout ended

@@ -504,10 +504,12 @@ def test_returns_of_several_runners_are_rllibs_metrics(runners_run) -> None:
 
     log, results, _ = runners_run
     record = read_info(log).metadata["returns"]
-    assert set(record["by_shard"]) == {"runner1", "runner2"}  # not the evaluation runner's
+    assert set(record["by_shard"]) == {"runner1", "runner2", "evalrunner1"}
+    assert record["by_shard"]["evalrunner1"]["evaluation"] is True  # counted apart (tests/test_rllib_trend.py)
     shards = [
         {it: (n, s, lo, hi, ln) for it, n, s, lo, hi, ln in zip(*(r["by_iteration"][k] for k in KEYS_R), strict=True)}
-        for r in record["by_shard"].values()
+        for name, r in record["by_shard"].items()
+        if name != "evalrunner1"
     ]
     returns = lstm_probe.summarize(log).returns
     by = returns.by_iteration
@@ -530,7 +532,7 @@ def test_returns_of_several_runners_are_rllibs_metrics(runners_run) -> None:
     assert not ours and ended >= 2 and any(len([s for s in shards if it in s]) == 2 for it in range(3))
     assert returns.episodes == results[-1]["env_runners"]["num_episodes_lifetime"]
     evaluated = sum(int(r["evaluation"]["env_runners"].get("num_episodes", 0)) for r in results)
-    assert evaluated >= 2  # the evaluation runner ended episodes, none of them counted above
+    assert evaluated >= 2 and returns.evaluation["episodes"] == evaluated  # none of them counted above
     # the run's three training iterations: the evaluation runner's rows run one weights version further (3)
     assert returns.iterations == 3 and returns.last_tenth.first == 2 and returns.last_tenth.episodes
 

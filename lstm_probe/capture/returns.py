@@ -27,10 +27,11 @@ class Returns:
     """The episodes that ended in each iteration: count, sums of returns and of their squares, min, max, sum of
     lengths; per entry of ``stride`` iterations (merged exactly past :data:`MAX_ENTRIES`)."""
 
-    def __init__(self, source: str, max_entries: int = MAX_ENTRIES):
+    def __init__(self, source: str, max_entries: int = MAX_ENTRIES, evaluation: bool = False):
         if source not in SOURCES:
             raise ValueError(f"returns source {source!r}: one of {', '.join(SOURCES)}")
         self.source = source
+        self.evaluation = evaluation  # an evaluation's episodes (RLlib's evaluation runners), not training's
         self.max_entries = max_entries
         self.stride = 1
         self.entries: dict[int, list[float]] = {}  # iteration // stride -> [episodes, sum, sq, min, max, length sum]
@@ -118,6 +119,8 @@ class Returns:
         }
         if self.nonfinite:
             out["nonfinite"] = self.nonfinite
+        if self.evaluation:
+            out["evaluation"] = True
         if self.iterations:
             out["iterations"] = self.iterations
         return out

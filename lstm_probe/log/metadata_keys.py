@@ -74,7 +74,9 @@ METADATA_KEYS: dict[str, str] = {
     "the training iterations its env runners collected) and by_iteration: "
     "lists of iteration (an entry's first), episodes, return_sum, return_sq (sum of squares), return_min, return_max "
     "and length_sum. Kept up to date while the run goes (written with every part: a killed run keeps it). A log of "
-    "several writing processes (RLlib's env runners) holds {by_shard: {shard: record}}.",
+    "several writing processes (RLlib's env runners) holds {by_shard: {shard: record}}; the record of an "
+    "evaluation's process (RLlib's evaluation runners) says evaluation: true, and its episodes are counted apart from "
+    "training's.",
     "probe_cost": "What recording cost, measured by the probe while it ran: seconds (start to close, wall), "
     "calls, hook_seconds and integration_seconds (training thread: hooks, the integration's callbacks), "
     "writer (process or thread: where rows were made and written), writer_cpu_seconds and "

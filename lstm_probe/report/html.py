@@ -252,8 +252,9 @@ def _staleness_caption(rep: Report) -> str:
 
 
 def _trend_caption(rep: Report) -> str:
-    """What the staleness trend figure draws: each iteration's last-epoch drift, or spans of iterations' where the
-    run has more than the JSON keeps, and whether a c line is drawn (dashed)."""
+    """What the staleness trend figure draws: each iteration's last-epoch drift (last-minibatch: the cross-process
+    check's), or spans of iterations' where the run has more than the JSON keeps, and whether a c line is drawn
+    (dashed)."""
     rows = rep.staleness.by_iteration
     spans = any(r["iteration_last"] > r["iteration_first"] for r in rows)
     with_c = any(r["drift_c_mean"] is not None and r["drift_c_mean"] == r["drift_c_mean"] for r in rows)
@@ -262,6 +263,12 @@ def _trend_caption(rep: Report) -> str:
         if spans
         else "by iteration"
     )
+    if any("minibatch" in r for r in rows):  # the cross-process check's (``cycling_minibatches``)
+        return (
+            f"Mean relative L2 drift of the learner's states from the env runners' rollout states of the same env "
+            f"step in each iteration's last minibatch, {of} (h solid{', c dashed' if with_c else ''}; log scale): "
+            "whether stored states go staler as training goes on, which the figure by minibatch averages over."
+        )
     return (
         f"Mean relative L2 drift of train states from the rollout states of the same env step in each iteration's "
         f"last epoch, {of} (h solid{', c dashed' if with_c else ''}; log scale): whether stored states go staler as "

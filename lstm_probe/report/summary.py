@@ -202,6 +202,15 @@ def _memory_from_sequences(results: dict[str, Any]) -> None:
         memory.from_calls({g.module for g in calls.groups if g.phase == "rollout"}, {g.module for g in calls.groups})
 
 
+def _trend_across(results: dict[str, Any]) -> None:
+    """The staleness trend of a log whose drifts the cross-process check pairs (its train rows carry none): the
+    check's last minibatch of each iteration (``cycling_minibatches``) becomes the staleness section's
+    ``by_iteration`` (its JSON, the HTML page's figure and ``StalenessSection.trend``)."""
+    staleness, cross = results.get("staleness"), results.get("cross_process")
+    if staleness is not None and cross is not None and cross.by_iteration and not staleness.by_iteration:
+        staleness.by_iteration = cross.by_iteration
+
+
 def summarize(
     path: str | os.PathLike[str], *, chunk_rows: int = REPORT_CHUNK_ROWS, progress: Progress | None = None
 ) -> Report:
@@ -255,6 +264,7 @@ def _summarize(path: str | os.PathLike[str], chunk_rows: int, progress: Progress
     _resets_inside(results)
     _env_steps(results)
     _memory_from_sequences(results)
+    _trend_across(results)
     unavailable: list[str] = []
     for s in _json_order():
         if results[s.key] is not None:

@@ -133,6 +133,7 @@ class _Probe(Probe):
             respond=True,  # memory=True (in each learner: memory.py)
             observe=True,  # capture_obs=True (the env runners' rollout rows)
             returns=True,  # each env runner's episodes (RolloutProbe.episode_ended)
+            cycling_minibatches=True,  # LearnerProbe.minibatch counts through the update (MiniBatchCyclicIterator)
         )
 
     def metadata(self) -> dict[str, Any]:
@@ -163,7 +164,8 @@ class RolloutProbe(_Probe):
         self.episodes = np.zeros(n, np.int64)  # episodes begun in each env so far
         self.last: list[tuple[Any, dict[str, int]] | None] = [None] * n
         self.tracer = _tracer(lstms(module), self, shard, self.worker * CALL_BLOCK)
-        self.returns = Returns("rllib")  # the episodes this runner ended, by its weights' version
+        # the episodes this runner ended, by its weights' version (an evaluation runner's: marked so, counted apart)
+        self.returns = Returns("rllib", evaluation=evaluation)
         self._returns_at = -1
         self.start()
         for name, explore in (("forward_exploration", True), ("forward_inference", False)):
@@ -198,7 +200,7 @@ class RolloutProbe(_Probe):
         self.returns.ended(it, [ret], [len(episode) + sum(len(c) for c in chunks)])
 
     def _final(self) -> dict[str, Any]:
-        return {"returns": self.returns.record()} if not self.evaluation else {}
+        return {"returns": self.returns.record()}
 
     def _step_tags(self, phase: str) -> Tags:
         episodes = self.runner._ongoing_episodes
@@ -391,7 +393,7 @@ def _on_episode_end(*, episode: Any = None, env_runner: Any = None, **kwargs: An
     if info is not None:
         info["ended"] = True
     probe = _RUNNER_PROBES.get(env_runner) if env_runner is not None else None
-    if probe is not None and not probe.evaluation:
+    if probe is not None:
         probe.episode_ended(episode, list(kwargs.get("prev_episode_chunks") or []))
 
 

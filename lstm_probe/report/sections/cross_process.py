@@ -19,6 +19,7 @@ from lstm_probe.log.reader import narrow
 from lstm_probe.log.schema import relative_l2, traced_envs
 from lstm_probe.report.numeric import dense_key, groups
 from lstm_probe.report.section import Block, Line, Log, Section, Table, fmt
+from lstm_probe.report.sections import staleness_trend
 from lstm_probe.report.sections.staleness import PROVENANCE_TOLERANCE, provenance_tolerance
 from lstm_probe.text import safe
 
@@ -59,6 +60,10 @@ class CrossProcessSection:
     state_in_l2_rows: int = 0
     """Of the ``state_in_rows``, those compared by the relative L2 difference of their vectors (both sides hold
     them); the others by their norms alone (``first_pass`` and ``by_minibatch`` rows give theirs as ``l2_rows``)."""
+    by_iteration: list[dict[str, Any]] = field(default_factory=list)
+    """Where the log declares ``cycling_minibatches``: per module, layer and iteration, the drift of the iteration's
+    last minibatch (the staleness trend's entries, :func:`last_minibatches`; the report hands them to the staleness
+    section, whose JSON holds them, not this one's)."""
     after_end: int = 0
     """'terminal' bootstrap rows of the last iteration past the env runner's last step: the runner's forward
     for that step never ran (training stopped), so they have no rollout row by design (not ``unpaired``)."""
@@ -170,6 +175,38 @@ def _mean(v: np.ndarray) -> float:
     return float(np.mean(v)) if len(v) else float("nan")
 
 
+def _mean64(v: np.ndarray) -> float:
+    """Mean in float64, NaN left out (NaN where all are)."""
+    v = v[~np.isnan(v)]
+    return float(np.mean(v, dtype=np.float64)) if len(v) else float("nan")
+
+
+def last_minibatches(keys: list[np.ndarray], where: np.ndarray, rel_h: np.ndarray, rel_c: np.ndarray) -> list[dict]:
+    """The staleness trend's entries (``staleness.by_iteration``'s fields, with ``minibatch`` for ``epoch``) from the
+    learner's train rows paired with their rollout rows (``where``; ``keys``: module, layer, iteration and minibatch
+    per pair): per module, layer and iteration, the rows of the iteration's last minibatch with a pair, their number
+    and the mean relative drift of h and c. One entry per iteration: the check reads at most
+    :data:`CROSS_ITERATIONS`, fewer than ``staleness_trend.POINTS``."""
+    last: dict[tuple[Any, ...], tuple[int, np.ndarray]] = {}
+    for (mod, layer, it, mb), g in _groups(keys, where):  # in key order: an iteration's last minibatch last
+        last[(mod, layer, it)] = (int(mb), g)
+    return [
+        {
+            "module": str(mod),
+            "layer": int(layer),
+            "iteration_first": int(it),
+            "iteration_last": int(it),
+            "iterations": 1,
+            "epoch": None,
+            "minibatch": mb,
+            "rows": len(g),
+            "drift_h_mean": _mean64(rel_h[g]),
+            "drift_c_mean": _mean64(rel_c[g]),
+        }
+        for (mod, layer, it), (mb, g) in last.items()
+    ]
+
+
 def _numbers(table: pa.Table, name: str) -> np.ndarray:
     """A scalar column as float64, NaN where null."""
     return pc.fill_null(table.column(name).cast(pa.float64()), np.nan).to_numpy()
@@ -199,14 +236,19 @@ def _past_rollout(roll: pa.Table, learn: pa.Table, rows: np.ndarray) -> np.ndarr
 
 
 def cross_process(
-    data: ds.Dataset, vectors: bool, traced: int | None = None, last_iteration: int | None = None
+    data: ds.Dataset,
+    vectors: bool,
+    traced: int | None = None,
+    last_iteration: int | None = None,
+    trend: bool = False,
 ) -> CrossProcessSection:
     """Join learner rows to env-runner rollout rows of the same (module, layer, worker, env, env_step).
     Only logs of several processes (RLlib) have it; numpy and pyarrow, no pandas. ``vectors``: rows may hold
     h/c vectors (``schema.stores_vectors``); ``traced``: K where env columns 0..K-1 alone may (``--capture
     summary --trace-envs K``: their vectors are read apart, the other rows' would be decoded as nulls);
     ``last_iteration``: the log's last iteration, whose learner rows past the runner's last step are counted
-    apart (their rollout row was never written: training stopped)."""
+    apart (their rollout row was never written: training stopped); ``trend``: the log declares
+    ``cycling_minibatches``, and the section gives each iteration's last minibatch's drift (``by_iteration``)."""
     state = ["h", "c", "h_norm", "c_norm"] if vectors and traced is None else ["h_norm", "c_norm"]
     cols = [*CROSS_KEYS, "phase", "iteration", "minibatch", "t", "bootstrap", *state]
     base = ds.field("env_step").is_valid() & (ds.field("iteration") < CROSS_ITERATIONS)
@@ -295,6 +337,10 @@ def cross_process(
         }
         for (mod, mb), g in _groups([module, minibatch], steps & (phase == "train"))
     ]
+    by_iteration = []
+    if trend:
+        keys = [module, _numbers(learn_t, "layer")[li], iteration, minibatch]
+        by_iteration = last_minibatches(keys, steps & (phase == "train"), rel_h, rel_c)
     return CrossProcessSection(
         state_in_rows=int(start.sum()),
         state_in_max_abs=state_in,
@@ -307,6 +353,7 @@ def cross_process(
         vectors=vectors,
         state_in_max_relative=state_in_rel,
         state_in_l2_rows=int(l2[start].sum()),
+        by_iteration=by_iteration,
         after_end=after_end,
     )
 
@@ -342,9 +389,15 @@ class CrossProcess(Section[CrossProcessSection]):
         # the vectors where both rows have them, their norms where not (_differences); a summary log's
         # --trace-envs K rows' vectors read apart (env < K), not its mostly null vector columns whole
         traced = traced_envs(log.meta.get("capture")) if log.summary else None
-        data = cross_process(log.data, log.vectors, traced, log.iterations - 1 if log.iterations else None)
+        last = log.iterations - 1 if log.iterations else None
+        data = cross_process(log.data, log.vectors, traced, last, trend=log.caps.cycling_minibatches)
         data.provenance_tolerance = provenance_tolerance(log.meta)
         return data
+
+    def to_json(self, data: CrossProcessSection) -> Any:
+        out = super().to_json(data)
+        out.pop("by_iteration", None)  # the staleness section's JSON holds the trend (summary: _trend_across)
+        return out
 
     def warnings(self, data: CrossProcessSection, log: Log) -> list[str]:
         if data.state_in_ok is not False and data.zero_starts_ok is not False:
@@ -471,4 +524,7 @@ class CrossProcess(Section[CrossProcessSection]):
                     soft_wrap=True,
                 )
             )
+        layered = any(r["layer"] for r in x.by_iteration)
+        trend = staleness_trend.spans(x.by_iteration)
+        out.extend(Line(words, soft_wrap=True) for words in staleness_trend.lines(trend, layered))
         return out

@@ -64,6 +64,10 @@ class ReturnsSection:
     by_iteration: dict[str, list[Any]] = field(default_factory=dict)
     """Per entry (iterations with an episode's end): iteration (its first), episodes, return_mean, return_std,
     return_min, return_max, length_mean."""
+    evaluation: dict[str, Any] | None = None
+    """The episodes of the evaluation's processes (records marked ``evaluation``: RLlib's evaluation runners),
+    counted apart from training's and in none of the fields above: episodes, return_mean, return_min, return_max,
+    length_mean (None where the log has no such record: not in the JSON then)."""
 
 
 def _entries(record: Any) -> list[tuple[int, list[float]]]:
@@ -102,6 +106,38 @@ def _stride(rec: dict[str, Any]) -> int:
     return rec["stride"] if isinstance(rec.get("stride"), int) and rec["stride"] > 0 else 1
 
 
+def _evaluation(record: Any) -> bool:
+    return isinstance(record, dict) and record.get("evaluation") is True
+
+
+def _split(record: Any) -> tuple[Any, list[dict[str, Any]]]:
+    """The log's record less its evaluation records (marked ``evaluation``), and those."""
+    rec = record if isinstance(record, dict) else {}
+    shards = rec.get("by_shard")
+    if not isinstance(shards, dict):
+        return ({}, [rec]) if _evaluation(rec) else (rec, [])
+    kept = {k: r for k, r in shards.items() if not _evaluation(r)}
+    evaluated = [r for r in shards.values() if _evaluation(r)]
+    if not evaluated:
+        return rec, []
+    return (next(iter(kept.values())) if len(kept) == 1 else {"by_shard": kept} if kept else {}), evaluated
+
+
+def _evaluated(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The evaluation's episodes from its records: count, mean return, min, max, mean length; None where none."""
+    if not records:
+        return None
+    _, entries = _merged({"by_shard": dict(enumerate(records))})
+    n = sum(e[0] for _, e in entries)
+    return {
+        "episodes": int(n),
+        "return_mean": sum(e[1] for _, e in entries) / n if n else None,
+        "return_min": min(e[3] for _, e in entries) if n else None,
+        "return_max": max(e[4] for _, e in entries) if n else None,
+        "length_mean": sum(e[5] for _, e in entries) / n if n else None,
+    }
+
+
 def _merged(record: Any) -> tuple[dict[str, Any], list[tuple[int, list[float]]]]:
     """One record's fields and entries from the log's, whose ``by_shard`` (several writing processes: RLlib's env
     runners) are added up entry by entry at the widest stride."""
@@ -133,7 +169,9 @@ def _merged(record: Any) -> tuple[dict[str, Any], list[tuple[int, list[float]]]]
 
 def summarize_returns(record: Any, iterations: int) -> ReturnsSection:
     """The section's data from the log's ``returns`` record and the run's iterations (the record's own where it says
-    them: RLlib's training iterations, which its evaluation runners' rows run one weights version beyond)."""
+    them: RLlib's training iterations, which its evaluation runners' rows run one weights version beyond). The
+    evaluation's records (RLlib's evaluation runners') are counted apart (``evaluation``)."""
+    record, evaluated = _split(record)
     rec, entries = _merged(record)
     stride = _stride(rec)
     if _count(rec.get("iterations")):  # the iterations the integration collected (not an evaluation's beyond)
@@ -156,6 +194,7 @@ def summarize_returns(record: Any, iterations: int) -> ReturnsSection:
         stride=stride,
         best=best,
         by_iteration=by,
+        evaluation=_evaluated(evaluated),
     )
     if entries and iterations > 0:
         tenth = max(1, math.ceil(iterations / 10))
@@ -172,6 +211,12 @@ class Returns(Section[ReturnsSection]):
 
     def compute(self, log: Log, acc: Any) -> ReturnsSection:
         return summarize_returns(log.meta.get("returns"), log.iterations)
+
+    def to_json(self, data: ReturnsSection) -> Any:
+        out = super().to_json(data)
+        if out.get("evaluation") is None:  # a log without an evaluation's episodes: its JSON as before
+            out.pop("evaluation", None)
+        return out
 
     def unavailable(self, data: ReturnsSection | None, log: Log) -> list[str]:
         if data is None and (why := log.not_measurable.get("returns")):
@@ -200,7 +245,11 @@ class Returns(Section[ReturnsSection]):
 def returns_line(data: ReturnsSection) -> str:
     """The run's returns in one line (plain text)."""
     if not data.episodes:
-        return f"returns: no episode ended in the log's {data.iterations:,} iterations" + _partial(data)
+        return (
+            f"returns: no episode ended in the log's {data.iterations:,} iterations"
+            + _partial(data)
+            + _evaluation_words(data)
+        )
     source = SOURCES.get(data.source or "", data.source or "unknown source")
     line = f"returns ({source}): {data.episodes:,} episode{'s' if data.episodes != 1 else ''} ended"
     a, b = data.first_tenth, data.last_tenth
@@ -213,7 +262,16 @@ def returns_line(data: ReturnsSection) -> str:
     best = data.best or {}
     if isinstance(best.get("return"), int | float):
         line += f"; best {best['return']:.4g} (iteration {fmt(best.get('iteration'))})"
-    return line + _partial(data)
+    return line + _partial(data) + _evaluation_words(data)
+
+
+def _evaluation_words(data: ReturnsSection) -> str:
+    """'; evaluation: N episodes, mean R' where the log counts an evaluation's episodes apart (none: '')."""
+    ev = data.evaluation
+    if not ev or not ev.get("episodes"):
+        return "; evaluation: no episode ended" if ev else ""
+    n = int(ev["episodes"])
+    return f"; evaluation: {n:,} episode{'s' if n != 1 else ''}, mean {ev['return_mean']:.4g}"
 
 
 def _where(t: Tenth) -> str:

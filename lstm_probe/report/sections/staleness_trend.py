@@ -64,7 +64,8 @@ def by_iteration(groups: GroupStats) -> list[dict[str, Any]]:
 def spans(entries: list[dict[str, Any]]) -> Trend:
     """Per (module, layer): :data:`SPANS` spans of its ``by_iteration`` entries (each entry where there are no
     more), each with ``iteration_first``, ``iteration_last``, ``iterations`` (with a drift), ``epoch`` (shared, or
-    None), ``rows`` and ``drift_h_mean`` over its rows."""
+    None), ``rows`` and ``drift_h_mean`` over its rows; ``minibatch`` (shared, or None) where the entries are of
+    each iteration's last minibatch (the cross-process check's, ``cycling_minibatches``)."""
     per: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for e in entries:
         per.setdefault((e["module"], e["layer"]), []).append(e)
@@ -76,16 +77,18 @@ def spans(entries: list[dict[str, Any]]) -> Trend:
             n = sum(e["rows"] for e in part)
             h = sum(e["rows"] * e["drift_h_mean"] for e in part if e["rows"])
             epochs = {e["epoch"] for e in part}
-            rows.append(
-                {
-                    "iteration_first": part[0]["iteration_first"],
-                    "iteration_last": part[-1]["iteration_last"],
-                    "iterations": sum(e["iterations"] for e in part),
-                    "epoch": epochs.pop() if len(epochs) == 1 else None,
-                    "rows": n,
-                    "drift_h_mean": h / n if n else None,
-                }
-            )
+            row = {
+                "iteration_first": part[0]["iteration_first"],
+                "iteration_last": part[-1]["iteration_last"],
+                "iterations": sum(e["iterations"] for e in part),
+                "epoch": epochs.pop() if len(epochs) == 1 else None,
+                "rows": n,
+                "drift_h_mean": h / n if n else None,
+            }
+            if "minibatch" in part[0]:  # the trend of the last minibatch (``cycling_minibatches``)
+                minibatches = {e["minibatch"] for e in part}
+                row["minibatch"] = minibatches.pop() if len(minibatches) == 1 else None
+            rows.append(row)
         out[key] = rows
     return out
 
@@ -96,15 +99,16 @@ def iterations(trend: Trend) -> int:
 
 
 def lines(trend: Trend, layered: bool) -> list[str]:
-    """The text's trend lines: per module and layer with a drift in more than one iteration, its last-epoch mean h
-    drift in :data:`SPANS` spans of the run's iterations (each iteration where there are no more), the largest
-    named."""
+    """The text's trend lines: per module and layer with a drift in more than one iteration, its last-epoch (or
+    last-minibatch) mean h drift in :data:`SPANS` spans of the run's iterations (each iteration where there are no
+    more), the largest named."""
     out = []
     for (module, layer), rows in trend.items():
         n = sum(r["iterations"] for r in rows)
         if n < 2:
             continue
-        epochs = {r["epoch"] for r in rows}
+        unit = "minibatch" if "minibatch" in rows[0] else "epoch"  # each iteration's last minibatch, or epoch
+        epochs = {r[unit] for r in rows}
         epoch = f" ({epochs.pop()})" if len(epochs) == 1 and None not in epochs else ""
         named = [r for r in rows if r["drift_h_mean"] is not None]
         if not named:
@@ -119,7 +123,7 @@ def lines(trend: Trend, layered: bool) -> list[str]:
         who = f"{safe(module)}{' layer ' + str(layer) if layered else ''}"
         whose = "the" if epoch else "each iteration's"
         out.append(
-            f"mean h drift of {who} in {whose} last epoch{epoch} by iteration{how}: {parts}; largest in "
+            f"mean h drift of {who} in {whose} last {unit}{epoch} by iteration{how}: {parts}; largest in "
             f"{'iteration' if top['iterations'] == 1 else 'iterations'} {largest}"
         )
     return out
