@@ -60,6 +60,8 @@ from lstm_probe.report.sections.doctor_rows import (
     earlier,
 )
 from lstm_probe.report.sections.doctor_words import (
+    AUTORESET_NOTE,
+    autoreset_words,
     clean_line,
     global_step,
     paths_fact,
@@ -124,6 +126,12 @@ class DoctorSection:
     episode start: the framework's design, said with its consequence (``doctor_words.zeroed_lines``), no problem."""
     train_other: dict[str, dict[str, int]] = field(default_factory=dict)
     """'module/phase' (training phases) -> each sequence-start reason ('' none) -> its 'other' starts."""
+    autoreset_mode: str | None = None
+    """The vector env's gymnasium autoreset mode, where the log's metadata has it (an own loop's ``trace(envs=...)``):
+    'NextStep', 'SameStep' or 'Disabled'."""
+    autoresets: int = 0
+    """Rollout episode starts tagged past an env's first step (of the module with the most): under a NEXT_STEP
+    autoreset, the no-op steps on an ended episode's terminal observation."""
     kept: str = ""
     """The env columns the log keeps rows of, where ``--other-envs none`` kept only some (every count here is
     then of those): 'env columns 0..3 of 256'; '' where every column has rows."""
@@ -293,6 +301,7 @@ class Pass:
 
     def __init__(self, log: Log) -> None:
         self.caps = log.caps
+        self.generic = log.meta.get("framework") == "generic"  # an own loop: it may run a gymnasium vector env
         self.tally = Tally(tuple(log.caps.rollout_zeroed))
         names = set(log.data.schema.names)
         self.filt = (ds.field("layer") == 0) & ds.field("init").is_valid()
@@ -390,8 +399,19 @@ class Pass:
             for p in data.problems:
                 if (p.kind, p.phase) == ("not_reset", "rollout"):
                     p.text = rollout_alone(p.text, data.train_resets)
+        firsts = sorted(tally.autoresets.values(), key=lambda f: (-f.count, f.call))
+        autoresets = firsts[0] if firsts else None
+        data.autoresets = autoresets.count if autoresets else 0
+        problem, fact = autoreset_words(
+            data.autoreset_mode, data.autoresets, _where(autoresets.row if autoresets else {})
+        )
+        if problem and autoresets is not None:
+            data.problems.append(Problem("next_step_autoreset", "rollout", autoresets.count, autoresets.row, problem))
+        data.facts += [fact] if fact else []
         data.findings = [p.text for p in data.problems] + zeroed_lines(data.zeroed, self.caps.rollout_zeroed)
         data.notes = _notes(tally, data.problems, found)
+        if data.autoreset_mode is None and data.autoresets and self.generic:
+            data.notes.append(AUTORESET_NOTE)
         return data
 
 
@@ -438,6 +458,8 @@ class Doctor(Section[DoctorSection]):
         data = DoctorSection(
             available="init" in log.data.schema.names, kept=kept_columns(log.kept_envs, log.n_envs, log.env_runners)
         )
+        mode = log.meta.get("autoreset_mode")
+        data.autoreset_mode = mode if isinstance(mode, str) else None
         if isinstance(meta_paths, dict):
             data.minibatch_paths = meta_paths
             data.stepwise_share, fact = paths_fact(meta_paths)

@@ -229,6 +229,7 @@ class Tally:
         self.inside: dict[str, int] = {}  # 'module/phase' -> 'other' columns at a later call in the phase's group
         self.rolled: dict[str, int] = {}  # 'module/phase' -> 'other' columns at a new iteration's first call in it
         self.strides = Strides()  # how the rollout's env_step advances: a global counter tagged as it
+        self.autoresets: dict[str, First] = {}  # module -> its rollout columns tagged episode_start past env step 0
 
     def count_sources(self, batch: pa.RecordBatch) -> None:
         """The init sources per module and phase of one batch of init rows (nulls as ''): each column's
@@ -295,6 +296,10 @@ class Tally:
         if kept.any():
             self.not_reset_at.update(zip(*(c[k][kept].tolist() for k in ("module", "env", "env_step")), strict=True))
         self.rollout_zero += int(((phase == "rollout") & (init == "zero")).sum())
+        # under a NEXT_STEP autoreset, every step tagged as an episode start but an env's first is an autoreset step
+        starts = (phase == "rollout") & (c["episode_start"] == 1) & (c["env_step"] > 0)
+        for module in np.unique(c["module"][starts]).tolist():
+            self.autoresets.setdefault(module, First()).add(c, starts & (c["module"] == module))
         self.foreign += int(((phase == "other") & (init == "other")).sum())
         self.other_env.add(c, init == "other_env")
         self.train_zero.add(c, training & (init == "zero"))
