@@ -45,6 +45,7 @@ from lstm_probe.report.reading import every_group, is_parquet, row_groups, strea
 from lstm_probe.report.rows import rows_expr
 from lstm_probe.report.section import Block, Line, Log, Section, Table, kept_columns
 from lstm_probe.report.sections.doctor_rows import (
+    INSIDE_ROWS,
     LEAK_COLUMNS,
     LEAK_NEEDS,
     LEAK_ROWS,
@@ -118,8 +119,13 @@ class DoctorSection:
     """'module/phase' -> those of ``inside`` made at a new iteration's first call in the group (a rollout's first
     step): where a log declares ``Capabilities.rollout_start``, the state its framework carries there by design."""
     train_resets: int = 0
-    """Episode starts in a per-step training loop's first-minibatch sequences where the rollout did not reset the
-    state and training did (its states depart from the rollout's there): the gradient is cut there."""
+    """Where a per-step training loop is seen to reset the state at episode starts the rollout did not reset it at
+    (its states depart from the rollout's there, in first-minibatch sequences): those episode starts inside the
+    run's training sequences (each env step once), the scope of the rollout's not-reset count. The gradient is cut
+    there."""
+    train_resets_checked: tuple[int, int] = (0, 0)
+    """Of them, those in first-minibatch sequences (before any optimizer step: where a reset can be seen): where the
+    states departed there, and all such."""
     zeroed: dict[str, int] = field(default_factory=dict)
     """'module/phase' -> the columns of a module the log declares zeroed at every rollout's start
     (``Capabilities.rollout_zeroed``) that started a new iteration's first call in the group from zeros with no
@@ -312,7 +318,7 @@ class Pass:
             self.filt |= rows_expr(LEAK_ROWS, LEAK_WORDS)
             columns += [*LEAK_COLUMNS, *LEAK_NEEDS, "layer"]
         if self.steps is not None:
-            self.filt |= rows_expr(STEP_ROWS, STEP_WORDS)
+            self.filt |= rows_expr(STEP_ROWS, STEP_WORDS) | rows_expr(INSIDE_ROWS, STEP_WORDS)
             columns += [*STEP_COLUMNS, "layer", "path", "epoch", "minibatch", "padding"]
         self.columns = list(dict.fromkeys(columns))
         self.held: dict[str, np.ndarray] | None = None
@@ -395,10 +401,11 @@ class Pass:
             )
             data.problems.append(Problem("carried_in_training", "train", f.count, f.row, text))
         if found.reset_only.count:  # the rollout alone forgot the reset: training resets there
-            data.train_resets = found.reset_only.count
+            data.train_resets = found.inside
+            data.train_resets_checked = (found.reset_only.count, found.checked)
             for p in data.problems:
                 if (p.kind, p.phase) == ("not_reset", "rollout"):
-                    p.text = rollout_alone(p.text, data.train_resets)
+                    p.text = rollout_alone(p.text, data.train_resets, *data.train_resets_checked)
         firsts = sorted(tally.autoresets.values(), key=lambda f: (-f.count, f.call))
         autoresets = firsts[0] if firsts else None
         data.autoresets = autoresets.count if autoresets else 0

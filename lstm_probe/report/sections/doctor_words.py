@@ -162,13 +162,18 @@ def rollout_lines(rolled: dict[str, int], start: str | None) -> list[str]:
     ]
 
 
-def rollout_alone(text: str, count: int) -> str:
-    """The rollout's not-reset problem ``text`` saying that the per-step training loop does reset the state at
-    ``count`` of those episode starts (its states depart from the rollout's there): the rollout alone is at fault."""
-    starts = "that episode start" if count == 1 else f"{count:,} of those episode starts"
+def rollout_alone(text: str, inside: int, reset: int, checked: int) -> str:
+    """The rollout's not-reset problem ``text`` saying that the per-step training loop does reset the state there:
+    ``inside`` of those episode starts lie inside the run's training sequences, and at ``reset`` of the ``checked``
+    among them in first-minibatch sequences (before any optimizer step) its states depart from the rollout's: the
+    rollout alone is at fault."""
+    starts = "that episode start lies" if inside == 1 else f"{inside:,} of those episode starts lie"
+    seen = f"all {checked:,}" if reset == checked else f"{reset:,} of the {checked:,}"
+    seen = "the one" if checked == 1 and reset == 1 else seen
     clause = (
-        f"; the per-step training loop does reset it (at {starts} inside training sequences, before any optimizer "
-        "step, its states depart from the rollout's there), so the rollout alone is at fault and the provenance "
+        f"; the per-step training loop does reset it: {starts} inside training sequences, and at {seen} of them it "
+        "can check (in each iteration's first minibatch, before any optimizer step; later ones cannot be, the weights "
+        "have moved) its states depart from the rollout's there, so the rollout alone is at fault and the provenance "
         "check fails there"
     )
     return text.replace("; first at ", f"{clause}; first at ", 1)

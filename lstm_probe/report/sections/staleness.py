@@ -106,6 +106,8 @@ class StalenessSection:
     """The run's envs, as its metadata says (per env runner where ``env_runners``)."""
     env_runners: int | None = None
     """RLlib: the env runners, where more than one, that stepped ``n_envs`` envs each."""
+    global_pairing: str | None = None
+    """Where the doctor found env_step a global counter: what the check's pairs are then (``summary._env_steps``)."""
     by_iteration: list[dict[str, Any]] = field(default_factory=list)
     """Per module and layer, each iteration's mean drift in its last epoch, or spans of iterations where many
     (:func:`~lstm_probe.report.sections.staleness_trend.by_iteration`)."""
@@ -446,11 +448,12 @@ class Staleness(Section[StalenessSection]):
         if st.provenance_ok is not None:
             c = "" if st.provenance_max_drift_c is None else f" and {st.provenance_max_drift_c:.2g} (c)"
             verdict = "OK" if st.provenance_ok else "FAILED"
+            verdict += ", but on a global env_step" if st.global_pairing and st.provenance_ok else ""
             out.append(
                 f"provenance check {verdict}: in the first minibatch (before any optimizer step) train states differ "
                 f"from the rollout states of the same env step by at most {st.provenance_max_drift_h:.2g} (h){c} "
                 f"relative to the rollout state's norm, over {st.provenance_check_rows:,} rows{of}"
-                f"{_layers(st.provenance_by_layer)}"
+                f"{_layers(st.provenance_by_layer)}{'; ' + st.global_pairing if st.global_pairing else ''}"
             )
         last_epoch: dict[str, float] = {}
         layered = any(row["layer"] for row in st.by_epoch)
@@ -488,7 +491,10 @@ class Staleness(Section[StalenessSection]):
         if st.provenance_ok is None:
             out.append(Line(f"{check}: not made: {safe(st.provenance_note or 'no train row of that minibatch')}"))
         else:
-            status = "[green]OK[/]" if st.provenance_ok else "[red]FAILED[/]"
+            status = (
+                ("[yellow]OK[/]" if st.global_pairing else "[green]OK[/]") if st.provenance_ok else "[red]FAILED[/]"
+            )
+            global_ok = st.global_pairing if st.provenance_ok else None  # OK on a global env_step
             tf32 = ": cuDNN ran the LSTMs in TF32" if st.provenance_tolerance == TF32_PROVENANCE_TOLERANCE else ""
             parts = []
             for r in st.provenance_by_layer:
@@ -499,7 +505,7 @@ class Staleness(Section[StalenessSection]):
                 Line(
                     f"{check}: largest relative difference ||train - rollout|| / ||rollout|| between a train state "
                     f"and the rollout state of the same env step: {'; '.join(parts)} {status} (allowed "
-                    f"{st.provenance_tolerance:g}{tf32})",
+                    f"{st.provenance_tolerance:g}{tf32}){': but ' + global_ok if global_ok else ''}",
                     soft_wrap=True,
                 )
             )
