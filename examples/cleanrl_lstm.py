@@ -17,7 +17,9 @@ is started and closed around the flat loop (no ``with``, nothing re-indented); t
 - bootstrap-zero-state: the bootstrap value call starts from zeros instead of the rollout's last state;
 - zero-train-start: training starts from zeros instead of the state stored at the rollout's start;
 - global-step: env_step tagged with CleanRL's ``global_step`` (all envs' steps together: it advances by the
-  number of envs each step) instead of each env's own step counter.
+  number of envs each step) instead of each env's own step counter;
+- next-step-autoreset: gymnasium >= 1.1's default NEXT_STEP autoreset (the step after an episode's end returns
+  the reset observation and ignores the action), which CleanRL's loop was not written for.
 
 ``--tags bare`` tags as lstm-probe's README did before (phase, iteration, env, env_step; bootstrap untagged):
 the report then says which tags are missing instead of guessing.
@@ -40,7 +42,7 @@ from torch.distributions.categorical import Categorical
 import lstm_probe
 
 BUGS = ("no-reset-in-train", "no-reset", "no-reset-in-rollout", "reset-every-step", "bootstrap-zero-state")
-BUGS += ("zero-train-start", "global-step")
+BUGS += ("zero-train-start", "global-step", "next-step-autoreset")
 parser = argparse.ArgumentParser()
 parser.add_argument("--iterations", type=int, default=4)
 parser.add_argument("--num-envs", type=int, default=4)
@@ -150,8 +152,9 @@ def heads(agent, hidden):  # lstm-probe: the policy's outputs from the LSTM's, o
 
 # gymnasium >= 1.1 resets an env on the step after its episode ends unless asked otherwise; CleanRL's gym
 # reset it in the same step (the next observation is the new episode's first)
-same_step = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP} if hasattr(gym.vector, "AutoresetMode") else {}
-envs = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1") for _ in range(args.num_envs)], **same_step)
+modes = getattr(gym.vector, "AutoresetMode", None)
+mode = {"autoreset_mode": modes.NEXT_STEP if args.bug == "next-step-autoreset" else modes.SAME_STEP} if modes else {}
+envs = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1") for _ in range(args.num_envs)], **mode)
 agent = Agent(envs)
 optimizer = optim.Adam(agent.parameters(), lr=2.5e-4, eps=1e-5)
 gamma, gae_lambda, clip_coef, ent_coef, vf_coef = 0.99, 0.95, 0.1, 0.01, 0.5
@@ -177,6 +180,7 @@ meta |= {"seed": args.seed, "hyperparameters": {"n_steps": args.num_steps, "n_ep
 measure = {"optimizer": optimizer, "epochs": args.update_epochs, "minibatches": args.num_minibatches}  # lstm-probe
 measure |= {"what_if": args.what_if, "memory": args.memory, "heads": heads}  # lstm-probe
 measure["inputs"] = lambda agent, x: agent.network(x)  # lstm-probe: the LSTM's input from observations
+measure |= {"envs": envs} if modes else {}  # lstm-probe: its autoreset mode (gymnasium >= 1.1) into the log
 probe = lstm_probe.trace(agent, out=args.out, force=True, metadata=meta, **measure)  # lstm-probe
 probe.start()  # lstm-probe
 

@@ -61,6 +61,7 @@ def test_correct_loop_gives_a_true_report(tmp_path):
     assert rep.run.env_id == "CartPole-v1" and rep.run.n_envs == 4  # metadata= fills the run box
     assert "seq_reason tag" not in rep.calls.explanation  # no tag asked for that tag() refuses
     assert "env_step_stride" not in rep.to_dict()["sequences"]
+    assert rep.staleness.global_pairing is None and rep.doctor.facts[0].startswith("the vector env autoresets in SAME")
 
 
 @pytest.mark.parametrize(
@@ -76,6 +77,8 @@ def test_correct_loop_gives_a_true_report(tmp_path):
         ("no-reset-in-rollout", {("not_reset", "rollout"), ("not_reset", "bootstrap")}),
         # env_step tagged with CleanRL's global_step (4 a step at 4 envs): its episode lengths would read 4x too long
         ("global-step", {("global_env_step", "rollout")}),
+        # gymnasium's NEXT_STEP autoreset: each episode start the loop tags is a no-op step on a terminal observation
+        ("next-step-autoreset", {("next_step_autoreset", "rollout")}),
     ],
 )
 def test_each_planted_bug_is_named(tmp_path, bug, kinds):
@@ -93,7 +96,20 @@ def test_each_planted_bug_is_named(tmp_path, bug, kinds):
     if bug == "no-reset-in-rollout":
         (rollout,) = [p for p in rep.doctor.problems if p.phase == "rollout"]
         assert "the per-step training loop does reset it" in rollout.text and "rollout alone" in rollout.text
-        assert rep.doctor.train_resets > 0 and rep.sequences.cut_by_resets is True
+        assert rep.sequences.cut_by_resets is True
+        # the training loop's resets counted over the same scope as the rollout's count, the whole run: the
+        # rollout's episode starts that lie inside training sequences (each env step once), of which those in each
+        # iteration's first minibatch of epoch 0 are the ones checked
+        roll = lstm_probe.load(out, phase="rollout", vectors=False)
+        roll = roll[(roll.layer == 0) & roll.episode_start.astype(bool)]
+        train = lstm_probe.load(out, phase="train", vectors=False)
+        train = train[(train.layer == 0) & train.episode_start.astype(bool) & (train.t > 0)]
+        inside = set(zip(train.env, train.env_step, strict=True))
+        first = train[(train.epoch == 0) & (train.minibatch == 0)]
+        assert rollout.count == len(roll) > len(inside) == rep.doctor.train_resets > len(first) > 0
+        assert rep.doctor.train_resets_checked == (len(first), len(first))
+        assert f"{len(inside)} of those episode starts lie inside training sequences" in rollout.text
+        assert f"at all {len(first)} of them it can check" in rollout.text
         assert rep.sequences.gradient_length["median"] < rep.sequences.length["median"]
         assert not any("not reset there" in f for f in rep.findings)
     if bug == "global-step":  # the episodes counted from such env steps are withheld, and the panel says why
@@ -103,6 +119,17 @@ def test_each_planted_bug_is_named(tmp_path, bug, kinds):
         assert not any("completed episodes last" in f for f in rep.findings)
         (panel,) = [b for blocks in rep.text() for b in blocks if getattr(b, "title", "") == "Sequences"]
         assert "episodes: not counted (the rollout's env_step advances by 4 a step" in " ".join(panel.lines)
+        # the provenance check passes (train and rollout carry the same counter), said with what it compared
+        ok = [f for f in rep.findings if f.startswith("provenance check")]
+        assert rep.staleness.provenance_ok is True and len(ok) == 1
+        assert ok[0].startswith("provenance check OK, but on a global env_step:") and "advances by 4 a step" in ok[0]
+        lines = [b.text for blocks in rep.text() for b in blocks if getattr(b, "text", "").startswith("provenance")]
+        assert any("[yellow]OK[/] (allowed 0.0001): but its pairs are matched by env_step" in t for t in lines)
+    if bug == "next-step-autoreset":  # the autoreset steps are the rollout's episode starts past env step 0
+        df = lstm_probe.load(out, phase="rollout", vectors=False)
+        starts = df[(df.layer == 0) & df.episode_start.astype(bool) & (df.env_step > 0)]
+        (p,) = rep.doctor.problems
+        assert p.count == len(starts) > 0 and "SAME_STEP" in p.text
     if rep.staleness.provenance_ok is False:  # the failure names what to check, not the log
         (warning,) = rep.warnings
         assert "cannot be trusted" not in warning and "env_step" in warning and "resets" in warning

@@ -247,6 +247,7 @@ def trace(
     minibatches: int = 1,
     inputs: Inputs | None = None,
     heads: Heads | None = None,
+    envs: Any = None,
     **capture: Any,
 ) -> Tracer:
     """Trace every nn.LSTM / nn.GRU / nn.LSTMCell / nn.GRUCell in ``model`` (or those named in ``modules``).
@@ -271,6 +272,10 @@ def trace(
     recurrent modules' inputs from observations (by default the observations). The memory horizon:
     ``memory=True`` (``memory_every``) and ``heads(model, hidden)``: the policy's ``dist`` and ``values`` from
     the recurrent modules' outputs.
+
+    ``envs``: the loop's vector env (or its autoreset mode itself: a gymnasium ``AutoresetMode`` or its name), whose
+    ``metadata["autoreset_mode"]`` goes into the log's metadata (``autoreset_mode``): the doctor says what a
+    NEXT_STEP env (gymnasium >= 1.1's default) means for the state resets and the training data.
     """
     cap, me = route(capture, (CaptureOptions, Measure), "trace")
     m = settle(Measure, measure, me)
@@ -283,6 +288,8 @@ def trace(
     if "reference_window" not in cap and opts.reference_window == 0:  # the rollout's own length
         opts = dataclasses.replace(opts, reference_window=AUTO_WINDOW)
     found = find_recurrent(model, modules)
+    if envs is not None:
+        metadata = {**(metadata or {}), "autoreset_mode": autoreset_mode(envs)}
     tracer = Tracer(found, metadata=metadata, options=opts, shard=shard)
     copy = Copy(model, list(found), inputs) if m.what_if or m.memory else None
     if copy is not None and m.what_if:
@@ -292,3 +299,24 @@ def trace(
     if copy is not None and m.memory:
         tracer.memory = OwnMemory(copy, heads, every=m.memory_every)
     return tracer
+
+
+AUTORESET_MODES = ("NextStep", "SameStep", "Disabled")
+"""gymnasium's ``AutoresetMode`` values (gymnasium >= 1.1), as the log's ``autoreset_mode`` metadata holds them."""
+
+
+def autoreset_mode(envs: Any) -> str:
+    """The autoreset mode of a vector env (its ``metadata["autoreset_mode"]``), or of a mode given itself (a
+    gymnasium ``AutoresetMode``, or its value or name in any case: 'NextStep', 'next_step'), as gymnasium's value."""
+    meta = getattr(envs, "metadata", None)
+    mode = meta.get("autoreset_mode") if isinstance(meta, dict) else envs
+    mode = getattr(mode, "value", mode)  # an AutoresetMode: its value
+    if isinstance(mode, str):
+        key = mode.replace("_", "").lower()
+        for value in AUTORESET_MODES:
+            if key == value.lower():
+                return value
+    raise BadInput(
+        f"envs: {type(envs).__name__} has no autoreset mode the probe knows (a gymnasium >= 1.1 vector env's "
+        f"metadata['autoreset_mode'] holds it); pass the mode itself, one of {', '.join(AUTORESET_MODES)}"
+    )

@@ -21,6 +21,8 @@ METADATA_KEYS: dict[str, str] = {
     "train_batch_size_per_learner, minibatch_size, num_epochs, max_seq_len, lr, lambda, ...).",
     "seed": "Seed passed to the algorithm (null when none).",
     "n_envs": "Number of envs in the vectorized env.",
+    "autoreset_mode": "Own loops given envs= (lstm_probe.trace): the vector env's gymnasium autoreset mode, "
+    "'NextStep', 'SameStep' or 'Disabled' (the doctor says what NextStep means for state resets and training data).",
     "total_timesteps": "Env steps asked for by learn() (sb3: counted from the model's first step, as its "
     "num_timesteps is).",
     "start_timesteps": "sb3, only where learn() went on from a trained model (reset_num_timesteps=False): the "

@@ -17,6 +17,7 @@ from lstm_probe.report import registry
 from lstm_probe.report.reading import first_layer_only
 from lstm_probe.report.scan import COLUMNS, REPORT_CHUNK_ROWS, Progress, fit, scan
 from lstm_probe.report.section import Block, Line, Log, Panel, Section
+from lstm_probe.report.sections.doctor_words import global_pairing
 from lstm_probe.report.sections.sequences import judge_env_steps, judge_resets
 from lstm_probe.report.verdict import Verdict, verdict
 from lstm_probe.text import safe
@@ -187,6 +188,9 @@ def _env_steps(results: dict[str, Any]) -> None:
     found = [p for p in getattr(doctor, "problems", None) or [] if p.kind == "global_env_step"]
     if sequences is not None and found:
         judge_env_steps(sequences, int(found[0].first["stride"]))
+    staleness = results.get("staleness")
+    if staleness is not None and found and staleness.provenance_ok is not None:
+        staleness.global_pairing = global_pairing(int(found[0].first["stride"]))
 
 
 def _memory_from_sequences(results: dict[str, Any]) -> None:

@@ -45,6 +45,7 @@ from lstm_probe.report.reading import every_group, is_parquet, row_groups, strea
 from lstm_probe.report.rows import rows_expr
 from lstm_probe.report.section import Block, Line, Log, Section, Table, kept_columns
 from lstm_probe.report.sections.doctor_rows import (
+    INSIDE_ROWS,
     LEAK_COLUMNS,
     LEAK_NEEDS,
     LEAK_ROWS,
@@ -60,6 +61,8 @@ from lstm_probe.report.sections.doctor_rows import (
     earlier,
 )
 from lstm_probe.report.sections.doctor_words import (
+    AUTORESET_NOTE,
+    autoreset_words,
     clean_line,
     global_step,
     paths_fact,
@@ -116,14 +119,25 @@ class DoctorSection:
     """'module/phase' -> those of ``inside`` made at a new iteration's first call in the group (a rollout's first
     step): where a log declares ``Capabilities.rollout_start``, the state its framework carries there by design."""
     train_resets: int = 0
-    """Episode starts in a per-step training loop's first-minibatch sequences where the rollout did not reset the
-    state and training did (its states depart from the rollout's there): the gradient is cut there."""
+    """Where a per-step training loop is seen to reset the state at episode starts the rollout did not reset it at
+    (its states depart from the rollout's there, in first-minibatch sequences): those episode starts inside the
+    run's training sequences (each env step once), the scope of the rollout's not-reset count. The gradient is cut
+    there."""
+    train_resets_checked: tuple[int, int] = (0, 0)
+    """Of them, those in first-minibatch sequences (before any optimizer step: where a reset can be seen): where the
+    states departed there, and all such."""
     zeroed: dict[str, int] = field(default_factory=dict)
     """'module/phase' -> the columns of a module the log declares zeroed at every rollout's start
     (``Capabilities.rollout_zeroed``) that started a new iteration's first call in the group from zeros with no
     episode start: the framework's design, said with its consequence (``doctor_words.zeroed_lines``), no problem."""
     train_other: dict[str, dict[str, int]] = field(default_factory=dict)
     """'module/phase' (training phases) -> each sequence-start reason ('' none) -> its 'other' starts."""
+    autoreset_mode: str | None = None
+    """The vector env's gymnasium autoreset mode, where the log's metadata has it (an own loop's ``trace(envs=...)``):
+    'NextStep', 'SameStep' or 'Disabled'."""
+    autoresets: int = 0
+    """Rollout episode starts tagged past an env's first step (of the module with the most): under a NEXT_STEP
+    autoreset, the no-op steps on an ended episode's terminal observation."""
     kept: str = ""
     """The env columns the log keeps rows of, where ``--other-envs none`` kept only some (every count here is
     then of those): 'env columns 0..3 of 256'; '' where every column has rows."""
@@ -293,6 +307,7 @@ class Pass:
 
     def __init__(self, log: Log) -> None:
         self.caps = log.caps
+        self.generic = log.meta.get("framework") == "generic"  # an own loop: it may run a gymnasium vector env
         self.tally = Tally(tuple(log.caps.rollout_zeroed))
         names = set(log.data.schema.names)
         self.filt = (ds.field("layer") == 0) & ds.field("init").is_valid()
@@ -303,7 +318,7 @@ class Pass:
             self.filt |= rows_expr(LEAK_ROWS, LEAK_WORDS)
             columns += [*LEAK_COLUMNS, *LEAK_NEEDS, "layer"]
         if self.steps is not None:
-            self.filt |= rows_expr(STEP_ROWS, STEP_WORDS)
+            self.filt |= rows_expr(STEP_ROWS, STEP_WORDS) | rows_expr(INSIDE_ROWS, STEP_WORDS)
             columns += [*STEP_COLUMNS, "layer", "path", "epoch", "minibatch", "padding"]
         self.columns = list(dict.fromkeys(columns))
         self.held: dict[str, np.ndarray] | None = None
@@ -386,12 +401,24 @@ class Pass:
             )
             data.problems.append(Problem("carried_in_training", "train", f.count, f.row, text))
         if found.reset_only.count:  # the rollout alone forgot the reset: training resets there
-            data.train_resets = found.reset_only.count
+            data.train_resets = found.inside
+            data.train_resets_checked = (found.reset_only.count, found.checked)
             for p in data.problems:
                 if (p.kind, p.phase) == ("not_reset", "rollout"):
-                    p.text = rollout_alone(p.text, data.train_resets)
+                    p.text = rollout_alone(p.text, data.train_resets, *data.train_resets_checked)
+        firsts = sorted(tally.autoresets.values(), key=lambda f: (-f.count, f.call))
+        autoresets = firsts[0] if firsts else None
+        data.autoresets = autoresets.count if autoresets else 0
+        problem, fact = autoreset_words(
+            data.autoreset_mode, data.autoresets, _where(autoresets.row if autoresets else {})
+        )
+        if problem and autoresets is not None:
+            data.problems.append(Problem("next_step_autoreset", "rollout", autoresets.count, autoresets.row, problem))
+        data.facts += [fact] if fact else []
         data.findings = [p.text for p in data.problems] + zeroed_lines(data.zeroed, self.caps.rollout_zeroed)
         data.notes = _notes(tally, data.problems, found)
+        if data.autoreset_mode is None and data.autoresets and self.generic:
+            data.notes.append(AUTORESET_NOTE)
         return data
 
 
@@ -438,6 +465,8 @@ class Doctor(Section[DoctorSection]):
         data = DoctorSection(
             available="init" in log.data.schema.names, kept=kept_columns(log.kept_envs, log.n_envs, log.env_runners)
         )
+        mode = log.meta.get("autoreset_mode")
+        data.autoreset_mode = mode if isinstance(mode, str) else None
         if isinstance(meta_paths, dict):
             data.minibatch_paths = meta_paths
             data.stepwise_share, fact = paths_fact(meta_paths)

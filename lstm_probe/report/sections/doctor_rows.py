@@ -112,6 +112,12 @@ class Steps:
     right there: the training loop resets it (its gradient is cut there), the rollout alone does not."""
     untagged: int = 0
     """First-minibatch train rows after a sequence's first step with no ``episode_start``."""
+    checked: int = 0
+    """Episode starts the rollout did not reset the state at, inside first-minibatch training sequences (each
+    iteration's minibatch 0 of epoch 0, before any optimizer step: where a reset can be seen)."""
+    inside: int = 0
+    """Episode starts the rollout did not reset the state at, inside any training sequence of the run (each env step
+    once, whatever the epochs): the scope of the rollout's not-reset count."""
 
 
 STEP_COLUMNS = ["call", "module", "phase", "env", "env_step", "iteration", "seq", "t", "episode_start", "drift_h"]
@@ -119,7 +125,10 @@ STEP_NEEDS = {"t", "path", "episode_start", "padding", "epoch", "minibatch", "it
 STEP_ROWS: tuple[Test, ...] = (("epoch", "equal", 0), ("minibatch", "equal", 0), ("layer", "equal", 0))
 STEP_ROWS += (("padding", "equal", False),)
 STEP_WORDS: dict[str, tuple[str, ...]] = {"phase": ("train",), "path": ("stepwise",)}
-"""The rows :class:`StepScan` reads (as :data:`LEAK_ROWS` and :data:`LEAK_WORDS`)."""
+INSIDE_ROWS: tuple[Test, ...] = (("episode_start", "equal", True), ("t", "greater", 0), ("layer", "equal", 0))
+INSIDE_ROWS += (("padding", "equal", False),)
+"""The rows :class:`StepScan` reads: the first minibatch's (``STEP_ROWS``), and every minibatch's episode starts
+after a sequence's first step (``INSIDE_ROWS``), of ``STEP_WORDS``."""
 
 
 class StepScan:
@@ -135,8 +144,15 @@ class StepScan:
         self.out = Steps()
         self.departs: dict[tuple[str, float, float], float] = {}  # (module, iteration, seq) -> first t off the rollout
         self.starts: list[dict[str, np.ndarray]] = []  # rows where an episode starts after the sequence's first step
+        self.inside: set[tuple[str, float, float]] = set()  # (module, env, env_step) of those, in any minibatch
 
     def add(self, batch: pa.RecordBatch) -> None:
+        inside = select_rows(batch, INSIDE_ROWS, STEP_WORDS)
+        if inside.num_rows:
+            keys = [inside.column(k).to_numpy(zero_copy_only=False) for k in ("module", "env", "env_step")]
+            self.inside.update(
+                zip(keys[0].astype(str).tolist(), *(k.astype(float).tolist() for k in keys[1:]), strict=True)
+            )
         batch = select_rows(batch, STEP_ROWS, STEP_WORDS)
         if not batch.num_rows:
             return
@@ -168,9 +184,11 @@ class StepScan:
             kept = np.array([k in not_reset for k in envs], bool)
             self.out.carried.add(c, (departs == c["t"]) & ~kept)
             self.out.reset_only.add(c, (departs == c["t"]) & kept)
+            self.out.checked += int(kept.sum())
             # still on the rollout's state at the episode start (a drift measured there, none off it before)
             on = (departs > c["t"]) & (c["drift_h"] <= self.tolerance)
             self.out.carried_too.add(c, on & kept)
+        self.out.inside = len(self.inside & not_reset)
         return self.out
 
 
@@ -229,6 +247,7 @@ class Tally:
         self.inside: dict[str, int] = {}  # 'module/phase' -> 'other' columns at a later call in the phase's group
         self.rolled: dict[str, int] = {}  # 'module/phase' -> 'other' columns at a new iteration's first call in it
         self.strides = Strides()  # how the rollout's env_step advances: a global counter tagged as it
+        self.autoresets: dict[str, First] = {}  # module -> its rollout columns tagged episode_start past env step 0
 
     def count_sources(self, batch: pa.RecordBatch) -> None:
         """The init sources per module and phase of one batch of init rows (nulls as ''): each column's
@@ -295,6 +314,10 @@ class Tally:
         if kept.any():
             self.not_reset_at.update(zip(*(c[k][kept].tolist() for k in ("module", "env", "env_step")), strict=True))
         self.rollout_zero += int(((phase == "rollout") & (init == "zero")).sum())
+        # under a NEXT_STEP autoreset, every step tagged as an episode start but an env's first is an autoreset step
+        starts = (phase == "rollout") & (c["episode_start"] == 1) & (c["env_step"] > 0)
+        for module in np.unique(c["module"][starts]).tolist():
+            self.autoresets.setdefault(module, First()).add(c, starts & (c["module"] == module))
         self.foreign += int(((phase == "other") & (init == "other")).sum())
         self.other_env.add(c, init == "other_env")
         self.train_zero.add(c, training & (init == "zero"))

@@ -162,13 +162,18 @@ def rollout_lines(rolled: dict[str, int], start: str | None) -> list[str]:
     ]
 
 
-def rollout_alone(text: str, count: int) -> str:
-    """The rollout's not-reset problem ``text`` saying that the per-step training loop does reset the state at
-    ``count`` of those episode starts (its states depart from the rollout's there): the rollout alone is at fault."""
-    starts = "that episode start" if count == 1 else f"{count:,} of those episode starts"
+def rollout_alone(text: str, inside: int, reset: int, checked: int) -> str:
+    """The rollout's not-reset problem ``text`` saying that the per-step training loop does reset the state there:
+    ``inside`` of those episode starts lie inside the run's training sequences, and at ``reset`` of the ``checked``
+    among them in first-minibatch sequences (before any optimizer step) its states depart from the rollout's: the
+    rollout alone is at fault."""
+    starts = "that episode start lies" if inside == 1 else f"{inside:,} of those episode starts lie"
+    seen = f"all {checked:,}" if reset == checked else f"{reset:,} of the {checked:,}"
+    seen = "the one" if checked == 1 and reset == 1 else seen
     clause = (
-        f"; the per-step training loop does reset it (at {starts} inside training sequences, before any optimizer "
-        "step, its states depart from the rollout's there), so the rollout alone is at fault and the provenance "
+        f"; the per-step training loop does reset it: {starts} inside training sequences, and at {seen} of them it "
+        "can check (in each iteration's first minibatch, before any optimizer step; later ones cannot be, the weights "
+        "have moved) its states depart from the rollout's there, so the rollout alone is at fault and the provenance "
         "check fails there"
     )
     return text.replace("; first at ", f"{clause}; first at ", 1)
@@ -184,6 +189,17 @@ def global_step(stride: int, first: First, where: str) -> str:
         f"are sought at the wrong step (counted 'other'); tag each env's own step counter (env_step=first + step "
         f"of the rollout loop, first = iteration * num_steps; the same counter on the bootstrap and train calls), "
         f"not global_step; first at {where}"
+    )
+
+
+def global_pairing(stride: int) -> str:
+    """What the provenance check compared where the rollout's env_step advances by ``stride`` > 1 a step (the doctor's
+    global_env_step): the words said after its verdict."""
+    return (
+        f"its pairs are matched by env_step, which here advances by {stride} a step (a global counter: see the "
+        "doctor), so they are the same steps only because the train calls carry the same counter as the rollout; "
+        "what is counted from env steps (episode lengths, the stored start states the doctor seeks at the step "
+        "before a sequence's first) is off until each env's own step is tagged"
     )
 
 
@@ -206,3 +222,60 @@ def paths_fact(paths: dict[str, Any]) -> tuple[float | None, str]:
         f"path (one LSTM call per step: every minibatch with an episode start does; sb3-contrib #113); they "
         f"took {words} of the training time the probe measured ({secs_slow:.2f} s of {secs:.2f} s)"
     )
+
+
+SAME_STEP = (
+    "the vector env autoresets in SAME_STEP mode (the log's autoreset_mode): the step that ends an episode returns the "
+    "next episode's first observation (the terminal one in infos['final_obs']), so a state reset on the done flags "
+    "falls on each episode's first observation and every step trained on is a real transition"
+)
+NEXT_STEP = (
+    "the vector env autoresets in NEXT_STEP mode (the log's autoreset_mode; gymnasium >= 1.1's default): the step "
+    "after an episode's end returns the reset observation with reward 0 and no termination, and ignores the action"
+)
+NEXT_STEP_FIX = (
+    "make the env SAME_STEP (gym.vector.SyncVectorEnv(..., autoreset_mode=gym.vector.AutoresetMode.SAME_STEP): the "
+    "step that ends an episode then returns the next one's first observation, the terminal one in "
+    "infos['final_obs']), or mask the autoreset steps (leave them out of the loss and the advantages, and reset the "
+    "state at the step after them)"
+)
+
+
+def autoreset_words(mode: str | None, count: int, where: str) -> tuple[str, str]:
+    """What the vector env's autoreset ``mode`` (the log's ``autoreset_mode``: gymnasium's 'NextStep', 'SameStep' or
+    'Disabled') means for the state resets and the training data, as (problem, fact): a NEXT_STEP env whose rollout
+    has ``count`` episode starts tagged past an env's first step (the first at ``where``) is a problem; the rest a
+    fact ('' where the log has no mode)."""
+    if mode == "NextStep" and count:
+        starts = "episode start" if count == 1 else f"{count:,} episode starts"
+        return (
+            f"{NEXT_STEP}. So the {starts} tagged in the rollout (the done flags of the step before, CleanRL's "
+            "next_done) fall on steps whose observation is the ended episode's terminal one: the state is reset there, "
+            "not at the new episode's first observation, which meets a state that has already seen the old episode's "
+            "last one; and each is a transition whose action did nothing (reward 0) that the loop still trains on (in "
+            "CleanRL's GAE its value target is the next episode's first value), while the episode lengths counted "
+            "from these starts (and by Tracer.rewards) come out one step longer than the env's, after each env's "
+            f"first. Fix: {NEXT_STEP_FIX}; first at {where}",
+            "",
+        )
+    if mode == "NextStep":
+        return "", (
+            f"{NEXT_STEP}: a loop that resets its state on the done flags resets it on each ended episode's terminal "
+            "observation and trains on one no-op step per episode (no rollout episode start is tagged here to count "
+            f"them); {NEXT_STEP_FIX}"
+        )
+    if mode == "SameStep":
+        return "", SAME_STEP
+    if mode == "Disabled":
+        return "", (
+            "the vector env does not autoreset (DISABLED, the log's autoreset_mode): the loop resets ended envs "
+            "itself, and the doctor checks the state resets at the episode starts it tags"
+        )
+    return "", ""
+
+
+AUTORESET_NOTE = (
+    "the vector env's autoreset mode: under gymnasium >= 1.1's default (NEXT_STEP) the rollout steps tagged as "
+    "episode starts here would be no-op steps on each ended episode's terminal observation; pass envs= to "
+    "lstm_probe.trace (the vector env) for the doctor to say"
+)

@@ -32,7 +32,7 @@ from lstm_probe.report.section import (
     fmt,
     kept_columns,
 )
-from lstm_probe.report.sections import staleness_trend
+from lstm_probe.report.sections import staleness_trend, staleness_words
 from lstm_probe.text import safe
 
 PROVENANCE_TOLERANCE = 1e-4
@@ -106,6 +106,8 @@ class StalenessSection:
     """The run's envs, as its metadata says (per env runner where ``env_runners``)."""
     env_runners: int | None = None
     """RLlib: the env runners, where more than one, that stepped ``n_envs`` envs each."""
+    global_pairing: str | None = None
+    """Where the doctor found env_step a global counter: what the check's pairs are then (``summary._env_steps``)."""
     by_iteration: list[dict[str, Any]] = field(default_factory=list)
     """Per module and layer, each iteration's mean drift in its last epoch, or spans of iterations where many
     (:func:`~lstm_probe.report.sections.staleness_trend.by_iteration`)."""
@@ -275,62 +277,9 @@ def minibatches_per_epoch(meta: dict[str, Any], caps: Capabilities) -> int | Non
     return (_count(sampling.get("minibatches_per_epoch")) or None) if isinstance(sampling, dict) else None
 
 
-def _indices(values: list[int], per_epoch: int | None) -> str:
-    """'minibatches 1 and 3 of 4 per epoch'."""
-    words = [str(v) for v in values]
-    listed = words[0] if len(words) == 1 else f"{', '.join(words[:-1])} and {words[-1]}"
-    of = f" of {per_epoch} per epoch" if per_epoch else ""
-    return f"minibatch{'es' if len(words) > 1 else ''} {listed}{of}"
-
-
-def _provenance_note(tagged: int, kept: int | None, first_epoch: list[int], per_epoch: int | None) -> str:
-    """Why no train row could be checked against its rollout state before the first optimizer step
-    (``first_epoch``: the minibatches of epoch 0 with drift rows)."""
-    if not tagged:
-        return (
-            "no train row with a drift is tagged with its epoch and minibatch, so none is known to come before the "
-            "first optimizer step (tag the train calls with epoch and minibatch)"
-        )
-    if kept is not None:
-        fell = f"; in epoch 0 they fell in {_indices(first_epoch, per_epoch)}" if first_epoch else ""
-        return (
-            f"envs 0..{kept - 1}, the only envs with rows in this log (--trace-envs {kept} --other-envs none), were "
-            f"in no update's first minibatch (epoch 0, minibatch 0: the only one before any optimizer step{fell}); "
-            "--other-envs summary keeps every env's rows and checks every env"
-        )
-    return (
-        "no train row tagged epoch 0 and minibatch 0 (the minibatch before any optimizer step; epochs and "
-        "minibatches count from 0) was paired with the rollout state of its env step"
-    )
-
-
 def every_minibatch(acc: StalenessTotals, per_epoch: int | None) -> bool:
     """Whether the kept envs' rows were in every minibatch of every epoch that has any."""
     return bool(per_epoch and acc.held.value and acc.held.value == acc.held_epochs.value * per_epoch)
-
-
-def _drift_from(kept: int, seen: list[int], per_epoch: int | None, acc: StalenessTotals) -> str:
-    """Which minibatches the drifts come from in a log that keeps only some envs' rows."""
-    if len(seen) == 1:
-        which = f"minibatch {seen[0]}{f' (of {per_epoch})' if per_epoch else ''} of each epoch only"
-        if seen[0] == 0:
-            which += " (epoch 0's is the minibatch before any optimizer step: its drift is the provenance check's)"
-    elif not seen:
-        which = "the minibatches that held them"
-    elif acc.held.value and acc.held.value == acc.held_epochs.value:
-        which = f"one minibatch of each epoch, whichever held them ({_indices(seen, per_epoch)})"
-    elif acc.held.value and per_epoch:
-        which = (
-            f"the {acc.held.value:,} of the {acc.held_epochs.value * per_epoch:,} minibatches of their "
-            f"{acc.held_epochs.value:,} epochs that held them (which ones changed from epoch to epoch: "
-            f"{_indices(seen, per_epoch)})"
-        )
-    else:
-        which = f"the minibatches that held them ({_indices(seen, per_epoch)})"
-    return (
-        f"this log keeps the rows of envs 0..{kept - 1} alone (--trace-envs {kept} --other-envs none): these "
-        f"drifts come from {which}, not from every minibatch; --other-envs summary keeps every env's drift"
-    )
 
 
 class Staleness(Section[StalenessSection]):
@@ -386,7 +335,7 @@ class Staleness(Section[StalenessSection]):
         note = None
         if ok is None and out["position"]:
             first_epoch = sorted({int(k[3]) for k in acc.update if k[2] == 0})
-            note = _provenance_note(acc.tagged.value, kept, first_epoch, per_epoch)
+            note = staleness_words.provenance_note(acc.tagged.value, kept, first_epoch, per_epoch)
         return StalenessSection(
             sum(acc.first_rows.values()),
             first_h,
@@ -406,7 +355,7 @@ class Staleness(Section[StalenessSection]):
             # none where every minibatch held the kept envs (one minibatch an epoch: TorchRL's run)
             drift_from=None
             if kept is None or not out["epoch"] or every_minibatch(acc, per_epoch)
-            else _drift_from(kept, seen, per_epoch, acc),
+            else staleness_words.drift_from(kept, seen, per_epoch, acc.held.value, acc.held_epochs.value),
             kept_envs=kept,
             n_envs=log.n_envs,
             env_runners=log.env_runners,
@@ -453,11 +402,13 @@ class Staleness(Section[StalenessSection]):
         if st.provenance_ok is not None:
             c = "" if st.provenance_max_drift_c is None else f" and {st.provenance_max_drift_c:.2g} (c)"
             verdict = "OK" if st.provenance_ok else "FAILED"
+            verdict += ", but on a global env_step" if st.global_pairing and st.provenance_ok else ""
             out.append(
                 f"provenance check {verdict}: in the first minibatch (before any optimizer step) train states differ "
                 f"from the rollout states of the same env step by at most {st.provenance_max_drift_h:.2g} (h){c} "
                 f"relative to the rollout state's norm, over {st.provenance_check_rows:,} rows{of}"
-                f"{_layers(st.provenance_by_layer)}" + (f": {st.provenance_dropout}" if st.provenance_dropout else "")
+                f"{_layers(st.provenance_by_layer)}{'; ' + st.global_pairing if st.global_pairing else ''}"
+                + (f": {st.provenance_dropout}" if st.provenance_dropout else "")
             )
         last_epoch: dict[str, float] = {}
         layered = any(row["layer"] for row in st.by_epoch)
@@ -495,7 +446,10 @@ class Staleness(Section[StalenessSection]):
         if st.provenance_ok is None:
             out.append(Line(f"{check}: not made: {safe(st.provenance_note or 'no train row of that minibatch')}"))
         else:
-            status = "[green]OK[/]" if st.provenance_ok else "[red]FAILED[/]"
+            status = (
+                ("[yellow]OK[/]" if st.global_pairing else "[green]OK[/]") if st.provenance_ok else "[red]FAILED[/]"
+            )
+            global_ok = st.global_pairing if st.provenance_ok else None  # OK on a global env_step
             tf32 = ": cuDNN ran the LSTMs in TF32" if st.provenance_tolerance == TF32_PROVENANCE_TOLERANCE else ""
             why = f": {safe(st.provenance_dropout)}" if st.provenance_dropout else ""
             parts = []
@@ -507,7 +461,7 @@ class Staleness(Section[StalenessSection]):
                 Line(
                     f"{check}: largest relative difference ||train - rollout|| / ||rollout|| between a train state "
                     f"and the rollout state of the same env step: {'; '.join(parts)} {status} (allowed "
-                    f"{st.provenance_tolerance:g}{tf32}){why}",
+                    f"{st.provenance_tolerance:g}{tf32}){why}{': but ' + global_ok if global_ok else ''}",
                     soft_wrap=True,
                 )
             )

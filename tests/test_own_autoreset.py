@@ -1,0 +1,92 @@
+"""The vector env's autoreset mode in an own loop's log (``lstm_probe.trace(..., envs=envs)``): a real gymnasium
+SyncVectorEnv stepped by a tiny CleanRL-shaped loop (the state reset on the done flags of the step before, tagged
+as episode_start). Under NEXT_STEP (gymnasium >= 1.1's default) the doctor names each tagged episode start as the
+no-op autoreset step it is; under SAME_STEP it says every step is a real transition; a log without the mode says
+once what it does not know."""
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import lstm_probe
+from lstm_probe.errors import BadInput
+
+N, T = 3, 60
+
+
+def run(tmp_path, mode, *, envs_given=True):
+    """The log, and each env step's (obs, reward, done) as the loop saw them: (T, N, 4), (T, N), (T, N)."""
+    torch.manual_seed(0)
+    envs = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1") for _ in range(N)], autoreset_mode=mode)
+    lstm, head = nn.LSTM(4, 8), nn.Linear(8, 2)
+    out = tmp_path / f"{mode.value}.parquet"
+    probe = lstm_probe.trace(lstm, out, force=True, envs=envs if envs_given else None, metadata={"n_envs": N})
+    probe.start()
+    obs, _ = envs.reset(seed=0)
+    done = np.zeros(N, bool)
+    state = (torch.zeros(1, N, 8), torch.zeros(1, N, 8))
+    seen = {"obs": [], "reward": [], "done": []}
+    with torch.no_grad():
+        for t in range(T):
+            keep = torch.tensor(1.0 - done, dtype=torch.float32).view(1, N, 1)  # CleanRL's reset on next_done
+            with probe.tag(phase="rollout", iteration=0, env=np.arange(N), env_step=t, episode_start=done):
+                y, state = lstm(torch.tensor(obs, dtype=torch.float32)[None], (keep * state[0], keep * state[1]))
+            action = head(y[0]).argmax(-1).numpy()
+            obs, reward, term, trunc, _ = envs.step(action)
+            done = term | trunc
+            seen["obs"].append(obs)
+            seen["reward"].append(reward)
+            seen["done"].append(done)
+    probe.close()
+    envs.close()
+    return out, {k: np.array(v) for k, v in seen.items()}
+
+
+def test_next_step_autoreset_is_named_with_its_count(tmp_path):
+    out, seen = run(tmp_path, gym.vector.AutoresetMode.NEXT_STEP)
+    # what gymnasium does: the step after a done returns reward 0 and no done (the action ignored)
+    after = seen["done"][:-1]
+    assert after.sum() >= 2
+    assert (seen["reward"][1:][after] == 0).all() and not seen["done"][1:][after].any()
+    rep = lstm_probe.summarize(out)
+    assert lstm_probe.read_info(out).metadata["autoreset_mode"] == "NextStep"
+    (p,) = rep.doctor.problems
+    # every episode start the loop tagged (the done flags of the step before, past step 0) is an autoreset step
+    steps, envs = np.nonzero(after)
+    assert p.kind == "next_step_autoreset" and p.count == int(after.sum()) == rep.doctor.autoresets
+    first = int(np.argmin(steps * N + envs))
+    assert (p.first["env"], p.first["env_step"]) == (int(envs[first]), int(steps[first]) + 1)
+    assert "terminal one" in p.text and "AutoresetMode.SAME_STEP" in p.text and "mask the autoreset steps" in p.text
+    assert rep.findings.count(p.text) == 1
+    assert not any("autoreset mode" in u for u in rep.unavailable)
+
+
+def test_same_step_autoreset_is_a_fact(tmp_path):
+    out, seen = run(tmp_path, gym.vector.AutoresetMode.SAME_STEP)
+    # what gymnasium does: the step that ends an episode returns the next one's first observation, reward earned
+    assert seen["done"].sum() >= 2 and (seen["reward"] == 1).all()
+    rep = lstm_probe.summarize(out)
+    assert lstm_probe.read_info(out).metadata["autoreset_mode"] == "SameStep"
+    assert rep.doctor.problems == [] and rep.doctor.autoresets == int(seen["done"][:-1].sum())
+    assert any(f.startswith("the vector env autoresets in SAME_STEP mode") for f in rep.doctor.facts)
+    assert not any("autoreset mode" in u for u in rep.unavailable)
+
+
+def test_without_the_mode_the_report_says_so_once(tmp_path):
+    out, _ = run(tmp_path, gym.vector.AutoresetMode.NEXT_STEP, envs_given=False)
+    rep = lstm_probe.summarize(out)
+    assert "autoreset_mode" not in lstm_probe.read_info(out).metadata and rep.doctor.problems == []
+    assert sum(u.startswith("the vector env's autoreset mode") and "envs=" in u for u in rep.unavailable) == 1
+
+
+@pytest.mark.parametrize("given", ["next_step", "NEXT_STEP", "NextStep", gym.vector.AutoresetMode.NEXT_STEP])
+def test_the_mode_given_itself(tmp_path, given):
+    probe = lstm_probe.trace(nn.LSTM(4, 8), tmp_path / "m.parquet", envs=given)
+    assert probe.metadata["autoreset_mode"] == "NextStep"
+
+
+def test_an_env_without_a_mode_is_refused(tmp_path):
+    with pytest.raises(BadInput, match="pass the mode itself"):
+        lstm_probe.trace(nn.LSTM(4, 8), tmp_path / "m.parquet", envs=object())
