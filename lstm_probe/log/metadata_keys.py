@@ -76,6 +76,9 @@ METADATA_KEYS: dict[str, str] = {
     "lists of iteration (an entry's first), episodes, return_sum, return_sq (sum of squares), return_min, return_max "
     "and length_sum. Kept up to date while the run goes (written with every part: a killed run keeps it). A log of "
     "several writing processes (RLlib's env runners) holds {by_shard: {shard: record}}.",
+    "optimizer_steps": "rsl_rl distillation: the optimizer steps training took (counted by a step hook on its "
+    "optimizer). 0 where gradient_length exceeds an update's student calls (epochs x steps): rsl_rl never steps, "
+    "its gradients never applied, and the report states no BPTT horizon.",
     "what_if": "--what-if: the counterfactual initial states measured on a copy of the policy (settings, sampling, "
     "records: columnar, per measured minibatch; past 500 iterations every other one is dropped, the stride "
     "doubling). Kept up to date while the run goes (written with every part: a killed run keeps it).",
