@@ -284,3 +284,40 @@ def test_capture_obs_of_several_observation_groups_names_each_group(tmp_path):
         runner.learn(1)
     meta = lstm_probe.read_info(one).metadata
     assert meta["obs_size"] == 2 and "obs_keys" not in meta
+
+
+def test_a_gradient_length_over_the_updates_calls_steps_no_optimizer_and_states_no_horizon(tmp_path):
+    """gradient_length 20 over 2 epochs x 8 steps: ``Distillation.update``'s ``cnt`` never reaches it, so rsl_rl
+    never steps the optimizer (the student's weights stay as they were). The log counts the steps
+    (``optimizer_steps`` 0), and the report says no optimizer step happened and states no BPTT horizon (it stated
+    the stretches between the episode starts, 8 steps at most)."""
+    runner = _distillation(tmp_path, g=20)
+    steps = _optimizer_steps(runner.alg)
+    before = copy.deepcopy(runner.alg.student.state_dict())
+    log = tmp_path / "run.parquet"
+    with attach(runner, log):
+        runner.learn(2)
+    assert steps == []
+    after = runner.alg.student.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before if "rnn" in k)
+    assert lstm_probe.read_info(log).metadata["optimizer_steps"] == 0
+    text = " ".join(_report(log).split())
+    said = "no optimizer step happened in training (the log's optimizer_steps is 0)"
+    assert f"{said}: the gradients were never applied, so there is no truncated-BPTT horizon" in text
+    assert "truncated-BPTT horizon)" not in text and "gradients flow back" not in text
+    doc = json.loads(_report(log, "--json"))
+    assert doc["sequences"]["gradient_length"] == {} and doc["sequences"]["optimizer_steps"] == 0
+    assert any(f.startswith(said) for f in doc["findings"]), doc["findings"]
+
+
+def test_the_log_counts_rsl_rls_optimizer_steps(tmp_path):
+    """gradient_length 4: rsl_rl steps 2 epochs x 8 steps / 4 = 4 times an update; the log says the 8 of 2 updates,
+    and the horizon is stated as before."""
+    runner = _distillation(tmp_path, g=4)
+    steps = _optimizer_steps(runner.alg)
+    log = tmp_path / "run.parquet"
+    with attach(runner, log):
+        runner.learn(2)
+    assert lstm_probe.read_info(log).metadata["optimizer_steps"] == len(steps) == 8
+    doc = json.loads(_report(log, "--json"))
+    assert doc["sequences"]["gradient_length"]["max"] == 4 and doc["sequences"]["optimizer_steps"] == 8

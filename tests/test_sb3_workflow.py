@@ -45,6 +45,29 @@ def test_learn_going_on_from_a_trained_model_says_so(tmp_path):
     assert fresh.startswith("steps 128 of 128 asked, 2 iterations")
 
 
+def test_episodes_under_way_when_learn_goes_on_are_said_to_be_left_out(tmp_path):
+    """learn(reset_num_timesteps=False) on a model whose envs are mid-episode: those episodes' rows have no
+    episode_step until their env resets, so the episode figures leave them out; the Sequences panel, its finding and
+    the JSON say how many (one per env not at an episode's first step when learn() went on; nothing was said)."""
+    model = RecurrentPPO("MlpLstmPolicy", make_vec_env("CartPole-v1", n_envs=4, seed=0), seed=0, **KW)
+    model.learn(128)
+    under = int((~model._last_episode_starts.astype(bool)).sum())
+    assert under > 0
+    model.learn(128, callback=ProbeCallback(tmp_path / "b.parquet"), reset_num_timesteps=False)
+    roll = lstm_probe.load(tmp_path / "b.parquet", phase="rollout", module="actor", vectors=False)
+    unknown = roll[roll.episode_step.isna() & roll.bootstrap.isna()]
+    assert unknown.groupby(["env", "episode"]).ngroups == under  # the rows the figures leave out
+    rep = lstm_probe.summarize(tmp_path / "b.parquet")
+    assert rep.sequences.episodes_under_way == under and rep.to_dict()["sequences"]["episodes_under_way"] == under
+    words = f"{under} episodes already under way when the log began are left out (their steps in the episode unknown)"
+    line = next(t for b in _lines(rep) for t in b.splitlines() if t.startswith("episodes completed: "))
+    assert line.endswith(f"; {words}"), line
+    assert any(words in f for f in rep.to_dict()["findings"])
+    fresh = ProbeCallback(tmp_path / "a.parquet")
+    RecurrentPPO("MlpLstmPolicy", make_vec_env("CartPole-v1", n_envs=4, seed=0), seed=0, **KW).learn(128, fresh)
+    assert lstm_probe.summarize(tmp_path / "a.parquet").sequences.episodes_under_way == 0  # a fresh learn(): none
+
+
 def test_a_loaded_model_going_on_says_so_too(tmp_path):
     model = RecurrentPPO("MlpLstmPolicy", make_vec_env("CartPole-v1", n_envs=2, seed=0), seed=0, **KW)
     model.learn(64)

@@ -7,6 +7,9 @@ and dones (:class:`StepSums`: per-env sums in numpy; :class:`DeviceSums`: on the
 iteration). :meth:`Returns.publish` puts the record in the writer's progress, which every part written from then on
 carries (``writer.part_doc``). Bounded however long the run: past :data:`MAX_ENTRIES` entries, neighbouring ones
 merge (the stride doubles); the figures kept are sums, so merged entries are exact.
+
+:class:`Live` does the same for the measurements' records (``what_if``, ``memory``: bounded by their own thinning),
+so that a killed run's parts hold them as they were (``metadata_keys.LIVE_KEYS``).
 """
 
 from __future__ import annotations
@@ -203,3 +206,35 @@ class DeviceSums:
         self.steps.clear()
         sums, lengths, ended, partial = packed[0], packed[1].astype(np.int64), packed[2] != 0, packed[3] != 0
         returns.ended(iteration, sums[ended], lengths[ended], partial=int(partial.sum()))
+
+
+class Live:
+    """A run-metadata record the training side keeps up to date in the writer's progress (``metadata_keys.LIVE_KEYS``:
+    ``what_if``, ``memory``), which every part written from then on carries (``writer.part_doc``): a killed run's
+    last part holds it as it was. ``make`` builds the record (None: nothing yet); the log's close writes the final
+    one over it."""
+
+    def __init__(self, key: str, make: Any):
+        self.key, self.make = key, make
+        self.published: Any = None
+
+    def publish(self, tracer: Any) -> None:
+        """Put the record, where it changed, in the progress of ``tracer``'s writer: a copy (the measurement goes on
+        appending to its own lists; the writer sends progress where it differs from what it sent, by identity
+        first). Nothing once the log is closed."""
+        writer = getattr(tracer, "writer", None)
+        if writer is None:
+            return
+        record = self.make()
+        if record is None or record == self.published:
+            return
+        self.published = writer.progress[self.key] = _copied(record)
+
+
+def _copied(value: Any) -> Any:
+    """``value`` with its dicts and lists copied (JSON values: the scalars are immutable)."""
+    if isinstance(value, dict):
+        return {k: _copied(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_copied(v) for v in value]
+    return value

@@ -20,6 +20,7 @@ from torch import nn
 
 from lstm_probe.capture.life import Probe, Tagged, refuse_unstarted
 from lstm_probe.capture.modules import find_recurrent
+from lstm_probe.capture.returns import Live
 from lstm_probe.capture.tracer import CoreTracer
 from lstm_probe.contract import PHASE, USER_CALL_TAGS, USER_GRID_TAGS, USER_TAGS, Capabilities, Grid, Tags
 from lstm_probe.errors import BadInput
@@ -131,6 +132,7 @@ class Tracer(Probe, CoreTracer):
         self.what_if: OwnWhatIf | None = None  # trace(..., what_if=True)
         self.memory: OwnMemory | None = None  # trace(..., memory=True)
         self._step_hook: Any = None
+        self._live: tuple[int, list[Live]] | None = None  # (iteration, what_if and memory records to publish)
         self.own_returns = OwnReturns()  # the episodes the loop hands over (own_returns.py)
 
     def _core(self) -> CoreTracer:
@@ -214,6 +216,11 @@ class Tracer(Probe, CoreTracer):
         if missing:
             raise BadInput(f"measure_batch needs {', '.join(missing)} (or a tag() block around it that gives them)")
         where = (int(got["iteration"] or 0), int(got["epoch"] or 0), int(got["minibatch"] or 0))
+        if self._live is None or self._live[0] != where[0]:  # the iterations before into every part from now on
+            measured = (("what_if", self.what_if), ("memory", self.memory))
+            self._live = (where[0], self._live[1] if self._live else [Live(k, m.metadata) for k, m in measured if m])
+            for live in self._live[1]:
+                live.publish(self)
         copy = (self.memory or self.what_if).copy  # type: ignore[union-attr]
         with copy.precision(rollout_states):  # the loop's autocast, read from its states' dtype
             if self.memory is not None:

@@ -4,6 +4,8 @@ each with what it holds: the metadata half of the contract that ``schema.py``'s 
 
 from __future__ import annotations
 
+from typing import Any
+
 METADATA_KEYS: dict[str, str] = {
     "schema_version": "Version of this schema (also stored under its own key).",
     "lstm_probe_version": "Version of lstm-probe that wrote the log.",
@@ -79,6 +81,15 @@ METADATA_KEYS: dict[str, str] = {
     "several writing processes (RLlib's env runners) holds {by_shard: {shard: record}}; the record of an "
     "evaluation's process (RLlib's evaluation runners) says evaluation: true, and its episodes are counted apart from "
     "training's.",
+    "optimizer_steps": "rsl_rl distillation: the optimizer steps training took (counted by a step hook on its "
+    "optimizer). 0 where gradient_length exceeds an update's student calls (epochs x steps): rsl_rl never steps, "
+    "its gradients never applied, and the report states no BPTT horizon.",
+    "what_if": "--what-if: the counterfactual initial states measured on a copy of the policy (settings, sampling, "
+    "records: columnar, per measured minibatch; past 500 iterations every other one is dropped, the stride "
+    "doubling). Kept up to date while the run goes (written with every part: a killed run keeps it).",
+    "memory": "--memory: the memory horizon measured on a copy of the policy (settings, sampling, lags, episode "
+    "lengths, records: columnar, per measured iteration; thinned past 500 iterations as what_if). Kept up to date "
+    "while the run goes (written with every part: a killed run keeps it).",
     "probe_cost": "What recording cost, measured by the probe while it ran: seconds (start to close, wall), "
     "calls, hook_seconds and integration_seconds (training thread: hooks, the integration's callbacks), "
     "writer (process or thread: where rows were made and written), writer_cpu_seconds and "
@@ -89,6 +100,24 @@ METADATA_KEYS: dict[str, str] = {
     "Summed over processes in multi-process logs.",
 }
 
-LIVE_KEYS: tuple[str, ...] = ("returns",)
+LIVE_KEYS: tuple[str, ...] = ("returns", "what_if", "memory")
 """Run metadata the training side keeps up to date while the run goes: carried in the writer's progress and written
-beside it with every part (``writer.part_doc``), so that a killed run's log keeps what it had."""
+beside it with every part (``writer.part_doc``), so that a killed run's log keeps what it had (the reader takes each
+shard's last part's; the measurements' from the most authoritative shard that has one, as the close would)."""
+SUMMED_LIVE_KEYS: tuple[str, ...] = ("returns",)
+"""The live records several shards hold side by side (``{by_shard: ...}``, added up by the report)."""
+
+
+def live_metadata(metadata: dict[str, Any], records: dict[str, dict[str, Any]], shards: list[str]) -> None:
+    """Into ``metadata`` (a log's, as read), the :data:`LIVE_KEYS` records each shard's last part carried
+    (``records``: per shard; ``shards``: the most authoritative first). Returns: several shards' side by side
+    (``{by_shard: ...}``); a measurement's (what_if, memory) where the close wrote none: the first shard's."""
+    for key in LIVE_KEYS:
+        held = {s: records[s][key] for s in shards if key in records.get(s, {})}
+        if key in SUMMED_LIVE_KEYS:
+            if held:
+                metadata[key] = next(iter(held.values())) if len(held) == 1 else {"by_shard": held}
+            continue
+        known = [v for v in held.values() if v is not None]
+        if known and metadata.get(key) is None:
+            metadata[key] = known[0]

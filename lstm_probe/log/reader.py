@@ -33,7 +33,7 @@ from lstm_probe.log import budget, held, sparse
 from lstm_probe.log.layout import PARTIAL_SUFFIX, partial_dir
 from lstm_probe.log.lock import Holder, live_holder, lock_path
 from lstm_probe.log.logfiles import check_counts, metadata_json, open_part, reads
-from lstm_probe.log.metadata_keys import LIVE_KEYS
+from lstm_probe.log.metadata_keys import LIVE_KEYS, live_metadata
 from lstm_probe.log.schema import (
     COLUMNS,
     META_RUN_KEY,
@@ -263,11 +263,7 @@ def read_info(path: str | os.PathLike[str]) -> LogInfo:
             progress=progress.get(open_shards[0], {}),
             stop_reason=metadata.get("stop_reason") or "the log was never closed (process killed)",
         )
-    # a killed run's last parts hold them as they were (a closed one's final part too); several shards' side by side
-    for key in LIVE_KEYS:
-        held = {s: records[s][key] for s in shards if key in records.get(s, {})}
-        if held:
-            metadata[key] = next(iter(held.values())) if len(held) == 1 else {"by_shard": held}
+    live_metadata(metadata, records, shards)  # a killed run's last parts hold them as they were (a closed one's too)
     _check_types(metadata, warnings)
     _clean_device(metadata)
     live = writing(path) if root != Path(path) or root.is_dir() else None

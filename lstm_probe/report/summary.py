@@ -18,7 +18,8 @@ from lstm_probe.report.reading import first_layer_only
 from lstm_probe.report.scan import COLUMNS, REPORT_CHUNK_ROWS, Progress, fit, scan
 from lstm_probe.report.section import Block, Line, Log, Panel, Section
 from lstm_probe.report.sections.doctor_words import global_pairing
-from lstm_probe.report.sections.sequences import judge_env_steps, judge_resets
+from lstm_probe.report.sections.horizon import judge_resets
+from lstm_probe.report.sections.sequences import judge_env_steps
 from lstm_probe.report.verdict import Verdict, verdict
 from lstm_probe.text import safe
 

@@ -109,10 +109,19 @@ class DistillProbe(RslRlProbe):
         return found
 
     def _attach(self) -> None:
+        self.optimizer_steps = 0  # counted by a step hook: gradient_length over an update's calls steps none
+        self._hooks.append(self.alg.optimizer.register_step_post_hook(self._stepped))
         self._wrap(self.env, "step", self._step)
         self._wrap(self.alg, "act", self._act)
         self._wrap(self.alg, "update", self._updates)
         self._wrap(self.storage, "generator", self._steps)
+
+    def _stepped(self, *args: Any) -> None:
+        self.optimizer_steps += 1
+
+    def _final(self) -> dict[str, Any]:
+        """The base's, and the optimizer steps training took (``optimizer_steps``; 0: the report states no horizon)."""
+        return {**super()._final(), "optimizer_steps": self.optimizer_steps}
 
     def _updates(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         def update(*args: Any, **kwargs: Any) -> Any:

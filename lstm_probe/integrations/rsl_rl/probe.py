@@ -63,7 +63,7 @@ import torch
 from torch import nn
 
 from lstm_probe.capture.life import Probe
-from lstm_probe.capture.returns import Returns, StepSums
+from lstm_probe.capture.returns import Live, Returns, StepSums
 from lstm_probe.capture.tracer import CoreTracer
 from lstm_probe.contract import BOOTSTRAP, SEQ_REASON, Capabilities, Grid, Tags
 from lstm_probe.errors import BadInput
@@ -182,6 +182,7 @@ class RslRlProbe(Probe):
         self.tracer = CoreTracer(self._traced(), self.options, self)
         self.what_if: Any = None  # whatif.WhatIf while attached with what_if
         self.memory: Any = None  # memory.Memory while attached with memory
+        self.live: list[Live] = []  # their records, kept in the writer's progress (a killed run's parts hold them)
         self._hooks: list[Any] = []
 
     def _models(self) -> list[Any]:
@@ -284,13 +285,15 @@ class RslRlProbe(Probe):
         self._wrap(self.alg, "act", self._act)
         self._wrap(self.alg, "compute_returns", self._returns)
         self._wrap(self.storage, "recurrent_mini_batch_generator", self._minibatches)
-        settings = whatif.settings(self.measure)
+        settings, self.live = whatif.settings(self.measure), []
         if settings is not None:  # counterfactual initial states, on copies (whatif.py)
             self.what_if = whatif.WhatIf(self.alg, self.steps_per_env, **settings)
             self._hooks.append(self.alg.optimizer.register_step_pre_hook(self.what_if.step_hook))
+            self.live.append(Live("what_if", self.what_if.metadata))
         settings = memory.settings(self.measure)
         if settings is not None:  # the memory horizon, on copies (memory.py)
             self.memory = memory.Memory(self.alg, self.steps_per_env, **settings)
+            self.live.append(Live("memory", self.memory.metadata))
 
     def _detach(self) -> None:
         while self._hooks:
@@ -395,6 +398,8 @@ class RslRlProbe(Probe):
             self.tracer.integration_seconds += time.perf_counter() - start
             if self.memory is not None:  # the rollout's own weights: no minibatch has stepped yet
                 self.memory.measure(self.roll["start"], self.iteration)
+            for live in self.live:  # what-if (the updates before) and memory into every part from now on
+                live.publish(self.tracer)
             self.tracer.batch_jobs(True)  # the update's training calls cross to the writer together
             try:
                 for k, batch in enumerate(fn(num_mini_batches, num_epochs)):

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from lstm_probe.capture.returns import Live
 from lstm_probe.capture.tracer import CoreTracer
 from lstm_probe.contract import Capabilities, Tags
 from lstm_probe.errors import OutputError
@@ -103,6 +104,7 @@ class Attachment:
         self.path: Path | None = None
         self.finalizer: weakref.finalize[Any, Any] | None = None
         self.extra: dict[str, Callable[[], Any]] = {}  # metadata key -> its value at close (memory.py, ...)
+        self.live: dict[str, Live] = {}  # what_if, memory: kept up to date in the writer's progress (publish)
 
     def open(self, probe: Any, tracer: CoreTracer) -> None:
         """Own ``tracer`` (started) from now on; finish when the process exits or ``probe`` is collected."""
@@ -110,6 +112,15 @@ class Attachment:
         atexit.register(self.at_exit)
         self.finalizer = weakref.finalize(probe, self.orphaned)
         self.finalizer.atexit = False  # at exit, at_exit says why
+
+    def publish(self) -> None:
+        """The records kept up to date while the run goes (returns, what_if, memory) into the writer's progress,
+        which every part written from then on carries: a killed run's log keeps them (``capture/returns.py``)."""
+        for key, make in self.extra.items():
+            if key == "returns":
+                make()  # Sb3Returns.publish puts its own
+            elif key in ("what_if", "memory"):
+                self.live.setdefault(key, Live(key, make)).publish(self.tracer)
 
     def wrap(self, obj: Any, name: str, around: Callable[..., Any]) -> None:
         """Route ``obj.<name>(...)`` through ``around(inner, *args, **kwargs)`` until :meth:`finish`, with

@@ -361,9 +361,10 @@ class ProbeCallback(BaseCallback, Scope):
         if self.tracer is not None:
             self.tracer.batch_jobs(True)  # train() next: its calls' rows cross the pipe together
         self.current = Tags()
-        self.returns.publish()
         if self.memory is not None:
             self.memory.measure(self.model.rollout_buffer, self.iteration)  # type: ignore[attr-defined]
+        if self._attachment is not None:  # returns, what-if, memory into the writer's progress (every part's)
+            self._attachment.publish()
 
     def _on_training_end(self) -> None:
         done = int(self.model.num_timesteps) >= int(self.locals.get("total_timesteps", 0))

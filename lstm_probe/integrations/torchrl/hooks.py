@@ -68,6 +68,7 @@ from torch import nn
 
 from lstm_probe.capture.life import Probe, Tagged
 from lstm_probe.capture.modules import base_metadata
+from lstm_probe.capture.returns import Live
 from lstm_probe.capture.tracer import CoreTracer
 from lstm_probe.contract import Capabilities, Tags
 from lstm_probe.errors import BadInput
@@ -214,10 +215,8 @@ class TorchRLProbe(Probe, Tagged):
         # calls whose provenance waits for its values on the host, in call order (_settle); the bytes the
         # recurrent-mode ones hold on their device (none: no recurrent-mode call waits)
         self._staged: list[StagedCall | StagedRecurrent] = []
-        self._waiting = 0
+        self._waiting, self._epochs, self.iteration = 0, False, -1
         self._user: list[dict[str, Any]] = []
-        self._epochs = False
-        self.iteration = -1
         self.batch_returns = BatchReturns()  # each collector batch's episodes (returns.py)
         self._last_phase = ""
         self.frames = 0  # env steps collected under the probe (the collection calls' batch sizes)
@@ -245,6 +244,7 @@ class TorchRLProbe(Probe, Tagged):
         self.what_if = whatif.WhatIf(copy, **sizes, **asked_w) if asked_w else None
         self.memory = memory.Memory(copy, **asked_m) if asked_m else None
         self._optimizer, self._memory_at = optimizer, -1
+        self._live = [Live(k, v.metadata) for k, v in (("what_if", self.what_if), ("memory", self.memory)) if v]
         # the loss the training calls run in, once found on the stack: what-if and memory re-run a ClipPPOLoss only,
         # so a run of another loss (a DQNLoss) declares neither and says why (whatif.refused)
         self._loss_looks = 8  # the first train calls look for it (a hand-written loss: none, and the look stops)
@@ -318,9 +318,12 @@ class TorchRLProbe(Probe, Tagged):
         what-if on the minibatches it samples; nothing unless the probe was made with what_if or memory. On a
         copy of the loss: training is untouched. ``iteration``: the collector batch (counted by the probe)."""
         it = self.iteration if iteration is None else iteration
-        if self.memory is not None and it != self._memory_at:
+        if it != self._memory_at:  # a new batch: the memory horizon on its weights; the records into the parts
             self._memory_at = it
-            self.memory.measure(data, it)
+            if self.memory is not None:
+                self.memory.measure(data, it)
+            for live in self._live:
+                live.publish(self.tracer)
         if self.what_if is not None:
             self.what_if.on_batch(data, (it, epoch, minibatch))
 

@@ -31,6 +31,7 @@ from lstm_probe.report.section import (
     fmt_steps,
     kept_columns,
 )
+from lstm_probe.report.sections.horizon import cuts_line, horizon_in_words
 from lstm_probe.report.verdict import MID_ROLLOUT
 
 LENGTH_EDGES = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 10**9]
@@ -54,6 +55,9 @@ class SequencesSection:
     module: str | None = None
     """The module whose layer-0 train rows the sequences are counted on (every module and layer of an
     integration that declares ``stored_states`` runs the same sequences)."""
+    episodes_under_way: int = 0
+    """Episodes already under way when the log began (rollout rows with an episode but no episode_step: sb3's
+    ``learn(reset_num_timesteps=False)`` on a model whose envs are mid-episode), left out of the episode figures."""
     episodes_from: str | None = None
     """What the episodes were counted from: 'episode_step' (the rollout rows' episode and step in it),
     'episode_start' (from one episode start to the next), or None where the rollout rows carry neither."""
@@ -97,6 +101,9 @@ class SequencesSection:
     """The counts behind the shares (what the text says, exact where rounded shares would not add up):
     'with_reason' (the sequences with a start reason), 'rollout_start' and 'mid_rollout'; empty where
     :attr:`stored_state_share` is None."""
+    optimizer_steps: int | None = None
+    """The optimizer steps training took, where the log counts them (metadata ``optimizer_steps``: rsl_rl's
+    distillation); 0: the gradients were never applied, so :attr:`gradient_length` is empty (no horizon)."""
     env_step_stride: int | None = None
     """k where the doctor found the rollout's env_step a global counter (k a step): the figures read from env steps
     are withheld (:func:`judge_env_steps`); in the JSON only where set."""
@@ -152,6 +159,9 @@ class SequenceTotals(Accumulator[Chunk]):
     episodes: Parts[np.ndarray] = field(default_factory=Parts)
     """Per run: (env key, episode, last step, first step) of each (env, episode) of the rollout rows (one
     module's), one row each."""
+    under_way: Parts[np.ndarray] = field(default_factory=Parts)
+    """Per run: (env key, episode) of the rollout rows (one module's) that carry an episode but no episode_step:
+    an episode under way when the log began (sb3's ``learn(reset_num_timesteps=False)``), one row each."""
     lengths: Parts[np.ndarray] = field(default_factory=Parts)
     """Per run: each training sequence's length."""
     gradient: Parts[np.ndarray] = field(default_factory=Parts)
@@ -189,13 +199,20 @@ class SequenceTotals(Accumulator[Chunk]):
 
     def _episodes(self, roll: Frame, module: str | None) -> None:
         # RLlib's extra pass on a terminal observation (bootstrap 'terminal') is not a step of the episode
-        keep = ~np.isnan(roll["episode_step"]) & (roll["bootstrap"] < 0) & roll.equals("module", module)
         env_key = np.where(np.isnan(roll["worker"]), -1, roll["worker"]).astype(np.float64) * 1e6 + roll["env"]
         episode = roll["episode"]
-        keep &= ~np.isnan(env_key) & ~np.isnan(episode)  # rows without an env or episode are in none
+        # rows without an env or episode are in none
+        rows = (roll["bootstrap"] < 0) & roll.equals("module", module) & ~np.isnan(env_key) & ~np.isnan(episode)
+        keep, under = rows & ~np.isnan(roll["episode_step"]), rows & np.isnan(roll["episode_step"])
+        if under.any():  # an episode begun before the log: its steps unknown, it is left out (said so)
+            self.under_way.append(_per_episode(env_key[under], episode[under], episode[under])[:, :2])
         if not keep.any():
             return
         self.episodes.append(_per_episode(env_key[keep], episode[keep], roll["episode_step"][keep]))
+
+    def episodes_under_way(self) -> int:
+        """The episodes under way when the log began that the episode figures leave out (:attr:`under_way`)."""
+        return len(np.unique(dense_key(list(np.concatenate(self.under_way).T)))) if self.under_way else 0
 
     def episode_lengths(self) -> np.ndarray:
         """Lengths of the episodes that both start in the log and end before a later one of the same env."""
@@ -269,6 +286,7 @@ class Sequences(Section[SequencesSection]):
         mid = mid_rollout(log, acc.module.value) if not acc.known_starts.value else None
         shares = log.caps.stored_states and acc.known_starts.value
         stored, of = acc.stored_starts.value, acc.known_starts.value
+        steps = log.meta.get("optimizer_steps")
         return SequencesSection(
             stored_rollout_start_share=(stored - acc.mid_starts.value) / of if shares else None,
             stored_mid_rollout_share=acc.mid_starts.value / of if shares else None,
@@ -287,17 +305,20 @@ class Sequences(Section[SequencesSection]):
             stored_state_share=stored / of if shares else None,
             module=acc.module.value,
             episodes_from=source,
+            episodes_under_way=acc.episodes_under_way(),
             kept_envs=log.kept_envs,
             n_envs=log.n_envs,
             env_runners=log.env_runners,
-            gradient_length=summary_stats(stretches) if acc.inside.value else summary_stats(lens),
+            gradient_length={} if steps == 0 else summary_stats(stretches if acc.inside.value else lens),
+            optimizer_steps=steps,
             starts_inside=acc.inside.value,
         )
 
     def to_json(self, data: SequencesSection) -> Any:
         out = super().to_json(data)
-        if data.env_step_stride is None:
-            del out["env_step_stride"]
+        for key in ("env_step_stride", "optimizer_steps"):  # only where set
+            if getattr(data, key) is None:
+                del out[key]
         return out
 
     def unavailable(self, data: SequencesSection, log: Log) -> list[str]:
@@ -318,8 +339,9 @@ class Sequences(Section[SequencesSection]):
         kept = kept_columns(s.kept_envs, s.n_envs, s.env_runners)
         of = f" of {kept} (the only env columns with rows)" if kept else ""
         msg, why = horizon_in_words(s, of)
-        if s.episode_length:
+        if s.episode_length and s.optimizer_steps != 0:
             msg += ", while " + episodes_in_words(s.episode_length, s.episodes_completed)
+            msg += f" ({under_way_words(s.episodes_under_way)})" if s.episodes_under_way else ""
         msg += why
         whose = f"the training rows of {kept_columns(s.kept_envs, None)}" if kept else "training rows"
         padding = f"{s.padding_share:.0%} of {whose} are padding"
@@ -351,6 +373,7 @@ class Sequences(Section[SequencesSection]):
             starts = "whether sequences start from stored states is not recorded (the log declares no stored states)"
         counted = f" of {fmt(s.module)} (layer 0)" if s.module else ""
         horizon = " (the truncated-BPTT horizon)" if not s.starts_inside or s.cut_by_resets is False else ""
+        horizon = "" if s.optimizer_steps == 0 else horizon
         kept = kept_columns(s.kept_envs, s.n_envs, s.env_runners)
         if kept:
             counted += f", of {kept} alone (--other-envs none: every count here is of those columns)"
@@ -361,7 +384,7 @@ class Sequences(Section[SequencesSection]):
                     f"{s.sequences:,} training sequences{counted}; length{horizon}: "
                     f"min {fmt_steps(s.length.get('min'))}, median {fmt_steps(s.length.get('median'))}, "
                     f"mean {fmt_steps(s.length.get('mean'))}, max {fmt_steps(s.length.get('max'))}\n"
-                    f"{_cuts_line(s)}"
+                    f"{cuts_line(s)}"
                     f"histogram: {', '.join(f'{k}: {v:,}' for k, v in s.length_histogram.items())}\n"
                     f"{_episodes_line(s)}\n"
                     f"padding {s.padding_share:.1%} of train rows; {starts}",
@@ -373,8 +396,15 @@ class Sequences(Section[SequencesSection]):
 def _episodes_line(s: SequencesSection) -> str:
     if s.env_step_stride is not None:
         return f"episodes: not counted ({_global(s)})"
-    e, n = s.episode_length, s.episodes_completed
-    return f"episodes completed: {n:,}, length median {fmt_steps(e.get('median'))}, max {fmt_steps(e.get('max'))}"
+    e, n, u = s.episode_length, s.episodes_completed, s.episodes_under_way
+    left = f"; {under_way_words(u)}" if u else ""
+    return f"episodes completed: {n:,}, length median {fmt_steps(e.get('median'))}, max {fmt_steps(e.get('max'))}{left}"
+
+
+def under_way_words(n: int) -> str:
+    """'3 episodes already under way when the log began are left out (their steps in the episode unknown)'."""
+    what, verb = ("episode", "is") if n == 1 else ("episodes", "are")
+    return f"{n:,} {what} already under way when the log began {verb} left out (their steps in the episode unknown)"
 
 
 def _global(s: SequencesSection) -> str:
@@ -386,79 +416,6 @@ def judge_env_steps(data: SequencesSection, stride: int) -> None:
     figures counted from env steps (episode lengths and counts, the mid-rollout starts) are withheld."""
     data.env_step_stride = stride
     data.episode_length, data.episodes_completed, data.mid_rollout_starts = {}, 0, None
-
-
-CARRIED = {
-    "carried_in_training": ("train", "the doctor finds the per-step training loop carrying it across episode starts"),
-    "not_reset": ("rollout", "the doctor finds the rollout not resetting it at episode starts either"),
-}
-"""The doctor's problems (kind: its phase, and why in words) that say the state runs on across the episode starts
-inside training sequences, and the gradient with it."""
-
-
-def judge_resets(data: SequencesSection, problems: list[tuple[str, str]], train_resets: int = 0) -> None:
-    """Whether the episode starts inside ``data``'s training sequences cut the gradient, from the doctor's
-    ``problems`` (kind, phase): not where one of :data:`CARRIED` says the state runs on across them (the horizon is
-    then the sequences' length), else they do (it is the stretches between them, as computed). A rollout that does
-    not reset says nothing of training where the doctor saw the training loop reset (``train_resets``: the
-    doctor's count). Nothing where no sequence holds one."""
-    if not data.starts_inside:
-        return
-    carried = next((kind for kind, (phase, _) in CARRIED.items() if (kind, phase) in problems), None)
-    if carried == "not_reset" and train_resets:
-        carried = None
-    data.cut_by_resets, data.carried_by = carried is None, carried
-    if carried is not None:
-        data.gradient_length = dict(data.length)
-
-
-def horizon_in_words(s: SequencesSection, of: str) -> tuple[str, str]:
-    """How far back gradients flow through the training sequences (``of``: whose), and why where the episode starts
-    inside them do not cut it (said after the episode lengths; '' otherwise)."""
-    g, n = s.gradient_length, s.length
-    whole = (
-        f"gradients flow back at most {fmt_steps(n['max'])} steps (median {fmt_steps(n['median'])}) through the "
-        f"training sequences{of}"
-    )
-    if not s.starts_inside or not g:
-        return whole, ""
-    starts = _starts(s)
-    if s.cut_by_resets is False:
-        return f"{whole}, across {starts} inside them", f": the state is not reset there ({_why(s)})"
-    steps = f"{fmt_steps(n['max'])} steps"
-    if n["min"] != n["max"]:
-        steps = f"up to {steps} (median {fmt_steps(n['median'])})"
-    return (
-        f"training sequences{of} are {steps}, but the state is reset at {starts} inside them, so gradients flow back "
-        f"at most {fmt_steps(g['max'])} steps (median {fmt_steps(g['median'])})",
-        "",
-    )
-
-
-def _starts(s: SequencesSection) -> str:
-    """'the 24 episode starts' (inside the sequences), 'the one episode start'."""
-    return "the one episode start" if s.starts_inside == 1 else f"the {s.starts_inside:,} episode starts"
-
-
-def _why(s: SequencesSection) -> str:
-    """Why the episode starts inside the sequences do not cut the gradient: the doctor's problem, in words."""
-    return CARRIED.get(s.carried_by or "", ("", "the doctor finds the state carried across them"))[1]
-
-
-def _cuts_line(s: SequencesSection) -> str:
-    """The panel's line on the episode starts inside the sequences ('' where none)."""
-    if not s.starts_inside:
-        return ""
-    starts = _starts(s)
-    if s.cut_by_resets is False:
-        verb = "does" if s.starts_inside == 1 else "do"
-        return f"{starts} inside them {verb} not cut the gradient: the state is not reset there ({_why(s)})\n"
-    g = s.gradient_length
-    return (
-        f"the state is reset at {starts} inside them, cutting the gradient: the stretches between them (the "
-        f"truncated-BPTT horizon): min {fmt_steps(g.get('min'))}, median {fmt_steps(g.get('median'))}, "
-        f"mean {fmt_steps(g.get('mean'))}, max {fmt_steps(g.get('max'))}\n"
-    )
 
 
 ACTING_STARTS = ("rollout", "bootstrap")

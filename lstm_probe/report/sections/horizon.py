@@ -1,0 +1,90 @@
+"""How far back gradients flow through the training sequences (the truncated-BPTT horizon), in words, for the
+sequences section (``sequences.py``, whose :class:`~lstm_probe.report.sections.sequences.SequencesSection` the
+functions here take): where episode starts inside the sequences cut it (:func:`judge_resets`), and a log whose
+training stepped no optimizer (metadata ``optimizer_steps`` 0), whose sequences set no horizon."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lstm_probe.report.section import fmt_steps
+
+NO_STEP = "no optimizer step happened in training (the log's optimizer_steps is 0)"
+"""Said where training stepped no optimizer: the gradients were never applied, so no horizon is stated."""
+
+
+CARRIED = {
+    "carried_in_training": ("train", "the doctor finds the per-step training loop carrying it across episode starts"),
+    "not_reset": ("rollout", "the doctor finds the rollout not resetting it at episode starts either"),
+}
+"""The doctor's problems (kind: its phase, and why in words) that say the state runs on across the episode starts
+inside training sequences, and the gradient with it."""
+
+
+def judge_resets(data: Any, problems: list[tuple[str, str]], train_resets: int = 0) -> None:
+    """Whether the episode starts inside ``data``'s training sequences cut the gradient, from the doctor's
+    ``problems`` (kind, phase): not where one of :data:`CARRIED` says the state runs on across them (the horizon is
+    then the sequences' length), else they do (it is the stretches between them, as computed). A rollout that does
+    not reset says nothing of training where the doctor saw the training loop reset (``train_resets``: the
+    doctor's count). Nothing where no sequence holds one."""
+    if not data.starts_inside:
+        return
+    carried = next((kind for kind, (phase, _) in CARRIED.items() if (kind, phase) in problems), None)
+    if carried == "not_reset" and train_resets:
+        carried = None
+    data.cut_by_resets, data.carried_by = carried is None, carried
+    if carried is not None and data.optimizer_steps != 0:
+        data.gradient_length = dict(data.length)
+
+
+def horizon_in_words(s: Any, of: str) -> tuple[str, str]:
+    """How far back gradients flow through the training sequences (``of``: whose), and why where the episode starts
+    inside them do not cut it (said after the episode lengths; '' otherwise)."""
+    g, n = s.gradient_length, s.length
+    if s.optimizer_steps == 0:
+        return f"{NO_STEP}: the gradients through the training sequences{of} were never applied, so no BPTT horizon", ""
+    whole = (
+        f"gradients flow back at most {fmt_steps(n['max'])} steps (median {fmt_steps(n['median'])}) through the "
+        f"training sequences{of}"
+    )
+    if not s.starts_inside or not g:
+        return whole, ""
+    starts = _starts(s)
+    if s.cut_by_resets is False:
+        return f"{whole}, across {starts} inside them", f": the state is not reset there ({_why(s)})"
+    steps = f"{fmt_steps(n['max'])} steps"
+    if n["min"] != n["max"]:
+        steps = f"up to {steps} (median {fmt_steps(n['median'])})"
+    return (
+        f"training sequences{of} are {steps}, but the state is reset at {starts} inside them, so gradients flow back "
+        f"at most {fmt_steps(g['max'])} steps (median {fmt_steps(g['median'])})",
+        "",
+    )
+
+
+def _starts(s: Any) -> str:
+    """'the 24 episode starts' (inside the sequences), 'the one episode start'."""
+    return "the one episode start" if s.starts_inside == 1 else f"the {s.starts_inside:,} episode starts"
+
+
+def _why(s: Any) -> str:
+    """Why the episode starts inside the sequences do not cut the gradient: the doctor's problem, in words."""
+    return CARRIED.get(s.carried_by or "", ("", "the doctor finds the state carried across them"))[1]
+
+
+def cuts_line(s: Any) -> str:
+    """The panel's line on the episode starts inside the sequences ('' where none)."""
+    if s.optimizer_steps == 0:
+        return f"{NO_STEP}: the gradients were never applied, so there is no truncated-BPTT horizon\n"
+    if not s.starts_inside:
+        return ""
+    starts = _starts(s)
+    if s.cut_by_resets is False:
+        verb = "does" if s.starts_inside == 1 else "do"
+        return f"{starts} inside them {verb} not cut the gradient: the state is not reset there ({_why(s)})\n"
+    g = s.gradient_length
+    return (
+        f"the state is reset at {starts} inside them, cutting the gradient: the stretches between them (the "
+        f"truncated-BPTT horizon): min {fmt_steps(g.get('min'))}, median {fmt_steps(g.get('median'))}, "
+        f"mean {fmt_steps(g.get('mean'))}, max {fmt_steps(g.get('max'))}\n"
+    )
