@@ -128,3 +128,16 @@ def test_a_file_stating_another_obs_layout_is_refused_in_one_line(dict_model, tm
     trace = _trace(tmp_path / "t.parquet", _predicted(dict_model[0], steps=3))
     with pytest.raises(lstm_probe.BadInput, match="states the obs key"):
         lstm_probe.replay(trace, tmp_path / "tampered.onnx")
+
+
+def test_synthetic_verification_of_a_dict_with_a_discrete_key_is_refused_in_one_line(dict_model, tmp_path):
+    model, _ = dict_model
+    with pytest.raises(lstm_probe.BadInput, match="--synthetic draws normal values, which a Dict observation's"):
+        lstm_probe.export(model, tmp_path / "p.onnx", synthetic=True)
+    assert not (tmp_path / "p.onnx").exists()
+
+
+def test_a_dict_policy_exports_as_torchscript_too(dict_model, tmp_path):
+    _, d = dict_model
+    r = lstm_probe.export(d / "model.zip", tmp_path / "p.pt", env_id=ENV_ID, episodes=1)
+    assert r.format == "torchscript" and r.spec.obs_shape == (7,) and max(r.errors.values()) < 1e-5

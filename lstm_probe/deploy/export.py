@@ -167,6 +167,11 @@ def export(
         tell("reading the trace's episodes", 0, 1)
         obs, starts = episodes_from_trace(trace, spec, episodes)
         where = f"{_count(int(starts.sum()), 'episode')} of {trace}"
+    elif synthetic and any(k.space != "box" for k in spec.obs_keys):  # normal draws are no one-hot
+        raise BadInput(
+            "--synthetic draws normal values, which a Dict observation's Discrete, MultiDiscrete or MultiBinary keys "
+            "never hold; verify on --env ENV_ID or --trace TRACE"
+        )
     elif synthetic:
         budget.refuse(episodes * SYNTHETIC_STEPS * _step_bytes(spec), "verifying on the synthetic episodes", _FEWER)
         rng = np.random.default_rng(env_seed)
