@@ -75,16 +75,20 @@ def test_run_of_a_dict_env_prints_the_export_command_and_it_exports(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200", "NO_COLOR": "1"}
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")])
     small = ["--steps", "32", "--n-steps", "16", "--batch-size", "16", "--n-epochs", "1", "--hidden-size", "8"]
-    argv = [sys.executable, "-m", "lstm_probe", "run", "tiny_envs:TinyDictEnv-v0", *small, "-q"]
+    argv = [sys.executable, "-m", "lstm_probe", "run", "tiny_envs:TinyDictEnv-v0", *small, "--capture-obs", "-q"]
     r = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     last = r.stdout.strip().splitlines()[-1]
-    assert last.startswith("export it: lstm-probe export run.model.zip policy.onnx --env"), last
+    assert last.startswith("export it: lstm-probe export run.model.zip policy.onnx --"), last
     done = lstm_probe.export(tmp_path / "run.model.zip", tmp_path / "p.onnx", env_id="tiny_envs:TinyDictEnv-v0")
     assert [(k.key, k.space, k.start, k.stop) for k in done.spec.obs_keys] == [
         ("flag", "discrete", 0, 2),
         ("pos", "box", 2, 5),
     ]
+    # the run's --capture-obs log holds the Dict's observations in the same flat layout: export verifies on them
+    log = tmp_path / "run.parquet"
+    on_log = lstm_probe.export(tmp_path / "run.model.zip", tmp_path / "q.onnx", log=log, episodes=2, trust_model=True)
+    assert on_log.episodes == 2 and max(on_log.errors.values()) < 1e-5
 
 
 def test_export_refuses_a_dict_of_what_it_does_not_lay_out():
