@@ -444,7 +444,9 @@ def test_export_and_replay_leave_the_users_model_as_it_was(normalised):
         assert _hooks(policy) == hooks  # the user's hook still there, and no other added
     finally:
         handle.remove()
-    assert r.verdict == "correct" and calls == []  # the hook never ran: export and replay ran copies
+    # one episode of 20 steps: the correct loop agrees (the never-resetting one too: 'cannot tell'); the hook never
+    # ran: export and replay ran copies
+    assert "correct" in [r.verdict, *r.also] and r.parted is None and calls == []
     after = policy.state_dict()
     assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
     assert policy.training == training and [p.requires_grad for p in policy.parameters()] == grads

@@ -33,6 +33,37 @@ class TinyDictEnv(gym.Env):
         return self.observation_space.sample(), float(action[0]), False, self.t >= 12, {}
 
 
+class PendulumDictEnv(gym.Env):
+    """Pendulum-v1 with its observation as a Dict (sorted keys: 'angle' (cos, sin), 'phase' (the step mod 4,
+    Discrete), 'speed'), episodes of 40 steps: a MultiInputLstmPolicy's env with an episode start every 40 steps."""
+
+    observation_space = spaces.Dict(
+        {
+            "angle": spaces.Box(-1, 1, (2,), np.float32),
+            "phase": spaces.Discrete(4),
+            "speed": spaces.Box(-8, 8, (1,), np.float32),
+        }
+    )
+    action_space = spaces.Box(-2, 2, (1,), np.float32)
+
+    def __init__(self):
+        self.env = gym.make("Pendulum-v1", max_episode_steps=40)
+
+    def _obs(self, o):
+        return {"angle": o[:2].astype(np.float32), "phase": self.t % 4, "speed": o[2:].astype(np.float32)}
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        o, info = self.env.reset(seed=seed)
+        return self._obs(o), info
+
+    def step(self, action):
+        self.t += 1
+        o, r, terminated, truncated, info = self.env.step(action)
+        return self._obs(o), r, terminated, truncated, info
+
+
 class TinyConstantEnv(gym.Env):
     """Box observations whose last component never moves (as an image's border pixel never does)."""
 
@@ -51,6 +82,11 @@ class TinyConstantEnv(gym.Env):
         return obs, float(action), False, self.t >= 10, {}
 
 
-for _cls in (TinyImageEnv, TinyDictEnv, TinyConstantEnv):  # for `lstm-probe run tiny_envs:TinyDictEnv-v0`
+for _cls in (
+    TinyImageEnv,
+    TinyDictEnv,
+    TinyConstantEnv,
+    PendulumDictEnv,
+):  # for `lstm-probe run tiny_envs:TinyDictEnv-v0`
     if f"{_cls.__name__}-v0" not in gym.registry:
         gym.register(f"{_cls.__name__}-v0", entry_point=_cls)

@@ -167,6 +167,11 @@ def export(
         tell("reading the trace's episodes", 0, 1)
         obs, starts = episodes_from_trace(trace, spec, episodes)
         where = f"{_count(int(starts.sum()), 'episode')} of {trace}"
+    elif synthetic and any(k.space != "box" for k in spec.obs_keys):  # normal draws are no one-hot
+        raise BadInput(
+            "--synthetic draws normal values, which a Dict observation's Discrete, MultiDiscrete or MultiBinary keys "
+            "never hold; verify on --env ENV_ID or --trace TRACE"
+        )
     elif synthetic:
         budget.refuse(episodes * SYNTHETIC_STEPS * _step_bytes(spec), "verifying on the synthetic episodes", _FEWER)
         rng = np.random.default_rng(env_seed)
@@ -476,6 +481,22 @@ def _in_window(keys: np.ndarray, best: np.ndarray) -> np.ndarray:
     return keep & (keys[:, 2] >= begin) & (keys[:, 2] < begin + MAX_EPISODE_STEPS)
 
 
+def _dict_layout(space: Any, spec: Spec, env_id: str) -> Callable[[Any], np.ndarray]:
+    """``gymnasium.spaces.flatten`` of the env's Dict observations, where its keys are the policy's
+    (``Spec.obs_keys``: each key's name, shape and width, in order); BadInput otherwise."""
+    from gymnasium import spaces
+
+    have = list(space.spaces.items()) if isinstance(space, spaces.Dict) else []
+    mine = [(k.key, k.shape, k.stop - k.start) for k in spec.obs_keys]
+    theirs = [(str(k), tuple(s.shape or ()), int(spaces.flatdim(s))) for k, s in have]
+    if mine != theirs:
+        raise BadInput(
+            f"{env_id}'s observations are {str(space)[:120]}, the policy's a Dict of "
+            f"{', '.join(f'{k} {list(s)}' for k, s, _ in mine)[:120]}; pass the env the policy was trained on"
+        )
+    return lambda obs: np.asarray(spaces.flatten(space, obs), np.float32)
+
+
 def episodes_from_env(
     env_id: str, spec: Spec, policy: Step, count: int, seed: int, progress: Progress = _quiet_progress
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -488,6 +509,9 @@ def episodes_from_env(
     shape = tuple(env.observation_space.shape or ())
     # the env's own frames where the framework rearranges them (sb3: channel-last images; Spec.frame_axes)
     transpose = shape != spec.obs_shape and shape == spec.frame_shape
+    flat = _dict_layout(env.observation_space, spec, env_id) if spec.obs_keys else None
+    if flat is not None:
+        shape = spec.obs_shape
     if shape != spec.obs_shape and not transpose:
         env.close()
         raise BadInput(
@@ -503,7 +527,7 @@ def episodes_from_env(
             o, _ = env.reset(seed=seed + e)
             state = spec.zero_state()
             for t in range(MAX_EPISODE_STEPS):
-                o = np.asarray(o, np.float32)
+                o = np.asarray(o if flat is None else flat(o), np.float32)
                 o = spec.from_frames(o[None]) if transpose else o[None]
                 obs_list.append(o[0])
                 starts.append(t == 0)

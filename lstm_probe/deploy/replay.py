@@ -19,9 +19,10 @@ observations, env by env in step order, as a correct loop runs it and as each cl
 
 The recorded actions are compared with each loop's, step by step, within ``tolerance`` relative to the
 largest action, recorded or the loop's (discrete actions exactly): never an absolute tolerance, even where
-every recorded action is 0. The verdict is the loop that agrees at every step
-(``correct`` first when several do: a trace too short to tell them apart); else ``float16`` when the
-correct loop agrees to half precision only; else ``not this policy`` when no loop agrees on half the
+every recorded action is 0. The verdict is the loop that agrees at every step; ``cannot tell`` when loops
+that handle the state differently all do (a trace too short to tell them apart: :func:`tied`; ``correct``
+beside ``float16`` alone stays ``correct``, and both of a pair computed alike are named); else ``float16``
+when the correct loop agrees to half precision only; else ``not this policy`` when no loop agrees on half the
 steps (other weights, another env), or ``unrecognised`` naming the closest.
 
 The work is bounded before it starts: at most :data:`MAX_ROWS` rows (a Parquet trace's from its footer), the
@@ -35,10 +36,10 @@ from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -58,6 +59,8 @@ NOT_FED, EVERY_STEP = "state not fed back", "reset every step"
 NO_RESET, SWAPPED = "not reset at episode starts", "h and c swapped"
 NO_NORM, FLOAT16 = "observation normalisation missing", "float16"
 OTHER, UNKNOWN = "not this policy", "unrecognised"
+TIE = "cannot tell"
+"""The verdict where loops that handle the state differently all agree at every step (:func:`tied`)."""
 MAX_ROWS = 2_000_000
 """Most rows of a trace replay reads (a Parquet trace's counted from its footer, before a row is read)."""
 STEPS_PER_SECOND = 2_000
@@ -116,7 +119,8 @@ class Replay:
 
     verdict: str
     also: list[str]
-    """Other loops that agree at every step too (indistinguishable on this recording)."""
+    """Other loops that agree at every step too (indistinguishable on this recording); for the verdict
+    :data:`TIE`, every loop that does."""
     parted: tuple[int, int] | None
     """(env, step) where the correct loop and the recording first part; None: they never do."""
     loops: list[Loop]
@@ -128,9 +132,20 @@ class Replay:
     """The policy's actions: 'box' (each loop's ``max_error`` relative to the action scale) or 'discrete'
     (``max_error`` 1 where any step's action differs)."""
 
+    @property
+    def headline(self) -> str:
+        """The verdict as a sentence: the verdict itself, or for :data:`TIE`, which loops agree and what to
+        record instead."""
+        if self.verdict != TIE:
+            return self.verdict
+        names = tied(self.also)
+        both = f"{', '.join(names[:-1])} and {names[-1]}"
+        return f"{TIE}: loops {both} agree on this trace; record longer episodes / more steps"
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "verdict": self.verdict,
+            "headline": self.headline,
             "also": self.also,
             "parted": None if self.parted is None else {"env": self.parted[0], "step": self.parted[1]},
             "loops": [
@@ -164,7 +179,8 @@ def replay(
     ``obs``, ``h``, ``c``, ``action``, ``h_out``, ``c_out``, ``value``: ``deploy/foreign.py``)."""
     if not (isinstance(tolerance, int | float) and 0 < tolerance < HALF):
         raise BadInput(f"--tolerance must be a relative error in (0, {HALF:g}), e.g. 1e-4, got {tolerance!r}")
-    spec, step, half, batch, framework, normalized = _policy(policy, trust_model, dict(names or {}))
+    loaded = _policy(policy, trust_model, dict(names or {}))
+    spec, step, half, batch = loaded.spec, loaded.step, loaded.half, loaded.batch
     rec = read_trace(trace, spec, MAX_ROWS)
     norm = None if vecnormalize is None else _normaliser(Path(vecnormalize), trust_model, spec)
     obs = rec.obs if norm is None else norm(rec.obs)
@@ -193,14 +209,14 @@ def replay(
     notes = []
     if norm is not None:
         runs[NO_NORM] = _run(step, spec, rec, rec.obs, "correct", plan, pace)
-    elif normalized:  # the file or model says it was trained under VecNormalize
+    elif loaded.normalized:  # the file or model says it was trained under VecNormalize
         notes.append(
             f"the model was trained under VecNormalize and no statistics were given: the trace's observations went "
             f"to the policy as recorded, which is right only where they were recorded normalized; pass "
             f"--vecnormalize STATS (what VecNormalize.save wrote) to replay a loop that normalises them and check "
             f"that it does ('{NO_NORM}'): without them such a loop reads as '{OTHER}'"
         )
-    elif framework == "sb3":  # VecNormalize is sb3's: other frameworks normalise inside the policy
+    elif loaded.framework == "sb3":  # VecNormalize is sb3's: other frameworks normalise inside the policy
         notes.append(f"'{NO_NORM}' not checked: pass --vecnormalize STATS if the model was trained under VecNormalize")
     if not rec.start.any():
         notes.append(
@@ -211,16 +227,37 @@ def replay(
     runs[FLOAT16] = _run(half, spec, rec, obs, "correct", plan, pace)
     loops_found = [_compare(name, actions, rec, spec, tolerance) for name, actions in runs.items()]
     verdict, also = _verdict(loops_found, tolerance)
+    later = rec.start.copy()
+    later[plan.first] = False  # each env's first row starts an episode whatever the loop
+    if verdict == TIE and NO_RESET in also and not later.any():
+        notes.append(
+            f"no env's trace goes past an episode's end (no episode start after an env's first step), so "
+            f"'{NO_RESET}' runs as the correct loop does: record until an episode ends and the next begins"
+        )
     correct = loops_found[0]
     return Replay(
         verdict, also, correct.first_diff, loops_found, len(rec.env), len(plan.first), tolerance, notes, spec.action
     )
 
 
-def _policy(policy: Any, trust_model: bool, names: dict[str, str]) -> tuple[Spec, Step, Step, Any, str, bool]:
-    """The spec, the float32 step and the float16 step of a policy file, model.zip or model, how many envs
-    one step may run at once (``envs -> batch``) and its framework ('' for a file from elsewhere); ``names``:
-    a foreign ONNX file's (``open_file``)."""
+class Loaded(NamedTuple):
+    """A policy as replay runs it (:func:`_policy`)."""
+
+    spec: Spec
+    step: Step
+    """The float32 step."""
+    half: Step
+    """The float16 step (``runtime.rounded`` over float16-rounded weights)."""
+    batch: Callable[[int], int]
+    """How many envs one step may run at once, of a trace's ``envs``."""
+    framework: str
+    """The framework's name ('' for a file from elsewhere)."""
+    normalized: bool
+    """The model was trained on observations normalised outside the policy (``Policy.normalized``)."""
+
+
+def _policy(policy: Any, trust_model: bool, names: dict[str, str]) -> Loaded:
+    """A policy file, model.zip or model as replay runs it; ``names``: a foreign ONNX file's (``open_file``)."""
     if isinstance(policy, str | os.PathLike) and Path(policy).suffix in (".onnx", ".pt") and _exported(Path(policy)):
         path = Path(policy)
         if path.suffix == ".pt" and not trust_model:
@@ -234,7 +271,9 @@ def _policy(policy: Any, trust_model: bool, names: dict[str, str]) -> tuple[Spec
             warnings.simplefilter("ignore", DeprecationWarning)
             opened = open_file(path, names)
             step, half = opened.step(), rounded(opened.step(half=True))
-        return opened.spec, step, half, lambda envs: opened.batch(envs, BATCH), opened.framework, opened.normalized
+        return Loaded(
+            opened.spec, step, half, lambda envs: opened.batch(envs, BATCH), opened.framework, opened.normalized
+        )
     if names:
         raise BadInput(
             f"{FLAG} names the inputs and outputs of an ONNX file lstm-probe did not write; {policy} is not one"
@@ -249,7 +288,7 @@ def _policy(policy: Any, trust_model: bool, names: dict[str, str]) -> tuple[Spec
         return max(1, min(envs, BATCH, budget.limit() // (4 * per_env)))
 
     half = rounded(torch_step(half_weights(copy.deepcopy(module))))
-    return spec, torch_step(module), half, batch, found.framework, found.normalized
+    return Loaded(spec, torch_step(module), half, batch, found.framework, found.normalized)
 
 
 def _exported(path: Path) -> bool:
@@ -317,6 +356,8 @@ def _largest(a: np.ndarray) -> float:
 
 def _verdict(loops: list[Loop], tolerance: float) -> tuple[str, list[str]]:
     full = [lp.name for lp in loops if lp.agree == lp.steps]
+    if len(tied(full)) > 1:  # the trace cannot tell these loops' state handling apart
+        return TIE, full
     if full:
         return full[0], full[1:]
     correct = loops[0]
@@ -324,6 +365,15 @@ def _verdict(loops: list[Loop], tolerance: float) -> tuple[str, list[str]]:
         return FLOAT16, []
     best = max(loops, key=lambda lp: lp.agree)
     return (OTHER if best.agree < best.steps / 2 else UNKNOWN), []
+
+
+def tied(agreeing: list[str]) -> list[str]:
+    """The loops among ``agreeing`` (those agreeing at every step) that handle the state differently: 'reset
+    every step' is 'state not fed back' (the same computation), and 'float16' the correct loop's state handling
+    at half precision (a Discrete policy's float16 loop agrees with the correct one on most traces, however
+    long), so neither counts beside its twin."""
+    twins = {EVERY_STEP: NOT_FED, FLOAT16: CORRECT}
+    return [name for name in agreeing if twins.get(name) not in agreeing]
 
 
 def _normaliser(path: Path, trust_model: bool, spec: Spec) -> Any:
@@ -341,6 +391,11 @@ def _normaliser(path: Path, trust_model: bool, spec: Spec) -> Any:
 
         with budget.open_regular(path, "pass the VecNormalize statistics saved with the model") as f:
             vn = pickle.load(f)  # --trust-model: the user vouches for the file
+        if isinstance(getattr(vn, "obs_rms", None), dict):  # a Dict env's: statistics per key
+            raise BadInput(
+                f"{path} holds VecNormalize statistics per key of a Dict observation; save the flat input's as "
+                "numpy.savez(mean=..., var=...) in the policy's obs layout (its metadata's obs_keys)"
+            )
         mean, var, clip, eps = vn.obs_rms.mean, vn.obs_rms.var, vn.clip_obs, vn.epsilon
     else:
         mean, var, clip, eps = read_stats(path, size)

@@ -30,6 +30,18 @@ Step = Callable[[np.ndarray, np.ndarray, State], tuple[np.ndarray, np.ndarray, S
 
 
 @dataclass(frozen=True)
+class ObsKey:
+    """One key of a Dict observation: its name, its subspace ('box', 'discrete', 'multi_discrete' or
+    'multi_binary'), its shape in the env, and its slice ``[start, stop)`` of the flat ``obs`` input."""
+
+    key: str
+    space: str
+    shape: tuple[int, ...]
+    start: int
+    stop: int
+
+
+@dataclass(frozen=True)
 class Spec:
     """What a deployed policy takes and returns (``batch`` is the number of envs stepped at once)."""
 
@@ -52,6 +64,11 @@ class Spec:
     frames into its policy's (C, H, W): ``(2, 0, 1)``; the loader says so). Export and replay then take the
     env's frames in either layout. () where the policy takes the env's observations as they come (every file
     from elsewhere, and one exported before this was stored)."""
+    obs_keys: tuple[ObsKey, ...] = ()
+    """A policy of a gymnasium ``Dict`` observation space (sb3's MultiInputLstmPolicy): each key's part of the
+    one flat ``obs`` input, in the Dict's order, as ``gymnasium.spaces.flatten(space, obs)`` lays them out (a
+    Box's values in C order, a Discrete's one-hot, a MultiDiscrete's one-hots, a MultiBinary's bits);
+    ``obs_shape`` is then (total width,). () for every other policy."""
 
     @property
     def frame_shape(self) -> tuple[int, ...] | None:
@@ -101,8 +118,11 @@ class Spec:
         return (obs, torch.ones(batch), *state)
 
     def to_json(self, **extra: Any) -> str:
+        own = asdict(self)
+        if not self.obs_keys:  # (every other policy's metadata: as before)
+            del own["obs_keys"]
         doc = {
-            **asdict(self),
+            **own,
             "inputs": [dict(zip(("name", "shape", "dtype"), i, strict=True)) for i in self.inputs()],
             "outputs": [dict(zip(("name", "shape", "dtype"), o, strict=True)) for o in self.outputs()],
             **extra,
@@ -147,13 +167,20 @@ class Spec:
                 f"{where}: its {META_KEY} metadata states frame_axes {str(axes)[:60]}, not a permutation of the "
                 f"obs_shape's {len(obs)} axes; export it again"
             )
-        return cls(str(variant), obs, str(action), act, layers, hidden, str(cell), choices, tuple(int(a) for a in axes))
+        keys = _obs_keys(doc.get("obs_keys", []), obs, where)  # files written before Dict policies state none
+        frame = tuple(int(a) for a in axes)
+        return cls(str(variant), obs, str(action), act, layers, hidden, str(cell), choices, frame, keys)
 
 
 VARIANTS = ("separate", "shared", "no critic LSTM")
 CELLS = ("lstm", "gru")
 MAX_METADATA = 1 << 20
 """Longest metadata document read (lstm-probe writes ~1 KB)."""
+MAX_KEYS = 256
+"""Most keys of a Dict observation a spec may state."""
+MAX_KEY_NAME = 200
+"""Longest key name a spec may state."""
+KEY_SPACES = ("box", "discrete", "multi_discrete", "multi_binary")
 MAX_LAYERS = 1024
 """Most LSTM layers a spec may state (the model.zip reader's bound on n_lstm_layers)."""
 MAX_HIDDEN = 1 << 16
@@ -171,6 +198,36 @@ def _count(value: Any, name: str, where: str, most: int) -> int:
             "export it again"
         )
     return value
+
+
+def _obs_keys(value: Any, obs: tuple[int, ...], where: str) -> tuple[ObsKey, ...]:
+    """A Dict policy's keys as its metadata states them: at most :data:`MAX_KEYS`, each a short name, a known
+    subspace, a shape, and a slice that begins where the last ended; together they cover the flat ``obs``."""
+    if value == []:
+        return ()
+    fix = "export it again"
+    if not isinstance(value, list) or not 1 <= len(value) <= MAX_KEYS or len(obs) != 1:
+        raise BadInput(
+            f"{where}: its {META_KEY} metadata states obs_keys {str(value)[:60]}, not up to {MAX_KEYS} keys of "
+            f"a flat obs; {fix}"
+        )
+    keys, start = [], 0
+    for item in value:
+        ok = isinstance(item, dict) and isinstance(item.get("key"), str) and 0 < len(item["key"]) <= MAX_KEY_NAME
+        if not ok or item.get("space") not in KEY_SPACES or item.get("start") != start:
+            raise BadInput(f"{where}: its {META_KEY} metadata states the obs key {str(item)[:80]}; {fix}")
+        shape = _dims(item.get("shape"), "an obs key's shape", where, 0)
+        stop = item.get("stop")
+        if isinstance(stop, bool) or not isinstance(stop, int) or not start < stop <= obs[0]:
+            raise BadInput(f"{where}: its {META_KEY} metadata states the obs key {str(item)[:80]}; {fix}")
+        keys.append(ObsKey(item["key"], item["space"], shape, start, stop))
+        start = stop
+    if start != obs[0] or len({k.key for k in keys}) != len(keys):
+        raise BadInput(
+            f"{where}: its {META_KEY} metadata states obs keys covering {start} of the obs's {obs[0]} values (or "
+            f"a key twice); {fix}"
+        )
+    return tuple(keys)
 
 
 def _permutation(axes: list[Any], n: int) -> bool:

@@ -7,7 +7,8 @@ no hooks of the user's, never the user's object). Its one step is sb3-contrib's 
 explicit:
 
 - the features: ``policy.extract_features`` (sb3's ``preprocess_obs``; a tuple when the actor and critic
-  have their own features extractors);
+  have their own features extractors); a MultiInputLstmPolicy's one flat input (``Spec.obs_keys``) split into
+  its keys as ``preprocess_obs`` makes them (:func:`split_obs`) and handed to its features extractor(s);
 - the reset: ``common/recurrent/policies.py:RecurrentActorCriticPolicy._process_sequence`` multiplies the
   state by ``1 - episode_start`` before the LSTM call (its loop branch; the branch without starts is the
   same call with the factor 1);
@@ -29,7 +30,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from lstm_probe.deploy.spec import Policy, Spec, State, Step
+from lstm_probe.deploy.spec import ObsKey, Policy, Spec, State, Step
 from lstm_probe.errors import BadInput
 from lstm_probe.integrations.sb3.exportable import refusal
 from lstm_probe.log.budget import open_regular
@@ -107,7 +108,36 @@ def spec_of(policy: Any) -> Spec:
     choices = int(act.n) if isinstance(act, spaces.Discrete) else 0
     shape = tuple(act.shape)
     lstm_shape = (lstm.num_layers, lstm.hidden_size)
+    if isinstance(obs, spaces.Dict):  # MultiInputLstmPolicy: one flat input, each key's slice in the spec
+        keys = obs_keys(obs)
+        return Spec(variant(policy), (keys[-1].stop,), kind, shape, *lstm_shape, "lstm", choices, (), keys)
     return Spec(variant(policy), tuple(obs.shape), kind, shape, *lstm_shape, "lstm", choices, _frame_axes(obs))
+
+
+KEY_SPACES = {"Box": "box", "Discrete": "discrete", "MultiDiscrete": "multi_discrete", "MultiBinary": "multi_binary"}
+
+
+def obs_keys(obs: Any) -> tuple[ObsKey, ...]:
+    """Each key of a Dict space (checked by ``exportable.refusal``) and its slice of the flat input, in the Dict's
+    order, as ``gymnasium.spaces.flatten`` lays it out (its ``flatdim`` values each)."""
+    from gymnasium.spaces import flatdim
+
+    keys, start = [], 0
+    for key, space in obs.spaces.items():
+        stop = start + int(flatdim(space))
+        keys.append(ObsKey(str(key), KEY_SPACES[type(space).__name__], tuple(space.shape), start, stop))
+        start = stop
+    return tuple(keys)
+
+
+def split_obs(obs: torch.Tensor, keys: tuple[ObsKey, ...]) -> dict[str, torch.Tensor]:
+    """A batch of flat observations (batch, width) as sb3's ``preprocess_obs`` makes a Dict's: each key's slice,
+    a Box's and a MultiBinary's in its own shape (float), a Discrete's and a MultiDiscrete's already one-hot."""
+    out = {}
+    for k in keys:
+        part = obs[:, k.start : k.stop]
+        out[k.key] = part.reshape((-1, *k.shape)) if k.space in ("box", "multi_binary") else part
+    return out
 
 
 def _frame_axes(space: Any) -> tuple[int, ...]:
@@ -145,7 +175,14 @@ class Deployed(nn.Module):
 
     def forward(self, obs: torch.Tensor, episode_start: torch.Tensor, *state: torch.Tensor) -> tuple[torch.Tensor, ...]:
         p = self.policy
-        features = p.extract_features(obs)
+        if self.spec.obs_keys:  # preprocess_obs's Dict, made of the flat input (gymnasium's flatten already one-hots)
+            parts = split_obs(obs, self.spec.obs_keys)
+            if p.share_features_extractor:
+                features = p.features_extractor(parts)
+            else:
+                features = (p.pi_features_extractor(parts), p.vf_features_extractor(parts))
+        else:
+            features = p.extract_features(obs)
         if p.share_features_extractor:
             pi_features = vf_features = features
         else:
@@ -196,7 +233,11 @@ def reference_step(module: Deployed) -> Step:
         pi = (t[0], t[1])
         vf = (t[2], t[3]) if spec.critic_state else pi
         with torch.no_grad():
-            obs_t = torch.as_tensor(np.asarray(obs, np.float32))
+            obs_t = (
+                _sb3_obs(policy.observation_space, obs)
+                if spec.obs_keys
+                else torch.as_tensor(np.asarray(obs, np.float32))
+            )
             actions, values, _, states = policy(obs_t, RNNStates(pi, vf), torch.as_tensor(start), deterministic=True)
         action = actions.numpy()
         if spec.action == "box":
@@ -205,3 +246,12 @@ def reference_step(module: Deployed) -> Step:
         return action, values.numpy(), tuple(s.numpy() for s in new)
 
     return step
+
+
+def _sb3_obs(space: Any, obs: np.ndarray) -> Any:
+    """Flat observations (batch, width) as sb3 takes a Dict's: ``gymnasium.spaces.unflatten`` of each row (a
+    Discrete's index from its one-hot), stacked per key, as tensors."""
+    from gymnasium.spaces import unflatten
+
+    rows = [unflatten(space, np.asarray(row)) for row in obs]
+    return {key: torch.as_tensor(np.stack([r[key] for r in rows])) for key in space.spaces}
