@@ -14,8 +14,9 @@ METADATA_KEYS: dict[str, str] = {
     "sb3-contrib, gymnasium, ray, rsl_rl, torchrl, tensordict).",
     "env_id": "Gymnasium env id (sb3 runs).",
     "algorithm": "Algorithm class name, e.g. RecurrentPPO (RLlib: PPO).",
-    "rllib": "RLlib runs: env runners, learners, envs per runner, rollout_fragment_length, "
-    "train_batch_size, minibatch_size, num_epochs, max_seq_len, vf_share_layers, lstm_cell_size.",
+    "rllib": "RLlib runs: env_runners, learners, envs_per_env_runner, lstm_cell_size, vf_share_layers (its "
+    "training settings are under hyperparameters; older logs also repeated rollout_fragment_length, "
+    "train_batch_size, minibatch_size, num_epochs, max_seq_len, lr, gamma and lambda here).",
     "shards": "Multi-process logs (read back, not stored): per writing process, completed and progress.",
     "policy": "Policy class name.",
     "hyperparameters": "The algorithm's hyperparameters actually used (RecurrentPPO: n_steps, batch_size, n_epochs, "

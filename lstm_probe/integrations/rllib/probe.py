@@ -123,11 +123,11 @@ class _Probe(Probe):
 
     def capabilities(self) -> Capabilities:
         """One writer per process; training chunks are cut at max_seq_len and start from stored states."""
-        rl = self.options.metadata.get("rllib") or {}
+        hp = self.options.metadata.get("hyperparameters") or {}
         return Capabilities(
             "rllib",
             shards=True,
-            max_seq_len=rl.get("max_seq_len"),
+            max_seq_len=hp.get("max_seq_len"),
             stored_states=True,
             replay=True,  # what_if=True (in each learner: whatif.py)
             respond=True,  # memory=True (in each learner: memory.py)
