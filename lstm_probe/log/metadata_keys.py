@@ -89,8 +89,9 @@ METADATA_KEYS: dict[str, str] = {
     "records: columnar, per measured minibatch; past 500 iterations every other one is dropped, the stride "
     "doubling). Kept up to date while the run goes (written with every part: a killed run keeps it).",
     "memory": "--memory: the memory horizon measured on a copy of the policy (settings, sampling, lags, episode "
-    "lengths, records: columnar, per measured iteration; thinned past 500 iterations as what_if). Kept up to date "
-    "while the run goes (written with every part: a killed run keeps it).",
+    "lengths, records: columnar, per measured iteration; thinned past 500 iterations as what_if; RLlib: each update's "
+    "chunks read to its longest, at most sampling.max_chunk_steps, sampling.cut_updates counting the updates cut). "
+    "Kept up to date while the run goes (written with every part: a killed run keeps it).",
     "probe_cost": "What recording cost, measured by the probe while it ran: seconds (start to close, wall), "
     "calls, hook_seconds and integration_seconds (training thread: hooks, the integration's callbacks), "
     "writer (process or thread: where rows were made and written), writer_cpu_seconds and "
