@@ -270,8 +270,9 @@ class Capabilities:
                 "sb3", epochs=True, rollout_buffer=True, stored_states=True, replay=True, respond=True, observe=True
             )
         if framework == "rllib":
-            rl = meta.get("rllib") or {}
-            msl = rl.get("max_seq_len") if isinstance(rl, dict) else None
+            # the training settings' one place (hyperparameters); a log from before it kept them, its rllib block
+            held = [b for b in (meta.get("hyperparameters"), meta.get("rllib")) if isinstance(b, dict)]
+            msl = next((b["max_seq_len"] for b in held if "max_seq_len" in b), None)
             # what RLlib's integration provides: what-if, memory, observations (integrations/rllib/)
             return Capabilities(
                 "rllib", shards=True, max_seq_len=msl, stored_states=True, replay=True, respond=True, observe=True

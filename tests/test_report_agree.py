@@ -160,5 +160,6 @@ def test_rllib_memory_says_its_rollouts_are_episode_chunks(tmp_path):
     assert (
         f"at up to 16 steps per episode chunk (an episode's steps within one rollout fragment; {m.chunks:,} " in words
     )
-    assert f"chunks read to their first {m.rollout_length} steps (the first update's longest chunk" in words
+    said = f"each update's chunks read whole (the longest {m.rollout_length} steps, its appended bootstrap step"
+    assert said + " included)" in words and "update(s) had longer chunks" not in words
     assert "steps per env" not in words and f"rollout {m.rollout_length} steps" not in words

@@ -121,7 +121,16 @@ def test_rows_match_what_rllib_did(local_run: Path) -> None:
     df = lstm_probe.load(local_run, vectors=False)
     info = lstm_probe.read_info(local_run)
     assert info.metadata["framework"] == "rllib"
-    assert info.metadata["rllib"]["max_seq_len"] == 8
+    # the training settings in one place (hyperparameters); the rllib block holds RLlib's layout alone
+    assert info.metadata["rllib"] == {
+        "env_runners": 0,
+        "learners": 0,
+        "envs_per_env_runner": 2,
+        "lstm_cell_size": 16,
+        "vf_share_layers": False,
+    }
+    assert info.metadata["hyperparameters"]["max_seq_len"] == info.metadata["capabilities"]["max_seq_len"] == 8
+    assert lstm_probe.summarize(local_run).capabilities.max_seq_len == 8
     assert set(info.metadata["shards"]) == {"runner0", "learner0"}
     cost = info.metadata["probe_cost"]  # summed over the shards
     assert 0 < cost["integration_seconds"] < cost["seconds"] and 0 < cost["hook_seconds"] < cost["seconds"]

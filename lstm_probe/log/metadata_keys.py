@@ -14,8 +14,9 @@ METADATA_KEYS: dict[str, str] = {
     "sb3-contrib, gymnasium, ray, rsl_rl, torchrl, tensordict).",
     "env_id": "Gymnasium env id (sb3 runs).",
     "algorithm": "Algorithm class name, e.g. RecurrentPPO (RLlib: PPO).",
-    "rllib": "RLlib runs: env runners, learners, envs per runner, rollout_fragment_length, "
-    "train_batch_size, minibatch_size, num_epochs, max_seq_len, vf_share_layers, lstm_cell_size.",
+    "rllib": "RLlib runs: env_runners, learners, envs_per_env_runner, lstm_cell_size, vf_share_layers (its "
+    "training settings are under hyperparameters; older logs also repeated rollout_fragment_length, "
+    "train_batch_size, minibatch_size, num_epochs, max_seq_len, lr, gamma and lambda here).",
     "shards": "Multi-process logs (read back, not stored): per writing process, completed and progress.",
     "policy": "Policy class name.",
     "hyperparameters": "The algorithm's hyperparameters actually used (RecurrentPPO: n_steps, batch_size, n_epochs, "
@@ -88,8 +89,9 @@ METADATA_KEYS: dict[str, str] = {
     "records: columnar, per measured minibatch; past 500 iterations every other one is dropped, the stride "
     "doubling). Kept up to date while the run goes (written with every part: a killed run keeps it).",
     "memory": "--memory: the memory horizon measured on a copy of the policy (settings, sampling, lags, episode "
-    "lengths, records: columnar, per measured iteration; thinned past 500 iterations as what_if). Kept up to date "
-    "while the run goes (written with every part: a killed run keeps it).",
+    "lengths, records: columnar, per measured iteration; thinned past 500 iterations as what_if; RLlib: each update's "
+    "chunks read to its longest, at most sampling.max_chunk_steps, sampling.cut_updates counting the updates cut). "
+    "Kept up to date while the run goes (written with every part: a killed run keeps it).",
     "probe_cost": "What recording cost, measured by the probe while it ran: seconds (start to close, wall), "
     "calls, hook_seconds and integration_seconds (training thread: hooks, the integration's callbacks), "
     "writer (process or thread: where rows were made and written), writer_cpu_seconds and "

@@ -4,14 +4,15 @@ memory=True)``, ``lstm-probe run --framework rllib --memory``). It runs in each 
 when the learner connector sees the update's episode chunks (``chunks.py``): the weights are then those the
 env runners sampled with (synced before sampling).
 
-The rollout the engine reads is the update's chunks, a chunk per "env" (RLlib keeps no env-major rollout: each
-chunk is one episode's steps of one env runner's fragment), padded to the longest; a padded step counts as an
-episode start, so no sampled step or ablation window reaches into it. The states before each step are the
-*refreshed* ones: the copy's LSTMs re-run over each chunk from the state stored before its first step (zero at
-an episode start). For the actor they equal the stored ones (its env-runner weights are the learner's); RLlib's
-env runners never receive the critic encoder's weights (``whatif.py`` says where), so the critic's stored states
-would mix another critic's state into the unablated reference. The values' spread is the copy's values over
-the chunks' steps. Episode lengths are those of the chunks that hold a whole episode.
+The rollout the engine reads is the update's chunks, a chunk per "env" (RLlib keeps no env-major rollout: each chunk
+is one episode's steps of one env runner's fragment), padded to the update's longest (the lags and sampled steps
+reach that far: each update its own, at most :data:`MAX_STEPS`); a padded step counts as an episode start, so no
+sampled step or ablation window reaches into it. The states before each step are the *refreshed* ones: the copy's
+LSTMs re-run over each chunk from the state stored before its first step (zero at an episode start). For the actor
+they equal the stored ones (its env-runner weights are the learner's); RLlib's env runners never receive the critic
+encoder's weights (``whatif.py`` says where), so the critic's stored states would mix another critic's state into
+the unablated reference. The values' spread is the copy's values over the chunks' steps. Episode lengths are those
+of the chunks that hold a whole episode.
 
 The heads (``algorithms/ppo/torch/default_ppo_torch_rl_module.py``): ``pi`` on the actor's LSTM output, its
 distribution from ``get_train_action_dist_cls().from_logits`` (the torch distribution in ``_dist``); ``vf`` on
@@ -27,7 +28,12 @@ import torch
 
 from lstm_probe.integrations.rllib.chunks import Chunks, Replica
 from lstm_probe.measure import memory as engine
-from lstm_probe.measure.memory import DEFAULT_EVERY, Out, Rollout
+from lstm_probe.measure.memory import DEFAULT_EVERY, SAMPLES, Out, Rollout
+
+MAX_STEPS = 1024
+"""The steps of a chunk the measurement reads at most (a fragment bounds a chunk, its appended bootstrap step
+included; a batch of whole episodes has no such bound): a longer chunk is read to its first MAX_STEPS steps, and the
+log counts the updates so cut (``sampling.cut_updates``)."""
 
 
 def settings(memory: bool, every: int | None) -> dict[str, Any] | None:
@@ -54,13 +60,16 @@ class Memory:
         self.modules = list(replica.rnns)
         self.engine: engine.Memory | None = None
         self.every = every
+        self.longest = 0  # the longest chunk read, over the measured updates
+        self.cut = 0  # the measured updates whose longest chunk was longer than MAX_STEPS
 
     def on_update(self, iteration: int, chunks: Chunks) -> None:
         n_chunks, length = chunks.shape
-        if self.engine is None:  # the first update's longest chunk: a fragment and its appended step
+        read = min(length, MAX_STEPS)
+        if self.engine is None:
             self.engine = engine.Memory(
                 n_envs=n_chunks,
-                n_steps=length,
+                n_steps=read,
                 modules=self.modules,
                 critic="shared" if self.replica.shared else "lstm",
                 every=self.every,
@@ -71,11 +80,22 @@ class Memory:
         if not eng.wants(iteration) or n_chunks == 0:
             return
         eng.n_envs = n_chunks
+        if read != eng.n_steps:  # this update's own chunks: lags and sampled steps up to its longest
+            eng.n_steps, eng.lags, eng.steps = read, engine.lags(read), engine.sample_steps(read, SAMPLES)
+        self.longest, self.cut = max(self.longest, read), self.cut + (length > read)
         device = next(self.replica.copy.parameters()).device
         eng.measure(lambda: self._rollout(iteration, chunks, eng.n_steps), device)
 
     def metadata(self) -> dict[str, Any] | None:
-        return None if self.engine is None else self.engine.metadata()
+        """The engine's record; ``rollout_length`` and ``lags``: the longest chunk read and its lags (each update
+        reads its own chunks: ``sampling.chunks`` says so, ``steps_per_env`` are the last measured update's)."""
+        if self.engine is None:
+            return None
+        meta = self.engine.metadata()
+        if self.longest:
+            meta["rollout_length"], meta["lags"] = self.longest, engine.lags(self.longest)
+        meta["sampling"] |= {"chunks": "each update's own", "max_chunk_steps": MAX_STEPS, "cut_updates": self.cut}
+        return meta
 
     def _rollout(self, iteration: int, chunks: Chunks, n_steps: int) -> Rollout:
         rep = self.replica

@@ -50,7 +50,7 @@ from torch import nn
 
 from lstm_probe.capture.life import Probe
 from lstm_probe.capture.modules import describe_modules
-from lstm_probe.capture.returns import Returns
+from lstm_probe.capture.returns import Live, Returns
 from lstm_probe.capture.tracer import CoreTracer
 from lstm_probe.contract import BOOTSTRAP, SEQ_REASON, Capabilities, Grid, Tags
 from lstm_probe.errors import BadInput
@@ -123,11 +123,11 @@ class _Probe(Probe):
 
     def capabilities(self) -> Capabilities:
         """One writer per process; training chunks are cut at max_seq_len and start from stored states."""
-        rl = self.options.metadata.get("rllib") or {}
+        hp = self.options.metadata.get("hyperparameters") or {}
         return Capabilities(
             "rllib",
             shards=True,
-            max_seq_len=rl.get("max_seq_len"),
+            max_seq_len=hp.get("max_seq_len"),
             stored_states=True,
             replay=True,  # what_if=True (in each learner: whatif.py)
             respond=True,  # memory=True (in each learner: memory.py)
@@ -269,6 +269,8 @@ class LearnerProbe(_Probe):
         replica = None if opts.what_if is None and opts.memory is None else chunks.Replica(module, "--what-if/--memory")
         self.what_if = None if opts.what_if is None else whatif.WhatIf(replica, module_id, **opts.what_if)  # type: ignore[arg-type]
         self.memory = None if opts.memory is None else memory.Memory(replica, **opts.memory)  # type: ignore[arg-type]
+        # their records, kept in this learner's writer's progress: every part carries them (a killed run keeps them)
+        self.live = [Live(k, m.metadata) for k, m in (("what_if", self.what_if), ("memory", self.memory)) if m]
         self.update = -1
         self.minibatch = 0
         modules = lstms(module)
@@ -429,6 +431,8 @@ class ProvenanceConnector(ConnectorV2):  # type: ignore[misc]
                 probe.memory.on_update(probe.update, read)
             if probe.what_if is not None:
                 probe.what_if.on_update(probe.update, read, sum(len(sa) for sa in listed))
+            for live in probe.live:  # memory (this update's) and what-if (the updates before) into every part
+                live.publish(probe.tracer)
         for sa in self.single_agent_episode_iterator(episodes, agents_that_stepped_only=False):
             self.add_n_batch_items(
                 batch, COLUMN, items_to_add=provenance(sa, appended), num_items=len(sa), single_agent_episode=sa

@@ -17,8 +17,9 @@ its config dict; value: the attribute, where another); ``max_seq_len`` comes fro
 
 def config_metadata(config: Any) -> dict[str, Any]:
     """What the log's metadata says about an RLlib run, read from its AlgorithmConfig (a user's own script's
-    as ``run``'s): the algorithm, env and seed, the run's layout (``rllib``) and the training settings
-    (``hyperparameters``, as RLlib names them: :data:`HYPERPARAMETERS`)."""
+    as ``run``'s): the algorithm, env and seed, the run's layout (``rllib``: env runners, learners, envs per
+    runner, the LSTM's size and sharing) and the training settings (``hyperparameters``, as RLlib names them:
+    :data:`HYPERPARAMETERS`; the one place they are, which the report reads)."""
     model = getattr(config, "model_config", None) or {}
     get = model.get if isinstance(model, dict) else lambda k, d=None: getattr(model, k, d)
     env = config.env if isinstance(config.env, str) else getattr(config.env, "__name__", repr(config.env))
@@ -29,20 +30,12 @@ def config_metadata(config: Any) -> dict[str, Any]:
         "env_id": env,
         "seed": config.seed,
         "hyperparameters": {k: v for k, v in hyper.items() if _plain(v)},
-        "rllib": {
+        "rllib": {  # the facts of RLlib's layout alone: its training settings are under hyperparameters
             "env_runners": config.num_env_runners,
             "learners": config.num_learners,
             "envs_per_env_runner": config.num_envs_per_env_runner,
-            "rollout_fragment_length": config.rollout_fragment_length,
-            "train_batch_size": config.train_batch_size_per_learner,
-            "minibatch_size": config.minibatch_size,
-            "num_epochs": config.num_epochs,
-            "max_seq_len": get("max_seq_len"),
             "lstm_cell_size": get("lstm_cell_size"),
             "vf_share_layers": get("vf_share_layers"),
-            "lr": config.lr,
-            "gamma": config.gamma,
-            "lambda": getattr(config, "lambda_", None),
         },
     }
 

@@ -98,8 +98,9 @@ class MemorySection:
     chunks: int | None = None
     """Where the measured rollouts are episode chunks (an integration whose training cuts them at ``max_seq_len``,
     RLlib: each chunk one episode's steps within one rollout fragment, read as an env column): the chunks of the
-    last measured update; ``rollout_length`` is then the length chunks are read to (the first update's longest
-    chunk, its appended bootstrap step included) and ``n_envs`` None. None: env-major rollouts."""
+    last measured update; ``rollout_length`` is then the longest chunk read (each update reads its own, at most
+    ``sampling.max_chunk_steps``; in logs without it, every update's were read to the first update's longest chunk,
+    its appended bootstrap step included) and ``n_envs`` None. None: env-major rollouts."""
     rollout_length: int | None = None
     sampling: dict[str, Any] = field(default_factory=dict)
     seconds: float | None = None
@@ -441,7 +442,15 @@ def _episodes_words(data: MemorySection, every: str) -> str:
 
 def _rollout_words(data: MemorySection) -> str:
     """The length of the rollouts the measurement reads: an env's rollout, or how far episode chunks are read."""
-    if data.chunks is not None:
+    cap = data.sampling.get("max_chunk_steps")
+    if data.chunks is not None and cap is not None:  # each update's chunks read whole, up to a bound
+        cut = int(data.sampling.get("cut_updates") or 0)
+        return (
+            f"each update's chunks read whole (the longest {fmt(data.rollout_length)} steps, its appended bootstrap "
+            "step included)"
+            + (f"; {cut:,} update(s) had longer chunks, read to their first {cap:,} steps" if cut else "")
+        )
+    if data.chunks is not None:  # a log from before: the first update's longest chunk bounded every update's
         return (
             f"chunks read to their first {fmt(data.rollout_length)} steps (the first update's longest chunk, its "
             "appended bootstrap step included)"
