@@ -90,3 +90,49 @@ def test_the_mode_given_itself(tmp_path, given):
 def test_an_env_without_a_mode_is_refused(tmp_path):
     with pytest.raises(BadInput, match="pass the mode itself"):
         lstm_probe.trace(nn.LSTM(4, 8), tmp_path / "m.parquet", envs=object())
+
+
+@pytest.mark.parametrize("device", [False, True])
+def test_rewards_under_next_step_are_gymnasiums_own_episodes(tmp_path, device):
+    """Tracer.rewards under NEXT_STEP: each env's step after a done (the autoreset step, reward 0) is in no episode,
+    so every iteration's returns and lengths are RecordEpisodeStatistics' (they were one step longer after an env's
+    first episode). ``device``: the rewards as torch tensors (summed where they live)."""
+    torch.manual_seed(0)
+    mode = gym.vector.AutoresetMode.NEXT_STEP
+    envs = gym.wrappers.vector.RecordEpisodeStatistics(
+        gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1") for _ in range(N)], autoreset_mode=mode)
+    )
+    lstm = nn.LSTM(4, 8)
+    out = tmp_path / "r.parquet"
+    probe = lstm_probe.trace(lstm, out, force=True, envs=envs.env)
+    probe.start()
+    obs, _ = envs.reset(seed=0)
+    done = np.zeros(N, bool)
+    state = (torch.zeros(1, N, 8), torch.zeros(1, N, 8))
+    gym_episodes: dict[int, list[tuple[float, int]]] = {}
+    with torch.no_grad():
+        for t in range(4 * T):
+            it = t // 40
+            keep = torch.tensor(1.0 - done, dtype=torch.float32).view(1, N, 1)
+            with probe.tag(phase="rollout", iteration=it, env=np.arange(N), env_step=t, episode_start=done):
+                y, state = lstm(torch.tensor(obs, dtype=torch.float32)[None], (keep * state[0], keep * state[1]))
+            obs, reward, term, trunc, info = envs.step((y[0, :, 0] > 0).long().numpy())
+            done = term | trunc
+            probe.rewards(torch.as_tensor(reward) if device else reward, done, iteration=it)
+            if "episode" in info:
+                ended = info["_episode"]
+                rs, ls = info["episode"]["r"][ended], info["episode"]["l"][ended]
+                gym_episodes.setdefault(it, []).extend(zip(rs.tolist(), ls.tolist(), strict=True))
+    probe.close()
+    envs.close()
+    rec = lstm_probe.read_info(out).metadata["returns"]
+    by = rec["by_iteration"]
+    assert rec["source"] == "rewards" and rec["partial"] == 0
+    assert sum(len(v) for v in gym_episodes.values()) == rec["episodes"] > 2 * N  # episodes after each env's first
+    assert by["iteration"] == sorted(gym_episodes)
+    for i, it in enumerate(by["iteration"]):
+        r = np.array([e[0] for e in gym_episodes[it]])
+        n = np.array([e[1] for e in gym_episodes[it]])
+        assert by["episodes"][i] == len(r)
+        assert (by["return_sum"][i], by["return_min"][i], by["return_max"][i]) == (r.sum(), r.min(), r.max())
+        assert by["length_sum"][i] == n.sum()

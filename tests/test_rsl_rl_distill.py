@@ -321,3 +321,76 @@ def test_the_log_counts_rsl_rls_optimizer_steps(tmp_path):
     assert lstm_probe.read_info(log).metadata["optimizer_steps"] == len(steps) == 8
     doc = json.loads(_report(log, "--json"))
     assert doc["sequences"]["gradient_length"]["max"] == 4 and doc["sequences"]["optimizer_steps"] == 8
+
+
+KILLED = """
+import os, signal, sys
+sys.path.insert(0, {repo!r})
+from pathlib import Path
+from tests.test_rsl_rl_distill import _distillation
+from lstm_probe.integrations.rsl_rl import attach
+
+runner = _distillation(Path({tmp!r}), g=4)
+inner, seen = runner.alg.update, []
+
+
+def update(*args, **kwargs):
+    seen.append(1)
+    if len(seen) == 3:  # two updates done: killed as the third begins
+        os.kill(os.getpid(), signal.SIGKILL)
+    return inner(*args, **kwargs)
+
+
+runner.alg.update = update
+with attach(runner, {out!r}, part_iterations=1):
+    runner.learn(5)
+"""
+
+
+def test_a_killed_distillation_run_keeps_its_optimizer_steps(tmp_path):
+    """A distillation run killed with SIGKILL after two updates: the optimizer-step count rides every part's metadata
+    (``metadata_keys.LIVE_KEYS``; it was written at close only, so the killed run's report stated a horizon without
+    it): its log says the 8 steps of the 2 updates (4 each), and the report states the horizon, 4."""
+    from tests.test_reliability import wait_for
+
+    out = tmp_path / "run"
+    script = KILLED.format(repo=os.getcwd(), tmp=str(tmp_path), out=f"{out}/")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=False)
+    assert proc.returncode == -9, proc.stderr
+    wait_for(lambda: lstm_probe.log.reader.writing(out) is None, "the writer never published the killed run's parts")
+    meta = lstm_probe.read_info(out).metadata
+    assert meta["completed"] is not True and meta["optimizer_steps"] == 8
+    doc = json.loads(_report(out, "--json"))
+    assert doc["sequences"]["optimizer_steps"] == 8 and doc["sequences"]["gradient_length"]["max"] == 4
+
+
+def test_a_distillation_log_without_the_count_states_no_horizon(tmp_path):
+    """A distillation log without ``optimizer_steps`` (a run killed before its first update ended, an older log's):
+    rsl_rl may have stepped no optimizer, so the report states no BPTT horizon and says why (it stated one)."""
+    import pyarrow.parquet as pq
+
+    from lstm_probe.log.schema import META_RUN_KEY
+    from lstm_probe.log.writer import META_FINAL_KEY
+
+    runner = _distillation(tmp_path, g=4)
+    log = tmp_path / "run.parquet"
+    with attach(runner, log):
+        runner.learn(2)
+    table = pq.read_table(log)
+    kv = dict(table.schema.metadata)
+    for key in (META_RUN_KEY, META_FINAL_KEY):
+        if key in kv:
+            doc = json.loads(kv[key])
+            assert doc.pop("optimizer_steps", None) in (None, 8)
+            kv[key] = json.dumps(doc).encode()
+    old = tmp_path / "old.parquet"
+    pq.write_table(table.replace_schema_metadata(kv), old)
+    assert "optimizer_steps" not in lstm_probe.read_info(old).metadata
+    text = " ".join(_report(old).split())
+    said = "the log does not count the optimizer steps training took"
+    assert said in text and "gradients flow back" not in text and "truncated-BPTT horizon)" not in text
+    doc = json.loads(_report(old, "--json"))
+    assert doc["sequences"]["gradient_length"] == {} and doc["sequences"]["steps_uncounted"] is True
+    assert "optimizer_steps" not in doc["sequences"]
+    assert any(f.startswith(said) for f in doc["findings"]), doc["findings"]

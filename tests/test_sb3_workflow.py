@@ -216,3 +216,24 @@ def test_replay_without_the_statistics_of_a_vecnormalize_model_says_what_its_ver
             assert len(said) == (1 if name == "norm" else 0), (policy.name, r.notes)
             if said:
                 assert "--vecnormalize STATS" in said[0] and "reads as 'not this policy'" in said[0]
+
+
+def test_the_memory_panel_says_the_episodes_under_way_too(tmp_path):
+    """The Memory panel takes its episode figures from the Sequences section's count: where a continued learn left
+    episodes under way out of them, it says so as the Sequences panel does (it said the figures bare)."""
+    model = RecurrentPPO("MlpLstmPolicy", make_vec_env("CartPole-v1", n_envs=4, seed=0), seed=0, **KW)
+    model.learn(128)
+    under = int((~model._last_episode_starts.astype(bool)).sum())
+    assert under > 0
+    model.learn(256, callback=ProbeCallback(tmp_path / "b.parquet", memory=True), reset_num_timesteps=False)
+    rep = lstm_probe.summarize(tmp_path / "b.parquet")
+    mem = rep.memory
+    assert mem.episodes_from == "log" and mem.episodes_under_way == under == rep.sequences.episodes_under_way
+    words = f"{under} episodes already under way when the log began are left out (their steps in the episode unknown)"
+    e = rep.sequences.episode_length
+    figures = f"episodes completed: {rep.sequences.episodes_completed:,}, median"
+    lines = [t for b in _lines(rep) for t in b.splitlines()]
+    memory_line = next(t for t in lines if figures in t and "rollout" in t)
+    assert f"max {lstm_probe.report.section.fmt_steps(e['max'])} ({words});" in memory_line, memory_line
+    assert rep.to_dict()["memory"]["episodes_under_way"] == under
+    assert any("episodes last" in f and f"({words})" in f for f in rep.to_dict()["findings"]), rep.to_dict()["findings"]

@@ -145,19 +145,31 @@ class Returns:
 class StepSums:
     """Each env's reward sum and step count since its episode began, from per-step host arrays (numpy: what the
     framework already holds there, or a copy the probe already makes). An episode counts where the probe saw it
-    begin (``started``: the envs at an episode's first step when the probe starts); one under way then is partial."""
+    begin (``started``: the envs at an episode's first step when the probe starts); one under way then is partial.
+    ``next_step``: the env autoresets in gymnasium's NEXT_STEP mode, so an env's step after its done is the no-op
+    autoreset step (reward 0, the action ignored): left out of the next episode's sum and length, as gymnasium's own
+    ``RecordEpisodeStatistics`` leaves it."""
 
-    def __init__(self, n: int, started: Any = True):
+    def __init__(self, n: int, started: Any = True, next_step: bool = False):
         self.sums = np.zeros(n, np.float64)
         self.lengths = np.zeros(n, np.int64)
         self.seen = np.broadcast_to(np.asarray(started, bool).reshape(-1), (n,)).copy()
+        self.next_step = next_step
+        self.autoreset = np.zeros(n, bool)  # NEXT_STEP: the envs whose next step is an autoreset step
 
     def step(self, rewards: Any, dones: Any, returns: Returns | None, iteration: int) -> None:
         """One env step: ``rewards`` and ``dones`` (N values each); the episodes it ended go to ``returns`` (None:
         nowhere, the sums reset all the same)."""
-        self.sums += np.asarray(rewards, np.float64).reshape(-1)
-        self.lengths += 1
+        r = np.asarray(rewards, np.float64).reshape(-1)
         d = np.asarray(dones).reshape(-1) != 0
+        if self.next_step:
+            live = ~self.autoreset
+            self.sums += np.where(live, r, 0.0)
+            self.lengths += live
+            self.autoreset = d.copy()
+        else:
+            self.sums += r
+            self.lengths += 1
         if not d.any():
             return
         full = d & self.seen
@@ -173,7 +185,7 @@ class DeviceSums:
     wait); :meth:`flush` copies the steps since the last flush to the host at once (an integration calls it once
     per iteration, where the framework waits anyway)."""
 
-    def __init__(self, like: Any, started: Any = True):
+    def __init__(self, like: Any, started: Any = True, next_step: bool = False):
         import torch
 
         n = int(like.numel())
@@ -181,6 +193,7 @@ class DeviceSums:
         self.lengths = torch.zeros(n, dtype=torch.int64, device=like.device)
         seen = torch.as_tensor(np.broadcast_to(np.asarray(started, bool).reshape(-1), (n,)).copy())
         self.seen = seen.to(like.device)
+        self.autoreset = torch.zeros(n, dtype=torch.bool, device=like.device) if next_step else None
         self.steps: list[tuple[Any, Any, Any, Any]] = []  # per step: returns, lengths, ended, partial (device)
 
     def step(self, rewards: Any, dones: Any) -> None:
@@ -188,8 +201,14 @@ class DeviceSums:
 
         with torch.no_grad():
             d = dones.detach().reshape(-1) != 0
-            self.sums += rewards.detach().reshape(-1)  # (float64 += float32: no conversion of its own)
-            self.lengths += 1
+            if self.autoreset is None:
+                self.sums += rewards.detach().reshape(-1)  # (float64 += float32: no conversion of its own)
+                self.lengths += 1
+            else:  # NEXT_STEP: an env's step after its done (the autoreset step) counts in no episode
+                live = ~self.autoreset
+                self.sums += rewards.detach().reshape(-1) * live
+                self.lengths += live
+                self.autoreset = d.clone()
             self.steps.append((self.sums.clone(), self.lengths.clone(), d & self.seen, d & ~self.seen))
             self.sums.masked_fill_(d, 0.0)
             self.lengths.masked_fill_(d, 0)

@@ -169,10 +169,13 @@ class Tracer(Probe, CoreTracer):
         summed until its episode ends (source 'rewards'). Numpy arrays are summed on the host; torch tensors on
         their device, copied to the host once per iteration (no wait per step). ``iteration``: the enclosing
         ``tag()`` block's where not given. ``started``: the envs at an episode's first step at the first call (by
-        default all): an episode under way then is partial, not counted."""
+        default all): an episode under way then is partial, not counted. Where the log's ``autoreset_mode`` is
+        NEXT_STEP (``trace(envs=...)``), an env's step after its done (the no-op autoreset step, reward 0) is left
+        out of the episodes' sums and lengths, as gymnasium's ``RecordEpisodeStatistics`` leaves it."""
         refuse_unstarted(self)
         self.integration.returns = True
-        if self.own_returns.rewards(rewards, dones, self._iteration(iteration, "rewards"), started):
+        next_step = self.integration._metadata.get("autoreset_mode") == "NextStep"
+        if self.own_returns.rewards(rewards, dones, self._iteration(iteration, "rewards"), started, next_step):
             self.own_returns.publish(self)  # the last iteration's
 
     def _iteration(self, given: int | None, what: str) -> int:

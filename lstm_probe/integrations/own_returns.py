@@ -5,7 +5,9 @@ A loop either hands over finished episodes (``episodes(returns, lengths)``: host
 (source 'rewards'): numpy arrays or lists are summed per env on the host; torch tensors on their device (a few
 small kernels per step, no wait), copied to the host once per iteration (when the next iteration's first step
 comes, and at close). An episode counts from the first step handed over; one under way then is partial unless
-``started`` said which envs were at an episode's first step.
+``started`` said which envs were at an episode's first step. Under gymnasium's NEXT_STEP autoreset (the log's
+``autoreset_mode``) an env's step after its done is the no-op autoreset step: in no episode's sum or length, so the
+figures are gymnasium's own (``RecordEpisodeStatistics``).
 """
 
 from __future__ import annotations
@@ -46,16 +48,18 @@ class OwnReturns:
         self._source("user").ended(iteration, r, n)
         return new
 
-    def rewards(self, rewards: Any, dones: Any, iteration: int, started: Any) -> bool:
-        """One env step; True where it begins a new iteration (the steps before it then settled)."""
+    def rewards(self, rewards: Any, dones: Any, iteration: int, started: Any, next_step: bool = False) -> bool:
+        """One env step; True where it begins a new iteration (the steps before it then settled). ``next_step``: the
+        env autoresets in gymnasium's NEXT_STEP mode (the step after an env's done counts in no episode)."""
         returns = self._source("rewards")
         on_device = hasattr(rewards, "device") and hasattr(rewards, "detach")
         if self.sums is None:
             n = int(rewards.numel()) if on_device else int(np.size(rewards))
-            self.sums = DeviceSums(rewards, started) if on_device else StepSums(n, started)
+            self.sums = DeviceSums(rewards, started, next_step) if on_device else StepSums(n, started, next_step)
         new = self._next(iteration)
         if isinstance(self.sums, DeviceSums):
-            self.sums.step(rewards, dones if hasattr(dones, "device") else _tensor(dones, rewards))
+            # host dones (numpy >= 2 arrays have a .device too) as a tensor
+            self.sums.step(rewards, dones if hasattr(dones, "detach") else _tensor(dones, rewards))
         else:
             self.sums.step(np.asarray(rewards), np.asarray(dones), returns, iteration)
         return new

@@ -84,7 +84,9 @@ METADATA_KEYS: dict[str, str] = {
     "training's.",
     "optimizer_steps": "rsl_rl distillation: the optimizer steps training took (counted by a step hook on its "
     "optimizer). 0 where gradient_length exceeds an update's student calls (epochs x steps): rsl_rl never steps, "
-    "its gradients never applied, and the report states no BPTT horizon.",
+    "its gradients never applied, and the report states no BPTT horizon. Kept up to date while the run goes (written "
+    "with every part: a killed run keeps the count of its finished updates); a distillation log without it states no "
+    "horizon.",
     "what_if": "--what-if: the counterfactual initial states measured on a copy of the policy (settings, sampling, "
     "records: columnar, per measured minibatch; past 500 iterations every other one is dropped, the stride "
     "doubling). Kept up to date while the run goes (written with every part: a killed run keeps it).",
@@ -102,7 +104,7 @@ METADATA_KEYS: dict[str, str] = {
     "Summed over processes in multi-process logs.",
 }
 
-LIVE_KEYS: tuple[str, ...] = ("returns", "what_if", "memory")
+LIVE_KEYS: tuple[str, ...] = ("returns", "what_if", "memory", "optimizer_steps")
 """Run metadata the training side keeps up to date while the run goes: carried in the writer's progress and written
 beside it with every part (``writer.part_doc``), so that a killed run's log keeps what it had (the reader takes each
 shard's last part's; the measurements' from the most authoritative shard that has one, as the close would)."""

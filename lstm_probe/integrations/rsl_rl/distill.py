@@ -52,6 +52,7 @@ import numpy as np
 from torch import nn
 
 from lstm_probe.capture.modules import describe_modules
+from lstm_probe.capture.returns import Live
 from lstm_probe.contract import SEQ_REASON, Capabilities, Grid, Tags
 from lstm_probe.errors import BadInput
 from lstm_probe.integrations.rsl_rl.probe import RslRlProbe, recurrent_modules
@@ -110,6 +111,7 @@ class DistillProbe(RslRlProbe):
 
     def _attach(self) -> None:
         self.optimizer_steps = 0  # counted by a step hook: gradient_length over an update's calls steps none
+        self._steps_live = Live("optimizer_steps", lambda: self.optimizer_steps)  # metadata_keys.LIVE_KEYS
         self._hooks.append(self.alg.optimizer.register_step_post_hook(self._stepped))
         self._wrap(self.env, "step", self._step)
         self._wrap(self.alg, "act", self._act)
@@ -134,6 +136,7 @@ class DistillProbe(RslRlProbe):
                 return fn(*args, **kwargs)
             finally:
                 self.tags, self._update = None, None
+                self._steps_live.publish(self.tracer)  # the count so far, with the update's rows (a killed run's)
                 self.tracer.flush_pending()  # the last sequence's rows, before the next rollout's
                 self.iteration += 1
 

@@ -254,8 +254,8 @@ def autoreset_words(mode: str | None, count: int, where: str) -> tuple[str, str]
             "not at the new episode's first observation, which meets a state that has already seen the old episode's "
             "last one; and each is a transition whose action did nothing (reward 0) that the loop still trains on (in "
             "CleanRL's GAE its value target is the next episode's first value), while the episode lengths counted "
-            "from these starts (and by Tracer.rewards) come out one step longer than the env's, after each env's "
-            f"first. Fix: {NEXT_STEP_FIX}; first at {where}",
+            "from these starts come out one step longer than the env's, after each env's first (Tracer.rewards "
+            f"leaves the autoreset steps out). Fix: {NEXT_STEP_FIX}; first at {where}",
             "",
         )
     if mode == "NextStep":

@@ -1,7 +1,8 @@
 """How far back gradients flow through the training sequences (the truncated-BPTT horizon), in words, for the
 sequences section (``sequences.py``, whose :class:`~lstm_probe.report.sections.sequences.SequencesSection` the
 functions here take): where episode starts inside the sequences cut it (:func:`judge_resets`), and a log whose
-training stepped no optimizer (metadata ``optimizer_steps`` 0), whose sequences set no horizon."""
+training stepped no optimizer (metadata ``optimizer_steps`` 0), whose sequences set no horizon, and a distillation log
+without the count (:func:`no_claim`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,19 @@ from lstm_probe.report.section import fmt_steps
 
 NO_STEP = "no optimizer step happened in training (the log's optimizer_steps is 0)"
 """Said where training stepped no optimizer: the gradients were never applied, so no horizon is stated."""
+UNCOUNTED = (
+    "the log does not count the optimizer steps training took (a distillation log without optimizer_steps: a run "
+    "killed before its first update ended, or an older lstm-probe's)"
+)
+"""Said where a distillation log lacks the count: whether the gradients were applied is not known (rsl_rl steps none
+where gradient_length exceeds an update's calls), so no horizon is stated."""
+
+
+def no_claim(s: Any) -> str:
+    """Why the sequences ``s`` set no horizon ('' where they do): no optimizer step, or a count the log lacks."""
+    if s.optimizer_steps == 0:
+        return NO_STEP
+    return UNCOUNTED if getattr(s, "steps_uncounted", False) else ""
 
 
 CARRIED = {
@@ -33,7 +47,7 @@ def judge_resets(data: Any, problems: list[tuple[str, str]], train_resets: int =
     if carried == "not_reset" and train_resets:
         carried = None
     data.cut_by_resets, data.carried_by = carried is None, carried
-    if carried is not None and data.optimizer_steps != 0:
+    if carried is not None and not no_claim(data):
         data.gradient_length = dict(data.length)
 
 
@@ -43,6 +57,12 @@ def horizon_in_words(s: Any, of: str) -> tuple[str, str]:
     g, n = s.gradient_length, s.length
     if s.optimizer_steps == 0:
         return f"{NO_STEP}: the gradients through the training sequences{of} were never applied, so no BPTT horizon", ""
+    if no_claim(s):
+        return (
+            f"{UNCOUNTED}: whether the gradients through the training sequences{of} were applied is not known, so no "
+            "BPTT horizon",
+            "",
+        )
     whole = (
         f"gradients flow back at most {fmt_steps(n['max'])} steps (median {fmt_steps(n['median'])}) through the "
         f"training sequences{of}"
@@ -76,6 +96,8 @@ def cuts_line(s: Any) -> str:
     """The panel's line on the episode starts inside the sequences ('' where none)."""
     if s.optimizer_steps == 0:
         return f"{NO_STEP}: the gradients were never applied, so there is no truncated-BPTT horizon\n"
+    if no_claim(s):
+        return f"{UNCOUNTED}: whether the gradients were applied is not known, so no truncated-BPTT horizon is stated\n"
     if not s.starts_inside:
         return ""
     starts = _starts(s)

@@ -28,7 +28,7 @@ from lstm_probe.report.section import (
     module_label,
     span_words,
 )
-from lstm_probe.report.sections.sequences import SequencesSection
+from lstm_probe.report.sections.sequences import SequencesSection, under_way_words
 
 SHOWN_RUNS = 12
 """The text shows a module's horizons over every measured iteration as runs of equal horizons (``2-67: 4``) where
@@ -92,6 +92,9 @@ class MemorySection:
     """The episodes the measurement itself saw (the log's ``memory.episode_lengths``: count, median, max), of every
     env, over the whole run: episodes that end in a rollout (or, for chunked rollouts, those whole within one
     chunk), the last 10,000."""
+    episodes_under_way: int = 0
+    """Where :attr:`episode_length` is the sequences section's ('log'): its ``episodes_under_way`` (episodes already
+    under way when the log began, left out of the figures: a continued sb3 learn), said with them."""
     episodes_from: str = "measurement"
     """Where :attr:`episode_length` comes from: 'log' (the sequences section's count of the log's rollout rows) or
     'measurement' (:attr:`measured_episode_length`)."""
@@ -158,6 +161,7 @@ class MemorySection:
             e = sequences.episode_length
             self.episode_length = {"count": sequences.episodes_completed, "median": e["median"], "max": e["max"]}
             self.episodes_from = "log"
+            self.episodes_under_way = sequences.episodes_under_way
 
 
 def memory_scope(
@@ -319,6 +323,8 @@ class Memory(Section[MemorySection]):
                     )
             if data.episode_length.get("median") is not None:
                 msg += f"; episodes last {fmt_steps(data.episode_length['median'])}"
+                if data.episodes_from == "log" and data.episodes_under_way:
+                    msg += f" ({under_way_words(data.episodes_under_way)})"
                 if scope and data.episodes_from == "measurement":
                     msg += f" (median over {_envs(data)})"
             out.append(msg)
@@ -435,7 +441,8 @@ def _episodes_words(data: MemorySection, every: str) -> str:
     count = e.get("count")
     n = f"{int(count):,}, " if isinstance(count, int | float) and not isinstance(count, bool) else ""
     if data.episodes_from == "log":
-        return f"episodes completed: {n}{figures}"
+        under = f" ({under_way_words(data.episodes_under_way)})" if data.episodes_under_way else ""
+        return f"episodes completed: {n}{figures}{under}"
     whole = " (those whole within one chunk)" if data.chunks is not None else ""
     return f"episodes seen by the memory measurement{every}{whole}: {n}{figures}"
 

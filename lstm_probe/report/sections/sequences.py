@@ -31,7 +31,7 @@ from lstm_probe.report.section import (
     fmt_steps,
     kept_columns,
 )
-from lstm_probe.report.sections.horizon import cuts_line, horizon_in_words
+from lstm_probe.report.sections.horizon import cuts_line, horizon_in_words, no_claim
 from lstm_probe.report.verdict import MID_ROLLOUT
 
 LENGTH_EDGES = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 10**9]
@@ -104,6 +104,10 @@ class SequencesSection:
     optimizer_steps: int | None = None
     """The optimizer steps training took, where the log counts them (metadata ``optimizer_steps``: rsl_rl's
     distillation); 0: the gradients were never applied, so :attr:`gradient_length` is empty (no horizon)."""
+    steps_uncounted: bool = False
+    """A distillation log without ``optimizer_steps`` (a run killed before its first update ended, an older log):
+    whether any gradient was applied is not known, so :attr:`gradient_length` is empty (no horizon); in the JSON only
+    where True."""
     env_step_stride: int | None = None
     """k where the doctor found the rollout's env_step a global counter (k a step): the figures read from env steps
     are withheld (:func:`judge_env_steps`); in the JSON only where set."""
@@ -287,6 +291,7 @@ class Sequences(Section[SequencesSection]):
         shares = log.caps.stored_states and acc.known_starts.value
         stored, of = acc.stored_starts.value, acc.known_starts.value
         steps = log.meta.get("optimizer_steps")
+        uncounted = steps is None and log.meta.get("algorithm") == "Distillation"
         return SequencesSection(
             stored_rollout_start_share=(stored - acc.mid_starts.value) / of if shares else None,
             stored_mid_rollout_share=acc.mid_starts.value / of if shares else None,
@@ -309,15 +314,16 @@ class Sequences(Section[SequencesSection]):
             kept_envs=log.kept_envs,
             n_envs=log.n_envs,
             env_runners=log.env_runners,
-            gradient_length={} if steps == 0 else summary_stats(stretches if acc.inside.value else lens),
+            gradient_length={} if steps == 0 or uncounted else summary_stats(stretches if acc.inside.value else lens),
             optimizer_steps=steps,
+            steps_uncounted=uncounted,
             starts_inside=acc.inside.value,
         )
 
     def to_json(self, data: SequencesSection) -> Any:
         out = super().to_json(data)
-        for key in ("env_step_stride", "optimizer_steps"):  # only where set
-            if getattr(data, key) is None:
+        for key in ("env_step_stride", "optimizer_steps", "steps_uncounted"):  # only where set
+            if getattr(data, key) is None or getattr(data, key) is False:
                 del out[key]
         return out
 
@@ -339,7 +345,7 @@ class Sequences(Section[SequencesSection]):
         kept = kept_columns(s.kept_envs, s.n_envs, s.env_runners)
         of = f" of {kept} (the only env columns with rows)" if kept else ""
         msg, why = horizon_in_words(s, of)
-        if s.episode_length and s.optimizer_steps != 0:
+        if s.episode_length and not no_claim(s):
             msg += ", while " + episodes_in_words(s.episode_length, s.episodes_completed)
             msg += f" ({under_way_words(s.episodes_under_way)})" if s.episodes_under_way else ""
         msg += why
@@ -373,7 +379,7 @@ class Sequences(Section[SequencesSection]):
             starts = "whether sequences start from stored states is not recorded (the log declares no stored states)"
         counted = f" of {fmt(s.module)} (layer 0)" if s.module else ""
         horizon = " (the truncated-BPTT horizon)" if not s.starts_inside or s.cut_by_resets is False else ""
-        horizon = "" if s.optimizer_steps == 0 else horizon
+        horizon = "" if no_claim(s) else horizon
         kept = kept_columns(s.kept_envs, s.n_envs, s.env_runners)
         if kept:
             counted += f", of {kept} alone (--other-envs none: every count here is of those columns)"
