@@ -25,7 +25,7 @@ import lstm_probe
 from lstm_probe.integrations.torchrl.hooks import probe
 from tests.torchrl_policies import two_lstms
 
-ACTOR, CRITIC = "module.0.module.0", "module.0"  # the LSTMModules as find_modules names them
+ACTOR, CRITIC = "lstm_actor", "lstm_critic"  # the LSTMModules as find_modules names them (names.py: by role)
 
 
 def _run(out: Path, rows: list[list[int]], *, drop_traj: bool = False, memory: bool = False) -> None:

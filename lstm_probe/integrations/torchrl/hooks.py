@@ -73,6 +73,7 @@ from lstm_probe.capture.tracer import CoreTracer
 from lstm_probe.contract import Capabilities, Tags
 from lstm_probe.errors import BadInput
 from lstm_probe.integrations.torchrl import memory, whatif
+from lstm_probe.integrations.torchrl.names import located
 from lstm_probe.integrations.torchrl.recurrent import (
     StagedRecurrent,
     cudnn_quiet,
@@ -127,33 +128,6 @@ def _in_rollout(frame: Any) -> bool:
     return False
 
 
-def find_modules(model: nn.Module | Iterable[nn.Module], names: list[str] | None = None) -> dict[str, nn.Module]:
-    """Every ``LSTMModule``/``GRUModule`` in ``model`` (a module, or several: actor and critic), by the
-    name it has in the first that holds it (one entry per module object: a shared one is probed once)."""
-    from torchrl.modules import GRUModule, LSTMModule
-
-    models = [model] if isinstance(model, nn.Module) else list(model)
-    found: dict[str, nn.Module] = {}
-    seen: set[int] = set()
-    for i, m in enumerate(models):
-        for name, sub in m.named_modules():
-            if isinstance(sub, LSTMModule | GRUModule) and id(sub) not in seen:
-                seen.add(id(sub))
-                key = name or type(sub).__name__
-                found[key if key not in found else f"{key}.{i}"] = sub
-    if len(found) == 1:  # one module: called by its kind
-        (only,) = found.values()
-        found = {"lstm" if isinstance(only, LSTMModule) else "gru": only}
-    if names is not None:
-        missing = [n for n in names if n not in found]
-        if missing:
-            raise BadInput(f"no LSTMModule/GRUModule named {missing[0]!r}; here: {', '.join(found) or 'none'}")
-        found = {n: found[n] for n in names}
-    if not found:
-        raise BadInput("no torchrl LSTMModule or GRUModule found in the given module(s)")
-    return found
-
-
 class TorchRLProbe(Probe, Tagged):
     """The TorchRL :class:`~lstm_probe.contract.Integration`: forward hooks on ``LSTMModule``/``GRUModule``
     that re-run each call on a shadow the tracer core hooks (module docstring). Use as a context manager,
@@ -176,6 +150,7 @@ class TorchRLProbe(Probe, Tagged):
         optimizer: Any = None,
         epochs: int = 1,
         minibatches: int = 1,
+        paths: dict[str, str] | None = None,
     ):
         import tensordict
         import torchrl
@@ -197,6 +172,7 @@ class TorchRLProbe(Probe, Tagged):
                         "in_keys": [str(k) for k in getattr(m, "in_keys", [])],
                         "dropout": float(getattr(self._inner[name], "dropout", 0.0) or 0.0),
                     }
+                    | ({"path": paths[name]} if paths and name in paths else {})
                     for name, m in modules.items()
                 },
             },
@@ -595,6 +571,7 @@ def probe(
     m = settle(Measure, measure, me)
     if m.info_keys:
         raise BadInput("--info is not built for --framework torchrl yet (--capture-obs keeps the observations)")
-    found = find_modules(model, modules)
+    found = located(model, modules)  # names.py: by role where it knows them, the path kept in the metadata
     kw = {"loss": loss, "optimizer": optimizer, "epochs": epochs, "minibatches": minibatches}
-    return TorchRLProbe(found, opts, metadata, measure=m, **kw)
+    paths = {n: p for n, (p, _) in found.items()}
+    return TorchRLProbe({n: m for n, (_, m) in found.items()}, opts, metadata, measure=m, paths=paths, **kw)
