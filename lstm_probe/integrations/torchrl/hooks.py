@@ -82,7 +82,7 @@ from lstm_probe.integrations.torchrl.recurrent import (
     staged_bytes,
 )
 from lstm_probe.integrations.torchrl.returns import BatchReturns
-from lstm_probe.integrations.torchrl.samples import Envs, StagedCall, gae_batch, host, rows_on_host
+from lstm_probe.integrations.torchrl.samples import Envs, StagedCall, estimator_batch, gae_batch, host, rows_on_host
 from lstm_probe.integrations.torchrl.shadow import inner_rnn as _rnn
 from lstm_probe.integrations.torchrl.shadow import shadow
 from lstm_probe.options import CaptureOptions, Measure, capture_options, route, settle
@@ -291,9 +291,11 @@ class TorchRLProbe(Probe, Tagged):
     def measure_batch(self, data: Any, epoch: int, minibatch: int = 0, iteration: int | None = None) -> None:
         """Call before the loss of each (epoch, minibatch) on the collector's batch ``data`` (the value
         estimator's advantage in it): the memory horizon at the first call per batch (its collection weights),
-        what-if on the minibatches it samples; nothing unless the probe was made with what_if or memory. On a
+        what-if on the minibatches it samples (nothing unless the probe was made with what_if or memory); where no
+        collection call came in this process (a multi-process collector), the batch's episode returns. On a
         copy of the loss: training is untouched. ``iteration``: the collector batch (counted by the probe)."""
         it = self.iteration if iteration is None else iteration
+        self._trained(data)  # where no collection call came, its episodes (returns.py TrainBatches)
         if it != self._memory_at:  # a new batch: the memory horizon on its weights; the records into the parts
             self._memory_at = it
             if self.memory is not None:
@@ -302,6 +304,11 @@ class TorchRLProbe(Probe, Tagged):
                 live.publish(self.tracer)
         if self.what_if is not None:
             self.what_if.on_batch(data, (it, epoch, minibatch))
+
+    def _trained(self, data: Any) -> None:
+        """A batch the training side sees: its episodes to the returns record where no collection call came."""
+        if self.batch_returns.trained(data):
+            self.batch_returns.returns.publish(self.tracer)
 
     # -- the hook ------------------------------------------------------------------------------------
     def _make_pre_hook(self, name: str) -> Any:
@@ -479,6 +486,8 @@ class TorchRLProbe(Probe, Tagged):
         if phase == "train" and "step_count" not in td.keys():
             self._unlinked = True
         gae = gae_batch(td.get(keys[1], None), keys[1]) if phase == "value" else None
+        if phase == "value" and not self.batch_returns.collected:  # no collection here: the estimator's batch
+            self._trained(estimator_batch())
         rnn = self.shadows[name]
         size = staged_bytes(rnn, td, keys)
         now = self._waiting + size > staged_budget(td.get(keys[0]).device)  # replayed at once: nothing copied
