@@ -438,6 +438,53 @@ def _make_cartpole():
     return build("CartPole-v1", n_envs=1, hidden_size=8, seed=0)[0]
 
 
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_torchrl_multi_process_collectors_returns_from_the_training_batches(tmp_path, kind):
+    """A multi-process collector runs no collection call in the probe's process: the returns come from the batches
+    the training side sees, a value estimator's (MultiSyncCollector, GAE called twice a batch: taken once) or
+    measure_batch's (MultiAsyncCollector, no recurrent estimator call), each trajectory's rewards summed across
+    batches by its trajectory id (unique across the workers)."""
+    pytest.importorskip("torchrl")
+    from torchrl.collectors import MultiAsyncCollector, MultiSyncCollector
+    from torchrl.modules import set_recurrent_mode
+    from torchrl.objectives.value import GAE
+
+    from lstm_probe.integrations.torchrl import build, probe
+
+    torch.set_num_threads(1)
+    _env, actor, critic, _ = build("CartPole-v1", n_envs=2, hidden_size=8, seed=0)
+    cls = MultiSyncCollector if kind == "sync" else MultiAsyncCollector
+    collector = cls([_make_cartpole, _make_cartpole], actor, frames_per_batch=32, total_frames=192)
+    adv = GAE(gamma=0.99, lmbda=0.95, value_network=critic, deactivate_vmap=True)
+    batches = []
+    with probe([actor, critic], tmp_path / "r.parquet", force=True) as p:
+        for data in collector:
+            keys = [("next", "reward"), ("next", "done"), ("collector", "traj_ids"), "step_count"]
+            batches.append([data.get(k).reshape(-1, data.batch_size[-1]).clone() for k in keys])
+            for epoch in range(2):
+                if kind == "sync":
+                    with torch.no_grad(), set_recurrent_mode(True):
+                        adv(data)
+                else:
+                    p.measure_batch(data, epoch=epoch)
+    collector.shutdown()
+    sums, per = {}, {}
+    for it, (rewards, dones, traj, steps) in enumerate(batches):  # each trajectory's rewards, step by step
+        for i in range(rewards.shape[0]):
+            for t in range(rewards.shape[1]):
+                s, n = sums.get(int(traj[i, t]), (0.0, 0))
+                assert n == int(steps[i, t])  # every trajectory seen from its first step, its steps in order
+                sums[int(traj[i, t])] = s, n = s + rewards[i, t].item(), n + 1
+                if dones[i, t]:
+                    per.setdefault(it, []).append((s, n))
+    meta = read_info(tmp_path / "r.parquet").metadata
+    assert meta["capabilities"]["returns"] is True and "not_measurable" not in meta
+    assert meta["returns"]["source"] == "rewards" and meta["returns"]["iterations"] == 6
+    assert _by_iteration(meta["returns"]) == _expected(per) and sum(len(v) for v in per.values()) >= 2
+    rep = lstm_probe.summarize(tmp_path / "r.parquet")
+    assert rep.returns.episodes == sum(len(v) for v in per.values()) and rep.returns.partial == 0
+
+
 @pytest.mark.parametrize("kind", ["extend", "add", "multi"])
 def test_torchrl_collectors_without_a_batch_say_why(tmp_path, kind):
     """A collector given a replay buffer extends it with its batch (the record as the buffer's rewards say); one that

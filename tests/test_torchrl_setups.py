@@ -54,12 +54,12 @@ def _run(out: Path, *, collect_critic: bool = False, step_counter: bool = True) 
 def test_a_critic_lstm_the_collection_does_not_run(tmp_path: Path) -> None:
     log = tmp_path / "run.parquet"
     _run(log)
-    critic = "module.0"  # the critic's LSTMModule, as find_modules names it (the actor's: module.0.module.0)
+    critic = "lstm_critic"  # the critic's LSTMModule, as find_modules names it by its role (the actor's: lstm_actor)
     df = lstm_probe.load(log, phase="train", module=critic, vectors=False)
     real = df[~df.padding.astype(bool)]
     # every loss-time sample of the critic is linked to its env step, as the actor's are
     assert real.env.notna().all() and real.env_step.notna().all()
-    actor = lstm_probe.load(log, phase="train", module="module.0.module.0", vectors=False)
+    actor = lstm_probe.load(log, phase="train", module="lstm_actor", vectors=False)
     actor = actor[~actor.padding.astype(bool)]
     keys = ["iteration", "epoch", "env", "env_step", "episode", "episode_step"]
     pd_sorted = real[keys].sort_values(keys).reset_index(drop=True)
@@ -77,6 +77,27 @@ def test_a_critic_lstm_the_collection_does_not_run(tmp_path: Path) -> None:
     findings = lstm_probe.summarize(log).findings
     assert not any("replay buffer" in f for f in findings)
     assert any(f.startswith(f"no drift for the train rows of {critic} ({len(real):,} rows)") for f in findings)
+
+
+def test_an_actor_and_critic_lstm_are_named_by_their_roles(tmp_path: Path) -> None:
+    """Separate actor and critic LSTMModules are named lstm_actor / lstm_critic (as sb3's), not by their paths
+    (module.0.module.0, module.0: hard to tell apart); the paths are kept in the metadata and still select."""
+    from lstm_probe.integrations.torchrl import find_modules
+
+    _env, actor, critic = two_lstms()
+    found = find_modules([actor, critic])
+    assert list(found) == ["lstm_actor", "lstm_critic"] and found["lstm_actor"] is actor.module[0].module[0]
+    assert list(find_modules([critic, actor])) == ["lstm_critic", "lstm_actor"]  # by role, not by position
+    assert list(find_modules([actor, critic], ["module.0"])) == ["lstm_critic"]  # a path names it too
+    assert list(find_modules([actor.module[0], critic.module[0]])) == ["module.0", "LSTMModule"]  # no roles: paths
+    log = tmp_path / "run.parquet"
+    _run(log, collect_critic=True)
+    meta = lstm_probe.read_info(log).metadata
+    assert {n: m["path"] for n, m in meta["torchrl"]["modules"].items()} == {
+        "lstm_actor": "module.0.module.0",
+        "lstm_critic": "module.0",
+    }
+    assert set(lstm_probe.load(log, columns=["module"], vectors=False)["module"]) == {"lstm_actor", "lstm_critic"}
 
 
 def test_a_critic_lstm_the_collection_runs_has_no_finding(tmp_path: Path) -> None:

@@ -25,7 +25,7 @@ import lstm_probe
 from lstm_probe.integrations.torchrl.hooks import probe
 from tests.torchrl_policies import two_lstms
 
-ACTOR, CRITIC = "module.0.module.0", "module.0"  # the LSTMModules as find_modules names them
+ACTOR, CRITIC = "lstm_actor", "lstm_critic"  # the LSTMModules as find_modules names them (names.py: by role)
 
 
 def _run(out: Path, rows: list[list[int]], *, drop_traj: bool = False, memory: bool = False) -> None:
@@ -153,6 +153,8 @@ def test_dropout_between_layers_is_named_where_the_provenance_check_fails_above_
     meta = lstm_probe.read_info(log).metadata
     (entry,) = meta["architecture"]["modules"].values()
     assert entry == {"kind": "LSTM", "hidden_size": 8, "num_layers": 2, "input_size": 4, "dropout": 0.5}
+    # whether dropout acted: every call of the module in training mode (32 collection steps, one loss call)
+    assert meta["training_mode"] == {"lstm": {"rollout": [32, 32], "train": [1, 1]}}
     summary = lstm_probe.summarize(log)
     st = summary.staleness
     assert st.provenance_ok is False
@@ -161,6 +163,9 @@ def test_dropout_between_layers_is_named_where_the_provenance_check_fails_above_
     cause = dropout_cause(meta, st.provenance_by_layer, st.provenance_tolerance)
     assert cause is not None and cause.startswith("dropout between the LSTM layers (nn.LSTM dropout: ")
     assert cause.endswith("layer 0 agrees: no provenance bug")
+    assert (
+        "(nn.LSTM dropout: lstm 0.5; in rollout, 32 of 32 calls in training mode; in train, 1 of 1 calls in " in cause
+    )
     assert st.provenance_dropout == cause and summary.to_dict()["staleness"]["provenance_dropout"] == cause
     assert f"provenance check FAILED on the layers above the first alone: {cause}" in summary.warnings
     assert any(f.startswith("provenance check FAILED") and f.endswith(f": {cause}") for f in summary.findings)
@@ -169,3 +174,10 @@ def test_dropout_between_layers_is_named_where_the_provenance_check_fails_above_
     assert dropout_cause(meta, [dict(layer0, max_drift_h=1.0), layer1], st.provenance_tolerance) is None
     old = {"architecture": {"modules": {"lstm": {k: v for k, v in entry.items() if k != "dropout"}}}}
     assert dropout_cause(old, st.provenance_by_layer, st.provenance_tolerance) is None
+    # the module in eval mode throughout: dropout acted nowhere, so it is not the cause; a log without the record
+    # (written before it) keeps the wording it had
+    evaluated = dict(meta, training_mode={"lstm": {"rollout": [0, 32], "train": [0, 1]}})
+    assert dropout_cause(evaluated, st.provenance_by_layer, st.provenance_tolerance) is None
+    unrecorded = {k: v for k, v in meta.items() if k != "training_mode"}
+    said = dropout_cause(unrecorded, st.provenance_by_layer, st.provenance_tolerance)
+    assert said is not None and said.startswith("dropout between the LSTM layers (nn.LSTM dropout: lstm 0.5): ")

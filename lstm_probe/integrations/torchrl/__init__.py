@@ -13,13 +13,14 @@ from typing import TYPE_CHECKING
 from lstm_probe.integrations import lazy_names
 
 if TYPE_CHECKING:
-    from lstm_probe.integrations.torchrl.hooks import TorchRLProbe, find_modules, probe
+    from lstm_probe.integrations.torchrl.hooks import TorchRLProbe, probe
+    from lstm_probe.integrations.torchrl.names import find_modules
     from lstm_probe.integrations.torchrl.train import build, run
 
 _LAZY = {
     "probe": "hooks",
     "TorchRLProbe": "hooks",
-    "find_modules": "hooks",
+    "find_modules": "names",
     "run": "train",
     "build": "train",
 }

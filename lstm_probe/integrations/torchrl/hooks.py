@@ -73,6 +73,7 @@ from lstm_probe.capture.tracer import CoreTracer
 from lstm_probe.contract import Capabilities, Tags
 from lstm_probe.errors import BadInput
 from lstm_probe.integrations.torchrl import memory, whatif
+from lstm_probe.integrations.torchrl.names import located
 from lstm_probe.integrations.torchrl.recurrent import (
     StagedRecurrent,
     cudnn_quiet,
@@ -81,7 +82,7 @@ from lstm_probe.integrations.torchrl.recurrent import (
     staged_bytes,
 )
 from lstm_probe.integrations.torchrl.returns import BatchReturns
-from lstm_probe.integrations.torchrl.samples import Envs, StagedCall, gae_batch, host, rows_on_host
+from lstm_probe.integrations.torchrl.samples import Envs, StagedCall, estimator_batch, gae_batch, host, rows_on_host
 from lstm_probe.integrations.torchrl.shadow import inner_rnn as _rnn
 from lstm_probe.integrations.torchrl.shadow import shadow
 from lstm_probe.options import CaptureOptions, Measure, capture_options, route, settle
@@ -127,33 +128,6 @@ def _in_rollout(frame: Any) -> bool:
     return False
 
 
-def find_modules(model: nn.Module | Iterable[nn.Module], names: list[str] | None = None) -> dict[str, nn.Module]:
-    """Every ``LSTMModule``/``GRUModule`` in ``model`` (a module, or several: actor and critic), by the
-    name it has in the first that holds it (one entry per module object: a shared one is probed once)."""
-    from torchrl.modules import GRUModule, LSTMModule
-
-    models = [model] if isinstance(model, nn.Module) else list(model)
-    found: dict[str, nn.Module] = {}
-    seen: set[int] = set()
-    for i, m in enumerate(models):
-        for name, sub in m.named_modules():
-            if isinstance(sub, LSTMModule | GRUModule) and id(sub) not in seen:
-                seen.add(id(sub))
-                key = name or type(sub).__name__
-                found[key if key not in found else f"{key}.{i}"] = sub
-    if len(found) == 1:  # one module: called by its kind
-        (only,) = found.values()
-        found = {"lstm" if isinstance(only, LSTMModule) else "gru": only}
-    if names is not None:
-        missing = [n for n in names if n not in found]
-        if missing:
-            raise BadInput(f"no LSTMModule/GRUModule named {missing[0]!r}; here: {', '.join(found) or 'none'}")
-        found = {n: found[n] for n in names}
-    if not found:
-        raise BadInput("no torchrl LSTMModule or GRUModule found in the given module(s)")
-    return found
-
-
 class TorchRLProbe(Probe, Tagged):
     """The TorchRL :class:`~lstm_probe.contract.Integration`: forward hooks on ``LSTMModule``/``GRUModule``
     that re-run each call on a shadow the tracer core hooks (module docstring). Use as a context manager,
@@ -176,6 +150,7 @@ class TorchRLProbe(Probe, Tagged):
         optimizer: Any = None,
         epochs: int = 1,
         minibatches: int = 1,
+        paths: dict[str, str] | None = None,
     ):
         import tensordict
         import torchrl
@@ -197,6 +172,7 @@ class TorchRLProbe(Probe, Tagged):
                         "in_keys": [str(k) for k in getattr(m, "in_keys", [])],
                         "dropout": float(getattr(self._inner[name], "dropout", 0.0) or 0.0),
                     }
+                    | ({"path": paths[name]} if paths and name in paths else {})
                     for name, m in modules.items()
                 },
             },
@@ -210,6 +186,10 @@ class TorchRLProbe(Probe, Tagged):
             self.obs_size = int(first.input_size)
             self._metadata["obs_size"] = self.obs_size
         self._envs = {name: Envs() for name in modules}
+        # per module with dropout, per phase: [calls in training mode (dropout acting), calls] (metadata training_mode)
+        self._modes: dict[str, dict[str, list[int]]] = {
+            n: {} for n, e in self._metadata["torchrl"]["modules"].items() if e["dropout"] > 0
+        }
         self._unlinked = False  # a loss call's samples without step_count: no env step, no drift (UNLINKED)
         self._current: dict[str, Tags] = {}
         # calls whose provenance waits for its values on the host, in call order (_settle); the bytes the
@@ -295,6 +275,8 @@ class TorchRLProbe(Probe, Tagged):
             not_measurable["returns"] = self.batch_returns.why
         if not_measurable:
             final["not_measurable"] = not_measurable
+        if self._modes:
+            final["training_mode"] = {n: dict(m) for n, m in self._modes.items()}
         measured = {"what_if": self.what_if, "memory": self.memory}
         return final | {k: m.metadata() for k, m in measured.items() if m is not None and m.metadata() is not None}
 
@@ -315,9 +297,11 @@ class TorchRLProbe(Probe, Tagged):
     def measure_batch(self, data: Any, epoch: int, minibatch: int = 0, iteration: int | None = None) -> None:
         """Call before the loss of each (epoch, minibatch) on the collector's batch ``data`` (the value
         estimator's advantage in it): the memory horizon at the first call per batch (its collection weights),
-        what-if on the minibatches it samples; nothing unless the probe was made with what_if or memory. On a
+        what-if on the minibatches it samples (nothing unless the probe was made with what_if or memory); where no
+        collection call came in this process (a multi-process collector), the batch's episode returns. On a
         copy of the loss: training is untouched. ``iteration``: the collector batch (counted by the probe)."""
         it = self.iteration if iteration is None else iteration
+        self._trained(data)  # where no collection call came, its episodes (returns.py TrainBatches)
         if it != self._memory_at:  # a new batch: the memory horizon on its weights; the records into the parts
             self._memory_at = it
             if self.memory is not None:
@@ -326,6 +310,11 @@ class TorchRLProbe(Probe, Tagged):
                 live.publish(self.tracer)
         if self.what_if is not None:
             self.what_if.on_batch(data, (it, epoch, minibatch))
+
+    def _trained(self, data: Any) -> None:
+        """A batch the training side sees: its episodes to the returns record where no collection call came."""
+        if self.batch_returns.trained(data):
+            self.batch_returns.returns.publish(self.tracer)
 
     # -- the hook ------------------------------------------------------------------------------------
     def _make_pre_hook(self, name: str) -> Any:
@@ -358,6 +347,10 @@ class TorchRLProbe(Probe, Tagged):
                 for k, v in given.items():
                     if v is not None:
                         td.set(k, v)
+            modes = self._modes.get(name)
+            if modes is not None:  # a Python bool read a call: whether dropout acts in it (training_mode)
+                counts = modes.setdefault(_phase(bool(mod.recurrent_mode)), [0, 0])
+                counts[0], counts[1] = counts[0] + bool(self._inner[name].training), counts[1] + 1
             grad = torch.is_grad_enabled()
             torch.set_grad_enabled(False)
             try:
@@ -503,6 +496,8 @@ class TorchRLProbe(Probe, Tagged):
         if phase == "train" and "step_count" not in td.keys():
             self._unlinked = True
         gae = gae_batch(td.get(keys[1], None), keys[1]) if phase == "value" else None
+        if phase == "value" and not self.batch_returns.collected:  # no collection here: the estimator's batch
+            self._trained(estimator_batch())
         rnn = self.shadows[name]
         size = staged_bytes(rnn, td, keys)
         now = self._waiting + size > staged_budget(td.get(keys[0]).device)  # replayed at once: nothing copied
@@ -595,6 +590,7 @@ def probe(
     m = settle(Measure, measure, me)
     if m.info_keys:
         raise BadInput("--info is not built for --framework torchrl yet (--capture-obs keeps the observations)")
-    found = find_modules(model, modules)
+    found = located(model, modules)  # names.py: by role where it knows them, the path kept in the metadata
     kw = {"loss": loss, "optimizer": optimizer, "epochs": epochs, "minibatches": minibatches}
-    return TorchRLProbe(found, opts, metadata, measure=m, **kw)
+    paths = {n: p for n, (p, _) in found.items()}
+    return TorchRLProbe({n: m for n, (_, m) in found.items()}, opts, metadata, measure=m, paths=paths, **kw)

@@ -165,6 +165,12 @@ def _estimator_locals() -> dict[str, Any] | None:
     return None
 
 
+def estimator_batch() -> Any:
+    """The batch the innermost value estimator on the stack was given (its ``data``), None outside one."""
+    found = _estimator_locals()
+    return None if found is None else found.get("data")
+
+
 def gae_batch(state: torch.Tensor | None, key: Any) -> tuple[Any, torch.Tensor] | None:
     """For a call a value estimator makes (phase "value"): the batch its samples were taken from (the
     estimator's ``data``, with their step counts, trajectory ids and mask) and, on the call's device, two

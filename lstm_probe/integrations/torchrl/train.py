@@ -180,7 +180,8 @@ def run(
     from torchrl.objectives import ClipPPOLoss
     from torchrl.objectives.value import GAE
 
-    from lstm_probe.integrations.torchrl.hooks import TorchRLProbe, find_modules
+    from lstm_probe.integrations.torchrl.hooks import TorchRLProbe
+    from lstm_probe.integrations.torchrl.names import find_modules
 
     cap, tr, own = route(overrides, (CaptureOptions, TrainOptions, Measure), "run --framework torchrl")
     if out is not None:

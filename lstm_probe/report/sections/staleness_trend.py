@@ -171,7 +171,9 @@ def dropout_cause(meta: dict[str, Any], per_layer: list[dict[str, Any]], bound: 
     between the layers of a traced module (``architecture.modules[NAME].dropout`` > 0, more than one layer): the
     rollout's and training's states of those layers are then computed with different dropout masks (or one of them
     without dropout), so they differ by construction. None where layer 0 fails too (a provenance bug whatever the
-    dropout), where no layer above the first fails, or where the metadata records no such dropout (older logs)."""
+    dropout), where no layer above the first fails, or where the metadata records no such dropout (older logs).
+    Where the log records which calls ran in training mode (TorchRL's ``training_mode``), the cause names them, and
+    is None where dropout acted in no rollout and no train call (the module in eval mode: no masks differ)."""
     modules = (meta.get("architecture") or {}).get("modules")
     if not isinstance(modules, dict):
         return None
@@ -184,8 +186,27 @@ def dropout_cause(meta: dict[str, Any], per_layer: list[dict[str, Any]], bound: 
     if not found or not failed or 0 in failed or not any(r["layer"] == 0 for r in per_layer):
         return None
     which = ", ".join(f"{safe(n)} {p:g}" for n, p in found.items())
-    return (
-        f"dropout between the LSTM layers (nn.LSTM dropout: {which}): the states of the layers above the first are "
-        "computed with other dropout masks in the rollout than in training (or without dropout in one of them), so "
-        "they differ by construction; layer 0 agrees: no provenance bug"
+    modes = meta.get("training_mode")
+    if not isinstance(modes, dict) or not all(isinstance(modes.get(n), dict) for n in found):  # older logs, sb3...
+        return (
+            f"dropout between the LSTM layers (nn.LSTM dropout: {which}): the states of the layers above the first "
+            "are computed with other dropout masks in the rollout than in training (or without dropout in one of "
+            "them), so they differ by construction; layer 0 agrees: no provenance bug"
+        )
+    acted = {ph: [_calls(modes[n].get(ph), 0) for n in found] for ph in ("rollout", "train")}
+    if not any(acted["rollout"]) and not any(acted["train"]):  # recorded: dropout acted in neither
+        return None
+    said = "; ".join(
+        f"in {ph}, {sum(acted[ph]):,} of {sum(_calls(modes[n].get(ph), 1) for n in found):,} calls in training mode"
+        for ph in ("rollout", "train")
     )
+    return (
+        f"dropout between the LSTM layers (nn.LSTM dropout: {which}; {said}): the states of the layers above the "
+        "first are computed with other dropout masks in the rollout than in training (or without dropout in one "
+        "of them), so they differ by construction; layer 0 agrees: no provenance bug"
+    )
+
+
+def _calls(counts: Any, i: int) -> int:
+    """``training_mode``'s [calls in training mode, calls] entry ``i`` (0 where absent)."""
+    return int(counts[i]) if isinstance(counts, list) and len(counts) == 2 else 0
