@@ -3,16 +3,13 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 
-import pyarrow.parquet as pq
-
 import lstm_probe
 from lstm_probe.log.reader import read_info, writing
-from lstm_probe.log.writer import META_FINAL_KEY
+from tests.live_parts import carried
 from tests.test_reliability import wait_for
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -42,19 +39,6 @@ ARGS = [
 ]
 
 
-def _carried(out):
-    """The iterations the what-if and memory records of the newest finished part hold (empty: none yet)."""
-    parts = sorted(out.glob("part-*.parquet"))
-    for part in reversed(parts):
-        try:
-            kv = pq.ParquetFile(part).metadata.metadata or {}
-        except OSError:  # (renamed into place whole: only a vanished file)
-            continue
-        doc = json.loads(kv.get(META_FINAL_KEY, b"{}"))
-        return {k: set(doc[k]["records"]["iteration"]) for k in ("what_if", "memory") if doc.get(k)}
-    return {}
-
-
 def test_a_killed_run_keeps_its_what_if_and_memory_records(tmp_path):
     out = tmp_path / "run"
     proc = subprocess.Popen(
@@ -69,7 +53,7 @@ def test_a_killed_run_keeps_its_what_if_and_memory_records(tmp_path):
 
         def two_iterations():
             assert proc.poll() is None, proc.communicate()
-            held = _carried(out)
+            held = carried(out)
             return len(held.get("what_if", ())) >= 2 and len(held.get("memory", ())) >= 2
 
         wait_for(two_iterations, "no part carried two iterations of what-if and memory records")
@@ -78,11 +62,11 @@ def test_a_killed_run_keeps_its_what_if_and_memory_records(tmp_path):
         proc.communicate(timeout=60)
     assert proc.returncode == -9
     wait_for(lambda: writing(out) is None, "the writer process never published the killed run's last part")
-    carried = _carried(out)  # the last part's: what the reader takes
+    last = carried(out)  # the last part's: what the reader takes
     info = read_info(out)
     assert not info.metadata["completed"]
-    assert set(info.metadata["what_if"]["records"]["iteration"]) == carried["what_if"]
-    assert set(info.metadata["memory"]["records"]["iteration"]) == carried["memory"]
+    assert set(info.metadata["what_if"]["records"]["iteration"]) == last["what_if"]
+    assert set(info.metadata["memory"]["records"]["iteration"]) == last["memory"]
     rep = lstm_probe.summarize(out)
     assert rep.what_if.measured and rep.memory.measured
     r = subprocess.run(

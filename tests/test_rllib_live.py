@@ -6,20 +6,18 @@ killed with the session's process group at the end."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
 
-import pyarrow.parquet as pq
 import pytest
 
 pytest.importorskip("ray.rllib")
 
 import lstm_probe
 from lstm_probe.log.reader import read_info, writing
-from lstm_probe.log.writer import META_FINAL_KEY
+from tests.live_parts import carried
 from tests.test_reliability import wait_for
 
 pytestmark = pytest.mark.rllib
@@ -28,18 +26,6 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 ARGS = ["run", "CartPole-v1", "--framework", "rllib", "--steps", "1000000", "--n-envs", "2", "--n-steps", "32"]
 ARGS += ["--batch-size", "32", "--n-epochs", "2", "--hidden-size", "8", "--max-seq-len", "8", "--torch-threads", "1"]
 ARGS += ["--part-seconds", "0.2", "--capture", "summary", "--what-if", "--memory"]
-
-
-def _carried(out):
-    """The iterations the what-if and memory records of the learner's newest finished part hold (empty: none)."""
-    for part in sorted(out.glob("part-learner0-*.parquet"), reverse=True):
-        try:
-            kv = pq.ParquetFile(part).metadata.metadata or {}
-        except OSError:  # (renamed into place whole: only a vanished file)
-            continue
-        doc = json.loads(kv.get(META_FINAL_KEY, b"{}"))
-        return {k: set(doc[k]["records"]["iteration"]) for k in ("what_if", "memory") if doc.get(k)}
-    return {}
 
 
 def test_a_killed_rllib_run_keeps_its_what_if_and_memory_records(tmp_path):
@@ -67,7 +53,7 @@ def _check_killed(out, proc):
 
         def two_iterations():
             assert proc.poll() is None, proc.communicate()
-            held = _carried(out)
+            held = carried(out, "part-learner0-*.parquet")
             return len(held.get("what_if", ())) >= 2 and len(held.get("memory", ())) >= 2
 
         wait_for(two_iterations, "no learner part carried two iterations of what-if and memory records")
@@ -76,12 +62,12 @@ def _check_killed(out, proc):
         proc.communicate(timeout=60)
     assert proc.returncode == -9
     wait_for(lambda: writing(out) is None, "a writer never published the killed run's last part")
-    carried = _carried(out)  # the learner's last part's: what the reader takes
+    last = carried(out, "part-learner0-*.parquet")  # the learner's last part's: what the reader takes
     info = read_info(out)
     assert not info.metadata["completed"]
     assert set(info.metadata["shards"]) == {"runner0", "learner0"}
-    assert set(info.metadata["what_if"]["records"]["iteration"]) == carried["what_if"]
-    assert set(info.metadata["memory"]["records"]["iteration"]) == carried["memory"]
+    assert set(info.metadata["what_if"]["records"]["iteration"]) == last["what_if"]
+    assert set(info.metadata["memory"]["records"]["iteration"]) == last["memory"]
     rep = lstm_probe.summarize(out)
     assert rep.what_if.measured and rep.memory.measured
     r = subprocess.run(
