@@ -174,11 +174,11 @@ def _chunk(path: list[str], t: list[int], start: list[bool], padding: list[bool]
 def test_only_a_per_step_loops_unpadded_starts_after_t0_cut():
     t = list(range(8))
     start = [True, False, False, True, False, True, False, False]
-    lengths, cuts = gradient_segments(_chunk(["stepwise"] * 8, t, start, [False] * 8))
-    assert sorted(lengths.tolist()) == [2.0, 3.0, 3.0] and cuts == 2
+    lengths, owner, cuts = gradient_segments(_chunk(["stepwise"] * 8, t, start, [False] * 8))
+    assert sorted(lengths.tolist()) == [2.0, 3.0, 3.0] and cuts == 2 and owner.tolist() == [0, 0, 0]  # one sequence
     # the same starts in one multi-step call: nothing resets inside the call
-    lengths, cuts = gradient_segments(_chunk(["sequence"] * 8, t, start, [False] * 8))
+    lengths, owner, cuts = gradient_segments(_chunk(["sequence"] * 8, t, start, [False] * 8))
     assert lengths.tolist() == [8.0] and cuts == 0
     # a start on a padding row cuts nothing
-    lengths, cuts = gradient_segments(_chunk(["stepwise"] * 8, t, start, [False] * 5 + [True] * 3))
+    lengths, owner, cuts = gradient_segments(_chunk(["stepwise"] * 8, t, start, [False] * 5 + [True] * 3))
     assert sorted(lengths.tolist()) == [3.0, 5.0] and cuts == 1

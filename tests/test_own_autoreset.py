@@ -136,3 +136,52 @@ def test_rewards_under_next_step_are_gymnasiums_own_episodes(tmp_path, device):
         assert by["episodes"][i] == len(r)
         assert (by["return_sum"][i], by["return_min"][i], by["return_max"][i]) == (r.sum(), r.min(), r.max())
         assert by["length_sum"][i] == n.sum()
+
+
+@pytest.mark.parametrize("whole", [True, False])
+def test_next_step_autoresets_inside_multi_step_rollout_calls(tmp_path, whole):
+    """An own loop that runs its LSTM over a rollout's T steps at once (``whole``: one sequence-first call; else a
+    per-step loop with its resets, recorded whole in one block of (N, T) tags) writes ``init`` at the call's first
+    step only: the episode starts at its later steps are the NEXT_STEP env's autoreset steps too, and are counted
+    (the doctor counted the calls' first steps only)."""
+    torch.manual_seed(0)
+    mode = gym.vector.AutoresetMode.NEXT_STEP
+    envs = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1") for _ in range(N)], autoreset_mode=mode)
+    envs.action_space.seed(0)
+    lstm = nn.LSTM(4, 8)
+    out = tmp_path / "whole.parquet"
+    probe = lstm_probe.trace(lstm, out, force=True, envs=envs, metadata={"n_envs": N})
+    probe.start()
+    obs, _ = envs.reset(seed=0)
+    done = np.zeros(N, bool)
+    starts = []
+    with torch.no_grad():
+        for it in range(2):  # random actions collect T steps, then the LSTM runs over them in one block
+            xs, st = [], []
+            for _ in range(T):
+                xs.append(obs)
+                st.append(done)
+                obs, _, term, trunc, _ = envs.step(envs.action_space.sample())
+                done = term | trunc
+            x, st = torch.tensor(np.array(xs), dtype=torch.float32), np.array(st)  # (T, N, 4), (T, N)
+            starts.append(st)
+            tags = dict(iteration=it, env=np.arange(N), env_step=it * T + np.arange(T)[None], episode_start=st.T)
+            with probe.tag(phase="rollout", **tags):
+                if whole:
+                    lstm(x)
+                else:
+                    s = (torch.zeros(1, N, 8), torch.zeros(1, N, 8))
+                    for t in range(T):
+                        keep = torch.tensor(1.0 - st[t], dtype=torch.float32).view(1, N, 1)
+                        _, s = lstm(x[t : t + 1], (keep * s[0], keep * s[1]))
+    probe.close()
+    envs.close()
+    tagged = np.concatenate(starts)  # (2T, N): every env step's episode_start
+    tagged[0] = False  # an env's first step is no autoreset step
+    steps, env = np.nonzero(tagged)
+    inside = int(tagged[1:T].sum() + tagged[T + 1 :].sum())  # at a call's later steps
+    assert (inside, int(tagged.sum())) == (13 - int(tagged[T].sum()), 13)
+    rep = lstm_probe.summarize(out)
+    (p,) = [p for p in rep.doctor.problems if p.kind == "next_step_autoreset"]
+    assert p.count == rep.doctor.autoresets == int(tagged.sum())
+    assert (p.first["env"], p.first["env_step"]) == (int(env[0]), int(steps[0]))

@@ -394,3 +394,39 @@ def test_a_distillation_log_without_the_count_states_no_horizon(tmp_path):
     assert doc["sequences"]["gradient_length"] == {} and doc["sequences"]["steps_uncounted"] is True
     assert "optimizer_steps" not in doc["sequences"]
     assert any(f.startswith(said) for f in doc["findings"]), doc["findings"]
+
+
+@pytest.mark.parametrize(("g", "tail"), [(3, 1), (5, 1), (6, 4)])
+def test_the_horizon_leaves_out_the_never_applied_tail(tmp_path, g, tail):
+    """gradient_length 3, 5 or 6 over 2 epochs x 8 steps: the update's last 16 % g student calls come after its last
+    optimizer step (rsl_rl's step hook says where), so their loss is dropped with the update and never trains. The
+    BPTT horizon is the stretches (between episode starts) of the sequences before that step alone (it counted the
+    tail's too), and says so; the sequence lengths are still every sequence's."""
+    runner = _distillation(tmp_path, g=g)
+    steps = _optimizer_steps(runner.alg)
+    log = tmp_path / "run.parquet"
+    with attach(runner, log):
+        runner.learn(2)
+    last = {u: e * STEPS + s for u, e, s in steps}  # each update's last optimizer step: after this call (0-based)
+    assert all(EPOCHS * STEPS - 1 - at == tail for at in last.values())
+    rows = lstm_probe.load(log, vectors=False)
+    train = rows[(rows.phase == "train") & (rows.layer == 0) & (rows.module == "student")]
+    stretches, everything = [], []
+    for (it, epoch, _, _), seq in train.groupby(["iteration", "epoch", "minibatch", "env"]):
+        seq = seq.sort_values("t")
+        calls = epoch * STEPS + seq.env_step.to_numpy() - STEPS * it  # the update's student calls
+        cuts = [0, *seq.t[seq.episode_start & (seq.t > 0)].tolist(), len(seq)]
+        pieces = np.diff(cuts).tolist()
+        everything += pieces
+        if calls.max() <= last[it]:
+            stretches += pieces
+    assert len(stretches) < len(everything)
+    doc = json.loads(_report(log, "--json"))
+    got = doc["sequences"]["gradient_length"]
+    want = (len(stretches), min(stretches), float(np.median(stretches)), float(np.mean(stretches)), max(stretches))
+    assert (got["count"], got["min"], got["median"], got["mean"], got["max"]) == pytest.approx(want)
+    assert doc["sequences"]["unapplied_tail"] == tail and doc["sequences"]["length"]["count"] == len(
+        train[train.t == 0]
+    )
+    words = "last student call," if tail == 1 else f"last {tail} student calls,"
+    assert f"leaving out each update's {words} whose gradients rsl_rl never applies" in " ".join(_report(log).split())

@@ -83,7 +83,16 @@ def split(episode_keys: np.ndarray, holdout: float) -> np.ndarray:
 def _units(env: np.ndarray, episode: np.ndarray, step: np.ndarray, holdout: float) -> np.ndarray:
     """What the split holds out whole: (env, episode), or, where a rollout holds too few episodes for the split
     (long episodes, short rollouts), contiguous runs of :data:`SEGMENT` env steps of one episode, or of 8 or 4
-    where runs of 16 are too few for two to be held out."""
+    where runs of 16 are too few for two to be held out.
+
+    Runs are cut at multiples of the run length, so an episode's first and last run may be cut short by its start or
+    end, or by the rollout's. A run of fewer rows than :data:`MIN_SEGMENT` (a fragment of 1-3 steps) is no unit of
+    its own: it joins the episode's run before it (an episode's first steps: the run after it), so that every unit
+    holds at least :data:`MIN_SEGMENT` steps and the count of held-out units (:data:`MIN_HELD_OUT_UNITS`) is not met
+    by a few steps cut off an episode's end. An episode whose rows in the rollout are all fewer than that stays one
+    unit (a whole episode as the rollout holds it, as with whole-episode units). The fragment's rows stay in use,
+    fitted or held out with the steps beside them (dropping them would lose rows; scoring them alone let 1-3 rows
+    count as a held-out unit)."""
     ep = np.nan_to_num(episode, nan=-1).astype(np.int64)
     units = env * 1_000_000_000 + ep
     need = 2 * max(2, round(1 / holdout))  # the split then holds out at least two
@@ -91,10 +100,28 @@ def _units(env: np.ndarray, episode: np.ndarray, step: np.ndarray, holdout: floa
         return units
     seg = SEGMENT
     while True:  # shorter runs where 16-step ones are too few (one env's 64-step rollout: 8-step runs)
-        runs = (units * 1_000_000 + step // seg).astype(np.int64)
+        runs = _merged((units * 1_000_000 + step // seg).astype(np.int64))
         if seg <= MIN_SEGMENT or len(np.unique(runs)) >= need:
             return runs
         seg //= 2
+
+
+def _merged(runs: np.ndarray) -> np.ndarray:
+    """``runs`` (each row's unit * 1e6 + its run in the unit) with each run of fewer than :data:`MIN_SEGMENT` rows
+    joined to the nearest full run of its unit before it, else after it, else to its unit's first run
+    (:func:`_units`)."""
+    keys, inverse, counts = np.unique(runs, return_inverse=True, return_counts=True)
+    full = counts >= MIN_SEGMENT
+    if full.all():
+        return runs
+    unit = keys // 1_000_000
+    idx = np.arange(len(keys))
+    before = np.maximum.accumulate(np.where(full, idx, -1))  # the nearest full run at or before each
+    after = np.minimum.accumulate(np.where(full, idx, len(keys))[::-1])[::-1]  # at or after
+    first = np.unique(unit, return_index=True)[1][np.unique(unit, return_inverse=True)[1]]
+    b, a = np.maximum(before, 0), np.minimum(after, len(keys) - 1)
+    target = np.where((before >= 0) & (unit[b] == unit), b, np.where((after < len(keys)) & (unit[a] == unit), a, first))
+    return keys[target][inverse]
 
 
 BELOW_ZERO = (

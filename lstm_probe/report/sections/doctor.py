@@ -42,7 +42,7 @@ from lstm_probe.contract import Capabilities
 from lstm_probe.log import budget
 from lstm_probe.log.schema import INITS
 from lstm_probe.report.reading import every_group, is_parquet, row_groups, stream, with_dictionaries
-from lstm_probe.report.rows import rows_expr
+from lstm_probe.report.rows import rows_expr, select_rows
 from lstm_probe.report.section import Block, Line, Log, Section, Table, kept_columns
 from lstm_probe.report.sections.doctor_rows import (
     INSIDE_ROWS,
@@ -50,6 +50,8 @@ from lstm_probe.report.sections.doctor_rows import (
     LEAK_NEEDS,
     LEAK_ROWS,
     LEAK_WORDS,
+    STARTS_ROWS,
+    STARTS_WORDS,
     STEP_COLUMNS,
     STEP_NEEDS,
     STEP_ROWS,
@@ -137,7 +139,9 @@ class DoctorSection:
     'NextStep', 'SameStep' or 'Disabled'."""
     autoresets: int = 0
     """Rollout episode starts tagged past an env's first step (of the module with the most): under a NEXT_STEP
-    autoreset, the no-op steps on an ended episode's terminal observation."""
+    autoreset, the no-op steps on an ended episode's terminal observation. Counted at every step of an own loop's
+    rollout calls (a multi-step call's later steps, which have no ``init``, too); other frameworks' rollout calls
+    are one step each, counted at their first."""
     kept: str = ""
     """The env columns the log keeps rows of, where ``--other-envs none`` kept only some (every count here is
     then of those): 'env columns 0..3 of 256'; '' where every column has rows."""
@@ -317,6 +321,10 @@ class Pass:
         if self.leaks is not None:
             self.filt |= rows_expr(LEAK_ROWS, LEAK_WORDS)
             columns += [*LEAK_COLUMNS, *LEAK_NEEDS, "layer"]
+        # an own loop's multi-step rollout calls: their later steps' episode starts (no init) count as autoresets
+        self.starts = self.generic and {"episode_start", "env_step"} <= names
+        if self.starts:
+            self.filt |= rows_expr(STARTS_ROWS, STARTS_WORDS) & ds.field("init").is_null()
         if self.steps is not None:
             self.filt |= rows_expr(STEP_ROWS, STEP_WORDS) | rows_expr(INSIDE_ROWS, STEP_WORDS)
             columns += [*STEP_COLUMNS, "layer", "path", "epoch", "minibatch", "padding"]
@@ -345,6 +353,11 @@ class Pass:
         if self.steps is not None:
             self.steps.add(whole)
         init = whole.column("init")
+        if self.starts and init.null_count:
+            starts = select_rows(whole.select([*COLUMNS, "layer"]), STARTS_ROWS, STARTS_WORDS)
+            starts = starts.filter(starts.column("init").is_null())
+            if starts.num_rows:
+                self.tally.add_starts(_columns(starts))
         if init.null_count == len(init):
             return
         # the doctor's own columns of the init rows (a rollout row group's every row: not copied)

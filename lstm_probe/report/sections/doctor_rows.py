@@ -53,6 +53,11 @@ LEAK_ROWS: tuple[Test, ...] = (("episode_start", "equal", True), ("t", "greater"
 LEAK_ROWS += (("padding", "equal", False),)
 LEAK_WORDS: dict[str, tuple[str, ...]] = {"phase": TRAINING, "path": ("sequence",)}
 """The rows :class:`Leaks` reads: those that pass ``LEAK_ROWS`` and whose string columns hold ``LEAK_WORDS``."""
+STARTS_ROWS: tuple[Test, ...] = (("episode_start", "equal", True), ("env_step", "greater", 0), ("layer", "equal", 0))
+STARTS_WORDS: dict[str, tuple[str, ...]] = {"phase": ("rollout",)}
+"""The rollout's tagged episode starts past an env's first step (a NEXT_STEP env's autoreset steps): those that pass
+``STARTS_ROWS`` and hold ``STARTS_WORDS``; the doctor counts those without an ``init`` (a multi-step rollout call's
+later steps, which the init rows leave out) with :meth:`Tally.add_starts`."""
 SEQUENCE = {"value": "a value-estimator sequence (GAE's passes or a loss's target network, phase value)"}
 """A training-side call's sequence by its phase, where not "a training sequence"."""
 
@@ -322,6 +327,14 @@ class Tally:
         self.other_env.add(c, init == "other_env")
         self.train_zero.add(c, training & (init == "zero"))
         self.train_state.add(c, training & (c["init_norm"] > 0))
+
+    def add_starts(self, c: dict[str, np.ndarray]) -> None:
+        """The rollout's tagged episode starts past an env's first step inside multi-step rollout calls (``c``: the
+        rows of :data:`STARTS_ROWS` without an ``init``: an own loop that runs its LSTM over several steps at once,
+        or a per-step loop recorded whole, writes its ``init`` at the call's first step only), counted with those of
+        the calls' first steps (:meth:`add`)."""
+        for module in np.unique(c["module"]).tolist():
+            self.autoresets.setdefault(module, First()).add(c, c["module"] == module)
 
     def _twice(self, c: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         """Calls of one module at the (env, env_step) of its previous acting call: in the same phase (the

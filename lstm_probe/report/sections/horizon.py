@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from lstm_probe.report.section import fmt_steps
 
 NO_STEP = "no optimizer step happened in training (the log's optimizer_steps is 0)"
@@ -25,6 +27,50 @@ def no_claim(s: Any) -> str:
     if s.optimizer_steps == 0:
         return NO_STEP
     return UNCOUNTED if getattr(s, "steps_uncounted", False) else ""
+
+
+def unapplied_tail(meta: dict[str, Any]) -> int:
+    """rsl_rl distillation: the student calls at each update's end whose gradients are never applied (0: none, or not
+    a distillation log). ``Distillation.update`` counts its calls across the epochs and steps the optimizer after
+    every ``gradient_length``-th; the loss of the calls after the last such step is dropped with the update, so
+    where ``gradient_length`` does not divide epochs x steps per env, the remainder's calls never train."""
+    hyper = meta.get("hyperparameters") if meta.get("algorithm") == "Distillation" else None
+    if not isinstance(hyper, dict):
+        return 0
+    g, e, n = (hyper.get(k) for k in ("gradient_length", "num_learning_epochs", "num_steps_per_env"))
+    if not all(isinstance(v, int) and v > 0 for v in (g, e, n)):
+        return 0
+    return int(e * n % g)  # type: ignore[operator]
+
+
+def applied(places: np.ndarray, meta: dict[str, Any]) -> np.ndarray:
+    """Which training sequences' gradients were applied, by their (epoch, first step in the epoch) ``places``
+    (:func:`epoch_places`): not those in the update's never-applied tail (:func:`unapplied_tail`; rsl_rl's
+    sequences are cut at each optimizer step, so a sequence lies wholly inside the tail or outside it)."""
+    hyper = meta["hyperparameters"]
+    total = hyper["num_learning_epochs"] * hyper["num_steps_per_env"]
+    start = places[:, 0] * hyper["num_steps_per_env"] + places[:, 1]
+    return np.asarray(~(start >= total - unapplied_tail(meta)))
+
+
+def epoch_places(first: Any) -> np.ndarray:
+    """Each training sequence's (epoch, first step in its epoch), from the sequences' first rows ``first`` (a
+    :class:`~lstm_probe.report.scan.Frame`; a run of whole iterations): an epoch's minibatches (rsl_rl
+    distillation's gradient windows) follow one another in minibatch order, each its sequences' ``seq_len`` long."""
+    it, ep, mb, ln = (np.asarray(first[c], np.float64) for c in ("iteration", "epoch", "minibatch", "seq_len"))
+    out = np.full((len(it), 2), np.nan)
+    if not len(it):
+        return out
+    o = np.lexsort((mb, ep, it))
+    i, e, m, n = it[o], ep[o], mb[o], ln[o]
+    new_epoch = np.r_[True, (i[1:] != i[:-1]) | (e[1:] != e[:-1])]
+    new_window = new_epoch | np.r_[True, m[1:] != m[:-1]]
+    length = n[new_window]  # each window's (its first sequence's) length
+    before = np.cumsum(length) - length  # the steps of the windows before it, over the whole run
+    starts = new_epoch[new_window]
+    offset = before - before[starts][np.cumsum(starts) - 1]  # ... in its own epoch
+    out[o, 0], out[o, 1] = e, offset[np.cumsum(new_window) - 1]
+    return out
 
 
 CARRIED = {
@@ -63,9 +109,10 @@ def horizon_in_words(s: Any, of: str) -> tuple[str, str]:
             "BPTT horizon",
             "",
         )
+    h = g or n  # the sequences whose gradients were applied (all but a distillation update's tail)
     whole = (
-        f"gradients flow back at most {fmt_steps(n['max'])} steps (median {fmt_steps(n['median'])}) through the "
-        f"training sequences{of}"
+        f"gradients flow back at most {fmt_steps(h['max'])} steps (median {fmt_steps(h['median'])}) through the "
+        f"training sequences{of}{tail_words(s)}"
     )
     if not s.starts_inside or not g:
         return whole, ""
@@ -77,8 +124,20 @@ def horizon_in_words(s: Any, of: str) -> tuple[str, str]:
         steps = f"up to {steps} (median {fmt_steps(n['median'])})"
     return (
         f"training sequences{of} are {steps}, but the state is reset at {starts} inside them, so gradients flow back "
-        f"at most {fmt_steps(g['max'])} steps (median {fmt_steps(g['median'])})",
+        f"at most {fmt_steps(g['max'])} steps (median {fmt_steps(g['median'])}){tail_words(s)}",
         "",
+    )
+
+
+def tail_words(s: Any) -> str:
+    """', leaving out ...' where the horizon leaves out each update's never-applied tail (:func:`unapplied_tail`)."""
+    n = getattr(s, "unapplied_tail", None)
+    if not n:
+        return ""
+    calls = "student call" if n == 1 else f"{n} student calls"
+    return (
+        f", leaving out each update's last {calls}, whose gradients rsl_rl never applies (gradient_length does not "
+        "divide the update's calls: the loss after its last optimizer step is dropped)"
     )
 
 

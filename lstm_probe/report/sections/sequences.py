@@ -31,7 +31,14 @@ from lstm_probe.report.section import (
     fmt_steps,
     kept_columns,
 )
-from lstm_probe.report.sections.horizon import cuts_line, horizon_in_words, no_claim
+from lstm_probe.report.sections.horizon import (
+    applied,
+    cuts_line,
+    epoch_places,
+    horizon_in_words,
+    no_claim,
+    unapplied_tail,
+)
 from lstm_probe.report.verdict import MID_ROLLOUT
 
 LENGTH_EDGES = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 10**9]
@@ -108,12 +115,16 @@ class SequencesSection:
     """A distillation log without ``optimizer_steps`` (a run killed before its first update ended, an older log):
     whether any gradient was applied is not known, so :attr:`gradient_length` is empty (no horizon); in the JSON only
     where True."""
+    unapplied_tail: int | None = None
+    """rsl_rl distillation where ``gradient_length`` does not divide an update's student calls (epochs x steps per
+    env): the calls after the update's last optimizer step, whose gradients rsl_rl never applies (the loss is
+    dropped); :attr:`gradient_length` leaves their sequences out. In the JSON only where set."""
     env_step_stride: int | None = None
     """k where the doctor found the rollout's env_step a global counter (k a step): the figures read from env steps
     are withheld (:func:`judge_env_steps`); in the JSON only where set."""
 
 
-def gradient_segments(part: Chunk) -> tuple[np.ndarray, int]:
+def gradient_segments(part: Chunk) -> tuple[np.ndarray, np.ndarray, int]:
     """How far back gradients can flow in one scan run's training sequences (of ``part.train_module``, layer 0:
     each one's first row, ``part.starts``), one length per stretch, and how many episode starts lie inside them.
 
@@ -122,17 +133,17 @@ def gradient_segments(part: Chunk) -> tuple[np.ndarray, int]:
     counts as the stretches between its cuts (0, each cut's t, its seq_len). A multi-step call (one call over T
     steps) cannot reset inside the call, so its episode starts at t > 0 cut nothing (the state runs on: the doctor's
     ``across_episodes``). Padding rows cut nothing. Without a cut: each sequence's ``seq_len``, in order (the
-    training sequences' lengths themselves). Vectorized: the stretches are the differences of the sorted
-    (sequence, position) pairs within each sequence."""
+    training sequences' lengths themselves). With each stretch's sequence (its index in ``part.starts``).
+    Vectorized: the stretches are the differences of the sorted (sequence, position) pairs within each sequence."""
     train, starts = part.train, part.starts
     lens = train["seq_len"][starts].astype(np.float64)
     if not len(starts) or "episode_start" not in train or "stepwise" not in train.words("path"):
-        return lens, 0  # no per-step training row here: nothing resets inside a sequence
+        return lens, np.arange(len(lens)), 0  # no per-step training row here: nothing resets inside a sequence
     cut = part.train_sel & train.equals("path", "stepwise") & (train["t"] > 0)
     cut &= train["episode_start"] & ~train["padding"]
     at = np.flatnonzero(cut)
     if not len(at):
-        return lens, 0
+        return lens, np.arange(len(lens)), 0
     both = dense_key([np.concatenate([train[c][starts], train[c][at]]) for c in SEQUENCE_KEY])
     key, cut_key = both[: len(starts)], both[len(starts) :]
     order = np.argsort(key, kind="stable")  # the sequences' keys are distinct (one first row each)
@@ -141,7 +152,7 @@ def gradient_segments(part: Chunk) -> tuple[np.ndarray, int]:
     ok = (key[seq] == cut_key) & (t < lens[seq])  # in a sequence of this run, before its end (a null seq_len: no)
     seq, t = seq[ok], t[ok]
     if not len(seq):
-        return lens, 0
+        return lens, np.arange(len(lens)), 0
     held = np.zeros(len(starts), bool)
     held[seq] = True
     ends = lens[held].astype(np.int64)
@@ -151,7 +162,8 @@ def gradient_segments(part: Chunk) -> tuple[np.ndarray, int]:
     )
     same = pairs[1:] // span == pairs[:-1] // span
     stretches = np.diff(pairs)[same].astype(np.float64)
-    return np.concatenate([lens[~held], stretches]), len(pairs) - 2 * len(ends)
+    owner = np.concatenate([np.flatnonzero(~held), pairs[:-1][same] // span])
+    return np.concatenate([lens[~held], stretches]), owner, len(pairs) - 2 * len(ends)
 
 
 SEQUENCE_KEY = ("iteration", "epoch", "minibatch", "seq")
@@ -171,6 +183,10 @@ class SequenceTotals(Accumulator[Chunk]):
     gradient: Parts[np.ndarray] = field(default_factory=Parts)
     """Per run: the stretches of the training sequences between the episode starts inside them
     (:func:`gradient_segments`)."""
+    places: Parts[np.ndarray] = field(default_factory=Parts)
+    """Per run: each training sequence's (epoch, first step in its epoch) (:func:`~.horizon.epoch_places`)."""
+    gradient_places: Parts[np.ndarray] = field(default_factory=Parts)
+    """Per run: each stretch's sequence's place, as :attr:`places`."""
     inside: Sum = field(default_factory=Sum)
     """Episode starts inside the training sequences of a per-step training loop (:func:`gradient_segments`)."""
     stored_starts: Sum = field(default_factory=Sum)
@@ -190,8 +206,11 @@ class SequenceTotals(Accumulator[Chunk]):
             sel = part.train_sel
             first = part.train.take(part.starts)
             self.lengths.append(first["seq_len"].astype(np.float64))
-            stretches, inside = gradient_segments(part)
+            stretches, owner, inside = gradient_segments(part)
             self.gradient.append(stretches)
+            places = epoch_places(first)
+            self.places.append(places)
+            self.gradient_places.append(places[owner])
             self.inside.add(inside)
             known = first["seq_reason"] >= 0
             self.known_starts.add(int(known.sum()))
@@ -276,6 +295,12 @@ class Sequences(Section[SequencesSection]):
             episodes = starts if starts is not None else episodes
         lens = np.concatenate(acc.lengths) if acc.lengths else np.zeros(0)
         stretches = np.concatenate(acc.gradient) if acc.gradient else np.zeros(0)
+        tail = unapplied_tail(log.meta)  # rsl_rl distillation: each update's last calls, never backpropagated
+        if tail:
+            lens_applied = lens[applied(np.concatenate(acc.places), log.meta)]
+            stretches = stretches[applied(np.concatenate(acc.gradient_places), log.meta)]
+        else:
+            lens_applied = lens
         if not acc.padding_of.value:
             stored = 0.0 if log.caps.stored_states else None
             out = SequencesSection(0, {}, {}, summary_stats(episodes), len(episodes), 0.0, stored)
@@ -314,7 +339,10 @@ class Sequences(Section[SequencesSection]):
             kept_envs=log.kept_envs,
             n_envs=log.n_envs,
             env_runners=log.env_runners,
-            gradient_length={} if steps == 0 or uncounted else summary_stats(stretches if acc.inside.value else lens),
+            gradient_length=(
+                {} if steps == 0 or uncounted else summary_stats(stretches if acc.inside.value else lens_applied)
+            ),
+            unapplied_tail=tail or None,
             optimizer_steps=steps,
             steps_uncounted=uncounted,
             starts_inside=acc.inside.value,
@@ -322,7 +350,7 @@ class Sequences(Section[SequencesSection]):
 
     def to_json(self, data: SequencesSection) -> Any:
         out = super().to_json(data)
-        for key in ("env_step_stride", "optimizer_steps", "steps_uncounted"):  # only where set
+        for key in ("env_step_stride", "optimizer_steps", "steps_uncounted", "unapplied_tail"):  # only where set
             if getattr(data, key) is None or getattr(data, key) is False:
                 del out[key]
         return out
