@@ -294,8 +294,9 @@ def _policy(policy: Any, trust_model: bool, names: dict[str, str]) -> Loaded:
 def _exported(path: Path) -> bool:
     """Whether ``path`` is a file an export wrote (ONNX, or TorchScript: its zip holds ``code/`` or
     ``constants.pkl``), not a framework's saved model (a ``.pt`` checkpoint of ``torch.save``, which its
-    framework's loader reads with ``weights_only``). Anything not a readable zip (or whose directory would
-    hold more than the memory budget) is taken as exported, and read (or refused) as such."""
+    framework's loader reads with ``weights_only``). A ``.pt`` that is no zip is a checkpoint (the loader refuses
+    one cut short as such, not as TorchScript); one that cannot be read (or whose directory would hold more than
+    the memory budget) is taken as exported, and read (or refused) as such."""
     import zipfile
 
     if path.suffix == ".onnx":
@@ -306,7 +307,9 @@ def _exported(path: Path) -> bool:
             budget.refuse(16 * os.fstat(f.fileno()).st_size, f"reading the directory of {path}")
             with zipfile.ZipFile(f) as z:
                 names = z.namelist()
-    except (zipfile.BadZipFile, OSError, BadInput, BadLog):  # read (and refused) as an exported file
+    except zipfile.BadZipFile:  # TorchScript is a zip: this is a checkpoint (torch's legacy format, or cut short)
+        return False
+    except (OSError, BadInput, BadLog):  # read (and refused) as an exported file
         return True
     return any(n.endswith("/constants.pkl") or "/code/" in n for n in names)
 

@@ -209,6 +209,8 @@ def open_file(path: Path, names: dict[str, str] | None = None) -> PolicyFile:
             proto = onnx.load_model_from_string(raw)
         except Exception as exc:
             raise BadInput(f"cannot read {path} as an ONNX file: {one_line(exc, kind=False)[:200]}") from None
+        if not proto.graph.input and not proto.graph.node:  # an empty file parses as an empty model
+            raise BadInput(f"cannot read {path} as an ONNX file: it holds no graph ({len(raw):,} bytes); {fix}")
         meta = {p.key: p.value for p in proto.metadata_props}
         if META_KEY not in meta:  # a file from elsewhere: its spec from its graph, its weights perhaps beside it
             foreign.inline(proto, path, FILE_COPIES)

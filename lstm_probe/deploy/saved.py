@@ -97,6 +97,13 @@ def _check_crcs(f: BinaryIO, path: str | os.PathLike[str], fix: str) -> None:
 
     try:
         if not zipfile.is_zipfile(f):
+            f.seek(0)
+            if f.read(4) == b"PK\x03\x04":  # a zip's first record, but no directory at its end: cut short
+                size = os.fstat(f.fileno()).st_size
+                raise BadInput(
+                    f"{path} is truncated: a zip (as torch.save writes) whose end is missing ({size:,} bytes); "
+                    "copy it again whole"
+                )
             return
         f.seek(0)
         with zipfile.ZipFile(f) as z:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -167,6 +168,14 @@ class Spec:
                 f"{where}: its {META_KEY} metadata states frame_axes {str(axes)[:60]}, not a permutation of the "
                 f"obs_shape's {len(obs)} axes; export it again"
             )
+        named, normalized = doc.get("framework", ""), doc.get("normalized", False)  # either absent from old files
+        if not isinstance(named, str) or not re.fullmatch(r"[a-z0-9_]{0,40}", named):
+            raise BadInput(f"{where}: its {META_KEY} metadata states the framework {_shown(named)}; export it again")
+        if not isinstance(normalized, bool):
+            raise BadInput(
+                f"{where}: its {META_KEY} metadata states normalized {_shown(normalized)}, not true or false; export "
+                "it again"
+            )
         keys = _obs_keys(doc.get("obs_keys", []), obs, where)  # files written before Dict policies state none
         frame = tuple(int(a) for a in axes)
         return cls(str(variant), obs, str(action), act, layers, hidden, str(cell), choices, frame, keys)
@@ -189,6 +198,11 @@ MAX_DIMS = 32
 """Most dimensions of an observation or action."""
 MAX_SIZE = 1 << 24
 """Most values in one observation or action (16,777,216: an 84 x 84 x 4 Atari frame holds 28,224)."""
+
+
+def _shown(value: Any) -> str:
+    """A metadata value in a message: its repr, cut to 40 characters (control characters escaped)."""
+    return repr(value)[:40]
 
 
 def _count(value: Any, name: str, where: str, most: int) -> int:
