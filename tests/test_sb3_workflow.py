@@ -216,6 +216,12 @@ def test_replay_without_the_statistics_of_a_vecnormalize_model_says_what_its_ver
             assert len(said) == (1 if name == "norm" else 0), (policy.name, r.notes)
             if said:
                 assert "--vecnormalize STATS" in said[0] and "reads as 'not this policy'" in said[0]
+            # the verdict itself says what it rests on: this loop forgot to normalize, and replay cannot tell
+            assert r.verdict == "correct" and r.to_dict()["unnormalized"] is (name == "norm"), (policy.name, r.verdict)
+            qualified = (
+                "correct if the trace's observations are what the policy took (normalized): without --vecnormalize"
+            )
+            assert r.headline.startswith(qualified) if name == "norm" else r.headline == "correct", r.headline
 
 
 def test_the_memory_panel_says_the_episodes_under_way_too(tmp_path):

@@ -233,7 +233,7 @@ def _render_replay(r: Any, as_json: bool) -> None:
     for lp in r.loops:
         first = "" if lp.first_diff is None else f", first differs at env {lp.first_diff[0]} step {lp.first_diff[1]}"
         out().print(f"{lp.name:<34}{lp.agree:>6,} / {lp.steps:,} steps agree{first}", highlight=False, soft_wrap=True)
-    same = f" (the same actions as: {', '.join(r.also)})" if r.also and r.verdict == r.headline else ""
+    same = f" (the same actions as: {', '.join(r.also)})" if r.also and r.verdict != "cannot tell" else ""
     out().print(f"verdict: {r.headline}{same}{_difference(r)}", highlight=False, soft_wrap=True)
     if r.parted is not None:
         out().print(f"the correct loop and the recording part at env {r.parted[0]} step {r.parted[1]}", highlight=False)

@@ -131,11 +131,19 @@ class Replay:
     action: str = "box"
     """The policy's actions: 'box' (each loop's ``max_error`` relative to the action scale) or 'discrete'
     (``max_error`` 1 where any step's action differs)."""
+    unnormalized: bool = False
+    """The model was trained on normalized observations and replay had no statistics: its observations went to the
+    policy as recorded, so a loop that forgets to normalize agrees as the correct one does."""
 
     @property
     def headline(self) -> str:
         """The verdict as a sentence: the verdict itself, or for :data:`TIE`, which loops agree and what to
         record instead."""
+        if self.verdict == CORRECT and self.unnormalized:
+            return (
+                f"{CORRECT} if the trace's observations are what the policy took (normalized): without --vecnormalize "
+                "replay cannot tell a loop that forgets to normalize them"
+            )
         if self.verdict != TIE:
             return self.verdict
         names = tied(self.also)
@@ -156,6 +164,7 @@ class Replay:
             "tolerance": self.tolerance,
             "notes": self.notes,
             "action": self.action,
+            "unnormalized": self.unnormalized,
         }
 
 
@@ -236,7 +245,16 @@ def replay(
         )
     correct = loops_found[0]
     return Replay(
-        verdict, also, correct.first_diff, loops_found, len(rec.env), len(plan.first), tolerance, notes, spec.action
+        verdict,
+        also,
+        correct.first_diff,
+        loops_found,
+        len(rec.env),
+        len(plan.first),
+        tolerance,
+        notes,
+        spec.action,
+        unnormalized=norm is None and loaded.normalized,
     )
 
 
