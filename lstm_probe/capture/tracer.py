@@ -31,7 +31,7 @@ from lstm_probe.capture.dispatch import cell_call, rnn_call
 from lstm_probe.capture.emitter import Emitter, Observer
 from lstm_probe.capture.held import NEVER, Held
 from lstm_probe.capture.inputs import Inputs, module_input, stacked_steps
-from lstm_probe.capture.modules import RECURRENT_TYPES, base_metadata, describe_modules, numerics
+from lstm_probe.capture.modules import RECURRENT_TYPES, Modes, base_metadata, describe_modules, numerics
 from lstm_probe.capture.recover import Scratch
 from lstm_probe.capture.transfer import Later
 from lstm_probe.contract import CODES, Integration, Resolver, Tags
@@ -119,7 +119,10 @@ class CoreTracer:
             partial=partial if self.keep_envs is None else None,
         )
         self.scratch = Scratch()  # the per-step c recovery's work arrays (jobs run one at a time, in order)
-        self.resolver: Resolver = integration.resolve
+        # whether dropout acted (the log's training_mode), per module with dropout: each call counted as its tags
+        # are asked (the loops recorded whole at loop_end); an integration that counts its own sets modes anew
+        self.modes = Modes(self.modules)
+        self.resolver: Resolver = self.modes.resolving(integration.resolve) if self.modes else integration.resolve
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
         self.writer: LogWriter | None = None
         self.calls = 0
@@ -190,6 +193,7 @@ class CoreTracer:
             "end_time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds"),
             "unsupported_calls": self.unsupported_calls,
             **({"empty_calls": self.empty_calls} if self.empty_calls else {}),
+            **self.modes.metadata(),
             "probe_cost": {
                 "seconds": round(time.monotonic() - self.started, 3),  # start() to close(), wall
                 "calls": self.calls,
@@ -281,7 +285,7 @@ class CoreTracer:
         if name is None or self._loop is not None or self.writer is None or getattr(module, "batch_first", True):
             return None  # (LSTMCell and GRUCell have no batch_first: they make no loops to record)
         start = time.perf_counter()
-        tags = self.resolver(name, 1, batch)
+        tags = self.integration.resolve(name, 1, batch)  # (its steps counted at loop_end, not here)
         grid = tags.grid
         if grid is not None and grid.shape[0] == batch and grid.shape[1] > 1:
             self.flush_pending()  # what came before is written first, as the call-by-call path does
@@ -309,6 +313,7 @@ class CoreTracer:
         block = Block()
         block.calls, block.stacked = loop.calls, stacked
         tags = loop.tags
+        self.modes.count(name, tags.phase, len(steps))
         t0 = tags.stepwise.get(name, 0)
         tags.stepwise[name] = t0 + len(steps)
         if t0 == 0 and loop.x0 is not None:
