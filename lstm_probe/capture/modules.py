@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from lstm_probe.contract import Resolver, Tags
 from lstm_probe.errors import BadInput
 from lstm_probe.log.schema import SCHEMA_VERSION
 
@@ -110,3 +111,43 @@ def base_metadata() -> dict[str, Any]:
         "versions": versions,
         "start_time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds"),
     }
+
+
+class Modes:
+    """Whether dropout acted, the log's ``training_mode``: per traced module with dropout > 0 (nn.LSTM/nn.GRU apply
+    it between their layers in training mode only), per phase, [calls made in training mode, calls]. Each call
+    reads the module's ``training`` (a Python bool: no device sync). ``modules``: whose mode and dropout are read,
+    by the names the log gives them (the traced modules; TorchRL's, the user's modules its traced shadows stand
+    for). The tracer counts each call as it asks its tags (:meth:`resolving`); an integration whose calls reach
+    the tracer later than they ran (TorchRL's replays) counts them itself, as they run (:meth:`count`)."""
+
+    def __init__(self, modules: Mapping[str, nn.Module]):
+        self.modules = {n: m for n, m in modules.items() if float(getattr(m, "dropout", 0.0) or 0.0) > 0}
+        self.counts: dict[str, dict[str, list[int]]] = {n: {} for n in self.modules}
+
+    def __bool__(self) -> bool:
+        return bool(self.modules)
+
+    def count(self, name: str, phase: str, calls: int = 1) -> None:
+        """``calls`` calls of module ``name`` in ``phase``, in the mode the module is in now."""
+        module = self.modules.get(name)
+        if module is not None:
+            counts = self.counts[name].setdefault(phase, [0, 0])
+            counts[0] += calls if module.training else 0
+            counts[1] += calls
+
+    def resolving(self, resolve: Resolver) -> Resolver:
+        """``resolve`` (an integration's), counting each call it answers under the phase of its tags."""
+
+        def resolver(name: str, steps: int, batch: int) -> Tags:
+            tags = resolve(name, steps, batch)
+            self.count(name, tags.phase)
+            return tags
+
+        return resolver
+
+    def metadata(self) -> dict[str, Any]:
+        """The log's ``training_mode`` entry; none where no module has dropout."""
+        if not self.modules:
+            return {}
+        return {"training_mode": {n: {p: list(c) for p, c in by.items()} for n, by in self.counts.items()}}

@@ -82,9 +82,9 @@ METADATA_KEYS: dict[str, str] = {
     "several writing processes (RLlib's env runners) holds {by_shard: {shard: record}}; the record of an "
     "evaluation's process (RLlib's evaluation runners) says evaluation: true, and its episodes are counted apart from "
     "training's.",
-    "training_mode": "TorchRL, per traced module with dropout > 0: per phase (rollout, train, value, other), "
-    "[calls made in training mode, calls]: where dropout acted (nn.LSTM/nn.GRU apply it in training mode only). "
-    "Absent where no module has dropout, and in older logs.",
+    "training_mode": "Per traced module with dropout > 0, every integration: per phase (rollout, train, bootstrap, "
+    "value, other), [calls made in training mode, calls]: where dropout acted (nn.LSTM/nn.GRU apply it in training "
+    "mode only). Absent where no module has dropout, and in older logs (before this, TorchRL's alone).",
     "optimizer_steps": "rsl_rl distillation: the optimizer steps training took (counted by a step hook on its "
     "optimizer). 0 where gradient_length exceeds an update's student calls (epochs x steps): rsl_rl never steps, "
     "its gradients never applied, and the report states no BPTT horizon. Kept up to date while the run goes (written "

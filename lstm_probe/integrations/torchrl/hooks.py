@@ -67,7 +67,7 @@ import torch
 from torch import nn
 
 from lstm_probe.capture.life import Probe, Tagged
-from lstm_probe.capture.modules import base_metadata
+from lstm_probe.capture.modules import Modes, base_metadata
 from lstm_probe.capture.returns import Live
 from lstm_probe.capture.tracer import CoreTracer
 from lstm_probe.contract import Capabilities, Tags
@@ -186,10 +186,6 @@ class TorchRLProbe(Probe, Tagged):
             self.obs_size = int(first.input_size)
             self._metadata["obs_size"] = self.obs_size
         self._envs = {name: Envs() for name in modules}
-        # per module with dropout, per phase: [calls in training mode (dropout acting), calls] (metadata training_mode)
-        self._modes: dict[str, dict[str, list[int]]] = {
-            n: {} for n, e in self._metadata["torchrl"]["modules"].items() if e["dropout"] > 0
-        }
         self._unlinked = False  # a loss call's samples without step_count: no env step, no drift (UNLINKED)
         self._current: dict[str, Tags] = {}
         # calls whose provenance waits for its values on the host, in call order (_settle); the bytes the
@@ -233,6 +229,9 @@ class TorchRLProbe(Probe, Tagged):
         self.tracer.before_hand_over = self._settle_staged
         for name, entry in self.tracer.metadata["architecture"]["modules"].items():  # the user's, not the shadow's
             entry["dropout"] = self._metadata["torchrl"]["modules"][name]["dropout"]
+        # the user's modules' mode (the shadows have no dropout), counted by the hook as each call runs: a
+        # recurrent-mode call reaches the core when replayed, later, perhaps in another mode (Modes)
+        self.tracer.modes = Modes(self._inner)
 
     # -- the contract --------------------------------------------------------------------------------
     def capabilities(self) -> Capabilities:
@@ -275,8 +274,6 @@ class TorchRLProbe(Probe, Tagged):
             not_measurable["returns"] = self.batch_returns.why
         if not_measurable:
             final["not_measurable"] = not_measurable
-        if self._modes:
-            final["training_mode"] = {n: dict(m) for n, m in self._modes.items()}
         measured = {"what_if": self.what_if, "memory": self.memory}
         return final | {k: m.metadata() for k, m in measured.items() if m is not None and m.metadata() is not None}
 
@@ -347,10 +344,9 @@ class TorchRLProbe(Probe, Tagged):
                 for k, v in given.items():
                     if v is not None:
                         td.set(k, v)
-            modes = self._modes.get(name)
-            if modes is not None:  # a Python bool read a call: whether dropout acts in it (training_mode)
-                counts = modes.setdefault(_phase(bool(mod.recurrent_mode)), [0, 0])
-                counts[0], counts[1] = counts[0] + bool(self._inner[name].training), counts[1] + 1
+            modes = self.tracer.modes  # whether dropout acts in the call (training_mode): counted now, as it runs
+            if name in modes.modules:
+                modes.count(name, _phase(bool(mod.recurrent_mode)))
             grad = torch.is_grad_enabled()
             torch.set_grad_enabled(False)
             try:

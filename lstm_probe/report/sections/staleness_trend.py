@@ -172,7 +172,7 @@ def dropout_cause(meta: dict[str, Any], per_layer: list[dict[str, Any]], bound: 
     rollout's and training's states of those layers are then computed with different dropout masks (or one of them
     without dropout), so they differ by construction. None where layer 0 fails too (a provenance bug whatever the
     dropout), where no layer above the first fails, or where the metadata records no such dropout (older logs).
-    Where the log records which calls ran in training mode (TorchRL's ``training_mode``), the cause names them, and
+    Where the log records which calls ran in training mode (``training_mode``), the cause names them, and
     is None where dropout acted in no rollout and no train call (the module in eval mode: no masks differ)."""
     modules = (meta.get("architecture") or {}).get("modules")
     if not isinstance(modules, dict):
@@ -187,7 +187,7 @@ def dropout_cause(meta: dict[str, Any], per_layer: list[dict[str, Any]], bound: 
         return None
     which = ", ".join(f"{safe(n)} {p:g}" for n, p in found.items())
     modes = meta.get("training_mode")
-    if not isinstance(modes, dict) or not all(isinstance(modes.get(n), dict) for n in found):  # older logs, sb3...
+    if not isinstance(modes, dict) or not all(isinstance(modes.get(n), dict) for n in found):  # older logs
         return (
             f"dropout between the LSTM layers (nn.LSTM dropout: {which}): the states of the layers above the first "
             "are computed with other dropout masks in the rollout than in training (or without dropout in one of "
