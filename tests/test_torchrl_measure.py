@@ -53,9 +53,9 @@ def _plant(rnn, integrate: bool) -> None:
             lstm.bias_ih_l0[:h] = 20.0  # input gate open
 
 
-def train(out, *, cell="lstm", measured=True, plant=None, lr=1e-3, batches=3, loss_kw=None, **kw):
+def train(out, *, cell="lstm", measured=True, plant=None, lr=1e-3, batches=3, loss_kw=None, env_id="CartPole-v1", **kw):
     """The loop of run --framework torchrl (2 envs, 16 steps each, 2 epochs of the whole batch), the probe on."""
-    env, actor, critic, rnn = build("CartPole-v1", n_envs=2, hidden_size=8, seed=0, cell=cell)
+    env, actor, critic, rnn = build(env_id, n_envs=2, hidden_size=8, seed=0, cell=cell)
     if plant is not None:
         _plant(rnn, plant)
     collector = Collector(env, actor, frames_per_batch=32, total_frames=32 * batches)

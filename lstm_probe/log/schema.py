@@ -432,6 +432,10 @@ WHAT_IF_METRICS = (
 """The per-minibatch figures of the `what_if` metadata (one list per figure) that the report averages by
 epoch: the sb3 integration records them (``integrations/sb3/whatif.py``), the report reads them
 (``report/sections/what_if.py``), each with figures of its own besides."""
+WHAT_IF_NOISE = ("grad_noise_policy", "grad_noise_value")
+"""The stored records' sampling spread of ``grad_cos_policy``/``grad_cos_value`` where the framework's loss draws
+random numbers (a sampled entropy estimate; absent elsewhere): per side, the least cosine between two draws of
+the copy's own loss gradient from the same states (``measure/whatif.py``, ``report/sections/what_if_noise.py``)."""
 
 
 def required_columns(version: int) -> frozenset[str]:

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from lstm_probe.log.schema import WHAT_IF_METRICS
+from lstm_probe.log.schema import WHAT_IF_METRICS, WHAT_IF_NOISE
 
 BURN_IN = (4, 16, 64)
 """Burn-in lengths always measured (``burn_in=`` adds more)."""
@@ -51,6 +51,12 @@ zero (``burn_in_``)."""
 METRICS = (*WHAT_IF_METRICS, "return_spread")
 """What each sampled minibatch records: the report's averaged figures, and the returns' spread they are
 relative to."""
+NOISE_DRAWS = 3
+"""Where a framework's loss draws random numbers (:attr:`Minibatch.sampled`): the refreshed gradient drawn this many
+times more (other seeds), its cosine with the first draw being the gradient comparison's own sampling spread."""
+NOISE = WHAT_IF_NOISE
+"""The stored records' sampling spread of the gradient cosine (:data:`NOISE_DRAWS`): per side, the least cosine
+between two draws of the copy's own loss gradient from the same states; present only where the loss samples."""
 TERMS = ("policy_loss", "value_loss", "entropy_loss", "clip_fraction", "loss")
 """The loss terms an :data:`Evaluate` returns per alternative (``loss``: the total the framework steps with)."""
 
@@ -112,6 +118,10 @@ class Minibatch:
     stored: States
     """The initial states the framework trains the minibatch with (per module)."""
     evaluate: Evaluate
+    sampled: bool = False
+    """The framework's loss draws random numbers (a sampled entropy estimate): two draws of its gradient differ,
+    and so does the one training steps with from the copy's however equal the states; the gradient comparison then
+    measures that spread too (:data:`NOISE`)."""
 
 
 def last_starts(episode_starts: np.ndarray, n_envs: int, n_steps: int) -> np.ndarray:
@@ -304,8 +314,7 @@ class WhatIf:
         self._pending = None
         grads = _flat([p.grad for p in self.user_params], self.user_params)
         for side, name in ((False, "grad_cos_policy"), (True, "grad_cos_value")):
-            pick = [i for i, v in enumerate(self.value_side) if v == side]
-            self.columns[name][row] = _round(_cos([grads[i] for i in pick], [ref[i] for i in pick]))
+            self.columns[name][row] = _round(self._side_cos(side, grads, ref))
         self.seconds += time.perf_counter() - start
 
     def _measure(self, rollout: Rollout, batch: Minibatch, like: torch.Tensor) -> None:
@@ -372,12 +381,40 @@ class WhatIf:
             if name == "stored":
                 stored_row = len(self.columns["iteration"]) - 1
         if self.params:
-            self._pending = (stored_row, self._gradient(batch, alternatives["refreshed"], like.device))
+            ref = self._gradient(batch, alternatives["refreshed"], like.device)
+            self._pending = (stored_row, ref)
+            if batch.sampled:
+                self._noise(stored_row, batch, alternatives["refreshed"], like.device, ref)
 
-    def _gradient(self, batch: Minibatch, states: States, device: torch.device) -> list[torch.Tensor]:
-        """The loss gradient on the copy from ``states`` (flattened per parameter), as the framework takes it."""
-        reseed(device)
-        loss = batch.evaluate([states]).terms["loss"][0]
+    def _side_cos(self, side: bool, a: list[torch.Tensor], b: list[torch.Tensor]) -> float | None:
+        """The cosine of two flat gradients over one side's parameters (value side or not)."""
+        pick = [i for i, v in enumerate(self.value_side) if v == side]
+        return _cos([a[i] for i in pick], [b[i] for i in pick])
+
+    def _noise(self, row: int, batch: Minibatch, states: States, device: torch.device, ref: list[torch.Tensor]) -> None:
+        """The gradient comparison's sampling spread (:data:`NOISE`) into the stored record ``row``: per side, the
+        least cosine of :data:`NOISE_DRAWS` more draws of the refreshed gradient (seeds 1, 2, ...) with ``ref``."""
+        least: dict[bool, list[float]] = {False: [], True: []}
+        for seed in range(1, NOISE_DRAWS + 1):
+            grads = self._gradient(batch, states, device, seed)
+            for side in least:
+                c = self._side_cos(side, grads, ref)
+                if c is not None:
+                    least[side].append(c)
+        for side, name in zip((False, True), NOISE, strict=True):
+            column = self.columns.setdefault(name, [None] * len(self.columns["iteration"]))
+            column[row] = _round(min(least[side])) if least[side] else None
+
+    def _gradient(self, batch: Minibatch, states: States, device: torch.device, seed: int = 0) -> list[torch.Tensor]:
+        """The loss gradient on the copy from ``states`` (flattened per parameter), as the framework takes it; its
+        random numbers drawn from ``seed`` (:func:`reseed`)."""
+        global _seed
+        _seed = seed
+        try:
+            reseed(device)
+            loss = batch.evaluate([states]).terms["loss"][0]
+        finally:
+            _seed = 0
         grads = torch.autograd.grad(loss, self.params, allow_unused=True)
         return _flat(grads, self.params)
 
@@ -408,15 +445,19 @@ class WhatIf:
         }
 
 
+_seed = 0
+"""What :func:`reseed` seeds with: 0, but for the gradient comparison's extra draws (:meth:`WhatIf._noise`)."""
+
+
 def reseed(device: torch.device) -> None:
     """The generators a pass draws from (the CPU's, and ``device``'s if CUDA) seeded to one value: before the
-    engine's passes, and before each alternative's pass of an adapter that runs them one by one (TorchRL's loss,
-    an own loop's ``evaluate``), so every pass draws the same random numbers (a sampled entropy estimate, as
-    ClipPPOLoss makes for a TanhNormal; dropout) and equal states give equal terms, bit for bit. Inside the
-    engine's ``fork_rng``: the user's generators are restored afterwards."""
-    torch.random.default_generator.manual_seed(0)
+    engine's passes, and before each alternative's pass of an adapter that runs them one by one (a framework's
+    loss, an own loop's ``evaluate``), so every pass draws the same random numbers (a sampled entropy estimate;
+    dropout) and equal states give equal terms, bit for bit. Inside the engine's ``fork_rng``: the user's
+    generators are restored afterwards."""
+    torch.random.default_generator.manual_seed(_seed)
     if device.type == "cuda":
-        torch.cuda.default_generators[_index(device)].manual_seed(0)
+        torch.cuda.default_generators[_index(device)].manual_seed(_seed)
 
 
 def _index(device: torch.device) -> int:

@@ -149,6 +149,23 @@ class Copy:
                     self.params.append((p, user, net == "critic_network"))
         own = dict(self.loss.named_buffers(recurse=False))  # the coefficients (entropy_coeff, ...)
         self.pairs += [(b, theirs[n]) for n, b in own.items() if n in theirs]
+        self._sampled: bool | None = None
+
+    def sampled(self, td: Any) -> bool:
+        """Whether the loss's gradient is a sampled estimate (found on the first batch measured): an entropy bonus
+        of a distribution without a finite analytic entropy, which ``ClipPPOLoss._get_entropy`` estimates from
+        ``samples_mc_entropy`` draws (run's TanhNormal on a Box)."""
+        if self._sampled is None:
+            from torchrl.modules import set_recurrent_mode
+
+            with torch.no_grad(), set_recurrent_mode(True):
+                dist = self.loss.actor_network.get_dist(td.clone(False))
+                try:
+                    analytic = bool(dist.entropy().isfinite().all())
+                except NotImplementedError:
+                    analytic = False
+            self._sampled = bool(getattr(self.loss, "entropy_bonus", True)) and not analytic
+        return self._sampled
 
     def sync(self, train: bool) -> None:
         """The user's current values into the copy; train or eval mode."""
@@ -243,7 +260,12 @@ class WhatIf:
             features=features,
         )
         mini = engine.Minibatch(
-            where=where, env=env, step=step, stored=stored, evaluate=lambda s: self._evaluate(td, ie, it, s)
+            where=where,
+            env=env,
+            step=step,
+            stored=stored,
+            evaluate=lambda s: self._evaluate(td, ie, it, s),
+            sampled=bool(self.engine.params) and c.sampled(td),
         )
         self.engine.measure(rollout, mini, td.get(c.loss.tensor_keys.value_target))
 

@@ -23,6 +23,7 @@ import numpy as np
 from lstm_probe.contract import Capabilities
 from lstm_probe.log.schema import WHAT_IF_METRICS
 from lstm_probe.report.section import Block, Line, Log, Panel, Section, Table, fmt, kept_columns, module_label
+from lstm_probe.report.sections.what_if_noise import gap, grad_noise, noise_line
 
 WITHIN = 0.01
 """'Within 1%': the value difference at most this fraction of the minibatch's return spread (standard deviation
@@ -116,7 +117,10 @@ class WhatIfSection:
     """Modules whose stored states come from other weights than the trained ones (module -> why): checked in
     the first sampled iteration only."""
     check: dict[str, Any] = field(default_factory=dict)
-    """The oracle at minibatch 0 of epoch 0: ``minibatches`` checked, the largest differences, ``ok``."""
+    """The oracle at minibatch 0 of epoch 0: ``minibatches`` checked, the largest differences, ``ok``
+    (``grad_cos_gap``: the gradient cosine's gap to 1 beyond its sampling noise, ``what_if_noise.gap``)."""
+    grad_noise: dict[str, Any] | None = None
+    """Where the loss samples: the stored gradient cosines against their sampling spread (``what_if_noise``)."""
     kept_envs: int | None = None
     """K where the log keeps the rows of env columns 0..K-1 alone (``--trace-envs K --other-envs none``): the
     figures here are still of every env's columns of the sampled minibatches (the probe measures them on the
@@ -263,8 +267,9 @@ def summarize_what_if(meta: dict[str, Any], *, tf32: bool = False) -> WhatIfSect
         c: max((float(r[c]) for r in oracle if checked(r, c)), default=0.0)
         for c in [f"state_{m}" for m in modules] + ["value_rel", "ratio_change", "kl"]
     }
-    cos = [float(r[c]) for r in oracle for c in ("grad_cos_policy", "grad_cos_value") if checked(r, c)]
-    worst["grad_cos_gap"] = max((1 - x for x in cos), default=0.0)
+    gaps = [gap(r, c) for r in oracle for c in ("grad_cos_policy", "grad_cos_value") if checked(r, c)]
+    worst["grad_cos_gap"] = max((x for x in gaps if x is not None), default=0.0)
+    data.grad_noise = grad_noise(rows)
     bound = TF32_CHECK_TOLERANCE if tf32 else CHECK_TOLERANCE
     data.check = {
         "minibatches": len(oracle),
@@ -461,6 +466,7 @@ class WhatIf(Section[WhatIfSection]):
                 f"the gradient training stepped with (stored states) against refreshed states' in epoch {last}: cosine "
                 f"{fmt(cp)} (policy parameters), {fmt(cv)} (value parameters)"
             )
+            out += [x for x in [noise_line(data.grad_noise)] if x]
         return out
 
     def text(self, data: WhatIfSection, caps: Capabilities) -> list[Block]:
@@ -488,6 +494,7 @@ class WhatIf(Section[WhatIfSection]):
                 f"; {fmt(data.labels.get(m, m))}: first iteration only ({why})" for m, why in data.unsynced.items()
             )
             + (f"\nmeasured on {data.scope}" if data.scope else "")
+            + "".join(f"\n{x}" for x in [noise_line(data.grad_noise)] if x)
         )
         header = (
             "states",
