@@ -295,10 +295,10 @@ METADATA_TYPES: dict[str, type | tuple[type, ...]] = {
         ),
         dict,
     ),
-    **dict.fromkeys(
-        ("hidden_size", "n_envs", "total_timesteps", "start_timesteps", "progress_num_timesteps", "iterations"), int
-    ),
-    **dict.fromkeys(("framework", "env_id", "stop_reason", "start_time", "end_time"), str),
+    **dict.fromkeys(("training_mode", "what_if", "memory"), dict),
+    **dict.fromkeys(("hidden_size", "n_envs", "total_timesteps", "start_timesteps", "progress_num_timesteps"), int),
+    **dict.fromkeys(("iterations", "optimizer_steps"), int),
+    **dict.fromkeys(("framework", "env_id", "stop_reason", "start_time", "end_time", "autoreset_mode"), str),
 }
 """The types the readers rely on for the metadata keys lstm-probe writes (None allowed for each)."""
 

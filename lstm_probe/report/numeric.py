@@ -6,7 +6,7 @@ Rows are never turned into Python objects: a log holds millions of them.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -184,3 +184,13 @@ def clean(v: Any) -> Any:
     if isinstance(v, np.bool_):
         return bool(v)
     return v
+
+
+def is_count(value: Any) -> TypeGuard[int]:
+    """Whether a value read from a log's metadata (a user's file) is a count: an int >= 0, not a bool."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def is_number(value: Any) -> TypeGuard[int | float]:
+    """Whether a value read from a log's metadata (a user's file) is a finite number, not a bool."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)

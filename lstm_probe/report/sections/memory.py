@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from lstm_probe.contract import Capabilities
+from lstm_probe.report.numeric import is_count
 from lstm_probe.report.section import (
     Block,
     Log,
@@ -231,7 +232,7 @@ class Memory(Section[MemorySection]):
         meta = log.meta.get("memory")
         if not isinstance(meta, dict) or not isinstance(meta.get("records"), dict):
             return MemorySection(measured=False)
-        sampling = dict(meta.get("sampling") or {})
+        sampling = dict(meta["sampling"]) if isinstance(meta.get("sampling"), dict) else {}
         sampled = sampling.get("n_envs")
         n_envs = sampled if isinstance(sampled, int) and not isinstance(sampled, bool) and sampled > 0 else log.n_envs
         chunks = n_envs if log.caps.max_seq_len is not None else None  # RLlib's rollout: an update's episode chunks
@@ -449,9 +450,9 @@ def _episodes_words(data: MemorySection, every: str) -> str:
 
 def _rollout_words(data: MemorySection) -> str:
     """The length of the rollouts the measurement reads: an env's rollout, or how far episode chunks are read."""
-    cap = data.sampling.get("max_chunk_steps")
+    cap, cut = (data.sampling.get(k) for k in ("max_chunk_steps", "cut_updates"))
     if data.chunks is not None and cap is not None:  # each update's chunks read whole, up to a bound
-        cut = int(data.sampling.get("cut_updates") or 0)
+        cut = cut if is_count(cut) and is_count(cap) else 0  # a log's (a user's file): counts, or no cut said
         return (
             f"each update's chunks read whole (the longest {fmt(data.rollout_length)} steps, its appended bootstrap "
             "step included)"

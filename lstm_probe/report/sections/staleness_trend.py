@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from lstm_probe.report.numeric import mean_max
+from lstm_probe.report.numeric import is_count, is_number, mean_max
 from lstm_probe.report.section import GroupStats, cut_spans, fmt, span_words
 from lstm_probe.text import safe
 
@@ -178,18 +178,19 @@ def dropout_cause(meta: dict[str, Any], per_layer: list[dict[str, Any]], bound: 
     if not isinstance(modules, dict):
         return None
     found = {}
-    for name, m in modules.items():
+    for name, m in modules.items():  # a log's (a user's file): dropout a probability, num_layers a count
         p = m.get("dropout") if isinstance(m, dict) else None
-        if isinstance(p, int | float) and not isinstance(p, bool) and p > 0 and int(m.get("num_layers") or 1) > 1:
+        if is_number(p) and 0 < p <= 1 and is_count(m.get("num_layers")) and m["num_layers"] > 1:
             found[str(name)] = float(p)
     failed = {int(r["layer"]) for r in per_layer if max(r["max_drift_h"] or 0.0, r["max_drift_c"] or 0.0) > bound}
     if not found or not failed or 0 in failed or not any(r["layer"] == 0 for r in per_layer):
         return None
     which = ", ".join(f"{safe(n)} {p:g}" for n, p in found.items())
+    kind = "GRU" if all(modules[n].get("kind") == "GRU" for n in found) else "LSTM"  # (found: modules' names)
     modes = meta.get("training_mode")
-    if not isinstance(modes, dict) or not all(isinstance(modes.get(n), dict) for n in found):  # older logs
+    if not isinstance(modes, dict) or not all(_modes(modes.get(n)) for n in found):  # older logs
         return (
-            f"dropout between the LSTM layers (nn.LSTM dropout: {which}): the states of the layers above the first "
+            f"dropout between the {kind} layers (nn.{kind} dropout: {which}): the states of the layers above the first "
             "are computed with other dropout masks in the rollout than in training (or without dropout in one of "
             "them), so they differ by construction; layer 0 agrees: no provenance bug"
         )
@@ -201,7 +202,7 @@ def dropout_cause(meta: dict[str, Any], per_layer: list[dict[str, Any]], bound: 
         for ph in ("rollout", "train")
     )
     return (
-        f"dropout between the LSTM layers (nn.LSTM dropout: {which}; {said}): the states of the layers above the "
+        f"dropout between the {kind} layers (nn.{kind} dropout: {which}; {said}): the states of the layers above the "
         "first are computed with other dropout masks in the rollout than in training (or without dropout in one "
         "of them), so they differ by construction; layer 0 agrees: no provenance bug"
     )
@@ -210,3 +211,12 @@ def dropout_cause(meta: dict[str, Any], per_layer: list[dict[str, Any]], bound: 
 def _calls(counts: Any, i: int) -> int:
     """``training_mode``'s [calls in training mode, calls] entry ``i`` (0 where absent)."""
     return int(counts[i]) if isinstance(counts, list) and len(counts) == 2 else 0
+
+
+def _modes(phases: Any) -> bool:
+    """Whether a module's ``training_mode`` entry (a log's: a user's file) is as lstm-probe writes it: per phase,
+    [calls in training mode, calls], counts with the first at most the second."""
+    return isinstance(phases, dict) and all(
+        isinstance(c, list) and len(c) == 2 and is_count(c[0]) and is_count(c[1]) and c[0] <= c[1]
+        for c in phases.values()
+    )
