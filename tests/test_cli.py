@@ -246,6 +246,14 @@ def test_version():
     assert r.returncode == 0 and r.stdout.strip() == f"lstm-probe {__version__}"
 
 
+def test_a_bare_command_prints_the_help():
+    """`lstm-probe` alone: the help a newcomer asked for, as `--help` prints it (not an error line of
+    escaped newlines)."""
+    r = cli()
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert r.stdout == cli("--help").stdout and r.stdout.startswith("Usage: lstm-probe [OPTIONS] COMMAND")
+
+
 @pytest.mark.parametrize("command", ["run", "report", "arch", "schema"])
 def test_help_shows_every_default_and_extra(command):
     r = subprocess.run(

@@ -459,7 +459,7 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point: one error boundary for the whole CLI."""
     args = list(sys.argv[1:] if argv is None else argv)
     show_tb = "--traceback" in args
-    args = global_first([a for a in args if a != "--traceback"])
+    args = global_first([a for a in args if a != "--traceback"]) or ["--help"]  # a bare `lstm-probe`: its help
     try:
         # Both stop training and close the log; SIGINT explicitly, since a shell's background job
         # inherits it ignored.
