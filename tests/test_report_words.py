@@ -160,3 +160,22 @@ def test_run_panel_counts_one_iteration_in_the_singular(tmp_path):
     text = _text(log)
     run = text[text.index("1. Run") : text.index("2. Architecture")]
     assert "1 iteration, completed" in run, run
+
+
+def test_state_health_says_what_its_columns_count():
+    """The health table's 'saturated', 'dead units' and 'constant units' are defined under it, with the thresholds
+    the section uses; a log without vectors (its per-unit columns '-') gets no legend."""
+    from lstm_probe.contract import Capabilities
+    from lstm_probe.report import Line
+    from lstm_probe.report.sections.health import Health, HealthSection
+
+    rep = lstm_probe.summarize(ROOT / "sample_runs" / "pendulum-1env.parquet")
+    lines = [b.text for section in rep.text() for b in section if isinstance(b, Line)]
+    assert (
+        "saturated: the share of h values beyond ±0.95 (tanh's flat ends, where gradients vanish); dead units: units "
+        "whose |h| never exceeds 0.001; constant units: units whose h never changes; NaN/inf: rows with a NaN or inf "
+        "state" in lines
+    )
+    row = {"module": "actor", "layer": 0, "rows": 8, "nan_or_inf_rows": 0, "c_norm_max": 1.0}
+    blocks = Health().text(HealthSection([row], [], False), Capabilities())
+    assert not [b for b in blocks if isinstance(b, Line)]
