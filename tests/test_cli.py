@@ -278,6 +278,9 @@ def test_help_shows_every_default_and_extra(command):
         assert "--torch-threads" in text and "sb3 on CPU: 1" in text
     if command == "report":
         assert "the extra html, pip install '.[html]'" in text
+    if command == "arch":  # a flag only some frameworks' arch takes says which, as run's do
+        assert "--rnn-type <str> rsl_rl, torchrl: lstm or gru" in text
+        assert "--hyperparam <list[str]> sb3: KEY=VALUE" in text and "sb3: Give the critic its own LSTM." in text
 
 
 def test_one_torch_thread_by_default_on_cpu(monkeypatch):

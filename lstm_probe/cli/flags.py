@@ -100,15 +100,16 @@ def run_flags() -> list[Declared]:
 
 
 def arch_flags() -> list[Declared]:
-    """The flags of ``arch`` that option groups declare (each framework's that apply to its arch)."""
+    """The flags of ``arch`` that option groups declare (each framework's that apply to its arch); the help of
+    one that only some frameworks' arch takes says which, as ``run``'s does."""
     from lstm_probe.integrations.rsl_rl.options import RslRl
     from lstm_probe.integrations.sb3.options import Build
 
-    return [
-        *declared(TrainOptions, only=("shared_lstm", "hidden_size")),
-        *declared(Build, only=("critic_lstm", "lstm_layers", "hyperparams")),
-        *declared(RslRl, only=("rnn_type",)),
-    ]
+    flags = declared(TrainOptions, only=("shared_lstm", "hidden_size"))  # every framework's arch takes these
+    for group, names in ((Build, ("critic_lstm", "lstm_layers", "hyperparams")), (RslRl, ("rnn_type",))):
+        for name in names:
+            flags += declared(group, prefix=f"{', '.join(integrations.owners(name, 'arch'))}: ", only=(name,))
+    return flags
 
 
 def html_only(html: object, **picked: int | None) -> bool:
