@@ -179,3 +179,21 @@ def test_state_health_says_what_its_columns_count():
     row = {"module": "actor", "layer": 0, "rows": 8, "nan_or_inf_rows": 0, "c_norm_max": 1.0}
     blocks = Health().text(HealthSection([row], [], False), Capabilities())
     assert not [b for b in blocks if isinstance(b, Line)]
+
+
+def test_no_completed_episode_reads_as_none_not_dashes():
+    """A run whose episodes all outlast it (rsl_rl's 24-step rollouts on Pendulum-v1) says so, not 'length median
+    -, max -'; the memory panel's episode words likewise."""
+    from types import SimpleNamespace
+
+    from lstm_probe.report.sections.memory import _episodes_words
+    from lstm_probe.report.sections.sequences import _episodes_line
+
+    seq = lstm_probe.summarize(ROOT / "sample_runs" / "pendulum-1env.parquet").sequences
+    assert _episodes_line(seq) == "episodes completed: 1, length median 200, max 200"
+    none = dataclasses.replace(seq, episodes_completed=0, episode_length={})
+    assert _episodes_line(none) == "episodes completed: 0 (none ended in the log)"
+    measured = SimpleNamespace(episode_length={"count": 0}, episodes_from="measurement", chunks=None)
+    assert _episodes_words(measured, "") == "episodes seen by the memory measurement: none ended"
+    measured.episode_length = {"count": 3, "median": 12.0, "max": 20}
+    assert _episodes_words(measured, "") == "episodes seen by the memory measurement: 3, median 12, max 20"

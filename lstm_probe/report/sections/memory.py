@@ -433,6 +433,8 @@ def _episodes_words(data: MemorySection, every: str) -> str:
     figures = f"median {fmt_steps(e.get('median'))}, max {fmt_steps(e.get('max'))}"
     count = e.get("count")
     n = f"{int(count):,}, " if isinstance(count, int | float) and not isinstance(count, bool) else ""
+    if n == "0, ":  # no length to give: not 'median -, max -'
+        figures, n = "none ended", ""
     if data.episodes_from == "log":
         return f"episodes completed: {n}{figures}"
     whole = " (those whole within one chunk)" if data.chunks is not None else ""
