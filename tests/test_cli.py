@@ -278,6 +278,9 @@ def test_help_shows_every_default_and_extra(command):
         assert "--torch-threads" in text and "sb3 on CPU: 1" in text
     if command == "report":
         assert "the extra html, pip install '.[html]'" in text
+    # the usage names the argument as the summary line and README do (ENV_ID, not env_id)
+    usage = {"run": "{ENV_ID}", "report": "{PATH}", "arch": "{TARGET}", "schema": "[OPTIONS]"}[command]
+    assert r.stdout.splitlines()[0] == f"Usage: lstm-probe {command} [OPTIONS]" + (f" {usage}" if "{" in usage else "")
     if command == "arch":  # a flag only some frameworks' arch takes says which, as run's do
         assert "--rnn-type <str> rsl_rl, torchrl: lstm or gru" in text
         assert "--hyperparam <list[str]> sb3: KEY=VALUE" in text and "sb3: Give the critic its own LSTM." in text
