@@ -197,3 +197,22 @@ def test_no_completed_episode_reads_as_none_not_dashes():
     assert _episodes_words(measured, "") == "episodes seen by the memory measurement: none ended"
     measured.episode_length = {"count": 3, "median": 12.0, "max": 20}
     assert _episodes_words(measured, "") == "episodes seen by the memory measurement: 3, median 12, max 20"
+
+
+def test_an_incomplete_logs_warning_gives_the_reason_after_a_colon(tmp_path):
+    """'the run did not complete: <stop reason>; ...', as the findings say it: never a reason in parentheses that
+    holds parentheses of its own ('(the log was never closed (process killed))')."""
+    import torch
+    from torch import nn
+
+    lstm, out = nn.LSTM(2, 4), tmp_path / "own.parquet"
+    with pytest.raises(RuntimeError, match="boom"):
+        with lstm_probe.trace(lstm, out=out) as probe:
+            with probe.tag(phase="rollout", iteration=0, env=[0], env_step=0):
+                lstm(torch.zeros(1, 1, 2))
+            raise RuntimeError("boom")
+    info = lstm_probe.read_info(out)
+    assert not info.completed
+    (warning,) = [w for w in info.warnings if "did not complete" in w]
+    assert warning.startswith("the run did not complete: ") and "boom" in warning, warning
+    assert warning.endswith("; the log holds the rows up to the interruption"), warning
