@@ -276,6 +276,8 @@ def test_help_shows_every_default_and_extra(command):
         assert "LSTM hidden size. [default: sb3 and rllib 256, rsl_rl 64, torchrl 32]" in text
         assert "Rollout length per env. [default: the framework's: sb3, torchrl and rllib 128, rsl_rl 24]" in text
         assert "--torch-threads" in text and "sb3 on CPU: 1" in text
+        # a flag every framework takes names none; one some take names them
+        assert "--what-if Do stale stored states matter?" in text and "--info <list[str]> sb3: Store info" in text
     if command == "report":
         assert "the extra html, pip install '.[html]'" in text
     # the usage names the argument as the summary line and README do (ENV_ID, not env_id)

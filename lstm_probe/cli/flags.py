@@ -86,7 +86,7 @@ def split(flags: list[Declared], values: dict[str, Any], given: Iterable[str] = 
 def run_flags() -> list[Declared]:
     """Every flag of ``run`` that an option group declares: the capture and training settings, then each
     framework's own (``integrations.FRAMEWORKS``; a group several take, once), whose help says which
-    frameworks take it."""
+    frameworks take it (nothing where every framework does)."""
 
     flags = [*declared(CaptureOptions), *declared(TrainOptions)]
     seen = {d.field.name for d in flags}
@@ -95,7 +95,9 @@ def run_flags() -> list[Declared]:
             for f in dataclasses.fields(group):  # an option several frameworks declare is one flag
                 if f.name not in seen and not f.metadata.get("hidden"):
                     seen.add(f.name)
-                    flags += declared(group, prefix=f"{', '.join(integrations.owners(f.name))}: ", only=(f.name,))
+                    names = integrations.owners(f.name)
+                    every = len(names) == len(integrations.FRAMEWORKS)
+                    flags += declared(group, prefix="" if every else f"{', '.join(names)}: ", only=(f.name,))
     return flags
 
 
