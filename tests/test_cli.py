@@ -246,6 +246,14 @@ def test_version():
     assert r.returncode == 0 and r.stdout.strip() == f"lstm-probe {__version__}"
 
 
+def test_a_bare_command_prints_the_help():
+    """`lstm-probe` alone: the help a newcomer asked for, as `--help` prints it (not an error line of
+    escaped newlines)."""
+    r = cli()
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert r.stdout == cli("--help").stdout and r.stdout.startswith("Usage: lstm-probe [OPTIONS] COMMAND")
+
+
 @pytest.mark.parametrize("command", ["run", "report", "arch", "schema"])
 def test_help_shows_every_default_and_extra(command):
     r = subprocess.run(
@@ -268,8 +276,16 @@ def test_help_shows_every_default_and_extra(command):
         assert "LSTM hidden size. [default: sb3 and rllib 256, rsl_rl 64, torchrl 32]" in text
         assert "Rollout length per env. [default: the framework's: sb3, torchrl and rllib 128, rsl_rl 24]" in text
         assert "--torch-threads" in text and "sb3 on CPU: 1" in text
+        # a flag every framework takes names none; one some take names them
+        assert "--what-if Do stale stored states matter?" in text and "--info <list[str]> sb3: Store info" in text
     if command == "report":
         assert "the extra html, pip install '.[html]'" in text
+    # the usage names the argument as the summary line and README do (ENV_ID, not env_id)
+    usage = {"run": "{ENV_ID}", "report": "{PATH}", "arch": "{TARGET}", "schema": "[OPTIONS]"}[command]
+    assert r.stdout.splitlines()[0] == f"Usage: lstm-probe {command} [OPTIONS]" + (f" {usage}" if "{" in usage else "")
+    if command == "arch":  # a flag only some frameworks' arch takes says which, as run's do
+        assert "--rnn-type <str> rsl_rl, torchrl: lstm or gru" in text
+        assert "--hyperparam <list[str]> sb3: KEY=VALUE" in text and "sb3: Give the critic its own LSTM." in text
 
 
 def test_one_torch_thread_by_default_on_cpu(monkeypatch):

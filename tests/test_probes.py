@@ -124,6 +124,11 @@ def captured(tmp_path_factory):
         with ProbeCallback(out, force=True, capture_obs=True, info_keys=["cos", "missing"]) as probe:
             model.learn(512, callback=probe)
     assert [str(w.message).split(":")[0] for w in seen if w.category is InfoKeyWarning] == ["--info missing"]
+    assert all(
+        str(w.message).endswith("(the report's linear probes leave it out; check the key's spelling)")
+        for w in seen
+        if w.category is InfoKeyWarning
+    )
     return out, model
 
 

@@ -160,3 +160,59 @@ def test_run_panel_counts_one_iteration_in_the_singular(tmp_path):
     text = _text(log)
     run = text[text.index("1. Run") : text.index("2. Architecture")]
     assert "1 iteration, completed" in run, run
+
+
+def test_state_health_says_what_its_columns_count():
+    """The health table's 'saturated', 'dead units' and 'constant units' are defined under it, with the thresholds
+    the section uses; a log without vectors (its per-unit columns '-') gets no legend."""
+    from lstm_probe.contract import Capabilities
+    from lstm_probe.report import Line
+    from lstm_probe.report.sections.health import Health, HealthSection
+
+    rep = lstm_probe.summarize(ROOT / "sample_runs" / "pendulum-1env.parquet")
+    lines = [b.text for section in rep.text() for b in section if isinstance(b, Line)]
+    assert (
+        "saturated: the share of h values beyond ±0.95 (tanh's flat ends, where gradients vanish); dead units: units "
+        "whose |h| never exceeds 0.001; constant units: units whose h never changes; NaN/inf: rows with a NaN or inf "
+        "state" in lines
+    )
+    row = {"module": "actor", "layer": 0, "rows": 8, "nan_or_inf_rows": 0, "c_norm_max": 1.0}
+    blocks = Health().text(HealthSection([row], [], False), Capabilities())
+    assert not [b for b in blocks if isinstance(b, Line)]
+
+
+def test_no_completed_episode_reads_as_none_not_dashes():
+    """A run whose episodes all outlast it (rsl_rl's 24-step rollouts on Pendulum-v1) says so, not 'length median
+    -, max -'; the memory panel's episode words likewise."""
+    from types import SimpleNamespace
+
+    from lstm_probe.report.sections.memory import _episodes_words
+    from lstm_probe.report.sections.sequences import _episodes_line
+
+    seq = lstm_probe.summarize(ROOT / "sample_runs" / "pendulum-1env.parquet").sequences
+    assert _episodes_line(seq) == "episodes completed: 1, length median 200, max 200"
+    none = dataclasses.replace(seq, episodes_completed=0, episode_length={})
+    assert _episodes_line(none) == "episodes completed: 0 (none ended in the log)"
+    measured = SimpleNamespace(episode_length={"count": 0}, episodes_from="measurement", chunks=None)
+    assert _episodes_words(measured, "") == "episodes seen by the memory measurement: none ended"
+    measured.episode_length = {"count": 3, "median": 12.0, "max": 20}
+    assert _episodes_words(measured, "") == "episodes seen by the memory measurement: 3, median 12, max 20"
+
+
+def test_an_incomplete_logs_warning_gives_the_reason_after_a_colon(tmp_path):
+    """'the run did not complete: <stop reason>; ...', as the findings say it: never a reason in parentheses that
+    holds parentheses of its own ('(the log was never closed (process killed))')."""
+    import torch
+    from torch import nn
+
+    lstm, out = nn.LSTM(2, 4), tmp_path / "own.parquet"
+    with pytest.raises(RuntimeError, match="boom"):
+        with lstm_probe.trace(lstm, out=out) as probe:
+            with probe.tag(phase="rollout", iteration=0, env=[0], env_step=0):
+                lstm(torch.zeros(1, 1, 2))
+            raise RuntimeError("boom")
+    info = lstm_probe.read_info(out)
+    assert not info.completed
+    (warning,) = [w for w in info.warnings if "did not complete" in w]
+    assert warning.startswith("the run did not complete: ") and "boom" in warning, warning
+    assert warning.endswith("; the log holds the rows up to the interruption"), warning

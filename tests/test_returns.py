@@ -327,6 +327,17 @@ def test_report_line_and_finding():
     short.iterations = 10  # too few iterations to say
     assert Section().findings(short) == []
     assert returns_line(summarize_returns(None, 5)) == "returns: no episode ended in the log's 5 iterations"
+    assert returns_line(summarize_returns(None, 1)) == "returns: no episode ended in the log's 1 iteration"
+
+
+def test_run_panel_says_step_counts_with_thousands_separators():
+    """A wide run's steps read as its rows do ('24,576 of 250 asked'), not as '24576'."""
+    from lstm_probe.report.sections.run import RunSection, _steps
+
+    run = RunSection(None, None, None, None, 1024, 0, {}, {}, 250, 24_576, 1, True, None, 0, 1, 0, None, {}, None)
+    assert _steps(run) == "steps 24,576 of 250 asked, "
+    run.steps_start, run.steps_done, run.steps_asked = 12_000, 24_576, 24_000
+    assert _steps(run).startswith("steps 12,576 of 12,000 asked, going on from the model's step 12,000 (")
 
 
 def test_report_json_and_text_of_an_sb3_log(tmp_path):

@@ -326,7 +326,7 @@ def test_cli_run_on_a_gymnasium_env_and_report(tmp_path):
     assert set(df.env) == set(range(64)) and sorted(df.iteration.unique()) == [0, 1]
     r = subprocess.run([sys.executable, "-m", "lstm_probe.cli", "report", str(out)], capture_output=True, text=True)
     words = " ".join(r.stdout.replace("│", " ").split())
-    assert r.returncode == 0 and "provenance check OK" in words and "steps 1024 of 1000 asked" in words
+    assert r.returncode == 0 and "provenance check OK" in words and "steps 1,024 of 1,000 asked" in words
 
 
 def test_the_example_for_a_users_own_runner(tmp_path):

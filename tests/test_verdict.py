@@ -151,6 +151,9 @@ def test_the_what_if_footer_names_the_burn_in_the_verdict_does():
     assert all(w["burn_in"] == 0 and w["stored_within"] for w in wi.within + wi.within_stored)
     footer = " ".join(b.text for b in WhatIf().text(wi, SB3) if isinstance(b, Line))
     assert "no burn-in needed (0 steps): stored states are within 1% of refreshed" in footer
+    # every column of the tables is said under them (a newcomer reads 'ratio Δ' or 'grad cos π / V' there)
+    assert "ratio Δ: the mean change of the PPO ratio, |exp(Δ log p) - 1| (p90: the 90th percentile" in footer
+    assert "grad cos π / V: cosine between the loss gradient trained with and refreshed states'" in footer
     v = verdict(staleness(0.05, 0.05), wi, SB3)
     assert v.matters is False and v.burn_in == 0 and v.lines[-1].endswith("no burn-in needed")
 

@@ -93,7 +93,7 @@ RUN_FLAGS = run_flags()
 
 def run(
     ctx: typer.Context,
-    env_id: Annotated[str, typer.Argument(help="Gymnasium env id, e.g. Pendulum-v1 or CartPole-v1.")],
+    env_id: Annotated[str, typer.Argument(metavar="ENV_ID", help="Gymnasium env id, e.g. Pendulum-v1 or CartPole-v1.")],
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help=_default("No progress display.", "off"))] = False,
     progress_seconds: Annotated[
         float,
@@ -190,7 +190,9 @@ def _framework_options(taken: tuple[str, ...], command: str, **options: tuple[st
 @app.command()
 @stops("no report (report writes a page with --html only, and wrote none)")
 def report(
-    path: Annotated[str, typer.Argument(help="A log file, a dataset directory, or a killed run's log name.")],
+    path: Annotated[
+        str, typer.Argument(metavar="PATH", help="A log file, a dataset directory, or a killed run's log name.")
+    ],
     as_json: Annotated[
         bool, typer.Option("--json", help=_default("Print the report as JSON (stable keys).", "off"))
     ] = False,
@@ -248,7 +250,10 @@ ARCH_FLAGS = arch_flags()
 
 def arch(
     target: Annotated[
-        str, typer.Argument(help="A gymnasium env id (the policy `run` would build) or a saved model.zip.")
+        str,
+        typer.Argument(
+            metavar="TARGET", help="A gymnasium env id (the policy `run` would build) or a saved model.zip."
+        ),
     ],
     env_id: Annotated[
         str | None,
@@ -317,7 +322,9 @@ def schema(
 @app.command()
 @stops("no probes (probe writes no file)")
 def probe(
-    path: Annotated[str, typer.Argument(help="A log with h vectors: full capture, or --trace-envs K (envs 0..K-1).")],
+    path: Annotated[
+        str, typer.Argument(metavar="PATH", help="A log with h vectors: full capture, or --trace-envs K (envs 0..K-1).")
+    ],
     target: Annotated[
         str,
         typer.Option(
@@ -389,7 +396,10 @@ _TRUST_REPLAY = "Read a model.zip with SB3's full load, a TorchScript .pt, a Vec
 @app.command()
 def export(
     model: Annotated[
-        str, typer.Argument(help="A saved model: sb3's model.zip, an RLlib, rsl_rl or TorchRL checkpoint (.pt).")
+        str,
+        typer.Argument(
+            metavar="MODEL", help="A saved model: sb3's model.zip, an RLlib, rsl_rl or TorchRL checkpoint (.pt)."
+        ),
     ],
     out_path: Annotated[Path, typer.Argument(metavar="OUT", help="OUT.onnx (ONNX) or OUT.pt (TorchScript).")],
     log: Annotated[str | None, typer.Option(help="Verify on the episodes of this --capture-obs log.")] = None,
@@ -428,7 +438,9 @@ def export(
 
 @app.command()
 def replay(
-    trace: Annotated[str, typer.Argument(help="A recorded run: Parquet or CSV (schema: docs/deploy.md).")],
+    trace: Annotated[
+        str, typer.Argument(metavar="TRACE", help="A recorded run: Parquet or CSV (schema: docs/deploy.md).")
+    ],
     policy: Annotated[
         str,
         typer.Option(
@@ -459,7 +471,7 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point: one error boundary for the whole CLI."""
     args = list(sys.argv[1:] if argv is None else argv)
     show_tb = "--traceback" in args
-    args = global_first([a for a in args if a != "--traceback"])
+    args = global_first([a for a in args if a != "--traceback"]) or ["--help"]  # a bare `lstm-probe`: its help
     try:
         # Both stop training and close the log; SIGINT explicitly, since a shell's background job
         # inherits it ignored.

@@ -86,7 +86,7 @@ def split(flags: list[Declared], values: dict[str, Any], given: Iterable[str] = 
 def run_flags() -> list[Declared]:
     """Every flag of ``run`` that an option group declares: the capture and training settings, then each
     framework's own (``integrations.FRAMEWORKS``; a group several take, once), whose help says which
-    frameworks take it."""
+    frameworks take it (nothing where every framework does)."""
 
     flags = [*declared(CaptureOptions), *declared(TrainOptions)]
     seen = {d.field.name for d in flags}
@@ -95,20 +95,23 @@ def run_flags() -> list[Declared]:
             for f in dataclasses.fields(group):  # an option several frameworks declare is one flag
                 if f.name not in seen and not f.metadata.get("hidden"):
                     seen.add(f.name)
-                    flags += declared(group, prefix=f"{', '.join(integrations.owners(f.name))}: ", only=(f.name,))
+                    names = integrations.owners(f.name)
+                    every = len(names) == len(integrations.FRAMEWORKS)
+                    flags += declared(group, prefix="" if every else f"{', '.join(names)}: ", only=(f.name,))
     return flags
 
 
 def arch_flags() -> list[Declared]:
-    """The flags of ``arch`` that option groups declare (each framework's that apply to its arch)."""
+    """The flags of ``arch`` that option groups declare (each framework's that apply to its arch); the help of
+    one that only some frameworks' arch takes says which, as ``run``'s does."""
     from lstm_probe.integrations.rsl_rl.options import RslRl
     from lstm_probe.integrations.sb3.options import Build
 
-    return [
-        *declared(TrainOptions, only=("shared_lstm", "hidden_size")),
-        *declared(Build, only=("critic_lstm", "lstm_layers", "hyperparams")),
-        *declared(RslRl, only=("rnn_type",)),
-    ]
+    flags = declared(TrainOptions, only=("shared_lstm", "hidden_size"))  # every framework's arch takes these
+    for group, names in ((Build, ("critic_lstm", "lstm_layers", "hyperparams")), (RslRl, ("rnn_type",))):
+        for name in names:
+            flags += declared(group, prefix=f"{', '.join(integrations.owners(name, 'arch'))}: ", only=(name,))
+    return flags
 
 
 def html_only(html: object, **picked: int | None) -> bool:

@@ -274,7 +274,7 @@ def read_info(path: str | os.PathLike[str]) -> LogInfo:
         )
     elif not metadata.get("completed"):  # (a live run's warning came from resolve_files)
         warnings.append(
-            f"the run did not complete ({metadata.get('stop_reason') or 'unknown reason'}): "
+            f"the run did not complete: {metadata.get('stop_reason') or 'unknown reason'}; "
             "the log holds the rows up to the interruption"
         )
     return LogInfo(root, files, rows, size, metadata, schema, warnings, live if open_shards else None)

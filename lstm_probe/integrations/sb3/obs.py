@@ -167,7 +167,7 @@ class Observations:
         for key in sorted(self.unseen):
             warnings.warn(
                 f"--info {key}: the env's info never held {key!r} in this run, so the log holds no values for "
-                f"info:{key} (the probes report leaves it out)",
+                f"info:{key} (the report's linear probes leave it out; check the key's spelling)",
                 InfoKeyWarning,
                 stacklevel=2,
             )

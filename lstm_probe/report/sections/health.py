@@ -34,6 +34,12 @@ from lstm_probe.text import safe
 SATURATION = 0.95
 DEAD = 1e-3
 HEALTH_COLUMNS = ("saturated", "dead units", "constant units", "NaN/inf")
+HEALTH_LEGEND = (
+    f"saturated: the share of h values beyond ±{SATURATION} (tanh's flat ends, where gradients vanish); dead units: "
+    f"units whose |h| never exceeds {DEAD}; constant units: units whose h never changes; "
+    "NaN/inf: rows with a NaN or inf state"
+)
+"""What the table's columns count, under it (where the log has vectors: the per-unit columns are '-' otherwise)."""
 HEALTH_BATCH = 65536
 """Rollout rows per batch at most: the vectors of one batch are the section's memory."""
 HEALTH_BATCH_BYTES = 16 << 20
@@ -326,8 +332,9 @@ class Health(Section[HealthSection]):
             ("module", "layer", "rows", *(("max ||c||",) if has_c else ()), *HEALTH_COLUMNS),
             rows,
         )
+        legend = [Line(HEALTH_LEGEND)] if any("saturated_share" in row for row in data.layers) else []
         fewer = [row for row in data.layers if row.get("vector_rows", row["rows"]) < row["rows"]]
         if not fewer:
-            return [table]
+            return [table, *legend]
         kept = ", ".join(f"{safe(row['module'])} layer {row['layer']}: {row['vector_rows']:,}" for row in fewer)
-        return [table, Line(f"saturated, dead and constant units: from the rows that hold vectors ({kept})")]
+        return [table, *legend, Line(f"saturated, dead and constant units: from the rows that hold vectors ({kept})")]

@@ -441,6 +441,8 @@ def _episodes_words(data: MemorySection, every: str) -> str:
     figures = f"median {fmt_steps(e.get('median'))}, max {fmt_steps(e.get('max'))}"
     count = e.get("count")
     n = f"{int(count):,}, " if isinstance(count, int | float) and not isinstance(count, bool) else ""
+    if n == "0, ":  # no length to give: not 'median -, max -'
+        figures, n = "none ended", ""
     if data.episodes_from == "log":
         under = f" ({under_way_words(data.episodes_under_way)})" if data.episodes_under_way else ""
         return f"episodes completed: {n}{figures}{under}"

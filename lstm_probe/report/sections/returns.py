@@ -246,7 +246,7 @@ def returns_line(data: ReturnsSection) -> str:
     """The run's returns in one line (plain text)."""
     if not data.episodes:
         return (
-            f"returns: no episode ended in the log's {data.iterations:,} iterations"
+            f"returns: no episode ended in the log's {data.iterations:,} iteration{'s' if data.iterations != 1 else ''}"
             + _partial(data)
             + _evaluation_words(data)
         )

@@ -165,19 +165,25 @@ class Run(Section[RunSection]):
         return [Panel("Run", tuple(lines))]
 
 
+def _num(v: Any) -> str:
+    """A step count as the text says it: '24,576' (with thousands separators, as row counts are)."""
+    return f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else fmt(v)
+
+
 def _steps(r: RunSection) -> str:
     """'steps 512 of 512 asked, ', or as much as the log records of them (an own loop's may record neither); a
     learn() that went on from a trained model: its own steps, and from which of the model's it went on."""
     start = r.steps_start
     if start is not None and isinstance(r.steps_done, int) and isinstance(r.steps_asked, int):
         return (
-            f"steps {fmt(r.steps_done - start)} of {fmt(r.steps_asked - start)} asked, going on from the model's step "
-            f"{fmt(start)} (learn(reset_num_timesteps=False): the log's env_step and iterations count from there, "
+            f"steps {_num(r.steps_done - start)} of {_num(r.steps_asked - start)} asked, "
+            f"going on from the model's step {_num(start)} "
+            "(learn(reset_num_timesteps=False): the log's env_step and iterations count from there, "
             "and its first rollout states are those the earlier learn() left), "
         )
     if r.steps_asked is None:
-        return "" if r.steps_done is None else f"steps {fmt(r.steps_done)}, "
-    return f"steps {fmt(r.steps_done)} of {fmt(r.steps_asked)} asked, "
+        return "" if r.steps_done is None else f"steps {_num(r.steps_done)}, "
+    return f"steps {_num(r.steps_done)} of {_num(r.steps_asked)} asked, "
 
 
 def envs_words(r: RunSection) -> str:

@@ -432,6 +432,8 @@ def _episodes_line(s: SequencesSection) -> str:
         return f"episodes: not counted ({_global(s)})"
     e, n, u = s.episode_length, s.episodes_completed, s.episodes_under_way
     left = f"; {under_way_words(u)}" if u else ""
+    if not n:  # no length to give: not 'length median -, max -'
+        return f"episodes completed: 0 (none ended in the log){left}"
     return f"episodes completed: {n:,}, length median {fmt_steps(e.get('median'))}, max {fmt_steps(e.get('max'))}{left}"
 
 

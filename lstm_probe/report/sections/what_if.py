@@ -540,11 +540,19 @@ class WhatIf(Section[WhatIfSection]):
             ),
             *_outlier_lines(data),
             Line(f"{_footer(data)}; {reach}"),
+            Line(COLUMNS_LEGEND),
             *(Line(f"note: {n}") for n in data.notes),
         ]
 
 
 NAMES = {"value_rel": "value Δ/spread", "ratio_change": "ratio Δ", "kl": "KL"}
+COLUMNS_LEGEND = (
+    "columns: state Δ: the initial states' relative L2 distance from refreshed; value Δ/spread: the value change over "
+    "the minibatch's return spread (the std of its returns); KL: KL(refreshed || these) of the action distribution; "
+    "ratio Δ: the mean change of the PPO ratio, |exp(Δ log p) - 1| (p90: the 90th percentile over minibatches); "
+    "grad cos π / V: cosine between the loss gradient trained with and refreshed states' (policy-side / value-side)"
+)
+"""What the what-if tables' columns are, under them."""
 
 
 def _outlier_finding(data: WhatIfSection, epoch: int) -> list[str]:
