@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from lstm_probe.capture.returns import Live
 from lstm_probe.contract import Resolver, Tags
 from lstm_probe.errors import BadInput
 from lstm_probe.log.schema import SCHEMA_VERSION
@@ -119,11 +120,15 @@ class Modes:
     reads the module's ``training`` (a Python bool: no device sync). ``modules``: whose mode and dropout are read,
     by the names the log gives them (the traced modules; TorchRL's, the user's modules its traced shadows stand
     for). The tracer counts each call as it asks its tags (:meth:`resolving`); an integration whose calls reach
-    the tracer later than they ran (TorchRL's replays) counts them itself, as they run (:meth:`count`)."""
+    the tracer later than they ran (TorchRL's replays) counts them itself, as they run (:meth:`count`). The counts
+    ride the parts as the live records do (``metadata_keys.LIVE_KEYS``): published at each call of a new iteration,
+    where they changed (:meth:`at`), so that a killed run's log keeps them up to its last part."""
 
     def __init__(self, modules: Mapping[str, nn.Module]):
         self.modules = {n: m for n, m in modules.items() if float(getattr(m, "dropout", 0.0) or 0.0) > 0}
         self.counts: dict[str, dict[str, list[int]]] = {n: {} for n in self.modules}
+        self.live = Live("training_mode", lambda: self.metadata().get("training_mode"))
+        self.iteration: Any = self  # the iteration of the last call (none yet: no iteration is the Modes itself)
 
     def __bool__(self) -> bool:
         return bool(self.modules)
@@ -136,11 +141,20 @@ class Modes:
             counts[0] += calls if module.training else 0
             counts[1] += calls
 
-    def resolving(self, resolve: Resolver) -> Resolver:
-        """``resolve`` (an integration's), counting each call it answers under the phase of its tags."""
+    def at(self, iteration: int | None, tracer: Any) -> None:
+        """A call of ``iteration``: the first of a new one puts the counts so far, where they changed, in the
+        progress of ``tracer``'s writer (``returns.Live``: every part from then on carries them)."""
+        if iteration != self.iteration:
+            self.iteration = iteration
+            self.live.publish(tracer)
+
+    def resolving(self, resolve: Resolver, tracer: Any) -> Resolver:
+        """``resolve`` (an integration's), counting each call it answers under the phase of its tags (the counts
+        before a new iteration's first call published first: :meth:`at`)."""
 
         def resolver(name: str, steps: int, batch: int) -> Tags:
             tags = resolve(name, steps, batch)
+            self.at(tags.iteration, tracer)
             self.count(name, tags.phase)
             return tags
 

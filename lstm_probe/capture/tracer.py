@@ -122,7 +122,7 @@ class CoreTracer:
         # whether dropout acted (the log's training_mode), per module with dropout: each call counted as its tags
         # are asked (the loops recorded whole at loop_end); an integration that counts its own sets modes anew
         self.modes = Modes(self.modules)
-        self.resolver: Resolver = self.modes.resolving(integration.resolve) if self.modes else integration.resolve
+        self.resolver: Resolver = self.modes.resolving(integration.resolve, self) if self.modes else integration.resolve
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
         self.writer: LogWriter | None = None
         self.calls = 0

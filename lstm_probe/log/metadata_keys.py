@@ -84,7 +84,10 @@ METADATA_KEYS: dict[str, str] = {
     "training's.",
     "training_mode": "Per traced module with dropout > 0, every integration: per phase (rollout, train, bootstrap, "
     "value, other), [calls made in training mode, calls]: where dropout acted (nn.LSTM/nn.GRU apply it in training "
-    "mode only). Absent where no module has dropout, and in older logs (before this, TorchRL's alone).",
+    "mode only). Absent where no module has dropout, and in older logs (before this, TorchRL's alone). Kept up to "
+    "date while the run goes (published once per iteration where it changed, written with every part: a killed run "
+    "keeps its counts up to then). A log of several writing processes (RLlib's env runners and learners) holds their "
+    "counts added up.",
     "optimizer_steps": "rsl_rl distillation: the optimizer steps training took (counted by a step hook on its "
     "optimizer). 0 where gradient_length exceeds an update's student calls (epochs x steps): rsl_rl never steps, "
     "its gradients never applied, and the report states no BPTT horizon. Kept up to date while the run goes (written "
@@ -107,7 +110,7 @@ METADATA_KEYS: dict[str, str] = {
     "Summed over processes in multi-process logs.",
 }
 
-LIVE_KEYS: tuple[str, ...] = ("returns", "what_if", "memory", "optimizer_steps")
+LIVE_KEYS: tuple[str, ...] = ("returns", "what_if", "memory", "optimizer_steps", "training_mode")
 """Run metadata the training side keeps up to date while the run goes: carried in the writer's progress and written
 beside it with every part (``writer.part_doc``), so that a killed run's log keeps what it had (the reader takes each
 shard's last part's; the measurements' from the most authoritative shard that has one, as the close would)."""

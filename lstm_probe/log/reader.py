@@ -42,6 +42,7 @@ from lstm_probe.log.schema import (
     log_schema,
     required_columns,
 )
+from lstm_probe.log.shards import merge_shards, shard_of, shard_rank, summed_cost, summed_training_mode
 from lstm_probe.log.writer import META_FINAL_KEY
 from lstm_probe.options import MAX_HIDDEN_SIZE
 
@@ -86,12 +87,6 @@ class LogInfo:
 
 def _parts(directory: Path) -> list[Path]:
     return sorted(directory.glob("part-*.parquet"))
-
-
-def _shard(file: Path) -> str:
-    """The writer of a part file: ``part-<shard>-00012.parquet``, or "" for ``part-00012.parquet``."""
-    m = re.fullmatch(r"part-(?:(.+)-)?\d{5}\.parquet", file.name)
-    return m.group(1) or "" if m else ""
 
 
 def writing(path: str | os.PathLike[str]) -> Holder | None:
@@ -208,7 +203,7 @@ def read_info(path: str | os.PathLike[str]) -> LogInfo:
             raise BadLog(
                 f"{file} has columns of the wrong type ({wrong[0]}): not an lstm-probe log of schema {SCHEMA_VERSION}"
             )
-        shard = _shard(file)
+        shard = shard_of(file)
         if shard not in runs:
             runs[shard] = metadata_json(file, "run metadata", meta.get(META_RUN_KEY, b"{}"))
         _check_size(file, pf, arrow, runs[shard])
@@ -222,7 +217,7 @@ def read_info(path: str | os.PathLike[str]) -> LogInfo:
                 doc = metadata_json(file, "final metadata", kv[META_FINAL_KEY])
             except BadLog:
                 doc = {}
-            shard = _shard(file)
+            shard = shard_of(file)
             if doc.get("final"):
                 finals[shard] = doc
             progress[shard] = doc.get("progress", progress.get(shard, {}))
@@ -236,7 +231,7 @@ def read_info(path: str | os.PathLike[str]) -> LogInfo:
     # their metadata above; the reads skip them (10,000 of them took a report from 0.4 s to 13 s and 1.3 GB)
     files = data_files or files[:1]
     metadata = merge_shards(runs)
-    shards = sorted(runs, key=lambda s: (_shard_rank(s, False), s))  # the most authoritative first
+    shards = sorted(runs, key=lambda s: (shard_rank(s, False), s))  # the most authoritative first
     if len(shards) > 1:
         metadata["shards"] = {
             s: {"completed": bool(finals.get(s, {}).get("completed")), "progress": progress.get(s, {})} for s in shards
@@ -245,25 +240,21 @@ def read_info(path: str | os.PathLike[str]) -> LogInfo:
     if not open_shards:
         metadata.update(merge_shards(finals))
         if len(shards) > 1:  # what the probe cost, summed over the processes that wrote the log
-            cost: dict[str, Any] = {}
-            for s in shards:
-                for k, v in (finals[s].get("probe_cost") or {}).items():
-                    if isinstance(v, int | float):
-                        cost[k] = cost.get(k, 0) + v
-                    else:  # the writer kind: the same in every process, or "mixed"
-                        cost[k] = v if cost.get(k, v) == v else "mixed"
-            metadata["probe_cost"] = cost
+            metadata["probe_cost"] = summed_cost(finals)
         failed = [finals[s] for s in shards if not finals[s].get("completed")]
         if failed:
             metadata.update(completed=False, stop_reason=failed[0].get("stop_reason"))
     else:
-        open_shards.sort(key=lambda s: (_shard_rank(s, True), s))
+        open_shards.sort(key=lambda s: (shard_rank(s, True), s))
         metadata.update(
             completed=False,
             progress=progress.get(open_shards[0], {}),
             stop_reason=metadata.get("stop_reason") or "the log was never closed (process killed)",
         )
     live_metadata(metadata, records, shards)  # a killed run's last parts hold them as they were (a closed one's too)
+    modes = [records[s]["training_mode"] for s in shards if "training_mode" in records.get(s, {})]
+    if len(modes) > 1:  # each process counted its own calls (RLlib: env runners the rollout's, learners the train's)
+        metadata["training_mode"] = summed_training_mode(modes)
     _check_types(metadata, warnings)
     _clean_device(metadata)
     live = writing(path) if root != Path(path) or root.is_dir() else None
@@ -327,39 +318,6 @@ def _clean_device(metadata: dict[str, Any]) -> None:
     m = _DEVICE_REPR.fullmatch(device) if isinstance(device, str) else None
     if m is not None and isinstance(hp, dict):
         metadata["hyperparameters"] = {**hp, "device": m[1] + (f":{m[2]}" if m[2] else "")}
-
-
-ROLLOUT_KEYS = frozenset({"n_envs", "progress"})
-"""Metadata keys that are rollout facts: env runners' shards are authoritative for them."""
-
-
-def _shard_rank(shard: str, rollout: bool) -> int:
-    """How authoritative a shard's metadata is (0 first): learners for everything (the gradient-flow and
-    architecture verdicts are computed there), env runners for the rollout facts (:data:`ROLLOUT_KEYS`),
-    then any other shard, and evaluation runners last (never over a training process's)."""
-    kind = re.sub(r"\d+$", "", shard)
-    if kind.startswith("eval"):
-        return 3
-    if kind == "learner":
-        return 1 if rollout else 0
-    if kind == "runner":
-        return 0 if rollout else 1
-    return 2
-
-
-def merge_shards(docs: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """One metadata document from each shard's: each key from the most authoritative shard that has it
-    (:func:`_shard_rank`; ties by shard name)."""
-    if len(docs) == 1:
-        return dict(next(iter(docs.values())))
-    order = {r: sorted(docs, key=lambda s: (_shard_rank(s, r), s)) for r in (False, True)}
-    out: dict[str, Any] = {}
-    for key in dict.fromkeys(k for s in order[False] for k in docs[s]):
-        for s in order[key in ROLLOUT_KEYS]:
-            if key in docs[s]:
-                out[key] = docs[s][key]
-                break
-    return out
 
 
 def _check_size(file: Path, pf: pq.ParquetFile, arrow: pa.Schema, run: dict[str, Any] | None) -> None:

@@ -14,6 +14,7 @@ The report is the same whatever the runs are (``summarize(chunk_rows=...)``).
 from __future__ import annotations
 
 import dataclasses
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
@@ -202,6 +203,20 @@ def fmt(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:.3g}"
     return safe(v)
+
+
+def fmt_cos(v: Any) -> str:
+    """A cosine as the text shows it: as :func:`fmt` (three significant digits), with more where three would read 1
+    (or -1) for a cosine that is not (0.99995: '0.99995', up to six digits; closer still: '1 - 3e-09'); exactly '1'
+    only where it is 1."""
+    if not isinstance(v, float) or not math.isfinite(v) or abs(v) == 1:
+        return fmt(v)
+    for digits in (3, 4, 5, 6):
+        text = f"{v:.{digits}g}"
+        if text.lstrip("-") != "1":
+            return text
+    gap = abs(v) - 1
+    return f"{'-' if v < 0 else ''}1 {'-' if gap < 0 else '+'} {abs(gap):.2g}"
 
 
 def module_label(role: str, names: Any, critic: Any = None) -> str:

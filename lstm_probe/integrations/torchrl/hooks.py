@@ -346,6 +346,7 @@ class TorchRLProbe(Probe, Tagged):
                         td.set(k, v)
             modes = self.tracer.modes  # whether dropout acts in the call (training_mode): counted now, as it runs
             if name in modes.modules:
+                modes.at(self.iteration, self.tracer)  # a new collector batch: the counts so far into the parts
                 modes.count(name, _phase(bool(mod.recurrent_mode)))
             grad = torch.is_grad_enabled()
             torch.set_grad_enabled(False)

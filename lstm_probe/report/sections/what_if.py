@@ -22,7 +22,7 @@ import numpy as np
 
 from lstm_probe.contract import Capabilities
 from lstm_probe.log.schema import WHAT_IF_METRICS
-from lstm_probe.report.section import Block, Line, Log, Panel, Section, Table, fmt, kept_columns, module_label
+from lstm_probe.report.section import Block, Line, Log, Panel, Section, Table, fmt, fmt_cos, kept_columns, module_label
 from lstm_probe.report.sections.what_if_noise import gap, grad_noise, noise_line
 
 WITHIN = 0.01
@@ -517,7 +517,7 @@ class WhatIf(Section[WhatIfSection]):
                     fmt(r["kl"]),
                     _pct(r["ratio_change"]),
                     _pct(r.get("p90", {}).get("ratio_change")),
-                    " / ".join(fmt(r.get(c)) for c in ("grad_cos_policy", "grad_cos_value")),
+                    " / ".join(fmt_cos(r.get(c)) for c in ("grad_cos_policy", "grad_cos_value")),
                     _pct(r["reached"]) if r["reached"] is not None else "-",
                 )
             )
