@@ -14,7 +14,7 @@ from torch import nn
 
 import lstm_probe
 from lstm_probe import summarize
-from lstm_probe.log.reader import _clean_device
+from lstm_probe.log.metadata_types import clean_device
 
 
 @pytest.mark.parametrize(
@@ -749,5 +749,5 @@ def test_the_device_reads_as_torch_names_it(runs_dir):
     assert lstm_probe.read_info(sample).metadata["hyperparameters"]["device"] == "cpu"
     for recorded, shown in [("device(type='cuda', index=1)", "cuda:1"), ("device(type='mps')", "mps"), ("cpu", "cpu")]:
         meta = {"hyperparameters": {"device": recorded, "n_steps": 8}}
-        _clean_device(meta)
+        clean_device(meta)
         assert meta["hyperparameters"] == {"device": shown, "n_steps": 8}

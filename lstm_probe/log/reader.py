@@ -15,7 +15,6 @@ above what lstm-probe's writer makes (see each constant).
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,6 +33,7 @@ from lstm_probe.log.layout import PARTIAL_SUFFIX, partial_dir
 from lstm_probe.log.lock import Holder, live_holder, lock_path
 from lstm_probe.log.logfiles import check_counts, metadata_json, open_part, reads
 from lstm_probe.log.metadata_keys import LIVE_KEYS, live_metadata
+from lstm_probe.log.metadata_types import check_types, clean_device
 from lstm_probe.log.schema import (
     COLUMNS,
     META_RUN_KEY,
@@ -255,8 +255,8 @@ def read_info(path: str | os.PathLike[str]) -> LogInfo:
     modes = [records[s]["training_mode"] for s in shards if "training_mode" in records.get(s, {})]
     if len(modes) > 1:  # each process counted its own calls (RLlib: env runners the rollout's, learners the train's)
         metadata["training_mode"] = summed_training_mode(modes)
-    _check_types(metadata, warnings)
-    _clean_device(metadata)
+    check_types(metadata, warnings)  # (metadata_types.py: top-level keys and the records the report reads)
+    clean_device(metadata)
     live = writing(path) if root != Path(path) or root.is_dir() else None
     if live is not None and open_shards:
         metadata.update(
@@ -269,55 +269,6 @@ def read_info(path: str | os.PathLike[str]) -> LogInfo:
             "the log holds the rows up to the interruption"
         )
     return LogInfo(root, files, rows, size, metadata, schema, warnings, live if open_shards else None)
-
-
-METADATA_TYPES: dict[str, type | tuple[type, ...]] = {
-    **dict.fromkeys(
-        (
-            "capture",
-            "architecture",
-            "progress",
-            "probe_cost",
-            "capabilities",
-            "rllib",
-            "versions",
-            "hyperparameters",
-            "returns",
-        ),
-        dict,
-    ),
-    **dict.fromkeys(("training_mode", "what_if", "memory"), dict),
-    **dict.fromkeys(("hidden_size", "n_envs", "total_timesteps", "start_timesteps", "progress_num_timesteps"), int),
-    **dict.fromkeys(("iterations", "optimizer_steps"), int),
-    **dict.fromkeys(("framework", "env_id", "stop_reason", "start_time", "end_time", "autoreset_mode"), str),
-}
-"""The types the readers rely on for the metadata keys lstm-probe writes (None allowed for each)."""
-
-
-def _check_types(metadata: dict[str, Any], warnings: list[str]) -> None:
-    """Drop metadata values of the wrong type (a foreign or damaged log), each with a warning, so that
-    nothing downstream trips on them."""
-    for key, typ in METADATA_TYPES.items():
-        value = metadata.get(key)
-        if value is not None and (not isinstance(value, typ) or (typ is int and isinstance(value, bool))):
-            del metadata[key]
-            warnings.append(f"metadata {key!r} is a {type(value).__name__}, not a {typ.__name__}: ignored")  # type: ignore[union-attr]
-    if "completed" in metadata and not isinstance(metadata["completed"], bool):
-        metadata["completed"] = False
-
-
-_DEVICE_REPR = re.compile(r"device\(type='(\w+)'(?:, index=(\d+))?\)")
-"""How older sb3 logs recorded the device (its repr), for :func:`_clean_device`."""
-
-
-def _clean_device(metadata: dict[str, Any]) -> None:
-    """The hyperparameters' ``device`` as torch names it ('cpu', 'cuda:0'), where an older log recorded its repr
-    ("device(type='cpu')")."""
-    hp = metadata.get("hyperparameters")
-    device = hp.get("device") if isinstance(hp, dict) else None
-    m = _DEVICE_REPR.fullmatch(device) if isinstance(device, str) else None
-    if m is not None and isinstance(hp, dict):
-        metadata["hyperparameters"] = {**hp, "device": m[1] + (f":{m[2]}" if m[2] else "")}
 
 
 def _check_size(file: Path, pf: pq.ParquetFile, arrow: pa.Schema, run: dict[str, Any] | None) -> None:

@@ -55,7 +55,8 @@ def summed_cost(finals: dict[str, dict[str, Any]]) -> dict[str, Any]:
     same in every process, or "mixed"."""
     cost: dict[str, Any] = {}
     for doc in finals.values():
-        for k, v in (doc.get("probe_cost") or {}).items():
+        spent = doc.get("probe_cost")
+        for k, v in (spent if isinstance(spent, dict) else {}).items():  # (a damaged shard's: nothing)
             if isinstance(v, int | float):
                 cost[k] = cost.get(k, 0) + v
             else:

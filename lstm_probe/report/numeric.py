@@ -6,9 +6,13 @@ Rows are never turned into Python objects: a log holds millions of them.
 from __future__ import annotations
 
 import math
-from typing import Any, TypeGuard
+from typing import Any
 
 import numpy as np
+
+# the checks of a log's metadata values, kept beside the reader's types (sections import them from here)
+from lstm_probe.log.metadata_types import is_count as is_count
+from lstm_probe.log.metadata_types import is_number as is_number
 
 KEY_CHUNK = 1 << 20
 """Rows per slice while keys are built: temporaries stay a few MB whatever the log's size."""
@@ -184,13 +188,3 @@ def clean(v: Any) -> Any:
     if isinstance(v, np.bool_):
         return bool(v)
     return v
-
-
-def is_count(value: Any) -> TypeGuard[int]:
-    """Whether a value read from a log's metadata (a user's file) is a count: an int >= 0, not a bool."""
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def is_number(value: Any) -> TypeGuard[int | float]:
-    """Whether a value read from a log's metadata (a user's file) is a finite number, not a bool."""
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)

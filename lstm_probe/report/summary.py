@@ -280,7 +280,7 @@ def _summarize(path: str | os.PathLike[str], chunk_rows: int, progress: Progress
     findings = [f for s in ranked for f in s.findings(results[s.key])]
     return Report(
         path=str(info.path),
-        schema_version=int(info.metadata.get("schema_version", 0)),
+        schema_version=int(info.metadata.get("schema_version") or 0),  # (the reader checked its type)
         warnings=warnings,
         sections=results,
         capabilities=log.caps,
