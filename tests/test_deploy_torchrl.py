@@ -281,7 +281,10 @@ def test_hostile_checkpoints_are_refused_in_one_line(checkpoints, tmp_path):
         pa.table({"step": [0], "obs": [[0.0] * 4], "action": [0], "episode_start": [True]}), tmp_path / "t.parquet"
     )
     one_line_error(_cli("replay", "t.parquet", "--policy", "objects.pt", cwd=tmp_path), "without unpickling code")
-    one_line_error(_cli("replay", "t.parquet", "--policy", "code.pt", cwd=tmp_path), "--trust-model")  # not a zip
+    # not a zip, so no TorchScript (a zip): a checkpoint whose pickle holds code, refused as such, with no advice to
+    # trust it
+    code = one_line_error(_cli("replay", "t.parquet", "--policy", "code.pt", cwd=tmp_path), "without unpickling code")
+    assert "--trust-model" not in code
     one_line_error(_cli("replay", "t.parquet", "--policy", "fifo.pt", cwd=tmp_path), "fifo.pt")  # never waited on
     fifo = _cli("replay", "t.parquet", "--policy", "fifo.pt", "--trust-model", cwd=tmp_path)
     one_line_error(fifo, "not a regular file")
