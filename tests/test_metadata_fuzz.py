@@ -40,15 +40,6 @@ HOSTILE: dict[str, Any] = {
 }
 REFUSED = {("hidden_size",)}
 """Where a refusal is right: h vectors of another width than the metadata declares (two logs' parts, or none)."""
-KNOWN = {
-    ("info_keys",),
-    ("what_if", "records", "*"),
-    ("what_if", "records", "*", 0),
-    ("memory", "records", "*"),
-    ("memory", "records", "*", 0),
-}
-"""Left for now: the measurements' records columns holding values of other types (the sections' int() of them);
-info_keys naming keys in a log without an info column (the probes section's BadInput refuses the report)."""
 NESTED = ("capabilities", "hyperparameters", "capture", "progress", "probe_cost", "rllib", "architecture")
 
 
@@ -131,7 +122,7 @@ def test_every_metadata_key_with_a_hostile_value_is_reported(live: Path, tmp_pat
     a refusal of the whole log for one entry, or an escape reaching the text fails this."""
     failed = []
     for src in (live, ROOT / "sample_runs" / "cartpole-rllib"):
-        for path in [p for p in places(lstm_probe.read_info(src).metadata) if p not in KNOWN]:
+        for path in places(lstm_probe.read_info(src).metadata):
             for name, value in HOSTILE.items():
                 log = rewrite(src, tmp_path / "log", put(path, value))
                 try:
@@ -171,3 +162,55 @@ def test_the_cli_reports_the_reviewers_known_cases(live: Path, tmp_path: Path) -
     assert json.loads(report(log, "--json").stdout)["returns"]["partial"] == 0
     pytest.importorskip("matplotlib")
     report(log, "--html", str(tmp_path / "page.html"))
+
+
+def test_a_records_value_of_the_wrong_type_drops_its_record_or_reads_as_null(live: Path, tmp_path: Path) -> None:
+    """what_if/memory records (columnar): a key column's wrong value drops that record, another column's reads as
+    null, each said once; the panels report the rest (the old code's int() of them refused the log)."""
+    before = summarize(live)
+    old = before.to_dict()
+
+    def edit(m: dict[str, Any]) -> None:
+        if isinstance(m.get("what_if"), dict):
+            m["what_if"]["records"]["iteration"][0] = ESC  # epoch 0, stored, the oracle's minibatch
+            m["what_if"]["records"]["kl"][1] = "0.5"
+        if isinstance(m.get("memory"), dict):
+            m["memory"]["records"]["k"][0] = None  # iteration 0, the actor's k = 1
+            m["memory"]["records"]["pairs"][1] = True
+
+    rep = summarize(rewrite(live, tmp_path / "log", edit))
+    new = rep.to_dict()
+    assert [w for w in rep.warnings if w not in before.warnings] == [
+        "metadata 'what_if.records.iteration' holds 1 value(s) of the wrong type: those records ignored",
+        "metadata 'what_if.records.kl' holds 1 value(s) of the wrong type: read as null",
+        "metadata 'memory.records.k' holds 1 value(s) of the wrong type: those records ignored",
+        "metadata 'memory.records.pairs' holds 1 value(s) of the wrong type: read as null",
+    ]
+    stored = [(r["epoch"], r["alternative"], r["minibatches"]) for r in new["what_if"]["by_epoch"]]
+    was = [(r["epoch"], r["alternative"], r["minibatches"]) for r in old["what_if"]["by_epoch"]]
+    assert stored == [(e, a, n - int((e, a) == (0, "stored"))) for e, a, n in was]
+    assert new["what_if"]["check"]["minibatches"] == old["what_if"]["check"]["minibatches"] - 1
+    first = new["memory"]["horizons"][0]
+    assert (first["iteration"], first["module"], first["horizon"]) == (0, "actor", None)  # no k = 1 left
+    assert new["memory"]["latest"] == old["memory"]["latest"]
+
+
+def test_a_records_column_of_the_wrong_type_or_length_drops_the_records(live: Path, tmp_path: Path) -> None:
+    def edit(m: dict[str, Any]) -> None:
+        if isinstance(m.get("what_if"), dict):
+            m["what_if"]["records"]["kl"] = "abc"
+        if isinstance(m.get("memory"), dict):
+            m["memory"]["records"]["kl"].pop()
+
+    rep = summarize(rewrite(live, tmp_path / "log", edit))
+    assert "metadata 'what_if.records': its column 'kl' is a str, not a list: ignored" in rep.warnings
+    assert "metadata 'memory.records': its columns differ in length: ignored" in rep.warnings
+    assert rep.to_dict()["what_if"] is None and rep.to_dict()["memory"]["measured"] is False
+
+
+def test_info_keys_in_a_log_without_an_info_column_are_dropped(tmp_path: Path) -> None:
+    """The RLlib sample has no info column: info_keys naming keys refused the report (the probes' BadInput)."""
+    log = rewrite(ROOT / "sample_runs" / "cartpole-rllib", tmp_path / "log", put(("info_keys",), ["x"]))
+    assert "info_keys" not in lstm_probe.read_info(log).metadata
+    rep = summarize(log)
+    assert "metadata 'info_keys' names info keys, but the log has no info column: ignored" in rep.warnings

@@ -1,7 +1,8 @@
 """The types the readers rely on in a log's run metadata (a user's file: any value may be of another type, or
 hold terminal escapes): :func:`check_types` drops each value of the wrong type with a warning, at the top level
-(:data:`METADATA_TYPES`) and in the nested records the report reads (:data:`NESTED_TYPES`), so that nothing
-downstream trips on them. A log is never refused for one such entry."""
+(:data:`METADATA_TYPES`), in the nested records the report reads (:data:`NESTED_TYPES`) and in the what-if and
+memory measurements' columnar records (:data:`RECORD_KEYS`), so that nothing downstream trips on them. A log is
+never refused for one such entry."""
 
 from __future__ import annotations
 
@@ -81,6 +82,7 @@ NESTED_TYPES: dict[tuple[str, ...], tuple[Callable[[Any], bool], str]] = {
     ("returns", "by_shard", "*", "partial"): (_or_none(is_count), "a count"),
     ("probe_cost", "writer"): (_or_none(lambda v: isinstance(v, str)), "a str"),
     ("probe_cost", "*"): (_amount, "a number >= 0"),
+    ("info_keys",): (_or_none(lambda v: isinstance(v, list) and all(isinstance(k, str) for k in v)), "a list of str"),
 }
 """Values inside the metadata's records that the report reads, each with what it must be (``*``: every key of
 that dict that no rule names itself): a value that is not is dropped with the reader's warning."""
@@ -98,6 +100,16 @@ def check_types(metadata: dict[str, Any], warnings: list[str]) -> None:
         metadata["completed"] = False
     for pattern in NESTED_TYPES:
         _check_nested(metadata, pattern, (), warnings)
+    for key in RECORD_KEYS:
+        _check_records(metadata, key, warnings)
+
+
+def check_info_keys(metadata: dict[str, Any], columns: list[str], warnings: list[str]) -> None:
+    """Drop ``info_keys`` (with a warning) from the metadata of a log without an ``info`` column (``columns``: the
+    log's): they name the entries of a column it does not hold."""
+    if metadata.get("info_keys") and "info" not in columns:
+        del metadata["info_keys"]
+        warnings.append("metadata 'info_keys' names info keys, but the log has no info column: ignored")
 
 
 def _check_nested(doc: dict[str, Any], pattern: tuple[str, ...], at: tuple[str, ...], warnings: list[str]) -> None:
@@ -123,6 +135,76 @@ def _check_nested(doc: dict[str, Any], pattern: tuple[str, ...], at: tuple[str, 
         elif isinstance(value, dict):
             doc[key] = dict(value)
             _check_nested(doc[key], pattern, where, warnings)
+
+
+def _alternative(value: Any) -> bool:
+    """A what-if record's alternative: a name, a burn-in's ('burn_in_16', 'stored_burn_in_16') ending in its length."""
+    if not isinstance(value, str):
+        return False
+    k = next((value.removeprefix(p) for p in ("stored_burn_in_", "burn_in_") if value.startswith(p)), "0")
+    return k.isascii() and k.isdigit()
+
+
+def _count_or_none(value: Any) -> bool:
+    return value is None or is_count(value)
+
+
+RECORD_KEYS: dict[str, dict[str, Callable[[Any], bool]]] = {
+    "what_if": {"iteration": is_count, "epoch": is_count, "minibatch": is_count, "alternative": _alternative},
+    "memory": {"iteration": is_count, "module": lambda v: isinstance(v, str), "k": is_count},
+}
+"""Per measurement (``what_if``, ``memory``): the columns of its ``records`` that each record is read by; a record
+whose value there is not what the rule takes is dropped (the whole ``records`` where such a column is missing)."""
+RECORD_VALUES: dict[str, Callable[[Any], bool]] = {
+    "sequences": _count_or_none,
+    "episode_starts": _count_or_none,
+    "pairs": _count_or_none,
+}
+"""The records' other columns with a rule of their own; every other column holds finite numbers (or null). A
+value that is not what its rule takes reads as null."""
+
+
+def _check_records(metadata: dict[str, Any], key: str, warnings: list[str]) -> None:
+    """The columnar ``records`` of measurement ``key`` checked: a column that is no list, or of another length than
+    the others, or a missing :data:`RECORD_KEYS` column drops the records; a record whose value in a
+    :data:`RECORD_KEYS` column is of the wrong type is dropped; another column's value of the wrong type reads as
+    null (:data:`RECORD_VALUES`). Each with one warning per column; valid records are left as they are."""
+    meta = metadata.get(key)
+    if not isinstance(meta, dict) or not isinstance(meta.get("records"), dict):
+        return
+    records: dict[str, Any] = meta["records"]
+    where = f"{key}.records"
+    keys = RECORD_KEYS[key]
+    lengths = {len(v) for v in records.values() if isinstance(v, list)}
+    bad = next((c for c, v in records.items() if not isinstance(v, list)), None)
+    if bad is not None or len(lengths) > 1 or not keys.keys() <= records.keys():
+        why = (
+            f"its column {str(bad)!r} is a {type(records[bad]).__name__}, not a list"
+            if bad is not None
+            else "its columns differ in length"
+            if len(lengths) > 1
+            else f"it lacks the column(s) {', '.join(sorted(keys.keys() - records.keys()))}"
+        )
+        metadata[key] = {k: v for k, v in meta.items() if k != "records"}
+        warnings.append(f"metadata {where!r}: {why}: ignored")
+        return
+    n = lengths.pop() if lengths else 0
+    keep = [i for i in range(n) if all(ok(records[c][i]) for c, ok in keys.items())]
+    out = records if len(keep) == n else {c: [v[i] for i in keep] for c, v in records.items()}
+    for c, ok in keys.items():
+        if wrong := sum(not ok(v) for v in records[c]):
+            warnings.append(
+                f"metadata {f'{where}.{c}'!r} holds {wrong:,} value(s) of the wrong type: those records ignored"
+            )
+    for c, v in list(out.items()):
+        if c in keys:
+            continue
+        ok = RECORD_VALUES.get(str(c), _or_none(is_number))
+        if wrong := sum(not ok(x) for x in v):
+            out = {**out, c: [x if ok(x) else None for x in v]}
+            warnings.append(f"metadata {f'{where}.{c}'!r} holds {wrong:,} value(s) of the wrong type: read as null")
+    if out is not records:
+        metadata[key] = {**meta, "records": out}
 
 
 _DEVICE_REPR = re.compile(r"device\(type='(\w+)'(?:, index=(\d+))?\)")

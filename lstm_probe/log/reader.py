@@ -33,7 +33,7 @@ from lstm_probe.log.layout import PARTIAL_SUFFIX, partial_dir
 from lstm_probe.log.lock import Holder, live_holder, lock_path
 from lstm_probe.log.logfiles import check_counts, metadata_json, open_part, reads
 from lstm_probe.log.metadata_keys import LIVE_KEYS, live_metadata
-from lstm_probe.log.metadata_types import check_types, clean_device
+from lstm_probe.log.metadata_types import check_info_keys, check_types, clean_device
 from lstm_probe.log.schema import (
     COLUMNS,
     META_RUN_KEY,
@@ -256,6 +256,7 @@ def read_info(path: str | os.PathLike[str]) -> LogInfo:
     if len(modes) > 1:  # each process counted its own calls (RLlib: env runners the rollout's, learners the train's)
         metadata["training_mode"] = summed_training_mode(modes)
     check_types(metadata, warnings)  # (metadata_types.py: top-level keys and the records the report reads)
+    check_info_keys(metadata, schema.names, warnings)
     clean_device(metadata)
     live = writing(path) if root != Path(path) or root.is_dir() else None
     if live is not None and open_shards:
