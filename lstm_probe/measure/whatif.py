@@ -405,11 +405,11 @@ class WhatIf:
             column = self.columns.setdefault(name, [None] * len(self.columns["iteration"]))
             column[row] = _round(min(least[side])) if least[side] else None
 
-    def _gradient(self, batch: Minibatch, states: States, device: torch.device, seed: int = 0) -> list[torch.Tensor]:
+    def _gradient(self, batch: Minibatch, states: States, device: torch.device, draw: int = 0) -> list[torch.Tensor]:
         """The loss gradient on the copy from ``states`` (flattened per parameter), as the framework takes it; its
-        random numbers drawn from ``seed`` (:func:`reseed`)."""
+        random numbers drawn from seed ``draw`` (:func:`reseed`)."""
         global _seed
-        _seed = seed
+        _seed = draw
         try:
             reseed(device)
             loss = batch.evaluate([states]).terms["loss"][0]
