@@ -79,55 +79,15 @@ def test_counts_and_modes_of_the_wrong_type_are_ignored_with_a_warning(tmp_path:
         assert "optimizer_steps" not in seqs and "steps_uncounted" not in seqs
 
 
-def _dropout_run(log: Path) -> None:
-    """A 2-layer LSTMModule with dropout 0.5 collected and trained in training mode (TorchRL, as
-    tests/test_torchrl_trial.py's): the provenance check fails on layer 1 alone, by construction."""
-    import torch
-    from tensordict.nn import TensorDictModule, TensorDictSequential
-    from torchrl.collectors import Collector
-    from torchrl.envs import Compose, DoubleToFloat, GymEnv, InitTracker, SerialEnv, StepCounter, TransformedEnv
-    from torchrl.modules import LSTMModule, OneHotCategorical, ProbabilisticActor, ValueOperator, set_recurrent_mode
-    from torchrl.objectives import ClipPPOLoss
-    from torchrl.objectives.value import GAE
-
-    from lstm_probe.integrations.torchrl.hooks import probe
-
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    env = TransformedEnv(
-        SerialEnv(2, lambda: GymEnv("CartPole-v1")), Compose(InitTracker(), StepCounter(), DoubleToFloat())
-    )
-    env.set_seed(0)
-    rnn = LSTMModule(
-        input_size=4, hidden_size=8, num_layers=2, dropout=0.5, in_keys=["observation", "h", "c"],
-        out_keys=["e", ("next", "h"), ("next", "c")],
-    )  # fmt: skip
-    env.append_transform(rnn.make_tensordict_primer())
-    head = TensorDictModule(torch.nn.Linear(8, 2), in_keys=["e"], out_keys=["logits"])
-    actor = ProbabilisticActor(
-        TensorDictSequential(rnn, head), in_keys=["logits"], spec=env.action_spec,
-        distribution_class=OneHotCategorical, return_log_prob=True,
-    )  # fmt: skip
-    critic = ValueOperator(torch.nn.Linear(4, 1), in_keys=["observation"])
-    collector = Collector(env, actor, frames_per_batch=64, total_frames=64)
-    adv = GAE(gamma=0.99, lmbda=0.95, value_network=critic, deactivate_vmap=True)
-    loss_module = ClipPPOLoss(actor, critic)
-    with probe([actor], log, force=True, capture="summary") as p:
-        for data in collector:
-            with torch.no_grad():
-                adv(data)
-            with p.tag(epoch=0, minibatch=0), set_recurrent_mode(True):
-                loss_module(data)
-    collector.shutdown()
-
-
 def test_dropout_entries_of_the_wrong_type_are_not_read(tmp_path: Path) -> None:
     """num_layers 'two' (int('two') refused the whole log) and training_mode counts that are strings (the same) or
     NaN: the report is made; a module whose num_layers is no count is no dropout cause, and counts that are no
     counts are not said (the cause in the words of a log without the record)."""
     pytest.importorskip("torchrl")
     log = tmp_path / "run.parquet"
-    _dropout_run(log)
+    from tests.torchrl_policies import dropout_run  # (torchrl imported only where installed)
+
+    dropout_run(log)
     meta = lstm_probe.read_info(log).metadata
     assert meta["training_mode"] == {"lstm": {"rollout": [32, 32], "train": [1, 1]}}
     cause = "dropout between the LSTM layers (nn.LSTM dropout: lstm 0.5"

@@ -23,7 +23,7 @@ from torchrl.objectives.value import GAE
 
 import lstm_probe
 from lstm_probe.integrations.torchrl.hooks import probe
-from tests.torchrl_policies import two_lstms
+from tests.torchrl_policies import dropout_run, two_lstms
 
 ACTOR, CRITIC = "lstm_actor", "lstm_critic"  # the LSTMModules as find_modules names them (names.py: by role)
 
@@ -116,40 +116,11 @@ def test_dropout_between_layers_is_named_where_the_provenance_check_fails_above_
     """A 2-layer LSTMModule with dropout 0.5, collected and trained in training mode: the states collection stored
     for layer 1 carry its dropout masks, so the check fails there by construction; layer 0 agrees. The log records
     the dropout and the report names it as the cause (in the warning, the finding, the panel and the verdict)."""
-    from tensordict.nn import TensorDictModule, TensorDictSequential
-    from torchrl.envs import Compose, DoubleToFloat, GymEnv, InitTracker, SerialEnv, StepCounter, TransformedEnv
-    from torchrl.modules import LSTMModule, OneHotCategorical, ProbabilisticActor, ValueOperator
 
     from lstm_probe.report.sections.staleness_trend import dropout_cause
 
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    env = TransformedEnv(
-        SerialEnv(2, lambda: GymEnv("CartPole-v1")), Compose(InitTracker(), StepCounter(), DoubleToFloat())
-    )
-    env.set_seed(0)
-    rnn = LSTMModule(
-        input_size=4, hidden_size=8, num_layers=2, dropout=0.5, in_keys=["observation", "h", "c"],
-        out_keys=["e", ("next", "h"), ("next", "c")],
-    )  # fmt: skip
-    env.append_transform(rnn.make_tensordict_primer())
-    head = TensorDictModule(torch.nn.Linear(8, 2), in_keys=["e"], out_keys=["logits"])
-    actor = ProbabilisticActor(
-        TensorDictSequential(rnn, head), in_keys=["logits"], spec=env.action_spec,
-        distribution_class=OneHotCategorical, return_log_prob=True,
-    )  # fmt: skip
-    critic = ValueOperator(torch.nn.Linear(4, 1), in_keys=["observation"])
-    collector = Collector(env, actor, frames_per_batch=64, total_frames=64)
-    adv = GAE(gamma=0.99, lmbda=0.95, value_network=critic, deactivate_vmap=True)
-    loss_module = ClipPPOLoss(actor, critic)
     log = tmp_path / "run.parquet"
-    with probe([actor], log, force=True, capture="summary") as p:
-        for data in collector:
-            with torch.no_grad():
-                adv(data)
-            with p.tag(epoch=0, minibatch=0), set_recurrent_mode(True):
-                loss_module(data)
-    collector.shutdown()
+    dropout_run(log)
     meta = lstm_probe.read_info(log).metadata
     (entry,) = meta["architecture"]["modules"].values()
     assert entry == {"kind": "LSTM", "hidden_size": 8, "num_layers": 2, "input_size": 4, "dropout": 0.5}
